@@ -1,0 +1,33 @@
+/* cloud-init NoCloud seed for one agent: user-data, meta-data, and the ISO holding them. */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+typedef struct {
+    const char *hostname;
+    const char *instance_id;
+    const char *user;              /* default user, gets passwordless sudo */
+    const char *authorized_key;    /* "ssh-ed25519 AAAA... comment" */
+    const char *host_key_private;  /* OpenSSH PEM of the guest's ed25519 host key */
+    const char *host_key_public;   /* "ssh-ed25519 AAAA..." */
+    const char *const *packages;   /* NULL-terminated, or NULL: installed at first boot */
+    const char *template_user_data; /* template's extra cloud-config, or NULL */
+    const char *user_user_data;     /* the user's --user-data (cloud-config or script), or NULL */
+} VmSeedSpec;
+
+/* Renders user-data. Without extra parts it is one #cloud-config document; with template or
+ * user parts it is a MIME multipart whose extra parts merge into hostd's (lists appended), so
+ * hostd's user, key and host keys always hold. Fails with VM_ERROR_INVALID_ARGUMENT when a
+ * required field is missing or a value would break the YAML (newline in hostname...). */
+char *vm_seed_render_user_data(const VmSeedSpec *spec, GError **error);
+
+/* Renders meta-data (instance-id, local-hostname). Can't fail for a valid spec. */
+char *vm_seed_render_meta_data(const VmSeedSpec *spec, GError **error);
+
+/* Writes the NoCloud ISO (volume id "cidata") to @iso_path, atomically (temp + rename), with
+ * genisoimage. Fails with VM_ERROR_IO. */
+gboolean vm_seed_write_iso(const VmSeedSpec *spec, const char *iso_path, GError **error);
+
+G_END_DECLS

@@ -1,0 +1,42 @@
+/* Small helpers shared by hostd and vmctl. */
+#pragma once
+
+#include <glib.h>
+#include <errno.h>
+#include <unistd.h>
+
+G_BEGIN_DECLS
+
+/* A file descriptor that closes itself (GLib 2.74 has no g_autofd). */
+static inline void
+vm_close_fdp(int *fdp)
+{
+    if (*fdp >= 0) {
+        int saved = errno;
+        close(*fdp);
+        errno = saved;
+    }
+}
+#define vm_autofd __attribute__((cleanup(vm_close_fdp))) int
+
+/* Writes @contents to @path atomically and durably: temp file in the same directory, fsync,
+ * rename, fsync of the directory. @mode applies to the new file. Fails with VM_ERROR_IO. */
+gboolean vm_file_write_atomic(const char *path, const char *contents, gssize len, int mode,
+                              GError **error);
+
+/* Parses a duration such as "90", "90s", "5m", "2h", "1d" into seconds. "never" is not accepted
+ * here (callers handle it). Fails with VM_ERROR_INVALID_ARGUMENT. */
+gboolean vm_duration_parse(const char *text, guint64 *ret_seconds, GError **error);
+
+/* Formats a byte count as "1.5 GiB" (newly allocated). Can't fail. */
+char *vm_format_bytes(guint64 bytes);
+
+/* The default state directory: /var/lib/hostd for root, else $XDG_DATA_HOME/hostd. Newly
+ * allocated; can't fail. */
+char *vm_default_state_dir(void);
+
+/* The default socket: $VMCTL_SOCKET when set, else <default state dir>/hostd.sock. Newly
+ * allocated; can't fail. */
+char *vm_default_socket_path(void);
+
+G_END_DECLS

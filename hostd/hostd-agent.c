@@ -1,0 +1,815 @@
+#include "hostd-agent.h"
+
+#include <errno.h>
+#include <glib/gstdio.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "hostd-keys.h"
+#include "vm-domain.h"
+#include "vm-error.h"
+#include "vm-image.h"
+#include "vm-name.h"
+#include "vm-seed.h"
+#include "vm-template.h"
+#include "vm-util.h"
+
+#define HOSTD_DEFAULT_TEMPLATE "debian-12"
+#define HOSTD_AGENT_DOMAIN_XML "domain.xml"
+#define HOSTD_STOP_TIMEOUT_S 60
+#define HOSTD_CONSOLE_TAIL_LINES 15
+#define HOSTD_MIN_FREE_BYTES (1024ULL * 1024 * 1024)
+
+HostdContext *
+hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
+{
+    HostdContext *ctx = g_new0(HostdContext, 1);
+    ctx->config = config;
+    ctx->state = state;
+    ctx->lv = lv;
+    ctx->ssh = hostd_ssh_pool_new();
+    g_mutex_init(&ctx->lock);
+    ctx->name_locks = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    return ctx;
+}
+
+void
+hostd_context_free(HostdContext *ctx)
+{
+    if (ctx == NULL)
+        return;
+    /* Name locks live as long as the process: a request thread may still hold one while
+     * hostd exits, so they are not freed here. */
+    g_hash_table_steal_all(ctx->name_locks);
+    g_hash_table_unref(ctx->name_locks);
+    hostd_ssh_pool_free(ctx->ssh);
+    hostd_libvirt_close(ctx->lv);
+    hostd_state_close(ctx->state);
+    hostd_config_free(ctx->config);
+    g_mutex_clear(&ctx->lock);
+    g_free(ctx);
+}
+
+/* Takes the per-agent lock of @name; operations on one agent never interleave. */
+static GMutex *
+hostd_name_lock(HostdContext *ctx, const char *name)
+{
+    g_mutex_lock(&ctx->lock);
+    GMutex *m = g_hash_table_lookup(ctx->name_locks, name);
+    if (m == NULL) {
+        m = g_new0(GMutex, 1);
+        g_mutex_init(m);
+        g_hash_table_insert(ctx->name_locks, g_strdup(name), m);
+    }
+    g_mutex_unlock(&ctx->lock);
+    g_mutex_lock(m);
+    return m;
+}
+
+static void
+hostd_name_unlock(GMutex *m)
+{
+    if (m != NULL)
+        g_mutex_unlock(m);
+}
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(GMutex, hostd_name_unlock)
+
+static void
+hostd_progress(VmProgressFunc progress, gpointer data, const char *message, double fraction)
+{
+    if (progress != NULL)
+        progress(message, fraction, data);
+}
+
+static char *
+hostd_agent_dir(HostdContext *ctx, const char *name)
+{
+    return g_build_filename(ctx->state->agents_dir, name, NULL);
+}
+
+/* Loads the record of an existing, finished agent. */
+static HostdAgentRecord *
+hostd_agent_load(HostdContext *ctx, const char *name, GError **error)
+{
+    if (!vm_name_validate(name, error))
+        return NULL;
+    g_autofree char *dir = hostd_agent_dir(ctx, name);
+    g_autofree char *record = g_build_filename(dir, HOSTD_AGENT_RECORD, NULL);
+    if (!g_file_test(record, G_FILE_TEST_EXISTS)) {
+        vm_throw(error, VM_ERROR_NOT_FOUND, "no agent '%s'", name);
+        return NULL;
+    }
+    HostdAgentRecord *r = hostd_agent_record_load(dir, error);
+    if (r != NULL && !g_str_equal(r->phase, HOSTD_PHASE_READY)) {
+        vm_throw(error, VM_ERROR_NOT_FOUND, "no agent '%s' (it is still being created)", name);
+        hostd_agent_record_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Runs a helper program; its stderr becomes the error message. */
+static gboolean
+hostd_run(const char *const *argv, GError **error)
+{
+    g_autofree char *err_text = NULL;
+    g_autoptr(GError) local_error = NULL;
+    int status = 0;
+
+    if (!g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
+                      NULL, NULL, NULL, &err_text, &status, &local_error))
+        return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", argv[0], local_error->message);
+    if (!g_spawn_check_wait_status(status, NULL))
+        return vm_throw(error, VM_ERROR_IO, "%s failed: %s", argv[0],
+                        err_text != NULL ? g_strstrip(err_text) : "");
+    return TRUE;
+}
+
+static guint64
+hostd_file_allocated(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return 0;
+    return (guint64)st.st_blocks * 512;
+}
+
+static GVariant *
+hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
+{
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_autoptr(GError) local_error = NULL;
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, &local_error);
+    g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
+    const char *state = dom != NULL ? hostd_libvirt_state_name(dom) : "missing";
+
+    g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(r->name));
+    g_variant_builder_add(&b, "{sv}", "state", g_variant_new_string(state));
+    g_variant_builder_add(&b, "{sv}", "state_since", g_variant_new_int64(r->state_since));
+    g_variant_builder_add(&b, "{sv}", "template", g_variant_new_string(r->template_name));
+    g_variant_builder_add(&b, "{sv}", "cpus", g_variant_new_uint32(r->cpus));
+    g_variant_builder_add(&b, "{sv}", "memory_mib", g_variant_new_uint32(r->memory_mib));
+    g_variant_builder_add(&b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
+    g_variant_builder_add(&b, "{sv}", "disk_bytes", g_variant_new_uint64(hostd_file_allocated(disk)));
+    g_variant_builder_add(&b, "{sv}", "ssh_port", g_variant_new_uint32(r->ssh_port));
+    g_variant_builder_add(&b, "{sv}", "user", g_variant_new_string(r->user));
+    g_variant_builder_add(&b, "{sv}", "created", g_variant_new_int64(r->created));
+    g_variant_builder_add(&b, "{sv}", "virt_type", g_variant_new_string(ctx->lv->virt_type));
+    g_variant_builder_add(&b, "{sv}", "uuid", g_variant_new_string(r->uuid));
+    if (r->forked_from != NULL)
+        g_variant_builder_add(&b, "{sv}", "forked_from", g_variant_new_string(r->forked_from));
+    return g_variant_builder_end(&b);
+}
+
+static void
+hostd_agent_mark_state_change(HostdAgentRecord *r)
+{
+    r->state_since = g_get_real_time() / G_USEC_PER_SEC;
+    /* A failed write loses only the timestamp; the operation itself already happened. */
+    hostd_agent_record_save(r, NULL);
+}
+
+static VmTemplate *
+hostd_template_load(HostdContext *ctx, const char *name, GError **error)
+{
+    if (!vm_name_validate(name, NULL)) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "invalid template name '%s'", name);
+        return NULL;
+    }
+    g_autofree char *file = g_strconcat(name, ".yaml", NULL);
+    g_autofree char *path = g_build_filename(ctx->config->templates_dir, file, NULL);
+    if (!g_file_test(path, G_FILE_TEST_EXISTS)) {
+        vm_throw(error, VM_ERROR_NOT_FOUND, "no template '%s' (see: vmctl template list)", name);
+        return NULL;
+    }
+    return vm_template_load_file(path, error);
+}
+
+/* Picks the lowest port of the configured range that no agent records and nothing listens on.
+ * Called with ctx->lock held. */
+static gboolean
+hostd_allocate_port(HostdContext *ctx, guint *ret_port, GError **error)
+{
+    g_autoptr(GHashTable) used = g_hash_table_new(g_direct_hash, g_direct_equal);
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, error);
+    if (names == NULL)
+        return FALSE;
+    for (guint i = 0; i < names->len; i++) {
+        g_autofree char *dir = hostd_agent_dir(ctx, names->pdata[i]);
+        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
+        if (r != NULL)
+            g_hash_table_add(used, GUINT_TO_POINTER(r->ssh_port));
+    }
+    for (guint port = ctx->config->ssh_port_min; port <= ctx->config->ssh_port_max; port++) {
+        if (g_hash_table_contains(used, GUINT_TO_POINTER(port)))
+            continue;
+        vm_autofd fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return vm_throw_errno(error, errno, "socket");
+        struct sockaddr_in sa = {
+            .sin_family = AF_INET,
+            .sin_port = htons((guint16)port),
+            .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+        };
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            *ret_port = port;
+            return TRUE;
+        }
+    }
+    return vm_throw(error, VM_ERROR_NO_RESOURCES, "no free SSH port in %u-%u",
+                    ctx->config->ssh_port_min, ctx->config->ssh_port_max);
+}
+
+static gboolean
+hostd_check_resources(HostdContext *ctx, guint cpus, guint memory_mib, guint disk_gib,
+                      GError **error)
+{
+    guint host_cpus = g_get_num_processors();
+    guint64 host_mib = (guint64)sysconf(_SC_PHYS_PAGES) * (guint64)sysconf(_SC_PAGESIZE) >> 20;
+    struct statvfs vfs;
+
+    if (cpus == 0 || cpus > host_cpus)
+        return vm_throw(error, VM_ERROR_NO_RESOURCES, "--cpus %u: this host has %u CPUs", cpus,
+                        host_cpus);
+    if (memory_mib < 128 || memory_mib > host_mib)
+        return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                        "--memory %u MiB: must be between 128 and this host's %" G_GUINT64_FORMAT
+                        " MiB",
+                        memory_mib, host_mib);
+    if (disk_gib == 0 || disk_gib > 16384)
+        return vm_throw(error, VM_ERROR_NO_RESOURCES, "--disk %u GiB: must be 1-16384", disk_gib);
+    if (statvfs(ctx->state->agents_dir, &vfs) == 0 &&
+        (guint64)vfs.f_bavail * vfs.f_frsize < HOSTD_MIN_FREE_BYTES)
+        return vm_throw(error, VM_ERROR_NO_RESOURCES, "less than 1 GiB free under %s",
+                        ctx->state->agents_dir);
+    return TRUE;
+}
+
+static char *
+hostd_random_mac(void)
+{
+    return g_strdup_printf("52:54:00:%02x:%02x:%02x", g_random_int_range(0, 256),
+                           g_random_int_range(0, 256), g_random_int_range(0, 256));
+}
+
+static char *
+hostd_console_tail(const HostdAgentRecord *r)
+{
+    g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE);
+    g_autofree char *text = NULL;
+
+    if (!g_file_get_contents(path, &text, NULL, NULL))
+        return g_strdup("(no console output)");
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    guint n = g_strv_length(lines);
+    guint start = n > HOSTD_CONSOLE_TAIL_LINES ? n - HOSTD_CONSOLE_TAIL_LINES : 0;
+    g_autoptr(GString) out = g_string_new(NULL);
+    for (guint i = start; i < n; i++) {
+        g_strchomp(lines[i]);
+        if (lines[i][0] == '\0')
+            continue;
+        g_string_append_printf(out, "\n  console: %s", lines[i]);
+    }
+    return g_string_free(g_steal_pointer(&out), FALSE);
+}
+
+static void
+hostd_ssh_target_init(HostdSshTarget *t, const HostdAgentRecord *r, char **identity,
+                      char **known_hosts)
+{
+    *identity = hostd_agent_record_path(r, HOSTD_AGENT_KEY);
+    *known_hosts = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
+    t->agent = r->name;
+    t->host = "127.0.0.1";
+    t->port = r->ssh_port;
+    t->user = r->user;
+    t->identity_path = *identity;
+    t->known_hosts_path = *known_hosts;
+}
+
+/* Waits for SSH, reporting progress every few seconds; on timeout the error carries the
+ * console's last lines, which is usually where the reason is. */
+static gboolean
+hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFunc progress,
+                     gpointer progress_data, GError **error)
+{
+    g_autofree char *identity = NULL, *known_hosts = NULL;
+    HostdSshTarget target;
+    gint64 start = g_get_monotonic_time();
+    gint64 deadline = start + (gint64)ctx->config->boot_timeout_s * G_USEC_PER_SEC;
+
+    hostd_ssh_target_init(&target, r, &identity, &known_hosts);
+    for (;;) {
+        g_autoptr(GError) local_error = NULL;
+        g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
+        gint64 now = g_get_monotonic_time();
+        g_autofree char *message = g_strdup_printf(
+            "waiting for %s to answer SSH (%" G_GINT64_FORMAT " s)", r->name,
+            (now - start) / G_USEC_PER_SEC);
+
+        if (dom == NULL || !hostd_libvirt_is_active(dom)) {
+            g_autofree char *tail = hostd_console_tail(r);
+            return vm_throw(error, VM_ERROR_BAD_STATE, "%s stopped while booting%s", r->name,
+                            tail);
+        }
+        hostd_progress(progress, progress_data, message, -1);
+        if (hostd_ssh_wait_ready(ctx->ssh, &target, 5, NULL, &local_error))
+            return TRUE;
+        if (!g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT)) {
+            g_propagate_error(error, g_steal_pointer(&local_error));
+            return FALSE;
+        }
+        if (g_get_monotonic_time() >= deadline) {
+            g_autofree char *tail = hostd_console_tail(r);
+            return vm_throw(error, VM_ERROR_TIMEOUT, "%s did not answer SSH within %u s%s",
+                            r->name, ctx->config->boot_timeout_s, tail);
+        }
+    }
+}
+
+static char *
+hostd_ssh_config_stanza(const HostdAgentRecord *r)
+{
+    g_autofree char *identity = hostd_agent_record_path(r, HOSTD_AGENT_KEY);
+    g_autofree char *known_hosts = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
+
+    return g_strdup_printf("Host vmctl-%s\n"
+                           "  HostName 127.0.0.1\n"
+                           "  Port %u\n"
+                           "  User %s\n"
+                           "  IdentityFile \"%s\"\n"
+                           "  IdentitiesOnly yes\n"
+                           "  UserKnownHostsFile \"%s\"\n"
+                           "  GlobalKnownHostsFile /dev/null\n"
+                           "  StrictHostKeyChecking yes\n"
+                           "  HostKeyAlgorithms ssh-ed25519\n"
+                           "  PasswordAuthentication no\n"
+                           "  KbdInteractiveAuthentication no\n"
+                           "  ConnectTimeout 10\n"
+                           "  LogLevel ERROR\n",
+                           r->name, r->ssh_port, r->user, identity, known_hosts);
+}
+
+/* Everything `new` makes before the domain starts: keys, known_hosts, ssh_config, overlay,
+ * seed, domain XML. */
+static char *
+hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const VmTemplate *tpl,
+                          const VmImage *image, const char *user_data, GError **error)
+{
+    g_autofree char *key_path = hostd_agent_record_path(r, HOSTD_AGENT_KEY);
+    g_autofree char *key_pub_path = hostd_agent_record_path(r, HOSTD_AGENT_KEY_PUB);
+    g_autofree char *host_pub_path = hostd_agent_record_path(r, HOSTD_AGENT_HOST_KEY_PUB);
+    g_autofree char *known_hosts_path = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
+    g_autofree char *ssh_config_path = hostd_agent_record_path(r, HOSTD_AGENT_SSH_CONFIG);
+    g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
+    g_autofree char *seed = hostd_agent_record_path(r, HOSTD_AGENT_SEED);
+    g_autofree char *console = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE);
+    g_autofree char *qga = hostd_agent_record_path(r, HOSTD_AGENT_QGA_SOCKET);
+    g_autofree char *comment = g_strdup_printf("vmctl-%s", r->name);
+
+    g_autoptr(HostdKeyPair) user_key = hostd_keypair_generate(comment, error);
+    if (user_key == NULL || !hostd_keypair_save(user_key, key_path, key_pub_path, error))
+        return NULL;
+    /* hostd keeps no copy of the guest's private host key: it lives only in the seed. */
+    g_autoptr(HostdKeyPair) host_key = hostd_keypair_generate(comment, error);
+    if (host_key == NULL)
+        return NULL;
+    g_autofree char *host_pub_line = g_strconcat(host_key->public_line, "\n", NULL);
+    g_autofree char *known_hosts = hostd_known_hosts_line(r->ssh_port, host_key->public_line);
+    g_autofree char *stanza = hostd_ssh_config_stanza(r);
+    if (!vm_file_write_atomic(host_pub_path, host_pub_line, -1, 0644, error) ||
+        !vm_file_write_atomic(known_hosts_path, known_hosts, -1, 0644, error) ||
+        !vm_file_write_atomic(ssh_config_path, stanza, -1, 0644, error))
+        return NULL;
+
+    g_autofree char *size = g_strdup_printf("%uG", r->disk_gib);
+    const char *qemu_img[] = {"qemu-img", "create", "-q",  "-f", "qcow2", "-F", "qcow2",
+                              "-b",       image->disk_path, disk, size,   NULL};
+    if (!hostd_run(qemu_img, error))
+        return NULL;
+
+    VmSeedSpec seed_spec = {
+        .hostname = r->name,
+        .instance_id = r->instance_id,
+        .user = r->user,
+        .authorized_key = user_key->public_line,
+        .host_key_private = host_key->private_pem,
+        .host_key_public = host_key->public_line,
+        .packages = tpl->source == VM_IMAGE_SOURCE_URL ? (const char *const *)tpl->packages : NULL,
+        .template_user_data = tpl->user_data,
+        .user_user_data = user_data,
+    };
+    if (!vm_seed_write_iso(&seed_spec, seed, error))
+        return NULL;
+
+    g_autofree char *metadata = g_markup_printf_escaped(
+        "<vmctl:agent xmlns:vmctl='https://vmctl.dev/xmlns/agent/1' name='%s' template='%s'/>",
+        r->name, r->template_name);
+    VmDomainSpec spec = {
+        .name = r->name,
+        .uuid = r->uuid,
+        .virt_type = ctx->lv->virt_type,
+        .cpus = r->cpus,
+        .memory_mib = r->memory_mib,
+        .disk_path = disk,
+        .seed_path = seed,
+        .kernel_path = image->kernel_path,
+        .initrd_path = image->initrd_path,
+        .cmdline = image->cmdline,
+        .mac = r->mac,
+        .ssh_port = r->ssh_port,
+        .console_log = console,
+        .agent_socket = qga,
+        .metadata_xml = metadata,
+    };
+    return vm_domain_xml_build(&spec, error);
+}
+
+/* Undoes a partial `new`: the domain, then the agent's directory. Best effort by design: it
+ * runs on the failure path and must remove whatever exists. */
+static void
+hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
+{
+    hostd_ssh_pool_forget(ctx->ssh, name);
+    hostd_libvirt_remove(ctx->lv, name, NULL);
+    hostd_remove_tree(dir, NULL);
+}
+
+static gboolean
+hostd_domain_define_and_start(HostdContext *ctx, const char *xml, GError **error)
+{
+    g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
+    if (dom == NULL)
+        return hostd_libvirt_throw(error, "cannot define the domain");
+    if (virDomainCreate(dom) < 0)
+        return hostd_libvirt_throw(error, "cannot start the domain");
+    return TRUE;
+}
+
+GVariant *
+hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc progress,
+                gpointer progress_data, GError **error)
+{
+    if (!vm_name_validate(req->name, error))
+        return NULL;
+
+    g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, req->name);
+    g_autofree char *dir = hostd_agent_dir(ctx, req->name);
+    g_autoptr(GError) lookup_error = NULL;
+    g_autoptr(virDomain) existing = hostd_libvirt_lookup(ctx->lv, req->name, &lookup_error);
+    if (g_file_test(dir, G_FILE_TEST_EXISTS) || existing != NULL) {
+        vm_throw(error, VM_ERROR_EXISTS, "agent '%s' already exists", req->name);
+        return NULL;
+    }
+
+    const char *template_name = req->template_name != NULL ? req->template_name
+                                                           : HOSTD_DEFAULT_TEMPLATE;
+    g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, template_name, error);
+    if (tpl == NULL)
+        return NULL;
+    guint cpus = req->cpus != 0 ? req->cpus : tpl->cpus;
+    guint memory_mib = req->memory_mib != 0 ? req->memory_mib : tpl->memory_mib;
+    guint disk_gib = req->disk_gib != 0 ? req->disk_gib : tpl->disk_gib;
+    if (!hostd_check_resources(ctx, cpus, memory_mib, disk_gib, error))
+        return NULL;
+
+    g_autoptr(VmImage) image = vm_image_ensure(ctx->config->images_dir, tpl, FALSE, progress,
+                                               progress_data, NULL, error);
+    if (image == NULL)
+        return NULL;
+    if (image->virtual_size > (guint64)disk_gib << 30) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                 "--disk %u GiB is smaller than the template's image", disk_gib);
+        return NULL;
+    }
+
+    hostd_progress(progress, progress_data, "creating the agent's disk and seed", -1);
+    g_autoptr(HostdAgentRecord) r = g_new0(HostdAgentRecord, 1);
+    r->dir = g_strdup(dir);
+    r->name = g_strdup(req->name);
+    r->uuid = g_uuid_string_random();
+    r->template_name = g_strdup(tpl->name);
+    r->phase = g_strdup(HOSTD_PHASE_CREATING);
+    r->cpus = cpus;
+    r->memory_mib = memory_mib;
+    r->disk_gib = disk_gib;
+    r->mac = hostd_random_mac();
+    r->user = g_strdup(tpl->user);
+    r->instance_id = g_strdup_printf("vmctl-%s", r->uuid);
+    r->created = g_get_real_time() / G_USEC_PER_SEC;
+    r->state_since = r->created;
+
+    /* The record goes to disk in phase "creating" before anything else exists, so a hostd
+     * killed halfway finds it at start-up and rolls the agent back. The port is chosen and
+     * recorded under the context lock so two concurrent `new`s never share one. */
+    g_mutex_lock(&ctx->lock);
+    gboolean ok = hostd_allocate_port(ctx, &r->ssh_port, error);
+    if (ok && g_mkdir_with_parents(dir, 0700) < 0)
+        ok = vm_throw_errno(error, errno, "cannot create %s", dir);
+    if (ok && !hostd_agent_record_save(r, error)) {
+        hostd_remove_tree(dir, NULL);
+        ok = FALSE;
+    }
+    g_mutex_unlock(&ctx->lock);
+    if (!ok)
+        return NULL;
+
+    g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, req->user_data, error);
+    g_autofree char *xml_path = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
+    if (xml == NULL || !vm_file_write_atomic(xml_path, xml, -1, 0600, error)) {
+        hostd_agent_rollback(ctx, req->name, dir);
+        return NULL;
+    }
+
+    hostd_progress(progress, progress_data, "starting the VM", -1);
+    if (!hostd_domain_define_and_start(ctx, xml, error)) {
+        hostd_agent_rollback(ctx, req->name, dir);
+        return NULL;
+    }
+    if (req->wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error)) {
+        hostd_agent_rollback(ctx, req->name, dir);
+        return NULL;
+    }
+
+    g_free(r->phase);
+    r->phase = g_strdup(HOSTD_PHASE_READY);
+    r->state_since = g_get_real_time() / G_USEC_PER_SEC;
+    if (!hostd_agent_record_save(r, error)) {
+        hostd_agent_rollback(ctx, req->name, dir);
+        return NULL;
+    }
+    return hostd_agent_to_variant(ctx, r);
+}
+
+static virDomainPtr
+hostd_agent_domain(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+    virDomainPtr dom = hostd_libvirt_lookup(ctx->lv, r->name, &local_error);
+    if (dom == NULL) {
+        if (local_error != NULL)
+            g_propagate_error(error, g_steal_pointer(&local_error));
+        else
+            vm_throw(error, VM_ERROR_FAILED,
+                     "agent '%s' has no libvirt domain; restart hostd to repair it", r->name);
+    }
+    return dom;
+}
+
+GVariant *
+hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgressFunc progress,
+                  gpointer progress_data, GError **error)
+{
+    if (!vm_name_validate(name, error))
+        return NULL;
+    g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    if (r == NULL)
+        return NULL;
+    g_autoptr(virDomain) dom = hostd_agent_domain(ctx, r, error);
+    if (dom == NULL)
+        return NULL;
+
+    if (virDomainIsActive(dom) == 1) {
+        if (virDomainResume(dom) < 0)
+            virResetLastError(); /* not paused: nothing to do */
+    } else {
+        hostd_progress(progress, progress_data, "starting the VM", -1);
+        hostd_ssh_pool_forget(ctx->ssh, name);
+        if (virDomainCreate(dom) < 0)
+            return hostd_libvirt_throw(error, "cannot start the domain"), NULL;
+        hostd_agent_mark_state_change(r);
+    }
+    if (wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
+        return NULL;
+    return hostd_agent_to_variant(ctx, r);
+}
+
+GVariant *
+hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint timeout_s,
+                 VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    if (!vm_name_validate(name, error))
+        return NULL;
+    g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    if (r == NULL)
+        return NULL;
+    g_autoptr(virDomain) dom = hostd_agent_domain(ctx, r, error);
+    if (dom == NULL)
+        return NULL;
+
+    if (hostd_libvirt_is_active(dom)) {
+        hostd_progress(progress, progress_data,
+                       force ? "stopping the VM" : "shutting the guest down", -1);
+        hostd_ssh_pool_forget(ctx->ssh, name);
+        if (!hostd_libvirt_stop(ctx->lv, dom, force,
+                                timeout_s != 0 ? timeout_s : HOSTD_STOP_TIMEOUT_S, error))
+            return NULL;
+        hostd_agent_mark_state_change(r);
+    }
+    return hostd_agent_to_variant(ctx, r);
+}
+
+gboolean
+hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **error)
+{
+    if (!vm_name_validate(name, error))
+        return FALSE;
+    g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    if (r == NULL)
+        return FALSE;
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
+    if (dom != NULL && hostd_libvirt_is_active(dom) && !force)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "agent '%s' is running; stop it first or use --force", name);
+
+    hostd_ssh_pool_forget(ctx->ssh, name);
+    if (!hostd_libvirt_remove(ctx->lv, name, error))
+        return FALSE;
+    /* The record goes first so that a crash halfway leaves no half-agent that looks whole. */
+    g_autofree char *record = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
+    if (g_unlink(record) < 0 && errno != ENOENT)
+        return vm_throw_errno(error, errno, "cannot remove %s", record);
+    return hostd_remove_tree(r->dir, error);
+}
+
+GVariant *
+hostd_agent_info(HostdContext *ctx, const char *name, GError **error)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    if (r == NULL)
+        return NULL;
+    return hostd_agent_to_variant(ctx, r);
+}
+
+GVariant *
+hostd_agent_list(HostdContext *ctx, GError **error)
+{
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, error);
+    if (names == NULL)
+        return NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
+    for (guint i = 0; i < names->len; i++) {
+        g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, names->pdata[i], NULL);
+        if (r != NULL)
+            g_variant_builder_add_value(&b, hostd_agent_to_variant(ctx, r));
+    }
+    return g_variant_builder_end(&b);
+}
+
+char *
+hostd_agent_ssh_config(HostdContext *ctx, const char *name, char **ret_path, char **ret_host,
+                       GError **error)
+{
+    if (name != NULL) {
+        g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+        if (r == NULL)
+            return NULL;
+        if (ret_path != NULL)
+            *ret_path = hostd_agent_record_path(r, HOSTD_AGENT_SSH_CONFIG);
+        if (ret_host != NULL)
+            *ret_host = g_strdup_printf("vmctl-%s", name);
+        return hostd_ssh_config_stanza(r);
+    }
+
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, error);
+    if (names == NULL)
+        return NULL;
+    g_autoptr(GString) all = g_string_new(NULL);
+    for (guint i = 0; i < names->len; i++) {
+        g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, names->pdata[i], NULL);
+        if (r == NULL)
+            continue;
+        g_autofree char *stanza = hostd_ssh_config_stanza(r);
+        if (all->len > 0)
+            g_string_append_c(all, '\n');
+        g_string_append(all, stanza);
+    }
+    return g_string_free(g_steal_pointer(&all), FALSE);
+}
+
+gboolean
+hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *request,
+                 int client_fd, GError **error)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    if (r == NULL)
+        return FALSE;
+    g_autoptr(virDomain) dom = hostd_agent_domain(ctx, r, error);
+    if (dom == NULL)
+        return FALSE;
+    const char *state = hostd_libvirt_state_name(dom);
+    if (!g_str_equal(state, "running"))
+        return vm_throw(error, VM_ERROR_BAD_STATE, "agent '%s' is %s; start it with: vmctl start %s",
+                        name, state, name);
+
+    g_autofree char *identity = NULL, *known_hosts = NULL;
+    HostdSshTarget target;
+    hostd_ssh_target_init(&target, r, &identity, &known_hosts);
+    return hostd_ssh_exec(ctx->ssh, &target, request, client_fd, error);
+}
+
+GVariant *
+hostd_template_list(HostdContext *ctx, GError **error)
+{
+    g_autoptr(GPtrArray) templates = vm_template_load_dir(ctx->config->templates_dir, error);
+    if (templates == NULL)
+        return NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
+    for (guint i = 0; i < templates->len; i++) {
+        const VmTemplate *t = templates->pdata[i];
+        g_autoptr(VmImage) image = vm_image_lookup(ctx->config->images_dir, t, NULL);
+        g_auto(GVariantBuilder) e = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+        g_variant_builder_add(&e, "{sv}", "name", g_variant_new_string(t->name));
+        g_variant_builder_add(&e, "{sv}", "description",
+                              g_variant_new_string(t->description ? t->description : ""));
+        g_variant_builder_add(&e, "{sv}", "source",
+                              g_variant_new_string(t->source == VM_IMAGE_SOURCE_URL ? "url"
+                                                                                    : "mmdebstrap"));
+        g_variant_builder_add(&e, "{sv}", "ready", g_variant_new_boolean(image != NULL));
+        g_variant_builder_add(&e, "{sv}", "cpus", g_variant_new_uint32(t->cpus));
+        g_variant_builder_add(&e, "{sv}", "memory_mib", g_variant_new_uint32(t->memory_mib));
+        g_variant_builder_add(&e, "{sv}", "disk_gib", g_variant_new_uint32(t->disk_gib));
+        g_variant_builder_add_value(&b, g_variant_builder_end(&e));
+    }
+    return g_variant_builder_end(&b);
+}
+
+char *
+hostd_template_build(HostdContext *ctx, const char *name, gboolean force, VmProgressFunc progress,
+                     gpointer progress_data, GError **error)
+{
+    g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, name, error);
+    if (tpl == NULL)
+        return NULL;
+    g_autoptr(VmImage) image = vm_image_ensure(ctx->config->images_dir, tpl, force, progress,
+                                               progress_data, NULL, error);
+    if (image == NULL)
+        return NULL;
+    return g_strdup(image->dir);
+}
+
+gboolean
+hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
+{
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, error);
+    if (names == NULL)
+        return FALSE;
+
+    for (guint i = 0; i < names->len; i++) {
+        const char *name = names->pdata[i];
+        g_autofree char *dir = hostd_agent_dir(ctx, name);
+        g_autoptr(GError) local_error = NULL;
+        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, &local_error);
+
+        if (r == NULL) {
+            g_autofree char *record = g_build_filename(dir, HOSTD_AGENT_RECORD, NULL);
+            if (!g_file_test(record, G_FILE_TEST_EXISTS)) {
+                /* No record: an `rm` that was interrupted after removing it, or a `new`
+                 * that died before writing it; either way nothing here is an agent. */
+                hostd_libvirt_remove(ctx->lv, name, NULL);
+                hostd_remove_tree(dir, NULL);
+                g_ptr_array_add(notes, g_strdup_printf("removed leftovers of '%s'", name));
+            } else {
+                g_ptr_array_add(notes, g_strdup_printf("skipping agent '%s': %s", name,
+                                                       local_error->message));
+            }
+            continue;
+        }
+        if (g_str_equal(r->phase, HOSTD_PHASE_CREATING)) {
+            hostd_agent_rollback(ctx, name, dir);
+            g_ptr_array_add(notes, g_strdup_printf("rolled back unfinished creation of '%s'",
+                                                   name));
+            continue;
+        }
+        g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
+        if (dom != NULL) {
+            g_ptr_array_add(notes, g_strdup_printf("agent '%s' is %s", name,
+                                                   hostd_libvirt_state_name(dom)));
+            continue;
+        }
+        g_autofree char *xml_path = g_build_filename(dir, HOSTD_AGENT_DOMAIN_XML, NULL);
+        g_autofree char *xml = NULL;
+        if (!g_file_get_contents(xml_path, &xml, NULL, NULL)) {
+            g_ptr_array_add(notes, g_strdup_printf("agent '%s' has no domain and no saved XML",
+                                                   name));
+            continue;
+        }
+        g_autoptr(virDomain) defined = virDomainDefineXML(ctx->lv->conn, xml);
+        if (defined == NULL) {
+            g_autoptr(GError) define_error = NULL;
+            hostd_libvirt_throw(&define_error, "cannot redefine");
+            g_ptr_array_add(notes, g_strdup_printf("agent '%s': %s", name,
+                                                   define_error->message));
+            continue;
+        }
+        g_ptr_array_add(notes, g_strdup_printf("redefined the domain of agent '%s' (stopped)",
+                                               name));
+    }
+    return TRUE;
+}

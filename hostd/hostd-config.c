@@ -1,0 +1,150 @@
+#include "hostd-config.h"
+
+#include "hostd-libvirt.h"
+#include "vm-config.h"
+#include "vm-error.h"
+#include "vm-util.h"
+
+static const char *const hostd_config_keys[] = {
+    "state-dir",     "socket",       "connect",      "images-dir",   "templates-dir",
+    "socket-group",  "ssh-port-min", "ssh-port-max", "boot-timeout", NULL,
+};
+
+char *
+hostd_config_default_templates_dir(void)
+{
+    const char *env = g_getenv("VM_TEMPLATES_DIR");
+    if (env != NULL && env[0] != '\0')
+        return g_strdup(env);
+    g_autofree char *source = g_build_filename(VM_SOURCE_DIR, "templates", "debian-12.yaml", NULL);
+    if (g_file_test(source, G_FILE_TEST_EXISTS))
+        return g_build_filename(VM_SOURCE_DIR, "templates", NULL);
+    return g_build_filename(VM_DATADIR, "templates", NULL);
+}
+
+static gboolean
+hostd_config_get_port(GKeyFile *kf, const char *path, const char *key, guint *value,
+                      GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+
+    if (!g_key_file_has_key(kf, "hostd", key, NULL))
+        return TRUE;
+    gint v = g_key_file_get_integer(kf, "hostd", key, &local_error);
+    if (local_error != NULL || v < 1024 || v > 65535)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s must be a port in 1024-65535",
+                        path, key);
+    *value = (guint)v;
+    return TRUE;
+}
+
+static gboolean
+hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
+{
+    g_autoptr(GKeyFile) kf = g_key_file_new();
+    g_autoptr(GError) local_error = NULL;
+
+    if (!g_key_file_load_from_file(kf, path, G_KEY_FILE_NONE, &local_error))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path, local_error->message);
+
+    g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
+    for (char **g = groups; *g != NULL; g++) {
+        if (!g_str_equal(*g, "hostd"))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: unknown group [%s]", path, *g);
+    }
+    g_auto(GStrv) keys = g_key_file_get_keys(kf, "hostd", NULL, NULL);
+    for (char **k = keys; keys != NULL && *k != NULL; k++) {
+        if (!g_strv_contains(hostd_config_keys, *k))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: unknown key '%s'", path, *k);
+    }
+
+    struct {
+        const char *key;
+        char **field;
+    } strings[] = {
+        {"state-dir", &config->state_dir},         {"socket", &config->socket_path},
+        {"connect", &config->uri},                 {"images-dir", &config->images_dir},
+        {"templates-dir", &config->templates_dir}, {"socket-group", &config->socket_group},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(strings); i++) {
+        char *value = g_key_file_get_string(kf, "hostd", strings[i].key, NULL);
+        if (value != NULL) {
+            g_free(*strings[i].field);
+            *strings[i].field = value;
+        }
+    }
+    if (!hostd_config_get_port(kf, path, "ssh-port-min", &config->ssh_port_min, error) ||
+        !hostd_config_get_port(kf, path, "ssh-port-max", &config->ssh_port_max, error))
+        return FALSE;
+    if (g_key_file_has_key(kf, "hostd", "boot-timeout", NULL)) {
+        g_autofree char *text = g_key_file_get_string(kf, "hostd", "boot-timeout", NULL);
+        guint64 seconds = 0;
+        if (!vm_duration_parse(text, &seconds, &local_error) || seconds == 0 || seconds > 3600)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "%s: boot-timeout must be a duration up to 1h", path);
+        config->boot_timeout_s = (guint)seconds;
+    }
+    return TRUE;
+}
+
+HostdConfig *
+hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
+                  const char *uri, GError **error)
+{
+    g_autoptr(HostdConfig) config = g_new0(HostdConfig, 1);
+
+    config->ssh_port_min = 42200;
+    config->ssh_port_max = 42999;
+    config->boot_timeout_s = 300;
+
+    if (path != NULL && !hostd_config_load_file(config, path, error))
+        return NULL;
+
+    if (state_dir != NULL) {
+        g_free(config->state_dir);
+        config->state_dir = g_strdup(state_dir);
+    }
+    if (socket_path != NULL) {
+        g_free(config->socket_path);
+        config->socket_path = g_strdup(socket_path);
+    }
+    if (uri != NULL) {
+        g_free(config->uri);
+        config->uri = g_strdup(uri);
+    }
+
+    if (config->state_dir == NULL)
+        config->state_dir = vm_default_state_dir();
+    if (!g_path_is_absolute(config->state_dir)) {
+        g_autofree char *cwd = g_get_current_dir();
+        char *abs = g_build_filename(cwd, config->state_dir, NULL);
+        g_free(config->state_dir);
+        config->state_dir = abs;
+    }
+    if (config->socket_path == NULL)
+        config->socket_path = g_build_filename(config->state_dir, "hostd.sock", NULL);
+    if (config->uri == NULL)
+        config->uri = hostd_libvirt_default_uri(config->state_dir);
+    if (config->images_dir == NULL)
+        config->images_dir = g_build_filename(config->state_dir, "images", NULL);
+    if (config->templates_dir == NULL)
+        config->templates_dir = hostd_config_default_templates_dir();
+    if (config->ssh_port_min > config->ssh_port_max)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "ssh-port-min is above ssh-port-max"),
+               NULL;
+    return g_steal_pointer(&config);
+}
+
+void
+hostd_config_free(HostdConfig *config)
+{
+    if (config == NULL)
+        return;
+    g_free(config->state_dir);
+    g_free(config->socket_path);
+    g_free(config->uri);
+    g_free(config->images_dir);
+    g_free(config->templates_dir);
+    g_free(config->socket_group);
+    g_free(config);
+}

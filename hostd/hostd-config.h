@@ -1,0 +1,34 @@
+/* hostd's configuration: an optional key file, overridden by command-line options. */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+typedef struct {
+    char *state_dir;     /* agents/, images/, libvirt/ live here */
+    char *socket_path;   /* default <state_dir>/hostd.sock */
+    char *uri;           /* default qemu:///embed?root=<state_dir>/libvirt */
+    char *images_dir;    /* default <state_dir>/images */
+    char *templates_dir; /* default: the shipped templates */
+    char *socket_group;  /* when set: socket mode 0660 with this group; else 0600 */
+    guint ssh_port_min;  /* forwarded SSH ports are taken from this range */
+    guint ssh_port_max;
+    guint boot_timeout_s; /* how long new/start wait for SSH */
+} HostdConfig;
+
+/* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
+ * templates-dir, socket-group, ssh-port-min, ssh-port-max, boot-timeout) when not NULL, then
+ * applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail with
+ * VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
+HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
+                               const char *uri, GError **error);
+
+void hostd_config_free(HostdConfig *config);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdConfig, hostd_config_free)
+
+/* The directory holding the shipped templates: $VM_TEMPLATES_DIR, else the source tree's
+ * templates/ when running from a build tree, else the installed data dir. Newly allocated. */
+char *hostd_config_default_templates_dir(void);
+
+G_END_DECLS

@@ -1,0 +1,53 @@
+/* hostd's libvirt connection: the event loop, the error translator, and the few domain calls
+ * hostd makes. Only hostd links libvirt. */
+#pragma once
+
+#include <gio/gio.h>
+#include "hostd-cleanup.h"
+
+G_BEGIN_DECLS
+
+typedef struct {
+    virConnectPtr conn;
+    char *uri;
+    char *virt_type; /* "kvm" or "qemu" */
+    GThread *event_thread;
+} HostdLibvirt;
+
+/* Builds the default URI for @state_dir: qemu:///embed?root=<state_dir>/libvirt. */
+char *hostd_libvirt_default_uri(const char *state_dir);
+
+/* Registers libvirt's default event loop (once per process), starts a thread running it,
+ * silences libvirt's stderr printing, and opens @uri read-write. Decides the virtualisation
+ * type: "kvm" when /dev/kvm is usable, else "qemu" (TCG). Fails with VM_ERROR_LIBVIRT. */
+HostdLibvirt *hostd_libvirt_open(const char *uri, GError **error);
+
+/* Closes the connection; running domains keep running. Accepts NULL. */
+void hostd_libvirt_close(HostdLibvirt *lv);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdLibvirt, hostd_libvirt_close)
+
+/* Turns libvirt's last error into VM_ERROR_LIBVIRT "@what: <libvirt message>" and returns
+ * FALSE. The one translator for libvirt errors. */
+gboolean hostd_libvirt_throw(GError **error, const char *what);
+
+/* Looks a domain up by name. Returns NULL without error when there is none; NULL with
+ * VM_ERROR_LIBVIRT on any other failure (check *error). */
+virDomainPtr hostd_libvirt_lookup(HostdLibvirt *lv, const char *name, GError **error);
+
+/* Returns the agent-level state name for @dom: "running", "paused", "saved" (has a managed
+ * save image), "stopped", "crashed", "starting", "stopping". Can't fail ("unknown"). */
+const char *hostd_libvirt_state_name(virDomainPtr dom);
+
+/* TRUE when @dom is active (a QEMU process exists). Can't fail. */
+gboolean hostd_libvirt_is_active(virDomainPtr dom);
+
+/* Destroys (if active) and undefines @name with its managed save image, snapshots metadata and
+ * checkpoints metadata. Missing domain is success. Fails with VM_ERROR_LIBVIRT. */
+gboolean hostd_libvirt_remove(HostdLibvirt *lv, const char *name, GError **error);
+
+/* Asks the guest to shut down (ACPI), waits up to @timeout_s for it to stop, then destroys it.
+ * With @force destroys at once. Fails with VM_ERROR_LIBVIRT. */
+gboolean hostd_libvirt_stop(HostdLibvirt *lv, virDomainPtr dom, gboolean force, guint timeout_s,
+                            GError **error);
+
+G_END_DECLS

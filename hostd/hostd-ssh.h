@@ -1,0 +1,63 @@
+/* SSH from hostd to agents (libssh): readiness checks and command execution.
+ *
+ * hostd keeps at most a few authenticated sessions per agent in a pool so that an exec costs
+ * one channel open, not a handshake. Every connection checks the guest's host key strictly
+ * against the agent's known_hosts file (written by hostd from the key it generated): there is
+ * no trust-on-first-use path.
+ */
+#pragma once
+
+#include <gio/gio.h>
+
+G_BEGIN_DECLS
+
+typedef struct {
+    const char *agent;            /* pool key */
+    const char *host;             /* "127.0.0.1" */
+    guint port;
+    const char *user;
+    const char *identity_path;    /* private key, OpenSSH format */
+    const char *known_hosts_path; /* one line: "[127.0.0.1]:PORT ssh-ed25519 AAAA..." */
+} HostdSshTarget;
+
+typedef struct HostdSshPool HostdSshPool;
+
+/* Creates an empty pool. Thread-safe; can't fail. */
+HostdSshPool *hostd_ssh_pool_new(void);
+/* Disconnects and frees every session. Accepts NULL. */
+void hostd_ssh_pool_free(HostdSshPool *pool);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdSshPool, hostd_ssh_pool_free)
+
+/* Drops every pooled session of @agent (after stop, rm, port change). Can't fail. */
+void hostd_ssh_pool_forget(HostdSshPool *pool, const char *agent);
+
+/* Polls until an authenticated session to @target succeeds (each attempt with a short connect
+ * and banner timeout, since the forwarded port accepts TCP before sshd listens), then keeps that
+ * session in the pool. Fails with VM_ERROR_TIMEOUT after @timeout_s, VM_ERROR_SSH when the host
+ * key does not match (never retried: that is an attack or a bug), VM_ERROR_CANCELLED. */
+gboolean hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint timeout_s,
+                              GCancellable *cancellable, GError **error);
+
+/* The command to run and how. */
+typedef struct {
+    char **argv;       /* quoted for the remote shell by the callee */
+    char **env;        /* "K=V", or NULL */
+    const char *cwd;   /* or NULL */
+    gboolean tty;
+    const char *term;  /* with tty; NULL = "xterm-256color" */
+    guint cols, rows;  /* with tty; 0 = 80x24 */
+} HostdExecRequest;
+
+/* Runs @request on @target and relays the conversation with the vmctl client on @client_fd:
+ * reads STDIN / STDIN_EOF / WINDOW_SIZE frames from it and writes STDOUT / STDERR frames as
+ * output arrives (stdout and stderr kept apart), then one EXIT frame with the remote status
+ * (128+N for a signal). Blocks until the command ends or the client goes away (then the remote
+ * command gets its channel closed). Returns FALSE with VM_ERROR_SSH / VM_ERROR_IO when the
+ * command could not be run; then no EXIT frame was sent and the caller sends an ERROR frame. */
+gboolean hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target,
+                        const HostdExecRequest *request, int client_fd, GError **error);
+
+/* Quotes @argv for a POSIX shell, joined with spaces (newly allocated). Can't fail. */
+char *hostd_shell_quote_argv(char *const *argv);
+
+G_END_DECLS

@@ -1,0 +1,225 @@
+#include "hostd-state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <gio/gio.h>
+#include <glib/gstdio.h>
+#include <sys/file.h>
+
+#include "vm-error.h"
+#include "vm-util.h"
+
+#define RECORD_GROUP "agent"
+
+char *
+hostd_agent_record_path(const HostdAgentRecord *record, const char *file)
+{
+    return g_build_filename(record->dir, file, NULL);
+}
+
+static char *
+hostd_record_get_string(GKeyFile *kf, const char *key, gboolean required, const char *path,
+                        GError **error)
+{
+    char *value = g_key_file_get_string(kf, RECORD_GROUP, key, NULL);
+    if (value == NULL && required)
+        vm_throw(error, VM_ERROR_FAILED, "corrupt agent record %s: no '%s'", path, key);
+    return value;
+}
+
+HostdAgentRecord *
+hostd_agent_record_load(const char *dir, GError **error)
+{
+    g_autofree char *path = g_build_filename(dir, HOSTD_AGENT_RECORD, NULL);
+    g_autoptr(GKeyFile) kf = g_key_file_new();
+    g_autoptr(GError) local_error = NULL;
+
+    if (!g_key_file_load_from_file(kf, path, G_KEY_FILE_NONE, &local_error)) {
+        vm_throw(error, VM_ERROR_IO, "cannot read agent record %s: %s", path,
+                 local_error->message);
+        return NULL;
+    }
+
+    g_autoptr(HostdAgentRecord) r = g_new0(HostdAgentRecord, 1);
+    r->dir = g_strdup(dir);
+    if ((r->name = hostd_record_get_string(kf, "name", TRUE, path, error)) == NULL ||
+        (r->uuid = hostd_record_get_string(kf, "uuid", TRUE, path, error)) == NULL ||
+        (r->template_name = hostd_record_get_string(kf, "template", TRUE, path, error)) == NULL ||
+        (r->phase = hostd_record_get_string(kf, "phase", TRUE, path, error)) == NULL ||
+        (r->mac = hostd_record_get_string(kf, "mac", TRUE, path, error)) == NULL ||
+        (r->user = hostd_record_get_string(kf, "user", TRUE, path, error)) == NULL ||
+        (r->instance_id = hostd_record_get_string(kf, "instance-id", TRUE, path, error)) == NULL)
+        return NULL;
+    r->forked_from = hostd_record_get_string(kf, "forked-from", FALSE, path, NULL);
+    r->cpus = (guint)g_key_file_get_uint64(kf, RECORD_GROUP, "cpus", NULL);
+    r->memory_mib = (guint)g_key_file_get_uint64(kf, RECORD_GROUP, "memory-mib", NULL);
+    r->disk_gib = (guint)g_key_file_get_uint64(kf, RECORD_GROUP, "disk-gib", NULL);
+    r->ssh_port = (guint)g_key_file_get_uint64(kf, RECORD_GROUP, "ssh-port", NULL);
+    r->created = g_key_file_get_int64(kf, RECORD_GROUP, "created", NULL);
+    r->state_since = g_key_file_get_int64(kf, RECORD_GROUP, "state-since", NULL);
+    if (r->cpus == 0 || r->memory_mib == 0 || r->ssh_port == 0) {
+        vm_throw(error, VM_ERROR_FAILED, "corrupt agent record %s: bad resources or port", path);
+        return NULL;
+    }
+    return g_steal_pointer(&r);
+}
+
+gboolean
+hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
+{
+    g_autoptr(GKeyFile) kf = g_key_file_new();
+    g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
+
+    g_key_file_set_string(kf, RECORD_GROUP, "name", r->name);
+    g_key_file_set_string(kf, RECORD_GROUP, "uuid", r->uuid);
+    g_key_file_set_string(kf, RECORD_GROUP, "template", r->template_name);
+    g_key_file_set_string(kf, RECORD_GROUP, "phase", r->phase);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "cpus", r->cpus);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "memory-mib", r->memory_mib);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "disk-gib", r->disk_gib);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "ssh-port", r->ssh_port);
+    g_key_file_set_string(kf, RECORD_GROUP, "mac", r->mac);
+    g_key_file_set_string(kf, RECORD_GROUP, "user", r->user);
+    g_key_file_set_string(kf, RECORD_GROUP, "instance-id", r->instance_id);
+    if (r->forked_from != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "forked-from", r->forked_from);
+    g_key_file_set_int64(kf, RECORD_GROUP, "created", r->created);
+    g_key_file_set_int64(kf, RECORD_GROUP, "state-since", r->state_since);
+
+    gsize len = 0;
+    g_autofree char *data = g_key_file_to_data(kf, &len, NULL);
+    return vm_file_write_atomic(path, data, (gssize)len, 0600, error);
+}
+
+HostdAgentRecord *
+hostd_agent_record_copy(const HostdAgentRecord *r)
+{
+    HostdAgentRecord *c = g_memdup2(r, sizeof(*r));
+    c->dir = g_strdup(r->dir);
+    c->name = g_strdup(r->name);
+    c->uuid = g_strdup(r->uuid);
+    c->template_name = g_strdup(r->template_name);
+    c->phase = g_strdup(r->phase);
+    c->mac = g_strdup(r->mac);
+    c->user = g_strdup(r->user);
+    c->instance_id = g_strdup(r->instance_id);
+    c->forked_from = g_strdup(r->forked_from);
+    return c;
+}
+
+void
+hostd_agent_record_free(HostdAgentRecord *r)
+{
+    if (r == NULL)
+        return;
+    g_free(r->dir);
+    g_free(r->name);
+    g_free(r->uuid);
+    g_free(r->template_name);
+    g_free(r->phase);
+    g_free(r->mac);
+    g_free(r->user);
+    g_free(r->instance_id);
+    g_free(r->forked_from);
+    g_free(r);
+}
+
+HostdState *
+hostd_state_open(const char *state_dir, GError **error)
+{
+    g_autofree char *agents_dir = g_build_filename(state_dir, "agents", NULL);
+    g_autofree char *lock_path = g_build_filename(state_dir, "hostd.lock", NULL);
+
+    if (g_mkdir_with_parents(state_dir, 0700) < 0 || g_mkdir_with_parents(agents_dir, 0700) < 0) {
+        vm_throw_errno(error, errno, "cannot create state directory %s", state_dir);
+        return NULL;
+    }
+    vm_autofd fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        vm_throw_errno(error, errno, "cannot open %s", lock_path);
+        return NULL;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        if (errno == EWOULDBLOCK) {
+            g_autofree char *holder = NULL;
+            g_file_get_contents(lock_path, &holder, NULL, NULL);
+            vm_throw(error, VM_ERROR_BUSY, "another hostd (pid %s) is using %s",
+                     holder != NULL ? g_strstrip(holder) : "?", state_dir);
+        } else {
+            vm_throw_errno(error, errno, "cannot lock %s", lock_path);
+        }
+        return NULL;
+    }
+    g_autofree char *pid = g_strdup_printf("%d\n", (int)getpid());
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, strlen(pid), 0) < 0) {
+        vm_throw_errno(error, errno, "cannot write %s", lock_path);
+        return NULL;
+    }
+
+    HostdState *state = g_new0(HostdState, 1);
+    state->dir = g_strdup(state_dir);
+    state->agents_dir = g_steal_pointer(&agents_dir);
+    state->lock_fd = fd;
+    fd = -1;
+    return state;
+}
+
+void
+hostd_state_close(HostdState *state)
+{
+    if (state == NULL)
+        return;
+    if (state->lock_fd >= 0)
+        close(state->lock_fd);
+    g_free(state->dir);
+    g_free(state->agents_dir);
+    g_free(state);
+}
+
+static gint
+hostd_compare_strings(gconstpointer a, gconstpointer b)
+{
+    return g_strcmp0(*(const char *const *)a, *(const char *const *)b);
+}
+
+GPtrArray *
+hostd_state_list_agents(HostdState *state, GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+    g_autoptr(GDir) dir = g_dir_open(state->agents_dir, 0, &local_error);
+    if (dir == NULL) {
+        vm_throw(error, VM_ERROR_IO, "%s", local_error->message);
+        return NULL;
+    }
+    GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
+    const char *entry;
+    while ((entry = g_dir_read_name(dir)) != NULL) {
+        if (entry[0] != '.')
+            g_ptr_array_add(names, g_strdup(entry));
+    }
+    g_ptr_array_sort(names, hostd_compare_strings);
+    return names;
+}
+
+gboolean
+hostd_remove_tree(const char *path, GError **error)
+{
+    g_autoptr(GDir) dir = g_dir_open(path, 0, NULL);
+
+    if (dir != NULL) {
+        const char *entry;
+        while ((entry = g_dir_read_name(dir)) != NULL) {
+            g_autofree char *child = g_build_filename(path, entry, NULL);
+            if (g_file_test(child, G_FILE_TEST_IS_DIR) &&
+                !g_file_test(child, G_FILE_TEST_IS_SYMLINK)) {
+                if (!hostd_remove_tree(child, error))
+                    return FALSE;
+            } else if (g_unlink(child) < 0 && errno != ENOENT) {
+                return vm_throw_errno(error, errno, "cannot remove %s", child);
+            }
+        }
+    }
+    if (g_remove(path) < 0 && errno != ENOENT)
+        return vm_throw_errno(error, errno, "cannot remove %s", path);
+    return TRUE;
+}

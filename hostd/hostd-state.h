@@ -1,0 +1,77 @@
+/* hostd's state directory: the lock that makes one hostd per state dir, and the per-agent
+ * records (agents/<name>/agent.ini), always written atomically. */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+/* Files inside an agent's directory. */
+#define HOSTD_AGENT_RECORD "agent.ini"
+#define HOSTD_AGENT_DISK "disk.qcow2"
+#define HOSTD_AGENT_SEED "seed.iso"
+#define HOSTD_AGENT_KEY "id_ed25519"
+#define HOSTD_AGENT_KEY_PUB "id_ed25519.pub"
+#define HOSTD_AGENT_HOST_KEY_PUB "ssh_host_ed25519_key.pub"
+#define HOSTD_AGENT_KNOWN_HOSTS "known_hosts"
+#define HOSTD_AGENT_SSH_CONFIG "ssh_config"
+#define HOSTD_AGENT_CONSOLE "console.log"
+#define HOSTD_AGENT_QGA_SOCKET "qga.sock"
+
+/* An agent's lifecycle as recorded on disk; "creating" records found at start-up belong to a
+ * `new` that never finished and are rolled back. */
+#define HOSTD_PHASE_CREATING "creating"
+#define HOSTD_PHASE_READY "ready"
+
+typedef struct {
+    char *dir; /* not stored: where the record lives */
+    char *name;
+    char *uuid;
+    char *template_name;
+    char *phase;
+    guint cpus;
+    guint memory_mib;
+    guint disk_gib;
+    guint ssh_port;
+    char *mac;
+    char *user;
+    char *instance_id;
+    char *forked_from; /* NULL unless forked */
+    gint64 created;    /* unix seconds */
+    gint64 state_since; /* unix seconds of the last state change hostd made */
+} HostdAgentRecord;
+
+/* Loads <dir>/agent.ini. Fails with VM_ERROR_IO or VM_ERROR_FAILED ("corrupt record") when a
+ * required key is missing. */
+HostdAgentRecord *hostd_agent_record_load(const char *dir, GError **error);
+
+/* Writes the record to <dir>/agent.ini atomically and durably. Fails with VM_ERROR_IO. */
+gboolean hostd_agent_record_save(const HostdAgentRecord *record, GError **error);
+
+/* Returns <record dir>/<file>, newly allocated. */
+char *hostd_agent_record_path(const HostdAgentRecord *record, const char *file);
+
+HostdAgentRecord *hostd_agent_record_copy(const HostdAgentRecord *record);
+void hostd_agent_record_free(HostdAgentRecord *record);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdAgentRecord, hostd_agent_record_free)
+
+typedef struct {
+    char *dir;
+    char *agents_dir;
+    int lock_fd;
+} HostdState;
+
+/* Creates @state_dir (0700) and its agents/ folder if needed and takes the exclusive lock on
+ * <state_dir>/hostd.lock, held until hostd_state_close(). A second hostd on the same state dir
+ * fails with VM_ERROR_BUSY naming the holder's PID. */
+HostdState *hostd_state_open(const char *state_dir, GError **error);
+void hostd_state_close(HostdState *state);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdState, hostd_state_close)
+
+/* Lists the agent directory names under agents/ (sorted). Fails with VM_ERROR_IO. */
+GPtrArray *hostd_state_list_agents(HostdState *state, GError **error);
+
+/* Removes @path and everything below it; a missing path is success. Fails with VM_ERROR_IO. */
+gboolean hostd_remove_tree(const char *path, GError **error);
+
+G_END_DECLS

@@ -1,0 +1,111 @@
+/* hostd: the daemon that owns the agents' VMs, keys and state. See docs/ARCHITECTURE.md. */
+#include <glib-unix.h>
+#include <locale.h>
+#include <stdio.h>
+
+#include "hostd-agent.h"
+#include "hostd-config.h"
+#include "hostd-libvirt.h"
+#include "hostd-server.h"
+#include "hostd-state.h"
+#include "vm-config.h"
+#include "vm-error.h"
+
+static void
+hostd_log_handler(const char *domain, GLogLevelFlags level, const char *message, gpointer data)
+{
+    g_autoptr(GDateTime) now = g_date_time_new_now_local();
+    g_autofree char *stamp = g_date_time_format(now, "%H:%M:%S");
+    const char *kind = (level & G_LOG_LEVEL_WARNING) ? "warning: "
+                       : (level & (G_LOG_LEVEL_CRITICAL | G_LOG_LEVEL_ERROR)) ? "error: "
+                                                                               : "";
+    fprintf(stderr, "%s hostd: %s%s\n", stamp, kind, message);
+}
+
+static gboolean
+hostd_quit(gpointer data)
+{
+    g_main_loop_quit(data);
+    return G_SOURCE_REMOVE;
+}
+
+int
+main(int argc, char **argv)
+{
+    g_autofree char *config_path = NULL, *state_dir = NULL, *socket_path = NULL, *uri = NULL;
+    gboolean version = FALSE;
+    GOptionEntry entries[] = {
+        {"config", 0, 0, G_OPTION_ARG_FILENAME, &config_path, "Configuration file", "FILE"},
+        {"state-dir", 0, 0, G_OPTION_ARG_FILENAME, &state_dir, "State directory", "DIR"},
+        {"socket", 0, 0, G_OPTION_ARG_FILENAME, &socket_path, "API socket", "PATH"},
+        {"connect", 0, 0, G_OPTION_ARG_STRING, &uri,
+         "libvirt URI (default: the embedded driver under the state dir)", "URI"},
+        {"version", 0, 0, G_OPTION_ARG_NONE, &version, "Print the version", NULL},
+        {NULL},
+    };
+    g_autoptr(GOptionContext) opts = g_option_context_new("- the vmctl host daemon");
+    g_autoptr(GError) error = NULL;
+
+    setlocale(LC_ALL, "");
+    g_log_set_default_handler(hostd_log_handler, NULL);
+    g_option_context_add_main_entries(opts, entries, NULL);
+    if (!g_option_context_parse(opts, &argc, &argv, &error)) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return 2;
+    }
+    if (version) {
+        printf("hostd %s\n", VM_VERSION);
+        return 0;
+    }
+
+    g_autoptr(HostdConfig) config = hostd_config_load(config_path, state_dir, socket_path, uri,
+                                                      &error);
+    if (config == NULL) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
+    }
+    g_autoptr(HostdState) state = hostd_state_open(config->state_dir, &error);
+    if (state == NULL) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
+    }
+    g_message("state directory %s", config->state_dir);
+    g_message("connecting to %s", config->uri);
+    g_autoptr(HostdLibvirt) lv = hostd_libvirt_open(config->uri, &error);
+    if (lv == NULL) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
+    }
+    if (g_str_equal(lv->virt_type, "kvm"))
+        g_message("accelerator: KVM (/dev/kvm)");
+    else
+        g_message("accelerator: TCG software emulation (no usable /dev/kvm); guests run slower");
+
+    g_autoptr(HostdContext) ctx = hostd_context_new(g_steal_pointer(&config),
+                                                    g_steal_pointer(&state), g_steal_pointer(&lv));
+    g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
+    if (!hostd_reconcile(ctx, notes, &error)) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
+    }
+    for (guint i = 0; i < notes->len; i++)
+        g_message("%s", (const char *)notes->pdata[i]);
+
+    HostdServer *server = hostd_server_start(ctx, ctx->config->socket_path,
+                                             ctx->config->socket_group, &error);
+    if (server == NULL) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
+    }
+    g_message("listening on %s", ctx->config->socket_path);
+
+    g_autoptr(GMainLoop) loop = g_main_loop_new(NULL, FALSE);
+    g_unix_signal_add(SIGTERM, hostd_quit, loop);
+    g_unix_signal_add(SIGINT, hostd_quit, loop);
+    g_main_loop_run(loop);
+
+    /* Agents keep running: their QEMU processes do not belong to hostd. */
+    g_message("stopping; agents keep running");
+    hostd_server_stop(server);
+    return 0;
+}

@@ -1,0 +1,37 @@
+/* Domain XML for one agent: a pure transform from VmDomainSpec to libvirt XML. */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+#define VM_MACHINE_TYPE "pc-q35-7.2" /* pinned, so saved state and checkpoints stay loadable */
+
+typedef struct {
+    const char *name;
+    const char *uuid;        /* canonical 36-char form */
+    const char *virt_type;   /* "kvm" or "qemu" */
+    const char *emulator;    /* NULL: libvirt's default */
+    guint cpus;
+    guint memory_mib;
+    const char *disk_path;   /* qcow2 overlay, discard=unmap */
+    const char *seed_path;   /* NoCloud ISO (cdrom, read-only), or NULL */
+    const char *kernel_path; /* direct kernel boot, or NULL to boot from the disk */
+    const char *initrd_path;
+    const char *cmdline;
+    const char *mac;         /* 52:54:00:xx:xx:xx */
+    guint ssh_port;          /* host side, bound to 127.0.0.1 */
+    const char *console_log; /* serial console goes to this file */
+    const char *agent_socket; /* qemu-guest-agent channel socket path */
+    const char *metadata_xml; /* inner XML for <metadata>, or NULL */
+} VmDomainSpec;
+
+/* Returns newly allocated domain XML for @spec: q35 pinned machine type, virtio disk with
+ * discard, NoCloud cdrom, virtio-rng from /dev/urandom, TCG tb-cache 128 MiB when virt_type is
+ * "qemu", qemu-guest-agent channel, serial console to a file, and QEMU user networking with
+ * restrict=on and a single hostfwd 127.0.0.1:ssh_port -> guest :22 (through
+ * <qemu:commandline>, since libvirt has no restricted user network). Strings are XML-escaped.
+ * Fails with VM_ERROR_INVALID_ARGUMENT when a required field is missing. */
+char *vm_domain_xml_build(const VmDomainSpec *spec, GError **error);
+
+G_END_DECLS
