@@ -367,7 +367,6 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
     g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
     g_autofree char *seed = hostd_agent_record_path(r, HOSTD_AGENT_SEED);
     g_autofree char *console = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE);
-    g_autofree char *qga = hostd_agent_record_path(r, HOSTD_AGENT_QGA_SOCKET);
     g_autofree char *comment = g_strdup_printf("vmctl-%s", r->name);
 
     g_autoptr(HostdKeyPair) user_key = hostd_keypair_generate(comment, error);
@@ -402,8 +401,14 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         .template_user_data = tpl->user_data,
         .user_user_data = user_data,
     };
+    /* The seed holds the guest's private host key: readable by nobody but its owner (libvirt
+     * hands it to QEMU's user when the domain starts). */
     if (!vm_seed_write_iso(&seed_spec, seed, error))
         return NULL;
+    if (chmod(seed, 0600) < 0) {
+        vm_throw_errno(error, errno, "cannot protect %s", seed);
+        return NULL;
+    }
 
     g_autofree char *metadata = g_markup_printf_escaped(
         "<vmctl:agent xmlns:vmctl='https://vmctl.dev/xmlns/agent/1' name='%s' template='%s'/>",
@@ -422,7 +427,7 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         .mac = r->mac,
         .ssh_port = r->ssh_port,
         .console_log = console,
-        .agent_socket = qga,
+        .agent_socket = NULL, /* libvirt picks a path QEMU's user may create */
         .metadata_xml = metadata,
     };
     return vm_domain_xml_build(&spec, error);
@@ -507,7 +512,7 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
      * recorded under the context lock so two concurrent `new`s never share one. */
     g_mutex_lock(&ctx->lock);
     gboolean ok = hostd_allocate_port(ctx, &r->ssh_port, error);
-    if (ok && g_mkdir_with_parents(dir, 0700) < 0)
+    if (ok && g_mkdir_with_parents(dir, 0711) < 0)
         ok = vm_throw_errno(error, errno, "cannot create %s", dir);
     if (ok && !hostd_agent_record_save(r, error)) {
         hostd_remove_tree(dir, NULL);

@@ -1,9 +1,12 @@
 #include "hostd-libvirt.h"
 
+#include <errno.h>
 #include <libvirt/virterror.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "vm-error.h"
+#include "vm-util.h"
 
 static void
 hostd_libvirt_quiet_error(void *opaque, virErrorPtr err)
@@ -51,6 +54,32 @@ hostd_libvirt_detect_virt_type(void)
     return "qemu";
 }
 
+#define HOSTD_EMBED_PREFIX "qemu:///embed?root="
+
+/* The embedded driver reads <root>/etc/qemu.conf. Its default sends QEMU's output through
+ * virtlogd, which is a daemon that need not run here; plain files keep hostd self-contained.
+ * An existing file is the administrator's and is left alone. */
+static gboolean
+hostd_libvirt_prepare_embed_root(const char *uri, GError **error)
+{
+    if (!g_str_has_prefix(uri, HOSTD_EMBED_PREFIX))
+        return TRUE;
+    g_autofree char *root = g_strdup(uri + strlen(HOSTD_EMBED_PREFIX));
+    char *amp = strchr(root, '&');
+    if (amp != NULL)
+        *amp = '\0';
+    g_autofree char *etc = g_build_filename(root, "etc", NULL);
+    g_autofree char *conf = g_build_filename(etc, "qemu.conf", NULL);
+    if (g_file_test(conf, G_FILE_TEST_EXISTS))
+        return TRUE;
+    if (g_mkdir_with_parents(etc, 0755) < 0)
+        return vm_throw_errno(error, errno, "cannot create %s", etc);
+    return vm_file_write_atomic(conf,
+                                "# Written by hostd: QEMU logs to files, no virtlogd needed.\n"
+                                "stdio_handler = \"file\"\n",
+                                -1, 0644, error);
+}
+
 HostdLibvirt *
 hostd_libvirt_open(const char *uri, GError **error)
 {
@@ -65,6 +94,8 @@ hostd_libvirt_open(const char *uri, GError **error)
         g_once_init_leave(&once, 1);
     }
 
+    if (!hostd_libvirt_prepare_embed_root(uri, error))
+        return NULL;
     virConnectPtr conn = virConnectOpen(uri);
     if (conn == NULL) {
         g_autofree char *what = g_strdup_printf("cannot connect to %s", uri);

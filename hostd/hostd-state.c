@@ -5,6 +5,7 @@
 #include <gio/gio.h>
 #include <glib/gstdio.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 
 #include "vm-error.h"
 #include "vm-util.h"
@@ -130,7 +131,10 @@ hostd_state_open(const char *state_dir, GError **error)
     g_autofree char *agents_dir = g_build_filename(state_dir, "agents", NULL);
     g_autofree char *lock_path = g_build_filename(state_dir, "hostd.lock", NULL);
 
-    if (g_mkdir_with_parents(state_dir, 0700) < 0 || g_mkdir_with_parents(agents_dir, 0700) < 0) {
+    /* 0711: QEMU runs as an unprivileged user (libvirt-qemu under the system and embedded
+     * drivers) and must traverse these to reach the disks; the secrets inside are 0600. */
+    if (g_mkdir_with_parents(state_dir, 0711) < 0 || g_mkdir_with_parents(agents_dir, 0711) < 0 ||
+        chmod(state_dir, 0711) < 0 || chmod(agents_dir, 0711) < 0) {
         vm_throw_errno(error, errno, "cannot create state directory %s", state_dir);
         return NULL;
     }

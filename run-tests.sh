@@ -1,0 +1,25 @@
+#!/bin/bash
+# Runs the whole test suite on a Debian 12 machine, as root: installs what is missing, builds
+# with warnings as errors, runs the unit and style suites, the unit suite again under
+# AddressSanitizer + UBSan, then the VM suite (boots real guests; about 10 minutes under TCG).
+# Set VM_SKIP_VM_SUITE=1 to skip the VM suite.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+./scripts/install-deps.sh
+
+start=$(date +%s)
+meson setup build --werror --wipe >/dev/null 2>&1 || meson setup build --werror >/dev/null
+ninja -C build
+meson test -C build --suite unit --suite style --print-errorlogs
+
+meson setup build-asan --werror -Db_sanitize=address,undefined -Db_lundef=false \
+  >/dev/null 2>&1 || true
+ninja -C build-asan
+ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C build-asan --suite unit --print-errorlogs
+
+if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
+  meson test -C build --suite vm --print-errorlogs --verbose
+fi
+echo "test suite took $(( $(date +%s) - start )) s"

@@ -1,0 +1,199 @@
+#!/bin/bash
+# The VM suite: drives the real vmctl against a real hostd that boots real guests (TCG).
+# One agent is booted and shared by most checks, since each boot costs about a minute.
+# Output is TAP. Needs root, the packages of scripts/install-deps.sh, and HOSTD/VMCTL set
+# (meson does that). The debian-12 image is cached in $VM_TEST_IMAGE_CACHE between runs.
+set -uo pipefail
+
+: "${HOSTD:?}" "${VMCTL:?}"
+IMAGES=${VM_TEST_IMAGE_CACHE:-/var/cache/vmctl-test/images}
+# Short path: the embedded libvirt root holds UNIX sockets (<= 108 bytes).
+S=$(mktemp -d /tmp/vmt.XXXXXX)
+chmod 711 "$S"
+SOCK=$S/hostd.sock
+CONF=$S/hostd.conf
+LOG=$S/hostd.log
+HOSTD_PID=
+N=0
+FAILED=0
+WEBPID=
+
+cat > "$CONF" <<CONF
+[hostd]
+images-dir=$IMAGES
+ssh-port-min=${VM_TEST_PORT_MIN:-43100}
+ssh-port-max=${VM_TEST_PORT_MAX:-43199}
+boot-timeout=360
+CONF
+
+ok() { N=$((N + 1)); echo "ok $N - $*"; }
+not_ok() { N=$((N + 1)); FAILED=$((FAILED + 1)); echo "not ok $N - $*"; }
+check() { # check DESCRIPTION COMMAND...
+  local desc=$1; shift
+  if "$@"; then ok "$desc"; else not_ok "$desc"; fi
+}
+diag() { sed 's/^/# /' <<< "$*"; }
+vmctl() { "$VMCTL" --socket "$SOCK" "$@"; }
+
+start_hostd() {
+  "$HOSTD" --config "$CONF" --state-dir "$S" --socket "$SOCK" >> "$LOG" 2>&1 &
+  HOSTD_PID=$!
+  for _ in $(seq 1 100); do
+    [ -S "$SOCK" ] && vmctl list >/dev/null 2>&1 && return 0
+    kill -0 "$HOSTD_PID" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
+
+cleanup() {
+  if [ -n "$HOSTD_PID" ] && kill -0 "$HOSTD_PID" 2>/dev/null; then
+    for a in $(vmctl list --json 2>/dev/null | python3 -c 'import json,sys; [print(a["name"]) for a in json.load(sys.stdin)]' 2>/dev/null); do
+      vmctl rm --force "$a" >/dev/null 2>&1
+    done
+    kill "$HOSTD_PID" 2>/dev/null; wait "$HOSTD_PID" 2>/dev/null
+  fi
+  # Whatever hostd could not remove: destroy it through the same embedded root, so no guest
+  # outlives the suite and eats the next run's CPU.
+  if [ -d "$S/libvirt" ]; then
+    for d in $(virsh -c "qemu:///embed?root=$S/libvirt" list --name 2>/dev/null); do
+      virsh -c "qemu:///embed?root=$S/libvirt" destroy "$d" >/dev/null 2>&1
+    done
+  fi
+  [ -n "$WEBPID" ] && kill "$WEBPID" 2>/dev/null
+  if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
+    diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"
+  fi
+  rm -rf "$S"
+}
+trap cleanup EXIT
+
+# --- hostd start-up and bad input that needs no VM -------------------------------------------
+out=$("$VMCTL" --socket "$S/nope.sock" list 2>&1); rc=$?
+check "vmctl without hostd: one line naming the socket, exit 12" \
+  test "$rc" = 12 -a "$out" = "vmctl: hostd is not running at $S/nope.sock"
+
+check "hostd starts on the embedded driver" start_hostd
+grep -q 'accelerator:' "$LOG" && ok "hostd logs which accelerator it uses" || not_ok "accelerator logged"
+check "socket is mode 0600" test "$(stat -c %a "$SOCK")" = 600
+
+"$HOSTD" --config "$CONF" --state-dir "$S" --socket "$S/second.sock" > "$S/second.log" 2>&1; rc=$?
+check "a second hostd on the same state dir refuses to start (exit 16)" \
+  test "$rc" = 16 -a ! -e "$S/second.sock"
+
+for bad in '../x' 'A' 'a b' '-a' '' "$(printf 'a%.0s' $(seq 1 64))"; do
+  out=$(vmctl new "$bad" 2>&1); rc=$?
+  check "new rejects name '${bad:0:12}' with exit 2 and one line" \
+    test "$rc" = 2 -a "$(wc -l <<< "$out")" = 1
+done
+out=$(vmctl new t1 --template nosuch 2>&1); rc=$?
+check "unknown template: exit 3" test "$rc" = 3
+out=$(vmctl new t1 --cpus 999 2>&1); rc=$?
+check "more CPUs than the host: exit 7, nothing left" test "$rc" = 7 -a ! -e "$S/agents/t1"
+out=$(vmctl info nosuch 2>&1); rc=$?
+check "info of an unknown agent: exit 3" test "$rc" = 3
+
+# --- the image ------------------------------------------------------------------------------
+t0=$(date +%s)
+vmctl template build debian-12 > "$S/build.log" 2>&1; rc=$?
+check "template build debian-12 ($(( $(date +%s) - t0 )) s)" test "$rc" = 0
+[ "$rc" = 0 ] || diag "$(tail -n 20 "$S/build.log")"
+check "template list shows debian-12 ready" \
+  bash -c "'$VMCTL' --socket '$SOCK' template list | grep -E '^debian-12 +yes'"
+
+# --- one agent, shared by the checks below --------------------------------------------------
+t0=$(date +%s)
+vmctl new a1 > "$S/new.log" 2>&1; rc=$?
+BOOT=$(( $(date +%s) - t0 ))
+check "new a1 returns once SSH answers (${BOOT} s)" test "$rc" = 0
+if [ "$rc" != 0 ]; then
+  diag "$(tail -n 30 "$S/new.log")"
+  echo "Bail out! no agent to test"
+  exit 1
+fi
+echo "# boot-to-ssh seconds: $BOOT"
+
+check "list shows a1 running" bash -c "'$VMCTL' --socket '$SOCK' list | grep -E '^a1 +running'"
+info=$(vmctl --json info a1)
+check "info --json has state, port, template, resources" python3 -c '
+import json, sys
+a = json.loads(sys.argv[1])
+assert a["state"] == "running" and a["template"] == "debian-12"
+assert a["cpus"] == 2 and a["memory_mib"] == 1024 and 43100 <= a["ssh_port"] <= 43199
+assert a["disk_bytes"] > 0 and a["created"] > 0
+' "$info"
+PORT=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["ssh_port"])' "$info")
+check "SSH is forwarded on 127.0.0.1 only" \
+  bash -c "ss -ltnH | awk '{print \$4}' | grep -qx '127.0.0.1:$PORT' && ! ss -ltnH | awk '{print \$4}' | grep -q '0.0.0.0:$PORT'"
+
+vmctl exec a1 -- sh -c 'echo out; echo err >&2; exit 7' > "$S/o" 2> "$S/e"; rc=$?
+check "exec: exit status is the command's" test "$rc" = 7
+check "exec: stdout and stderr arrive apart" \
+  bash -c "[ \"\$(cat '$S/o')\" = out ] && [ \"\$(cat '$S/e')\" = err ]"
+check "exec: stdin is forwarded" test "$(echo hello | vmctl exec a1 -- cat)" = hello
+head -c 3000000 /dev/urandom > "$S/big"
+check "exec: 3 MB through stdin and stdout unchanged" \
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- cat < '$S/big' | cmp -s - '$S/big'"
+check "exec -e and -w" test "$(vmctl exec a1 -e FOO='a b' -w /tmp -- sh -c 'echo "$FOO $(pwd)"')" = "a b /tmp"
+check "exec runs as the agent user with passwordless sudo" \
+  test "$(vmctl exec a1 -- sudo -n id -u)" = 0
+out=$(vmctl exec nosuch -- true 2>&1); rc=$?
+check "exec on an unknown agent exits 125" test "$rc" = 125
+check "guest hostname is the agent name" test "$(vmctl exec a1 -- hostname)" = a1
+
+# ssh-config with the real OpenSSH client
+vmctl ssh-config a1 > "$S/ssh_config"
+check "ssh-config + ssh -F: plain OpenSSH works with strict host key checking" \
+  test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 echo hi)" = hi
+echo "payload $RANDOM" > "$S/in.txt"
+check "scp a file in and out" bash -c "scp -q -F '$S/ssh_config' '$S/in.txt' vmctl-a1:/tmp/in.txt && scp -q -F '$S/ssh_config' vmctl-a1:/tmp/in.txt '$S/back.txt' && cmp -s '$S/in.txt' '$S/back.txt'"
+sed "s#UserKnownHostsFile .*#UserKnownHostsFile \"$S/wrong_known_hosts\"#" "$S/ssh_config" > "$S/ssh_config_wrong"
+ssh-keygen -q -t ed25519 -N '' -f "$S/otherkey" >/dev/null
+echo "[127.0.0.1]:$PORT $(cut -d' ' -f1,2 "$S/otherkey.pub")" > "$S/wrong_known_hosts"
+check "a different pinned host key is refused (no trust on first use)" \
+  bash -c "! ssh -F '$S/ssh_config_wrong' -o BatchMode=yes vmctl-a1 true 2>/dev/null"
+check "the guest offers only the host key hostd generated" \
+  bash -c "[ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'ls /etc/ssh/ssh_host_*_key.pub | wc -l')\" = 1 ]"
+
+# restricted user networking: the host's loopback services are unreachable from the guest
+WEBPORT=$((PORT + 50))
+python3 -m http.server --bind 127.0.0.1 "$WEBPORT" --directory "$S" > "$S/web.log" 2>&1 &
+WEBPID=$!
+sleep 1
+vmctl exec a1 -- sh -c "curl -s -m 5 -o /dev/null http://10.0.2.2:$WEBPORT/ || wget -q -T 5 -O /dev/null http://10.0.2.2:$WEBPORT/" >/dev/null 2>&1; rc=$?
+check "guest cannot reach a server on the host's 127.0.0.1 via 10.0.2.2" \
+  bash -c "[ $rc != 0 ] && ! grep -q 'GET /' '$S/web.log'"
+vmctl exec a1 -- curl -s -m 5 -o /dev/null http://deb.debian.org/ >/dev/null 2>&1; rc=$?
+check "guest has no way out to the internet" test "$rc" != 0
+kill "$WEBPID" 2>/dev/null; WEBPID=
+
+# hostd SIGKILLed while the agent runs: the agent keeps running and is reachable after restart
+BOOT_ID=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
+kill -9 "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+check "hostd restarts after SIGKILL" start_hostd
+check "agent still running after the restart" bash -c "'$VMCTL' --socket '$SOCK' list | grep -E '^a1 +running'"
+check "same boot id: the VM was never restarted" \
+  test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
+
+# stop/start keeps files
+vmctl exec a1 -- sh -c 'echo keep-me > ~/kept.txt && sync'
+out=$(vmctl rm a1 2>&1); rc=$?
+check "rm of a running agent is refused (exit 5)" test "$rc" = 5 -a -d "$S/agents/a1"
+t0=$(date +%s)
+check "stop a1" vmctl stop a1
+check "list shows a1 stopped ($(( $(date +%s) - t0 )) s)" bash -c "'$VMCTL' --socket '$SOCK' list | grep -E '^a1 +stopped'"
+out=$(vmctl exec a1 -- true 2>&1); rc=$?
+check "exec on a stopped agent: 125 and a hint" bash -c "[ $rc = 125 ] && grep -q 'vmctl start a1' <<< '$out'"
+t0=$(date +%s)
+check "start a1" vmctl start a1
+diag "start-to-ssh seconds: $(( $(date +%s) - t0 ))"
+check "a file written before stop survives" test "$(vmctl exec a1 -- cat kept.txt)" = keep-me
+check "new with an existing name: exit 4" bash -c "'$VMCTL' --socket '$SOCK' new a1 >/dev/null 2>&1; [ \$? = 4 ]"
+
+# rm leaves nothing
+check "rm --force a1" vmctl rm --force a1
+check "rm leaves no files" test ! -e "$S/agents/a1"
+check "rm leaves no domain" bash -c "[ -z \"\$('$VMCTL' --socket '$SOCK' list --json | python3 -c 'import json,sys; print(\" \".join(a[\"name\"] for a in json.load(sys.stdin)))')\" ]"
+
+echo "1..$N"
+[ "$FAILED" -eq 0 ]
