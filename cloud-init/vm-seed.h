@@ -27,7 +27,8 @@ char *vm_seed_render_user_data(const VmSeedSpec *spec, GError **error);
 char *vm_seed_render_meta_data(const VmSeedSpec *spec, GError **error);
 
 /* Writes the NoCloud ISO (volume id "cidata") to @iso_path, atomically (temp + rename), with
- * genisoimage. Fails with VM_ERROR_IO. */
+ * genisoimage. Fails with VM_ERROR_INVALID_ARGUMENT for an invalid spec (as the render functions)
+ * and VM_ERROR_IO when writing fails. */
 gboolean vm_seed_write_iso(const VmSeedSpec *spec, const char *iso_path, GError **error);
 
 G_END_DECLS

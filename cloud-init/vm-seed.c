@@ -1,0 +1,589 @@
+/* cloud-init NoCloud seed: renders user-data and meta-data and packs them into a "cidata" ISO.
+ *
+ * Everything a user controls reaches the YAML only through seed_append_quoted() (one-line
+ * values) or seed_append_block() (the private key), so no value can add keys of its own. Extra
+ * user-data parts are never spliced into hostd's document: they travel as MIME parts that
+ * cloud-init merges after it.
+ */
+#include "vm-seed.h"
+
+#include "vm-error.h"
+#include "vm-protocol.h"
+#include "vm-util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <glib/gstdio.h>
+
+/* cloud-init merges each part into what the earlier parts built. dict(no_replace) keeps hostd's
+ * scalars (hostname, the user's shell...), list(append) adds to hostd's lists (users, packages,
+ * ssh_authorized_keys) instead of replacing them, recurse_list merges into lists inside dicts. */
+#define SEED_MERGE_TYPE "list(append)+dict(no_replace,recurse_list)+str()"
+
+#define SEED_MIME_LINE_MAX   998 /* RFC 5322 line limit; longer lines go out as base64 */
+#define SEED_HOSTNAME_MAX    253
+#define SEED_USER_MAX        32 /* useradd's limit on Debian */
+#define SEED_LINE_FIELD_MAX  8192
+#define SEED_PRIVATE_KEY_MAX 16384
+
+typedef enum {
+    SEED_PART_CLOUD_CONFIG,
+    SEED_PART_SHELL_SCRIPT,
+} SeedPartType;
+
+typedef struct {
+    const char *filename;
+    SeedPartType type;
+    gboolean merge;
+    char *body; /* transfer-encoded */
+    gboolean base64;
+} SeedPart;
+
+/* Checks a value that lands on one YAML line: set, UTF-8, no control characters and no Unicode
+ * line or paragraph separators (YAML 1.1 reads those as line breaks). */
+static gboolean
+seed_check_line(const char *field, const char *value, GError **error)
+{
+    if (value == NULL || *value == '\0')
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "seed: %s is missing", field);
+    if (strlen(value) > SEED_LINE_FIELD_MAX)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "seed: %s is longer than %d bytes", field,
+                        SEED_LINE_FIELD_MAX);
+    if (!g_utf8_validate(value, -1, NULL))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "seed: %s is not valid UTF-8", field);
+    for (const char *p = value; *p != '\0'; p = g_utf8_next_char(p)) {
+        gunichar c = g_utf8_get_char(p);
+        if (g_unichar_iscntrl(c) || c == 0x2028 || c == 0x2029 || c == 0xfeff)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "seed: %s contains a control character or line break", field);
+    }
+    return TRUE;
+}
+
+/* The guest uses it as its hostname and in /etc/hosts: RFC 1123 labels only. */
+static gboolean
+seed_check_hostname(const char *hostname, GError **error)
+{
+    if (!seed_check_line("hostname", hostname, error))
+        return FALSE;
+    if (strlen(hostname) > SEED_HOSTNAME_MAX)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: hostname is longer than %d characters", SEED_HOSTNAME_MAX);
+
+    g_auto(GStrv) labels = g_strsplit(hostname, ".", -1);
+    for (char **label = labels; *label != NULL; label++) {
+        size_t len = strlen(*label);
+        if (len == 0 || len > 63 || (*label)[0] == '-' || (*label)[len - 1] == '-')
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "seed: hostname '%s' is not a valid host name", hostname);
+        for (const char *p = *label; *p != '\0'; p++) {
+            if (!g_ascii_isalnum(*p) && *p != '-')
+                return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                                "seed: hostname '%s' is not a valid host name", hostname);
+        }
+    }
+    return TRUE;
+}
+
+/* What useradd on Debian accepts without --badname. */
+static gboolean
+seed_check_user(const char *user, GError **error)
+{
+    if (!seed_check_line("user", user, error))
+        return FALSE;
+
+    size_t len = strlen(user);
+    gboolean valid = len <= SEED_USER_MAX && (g_ascii_islower(user[0]) || user[0] == '_');
+    for (size_t i = 1; valid && i < len; i++) {
+        char c = user[i];
+        valid = g_ascii_islower(c) || g_ascii_isdigit(c) || c == '_' || c == '-' ||
+                (c == '$' && i == len - 1);
+    }
+    if (!valid)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: user '%s' is not a valid user name", user);
+    return TRUE;
+}
+
+/* The private key is the one multi-line value: newlines are fine, other control characters
+ * (a CR from a pasted key, a tab) are not, and it has to look like a PEM block. */
+static gboolean
+seed_check_private_key(const char *key, GError **error)
+{
+    if (key == NULL || *key == '\0')
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "seed: host_key_private is missing");
+    if (strlen(key) > SEED_PRIVATE_KEY_MAX)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: host_key_private is longer than %d bytes", SEED_PRIVATE_KEY_MAX);
+    if (!g_str_has_prefix(key, "-----BEGIN "))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: host_key_private is not a PEM private key");
+    for (const char *p = key; *p != '\0'; p++) {
+        if (*p != '\n' && (!g_ascii_isprint(*p) || (guchar)*p >= 0x80))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "seed: host_key_private contains a character outside printable "
+                            "ASCII");
+    }
+    return TRUE;
+}
+
+static gboolean
+seed_check_meta(const VmSeedSpec *spec, GError **error)
+{
+    return seed_check_hostname(spec->hostname, error) &&
+           seed_check_line("instance_id", spec->instance_id, error);
+}
+
+static gboolean
+seed_check_spec(const VmSeedSpec *spec, GError **error)
+{
+    if (!seed_check_meta(spec, error) || !seed_check_user(spec->user, error) ||
+        !seed_check_line("authorized_key", spec->authorized_key, error) ||
+        !seed_check_private_key(spec->host_key_private, error) ||
+        !seed_check_line("host_key_public", spec->host_key_public, error))
+        return FALSE;
+
+    /* cloud-init writes ed25519_public next to the private key, and sshd would refuse a
+     * mismatched type anyway: catch a swapped or wrong key here. */
+    if (!g_str_has_prefix(spec->host_key_public, "ssh-ed25519 "))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: host_key_public is not an ssh-ed25519 public key");
+
+    for (const char *const *pkg = spec->packages; pkg != NULL && *pkg != NULL; pkg++) {
+        if (!seed_check_line("package name", *pkg, error))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Appends @value as a YAML double-quoted scalar, so that no character of it (':', '#', '"',
+ * a leading '-' or '*', "yes", "null"...) can change what the document means. */
+static void
+seed_append_quoted(GString *out, const char *value)
+{
+    g_string_append_c(out, '"');
+    for (const char *p = value; *p != '\0'; p = g_utf8_next_char(p)) {
+        gunichar c = g_utf8_get_char(p);
+        switch (c) {
+        case '"':
+            g_string_append(out, "\\\"");
+            break;
+        case '\\':
+            g_string_append(out, "\\\\");
+            break;
+        case '\n':
+            g_string_append(out, "\\n");
+            break;
+        case '\t':
+            g_string_append(out, "\\t");
+            break;
+        default:
+            if (c < 0x20 || c == 0x7f)
+                g_string_append_printf(out, "\\x%02x", (guint)c);
+            else if (g_unichar_iscntrl(c) || c == 0x2028 || c == 0x2029 || c == 0xfeff)
+                g_string_append_printf(out, "\\u%04x", (guint)c);
+            else
+                g_string_append_len(out, p, g_utf8_next_char(p) - p);
+            break;
+        }
+    }
+    g_string_append_c(out, '"');
+}
+
+/* Appends "<key>: |" and @text as a literal block scalar two spaces deeper than the key, with
+ * the chomping indicator that gives back exactly @text's trailing newlines. @text must not start
+ * with a space (YAML would then need an indentation indicator); the PEM check ensures that. */
+static void
+seed_append_block(GString *out, int key_indent, const char *key, const char *text)
+{
+    int indent = key_indent + 2;
+    size_t len = strlen(text);
+    size_t trailing = 0;
+
+    while (trailing < len && text[len - 1 - trailing] == '\n')
+        trailing++;
+
+    g_assert(text[0] != ' ');
+    g_string_append_printf(out, "%*s%s: |", key_indent, "", key);
+    g_string_append(out, trailing == 0 ? "-" : trailing == 1 ? "" : "+");
+    g_string_append_c(out, '\n');
+
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    /* g_strsplit() leaves one empty string after the last newline: it is not a line. */
+    guint n = g_strv_length(lines);
+    if (trailing > 0)
+        n--;
+    for (guint i = 0; i < n; i++) {
+        if (lines[i][0] != '\0')
+            g_string_append_printf(out, "%*s%s", indent, "", lines[i]);
+        g_string_append_c(out, '\n');
+    }
+}
+
+static void
+seed_append_key_quoted(GString *out, int indent, const char *key, const char *value)
+{
+    g_string_append_printf(out, "%*s%s: ", indent, "", key);
+    seed_append_quoted(out, value);
+    g_string_append_c(out, '\n');
+}
+
+/* hostd's own #cloud-config; @spec is already checked. */
+static char *
+seed_render_cloud_config(const VmSeedSpec *spec)
+{
+    GString *out = g_string_new("#cloud-config\n");
+
+    seed_append_key_quoted(out, 0, "hostname", spec->hostname);
+    seed_append_key_quoted(out, 0, "fqdn", spec->hostname);
+    /* Without it the hostname does not resolve and every sudo waits for DNS and complains. */
+    g_string_append(out, "manage_etc_hosts: true\n");
+
+    g_string_append(out, "users:\n");
+    g_string_append(out, "  - name: ");
+    seed_append_quoted(out, spec->user);
+    g_string_append_c(out, '\n');
+    seed_append_key_quoted(out, 4, "sudo", "ALL=(ALL) NOPASSWD:ALL");
+    seed_append_key_quoted(out, 4, "shell", "/bin/bash");
+    g_string_append(out, "    lock_passwd: true\n");
+    g_string_append(out, "    ssh_authorized_keys:\n");
+    g_string_append(out, "      - ");
+    seed_append_quoted(out, spec->authorized_key);
+    g_string_append_c(out, '\n');
+    g_string_append(out, "disable_root: true\n");
+    g_string_append(out, "ssh_pwauth: false\n");
+
+    /* The guest's sshd gets exactly the host key hostd generated, so hostd can pin it. */
+    g_string_append(out, "ssh_deletekeys: true\n");
+    g_string_append(out, "ssh_genkeytypes: []\n");
+    g_string_append(out, "ssh_keys:\n");
+    seed_append_block(out, 2, "ed25519_private", spec->host_key_private);
+    seed_append_key_quoted(out, 2, "ed25519_public", spec->host_key_public);
+
+    if (spec->packages != NULL && spec->packages[0] != NULL) {
+        g_string_append(out, "packages:\n");
+        for (const char *const *pkg = spec->packages; *pkg != NULL; pkg++) {
+            g_string_append(out, "  - ");
+            seed_append_quoted(out, *pkg);
+            g_string_append_c(out, '\n');
+        }
+    }
+    return g_string_free(out, FALSE);
+}
+
+/* The first line of @text with trailing blanks (and a CR) removed. */
+static char *
+seed_first_line(const char *text)
+{
+    const char *end = strchr(text, '\n');
+    char *line = end != NULL ? g_strndup(text, end - text) : g_strdup(text);
+    return g_strchomp(line);
+}
+
+/* A top-level merge_how/merge_type in a part's body would take precedence over our Merge-Type
+ * header and could let the part replace hostd's user and keys. */
+static gboolean
+seed_sets_merge_keys(const char *text)
+{
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    for (char **line = lines; *line != NULL; line++) {
+        const char *p = *line;
+        if (*p == '"' || *p == '\'')
+            p++;
+        if (g_str_has_prefix(p, "merge_how") || g_str_has_prefix(p, "merge_type"))
+            return TRUE;
+    }
+    return FALSE;
+}
+
+/* Transfer-encodes @text: as is when it is 7-bit with short lines, else base64. Python's email
+ * parser (which cloud-init uses) mangles non-ASCII text in an unencoded part. */
+static char *
+seed_encode_body(const char *text, gboolean *ret_base64)
+{
+    gboolean plain = TRUE;
+    size_t line_len = 0;
+
+    for (const char *p = text; *p != '\0' && plain; p++) {
+        if ((guchar)*p >= 0x80 || *p == '\r')
+            plain = FALSE;
+        line_len = *p == '\n' ? 0 : line_len + 1;
+        if (line_len > SEED_MIME_LINE_MAX)
+            plain = FALSE;
+    }
+    *ret_base64 = !plain;
+    if (plain)
+        return g_strdup(text);
+
+    g_autofree char *encoded = g_base64_encode((const guchar *)text, strlen(text));
+    GString *out = g_string_new(NULL);
+    size_t encoded_len = strlen(encoded);
+    for (size_t i = 0; i < encoded_len; i += 76) {
+        g_string_append_len(out, encoded + i, MIN(76, encoded_len - i));
+        g_string_append_c(out, '\n');
+    }
+    return g_string_free(out, FALSE);
+}
+
+/* Checks an extra part (@what names it in errors) and fills @part. */
+static gboolean
+seed_part_init(SeedPart *part, const char *what, const char *text, const char *stem, GError **error)
+{
+    size_t len = strlen(text);
+
+    if (len > VM_USER_DATA_MAX)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s is %zu bytes, more than the limit of %d", what, len, VM_USER_DATA_MAX);
+    if (!g_utf8_validate(text, len, NULL))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s is not valid UTF-8", what);
+
+    g_autofree char *first = seed_first_line(text);
+    if (strcmp(first, "#cloud-config") == 0) {
+        if (seed_sets_merge_keys(text))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "%s must not set merge_how or merge_type", what);
+        part->type = SEED_PART_CLOUD_CONFIG;
+        part->merge = TRUE;
+        part->filename = stem;
+    } else if (g_str_has_prefix(first, "#!")) {
+        part->type = SEED_PART_SHELL_SCRIPT;
+        part->merge = FALSE;
+        part->filename = stem;
+    } else {
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s must start with #cloud-config or #!",
+                        what);
+    }
+    part->body = seed_encode_body(text, &part->base64);
+    return TRUE;
+}
+
+/* A boundary derived from the parts, so the same input always renders the same bytes, and
+ * checked against every part: a part cannot end the message early. */
+static char *
+seed_choose_boundary(const SeedPart *parts, guint n_parts)
+{
+    for (guint attempt = 0;; attempt++) {
+        g_autoptr(GChecksum) sum = g_checksum_new(G_CHECKSUM_SHA256);
+        g_checksum_update(sum, (const guchar *)&attempt, sizeof(attempt));
+        for (guint i = 0; i < n_parts; i++)
+            g_checksum_update(sum, (const guchar *)parts[i].body, -1);
+
+        g_autofree char *boundary =
+            g_strdup_printf("==vmctl-seed-%.32s==", g_checksum_get_string(sum));
+        gboolean clash = FALSE;
+        for (guint i = 0; i < n_parts && !clash; i++)
+            clash = strstr(parts[i].body, boundary) != NULL;
+        if (!clash)
+            return g_steal_pointer(&boundary);
+    }
+}
+
+static void
+seed_append_part(GString *out, const char *boundary, const SeedPart *part)
+{
+    gboolean cfg = part->type == SEED_PART_CLOUD_CONFIG;
+
+    g_string_append_printf(out, "--%s\n", boundary);
+    g_string_append_printf(out, "Content-Type: %s; charset=\"utf-8\"\n",
+                           cfg ? "text/cloud-config" : "text/x-shellscript");
+    g_string_append(out, "MIME-Version: 1.0\n");
+    g_string_append_printf(out, "Content-Transfer-Encoding: %s\n",
+                           part->base64 ? "base64" : "7bit");
+    g_string_append_printf(out, "Content-Disposition: attachment; filename=\"%s%s\"\n",
+                           part->filename, cfg ? ".cfg" : ".sh");
+    if (part->merge)
+        g_string_append(out, "Merge-Type: " SEED_MERGE_TYPE "\n");
+    g_string_append_c(out, '\n');
+    g_string_append(out, part->body);
+    /* The line break before a delimiter belongs to the delimiter, not to the body: this one
+     * keeps the body's own last newline. */
+    g_string_append_c(out, '\n');
+}
+
+char *
+vm_seed_render_user_data(const VmSeedSpec *spec, GError **error)
+{
+    g_return_val_if_fail(spec != NULL, NULL);
+    g_return_val_if_fail(error == NULL || *error == NULL, NULL);
+
+    if (!seed_check_spec(spec, error))
+        return NULL;
+
+    g_autofree char *hostd_config = seed_render_cloud_config(spec);
+    if (spec->template_user_data == NULL && spec->user_user_data == NULL)
+        return g_steal_pointer(&hostd_config);
+
+    /* Script file names sort in part order: cloud-init runs user scripts by name. */
+    SeedPart parts[3] = {{
+        .filename = "01-hostd",
+        .type = SEED_PART_CLOUD_CONFIG,
+        .merge = FALSE,
+        .body = g_steal_pointer(&hostd_config),
+        .base64 = FALSE,
+    }};
+    guint n_parts = 1;
+    gboolean ok = TRUE;
+    char *result = NULL;
+
+    if (spec->template_user_data != NULL)
+        ok = seed_part_init(&parts[n_parts++], "template user-data", spec->template_user_data,
+                            "02-template", error);
+    if (ok && spec->user_user_data != NULL)
+        ok = seed_part_init(&parts[n_parts++], "user-data", spec->user_user_data, "03-user", error);
+
+    if (ok) {
+        g_autofree char *boundary = seed_choose_boundary(parts, n_parts);
+        GString *out = g_string_new(NULL);
+
+        g_string_append_printf(out, "Content-Type: multipart/mixed; boundary=\"%s\"\n", boundary);
+        g_string_append(out, "MIME-Version: 1.0\n\n");
+        for (guint i = 0; i < n_parts; i++)
+            seed_append_part(out, boundary, &parts[i]);
+        g_string_append_printf(out, "--%s--\n", boundary);
+        result = g_string_free(out, FALSE);
+    }
+
+    for (guint i = 0; i < n_parts; i++)
+        g_free(parts[i].body);
+    return result;
+}
+
+char *
+vm_seed_render_meta_data(const VmSeedSpec *spec, GError **error)
+{
+    g_return_val_if_fail(spec != NULL, NULL);
+    g_return_val_if_fail(error == NULL || *error == NULL, NULL);
+
+    if (!seed_check_meta(spec, error))
+        return NULL;
+
+    GString *out = g_string_new(NULL);
+    seed_append_key_quoted(out, 0, "instance-id", spec->instance_id);
+    seed_append_key_quoted(out, 0, "local-hostname", spec->hostname);
+    return g_string_free(out, FALSE);
+}
+
+static gboolean
+seed_write_file(const char *dir, const char *name, const char *contents, GError **error)
+{
+    g_autofree char *path = g_build_filename(dir, name, NULL);
+    g_autoptr(GError) local_error = NULL;
+
+    if (!g_file_set_contents_full(path, contents, -1, G_FILE_SET_CONTENTS_NONE, 0644, &local_error))
+        return vm_throw(error, VM_ERROR_IO, "seed: %s", local_error->message);
+    /* The umask must not decide the modes genisoimage records in the Rock Ridge entries. */
+    if (g_chmod(path, 0644) < 0)
+        return vm_throw_errno(error, errno, "seed: cannot chmod %s", path);
+    return TRUE;
+}
+
+static void
+seed_remove_tmpdir(const char *dir)
+{
+    static const char *const names[] = {"user-data", "meta-data"};
+
+    for (size_t i = 0; i < G_N_ELEMENTS(names); i++) {
+        g_autofree char *path = g_build_filename(dir, names[i], NULL);
+        (void)g_unlink(path);
+    }
+    (void)g_rmdir(dir);
+}
+
+static gboolean
+seed_run_genisoimage(const char *dir, const char *output, GError **error)
+{
+    /* Absolute, so no input can be mistaken for an option; each file lands in the ISO's root
+     * under its base name. */
+    g_autofree char *user_data = g_canonicalize_filename("user-data", dir);
+    g_autofree char *meta_data = g_canonicalize_filename("meta-data", dir);
+    const char *argv[] = {
+        "genisoimage", "-quiet", "-output", output,    "-volid", "cidata",
+        "-joliet",     "-rock",  user_data, meta_data, NULL,
+    };
+    g_autofree char *err_text = NULL;
+    g_autoptr(GError) local_error = NULL;
+    int wait_status = 0;
+
+    if (!g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
+                      NULL, NULL, NULL, &err_text, &wait_status, &local_error))
+        return vm_throw(error, VM_ERROR_IO, "seed: cannot run genisoimage: %s",
+                        local_error->message);
+    if (!g_spawn_check_wait_status(wait_status, &local_error)) {
+        g_strstrip(err_text);
+        return vm_throw(error, VM_ERROR_IO, "seed: genisoimage failed (%s)%s%s",
+                        local_error->message, *err_text != '\0' ? ": " : "", err_text);
+    }
+    return TRUE;
+}
+
+static gboolean
+seed_fsync_dir(const char *dir, GError **error)
+{
+    vm_autofd fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+    if (fd < 0)
+        return vm_throw_errno(error, errno, "seed: cannot open %s", dir);
+    if (fsync(fd) < 0)
+        return vm_throw_errno(error, errno, "seed: cannot sync %s", dir);
+    return TRUE;
+}
+
+/* Fills @tmpdir, runs genisoimage into @tmp_iso (open as @fd) and renames it to @iso_path. */
+static gboolean
+seed_build_iso(const char *tmpdir, const char *tmp_iso, int fd, const char *iso_path,
+               const char *user_data, const char *meta_data, GError **error)
+{
+    if (!seed_write_file(tmpdir, "user-data", user_data, error) ||
+        !seed_write_file(tmpdir, "meta-data", meta_data, error) ||
+        !seed_run_genisoimage(tmpdir, tmp_iso, error))
+        return FALSE;
+    if (fsync(fd) < 0)
+        return vm_throw_errno(error, errno, "seed: cannot sync %s", tmp_iso);
+    if (g_rename(tmp_iso, iso_path) < 0)
+        return vm_throw_errno(error, errno, "seed: cannot rename %s to %s", tmp_iso, iso_path);
+
+    g_autofree char *iso_dir = g_path_get_dirname(iso_path);
+    return seed_fsync_dir(iso_dir, error);
+}
+
+gboolean
+vm_seed_write_iso(const VmSeedSpec *spec, const char *iso_path, GError **error)
+{
+    g_return_val_if_fail(spec != NULL, FALSE);
+    g_return_val_if_fail(iso_path != NULL, FALSE);
+    g_return_val_if_fail(error == NULL || *error == NULL, FALSE);
+
+    g_autofree char *user_data = vm_seed_render_user_data(spec, error);
+    if (user_data == NULL)
+        return FALSE;
+    g_autofree char *meta_data = vm_seed_render_meta_data(spec, error);
+    if (meta_data == NULL)
+        return FALSE;
+
+    g_autoptr(GError) local_error = NULL;
+    g_autofree char *tmpdir = g_dir_make_tmp("vm-seed-XXXXXX", &local_error);
+    if (tmpdir == NULL)
+        return vm_throw(error, VM_ERROR_IO, "seed: %s", local_error->message);
+
+    g_autofree char *iso_dir = g_path_get_dirname(iso_path);
+    g_autofree char *iso_base = g_path_get_basename(iso_path);
+    g_autofree char *tmp_iso = g_strdup_printf("%s/.%s.XXXXXX", iso_dir, iso_base);
+
+    /* The ISO holds the guest's private host key: only its owner (libvirt chowns it to the
+     * QEMU user) may read it. genisoimage truncates the file and keeps this mode. */
+    vm_autofd fd = g_mkstemp_full(tmp_iso, O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        vm_throw_errno(error, errno, "seed: cannot create a file next to %s", iso_path);
+        seed_remove_tmpdir(tmpdir);
+        return FALSE;
+    }
+
+    gboolean ok = seed_build_iso(tmpdir, tmp_iso, fd, iso_path, user_data, meta_data, error);
+    if (!ok)
+        (void)g_unlink(tmp_iso);
+    seed_remove_tmpdir(tmpdir);
+    return ok;
+}
