@@ -24,5 +24,9 @@ vm_name_validate(const char *name, GError **error)
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                             "invalid name '%s': only a-z, 0-9 and '-' are allowed", shown);
     }
+    if (name[len - 1] == '-')
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "invalid name '%s': must not end with '-' (it is also the hostname)",
+                        shown);
     return TRUE;
 }

@@ -7,7 +7,7 @@ G_BEGIN_DECLS
 
 #define VM_NAME_MAX 63
 
-/* Checks that @name is a valid agent (or template) name: `[a-z][a-z0-9-]{0,62}`, so it is safe
+/* Checks that @name is a valid agent (or template) name: `[a-z][a-z0-9-]{0,62}` not ending in '-', so it is safe
  * as a file name, a libvirt domain name and a hostname. Fails with VM_ERROR_INVALID_ARGUMENT and
  * a message that quotes the name (escaped when not printable). @name may be NULL (invalid). */
 gboolean vm_name_validate(const char *name, GError **error);

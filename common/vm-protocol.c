@@ -1,0 +1,681 @@
+#include "vm-protocol.h"
+
+#include "vm-error.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Longest error or progress text a convenience constructor puts on the wire, so that building
+ * such a message can never push a frame over VM_FRAME_MAX. */
+#define VM_TEXT_MAX (16 * 1024)
+/* A terminal size is an unsigned short in struct winsize. */
+#define VM_WINSIZE_MAX G_MAXUINT16
+
+typedef enum {
+    VM_FIELD_REQUIRED = 1 << 0,
+    VM_FIELD_UNIT_INTERVAL = 1 << 1, /* "d" in [0, 1] */
+    VM_FIELD_ENV = 1 << 2,           /* "as" of NAME=VALUE */
+} VmFieldFlags;
+
+typedef struct {
+    const char *key;
+    const char *type;
+    VmFieldFlags flags;
+    /* Bounds, 0 for none: bytes of an "s", elements of an "as" or "ay", the value of a "u". */
+    guint64 min;
+    guint64 max;
+} VmFieldSpec;
+
+#define VM_FIELDS_MAX 8
+
+typedef struct {
+    VmOp op;
+    const char *name;
+    gboolean request;
+    gboolean free_form; /* any keys of any type */
+    VmFieldSpec fields[VM_FIELDS_MAX + 1];
+} VmOpSpec;
+
+#define REQ VM_FIELD_REQUIRED
+
+/* clang-format off */
+static const VmOpSpec vm_op_specs[] = {
+    {VM_OP_PING, "ping", TRUE, FALSE, {{NULL}}},
+    {VM_OP_TEMPLATE_LIST, "template-list", TRUE, FALSE, {{NULL}}},
+    {VM_OP_TEMPLATE_BUILD, "template-build", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"force", "b"},
+        {NULL}}},
+    {VM_OP_AGENT_NEW, "agent-new", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"template", "s"},
+        {"cpus", "u"},
+        {"memory_mib", "u"},
+        {"disk_gib", "u"},
+        {"user_data", "s", 0, 0, VM_USER_DATA_MAX},
+        {"wait", "b"},
+        {NULL}}},
+    {VM_OP_AGENT_LIST, "agent-list", TRUE, FALSE, {{NULL}}},
+    {VM_OP_AGENT_INFO, "agent-info", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {NULL}}},
+    {VM_OP_AGENT_START, "agent-start", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"wait", "b"},
+        {NULL}}},
+    {VM_OP_AGENT_STOP, "agent-stop", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"force", "b"},
+        {"timeout_s", "u"},
+        {NULL}}},
+    {VM_OP_AGENT_RM, "agent-rm", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"force", "b"},
+        {NULL}}},
+    {VM_OP_AGENT_SSH_CONFIG, "agent-ssh-config", TRUE, FALSE, {
+        {"name", "s"},
+        {NULL}}},
+    {VM_OP_EXEC, "exec", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"argv", "as", REQ, 1, VM_ARGV_MAX},
+        {"env", "as", VM_FIELD_ENV, 0, VM_ARGV_MAX},
+        {"cwd", "s"},
+        {"tty", "b"},
+        {"term", "s"},
+        {"cols", "u", 0, 0, VM_WINSIZE_MAX},
+        {"rows", "u", 0, 0, VM_WINSIZE_MAX},
+        {NULL}}},
+
+    {VM_OP_STDIN, "stdin", FALSE, FALSE, {
+        {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
+        {NULL}}},
+    {VM_OP_STDIN_EOF, "stdin-eof", FALSE, FALSE, {{NULL}}},
+    {VM_OP_WINDOW_SIZE, "window-size", FALSE, FALSE, {
+        {"cols", "u", REQ, 0, VM_WINSIZE_MAX},
+        {"rows", "u", REQ, 0, VM_WINSIZE_MAX},
+        {NULL}}},
+
+    {VM_OP_PROGRESS, "progress", FALSE, FALSE, {
+        {"message", "s", REQ},
+        {"fraction", "d", VM_FIELD_UNIT_INTERVAL},
+        {NULL}}},
+    {VM_OP_RESULT, "result", FALSE, TRUE, {{NULL}}},
+    {VM_OP_ERROR, "error", FALSE, FALSE, {
+        {"code", "u", REQ, VM_ERROR_FAILED, VM_ERROR_LAST},
+        {"message", "s", REQ},
+        {NULL}}},
+    {VM_OP_STDOUT, "stdout", FALSE, FALSE, {
+        {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
+        {NULL}}},
+    {VM_OP_STDERR, "stderr", FALSE, FALSE, {
+        {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
+        {NULL}}},
+    {VM_OP_EXIT, "exit", FALSE, FALSE, {
+        {"status", "i", REQ},
+        {NULL}}},
+};
+/* clang-format on */
+
+#undef REQ
+
+static const VmOpSpec *
+vm_op_spec(VmOp op)
+{
+    for (gsize i = 0; i < G_N_ELEMENTS(vm_op_specs); i++) {
+        if (vm_op_specs[i].op == op)
+            return &vm_op_specs[i];
+    }
+    return NULL;
+}
+
+const char *
+vm_op_name(VmOp op)
+{
+    const VmOpSpec *spec = vm_op_spec(op);
+
+    return spec != NULL ? spec->name : NULL;
+}
+
+gboolean
+vm_op_is_request(VmOp op)
+{
+    const VmOpSpec *spec = vm_op_spec(op);
+
+    return spec != NULL && spec->request;
+}
+
+/* Keys come from the peer: show at most a short, printable prefix of them in messages. */
+static char *
+vm_shown_key(const char *key)
+{
+    g_autofree char *prefix = g_strndup(key, 64);
+
+    return g_strescape(prefix, NULL);
+}
+
+static gboolean
+vm_field_check(const VmOpSpec *spec, const VmFieldSpec *field, GVariant *value, GError **error)
+{
+    const GVariantType *type = G_VARIANT_TYPE(field->type);
+    guint64 count = 0;
+
+    if (!g_variant_is_of_type(value, type))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "field '%s' of %s must have type %s, not %s",
+                        field->key, spec->name, field->type, g_variant_get_type_string(value));
+
+    switch (field->type[0]) {
+    case 's':
+        count = strlen(g_variant_get_string(value, NULL));
+        break;
+    case 'a':
+        count = g_variant_n_children(value);
+        break;
+    case 'u':
+        count = g_variant_get_uint32(value);
+        break;
+    case 'd': {
+        double d = g_variant_get_double(value);
+
+        if ((field->flags & VM_FIELD_UNIT_INTERVAL) && !(d >= 0.0 && d <= 1.0))
+            return vm_throw(error, VM_ERROR_PROTOCOL, "field '%s' of %s must be in [0, 1]",
+                            field->key, spec->name);
+        return TRUE;
+    }
+    default:
+        return TRUE;
+    }
+
+    if (count < field->min)
+        return vm_throw(error, VM_ERROR_PROTOCOL,
+                        "field '%s' of %s is below its minimum %" G_GUINT64_FORMAT, field->key,
+                        spec->name, field->min);
+    if (field->max != 0 && count > field->max)
+        return vm_throw(error, VM_ERROR_PROTOCOL,
+                        "field '%s' of %s is over its limit %" G_GUINT64_FORMAT, field->key,
+                        spec->name, field->max);
+
+    if (field->flags & VM_FIELD_ENV) {
+        for (gsize i = 0; i < count; i++) {
+            const char *entry = NULL;
+
+            g_variant_get_child(value, i, "&s", &entry);
+            if (entry[0] == '=' || strchr(entry, '=') == NULL)
+                return vm_throw(error, VM_ERROR_PROTOCOL,
+                                "field '%s' of %s: entry %" G_GSIZE_FORMAT " is not NAME=VALUE",
+                                field->key, spec->name, i);
+        }
+    }
+    return TRUE;
+}
+
+/* Checks @fields (any GVariant) against the schema of @op. */
+static gboolean
+vm_message_validate(VmOp op, GVariant *fields, GError **error)
+{
+    const VmOpSpec *spec = vm_op_spec(op);
+    g_autoptr(GHashTable) seen = NULL;
+    gsize n_fields;
+
+    if (spec == NULL)
+        return vm_throw(error, VM_ERROR_PROTOCOL, "unknown operation %u", (guint)op);
+    if (!g_variant_is_of_type(fields, G_VARIANT_TYPE_VARDICT))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "fields of %s must have type a{sv}, not %s",
+                        spec->name, g_variant_get_type_string(fields));
+
+    /* A dictionary in normal form may still repeat a key; which copy wins would be up to the
+     * reader, so refuse it. */
+    seen = g_hash_table_new(g_str_hash, g_str_equal);
+    n_fields = g_variant_n_children(fields);
+    for (gsize i = 0; i < n_fields; i++) {
+        g_autoptr(GVariant) value = NULL;
+        const VmFieldSpec *field = NULL;
+        const char *key = NULL;
+
+        g_variant_get_child(fields, i, "{&sv}", &key, &value);
+
+        if (!g_hash_table_add(seen, (gpointer)key)) {
+            g_autofree char *shown = vm_shown_key(key);
+            return vm_throw(error, VM_ERROR_PROTOCOL, "field '%s' repeated in %s", shown,
+                            spec->name);
+        }
+        if (spec->free_form)
+            continue;
+        for (const VmFieldSpec *f = spec->fields; f->key != NULL; f++) {
+            if (strcmp(f->key, key) == 0) {
+                field = f;
+                break;
+            }
+        }
+        if (field == NULL) {
+            g_autofree char *shown = vm_shown_key(key);
+            return vm_throw(error, VM_ERROR_PROTOCOL, "unknown field '%s' in %s", shown,
+                            spec->name);
+        }
+        if (!vm_field_check(spec, field, value, error))
+            return FALSE;
+    }
+
+    for (const VmFieldSpec *f = spec->fields; f->key != NULL; f++) {
+        if ((f->flags & VM_FIELD_REQUIRED) && !g_hash_table_contains(seen, f->key))
+            return vm_throw(error, VM_ERROR_PROTOCOL, "%s lacks required field '%s'", spec->name,
+                            f->key);
+    }
+    return TRUE;
+}
+
+VmMessage *
+vm_message_new(VmOp op, GVariant *fields, GError **error)
+{
+    g_autoptr(GVariant) owned = NULL;
+    VmMessage *message = NULL;
+
+    owned = fields != NULL ? g_variant_take_ref(fields)
+                           : g_variant_ref_sink(g_variant_new("a{sv}", NULL));
+    /* Serialise now: afterwards, strings and byte arrays handed out by the accessors (and the
+     * keys the validation holds on to) point into one buffer that lives as long as @owned. */
+    (void)g_variant_get_data(owned);
+    if (!vm_message_validate(op, owned, error))
+        return NULL;
+
+    message = g_new0(VmMessage, 1);
+    message->op = op;
+    message->fields = g_steal_pointer(&owned);
+    return message;
+}
+
+/* Cuts @text to valid UTF-8 of at most VM_TEXT_MAX bytes. */
+static char *
+vm_wire_text(const char *text)
+{
+    g_autofree char *valid = g_utf8_make_valid(text != NULL ? text : "", -1);
+    const char *end = valid;
+
+    if (strlen(valid) <= VM_TEXT_MAX)
+        return g_steal_pointer(&valid);
+    while (*end != '\0') {
+        const char *next = g_utf8_next_char(end);
+
+        if (next - valid > VM_TEXT_MAX)
+            break;
+        end = next;
+    }
+    return g_strndup(valid, end - valid);
+}
+
+VmMessage *
+vm_message_new_error(const GError *error)
+{
+    g_autofree char *text = NULL;
+    GVariantBuilder builder;
+
+    g_return_val_if_fail(error != NULL, NULL);
+
+    text = vm_wire_text(error->message);
+    g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);
+    g_variant_builder_add(&builder, "{sv}", "code", g_variant_new_uint32(vm_error_code(error)));
+    g_variant_builder_add(&builder, "{sv}", "message", g_variant_new_string(text));
+    return vm_message_new(VM_OP_ERROR, g_variant_builder_end(&builder), NULL);
+}
+
+VmMessage *
+vm_message_new_progress(const char *message, double fraction)
+{
+    g_autofree char *text = vm_wire_text(message);
+    GVariantBuilder builder;
+
+    g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);
+    g_variant_builder_add(&builder, "{sv}", "message", g_variant_new_string(text));
+    /* Negative (or NaN) means unknown, which the wire says by leaving the field out. */
+    if (fraction >= 0.0)
+        g_variant_builder_add(&builder, "{sv}", "fraction",
+                              g_variant_new_double(MIN(fraction, 1.0)));
+    return vm_message_new(VM_OP_PROGRESS, g_variant_builder_end(&builder), NULL);
+}
+
+VmMessage *
+vm_message_new_data(VmOp op, const void *data, gsize len)
+{
+    g_autoptr(GBytes) bytes = NULL;
+    GVariant *value = NULL;
+    GVariantBuilder builder;
+
+    g_return_val_if_fail(op == VM_OP_STDIN || op == VM_OP_STDOUT || op == VM_OP_STDERR, NULL);
+    g_return_val_if_fail(len <= VM_STREAM_CHUNK_MAX, NULL);
+    g_return_val_if_fail(data != NULL || len == 0, NULL);
+
+    bytes = g_bytes_new(data, len);
+    value = g_variant_new_from_bytes(G_VARIANT_TYPE_BYTESTRING, bytes, TRUE);
+    g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);
+    g_variant_builder_add(&builder, "{sv}", "data", value);
+    return vm_message_new(op, g_variant_builder_end(&builder), NULL);
+}
+
+void
+vm_message_free(VmMessage *message)
+{
+    if (message == NULL)
+        return;
+    g_clear_pointer(&message->fields, g_variant_unref);
+    g_free(message);
+}
+
+const char *
+vm_message_get_string(const VmMessage *message, const char *key, const char *fallback)
+{
+    g_autoptr(GVariant) value = NULL;
+
+    g_return_val_if_fail(message != NULL && key != NULL, fallback);
+    value = g_variant_lookup_value(message->fields, key, G_VARIANT_TYPE_STRING);
+    /* The string lives in the serialised buffer of message->fields, not in @value. */
+    return value != NULL ? g_variant_get_string(value, NULL) : fallback;
+}
+
+guint32
+vm_message_get_uint(const VmMessage *message, const char *key, guint32 fallback)
+{
+    g_autoptr(GVariant) value = NULL;
+
+    g_return_val_if_fail(message != NULL && key != NULL, fallback);
+    value = g_variant_lookup_value(message->fields, key, G_VARIANT_TYPE_UINT32);
+    return value != NULL ? g_variant_get_uint32(value) : fallback;
+}
+
+gint32
+vm_message_get_int(const VmMessage *message, const char *key, gint32 fallback)
+{
+    g_autoptr(GVariant) value = NULL;
+
+    g_return_val_if_fail(message != NULL && key != NULL, fallback);
+    value = g_variant_lookup_value(message->fields, key, G_VARIANT_TYPE_INT32);
+    return value != NULL ? g_variant_get_int32(value) : fallback;
+}
+
+gboolean
+vm_message_get_bool(const VmMessage *message, const char *key, gboolean fallback)
+{
+    g_autoptr(GVariant) value = NULL;
+
+    g_return_val_if_fail(message != NULL && key != NULL, fallback);
+    value = g_variant_lookup_value(message->fields, key, G_VARIANT_TYPE_BOOLEAN);
+    return value != NULL ? g_variant_get_boolean(value) : fallback;
+}
+
+double
+vm_message_get_double(const VmMessage *message, const char *key, double fallback)
+{
+    g_autoptr(GVariant) value = NULL;
+
+    g_return_val_if_fail(message != NULL && key != NULL, fallback);
+    value = g_variant_lookup_value(message->fields, key, G_VARIANT_TYPE_DOUBLE);
+    return value != NULL ? g_variant_get_double(value) : fallback;
+}
+
+GVariant *
+vm_message_lookup(const VmMessage *message, const char *key)
+{
+    g_return_val_if_fail(message != NULL && key != NULL, NULL);
+    return g_variant_lookup_value(message->fields, key, NULL);
+}
+
+char **
+vm_message_dup_strv(const VmMessage *message, const char *key)
+{
+    g_autoptr(GVariant) value = NULL;
+
+    g_return_val_if_fail(message != NULL && key != NULL, NULL);
+    value = g_variant_lookup_value(message->fields, key, G_VARIANT_TYPE_STRING_ARRAY);
+    return value != NULL ? g_variant_dup_strv(value, NULL) : NULL;
+}
+
+const guint8 *
+vm_message_get_data(const VmMessage *message, const char *key, gsize *ret_len)
+{
+    static const guint8 empty[1];
+    g_autoptr(GVariant) value = NULL;
+    const guint8 *data = NULL;
+    gsize len = 0;
+
+    g_return_val_if_fail(message != NULL && key != NULL, NULL);
+    value = g_variant_lookup_value(message->fields, key, G_VARIANT_TYPE_BYTESTRING);
+    if (value == NULL)
+        return NULL;
+    data = g_variant_get_fixed_array(value, &len, 1);
+    if (ret_len != NULL)
+        *ret_len = len;
+    /* Present but empty must stay distinguishable from absent. */
+    return len > 0 ? data : empty;
+}
+
+gboolean
+vm_message_to_error(const VmMessage *message, GError **error)
+{
+    guint32 code;
+
+    g_return_val_if_fail(message != NULL, FALSE);
+    if (message->op != VM_OP_ERROR)
+        return vm_throw(error, VM_ERROR_PROTOCOL, "expected an error message, got %s",
+                        vm_op_name(message->op) != NULL ? vm_op_name(message->op) : "unknown");
+    code = vm_message_get_uint(message, "code", VM_ERROR_FAILED);
+    if (code < VM_ERROR_FAILED || code > VM_ERROR_LAST)
+        code = VM_ERROR_FAILED;
+    return vm_throw(error, (VmErrorCode)code, "%s", vm_message_get_string(message, "message", ""));
+}
+
+GBytes *
+vm_message_encode(const VmMessage *message, GError **error)
+{
+    g_autoptr(GVariant) payload = NULL;
+    guint8 *frame = NULL;
+    gsize size;
+
+    g_return_val_if_fail(message != NULL && message->fields != NULL, NULL);
+
+    payload = g_variant_ref_sink(g_variant_new("(u@a{sv})", (guint32)message->op, message->fields));
+    /* The wire is little-endian whatever the host is. */
+    if (G_BYTE_ORDER == G_BIG_ENDIAN) {
+        GVariant *swapped = g_variant_byteswap(payload);
+
+        g_variant_unref(payload);
+        payload = swapped;
+    }
+    size = g_variant_get_size(payload);
+    if (size > VM_FRAME_MAX) {
+        vm_throw(error, VM_ERROR_PROTOCOL,
+                 "%s message of %" G_GSIZE_FORMAT " bytes is over the frame limit of %d",
+                 vm_op_name(message->op), size, VM_FRAME_MAX);
+        return NULL;
+    }
+
+    frame = g_malloc(VM_FRAME_HEADER_SIZE + size);
+    frame[0] = (size >> 24) & 0xff;
+    frame[1] = (size >> 16) & 0xff;
+    frame[2] = (size >> 8) & 0xff;
+    frame[3] = size & 0xff;
+    /* Not g_variant_store(): it wants the destination aligned like the type, and the payload
+     * starts 4 bytes in. */
+    memcpy(frame + VM_FRAME_HEADER_SIZE, g_variant_get_data(payload), size);
+    return g_bytes_new_take(frame, VM_FRAME_HEADER_SIZE + size);
+}
+
+VmMessage *
+vm_message_decode(const guint8 *payload, gsize len, GError **error)
+{
+    g_autoptr(GBytes) bytes = NULL;
+    g_autoptr(GVariant) variant = NULL;
+    g_autoptr(GVariant) fields = NULL;
+    guint32 op;
+
+    g_return_val_if_fail(payload != NULL || len == 0, NULL);
+
+    if (len > VM_FRAME_MAX) {
+        vm_throw(error, VM_ERROR_PROTOCOL,
+                 "frame of %" G_GSIZE_FORMAT " bytes is over the limit of %d", len, VM_FRAME_MAX);
+        return NULL;
+    }
+
+    /* A private copy: GVariant wants aligned data that outlives the variant. */
+    bytes = g_bytes_new(payload, len);
+    variant =
+        g_variant_ref_sink(g_variant_new_from_bytes(G_VARIANT_TYPE(VM_MESSAGE_TYPE), bytes, FALSE));
+    if (!g_variant_is_normal_form(variant)) {
+        vm_throw(error, VM_ERROR_PROTOCOL, "frame is not a %s in normal form", VM_MESSAGE_TYPE);
+        return NULL;
+    }
+    if (G_BYTE_ORDER == G_BIG_ENDIAN) {
+        GVariant *swapped = g_variant_byteswap(variant);
+
+        g_variant_unref(variant);
+        variant = swapped;
+    }
+
+    g_variant_get(variant, "(u@a{sv})", &op, &fields);
+    return vm_message_new((VmOp)op, g_steal_pointer(&fields), error);
+}
+
+/* Reads up to @len bytes, stopping early only at EOF. Returns the count, or -1 with errno. */
+static gssize
+vm_read_full(int fd, guint8 *buf, gsize len)
+{
+    gsize done = 0;
+
+    while (done < len) {
+        gssize n = read(fd, buf + done, len - done);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            break;
+        done += n;
+    }
+    return done;
+}
+
+VmMessage *
+vm_message_read_fd(int fd, gboolean *ret_eof, GError **error)
+{
+    guint8 header[VM_FRAME_HEADER_SIZE];
+    g_autofree guint8 *payload = NULL;
+    gssize n;
+    guint32 len;
+
+    g_return_val_if_fail(fd >= 0, NULL);
+
+    if (ret_eof != NULL)
+        *ret_eof = FALSE;
+
+    n = vm_read_full(fd, header, sizeof(header));
+    if (n < 0) {
+        vm_throw_errno(error, errno, "cannot read a frame");
+        return NULL;
+    }
+    if (n == 0) {
+        if (ret_eof != NULL) {
+            *ret_eof = TRUE;
+            return NULL;
+        }
+        vm_throw(error, VM_ERROR_PROTOCOL, "connection closed before a frame");
+        return NULL;
+    }
+    if (n < (gssize)sizeof(header)) {
+        vm_throw(error, VM_ERROR_PROTOCOL,
+                 "truncated frame header (%" G_GSSIZE_FORMAT " of %d bytes)", n,
+                 VM_FRAME_HEADER_SIZE);
+        return NULL;
+    }
+
+    len = (guint32)header[0] << 24 | (guint32)header[1] << 16 | (guint32)header[2] << 8 |
+          (guint32)header[3];
+    /* Checked before allocating: the length comes from the peer. */
+    if (len > VM_FRAME_MAX) {
+        vm_throw(error, VM_ERROR_PROTOCOL, "frame of %u bytes is over the limit of %d", len,
+                 VM_FRAME_MAX);
+        return NULL;
+    }
+
+    payload = g_malloc(MAX(len, 1));
+    n = vm_read_full(fd, payload, len);
+    if (n < 0) {
+        vm_throw_errno(error, errno, "cannot read a frame");
+        return NULL;
+    }
+    if ((gsize)n < len) {
+        vm_throw(error, VM_ERROR_PROTOCOL, "truncated frame (%" G_GSSIZE_FORMAT " of %u bytes)", n,
+                 len);
+        return NULL;
+    }
+    return vm_message_decode(payload, len, error);
+}
+
+/* write() on something that is not a socket: a pipe whose reader is gone would raise SIGPIPE, so
+ * hold the signal blocked and swallow the one this write caused. */
+static gssize
+vm_write_nosignal(int fd, const guint8 *buf, gsize len)
+{
+    sigset_t pipe_set, old_set, pending;
+    gboolean was_pending;
+    gssize n;
+    int saved;
+
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
+    sigpending(&pending);
+    was_pending = sigismember(&pending, SIGPIPE);
+
+    n = write(fd, buf, len);
+    saved = errno;
+
+    if (n < 0 && saved == EPIPE && !was_pending) {
+        const struct timespec zero = {0, 0};
+
+        while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &old_set, NULL);
+    errno = saved;
+    return n;
+}
+
+gboolean
+vm_message_write_fd(int fd, const VmMessage *message, GError **error)
+{
+    g_autoptr(GBytes) frame = NULL;
+    const guint8 *data;
+    gsize len;
+    gsize done = 0;
+    gboolean is_socket = TRUE;
+
+    g_return_val_if_fail(fd >= 0, FALSE);
+    g_return_val_if_fail(message != NULL, FALSE);
+
+    frame = vm_message_encode(message, error);
+    if (frame == NULL)
+        return FALSE;
+    data = g_bytes_get_data(frame, &len);
+
+    while (done < len) {
+        gssize n;
+
+        if (is_socket) {
+            n = send(fd, data + done, len - done, MSG_NOSIGNAL);
+            if (n < 0 && errno == ENOTSOCK) {
+                is_socket = FALSE;
+                continue;
+            }
+        } else {
+            n = vm_write_nosignal(fd, data + done, len - done);
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return vm_throw_errno(error, errno, "cannot write a frame");
+        done += n;
+    }
+    return TRUE;
+}

@@ -1,0 +1,134 @@
+#include "vm-util.h"
+
+#include "vm-error.h"
+
+#include <fcntl.h>
+#include <string.h>
+
+/* Durations beyond this would overflow a gint64 count of microseconds, which is what GLib's
+ * clocks and timeouts use. */
+#define VM_DURATION_MAX ((guint64)(G_MAXINT64 / G_USEC_PER_SEC))
+
+gboolean
+vm_file_write_atomic(const char *path, const char *contents, gssize len, int mode, GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+    g_autofree char *dir = NULL;
+    vm_autofd dir_fd = -1;
+
+    g_return_val_if_fail(path != NULL, FALSE);
+    g_return_val_if_fail(contents != NULL || len == 0, FALSE);
+
+    if (!g_file_set_contents_full(path, contents != NULL ? contents : "", len,
+                                  G_FILE_SET_CONTENTS_CONSISTENT | G_FILE_SET_CONTENTS_DURABLE,
+                                  mode, &local_error))
+        return vm_throw(error, VM_ERROR_IO, "%s", local_error->message);
+
+    /* The rename is only durable once the directory entry is on disk too. */
+    dir = g_path_get_dirname(path);
+    dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd < 0)
+        return vm_throw_errno(error, errno, "cannot open directory '%s'", dir);
+    if (fsync(dir_fd) < 0)
+        return vm_throw_errno(error, errno, "cannot sync directory '%s'", dir);
+    return TRUE;
+}
+
+static guint64
+vm_duration_unit(char suffix)
+{
+    switch (suffix) {
+    case '\0':
+    case 's':
+        return 1;
+    case 'm':
+        return 60;
+    case 'h':
+        return 60 * 60;
+    case 'd':
+        return 24 * 60 * 60;
+    default:
+        return 0;
+    }
+}
+
+gboolean
+vm_duration_parse(const char *text, guint64 *ret_seconds, GError **error)
+{
+    g_autofree char *shown = NULL;
+    guint64 value = 0;
+    guint64 unit;
+    const char *p;
+
+    if (text == NULL || text[0] == '\0')
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "duration is empty");
+
+    shown = g_strescape(text, NULL);
+    if (!g_ascii_isdigit(text[0]))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "invalid duration '%s': expected a number with an optional unit s, m, h "
+                        "or d",
+                        shown);
+    for (p = text; g_ascii_isdigit(*p); p++) {
+        guint digit = *p - '0';
+
+        if (value > (VM_DURATION_MAX - digit) / 10)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "duration '%s' is too large", shown);
+        value = value * 10 + digit;
+    }
+    unit = vm_duration_unit(*p);
+    if (unit == 0 || (*p != '\0' && p[1] != '\0'))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "invalid duration '%s': expected a number with an optional unit s, m, h "
+                        "or d",
+                        shown);
+    if (value > VM_DURATION_MAX / unit)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "duration '%s' is too large", shown);
+
+    if (ret_seconds != NULL)
+        *ret_seconds = value * unit;
+    return TRUE;
+}
+
+char *
+vm_format_bytes(guint64 bytes)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    char buf[G_ASCII_DTOSTR_BUF_SIZE];
+    gsize i = 0;
+    double value;
+
+    if (bytes < 1024)
+        return g_strdup_printf("%" G_GUINT64_FORMAT " B", bytes);
+
+    value = (double)bytes;
+    /* Move up while the value, rounded to one decimal, would print as 1024 or more. */
+    while (i + 1 < G_N_ELEMENTS(units) && value >= 1023.95) {
+        value /= 1024.0;
+        i++;
+    }
+    g_ascii_formatd(buf, sizeof(buf), "%.1f", value);
+    if (g_str_has_suffix(buf, ".0"))
+        buf[strlen(buf) - 2] = '\0';
+    return g_strdup_printf("%s %s", buf, units[i]);
+}
+
+char *
+vm_default_state_dir(void)
+{
+    if (geteuid() == 0)
+        return g_strdup("/var/lib/hostd");
+    return g_build_filename(g_get_user_data_dir(), "hostd", NULL);
+}
+
+char *
+vm_default_socket_path(void)
+{
+    g_autofree char *state_dir = NULL;
+    const char *env = g_getenv("VMCTL_SOCKET");
+
+    if (env != NULL && env[0] != '\0')
+        return g_strdup(env);
+    state_dir = vm_default_state_dir();
+    return g_build_filename(state_dir, "hostd.sock", NULL);
+}

@@ -1,0 +1,277 @@
+/* Small shared helpers: durations, atomic file writes, byte formatting, default paths. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "vm-error.h"
+#include "vm-util.h"
+
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Durations */
+
+static void
+test_duration_valid(void **state)
+{
+    static const struct {
+        const char *text;
+        guint64 seconds;
+    } cases[] = {
+        {"0", 0},
+        {"90", 90},
+        {"90s", 90},
+        {"5m", 300},
+        {"2h", 7200},
+        {"1d", 86400},
+        {"30d", 30 * 86400},
+        {"007", 7},
+        /* the largest count of seconds whose microseconds fit a gint64 */
+        {"9223372036854", 9223372036854},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+        guint64 seconds = 12345;
+
+        if (!vm_duration_parse(cases[i].text, &seconds, &error))
+            fail_msg("'%s' refused: %s", cases[i].text, error->message);
+        assert_int_equal(seconds, cases[i].seconds);
+    }
+}
+
+static void
+test_duration_invalid(void **state)
+{
+    static const char *const cases[] = {
+        "",
+        " ",
+        "never",
+        "-1",
+        "-5m",
+        "+5",
+        "5 m",
+        " 5",
+        "5 ",
+        "5M",
+        "5ms",
+        "5mm",
+        "5w",
+        "1.5h",
+        "m",
+        "s",
+        "0x10",
+        "1e3",
+        "5m3s",
+        "9223372036855",
+        "18446744073709551616",
+        "99999999999999999999999",
+        "153722867280913m",
+        "106751991167301d",
+        "5\xff",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *shown = g_strescape(cases[i], NULL);
+        guint64 seconds = 12345;
+
+        if (vm_duration_parse(cases[i], &seconds, &error))
+            fail_msg("'%s' accepted as %" G_GUINT64_FORMAT, shown, seconds);
+        if (!g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT))
+            fail_msg("'%s': wrong error", shown);
+        /* ret_ values are written only on success */
+        assert_int_equal(seconds, 12345);
+    }
+    assert_false(vm_duration_parse(NULL, NULL, NULL));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Atomic writes, each in a fresh directory */
+
+static int
+setup_dir(void **state)
+{
+    char *dir = g_dir_make_tmp("test-util-XXXXXX", NULL);
+
+    if (dir == NULL)
+        return -1;
+    *state = dir;
+    return 0;
+}
+
+static int
+teardown_dir(void **state)
+{
+    g_autofree char *dir = *state;
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    const char *name;
+
+    while (d != NULL && (name = g_dir_read_name(d)) != NULL) {
+        g_autofree char *path = g_build_filename(dir, name, NULL);
+        unlink(path);
+    }
+    return rmdir(dir);
+}
+
+static guint
+count_entries(const char *dir)
+{
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    guint n = 0;
+
+    assert_non_null(d);
+    while (g_dir_read_name(d) != NULL)
+        n++;
+    return n;
+}
+
+static void
+test_write_atomic(void **state)
+{
+    const char *dir = *state;
+    g_autofree char *path = g_build_filename(dir, "state.json", NULL);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *contents = NULL;
+    gsize len = 0;
+    struct stat st;
+    mode_t old_umask = umask(022);
+
+    assert_true(vm_file_write_atomic(path, "first", -1, 0644, &error));
+    assert_null(error);
+    assert_true(g_file_get_contents(path, &contents, &len, NULL));
+    assert_string_equal(contents, "first");
+    g_clear_pointer(&contents, g_free);
+
+    /* Replacing keeps exactly one file: no temporary is left behind. */
+    assert_true(vm_file_write_atomic(path, "second\0binary", 13, 0600, &error));
+    assert_true(g_file_get_contents(path, &contents, &len, NULL));
+    assert_int_equal(len, 13);
+    assert_memory_equal(contents, "second\0binary", 13);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(count_entries(dir), 1);
+
+    assert_true(vm_file_write_atomic(path, "", 0, 0640, &error));
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_size, 0);
+    assert_int_equal(st.st_mode & 07777, 0640);
+    assert_int_equal(count_entries(dir), 1);
+    umask(old_umask);
+}
+
+static void
+test_write_atomic_fails(void **state)
+{
+    const char *dir = *state;
+    g_autofree char *missing = g_build_filename(dir, "no-such-dir", "file", NULL);
+    g_autofree char *subdir = g_build_filename(dir, "sub", NULL);
+    g_autofree char *inner = g_build_filename(subdir, "f", NULL);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *contents = NULL;
+
+    assert_false(vm_file_write_atomic(missing, "x", -1, 0600, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_IO));
+    g_clear_error(&error);
+
+    /* A replacement that cannot happen (the target is a non-empty directory) fails, leaves the
+     * target alone and leaves no temporary file behind. */
+    assert_int_equal(mkdir(subdir, 0700), 0);
+    assert_true(vm_file_write_atomic(inner, "x", -1, 0600, &error));
+    assert_false(vm_file_write_atomic(subdir, "new", -1, 0600, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_IO));
+    assert_true(g_file_get_contents(inner, &contents, NULL, NULL));
+    assert_string_equal(contents, "x");
+    assert_int_equal(count_entries(dir), 1);
+    assert_int_equal(count_entries(subdir), 1);
+
+    assert_int_equal(unlink(inner), 0);
+    assert_int_equal(rmdir(subdir), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Byte formatting */
+
+static void
+test_format_bytes(void **state)
+{
+    static const struct {
+        guint64 bytes;
+        const char *text;
+    } cases[] = {
+        {0, "0 B"},
+        {1, "1 B"},
+        {1023, "1023 B"},
+        {1024, "1 KiB"},
+        {1536, "1.5 KiB"},
+        {1024 * 1024 - 1, "1 MiB"},
+        {10 * 1024 * 1024, "10 MiB"},
+        {G_GUINT64_CONSTANT(1610612736), "1.5 GiB"},
+        {G_GUINT64_CONSTANT(21474836480), "20 GiB"},
+        {G_GUINT64_CONSTANT(1099511627776), "1 TiB"},
+        {G_MAXUINT64, "16 EiB"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *text = vm_format_bytes(cases[i].bytes);
+
+        if (strcmp(text, cases[i].text) != 0)
+            fail_msg("%" G_GUINT64_FORMAT ": got '%s', want '%s'", cases[i].bytes, text,
+                     cases[i].text);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Default paths */
+
+static void
+test_default_paths(void **state)
+{
+    g_autofree char *state_dir = vm_default_state_dir();
+    g_autofree char *socket_path = NULL;
+    g_autofree char *expected = NULL;
+    g_autofree char *saved = g_strdup(g_getenv("VMCTL_SOCKET"));
+    g_autofree char *user_dir = g_build_filename(g_get_user_data_dir(), "hostd", NULL);
+
+    assert_string_equal(state_dir, geteuid() == 0 ? "/var/lib/hostd" : user_dir);
+
+    expected = g_build_filename(state_dir, "hostd.sock", NULL);
+    g_unsetenv("VMCTL_SOCKET");
+    socket_path = vm_default_socket_path();
+    assert_string_equal(socket_path, expected);
+    g_clear_pointer(&socket_path, g_free);
+
+    /* Empty means unset. */
+    g_setenv("VMCTL_SOCKET", "", TRUE);
+    socket_path = vm_default_socket_path();
+    assert_string_equal(socket_path, expected);
+    g_clear_pointer(&socket_path, g_free);
+
+    g_setenv("VMCTL_SOCKET", "/run/test/h.sock", TRUE);
+    socket_path = vm_default_socket_path();
+    assert_string_equal(socket_path, "/run/test/h.sock");
+
+    if (saved != NULL)
+        g_setenv("VMCTL_SOCKET", saved, TRUE);
+    else
+        g_unsetenv("VMCTL_SOCKET");
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_duration_valid),
+        cmocka_unit_test(test_duration_invalid),
+        cmocka_unit_test_setup_teardown(test_write_atomic, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_write_atomic_fails, setup_dir, teardown_dir),
+        cmocka_unit_test(test_format_bytes),
+        cmocka_unit_test(test_default_paths),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
