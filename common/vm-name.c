@@ -30,3 +30,28 @@ vm_name_validate(const char *name, GError **error)
                         shown);
     return TRUE;
 }
+
+gboolean
+vm_name_validate_template(const char *name, GError **error)
+{
+    if (name == NULL || name[0] == '\0')
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "template name is empty");
+    if (strstr(name, "..") != NULL || name[strlen(name) - 1] == '.') {
+        g_autofree char *shown = g_strescape(name, NULL);
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "invalid template name '%s': dots only between other characters", shown);
+    }
+    /* With the dots taken out, the rest follows the agent-name rules. */
+    g_autofree char *undotted = g_strdup(name);
+    for (char *p = undotted; *p != '\0'; p++) {
+        if (*p == '.')
+            *p = 'x';
+    }
+    g_autoptr(GError) local_error = NULL;
+    if (!vm_name_validate(undotted, &local_error)) {
+        g_autofree char *shown = g_strescape(strlen(name) > 80 ? "(too long)" : name, NULL);
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "invalid template name '%s': use a-z, 0-9, '-' and '.'", shown);
+    }
+    return TRUE;
+}

@@ -12,4 +12,8 @@ G_BEGIN_DECLS
  * a message that quotes the name (escaped when not printable). @name may be NULL (invalid). */
 gboolean vm_name_validate(const char *name, GError **error);
 
+/* Checks a template name: like an agent name, but dots are allowed between other characters
+ * ("ubuntu-24.04"), never two in a row, first or last. Fails with VM_ERROR_INVALID_ARGUMENT. */
+gboolean vm_name_validate_template(const char *name, GError **error);
+
 G_END_DECLS

@@ -175,10 +175,8 @@ hostd_agent_mark_state_change(HostdAgentRecord *r)
 static VmTemplate *
 hostd_template_load(HostdContext *ctx, const char *name, GError **error)
 {
-    if (!vm_name_validate(name, NULL)) {
-        vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "invalid template name '%s'", name);
+    if (!vm_name_validate_template(name, error))
         return NULL;
-    }
     g_autofree char *file = g_strconcat(name, ".yaml", NULL);
     g_autofree char *path = g_build_filename(ctx->config->templates_dir, file, NULL);
     if (!g_file_test(path, G_FILE_TEST_EXISTS)) {

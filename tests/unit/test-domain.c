@@ -1,0 +1,446 @@
+/* Domain XML: golden files, escaping, required fields, and libvirt's own schema. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <glib.h>
+#include <glib/gstdio.h>
+#include <string.h>
+
+#include "vm-domain.h"
+#include "vm-error.h"
+
+typedef struct {
+    char *tmpdir;
+} Fixture;
+
+static int
+setup(void **state)
+{
+    Fixture *f = g_new0(Fixture, 1);
+
+    f->tmpdir = g_dir_make_tmp("test-domain-XXXXXX", NULL);
+    assert_non_null(f->tmpdir);
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GDir) dir = g_dir_open(f->tmpdir, 0, NULL);
+    const char *name;
+
+    while (dir != NULL && (name = g_dir_read_name(dir)) != NULL) {
+        g_autofree char *path = g_build_filename(f->tmpdir, name, NULL);
+        g_unlink(path);
+    }
+    g_rmdir(f->tmpdir);
+    g_free(f->tmpdir);
+    g_free(f);
+    return 0;
+}
+
+/* A TCG guest booting its kernel directly, with everything optional set. */
+static VmDomainSpec
+spec_tcg_kernel(void)
+{
+    return (VmDomainSpec){
+        .name = "agent-tcg",
+        .uuid = "6f1c8a52-3d4e-4b0a-9c1d-2e3f4a5b6c7d",
+        .virt_type = "qemu",
+        .emulator = "/usr/bin/qemu-system-x86_64",
+        .cpus = 2,
+        .memory_mib = 1024,
+        .disk_path = "/var/lib/hostd/agents/agent-tcg/disk.qcow2",
+        .seed_path = "/var/lib/hostd/agents/agent-tcg/seed.iso",
+        .kernel_path = "/var/lib/hostd/images/debian-12/vmlinuz",
+        .initrd_path = "/var/lib/hostd/images/debian-12/initrd.img",
+        .cmdline = "root=LABEL=root rw console=ttyS0",
+        .mac = "52:54:00:ab:cd:ef",
+        .ssh_port = 2201,
+        .console_log = "/var/lib/hostd/agents/agent-tcg/console.log",
+        .agent_socket = "/var/lib/hostd/agents/agent-tcg/qga.sock",
+        .metadata_xml = "<hostd:agent xmlns:hostd='https://vmctl.invalid/hostd/1'>"
+                        "<hostd:template>debian-12</hostd:template></hostd:agent>",
+    };
+}
+
+/* A KVM guest booting from its disk, with every optional field left out. */
+static VmDomainSpec
+spec_kvm_disk(void)
+{
+    return (VmDomainSpec){
+        .name = "agent-kvm",
+        .uuid = "0d9e8f7a-6b5c-4d3e-8f1a-2b3c4d5e6f70",
+        .virt_type = "kvm",
+        .cpus = 4,
+        .memory_mib = 4096,
+        .disk_path = "/srv/agents/agent-kvm.qcow2",
+        .mac = "52:54:00:00:00:01",
+        .ssh_port = 65535,
+        .console_log = "/srv/agents/agent-kvm.log",
+    };
+}
+
+static char *
+build_ok(const VmDomainSpec *spec)
+{
+    g_autoptr(GError) error = NULL;
+    char *xml = vm_domain_xml_build(spec, &error);
+
+    if (xml == NULL)
+        fail_msg("vm_domain_xml_build: %s", error->message);
+    assert_null(error);
+    return xml;
+}
+
+/* Compares @xml with tests/golden/@name, or rewrites the file when VIR_TEST_REGENERATE_OUTPUT
+ * is set. */
+static void
+assert_golden(const char *xml, const char *name)
+{
+    const char *dir = g_getenv("VM_TEST_GOLDEN");
+    g_autofree char *path = NULL;
+    g_autofree char *expected = NULL;
+    g_autoptr(GError) error = NULL;
+
+    assert_non_null(dir);
+    path = g_build_filename(dir, name, NULL);
+    if (g_strcmp0(g_getenv("VIR_TEST_REGENERATE_OUTPUT"), "1") == 0) {
+        if (!g_file_set_contents(path, xml, -1, &error))
+            fail_msg("cannot write %s: %s", path, error->message);
+        return;
+    }
+    if (!g_file_get_contents(path, &expected, NULL, &error))
+        fail_msg("cannot read %s: %s (VIR_TEST_REGENERATE_OUTPUT=1 writes it)", path,
+                 error->message);
+    assert_string_equal(xml, expected);
+}
+
+/* Runs libvirt's RelaxNG check (virt-xml-validate, from libvirt-clients) on @xml. */
+static void
+assert_schema_valid(Fixture *f, const char *xml)
+{
+    g_autofree char *path = g_build_filename(f->tmpdir, "domain.xml", NULL);
+    g_autofree char *tool = g_find_program_in_path("virt-xml-validate");
+    g_autofree char *out = NULL;
+    g_autofree char *err = NULL;
+    g_autoptr(GError) error = NULL;
+    int status = -1;
+
+    if (tool == NULL)
+        fail_msg("virt-xml-validate not found (install libvirt-clients)");
+    assert_true(g_file_set_contents(path, xml, -1, NULL));
+    const char *argv[] = {tool, path, "domain", NULL};
+    if (!g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, &err, &status,
+                      &error))
+        fail_msg("cannot run %s: %s", tool, error->message);
+    if (!g_spawn_check_wait_status(status, NULL))
+        fail_msg("libvirt's schema rejects the XML:\n%s%s\n%s", out, err, xml);
+}
+
+static void
+test_golden_tcg_kernel(void **state)
+{
+    VmDomainSpec spec = spec_tcg_kernel();
+    g_autofree char *xml = build_ok(&spec);
+
+    assert_golden(xml, "domain-tcg-kernel.xml");
+    assert_schema_valid(*state, xml);
+}
+
+static void
+test_golden_kvm_disk(void **state)
+{
+    VmDomainSpec spec = spec_kvm_disk();
+    g_autofree char *xml = build_ok(&spec);
+
+    assert_golden(xml, "domain-kvm-disk.xml");
+    assert_schema_valid(*state, xml);
+}
+
+/* The TCG tuning must never reach a KVM guest and host-passthrough never a TCG one (QEMU
+ * refuses it without KVM). */
+static void
+test_virt_type_features(void **state)
+{
+    VmDomainSpec tcg = spec_tcg_kernel();
+    VmDomainSpec kvm = spec_kvm_disk();
+    g_autofree char *tcg_xml = build_ok(&tcg);
+    g_autofree char *kvm_xml = build_ok(&kvm);
+
+    assert_non_null(strstr(tcg_xml, "<domain type='qemu'"));
+    assert_non_null(strstr(tcg_xml, "<tb-cache unit='MiB'>128</tb-cache>"));
+    assert_null(strstr(tcg_xml, "host-passthrough"));
+    assert_non_null(strstr(kvm_xml, "<domain type='kvm'"));
+    assert_null(strstr(kvm_xml, "<tcg>"));
+    assert_non_null(strstr(kvm_xml, "<cpu mode='host-passthrough'/>"));
+}
+
+/* The guest must stay behind restricted user networking: no libvirt <interface> (which would
+ * give it a bridge or unrestricted slirp) and a forward bound to loopback only. */
+static void
+test_network_is_restricted(void **state)
+{
+    VmDomainSpec spec = spec_kvm_disk();
+    g_autofree char *xml = build_ok(&spec);
+
+    assert_null(strstr(xml, "<interface"));
+    assert_non_null(strstr(
+        xml, "<qemu:arg value='user,id=vmnet0,restrict=on,hostfwd=tcp:127.0.0.1:65535-:22'/>"));
+    assert_non_null(strstr(
+        xml, "<qemu:arg value='virtio-net-pci,netdev=vmnet0,mac=52:54:00:00:00:01,addr=0x10'/>"));
+}
+
+static void
+test_optional_parts_omitted(void **state)
+{
+    VmDomainSpec spec = spec_kvm_disk();
+    g_autofree char *xml = build_ok(&spec);
+
+    assert_null(strstr(xml, "<emulator>"));
+    assert_null(strstr(xml, "<metadata>"));
+    assert_null(strstr(xml, "device='cdrom'"));
+    assert_null(strstr(xml, "<kernel>"));
+    assert_non_null(strstr(xml, "<boot dev='hd'/>"));
+    /* no socket path: the channel is there, libvirt picks the path */
+    assert_non_null(strstr(xml, "<channel type='unix'>\n"
+                                "      <target type='virtio' name='org.qemu.guest_agent.0'/>"));
+}
+
+typedef struct {
+    GHashTable *sources; /* element name -> text or 'file'/'path' attribute, as parsed */
+} Collected;
+
+static void
+collect_start(GMarkupParseContext *context, const char *element, const char **names,
+              const char **values, gpointer user_data, GError **error)
+{
+    Collected *c = user_data;
+
+    for (int i = 0; names[i] != NULL; i++) {
+        if (g_str_equal(element, "source") && g_str_equal(names[i], "file"))
+            g_hash_table_insert(c->sources, g_strdup("source@file"), g_strdup(values[i]));
+        if (g_str_equal(element, "qemu:arg") && g_str_has_prefix(values[i], "user,"))
+            g_hash_table_insert(c->sources, g_strdup("netdev"), g_strdup(values[i]));
+    }
+}
+
+static void
+collect_text(GMarkupParseContext *context, const char *text, gsize len, gpointer user_data,
+             GError **error)
+{
+    Collected *c = user_data;
+    const char *element = g_markup_parse_context_get_element(context);
+
+    if (g_str_equal(element, "name") || g_str_equal(element, "cmdline"))
+        g_hash_table_insert(c->sources, g_strdup(element), g_strndup(text, len));
+}
+
+/* Hostile strings come back out of an XML parser exactly as they went in. */
+static void
+test_escaping(void **state)
+{
+    static const GMarkupParser parser = {.start_element = collect_start, .text = collect_text};
+    VmDomainSpec spec = spec_kvm_disk();
+    const char *path = "/srv/a<b&c'd\"e>/disk.qcow2";
+    const char *name = "x</name><devices>&amp;";
+    const char *cmdline = "console=ttyS0 init=/bin/sh' <![CDATA[";
+    g_autoptr(GHashTable) sources = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    Collected c = {sources};
+    g_autoptr(GError) error = NULL;
+
+    spec.disk_path = path;
+    spec.name = name;
+    spec.kernel_path = "/boot/vmlinuz";
+    spec.cmdline = cmdline;
+    g_autofree char *xml = build_ok(&spec);
+
+    assert_null(strstr(xml, "a<b"));
+    assert_non_null(strstr(xml, "a&lt;b&amp;c&apos;d&quot;e&gt;"));
+    g_autoptr(GMarkupParseContext) context = g_markup_parse_context_new(&parser, 0, &c, NULL);
+    if (!g_markup_parse_context_parse(context, xml, -1, &error) ||
+        !g_markup_parse_context_end_parse(context, &error))
+        fail_msg("not well-formed: %s\n%s", error->message, xml);
+    assert_string_equal(g_hash_table_lookup(c.sources, "source@file"), path);
+    assert_string_equal(g_hash_table_lookup(c.sources, "name"), name);
+    assert_string_equal(g_hash_table_lookup(c.sources, "cmdline"), cmdline);
+    assert_schema_valid(*state, xml);
+}
+
+typedef enum {
+    BAD_NO_NAME,
+    BAD_EMPTY_NAME,
+    BAD_NO_UUID,
+    BAD_SHORT_UUID,
+    BAD_UUID_CHARS,
+    BAD_NO_VIRT_TYPE,
+    BAD_VIRT_TYPE_XEN,
+    BAD_ZERO_CPUS,
+    BAD_ZERO_MEMORY,
+    BAD_NO_DISK,
+    BAD_EMPTY_DISK,
+    BAD_NO_MAC,
+    BAD_SHORT_MAC,
+    BAD_COMMA_MAC,
+    BAD_MULTICAST_MAC,
+    BAD_ZERO_PORT,
+    BAD_BIG_PORT,
+    BAD_NO_CONSOLE,
+    BAD_INITRD_ALONE,
+    BAD_CMDLINE_ALONE,
+    BAD_MALFORMED_METADATA,
+    BAD_METADATA_CLOSES,
+} BadKind;
+
+typedef struct {
+    const char *what;
+    BadKind kind;
+} BadSpec;
+
+static const BadSpec bad_specs[] = {
+    {"no name", BAD_NO_NAME},
+    {"empty name", BAD_EMPTY_NAME},
+    {"no uuid", BAD_NO_UUID},
+    {"short uuid", BAD_SHORT_UUID},
+    {"uuid with a bad character", BAD_UUID_CHARS},
+    {"no virt_type", BAD_NO_VIRT_TYPE},
+    {"virt_type xen", BAD_VIRT_TYPE_XEN},
+    {"cpus 0", BAD_ZERO_CPUS},
+    {"memory 0", BAD_ZERO_MEMORY},
+    {"no disk", BAD_NO_DISK},
+    {"empty disk", BAD_EMPTY_DISK},
+    {"no mac", BAD_NO_MAC},
+    {"short mac", BAD_SHORT_MAC},
+    {"mac with a comma", BAD_COMMA_MAC},
+    {"multicast mac", BAD_MULTICAST_MAC},
+    {"ssh_port 0", BAD_ZERO_PORT},
+    {"ssh_port 65536", BAD_BIG_PORT},
+    {"no console_log", BAD_NO_CONSOLE},
+    {"initrd without kernel", BAD_INITRD_ALONE},
+    {"cmdline without kernel", BAD_CMDLINE_ALONE},
+    {"malformed metadata", BAD_MALFORMED_METADATA},
+    {"metadata closing its element", BAD_METADATA_CLOSES},
+};
+
+static void
+bad_spec_apply(VmDomainSpec *s, BadKind kind)
+{
+    switch (kind) {
+    case BAD_NO_NAME:
+        s->name = NULL;
+        break;
+    case BAD_EMPTY_NAME:
+        s->name = "";
+        break;
+    case BAD_NO_UUID:
+        s->uuid = NULL;
+        break;
+    case BAD_SHORT_UUID:
+        s->uuid = "6f1c8a52-3d4e-4b0a-9c1d-2e3f4a5b6c7";
+        break;
+    case BAD_UUID_CHARS:
+        s->uuid = "6f1c8a52x3d4e-4b0a-9c1d-2e3f4a5b6c7d";
+        break;
+    case BAD_NO_VIRT_TYPE:
+        s->virt_type = NULL;
+        break;
+    case BAD_VIRT_TYPE_XEN:
+        s->virt_type = "xen";
+        break;
+    case BAD_ZERO_CPUS:
+        s->cpus = 0;
+        break;
+    case BAD_ZERO_MEMORY:
+        s->memory_mib = 0;
+        break;
+    case BAD_NO_DISK:
+        s->disk_path = NULL;
+        break;
+    case BAD_EMPTY_DISK:
+        s->disk_path = "";
+        break;
+    case BAD_NO_MAC:
+        s->mac = NULL;
+        break;
+    case BAD_SHORT_MAC:
+        s->mac = "52:54:00:ab:cd";
+        break;
+    case BAD_COMMA_MAC:
+        s->mac = "52:54:00:ab:c,:ef";
+        break;
+    case BAD_MULTICAST_MAC:
+        s->mac = "01:54:00:ab:cd:ef";
+        break;
+    case BAD_ZERO_PORT:
+        s->ssh_port = 0;
+        break;
+    case BAD_BIG_PORT:
+        s->ssh_port = 65536;
+        break;
+    case BAD_NO_CONSOLE:
+        s->console_log = NULL;
+        break;
+    case BAD_INITRD_ALONE:
+        s->kernel_path = NULL;
+        s->cmdline = NULL;
+        break;
+    case BAD_CMDLINE_ALONE:
+        s->kernel_path = NULL;
+        s->initrd_path = NULL;
+        break;
+    case BAD_MALFORMED_METADATA:
+        s->metadata_xml = "<a><b></a>";
+        break;
+    case BAD_METADATA_CLOSES:
+        s->metadata_xml = "</metadata><devices>";
+        break;
+    default:
+        g_assert_not_reached();
+    }
+}
+
+static void
+test_bad_spec(void **state)
+{
+    const BadSpec *bad = *state;
+    VmDomainSpec spec = spec_tcg_kernel();
+    g_autoptr(GError) error = NULL;
+
+    bad_spec_apply(&spec, bad->kind);
+    g_autofree char *xml = vm_domain_xml_build(&spec, &error);
+    if (xml != NULL)
+        fail_msg("%s: accepted", bad->what);
+    assert_non_null(error);
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+}
+
+int
+main(void)
+{
+    static const struct CMUnitTest fixed[] = {
+        cmocka_unit_test_setup_teardown(test_golden_tcg_kernel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_golden_kvm_disk, setup, teardown),
+        cmocka_unit_test(test_virt_type_features),
+        cmocka_unit_test(test_network_is_restricted),
+        cmocka_unit_test(test_optional_parts_omitted),
+        cmocka_unit_test_setup_teardown(test_escaping, setup, teardown),
+    };
+    g_autoptr(GArray) tests = g_array_new(FALSE, FALSE, sizeof(struct CMUnitTest));
+
+    g_array_append_vals(tests, fixed, G_N_ELEMENTS(fixed));
+    for (gsize i = 0; i < G_N_ELEMENTS(bad_specs); i++) {
+        struct CMUnitTest t = {
+            .name = bad_specs[i].what,
+            .test_func = test_bad_spec,
+            .initial_state = (void *)&bad_specs[i],
+        };
+        g_array_append_val(tests, t);
+    }
+    return _cmocka_run_group_tests("domain", (const struct CMUnitTest *)tests->data, tests->len,
+                                   NULL, NULL);
+}
