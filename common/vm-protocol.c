@@ -517,8 +517,14 @@ vm_message_decode(const guint8 *payload, gsize len, GError **error)
         return NULL;
     }
 
-    /* A private copy: GVariant wants aligned data that outlives the variant. */
-    bytes = g_bytes_new(payload, len);
+    /* A private copy: GVariant wants aligned data that outlives the variant. Eight spare zero
+     * bytes, because GLib 2.74's normal-form check reads past the end of short malformed
+     * payloads. */
+    guint8 *copy = g_malloc0(len + 8);
+    if (len > 0)
+        memcpy(copy, payload, len);
+    g_autoptr(GBytes) padded = g_bytes_new_take(copy, len + 8);
+    bytes = g_bytes_new_from_bytes(padded, 0, len);
     variant =
         g_variant_ref_sink(g_variant_new_from_bytes(G_VARIANT_TYPE(VM_MESSAGE_TYPE), bytes, FALSE));
     if (!g_variant_is_normal_form(variant)) {
@@ -547,6 +553,10 @@ vm_read_full(int fd, guint8 *buf, gsize len)
 
         if (n < 0 && errno == EINTR)
             continue;
+        /* On a Unix socket ECONNRESET is how a peer that closed with our data unread looks:
+         * the same end of conversation as EOF. */
+        if (n < 0 && errno == ECONNRESET)
+            break;
         if (n < 0)
             return -1;
         if (n == 0)

@@ -23,6 +23,9 @@
 #define HOSTD_CONSOLE_TAIL_LINES 15
 #define HOSTD_MIN_FREE_BYTES (1024ULL * 1024 * 1024)
 
+G_LOCK_DEFINE_STATIC(hostd_retired);
+static GPtrArray *hostd_retired_name_locks = NULL;
+
 HostdContext *
 hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
 {
@@ -42,9 +45,12 @@ hostd_context_free(HostdContext *ctx)
     if (ctx == NULL)
         return;
     /* Name locks live as long as the process: a request thread may still hold one while
-     * hostd exits, so they are not freed here. */
-    g_hash_table_steal_all(ctx->name_locks);
-    g_hash_table_unref(ctx->name_locks);
+     * hostd exits, so they are not freed here but kept reachable. */
+    G_LOCK(hostd_retired);
+    if (hostd_retired_name_locks == NULL)
+        hostd_retired_name_locks = g_ptr_array_new();
+    g_ptr_array_add(hostd_retired_name_locks, ctx->name_locks);
+    G_UNLOCK(hostd_retired);
     hostd_ssh_pool_free(ctx->ssh);
     hostd_libvirt_close(ctx->lv);
     hostd_state_close(ctx->state);

@@ -67,15 +67,29 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         {"templates-dir", &config->templates_dir}, {"socket-group", &config->socket_group},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(strings); i++) {
-        char *value = g_key_file_get_string(kf, "hostd", strings[i].key, NULL);
-        if (value != NULL) {
-            g_free(*strings[i].field);
-            *strings[i].field = value;
+        if (!g_key_file_has_key(kf, "hostd", strings[i].key, NULL))
+            continue;
+        char *value = g_key_file_get_string(kf, "hostd", strings[i].key, &local_error);
+        if (value == NULL)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s: %s", path, strings[i].key,
+                            local_error->message);
+        /* An empty value would silently mean the current directory, or libvirt's default
+         * URI, rather than the default hostd documents. */
+        if (value[0] == '\0') {
+            g_free(value);
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s must not be empty", path,
+                            strings[i].key);
         }
+        g_free(*strings[i].field);
+        *strings[i].field = value;
     }
     if (!hostd_config_get_port(kf, path, "ssh-port-min", &config->ssh_port_min, error) ||
         !hostd_config_get_port(kf, path, "ssh-port-max", &config->ssh_port_max, error))
         return FALSE;
+    if (config->ssh_port_min > config->ssh_port_max)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s: ssh-port-min %u is above ssh-port-max %u", path, config->ssh_port_min,
+                        config->ssh_port_max);
     if (g_key_file_has_key(kf, "hostd", "boot-timeout", NULL)) {
         g_autofree char *text = g_key_file_get_string(kf, "hostd", "boot-timeout", NULL);
         guint64 seconds = 0;
@@ -129,9 +143,6 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
         config->images_dir = g_build_filename(config->state_dir, "images", NULL);
     if (config->templates_dir == NULL)
         config->templates_dir = hostd_config_default_templates_dir();
-    if (config->ssh_port_min > config->ssh_port_max)
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "ssh-port-min is above ssh-port-max"),
-               NULL;
     return g_steal_pointer(&config);
 }
 

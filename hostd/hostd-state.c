@@ -28,6 +28,25 @@ hostd_record_get_string(GKeyFile *kf, const char *key, gboolean required, const 
     return value;
 }
 
+/* Numbers are required too: a key that is missing, not a number, or out of range means the
+ * record was not written by hostd_agent_record_save(). */
+static gboolean
+hostd_record_get_number(GKeyFile *kf, const char *key, gint64 min, gint64 max, gint64 *value,
+                        const char *path, GError **error)
+{
+    g_autofree char *text = g_key_file_get_value(kf, RECORD_GROUP, key, NULL);
+    char *end = NULL;
+
+    if (text == NULL)
+        return vm_throw(error, VM_ERROR_FAILED, "corrupt agent record %s: no '%s'", path, key);
+    errno = 0;
+    gint64 v = g_ascii_strtoll(text, &end, 10);
+    if (text[0] == '\0' || *end != '\0' || errno != 0 || v < min || v > max)
+        return vm_throw(error, VM_ERROR_FAILED, "corrupt agent record %s: bad '%s'", path, key);
+    *value = v;
+    return TRUE;
+}
+
 HostdAgentRecord *
 hostd_agent_record_load(const char *dir, GError **error)
 {
@@ -36,8 +55,7 @@ hostd_agent_record_load(const char *dir, GError **error)
     g_autoptr(GError) local_error = NULL;
 
     if (!g_key_file_load_from_file(kf, path, G_KEY_FILE_NONE, &local_error)) {
-        vm_throw(error, VM_ERROR_IO, "cannot read agent record %s: %s", path,
-                 local_error->message);
+        vm_throw(error, VM_ERROR_IO, "cannot read agent record %s: %s", path, local_error->message);
         return NULL;
     }
 
@@ -52,16 +70,20 @@ hostd_agent_record_load(const char *dir, GError **error)
         (r->instance_id = hostd_record_get_string(kf, "instance-id", TRUE, path, error)) == NULL)
         return NULL;
     r->forked_from = hostd_record_get_string(kf, "forked-from", FALSE, path, NULL);
-    r->cpus = (guint)g_key_file_get_uint64(kf, RECORD_GROUP, "cpus", NULL);
-    r->memory_mib = (guint)g_key_file_get_uint64(kf, RECORD_GROUP, "memory-mib", NULL);
-    r->disk_gib = (guint)g_key_file_get_uint64(kf, RECORD_GROUP, "disk-gib", NULL);
-    r->ssh_port = (guint)g_key_file_get_uint64(kf, RECORD_GROUP, "ssh-port", NULL);
-    r->created = g_key_file_get_int64(kf, RECORD_GROUP, "created", NULL);
-    r->state_since = g_key_file_get_int64(kf, RECORD_GROUP, "state-since", NULL);
-    if (r->cpus == 0 || r->memory_mib == 0 || r->ssh_port == 0) {
-        vm_throw(error, VM_ERROR_FAILED, "corrupt agent record %s: bad resources or port", path);
+
+    gint64 cpus, memory_mib, disk_gib, ssh_port;
+    if (!hostd_record_get_number(kf, "cpus", 1, G_MAXUINT, &cpus, path, error) ||
+        !hostd_record_get_number(kf, "memory-mib", 1, G_MAXUINT, &memory_mib, path, error) ||
+        !hostd_record_get_number(kf, "disk-gib", 0, G_MAXUINT, &disk_gib, path, error) ||
+        !hostd_record_get_number(kf, "ssh-port", 1, 65535, &ssh_port, path, error) ||
+        !hostd_record_get_number(kf, "created", G_MININT64, G_MAXINT64, &r->created, path, error) ||
+        !hostd_record_get_number(kf, "state-since", G_MININT64, G_MAXINT64, &r->state_since, path,
+                                 error))
         return NULL;
-    }
+    r->cpus = (guint)cpus;
+    r->memory_mib = (guint)memory_mib;
+    r->disk_gib = (guint)disk_gib;
+    r->ssh_port = (guint)ssh_port;
     return g_steal_pointer(&r);
 }
 
@@ -198,7 +220,11 @@ hostd_state_list_agents(HostdState *state, GError **error)
     GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
     const char *entry;
     while ((entry = g_dir_read_name(dir)) != NULL) {
-        if (entry[0] != '.')
+        if (entry[0] == '.')
+            continue;
+        /* Only directories are agents: a stray file here is not hostd's to load or delete. */
+        g_autofree char *path = g_build_filename(state->agents_dir, entry, NULL);
+        if (g_file_test(path, G_FILE_TEST_IS_DIR))
             g_ptr_array_add(names, g_strdup(entry));
     }
     g_ptr_array_sort(names, hostd_compare_strings);
@@ -208,8 +234,12 @@ hostd_state_list_agents(HostdState *state, GError **error)
 gboolean
 hostd_remove_tree(const char *path, GError **error)
 {
-    g_autoptr(GDir) dir = g_dir_open(path, 0, NULL);
+    struct stat st;
+    g_autoptr(GDir) dir = NULL;
 
+    /* A symbolic link is removed, never followed: what it points to is not ours. */
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        dir = g_dir_open(path, 0, NULL);
     if (dir != NULL) {
         const char *entry;
         while ((entry = g_dir_read_name(dir)) != NULL) {

@@ -60,7 +60,7 @@ typedef struct {
     int lock_fd;
 } HostdState;
 
-/* Creates @state_dir (0700) and its agents/ folder if needed and takes the exclusive lock on
+/* Creates @state_dir (0711) and its agents/ folder if needed and takes the exclusive lock on
  * <state_dir>/hostd.lock, held until hostd_state_close(). A second hostd on the same state dir
  * fails with VM_ERROR_BUSY naming the holder's PID. */
 HostdState *hostd_state_open(const char *state_dir, GError **error);

@@ -1,0 +1,59 @@
+#!/bin/bash
+# bench/exec-latency: `vmctl exec A true` against OpenSSH `ssh true` to the same VM, cold (a new
+# connection each time) and multiplexed (ControlMaster), medians of N runs, as ratios measured
+# in the same run. Goals: <= 0.3x cold OpenSSH, <= 1.0x multiplexed OpenSSH.
+#
+# Usage: bench/exec-latency.sh [N]   (as root, after `meson setup build && ninja -C build`)
+# Uses an existing hostd when $VMCTL_SOCKET answers and $BENCH_AGENT names a running agent;
+# otherwise starts its own hostd in a temp state dir and boots an agent (about a minute).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-20}
+VMCTL=${VMCTL:-./build/vmctl/vmctl}
+HOSTD=${HOSTD:-./build/hostd/hostd}
+IMAGES=${VM_TEST_IMAGE_CACHE:-/var/cache/vmctl-test/images}
+OWN=
+S=
+
+if [ -n "${BENCH_AGENT:-}" ] && "$VMCTL" info "$BENCH_AGENT" >/dev/null 2>&1; then
+  A=$BENCH_AGENT
+else
+  S=$(mktemp -d /tmp/vmb.XXXXXX); chmod 711 "$S"
+  printf '[hostd]\nimages-dir=%s\nssh-port-min=43300\nssh-port-max=43399\n' "$IMAGES" > "$S/hostd.conf"
+  "$HOSTD" --config "$S/hostd.conf" --state-dir "$S" > "$S/hostd.log" 2>&1 &
+  OWN=$!
+  export VMCTL_SOCKET=$S/hostd.sock
+  for _ in $(seq 1 100); do "$VMCTL" list >/dev/null 2>&1 && break; sleep 0.2; done
+  trap '"$VMCTL" rm --force bench >/dev/null 2>&1; kill $OWN; wait $OWN 2>/dev/null; rm -rf "$S"' EXIT
+  "$VMCTL" template build debian-12 >/dev/null
+  "$VMCTL" new bench >/dev/null
+  A=bench
+fi
+
+CFG=$(mktemp); CTL=$(mktemp -u /tmp/vmb-ctl.XXXXXX)
+"$VMCTL" ssh-config "$A" > "$CFG"
+HOST=vmctl-$A
+
+now() { date +%s%N; }
+measure() { # measure LABEL COMMAND... -> prints N durations in ms
+  local t0 t1
+  for _ in $(seq 1 "$N"); do
+    t0=$(now); "$@" >/dev/null; t1=$(now)
+    echo $(( (t1 - t0) / 1000 ))
+  done
+}
+median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m/1000}'; }
+
+"$VMCTL" exec "$A" true  # warm hostd's pooled session, as a long-running hostd has it
+vmctl_ms=$(measure "$VMCTL" exec "$A" true | median)
+cold_ms=$(measure ssh -F "$CFG" -o BatchMode=yes -o ControlPath=none "$HOST" true | median)
+ssh -F "$CFG" -o BatchMode=yes -o ControlMaster=yes -o ControlPath="$CTL" -o ControlPersist=60 -fN "$HOST"
+mux_ms=$(measure ssh -F "$CFG" -o BatchMode=yes -o ControlPath="$CTL" "$HOST" true | median)
+ssh -F "$CFG" -o ControlPath="$CTL" -O exit "$HOST" 2>/dev/null || true
+rm -f "$CFG"
+
+echo "exec-latency (median of $N, ms): vmctl exec $vmctl_ms | ssh cold $cold_ms | ssh multiplexed $mux_ms"
+awk -v v="$vmctl_ms" -v c="$cold_ms" -v m="$mux_ms" 'BEGIN {
+  printf "ratio vmctl/ssh-cold        %.2fx (goal <= 0.30)\n", v / c
+  printf "ratio vmctl/ssh-multiplexed %.2fx (goal <= 1.00)\n", v / m
+}'

@@ -1,0 +1,327 @@
+/* hostd's configuration: defaults derived from the state dir, the key file, command-line
+ * overrides that beat it, and bad files refused with the file named. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+#include <unistd.h>
+
+#include <glib/gstdio.h>
+
+#include "hostd-config.h"
+#include "hostd-state.h"
+#include "vm-config.h"
+#include "vm-error.h"
+#include "vm-util.h"
+
+typedef struct {
+    char *dir;  /* a fresh temporary directory per test */
+    char *file; /* <dir>/hostd.conf */
+} Fixture;
+
+static int
+setup(void **state)
+{
+    Fixture *f = g_new0(Fixture, 1);
+    g_autoptr(GError) error = NULL;
+
+    f->dir = g_dir_make_tmp("test-config-XXXXXX", &error);
+    assert_non_null(f->dir);
+    f->file = g_build_filename(f->dir, "hostd.conf", NULL);
+    g_unsetenv("VM_TEMPLATES_DIR");
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+
+    hostd_remove_tree(f->dir, NULL);
+    g_free(f->dir);
+    g_free(f->file);
+    g_free(f);
+    g_unsetenv("VM_TEMPLATES_DIR");
+    return 0;
+}
+
+static void
+write_config(const Fixture *f, const char *text)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!g_file_set_contents(f->file, text, -1, &error))
+        fail_msg("cannot write %s: %s", f->file, error->message);
+}
+
+static HostdConfig *
+load_ok(const char *path, const char *state_dir, const char *socket_path, const char *uri)
+{
+    g_autoptr(GError) error = NULL;
+    HostdConfig *config = hostd_config_load(path, state_dir, socket_path, uri, &error);
+
+    if (config == NULL)
+        fail_msg("load failed: %s", error->message);
+    return config;
+}
+
+static void
+test_defaults(void **state)
+{
+    g_autoptr(HostdConfig) c = load_ok(NULL, "/srv/hostd", NULL, NULL);
+    g_autofree char *templates = g_build_filename(VM_SOURCE_DIR, "templates", NULL);
+
+    assert_string_equal(c->state_dir, "/srv/hostd");
+    assert_string_equal(c->socket_path, "/srv/hostd/hostd.sock");
+    assert_string_equal(c->uri, "qemu:///embed?root=/srv/hostd/libvirt");
+    assert_string_equal(c->images_dir, "/srv/hostd/images");
+    /* Run from the build tree, the shipped templates are the source tree's. */
+    assert_string_equal(c->templates_dir, templates);
+    assert_null(c->socket_group);
+    assert_int_equal(c->ssh_port_min, 42200);
+    assert_int_equal(c->ssh_port_max, 42999);
+    assert_int_equal(c->boot_timeout_s, 300);
+}
+
+static void
+test_default_state_dir(void **state)
+{
+    g_autoptr(HostdConfig) c = load_ok(NULL, NULL, NULL, NULL);
+    g_autofree char *expected = vm_default_state_dir();
+    g_autofree char *socket = g_build_filename(expected, "hostd.sock", NULL);
+
+    assert_string_equal(c->state_dir, expected);
+    assert_string_equal(c->socket_path, socket);
+}
+
+static void
+test_templates_env(void **state)
+{
+    g_setenv("VM_TEMPLATES_DIR", "/opt/templates", TRUE);
+    g_autoptr(HostdConfig) c = load_ok(NULL, "/srv/hostd", NULL, NULL);
+    g_autofree char *dir = hostd_config_default_templates_dir();
+
+    assert_string_equal(c->templates_dir, "/opt/templates");
+    assert_string_equal(dir, "/opt/templates");
+
+    /* Empty means unset. */
+    g_setenv("VM_TEMPLATES_DIR", "", TRUE);
+    g_autofree char *fallback = hostd_config_default_templates_dir();
+    assert_string_not_equal(fallback, "");
+}
+
+static void
+test_relative_state_dir(void **state)
+{
+    g_autofree char *cwd = g_get_current_dir();
+    g_autofree char *expected = g_build_filename(cwd, "rel", "state", NULL);
+    g_autofree char *uri = g_strdup_printf("qemu:///embed?root=%s/libvirt", expected);
+    g_autoptr(HostdConfig) c = load_ok(NULL, "rel/state", NULL, NULL);
+
+    assert_true(g_path_is_absolute(c->state_dir));
+    assert_string_equal(c->state_dir, expected);
+    /* Everything derived from it is absolute too: hostd and libvirt may change directory. */
+    assert_true(g_str_has_prefix(c->socket_path, expected));
+    assert_true(g_str_has_prefix(c->images_dir, expected));
+    assert_string_equal(c->uri, uri);
+}
+
+static void
+test_file_values(void **state)
+{
+    Fixture *f = *state;
+
+    write_config(f, "# hostd configuration\n"
+                    "[hostd]\n"
+                    "state-dir=/data/hostd\n"
+                    "socket=/run/hostd/hostd.sock\n"
+                    "connect=qemu:///system\n"
+                    "images-dir=/data/images\n"
+                    "templates-dir=/etc/vmctl/templates\n"
+                    "socket-group=vmctl\n"
+                    "ssh-port-min=50000\n"
+                    "ssh-port-max=50100\n"
+                    "boot-timeout=10m\n");
+    g_autoptr(HostdConfig) c = load_ok(f->file, NULL, NULL, NULL);
+
+    assert_string_equal(c->state_dir, "/data/hostd");
+    assert_string_equal(c->socket_path, "/run/hostd/hostd.sock");
+    assert_string_equal(c->uri, "qemu:///system");
+    assert_string_equal(c->images_dir, "/data/images");
+    assert_string_equal(c->templates_dir, "/etc/vmctl/templates");
+    assert_string_equal(c->socket_group, "vmctl");
+    assert_int_equal(c->ssh_port_min, 50000);
+    assert_int_equal(c->ssh_port_max, 50100);
+    assert_int_equal(c->boot_timeout_s, 600);
+}
+
+/* Paths the file leaves out follow the file's state dir. */
+static void
+test_file_partial(void **state)
+{
+    Fixture *f = *state;
+
+    write_config(f, "[hostd]\nstate-dir=/data/hostd\nboot-timeout=90\nssh-port-min=42999\n");
+    g_autoptr(HostdConfig) c = load_ok(f->file, NULL, NULL, NULL);
+
+    assert_string_equal(c->state_dir, "/data/hostd");
+    assert_string_equal(c->socket_path, "/data/hostd/hostd.sock");
+    assert_string_equal(c->uri, "qemu:///embed?root=/data/hostd/libvirt");
+    assert_string_equal(c->images_dir, "/data/hostd/images");
+    assert_int_equal(c->boot_timeout_s, 90);
+    assert_int_equal(c->ssh_port_min, 42999);
+    assert_int_equal(c->ssh_port_max, 42999);
+}
+
+static void
+test_file_empty(void **state)
+{
+    Fixture *f = *state;
+    static const char *const cases[] = {"", "# nothing\n", "[hostd]\n"};
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        write_config(f, cases[i]);
+        g_autoptr(HostdConfig) c = load_ok(f->file, "/srv/hostd", NULL, NULL);
+        assert_string_equal(c->socket_path, "/srv/hostd/hostd.sock");
+        assert_int_equal(c->ssh_port_min, 42200);
+        assert_int_equal(c->boot_timeout_s, 300);
+    }
+}
+
+static void
+test_overrides(void **state)
+{
+    Fixture *f = *state;
+
+    write_config(f, "[hostd]\n"
+                    "state-dir=/data/hostd\n"
+                    "socket=/run/hostd/hostd.sock\n"
+                    "connect=qemu:///system\n");
+    g_autoptr(HostdConfig) c = load_ok(f->file, "/cli/state", "/cli/hostd.sock", "test:///default");
+    assert_string_equal(c->state_dir, "/cli/state");
+    assert_string_equal(c->socket_path, "/cli/hostd.sock");
+    assert_string_equal(c->uri, "test:///default");
+    /* What neither sets follows the winning state dir. */
+    assert_string_equal(c->images_dir, "/cli/state/images");
+
+    /* A state dir from the command line alone moves the derived paths, not the file's own. */
+    g_autoptr(HostdConfig) d = load_ok(f->file, "/cli/state", NULL, NULL);
+    assert_string_equal(d->state_dir, "/cli/state");
+    assert_string_equal(d->socket_path, "/run/hostd/hostd.sock");
+    assert_string_equal(d->uri, "qemu:///system");
+}
+
+static void
+test_bad_files(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *text;
+        const char *needle; /* the message says this besides the file name */
+    } cases[] = {
+        {"[hostd]\nstate-dir=/x\n[extra]\nkey=1\n", "[extra]"},
+        {"[other]\n", "[other]"},
+        {"[hostd]\nstate_dir=/x\n", "state_dir"},
+        {"[hostd]\nsocket-mode=0666\n", "socket-mode"},
+        {"[hostd]\nssh-port-min=0\n", "ssh-port-min"},
+        {"[hostd]\nssh-port-min=80\n", "ssh-port-min"},
+        {"[hostd]\nssh-port-min=1023\n", "ssh-port-min"},
+        {"[hostd]\nssh-port-max=65536\n", "ssh-port-max"},
+        {"[hostd]\nssh-port-max=-1\n", "ssh-port-max"},
+        {"[hostd]\nssh-port-max=port\n", "ssh-port-max"},
+        {"[hostd]\nssh-port-max=42300x\n", "ssh-port-max"},
+        {"[hostd]\nssh-port-max=\n", "ssh-port-max"},
+        {"[hostd]\nssh-port-min=43000\nssh-port-max=42999\n", "ssh-port-min"},
+        {"[hostd]\nssh-port-min=50000\n", "ssh-port-min"},
+        {"[hostd]\nboot-timeout=0\n", "boot-timeout"},
+        {"[hostd]\nboot-timeout=2h\n", "boot-timeout"},
+        {"[hostd]\nboot-timeout=3601\n", "boot-timeout"},
+        {"[hostd]\nboot-timeout=forever\n", "boot-timeout"},
+        {"[hostd]\nboot-timeout=-5\n", "boot-timeout"},
+        {"[hostd]\nboot-timeout=\n", "boot-timeout"},
+        {"[hostd]\nstate-dir=\n", "state-dir"},
+        {"[hostd]\nsocket=\n", "socket"},
+        {"[hostd]\nconnect=\n", "connect"},
+        {"[hostd]\nimages-dir=\n", "images-dir"},
+        {"[hostd]\ntemplates-dir=\n", "templates-dir"},
+        {"[hostd]\nsocket-group=\n", "socket-group"},
+        {"[hostd\nstate-dir=/x\n", NULL},
+        {"state-dir=/x\n", NULL},
+        {"[hostd]\nstate-dir\n", NULL},
+        {"[hostd]\nstate-dir=\xff\xfe\n", NULL},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *shown = g_strescape(cases[i].text, NULL);
+
+        write_config(f, cases[i].text);
+        g_autoptr(HostdConfig) c = hostd_config_load(f->file, "/srv/hostd", NULL, NULL, &error);
+        if (c != NULL)
+            fail_msg("'%s' was accepted", shown);
+        if (!g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT))
+            fail_msg("'%s': expected INVALID_ARGUMENT, got %s", shown, error->message);
+        if (!g_str_has_prefix(error->message, f->file))
+            fail_msg("'%s': '%s' does not start with the file name", shown, error->message);
+        if (cases[i].needle != NULL && strstr(error->message, cases[i].needle) == NULL)
+            fail_msg("'%s': '%s' does not mention '%s'", shown, error->message, cases[i].needle);
+    }
+}
+
+static void
+test_missing_file(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    assert_null(hostd_config_load(f->file, "/srv/hostd", NULL, NULL, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_true(g_str_has_prefix(error->message, f->file));
+}
+
+static void
+test_limits_accepted(void **state)
+{
+    Fixture *f = *state;
+
+    write_config(f, "[hostd]\nssh-port-min=1024\nssh-port-max=65535\nboot-timeout=1h\n");
+    g_autoptr(HostdConfig) c = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_int_equal(c->ssh_port_min, 1024);
+    assert_int_equal(c->ssh_port_max, 65535);
+    assert_int_equal(c->boot_timeout_s, 3600);
+
+    write_config(f, "[hostd]\nboot-timeout=1\n");
+    g_autoptr(HostdConfig) d = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_int_equal(d->boot_timeout_s, 1);
+}
+
+static void
+test_free_null(void **state)
+{
+    hostd_config_free(NULL);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_default_state_dir, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_templates_env, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_relative_state_dir, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_values, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_partial, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_empty, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_overrides, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_missing_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_limits_accepted, setup, teardown),
+        cmocka_unit_test(test_free_null),
+    };
+
+    return cmocka_run_group_tests_name("config", tests, NULL, NULL);
+}

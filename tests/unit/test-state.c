@@ -1,0 +1,643 @@
+/* hostd's state directory: agent records survive a save/load round trip and are written
+ * privately and atomically, damaged records are refused with the file named, one hostd per
+ * state dir, and tree removal never follows links out of the tree. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib/gstdio.h>
+
+#include "hostd-state.h"
+#include "vm-error.h"
+
+typedef struct {
+    char *dir; /* a fresh temporary directory per test */
+} Fixture;
+
+static int
+setup(void **state)
+{
+    Fixture *f = g_new0(Fixture, 1);
+    g_autoptr(GError) error = NULL;
+
+    f->dir = g_dir_make_tmp("test-state-XXXXXX", &error);
+    assert_non_null(f->dir);
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+
+    hostd_remove_tree(f->dir, NULL);
+    g_free(f->dir);
+    g_free(f);
+    return 0;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static void
+assert_error(const GError *error, VmErrorCode code, const char *needle)
+{
+    if (error == NULL)
+        fail_msg("expected error code %d, got success", code);
+    if (!g_error_matches(error, VM_ERROR, code))
+        fail_msg("expected error code %d, got %s/%d: %s", code, g_quark_to_string(error->domain),
+                 error->code, error->message);
+    if (needle != NULL && strstr(error->message, needle) == NULL)
+        fail_msg("error message '%s' does not mention '%s'", error->message, needle);
+}
+
+static guint
+file_mode(const char *path)
+{
+    struct stat st;
+
+    if (lstat(path, &st) < 0)
+        fail_msg("cannot stat %s: %s", path, g_strerror(errno));
+    return st.st_mode & 07777;
+}
+
+static gint
+compare_strings(gconstpointer a, gconstpointer b)
+{
+    return g_strcmp0(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The names in @dir, sorted and joined with spaces, hidden ones included. */
+static char *
+dir_listing(const char *dir)
+{
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
+    const char *entry;
+
+    assert_non_null(d);
+    while ((entry = g_dir_read_name(d)) != NULL)
+        g_ptr_array_add(names, g_strdup(entry));
+    g_ptr_array_sort(names, compare_strings);
+    g_ptr_array_add(names, NULL);
+    return g_strjoinv(" ", (char **)names->pdata);
+}
+
+static void
+write_file(const char *path, const char *contents)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!g_file_set_contents(path, contents, -1, &error))
+        fail_msg("cannot write %s: %s", path, error->message);
+}
+
+static HostdAgentRecord *
+sample_record(const char *dir)
+{
+    HostdAgentRecord *r = g_new0(HostdAgentRecord, 1);
+
+    r->dir = g_strdup(dir);
+    r->name = g_strdup("alice");
+    r->uuid = g_strdup("0b6f1f0e-3c1d-4f7e-9a51-6b2d1f0c9e11");
+    r->template_name = g_strdup("debian-12");
+    r->phase = g_strdup(HOSTD_PHASE_READY);
+    r->cpus = 2;
+    r->memory_mib = 1536;
+    r->disk_gib = 20;
+    r->ssh_port = 42217;
+    r->mac = g_strdup("52:54:00:12:ab:ef");
+    r->user = g_strdup("agent");
+    r->instance_id = g_strdup("vmctl-0b6f1f0e-3c1d-4f7e-9a51-6b2d1f0c9e11");
+    r->forked_from = NULL;
+    r->created = 1700000000;
+    r->state_since = 1700000123;
+    return r;
+}
+
+static void
+assert_records_equal(const HostdAgentRecord *a, const HostdAgentRecord *b)
+{
+    assert_string_equal(a->dir, b->dir);
+    assert_string_equal(a->name, b->name);
+    assert_string_equal(a->uuid, b->uuid);
+    assert_string_equal(a->template_name, b->template_name);
+    assert_string_equal(a->phase, b->phase);
+    assert_int_equal(a->cpus, b->cpus);
+    assert_int_equal(a->memory_mib, b->memory_mib);
+    assert_int_equal(a->disk_gib, b->disk_gib);
+    assert_int_equal(a->ssh_port, b->ssh_port);
+    assert_string_equal(a->mac, b->mac);
+    assert_string_equal(a->user, b->user);
+    assert_string_equal(a->instance_id, b->instance_id);
+    if (a->forked_from == NULL || b->forked_from == NULL)
+        assert_ptr_equal(a->forked_from, b->forked_from);
+    else
+        assert_string_equal(a->forked_from, b->forked_from);
+    assert_int_equal(a->created, b->created);
+    assert_int_equal(a->state_since, b->state_since);
+}
+
+/* ---- records ------------------------------------------------------------------------------- */
+
+static void
+test_record_round_trip(void **state)
+{
+    Fixture *f = *state;
+    static const char *const forked_from[] = {NULL, "bob"};
+
+    for (gsize i = 0; i < G_N_ELEMENTS(forked_from); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(HostdAgentRecord) r = sample_record(f->dir);
+
+        r->forked_from = g_strdup(forked_from[i]);
+        if (!hostd_agent_record_save(r, &error))
+            fail_msg("save failed: %s", error->message);
+        g_autoptr(HostdAgentRecord) loaded = hostd_agent_record_load(f->dir, &error);
+        if (loaded == NULL)
+            fail_msg("load failed: %s", error->message);
+        assert_records_equal(r, loaded);
+
+        g_autoptr(HostdAgentRecord) copy = hostd_agent_record_copy(loaded);
+        assert_records_equal(r, copy);
+        assert_ptr_not_equal(copy->name, loaded->name);
+    }
+}
+
+/* Values at the edges of their types come back unchanged. */
+static void
+test_record_round_trip_limits(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(HostdAgentRecord) r = sample_record(f->dir);
+
+    r->cpus = G_MAXUINT;
+    r->memory_mib = G_MAXUINT;
+    r->disk_gib = 0;
+    r->ssh_port = 65535;
+    r->created = G_MININT64;
+    r->state_since = G_MAXINT64;
+    g_free(r->name);
+    r->name = g_strdup("name with = and ; and # and \\ and é");
+    assert_true(hostd_agent_record_save(r, &error));
+    g_autoptr(HostdAgentRecord) loaded = hostd_agent_record_load(f->dir, &error);
+    if (loaded == NULL)
+        fail_msg("load failed: %s", error->message);
+    assert_records_equal(r, loaded);
+}
+
+static void
+test_record_file(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(HostdAgentRecord) r = sample_record(f->dir);
+    g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
+    g_autofree char *expected_path = g_build_filename(f->dir, "agent.ini", NULL);
+
+    assert_string_equal(path, expected_path);
+
+    /* Even a permissive umask leaves the record private. */
+    mode_t old_umask = umask(0);
+    gboolean ok = hostd_agent_record_save(r, &error);
+    umask(old_umask);
+    if (!ok)
+        fail_msg("save failed: %s", error->message);
+    assert_int_equal(file_mode(path), 0600);
+
+    /* A rewrite replaces the file whole and leaves no temporary file behind. */
+    g_free(r->phase);
+    r->phase = g_strdup(HOSTD_PHASE_CREATING);
+    assert_true(hostd_agent_record_save(r, &error));
+    assert_true(hostd_agent_record_save(r, &error));
+    g_autofree char *listing = dir_listing(f->dir);
+    assert_string_equal(listing, "agent.ini");
+    assert_int_equal(file_mode(path), 0600);
+
+    g_autoptr(HostdAgentRecord) loaded = hostd_agent_record_load(f->dir, &error);
+    assert_non_null(loaded);
+    assert_string_equal(loaded->phase, HOSTD_PHASE_CREATING);
+
+    /* A previously wider file is narrowed by the rewrite. */
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_true(hostd_agent_record_save(r, &error));
+    assert_int_equal(file_mode(path), 0600);
+}
+
+static void
+test_record_save_fails(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *missing = g_build_filename(f->dir, "missing", NULL);
+    g_autoptr(HostdAgentRecord) r = sample_record(missing);
+
+    assert_false(hostd_agent_record_save(r, &error));
+    assert_error(error, VM_ERROR_IO, NULL);
+}
+
+static void
+test_record_missing(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *path = g_build_filename(f->dir, "agent.ini", NULL);
+
+    assert_null(hostd_agent_record_load(f->dir, &error));
+    assert_error(error, VM_ERROR_IO, path);
+}
+
+/* A complete record as hostd writes it, one "key=value" per line, to remove or damage keys. */
+static const char *const good_lines[] = {
+    "name=alice",
+    "uuid=0b6f1f0e-3c1d-4f7e-9a51-6b2d1f0c9e11",
+    "template=debian-12",
+    "phase=ready",
+    "cpus=2",
+    "memory-mib=1024",
+    "disk-gib=8",
+    "ssh-port=42200",
+    "mac=52:54:00:00:00:01",
+    "user=agent",
+    "instance-id=vmctl-0b6f1f0e",
+    "created=1700000000",
+    "state-since=1700000000",
+};
+
+/* Writes [agent] with good_lines, leaving out the line of @drop and adding @extra. */
+static void
+write_record(const char *dir, const char *drop, const char *extra)
+{
+    g_autoptr(GString) text = g_string_new("[agent]\n");
+    g_autofree char *path = g_build_filename(dir, HOSTD_AGENT_RECORD, NULL);
+    g_autofree char *drop_prefix = drop != NULL ? g_strconcat(drop, "=", NULL) : NULL;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(good_lines); i++) {
+        if (drop_prefix != NULL && g_str_has_prefix(good_lines[i], drop_prefix))
+            continue;
+        g_string_append_printf(text, "%s\n", good_lines[i]);
+    }
+    if (extra != NULL)
+        g_string_append_printf(text, "%s\n", extra);
+    write_file(path, text->str);
+}
+
+static void
+test_record_hand_written(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    write_record(f->dir, NULL, "forked-from=bob");
+    g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(f->dir, &error);
+    if (r == NULL)
+        fail_msg("load failed: %s", error->message);
+    assert_string_equal(r->dir, f->dir);
+    assert_string_equal(r->name, "alice");
+    assert_int_equal(r->cpus, 2);
+    assert_int_equal(r->memory_mib, 1024);
+    assert_int_equal(r->disk_gib, 8);
+    assert_int_equal(r->ssh_port, 42200);
+    assert_string_equal(r->forked_from, "bob");
+    assert_int_equal(r->created, 1700000000);
+}
+
+static void
+test_record_missing_key(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *path = g_build_filename(f->dir, HOSTD_AGENT_RECORD, NULL);
+
+    for (gsize i = 0; i < G_N_ELEMENTS(good_lines); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *key = g_strndup(good_lines[i], strcspn(good_lines[i], "="));
+
+        write_record(f->dir, key, NULL);
+        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(f->dir, &error);
+        if (r != NULL)
+            fail_msg("a record without '%s' was accepted", key);
+        assert_error(error, VM_ERROR_FAILED, path);
+        if (strstr(error->message, key) == NULL)
+            fail_msg("'%s' does not name the missing key '%s'", error->message, key);
+    }
+}
+
+static void
+test_record_bad_values(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *path = g_build_filename(f->dir, HOSTD_AGENT_RECORD, NULL);
+    static const struct {
+        const char *key;
+        const char *line;
+    } cases[] = {
+        {"cpus", "cpus=0"},
+        {"cpus", "cpus=two"},
+        {"cpus", "cpus=-1"},
+        {"cpus", "cpus=4294967298"},
+        {"cpus", "cpus=2x"},
+        {"cpus", "cpus="},
+        {"memory-mib", "memory-mib=0"},
+        {"memory-mib", "memory-mib=1e3"},
+        {"disk-gib", "disk-gib=-8"},
+        {"ssh-port", "ssh-port=0"},
+        {"ssh-port", "ssh-port=65536"},
+        {"created", "created=yesterday"},
+        {"created", "created=99999999999999999999"},
+        {"state-since", "state-since=1.5"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+
+        write_record(f->dir, cases[i].key, cases[i].line);
+        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(f->dir, &error);
+        if (r != NULL)
+            fail_msg("'%s' was accepted", cases[i].line);
+        assert_error(error, VM_ERROR_FAILED, path);
+        if (strstr(error->message, cases[i].key) == NULL)
+            fail_msg("'%s' does not name the key of '%s'", error->message, cases[i].line);
+    }
+}
+
+/* Files that are no record at all fail too, naming the file. */
+static void
+test_record_unreadable(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *path = g_build_filename(f->dir, HOSTD_AGENT_RECORD, NULL);
+    static const char *const cases[] = {
+        "", "garbage\n", "[agent\nname=alice\n", "[other]\nname=alice\n", "\xff\xfe[agent]\n",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+
+        write_file(path, cases[i]);
+        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(f->dir, &error);
+        if (r != NULL)
+            fail_msg("case %zu was accepted", i);
+        if (error == NULL || error->domain != VM_ERROR ||
+            (error->code != VM_ERROR_IO && error->code != VM_ERROR_FAILED))
+            fail_msg("case %zu: unexpected error %s", i, error ? error->message : "(none)");
+        if (strstr(error->message, path) == NULL)
+            fail_msg("case %zu: '%s' does not name %s", i, error->message, path);
+    }
+}
+
+static void
+test_record_free_null(void **state)
+{
+    hostd_agent_record_free(NULL);
+    hostd_state_close(NULL);
+}
+
+/* ---- the state directory ------------------------------------------------------------------- */
+
+static void
+test_state_open_creates(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *state_dir = g_build_filename(f->dir, "a", "b", "state", NULL);
+    g_autofree char *agents_dir = g_build_filename(state_dir, "agents", NULL);
+    g_autofree char *lock = g_build_filename(state_dir, "hostd.lock", NULL);
+
+    /* The traversal bits must not depend on the umask hostd was started with. */
+    mode_t old_umask = umask(077);
+    g_autoptr(HostdState) st = hostd_state_open(state_dir, &error);
+    umask(old_umask);
+    if (st == NULL)
+        fail_msg("open failed: %s", error->message);
+
+    assert_string_equal(st->dir, state_dir);
+    assert_string_equal(st->agents_dir, agents_dir);
+    assert_true(st->lock_fd >= 0);
+    assert_int_equal(file_mode(state_dir), 0711);
+    assert_int_equal(file_mode(agents_dir), 0711);
+
+    /* The lock file names its holder. */
+    g_autofree char *pid = NULL;
+    g_autofree char *expected = g_strdup_printf("%d\n", (int)getpid());
+    assert_true(g_file_get_contents(lock, &pid, NULL, NULL));
+    assert_string_equal(pid, expected);
+    int flags = fcntl(st->lock_fd, F_GETFD);
+    assert_true(flags >= 0 && (flags & FD_CLOEXEC));
+}
+
+/* An existing, narrower state dir (made by an older hostd or by hand) is opened up for QEMU. */
+static void
+test_state_open_existing(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *state_dir = g_build_filename(f->dir, "state", NULL);
+    g_autofree char *agents_dir = g_build_filename(state_dir, "agents", NULL);
+    g_autofree char *keep = g_build_filename(agents_dir, "alice", NULL);
+
+    assert_int_equal(g_mkdir_with_parents(keep, 0700), 0);
+    assert_int_equal(chmod(state_dir, 0700), 0);
+    assert_int_equal(chmod(agents_dir, 0700), 0);
+
+    g_autoptr(HostdState) st = hostd_state_open(state_dir, &error);
+    if (st == NULL)
+        fail_msg("open failed: %s", error->message);
+    assert_int_equal(file_mode(state_dir), 0711);
+    assert_int_equal(file_mode(agents_dir), 0711);
+    assert_true(g_file_test(keep, G_FILE_TEST_IS_DIR));
+}
+
+static void
+test_state_open_fails(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *file = g_build_filename(f->dir, "file", NULL);
+    g_autofree char *below = g_build_filename(file, "state", NULL);
+
+    write_file(file, "x");
+    assert_null(hostd_state_open(below, &error));
+    assert_error(error, VM_ERROR_IO, below);
+}
+
+static void
+test_state_lock(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *state_dir = g_build_filename(f->dir, "state", NULL);
+    g_autofree char *pid = g_strdup_printf("pid %d", (int)getpid());
+
+    HostdState *first = hostd_state_open(state_dir, &error);
+    if (first == NULL)
+        fail_msg("open failed: %s", error->message);
+
+    /* flock() locks belong to the open file description, so a second open in this very
+     * process conflicts as a second hostd would. */
+    g_autoptr(HostdState) second = hostd_state_open(state_dir, &error);
+    assert_null(second);
+    assert_error(error, VM_ERROR_BUSY, pid);
+    assert_non_null(strstr(error->message, state_dir));
+    g_clear_error(&error);
+
+    /* The failed attempt must not have clobbered the holder's PID in the lock file. */
+    g_autoptr(HostdState) third = hostd_state_open(state_dir, &error);
+    assert_null(third);
+    assert_error(error, VM_ERROR_BUSY, pid);
+    g_clear_error(&error);
+
+    hostd_state_close(first);
+    g_autoptr(HostdState) again = hostd_state_open(state_dir, &error);
+    if (again == NULL)
+        fail_msg("the lock outlived hostd_state_close(): %s", error->message);
+}
+
+static void
+test_list_agents(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *state_dir = g_build_filename(f->dir, "state", NULL);
+    g_autoptr(HostdState) st = hostd_state_open(state_dir, &error);
+    assert_non_null(st);
+
+    g_autoptr(GPtrArray) empty = hostd_state_list_agents(st, &error);
+    assert_non_null(empty);
+    assert_int_equal(empty->len, 0);
+
+    static const char *const dirs[] = {"zed", "alice", "bob-2", "bob", ".tmp-carol", ".x"};
+    for (gsize i = 0; i < G_N_ELEMENTS(dirs); i++) {
+        g_autofree char *path = g_build_filename(st->agents_dir, dirs[i], NULL);
+        assert_int_equal(g_mkdir(path, 0700), 0);
+    }
+    g_autofree char *stray = g_build_filename(st->agents_dir, "notes.txt", NULL);
+    g_autofree char *dot_file = g_build_filename(st->agents_dir, ".lock", NULL);
+    write_file(stray, "not an agent");
+    write_file(dot_file, "");
+
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(st, &error);
+    if (names == NULL)
+        fail_msg("list failed: %s", error->message);
+    g_ptr_array_add(names, NULL);
+    g_autofree char *joined = g_strjoinv(" ", (char **)names->pdata);
+    assert_string_equal(joined, "alice bob bob-2 zed");
+}
+
+static void
+test_list_agents_fails(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *state_dir = g_build_filename(f->dir, "state", NULL);
+    g_autoptr(HostdState) st = hostd_state_open(state_dir, &error);
+    assert_non_null(st);
+
+    assert_int_equal(g_rmdir(st->agents_dir), 0);
+    assert_null(hostd_state_list_agents(st, &error));
+    assert_error(error, VM_ERROR_IO, NULL);
+}
+
+/* ---- tree removal -------------------------------------------------------------------------- */
+
+static void
+test_remove_tree(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *top = g_build_filename(f->dir, "top", NULL);
+    g_autofree char *deep = g_build_filename(top, "a", "b", "c", NULL);
+    g_autofree char *empty = g_build_filename(top, "empty", NULL);
+    g_autofree char *file1 = g_build_filename(top, "file", NULL);
+    g_autofree char *file2 = g_build_filename(deep, ".hidden", NULL);
+    g_autofree char *readonly = g_build_filename(top, "a", "ro", NULL);
+    g_autofree char *dangling = g_build_filename(top, "a", "dangling", NULL);
+
+    assert_int_equal(g_mkdir_with_parents(deep, 0700), 0);
+    assert_int_equal(g_mkdir_with_parents(empty, 0700), 0);
+    write_file(file1, "1");
+    write_file(file2, "2");
+    write_file(readonly, "3");
+    assert_int_equal(chmod(readonly, 0400), 0);
+    assert_int_equal(symlink("/nonexistent/target", dangling), 0);
+
+    if (!hostd_remove_tree(top, &error))
+        fail_msg("remove failed: %s", error->message);
+    assert_false(g_file_test(top, G_FILE_TEST_EXISTS));
+    g_autofree char *listing = dir_listing(f->dir);
+    assert_string_equal(listing, "");
+
+    /* Missing is success, twice over. */
+    assert_true(hostd_remove_tree(top, &error));
+    g_autofree char *deeper = g_build_filename(f->dir, "no", "such", "dir", NULL);
+    assert_true(hostd_remove_tree(deeper, &error));
+    assert_null(error);
+}
+
+/* Links are removed, never followed: an agent directory that is, or holds, a link to data
+ * elsewhere must not take that data with it. */
+static void
+test_remove_tree_links(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *outside = g_build_filename(f->dir, "outside", NULL);
+    g_autofree char *precious = g_build_filename(outside, "precious", NULL);
+    g_autofree char *top = g_build_filename(f->dir, "top", NULL);
+    g_autofree char *inner_link = g_build_filename(top, "link", NULL);
+    g_autofree char *top_link = g_build_filename(f->dir, "top-link", NULL);
+
+    assert_int_equal(g_mkdir_with_parents(outside, 0700), 0);
+    assert_int_equal(g_mkdir_with_parents(top, 0700), 0);
+    write_file(precious, "keep me");
+    assert_int_equal(symlink(outside, inner_link), 0);
+    assert_int_equal(symlink(outside, top_link), 0);
+
+    assert_true(hostd_remove_tree(top, &error));
+    assert_false(g_file_test(top, G_FILE_TEST_EXISTS));
+    assert_true(g_file_test(precious, G_FILE_TEST_IS_REGULAR));
+
+    assert_true(hostd_remove_tree(top_link, &error));
+    assert_false(g_file_test(top_link, G_FILE_TEST_IS_SYMLINK));
+    assert_true(g_file_test(precious, G_FILE_TEST_IS_REGULAR));
+    assert_null(error);
+
+    /* A single file is removed like a tree of one. */
+    assert_true(hostd_remove_tree(precious, &error));
+    assert_false(g_file_test(precious, G_FILE_TEST_EXISTS));
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_record_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_round_trip_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_save_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_missing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_hand_written, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_missing_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_bad_values, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_unreadable, setup, teardown),
+        cmocka_unit_test(test_record_free_null),
+        cmocka_unit_test_setup_teardown(test_state_open_creates, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_state_open_existing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_state_open_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_state_lock, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_agents, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_agents_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove_tree, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove_tree_links, setup, teardown),
+    };
+
+    return cmocka_run_group_tests_name("state", tests, NULL, NULL);
+}

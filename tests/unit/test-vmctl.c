@@ -1,0 +1,867 @@
+/* The vmctl binary against a fake hostd: a thread in this process that listens on a socket,
+ * records the request vmctl sends and answers with scripted messages. vmctl runs as a subprocess
+ * ($VM_BUILD_DIR/vmctl/vmctl), so what is checked is what a user sees: stdout, stderr, status.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <gio/gio.h>
+#include <glib/gstdio.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "vm-error.h"
+#include "vm-protocol.h"
+
+#define SERVER_WAIT_MS 30000
+
+typedef struct {
+    /* The script. */
+    GPtrArray *replies;     /* VmMessage, sent after the request (and stdin) */
+    gboolean collect_stdin; /* read STDIN frames up to STDIN_EOF before replying */
+    gboolean echo_stdin;    /* send what was collected back as STDOUT frames first */
+
+    /* What happened, read by the test once the thread is joined. */
+    gboolean connected;
+    VmMessage *request;
+    GByteArray *stdin_data;
+    gsize max_chunk;
+    gboolean got_eof;
+} Server;
+
+typedef struct {
+    char *tmpdir;
+    char *socket_path;
+    char *vmctl;
+    char *path_env;         /* $PATH for vmctl, when set */
+    gboolean closed_stdout; /* vmctl's stdout is a pipe nobody reads */
+    int listen_fd;
+    GThread *thread;
+    gint stop;
+    Server server;
+} Fixture;
+
+typedef struct {
+    char *out;
+    char *err;
+    int status;
+} Run;
+
+static void
+run_clear(Run *run)
+{
+    g_free(run->out);
+    g_free(run->err);
+}
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(Run, run_clear)
+
+static int
+setup(void **state)
+{
+    Fixture *f = g_new0(Fixture, 1);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    const char *build_dir = g_getenv("VM_BUILD_DIR");
+
+    f->vmctl = g_build_filename(build_dir != NULL ? build_dir : ".", "vmctl", "vmctl", NULL);
+    f->tmpdir = g_dir_make_tmp("test-vmctl-XXXXXX", NULL);
+    assert_non_null(f->tmpdir);
+    f->socket_path = g_build_filename(f->tmpdir, "hostd.sock", NULL);
+    assert_true(strlen(f->socket_path) < sizeof(addr.sun_path));
+    strcpy(addr.sun_path, f->socket_path);
+    f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(f->listen_fd >= 0);
+    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    assert_int_equal(listen(f->listen_fd, 4), 0);
+    f->server.replies = g_ptr_array_new_with_free_func((GDestroyNotify)vm_message_free);
+    f->server.stdin_data = g_byte_array_new();
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GDir) dir = g_dir_open(f->tmpdir, 0, NULL);
+    const char *name;
+
+    if (f->thread != NULL) {
+        g_atomic_int_set(&f->stop, 1);
+        g_thread_join(f->thread);
+    }
+    close(f->listen_fd);
+    while (dir != NULL && (name = g_dir_read_name(dir)) != NULL) {
+        g_autofree char *path = g_build_filename(f->tmpdir, name, NULL);
+        g_unlink(path);
+    }
+    g_rmdir(f->tmpdir);
+    g_ptr_array_unref(f->server.replies);
+    g_byte_array_unref(f->server.stdin_data);
+    if (f->server.request != NULL)
+        vm_message_free(f->server.request);
+    g_free(f->socket_path);
+    g_free(f->tmpdir);
+    g_free(f->vmctl);
+    g_free(f->path_env);
+    g_free(f);
+    return 0;
+}
+
+static void
+server_collect_stdin(Server *server, int fd)
+{
+    for (;;) {
+        gboolean eof = FALSE;
+        g_autoptr(VmMessage) message = vm_message_read_fd(fd, &eof, NULL);
+        gsize len = 0;
+
+        if (message == NULL)
+            return;
+        if (message->op == VM_OP_STDIN_EOF) {
+            server->got_eof = TRUE;
+            return;
+        }
+        if (message->op == VM_OP_STDIN) {
+            const guint8 *data = vm_message_get_data(message, "data", &len);
+            g_byte_array_append(server->stdin_data, data, (guint)len);
+            server->max_chunk = MAX(server->max_chunk, len);
+        }
+    }
+}
+
+static gpointer
+server_thread(gpointer data)
+{
+    Fixture *f = data;
+    Server *server = &f->server;
+    struct pollfd pfd = {.fd = f->listen_fd, .events = POLLIN};
+    int waited = 0;
+
+    while (!g_atomic_int_get(&f->stop) && waited < SERVER_WAIT_MS) {
+        if (poll(&pfd, 1, 50) == 1)
+            break;
+        waited += 50;
+    }
+    if (pfd.revents == 0)
+        return NULL;
+    int fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    server->connected = TRUE;
+    server->request = vm_message_read_fd(fd, NULL, NULL);
+    if (server->collect_stdin)
+        server_collect_stdin(server, fd);
+    for (guint off = 0; server->echo_stdin && off < server->stdin_data->len;) {
+        gsize len = MIN(server->stdin_data->len - off, VM_STREAM_CHUNK_MAX);
+        g_autoptr(VmMessage) chunk =
+            vm_message_new_data(VM_OP_STDOUT, server->stdin_data->data + off, len);
+        vm_message_write_fd(fd, chunk, NULL);
+        off += (guint)len;
+    }
+    for (guint i = 0; i < server->replies->len; i++)
+        vm_message_write_fd(fd, g_ptr_array_index(server->replies, i), NULL);
+    close(fd);
+    return NULL;
+}
+
+/* Starts the server thread for one vmctl run, forgetting what the previous run recorded. */
+static void
+server_start(Fixture *f)
+{
+    Server *server = &f->server;
+
+    g_clear_pointer(&server->request, vm_message_free);
+    g_byte_array_set_size(server->stdin_data, 0);
+    server->connected = FALSE;
+    server->got_eof = FALSE;
+    server->max_chunk = 0;
+    g_atomic_int_set(&f->stop, 0);
+    f->thread = g_thread_new("fake-hostd", server_thread, f);
+}
+
+/* Ends the server thread (it gives up waiting for a connection at once). */
+static void
+server_join(Fixture *f)
+{
+    g_atomic_int_set(&f->stop, 1);
+    g_thread_join(f->thread);
+    f->thread = NULL;
+}
+
+static void
+reply(Fixture *f, VmOp op, const char *fields)
+{
+    g_autoptr(GError) error = NULL;
+    VmMessage *message =
+        vm_message_new(op, fields != NULL ? g_variant_new_parsed(fields) : NULL, &error);
+
+    assert_non_null(message);
+    g_ptr_array_add(f->server.replies, message);
+}
+
+static void
+reply_data(Fixture *f, VmOp op, const char *text)
+{
+    g_ptr_array_add(f->server.replies, vm_message_new_data(op, text, strlen(text)));
+}
+
+static void
+reply_error(Fixture *f, VmErrorCode code, const char *text)
+{
+    g_autoptr(GError) error = g_error_new_literal(VM_ERROR, code, text);
+
+    g_ptr_array_add(f->server.replies, vm_message_new_error(error));
+}
+
+static char *
+bytes_to_string(GBytes *bytes)
+{
+    gsize size = 0;
+    const char *data = bytes != NULL ? g_bytes_get_data(bytes, &size) : NULL;
+
+    return size > 0 ? g_strndup(data, size) : g_strdup("");
+}
+
+/* Runs vmctl --socket SOCKET @args... with @input on stdin (NULL: none), with the server thread
+ * answering, and returns what it printed and its exit status. */
+static void
+run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_run)
+{
+    g_autoptr(GPtrArray) argv = g_ptr_array_new();
+    g_autoptr(GError) error = NULL;
+
+    g_ptr_array_add(argv, f->vmctl);
+    g_ptr_array_add(argv, "--socket");
+    g_ptr_array_add(argv, f->socket_path);
+    for (gsize i = 0; args[i] != NULL; i++)
+        g_ptr_array_add(argv, (gpointer)args[i]);
+    g_ptr_array_add(argv, NULL);
+
+    g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new(
+        G_SUBPROCESS_FLAGS_STDIN_PIPE | G_SUBPROCESS_FLAGS_STDERR_PIPE |
+        (f->closed_stdout ? G_SUBPROCESS_FLAGS_NONE : G_SUBPROCESS_FLAGS_STDOUT_PIPE));
+    if (f->closed_stdout) {
+        int fds[2];
+        assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
+        close(fds[0]);
+        g_subprocess_launcher_take_stdout_fd(launcher, fds[1]);
+    }
+    if (f->path_env != NULL)
+        g_subprocess_launcher_setenv(launcher, "PATH", f->path_env, TRUE);
+    g_autoptr(GSubprocess) process =
+        g_subprocess_launcher_spawnv(launcher, (const char *const *)argv->pdata, &error);
+    assert_non_null(process);
+    g_autoptr(GBytes) in =
+        g_bytes_new(input != NULL ? input : "", input != NULL ? strlen(input) : 0);
+    g_autoptr(GBytes) out = NULL, err = NULL;
+    assert_true(
+        g_subprocess_communicate(process, in, NULL, f->closed_stdout ? NULL : &out, &err, &error));
+    /* Whatever happens, vmctl exits: killed by a signal it could leave a terminal raw. */
+    assert_true(g_subprocess_get_if_exited(process));
+    ret_run->status = g_subprocess_get_exit_status(process);
+    ret_run->out = bytes_to_string(out);
+    ret_run->err = bytes_to_string(err);
+    if (f->thread != NULL)
+        server_join(f);
+}
+
+#define run_vmctl(f, input, run, ...)                                                              \
+    run_vmctl_argv(f, input, (const char *const[]){__VA_ARGS__, NULL}, run)
+
+static void
+assert_request(Fixture *f, VmOp op)
+{
+    assert_true(f->server.connected);
+    assert_non_null(f->server.request);
+    assert_int_equal(f->server.request->op, op);
+}
+
+static void
+test_not_running(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_autofree char *missing = g_build_filename(f->tmpdir, "nothing.sock", NULL);
+    g_autofree char *expected = g_strdup_printf("vmctl: hostd is not running at %s\n", missing);
+
+    run_vmctl(f, NULL, &run, "--socket", missing, "list");
+    assert_string_equal(run.err, expected);
+    assert_string_equal(run.out, "");
+    assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+}
+
+static void
+test_usage_errors(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *args[6];
+        const char *err;
+    } cases[] = {
+        {{"frobnicate"}, "vmctl: unknown command 'frobnicate'; see 'vmctl help'\n"},
+        {{"--bogus", "list"}, "vmctl: unknown option --bogus; see 'vmctl help'\n"},
+        {{"template"}, "vmctl: 'template' needs a subcommand: list, build; see 'vmctl help'\n"},
+        {{"list", "extra"}, "vmctl: unexpected argument 'extra'; see 'vmctl list --help'\n"},
+        {{"rm"}, "vmctl: missing NAME; see 'vmctl rm --help'\n"},
+        {{"rm", "--bogus", "a1"}, "vmctl: unknown option --bogus; see 'vmctl rm --help'\n"},
+        {{"exec", "a1"}, "vmctl: missing the command to run; see 'vmctl exec --help'\n"},
+        {{"exec", "a1", "-x"}, "vmctl: unknown option -x; see 'vmctl exec --help'\n"},
+        {{"exec", "a1", "-e", "=v", "true"},
+         "vmctl: -e needs K=V, not '=v'; see 'vmctl exec --help'\n"},
+        {{"new", "a1", "--cpus", "two"},
+         "vmctl: --cpus needs a number from 1 to 4294967295, not 'two'; see 'vmctl new --help'\n"},
+        {{"new", "a1", "--memory", "0"},
+         "vmctl: --memory needs a number from 1 to 4294967295, not '0'; see 'vmctl new --help'\n"},
+        {{"new", "A1"}, "vmctl: invalid name 'A1': must start with a lower-case letter a-z\n"},
+        {{"info", "../x"}, "vmctl: invalid name '../x': must start with a lower-case letter a-z\n"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+        run_vmctl_argv(f, NULL, cases[i].args, &run);
+        assert_string_equal(run.err, cases[i].err);
+        assert_string_equal(run.out, "");
+        assert_int_equal(run.status, 2);
+    }
+}
+
+static void
+test_help(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) help = {0};
+    g_auto(Run) verb_help = {0};
+    g_auto(Run) version = {0};
+
+    run_vmctl(f, NULL, &help, "help");
+    assert_int_equal(help.status, 0);
+    assert_non_null(strstr(help.out, "  template build  "));
+    run_vmctl(f, NULL, &verb_help, "exec", "--help");
+    assert_int_equal(verb_help.status, 0);
+    assert_non_null(strstr(verb_help.out, "vmctl exec [OPTION"));
+    assert_non_null(strstr(verb_help.out, "--workdir"));
+    run_vmctl(f, NULL, &version, "--version");
+    assert_int_equal(version.status, 0);
+    assert_true(g_str_has_prefix(version.out, "vmctl "));
+}
+
+static void
+test_list(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    gint64 now = g_get_real_time() / G_USEC_PER_SEC;
+    g_autofree char *agents = g_strdup_printf(
+        "{'agents': <[{'name': <'a1'>, 'state': <'running'>, 'template': <'debian-12'>,"
+        " 'cpus': <uint32 2>, 'memory_mib': <uint32 2048>, 'disk_gib': <uint32 10>,"
+        " 'ssh_port': <uint32 2201>, 'created': <int64 %" G_GINT64_FORMAT ">},"
+        " {'name': <'builder-2'>, 'state': <'stopped'>}]>}",
+        now - 2 * 3600 - 60);
+
+    reply(f, VM_OP_RESULT, agents);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "list");
+    assert_request(f, VM_OP_AGENT_LIST);
+    assert_string_equal(run.out,
+                        "NAME       STATE    TEMPLATE   CPUS  MEMORY  DISK    SSH   CREATED\n"
+                        "a1         running  debian-12  2     2 GiB   10 GiB  2201  2 hours ago\n"
+                        "builder-2  stopped  -          -     -       -       -     -\n");
+    assert_string_equal(run.err, "");
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_list_json(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT, "{'agents': <[{'name': <'a1'>, 'disk_bytes': <uint64 4096>}]>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "list", "--json");
+    assert_string_equal(run.out, "[\n"
+                                 "  {\n"
+                                 "    \"name\" : \"a1\",\n"
+                                 "    \"disk_bytes\" : 4096\n"
+                                 "  }\n"
+                                 "]\n");
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_template_list(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'templates': <[{'name': <'debian-12'>, 'description': <'Debian 12 with tools'>,"
+          " 'source': <'mmdebstrap'>, 'ready': <false>, 'cpus': <uint32 2>,"
+          " 'memory_mib': <uint32 1024>, 'disk_gib': <uint32 8>}]>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "template", "list");
+    assert_request(f, VM_OP_TEMPLATE_LIST);
+    assert_string_equal(run.out, "NAME       READY  CPUS  MEMORY  DISK   DESCRIPTION\n"
+                                 "debian-12  no     2     1 GiB   8 GiB  Debian 12 with tools\n");
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_info(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'agent': <{'name': <'a1'>, 'state': <'paused'>, 'disk_bytes': <uint64 1610612736>,"
+          " 'ssh_port': <uint32 2201>, 'user': <'agent'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "info", "a1");
+    assert_request(f, VM_OP_AGENT_INFO);
+    assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+    assert_string_equal(run.out, "name:        a1\n"
+                                 "state:       paused\n"
+                                 "since:       -\n"
+                                 "template:    -\n"
+                                 "cpus:        -\n"
+                                 "memory:      -\n"
+                                 "disk:        -\n"
+                                 "disk used:   1.5 GiB\n"
+                                 "ssh port:    2201\n"
+                                 "user:        agent\n"
+                                 "created:     -\n"
+                                 "forked from: -\n"
+                                 "virt type:   -\n");
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_hostd_error(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_PROGRESS, "{'message': <'looking'>}");
+    reply_error(f, VM_ERROR_NOT_FOUND, "no agent 'zz'");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "-q", "info", "zz");
+    assert_string_equal(run.err, "vmctl: no agent 'zz'\n");
+    assert_string_equal(run.out, "");
+    assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_NOT_FOUND));
+}
+
+static void
+test_hostd_error_json(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply_error(f, VM_ERROR_BAD_STATE, "agent 'a1' is running; stop it or use --force");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "--json", "rm", "a1");
+    assert_string_equal(run.err, "vmctl: agent 'a1' is running; stop it or use --force\n");
+    assert_string_equal(run.out, "{\n"
+                                 "  \"error\" : {\n"
+                                 "    \"code\" : \"bad-state\",\n"
+                                 "    \"message\" : \"agent 'a1' is running; stop it or use "
+                                 "--force\"\n"
+                                 "  }\n"
+                                 "}\n");
+    assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_BAD_STATE));
+}
+
+static void
+test_hostd_hangs_up(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    server_start(f);
+    run_vmctl(f, NULL, &run, "list");
+    assert_string_equal(run.err, "vmctl: hostd closed the connection unexpectedly\n");
+    assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_PROTOCOL));
+}
+
+static void
+test_progress_lines(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) quiet = {0};
+
+    /* stderr is a pipe here: each message once, fractions not repeated. */
+    reply(f, VM_OP_PROGRESS, "{'message': <'debootstrap'>, 'fraction': <0.1>}");
+    reply(f, VM_OP_PROGRESS, "{'message': <'debootstrap'>, 'fraction': <0.5>}");
+    reply(f, VM_OP_PROGRESS, "{'message': <'converting image'>}");
+    reply(f, VM_OP_RESULT, "{'name': <'debian-12'>, 'image': <'/images/debian-12.qcow2'>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "template", "build", "debian-12", "--force");
+    assert_request(f, VM_OP_TEMPLATE_BUILD);
+    assert_true(vm_message_get_bool(f->server.request, "force", FALSE));
+    assert_string_equal(run.err, "debootstrap\nconverting image\n");
+    assert_string_equal(run.out, "built template debian-12: /images/debian-12.qcow2\n");
+    assert_int_equal(run.status, 0);
+
+    server_start(f);
+    run_vmctl(f, NULL, &quiet, "template", "build", "-q", "debian-12");
+    assert_false(vm_message_get_bool(f->server.request, "force", TRUE));
+    assert_string_equal(quiet.err, "");
+    assert_int_equal(quiet.status, 0);
+}
+
+static void
+test_new(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_autofree char *user_data_path = g_build_filename(f->tmpdir, "user-data", NULL);
+    const char *user_data = "#cloud-config\npackages: [git]\n";
+
+    assert_true(g_file_set_contents(user_data_path, user_data, -1, NULL));
+    reply(f, VM_OP_RESULT,
+          "{'agent': <{'name': <'a1'>, 'state': <'running'>, 'ssh_port': <uint32 2201>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "new", "a1", "--template", "debian-12", "--cpus", "2", "--memory",
+              "2048", "--disk", "20", "--user-data", user_data_path);
+    assert_request(f, VM_OP_AGENT_NEW);
+    VmMessage *request = f->server.request;
+    assert_string_equal(vm_message_get_string(request, "name", NULL), "a1");
+    assert_string_equal(vm_message_get_string(request, "template", NULL), "debian-12");
+    assert_int_equal(vm_message_get_uint(request, "cpus", 0), 2);
+    assert_int_equal(vm_message_get_uint(request, "memory_mib", 0), 2048);
+    assert_int_equal(vm_message_get_uint(request, "disk_gib", 0), 20);
+    assert_string_equal(vm_message_get_string(request, "user_data", NULL), user_data);
+    assert_true(vm_message_get_bool(request, "wait", FALSE));
+    assert_string_equal(run.out,
+                        "agent a1 is running: ssh port 2201; try: vmctl exec a1 -- uname -a\n");
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_new_defaults(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>, 'state': <'starting'>}>}");
+    server_start(f);
+    run_vmctl(f, "#cloud-config\n", &run, "new", "--no-wait", "--user-data", "-", "a1");
+    assert_request(f, VM_OP_AGENT_NEW);
+    /* Unset options are left to hostd's defaults, not sent as zeros. */
+    assert_null(vm_message_lookup(f->server.request, "cpus"));
+    assert_null(vm_message_lookup(f->server.request, "template"));
+    assert_false(vm_message_get_bool(f->server.request, "wait", TRUE));
+    assert_string_equal(vm_message_get_string(f->server.request, "user_data", NULL),
+                        "#cloud-config\n");
+    assert_string_equal(run.out, "agent a1 is starting\n");
+}
+
+static void
+test_new_bad_user_data(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *big = g_build_filename(f->tmpdir, "big", NULL);
+    g_autofree char *binary = g_build_filename(f->tmpdir, "binary", NULL);
+    g_autofree char *missing = g_build_filename(f->tmpdir, "missing", NULL);
+    g_autofree char *big_text = g_strnfill(VM_USER_DATA_MAX + 1, 'x');
+    g_autofree char *big_err =
+        g_strdup_printf("vmctl: --user-data %s is larger than %d bytes\n", big, VM_USER_DATA_MAX);
+    g_autofree char *binary_err =
+        g_strdup_printf("vmctl: --user-data %s is not UTF-8 text\n", binary);
+    g_autofree char *missing_err =
+        g_strdup_printf("vmctl: cannot open --user-data %s: No such file or directory\n", missing);
+    const struct {
+        const char *path;
+        const char *err;
+        int status;
+    } cases[] = {
+        {big, big_err, 2},
+        {binary, binary_err, 2},
+        {missing, missing_err, vm_error_exit_status(VM_ERROR_IO)},
+        {f->tmpdir, NULL, vm_error_exit_status(VM_ERROR_IO)},
+    };
+
+    assert_true(g_file_set_contents(big, big_text, -1, NULL));
+    assert_true(g_file_set_contents(binary, "\xff\xfe", 2, NULL));
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+        server_start(f);
+        run_vmctl(f, NULL, &run, "new", "a1", "--user-data", cases[i].path);
+        /* Refused before anything is sent. */
+        assert_false(f->server.connected);
+        if (cases[i].err != NULL)
+            assert_string_equal(run.err, cases[i].err);
+        assert_int_equal(run.status, cases[i].status);
+    }
+}
+
+static void
+test_actions(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *args[5];
+        VmOp op;
+        const char *out;
+    } cases[] = {
+        {{"start", "a1"}, VM_OP_AGENT_START, "started a1\n"},
+        {{"stop", "--force", "a1"}, VM_OP_AGENT_STOP, "stopped a1\n"},
+        {{"rm", "-f", "a1"}, VM_OP_AGENT_RM, "removed a1\n"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+        g_ptr_array_set_size(f->server.replies, 0);
+        reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
+        server_start(f);
+        run_vmctl_argv(f, NULL, cases[i].args, &run);
+        assert_request(f, cases[i].op);
+        assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+        assert_string_equal(run.out, cases[i].out);
+        assert_int_equal(run.status, 0);
+    }
+    /* The last one was rm -f. */
+    assert_true(vm_message_get_bool(f->server.request, "force", FALSE));
+}
+
+static void
+test_stop_timeout(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "stop", "a1", "--timeout", "2m");
+    assert_int_equal(vm_message_get_uint(f->server.request, "timeout_s", 0), 120);
+    assert_false(vm_message_get_bool(f->server.request, "force", TRUE));
+}
+
+static void
+test_ssh_config(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    const char *config = "Host a1.hostd\n  HostName 127.0.0.1\n  Port 2201\n";
+    g_autofree char *fields = g_strdup_printf("{'config': <%s>}", "'Host a1.hostd\\n  HostName "
+                                                                  "127.0.0.1\\n  Port 2201\\n'");
+
+    reply(f, VM_OP_RESULT, fields);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "ssh-config");
+    assert_request(f, VM_OP_AGENT_SSH_CONFIG);
+    /* No NAME: all agents, so no name field. */
+    assert_null(vm_message_lookup(f->server.request, "name"));
+    assert_string_equal(run.out, config);
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_ssh(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) missing = {0};
+    g_autofree char *bin = g_build_filename(f->tmpdir, "bin", NULL);
+    g_autofree char *fake_ssh = g_build_filename(bin, "ssh", NULL);
+
+    /* A stand-in ssh that shows how it was called. */
+    assert_int_equal(g_mkdir(bin, 0700), 0);
+    assert_true(g_file_set_contents(fake_ssh, "#!/bin/sh\nprintf '[%s]' \"$@\"\n", -1, NULL));
+    assert_int_equal(g_chmod(fake_ssh, 0700), 0);
+    f->path_env = g_strdup(bin);
+    reply(f, VM_OP_RESULT,
+          "{'config': <'Host a1.hostd\\n'>, 'path': <'/state/ssh/a1.conf'>, 'host': <'a1.hostd'>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "ssh", "a1", "--", "ls", "-l");
+    assert_request(f, VM_OP_AGENT_SSH_CONFIG);
+    assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+    /* "--" before the host: ssh would otherwise take the command's -l as its own. */
+    assert_string_equal(run.out, "[-F][/state/ssh/a1.conf][--][a1.hostd][ls][-l]");
+    assert_int_equal(run.status, 0);
+
+    assert_int_equal(g_unlink(fake_ssh), 0);
+    g_rmdir(bin);
+    server_start(f);
+    run_vmctl(f, NULL, &missing, "ssh", "a1");
+    assert_string_equal(
+        missing.err, "vmctl: ssh is not installed (vmctl ssh runs it); install openssh-client\n");
+    assert_int_equal(missing.status, vm_error_exit_status(VM_ERROR_IO));
+}
+
+static void
+test_exec(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply_data(f, VM_OP_STDOUT, "out 1\n");
+    reply_data(f, VM_OP_STDERR, "err 1\n");
+    reply_data(f, VM_OP_STDOUT, "out 2\n");
+    reply(f, VM_OP_EXIT, "{'status': <3>}");
+    server_start(f);
+    g_setenv("VMCTL_TEST_COPIED", "copied", TRUE);
+    run_vmctl(f, NULL, &run, "exec", "a1", "-e", "A=1", "-w", "/tmp", "-e", "VMCTL_TEST_COPIED",
+              "-e", "VMCTL_TEST_UNSET", "--", "sh", "-c", "echo -n", "--", "-x");
+    assert_request(f, VM_OP_EXEC);
+    VmMessage *request = f->server.request;
+    g_auto(GStrv) argv = vm_message_dup_strv(request, "argv");
+    g_auto(GStrv) env = vm_message_dup_strv(request, "env");
+    const char *const expected_argv[] = {"sh", "-c", "echo -n", "--", "-x", NULL};
+    const char *const expected_env[] = {"A=1", "VMCTL_TEST_COPIED=copied", NULL};
+    assert_true(g_strv_equal((const char *const *)argv, expected_argv));
+    assert_true(g_strv_equal((const char *const *)env, expected_env));
+    assert_string_equal(vm_message_get_string(request, "cwd", NULL), "/tmp");
+    assert_false(vm_message_get_bool(request, "tty", TRUE));
+    /* Not a terminal: no size, no TERM. */
+    assert_null(vm_message_lookup(request, "cols"));
+    assert_null(vm_message_lookup(request, "term"));
+
+    assert_string_equal(run.out, "out 1\nout 2\n");
+    assert_string_equal(run.err, "err 1\n");
+    assert_int_equal(run.status, 3);
+}
+
+static void
+test_exec_without_separator(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    /* Options before and after NAME are vmctl's; from CMD on, the command's. */
+    run_vmctl(f, NULL, &run, "exec", "-w", "/", "a1", "-e", "K=V", "ls", "-l", "-e", "x");
+    g_auto(GStrv) argv = vm_message_dup_strv(f->server.request, "argv");
+    const char *const expected[] = {"ls", "-l", "-e", "x", NULL};
+    assert_true(g_strv_equal((const char *const *)argv, expected));
+    assert_string_equal(vm_message_get_string(f->server.request, "cwd", NULL), "/");
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_exec_stdin(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    gsize size = 3 * VM_STREAM_CHUNK_MAX + 123;
+    g_autofree char *input = g_malloc(size + 1);
+
+    for (gsize i = 0; i < size; i++)
+        input[i] = (char)('a' + i % 26);
+    input[size] = '\0';
+    f->server.collect_stdin = TRUE;
+    f->server.echo_stdin = TRUE;
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, input, &run, "exec", "a1", "--", "cat");
+    assert_true(f->server.got_eof);
+    assert_true(f->server.max_chunk <= VM_STREAM_CHUNK_MAX);
+    assert_int_equal(f->server.stdin_data->len, size);
+    assert_memory_equal(f->server.stdin_data->data, input, size);
+    assert_string_equal(run.out, input);
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_exec_empty_stdin(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    f->server.collect_stdin = TRUE;
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "exec", "a1", "--", "cat");
+    assert_true(f->server.got_eof);
+    assert_int_equal(f->server.stdin_data->len, 0);
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_exec_closed_stdout(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    /* vmctl exec a1 -- yes | head -1: the end of the reader ends vmctl like it ends yes. */
+    f->closed_stdout = TRUE;
+    reply_data(f, VM_OP_STDOUT, "y\n");
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "exec", "a1", "--", "yes");
+    assert_string_equal(run.err, "");
+    assert_int_equal(run.status, 141);
+}
+
+static void
+test_exec_failures(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) error = {0};
+    g_auto(Run) hangup = {0};
+    g_auto(Run) not_running = {0};
+    g_autofree char *missing = g_build_filename(f->tmpdir, "nothing.sock", NULL);
+
+    /* Whatever failed, 125: every other status may be the command's own. */
+    reply_error(f, VM_ERROR_NOT_FOUND, "no agent 'a1'");
+    server_start(f);
+    run_vmctl(f, NULL, &error, "exec", "a1", "--", "true");
+    assert_string_equal(error.err, "vmctl: no agent 'a1'\n");
+    assert_int_equal(error.status, 125);
+
+    /* The server reads stdin to its end first: closing a Unix socket with data unread would
+     * reset the connection instead of ending it. */
+    g_ptr_array_set_size(f->server.replies, 0);
+    f->server.collect_stdin = TRUE;
+    reply_data(f, VM_OP_STDOUT, "partial");
+    server_start(f);
+    run_vmctl(f, NULL, &hangup, "exec", "a1", "--", "true");
+    assert_string_equal(hangup.out, "partial");
+    assert_string_equal(hangup.err, "vmctl: hostd closed the connection unexpectedly\n");
+    assert_int_equal(hangup.status, 125);
+
+    run_vmctl(f, NULL, &not_running, "--socket", missing, "exec", "a1", "true");
+    assert_int_equal(not_running.status, 125);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_not_running, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_help, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_template_list, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_info, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hostd_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hostd_error_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hostd_hangs_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_progress_lines, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_defaults, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_bad_user_data, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_actions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssh_config, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssh, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_without_separator, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_stdin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_empty_stdin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_closed_stdout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_failures, setup, teardown),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

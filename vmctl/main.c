@@ -1,0 +1,178 @@
+/* vmctl: the command line of hostd. Every verb sends one request to hostd and prints the answer;
+ * the work happens in hostd. */
+#include "vmctl.h"
+
+#include "vm-config.h"
+#include "vm-error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const VmctlVerb verbs[] = {
+    {"new", vmctl_cmd_new, "NAME", "Create an agent and start its VM"},
+    {"list", vmctl_cmd_list, "", "List the agents"},
+    {"info", vmctl_cmd_info, "NAME", "Show everything about one agent"},
+    {"exec", vmctl_cmd_exec, "NAME [--] CMD [ARG...]", "Run a command in an agent's VM"},
+    {"ssh", vmctl_cmd_ssh, "NAME [-- CMD [ARG...]]", "Open an SSH session to an agent's VM"},
+    {"ssh-config", vmctl_cmd_ssh_config, "[NAME]", "Print the OpenSSH configuration of agents"},
+    {"start", vmctl_cmd_start, "NAME", "Start a stopped agent"},
+    {"stop", vmctl_cmd_stop, "NAME", "Stop an agent's VM"},
+    {"rm", vmctl_cmd_rm, "NAME", "Remove an agent and its disk"},
+    {"template list", vmctl_cmd_template_list, "", "List the templates"},
+    {"template build", vmctl_cmd_template_build, "NAME", "Build the base image of a template"},
+};
+
+static void
+print_usage(FILE *stream)
+{
+    fputs("Usage: vmctl [OPTION...] COMMAND [ARG...]\n"
+          "\n"
+          "Gives every AI agent its own long-lived Linux VM, run by hostd.\n"
+          "\n"
+          "Commands:\n",
+          stream);
+    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++)
+        fprintf(stream, "  %-16s%s\n", verbs[i].name, verbs[i].summary);
+    fputs("\n"
+          "Options:\n"
+          "  --socket PATH   Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state\n"
+          "                  directory's hostd.sock)\n"
+          "  --json          Print results as JSON\n"
+          "  -q, --quiet     Do not show progress\n"
+          "  --version       Print the version\n"
+          "  -h, --help      Show this help\n"
+          "\n"
+          "Run 'vmctl COMMAND --help' for the options of a command.\n",
+          stream);
+}
+
+/* Finds the verb named by @args (one word, or two for a subcommand) and returns how many words
+ * name it in @ret_words. */
+static const VmctlVerb *
+find_verb(char **args, int *ret_words)
+{
+    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++) {
+        const char *space = strchr(verbs[i].name, ' ');
+        if (space == NULL && strcmp(verbs[i].name, args[0]) == 0) {
+            *ret_words = 1;
+            return &verbs[i];
+        }
+        if (space != NULL && args[1] != NULL &&
+            strncmp(verbs[i].name, args[0], space - verbs[i].name) == 0 &&
+            args[0][space - verbs[i].name] == '\0' && strcmp(space + 1, args[1]) == 0) {
+            *ret_words = 2;
+            return &verbs[i];
+        }
+    }
+    return NULL;
+}
+
+/* Lists the subcommands of @group ("template"): "list, build", or NULL when it is not one. */
+static char *
+subcommands(const char *group)
+{
+    g_autoptr(GString) names = g_string_new(NULL);
+    gsize len = strlen(group);
+
+    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++) {
+        if (strncmp(verbs[i].name, group, len) == 0 && verbs[i].name[len] == ' ')
+            g_string_append_printf(names, "%s%s", names->len > 0 ? ", " : "",
+                                   verbs[i].name + len + 1);
+    }
+    return names->len > 0 ? g_string_free(g_steal_pointer(&names), FALSE) : NULL;
+}
+
+static int
+report_failure(const VmctlContext *ctx, const GError *error)
+{
+    VmErrorCode code = vm_error_code(error);
+
+    if (ctx->json) {
+        /* A local message may quote a file name that is not UTF-8; JSON text must be. */
+        g_autofree char *message = g_utf8_make_valid(error->message, -1);
+        g_autoptr(GVariant) value = g_variant_ref_sink(g_variant_new_parsed(
+            "{'error': <{'code': <%s>, 'message': <%s>}>}", vm_error_code_name(code), message));
+        g_autofree char *json = vmctl_format_json(value);
+        fputs(json, stdout);
+    }
+    fprintf(stderr, "vmctl: %s\n", error->message);
+    return ctx->failure_status != 0 ? ctx->failure_status : vm_error_exit_status(code);
+}
+
+static gboolean
+run_verb(VmctlContext *ctx, char **args, GError **error)
+{
+    int words = 0;
+
+    ctx->verb = find_verb(args, &words);
+    if (ctx->verb == NULL) {
+        g_autofree char *group = subcommands(args[0]);
+        if (group != NULL)
+            return vmctl_usage_error(ctx, error, "'%s' needs a subcommand: %s", args[0], group);
+        return vmctl_usage_error(ctx, error, "unknown command '%s'", args[0]);
+    }
+    args += words - 1;
+    if (!ctx->verb->func(ctx, (int)g_strv_length(args), args, error))
+        return FALSE;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return vm_throw(error, VM_ERROR_IO, "cannot write the output");
+    return TRUE;
+}
+
+static gboolean
+run(VmctlContext *ctx, char **argv, GError **error)
+{
+    gboolean version = FALSE, help = FALSE;
+    const GOptionEntry entries[] = {
+        {"version", 0, 0, G_OPTION_ARG_NONE, &version, NULL, NULL},
+        {"help", 'h', 0, G_OPTION_ARG_NONE, &help, NULL, NULL},
+        G_OPTION_ENTRY_NULL,
+    };
+    g_autoptr(GOptionContext) options = g_option_context_new(NULL);
+    g_autoptr(GError) local_error = NULL;
+    g_auto(GStrv) args = g_strdupv(argv);
+
+    /* Global options end at the verb; what follows is the verb's. */
+    g_option_context_set_strict_posix(options, TRUE);
+    g_option_context_set_help_enabled(options, FALSE);
+    g_option_context_add_main_entries(options, entries, NULL);
+    vmctl_add_global_options(options, ctx);
+    if (!g_option_context_parse_strv(options, &args, &local_error)) {
+        local_error->message[0] = g_ascii_tolower(local_error->message[0]);
+        return vmctl_usage_error(ctx, error, "%s", local_error->message);
+    }
+    if (version) {
+        printf("vmctl %s (protocol %d)\n", VM_VERSION, VM_PROTOCOL_VERSION);
+        return TRUE;
+    }
+
+    char **rest = args + 1;
+    if (rest[0] != NULL && strcmp(rest[0], "--") == 0)
+        rest++;
+    if (help || (rest[0] != NULL && strcmp(rest[0], "help") == 0 && rest[1] == NULL)) {
+        print_usage(stdout);
+        return TRUE;
+    }
+    if (rest[0] == NULL)
+        return vmctl_usage_error(ctx, error, "missing COMMAND");
+    if (strcmp(rest[0], "help") == 0) {
+        /* `vmctl help VERB [SUB]` is `vmctl VERB [SUB] --help`. */
+        g_autoptr(GStrvBuilder) builder = g_strv_builder_new();
+        g_strv_builder_addv(builder, (const char **)rest + 1);
+        g_strv_builder_add(builder, "--help");
+        g_auto(GStrv) help_args = g_strv_builder_end(builder);
+        return run_verb(ctx, help_args, error);
+    }
+    return run_verb(ctx, rest, error);
+}
+
+int
+main(int argc, char **argv)
+{
+    VmctlContext ctx = {0};
+    g_autoptr(GError) error = NULL;
+    int status = run(&ctx, argv, &error) ? ctx.exit_status : report_failure(&ctx, error);
+
+    g_free(ctx.socket_path);
+    return status;
+}

@@ -1,0 +1,40 @@
+#include "vmctl.h"
+
+#include <stdio.h>
+
+static const VmctlField agent_details[] = {
+    {"name", "name", VMCTL_FORMAT_TEXT},
+    {"state", "state", VMCTL_FORMAT_TEXT},
+    {"since", "state_since", VMCTL_FORMAT_DATE},
+    {"template", "template", VMCTL_FORMAT_TEXT},
+    {"cpus", "cpus", VMCTL_FORMAT_TEXT},
+    {"memory", "memory_mib", VMCTL_FORMAT_MIB},
+    {"disk", "disk_gib", VMCTL_FORMAT_GIB},
+    {"disk used", "disk_bytes", VMCTL_FORMAT_BYTES},
+    {"ssh port", "ssh_port", VMCTL_FORMAT_TEXT},
+    {"user", "user", VMCTL_FORMAT_TEXT},
+    {"created", "created", VMCTL_FORMAT_DATE},
+    {"forked from", "forked_from", VMCTL_FORMAT_TEXT},
+    {"virt type", "virt_type", VMCTL_FORMAT_TEXT},
+};
+
+gboolean
+vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error)
+{
+    g_autoptr(VmMessage) result = NULL;
+
+    g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, NULL, error);
+    if (fields == NULL)
+        return FALSE;
+    if (!vmctl_request(ctx, VM_OP_AGENT_INFO, g_variant_dict_end(fields), &result, error))
+        return FALSE;
+    g_autoptr(GVariant) agent = vmctl_result_get(result, "agent", G_VARIANT_TYPE_VARDICT);
+    if (ctx->json || agent == NULL) {
+        vmctl_print_result(ctx, result, "agent", NULL);
+        return TRUE;
+    }
+    g_autofree char *text = vmctl_format_details(agent, agent_details, G_N_ELEMENTS(agent_details),
+                                                 g_get_real_time() / G_USEC_PER_SEC);
+    fputs(text, stdout);
+    return TRUE;
+}

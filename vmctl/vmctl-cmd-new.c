@@ -1,0 +1,107 @@
+#include "vmctl.h"
+
+#include "vm-error.h"
+#include "vm-util.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Reads the --user-data file ("-" is stdin): at most VM_USER_DATA_MAX bytes of UTF-8 text, as
+ * the request carries it in a string. */
+static char *
+read_user_data(const char *path, GError **error)
+{
+    vm_autofd fd = strcmp(path, "-") == 0 ? dup(STDIN_FILENO) : open(path, O_RDONLY | O_CLOEXEC);
+    g_autofree char *text = g_malloc(VM_USER_DATA_MAX + 2);
+    gsize len = 0;
+
+    if (fd < 0) {
+        vm_throw_errno(error, errno, "cannot open --user-data %s", path);
+        return NULL;
+    }
+    while (len <= VM_USER_DATA_MAX) {
+        ssize_t n = read(fd, text + len, VM_USER_DATA_MAX + 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            vm_throw_errno(error, errno, "cannot read --user-data %s", path);
+            return NULL;
+        }
+        if (n == 0)
+            break;
+        len += (gsize)n;
+    }
+    if (len > VM_USER_DATA_MAX) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "--user-data %s is larger than %d bytes", path,
+                 VM_USER_DATA_MAX);
+        return NULL;
+    }
+    text[len] = '\0';
+    if (memchr(text, '\0', len) != NULL || !g_utf8_validate(text, (gssize)len, NULL)) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "--user-data %s is not UTF-8 text", path);
+        return NULL;
+    }
+    return g_steal_pointer(&text);
+}
+
+/* Adds the numeric option @option to @fields under @key when it was given. */
+static gboolean
+add_number(VmctlContext *ctx, GVariantDict *fields, const char *option, const char *text,
+           const char *key, GError **error)
+{
+    guint32 value;
+
+    if (text == NULL)
+        return TRUE;
+    if (!vmctl_parse_uint(ctx, option, text, 1, G_MAXUINT32, &value, error))
+        return FALSE;
+    g_variant_dict_insert(fields, key, "u", value);
+    return TRUE;
+}
+
+gboolean
+vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
+{
+    g_autofree char *template_name = NULL, *cpus = NULL, *memory = NULL, *disk = NULL;
+    g_autofree char *user_data_path = NULL;
+    gboolean no_wait = FALSE;
+    const GOptionEntry entries[] = {
+        {"template", 0, 0, G_OPTION_ARG_STRING, &template_name, "Create the agent from TEMPLATE",
+         "TEMPLATE"},
+        {"cpus", 0, 0, G_OPTION_ARG_STRING, &cpus, "Give the VM N virtual CPUs", "N"},
+        {"memory", 0, 0, G_OPTION_ARG_STRING, &memory, "Give the VM MIB MiB of memory", "MIB"},
+        {"disk", 0, 0, G_OPTION_ARG_STRING, &disk, "Give the VM a disk of GIB GiB", "GIB"},
+        {"user-data", 0, 0, G_OPTION_ARG_FILENAME, &user_data_path,
+         "Pass the cloud-init user data in FILE ('-' reads stdin)", "FILE"},
+        {"no-wait", 0, 0, G_OPTION_ARG_NONE, &no_wait,
+         "Return once the VM is started, without waiting for SSH", NULL},
+        G_OPTION_ENTRY_NULL,
+    };
+    g_autoptr(VmMessage) result = NULL;
+
+    g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
+    if (fields == NULL)
+        return FALSE;
+    g_variant_dict_insert(fields, "wait", "b", !no_wait);
+    if (template_name != NULL)
+        g_variant_dict_insert(fields, "template", "s", template_name);
+    if (!add_number(ctx, fields, "--cpus", cpus, "cpus", error) ||
+        !add_number(ctx, fields, "--memory", memory, "memory_mib", error) ||
+        !add_number(ctx, fields, "--disk", disk, "disk_gib", error))
+        return FALSE;
+    if (user_data_path != NULL) {
+        g_autofree char *user_data = read_user_data(user_data_path, error);
+        if (user_data == NULL)
+            return FALSE;
+        g_variant_dict_insert(fields, "user_data", "s", user_data);
+    }
+
+    if (!vmctl_request(ctx, VM_OP_AGENT_NEW, g_variant_dict_end(fields), &result, error))
+        return FALSE;
+    g_autoptr(GVariant) agent = vmctl_result_get(result, "agent", G_VARIANT_TYPE_VARDICT);
+    g_autofree char *summary = agent != NULL ? vmctl_format_agent_summary(agent) : NULL;
+    vmctl_print_result(ctx, result, "agent", summary);
+    return TRUE;
+}

@@ -1,0 +1,45 @@
+#include "vmctl.h"
+
+#include "vm-error.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
+
+gboolean
+vmctl_cmd_ssh(VmctlContext *ctx, int argc, char **argv, GError **error)
+{
+    g_autofree char *name = NULL;
+    g_auto(GStrv) command = NULL;
+    g_autoptr(VmMessage) result = NULL;
+
+    if (!vmctl_parse_command(ctx, argc, argv, NULL, &name, &command, error))
+        return FALSE;
+    if (!vmctl_request(ctx, VM_OP_AGENT_SSH_CONFIG, g_variant_new_parsed("{'name': <%s>}", name),
+                       &result, error))
+        return FALSE;
+    const char *path = vm_message_get_string(result, "path", NULL);
+    const char *host = vm_message_get_string(result, "host", NULL);
+    if (path == NULL || host == NULL)
+        return vm_throw(error, VM_ERROR_PROTOCOL, "hostd sent no ssh configuration for '%s'", name);
+
+    g_autoptr(GPtrArray) ssh_argv = g_ptr_array_new();
+    g_ptr_array_add(ssh_argv, "ssh");
+    g_ptr_array_add(ssh_argv, "-F");
+    g_ptr_array_add(ssh_argv, (gpointer)path);
+    if (isatty(STDIN_FILENO) && isatty(STDOUT_FILENO))
+        g_ptr_array_add(ssh_argv, "-t");
+    /* Without "--", ssh would take options that follow the host as its own. */
+    g_ptr_array_add(ssh_argv, "--");
+    g_ptr_array_add(ssh_argv, (gpointer)host);
+    for (char **word = command; *word != NULL; word++)
+        g_ptr_array_add(ssh_argv, *word);
+    g_ptr_array_add(ssh_argv, NULL);
+
+    fflush(stdout);
+    execvp("ssh", (char **)ssh_argv->pdata);
+    if (errno == ENOENT)
+        return vm_throw(error, VM_ERROR_IO,
+                        "ssh is not installed (vmctl ssh runs it); install openssh-client");
+    return vm_throw_errno(error, errno, "cannot run ssh");
+}

@@ -1,0 +1,279 @@
+#include "vmctl.h"
+
+#include "vm-error.h"
+#include "vm-name.h"
+#include "vm-util.h"
+#include "vmctl-client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void
+vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx)
+{
+    const GOptionEntry entries[] = {
+        {"socket", 0, 0, G_OPTION_ARG_FILENAME, &ctx->socket_path,
+         "Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state directory's hostd.sock)",
+         "PATH"},
+        {"json", 0, 0, G_OPTION_ARG_NONE, &ctx->json, "Print the result as JSON", NULL},
+        {"quiet", 'q', 0, G_OPTION_ARG_NONE, &ctx->quiet, "Do not show progress", NULL},
+        G_OPTION_ENTRY_NULL,
+    };
+
+    g_option_context_add_main_entries(options, entries, NULL);
+}
+
+gboolean
+vmctl_usage_error(VmctlContext *ctx, GError **error, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    g_autofree char *what = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    if (ctx->verb == NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s; see 'vmctl help'", what);
+    return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s; see 'vmctl %s --help'", what,
+                    ctx->verb->name);
+}
+
+static GOptionContext *
+verb_options_new(VmctlContext *ctx, const GOptionEntry *entries, gboolean *help)
+{
+    const GOptionEntry help_entries[] = {
+        {"help", 'h', 0, G_OPTION_ARG_NONE, help, "Show this help", NULL},
+        G_OPTION_ENTRY_NULL,
+    };
+    GOptionContext *options = g_option_context_new(ctx->verb->params);
+    GOptionGroup *main_group = g_option_group_new("vmctl", "", "", ctx->option_data, NULL);
+
+    g_option_context_set_main_group(options, main_group);
+    g_option_context_set_summary(options, ctx->verb->summary);
+    g_option_context_set_help_enabled(options, FALSE);
+    if (entries != NULL)
+        g_option_context_add_main_entries(options, entries, NULL);
+    vmctl_add_global_options(options, ctx);
+    g_option_context_add_main_entries(options, help_entries, NULL);
+    return options;
+}
+
+/* Parses the options in @args (args[0] is the verb), removing them. With @strict, parsing stops
+ * at the first word that is not an option. */
+static gboolean
+parse_options(VmctlContext *ctx, const GOptionEntry *entries, gboolean strict, GStrv *args,
+              GError **error)
+{
+    gboolean help = FALSE;
+    g_autoptr(GOptionContext) options = verb_options_new(ctx, entries, &help);
+    g_autoptr(GError) local_error = NULL;
+
+    g_option_context_set_strict_posix(options, strict);
+    if (!g_option_context_parse_strv(options, args, &local_error)) {
+        /* GOption capitalises its messages; vmctl's one-line errors are lower case. */
+        char *message = local_error->message;
+        message[0] = g_ascii_tolower(message[0]);
+        return vmctl_usage_error(ctx, error, "%s", message);
+    }
+    if (help) {
+        char *prgname = g_strconcat("vmctl ", ctx->verb->name, NULL);
+        g_set_prgname(prgname);
+        g_free(prgname);
+        char *text = g_option_context_get_help(options, TRUE, NULL);
+        fputs(text, stdout);
+        g_free(text);
+        exit(0);
+    }
+    return TRUE;
+}
+
+static GStrv
+args_copy(int argc, char **argv)
+{
+    GStrv args = g_new0(char *, argc + 1);
+
+    for (int i = 0; i < argc; i++)
+        args[i] = g_strdup(argv[i]);
+    return args;
+}
+
+/* Removes the word at @index from the NULL-terminated @args. */
+static void
+args_remove(GStrv args, gsize index)
+{
+    gsize len = g_strv_length(args);
+
+    g_free(args[index]);
+    memmove(&args[index], &args[index + 1], (len - index) * sizeof(char *));
+}
+
+/* GOption keeps a "--" in some positions and drops it in others; a leftover one at @index ends
+ * the options and is not itself an argument. */
+static void
+args_drop_separator(GStrv args, gsize index)
+{
+    if (args[0] != NULL && args[index] != NULL && strcmp(args[index], "--") == 0)
+        args_remove(args, index);
+}
+
+gboolean
+vmctl_parse(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *entries, int min_args,
+            int max_args, char ***ret_args, GError **error)
+{
+    g_auto(GStrv) args = args_copy(argc, argv);
+
+    if (!parse_options(ctx, entries, FALSE, &args, error))
+        return FALSE;
+    for (gsize i = 1; args[i] != NULL; i++) {
+        if (strcmp(args[i], "--") == 0) {
+            args_remove(args, i);
+            break;
+        }
+    }
+
+    int n = (int)g_strv_length(args) - 1;
+    if (n < min_args)
+        return vmctl_usage_error(ctx, error, "missing %s", ctx->verb->params);
+    if (max_args >= 0 && n > max_args)
+        return vmctl_usage_error(ctx, error, "unexpected argument '%s'", args[1 + max_args]);
+    args_remove(args, 0);
+    *ret_args = g_steal_pointer(&args);
+    return TRUE;
+}
+
+GVariantDict *
+vmctl_parse_name(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *entries,
+                 GError **error)
+{
+    g_auto(GStrv) args = NULL;
+
+    if (!vmctl_parse(ctx, argc, argv, entries, 1, 1, &args, error))
+        return NULL;
+    if (!vm_name_validate(args[0], error))
+        return NULL;
+    GVariantDict *fields = g_variant_dict_new(NULL);
+    g_variant_dict_insert(fields, "name", "s", args[0]);
+    return fields;
+}
+
+gboolean
+vmctl_parse_command(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *entries,
+                    char **ret_name, char ***ret_command, GError **error)
+{
+    g_auto(GStrv) args = args_copy(argc, argv);
+
+    /* Two strict passes: options before NAME, then options between NAME and the command. */
+    if (!parse_options(ctx, entries, TRUE, &args, error))
+        return FALSE;
+    args_drop_separator(args, 1);
+    if (args[0] == NULL || args[1] == NULL)
+        return vmctl_usage_error(ctx, error, "missing NAME");
+    if (!vm_name_validate(args[1], error))
+        return FALSE;
+    g_autofree char *name = g_strdup(args[1]);
+    args_remove(args, 1);
+    if (!parse_options(ctx, entries, TRUE, &args, error))
+        return FALSE;
+    args_drop_separator(args, 1);
+
+    args_remove(args, 0);
+    *ret_name = g_steal_pointer(&name);
+    *ret_command = g_steal_pointer(&args);
+    return TRUE;
+}
+
+gboolean
+vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint32 min, guint32 max,
+                 guint32 *ret_value, GError **error)
+{
+    guint64 value = 0;
+
+    if (!g_ascii_string_to_unsigned(text, 10, min, max, &value, NULL))
+        return vmctl_usage_error(ctx, error, "%s needs a number from %u to %u, not '%s'", option,
+                                 min, max, text);
+    *ret_value = (guint32)value;
+    return TRUE;
+}
+
+char *
+vmctl_socket_path(const VmctlContext *ctx)
+{
+    if (ctx->socket_path != NULL)
+        return g_strdup(ctx->socket_path);
+    return vm_default_socket_path();
+}
+
+VmctlProgressMode
+vmctl_progress_mode(const VmctlContext *ctx)
+{
+    if (ctx->quiet)
+        return VMCTL_PROGRESS_NONE;
+    return isatty(STDERR_FILENO) ? VMCTL_PROGRESS_BAR : VMCTL_PROGRESS_LINES;
+}
+
+gboolean
+vmctl_request(VmctlContext *ctx, VmOp op, GVariant *fields, VmMessage **ret_result, GError **error)
+{
+    g_autofree char *socket_path = vmctl_socket_path(ctx);
+    g_autoptr(VmMessage) request = vm_message_new(op, fields, error);
+
+    if (request == NULL)
+        return FALSE;
+    return vmctl_client_call(socket_path, request, vmctl_progress_mode(ctx), ret_result, error);
+}
+
+GVariant *
+vmctl_result_get(const VmMessage *result, const char *key, const GVariantType *type)
+{
+    g_autoptr(GVariant) value = vmctl_dict_lookup(result->fields, key);
+
+    if (value == NULL || !g_variant_is_of_type(value, type))
+        return NULL;
+    return g_steal_pointer(&value);
+}
+
+void
+vmctl_print_result(VmctlContext *ctx, const VmMessage *result, const char *key, const char *text)
+{
+    if (ctx->json) {
+        g_autoptr(GVariant) value = key != NULL ? vm_message_lookup(result, key) : NULL;
+        g_autofree char *json = vmctl_format_json(value != NULL ? value : result->fields);
+        fputs(json, stdout);
+    } else if (text != NULL) {
+        puts(text);
+    }
+}
+
+gboolean
+vmctl_print_list(VmctlContext *ctx, VmOp op, const char *key, const VmctlField *columns,
+                 gsize n_columns, GError **error)
+{
+    g_autoptr(VmMessage) result = NULL;
+
+    if (!vmctl_request(ctx, op, NULL, &result, error))
+        return FALSE;
+    g_autoptr(GVariant) rows = vmctl_result_get(result, key, G_VARIANT_TYPE("aa{sv}"));
+    if (rows == NULL)
+        rows = g_variant_ref_sink(g_variant_new_array(G_VARIANT_TYPE_VARDICT, NULL, 0));
+    g_autofree char *text = ctx->json ? vmctl_format_json(rows)
+                                      : vmctl_format_table(rows, columns, n_columns,
+                                                           g_get_real_time() / G_USEC_PER_SEC);
+    fputs(text, stdout);
+    return TRUE;
+}
+
+gboolean
+vmctl_agent_action(VmctlContext *ctx, VmOp op, GVariantDict *fields, const char *done,
+                   GError **error)
+{
+    g_autofree char *name = NULL;
+    g_autoptr(VmMessage) result = NULL;
+
+    g_variant_dict_lookup(fields, "name", "s", &name);
+    if (!vmctl_request(ctx, op, g_variant_dict_end(fields), &result, error))
+        return FALSE;
+    g_autofree char *text = g_strdup_printf("%s %s", done, name);
+    vmctl_print_result(ctx, result, "agent", text);
+    return TRUE;
+}

@@ -1,0 +1,118 @@
+/* The vmctl verb runtime: the verb table entry, the per-run context, and the helpers every verb
+ * uses to parse its arguments, send its one request and print the result.
+ *
+ * A verb is a function that parses, builds one request, calls hostd and prints; it holds no
+ * logic of its own (hostd does the work).
+ */
+#pragma once
+
+#include "vm-protocol.h"
+#include "vmctl-output.h"
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+typedef struct VmctlContext VmctlContext;
+
+/* Runs one verb. @argv[0] is the verb name; the rest are its arguments (global options before
+ * the verb are already consumed). On failure sets @error; main() prints it and exits with its
+ * mapped status. */
+typedef gboolean (*VmctlVerbFunc)(VmctlContext *ctx, int argc, char **argv, GError **error);
+
+typedef struct {
+    const char *name; /* "list", or two words for a subcommand: "template build" */
+    VmctlVerbFunc func;
+    const char *params;  /* positional arguments for the usage line: "NAME [-- CMD...]" */
+    const char *summary; /* one line for `vmctl help` */
+} VmctlVerb;
+
+struct VmctlContext {
+    const VmctlVerb *verb;
+    char *socket_path; /* from --socket; NULL means vm_default_socket_path() */
+    gboolean json;
+    gboolean quiet;
+    gpointer option_data; /* handed to the G_OPTION_ARG_CALLBACK entries of the verb */
+    int exit_status;      /* what a successful run exits with (exec: the remote status) */
+    int failure_status;   /* 0, or the status any failure exits with (exec: 125) */
+};
+
+/* The options every verb accepts as well as vmctl itself: --socket, --json, --quiet. They
+ * write into @ctx. */
+void vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx);
+
+/* Parses @argv for ctx->verb with @entries (NULL-terminated, may be NULL) plus the global
+ * options, and returns the positional arguments in @ret_args (newly allocated, NULL-terminated).
+ * Their number must be within [@min_args, @max_args]. -h/--help prints the verb's help on stdout
+ * and exits 0. Fails with VM_ERROR_INVALID_ARGUMENT and "WHAT; see 'vmctl VERB --help'". */
+gboolean vmctl_parse(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *entries,
+                     int min_args, int max_args, char ***ret_args, GError **error);
+
+/* Like vmctl_parse() for "VERB [OPTION...] NAME [OPTION...] [--] CMD [ARG...]": options end at
+ * the first word after NAME, so the command keeps its own options. Returns the NAME in @ret_name
+ * and the command (possibly empty) in @ret_command, both newly allocated. */
+gboolean vmctl_parse_command(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *entries,
+                             char **ret_name, char ***ret_command, GError **error);
+
+/* Builds the usage error of ctx->verb: "WHAT; see 'vmctl VERB --help'" (before a verb is known:
+ * "see 'vmctl help'") in VM_ERROR_INVALID_ARGUMENT. Returns FALSE. */
+gboolean vmctl_usage_error(VmctlContext *ctx, GError **error, const char *fmt, ...)
+    G_GNUC_PRINTF(3, 4);
+
+/* Parses the value of @option as an unsigned decimal number in [@min, @max]. Fails with a usage
+ * error naming the option. */
+gboolean vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint32 min,
+                          guint32 max, guint32 *ret_value, GError **error);
+
+/* vmctl_parse() for verbs that take exactly one agent or template NAME, which is checked here so
+ * a typo fails before anything is sent. Returns the start of the request's fields: a new
+ * GVariantDict holding "name"; NULL on failure. */
+GVariantDict *vmctl_parse_name(VmctlContext *ctx, int argc, char **argv,
+                               const GOptionEntry *entries, GError **error);
+
+/* The socket vmctl talks to: --socket, else $VMCTL_SOCKET, else the default. Newly allocated. */
+char *vmctl_socket_path(const VmctlContext *ctx);
+
+/* How progress shows: not at all with --quiet, as a redrawn bar when stderr is a terminal, else
+ * as plain lines. */
+VmctlProgressMode vmctl_progress_mode(const VmctlContext *ctx);
+
+/* Sends the request @op with @fields (an a{sv}, floating refs are sunk; NULL means empty) and
+ * waits for the RESULT, showing PROGRESS as ctx->progress says. Returns the RESULT in
+ * @ret_result (owned by the caller); fails with hostd's error, or the connection's. */
+gboolean vmctl_request(VmctlContext *ctx, VmOp op, GVariant *fields, VmMessage **ret_result,
+                       GError **error);
+
+/* Returns the field @key of @result when it has type @type (a variant around it is unboxed), else
+ * NULL. New reference. */
+GVariant *vmctl_result_get(const VmMessage *result, const char *key, const GVariantType *type);
+
+/* Prints a RESULT: with --json the value of @key in it (or all its fields when @key is NULL or
+ * absent) as JSON; otherwise @text followed by a newline. Can't fail. */
+void vmctl_print_result(VmctlContext *ctx, const VmMessage *result, const char *key,
+                        const char *text);
+
+/* Sends @op (a request without fields) and prints the aa{sv} field @key of its RESULT as a table
+ * of @columns, or with --json as a JSON array. */
+gboolean vmctl_print_list(VmctlContext *ctx, VmOp op, const char *key, const VmctlField *columns,
+                          gsize n_columns, GError **error);
+
+/* Sends a request about one agent that answers with {agent} (start, stop, rm) and prints
+ * "@done NAME" (or the JSON). @fields must hold "name". */
+gboolean vmctl_agent_action(VmctlContext *ctx, VmOp op, GVariantDict *fields, const char *done,
+                            GError **error);
+
+/* The verbs, one per vmctl-cmd-<verb>.c. */
+gboolean vmctl_cmd_template_list(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_template_build(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_list(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_exec(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_ssh(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_ssh_config(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_start(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_stop(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_rm(VmctlContext *ctx, int argc, char **argv, GError **error);
+
+G_END_DECLS
