@@ -8,11 +8,11 @@ G_BEGIN_DECLS
 typedef struct {
     const char *hostname;
     const char *instance_id;
-    const char *user;              /* default user, gets passwordless sudo */
-    const char *authorized_key;    /* "ssh-ed25519 AAAA... comment" */
-    const char *host_key_private;  /* OpenSSH PEM of the guest's ed25519 host key */
-    const char *host_key_public;   /* "ssh-ed25519 AAAA..." */
-    const char *const *packages;   /* NULL-terminated, or NULL: installed at first boot */
+    const char *user;               /* default user, gets passwordless sudo */
+    const char *authorized_key;     /* "ssh-ed25519 AAAA... comment" */
+    const char *host_key_private;   /* OpenSSH PEM of the guest's ed25519 host key */
+    const char *host_key_public;    /* "ssh-ed25519 AAAA..." */
+    const char *const *packages;    /* NULL-terminated, or NULL: installed at first boot */
     const char *template_user_data; /* template's extra cloud-config, or NULL */
     const char *user_user_data;     /* the user's --user-data (cloud-config or script), or NULL */
 } VmSeedSpec;

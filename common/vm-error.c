@@ -3,7 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
-G_DEFINE_QUARK(vm-error-quark, vm_error)
+G_DEFINE_QUARK(vm - error - quark, vm_error)
 
 gboolean
 vm_throw(GError **error, VmErrorCode code, const char *fmt, ...)

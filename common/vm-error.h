@@ -13,22 +13,22 @@ G_BEGIN_DECLS
 
 /* Codes are part of the wire protocol: append only, never renumber. */
 typedef enum {
-    VM_ERROR_FAILED = 1,        /* anything not covered below */
-    VM_ERROR_INVALID_ARGUMENT,  /* bad name, bad option value, bad request field */
-    VM_ERROR_NOT_FOUND,         /* unknown agent, template or checkpoint */
-    VM_ERROR_EXISTS,            /* name already taken */
-    VM_ERROR_BAD_STATE,         /* e.g. rm of a running agent without --force */
-    VM_ERROR_TEMPLATE,          /* template file invalid (message carries file:line:column) */
-    VM_ERROR_NO_RESOURCES,      /* more cpus/memory/disk than the host has, no free port */
-    VM_ERROR_TIMEOUT,           /* a guest did not answer in time */
-    VM_ERROR_LIBVIRT,           /* libvirt refused an operation */
-    VM_ERROR_SSH,               /* the SSH connection to a guest failed */
-    VM_ERROR_PROTOCOL,          /* malformed, truncated or oversized frame */
-    VM_ERROR_NOT_RUNNING,       /* hostd is not running at the socket */
-    VM_ERROR_IO,                /* local file or process failure */
-    VM_ERROR_IMAGE,             /* image build or download failed */
-    VM_ERROR_CANCELLED,         /* the client went away or asked to stop */
-    VM_ERROR_BUSY,              /* another hostd holds the state dir */
+    VM_ERROR_FAILED = 1,       /* anything not covered below */
+    VM_ERROR_INVALID_ARGUMENT, /* bad name, bad option value, bad request field */
+    VM_ERROR_NOT_FOUND,        /* unknown agent, template or checkpoint */
+    VM_ERROR_EXISTS,           /* name already taken */
+    VM_ERROR_BAD_STATE,        /* e.g. rm of a running agent without --force */
+    VM_ERROR_TEMPLATE,         /* template file invalid (message carries file:line:column) */
+    VM_ERROR_NO_RESOURCES,     /* more cpus/memory/disk than the host has, no free port */
+    VM_ERROR_TIMEOUT,          /* a guest did not answer in time */
+    VM_ERROR_LIBVIRT,          /* libvirt refused an operation */
+    VM_ERROR_SSH,              /* the SSH connection to a guest failed */
+    VM_ERROR_PROTOCOL,         /* malformed, truncated or oversized frame */
+    VM_ERROR_NOT_RUNNING,      /* hostd is not running at the socket */
+    VM_ERROR_IO,               /* local file or process failure */
+    VM_ERROR_IMAGE,            /* image build or download failed */
+    VM_ERROR_CANCELLED,        /* the client went away or asked to stop */
+    VM_ERROR_BUSY,             /* another hostd holds the state dir */
 } VmErrorCode;
 
 #define VM_ERROR_LAST VM_ERROR_BUSY

@@ -13,8 +13,8 @@ vm_name_validate(const char *name, GError **error)
     size_t len = strlen(name);
     g_autofree char *shown = g_strescape(len > 80 ? "(too long)" : name, NULL);
     if (len > VM_NAME_MAX)
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "invalid name: longer than %d characters", VM_NAME_MAX);
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "invalid name: longer than %d characters",
+                        VM_NAME_MAX);
     if (!g_ascii_islower(name[0]))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "invalid name '%s': must start with a lower-case letter a-z", shown);

@@ -13,13 +13,13 @@
 
 G_BEGIN_DECLS
 
-#define VM_MESSAGE_TYPE "(ua{sv})"
+#define VM_MESSAGE_TYPE      "(ua{sv})"
 #define VM_FRAME_HEADER_SIZE 4
-#define VM_FRAME_MAX (1024 * 1024)     /* payload bytes, any message */
-#define VM_STREAM_CHUNK_MAX (64 * 1024) /* data bytes in one STDIN/STDOUT/STDERR message */
-#define VM_USER_DATA_MAX (64 * 1024)    /* bytes of --user-data */
-#define VM_ARGV_MAX 4096                /* arguments, environment entries */
-#define VM_PROTOCOL_VERSION 1
+#define VM_FRAME_MAX         (1024 * 1024) /* payload bytes, any message */
+#define VM_STREAM_CHUNK_MAX  (64 * 1024)   /* data bytes in one STDIN/STDOUT/STDERR message */
+#define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
+#define VM_ARGV_MAX          4096          /* arguments, environment entries */
+#define VM_PROTOCOL_VERSION  1
 
 /* Values are part of the wire protocol: append only, never renumber. */
 typedef enum {
@@ -40,17 +40,17 @@ typedef enum {
                              *  rows u?} -> then a stream, see below */
 
     /* Client -> hostd during an EXEC stream. */
-    VM_OP_STDIN = 50,       /* {data ay} */
-    VM_OP_STDIN_EOF,        /* {} */
-    VM_OP_WINDOW_SIZE,      /* {cols u, rows u} */
+    VM_OP_STDIN = 50,  /* {data ay} */
+    VM_OP_STDIN_EOF,   /* {} */
+    VM_OP_WINDOW_SIZE, /* {cols u, rows u} */
 
     /* hostd -> client. */
-    VM_OP_PROGRESS = 100,   /* {message s, fraction d?}: fraction in [0,1], absent if unknown */
-    VM_OP_RESULT,           /* free-form fields, per request (see above) */
-    VM_OP_ERROR,            /* {code u (VmErrorCode), message s}: ends the conversation */
-    VM_OP_STDOUT,           /* {data ay} */
-    VM_OP_STDERR,           /* {data ay} */
-    VM_OP_EXIT,             /* {status i}: the remote command's exit status; ends EXEC */
+    VM_OP_PROGRESS = 100, /* {message s, fraction d?}: fraction in [0,1], absent if unknown */
+    VM_OP_RESULT,         /* free-form fields, per request (see above) */
+    VM_OP_ERROR,          /* {code u (VmErrorCode), message s}: ends the conversation */
+    VM_OP_STDOUT,         /* {data ay} */
+    VM_OP_STDERR,         /* {data ay} */
+    VM_OP_EXIT,           /* {status i}: the remote command's exit status; ends EXEC */
 } VmOp;
 
 typedef struct {

@@ -17,11 +17,11 @@
 #include "vm-template.h"
 #include "vm-util.h"
 
-#define HOSTD_DEFAULT_TEMPLATE "debian-12"
-#define HOSTD_AGENT_DOMAIN_XML "domain.xml"
-#define HOSTD_STOP_TIMEOUT_S 60
+#define HOSTD_DEFAULT_TEMPLATE   "debian-12"
+#define HOSTD_AGENT_DOMAIN_XML   "domain.xml"
+#define HOSTD_STOP_TIMEOUT_S     60
 #define HOSTD_CONSOLE_TAIL_LINES 15
-#define HOSTD_MIN_FREE_BYTES (1024ULL * 1024 * 1024)
+#define HOSTD_MIN_FREE_BYTES     (1024ULL * 1024 * 1024)
 
 G_LOCK_DEFINE_STATIC(hostd_retired);
 static GPtrArray *hostd_retired_name_locks = NULL;
@@ -159,7 +159,8 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_variant_builder_add(&b, "{sv}", "cpus", g_variant_new_uint32(r->cpus));
     g_variant_builder_add(&b, "{sv}", "memory_mib", g_variant_new_uint32(r->memory_mib));
     g_variant_builder_add(&b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
-    g_variant_builder_add(&b, "{sv}", "disk_bytes", g_variant_new_uint64(hostd_file_allocated(disk)));
+    g_variant_builder_add(&b, "{sv}", "disk_bytes",
+                          g_variant_new_uint64(hostd_file_allocated(disk)));
     g_variant_builder_add(&b, "{sv}", "ssh_port", g_variant_new_uint32(r->ssh_port));
     g_variant_builder_add(&b, "{sv}", "user", g_variant_new_string(r->user));
     g_variant_builder_add(&b, "{sv}", "created", g_variant_new_int64(r->created));
@@ -310,14 +311,13 @@ hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFun
         g_autoptr(GError) local_error = NULL;
         g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
         gint64 now = g_get_monotonic_time();
-        g_autofree char *message = g_strdup_printf(
-            "waiting for %s to answer SSH (%" G_GINT64_FORMAT " s)", r->name,
-            (now - start) / G_USEC_PER_SEC);
+        g_autofree char *message =
+            g_strdup_printf("waiting for %s to answer SSH (%" G_GINT64_FORMAT " s)", r->name,
+                            (now - start) / G_USEC_PER_SEC);
 
         if (dom == NULL || !hostd_libvirt_is_active(dom)) {
             g_autofree char *tail = hostd_console_tail(r);
-            return vm_throw(error, VM_ERROR_BAD_STATE, "%s stopped while booting%s", r->name,
-                            tail);
+            return vm_throw(error, VM_ERROR_BAD_STATE, "%s stopped while booting%s", r->name, tail);
         }
         hostd_progress(progress, progress_data, message, -1);
         if (hostd_ssh_wait_ready(ctx->ssh, &target, 5, NULL, &local_error))
@@ -328,8 +328,8 @@ hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFun
         }
         if (g_get_monotonic_time() >= deadline) {
             g_autofree char *tail = hostd_console_tail(r);
-            return vm_throw(error, VM_ERROR_TIMEOUT, "%s did not answer SSH within %u s%s",
-                            r->name, ctx->config->boot_timeout_s, tail);
+            return vm_throw(error, VM_ERROR_TIMEOUT, "%s did not answer SSH within %u s%s", r->name,
+                            ctx->config->boot_timeout_s, tail);
         }
     }
 }
@@ -389,8 +389,8 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         return NULL;
 
     g_autofree char *size = g_strdup_printf("%uG", r->disk_gib);
-    const char *qemu_img[] = {"qemu-img", "create", "-q",  "-f", "qcow2", "-F", "qcow2",
-                              "-b",       image->disk_path, disk, size,   NULL};
+    const char *qemu_img[] = {"qemu-img", "create",         "-q", "-f", "qcow2", "-F", "qcow2",
+                              "-b",       image->disk_path, disk, size, NULL};
     if (!hostd_run(qemu_img, error))
         return NULL;
 
@@ -474,8 +474,8 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         return NULL;
     }
 
-    const char *template_name = req->template_name != NULL ? req->template_name
-                                                           : HOSTD_DEFAULT_TEMPLATE;
+    const char *template_name =
+        req->template_name != NULL ? req->template_name : HOSTD_DEFAULT_TEMPLATE;
     g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, template_name, error);
     if (tpl == NULL)
         return NULL;
@@ -485,8 +485,8 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     if (!hostd_check_resources(ctx, cpus, memory_mib, disk_gib, error))
         return NULL;
 
-    g_autoptr(VmImage) image = vm_image_ensure(ctx->config->images_dir, tpl, FALSE, progress,
-                                               progress_data, NULL, error);
+    g_autoptr(VmImage) image =
+        vm_image_ensure(ctx->config->images_dir, tpl, FALSE, progress, progress_data, NULL, error);
     if (image == NULL)
         return NULL;
     if (image->virtual_size > (guint64)disk_gib << 30) {
@@ -714,8 +714,8 @@ hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *re
         return FALSE;
     const char *state = hostd_libvirt_state_name(dom);
     if (!g_str_equal(state, "running"))
-        return vm_throw(error, VM_ERROR_BAD_STATE, "agent '%s' is %s; start it with: vmctl start %s",
-                        name, state, name);
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "agent '%s' is %s; start it with: vmctl start %s", name, state, name);
 
     g_autofree char *identity = NULL, *known_hosts = NULL;
     HostdSshTarget target;
@@ -737,9 +737,9 @@ hostd_template_list(HostdContext *ctx, GError **error)
         g_variant_builder_add(&e, "{sv}", "name", g_variant_new_string(t->name));
         g_variant_builder_add(&e, "{sv}", "description",
                               g_variant_new_string(t->description ? t->description : ""));
-        g_variant_builder_add(&e, "{sv}", "source",
-                              g_variant_new_string(t->source == VM_IMAGE_SOURCE_URL ? "url"
-                                                                                    : "mmdebstrap"));
+        g_variant_builder_add(
+            &e, "{sv}", "source",
+            g_variant_new_string(t->source == VM_IMAGE_SOURCE_URL ? "url" : "mmdebstrap"));
         g_variant_builder_add(&e, "{sv}", "ready", g_variant_new_boolean(image != NULL));
         g_variant_builder_add(&e, "{sv}", "cpus", g_variant_new_uint32(t->cpus));
         g_variant_builder_add(&e, "{sv}", "memory_mib", g_variant_new_uint32(t->memory_mib));
@@ -756,8 +756,8 @@ hostd_template_build(HostdContext *ctx, const char *name, gboolean force, VmProg
     g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, name, error);
     if (tpl == NULL)
         return NULL;
-    g_autoptr(VmImage) image = vm_image_ensure(ctx->config->images_dir, tpl, force, progress,
-                                               progress_data, NULL, error);
+    g_autoptr(VmImage) image =
+        vm_image_ensure(ctx->config->images_dir, tpl, force, progress, progress_data, NULL, error);
     if (image == NULL)
         return NULL;
     return g_strdup(image->dir);
@@ -785,40 +785,39 @@ hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
                 hostd_remove_tree(dir, NULL);
                 g_ptr_array_add(notes, g_strdup_printf("removed leftovers of '%s'", name));
             } else {
-                g_ptr_array_add(notes, g_strdup_printf("skipping agent '%s': %s", name,
-                                                       local_error->message));
+                g_ptr_array_add(
+                    notes, g_strdup_printf("skipping agent '%s': %s", name, local_error->message));
             }
             continue;
         }
         if (g_str_equal(r->phase, HOSTD_PHASE_CREATING)) {
             hostd_agent_rollback(ctx, name, dir);
-            g_ptr_array_add(notes, g_strdup_printf("rolled back unfinished creation of '%s'",
-                                                   name));
+            g_ptr_array_add(notes,
+                            g_strdup_printf("rolled back unfinished creation of '%s'", name));
             continue;
         }
         g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
         if (dom != NULL) {
-            g_ptr_array_add(notes, g_strdup_printf("agent '%s' is %s", name,
-                                                   hostd_libvirt_state_name(dom)));
+            g_ptr_array_add(
+                notes, g_strdup_printf("agent '%s' is %s", name, hostd_libvirt_state_name(dom)));
             continue;
         }
         g_autofree char *xml_path = g_build_filename(dir, HOSTD_AGENT_DOMAIN_XML, NULL);
         g_autofree char *xml = NULL;
         if (!g_file_get_contents(xml_path, &xml, NULL, NULL)) {
-            g_ptr_array_add(notes, g_strdup_printf("agent '%s' has no domain and no saved XML",
-                                                   name));
+            g_ptr_array_add(notes,
+                            g_strdup_printf("agent '%s' has no domain and no saved XML", name));
             continue;
         }
         g_autoptr(virDomain) defined = virDomainDefineXML(ctx->lv->conn, xml);
         if (defined == NULL) {
             g_autoptr(GError) define_error = NULL;
             hostd_libvirt_throw(&define_error, "cannot redefine");
-            g_ptr_array_add(notes, g_strdup_printf("agent '%s': %s", name,
-                                                   define_error->message));
+            g_ptr_array_add(notes, g_strdup_printf("agent '%s': %s", name, define_error->message));
             continue;
         }
-        g_ptr_array_add(notes, g_strdup_printf("redefined the domain of agent '%s' (stopped)",
-                                               name));
+        g_ptr_array_add(notes,
+                        g_strdup_printf("redefined the domain of agent '%s' (stopped)", name));
     }
     return TRUE;
 }

@@ -22,7 +22,7 @@ typedef struct {
     HostdState *state;
     HostdLibvirt *lv;
     HostdSshPool *ssh;
-    GMutex lock;        /* guards name_locks and port allocation */
+    GMutex lock;            /* guards name_locks and port allocation */
     GHashTable *name_locks; /* agent name -> GMutex*, for the life of hostd */
 } HostdContext;
 
@@ -71,8 +71,8 @@ GVariant *hostd_agent_list(HostdContext *ctx, GError **error);
 
 /* The OpenSSH client stanza for @name, or for every agent when @name is NULL. For one agent,
  * *ret_path is a file holding the stanza and *ret_host the Host alias to use with it. */
-char *hostd_agent_ssh_config(HostdContext *ctx, const char *name, char **ret_path,
-                             char **ret_host, GError **error);
+char *hostd_agent_ssh_config(HostdContext *ctx, const char *name, char **ret_path, char **ret_host,
+                             GError **error);
 
 /* Runs a command in a running agent, relaying its I/O with the client on @client_fd (see
  * hostd_ssh_exec()). Fails with VM_ERROR_NOT_FOUND, VM_ERROR_BAD_STATE (not running), or what

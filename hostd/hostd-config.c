@@ -6,8 +6,8 @@
 #include "vm-util.h"
 
 static const char *const hostd_config_keys[] = {
-    "state-dir",     "socket",       "connect",      "images-dir",   "templates-dir",
-    "socket-group",  "ssh-port-min", "ssh-port-max", "boot-timeout", NULL,
+    "state-dir",    "socket",       "connect",      "images-dir",   "templates-dir",
+    "socket-group", "ssh-port-min", "ssh-port-max", "boot-timeout", NULL,
 };
 
 char *
@@ -23,8 +23,7 @@ hostd_config_default_templates_dir(void)
 }
 
 static gboolean
-hostd_config_get_port(GKeyFile *kf, const char *path, const char *key, guint *value,
-                      GError **error)
+hostd_config_get_port(GKeyFile *kf, const char *path, const char *key, guint *value, GError **error)
 {
     g_autoptr(GError) local_error = NULL;
 
@@ -62,9 +61,12 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         const char *key;
         char **field;
     } strings[] = {
-        {"state-dir", &config->state_dir},         {"socket", &config->socket_path},
-        {"connect", &config->uri},                 {"images-dir", &config->images_dir},
-        {"templates-dir", &config->templates_dir}, {"socket-group", &config->socket_group},
+        {"state-dir", &config->state_dir},
+        {"socket", &config->socket_path},
+        {"connect", &config->uri},
+        {"images-dir", &config->images_dir},
+        {"templates-dir", &config->templates_dir},
+        {"socket-group", &config->socket_group},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(strings); i++) {
         if (!g_key_file_has_key(kf, "hostd", strings[i].key, NULL))
@@ -102,8 +104,8 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
 }
 
 HostdConfig *
-hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
-                  const char *uri, GError **error)
+hostd_config_load(const char *path, const char *state_dir, const char *socket_path, const char *uri,
+                  GError **error)
 {
     g_autoptr(HostdConfig) config = g_new0(HostdConfig, 1);
 

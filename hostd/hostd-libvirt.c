@@ -201,8 +201,7 @@ hostd_libvirt_remove(HostdLibvirt *lv, const char *name, GError **error)
             return hostd_libvirt_throw(error, "cannot stop domain");
         virResetLastError();
     }
-    unsigned int flags = VIR_DOMAIN_UNDEFINE_MANAGED_SAVE |
-                         VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
+    unsigned int flags = VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
                          VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA | VIR_DOMAIN_UNDEFINE_NVRAM;
     if (virDomainUndefineFlags(dom, flags) < 0) {
         const virError *err = virGetLastError();

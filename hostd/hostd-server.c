@@ -14,7 +14,7 @@
 #include "vm-protocol.h"
 #include "vm-util.h"
 
-#define HOSTD_MAX_CLIENTS 64
+#define HOSTD_MAX_CLIENTS       64
 #define HOSTD_REQUEST_TIMEOUT_S 30
 
 struct HostdServer {
@@ -88,8 +88,7 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
     }
     case VM_OP_TEMPLATE_BUILD: {
         g_autofree char *image = hostd_template_build(
-            ctx, name, vm_message_get_bool(req, "force", FALSE), hostd_send_progress, pdata,
-            error);
+            ctx, name, vm_message_get_bool(req, "force", FALSE), hostd_send_progress, pdata, error);
         if (image == NULL)
             return NULL;
         g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
@@ -207,8 +206,8 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
     if (result == NULL) {
         const char *name = vm_message_get_string(req, "name", NULL);
         if (!g_error_matches(error, VM_ERROR, VM_ERROR_CANCELLED))
-            g_message("%s%s%s failed: %s", vm_op_name(req->op), name ? " " : "",
-                      name ? name : "", error->message);
+            g_message("%s%s%s failed: %s", vm_op_name(req->op), name ? " " : "", name ? name : "",
+                      error->message);
         g_autoptr(VmMessage) m = vm_message_new_error(error);
         hostd_send(fd, m);
         return;

@@ -12,8 +12,8 @@
 G_BEGIN_DECLS
 
 typedef struct {
-    const char *agent;            /* pool key */
-    const char *host;             /* "127.0.0.1" */
+    const char *agent; /* pool key */
+    const char *host;  /* "127.0.0.1" */
     guint port;
     const char *user;
     const char *identity_path;    /* private key, OpenSSH format */
@@ -40,12 +40,12 @@ gboolean hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, 
 
 /* The command to run and how. */
 typedef struct {
-    char **argv;       /* quoted for the remote shell by the callee */
-    char **env;        /* "K=V", or NULL */
-    const char *cwd;   /* or NULL */
+    char **argv;     /* quoted for the remote shell by the callee */
+    char **env;      /* "K=V", or NULL */
+    const char *cwd; /* or NULL */
     gboolean tty;
-    const char *term;  /* with tty; NULL = "xterm-256color" */
-    guint cols, rows;  /* with tty; 0 = 80x24 */
+    const char *term; /* with tty; NULL = "xterm-256color" */
+    guint cols, rows; /* with tty; 0 = 80x24 */
 } HostdExecRequest;
 
 /* Runs @request on @target and relays the conversation with the vmctl client on @client_fd:

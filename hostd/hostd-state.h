@@ -7,20 +7,20 @@
 G_BEGIN_DECLS
 
 /* Files inside an agent's directory. */
-#define HOSTD_AGENT_RECORD "agent.ini"
-#define HOSTD_AGENT_DISK "disk.qcow2"
-#define HOSTD_AGENT_SEED "seed.iso"
-#define HOSTD_AGENT_KEY "id_ed25519"
-#define HOSTD_AGENT_KEY_PUB "id_ed25519.pub"
+#define HOSTD_AGENT_RECORD       "agent.ini"
+#define HOSTD_AGENT_DISK         "disk.qcow2"
+#define HOSTD_AGENT_SEED         "seed.iso"
+#define HOSTD_AGENT_KEY          "id_ed25519"
+#define HOSTD_AGENT_KEY_PUB      "id_ed25519.pub"
 #define HOSTD_AGENT_HOST_KEY_PUB "ssh_host_ed25519_key.pub"
-#define HOSTD_AGENT_KNOWN_HOSTS "known_hosts"
-#define HOSTD_AGENT_SSH_CONFIG "ssh_config"
-#define HOSTD_AGENT_CONSOLE "console.log"
+#define HOSTD_AGENT_KNOWN_HOSTS  "known_hosts"
+#define HOSTD_AGENT_SSH_CONFIG   "ssh_config"
+#define HOSTD_AGENT_CONSOLE      "console.log"
 
 /* An agent's lifecycle as recorded on disk; "creating" records found at start-up belong to a
  * `new` that never finished and are rolled back. */
 #define HOSTD_PHASE_CREATING "creating"
-#define HOSTD_PHASE_READY "ready"
+#define HOSTD_PHASE_READY    "ready"
 
 typedef struct {
     char *dir; /* not stored: where the record lives */
@@ -35,8 +35,8 @@ typedef struct {
     char *mac;
     char *user;
     char *instance_id;
-    char *forked_from; /* NULL unless forked */
-    gint64 created;    /* unix seconds */
+    char *forked_from;  /* NULL unless forked */
+    gint64 created;     /* unix seconds */
     gint64 state_since; /* unix seconds of the last state change hostd made */
 } HostdAgentRecord;
 

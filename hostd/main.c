@@ -16,9 +16,9 @@ hostd_log_handler(const char *domain, GLogLevelFlags level, const char *message,
 {
     g_autoptr(GDateTime) now = g_date_time_new_now_local();
     g_autofree char *stamp = g_date_time_format(now, "%H:%M:%S");
-    const char *kind = (level & G_LOG_LEVEL_WARNING) ? "warning: "
+    const char *kind = (level & G_LOG_LEVEL_WARNING)                          ? "warning: "
                        : (level & (G_LOG_LEVEL_CRITICAL | G_LOG_LEVEL_ERROR)) ? "error: "
-                                                                               : "";
+                                                                              : "";
     fprintf(stderr, "%s hostd: %s%s\n", stamp, kind, message);
 }
 
@@ -58,8 +58,8 @@ main(int argc, char **argv)
         return 0;
     }
 
-    g_autoptr(HostdConfig) config = hostd_config_load(config_path, state_dir, socket_path, uri,
-                                                      &error);
+    g_autoptr(HostdConfig) config =
+        hostd_config_load(config_path, state_dir, socket_path, uri, &error);
     if (config == NULL) {
         fprintf(stderr, "hostd: %s\n", error->message);
         return vm_error_exit_status(vm_error_code(error));
@@ -81,8 +81,8 @@ main(int argc, char **argv)
     else
         g_message("accelerator: TCG software emulation (no usable /dev/kvm); guests run slower");
 
-    g_autoptr(HostdContext) ctx = hostd_context_new(g_steal_pointer(&config),
-                                                    g_steal_pointer(&state), g_steal_pointer(&lv));
+    g_autoptr(HostdContext) ctx =
+        hostd_context_new(g_steal_pointer(&config), g_steal_pointer(&state), g_steal_pointer(&lv));
     g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
     if (!hostd_reconcile(ctx, notes, &error)) {
         fprintf(stderr, "hostd: %s\n", error->message);
@@ -91,8 +91,8 @@ main(int argc, char **argv)
     for (guint i = 0; i < notes->len; i++)
         g_message("%s", (const char *)notes->pdata[i]);
 
-    HostdServer *server = hostd_server_start(ctx, ctx->config->socket_path,
-                                             ctx->config->socket_group, &error);
+    HostdServer *server =
+        hostd_server_start(ctx, ctx->config->socket_path, ctx->config->socket_group, &error);
     if (server == NULL) {
         fprintf(stderr, "hostd: %s\n", error->message);
         return vm_error_exit_status(vm_error_code(error));

@@ -9,9 +9,9 @@ G_BEGIN_DECLS
 
 typedef struct {
     const char *name;
-    const char *uuid;        /* canonical 36-char form */
-    const char *virt_type;   /* "kvm" or "qemu" */
-    const char *emulator;    /* NULL: libvirt's default */
+    const char *uuid;      /* canonical 36-char form */
+    const char *virt_type; /* "kvm" or "qemu" */
+    const char *emulator;  /* NULL: libvirt's default */
     guint cpus;
     guint memory_mib;
     const char *disk_path;   /* qcow2 overlay, discard=unmap */
@@ -19,9 +19,9 @@ typedef struct {
     const char *kernel_path; /* direct kernel boot, or NULL to boot from the disk */
     const char *initrd_path;
     const char *cmdline;
-    const char *mac;         /* 52:54:00:xx:xx:xx */
-    guint ssh_port;          /* host side, bound to 127.0.0.1 */
-    const char *console_log; /* serial console goes to this file */
+    const char *mac;          /* 52:54:00:xx:xx:xx */
+    guint ssh_port;           /* host side, bound to 127.0.0.1 */
+    const char *console_log;  /* serial console goes to this file */
     const char *agent_socket; /* qemu-guest-agent channel socket path */
     const char *metadata_xml; /* inner XML for <metadata>, or NULL */
 } VmDomainSpec;

@@ -15,11 +15,11 @@
 G_BEGIN_DECLS
 
 typedef struct {
-    char *dir;          /* <images_dir>/<template> */
-    char *disk_path;    /* base.qcow2 */
-    char *kernel_path;  /* NULL when the image boots from its disk */
-    char *initrd_path;  /* NULL when the image boots from its disk */
-    char *cmdline;      /* kernel command line for direct boot, or NULL */
+    char *dir;         /* <images_dir>/<template> */
+    char *disk_path;   /* base.qcow2 */
+    char *kernel_path; /* NULL when the image boots from its disk */
+    char *initrd_path; /* NULL when the image boots from its disk */
+    char *cmdline;     /* kernel command line for direct boot, or NULL */
     guint64 virtual_size;
 } VmImage;
 
@@ -35,7 +35,7 @@ VmImage *vm_image_lookup(const char *images_dir, const VmTemplate *template_, GE
  * progress through @progress. Cancellable. Fails with VM_ERROR_IMAGE (with the failing step's
  * last output lines), VM_ERROR_CANCELLED, VM_ERROR_IO. Nothing half-made is left visible. */
 VmImage *vm_image_ensure(const char *images_dir, const VmTemplate *template_, gboolean force,
-                         VmProgressFunc progress, gpointer progress_data,
-                         GCancellable *cancellable, GError **error);
+                         VmProgressFunc progress, gpointer progress_data, GCancellable *cancellable,
+                         GError **error);
 
 G_END_DECLS

@@ -48,8 +48,8 @@ typedef struct {
     guint memory_mib;
     guint disk_gib;
     char *user;
-    char **packages;  /* NULL-terminated, never NULL */
-    char *user_data;  /* extra cloud-config text, or NULL */
+    char **packages; /* NULL-terminated, never NULL */
+    char *user_data; /* extra cloud-config text, or NULL */
 
     gboolean checkpoints_never;
     guint64 checkpoint_every_s; /* 0 = no periodic checkpoints */
