@@ -1,0 +1,760 @@
+/* SSH from hostd to agents (libssh): readiness, pooled sessions, exec relay. */
+#include "hostd-ssh-private.h"
+
+#include <poll.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include <libssh/libssh.h>
+#include <libssh/callbacks.h>
+
+#include "vm-error.h"
+#include "vm-protocol.h"
+
+#include "hostd-cleanup.h"
+
+#define POOL_IDLE_MAX           2  /* idle sessions kept per agent */
+#define READY_ATTEMPT_TIMEOUT_S 5  /* one readiness attempt: TCP connect, banner, kex, auth */
+#define EXEC_CONNECT_TIMEOUT_S  15 /* a fresh connection for an exec, guest already up */
+#define SESSION_TIMEOUT_S       30 /* blocking calls on an established session */
+#define READY_RETRY_USEC        G_USEC_PER_SEC
+#define RELAY_POLL_MS           50
+#define RELAY_BURST_CHUNKS      16 /* output chunks per stream before looking at the client */
+#define STDIN_PENDING_MAX       (4 * VM_STREAM_CHUNK_MAX)
+
+/* The one translator from libssh errors: "@fmt: <libssh's last error>" in VM_ERROR_SSH. */
+static gboolean G_GNUC_PRINTF(3, 4)
+    ssh_throw(GError **error, ssh_session session, const char *fmt, ...)
+{
+    g_autofree char *what = NULL;
+    const char *reason = session != NULL ? ssh_get_error(session) : NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    what = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    if (reason == NULL || *reason == '\0')
+        reason = "unknown libssh error";
+    return vm_throw(error, VM_ERROR_SSH, "%s: %s", what, reason);
+}
+
+/* ---- Pool ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    GQueue idle;        /* ssh_session, most recently used first */
+    guint64 generation; /* sessions taken under another generation are not taken back */
+} PoolEntry;
+
+struct HostdSshPool {
+    GMutex lock;
+    GHashTable *entries; /* agent -> PoolEntry */
+    guint64 last_generation;
+    gint connections_opened;
+};
+
+static void
+pool_entry_free(gpointer data)
+{
+    PoolEntry *entry = data;
+    ssh_session session;
+
+    while ((session = g_queue_pop_head(&entry->idle)) != NULL)
+        hostd_ssh_session_close(session);
+    g_free(entry);
+}
+
+HostdSshPool *
+hostd_ssh_pool_new(void)
+{
+    static gsize initialized;
+    HostdSshPool *pool;
+
+    if (g_once_init_enter(&initialized)) {
+        ssh_init();
+        g_once_init_leave(&initialized, 1);
+    }
+
+    pool = g_new0(HostdSshPool, 1);
+    g_mutex_init(&pool->lock);
+    pool->entries = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, pool_entry_free);
+    return pool;
+}
+
+void
+hostd_ssh_pool_free(HostdSshPool *pool)
+{
+    if (pool == NULL)
+        return;
+    g_hash_table_unref(pool->entries);
+    g_mutex_clear(&pool->lock);
+    g_free(pool);
+}
+
+/* Call with the lock held. */
+static PoolEntry *
+pool_ensure_entry(HostdSshPool *pool, const char *agent)
+{
+    PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+
+    if (entry == NULL) {
+        entry = g_new0(PoolEntry, 1);
+        g_queue_init(&entry->idle);
+        entry->generation = ++pool->last_generation;
+        g_hash_table_insert(pool->entries, g_strdup(agent), entry);
+    }
+    return entry;
+}
+
+static guint64
+pool_get_generation(HostdSshPool *pool, const char *agent)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+
+    return pool_ensure_entry(pool, agent)->generation;
+}
+
+/* Takes an idle session of @agent that still looks connected, or returns NULL. */
+static ssh_session
+pool_take(HostdSshPool *pool, const char *agent, guint64 *ret_generation)
+{
+    for (;;) {
+        ssh_session session;
+
+        g_mutex_lock(&pool->lock);
+        PoolEntry *entry = pool_ensure_entry(pool, agent);
+        *ret_generation = entry->generation;
+        session = g_queue_pop_head(&entry->idle);
+        g_mutex_unlock(&pool->lock);
+
+        if (session == NULL || ssh_is_connected(session))
+            return session;
+        hostd_ssh_session_close(session);
+    }
+}
+
+/* Gives @session back to the pool, or closes it when it is dead, surplus, or belongs to sessions
+ * forgotten since it was taken (e.g. the agent's port changed meanwhile). */
+static void
+pool_put(HostdSshPool *pool, const char *agent, guint64 generation, ssh_session session)
+{
+    ssh_session surplus = session;
+
+    if (ssh_is_connected(session)) {
+        g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+        PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+
+        if (entry != NULL && entry->generation == generation &&
+            g_queue_get_length(&entry->idle) < POOL_IDLE_MAX) {
+            g_queue_push_head(&entry->idle, session);
+            surplus = NULL;
+        }
+    }
+    /* Outside the lock: a disconnect writes to the network. */
+    hostd_ssh_session_close(surplus);
+}
+
+void
+hostd_ssh_pool_forget(HostdSshPool *pool, const char *agent)
+{
+    gpointer key = NULL;
+    gpointer entry = NULL;
+    gboolean found;
+
+    g_return_if_fail(pool != NULL && agent != NULL);
+
+    g_mutex_lock(&pool->lock);
+    found = g_hash_table_steal_extended(pool->entries, agent, &key, &entry);
+    g_mutex_unlock(&pool->lock);
+    if (found) {
+        g_free(key);
+        pool_entry_free(entry);
+    }
+}
+
+guint
+hostd_ssh_pool_get_connections_opened(HostdSshPool *pool)
+{
+    return (guint)g_atomic_int_get(&pool->connections_opened);
+}
+
+guint
+hostd_ssh_pool_get_idle_count(HostdSshPool *pool, const char *agent)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+    PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+
+    return entry != NULL ? g_queue_get_length(&entry->idle) : 0;
+}
+
+/* ---- Connecting ---------------------------------------------------------------------------- */
+
+typedef enum {
+    CONNECT_OK,
+    CONNECT_RETRY, /* the guest may not be up yet */
+    CONNECT_FATAL, /* retrying cannot help */
+} ConnectResult;
+
+static ConnectResult
+session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s,
+                ssh_session *ret_session, GError **error)
+{
+    g_autoptr(HostdSshSession) session = ssh_new();
+    g_autoptr(HostdSshKey) key = NULL;
+    unsigned int port = target->port;
+    long session_timeout = SESSION_TIMEOUT_S;
+    bool process_config = false;
+    int nodelay = 1;
+    int rc;
+
+    if (session == NULL) {
+        vm_throw(error, VM_ERROR_SSH, "cannot allocate an SSH session");
+        return CONNECT_FATAL;
+    }
+    if (ssh_options_set(session, SSH_OPTIONS_PROCESS_CONFIG, &process_config) < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_HOST, target->host) < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_PORT, &port) < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_USER, target->user) < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_KNOWNHOSTS, target->known_hosts_path) < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_GLOBAL_KNOWNHOSTS, "/dev/null") < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_HOSTKEYS, "ssh-ed25519") < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_COMPRESSION, "no") < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_NODELAY, &nodelay) < 0 ||
+        /* Bounds the whole of ssh_connect(): the forwarded port accepts TCP long before the
+         * guest's sshd sends a banner. */
+        ssh_options_set(session, SSH_OPTIONS_TIMEOUT, &timeout_s) < 0) {
+        ssh_throw(error, session, "cannot set SSH options for agent '%s'", target->agent);
+        return CONNECT_FATAL;
+    }
+
+    /* A bad key file is a local problem: find it before touching the network. */
+    if (ssh_pki_import_privkey_file(target->identity_path, NULL, NULL, NULL, &key) != SSH_OK) {
+        vm_throw(error, VM_ERROR_SSH, "cannot read the SSH key of agent '%s' from %s",
+                 target->agent, target->identity_path);
+        return CONNECT_FATAL;
+    }
+
+    if (ssh_connect(session) != SSH_OK) {
+        ssh_throw(error, session, "cannot connect to agent '%s' at %s:%u", target->agent,
+                  target->host, target->port);
+        return CONNECT_RETRY;
+    }
+    g_atomic_int_inc(&pool->connections_opened);
+
+    switch (ssh_session_is_known_server(session)) {
+    case SSH_KNOWN_HOSTS_OK:
+        break;
+    case SSH_KNOWN_HOSTS_CHANGED:
+    case SSH_KNOWN_HOSTS_OTHER:
+        vm_throw(error, VM_ERROR_SSH, "host key of %s does not match the key hostd pinned",
+                 target->agent);
+        return CONNECT_FATAL;
+    case SSH_KNOWN_HOSTS_UNKNOWN:
+    case SSH_KNOWN_HOSTS_NOT_FOUND:
+        vm_throw(error, VM_ERROR_SSH, "no host key of %s pinned in %s", target->agent,
+                 target->known_hosts_path);
+        return CONNECT_FATAL;
+    case SSH_KNOWN_HOSTS_ERROR:
+    default:
+        ssh_throw(error, session, "cannot check the host key of %s", target->agent);
+        return CONNECT_FATAL;
+    }
+
+    rc = ssh_userauth_publickey(session, NULL, key);
+    if (rc == SSH_AUTH_ERROR) {
+        ssh_throw(error, session, "authentication to agent '%s' failed", target->agent);
+        return CONNECT_RETRY;
+    }
+    if (rc != SSH_AUTH_SUCCESS) {
+        /* Early in a first boot cloud-init may not have installed the key yet. */
+        vm_throw(error, VM_ERROR_SSH, "agent '%s' refused the key %s for user '%s'", target->agent,
+                 target->identity_path, target->user);
+        return CONNECT_RETRY;
+    }
+
+    if (ssh_options_set(session, SSH_OPTIONS_TIMEOUT, &session_timeout) < 0) {
+        ssh_throw(error, session, "cannot set SSH options for agent '%s'", target->agent);
+        return CONNECT_FATAL;
+    }
+    *ret_session = g_steal_pointer(&session);
+    return CONNECT_OK;
+}
+
+static void
+sleep_cancellable(GCancellable *cancellable, gint64 usec)
+{
+    GPollFD pollfd;
+
+    if (usec <= 0)
+        return;
+    if (cancellable != NULL && g_cancellable_make_pollfd(cancellable, &pollfd)) {
+        g_poll(&pollfd, 1, (int)((usec + 999) / 1000));
+        g_cancellable_release_fd(cancellable);
+    } else {
+        g_usleep((gulong)usec);
+    }
+}
+
+gboolean
+hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint timeout_s,
+                     GCancellable *cancellable, GError **error)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_s * G_USEC_PER_SEC;
+    g_autoptr(GError) last_error = NULL;
+    guint64 generation;
+
+    g_return_val_if_fail(pool != NULL && target != NULL, FALSE);
+    g_return_val_if_fail(error == NULL || *error == NULL, FALSE);
+
+    generation = pool_get_generation(pool, target->agent);
+    for (;;) {
+        ssh_session session = NULL;
+        gint64 remaining = deadline - g_get_monotonic_time();
+        long attempt_s;
+
+        if (g_cancellable_is_cancelled(cancellable))
+            return vm_throw(error, VM_ERROR_CANCELLED, "waiting for SSH on agent '%s' cancelled",
+                            target->agent);
+        if (remaining <= 0)
+            break;
+
+        attempt_s = (long)CLAMP((remaining + G_USEC_PER_SEC - 1) / G_USEC_PER_SEC, 1,
+                                READY_ATTEMPT_TIMEOUT_S);
+        g_clear_error(&last_error);
+        switch (session_connect(pool, target, attempt_s, &session, &last_error)) {
+        case CONNECT_OK:
+            pool_put(pool, target->agent, generation, session);
+            return TRUE;
+        case CONNECT_FATAL:
+            g_propagate_error(error, g_steal_pointer(&last_error));
+            return FALSE;
+        case CONNECT_RETRY:
+        default:
+            break;
+        }
+        sleep_cancellable(cancellable, MIN(READY_RETRY_USEC, deadline - g_get_monotonic_time()));
+    }
+    return vm_throw(error, VM_ERROR_TIMEOUT, "agent '%s' did not answer on SSH within %u s%s%s",
+                    target->agent, timeout_s, last_error != NULL ? ": " : "",
+                    last_error != NULL ? last_error->message : "");
+}
+
+/* ---- Commands ------------------------------------------------------------------------------ */
+
+static gboolean
+shell_word_is_safe(const char *word, gboolean first)
+{
+    if (*word == '\0')
+        return FALSE;
+    for (const char *p = word; *p != '\0'; p++) {
+        if (!g_ascii_isalnum(*p) && strchr("_./=:,+-", *p) == NULL)
+            return FALSE;
+    }
+    /* "A=b" as the first word would be an assignment, not the command to run. */
+    return !first || strchr(word, '=') == NULL;
+}
+
+static void
+shell_quote_append(GString *out, const char *word)
+{
+    g_string_append_c(out, '\'');
+    for (const char *p = word; *p != '\0'; p++) {
+        if (*p == '\'')
+            g_string_append(out, "'\\''");
+        else
+            g_string_append_c(out, *p);
+    }
+    g_string_append_c(out, '\'');
+}
+
+char *
+hostd_shell_quote_argv(char *const *argv)
+{
+    GString *out = g_string_new(NULL);
+
+    for (guint i = 0; argv != NULL && argv[i] != NULL; i++) {
+        if (i > 0)
+            g_string_append_c(out, ' ');
+        if (shell_word_is_safe(argv[i], i == 0))
+            g_string_append(out, argv[i]);
+        else
+            shell_quote_append(out, argv[i]);
+    }
+    return g_string_free(out, FALSE);
+}
+
+static gboolean
+env_name_is_valid(const char *name, gsize len)
+{
+    if (len == 0 || g_ascii_isdigit(name[0]))
+        return FALSE;
+    for (gsize i = 0; i < len; i++) {
+        if (!g_ascii_isalnum(name[i]) && name[i] != '_')
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* The remote command line. The environment goes into it because sshd's AcceptEnv refuses
+ * almost every variable sent as an "env" request. */
+static char *
+exec_build_command(const HostdExecRequest *request, GError **error)
+{
+    g_autoptr(GString) command = g_string_new(NULL);
+    g_autofree char *quoted = NULL;
+
+    if (request->argv == NULL || request->argv[0] == NULL) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "no command to run");
+        return NULL;
+    }
+    for (guint i = 0; request->env != NULL && request->env[i] != NULL; i++) {
+        const char *entry = request->env[i];
+        const char *eq = strchr(entry, '=');
+
+        if (eq == NULL || !env_name_is_valid(entry, (gsize)(eq - entry))) {
+            vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                     "environment entry %u is not NAME=VALUE with a NAME of letters, digits "
+                     "and '_'",
+                     i + 1);
+            return NULL;
+        }
+        g_string_append(command, "export ");
+        g_string_append_len(command, entry, eq - entry + 1);
+        shell_quote_append(command, eq + 1);
+        g_string_append(command, "; ");
+    }
+    if (request->cwd != NULL) {
+        g_string_append(command, "cd ");
+        shell_quote_append(command, request->cwd);
+        g_string_append(command, " && ");
+    }
+    quoted = hostd_shell_quote_argv(request->argv);
+    g_string_append(command, quoted);
+    return g_string_free(g_steal_pointer(&command), FALSE);
+}
+
+int
+hostd_ssh_signal_exit_status(const char *name)
+{
+    /* The names RFC 4254 defines, with their Linux numbers (the guests are Linux). */
+    static const struct {
+        const char *name;
+        int number;
+    } signals[] = {
+        {"HUP", 1},   {"INT", 2},   {"QUIT", 3},  {"ILL", 4},   {"ABRT", 6},
+        {"FPE", 8},   {"KILL", 9},  {"USR1", 10}, {"SEGV", 11}, {"USR2", 12},
+        {"PIPE", 13}, {"ALRM", 14}, {"TERM", 15},
+    };
+
+    for (gsize i = 0; name != NULL && i < G_N_ELEMENTS(signals); i++) {
+        if (strcmp(name, signals[i].name) == 0)
+            return 128 + signals[i].number;
+    }
+    return 255;
+}
+
+/* ---- Exec relay ---------------------------------------------------------------------------- */
+
+typedef struct {
+    struct ssh_channel_callbacks_struct callbacks;
+    char *exit_signal;
+} ExecState;
+
+static void
+on_exit_signal(ssh_session session, ssh_channel channel, const char *signal, int core,
+               const char *errmsg, const char *lang, void *userdata)
+{
+    ExecState *state = userdata;
+
+    g_free(state->exit_signal);
+    state->exit_signal = g_strdup(signal);
+}
+
+static gboolean
+client_send(int client_fd, const VmMessage *message, GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+
+    if (!vm_message_write_fd(client_fd, message, &local_error))
+        return vm_throw(error, VM_ERROR_CANCELLED, "the client went away: %s",
+                        local_error->message);
+    return TRUE;
+}
+
+/* Forwards what libssh has for one stream, a bounded amount per call so that a chatty command
+ * cannot starve the client's stdin. *ret_more says whether output was left behind. */
+static gboolean
+relay_output(ssh_session session, ssh_channel channel, int is_stderr, guint8 *buf, int client_fd,
+             gboolean *ret_more, GError **error)
+{
+    for (guint i = 0; i < RELAY_BURST_CHUNKS; i++) {
+        g_autoptr(VmMessage) message = NULL;
+        int n = ssh_channel_read_nonblocking(channel, buf, VM_STREAM_CHUNK_MAX, is_stderr);
+
+        if (n == SSH_ERROR)
+            return ssh_throw(error, session, "reading the command's output failed");
+        if (n <= 0) { /* nothing buffered, or SSH_EOF */
+            *ret_more = FALSE;
+            return TRUE;
+        }
+        message = vm_message_new_data(is_stderr ? VM_OP_STDERR : VM_OP_STDOUT, buf, (gsize)n);
+        if (!client_send(client_fd, message, error))
+            return FALSE;
+    }
+    *ret_more = TRUE;
+    return TRUE;
+}
+
+typedef struct {
+    GByteArray *pending; /* stdin not yet accepted by the channel's window */
+    gboolean stdin_eof;  /* the client sent STDIN_EOF */
+    gboolean eof_sent;
+} StdinState;
+
+static gboolean
+relay_client_message(ssh_session session, ssh_channel channel, const HostdExecRequest *request,
+                     const VmMessage *message, StdinState *in, GError **error)
+{
+    switch (message->op) {
+    case VM_OP_STDIN: {
+        gsize len = 0;
+        const guint8 *data = vm_message_get_data(message, "data", &len);
+
+        if (!in->stdin_eof && data != NULL)
+            g_byte_array_append(in->pending, data, (guint)len);
+        return TRUE;
+    }
+    case VM_OP_STDIN_EOF:
+        in->stdin_eof = TRUE;
+        return TRUE;
+    case VM_OP_WINDOW_SIZE:
+        if (request->tty &&
+            ssh_channel_change_pty_size(channel, (int)vm_message_get_uint(message, "cols", 80),
+                                        (int)vm_message_get_uint(message, "rows", 24)) == SSH_ERROR)
+            return ssh_throw(error, session, "resizing the terminal failed");
+        return TRUE;
+    default:
+        return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected '%s' message during exec",
+                        vm_op_name(message->op) != NULL ? vm_op_name(message->op) : "unknown");
+    }
+}
+
+/* Moves as much pending stdin as the remote window takes; never waits for the window, since
+ * waiting while the command blocks on a full stdout would deadlock. */
+static gboolean
+relay_stdin(ssh_session session, ssh_channel channel, StdinState *in, GError **error)
+{
+    if (ssh_channel_is_closed(channel)) {
+        /* Nobody is left to read it. */
+        g_byte_array_set_size(in->pending, 0);
+        return TRUE;
+    }
+    if (in->pending->len > 0) {
+        guint32 len = MIN(in->pending->len, ssh_channel_window_size(channel));
+        int n;
+
+        if (len == 0)
+            return TRUE;
+        n = ssh_channel_write(channel, in->pending->data, len);
+        if (n == SSH_ERROR)
+            return ssh_throw(error, session, "writing the command's input failed");
+        g_byte_array_remove_range(in->pending, 0, (guint)n);
+    }
+    if (in->pending->len == 0 && in->stdin_eof && !in->eof_sent) {
+        if (ssh_channel_send_eof(channel) == SSH_ERROR)
+            return ssh_throw(error, session, "closing the command's input failed");
+        in->eof_sent = TRUE;
+    }
+    return TRUE;
+}
+
+/* Relays until the channel is closed and drained; then *ret_status holds the exit status.
+ * @event holds @session: reading the channel stops feeding libssh from the socket once the
+ * remote EOF is in, yet the exit status and the close come after it. */
+static gboolean
+exec_relay(ssh_session session, ssh_event event, ssh_channel channel,
+           const HostdExecRequest *request, ExecState *state, int client_fd, int *ret_status,
+           GError **error)
+{
+    g_autoptr(GByteArray) pending = g_byte_array_new();
+    g_autofree guint8 *buf = g_malloc(VM_STREAM_CHUNK_MAX);
+    StdinState in = {.pending = pending};
+    int status;
+
+    for (;;) {
+        struct pollfd fds[2];
+        gboolean more_stdout;
+        gboolean more_stderr;
+        int rc;
+
+        if (!relay_output(session, channel, 0, buf, client_fd, &more_stdout, error) ||
+            !relay_output(session, channel, 1, buf, client_fd, &more_stderr, error) ||
+            !relay_stdin(session, channel, &in, error))
+            return FALSE;
+
+        if (ssh_channel_is_closed(channel)) {
+            if (!ssh_is_connected(session))
+                return ssh_throw(error, session, "the connection to the agent was lost");
+            if (ssh_channel_is_eof(channel))
+                break;
+            continue; /* output still buffered */
+        }
+
+        fds[0].fd = client_fd;
+        fds[0].events = in.pending->len < STDIN_PENDING_MAX ? POLLIN : 0;
+        fds[0].revents = 0;
+        fds[1].fd = ssh_get_fd(session);
+        fds[1].events = POLLIN;
+        fds[1].revents = 0;
+        /* The timeout only catches data libssh has buffered internally; readiness of either
+         * fd wakes the loop at once. */
+        rc = poll(fds, G_N_ELEMENTS(fds), more_stdout || more_stderr ? 0 : RELAY_POLL_MS);
+        if (rc < 0) {
+            if (errno == EINTR)
+                continue;
+            return vm_throw_errno(error, errno, "poll() in the exec relay failed");
+        }
+
+        if ((fds[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+            ssh_event_dopoll(event, 0) == SSH_ERROR && !ssh_is_connected(session))
+            return ssh_throw(error, session, "the connection to the agent was lost");
+
+        if (fds[0].revents & POLLIN) {
+            g_autoptr(VmMessage) message = NULL;
+            g_autoptr(GError) local_error = NULL;
+            gboolean eof = FALSE;
+
+            message = vm_message_read_fd(client_fd, &eof, &local_error);
+            if (message == NULL) {
+                if (eof)
+                    return vm_throw(error, VM_ERROR_CANCELLED, "the client went away");
+                return vm_throw(error, VM_ERROR_CANCELLED, "the client went away: %s",
+                                local_error->message);
+            }
+            if (!relay_client_message(session, channel, request, message, &in, error))
+                return FALSE;
+        } else if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+            return vm_throw(error, VM_ERROR_CANCELLED, "the client went away");
+        }
+    }
+
+    if (state->exit_signal != NULL) {
+        status = hostd_ssh_signal_exit_status(state->exit_signal);
+    } else {
+        status = ssh_channel_get_exit_status(channel);
+        if (status < 0)
+            status = 255;
+    }
+    *ret_status = status;
+    return TRUE;
+}
+
+static void
+channel_finish(ssh_channel channel, ExecState *state)
+{
+    /* The channel may outlive this frame inside libssh until the remote close arrives. */
+    ssh_remove_channel_callbacks(channel, &state->callbacks);
+    ssh_channel_close(channel);
+    ssh_channel_free(channel);
+}
+
+static gboolean
+channel_open(ssh_session session, const char *agent, ssh_channel *ret_channel, GError **error)
+{
+    ssh_channel channel = ssh_channel_new(session);
+
+    if (channel == NULL)
+        return ssh_throw(error, session, "cannot open a channel to agent '%s'", agent);
+    if (ssh_channel_open_session(channel) != SSH_OK) {
+        ssh_throw(error, session, "cannot open a channel to agent '%s'", agent);
+        ssh_channel_free(channel);
+        return FALSE;
+    }
+    *ret_channel = channel;
+    return TRUE;
+}
+
+gboolean
+hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExecRequest *request,
+               int client_fd, GError **error)
+{
+    g_autofree char *command = NULL;
+    g_autoptr(HostdSshSession) session = NULL;
+    g_autoptr(GError) local_error = NULL;
+    g_autoptr(VmMessage) exit_message = NULL;
+    ExecState state = {{0}};
+    ssh_channel channel = NULL;
+    GVariantDict fields;
+    guint64 generation;
+    int status = 0;
+    gboolean ok;
+
+    g_return_val_if_fail(pool != NULL && target != NULL && request != NULL, FALSE);
+    g_return_val_if_fail(error == NULL || *error == NULL, FALSE);
+
+    command = exec_build_command(request, error);
+    if (command == NULL)
+        return FALSE;
+
+    session = pool_take(pool, target->agent, &generation);
+    if (session != NULL && !channel_open(session, target->agent, &channel, NULL)) {
+        /* The guest may have rebooted under a pooled session: one fresh try. */
+        g_clear_pointer(&session, hostd_ssh_session_close);
+    }
+    if (session == NULL) {
+        ssh_session fresh = NULL;
+
+        if (session_connect(pool, target, EXEC_CONNECT_TIMEOUT_S, &fresh, error) != CONNECT_OK)
+            return FALSE;
+        session = fresh;
+        if (!channel_open(session, target->agent, &channel, error))
+            return FALSE;
+    }
+
+    state.callbacks.userdata = &state;
+    state.callbacks.channel_exit_signal_function = on_exit_signal;
+    ssh_callbacks_init(&state.callbacks);
+    ssh_set_channel_callbacks(channel, &state.callbacks);
+
+    ok = TRUE;
+    if (request->tty && ssh_channel_request_pty_size(
+                            channel, request->term != NULL ? request->term : "xterm-256color",
+                            request->cols != 0 ? (int)request->cols : 80,
+                            request->rows != 0 ? (int)request->rows : 24) != SSH_OK)
+        ok = ssh_throw(&local_error, session, "cannot allocate a terminal on agent '%s'",
+                       target->agent);
+    if (ok && ssh_channel_request_exec(channel, command) != SSH_OK)
+        ok =
+            ssh_throw(&local_error, session, "cannot run the command on agent '%s'", target->agent);
+    if (ok) {
+        ssh_event event = ssh_event_new();
+
+        if (event == NULL || ssh_event_add_session(event, session) != SSH_OK) {
+            ok = ssh_throw(&local_error, session, "cannot watch the connection to agent '%s'",
+                           target->agent);
+        } else {
+            ok = exec_relay(session, event, channel, request, &state, client_fd, &status,
+                            &local_error);
+            ssh_event_remove_session(event, session);
+        }
+        if (event != NULL)
+            ssh_event_free(event);
+    }
+
+    channel_finish(channel, &state);
+    g_free(state.exit_signal);
+    /* Back into the pool before the EXIT frame, so the client's next exec finds it. A
+     * session that failed at the SSH level is not trusted again. */
+    if (ok || !g_error_matches(local_error, VM_ERROR, VM_ERROR_SSH))
+        pool_put(pool, target->agent, generation, g_steal_pointer(&session));
+    if (!ok) {
+        g_propagate_error(error, g_steal_pointer(&local_error));
+        return FALSE;
+    }
+
+    g_variant_dict_init(&fields, NULL);
+    g_variant_dict_insert(&fields, "status", "i", (gint32)status);
+    exit_message = vm_message_new(VM_OP_EXIT, g_variant_dict_end(&fields), error);
+    if (exit_message == NULL)
+        return FALSE;
+    return client_send(client_fd, exit_message, error);
+}

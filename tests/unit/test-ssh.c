@@ -1,0 +1,1121 @@
+/* hostd-ssh against a real OpenSSH server started per test on 127.0.0.1. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <glib/gstdio.h>
+
+#include "hostd-ssh-private.h"
+#include "vm-error.h"
+#include "vm-protocol.h"
+
+#define SSHD_PATH "/usr/sbin/sshd"
+
+/* Keys shared by all tests of the binary. */
+static struct {
+    char *dir;
+    char *host_key;       /* private, the server's */
+    char *host_pub_line;  /* "ssh-ed25519 AAAA..." */
+    char *other_pub_line; /* a key the server does not have */
+    char *user_key;       /* private, the client's */
+    char *user_pub_line;
+} keys;
+
+typedef enum {
+    SERVER_DEFAULT,
+    SERVER_REFUSES_KEY, /* our key is not in authorized_keys */
+    SERVER_DROPS_IDLE,  /* closes connections without channels after 1 s */
+} ServerKind;
+
+typedef struct {
+    char *dir;
+    GPid sshd_pid;
+    guint port;
+    char *log_path;
+    char *known_hosts_path;
+    HostdSshPool *pool;
+    HostdSshTarget target;
+} Fixture;
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static void
+assert_error(const GError *error, VmErrorCode code)
+{
+    if (error == NULL)
+        fail_msg("expected error code %d, got success", code);
+    if (!g_error_matches(error, VM_ERROR, code))
+        fail_msg("expected error code %d, got %s/%d: %s", code, g_quark_to_string(error->domain),
+                 error->code, error->message);
+}
+
+static void
+assert_no_error(const GError *error)
+{
+    if (error != NULL)
+        fail_msg("unexpected error: %s", error->message);
+}
+
+static char *
+read_pub_line(const char *path)
+{
+    g_autofree char *contents = NULL;
+    g_auto(GStrv) fields = NULL;
+
+    assert_true(g_file_get_contents(path, &contents, NULL, NULL));
+    fields = g_strsplit(g_strstrip(contents), " ", 3);
+    assert_non_null(fields[0]);
+    assert_non_null(fields[1]);
+    return g_strdup_printf("%s %s", fields[0], fields[1]);
+}
+
+static char *
+keygen(const char *dir, const char *name)
+{
+    g_autofree char *path = g_build_filename(dir, name, NULL);
+    g_autofree char *pub = g_strdup_printf("%s.pub", path);
+    const char *argv[] = {"ssh-keygen", "-q",   "-t", "ed25519", "-N", "",
+                          "-C",         "test", "-f", path,      NULL};
+    g_autoptr(GError) error = NULL;
+    int status = -1;
+
+    assert_true(g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, NULL, NULL,
+                             &status, &error));
+    assert_no_error(error);
+    assert_int_equal(status, 0);
+    return g_steal_pointer(&path);
+}
+
+static guint
+free_port(void)
+{
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
+    close(fd);
+    return ntohs(addr.sin_port);
+}
+
+static gboolean
+port_accepts(guint port)
+{
+    struct sockaddr_in addr = {.sin_family = AF_INET,
+                               .sin_port = htons((uint16_t)port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    gboolean ok;
+
+    assert_true(fd >= 0);
+    ok = connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0;
+    close(fd);
+    return ok;
+}
+
+static void
+write_known_hosts(Fixture *f, const char *pub_line)
+{
+    g_autofree char *line = g_strdup_printf("[127.0.0.1]:%u %s\n", f->port, pub_line);
+
+    assert_true(g_file_set_contents(f->known_hosts_path, line, -1, NULL));
+}
+
+/* sshd -D stays the spawned process: have it die with the test even when the test is killed. */
+static void
+sshd_child_setup(gpointer data)
+{
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+}
+
+static void
+sshd_start(Fixture *f, ServerKind kind)
+{
+    g_autofree char *config_path = g_build_filename(f->dir, "sshd_config", NULL);
+    g_autofree char *auth_path = g_build_filename(f->dir, "authorized_keys", NULL);
+    g_autofree char *config = NULL;
+    g_autofree char *auth = NULL;
+    g_autoptr(GError) error = NULL;
+    const char *argv[] = {SSHD_PATH, "-D", "-e", "-f", config_path, NULL};
+    int log_fd;
+    int null_fd;
+
+    auth = g_strdup_printf("%s\n",
+                           kind == SERVER_REFUSES_KEY ? keys.host_pub_line : keys.user_pub_line);
+    assert_true(g_file_set_contents(auth_path, auth, -1, NULL));
+    config = g_strdup_printf("ListenAddress 127.0.0.1\n"
+                             "Port %u\n"
+                             "HostKey %s\n"
+                             "AuthorizedKeysFile %s\n"
+                             "PidFile none\n"
+                             "UsePAM no\n"
+                             "StrictModes no\n"
+                             "PermitRootLogin prohibit-password\n"
+                             "PasswordAuthentication no\n"
+                             "KbdInteractiveAuthentication no\n"
+                             "%s",
+                             f->port, keys.host_key, auth_path,
+                             kind == SERVER_DROPS_IDLE ? "UnusedConnectionTimeout 1\n" : "");
+    assert_true(g_file_set_contents(config_path, config, -1, NULL));
+
+    /* sshd's privilege separation directory. */
+    g_mkdir_with_parents("/run/sshd", 0755);
+
+    log_fd = open(f->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    assert_true(log_fd >= 0 && null_fd >= 0);
+    assert_true(g_spawn_async_with_fds(NULL, (char **)argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD,
+                                       sshd_child_setup, NULL, &f->sshd_pid, null_fd, null_fd,
+                                       log_fd, &error));
+    assert_no_error(error);
+    close(log_fd);
+    close(null_fd);
+
+    for (guint i = 0; i < 250; i++) {
+        int status;
+
+        if (port_accepts(f->port))
+            return;
+        if (waitpid(f->sshd_pid, &status, WNOHANG) == f->sshd_pid) {
+            g_autofree char *log = NULL;
+
+            g_file_get_contents(f->log_path, &log, NULL, NULL);
+            f->sshd_pid = 0;
+            fail_msg("sshd exited at start: %s", log != NULL ? log : "");
+        }
+        g_usleep(20 * 1000);
+    }
+    fail_msg("sshd did not listen on port %u", f->port);
+}
+
+static int
+setup_kind(void **state, ServerKind kind)
+{
+    Fixture *f = g_new0(Fixture, 1);
+
+    f->dir = g_dir_make_tmp("test-ssh-XXXXXX", NULL);
+    assert_non_null(f->dir);
+    f->port = free_port();
+    f->log_path = g_build_filename(f->dir, "sshd.log", NULL);
+    f->known_hosts_path = g_build_filename(f->dir, "known_hosts", NULL);
+    write_known_hosts(f, keys.host_pub_line);
+    f->pool = hostd_ssh_pool_new();
+    f->target = (HostdSshTarget){
+        .agent = "alpha",
+        .host = "127.0.0.1",
+        .port = f->port,
+        .user = "root",
+        .identity_path = keys.user_key,
+        .known_hosts_path = f->known_hosts_path,
+    };
+    *state = f;
+    sshd_start(f, kind);
+    return 0;
+}
+
+static int
+setup(void **state)
+{
+    return setup_kind(state, SERVER_DEFAULT);
+}
+
+static int
+setup_refuses_key(void **state)
+{
+    return setup_kind(state, SERVER_REFUSES_KEY);
+}
+
+static int
+setup_drops_idle(void **state)
+{
+    return setup_kind(state, SERVER_DROPS_IDLE);
+}
+
+static void
+remove_tree(const char *dir)
+{
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    const char *name;
+
+    while (d != NULL && (name = g_dir_read_name(d)) != NULL) {
+        g_autofree char *path = g_build_filename(dir, name, NULL);
+
+        g_unlink(path);
+    }
+    g_rmdir(dir);
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+
+    /* First the pool: its sessions end the server's per-connection processes. */
+    hostd_ssh_pool_free(f->pool);
+    if (f->sshd_pid > 0) {
+        kill(f->sshd_pid, SIGTERM);
+        waitpid(f->sshd_pid, NULL, 0);
+    }
+    remove_tree(f->dir);
+    g_free(f->dir);
+    g_free(f->log_path);
+    g_free(f->known_hosts_path);
+    g_free(f);
+    return 0;
+}
+
+static int
+group_setup(void **state)
+{
+    keys.dir = g_dir_make_tmp("test-ssh-keys-XXXXXX", NULL);
+    assert_non_null(keys.dir);
+    keys.host_key = keygen(keys.dir, "host");
+    keys.user_key = keygen(keys.dir, "user");
+    g_autofree char *other = keygen(keys.dir, "other");
+    g_autofree char *host_pub = g_strdup_printf("%s.pub", keys.host_key);
+    g_autofree char *user_pub = g_strdup_printf("%s.pub", keys.user_key);
+    g_autofree char *other_pub = g_strdup_printf("%s.pub", other);
+    keys.host_pub_line = read_pub_line(host_pub);
+    keys.user_pub_line = read_pub_line(user_pub);
+    keys.other_pub_line = read_pub_line(other_pub);
+    return 0;
+}
+
+static int
+group_teardown(void **state)
+{
+    remove_tree(keys.dir);
+    g_free(keys.dir);
+    g_free(keys.host_key);
+    g_free(keys.host_pub_line);
+    g_free(keys.other_pub_line);
+    g_free(keys.user_key);
+    g_free(keys.user_pub_line);
+    return 0;
+}
+
+/* ---- running an exec the way the server does: a thread, a socketpair ----------------------- */
+
+typedef struct {
+    Fixture *f;
+    HostdExecRequest request;
+    GBytes *input;      /* sent as STDIN frames, or NULL */
+    gboolean input_eof; /* then STDIN_EOF */
+    int fds[2];         /* [0] hostd's end, [1] the client's */
+    GThread *exec_thread;
+    GThread *writer_thread;
+    gboolean ok;
+    GError *error;
+    /* What the client saw. */
+    GString *out;
+    GString *err;
+    guint out_frames;
+    guint err_frames;
+    gboolean exited;
+    int status;
+    gboolean data_after_exit;
+} ExecRun;
+
+static gpointer
+exec_thread(gpointer data)
+{
+    ExecRun *run = data;
+    run->ok =
+        hostd_ssh_exec(run->f->pool, &run->f->target, &run->request, run->fds[0], &run->error);
+    /* As the server does: the conversation ends with the connection. */
+    close(run->fds[0]);
+    run->fds[0] = -1;
+    return NULL;
+}
+
+static gpointer
+writer_thread(gpointer data)
+{
+    ExecRun *run = data;
+    gsize len = 0;
+    const guint8 *bytes = g_bytes_get_data(run->input, &len);
+
+    for (gsize off = 0; off < len; off += VM_STREAM_CHUNK_MAX) {
+        g_autoptr(VmMessage) message =
+            vm_message_new_data(VM_OP_STDIN, bytes + off, MIN(VM_STREAM_CHUNK_MAX, len - off));
+
+        if (!vm_message_write_fd(run->fds[1], message, NULL))
+            return NULL;
+    }
+    if (run->input_eof) {
+        g_autoptr(VmMessage) message = vm_message_new(VM_OP_STDIN_EOF, NULL, NULL);
+
+        vm_message_write_fd(run->fds[1], message, NULL);
+    }
+    return NULL;
+}
+
+static void
+exec_run_init(ExecRun *run, Fixture *f, char **argv)
+{
+    *run = (ExecRun){.f = f, .request = {.argv = argv}, .fds = {-1, -1}};
+    run->out = g_string_new(NULL);
+    run->err = g_string_new(NULL);
+}
+
+static void
+exec_run_start(ExecRun *run)
+{
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, run->fds), 0);
+    run->exec_thread = g_thread_new("exec", exec_thread, run);
+    if (run->input != NULL || run->input_eof) {
+        if (run->input == NULL)
+            run->input = g_bytes_new(NULL, 0);
+        run->writer_thread = g_thread_new("writer", writer_thread, run);
+    }
+}
+
+/* Reads frames until hostd's end closes, then joins the threads. */
+static void
+exec_run_finish(ExecRun *run)
+{
+    for (;;) {
+        g_autoptr(VmMessage) message = NULL;
+        g_autoptr(GError) error = NULL;
+        gboolean eof = FALSE;
+        gsize len = 0;
+        const guint8 *data;
+
+        message = vm_message_read_fd(run->fds[1], &eof, &error);
+        if (message == NULL) {
+            if (!eof)
+                assert_no_error(error);
+            break;
+        }
+        if (run->exited)
+            run->data_after_exit = TRUE;
+        switch (message->op) {
+        case VM_OP_STDOUT:
+            data = vm_message_get_data(message, "data", &len);
+            assert_true(len > 0 && len <= VM_STREAM_CHUNK_MAX);
+            g_string_append_len(run->out, (const char *)data, (gssize)len);
+            run->out_frames++;
+            break;
+        case VM_OP_STDERR:
+            data = vm_message_get_data(message, "data", &len);
+            assert_true(len > 0 && len <= VM_STREAM_CHUNK_MAX);
+            g_string_append_len(run->err, (const char *)data, (gssize)len);
+            run->err_frames++;
+            break;
+        case VM_OP_EXIT:
+            run->exited = TRUE;
+            run->status = vm_message_get_int(message, "status", -1000);
+            break;
+        default:
+            fail_msg("unexpected frame %d from the exec", message->op);
+        }
+    }
+    g_thread_join(run->exec_thread);
+    run->exec_thread = NULL;
+    if (run->writer_thread != NULL) {
+        g_thread_join(run->writer_thread);
+        run->writer_thread = NULL;
+    }
+    /* The EXIT frame is sent exactly when the exec succeeds. */
+    assert_int_equal(run->exited, run->ok);
+    assert_false(run->data_after_exit);
+}
+
+static void
+exec_run_clear(ExecRun *run)
+{
+    if (run->fds[1] >= 0)
+        close(run->fds[1]);
+    g_clear_error(&run->error);
+    g_clear_pointer(&run->input, g_bytes_unref);
+    g_string_free(run->out, TRUE);
+    g_string_free(run->err, TRUE);
+}
+
+static void
+exec_run(ExecRun *run)
+{
+    exec_run_start(run);
+    exec_run_finish(run);
+}
+
+static void
+assert_exec_ok(const ExecRun *run, int status)
+{
+    assert_no_error(run->error);
+    assert_true(run->ok);
+    assert_true(run->exited);
+    assert_int_equal(run->status, status);
+}
+
+/* ---- tests --------------------------------------------------------------------------------- */
+
+static void
+test_exec_stdout_stderr_status(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "echo out; sleep 0.1; echo err >&2; exit 3", NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 3);
+    assert_string_equal(run.out->str, "out\n");
+    assert_string_equal(run.err->str, "err\n");
+    assert_int_equal(run.out_frames, 1);
+    assert_int_equal(run.err_frames, 1);
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_stdin(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"cat", NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    run.input = g_bytes_new_static("hello", 5);
+    run.input_eof = TRUE;
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "hello");
+    assert_int_equal(run.err->len, 0);
+    exec_run_clear(&run);
+}
+
+/* More stdin than the SSH window holds, through a command that echoes it back while it reads:
+ * neither side may wait for the other. */
+static void
+test_exec_stdin_large(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"cat", NULL};
+    const gsize len = 6 * 1024 * 1024 + 7;
+    guint8 *data = g_malloc(len);
+    ExecRun run;
+
+    for (gsize i = 0; i < len; i++)
+        data[i] = (guint8)(i * 7 + i / 251);
+    exec_run_init(&run, f, argv);
+    run.input = g_bytes_new_take(data, len);
+    run.input_eof = TRUE;
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_int_equal(run.out->len, len);
+    assert_memory_equal(run.out->str, g_bytes_get_data(run.input, NULL), len);
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_large_output(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"seq", "1", "800000", NULL};
+    g_autoptr(GString) expected = g_string_new(NULL);
+    ExecRun run;
+
+    for (guint i = 1; i <= 800000; i++)
+        g_string_append_printf(expected, "%u\n", i);
+    assert_true(expected->len > 5 * 1000 * 1000);
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_int_equal(run.out->len, expected->len);
+    assert_memory_equal(run.out->str, expected->str, expected->len);
+    assert_true(run.out_frames >= expected->len / VM_STREAM_CHUNK_MAX);
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_env_cwd(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "printf '%s|%s|' \"$FOO\" \"$BAR_2\"; pwd", NULL};
+    char *env[] = {"FOO=a b'c $HOME", "BAR_2=", NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    run.request.env = env;
+    run.request.cwd = "/usr/share";
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "a b'c $HOME||/usr/share\n");
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_cwd_missing(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"echo", "ran", NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    run.request.cwd = "/nonexistent dir";
+    exec_run(&run);
+    assert_exec_ok(&run, 1);
+    assert_string_equal(run.out->str, "");
+    assert_non_null(strstr(run.err->str, "nonexistent dir"));
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_bad_env(void **state)
+{
+    static const char *const bad[] = {"NOEQUALS", "=v", "1X=v", "A-B=v", "A B=v", "$(id)=v"};
+    Fixture *f = *state;
+    char *argv[] = {"true", NULL};
+
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        char *env[] = {"OK=1", (char *)bad[i], NULL};
+        ExecRun run;
+
+        exec_run_init(&run, f, argv);
+        run.request.env = env;
+        exec_run(&run);
+        assert_false(run.ok);
+        assert_error(run.error, VM_ERROR_INVALID_ARGUMENT);
+        exec_run_clear(&run);
+    }
+    /* Nothing was run, so nothing was connected. */
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 0);
+}
+
+static void
+test_exec_empty_argv(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_error(run.error, VM_ERROR_INVALID_ARGUMENT);
+    exec_run_clear(&run);
+}
+
+/* Arguments arrive in the remote command exactly as given, whatever they hold. */
+static void
+test_exec_argv_roundtrip(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"printf", "[%s]", "a b", "it's", "$HOME", "*",     "",  "\\",
+                    "a\nb",   "'",    "~",   "`id`", "x;y",   "\"q\"", "é", NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str,
+                        "[a b][it's][$HOME][*][][\\][a\nb]['][~][`id`][x;y][\"q\"][é]");
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_tty(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "test -t 0 && echo tty; stty size; echo $TERM", NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    run.request.tty = TRUE;
+    run.request.cols = 100;
+    run.request.rows = 30;
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "tty\r\n30 100\r\nxterm-256color\r\n");
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_no_tty(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "test -t 0 || echo notty", NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "notty\n");
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_window_size(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "stty -echo; echo ready; read x; stty size", NULL};
+    g_autoptr(VmMessage) resize = NULL;
+    g_autoptr(VmMessage) line = NULL;
+    GVariantDict fields;
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    run.request.tty = TRUE;
+    run.request.term = "vt100";
+    exec_run_start(&run);
+
+    g_variant_dict_init(&fields, NULL);
+    g_variant_dict_insert(&fields, "cols", "u", 132);
+    g_variant_dict_insert(&fields, "rows", "u", 43);
+    resize = vm_message_new(VM_OP_WINDOW_SIZE, g_variant_dict_end(&fields), NULL);
+    assert_non_null(resize);
+    line = vm_message_new_data(VM_OP_STDIN, "go\n", 3);
+    assert_true(vm_message_write_fd(run.fds[1], resize, NULL));
+    assert_true(vm_message_write_fd(run.fds[1], line, NULL));
+    exec_run_finish(&run);
+    assert_exec_ok(&run, 0);
+    assert_non_null(strstr(run.out->str, "43 132\r\n"));
+    exec_run_clear(&run);
+}
+
+static void
+test_exec_signal_status(void **state)
+{
+    static const struct {
+        const char *script;
+        int status;
+    } cases[] = {
+        {"kill -TERM $$", 143}, {"kill -KILL $$", 137}, {"kill -HUP $$", 129},
+        {"exit 255", 255},      {"exit 0", 0},
+    };
+    Fixture *f = *state;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *argv[] = {"sh", "-c", (char *)cases[i].script, NULL};
+        ExecRun run;
+
+        exec_run_init(&run, f, argv);
+        exec_run(&run);
+        assert_exec_ok(&run, cases[i].status);
+        exec_run_clear(&run);
+    }
+}
+
+static void
+test_exec_client_goes_away(void **state)
+{
+    Fixture *f = *state;
+    /* cat ends by itself once the closed channel closes its stdin. */
+    char *argv[] = {"sh", "-c", "echo started; cat", NULL};
+    char *argv2[] = {"echo", "again", NULL};
+    g_autoptr(VmMessage) first = NULL;
+    ExecRun run;
+    ExecRun again;
+    gint64 start;
+
+    exec_run_init(&run, f, argv);
+    exec_run_start(&run);
+    /* Wait until the command runs, then hang up. */
+    first = vm_message_read_fd(run.fds[1], NULL, NULL);
+    assert_non_null(first);
+    assert_int_equal(first->op, VM_OP_STDOUT);
+    start = g_get_monotonic_time();
+    close(run.fds[1]);
+    run.fds[1] = -1;
+    g_thread_join(run.exec_thread);
+    assert_true(g_get_monotonic_time() - start < 5 * G_USEC_PER_SEC);
+    assert_false(run.ok);
+    assert_error(run.error, VM_ERROR_CANCELLED);
+    exec_run_clear(&run);
+
+    /* The session is still good for the next command. */
+    exec_run_init(&again, f, argv2);
+    exec_run(&again);
+    assert_exec_ok(&again, 0);
+    assert_string_equal(again.out->str, "again\n");
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+    exec_run_clear(&again);
+}
+
+static void
+test_pool_reuse(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"true", NULL};
+    ExecRun run;
+
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+    assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 1);
+
+    for (guint i = 0; i < 3; i++) {
+        exec_run_init(&run, f, argv);
+        exec_run(&run);
+        assert_exec_ok(&run, 0);
+        exec_run_clear(&run);
+        assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+        assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 1);
+    }
+
+    /* Forgetting drops the idle session; the next exec connects afresh. */
+    hostd_ssh_pool_forget(f->pool, "alpha");
+    assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 0);
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    exec_run_clear(&run);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 2);
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    exec_run_clear(&run);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 2);
+
+    /* Unknown agents are fine to forget. */
+    hostd_ssh_pool_forget(f->pool, "nobody");
+}
+
+/* A session in use when its agent is forgotten (stop, port change) is not pooled again. */
+static void
+test_pool_forget_during_exec(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "echo started; sleep 0.3", NULL};
+    g_autoptr(VmMessage) first = NULL;
+    ExecRun run;
+
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    exec_run_init(&run, f, argv);
+    exec_run_start(&run);
+    first = vm_message_read_fd(run.fds[1], NULL, NULL);
+    assert_non_null(first);
+    assert_int_equal(first->op, VM_OP_STDOUT);
+    hostd_ssh_pool_forget(f->pool, "alpha");
+    exec_run_finish(&run);
+    assert_exec_ok(&run, 0);
+    exec_run_clear(&run);
+    assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 0);
+}
+
+/* Concurrent execs on one agent each get a session; afterwards at most two stay idle. */
+static void
+test_pool_concurrent(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "sleep 0.5; echo done", NULL};
+    ExecRun runs[3];
+
+    for (gsize i = 0; i < G_N_ELEMENTS(runs); i++) {
+        exec_run_init(&runs[i], f, argv);
+        exec_run_start(&runs[i]);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(runs); i++) {
+        exec_run_finish(&runs[i]);
+        assert_exec_ok(&runs[i], 0);
+        assert_string_equal(runs[i].out->str, "done\n");
+        exec_run_clear(&runs[i]);
+    }
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 3);
+    assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 2);
+}
+
+/* A pooled session the server has dropped meanwhile (as after a guest reboot) is replaced. */
+static void
+test_pool_stale_session(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"echo", "fresh", NULL};
+    ExecRun run;
+
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 1);
+    /* The server closes connections without channels after 1 s. */
+    g_usleep(2500 * 1000);
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "fresh\n");
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 2);
+    exec_run_clear(&run);
+}
+
+static void
+test_wait_ready_ok(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, &error));
+    assert_no_error(error);
+    assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 1);
+}
+
+/* Host keys that are not the pinned one fail at once, without retries. */
+static void
+test_wait_ready_host_key(void **state)
+{
+    static const struct {
+        const char *known_hosts; /* NULL: the file does not exist */
+        const char *message;
+    } cases[] = {
+        {"other", "does not match the key hostd pinned"},
+        {"", "no host key"},
+        {NULL, "no host key"},
+        {"wrong-port", "no host key"},
+    };
+    Fixture *f = *state;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+        char *argv[] = {"true", NULL};
+        guint connections;
+        gint64 start;
+        ExecRun run;
+
+        g_unlink(f->known_hosts_path);
+        if (g_strcmp0(cases[i].known_hosts, "other") == 0) {
+            write_known_hosts(f, keys.other_pub_line);
+        } else if (g_strcmp0(cases[i].known_hosts, "wrong-port") == 0) {
+            g_autofree char *line =
+                g_strdup_printf("[127.0.0.1]:%u %s\n", f->port + 1, keys.host_pub_line);
+
+            assert_true(g_file_set_contents(f->known_hosts_path, line, -1, NULL));
+        } else if (cases[i].known_hosts != NULL) {
+            assert_true(g_file_set_contents(f->known_hosts_path, "", -1, NULL));
+        }
+
+        connections = hostd_ssh_pool_get_connections_opened(f->pool);
+        start = g_get_monotonic_time();
+        assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 20, NULL, &error));
+        assert_error(error, VM_ERROR_SSH);
+        assert_non_null(strstr(error->message, cases[i].message));
+        /* One attempt, no retry. */
+        assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), connections + 1);
+        assert_true(g_get_monotonic_time() - start < 10 * G_USEC_PER_SEC);
+        assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 0);
+
+        exec_run_init(&run, f, argv);
+        exec_run(&run);
+        assert_error(run.error, VM_ERROR_SSH);
+        assert_non_null(strstr(run.error->message, cases[i].message));
+        exec_run_clear(&run);
+        assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), connections + 2);
+    }
+}
+
+static void
+test_wait_ready_key_refused(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    /* Refusal is retried: cloud-init may install the key later. */
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 2, NULL, &error));
+    assert_error(error, VM_ERROR_TIMEOUT);
+    assert_non_null(strstr(error->message, "refused the key"));
+    assert_true(hostd_ssh_pool_get_connections_opened(f->pool) >= 2);
+}
+
+static void
+test_wait_ready_bad_identity(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *path = g_build_filename(f->dir, "no-such-key", NULL);
+
+    f->target.identity_path = path;
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 20, NULL, &error));
+    assert_error(error, VM_ERROR_SSH);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 0);
+    f->target.identity_path = keys.user_key;
+}
+
+static void
+test_wait_ready_nothing_listens(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    gint64 start = g_get_monotonic_time();
+    gint64 elapsed;
+
+    f->target.port = free_port();
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 2, NULL, &error));
+    elapsed = g_get_monotonic_time() - start;
+    assert_error(error, VM_ERROR_TIMEOUT);
+    assert_true(elapsed >= 2 * G_USEC_PER_SEC - 100000);
+    assert_true(elapsed < 5 * G_USEC_PER_SEC);
+}
+
+/* The forwarded port of a booting guest: TCP is accepted, no banner ever comes. */
+static void
+test_wait_ready_silent_port(void **state)
+{
+    Fixture *f = *state;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    g_autoptr(GError) error = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    gint64 start;
+    gint64 elapsed;
+
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
+    f->target.port = ntohs(addr.sin_port);
+
+    start = g_get_monotonic_time();
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 3, NULL, &error));
+    elapsed = g_get_monotonic_time() - start;
+    close(fd);
+    assert_error(error, VM_ERROR_TIMEOUT);
+    assert_true(elapsed >= 3 * G_USEC_PER_SEC - 100000);
+    assert_true(elapsed < 6 * G_USEC_PER_SEC);
+}
+
+static gboolean
+cancel_later(gpointer data)
+{
+    g_cancellable_cancel(data);
+    return G_SOURCE_REMOVE;
+}
+
+static gpointer
+cancel_thread(gpointer data)
+{
+    g_usleep(300 * 1000);
+    cancel_later(data);
+    return NULL;
+}
+
+static void
+test_wait_ready_cancelled(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GCancellable) cancellable = g_cancellable_new();
+    g_autoptr(GError) error = NULL;
+    GThread *thread;
+    gint64 start;
+
+    f->target.port = free_port();
+    thread = g_thread_new("cancel", cancel_thread, cancellable);
+    start = g_get_monotonic_time();
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 30, cancellable, &error));
+    assert_error(error, VM_ERROR_CANCELLED);
+    assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
+    g_thread_join(thread);
+}
+
+static void
+test_shell_quote(void **state)
+{
+    static const struct {
+        const char *argv[4];
+        const char *quoted;
+    } cases[] = {
+        {{"echo", NULL}, "echo"},
+        {{"ls", "-la", "/tmp/a_b.c", NULL}, "ls -la /tmp/a_b.c"},
+        {{"x", "a=b:c,d+e-f", NULL}, "x a=b:c,d+e-f"},
+        {{"a b", NULL}, "'a b'"},
+        {{"echo", "it's", NULL}, "echo 'it'\\''s'"},
+        {{"echo", "", NULL}, "echo ''"},
+        {{"echo", "'", NULL}, "echo ''\\'''"},
+        {{"echo", "$HOME", "*", NULL}, "echo '$HOME' '*'"},
+        {{"echo", "~", "a;b", NULL}, "echo '~' 'a;b'"},
+        {{"echo", "a\nb", NULL}, "echo 'a\nb'"},
+        {{"echo", "\xc3\xa9", NULL}, "echo '\xc3\xa9'"},
+        {{"echo", "\\", "`x`", NULL}, "echo '\\' '`x`'"},
+        /* An assignment-looking first word would not be run as a command. */
+        {{"FOO=bar", "x", NULL}, "'FOO=bar' x"},
+        {{NULL}, ""},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *quoted = hostd_shell_quote_argv((char *const *)cases[i].argv);
+
+        assert_string_equal(quoted, cases[i].quoted);
+    }
+}
+
+static void
+test_signal_exit_status(void **state)
+{
+    static const struct {
+        const char *name;
+        int status;
+    } cases[] = {
+        {"TERM", 143},
+        {"KILL", 137},
+        {"INT", 130},
+        {"HUP", 129},
+        {"SEGV", 139},
+        {"PIPE", 141},
+        {"USR2", 140},
+        {"term", 255},
+        {"SIGTERM", 255},
+        {"", 255},
+        {"WINCH@openssh.com", 255},
+        {NULL, 255},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++)
+        assert_int_equal(hostd_ssh_signal_exit_status(cases[i].name), cases[i].status);
+}
+
+static void
+test_pool_free_null(void **state)
+{
+    hostd_ssh_pool_free(NULL);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shell_quote),
+        cmocka_unit_test(test_signal_exit_status),
+        cmocka_unit_test(test_pool_free_null),
+        cmocka_unit_test_setup_teardown(test_exec_stdout_stderr_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_stdin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_stdin_large, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_large_output, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_env_cwd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_cwd_missing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_bad_env, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_empty_argv, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_argv_roundtrip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_tty, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_no_tty, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_window_size, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_signal_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_client_goes_away, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pool_reuse, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pool_forget_during_exec, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pool_concurrent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pool_stale_session, setup_drops_idle, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_ready_ok, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_ready_host_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_ready_key_refused, setup_refuses_key, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_ready_bad_identity, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_ready_nothing_listens, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_ready_silent_port, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_ready_cancelled, setup, teardown),
+    };
+
+    /* TEST_FILTER=test_exec_* runs a subset while debugging. */
+    if (g_getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(g_getenv("TEST_FILTER"));
+    return cmocka_run_group_tests_name("ssh", tests, group_setup, group_teardown);
+}
