@@ -749,12 +749,36 @@ hostd_template_list(HostdContext *ctx, GError **error)
     return g_variant_builder_end(&b);
 }
 
+/* Agents' overlays name the base image by path: rebuilding it under them would change every
+ * block they have not written yet. So a forced rebuild waits until no agent uses it. */
+static gboolean
+hostd_template_check_unused(HostdContext *ctx, const char *template_name, GError **error)
+{
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, error);
+    if (names == NULL)
+        return FALSE;
+    g_autoptr(GString) users = g_string_new(NULL);
+    for (guint i = 0; i < names->len; i++) {
+        g_autofree char *dir = hostd_agent_dir(ctx, names->pdata[i]);
+        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
+        if (r != NULL && g_str_equal(r->template_name, template_name))
+            g_string_append_printf(users, "%s%s", users->len > 0 ? ", " : "", r->name);
+    }
+    if (users->len > 0)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "cannot rebuild %s: agents use its image (%s); remove them first",
+                        template_name, users->str);
+    return TRUE;
+}
+
 char *
 hostd_template_build(HostdContext *ctx, const char *name, gboolean force, VmProgressFunc progress,
                      gpointer progress_data, GError **error)
 {
     g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, name, error);
     if (tpl == NULL)
+        return NULL;
+    if (force && !hostd_template_check_unused(ctx, tpl->name, error))
         return NULL;
     g_autoptr(VmImage) image =
         vm_image_ensure(ctx->config->images_dir, tpl, force, progress, progress_data, NULL, error);

@@ -5,9 +5,8 @@
  * in normal form, so encoding it again gives back the same bytes, and every field is readable
  * through the accessors.
  *
- * Built with -DVM_FUZZ_REPLAY it has its own main() that runs the target once per file named on
- * the command line (or per file in a named directory), so the corpus replays as an ordinary
- * test without libFuzzer.
+ * Fuzz: clang -fsanitize=fuzzer,address ... fuzz-protocol.c common/vm-protocol.c ...; the
+ * corpus in corpus-protocol/ replays as an ordinary test through fuzz-replay.c.
  */
 #include "vm-error.h"
 #include "vm-protocol.h"
@@ -85,42 +84,3 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     return 0;
 }
-
-#ifdef VM_FUZZ_REPLAY
-static int
-replay_file(const char *path)
-{
-    g_autoptr(GError) error = NULL;
-    g_autofree char *contents = NULL;
-    gsize len = 0;
-
-    if (!g_file_get_contents(path, &contents, &len, &error)) {
-        g_printerr("fuzz-protocol: %s\n", error->message);
-        return 1;
-    }
-    LLVMFuzzerTestOneInput((const uint8_t *)contents, len);
-    return 0;
-}
-
-int
-main(int argc, char **argv)
-{
-    int failed = 0;
-
-    for (int i = 1; i < argc; i++) {
-        g_autoptr(GDir) dir = g_dir_open(argv[i], 0, NULL);
-        const char *name;
-
-        if (dir == NULL) {
-            failed |= replay_file(argv[i]);
-            continue;
-        }
-        while ((name = g_dir_read_name(dir)) != NULL) {
-            g_autofree char *path = g_build_filename(argv[i], name, NULL);
-
-            failed |= replay_file(path);
-        }
-    }
-    return failed;
-}
-#endif

@@ -146,7 +146,13 @@ vmctl ssh-config a1 > "$S/ssh_config"
 check "ssh-config + ssh -F: plain OpenSSH works with strict host key checking" \
   test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 echo hi)" = hi
 echo "payload $RANDOM" > "$S/in.txt"
-check "scp a file in and out" bash -c "scp -q -F '$S/ssh_config' '$S/in.txt' vmctl-a1:/tmp/in.txt && scp -q -F '$S/ssh_config' vmctl-a1:/tmp/in.txt '$S/back.txt' && cmp -s '$S/in.txt' '$S/back.txt'"
+if scp -q -F "$S/ssh_config" "$S/in.txt" vmctl-a1:/tmp/in.txt > "$S/scp.log" 2>&1 &&
+   scp -q -F "$S/ssh_config" vmctl-a1:/tmp/in.txt "$S/back.txt" >> "$S/scp.log" 2>&1 &&
+   cmp -s "$S/in.txt" "$S/back.txt"; then
+  ok "scp a file in and out"
+else
+  not_ok "scp a file in and out"; diag "$(cat "$S/scp.log")"
+fi
 sed "s#UserKnownHostsFile .*#UserKnownHostsFile \"$S/wrong_known_hosts\"#" "$S/ssh_config" > "$S/ssh_config_wrong"
 ssh-keygen -q -t ed25519 -N '' -f "$S/otherkey" >/dev/null
 echo "[127.0.0.1]:$PORT $(cut -d' ' -f1,2 "$S/otherkey.pub")" > "$S/wrong_known_hosts"
