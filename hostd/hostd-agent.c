@@ -553,19 +553,28 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     return hostd_agent_to_variant(ctx, r);
 }
 
-static virDomainPtr
-hostd_agent_domain(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+/* Loads the record of @name and looks up its domain: what every operation on an existing agent
+ * starts with. */
+static gboolean
+hostd_agent_open(HostdContext *ctx, const char *name, HostdAgentRecord **ret_record,
+                 virDomainPtr *ret_dom, GError **error)
 {
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    if (r == NULL)
+        return FALSE;
     g_autoptr(GError) local_error = NULL;
     virDomainPtr dom = hostd_libvirt_lookup(ctx->lv, r->name, &local_error);
     if (dom == NULL) {
-        if (local_error != NULL)
+        if (local_error != NULL) {
             g_propagate_error(error, g_steal_pointer(&local_error));
-        else
-            vm_throw(error, VM_ERROR_FAILED,
-                     "agent '%s' has no libvirt domain; restart hostd to repair it", r->name);
+            return FALSE;
+        }
+        return vm_throw(error, VM_ERROR_FAILED,
+                        "agent '%s' has no libvirt domain; restart hostd to repair it", r->name);
     }
-    return dom;
+    *ret_record = g_steal_pointer(&r);
+    *ret_dom = dom;
+    return TRUE;
 }
 
 GVariant *
@@ -575,11 +584,9 @@ hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgress
     if (!vm_name_validate(name, error))
         return NULL;
     g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, name);
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
-    if (r == NULL)
-        return NULL;
-    g_autoptr(virDomain) dom = hostd_agent_domain(ctx, r, error);
-    if (dom == NULL)
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+    if (!hostd_agent_open(ctx, name, &r, &dom, error))
         return NULL;
 
     if (virDomainIsActive(dom) == 1) {
@@ -604,11 +611,9 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
     if (!vm_name_validate(name, error))
         return NULL;
     g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, name);
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
-    if (r == NULL)
-        return NULL;
-    g_autoptr(virDomain) dom = hostd_agent_domain(ctx, r, error);
-    if (dom == NULL)
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+    if (!hostd_agent_open(ctx, name, &r, &dom, error))
         return NULL;
 
     if (hostd_libvirt_is_active(dom)) {
@@ -706,11 +711,9 @@ gboolean
 hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *request,
                  int client_fd, GError **error)
 {
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
-    if (r == NULL)
-        return FALSE;
-    g_autoptr(virDomain) dom = hostd_agent_domain(ctx, r, error);
-    if (dom == NULL)
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+    if (!hostd_agent_open(ctx, name, &r, &dom, error))
         return FALSE;
     const char *state = hostd_libvirt_state_name(dom);
     if (!g_str_equal(state, "running"))

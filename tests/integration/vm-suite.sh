@@ -201,5 +201,17 @@ check "rm --force a1" vmctl rm --force a1
 check "rm leaves no files" test ! -e "$S/agents/a1"
 check "rm leaves no domain" bash -c "[ -z \"\$('$VMCTL' --socket '$SOCK' list --json | python3 -c 'import json,sys; print(\" \".join(a[\"name\"] for a in json.load(sys.stdin)))')\" ]"
 
+# a guest that never answers SSH in time: one clear error with the console's last lines, and
+# a complete rollback
+kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+sed -i 's/^boot-timeout=.*/boot-timeout=3/' "$CONF"
+check "hostd restarts with a 3 s boot timeout" start_hostd
+out=$(vmctl new t2 2>&1); rc=$?
+check "new that times out: exit 8, names the timeout, shows the console" \
+  bash -c "[ $rc = 8 ] && grep -q 'did not answer SSH within 3 s' <<< \"\$1\" && grep -q 'console:' <<< \"\$1\"" _ "$out"
+check "the timed-out new left no files" test ! -e "$S/agents/t2"
+check "the timed-out new left no domain" \
+  bash -c "! virsh -c 'qemu:///embed?root=$S/libvirt' list --all --name 2>/dev/null | grep -qx t2 || true; [ -z \"\$('$VMCTL' --socket '$SOCK' list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)) or \"\")')\" ]"
+
 echo "1..$N"
 [ "$FAILED" -eq 0 ]
