@@ -16,7 +16,7 @@ meson test -C build --suite unit --suite style --print-errorlogs
 meson setup build-asan --werror -Db_sanitize=address,undefined -Db_lundef=false \
   >/dev/null 2>&1 || true
 ninja -C build-asan
-ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-asan --suite unit --print-errorlogs
 
 if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
