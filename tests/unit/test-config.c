@@ -16,6 +16,7 @@
 #include "vm-config.h"
 #include "vm-error.h"
 #include "vm-util.h"
+#include "test-common.h"
 
 typedef struct {
     char *dir;  /* a fresh temporary directory per test */
@@ -26,10 +27,8 @@ static int
 setup(void **state)
 {
     Fixture *f = g_new0(Fixture, 1);
-    g_autoptr(GError) error = NULL;
 
-    f->dir = g_dir_make_tmp("test-config-XXXXXX", &error);
-    assert_non_null(f->dir);
+    f->dir = vm_test_make_tmpdir("test-config-XXXXXX");
     f->file = g_build_filename(f->dir, "hostd.conf", NULL);
     g_unsetenv("VM_TEMPLATES_DIR");
     *state = f;
@@ -41,7 +40,7 @@ teardown(void **state)
 {
     Fixture *f = *state;
 
-    hostd_remove_tree(f->dir, NULL);
+    vm_test_remove_tree(f->dir);
     g_free(f->dir);
     g_free(f->file);
     g_free(f);

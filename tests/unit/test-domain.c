@@ -11,38 +11,12 @@
 
 #include "vm-domain.h"
 #include "vm-error.h"
+#include "test-common.h"
 
-typedef struct {
-    char *tmpdir;
-} Fixture;
-
-static int
-setup(void **state)
-{
-    Fixture *f = g_new0(Fixture, 1);
-
-    f->tmpdir = g_dir_make_tmp("test-domain-XXXXXX", NULL);
-    assert_non_null(f->tmpdir);
-    *state = f;
-    return 0;
-}
-
-static int
-teardown(void **state)
-{
-    Fixture *f = *state;
-    g_autoptr(GDir) dir = g_dir_open(f->tmpdir, 0, NULL);
-    const char *name;
-
-    while (dir != NULL && (name = g_dir_read_name(dir)) != NULL) {
-        g_autofree char *path = g_build_filename(f->tmpdir, name, NULL);
-        g_unlink(path);
-    }
-    g_rmdir(f->tmpdir);
-    g_free(f->tmpdir);
-    g_free(f);
-    return 0;
-}
+/* A fresh temporary directory per test, f->dir. */
+typedef VmTestTmpDir Fixture;
+#define setup    vm_test_tmpdir_setup
+#define teardown vm_test_tmpdir_teardown
 
 /* A TCG guest booting its kernel directly, with everything optional set. */
 static VmDomainSpec
@@ -98,34 +72,11 @@ build_ok(const VmDomainSpec *spec)
     return xml;
 }
 
-/* Compares @xml with tests/golden/@name, or rewrites the file when VIR_TEST_REGENERATE_OUTPUT
- * is set. */
-static void
-assert_golden(const char *xml, const char *name)
-{
-    const char *dir = g_getenv("VM_TEST_GOLDEN");
-    g_autofree char *path = NULL;
-    g_autofree char *expected = NULL;
-    g_autoptr(GError) error = NULL;
-
-    assert_non_null(dir);
-    path = g_build_filename(dir, name, NULL);
-    if (g_strcmp0(g_getenv("VIR_TEST_REGENERATE_OUTPUT"), "1") == 0) {
-        if (!g_file_set_contents(path, xml, -1, &error))
-            fail_msg("cannot write %s: %s", path, error->message);
-        return;
-    }
-    if (!g_file_get_contents(path, &expected, NULL, &error))
-        fail_msg("cannot read %s: %s (VIR_TEST_REGENERATE_OUTPUT=1 writes it)", path,
-                 error->message);
-    assert_string_equal(xml, expected);
-}
-
 /* Runs libvirt's RelaxNG check (virt-xml-validate, from libvirt-clients) on @xml. */
 static void
 assert_schema_valid(Fixture *f, const char *xml)
 {
-    g_autofree char *path = g_build_filename(f->tmpdir, "domain.xml", NULL);
+    g_autofree char *path = g_build_filename(f->dir, "domain.xml", NULL);
     g_autofree char *tool = g_find_program_in_path("virt-xml-validate");
     g_autofree char *out = NULL;
     g_autofree char *err = NULL;
@@ -149,7 +100,7 @@ test_golden_tcg_kernel(void **state)
     VmDomainSpec spec = spec_tcg_kernel();
     g_autofree char *xml = build_ok(&spec);
 
-    assert_golden(xml, "domain-tcg-kernel.xml");
+    vm_test_assert_golden("domain-tcg-kernel.xml", xml);
     assert_schema_valid(*state, xml);
 }
 
@@ -159,7 +110,7 @@ test_golden_kvm_disk(void **state)
     VmDomainSpec spec = spec_kvm_disk();
     g_autofree char *xml = build_ok(&spec);
 
-    assert_golden(xml, "domain-kvm-disk.xml");
+    vm_test_assert_golden("domain-kvm-disk.xml", xml);
     assert_schema_valid(*state, xml);
 }
 

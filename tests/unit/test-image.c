@@ -15,6 +15,7 @@
 #include "vm-error.h"
 #include "vm-image-private.h"
 #include "vm-image.h"
+#include "test-common.h"
 
 #define FILE_SIZE    (1024 * 1024)
 #define VIRTUAL_SIZE ((guint64)64 << 20)
@@ -261,8 +262,7 @@ setup_common(void **state)
 {
     Fixture *f = g_new0(Fixture, 1);
 
-    f->tmp = g_dir_make_tmp("test-image-XXXXXX", NULL);
-    assert_non_null(f->tmp);
+    f->tmp = vm_test_make_tmpdir("test-image-XXXXXX");
     f->images_dir = g_build_filename(f->tmp, "images", NULL);
     f->serve_dir = g_build_filename(f->tmp, "www", NULL);
     f->scripts_dir = g_build_filename(f->tmp, "scripts", NULL);

@@ -17,33 +17,12 @@
 #include "hostd-keys.h"
 #include "hostd-state.h"
 #include "vm-error.h"
+#include "test-common.h"
 
-typedef struct {
-    char *dir; /* a fresh temporary directory per test */
-} Fixture;
-
-static int
-setup(void **state)
-{
-    Fixture *f = g_new0(Fixture, 1);
-    g_autoptr(GError) error = NULL;
-
-    f->dir = g_dir_make_tmp("test-keys-XXXXXX", &error);
-    assert_non_null(f->dir);
-    *state = f;
-    return 0;
-}
-
-static int
-teardown(void **state)
-{
-    Fixture *f = *state;
-
-    hostd_remove_tree(f->dir, NULL);
-    g_free(f->dir);
-    g_free(f);
-    return 0;
-}
+/* A fresh temporary directory per test, f->dir. */
+typedef VmTestTmpDir Fixture;
+#define setup    vm_test_tmpdir_setup
+#define teardown vm_test_tmpdir_teardown
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -56,27 +35,6 @@ generate(const char *comment)
     if (pair == NULL)
         fail_msg("generate failed: %s", error->message);
     return pair;
-}
-
-static guint
-file_mode(const char *path)
-{
-    struct stat st;
-
-    if (stat(path, &st) < 0)
-        fail_msg("cannot stat %s: %s", path, g_strerror(errno));
-    return st.st_mode & 07777;
-}
-
-static char *
-read_file(const char *path)
-{
-    g_autoptr(GError) error = NULL;
-    char *text = NULL;
-
-    if (!g_file_get_contents(path, &text, NULL, &error))
-        fail_msg("cannot read %s: %s", path, error->message);
-    return text;
 }
 
 /* Runs @argv; returns its stdout, failing the test unless it exits 0. */
@@ -206,10 +164,10 @@ test_save(void **state)
     if (!ok)
         fail_msg("save failed: %s", error->message);
 
-    assert_int_equal(file_mode(priv), 0600);
-    assert_int_equal(file_mode(pub), 0644);
-    g_autofree char *priv_text = read_file(priv);
-    g_autofree char *pub_text = read_file(pub);
+    assert_int_equal(vm_test_file_mode(priv), 0600);
+    assert_int_equal(vm_test_file_mode(pub), 0644);
+    g_autofree char *priv_text = vm_test_read_file(priv);
+    g_autofree char *pub_text = vm_test_read_file(pub);
     g_autofree char *pub_expected = g_strconcat(pair->public_line, "\n", NULL);
     assert_string_equal(priv_text, pair->private_pem);
     assert_string_equal(pub_text, pub_expected);
@@ -235,8 +193,8 @@ test_save_replaces(void **state)
     assert_true(g_file_set_contents(priv, "old", -1, NULL));
     assert_int_equal(chmod(priv, 0644), 0);
     assert_true(hostd_keypair_save(pair, priv, NULL, &error));
-    assert_int_equal(file_mode(priv), 0600);
-    g_autofree char *text = read_file(priv);
+    assert_int_equal(vm_test_file_mode(priv), 0600);
+    g_autofree char *text = vm_test_read_file(priv);
     assert_string_equal(text, pair->private_pem);
     assert_false(g_file_test(pub, G_FILE_TEST_EXISTS));
 }

@@ -10,6 +10,7 @@
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-seed.h"
+#include "test-common.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -38,38 +39,6 @@ typedef struct {
     char *dir;
 } Fixture;
 
-static void
-remove_tree(const char *path)
-{
-    GDir *dir = g_dir_open(path, 0, NULL);
-
-    if (dir != NULL) {
-        const char *name;
-        while ((name = g_dir_read_name(dir)) != NULL) {
-            g_autofree char *child = g_build_filename(path, name, NULL);
-            if (g_file_test(child, G_FILE_TEST_IS_DIR) &&
-                !g_file_test(child, G_FILE_TEST_IS_SYMLINK))
-                remove_tree(child);
-            else
-                g_unlink(child);
-        }
-        g_dir_close(dir);
-    }
-    g_rmdir(path);
-}
-
-static guint
-count_entries(const char *path)
-{
-    g_autoptr(GDir) dir = g_dir_open(path, 0, NULL);
-    guint n = 0;
-
-    assert_non_null(dir);
-    while (g_dir_read_name(dir) != NULL)
-        n++;
-    return n;
-}
-
 static int
 setup(void **state)
 {
@@ -83,8 +52,7 @@ setup(void **state)
         .host_key_private = TEST_PRIVATE_KEY,
         .host_key_public = TEST_PUBLIC_KEY,
     };
-    f->dir = g_dir_make_tmp("test-seed-XXXXXX", NULL);
-    assert_non_null(f->dir);
+    f->dir = vm_test_make_tmpdir("test-seed-XXXXXX");
     *state = f;
     return 0;
 }
@@ -94,7 +62,7 @@ teardown(void **state)
 {
     Fixture *f = *state;
 
-    remove_tree(f->dir);
+    vm_test_remove_tree(f->dir);
     g_free(f->dir);
     g_free(f);
     return 0;
@@ -113,48 +81,6 @@ assert_error(const GError *error, VmErrorCode code, const char *substring)
 }
 
 /* Golden files ----------------------------------------------------------------------------- */
-
-static char *
-golden_path(const char *name)
-{
-    const char *dir = g_getenv("VM_TEST_GOLDEN");
-
-    if (dir != NULL)
-        return g_build_filename(dir, name, NULL);
-    return g_build_filename(g_getenv("VM_SOURCE_DIR") ? g_getenv("VM_SOURCE_DIR") : ".", "tests",
-                            "golden", name, NULL);
-}
-
-static void
-assert_golden(const char *name, const char *actual)
-{
-    g_autofree char *path = golden_path(name);
-    g_autofree char *expected = NULL;
-    g_autoptr(GError) error = NULL;
-
-    if (g_strcmp0(g_getenv("VIR_TEST_REGENERATE_OUTPUT"), "1") == 0) {
-        if (!g_file_set_contents(path, actual, -1, &error)) {
-            print_error("%s\n", error->message);
-            fail();
-        }
-        return;
-    }
-    if (!g_file_get_contents(path, &expected, NULL, &error)) {
-        print_error("%s (VIR_TEST_REGENERATE_OUTPUT=1 writes it)\n", error->message);
-        fail();
-    }
-    if (strcmp(expected, actual) != 0) {
-        g_auto(GStrv) want = g_strsplit(expected, "\n", -1);
-        g_auto(GStrv) got = g_strsplit(actual, "\n", -1);
-        guint i = 0;
-        while (want[i] != NULL && got[i] != NULL && strcmp(want[i], got[i]) == 0)
-            i++;
-        print_error("%s differs at line %u:\n  expected: %s\n  actual:   %s\n"
-                    "(VIR_TEST_REGENERATE_OUTPUT=1 rewrites it)\n",
-                    path, i + 1, want[i] ? want[i] : "<end>", got[i] ? got[i] : "<end>");
-        fail();
-    }
-}
 
 /* MIME ------------------------------------------------------------------------------------- */
 
@@ -506,13 +432,13 @@ test_golden_plain(void **state)
     g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
     assert_null(error);
     assert_non_null(user_data);
-    assert_golden("seed-plain-user-data.txt", user_data);
+    vm_test_assert_golden("seed-plain-user-data.txt", user_data);
     assert_cloud_config_matches(user_data, &f->spec);
 
     g_autofree char *meta_data = vm_seed_render_meta_data(&f->spec, &error);
     assert_null(error);
     assert_non_null(meta_data);
-    assert_golden("seed-plain-meta-data.txt", meta_data);
+    vm_test_assert_golden("seed-plain-meta-data.txt", meta_data);
     assert_meta_data_matches(meta_data, &f->spec);
 
     /* The empty package list is no list at all. */
@@ -540,7 +466,7 @@ test_golden_packages_template(void **state)
     g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
     assert_null(error);
     assert_non_null(user_data);
-    assert_golden("seed-packages-template-user-data.txt", user_data);
+    vm_test_assert_golden("seed-packages-template-user-data.txt", user_data);
 
     g_autoptr(GArray) parts = mime_split(user_data);
     assert_int_equal(parts->len, 2);
@@ -577,7 +503,7 @@ test_golden_template_script(void **state)
     g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
     assert_null(error);
     assert_non_null(user_data);
-    assert_golden("seed-template-script-user-data.txt", user_data);
+    vm_test_assert_golden("seed-template-script-user-data.txt", user_data);
 
     g_autoptr(GArray) parts = mime_split(user_data);
     assert_int_equal(parts->len, 3);
@@ -710,7 +636,7 @@ test_bad_inputs(void **state)
         g_autofree char *iso = g_build_filename(f->dir, "seed.iso", NULL);
         assert_false(vm_seed_write_iso(&spec, iso, &iso_error));
         assert_error(iso_error, VM_ERROR_INVALID_ARGUMENT, c->message);
-        assert_int_equal(count_entries(f->dir), 0);
+        assert_int_equal(vm_test_count_entries(f->dir), 0);
     }
 }
 
@@ -977,8 +903,8 @@ test_iso(void **state)
     assert_true(vm_seed_write_iso(&f->spec, iso, &error));
     assert_null(error);
     assert_iso_holds(iso, &f->spec);
-    assert_int_equal(count_entries(f->dir), 1);
-    assert_int_equal(count_entries(test_tmp_root), 1); /* the fixture's own directory */
+    assert_int_equal(vm_test_count_entries(f->dir), 1);
+    assert_int_equal(vm_test_count_entries(test_tmp_root), 1); /* the fixture's own directory */
 }
 
 static void
@@ -994,7 +920,7 @@ test_iso_failures(void **state)
     assert_false(vm_seed_write_iso(&f->spec, missing, &error));
     assert_error(error, VM_ERROR_IO, "cannot create a file next to");
     g_clear_error(&error);
-    assert_int_equal(count_entries(test_tmp_root), 1);
+    assert_int_equal(vm_test_count_entries(test_tmp_root), 1);
 
     /* genisoimage fails: its stderr is the message, and no half-written ISO is left. */
     g_autofree char *bin = g_build_filename(f->dir, "bin", NULL);
@@ -1024,8 +950,8 @@ test_iso_failures(void **state)
     assert_error(error, VM_ERROR_IO, "genisoimage: simulated disk full");
     assert_false(ok2);
     assert_error(spawn_error, VM_ERROR_IO, "cannot run genisoimage");
-    assert_int_equal(count_entries(out_dir), 0);
-    assert_int_equal(count_entries(test_tmp_root), 1);
+    assert_int_equal(vm_test_count_entries(out_dir), 0);
+    assert_int_equal(vm_test_count_entries(test_tmp_root), 1);
 }
 
 int
@@ -1053,6 +979,6 @@ main(void)
     test_tmp_root = root;
 
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    remove_tree(root);
+    vm_test_remove_tree(root);
     return failed;
 }

@@ -22,6 +22,7 @@
 #include "vm-protocol.h"
 #include "vm-template.h"
 #include "vm-util.h"
+#include "test-common.h"
 
 #define TEST_UUID_PREFIX "6c0b7a1e-52f4-4d0e-9d1b-"
 
@@ -118,34 +119,13 @@ data_path(const char *file)
     return g_build_filename(source_dir(), "tests", "data", "hostd", file, NULL);
 }
 
-static char *
-read_file(const char *path)
-{
-    g_autoptr(GError) error = NULL;
-    char *text = NULL;
-
-    if (!g_file_get_contents(path, &text, NULL, &error))
-        fail_msg("cannot read %s: %s", path, error->message);
-    return text;
-}
-
-static void
-write_file(const char *path, const char *text)
-{
-    g_autoptr(GError) error = NULL;
-
-    if (!g_file_set_contents(path, text, -1, &error))
-        fail_msg("cannot write %s: %s", path, error->message);
-}
-
 static int
 setup(void **state)
 {
     Fixture *f = g_new0(Fixture, 1);
     g_autoptr(GError) error = NULL;
 
-    f->dir = g_dir_make_tmp("test-server-XXXXXX", &error);
-    assert_non_null(f->dir);
+    f->dir = vm_test_make_tmpdir("test-server-XXXXXX");
     g_autofree char *node = data_path("node.xml");
     f->uri = g_strconcat("test://", node, NULL);
 
@@ -155,8 +135,8 @@ setup(void **state)
     assert_int_equal(g_mkdir(f->images_dir, 0700), 0);
     g_autofree char *shipped = g_build_filename(source_dir(), "templates", "debian-12.yaml", NULL);
     g_autofree char *copy = g_build_filename(f->templates_dir, "debian-12.yaml", NULL);
-    g_autofree char *yaml = read_file(shipped);
-    write_file(copy, yaml);
+    g_autofree char *yaml = vm_test_read_file(shipped);
+    vm_test_write_file(copy, yaml);
 
     g_autofree char *state_dir = g_build_filename(f->dir, "state", NULL);
     HostdConfig *config = hostd_config_load(NULL, state_dir, NULL, f->uri, &error);
@@ -189,7 +169,7 @@ teardown(void **state)
     Fixture *f = *state;
 
     hostd_context_free(f->ctx);
-    hostd_remove_tree(f->dir, NULL);
+    vm_test_remove_tree(f->dir);
     g_free(f->dir);
     g_free(f->uri);
     g_free(f->templates_dir);
@@ -375,25 +355,12 @@ assert_result_reply(GPtrArray *replies)
     return last;
 }
 
-static guint
-count_entries(const char *dir)
-{
-    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
-    guint n = 0;
-
-    if (d == NULL)
-        fail_msg("cannot open %s", dir);
-    while (g_dir_read_name(d) != NULL)
-        n++;
-    return n;
-}
-
 /* Nothing was made: no agent directory, no image, no domain. */
 static void
 assert_nothing_created(Fixture *f)
 {
-    assert_int_equal(count_entries(f->agents_dir), 0);
-    assert_int_equal(count_entries(f->images_dir), 0);
+    assert_int_equal(vm_test_count_entries(f->agents_dir), 0);
+    assert_int_equal(vm_test_count_entries(f->images_dir), 0);
     assert_int_equal(virConnectNumOfDefinedDomains(f->ctx->lv->conn), 0);
     assert_int_equal(virConnectNumOfDomains(f->ctx->lv->conn), 0);
 }
@@ -410,7 +377,7 @@ static char *
 domain_xml(const char *name, const char *uuid)
 {
     g_autofree char *path = data_path("domain.xml");
-    g_autofree char *text = read_file(path);
+    g_autofree char *text = vm_test_read_file(path);
     g_auto(GStrv) a = g_strsplit(text, "@NAME@", -1);
     g_autofree char *named = g_strjoinv(name, a);
     g_auto(GStrv) b = g_strsplit(named, "@UUID@", -1);
@@ -476,7 +443,7 @@ make_agent(Fixture *f, const char *name, const char *phase, MakeFlags flags, gui
     if (flags & MAKE_XML) {
         g_autofree char *xml = domain_xml(name, r->uuid);
         g_autofree char *path = hostd_agent_record_path(r, "domain.xml");
-        write_file(path, xml);
+        vm_test_write_file(path, xml);
     }
     if (flags & MAKE_DOMAIN) {
         g_autoptr(virDomain) dom = define_domain(f, name, r->uuid, flags & MAKE_RUNNING);
@@ -679,7 +646,7 @@ test_new_exists(void **state)
     g_autofree char *file = g_build_filename(dir, "keep", NULL);
 
     assert_int_equal(g_mkdir(dir, 0700), 0);
-    write_file(file, "data");
+    vm_test_write_file(file, "data");
     g_autoptr(virDomain) dom = define_domain(f, "held", TEST_UUID_PREFIX "000000000001", FALSE);
 
     static const char *const names[] = {"taken", "held"};
@@ -831,7 +798,7 @@ test_template_list(void **state)
     assert_int_equal(cpus, 2);
     assert_int_equal(memory, 1024);
     assert_int_equal(disk, 8);
-    assert_int_equal(count_entries(f->images_dir), 0);
+    assert_int_equal(vm_test_count_entries(f->images_dir), 0);
 }
 
 /* A broken template is reported, not silently left out. */
@@ -842,7 +809,7 @@ test_template_list_broken(void **state)
     g_autofree char *broken = g_build_filename(f->templates_dir, "broken.yaml", NULL);
 
     require_template_loader(f);
-    write_file(broken, "name: broken\nresources: [\n");
+    vm_test_write_file(broken, "name: broken\nresources: [\n");
     g_autoptr(GPtrArray) replies = converse(f, VM_OP_TEMPLATE_LIST, NULL);
     assert_error_reply(replies, VM_ERROR_TEMPLATE, "broken.yaml");
 }
@@ -1034,7 +1001,7 @@ test_reconcile_creating(void **state)
     g_autoptr(HostdAgentRecord) b =
         make_agent(f, "early", HOSTD_PHASE_CREATING, MAKE_RECORD, 42311);
     g_autofree char *disk = hostd_agent_record_path(a, HOSTD_AGENT_DISK);
-    write_file(disk, "overlay");
+    vm_test_write_file(disk, "overlay");
 
     g_autoptr(GPtrArray) notes = reconcile(f);
     assert_int_equal(notes->len, 2);
@@ -1052,7 +1019,7 @@ test_reconcile_no_record(void **state)
     Fixture *f = *state;
     g_autoptr(HostdAgentRecord) r = make_agent(f, "leftover", HOSTD_PHASE_READY, 0, 42312);
     g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
-    write_file(disk, "overlay");
+    vm_test_write_file(disk, "overlay");
 
     g_autoptr(GPtrArray) notes = reconcile(f);
     assert_int_equal(notes->len, 1);
@@ -1099,8 +1066,8 @@ test_reconcile_corrupt(void **state)
         make_agent(f, "damaged", HOSTD_PHASE_READY, MAKE_DOMAIN | MAKE_RUNNING | MAKE_XML, 42314);
     g_autofree char *record = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
     g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
-    write_file(record, "[agent]\nname=damaged\ncpus=lots\n");
-    write_file(disk, "precious");
+    vm_test_write_file(record, "[agent]\nname=damaged\ncpus=lots\n");
+    vm_test_write_file(disk, "precious");
 
     g_autoptr(GPtrArray) notes = reconcile(f);
     assert_int_equal(notes->len, 1);
@@ -1122,7 +1089,7 @@ test_reconcile_keeps(void **state)
     g_autoptr(HostdAgentRecord) bad_xml =
         make_agent(f, "garbled", HOSTD_PHASE_READY, MAKE_RECORD, 42317);
     g_autofree char *xml_path = hostd_agent_record_path(bad_xml, "domain.xml");
-    write_file(xml_path, "<domain type='test'><name>garbled</name>");
+    vm_test_write_file(xml_path, "<domain type='test'><name>garbled</name>");
 
     g_autoptr(GPtrArray) notes = reconcile(f);
     assert_int_equal(notes->len, 3);

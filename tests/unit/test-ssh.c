@@ -21,6 +21,7 @@
 #include "hostd-ssh-private.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "test-common.h"
 
 #define SSHD_PATH "/usr/sbin/sshd"
 
@@ -208,8 +209,7 @@ setup_kind(void **state, ServerKind kind)
 {
     Fixture *f = g_new0(Fixture, 1);
 
-    f->dir = g_dir_make_tmp("test-ssh-XXXXXX", NULL);
-    assert_non_null(f->dir);
+    f->dir = vm_test_make_tmpdir("test-ssh-XXXXXX");
     f->port = free_port();
     f->log_path = g_build_filename(f->dir, "sshd.log", NULL);
     f->known_hosts_path = g_build_filename(f->dir, "known_hosts", NULL);
@@ -246,20 +246,6 @@ setup_drops_idle(void **state)
     return setup_kind(state, SERVER_DROPS_IDLE);
 }
 
-static void
-remove_tree(const char *dir)
-{
-    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
-    const char *name;
-
-    while (d != NULL && (name = g_dir_read_name(d)) != NULL) {
-        g_autofree char *path = g_build_filename(dir, name, NULL);
-
-        g_unlink(path);
-    }
-    g_rmdir(dir);
-}
-
 static int
 teardown(void **state)
 {
@@ -271,7 +257,7 @@ teardown(void **state)
         kill(f->sshd_pid, SIGTERM);
         waitpid(f->sshd_pid, NULL, 0);
     }
-    remove_tree(f->dir);
+    vm_test_remove_tree(f->dir);
     g_free(f->dir);
     g_free(f->log_path);
     g_free(f->known_hosts_path);
@@ -282,8 +268,7 @@ teardown(void **state)
 static int
 group_setup(void **state)
 {
-    keys.dir = g_dir_make_tmp("test-ssh-keys-XXXXXX", NULL);
-    assert_non_null(keys.dir);
+    keys.dir = vm_test_make_tmpdir("test-ssh-keys-XXXXXX");
     keys.host_key = keygen(keys.dir, "host");
     keys.user_key = keygen(keys.dir, "user");
     g_autofree char *other = keygen(keys.dir, "other");
@@ -299,7 +284,7 @@ group_setup(void **state)
 static int
 group_teardown(void **state)
 {
-    remove_tree(keys.dir);
+    vm_test_remove_tree(keys.dir);
     g_free(keys.dir);
     g_free(keys.host_key);
     g_free(keys.host_pub_line);

@@ -17,33 +17,12 @@
 
 #include "hostd-state.h"
 #include "vm-error.h"
+#include "test-common.h"
 
-typedef struct {
-    char *dir; /* a fresh temporary directory per test */
-} Fixture;
-
-static int
-setup(void **state)
-{
-    Fixture *f = g_new0(Fixture, 1);
-    g_autoptr(GError) error = NULL;
-
-    f->dir = g_dir_make_tmp("test-state-XXXXXX", &error);
-    assert_non_null(f->dir);
-    *state = f;
-    return 0;
-}
-
-static int
-teardown(void **state)
-{
-    Fixture *f = *state;
-
-    hostd_remove_tree(f->dir, NULL);
-    g_free(f->dir);
-    g_free(f);
-    return 0;
-}
+/* A fresh temporary directory per test, f->dir. */
+typedef VmTestTmpDir Fixture;
+#define setup    vm_test_tmpdir_setup
+#define teardown vm_test_tmpdir_teardown
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -57,47 +36,6 @@ assert_error(const GError *error, VmErrorCode code, const char *needle)
                  error->code, error->message);
     if (needle != NULL && strstr(error->message, needle) == NULL)
         fail_msg("error message '%s' does not mention '%s'", error->message, needle);
-}
-
-static guint
-file_mode(const char *path)
-{
-    struct stat st;
-
-    if (lstat(path, &st) < 0)
-        fail_msg("cannot stat %s: %s", path, g_strerror(errno));
-    return st.st_mode & 07777;
-}
-
-static gint
-compare_strings(gconstpointer a, gconstpointer b)
-{
-    return g_strcmp0(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* The names in @dir, sorted and joined with spaces, hidden ones included. */
-static char *
-dir_listing(const char *dir)
-{
-    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
-    g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
-    const char *entry;
-
-    assert_non_null(d);
-    while ((entry = g_dir_read_name(d)) != NULL)
-        g_ptr_array_add(names, g_strdup(entry));
-    g_ptr_array_sort(names, compare_strings);
-    g_ptr_array_add(names, NULL);
-    return g_strjoinv(" ", (char **)names->pdata);
-}
-
-static void
-write_file(const char *path, const char *contents)
-{
-    g_autoptr(GError) error = NULL;
-
-    if (!g_file_set_contents(path, contents, -1, &error))
-        fail_msg("cannot write %s: %s", path, error->message);
 }
 
 static HostdAgentRecord *
@@ -212,16 +150,16 @@ test_record_file(void **state)
     umask(old_umask);
     if (!ok)
         fail_msg("save failed: %s", error->message);
-    assert_int_equal(file_mode(path), 0600);
+    assert_int_equal(vm_test_file_mode(path), 0600);
 
     /* A rewrite replaces the file whole and leaves no temporary file behind. */
     g_free(r->phase);
     r->phase = g_strdup(HOSTD_PHASE_CREATING);
     assert_true(hostd_agent_record_save(r, &error));
     assert_true(hostd_agent_record_save(r, &error));
-    g_autofree char *listing = dir_listing(f->dir);
+    g_autofree char *listing = vm_test_dir_listing(f->dir, TRUE);
     assert_string_equal(listing, "agent.ini");
-    assert_int_equal(file_mode(path), 0600);
+    assert_int_equal(vm_test_file_mode(path), 0600);
 
     g_autoptr(HostdAgentRecord) loaded = hostd_agent_record_load(f->dir, &error);
     assert_non_null(loaded);
@@ -230,7 +168,7 @@ test_record_file(void **state)
     /* A previously wider file is narrowed by the rewrite. */
     assert_int_equal(chmod(path, 0644), 0);
     assert_true(hostd_agent_record_save(r, &error));
-    assert_int_equal(file_mode(path), 0600);
+    assert_int_equal(vm_test_file_mode(path), 0600);
 }
 
 static void
@@ -288,7 +226,7 @@ write_record(const char *dir, const char *drop, const char *extra)
     }
     if (extra != NULL)
         g_string_append_printf(text, "%s\n", extra);
-    write_file(path, text->str);
+    vm_test_write_file(path, text->str);
 }
 
 static void
@@ -382,7 +320,7 @@ test_record_unreadable(void **state)
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(GError) error = NULL;
 
-        write_file(path, cases[i]);
+        vm_test_write_file(path, cases[i]);
         g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(f->dir, &error);
         if (r != NULL)
             fail_msg("case %zu was accepted", i);
@@ -422,8 +360,8 @@ test_state_open_creates(void **state)
     assert_string_equal(st->dir, state_dir);
     assert_string_equal(st->agents_dir, agents_dir);
     assert_true(st->lock_fd >= 0);
-    assert_int_equal(file_mode(state_dir), 0711);
-    assert_int_equal(file_mode(agents_dir), 0711);
+    assert_int_equal(vm_test_file_mode(state_dir), 0711);
+    assert_int_equal(vm_test_file_mode(agents_dir), 0711);
 
     /* The lock file names its holder. */
     g_autofree char *pid = NULL;
@@ -451,8 +389,8 @@ test_state_open_existing(void **state)
     g_autoptr(HostdState) st = hostd_state_open(state_dir, &error);
     if (st == NULL)
         fail_msg("open failed: %s", error->message);
-    assert_int_equal(file_mode(state_dir), 0711);
-    assert_int_equal(file_mode(agents_dir), 0711);
+    assert_int_equal(vm_test_file_mode(state_dir), 0711);
+    assert_int_equal(vm_test_file_mode(agents_dir), 0711);
     assert_true(g_file_test(keep, G_FILE_TEST_IS_DIR));
 }
 
@@ -464,7 +402,7 @@ test_state_open_fails(void **state)
     g_autofree char *file = g_build_filename(f->dir, "file", NULL);
     g_autofree char *below = g_build_filename(file, "state", NULL);
 
-    write_file(file, "x");
+    vm_test_write_file(file, "x");
     assert_null(hostd_state_open(below, &error));
     assert_error(error, VM_ERROR_IO, below);
 }
@@ -521,8 +459,8 @@ test_list_agents(void **state)
     }
     g_autofree char *stray = g_build_filename(st->agents_dir, "notes.txt", NULL);
     g_autofree char *dot_file = g_build_filename(st->agents_dir, ".lock", NULL);
-    write_file(stray, "not an agent");
-    write_file(dot_file, "");
+    vm_test_write_file(stray, "not an agent");
+    vm_test_write_file(dot_file, "");
 
     g_autoptr(GPtrArray) names = hostd_state_list_agents(st, &error);
     if (names == NULL)
@@ -563,16 +501,16 @@ test_remove_tree(void **state)
 
     assert_int_equal(g_mkdir_with_parents(deep, 0700), 0);
     assert_int_equal(g_mkdir_with_parents(empty, 0700), 0);
-    write_file(file1, "1");
-    write_file(file2, "2");
-    write_file(readonly, "3");
+    vm_test_write_file(file1, "1");
+    vm_test_write_file(file2, "2");
+    vm_test_write_file(readonly, "3");
     assert_int_equal(chmod(readonly, 0400), 0);
     assert_int_equal(symlink("/nonexistent/target", dangling), 0);
 
     if (!hostd_remove_tree(top, &error))
         fail_msg("remove failed: %s", error->message);
     assert_false(g_file_test(top, G_FILE_TEST_EXISTS));
-    g_autofree char *listing = dir_listing(f->dir);
+    g_autofree char *listing = vm_test_dir_listing(f->dir, TRUE);
     assert_string_equal(listing, "");
 
     /* Missing is success, twice over. */
@@ -597,7 +535,7 @@ test_remove_tree_links(void **state)
 
     assert_int_equal(g_mkdir_with_parents(outside, 0700), 0);
     assert_int_equal(g_mkdir_with_parents(top, 0700), 0);
-    write_file(precious, "keep me");
+    vm_test_write_file(precious, "keep me");
     assert_int_equal(symlink(outside, inner_link), 0);
     assert_int_equal(symlink(outside, top_link), 0);
 

@@ -12,48 +12,12 @@
 
 #include "vm-error.h"
 #include "vm-template.h"
+#include "test-common.h"
 
-typedef struct {
-    char *tmpdir;
-} Fixture;
-
-static int
-setup(void **state)
-{
-    Fixture *f = g_new0(Fixture, 1);
-
-    f->tmpdir = g_dir_make_tmp("test-template-XXXXXX", NULL);
-    assert_non_null(f->tmpdir);
-    *state = f;
-    return 0;
-}
-
-static void
-remove_tree(const char *path)
-{
-    g_autoptr(GDir) dir = g_dir_open(path, 0, NULL);
-    const char *name;
-
-    while (dir != NULL && (name = g_dir_read_name(dir)) != NULL) {
-        g_autofree char *child = g_build_filename(path, name, NULL);
-        if (g_file_test(child, G_FILE_TEST_IS_DIR) && !g_file_test(child, G_FILE_TEST_IS_SYMLINK))
-            remove_tree(child);
-        else
-            g_unlink(child);
-    }
-    g_rmdir(path);
-}
-
-static int
-teardown(void **state)
-{
-    Fixture *f = *state;
-
-    remove_tree(f->tmpdir);
-    g_free(f->tmpdir);
-    g_free(f);
-    return 0;
-}
+/* A fresh temporary directory per test, f->dir. */
+typedef VmTestTmpDir Fixture;
+#define setup    vm_test_tmpdir_setup
+#define teardown vm_test_tmpdir_teardown
 
 static char *
 data_path(const char *name)
@@ -473,7 +437,7 @@ test_file_too_large(void **state)
 {
     Fixture *f = *state;
     g_autoptr(GString) big = g_string_new(minimal);
-    g_autofree char *path = g_build_filename(f->tmpdir, "big.yaml", NULL);
+    g_autofree char *path = g_build_filename(f->dir, "big.yaml", NULL);
     g_autoptr(GError) error = NULL;
 
     while (big->len <= 64 * 1024)
@@ -504,7 +468,7 @@ static void
 test_file_missing(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *path = g_build_filename(f->tmpdir, "nope.yaml", NULL);
+    g_autofree char *path = g_build_filename(f->dir, "nope.yaml", NULL);
     g_autoptr(GError) error = NULL;
     g_autoptr(VmTemplate) t = vm_template_load_file(path, &error);
 
@@ -518,7 +482,7 @@ test_file_not_regular(void **state)
 {
     Fixture *f = *state;
     g_autoptr(GError) error = NULL;
-    g_autoptr(VmTemplate) t = vm_template_load_file(f->tmpdir, &error);
+    g_autoptr(VmTemplate) t = vm_template_load_file(f->dir, &error);
 
     assert_null(t);
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_IO));
@@ -548,12 +512,12 @@ test_dir_sorted_and_filtered(void **state)
     Fixture *f = *state;
     g_autoptr(GError) error = NULL;
 
-    write_file(f->tmpdir, "b.yaml", "name: bee\nimage: {build: mmdebstrap, suite: bookworm}\n");
-    write_file(f->tmpdir, "a.yaml", "name: zed\nimage: {build: mmdebstrap, suite: bookworm}\n");
-    write_file(f->tmpdir, "c.yaml.orig", "not: loaded\n");
-    write_file(f->tmpdir, "README", "not loaded either\n");
-    write_file(f->tmpdir, ".#a.yaml", "editor lock file\n");
-    g_autoptr(GPtrArray) templates = vm_template_load_dir(f->tmpdir, &error);
+    write_file(f->dir, "b.yaml", "name: bee\nimage: {build: mmdebstrap, suite: bookworm}\n");
+    write_file(f->dir, "a.yaml", "name: zed\nimage: {build: mmdebstrap, suite: bookworm}\n");
+    write_file(f->dir, "c.yaml.orig", "not: loaded\n");
+    write_file(f->dir, "README", "not loaded either\n");
+    write_file(f->dir, ".#a.yaml", "editor lock file\n");
+    g_autoptr(GPtrArray) templates = vm_template_load_dir(f->dir, &error);
 
     if (templates == NULL)
         fail_msg("%s", error->message);
@@ -561,7 +525,7 @@ test_dir_sorted_and_filtered(void **state)
     /* sorted by file name, not by template name */
     assert_string_equal(((VmTemplate *)templates->pdata[0])->name, "zed");
     assert_string_equal(((VmTemplate *)templates->pdata[1])->name, "bee");
-    g_autofree char *a_path = g_build_filename(f->tmpdir, "a.yaml", NULL);
+    g_autofree char *a_path = g_build_filename(f->dir, "a.yaml", NULL);
     assert_string_equal(((VmTemplate *)templates->pdata[0])->path, a_path);
 }
 
@@ -570,7 +534,7 @@ test_dir_empty(void **state)
 {
     Fixture *f = *state;
     g_autoptr(GError) error = NULL;
-    g_autoptr(GPtrArray) templates = vm_template_load_dir(f->tmpdir, &error);
+    g_autoptr(GPtrArray) templates = vm_template_load_dir(f->dir, &error);
 
     assert_null(error);
     assert_non_null(templates);
@@ -581,16 +545,16 @@ static void
 test_dir_one_broken_fails_all(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *broken = g_build_filename(f->tmpdir, "b.yaml", NULL);
+    g_autofree char *broken = g_build_filename(f->dir, "b.yaml", NULL);
     g_autofree char *expected = g_strdup_printf("%s:3:1: unknown key 'cpus'", broken);
     g_autoptr(GError) error = NULL;
 
-    write_file(f->tmpdir, "a.yaml", "name: one\nimage: {build: mmdebstrap, suite: bookworm}\n");
-    write_file(f->tmpdir, "b.yaml",
+    write_file(f->dir, "a.yaml", "name: one\nimage: {build: mmdebstrap, suite: bookworm}\n");
+    write_file(f->dir, "b.yaml",
                "name: two\nimage: {build: mmdebstrap, suite: bookworm}\n"
                "cpus: 4\n");
-    write_file(f->tmpdir, "c.yaml", "name: three\nimage: {build: mmdebstrap, suite: bookworm}\n");
-    g_autoptr(GPtrArray) templates = vm_template_load_dir(f->tmpdir, &error);
+    write_file(f->dir, "c.yaml", "name: three\nimage: {build: mmdebstrap, suite: bookworm}\n");
+    g_autoptr(GPtrArray) templates = vm_template_load_dir(f->dir, &error);
 
     assert_null(templates);
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_TEMPLATE));
@@ -601,15 +565,15 @@ static void
 test_dir_duplicate_name(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *first = g_build_filename(f->tmpdir, "a.yaml", NULL);
-    g_autofree char *second = g_build_filename(f->tmpdir, "b.yaml", NULL);
+    g_autofree char *first = g_build_filename(f->dir, "a.yaml", NULL);
+    g_autofree char *second = g_build_filename(f->dir, "b.yaml", NULL);
     g_autofree char *expected =
         g_strdup_printf("%s:2:7: template 'same' is already defined in %s", second, first);
     g_autoptr(GError) error = NULL;
 
-    write_file(f->tmpdir, "a.yaml", "name: same\nimage: {build: mmdebstrap, suite: bookworm}\n");
-    write_file(f->tmpdir, "b.yaml", "image: {build: mmdebstrap, suite: bookworm}\nname: same\n");
-    g_autoptr(GPtrArray) templates = vm_template_load_dir(f->tmpdir, &error);
+    write_file(f->dir, "a.yaml", "name: same\nimage: {build: mmdebstrap, suite: bookworm}\n");
+    write_file(f->dir, "b.yaml", "image: {build: mmdebstrap, suite: bookworm}\nname: same\n");
+    g_autoptr(GPtrArray) templates = vm_template_load_dir(f->dir, &error);
 
     assert_null(templates);
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_TEMPLATE));
@@ -620,7 +584,7 @@ static void
 test_dir_missing(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *path = g_build_filename(f->tmpdir, "nope", NULL);
+    g_autofree char *path = g_build_filename(f->dir, "nope", NULL);
     g_autoptr(GError) error = NULL;
     g_autoptr(GPtrArray) templates = vm_template_load_dir(path, &error);
 

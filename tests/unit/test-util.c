@@ -7,6 +7,7 @@
 
 #include "vm-error.h"
 #include "vm-util.h"
+#include "test-common.h"
 
 #include <fcntl.h>
 #include <string.h>
@@ -108,26 +109,8 @@ static int
 teardown_dir(void **state)
 {
     g_autofree char *dir = *state;
-    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
-    const char *name;
 
-    while (d != NULL && (name = g_dir_read_name(d)) != NULL) {
-        g_autofree char *path = g_build_filename(dir, name, NULL);
-        unlink(path);
-    }
-    return rmdir(dir);
-}
-
-static guint
-count_entries(const char *dir)
-{
-    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
-    guint n = 0;
-
-    assert_non_null(d);
-    while (g_dir_read_name(d) != NULL)
-        n++;
-    return n;
+    return vm_test_remove_tree(dir) ? 0 : -1;
 }
 
 static void
@@ -154,13 +137,13 @@ test_write_atomic(void **state)
     assert_memory_equal(contents, "second\0binary", 13);
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_mode & 07777, 0600);
-    assert_int_equal(count_entries(dir), 1);
+    assert_int_equal(vm_test_count_entries(dir), 1);
 
     assert_true(vm_file_write_atomic(path, "", 0, 0640, &error));
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_size, 0);
     assert_int_equal(st.st_mode & 07777, 0640);
-    assert_int_equal(count_entries(dir), 1);
+    assert_int_equal(vm_test_count_entries(dir), 1);
     umask(old_umask);
 }
 
@@ -186,8 +169,8 @@ test_write_atomic_fails(void **state)
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_IO));
     assert_true(g_file_get_contents(inner, &contents, NULL, NULL));
     assert_string_equal(contents, "x");
-    assert_int_equal(count_entries(dir), 1);
-    assert_int_equal(count_entries(subdir), 1);
+    assert_int_equal(vm_test_count_entries(dir), 1);
+    assert_int_equal(vm_test_count_entries(subdir), 1);
 
     assert_int_equal(unlink(inner), 0);
     assert_int_equal(rmdir(subdir), 0);

@@ -20,6 +20,7 @@
 
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "test-common.h"
 
 #define SERVER_WAIT_MS 30000
 
@@ -71,8 +72,7 @@ setup(void **state)
     const char *build_dir = g_getenv("VM_BUILD_DIR");
 
     f->vmctl = g_build_filename(build_dir != NULL ? build_dir : ".", "vmctl", "vmctl", NULL);
-    f->tmpdir = g_dir_make_tmp("test-vmctl-XXXXXX", NULL);
-    assert_non_null(f->tmpdir);
+    f->tmpdir = vm_test_make_tmpdir("test-vmctl-XXXXXX");
     f->socket_path = g_build_filename(f->tmpdir, "hostd.sock", NULL);
     assert_true(strlen(f->socket_path) < sizeof(addr.sun_path));
     strcpy(addr.sun_path, f->socket_path);
@@ -90,19 +90,13 @@ static int
 teardown(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(GDir) dir = g_dir_open(f->tmpdir, 0, NULL);
-    const char *name;
 
     if (f->thread != NULL) {
         g_atomic_int_set(&f->stop, 1);
         g_thread_join(f->thread);
     }
     close(f->listen_fd);
-    while (dir != NULL && (name = g_dir_read_name(dir)) != NULL) {
-        g_autofree char *path = g_build_filename(f->tmpdir, name, NULL);
-        g_unlink(path);
-    }
-    g_rmdir(f->tmpdir);
+    vm_test_remove_tree(f->tmpdir);
     g_ptr_array_unref(f->server.replies);
     g_byte_array_unref(f->server.stdin_data);
     if (f->server.request != NULL)

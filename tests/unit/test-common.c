@@ -1,0 +1,166 @@
+/* Fixtures shared by the unit tests; see test-common.h. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <glib/gstdio.h>
+
+#include "test-common.h"
+
+char *
+vm_test_make_tmpdir(const char *tmpl)
+{
+    g_autoptr(GError) error = NULL;
+    char *dir = g_dir_make_tmp(tmpl, &error);
+
+    if (dir == NULL)
+        fail_msg("cannot make a temporary directory: %s", error->message);
+    return dir;
+}
+
+gboolean
+vm_test_remove_tree(const char *path)
+{
+    GStatBuf st;
+
+    if (g_lstat(path, &st) < 0)
+        return errno == ENOENT;
+    if (S_ISDIR(st.st_mode)) {
+        g_autoptr(GDir) dir = g_dir_open(path, 0, NULL);
+        const char *name;
+
+        while (dir != NULL && (name = g_dir_read_name(dir)) != NULL) {
+            g_autofree char *child = g_build_filename(path, name, NULL);
+            vm_test_remove_tree(child);
+        }
+    }
+    return g_remove(path) == 0;
+}
+
+int
+vm_test_tmpdir_setup(void **state)
+{
+    VmTestTmpDir *t = g_new0(VmTestTmpDir, 1);
+    g_autofree char *tmpl = g_strdup_printf("%s-XXXXXX", program_invocation_short_name);
+
+    t->dir = vm_test_make_tmpdir(tmpl);
+    *state = t;
+    return 0;
+}
+
+int
+vm_test_tmpdir_teardown(void **state)
+{
+    VmTestTmpDir *t = *state;
+
+    vm_test_remove_tree(t->dir);
+    g_free(t->dir);
+    g_free(t);
+    return 0;
+}
+
+char *
+vm_test_read_file(const char *path)
+{
+    g_autoptr(GError) error = NULL;
+    char *text = NULL;
+
+    if (!g_file_get_contents(path, &text, NULL, &error))
+        fail_msg("cannot read %s: %s", path, error->message);
+    return text;
+}
+
+void
+vm_test_write_file(const char *path, const char *contents)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!g_file_set_contents(path, contents, -1, &error))
+        fail_msg("cannot write %s: %s", path, error->message);
+}
+
+guint
+vm_test_file_mode(const char *path)
+{
+    GStatBuf st;
+
+    if (g_lstat(path, &st) < 0)
+        fail_msg("cannot stat %s: %s", path, g_strerror(errno));
+    return st.st_mode & 07777;
+}
+
+guint
+vm_test_count_entries(const char *dir)
+{
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    guint n = 0;
+
+    if (d == NULL)
+        fail_msg("cannot open %s", dir);
+    while (g_dir_read_name(d) != NULL)
+        n++;
+    return n;
+}
+
+static gint
+compare_names(gconstpointer a, gconstpointer b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+char *
+vm_test_dir_listing(const char *dir, gboolean with_hidden)
+{
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
+    const char *entry;
+
+    if (d == NULL)
+        fail_msg("cannot open %s", dir);
+    while ((entry = g_dir_read_name(d)) != NULL) {
+        if (with_hidden || entry[0] != '.')
+            g_ptr_array_add(names, g_strdup(entry));
+    }
+    g_ptr_array_sort(names, compare_names);
+    g_ptr_array_add(names, NULL);
+    return g_strjoinv(" ", (char **)names->pdata);
+}
+
+void
+vm_test_assert_golden(const char *name, const char *actual)
+{
+    const char *dir = g_getenv("VM_TEST_GOLDEN");
+    const char *source = g_getenv("VM_SOURCE_DIR");
+    g_autofree char *path = dir != NULL ? g_build_filename(dir, name, NULL)
+                                        : g_build_filename(source != NULL ? source : ".", "tests",
+                                                           "golden", name, NULL);
+    g_autofree char *expected = NULL;
+    g_autoptr(GError) error = NULL;
+
+    if (g_strcmp0(g_getenv("VIR_TEST_REGENERATE_OUTPUT"), "1") == 0) {
+        if (!g_file_set_contents(path, actual, -1, &error))
+            fail_msg("cannot write %s: %s", path, error->message);
+        return;
+    }
+    if (!g_file_get_contents(path, &expected, NULL, &error))
+        fail_msg("cannot read %s: %s (VIR_TEST_REGENERATE_OUTPUT=1 writes it)", path,
+                 error->message);
+    if (strcmp(expected, actual) != 0) {
+        g_auto(GStrv) want = g_strsplit(expected, "\n", -1);
+        g_auto(GStrv) got = g_strsplit(actual, "\n", -1);
+        guint i = 0;
+
+        while (want[i] != NULL && got[i] != NULL && strcmp(want[i], got[i]) == 0)
+            i++;
+        fail_msg("%s differs at line %u:\n  expected: %s\n  actual:   %s\n"
+                 "(VIR_TEST_REGENERATE_OUTPUT=1 rewrites it)",
+                 path, i + 1, want[i] != NULL ? want[i] : "<end>",
+                 got[i] != NULL ? got[i] : "<end>");
+    }
+}

@@ -1,0 +1,50 @@
+/* Fixtures shared by the unit tests: temporary directories, whole-file reads and writes, directory
+ * listings and golden files. GLib and cmocka only, so that the tests of common/ link it too. Every
+ * helper fails the running test (cmocka's fail_msg) instead of returning an error. */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+/* The state of tests whose whole fixture is one fresh temporary directory. */
+typedef struct {
+    char *dir;
+} VmTestTmpDir;
+
+/* Creates a fresh, empty directory under the system's temporary directory, named from @tmpl as
+ * g_dir_make_tmp() does ("test-foo-XXXXXX"). Free with g_free() after vm_test_remove_tree(). */
+char *vm_test_make_tmpdir(const char *tmpl);
+
+/* Removes @path and everything below it, never following a symbolic link: a link is removed,
+ * not what it points to. A missing @path is not an error. Returns FALSE, leaving what it could
+ * not remove, when something stays. */
+gboolean vm_test_remove_tree(const char *path);
+
+/* cmocka setup and teardown for a VmTestTmpDir: a fresh directory named after the test program
+ * per test, removed with everything in it afterwards. */
+int vm_test_tmpdir_setup(void **state);
+int vm_test_tmpdir_teardown(void **state);
+
+/* The contents of @path, NUL-terminated. */
+char *vm_test_read_file(const char *path);
+
+/* Replaces @path with @contents (NUL-terminated). */
+void vm_test_write_file(const char *path, const char *contents);
+
+/* The permission bits of @path itself (a link is not followed). */
+guint vm_test_file_mode(const char *path);
+
+/* How many entries @dir holds, hidden ones included. */
+guint vm_test_count_entries(const char *dir);
+
+/* The names in @dir, sorted and joined with spaces; names starting with '.' only when
+ * @with_hidden. */
+char *vm_test_dir_listing(const char *dir, gboolean with_hidden);
+
+/* Compares @actual with the golden file @name in $VM_TEST_GOLDEN (else tests/golden under
+ * $VM_SOURCE_DIR or "."), naming the first line that differs; with VIR_TEST_REGENERATE_OUTPUT=1
+ * rewrites the file with @actual instead. */
+void vm_test_assert_golden(const char *name, const char *actual);
+
+G_END_DECLS
