@@ -89,6 +89,22 @@ static const VmOpSpec vm_op_specs[] = {
         {"cols", "u", 0, 0, VM_WINSIZE_MAX},
         {"rows", "u", 0, 0, VM_WINSIZE_MAX},
         {NULL}}},
+    {VM_OP_CHECKPOINT_CREATE, "checkpoint-create", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"label", "s", 0, 0, VM_LABEL_MAX},
+        {NULL}}},
+    {VM_OP_CHECKPOINT_LIST, "checkpoint-list", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {NULL}}},
+    {VM_OP_CHECKPOINT_RESTORE, "checkpoint-restore", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"checkpoint", "s", REQ, 1, VM_LABEL_MAX},
+        {"wait", "b"},
+        {NULL}}},
+    {VM_OP_CHECKPOINT_RM, "checkpoint-rm", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"checkpoint", "s", REQ, 1, VM_LABEL_MAX},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", FALSE, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

@@ -19,25 +19,32 @@ G_BEGIN_DECLS
 #define VM_STREAM_CHUNK_MAX  (64 * 1024)   /* data bytes in one STDIN/STDOUT/STDERR message */
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
-#define VM_PROTOCOL_VERSION  1
+#define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
+#define VM_PROTOCOL_VERSION  2
 
 /* Values are part of the wire protocol: append only, never renumber. */
 typedef enum {
     /* Requests: the first message a client sends on a connection (one request per
      * connection). */
-    VM_OP_PING = 1,         /* -> RESULT {version s, protocol u, virt_type s, uri s} */
-    VM_OP_TEMPLATE_LIST,    /* -> RESULT {templates aa{sv}} */
-    VM_OP_TEMPLATE_BUILD,   /* {name s, force b?} -> PROGRESS* RESULT {name s, image s} */
-    VM_OP_AGENT_NEW,        /* {name s, template s?, cpus u?, memory_mib u?, disk_gib u?,
-                             *  user_data s?, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
-    VM_OP_AGENT_LIST,       /* -> RESULT {agents aa{sv}} */
-    VM_OP_AGENT_INFO,       /* {name s} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_START,      /* {name s, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
-    VM_OP_AGENT_STOP,       /* {name s, force b?, timeout_s u?} -> PROGRESS* RESULT {agent} */
-    VM_OP_AGENT_RM,         /* {name s, force b?} -> RESULT {} */
-    VM_OP_AGENT_SSH_CONFIG, /* {name s?} -> RESULT {config s} */
-    VM_OP_EXEC,             /* {name s, argv as, env as?, cwd s?, tty b?, term s?, cols u?,
-                             *  rows u?} -> then a stream, see below */
+    VM_OP_PING = 1,           /* -> RESULT {version s, protocol u, virt_type s, uri s} */
+    VM_OP_TEMPLATE_LIST,      /* -> RESULT {templates aa{sv}} */
+    VM_OP_TEMPLATE_BUILD,     /* {name s, force b?} -> PROGRESS* RESULT {name s, image s} */
+    VM_OP_AGENT_NEW,          /* {name s, template s?, cpus u?, memory_mib u?, disk_gib u?,
+                               *  user_data s?, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
+    VM_OP_AGENT_LIST,         /* -> RESULT {agents aa{sv}} */
+    VM_OP_AGENT_INFO,         /* {name s} -> RESULT {agent a{sv}} */
+    VM_OP_AGENT_START,        /* {name s, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
+    VM_OP_AGENT_STOP,         /* {name s, force b?, timeout_s u?} -> PROGRESS* RESULT {agent} */
+    VM_OP_AGENT_RM,           /* {name s, force b?} -> RESULT {} */
+    VM_OP_AGENT_SSH_CONFIG,   /* {name s?} -> RESULT {config s} */
+    VM_OP_EXEC,               /* {name s, argv as, env as?, cwd s?, tty b?, term s?, cols u?,
+                               *  rows u?} -> then a stream, see below */
+    VM_OP_CHECKPOINT_CREATE,  /* {name s, label s?} -> PROGRESS* RESULT {checkpoint a{sv},
+                               *  warning s?} */
+    VM_OP_CHECKPOINT_LIST,    /* {name s} -> RESULT {checkpoints aa{sv}} */
+    VM_OP_CHECKPOINT_RESTORE, /* {name s, checkpoint s, wait b?} -> PROGRESS* RESULT {agent a{sv},
+                               *  undo s: the checkpoint taken just before} */
+    VM_OP_CHECKPOINT_RM,      /* {name s, checkpoint s} -> RESULT {} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,  /* {data ay} */

@@ -8,6 +8,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "hostd-agent-private.h"
+#include "hostd-checkpoint.h"
 #include "hostd-keys.h"
 #include "vm-domain.h"
 #include "vm-error.h"
@@ -60,7 +62,7 @@ hostd_context_free(HostdContext *ctx)
 }
 
 /* Takes the per-agent lock of @name; operations on one agent never interleave. */
-static GMutex *
+GMutex *
 hostd_name_lock(HostdContext *ctx, const char *name)
 {
     g_mutex_lock(&ctx->lock);
@@ -75,29 +77,28 @@ hostd_name_lock(HostdContext *ctx, const char *name)
     return m;
 }
 
-static void
+void
 hostd_name_unlock(GMutex *m)
 {
     if (m != NULL)
         g_mutex_unlock(m);
 }
-G_DEFINE_AUTOPTR_CLEANUP_FUNC(GMutex, hostd_name_unlock)
 
-static void
+void
 hostd_progress(VmProgressFunc progress, gpointer data, const char *message, double fraction)
 {
     if (progress != NULL)
         progress(message, fraction, data);
 }
 
-static char *
+char *
 hostd_agent_dir(HostdContext *ctx, const char *name)
 {
     return g_build_filename(ctx->state->agents_dir, name, NULL);
 }
 
 /* Loads the record of an existing, finished agent. */
-static HostdAgentRecord *
+HostdAgentRecord *
 hostd_agent_load(HostdContext *ctx, const char *name, GError **error)
 {
     if (!vm_name_validate(name, error))
@@ -118,7 +119,7 @@ hostd_agent_load(HostdContext *ctx, const char *name, GError **error)
 }
 
 /* Runs a helper program; its stderr becomes the error message. */
-static gboolean
+gboolean
 hostd_run(const char *const *argv, GError **error)
 {
     g_autofree char *err_text = NULL;
@@ -134,7 +135,7 @@ hostd_run(const char *const *argv, GError **error)
     return TRUE;
 }
 
-static guint64
+guint64
 hostd_file_allocated(const char *path)
 {
     struct stat st;
@@ -143,13 +144,29 @@ hostd_file_allocated(const char *path)
     return (guint64)st.st_blocks * 512;
 }
 
-static GVariant *
+/* Bytes the agent's disk files take on the host: its overlay and every checkpoint image. */
+static guint64
+hostd_agent_disk_bytes(const HostdAgentRecord *r)
+{
+    g_autoptr(GDir) dir = g_dir_open(r->dir, 0, NULL);
+    const char *entry;
+    guint64 total = 0;
+
+    while (dir != NULL && (entry = g_dir_read_name(dir)) != NULL) {
+        if (g_str_has_suffix(entry, ".qcow2")) {
+            g_autofree char *path = g_build_filename(r->dir, entry, NULL);
+            total += hostd_file_allocated(path);
+        }
+    }
+    return total;
+}
+
+GVariant *
 hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
 {
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
     g_autoptr(GError) local_error = NULL;
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, &local_error);
-    g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
     const char *state = dom != NULL ? hostd_libvirt_state_name(dom) : "missing";
 
     g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(r->name));
@@ -160,7 +177,7 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_variant_builder_add(&b, "{sv}", "memory_mib", g_variant_new_uint32(r->memory_mib));
     g_variant_builder_add(&b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
     g_variant_builder_add(&b, "{sv}", "disk_bytes",
-                          g_variant_new_uint64(hostd_file_allocated(disk)));
+                          g_variant_new_uint64(hostd_agent_disk_bytes(r)));
     g_variant_builder_add(&b, "{sv}", "ssh_port", g_variant_new_uint32(r->ssh_port));
     g_variant_builder_add(&b, "{sv}", "user", g_variant_new_string(r->user));
     g_variant_builder_add(&b, "{sv}", "created", g_variant_new_int64(r->created));
@@ -171,7 +188,7 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     return g_variant_builder_end(&b);
 }
 
-static void
+void
 hostd_agent_mark_state_change(HostdAgentRecord *r)
 {
     r->state_since = g_get_real_time() / G_USEC_PER_SEC;
@@ -297,7 +314,7 @@ hostd_ssh_target_init(HostdSshTarget *t, const HostdAgentRecord *r, char **ident
 
 /* Waits for SSH, reporting progress every few seconds; on timeout the error carries the
  * console's last lines, which is usually where the reason is. */
-static gboolean
+gboolean
 hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFunc progress,
                      gpointer progress_data, GError **error)
 {
@@ -370,7 +387,6 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
     g_autofree char *ssh_config_path = hostd_agent_record_path(r, HOSTD_AGENT_SSH_CONFIG);
     g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
     g_autofree char *seed = hostd_agent_record_path(r, HOSTD_AGENT_SEED);
-    g_autofree char *console = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE);
     g_autofree char *comment = g_strdup_printf("vmctl-%s", r->name);
 
     g_autoptr(HostdKeyPair) user_key = hostd_keypair_generate(comment, error);
@@ -414,6 +430,26 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         return NULL;
     }
 
+    return hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
+}
+
+char *
+hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
+                       const char *disk_file, GError **error)
+{
+    g_autoptr(VmImage) looked_up = NULL;
+    if (image == NULL) {
+        g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, r->template_name, error);
+        if (tpl == NULL)
+            return NULL;
+        looked_up = vm_image_lookup(ctx->config->images_dir, tpl, error);
+        if (looked_up == NULL)
+            return NULL;
+        image = looked_up;
+    }
+    g_autofree char *disk = hostd_agent_record_path(r, disk_file);
+    g_autofree char *seed = hostd_agent_record_path(r, HOSTD_AGENT_SEED);
+    g_autofree char *console = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE);
     g_autofree char *metadata = g_markup_printf_escaped(
         "<vmctl:agent xmlns:vmctl='https://vmctl.dev/xmlns/agent/1' name='%s' template='%s'/>",
         r->name, r->template_name);
@@ -465,7 +501,7 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     if (!vm_name_validate(req->name, error))
         return NULL;
 
-    g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, req->name);
+    g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, req->name);
     g_autofree char *dir = hostd_agent_dir(ctx, req->name);
     g_autoptr(GError) lookup_error = NULL;
     g_autoptr(virDomain) existing = hostd_libvirt_lookup(ctx->lv, req->name, &lookup_error);
@@ -555,7 +591,7 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
 
 /* Loads the record of @name and looks up its domain: what every operation on an existing agent
  * starts with. */
-static gboolean
+gboolean
 hostd_agent_open(HostdContext *ctx, const char *name, HostdAgentRecord **ret_record,
                  virDomainPtr *ret_dom, GError **error)
 {
@@ -583,7 +619,7 @@ hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgress
 {
     if (!vm_name_validate(name, error))
         return NULL;
-    g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, name);
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
     if (!hostd_agent_open(ctx, name, &r, &dom, error))
@@ -610,7 +646,7 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
 {
     if (!vm_name_validate(name, error))
         return NULL;
-    g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, name);
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
     if (!hostd_agent_open(ctx, name, &r, &dom, error))
@@ -633,7 +669,7 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
 {
     if (!vm_name_validate(name, error))
         return FALSE;
-    g_autoptr(GMutex) name_lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, name);
     g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
     if (r == NULL)
         return FALSE;
@@ -825,6 +861,10 @@ hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
         }
         g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
         if (dom != NULL) {
+            g_autoptr(GError) checkpoint_error = NULL;
+            if (!hostd_checkpoint_reconcile(ctx, r, notes, &checkpoint_error))
+                g_ptr_array_add(notes,
+                                g_strdup_printf("agent '%s': %s", name, checkpoint_error->message));
             g_ptr_array_add(
                 notes, g_strdup_printf("agent '%s' is %s", name, hostd_libvirt_state_name(dom)));
             continue;

@@ -1,5 +1,7 @@
 #include "hostd-server.h"
 
+#include "hostd-checkpoint.h"
+
 #include <errno.h>
 #include <grp.h>
 #include <glib/gstdio.h>
@@ -162,6 +164,38 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
         *ret_streamed = TRUE;
         return g_variant_new_array(G_VARIANT_TYPE("{sv}"), NULL, 0);
     }
+    case VM_OP_CHECKPOINT_CREATE: {
+        g_autofree char *warning = NULL;
+        GVariant *c = hostd_checkpoint_create(ctx, name, vm_message_get_string(req, "label", NULL),
+                                              FALSE, &warning, error);
+        if (c == NULL)
+            return NULL;
+        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+        g_variant_builder_add(&b, "{sv}", "checkpoint", c);
+        if (warning != NULL)
+            g_variant_builder_add(&b, "{sv}", "warning", g_variant_new_string(warning));
+        return g_variant_builder_end(&b);
+    }
+    case VM_OP_CHECKPOINT_LIST: {
+        GVariant *list = hostd_checkpoint_list(ctx, name, error);
+        return list != NULL ? hostd_fields1("checkpoints", list) : NULL;
+    }
+    case VM_OP_CHECKPOINT_RESTORE: {
+        g_autofree char *undo = NULL;
+        GVariant *agent = hostd_checkpoint_restore(
+            ctx, name, vm_message_get_string(req, "checkpoint", NULL),
+            vm_message_get_bool(req, "wait", TRUE), &undo, hostd_send_progress, pdata, error);
+        if (agent == NULL)
+            return NULL;
+        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+        g_variant_builder_add(&b, "{sv}", "agent", agent);
+        g_variant_builder_add(&b, "{sv}", "undo", g_variant_new_string(undo ? undo : ""));
+        return g_variant_builder_end(&b);
+    }
+    case VM_OP_CHECKPOINT_RM:
+        if (!hostd_checkpoint_rm(ctx, name, vm_message_get_string(req, "checkpoint", NULL), error))
+            return NULL;
+        return g_variant_new_array(G_VARIANT_TYPE("{sv}"), NULL, 0);
     default:
         vm_throw(error, VM_ERROR_PROTOCOL, "%s is not a request",
                  vm_op_name(req->op) ? vm_op_name(req->op) : "unknown op");

@@ -18,6 +18,10 @@ static const VmctlVerb verbs[] = {
     {"start", vmctl_cmd_start, "NAME", "Start a stopped agent"},
     {"stop", vmctl_cmd_stop, "NAME", "Stop an agent's VM"},
     {"rm", vmctl_cmd_rm, "NAME", "Remove an agent and its disk"},
+    {"checkpoint rm", vmctl_cmd_checkpoint_rm, "NAME CHECKPOINT", "Remove a checkpoint"},
+    {"checkpoint", vmctl_cmd_checkpoint, "NAME", "Checkpoint an agent's disk, live"},
+    {"checkpoints", vmctl_cmd_checkpoints, "NAME", "List an agent's checkpoints"},
+    {"restore", vmctl_cmd_restore, "NAME CHECKPOINT", "Put an agent back to a checkpoint"},
     {"template list", vmctl_cmd_template_list, "", "List the templates"},
     {"template build", vmctl_cmd_template_build, "NAME", "Build the base image of a template"},
 };

@@ -21,6 +21,6 @@ vmctl_cmd_list(VmctlContext *ctx, int argc, char **argv, GError **error)
 
     if (!vmctl_parse(ctx, argc, argv, NULL, 0, 0, &args, error))
         return FALSE;
-    return vmctl_print_list(ctx, VM_OP_AGENT_LIST, "agents", agent_columns,
+    return vmctl_print_list(ctx, VM_OP_AGENT_LIST, NULL, "agents", agent_columns,
                             G_N_ELEMENTS(agent_columns), error);
 }

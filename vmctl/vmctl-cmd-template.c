@@ -21,7 +21,7 @@ vmctl_cmd_template_list(VmctlContext *ctx, int argc, char **argv, GError **error
 
     if (!vmctl_parse(ctx, argc, argv, NULL, 0, 0, &args, error))
         return FALSE;
-    return vmctl_print_list(ctx, VM_OP_TEMPLATE_LIST, "templates", template_columns,
+    return vmctl_print_list(ctx, VM_OP_TEMPLATE_LIST, NULL, "templates", template_columns,
                             G_N_ELEMENTS(template_columns), error);
 }
 

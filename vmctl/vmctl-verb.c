@@ -246,12 +246,12 @@ vmctl_print_result(VmctlContext *ctx, const VmMessage *result, const char *key, 
 }
 
 gboolean
-vmctl_print_list(VmctlContext *ctx, VmOp op, const char *key, const VmctlField *columns,
-                 gsize n_columns, GError **error)
+vmctl_print_list(VmctlContext *ctx, VmOp op, GVariant *fields, const char *key,
+                 const VmctlField *columns, gsize n_columns, GError **error)
 {
     g_autoptr(VmMessage) result = NULL;
 
-    if (!vmctl_request(ctx, op, NULL, &result, error))
+    if (!vmctl_request(ctx, op, fields, &result, error))
         return FALSE;
     g_autoptr(GVariant) rows = vmctl_result_get(result, key, G_VARIANT_TYPE("aa{sv}"));
     if (rows == NULL)

@@ -92,10 +92,10 @@ GVariant *vmctl_result_get(const VmMessage *result, const char *key, const GVari
 void vmctl_print_result(VmctlContext *ctx, const VmMessage *result, const char *key,
                         const char *text);
 
-/* Sends @op (a request without fields) and prints the aa{sv} field @key of its RESULT as a table
- * of @columns, or with --json as a JSON array. */
-gboolean vmctl_print_list(VmctlContext *ctx, VmOp op, const char *key, const VmctlField *columns,
-                          gsize n_columns, GError **error);
+/* Sends @op with @fields (as vmctl_request()) and prints the aa{sv} field @key of its RESULT as a
+ * table of @columns, or with --json as a JSON array. */
+gboolean vmctl_print_list(VmctlContext *ctx, VmOp op, GVariant *fields, const char *key,
+                          const VmctlField *columns, gsize n_columns, GError **error);
 
 /* Sends a request about one agent that answers with {agent} (start, stop, rm) and prints
  * "@done NAME" (or the JSON). @fields must hold "name". */
@@ -114,5 +114,9 @@ gboolean vmctl_cmd_ssh_config(VmctlContext *ctx, int argc, char **argv, GError *
 gboolean vmctl_cmd_start(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_stop(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_rm(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_checkpoint(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_checkpoint_rm(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_checkpoints(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_restore(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS

@@ -23,16 +23,30 @@ static const struct {
     VmOp op;
     gboolean request;
 } all_ops[] = {
-    {VM_OP_PING, TRUE},           {VM_OP_TEMPLATE_LIST, TRUE},
-    {VM_OP_TEMPLATE_BUILD, TRUE}, {VM_OP_AGENT_NEW, TRUE},
-    {VM_OP_AGENT_LIST, TRUE},     {VM_OP_AGENT_INFO, TRUE},
-    {VM_OP_AGENT_START, TRUE},    {VM_OP_AGENT_STOP, TRUE},
-    {VM_OP_AGENT_RM, TRUE},       {VM_OP_AGENT_SSH_CONFIG, TRUE},
-    {VM_OP_EXEC, TRUE},           {VM_OP_STDIN, FALSE},
-    {VM_OP_STDIN_EOF, FALSE},     {VM_OP_WINDOW_SIZE, FALSE},
-    {VM_OP_PROGRESS, FALSE},      {VM_OP_RESULT, FALSE},
-    {VM_OP_ERROR, FALSE},         {VM_OP_STDOUT, FALSE},
-    {VM_OP_STDERR, FALSE},        {VM_OP_EXIT, FALSE},
+    {VM_OP_PING, TRUE},
+    {VM_OP_TEMPLATE_LIST, TRUE},
+    {VM_OP_TEMPLATE_BUILD, TRUE},
+    {VM_OP_AGENT_NEW, TRUE},
+    {VM_OP_AGENT_LIST, TRUE},
+    {VM_OP_AGENT_INFO, TRUE},
+    {VM_OP_AGENT_START, TRUE},
+    {VM_OP_AGENT_STOP, TRUE},
+    {VM_OP_AGENT_RM, TRUE},
+    {VM_OP_AGENT_SSH_CONFIG, TRUE},
+    {VM_OP_EXEC, TRUE},
+    {VM_OP_CHECKPOINT_CREATE, TRUE},
+    {VM_OP_CHECKPOINT_LIST, TRUE},
+    {VM_OP_CHECKPOINT_RESTORE, TRUE},
+    {VM_OP_CHECKPOINT_RM, TRUE},
+    {VM_OP_STDIN, FALSE},
+    {VM_OP_STDIN_EOF, FALSE},
+    {VM_OP_WINDOW_SIZE, FALSE},
+    {VM_OP_PROGRESS, FALSE},
+    {VM_OP_RESULT, FALSE},
+    {VM_OP_ERROR, FALSE},
+    {VM_OP_STDOUT, FALSE},
+    {VM_OP_STDERR, FALSE},
+    {VM_OP_EXIT, FALSE},
 };
 
 /* One message per op with every field it may carry, in GVariant text form. */
@@ -55,6 +69,10 @@ static const struct {
     {VM_OP_EXEC, "{'name': <'alice'>, 'argv': <['sh', '-c', 'echo é']>, "
                  "'env': <['LANG=C.UTF-8', 'EMPTY=']>, 'cwd': <'/tmp'>, 'tty': <true>, "
                  "'term': <'xterm'>, 'cols': <uint32 80>, 'rows': <uint32 24>}"},
+    {VM_OP_CHECKPOINT_CREATE, "{'name': <'alice'>, 'label': <'before upgrade'>}"},
+    {VM_OP_CHECKPOINT_LIST, "{'name': <'alice'>}"},
+    {VM_OP_CHECKPOINT_RESTORE, "{'name': <'alice'>, 'checkpoint': <'c1'>, 'wait': <true>}"},
+    {VM_OP_CHECKPOINT_RM, "{'name': <'alice'>, 'checkpoint': <'c1'>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -187,6 +205,8 @@ test_op_numbers(void **state)
 {
     assert_int_equal(VM_OP_PING, 1);
     assert_int_equal(VM_OP_EXEC, 11);
+    assert_int_equal(VM_OP_CHECKPOINT_CREATE, 12);
+    assert_int_equal(VM_OP_CHECKPOINT_RM, 15);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);

@@ -1,0 +1,55 @@
+/* What hostd's modules share about agents beyond hostd-agent.h: the per-name lock, record
+ * loading, the domain XML, waiting for SSH. Not for vmctl or common/. */
+#pragma once
+
+#include "hostd-agent.h"
+#include "vm-image.h"
+
+G_BEGIN_DECLS
+
+/* Takes the per-agent lock of @name (operations on one agent never interleave); release with
+ * hostd_name_unlock() or g_autoptr(HostdNameLock). */
+GMutex *hostd_name_lock(HostdContext *ctx, const char *name);
+void hostd_name_unlock(GMutex *lock);
+typedef GMutex HostdNameLock;
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdNameLock, hostd_name_unlock)
+
+/* Reports progress when @progress is set. Can't fail. */
+void hostd_progress(VmProgressFunc progress, gpointer data, const char *message, double fraction);
+
+/* <agents dir>/<name>, newly allocated. */
+char *hostd_agent_dir(HostdContext *ctx, const char *name);
+
+/* Loads the record of a finished agent; VM_ERROR_INVALID_ARGUMENT for a bad name,
+ * VM_ERROR_NOT_FOUND when there is none. */
+HostdAgentRecord *hostd_agent_load(HostdContext *ctx, const char *name, GError **error);
+
+/* Loads the record of @name and looks up its domain (both returned on success). */
+gboolean hostd_agent_open(HostdContext *ctx, const char *name, HostdAgentRecord **ret_record,
+                          virDomainPtr *ret_dom, GError **error);
+
+/* The agent's info dictionary (a{sv}). Can't fail. */
+GVariant *hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r);
+
+/* Records that hostd changed the agent's state now (best effort). */
+void hostd_agent_mark_state_change(HostdAgentRecord *r);
+
+/* The agent's domain XML with @disk_file (a file name in its dir) as its disk. @image may be
+ * NULL: then it is looked up from the agent's template. Fails like vm_image_lookup() and
+ * vm_domain_xml_build(). */
+char *hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
+                             const char *disk_file, GError **error);
+
+/* Waits until the agent answers SSH, reporting progress; on timeout the error carries the
+ * console's last lines. */
+gboolean hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFunc progress,
+                              gpointer progress_data, GError **error);
+
+/* Runs a helper program (argv[0] looked up in PATH); its stderr becomes the error message
+ * (VM_ERROR_IO). */
+gboolean hostd_run(const char *const *argv, GError **error);
+
+/* Bytes a file takes on disk (allocated blocks); 0 when it does not exist. */
+guint64 hostd_file_allocated(const char *path);
+
+G_END_DECLS

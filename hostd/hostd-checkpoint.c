@@ -1,0 +1,443 @@
+#include "hostd-checkpoint.h"
+
+#include <errno.h>
+#include <glib/gstdio.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/statvfs.h>
+
+#include "hostd-agent-private.h"
+#include "vm-checkpoint.h"
+#include "vm-error.h"
+#include "vm-name.h"
+#include "vm-template.h"
+#include "vm-util.h"
+
+#define HOSTD_CHECKPOINT_MIN_FREE (256ULL * 1024 * 1024)
+#define HOSTD_DOMAIN_XML          "domain.xml"
+#define HOSTD_BLOCK_JOB_TIMEOUT_S 600
+
+/* Fault injection for the crash-safety tests: HOSTD_TEST_CRASH_AT=STEP kills hostd with
+ * SIGKILL when it reaches STEP, exactly as an outside kill would at that point. */
+static void
+hostd_checkpoint_step(const char *step)
+{
+    const char *crash_at = g_getenv("HOSTD_TEST_CRASH_AT");
+    if (crash_at != NULL && g_str_equal(crash_at, step))
+        raise(SIGKILL);
+}
+
+static gboolean
+hostd_checkpoint_check_room(const VmCheckpointSet *set, GError **error)
+{
+    struct statvfs vfs;
+    if (statvfs(set->dir, &vfs) < 0)
+        return vm_throw_errno(error, errno, "cannot stat %s", set->dir);
+    guint64 avail = (guint64)vfs.f_bavail * vfs.f_frsize;
+    if (avail < HOSTD_CHECKPOINT_MIN_FREE) {
+        g_autofree char *shown = vm_format_bytes(avail);
+        return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                        "only %s free under %s: a checkpoint needs at least 256 MiB", shown,
+                        set->dir);
+    }
+    return TRUE;
+}
+
+/* Makes libvirt's persistent definition and hostd's saved copy use the set's active overlay. */
+static gboolean
+hostd_checkpoint_define(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpointSet *set,
+                        GError **error)
+{
+    g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, set->active, error);
+    if (xml == NULL)
+        return FALSE;
+    g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
+    if (dom == NULL)
+        return hostd_libvirt_throw(error, "cannot update the domain");
+    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_DOMAIN_XML);
+    return vm_file_write_atomic(saved, xml, -1, 0600, error);
+}
+
+/* The file a checkpoint image (or, for NULL, the agent's first disk) stands on. */
+static char *
+hostd_checkpoint_backing_path(HostdContext *ctx, const HostdAgentRecord *r,
+                              const VmCheckpointSet *set, const char *parent, GError **error)
+{
+    if (parent != NULL) {
+        const VmCheckpoint *p = vm_checkpoint_set_find(set, parent);
+        return vm_checkpoint_set_path(set, p->image);
+    }
+    g_autofree char *file = g_strconcat(r->template_name, ".yaml", NULL);
+    g_autofree char *path = g_build_filename(ctx->config->templates_dir, file, NULL);
+    g_autoptr(VmTemplate) tpl = vm_template_load_file(path, error);
+    if (tpl == NULL)
+        return NULL;
+    g_autoptr(VmImage) image = vm_image_lookup(ctx->config->images_dir, tpl, error);
+    return image != NULL ? g_strdup(image->disk_path) : NULL;
+}
+
+static gboolean
+hostd_qemu_img_overlay(const char *backing, const char *path, GError **error)
+{
+    const char *argv[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
+                          "qcow2",    "-b",     backing, path, NULL};
+    return hostd_run(argv, error);
+}
+
+/* The live part: an external disk-only snapshot, atomic, with the guest's filesystems frozen.
+ * A guest agent that does not answer only costs the freeze: the checkpoint is then
+ * crash-consistent, which *ret_warning says. */
+static gboolean
+hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *new_path, gboolean *ret_quiesced,
+                               char **ret_warning, GError **error)
+{
+    g_autofree char *xml = g_markup_printf_escaped(
+        "<domainsnapshot><disks>"
+        "<disk name='vda' snapshot='external'><driver type='qcow2'/><source file='%s'/></disk>"
+        "<disk name='sda' snapshot='no'/>"
+        "</disks></domainsnapshot>",
+        new_path);
+    unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
+                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
+
+    virDomainSnapshotPtr snap =
+        virDomainSnapshotCreateXML(dom, xml, flags | VIR_DOMAIN_SNAPSHOT_CREATE_QUIESCE);
+    if (snap != NULL) {
+        virDomainSnapshotFree(snap);
+        *ret_quiesced = TRUE;
+        return TRUE;
+    }
+    const virError *err = virGetLastError();
+    g_autofree char *why = g_strdup(err && err->message ? err->message : "no answer");
+    virResetLastError();
+    /* ATOMIC means libvirt removed whatever it made; the file must not exist for the retry. */
+    g_unlink(new_path);
+    snap = virDomainSnapshotCreateXML(dom, xml, flags);
+    if (snap == NULL)
+        return hostd_libvirt_throw(error, "cannot take the checkpoint");
+    virDomainSnapshotFree(snap);
+    *ret_quiesced = FALSE;
+    *ret_warning = g_strdup_printf("the guest's filesystems were not frozen (%s): the checkpoint "
+                                   "is crash-consistent",
+                                   why);
+    return TRUE;
+}
+
+static GVariant *
+hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
+{
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_autofree char *image = vm_checkpoint_set_path(set, c->image);
+
+    g_variant_builder_add(&b, "{sv}", "id", g_variant_new_string(c->id));
+    g_variant_builder_add(&b, "{sv}", "created", g_variant_new_int64(c->created));
+    if (c->label != NULL)
+        g_variant_builder_add(&b, "{sv}", "label", g_variant_new_string(c->label));
+    g_variant_builder_add(&b, "{sv}", "automatic", g_variant_new_boolean(c->automatic));
+    g_variant_builder_add(&b, "{sv}", "kind", g_variant_new_string("disk"));
+    g_variant_builder_add(&b, "{sv}", "quiesced", g_variant_new_boolean(c->quiesced));
+    g_variant_builder_add(&b, "{sv}", "bytes", g_variant_new_uint64(hostd_file_allocated(image)));
+    if (c->parent != NULL)
+        g_variant_builder_add(&b, "{sv}", "parent", g_variant_new_string(c->parent));
+    g_variant_builder_add(&b, "{sv}", "current",
+                          g_variant_new_boolean(g_strcmp0(set->active_parent, c->id) == 0));
+    return g_variant_builder_end(&b);
+}
+
+/* Takes a checkpoint with the agent lock held. */
+static VmCheckpoint *
+hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                               VmCheckpointSet *set, const char *label, gboolean automatic,
+                               char **ret_warning, GError **error)
+{
+    const char *new_file = NULL;
+    gboolean quiesced = TRUE;
+
+    if (!hostd_checkpoint_check_room(set, error) ||
+        !vm_checkpoint_set_begin_create(set, label, automatic, &new_file, error))
+        return NULL;
+    /* The journal is durable before the chain changes: a crash from here on is repaired at
+     * start-up by looking at which file the domain uses. */
+    if (!vm_checkpoint_set_save(set, error)) {
+        vm_checkpoint_set_abort(set);
+        return NULL;
+    }
+    hostd_checkpoint_step("checkpoint-journaled");
+
+    g_autofree char *new_path = vm_checkpoint_set_path(set, new_file);
+    g_autofree char *active_path = vm_checkpoint_set_path(set, set->active);
+    gboolean ok;
+    if (hostd_libvirt_is_active(dom)) {
+        ok = hostd_checkpoint_snapshot_live(dom, new_path, &quiesced, ret_warning, error);
+    } else {
+        ok = hostd_qemu_img_overlay(active_path, new_path, error);
+    }
+    if (!ok) {
+        g_unlink(new_path);
+        vm_checkpoint_set_abort(set);
+        vm_checkpoint_set_save(set, NULL);
+        return NULL;
+    }
+    hostd_checkpoint_step("checkpoint-switched");
+
+    VmCheckpoint *c = vm_checkpoint_set_commit_create(set, quiesced);
+    /* A stopped domain only changes through this definition; a running one already writes to
+     * the new overlay, and this makes the next boot use it too. */
+    if (!hostd_checkpoint_define(ctx, r, set, error) || !vm_checkpoint_set_save(set, error))
+        return NULL;
+    return c;
+}
+
+GVariant *
+hostd_checkpoint_create(HostdContext *ctx, const char *name, const char *label, gboolean automatic,
+                        char **ret_warning, GError **error)
+{
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+
+    if (!vm_name_validate(name, error))
+        return NULL;
+    lock = hostd_name_lock(ctx, name);
+    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+        return NULL;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return NULL;
+    VmCheckpoint *c =
+        hostd_checkpoint_create_locked(ctx, r, dom, set, label, automatic, ret_warning, error);
+    return c != NULL ? hostd_checkpoint_to_variant(set, c) : NULL;
+}
+
+GVariant *
+hostd_checkpoint_list(HostdContext *ctx, const char *name, GError **error)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    if (r == NULL)
+        return NULL;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
+    for (guint i = 0; i < set->checkpoints->len; i++)
+        g_variant_builder_add_value(&b,
+                                    hostd_checkpoint_to_variant(set, set->checkpoints->pdata[i]));
+    return g_variant_builder_end(&b);
+}
+
+GVariant *
+hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gboolean wait,
+                         char **ret_undo, VmProgressFunc progress, gpointer progress_data,
+                         GError **error)
+{
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+
+    if (!vm_name_validate(name, error))
+        return NULL;
+    lock = hostd_name_lock(ctx, name);
+    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+        return NULL;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return NULL;
+    const VmCheckpoint *target = vm_checkpoint_set_find(set, id);
+    if (target == NULL)
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", name, id),
+               NULL;
+    g_autofree char *target_id = g_strdup(target->id);
+
+    /* The state being thrown away is kept first, so the restore itself can be undone. */
+    hostd_progress(progress, progress_data, "checkpointing the current state", -1);
+    g_autofree char *undo_label = g_strdup_printf("before restore to %s", target_id);
+    g_autofree char *warning = NULL;
+    VmCheckpoint *undo =
+        hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE, &warning, error);
+    if (undo == NULL)
+        return NULL;
+    g_autofree char *undo_id = g_strdup(undo->id);
+
+    const char *new_file = NULL;
+    if (!vm_checkpoint_set_begin_restore(set, target_id, &new_file, error) ||
+        !vm_checkpoint_set_save(set, error))
+        return NULL;
+    hostd_checkpoint_step("restore-journaled");
+
+    hostd_progress(progress, progress_data, "restoring the disk", -1);
+    g_autofree char *new_path = vm_checkpoint_set_path(set, new_file);
+    g_autofree char *target_image = vm_checkpoint_set_path(set, target->image);
+    if (!hostd_qemu_img_overlay(target_image, new_path, error)) {
+        g_unlink(new_path);
+        vm_checkpoint_set_abort(set);
+        vm_checkpoint_set_save(set, NULL);
+        return NULL;
+    }
+    hostd_ssh_pool_forget(ctx->ssh, name);
+    if (hostd_libvirt_is_active(dom) && !hostd_libvirt_stop(ctx->lv, dom, TRUE, 0, error))
+        return NULL;
+    hostd_checkpoint_step("restore-stopped");
+
+    /* Commit in memory, define, then make the record durable: a crash before the save is
+     * repaired at start-up because the domain already names the new file. */
+    g_autofree char *old_active = vm_checkpoint_set_commit_restore(set);
+    if (!hostd_checkpoint_define(ctx, r, set, error))
+        return NULL;
+    hostd_checkpoint_step("restore-defined");
+    if (!vm_checkpoint_set_save(set, error))
+        return NULL;
+    g_autofree char *old_path = vm_checkpoint_set_path(set, old_active);
+    g_unlink(old_path);
+
+    hostd_progress(progress, progress_data, "booting", -1);
+    if (virDomainCreate(dom) < 0)
+        return hostd_libvirt_throw(error, "cannot start the domain"), NULL;
+    hostd_agent_mark_state_change(r);
+    if (wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
+        return NULL;
+    if (ret_undo != NULL)
+        *ret_undo = g_steal_pointer(&undo_id);
+    return hostd_agent_to_variant(ctx, r);
+}
+
+/* Pulls @image's data into the running disk, which then stands on @base: a live block job. */
+static gboolean
+hostd_checkpoint_pull_live(virDomainPtr dom, const char *base, GError **error)
+{
+    if (virDomainBlockRebase(dom, "vda", base, 0, 0) < 0)
+        return hostd_libvirt_throw(error, "cannot merge the checkpoint into the running disk");
+    gint64 deadline = g_get_monotonic_time() + HOSTD_BLOCK_JOB_TIMEOUT_S * G_USEC_PER_SEC;
+    for (;;) {
+        virDomainBlockJobInfo info;
+        int r = virDomainGetBlockJobInfo(dom, "vda", &info, 0);
+        if (r < 0)
+            return hostd_libvirt_throw(error, "cannot follow the merge");
+        if (r == 0)
+            return TRUE;
+        if (g_get_monotonic_time() > deadline) {
+            virDomainBlockJobAbort(dom, "vda", 0);
+            return vm_throw(error, VM_ERROR_TIMEOUT, "merging the checkpoint took too long");
+        }
+        g_usleep(100 * 1000);
+    }
+}
+
+gboolean
+hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error)
+{
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+
+    if (!vm_name_validate(name, error))
+        return FALSE;
+    lock = hostd_name_lock(ctx, name);
+    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+        return FALSE;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    const VmCheckpoint *c = vm_checkpoint_set_find(set, id);
+    if (c == NULL)
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", name, id);
+
+    gboolean active_dependant = FALSE;
+    g_auto(GStrv) dependants = vm_checkpoint_set_dependants(set, id, &active_dependant);
+    guint n = g_strv_length(dependants) + (active_dependant ? 1 : 0);
+    if (n > 1)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "%u checkpoints or disks stand on checkpoint %s; remove the newer ones "
+                        "first",
+                        n, id);
+
+    if (n == 1) {
+        g_autofree char *base = hostd_checkpoint_backing_path(ctx, r, set, c->parent, error);
+        if (base == NULL)
+            return FALSE;
+        gboolean running = hostd_libvirt_is_active(dom);
+        const VmCheckpoint *child =
+            active_dependant ? NULL : vm_checkpoint_set_find(set, dependants[0]);
+        g_autofree char *child_path =
+            vm_checkpoint_set_path(set, child != NULL ? child->image : set->active);
+        if (child == NULL && running) {
+            if (!hostd_checkpoint_pull_live(dom, base, error))
+                return FALSE;
+        } else {
+            /* A file no running QEMU has open: a safe rebase copies into it what @id held. A
+             * running VM may read older checkpoint images through its chain, so that case is
+             * refused above the running disk only. */
+            if (running && child != NULL) {
+                g_autofree char *check_id = g_strdup(set->active_parent);
+                while (check_id != NULL) {
+                    if (g_str_equal(check_id, child->id))
+                        return vm_throw(error, VM_ERROR_BAD_STATE,
+                                        "checkpoint %s is in the running disk's chain; stop the "
+                                        "agent to remove it",
+                                        id);
+                    const VmCheckpoint *up = vm_checkpoint_set_find(set, check_id);
+                    g_free(check_id);
+                    check_id = g_strdup(up != NULL ? up->parent : NULL);
+                }
+            }
+            const char *argv[] = {"qemu-img", "rebase", "-q", "-f",       "qcow2", "-F",
+                                  "qcow2",    "-b",     base, child_path, NULL};
+            if (!hostd_run(argv, error))
+                return FALSE;
+        }
+    }
+
+    g_autofree char *image = vm_checkpoint_set_remove(set, id, error);
+    if (image == NULL || !vm_checkpoint_set_save(set, error))
+        return FALSE;
+    g_autofree char *path = vm_checkpoint_set_path(set, image);
+    if (g_unlink(path) < 0 && errno != ENOENT)
+        return vm_throw_errno(error, errno, "cannot remove %s", path);
+    return TRUE;
+}
+
+/* Whether the domain's definition (live when running, else persistent) names @path. */
+static gboolean
+hostd_domain_uses(virDomainPtr dom, const char *path)
+{
+    g_autofree char *xml = virDomainGetXMLDesc(dom, 0);
+    g_autofree char *inactive = virDomainGetXMLDesc(dom, VIR_DOMAIN_XML_INACTIVE);
+    g_autofree char *needle = g_markup_printf_escaped("file='%s'", path);
+    virResetLastError();
+    return (xml != NULL && strstr(xml, needle) != NULL) ||
+           (inactive != NULL && strstr(inactive, needle) != NULL);
+}
+
+gboolean
+hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArray *notes,
+                           GError **error)
+{
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    if (set->pending == VM_CHECKPOINT_OP_NONE)
+        return TRUE;
+
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
+    g_autofree char *new_path = vm_checkpoint_set_path(set, set->pending_file);
+    gboolean switched = dom != NULL && hostd_domain_uses(dom, new_path);
+    const char *what = set->pending == VM_CHECKPOINT_OP_CREATE ? "checkpoint" : "restore";
+
+    if (!switched) {
+        g_unlink(new_path);
+        vm_checkpoint_set_abort(set);
+        g_ptr_array_add(notes,
+                        g_strdup_printf("agent '%s': rolled back an unfinished %s", r->name, what));
+        return vm_checkpoint_set_save(set, error);
+    }
+    if (set->pending == VM_CHECKPOINT_OP_CREATE) {
+        /* Whether the freeze happened is unknown: say crash-consistent. */
+        vm_checkpoint_set_commit_create(set, FALSE);
+    } else {
+        g_autofree char *old = vm_checkpoint_set_commit_restore(set);
+        g_autofree char *old_path = vm_checkpoint_set_path(set, old);
+        g_unlink(old_path);
+    }
+    g_ptr_array_add(notes,
+                    g_strdup_printf("agent '%s': finished an interrupted %s", r->name, what));
+    return hostd_checkpoint_define(ctx, r, set, error) && vm_checkpoint_set_save(set, error);
+}

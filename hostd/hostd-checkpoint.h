@@ -1,0 +1,39 @@
+/* Checkpoints of agents: hostd's side of the checkpoint engine (checkpoint/vm-checkpoint.h keeps
+ * the record; this drives libvirt and qemu-img). Disk-only checkpoints are external qcow2
+ * overlays taken live with the guest's filesystems frozen through qemu-guest-agent, so their
+ * cost does not depend on the disk's size. */
+#pragma once
+
+#include "hostd-agent.h"
+
+G_BEGIN_DECLS
+
+/* Takes a disk-only checkpoint of agent @name, running or stopped, without stopping it. Refuses
+ * before touching anything when less than 256 MiB are free (VM_ERROR_NO_RESOURCES). When the
+ * guest agent does not answer, the checkpoint is crash-consistent and *ret_warning says so
+ * (newly allocated, else NULL). Returns the checkpoint's dictionary (a{sv}). */
+GVariant *hostd_checkpoint_create(HostdContext *ctx, const char *name, const char *label,
+                                  gboolean automatic, char **ret_warning, GError **error);
+
+/* The agent's checkpoints (aa{sv}: id, created, label, automatic, quiesced, kind, bytes,
+ * parent), oldest first. */
+GVariant *hostd_checkpoint_list(HostdContext *ctx, const char *name, GError **error);
+
+/* Puts the whole agent back to checkpoint @id: first an automatic checkpoint of the current
+ * state (its id in *ret_undo), then a new overlay on @id's image, and a boot (with @wait, until
+ * SSH answers). Fails with VM_ERROR_NOT_FOUND for an unknown checkpoint (nothing changed). */
+GVariant *hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id,
+                                   gboolean wait, char **ret_undo, VmProgressFunc progress,
+                                   gpointer progress_data, GError **error);
+
+/* Removes checkpoint @id, merging its data into what stands on it: a leaf is deleted; a
+ * checkpoint with one dependant is merged into it (a live block pull when that is the running
+ * disk); one with several dependants is refused (VM_ERROR_BAD_STATE) until they are removed. */
+gboolean hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error);
+
+/* Finishes or rolls back a checkpoint operation that a killed hostd left journaled in the
+ * agent's record. Appends a note for each action. Called at start-up for every agent. */
+gboolean hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArray *notes,
+                                    GError **error);
+
+G_END_DECLS
