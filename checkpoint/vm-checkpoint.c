@@ -77,6 +77,40 @@ vm_checkpoint_file_name_ok(const char *name)
     return name != NULL && name[0] != '\0' && name[0] != '.' && strchr(name, '/') == NULL;
 }
 
+/* GKeyFile silently merges groups that repeat, so a duplicated checkpoint would come back as one
+ * with a mix of both records' keys: look for repeated group headers in the text itself. */
+static gboolean
+vm_checkpoint_has_duplicate_group(const char *data)
+{
+    g_autoptr(GHashTable) seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_auto(GStrv) lines = g_strsplit(data, "\n", -1);
+
+    for (char **l = lines; *l != NULL; l++) {
+        char *line = g_strstrip(*l);
+        if (line[0] != '[')
+            continue;
+        if (!g_hash_table_add(seen, g_strdup(line)))
+            return TRUE;
+    }
+    return FALSE;
+}
+
+/* Every file the record names is distinct: otherwise removing a checkpoint or committing an
+ * operation could make the caller delete or overwrite a disk still in use. */
+static gboolean
+vm_checkpoint_files_distinct(const VmCheckpointSet *set)
+{
+    g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
+
+    g_hash_table_add(seen, set->active);
+    for (guint i = 0; i < set->checkpoints->len; i++) {
+        const VmCheckpoint *c = set->checkpoints->pdata[i];
+        if (!g_hash_table_add(seen, c->image))
+            return FALSE;
+    }
+    return set->pending_file == NULL || g_hash_table_add(seen, set->pending_file);
+}
+
 VmCheckpointSet *
 vm_checkpoint_set_load(const char *dir, GError **error)
 {
@@ -84,11 +118,21 @@ vm_checkpoint_set_load(const char *dir, GError **error)
     g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_new(dir);
     g_autoptr(GKeyFile) kf = g_key_file_new();
     g_autoptr(GError) local_error = NULL;
+    g_autofree char *data = NULL;
+    gsize len = 0;
 
     if (!g_file_test(path, G_FILE_TEST_EXISTS))
         return g_steal_pointer(&set);
-    if (!g_key_file_load_from_file(kf, path, G_KEY_FILE_NONE, &local_error)) {
+    if (!g_file_get_contents(path, &data, &len, &local_error)) {
         vm_throw(error, VM_ERROR_IO, "cannot read %s: %s", path, local_error->message);
+        return NULL;
+    }
+    if (!g_key_file_load_from_data(kf, data, len, G_KEY_FILE_NONE, &local_error)) {
+        vm_checkpoint_corrupt(error, path, local_error->message);
+        return NULL;
+    }
+    if (vm_checkpoint_has_duplicate_group(data)) {
+        vm_checkpoint_corrupt(error, path, "duplicate checkpoint");
         return NULL;
     }
 
@@ -142,10 +186,16 @@ vm_checkpoint_set_load(const char *dir, GError **error)
         set->pending_label = g_key_file_get_string(kf, GROUP_PENDING, "label", NULL);
         set->pending_automatic = g_key_file_get_boolean(kf, GROUP_PENDING, "automatic", NULL);
         if (set->pending == VM_CHECKPOINT_OP_NONE ||
-            !vm_checkpoint_file_name_ok(set->pending_file)) {
+            !vm_checkpoint_file_name_ok(set->pending_file) ||
+            (set->pending == VM_CHECKPOINT_OP_RESTORE &&
+             vm_checkpoint_set_find(set, set->pending_target) == NULL)) {
             vm_checkpoint_corrupt(error, path, "unreadable journal");
             return NULL;
         }
+    }
+    if (!vm_checkpoint_files_distinct(set)) {
+        vm_checkpoint_corrupt(error, path, "two records name the same file");
+        return NULL;
     }
     return g_steal_pointer(&set);
 }

@@ -181,6 +181,70 @@ check "agent still running after the restart" bash -c "'$VMCTL' --socket '$SOCK'
 check "same boot id: the VM was never restarted" \
   test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
 
+# checkpoints: the story of an agent that breaks its machine
+vmctl exec a1 -- sh -c 'mkdir -p ~/work && head -c 2000000 /dev/urandom > ~/work/data.bin && echo v1 > ~/work/notes.txt && cd ~/work && sha256sum data.bin notes.txt > ~/sums && sync'
+t0=$(date +%s%N)
+CK=$(vmctl checkpoint a1 --label before-break 2> "$S/ck.err"); rc=$?
+CK_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "checkpoint of the running agent prints its id (${CK_MS} ms)" \
+  bash -c "[ $rc = 0 ] && [ '$CK' = c1 ] && [ ! -s '$S/ck.err' ]"
+echo "# checkpoint-ms: $CK_MS"
+check "the agent kept running through the checkpoint" test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
+check "checkpoints lists it, frozen (quiesced), with its label" \
+  bash -c "'$VMCTL' --socket '$SOCK' --json checkpoints a1 | python3 -c '
+import json, sys
+c = json.load(sys.stdin)
+assert len(c) == 1 and c[0][\"id\"] == \"c1\" and c[0][\"quiesced\"] and c[0][\"label\"] == \"before-break\"
+assert not c[0][\"automatic\"] and c[0][\"kind\"] == \"disk\" and c[0][\"bytes\"] > 0'"
+vmctl exec a1 -- sh -c 'echo v2 > ~/work/notes.txt; rm -f ~/work/data.bin; echo new > ~/work/after.txt; sync; sudo rm -rf /usr/bin /etc/ssh 2>/dev/null; true' 2>/dev/null
+check "the agent broke its machine (no /usr/bin)" bash -c "! '$VMCTL' --socket '$SOCK' exec a1 -- ls / >/dev/null 2>&1"
+out=$(vmctl restore a1 c9 2>&1); rc=$?
+check "restore of an unknown checkpoint: exit 3, nothing changed" test "$rc" = 3 -a "$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1
+out=$(vmctl checkpoint nosuch 2>&1); rc=$?
+check "checkpoint of an unknown agent: exit 3" test "$rc" = 3
+t0=$(date +%s)
+UNDO=$(vmctl -q restore a1 c1 | sed -n 's/.*undo with: vmctl restore a1 \(c[0-9]*\).*/\1/p')
+check "restore a1 c1 boots the agent back ($(( $(date +%s) - t0 )) s)" test -n "$UNDO"
+check "every file is byte-identical after the restore" \
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums && test ! -e after.txt'"
+check "SSH with the pinned host key works again after the restore" \
+  test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 echo back)" = back
+check "the state before the restore was kept as an automatic checkpoint" \
+  bash -c "'$VMCTL' --socket '$SOCK' --json checkpoints a1 | python3 -c '
+import json, sys
+c = {x[\"id\"]: x for x in json.load(sys.stdin)}
+assert c[\"$UNDO\"][\"automatic\"] and \"before restore\" in c[\"$UNDO\"][\"label\"] and c[\"c1\"][\"current\"]'"
+out=$(vmctl checkpoint rm a1 c1 2>&1); rc=$?
+check "checkpoint rm of a checkpoint others stand on is refused (exit 5)" test "$rc" = 5
+check "checkpoint rm of a leaf" vmctl checkpoint rm a1 "$UNDO"
+check "checkpoint rm merges the last checkpoint into the running disk" vmctl checkpoint rm a1 c1
+check "files intact after the merge, chain back to one overlay" \
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums' && [ \$(ls '$S/agents/a1/'*.qcow2 | wc -l) = 1 ]"
+
+# crash safety: hostd killed at a named step of a checkpoint; the next start repairs the record
+BOOT_ID=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
+for step in checkpoint-journaled checkpoint-switched; do
+  kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+  HOSTD_TEST_CRASH_AT=$step start_hostd
+  before=$(ls "$S/agents/a1/" | grep -c qcow2)
+  vmctl checkpoint a1 >/dev/null 2>&1
+  wait "$HOSTD_PID" 2>/dev/null
+  check "hostd restarts after dying at $step" start_hostd
+  n=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+  files=$(ls "$S/agents/a1/" | grep -c qcow2)
+  if [ "$step" = checkpoint-journaled ]; then
+    check "killed at $step: rolled back (no checkpoint, no orphan overlay)" test "$n" = 0 -a "$files" = "$before"
+  else
+    check "killed at $step: finished (one checkpoint, its overlay in use)" test "$n" = 1 -a "$files" = $((before + 1))
+  fi
+  check "killed at $step: qemu-img check is clean on every image" \
+    bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
+  check "killed at $step: the agent kept running and answers" \
+    test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
+done
+CKS=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(" ".join(c["id"] for c in json.load(sys.stdin)))')
+for c in $CKS; do vmctl checkpoint rm a1 "$c" >/dev/null; done
+
 # stop/start keeps files
 vmctl exec a1 -- sh -c 'echo keep-me > ~/kept.txt && sync'
 out=$(vmctl rm a1 2>&1); rc=$?

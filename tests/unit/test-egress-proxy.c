@@ -1,0 +1,901 @@
+/* Egress proxy end to end on 127.0.0.1: echo sinks that count what reaches them, a fake resolver
+ * mapping test names to 127.0.0.1, and the proxy in between. Every refused case must deliver 0
+ * bytes to the sink and leave a log record. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "vm-egress-proxy.h"
+#include "vm-error.h"
+#include "test-common.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define IO_TIMEOUT_MS 5000
+
+/* ---------------------------------------------------------------------------------------------
+ * Sink: an echo server counting received bytes and connections */
+
+typedef struct {
+    int listen_fd;
+    guint16 port;
+    gint stop;
+    gint bytes;
+    gint connections;
+    GThread *thread;
+    GMutex lock;
+    GPtrArray *workers;
+} Sink;
+
+typedef struct {
+    Sink *sink;
+    int fd;
+} SinkConn;
+
+static gpointer
+sink_conn_thread(gpointer data)
+{
+    SinkConn *conn = data;
+    char buf[65536];
+
+    while (!g_atomic_int_get(&conn->sink->stop)) {
+        struct pollfd pfd = {.fd = conn->fd, .events = POLLIN};
+        ssize_t n;
+
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        n = recv(conn->fd, buf, sizeof(buf), 0);
+        if (n <= 0)
+            break;
+        g_atomic_int_add(&conn->sink->bytes, (gint)n);
+        if (send(conn->fd, buf, n, MSG_NOSIGNAL) != n)
+            break;
+    }
+    close(conn->fd);
+    g_free(conn);
+    return NULL;
+}
+
+static gpointer
+sink_thread(gpointer data)
+{
+    Sink *sink = data;
+
+    while (!g_atomic_int_get(&sink->stop)) {
+        struct pollfd pfd = {.fd = sink->listen_fd, .events = POLLIN};
+        SinkConn *conn;
+        int fd;
+
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        fd = accept4(sink->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        g_atomic_int_inc(&sink->connections);
+        conn = g_new0(SinkConn, 1);
+        conn->sink = sink;
+        conn->fd = fd;
+        g_mutex_lock(&sink->lock);
+        g_ptr_array_add(sink->workers, g_thread_new("sink-conn", sink_conn_thread, conn));
+        g_mutex_unlock(&sink->lock);
+    }
+    return NULL;
+}
+
+static int
+listen_loopback(guint16 *ret_port)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sin);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    assert_int_equal(listen(fd, 64), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &len), 0);
+    *ret_port = ntohs(sin.sin_port);
+    return fd;
+}
+
+static Sink *
+sink_new(void)
+{
+    Sink *sink = g_new0(Sink, 1);
+
+    sink->listen_fd = listen_loopback(&sink->port);
+    g_mutex_init(&sink->lock);
+    sink->workers = g_ptr_array_new();
+    sink->thread = g_thread_new("sink", sink_thread, sink);
+    return sink;
+}
+
+static void
+sink_free(Sink *sink)
+{
+    g_atomic_int_set(&sink->stop, 1);
+    g_thread_join(sink->thread);
+    for (guint i = 0; i < sink->workers->len; i++)
+        g_thread_join(g_ptr_array_index(sink->workers, i));
+    g_ptr_array_unref(sink->workers);
+    close(sink->listen_fd);
+    g_mutex_clear(&sink->lock);
+    g_free(sink);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Log collector */
+
+typedef struct {
+    VmEgressRecordKind kind;
+    char *host;
+    char *address;
+    char *reason;
+    guint16 port;
+    guint64 bytes_up;
+    guint64 bytes_down;
+} Record;
+
+typedef struct {
+    GMutex lock;
+    GCond cond;
+    GPtrArray *records;
+} Log;
+
+static void
+record_free(gpointer data)
+{
+    Record *record = data;
+
+    g_free(record->host);
+    g_free(record->address);
+    g_free(record->reason);
+    g_free(record);
+}
+
+static void
+log_func(const VmEgressRecord *in, gpointer user_data)
+{
+    Log *log = user_data;
+    Record *record = g_new0(Record, 1);
+    g_autofree char *json = vm_egress_record_to_json(in);
+
+    /* every record must format */
+    g_assert_true(g_str_has_prefix(json, "{\"time\":"));
+    record->kind = in->kind;
+    record->host = g_strdup(in->host);
+    record->address = g_strdup(in->address);
+    record->reason = g_strdup(in->reason);
+    record->port = in->port;
+    record->bytes_up = in->bytes_up;
+    record->bytes_down = in->bytes_down;
+    g_mutex_lock(&log->lock);
+    g_ptr_array_add(log->records, record);
+    g_cond_broadcast(&log->cond);
+    g_mutex_unlock(&log->lock);
+}
+
+/* Waits for record number @n (0-based) and returns a copy of its fields' owner (the log). */
+static Record *
+log_wait(Log *log, guint n)
+{
+    gint64 deadline = g_get_monotonic_time() + IO_TIMEOUT_MS * 1000;
+    Record *record = NULL;
+
+    g_mutex_lock(&log->lock);
+    while (log->records->len <= n)
+        if (!g_cond_wait_until(&log->cond, &log->lock, deadline))
+            break;
+    if (log->records->len > n)
+        record = g_ptr_array_index(log->records, n);
+    g_mutex_unlock(&log->lock);
+    if (record == NULL)
+        fail_msg("no log record #%u", n);
+    return record;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Fixture */
+
+typedef struct {
+    Sink *sink;
+    Log log;
+    VmEgressProxy *proxy;
+    guint resolves;
+} Fixture;
+
+static GArray *
+fake_resolve(const char *host, gpointer user_data, GError **error)
+{
+    Fixture *f = user_data;
+    GArray *out;
+    VmEgressAddress address;
+
+    g_atomic_int_inc(&f->resolves);
+    if (!g_str_has_suffix(host, ".test") || strcmp(host, "unknown.test") == 0)
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "no such test host '%s'", host), NULL;
+    out = g_array_new(FALSE, FALSE, sizeof(VmEgressAddress));
+    (void)vm_egress_address_parse("127.0.0.1", &address, NULL);
+    g_array_append_val(out, address);
+    return out;
+}
+
+static VmEgressPolicy *
+policy_from(const char *allow, const char *deny)
+{
+    g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
+    g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
+    g_autoptr(GError) error = NULL;
+    VmEgressPolicy *policy =
+        vm_egress_policy_new((const char *const *)a, (const char *const *)d, &error);
+
+    if (policy == NULL)
+        fail_msg("policy refused: %s", error->message);
+    return policy;
+}
+
+static void
+fixture_start(Fixture *f, const VmEgressConfig *extra, const char *allow, const char *deny)
+{
+    g_autoptr(VmEgressPolicy) policy = policy_from(allow, deny);
+    g_autoptr(GError) error = NULL;
+    VmEgressConfig config = {0};
+
+    if (extra != NULL)
+        config = *extra;
+    config.policy = policy;
+    config.resolve = fake_resolve;
+    config.resolve_data = f;
+    config.log = log_func;
+    config.log_data = &f->log;
+    if (config.handshake_timeout_ms == 0)
+        config.handshake_timeout_ms = 3000;
+    vm_egress_proxy_free(f->proxy);
+    f->proxy = vm_egress_proxy_new(&config, &error);
+    if (f->proxy == NULL)
+        fail_msg("proxy: %s", error->message);
+}
+
+static int
+setup(void **state)
+{
+    Fixture *f = g_new0(Fixture, 1);
+
+    f->sink = sink_new();
+    g_mutex_init(&f->log.lock);
+    g_cond_init(&f->log.cond);
+    f->log.records = g_ptr_array_new_with_free_func(record_free);
+    fixture_start(f, NULL, "sink.test 127.0.0.1/32", NULL);
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+
+    vm_egress_proxy_free(f->proxy);
+    sink_free(f->sink);
+    g_ptr_array_unref(f->log.records);
+    g_mutex_clear(&f->log.lock);
+    g_cond_clear(&f->log.cond);
+    g_free(f);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Client helpers */
+
+static int
+client_connect(Fixture *f)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET,
+                              .sin_port = htons(vm_egress_proxy_get_port(f->proxy)),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    return fd;
+}
+
+static void
+client_send(int fd, const char *text)
+{
+    assert_int_equal(send(fd, text, strlen(text), MSG_NOSIGNAL), (ssize_t)strlen(text));
+}
+
+/* Reads until @needle appears (NULL: until EOF) or @timeout_ms pass; returns what came. */
+static GString *
+client_read(int fd, const char *needle, int timeout_ms, gboolean *ret_eof)
+{
+    GString *out = g_string_new(NULL);
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+
+    if (ret_eof != NULL)
+        *ret_eof = FALSE;
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
+        char buf[4096];
+        ssize_t n;
+
+        if (needle != NULL && strstr(out->str, needle) != NULL)
+            break;
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
+            break;
+        n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) {
+            if (ret_eof != NULL)
+                *ret_eof = TRUE;
+            break;
+        }
+        g_string_append_len(out, buf, n);
+    }
+    return out;
+}
+
+static int
+status_of(const GString *response)
+{
+    if (!g_str_has_prefix(response->str, "HTTP/1.1 ") || response->len < 12)
+        return 0;
+    return atoi(response->str + 9);
+}
+
+/* Sends @request on a new connection; returns the response status. */
+static int
+request_status(Fixture *f, const char *request)
+{
+    int fd = client_connect(f);
+    g_autoptr(GString) response = NULL;
+    int status;
+
+    client_send(fd, request);
+    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    status = status_of(response);
+    close(fd);
+    return status;
+}
+
+static void
+wait_idle(Fixture *f)
+{
+    for (int i = 0; i < 500 && vm_egress_proxy_get_n_connections(f->proxy) > 0; i++)
+        g_usleep(10 * 1000);
+    assert_int_equal(vm_egress_proxy_get_n_connections(f->proxy), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Allowed */
+
+static void
+test_connect_allowed(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n"
+                                           "Host: sink.test:%u\r\n\r\n",
+                                           f->sink->port, f->sink->port);
+    int fd = client_connect(f);
+    g_autoptr(GString) response = NULL;
+    g_autoptr(GString) echo = NULL;
+    Record *record;
+
+    client_send(fd, req);
+    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_string_equal(response->str, "HTTP/1.1 200 Connection established\r\n\r\n");
+    client_send(fd, "ping");
+    echo = client_read(fd, "ping", IO_TIMEOUT_MS, NULL);
+    assert_string_equal(echo->str, "ping");
+    close(fd);
+
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_string_equal(record->host, "sink.test");
+    assert_int_equal(record->port, f->sink->port);
+    assert_string_equal(record->address, "127.0.0.1");
+    assert_string_equal(record->reason, "closed");
+    assert_int_equal(record->bytes_up, 4);
+    assert_int_equal(record->bytes_down, 4);
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 4);
+}
+
+static void
+test_http_allowed(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *req = g_strdup_printf("POST http://sink.test:%u/x?y=1 HTTP/1.1\r\n"
+                                           "Host: sink.test:%u\r\n"
+                                           "Proxy-Authorization: Basic eDp5\r\n"
+                                           "Proxy-Connection: keep-alive\r\n"
+                                           "Content-Length: 5\r\n\r\nhello",
+                                           f->sink->port, f->sink->port);
+    g_autofree char *expect = g_strdup_printf("POST /x?y=1 HTTP/1.1\r\n"
+                                              "Host: sink.test:%u\r\n"
+                                              "Content-Length: 5\r\n"
+                                              "Connection: close\r\n\r\nhello",
+                                              f->sink->port);
+    int fd = client_connect(f);
+    g_autoptr(GString) echo = NULL;
+    Record *record;
+
+    client_send(fd, req);
+    echo = client_read(fd, "hello", IO_TIMEOUT_MS, NULL);
+    assert_string_equal(echo->str, expect);
+    close(fd);
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_int_equal(record->bytes_up, strlen(expect));
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), strlen(expect));
+}
+
+static void
+test_cidr_literal_allowed(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    g_autofree char *mapped =
+        g_strdup_printf("CONNECT [::ffff:127.0.0.1]:%u HTTP/1.1\r\n\r\n", f->sink->port);
+
+    assert_int_equal(request_status(f, req), 200);
+    /* the IPv4-mapped spelling is normalised to the same address, and so allowed */
+    assert_int_equal(request_status(f, mapped), 200);
+    assert_int_equal(g_atomic_int_get(&f->resolves), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Refused: 0 bytes to the sink, one denied record each */
+
+typedef struct {
+    const char *allow;
+    const char *deny;
+    const char *request; /* PORT stands for the sink's port */
+    int status;
+    const char *reason;
+} DenyCase;
+
+static void
+test_denied_table(void **state)
+{
+    Fixture *f = *state;
+    static const DenyCase cases[] = {
+        /* a name that is not allowed, though it resolves where an allowed name does */
+        {"other.test 127.0.0.1/32", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403,
+         "no-rule"},
+        {"other.test 127.0.0.1/32", NULL,
+         "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 403, "no-rule"},
+        /* loopback without a CIDR rule: a name rule never opens it */
+        {"sink.test", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT [::ffff:127.0.0.1]:PORT HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT [::ffff:7f00:1]:PORT HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "GET http://127.0.0.1:PORT/ HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n", 403,
+         "address"},
+        /* the IP literal of a host the policy only names */
+        {"sink.test", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
+        /* deny wins, for the literal and for names resolving into it */
+        {"sink.test 127.0.0.1/32", "127.0.0.1/32", "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+         "deny-rule"},
+        {"sink.test 127.0.0.1/32", "127.0.0.1/32", "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403,
+         "deny-rule"},
+        {"*.test 127.0.0.1/32", "sink.test", "CONNECT SINK.test.:PORT HTTP/1.1\r\n\r\n", 403,
+         "deny-rule"},
+        /* odd spellings of 127.0.0.1, even where 127/8 is allowed */
+        {"sink.test 127.0.0.0/8", NULL, "CONNECT 2130706433:PORT HTTP/1.1\r\n\r\n", 403,
+         "bad-host"},
+        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0177.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+         "bad-host"},
+        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0x7f000001:PORT HTTP/1.1\r\n\r\n", 403,
+         "bad-host"},
+        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0x7f.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+         "bad-host"},
+        {"sink.test 127.0.0.0/8", NULL, "CONNECT 127.1:PORT HTTP/1.1\r\n\r\n", 403, "bad-host"},
+        {"sink.test 127.0.0.0/8", NULL,
+         "GET http://2130706433:PORT/ HTTP/1.1\r\nHost: 2130706433:PORT\r\n\r\n", 403,
+         "bad-host"},
+        /* Host/CONNECT mismatch and other bad requests */
+        {"*.test 127.0.0.1/32", NULL,
+         "CONNECT sink.test:PORT HTTP/1.1\r\nHost: other.test:PORT\r\n\r\n", 400, "bad-request"},
+        {"*.test 127.0.0.1/32", NULL,
+         "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: other.test\r\n\r\n", 400, "bad-request"},
+        {"*.test 127.0.0.1/32", NULL, "GET / HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 400,
+         "bad-request"},
+        {"*.test 127.0.0.1/32", NULL,
+         "GET http://u@sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 400,
+         "bad-request"},
+        {"*.test 127.0.0.1/32", NULL,
+         "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+         "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
+         400, "bad-request"},
+        /* cannot resolve */
+        {"*.test 127.0.0.1/32", NULL, "CONNECT unknown.test:PORT HTTP/1.1\r\n\r\n", 502,
+         "resolve-failed"},
+        /* default policy */
+        {NULL, NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(VmEgressPolicy) policy = policy_from(cases[i].allow, cases[i].deny);
+        g_autoptr(GString) text = g_string_new(cases[i].request);
+        g_autofree char *port = g_strdup_printf("%u", f->sink->port);
+        const char *req;
+        Record *record;
+        int status;
+
+        g_string_replace(text, "PORT", port, 0);
+        req = text->str;
+        vm_egress_proxy_set_policy(f->proxy, policy);
+        status = request_status(f, req);
+        record = log_wait(&f->log, i);
+        if (status != cases[i].status || record->kind != VM_EGRESS_RECORD_DENIED ||
+            g_strcmp0(record->reason, cases[i].reason) != 0)
+            fail_msg("case %zu (%s): status %d, record %s %s", i, req, status,
+                     record->kind == VM_EGRESS_RECORD_DENIED ? "denied" : "allowed",
+                     record->reason);
+        assert_int_equal(record->bytes_up, 0);
+        assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+        assert_int_equal(g_atomic_int_get(&f->sink->connections), 0);
+    }
+}
+
+static void
+test_denied_record_fields(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(VmEgressPolicy) policy = policy_from("sink.test", NULL);
+    g_autofree char *req = g_strdup_printf("CONNECT Sink.Test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    Record *record;
+
+    vm_egress_proxy_set_policy(f->proxy, policy);
+    assert_int_equal(request_status(f, req), 403);
+    record = log_wait(&f->log, 0);
+    assert_string_equal(record->host, "Sink.Test");
+    assert_int_equal(record->port, f->sink->port);
+    /* the refused address is named */
+    assert_string_equal(record->address, "127.0.0.1");
+    assert_string_equal(record->reason, "address");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Live policy changes */
+
+static void
+test_policy_change_closes_tunnel(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(VmEgressPolicy) narrower = policy_from("127.0.0.1/32", NULL);
+    g_autoptr(VmEgressPolicy) current = NULL;
+    g_autofree char *by_name = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n",
+                                               f->sink->port);
+    g_autofree char *by_address = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n",
+                                                  f->sink->port);
+    int a = client_connect(f), b = client_connect(f);
+    g_autoptr(GString) ra = NULL;
+    g_autoptr(GString) rb = NULL;
+    g_autoptr(GString) tail = NULL;
+    g_autoptr(GString) echo = NULL;
+    gboolean eof = FALSE;
+    gint64 start;
+    Record *record;
+
+    client_send(a, by_name);
+    client_send(b, by_address);
+    ra = client_read(a, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    rb = client_read(b, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_int_equal(status_of(ra), 200);
+    assert_int_equal(status_of(rb), 200);
+
+    start = g_get_monotonic_time();
+    vm_egress_proxy_set_policy(f->proxy, narrower);
+    tail = client_read(a, NULL, 2000, &eof);
+    assert_true(eof);
+    assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
+    record = log_wait(&f->log, 0);
+    assert_string_equal(record->host, "sink.test");
+    assert_string_equal(record->reason, "policy-changed");
+
+    /* the tunnel the new policy still allows stays open */
+    client_send(b, "still");
+    echo = client_read(b, "still", IO_TIMEOUT_MS, NULL);
+    assert_string_equal(echo->str, "still");
+    current = vm_egress_proxy_dup_policy(f->proxy);
+    assert_true(vm_egress_policy_equal(current, narrower));
+    /* and new connections follow the new policy at once */
+    assert_int_equal(request_status(f, by_name), 403);
+    close(a);
+    close(b);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Limits */
+
+static void
+test_handshake_timeout(void **state)
+{
+    Fixture *f = *state;
+    VmEgressConfig config = {.handshake_timeout_ms = 300};
+    static const char drip[] = "CONNECT sink.test:1 HTTP/1.1\r\n\r\n";
+    int fd;
+    g_autoptr(GString) response = NULL;
+    gboolean eof = FALSE;
+    gint64 start;
+    Record *record;
+
+    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    /* slow-loris: a byte every 100 ms does not extend the deadline */
+    fd = client_connect(f);
+    start = g_get_monotonic_time();
+    for (gsize i = 0; i < sizeof(drip) - 1 && g_get_monotonic_time() - start < 1500000; i++) {
+        if (send(fd, drip + i, 1, MSG_NOSIGNAL) != 1)
+            break;
+        g_usleep(100 * 1000);
+    }
+    response = client_read(fd, NULL, 2000, &eof);
+    assert_true(eof);
+    assert_int_equal(status_of(response), 408);
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+    assert_string_equal(record->reason, "timeout");
+    assert_int_equal(g_atomic_int_get(&f->sink->connections), 0);
+    close(fd);
+}
+
+static void
+test_too_many_connections(void **state)
+{
+    Fixture *f = *state;
+    VmEgressConfig config = {.max_connections = 2, .handshake_timeout_ms = 5000};
+    g_autofree char *req = NULL;
+    int a, b, c;
+    g_autoptr(GString) response = NULL;
+    gboolean eof = FALSE;
+    Record *record;
+
+    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    a = client_connect(f);
+    b = client_connect(f);
+    for (int i = 0; i < 200 && vm_egress_proxy_get_n_connections(f->proxy) < 2; i++)
+        g_usleep(10 * 1000);
+    assert_int_equal(vm_egress_proxy_get_n_connections(f->proxy), 2);
+    c = client_connect(f);
+    response = client_read(c, NULL, IO_TIMEOUT_MS, &eof);
+    assert_true(eof);
+    assert_int_equal(status_of(response), 503);
+    record = log_wait(&f->log, 0);
+    assert_string_equal(record->reason, "too-many-connections");
+    close(a);
+    close(b);
+    close(c);
+    wait_idle(f);
+    req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    assert_int_equal(request_status(f, req), 200);
+}
+
+static void
+test_idle_timeout(void **state)
+{
+    Fixture *f = *state;
+    VmEgressConfig config = {.idle_timeout_ms = 300};
+    g_autofree char *req = NULL;
+    int fd;
+    g_autoptr(GString) response = NULL;
+    g_autoptr(GString) rest = NULL;
+    gboolean eof = FALSE;
+    Record *record;
+
+    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    fd = client_connect(f);
+    client_send(fd, req);
+    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_int_equal(status_of(response), 200);
+    rest = client_read(fd, NULL, 2000, &eof);
+    assert_true(eof);
+    record = log_wait(&f->log, 0);
+    assert_string_equal(record->reason, "idle");
+    close(fd);
+}
+
+/* Garbage, oversized heads and clients that vanish: each gets an answer or a close, and the
+ * proxy ends up with no connection left. */
+static void
+test_never_hangs(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GString) big = g_string_new("GET http://sink.test/ HTTP/1.1\r\n");
+    static const char *const garbage[] = {
+        "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        "SSH-2.0-OpenSSH_9.2\r\n",
+        "\r\n\r\n",
+        "GET http://sink.test/ HTTP/1.1\nHost: sink.test\n\n",
+    };
+
+    while (big->len < 40 * 1024)
+        g_string_append(big, "X-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+    for (gsize i = 0; i < G_N_ELEMENTS(garbage); i++) {
+        int fd = client_connect(f);
+        g_autoptr(GString) response = NULL;
+        gboolean eof = FALSE;
+
+        (void)send(fd, garbage[i], strlen(garbage[i]), MSG_NOSIGNAL);
+        response = client_read(fd, NULL, IO_TIMEOUT_MS, &eof);
+        assert_true(eof);
+        assert_int_equal(status_of(response), 400);
+        close(fd);
+    }
+    {
+        int fd = client_connect(f);
+        g_autoptr(GString) response = NULL;
+        gboolean eof = FALSE;
+
+        (void)send(fd, big->str, big->len, MSG_NOSIGNAL);
+        response = client_read(fd, NULL, IO_TIMEOUT_MS, &eof);
+        assert_true(eof);
+        assert_int_equal(status_of(response), 400);
+        close(fd);
+    }
+    /* half a head, then the client goes away */
+    for (int i = 0; i < 3; i++) {
+        int fd = client_connect(f);
+
+        client_send(fd, "CONNECT sink.te");
+        close(fd);
+    }
+    wait_idle(f);
+    assert_int_equal(g_atomic_int_get(&f->sink->connections), 0);
+}
+
+/* Freeing the proxy with open tunnels and half-read heads returns promptly. */
+static void
+test_free_with_open_connections(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    int tunnel = client_connect(f), partial = client_connect(f);
+    g_autoptr(GString) response = NULL;
+    g_autoptr(GString) rest = NULL;
+    gboolean eof = FALSE;
+    gint64 start;
+
+    client_send(tunnel, req);
+    response = client_read(tunnel, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_int_equal(status_of(response), 200);
+    client_send(partial, "CONNECT ");
+    start = g_get_monotonic_time();
+    g_clear_pointer(&f->proxy, vm_egress_proxy_free);
+    assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
+    rest = client_read(tunnel, NULL, 1000, &eof);
+    assert_true(eof);
+    close(tunnel);
+    close(partial);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Rewrite hook */
+
+static gboolean
+rewrite_placeholder(VmEgressRequest *request, gpointer user_data, GError **error)
+{
+    const char *auth = vm_egress_request_get_header(request, "Authorization");
+
+    if (g_strcmp0(auth, "REFUSE") == 0)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "no credential for this host");
+    if (g_strcmp0(auth, "PLACEHOLDER") == 0)
+        vm_egress_request_set_header(request, "Authorization", "Bearer real");
+    return TRUE;
+}
+
+static void
+test_rewrite_hook(void **state)
+{
+    Fixture *f = *state;
+    VmEgressConfig config = {.rewrite = rewrite_placeholder};
+    g_autofree char *req = NULL;
+    g_autofree char *refused = NULL;
+    int fd;
+    g_autoptr(GString) echo = NULL;
+    Record *record;
+
+    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    req = g_strdup_printf("GET http://sink.test:%1$u/ HTTP/1.1\r\nHost: sink.test:%1$u\r\n"
+                          "Authorization: PLACEHOLDER\r\n\r\n",
+                          f->sink->port);
+    fd = client_connect(f);
+    client_send(fd, req);
+    echo = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_non_null(strstr(echo->str, "\r\nAuthorization: Bearer real\r\n"));
+    assert_null(strstr(echo->str, "PLACEHOLDER"));
+    close(fd);
+    (void)log_wait(&f->log, 0);
+
+    refused = g_strdup_printf("GET http://sink.test:%1$u/ HTTP/1.1\r\nHost: sink.test:%1$u\r\n"
+                              "Authorization: REFUSE\r\n\r\n",
+                              f->sink->port);
+    g_atomic_int_set(&f->sink->bytes, 0);
+    assert_int_equal(request_status(f, refused), 403);
+    record = log_wait(&f->log, 1);
+    assert_string_equal(record->reason, "rewrite-refused");
+    g_usleep(50 * 1000);
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Set-up errors and records */
+
+static void
+test_listen_errors(void **state)
+{
+    Fixture *f = *state;
+    VmEgressConfig taken = {.listen_port = vm_egress_proxy_get_port(f->proxy)};
+    VmEgressConfig bad = {.listen_address = "localhost"};
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GError) bad_error = NULL;
+    g_autoptr(VmEgressProxy) second = vm_egress_proxy_new(&taken, &error);
+    g_autoptr(VmEgressProxy) third = vm_egress_proxy_new(&bad, &bad_error);
+
+    assert_null(second);
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NO_RESOURCES));
+    assert_null(third);
+    assert_true(g_error_matches(bad_error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+}
+
+static void
+test_record_json(void **state)
+{
+    VmEgressRecord allowed = {
+        .kind = VM_EGRESS_RECORD_ALLOWED,
+        .start_time = 1700000000123456,
+        .host = "pypi.org",
+        .port = 443,
+        .address = "151.101.0.223",
+        .reason = "closed",
+        .bytes_up = 517,
+        .bytes_down = 1048576,
+        .duration_us = 2500000,
+    };
+    VmEgressRecord denied = {
+        .kind = VM_EGRESS_RECORD_DENIED,
+        .start_time = 1700000000000000,
+        .reason = "bad-request",
+    };
+    g_autofree char *a = vm_egress_record_to_json(&allowed);
+    g_autofree char *d = vm_egress_record_to_json(&denied);
+
+    assert_string_equal(a, "{\"time\":\"2023-11-14T22:13:20.123456Z\",\"event\":\"allowed\","
+                           "\"host\":\"pypi.org\",\"port\":443,\"address\":\"151.101.0.223\","
+                           "\"reason\":\"closed\",\"bytes_up\":517,\"bytes_down\":1048576,"
+                           "\"duration_ms\":2500}");
+    assert_string_equal(d, "{\"time\":\"2023-11-14T22:13:20Z\",\"event\":\"denied\","
+                           "\"host\":null,\"port\":0,\"address\":null,\"reason\":\"bad-request\","
+                           "\"bytes_up\":0,\"bytes_down\":0,\"duration_ms\":0}");
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_connect_allowed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_http_allowed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cidr_literal_allowed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_denied_table, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_denied_record_fields, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_policy_change_closes_tunnel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_handshake_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_too_many_connections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_never_hangs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_free_with_open_connections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rewrite_hook, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_listen_errors, setup, teardown),
+        cmocka_unit_test(test_record_json),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
