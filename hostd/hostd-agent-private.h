@@ -45,6 +45,11 @@ char *hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const
 gboolean hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFunc progress,
                               gpointer progress_data, GError **error);
 
+/* After the first boot: waits until cloud-init has finished inside the agent. */
+gboolean hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r,
+                                     VmProgressFunc progress, gpointer progress_data,
+                                     GError **error);
+
 /* Runs a helper program (argv[0] looked up in PATH); its stderr becomes the error message
  * (VM_ERROR_IO). */
 gboolean hostd_run(const char *const *argv, GError **error);

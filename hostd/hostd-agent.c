@@ -15,6 +15,7 @@
 #include "vm-error.h"
 #include "vm-image.h"
 #include "vm-name.h"
+#include "vm-protocol.h"
 #include "vm-seed.h"
 #include "vm-template.h"
 #include "vm-util.h"
@@ -284,7 +285,7 @@ hostd_console_tail(const HostdAgentRecord *r)
     g_autofree char *text = NULL;
 
     if (!g_file_get_contents(path, &text, NULL, NULL))
-        return g_strdup("(no console output)");
+        return g_strdup("\n  console: (none yet)");
     g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
     guint n = g_strv_length(lines);
     guint start = n > HOSTD_CONSOLE_TAIL_LINES ? n - HOSTD_CONSOLE_TAIL_LINES : 0;
@@ -295,6 +296,8 @@ hostd_console_tail(const HostdAgentRecord *r)
             continue;
         g_string_append_printf(out, "\n  console: %s", lines[i]);
     }
+    if (out->len == 0)
+        g_string_append(out, "\n  console: (none yet)");
     return g_string_free(g_steal_pointer(&out), FALSE);
 }
 
@@ -349,6 +352,60 @@ hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFun
                             ctx->config->boot_timeout_s, tail);
         }
     }
+}
+
+/* Runs @argv in the agent and returns its exit status in *ret_status; output is discarded. */
+static gboolean
+hostd_agent_run_quiet(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int *ret_status,
+                      GError **error)
+{
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) < 0)
+        return vm_throw_errno(error, errno, "socketpair");
+    vm_autofd ours = fds[0];
+    vm_autofd theirs = fds[1];
+    g_autoptr(VmMessage) eof = vm_message_new(VM_OP_STDIN_EOF, NULL, NULL);
+    if (!vm_message_write_fd(ours, eof, error))
+        return FALSE;
+
+    g_autofree char *identity = NULL, *known_hosts = NULL;
+    HostdSshTarget target;
+    HostdExecRequest request = {.argv = argv};
+    hostd_ssh_target_init(&target, r, &identity, &known_hosts);
+    /* Output is small (it is discarded by the command itself), so the socket buffer holds all
+     * frames until the exec returns. */
+    if (!hostd_ssh_exec(ctx->ssh, &target, &request, theirs, error))
+        return FALSE;
+    for (;;) {
+        gboolean at_eof = FALSE;
+        g_autoptr(VmMessage) m = vm_message_read_fd(ours, &at_eof, error);
+        if (m == NULL)
+            return at_eof ? vm_throw(error, VM_ERROR_SSH, "no exit status from the guest") : FALSE;
+        if (m->op == VM_OP_EXIT) {
+            *ret_status = vm_message_get_int(m, "status", -1);
+            return TRUE;
+        }
+    }
+}
+
+gboolean
+hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r,
+                            VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    /* sshd answers before cloud-init is done, and cloud-init may still restart sshd (it
+     * rewrites its configuration): an agent is ready once cloud-init has finished. */
+    char *argv[] = {"sh", "-c",
+                    "command -v cloud-init >/dev/null || exit 0; "
+                    "cloud-init status --wait >/dev/null 2>&1; exit 0",
+                    NULL};
+    int status = 0;
+
+    hostd_progress(progress, progress_data, "waiting for cloud-init to finish", -1);
+    if (!hostd_agent_run_quiet(ctx, r, argv, &status, error))
+        return FALSE;
+    /* sshd may have restarted under the pooled session. */
+    hostd_ssh_pool_forget(ctx->ssh, r->name);
+    return TRUE;
 }
 
 static char *
@@ -574,7 +631,8 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         hostd_agent_rollback(ctx, req->name, dir);
         return NULL;
     }
-    if (req->wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error)) {
+    if (req->wait && (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error) ||
+                      !hostd_agent_wait_first_boot(ctx, r, progress, progress_data, error))) {
         hostd_agent_rollback(ctx, req->name, dir);
         return NULL;
     }

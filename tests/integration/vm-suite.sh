@@ -272,7 +272,8 @@ sed -i 's/^boot-timeout=.*/boot-timeout=3/' "$CONF"
 check "hostd restarts with a 3 s boot timeout" start_hostd
 out=$(vmctl new t2 2>&1); rc=$?
 check "new that times out: exit 8, names the timeout, shows the console" \
-  bash -c "[ $rc = 8 ] && grep -q 'did not answer SSH within 3 s' <<< \"\$1\" && grep -q 'console:' <<< \"\$1\"" _ "$out"
+  bash -c "[ $rc = 8 ] && grep -q 'did not answer SSH within 3 s' <<< \"\$1\" && grep -q 'console:' <<< \"\$1\"" _ "$out" ||
+  diag "exit $rc: $out"
 check "the timed-out new left no files" test ! -e "$S/agents/t2"
 check "the timed-out new left no agent behind" \
   test "$(vmctl list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 0
