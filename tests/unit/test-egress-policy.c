@@ -82,7 +82,8 @@ test_host_normalise_bad(void **state)
         "-a.example",
         "a-.example",
         "a_b.example",
-        "b\xc3\xbc" "cher.example",
+        "b\xc3\xbc"
+        "cher.example",
         "a b.example",
         "a\tb",
         "*.example.com",
@@ -181,7 +182,8 @@ test_rules_bad(void **state)
         "a*.example",
         "foo.*.example",
         "**.example",
-        "b\xc3\xbc" "cher.example",
+        "b\xc3\xbc"
+        "cher.example",
         "203.0.113.0/33",
         "203.0.113.1/24",
         "203.0.113.0/",
@@ -457,7 +459,8 @@ test_check_address_local(void **state)
 
     assert_non_null(real);
     for (guint i = 0; i < real->len; i++) {
-        g_autofree char *text = vm_egress_address_to_string(&g_array_index(real, VmEgressAddress, i));
+        g_autofree char *text =
+            vm_egress_address_to_string(&g_array_index(real, VmEgressAddress, i));
 
         saw_loopback |= strcmp(text, "127.0.0.1") == 0;
     }

@@ -498,8 +498,7 @@ test_denied_table(void **state)
          "bad-host"},
         {"sink.test 127.0.0.0/8", NULL, "CONNECT 127.1:PORT HTTP/1.1\r\n\r\n", 403, "bad-host"},
         {"sink.test 127.0.0.0/8", NULL,
-         "GET http://2130706433:PORT/ HTTP/1.1\r\nHost: 2130706433:PORT\r\n\r\n", 403,
-         "bad-host"},
+         "GET http://2130706433:PORT/ HTTP/1.1\r\nHost: 2130706433:PORT\r\n\r\n", 403, "bad-host"},
         /* Host/CONNECT mismatch and other bad requests */
         {"*.test 127.0.0.1/32", NULL,
          "CONNECT sink.test:PORT HTTP/1.1\r\nHost: other.test:PORT\r\n\r\n", 400, "bad-request"},
@@ -572,10 +571,10 @@ test_policy_change_closes_tunnel(void **state)
     Fixture *f = *state;
     g_autoptr(VmEgressPolicy) narrower = policy_from("127.0.0.1/32", NULL);
     g_autoptr(VmEgressPolicy) current = NULL;
-    g_autofree char *by_name = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n",
-                                               f->sink->port);
-    g_autofree char *by_address = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n",
-                                                  f->sink->port);
+    g_autofree char *by_name =
+        g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    g_autofree char *by_address =
+        g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
     int a = client_connect(f), b = client_connect(f);
     g_autoptr(GString) ra = NULL;
     g_autoptr(GString) rb = NULL;
@@ -718,7 +717,8 @@ test_never_hangs(void **state)
     };
 
     while (big->len < 40 * 1024)
-        g_string_append(big, "X-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        g_string_append(big,
+                        "X-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
     for (gsize i = 0; i < G_N_ELEMENTS(garbage); i++) {
         int fd = client_connect(f);
         g_autoptr(GString) response = NULL;

@@ -28,22 +28,21 @@ test_good_table(void **state)
         guint port;
         const char *path;
     } cases[] = {
-        {"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n",
-         VM_EGRESS_REQUEST_CONNECT, "pypi.org", 443, NULL},
-        {"CONNECT pypi.org:443 HTTP/1.1\r\n\r\n", VM_EGRESS_REQUEST_CONNECT, "pypi.org", 443,
-         NULL},
+        {"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n", VM_EGRESS_REQUEST_CONNECT,
+         "pypi.org", 443, NULL},
+        {"CONNECT pypi.org:443 HTTP/1.1\r\n\r\n", VM_EGRESS_REQUEST_CONNECT, "pypi.org", 443, NULL},
         {"CONNECT pypi.org:443 HTTP/1.0\r\nHost: PyPI.org\r\n\r\n", VM_EGRESS_REQUEST_CONNECT,
          "pypi.org", 443, NULL},
         {"CONNECT [2001:db8::1]:8443 HTTP/1.1\r\nHost: [2001:db8::1]:8443\r\n\r\n",
          VM_EGRESS_REQUEST_CONNECT, "2001:db8::1", 8443, NULL},
-        {"CONNECT 203.0.113.5:22 HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
-         VM_EGRESS_REQUEST_CONNECT, "203.0.113.5", 22, NULL},
+        {"CONNECT 203.0.113.5:22 HTTP/1.1\r\nContent-Length: 0\r\n\r\n", VM_EGRESS_REQUEST_CONNECT,
+         "203.0.113.5", 22, NULL},
         {"GET http://deb.debian.org/debian/ HTTP/1.1\r\nHost: deb.debian.org\r\n\r\n",
          VM_EGRESS_REQUEST_HTTP, "deb.debian.org", 80, "/debian/"},
-        {"GET HTTP://Example.COM HTTP/1.1\r\nHost: example.com:80\r\n\r\n",
-         VM_EGRESS_REQUEST_HTTP, "Example.COM", 80, "/"},
-        {"GET http://example.com?q=1 HTTP/1.1\r\nHost: example.com\r\n\r\n",
-         VM_EGRESS_REQUEST_HTTP, "example.com", 80, "/?q=1"},
+        {"GET HTTP://Example.COM HTTP/1.1\r\nHost: example.com:80\r\n\r\n", VM_EGRESS_REQUEST_HTTP,
+         "Example.COM", 80, "/"},
+        {"GET http://example.com?q=1 HTTP/1.1\r\nHost: example.com\r\n\r\n", VM_EGRESS_REQUEST_HTTP,
+         "example.com", 80, "/?q=1"},
         {"HEAD http://example.com:8080/a/b?c=d HTTP/1.1\r\nHost: example.com:8080\r\n\r\n",
          VM_EGRESS_REQUEST_HTTP, "example.com", 8080, "/a/b?c=d"},
         {"GET http://[2001:db8::1]/ HTTP/1.1\r\nHost: [2001:db8::1]\r\n\r\n",
@@ -107,8 +106,7 @@ test_bad_malformed(void **state)
         {"GET http://a.example/ HTTP/1.1\n\n", VM_ERROR_PROTOCOL},
         {"GET http://a.example/ HTTP/1.1\r\nHost: a.example\n\r\n", VM_ERROR_PROTOCOL},
         {"GET http://a.example/ HTTP/1.1\rHost: a.example\r\n\r\n", VM_ERROR_PROTOCOL},
-        {"GET http://a.example/ HTTP/1.1\r\nX: a\rb\r\nHost: a.example\r\n\r\n",
-         VM_ERROR_PROTOCOL},
+        {"GET http://a.example/ HTTP/1.1\r\nX: a\rb\r\nHost: a.example\r\n\r\n", VM_ERROR_PROTOCOL},
         {"GET  http://a.example/ HTTP/1.1\r\n\r\n", VM_ERROR_PROTOCOL},
         {"GET http://a.example/ HTTP/1.1 \r\n\r\n", VM_ERROR_PROTOCOL},
         {"GET\thttp://a.example/\tHTTP/1.1\r\n\r\n", VM_ERROR_PROTOCOL},
@@ -135,10 +133,10 @@ test_bad_malformed(void **state)
         {"CONNECT pypi.org: HTTP/1.1\r\n\r\n", VM_ERROR_PROTOCOL},
         {"CONNECT :443 HTTP/1.1\r\n\r\n", VM_ERROR_PROTOCOL},
         {"CONNECT http://pypi.org:443 HTTP/1.1\r\n\r\n", VM_ERROR_PROTOCOL},
-        {"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\nNoColon\r\n\r\n",
-         VM_ERROR_PROTOCOL},
+        {"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\nNoColon\r\n\r\n", VM_ERROR_PROTOCOL},
         {"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n: v\r\n\r\n", VM_ERROR_PROTOCOL},
-        {"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\nX: a\x01" "b\r\n\r\n",
+        {"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\nX: a\x01"
+         "b\r\n\r\n",
          VM_ERROR_PROTOCOL},
         {"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\nX: a\x7f\r\n\r\n",
          VM_ERROR_PROTOCOL},
@@ -160,8 +158,7 @@ test_bad_refused(void **state)
         {"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
         {"GET /x?y HTTP/1.0\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
         {"OPTIONS * HTTP/1.1\r\nHost: a.example\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
-        {"GET https://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n",
-         VM_ERROR_INVALID_ARGUMENT},
+        {"GET https://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
         {"GET ftp://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
         {"GET a.example:80 HTTP/1.1\r\nHost: a.example\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
         /* Host that disagrees with the target */
@@ -170,14 +167,11 @@ test_bad_refused(void **state)
          VM_ERROR_INVALID_ARGUMENT},
         {"GET http://a.example:8080/ HTTP/1.1\r\nHost: a.example\r\n\r\n",
          VM_ERROR_INVALID_ARGUMENT},
-        {"GET http://a.example/ HTTP/1.1\r\nHost: a.example.\r\n\r\n",
-         VM_ERROR_INVALID_ARGUMENT},
-        {"GET http://127.0.0.1/ HTTP/1.1\r\nHost: a.example\r\n\r\n",
-         VM_ERROR_INVALID_ARGUMENT},
+        {"GET http://a.example/ HTTP/1.1\r\nHost: a.example.\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
+        {"GET http://127.0.0.1/ HTTP/1.1\r\nHost: a.example\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
         {"CONNECT a.example:443 HTTP/1.1\r\nHost: b.example:443\r\n\r\n",
          VM_ERROR_INVALID_ARGUMENT},
-        {"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:22\r\n\r\n",
-         VM_ERROR_INVALID_ARGUMENT},
+        {"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:22\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
         {"CONNECT [::1]:443 HTTP/1.1\r\nHost: [::2]:443\r\n\r\n", VM_ERROR_INVALID_ARGUMENT},
     };
 
@@ -248,8 +242,7 @@ test_bad_smuggling(void **state)
         {"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\nConnection: close, host\r\n\r\n",
          VM_ERROR_PROTOCOL},
         {"CONNECT a.example:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\n", VM_ERROR_PROTOCOL},
-        {"CONNECT a.example:443 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-         VM_ERROR_PROTOCOL},
+        {"CONNECT a.example:443 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", VM_ERROR_PROTOCOL},
     };
 
     check_bad(cases, G_N_ELEMENTS(cases));
@@ -290,7 +283,8 @@ test_oversized(void **state)
 {
     g_autoptr(GString) line = g_string_new("GET http://a.example/");
     g_autoptr(GString) head = g_string_new("GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n");
-    g_autoptr(GString) fields = g_string_new("GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n");
+    g_autoptr(GString) fields =
+        g_string_new("GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n");
     g_autoptr(GString) ok = g_string_new("GET http://a.example/");
     g_autoptr(VmEgressParser) parser = vm_egress_parser_new();
     g_autoptr(VmEgressParser) head_parser = vm_egress_parser_new();
@@ -310,21 +304,21 @@ test_oversized(void **state)
 
     while (line->len < VM_EGRESS_REQUEST_LINE_MAX + 100)
         g_string_append_c(line, 'x');
-    assert_int_equal(vm_egress_parser_feed(parser, (const guint8 *)line->str, line->len, NULL,
-                                           NULL),
-                     VM_EGRESS_PARSE_ERROR);
+    assert_int_equal(
+        vm_egress_parser_feed(parser, (const guint8 *)line->str, line->len, NULL, NULL),
+        VM_EGRESS_PARSE_ERROR);
 
     for (guint i = 0; head->len <= VM_EGRESS_REQUEST_HEAD_MAX; i++)
         g_string_append_printf(head, "X-%u: %0400u\r\n", i % 90, i);
-    assert_int_equal(vm_egress_parser_feed(head_parser, (const guint8 *)head->str, head->len,
-                                           NULL, &head_error),
-                     VM_EGRESS_PARSE_ERROR);
+    assert_int_equal(
+        vm_egress_parser_feed(head_parser, (const guint8 *)head->str, head->len, NULL, &head_error),
+        VM_EGRESS_PARSE_ERROR);
     assert_true(g_error_matches(head_error, VM_ERROR, VM_ERROR_PROTOCOL));
 
     for (guint i = 0; i < VM_EGRESS_REQUEST_FIELDS_MAX; i++)
         g_string_append_printf(fields, "X-%u: v\r\n", i);
-    assert_int_equal(vm_egress_parser_feed(fields_parser, (const guint8 *)fields->str,
-                                           fields->len, NULL, &fields_error),
+    assert_int_equal(vm_egress_parser_feed(fields_parser, (const guint8 *)fields->str, fields->len,
+                                           NULL, &fields_error),
                      VM_EGRESS_PARSE_ERROR);
     assert_true(g_error_matches(fields_error, VM_ERROR, VM_ERROR_PROTOCOL));
 }
@@ -383,9 +377,9 @@ test_consumed_with_body(void **state)
     g_autoptr(VmEgressParser) parser = vm_egress_parser_new();
     gsize consumed = 0;
 
-    assert_int_equal(vm_egress_parser_feed(parser, (const guint8 *)data, sizeof(data) - 1,
-                                           &consumed, NULL),
-                     VM_EGRESS_PARSE_DONE);
+    assert_int_equal(
+        vm_egress_parser_feed(parser, (const guint8 *)data, sizeof(data) - 1, &consumed, NULL),
+        VM_EGRESS_PARSE_DONE);
     assert_int_equal(consumed, sizeof(data) - 1 - 3);
 }
 
@@ -406,8 +400,8 @@ test_early_error(void **state)
     for (gsize i = 0; i < G_N_ELEMENTS(prefixes); i++) {
         g_autoptr(VmEgressParser) parser = vm_egress_parser_new();
         g_autoptr(GError) error = NULL;
-        VmEgressParseStatus status = vm_egress_parser_feed(
-            parser, (const guint8 *)prefixes[i], strlen(prefixes[i]), NULL, &error);
+        VmEgressParseStatus status = vm_egress_parser_feed(parser, (const guint8 *)prefixes[i],
+                                                           strlen(prefixes[i]), NULL, &error);
 
         /* the \x01 is only refused with the whole field; the others at once */
         if (i == 0)
@@ -420,19 +414,18 @@ test_early_error(void **state)
 static void
 test_forwarded_head(void **state)
 {
-    static const char data[] =
-        "GET http://a.example:8080/p?q=1 HTTP/1.1\r\n"
-        "User-Agent: t\r\n"
-        "Host: A.example:8080\r\n"
-        "Proxy-Authorization: Basic eDp5\r\n"
-        "Proxy-Connection: keep-alive\r\n"
-        "Connection: keep-alive, X-Hop\r\n"
-        "X-Hop: 1\r\n"
-        "Keep-Alive: 300\r\n"
-        "TE: trailers\r\n"
-        "Upgrade: h2c\r\n"
-        "Accept: */*\r\n"
-        "\r\n";
+    static const char data[] = "GET http://a.example:8080/p?q=1 HTTP/1.1\r\n"
+                               "User-Agent: t\r\n"
+                               "Host: A.example:8080\r\n"
+                               "Proxy-Authorization: Basic eDp5\r\n"
+                               "Proxy-Connection: keep-alive\r\n"
+                               "Connection: keep-alive, X-Hop\r\n"
+                               "X-Hop: 1\r\n"
+                               "Keep-Alive: 300\r\n"
+                               "TE: trailers\r\n"
+                               "Upgrade: h2c\r\n"
+                               "Accept: */*\r\n"
+                               "\r\n";
     g_autoptr(GError) error = NULL;
     g_autoptr(VmEgressRequest) request = parse(data, &error);
     g_autoptr(GBytes) head = NULL;
@@ -452,8 +445,7 @@ test_forwarded_head(void **state)
 static void
 test_forwarded_head_default_port_and_v6(void **state)
 {
-    g_autoptr(VmEgressRequest) plain =
-        parse("GET http://a.example HTTP/1.0\r\n\r\n", NULL);
+    g_autoptr(VmEgressRequest) plain = parse("GET http://a.example HTTP/1.0\r\n\r\n", NULL);
     g_autoptr(VmEgressRequest) v6 =
         parse("GET http://[2001:db8::1]:81/ HTTP/1.1\r\nHost: [2001:db8::1]:81\r\n\r\n", NULL);
     g_autoptr(VmEgressRequest) connect = parse("CONNECT [::1]:443 HTTP/1.1\r\n\r\n", NULL);

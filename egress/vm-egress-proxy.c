@@ -1,0 +1,878 @@
+/* The egress proxy: an accept thread and one thread per guest connection. */
+#include "vm-egress-proxy.h"
+#include "vm-error.h"
+#include "vm-util.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <json-glib/json-glib.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define DEFAULT_MAX_CONNECTIONS 64
+#define DEFAULT_HANDSHAKE_MS    (10 * 1000)
+#define DEFAULT_IDLE_MS         (5 * 60 * 1000)
+#define DEFAULT_CONNECT_MS      (10 * 1000)
+/* How often a waiting connection looks at the stop flag and the policy generation: the bound on
+ * how long a refused tunnel stays open after a policy change. */
+#define TICK_MS          200
+#define PIPE_SIZE        (256 * 1024)
+#define LOCAL_REFRESH_US (5 * G_USEC_PER_SEC)
+#define DRAIN_US         (200 * 1000)
+#define DRAIN_MAX        (256 * 1024)
+
+struct _VmEgressProxy {
+    VmEgressConfig config;
+    char *listen_address;
+    int listen_fd;
+    int wake[2];
+    guint16 port;
+    GThread *acceptor;
+    gint stopping;   /* atomic */
+    gint generation; /* atomic; bumped by each policy change */
+
+    GMutex log_lock; /* one record at a time to the log callback */
+    GMutex lock;
+    GCond idle;
+    VmEgressPolicy *policy;
+    guint active;
+    GArray *local; /* the host's own addresses, refreshed now and then */
+    gint64 local_time;
+};
+
+typedef struct {
+    VmEgressProxy *proxy;
+    int fd;
+    gint64 start_time;
+    gint64 start_mono;
+    VmEgressRequest *request;
+    VmEgressAddress address;
+    gboolean have_address;
+    int up_fd;
+    gint generation; /* of the policy the decision used */
+    guint64 bytes_up;
+    guint64 bytes_down;
+    GByteArray *pending_up; /* guest bytes that came after the head */
+} Conn;
+
+/* ---------------------------------------------------------------------------------------------
+ * Records */
+
+char *
+vm_egress_record_to_json(const VmEgressRecord *record)
+{
+    g_autoptr(JsonBuilder) builder = json_builder_new();
+    g_autoptr(JsonGenerator) generator = json_generator_new();
+    g_autoptr(JsonNode) root = NULL;
+    g_autoptr(GDateTime) time = g_date_time_new_from_unix_utc(record->start_time / G_USEC_PER_SEC);
+    g_autoptr(GDateTime) precise = NULL;
+    g_autofree char *stamp = NULL;
+
+    precise = g_date_time_add(time, record->start_time % G_USEC_PER_SEC);
+    stamp = g_date_time_format_iso8601(precise);
+    json_builder_begin_object(builder);
+    json_builder_set_member_name(builder, "time");
+    json_builder_add_string_value(builder, stamp);
+    json_builder_set_member_name(builder, "event");
+    json_builder_add_string_value(builder,
+                                  record->kind == VM_EGRESS_RECORD_ALLOWED ? "allowed" : "denied");
+    json_builder_set_member_name(builder, "host");
+    if (record->host != NULL)
+        json_builder_add_string_value(builder, record->host);
+    else
+        json_builder_add_null_value(builder);
+    json_builder_set_member_name(builder, "port");
+    json_builder_add_int_value(builder, record->port);
+    json_builder_set_member_name(builder, "address");
+    if (record->address != NULL)
+        json_builder_add_string_value(builder, record->address);
+    else
+        json_builder_add_null_value(builder);
+    json_builder_set_member_name(builder, "reason");
+    if (record->reason != NULL)
+        json_builder_add_string_value(builder, record->reason);
+    else
+        json_builder_add_null_value(builder);
+    json_builder_set_member_name(builder, "bytes_up");
+    json_builder_add_int_value(builder, (gint64)record->bytes_up);
+    json_builder_set_member_name(builder, "bytes_down");
+    json_builder_add_int_value(builder, (gint64)record->bytes_down);
+    json_builder_set_member_name(builder, "duration_ms");
+    json_builder_add_int_value(builder, record->duration_us / 1000);
+    json_builder_end_object(builder);
+    root = json_builder_get_root(builder);
+    json_generator_set_root(generator, root);
+    return json_generator_to_data(generator, NULL);
+}
+
+static void
+conn_log(Conn *conn, VmEgressRecordKind kind, const char *reason)
+{
+    VmEgressProxy *proxy = conn->proxy;
+    g_autofree char *address = NULL;
+    VmEgressRecord record = {
+        .kind = kind,
+        .start_time = conn->start_time,
+        .reason = reason,
+        .bytes_up = conn->bytes_up,
+        .bytes_down = conn->bytes_down,
+        .duration_us = g_get_monotonic_time() - conn->start_mono,
+    };
+
+    if (proxy->config.log == NULL)
+        return;
+    if (conn->request != NULL) {
+        record.host = conn->request->host;
+        record.port = conn->request->port;
+    }
+    if (conn->have_address) {
+        address = vm_egress_address_to_string(&conn->address);
+        record.address = address;
+    }
+    g_mutex_lock(&proxy->log_lock);
+    proxy->config.log(&record, proxy->config.log_data);
+    g_mutex_unlock(&proxy->log_lock);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Small socket helpers */
+
+static gboolean
+stopping(VmEgressProxy *proxy)
+{
+    return g_atomic_int_get(&proxy->stopping) != 0;
+}
+
+/* Sends a short error response; best effort, since the connection closes right after. Closing
+ * a socket with unread input makes the kernel send a reset that can destroy the response before
+ * the guest reads it, so the guest's remaining bytes are drained (briefly, boundedly) first. */
+static void
+respond_full(int fd, int code, const char *status, const char *message, gboolean drain)
+{
+    g_autofree char *text = g_strdup_printf("HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\n"
+                                            "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n",
+                                            code, status, strlen(message) + 1, message);
+    gint64 deadline = g_get_monotonic_time() + DRAIN_US;
+    gsize drained = 0;
+
+    (void)send(fd, text, strlen(text), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)shutdown(fd, SHUT_WR);
+    while (drain && drained < DRAIN_MAX) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        gint64 left = deadline - g_get_monotonic_time();
+        char buf[4096];
+        ssize_t n;
+
+        if (left <= 0 || poll(&pfd, 1, (int)(left / 1000 + 1)) <= 0)
+            break;
+        n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0)
+            break;
+        drained += n;
+    }
+}
+
+static void
+respond(int fd, int code, const char *status, const char *message)
+{
+    respond_full(fd, code, status, message, TRUE);
+}
+
+/* Sends all of @data on a non-blocking socket, waiting for room at most @timeout_ms. */
+static gboolean
+send_all(int fd, const guint8 *data, gsize len, int timeout_ms)
+{
+    while (len > 0) {
+        ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
+
+        if (n > 0) {
+            data += n;
+            len -= n;
+        } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+
+            if (poll(&pfd, 1, timeout_ms) <= 0)
+                return FALSE;
+        } else {
+            return FALSE;
+        }
+    }
+    return TRUE;
+}
+
+static socklen_t
+address_to_sockaddr(const VmEgressAddress *address, guint16 port, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (address->family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons(port);
+        memcpy(&sin->sin_addr, address->bytes, 4);
+        return sizeof(*sin);
+    }
+    {
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
+
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons(port);
+        memcpy(&sin6->sin6_addr, address->bytes, 16);
+        return sizeof(*sin6);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Policy and resolution */
+
+static VmEgressPolicy *
+proxy_dup_policy(VmEgressProxy *proxy, GArray **ret_local)
+{
+    VmEgressPolicy *policy;
+    gint64 now = g_get_monotonic_time();
+
+    g_mutex_lock(&proxy->lock);
+    policy = vm_egress_policy_ref(proxy->policy);
+    if (ret_local != NULL) {
+        if (proxy->local == NULL || now - proxy->local_time > LOCAL_REFRESH_US) {
+            GArray *fresh = vm_egress_local_addresses(NULL);
+
+            /* Keep the old list if listing fails: fail closed on the old knowledge. */
+            if (fresh != NULL) {
+                g_clear_pointer(&proxy->local, g_array_unref);
+                proxy->local = fresh;
+                proxy->local_time = now;
+            }
+        }
+        *ret_local = proxy->local != NULL ? g_array_ref(proxy->local) : NULL;
+    }
+    g_mutex_unlock(&proxy->lock);
+    return policy;
+}
+
+static GArray *
+resolve_getaddrinfo(const char *host, gpointer user_data, GError **error)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *list = NULL;
+    g_autoptr(GArray) out = g_array_new(FALSE, FALSE, sizeof(VmEgressAddress));
+    int rc = getaddrinfo(host, NULL, &hints, &list);
+
+    if (rc != 0)
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "cannot resolve '%s': %s", host,
+                        gai_strerror(rc)),
+               NULL;
+    for (struct addrinfo *it = list; it != NULL; it = it->ai_next) {
+        VmEgressAddress address;
+
+        if (vm_egress_address_from_sockaddr(it->ai_addr, &address))
+            g_array_append_val(out, address);
+    }
+    freeaddrinfo(list);
+    return g_steal_pointer(&out);
+}
+
+/* Decides on the whole request: host first, then every address it resolves to. On success
+ * @ret_addresses holds the checked candidates. On refusal @ret_reason is set and, when an
+ * address was at fault, conn->address names it. */
+static gboolean
+conn_decide(Conn *conn, GArray **ret_addresses, const char **ret_reason, int *ret_code)
+{
+    VmEgressProxy *proxy = conn->proxy;
+    g_autoptr(GArray) local = NULL;
+    g_autoptr(VmEgressPolicy) policy = NULL;
+    g_autofree char *host = NULL;
+    g_autoptr(GArray) addresses = NULL;
+    VmEgressAddress literal;
+    VmEgressVerdict verdict;
+
+    /* The generation is read before the policy: a change racing with this decision is then
+     * seen by the relay, which re-checks. */
+    conn->generation = g_atomic_int_get(&proxy->generation);
+    policy = proxy_dup_policy(proxy, &local);
+    *ret_code = 403;
+    verdict = vm_egress_policy_check_host(policy, conn->request->host, &host);
+    if (verdict != VM_EGRESS_ALLOW) {
+        *ret_reason = vm_egress_verdict_name(verdict);
+        return FALSE;
+    }
+    if (vm_egress_address_parse(host, &literal, NULL)) {
+        addresses = g_array_new(FALSE, FALSE, sizeof(VmEgressAddress));
+        g_array_append_val(addresses, literal);
+    } else {
+        VmEgressResolveFunc resolve =
+            proxy->config.resolve != NULL ? proxy->config.resolve : resolve_getaddrinfo;
+
+        addresses = resolve(host, proxy->config.resolve_data, NULL);
+        if (addresses == NULL || addresses->len == 0) {
+            *ret_code = 502;
+            *ret_reason = "resolve-failed";
+            return FALSE;
+        }
+    }
+    /* One refused candidate refuses the name: a name that mixes public and internal addresses
+     * is not one to trust with the public half either. */
+    for (guint i = 0; i < addresses->len; i++) {
+        VmEgressAddress *address = &g_array_index(addresses, VmEgressAddress, i);
+
+        verdict = vm_egress_policy_check_address(policy, address, local);
+        if (verdict != VM_EGRESS_ALLOW) {
+            conn->address = *address;
+            conn->have_address = TRUE;
+            *ret_reason = vm_egress_verdict_name(verdict);
+            return FALSE;
+        }
+    }
+    *ret_addresses = g_steal_pointer(&addresses);
+    return TRUE;
+}
+
+/* Whether the current policy still allows this open connection. */
+static gboolean
+conn_still_allowed(Conn *conn)
+{
+    g_autoptr(GArray) local = NULL;
+    g_autoptr(VmEgressPolicy) policy = proxy_dup_policy(conn->proxy, &local);
+
+    return vm_egress_policy_check_host(policy, conn->request->host, NULL) == VM_EGRESS_ALLOW &&
+           vm_egress_policy_check_address(policy, &conn->address, local) == VM_EGRESS_ALLOW;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Connection stages */
+
+/* Reads the request head before the handshake deadline. */
+static gboolean
+conn_read_head(Conn *conn, const char **ret_reason, int *ret_code, char **ret_message)
+{
+    g_autoptr(VmEgressParser) parser = vm_egress_parser_new();
+    gint64 deadline = conn->start_mono + (gint64)conn->proxy->config.handshake_timeout_ms * 1000;
+    guint8 buf[4096];
+
+    for (;;) {
+        struct pollfd pfd = {.fd = conn->fd, .events = POLLIN};
+        gint64 left = deadline - g_get_monotonic_time();
+        g_autoptr(GError) error = NULL;
+        gsize consumed = 0;
+        ssize_t n;
+        int rc;
+
+        if (stopping(conn->proxy)) {
+            *ret_reason = "shutdown";
+            *ret_code = 503;
+            return FALSE;
+        }
+        if (left <= 0) {
+            *ret_reason = "timeout";
+            *ret_code = 408;
+            return FALSE;
+        }
+        rc = poll(&pfd, 1, (int)MIN(left / 1000 + 1, TICK_MS));
+        if (rc < 0 && errno != EINTR) {
+            *ret_reason = "io-error";
+            *ret_code = 0;
+            return FALSE;
+        }
+        if (rc <= 0)
+            continue;
+        n = recv(conn->fd, buf, sizeof(buf), 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (n <= 0) {
+            *ret_reason = "incomplete-request";
+            *ret_code = 0;
+            return FALSE;
+        }
+        switch (vm_egress_parser_feed(parser, buf, n, &consumed, &error)) {
+        case VM_EGRESS_PARSE_MORE:
+            continue;
+        case VM_EGRESS_PARSE_DONE:
+            conn->request = vm_egress_parser_steal_request(parser);
+            g_byte_array_append(conn->pending_up, buf + consumed, n - consumed);
+            return TRUE;
+        case VM_EGRESS_PARSE_ERROR:
+        default:
+            *ret_reason = "bad-request";
+            *ret_code = 400;
+            *ret_message = g_strdup(error->message);
+            return FALSE;
+        }
+    }
+}
+
+/* Connects to the first candidate that answers before the connect deadline. */
+static int
+conn_connect(Conn *conn, GArray *addresses)
+{
+    gint64 deadline =
+        g_get_monotonic_time() + (gint64)conn->proxy->config.connect_timeout_ms * 1000;
+
+    for (guint i = 0; i < addresses->len; i++) {
+        const VmEgressAddress *address = &g_array_index(addresses, VmEgressAddress, i);
+        struct sockaddr_storage ss;
+        socklen_t sslen = address_to_sockaddr(address, conn->request->port, &ss);
+        vm_autofd fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        int one = 1;
+
+        conn->address = *address;
+        conn->have_address = TRUE;
+        if (fd < 0)
+            continue;
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (connect(fd, (struct sockaddr *)&ss, sslen) < 0 && errno != EINPROGRESS)
+            continue;
+        for (;;) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            gint64 left = deadline - g_get_monotonic_time();
+            int err = 0;
+            socklen_t errlen = sizeof(err);
+
+            if (left <= 0 || stopping(conn->proxy))
+                return -1;
+            if (poll(&pfd, 1, (int)MIN(left / 1000 + 1, TICK_MS)) <= 0)
+                continue;
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &errlen) < 0 || err != 0)
+                break;
+            return g_steal_fd(&fd);
+        }
+    }
+    return -1;
+}
+
+typedef struct {
+    int from;
+    int to;
+    int pipe[2];   /* bytes move socket -> pipe -> socket without a copy through user space */
+    gsize pending; /* bytes in the pipe */
+    gboolean eof;
+    guint64 *total;
+} Direction;
+
+static gboolean
+direction_open(Direction *d, int from, int to, guint64 *total)
+{
+    memset(d, 0, sizeof(*d));
+    d->from = from;
+    d->to = to;
+    d->total = total;
+    if (pipe2(d->pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+        d->pipe[0] = d->pipe[1] = -1;
+        return FALSE;
+    }
+    (void)fcntl(d->pipe[1], F_SETPIPE_SZ, PIPE_SIZE);
+    return TRUE;
+}
+
+static void
+direction_close(Direction *d)
+{
+    if (d->pipe[0] >= 0)
+        close(d->pipe[0]);
+    if (d->pipe[1] >= 0)
+        close(d->pipe[1]);
+}
+
+/* Moves what it can in one direction without blocking. FALSE on a fatal socket error. */
+static gboolean
+direction_pump(Direction *d, gboolean *ret_moved)
+{
+    for (;;) {
+        ssize_t n;
+
+        if (d->pending > 0) {
+            n = splice(d->pipe[0], NULL, d->to, NULL, d->pending,
+                       SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            if (n < 0)
+                return errno == EAGAIN || errno == EINTR;
+            d->pending -= n;
+            *d->total += n;
+            *ret_moved = TRUE;
+            if (d->pending > 0)
+                return TRUE;
+        }
+        if (d->eof)
+            return TRUE;
+        n = splice(d->from, NULL, d->pipe[1], NULL, PIPE_SIZE, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (n < 0)
+            return errno == EAGAIN || errno == EINTR;
+        *ret_moved = TRUE;
+        if (n == 0) {
+            d->eof = TRUE;
+            (void)shutdown(d->to, SHUT_WR);
+            return TRUE;
+        }
+        d->pending = n;
+    }
+}
+
+/* Relays bytes both ways until both sides are done. Returns how it ended. */
+static const char *
+conn_relay_loop(Conn *conn, Direction *up, Direction *down)
+{
+    VmEgressProxy *proxy = conn->proxy;
+    gint generation = conn->generation;
+    gint64 last_activity = g_get_monotonic_time();
+
+    for (;;) {
+        struct pollfd pfd[2] = {{.fd = conn->fd}, {.fd = conn->up_fd}};
+        gboolean moved = FALSE;
+        gint64 now;
+
+        if (!direction_pump(up, &moved) || !direction_pump(down, &moved))
+            return "reset";
+        now = g_get_monotonic_time();
+        if (moved)
+            last_activity = now;
+        if (up->eof && up->pending == 0 && down->eof && down->pending == 0)
+            return "closed";
+        if (stopping(proxy))
+            return "shutdown";
+        if (g_atomic_int_get(&proxy->generation) != generation) {
+            generation = g_atomic_int_get(&proxy->generation);
+            if (!conn_still_allowed(conn))
+                return "policy-changed";
+        }
+        if (now - last_activity > (gint64)proxy->config.idle_timeout_ms * 1000)
+            return "idle";
+        if (moved)
+            continue;
+        if (up->pending > 0)
+            pfd[1].events |= POLLOUT;
+        else if (!up->eof)
+            pfd[0].events |= POLLIN;
+        if (down->pending > 0)
+            pfd[0].events |= POLLOUT;
+        else if (!down->eof)
+            pfd[1].events |= POLLIN;
+        if (poll(pfd, 2, TICK_MS) < 0 && errno != EINTR)
+            return "io-error";
+    }
+}
+
+static const char *
+conn_relay(Conn *conn)
+{
+    Direction up, down;
+    const char *ended = "io-error";
+
+    if (direction_open(&up, conn->fd, conn->up_fd, &conn->bytes_up)) {
+        if (direction_open(&down, conn->up_fd, conn->fd, &conn->bytes_down))
+            ended = conn_relay_loop(conn, &up, &down);
+        direction_close(&down);
+    }
+    direction_close(&up);
+    return ended;
+}
+
+static void
+conn_serve(Conn *conn)
+{
+    VmEgressProxy *proxy = conn->proxy;
+    g_autoptr(GArray) addresses = NULL;
+    g_autofree char *message = NULL;
+    const char *reason = NULL;
+    const char *ended;
+    int code = 0;
+
+    if (!conn_read_head(conn, &reason, &code, &message)) {
+        if (code != 0)
+            respond(conn->fd, code,
+                    code == 400   ? "Bad Request"
+                    : code == 408 ? "Request Timeout"
+                                  : "Service Unavailable",
+                    message != NULL ? message : reason);
+        conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
+        return;
+    }
+    if (!conn_decide(conn, &addresses, &reason, &code)) {
+        g_autofree char *text = g_strdup_printf("egress to %s:%u refused: %s", conn->request->host,
+                                                conn->request->port, reason);
+
+        respond(conn->fd, code, code == 403 ? "Forbidden" : "Bad Gateway", text);
+        conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
+        return;
+    }
+    if (proxy->config.rewrite != NULL) {
+        g_autoptr(GError) error = NULL;
+
+        if (!proxy->config.rewrite(conn->request, proxy->config.rewrite_data, &error)) {
+            respond(conn->fd, 403, "Forbidden", error != NULL ? error->message : "refused");
+            conn_log(conn, VM_EGRESS_RECORD_DENIED, "rewrite-refused");
+            return;
+        }
+    }
+    conn->up_fd = conn_connect(conn, addresses);
+    if (conn->up_fd < 0) {
+        respond(conn->fd, 502, "Bad Gateway", "cannot connect");
+        conn_log(conn, VM_EGRESS_RECORD_DENIED, "connect-failed");
+        return;
+    }
+    if (conn->request->kind == VM_EGRESS_REQUEST_CONNECT) {
+        static const char established[] = "HTTP/1.1 200 Connection established\r\n\r\n";
+
+        if (!send_all(conn->fd, (const guint8 *)established, strlen(established), 1000)) {
+            conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
+            return;
+        }
+    } else {
+        g_autoptr(GBytes) head = vm_egress_request_build_head(conn->request);
+        gsize len;
+        const guint8 *data = g_bytes_get_data(head, &len);
+
+        conn->bytes_up = len;
+        if (!send_all(conn->up_fd, data, len, proxy->config.idle_timeout_ms)) {
+            conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
+            return;
+        }
+    }
+    if (conn->pending_up->len > 0) {
+        if (!send_all(conn->up_fd, conn->pending_up->data, conn->pending_up->len,
+                      proxy->config.idle_timeout_ms)) {
+            conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
+            return;
+        }
+        conn->bytes_up += conn->pending_up->len;
+    }
+    ended = conn_relay(conn);
+    conn_log(conn, VM_EGRESS_RECORD_ALLOWED, ended);
+}
+
+static gpointer
+conn_thread(gpointer data)
+{
+    Conn *conn = data;
+    VmEgressProxy *proxy = conn->proxy;
+
+    conn_serve(conn);
+    close(conn->fd);
+    if (conn->up_fd >= 0)
+        close(conn->up_fd);
+    vm_egress_request_free(conn->request);
+    g_byte_array_unref(conn->pending_up);
+    g_free(conn);
+
+    g_mutex_lock(&proxy->lock);
+    proxy->active--;
+    g_cond_broadcast(&proxy->idle);
+    g_mutex_unlock(&proxy->lock);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Accepting */
+
+static void
+proxy_accept_one(VmEgressProxy *proxy)
+{
+    vm_autofd fd = accept4(proxy->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    Conn *conn;
+    GThread *thread;
+    gboolean full;
+
+    if (fd < 0)
+        return;
+    g_mutex_lock(&proxy->lock);
+    full = proxy->active >= proxy->config.max_connections;
+    if (!full)
+        proxy->active++;
+    g_mutex_unlock(&proxy->lock);
+
+    conn = g_new0(Conn, 1);
+    conn->proxy = proxy;
+    conn->start_time = g_get_real_time();
+    conn->start_mono = g_get_monotonic_time();
+    conn->up_fd = -1;
+    conn->pending_up = g_byte_array_new();
+    if (full) {
+        /* No draining here: the accept thread must not wait on one guest. */
+        respond_full(fd, 503, "Service Unavailable", "too many connections", FALSE);
+        conn_log(conn, VM_EGRESS_RECORD_DENIED, "too-many-connections");
+        g_byte_array_unref(conn->pending_up);
+        g_free(conn);
+        return;
+    }
+    {
+        int one = 1;
+
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    conn->fd = g_steal_fd(&fd);
+    thread = g_thread_try_new("egress-conn", conn_thread, conn, NULL);
+    if (thread == NULL) {
+        close(conn->fd);
+        g_byte_array_unref(conn->pending_up);
+        g_free(conn);
+        g_mutex_lock(&proxy->lock);
+        proxy->active--;
+        g_cond_broadcast(&proxy->idle);
+        g_mutex_unlock(&proxy->lock);
+        return;
+    }
+    g_thread_unref(thread);
+}
+
+static gpointer
+proxy_accept_thread(gpointer data)
+{
+    VmEgressProxy *proxy = data;
+
+    while (!stopping(proxy)) {
+        struct pollfd pfd[2] = {{.fd = proxy->listen_fd, .events = POLLIN},
+                                {.fd = proxy->wake[0], .events = POLLIN}};
+
+        if (poll(pfd, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            g_usleep(10 * 1000);
+            continue;
+        }
+        if (pfd[0].revents & POLLIN)
+            proxy_accept_one(proxy);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Life cycle */
+
+static gboolean
+proxy_listen(VmEgressProxy *proxy, GError **error)
+{
+    VmEgressAddress address;
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    int one = 1;
+
+    if (!vm_egress_address_parse(proxy->listen_address, &address, error))
+        return FALSE;
+    sslen = address_to_sockaddr(&address, proxy->config.listen_port, &ss);
+    proxy->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (proxy->listen_fd < 0)
+        return vm_throw_errno(error, errno, "cannot create the egress proxy socket");
+    (void)setsockopt(proxy->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(proxy->listen_fd, (struct sockaddr *)&ss, sslen) < 0) {
+        int saved = errno;
+
+        if (saved == EADDRINUSE)
+            return vm_throw(error, VM_ERROR_NO_RESOURCES, "egress proxy port %s:%u is taken",
+                            proxy->listen_address, proxy->config.listen_port);
+        return vm_throw_errno(error, saved, "cannot bind the egress proxy to %s:%u",
+                              proxy->listen_address, proxy->config.listen_port);
+    }
+    if (listen(proxy->listen_fd, 128) < 0)
+        return vm_throw_errno(error, errno, "cannot listen on the egress proxy socket");
+    sslen = sizeof(ss);
+    if (getsockname(proxy->listen_fd, (struct sockaddr *)&ss, &sslen) < 0)
+        return vm_throw_errno(error, errno, "cannot read the egress proxy's port");
+    proxy->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+                                                : ((struct sockaddr_in6 *)&ss)->sin6_port);
+    return TRUE;
+}
+
+VmEgressProxy *
+vm_egress_proxy_new(const VmEgressConfig *config, GError **error)
+{
+    g_autoptr(VmEgressProxy) proxy = g_new0(VmEgressProxy, 1);
+
+    proxy->listen_fd = -1;
+    proxy->wake[0] = proxy->wake[1] = -1;
+    g_mutex_init(&proxy->log_lock);
+    g_mutex_init(&proxy->lock);
+    g_cond_init(&proxy->idle);
+    proxy->config = *config;
+    proxy->listen_address =
+        g_strdup(config->listen_address != NULL ? config->listen_address : "127.0.0.1");
+    proxy->config.listen_address = proxy->listen_address;
+    if (proxy->config.max_connections == 0)
+        proxy->config.max_connections = DEFAULT_MAX_CONNECTIONS;
+    if (proxy->config.handshake_timeout_ms == 0)
+        proxy->config.handshake_timeout_ms = DEFAULT_HANDSHAKE_MS;
+    if (proxy->config.idle_timeout_ms == 0)
+        proxy->config.idle_timeout_ms = DEFAULT_IDLE_MS;
+    if (proxy->config.connect_timeout_ms == 0)
+        proxy->config.connect_timeout_ms = DEFAULT_CONNECT_MS;
+    proxy->policy =
+        config->policy != NULL ? vm_egress_policy_ref(config->policy) : vm_egress_policy_new_none();
+    proxy->config.policy = NULL;
+
+    if (!proxy_listen(proxy, error))
+        return NULL;
+    if (pipe2(proxy->wake, O_CLOEXEC | O_NONBLOCK) < 0)
+        return vm_throw_errno(error, errno, "cannot create the egress proxy's wake pipe"), NULL;
+    proxy->acceptor = g_thread_try_new("egress-accept", proxy_accept_thread, proxy, NULL);
+    if (proxy->acceptor == NULL)
+        return vm_throw(error, VM_ERROR_NO_RESOURCES, "cannot start the egress proxy thread"), NULL;
+    return g_steal_pointer(&proxy);
+}
+
+void
+vm_egress_proxy_free(VmEgressProxy *proxy)
+{
+    if (proxy == NULL)
+        return;
+    g_atomic_int_set(&proxy->stopping, 1);
+    if (proxy->acceptor != NULL) {
+        (void)!write(proxy->wake[1], "x", 1);
+        g_thread_join(proxy->acceptor);
+    }
+    /* Connection threads see the stop flag within a tick and exit. */
+    g_mutex_lock(&proxy->lock);
+    while (proxy->active > 0)
+        g_cond_wait(&proxy->idle, &proxy->lock);
+    g_mutex_unlock(&proxy->lock);
+
+    if (proxy->listen_fd >= 0)
+        close(proxy->listen_fd);
+    if (proxy->wake[0] >= 0)
+        close(proxy->wake[0]);
+    if (proxy->wake[1] >= 0)
+        close(proxy->wake[1]);
+    vm_egress_policy_unref(proxy->policy);
+    g_clear_pointer(&proxy->local, g_array_unref);
+    g_mutex_clear(&proxy->log_lock);
+    g_mutex_clear(&proxy->lock);
+    g_cond_clear(&proxy->idle);
+    g_free(proxy->listen_address);
+    g_free(proxy);
+}
+
+guint16
+vm_egress_proxy_get_port(VmEgressProxy *proxy)
+{
+    return proxy->port;
+}
+
+void
+vm_egress_proxy_set_policy(VmEgressProxy *proxy, VmEgressPolicy *policy)
+{
+    VmEgressPolicy *old;
+
+    g_return_if_fail(policy != NULL);
+    g_mutex_lock(&proxy->lock);
+    old = proxy->policy;
+    proxy->policy = vm_egress_policy_ref(policy);
+    g_mutex_unlock(&proxy->lock);
+    g_atomic_int_inc(&proxy->generation);
+    vm_egress_policy_unref(old);
+}
+
+VmEgressPolicy *
+vm_egress_proxy_dup_policy(VmEgressProxy *proxy)
+{
+    return proxy_dup_policy(proxy, NULL);
+}
+
+guint
+vm_egress_proxy_get_n_connections(VmEgressProxy *proxy)
+{
+    guint n;
+
+    g_mutex_lock(&proxy->lock);
+    n = proxy->active;
+    g_mutex_unlock(&proxy->lock);
+    return n;
+}

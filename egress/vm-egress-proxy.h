@@ -1,0 +1,98 @@
+/* The egress proxy: the one way out of an agent's VM.
+ *
+ * A proxy owns a listening TCP socket and a thread that accepts connections; each connection is
+ * served by a thread of its own. A connection sends one request head (see vm-egress-request.h);
+ * the proxy decides on the host it names, resolves the name itself, checks every address, and
+ * only then connects, to the checked address. Every refusal and every error closes the guest's
+ * connection, after a 4xx/5xx response where HTTP allows one; nothing is ever relayed anywhere
+ * else. An allowed connection becomes a byte relay (poll() over non-blocking sockets) until
+ * either side closes, the idle timeout strikes, or a policy change refuses its host.
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "vm-egress-policy.h"
+#include "vm-egress-request.h"
+
+G_BEGIN_DECLS
+
+typedef enum {
+    VM_EGRESS_RECORD_ALLOWED,
+    VM_EGRESS_RECORD_DENIED,
+} VmEgressRecordKind;
+
+/* One log record: per allowed connection when it ends, per denied attempt when refused. */
+typedef struct {
+    VmEgressRecordKind kind;
+    gint64 start_time; /* wall clock when the guest connected, microseconds since the epoch */
+    const char *host;  /* as requested; NULL when no valid request head arrived */
+    guint16 port;
+    const char *address; /* the address connected to (or refused); NULL before resolution */
+    const char *reason;  /* denied: why ("no-rule", "timeout", ...); allowed: how it ended */
+    guint64 bytes_up;    /* guest to destination, request head included */
+    guint64 bytes_down;  /* destination to guest */
+    gint64 duration_us;
+} VmEgressRecord;
+
+/* Called from the proxy's threads, one record at a time (calls are serialised), never after
+ * vm_egress_proxy_free() returned. Must not call back into the proxy. */
+typedef void (*VmEgressLogFunc)(const VmEgressRecord *record, gpointer user_data);
+
+/* Resolves @host (a normalised name, never an IP literal) into a new GArray of VmEgressAddress;
+ * NULL with an error when it cannot. Called from connection threads, so it may block. */
+typedef GArray *(*VmEgressResolveFunc)(const char *host, gpointer user_data, GError **error);
+
+/* Sees an allowed request before anything goes to the destination and may rewrite its header
+ * fields (vm_egress_request_set_header()); returning FALSE refuses the request. */
+typedef gboolean (*VmEgressRewriteFunc)(VmEgressRequest *request, gpointer user_data,
+                                        GError **error);
+
+typedef struct {
+    const char *listen_address;  /* NULL: "127.0.0.1" */
+    guint16 listen_port;         /* 0: any free port (vm_egress_proxy_get_port()) */
+    VmEgressPolicy *policy;      /* NULL: nothing allowed; the proxy takes its own reference */
+    guint max_connections;       /* 0: 64; more are answered 503 and closed */
+    guint handshake_timeout_ms;  /* 0: 10 s for the whole request head to arrive */
+    guint idle_timeout_ms;       /* 0: 5 min without a byte either way */
+    guint connect_timeout_ms;    /* 0: 10 s */
+    VmEgressResolveFunc resolve; /* NULL: getaddrinfo() */
+    gpointer resolve_data;
+    VmEgressLogFunc log; /* may be NULL */
+    gpointer log_data;
+    VmEgressRewriteFunc rewrite; /* may be NULL */
+    gpointer rewrite_data;
+} VmEgressConfig;
+
+typedef struct _VmEgressProxy VmEgressProxy;
+
+/* Binds the listening socket and starts serving. Fails with VM_ERROR_INVALID_ARGUMENT for a bad
+ * listen address, VM_ERROR_NO_RESOURCES when the port is taken, VM_ERROR_IO otherwise. */
+VmEgressProxy *vm_egress_proxy_new(const VmEgressConfig *config, GError **error);
+
+/* Stops accepting, closes every connection and returns once all threads are gone (at most about
+ * the resolver's own timeout, since a running getaddrinfo() cannot be interrupted). NULL is
+ * accepted. */
+void vm_egress_proxy_free(VmEgressProxy *proxy);
+
+/* The port the proxy listens on. Can't fail. */
+guint16 vm_egress_proxy_get_port(VmEgressProxy *proxy);
+
+/* Replaces the policy (the proxy takes a reference): new connections follow it at once, and open
+ * connections whose host or address it refuses are closed within a second. Can't fail. */
+void vm_egress_proxy_set_policy(VmEgressProxy *proxy, VmEgressPolicy *policy);
+
+/* A new reference to the current policy. Can't fail. */
+VmEgressPolicy *vm_egress_proxy_dup_policy(VmEgressProxy *proxy);
+
+/* How many guest connections are being served now. Can't fail. */
+guint vm_egress_proxy_get_n_connections(VmEgressProxy *proxy);
+
+/* @record as one line of JSON without the newline: time (ISO 8601, UTC), event
+ * ("allowed"/"denied"), host, port, address, reason, bytes_up, bytes_down, duration_ms; absent
+ * strings are null. Newly allocated; can't fail. */
+char *vm_egress_record_to_json(const VmEgressRecord *record);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressProxy, vm_egress_proxy_free)
+
+G_END_DECLS

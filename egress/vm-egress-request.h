@@ -1,0 +1,97 @@
+/* The request head a guest sends to its egress proxy.
+ *
+ * Two shapes are accepted: "CONNECT host:port HTTP/1.x" (a tunnel, for TLS) and a plain HTTP
+ * request in absolute form ("GET http://host[:port]/path HTTP/1.1"). Origin-form requests are
+ * refused: a guest reaches the outside only by addressing the proxy explicitly.
+ *
+ * The parser is strict where proxies and servers have been known to disagree (request
+ * smuggling): no obs-fold, no NUL, no bare CR or LF, no whitespace before a header colon, one
+ * Content-Length at most, Transfer-Encoding only as a lone "chunked" and never with
+ * Content-Length, a Host header that names the same authority as the request target, no userinfo.
+ * Limits: request line 8 KiB, head 32 KiB, 100 header fields.
+ *
+ * A parsed request keeps its header fields as a list, so a hook can rewrite them before the
+ * head is serialised and forwarded.
+ */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+#define VM_EGRESS_REQUEST_LINE_MAX   (8 * 1024)
+#define VM_EGRESS_REQUEST_HEAD_MAX   (32 * 1024)
+#define VM_EGRESS_REQUEST_FIELDS_MAX 100
+
+typedef enum {
+    VM_EGRESS_REQUEST_CONNECT,
+    VM_EGRESS_REQUEST_HTTP,
+} VmEgressRequestKind;
+
+typedef struct {
+    char *name;
+    char *value;
+} VmEgressHeader;
+
+typedef struct {
+    VmEgressRequestKind kind;
+    char *method;       /* as sent ("GET", "CONNECT") */
+    char *scheme;       /* "http" for VM_EGRESS_REQUEST_HTTP, NULL for CONNECT */
+    char *host;         /* as sent, IPv6 brackets removed; not yet normalised */
+    guint16 port;       /* explicit or the scheme's default */
+    char *path;         /* origin-form target ("/x?y"), NULL for CONNECT */
+    guint minor;        /* HTTP/1.<minor> */
+    GPtrArray *headers; /* of VmEgressHeader, in order; hop-by-hop fields already removed */
+} VmEgressRequest;
+
+typedef enum {
+    VM_EGRESS_PARSE_MORE, /* the head is incomplete: feed more */
+    VM_EGRESS_PARSE_DONE, /* the head is complete */
+    VM_EGRESS_PARSE_ERROR,
+} VmEgressParseStatus;
+
+typedef struct _VmEgressParser VmEgressParser;
+
+/* A new incremental parser. Can't fail. */
+VmEgressParser *vm_egress_parser_new(void);
+void vm_egress_parser_free(VmEgressParser *parser);
+
+/* Feeds @len bytes. Returns VM_EGRESS_PARSE_MORE while the head is incomplete,
+ * VM_EGRESS_PARSE_DONE once it is complete (then @ret_consumed tells how many of these @len
+ * bytes belonged to the head; the rest is body to forward as is), or VM_EGRESS_PARSE_ERROR with
+ * VM_ERROR_PROTOCOL (malformed, oversized) or VM_ERROR_INVALID_ARGUMENT (well-formed but refused:
+ * origin form, unsupported scheme, mismatching Host). Errors are detected as early as the bytes
+ * allow: a bad byte or an over-long line fails without waiting for the end of the head. Feeding
+ * after DONE or ERROR is a programming error. */
+VmEgressParseStatus vm_egress_parser_feed(VmEgressParser *parser, const guint8 *data, gsize len,
+                                          gsize *ret_consumed, GError **error);
+
+/* The request, after vm_egress_parser_feed() returned VM_EGRESS_PARSE_DONE; the caller owns it.
+ * NULL before that or if already taken. */
+VmEgressRequest *vm_egress_parser_steal_request(VmEgressParser *parser);
+
+/* Parses one complete head (ending with the empty line) from @data; bytes after the head are
+ * ignored. A head that does not end within @len fails with VM_ERROR_PROTOCOL ("truncated"). */
+VmEgressRequest *vm_egress_request_parse(const guint8 *data, gsize len, GError **error);
+
+void vm_egress_request_free(VmEgressRequest *request);
+
+/* The value of the first header field named @name (case-insensitive), or NULL. */
+const char *vm_egress_request_get_header(const VmEgressRequest *request, const char *name);
+
+/* Replaces the value of every field named @name with @value, appending one field when there was
+ * none; a NULL @value removes them. For rewrite hooks. Can't fail. */
+void vm_egress_request_set_header(VmEgressRequest *request, const char *name, const char *value);
+
+/* The authority as a Host header writes it: "host", "host:port" when the port is not the
+ * scheme's default, brackets around an IPv6 literal. Newly allocated; can't fail. */
+char *vm_egress_request_dup_authority(const VmEgressRequest *request);
+
+/* The head to send to the destination for a plain HTTP request: origin-form request line, the
+ * remaining fields (Host first) and "Connection: close". Only for VM_EGRESS_REQUEST_HTTP. */
+GBytes *vm_egress_request_build_head(const VmEgressRequest *request);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressParser, vm_egress_parser_free)
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressRequest, vm_egress_request_free)
+
+G_END_DECLS
