@@ -105,6 +105,24 @@ static const VmOpSpec vm_op_specs[] = {
         {"name", "s", REQ},
         {"checkpoint", "s", REQ, 1, VM_LABEL_MAX},
         {NULL}}},
+    {VM_OP_AGENT_SUSPEND, "agent-suspend", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"save", "b"},
+        {NULL}}},
+    {VM_OP_AGENT_RESUME, "agent-resume", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {NULL}}},
+    {VM_OP_AGENT_KEEP_AWAKE, "agent-keep-awake", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"seconds", "u"},
+        {"off", "b"},
+        {NULL}}},
+    {VM_OP_AGENT_SET_IDLE, "agent-set-idle", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"never", "b"},
+        {"pause_s", "u"},
+        {"save_s", "u"},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", FALSE, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

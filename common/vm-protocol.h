@@ -45,6 +45,10 @@ typedef enum {
     VM_OP_CHECKPOINT_RESTORE, /* {name s, checkpoint s, wait b?} -> PROGRESS* RESULT {agent a{sv},
                                *  undo s: the checkpoint taken just before} */
     VM_OP_CHECKPOINT_RM,      /* {name s, checkpoint s} -> RESULT {} */
+    VM_OP_AGENT_SUSPEND,      /* {name s, save b?} -> RESULT {agent a{sv}} */
+    VM_OP_AGENT_RESUME,       /* {name s} -> RESULT {agent a{sv}} */
+    VM_OP_AGENT_KEEP_AWAKE,   /* {name s, seconds u?, off b?} -> RESULT {agent a{sv}} */
+    VM_OP_AGENT_SET_IDLE,     /* {name s, never b?, pause_s u?, save_s u?} -> RESULT {agent} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,  /* {data ay} */

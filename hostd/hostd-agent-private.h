@@ -11,6 +11,8 @@ G_BEGIN_DECLS
  * hostd_name_unlock() or g_autoptr(HostdNameLock). */
 GMutex *hostd_name_lock(HostdContext *ctx, const char *name);
 void hostd_name_unlock(GMutex *lock);
+/* Like hostd_name_lock() but returns NULL at once when the lock is taken. */
+GMutex *hostd_name_trylock(HostdContext *ctx, const char *name);
 typedef GMutex HostdNameLock;
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdNameLock, hostd_name_unlock)
 

@@ -11,6 +11,7 @@
 #include "hostd-agent-private.h"
 #include "hostd-checkpoint.h"
 #include "hostd-keys.h"
+#include "hostd-power.h"
 #include "vm-domain.h"
 #include "vm-error.h"
 #include "vm-image.h"
@@ -76,6 +77,20 @@ hostd_name_lock(HostdContext *ctx, const char *name)
     g_mutex_unlock(&ctx->lock);
     g_mutex_lock(m);
     return m;
+}
+
+GMutex *
+hostd_name_trylock(HostdContext *ctx, const char *name)
+{
+    g_mutex_lock(&ctx->lock);
+    GMutex *m = g_hash_table_lookup(ctx->name_locks, name);
+    if (m == NULL) {
+        m = g_new0(GMutex, 1);
+        g_mutex_init(m);
+        g_hash_table_insert(ctx->name_locks, g_strdup(name), m);
+    }
+    g_mutex_unlock(&ctx->lock);
+    return g_mutex_trylock(m) ? m : NULL;
 }
 
 void
@@ -186,6 +201,12 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_variant_builder_add(&b, "{sv}", "uuid", g_variant_new_string(r->uuid));
     if (r->forked_from != NULL)
         g_variant_builder_add(&b, "{sv}", "forked_from", g_variant_new_string(r->forked_from));
+    g_autofree char *idle = NULL;
+    if (r->idle_never || (r->idle_pause_s == 0 && r->idle_save_s == 0))
+        idle = g_strdup("never");
+    else
+        idle = g_strdup_printf("pause after %us, save after %us", r->idle_pause_s, r->idle_save_s);
+    g_variant_builder_add(&b, "{sv}", "idle", g_variant_new_string(idle));
     return g_variant_builder_end(&b);
 }
 
@@ -211,10 +232,10 @@ hostd_template_load(HostdContext *ctx, const char *name, GError **error)
     return vm_template_load_file(path, error);
 }
 
-/* Picks the lowest port of the configured range that no agent records and nothing listens on.
- * Called with ctx->lock held. */
+/* Picks the lowest port of the configured range that no agent records, that is not @not_this,
+ * and that nothing listens on. Called with ctx->lock held. */
 static gboolean
-hostd_allocate_port(HostdContext *ctx, guint *ret_port, GError **error)
+hostd_allocate_port(HostdContext *ctx, guint not_this, guint *ret_port, GError **error)
 {
     g_autoptr(GHashTable) used = g_hash_table_new(g_direct_hash, g_direct_equal);
     g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, error);
@@ -223,9 +244,12 @@ hostd_allocate_port(HostdContext *ctx, guint *ret_port, GError **error)
     for (guint i = 0; i < names->len; i++) {
         g_autofree char *dir = hostd_agent_dir(ctx, names->pdata[i]);
         g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
-        if (r != NULL)
+        if (r != NULL) {
             g_hash_table_add(used, GUINT_TO_POINTER(r->ssh_port));
+            g_hash_table_add(used, GUINT_TO_POINTER(r->backend_port));
+        }
     }
+    g_hash_table_add(used, GUINT_TO_POINTER(not_this));
     for (guint port = ctx->config->ssh_port_min; port <= ctx->config->ssh_port_max; port++) {
         if (g_hash_table_contains(used, GUINT_TO_POINTER(port)))
             continue;
@@ -309,7 +333,7 @@ hostd_ssh_target_init(HostdSshTarget *t, const HostdAgentRecord *r, char **ident
     *known_hosts = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
     t->agent = r->name;
     t->host = "127.0.0.1";
-    t->port = r->ssh_port;
+    t->port = r->backend_port != 0 ? r->backend_port : r->ssh_port;
     t->user = r->user;
     t->identity_path = *identity;
     t->known_hosts_path = *known_hosts;
@@ -389,8 +413,8 @@ hostd_agent_run_quiet(HostdContext *ctx, const HostdAgentRecord *r, char **argv,
 }
 
 gboolean
-hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r,
-                            VmProgressFunc progress, gpointer progress_data, GError **error)
+hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFunc progress,
+                            gpointer progress_data, GError **error)
 {
     /* sshd answers before cloud-init is done, and cloud-init may still restart sshd (it
      * rewrites its configuration): an agent is ready once cloud-init has finished. */
@@ -454,7 +478,12 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
     if (host_key == NULL)
         return NULL;
     g_autofree char *host_pub_line = g_strconcat(host_key->public_line, "\n", NULL);
-    g_autofree char *known_hosts = hostd_known_hosts_line(r->ssh_port, host_key->public_line);
+    g_autofree char *known_public = hostd_known_hosts_line(r->ssh_port, host_key->public_line);
+    /* hostd itself talks to the backend port, under the same pinned key. */
+    g_autofree char *known_backend =
+        r->backend_port != 0 ? hostd_known_hosts_line(r->backend_port, host_key->public_line)
+                             : g_strdup("");
+    g_autofree char *known_hosts = g_strconcat(known_public, known_backend, NULL);
     g_autofree char *stanza = hostd_ssh_config_stanza(r);
     if (!vm_file_write_atomic(host_pub_path, host_pub_line, -1, 0644, error) ||
         !vm_file_write_atomic(known_hosts_path, known_hosts, -1, 0644, error) ||
@@ -522,7 +551,7 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
         .initrd_path = image->initrd_path,
         .cmdline = image->cmdline,
         .mac = r->mac,
-        .ssh_port = r->ssh_port,
+        .ssh_port = r->backend_port != 0 ? r->backend_port : r->ssh_port,
         .console_log = console,
         .agent_socket = NULL, /* libvirt picks a path QEMU's user may create */
         .metadata_xml = metadata,
@@ -603,12 +632,16 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->instance_id = g_strdup_printf("vmctl-%s", r->uuid);
     r->created = g_get_real_time() / G_USEC_PER_SEC;
     r->state_since = r->created;
+    r->idle_never = tpl->idle_never;
+    r->idle_pause_s = (guint)MIN(tpl->idle_pause_after_s, G_MAXUINT);
+    r->idle_save_s = (guint)MIN(tpl->idle_save_after_s, G_MAXUINT);
 
     /* The record goes to disk in phase "creating" before anything else exists, so a hostd
      * killed halfway finds it at start-up and rolls the agent back. The port is chosen and
      * recorded under the context lock so two concurrent `new`s never share one. */
     g_mutex_lock(&ctx->lock);
-    gboolean ok = hostd_allocate_port(ctx, &r->ssh_port, error);
+    gboolean ok = hostd_allocate_port(ctx, 0, &r->ssh_port, error) &&
+                  hostd_allocate_port(ctx, r->ssh_port, &r->backend_port, error);
     if (ok && g_mkdir_with_parents(dir, 0711) < 0)
         ok = vm_throw_errno(error, errno, "cannot create %s", dir);
     if (ok && !hostd_agent_record_save(r, error)) {
@@ -640,7 +673,8 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     g_free(r->phase);
     r->phase = g_strdup(HOSTD_PHASE_READY);
     r->state_since = g_get_real_time() / G_USEC_PER_SEC;
-    if (!hostd_agent_record_save(r, error)) {
+    if (!hostd_power_attach(ctx, r, error) || !hostd_agent_record_save(r, error)) {
+        hostd_power_detach(ctx, req->name);
         hostd_agent_rollback(ctx, req->name, dir);
         return NULL;
     }
@@ -737,6 +771,7 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
                         "agent '%s' is running; stop it first or use --force", name);
 
     hostd_ssh_pool_forget(ctx->ssh, name);
+    hostd_power_detach(ctx, name);
     if (!hostd_libvirt_remove(ctx->lv, name, error))
         return FALSE;
     /* The record goes first so that a crash halfway leaves no half-agent that looks whole. */
@@ -807,17 +842,31 @@ hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *re
 {
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
-    if (!hostd_agent_open(ctx, name, &r, &dom, error))
-        return FALSE;
-    const char *state = hostd_libvirt_state_name(dom);
-    if (!g_str_equal(state, "running"))
-        return vm_throw(error, VM_ERROR_BAD_STATE,
-                        "agent '%s' is %s; start it with: vmctl start %s", name, state, name);
+    {
+        /* An exec is a way in: it wakes a paused or saved agent, as a connection would. */
+        g_autoptr(HostdNameLock) lock = NULL;
+        if (!vm_name_validate(name, error))
+            return FALSE;
+        lock = hostd_name_lock(ctx, name);
+        if (!hostd_agent_open(ctx, name, &r, &dom, error))
+            return FALSE;
+        const char *state = hostd_libvirt_state_name(dom);
+        if ((g_str_equal(state, "paused") || g_str_equal(state, "saved")) &&
+            !hostd_power_wake_locked(ctx, r, dom, error))
+            return FALSE;
+        state = hostd_libvirt_state_name(dom);
+        if (!g_str_equal(state, "running"))
+            return vm_throw(error, VM_ERROR_BAD_STATE,
+                            "agent '%s' is %s; start it with: vmctl start %s", name, state, name);
+    }
 
     g_autofree char *identity = NULL, *known_hosts = NULL;
     HostdSshTarget target;
     hostd_ssh_target_init(&target, r, &identity, &known_hosts);
-    return hostd_ssh_exec(ctx->ssh, &target, request, client_fd, error);
+    hostd_power_session_begin(ctx, name);
+    gboolean ok = hostd_ssh_exec(ctx->ssh, &target, request, client_fd, error);
+    hostd_power_session_end(ctx, name);
+    return ok;
 }
 
 GVariant *

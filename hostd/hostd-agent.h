@@ -22,8 +22,11 @@ typedef struct {
     HostdState *state;
     HostdLibvirt *lv;
     HostdSshPool *ssh;
-    GMutex lock;            /* guards name_locks and port allocation */
-    GHashTable *name_locks; /* agent name -> GMutex*, for the life of hostd */
+    GMutex lock;               /* guards name_locks and port allocation */
+    GHashTable *name_locks;    /* agent name -> GMutex*, for the life of hostd */
+    struct _HostdRelay *relay; /* the public SSH ports (hostd-power.c); NULL until started */
+    struct _HostdPower *power; /* per-agent sessions, keep-awake, idle state (hostd-power.c) */
+    void (*log)(const char *message); /* where hostd's background work reports; may be NULL */
 } HostdContext;
 
 /* Builds the context around already-opened parts (ownership passes to it). Can't fail. */

@@ -1,6 +1,7 @@
 #include "hostd-server.h"
 
 #include "hostd-checkpoint.h"
+#include "hostd-power.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -196,6 +197,26 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
         if (!hostd_checkpoint_rm(ctx, name, vm_message_get_string(req, "checkpoint", NULL), error))
             return NULL;
         return g_variant_new_array(G_VARIANT_TYPE("{sv}"), NULL, 0);
+    case VM_OP_AGENT_SUSPEND: {
+        GVariant *agent =
+            hostd_agent_suspend(ctx, name, vm_message_get_bool(req, "save", FALSE), error);
+        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
+    }
+    case VM_OP_AGENT_RESUME: {
+        GVariant *agent = hostd_agent_resume(ctx, name, error);
+        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
+    }
+    case VM_OP_AGENT_KEEP_AWAKE: {
+        GVariant *agent = hostd_agent_keep_awake(ctx, name, vm_message_get_uint(req, "seconds", 0),
+                                                 vm_message_get_bool(req, "off", FALSE), error);
+        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
+    }
+    case VM_OP_AGENT_SET_IDLE: {
+        GVariant *agent = hostd_agent_set_idle(ctx, name, vm_message_get_bool(req, "never", FALSE),
+                                               vm_message_get_uint(req, "pause_s", 0),
+                                               vm_message_get_uint(req, "save_s", 0), error);
+        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
+    }
     default:
         vm_throw(error, VM_ERROR_PROTOCOL, "%s is not a request",
                  vm_op_name(req->op) ? vm_op_name(req->op) : "unknown op");

@@ -84,6 +84,22 @@ hostd_agent_record_load(const char *dir, GError **error)
     r->memory_mib = (guint)memory_mib;
     r->disk_gib = (guint)disk_gib;
     r->ssh_port = (guint)ssh_port;
+
+    /* Optional keys: records of agents made before the relay and idle policies existed load
+     * with no backend port and no automatic suspend. */
+    gint64 backend_port = 0, idle_pause = 0, idle_save = 0;
+    if ((g_key_file_has_key(kf, RECORD_GROUP, "backend-port", NULL) &&
+         !hostd_record_get_number(kf, "backend-port", 1, 65535, &backend_port, path, error)) ||
+        (g_key_file_has_key(kf, RECORD_GROUP, "idle-pause-s", NULL) &&
+         !hostd_record_get_number(kf, "idle-pause-s", 0, G_MAXUINT, &idle_pause, path, error)) ||
+        (g_key_file_has_key(kf, RECORD_GROUP, "idle-save-s", NULL) &&
+         !hostd_record_get_number(kf, "idle-save-s", 0, G_MAXUINT, &idle_save, path, error)))
+        return NULL;
+    r->backend_port = (guint)backend_port;
+    r->idle_pause_s = (guint)idle_pause;
+    r->idle_save_s = (guint)idle_save;
+    r->idle_never = !g_key_file_has_key(kf, RECORD_GROUP, "idle-never", NULL) ||
+                    g_key_file_get_boolean(kf, RECORD_GROUP, "idle-never", NULL);
     return g_steal_pointer(&r);
 }
 
@@ -108,6 +124,11 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
         g_key_file_set_string(kf, RECORD_GROUP, "forked-from", r->forked_from);
     g_key_file_set_int64(kf, RECORD_GROUP, "created", r->created);
     g_key_file_set_int64(kf, RECORD_GROUP, "state-since", r->state_since);
+    if (r->backend_port != 0)
+        g_key_file_set_uint64(kf, RECORD_GROUP, "backend-port", r->backend_port);
+    g_key_file_set_boolean(kf, RECORD_GROUP, "idle-never", r->idle_never);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "idle-pause-s", r->idle_pause_s);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "idle-save-s", r->idle_save_s);
 
     gsize len = 0;
     g_autofree char *data = g_key_file_to_data(kf, &len, NULL);

@@ -6,6 +6,7 @@
 #include "hostd-agent.h"
 #include "hostd-config.h"
 #include "hostd-libvirt.h"
+#include "hostd-power.h"
 #include "hostd-server.h"
 #include "hostd-state.h"
 #include "vm-config.h"
@@ -20,6 +21,12 @@ hostd_log_handler(const char *domain, GLogLevelFlags level, const char *message,
                        : (level & (G_LOG_LEVEL_CRITICAL | G_LOG_LEVEL_ERROR)) ? "error: "
                                                                               : "";
     fprintf(stderr, "%s hostd: %s%s\n", stamp, kind, message);
+}
+
+static void
+hostd_log_message(const char *message)
+{
+    g_message("%s", message);
 }
 
 static gboolean
@@ -91,6 +98,15 @@ main(int argc, char **argv)
     for (guint i = 0; i < notes->len; i++)
         g_message("%s", (const char *)notes->pdata[i]);
 
+    ctx->log = hostd_log_message;
+    g_ptr_array_set_size(notes, 0);
+    if (!hostd_power_start(ctx, notes, &error)) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
+    }
+    for (guint i = 0; i < notes->len; i++)
+        g_message("%s", (const char *)notes->pdata[i]);
+
     HostdServer *server =
         hostd_server_start(ctx, ctx->config->socket_path, ctx->config->socket_group, &error);
     if (server == NULL) {
@@ -107,5 +123,6 @@ main(int argc, char **argv)
     /* Agents keep running: their QEMU processes do not belong to hostd. */
     g_message("stopping; agents keep running");
     hostd_server_stop(server);
+    hostd_power_stop(ctx);
     return 0;
 }

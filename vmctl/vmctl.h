@@ -118,5 +118,9 @@ gboolean vmctl_cmd_checkpoint(VmctlContext *ctx, int argc, char **argv, GError *
 gboolean vmctl_cmd_checkpoint_rm(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_checkpoints(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_restore(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_suspend(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_resume(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_keep_awake(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_idle(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS

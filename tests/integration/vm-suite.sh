@@ -245,6 +245,45 @@ done
 CKS=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(" ".join(c["id"] for c in json.load(sys.stdin)))')
 for c in $CKS; do vmctl checkpoint rm a1 "$c" >/dev/null; done
 
+# idle: running -> paused -> saved by itself, and any way in wakes it
+state_of() { vmctl list --json | python3 -c 'import json,sys; print([a["state"] for a in json.load(sys.stdin) if a["name"] == "a1"][0])'; }
+wait_state() { # wait_state STATE SECONDS
+  for _ in $(seq 1 "$2"); do [ "$(state_of)" = "$1" ] && return 0; sleep 1; done; return 1
+}
+clock_skew() { # seconds between the guest's clock and the host's, read through $1
+  local g; g=$("$@" date +%s); echo $(( g > $(date +%s) ? g - $(date +%s) : $(date +%s) - g ))
+}
+vmctl exec a1 -- sh -c 'nohup sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/bg.pid'
+check "idle policy set per agent" vmctl idle a1 --pause-after 6s --save-after 20s
+vmctl exec a1 -- sleep 14 < /dev/null &
+EXEC_PID=$!
+sleep 11
+check "an open vmctl exec keeps the agent running past the threshold" test "$(state_of)" = running
+wait "$EXEC_PID"
+check "the idle agent pauses by itself" wait_state paused 40
+sleep 3
+t0=$(date +%s%N)
+skew=$(clock_skew ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1)
+WAKE_PAUSED_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "plain OpenSSH wakes a paused agent (${WAKE_PAUSED_MS} ms), clock right within 2 s" \
+  test -n "$skew" -a "${skew:-9}" -le 2
+check "a background process survived the pause" vmctl exec a1 -- sh -c 'kill -0 $(cat /tmp/bg.pid)'
+check "the idle agent is saved to disk by itself" wait_state saved 90
+check "a saved agent has no QEMU process" bash -c "! pgrep -f 'guest=a1,' >/dev/null"
+sleep 3
+t0=$(date +%s%N)
+skew=$(clock_skew vmctl exec a1 --)
+WAKE_SAVED_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "vmctl exec wakes a saved agent (${WAKE_SAVED_MS} ms), clock right within 2 s" \
+  test -n "$skew" -a "${skew:-9}" -le 2
+check "a background process survived the save" vmctl exec a1 -- sh -c 'kill -0 $(cat /tmp/bg.pid)'
+echo "# wake-ms paused: $WAKE_PAUSED_MS saved: $WAKE_SAVED_MS"
+check "keep-awake holds the agent" vmctl keep-awake a1
+sleep 10
+check "a kept-awake agent stays running" test "$(state_of)" = running
+check "suspend --save by hand, then resume" bash -c "'$VMCTL' --socket '$SOCK' suspend --save a1 >/dev/null && '$VMCTL' --socket '$SOCK' resume a1 >/dev/null && [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- echo up)\" = up ]"
+vmctl idle a1 --never >/dev/null
+
 # stop/start keeps files
 vmctl exec a1 -- sh -c 'echo keep-me > ~/kept.txt && sync'
 out=$(vmctl rm a1 2>&1); rc=$?
