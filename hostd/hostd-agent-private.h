@@ -30,6 +30,12 @@ HostdAgentRecord *hostd_agent_load(HostdContext *ctx, const char *name, GError *
 gboolean hostd_agent_open(HostdContext *ctx, const char *name, HostdAgentRecord **ret_record,
                           virDomainPtr *ret_dom, GError **error);
 
+/* Validates @name, takes its lock and opens it (hostd_agent_open()); on success the caller
+ * holds *ret_lock, on failure nothing is held. */
+gboolean hostd_agent_lock_open(HostdContext *ctx, const char *name, GMutex **ret_lock,
+                               HostdAgentRecord **ret_record, virDomainPtr *ret_dom,
+                               GError **error);
+
 /* The agent's info dictionary (a{sv}). Can't fail. */
 GVariant *hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r);
 

@@ -63,9 +63,9 @@ hostd_context_free(HostdContext *ctx)
     g_free(ctx);
 }
 
-/* Takes the per-agent lock of @name; operations on one agent never interleave. */
-GMutex *
-hostd_name_lock(HostdContext *ctx, const char *name)
+/* The lock of @name, made on first use; locks live as long as the context. */
+static GMutex *
+hostd_name_mutex(HostdContext *ctx, const char *name)
 {
     g_mutex_lock(&ctx->lock);
     GMutex *m = g_hash_table_lookup(ctx->name_locks, name);
@@ -75,6 +75,13 @@ hostd_name_lock(HostdContext *ctx, const char *name)
         g_hash_table_insert(ctx->name_locks, g_strdup(name), m);
     }
     g_mutex_unlock(&ctx->lock);
+    return m;
+}
+
+GMutex *
+hostd_name_lock(HostdContext *ctx, const char *name)
+{
+    GMutex *m = hostd_name_mutex(ctx, name);
     g_mutex_lock(m);
     return m;
 }
@@ -82,14 +89,7 @@ hostd_name_lock(HostdContext *ctx, const char *name)
 GMutex *
 hostd_name_trylock(HostdContext *ctx, const char *name)
 {
-    g_mutex_lock(&ctx->lock);
-    GMutex *m = g_hash_table_lookup(ctx->name_locks, name);
-    if (m == NULL) {
-        m = g_new0(GMutex, 1);
-        g_mutex_init(m);
-        g_hash_table_insert(ctx->name_locks, g_strdup(name), m);
-    }
-    g_mutex_unlock(&ctx->lock);
+    GMutex *m = hostd_name_mutex(ctx, name);
     return g_mutex_trylock(m) ? m : NULL;
 }
 
@@ -705,16 +705,29 @@ hostd_agent_open(HostdContext *ctx, const char *name, HostdAgentRecord **ret_rec
     return TRUE;
 }
 
+gboolean
+hostd_agent_lock_open(HostdContext *ctx, const char *name, GMutex **ret_lock,
+                      HostdAgentRecord **ret_record, virDomainPtr *ret_dom, GError **error)
+{
+    if (!vm_name_validate(name, error))
+        return FALSE;
+    GMutex *lock = hostd_name_lock(ctx, name);
+    if (!hostd_agent_open(ctx, name, ret_record, ret_dom, error)) {
+        hostd_name_unlock(lock);
+        return FALSE;
+    }
+    *ret_lock = lock;
+    return TRUE;
+}
+
 GVariant *
 hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgressFunc progress,
                   gpointer progress_data, GError **error)
 {
-    if (!vm_name_validate(name, error))
-        return NULL;
-    g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdNameLock) name_lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
-    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+    if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
         return NULL;
 
     if (virDomainIsActive(dom) == 1) {
@@ -736,12 +749,10 @@ GVariant *
 hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint timeout_s,
                  VmProgressFunc progress, gpointer progress_data, GError **error)
 {
-    if (!vm_name_validate(name, error))
-        return NULL;
-    g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdNameLock) name_lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
-    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+    if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
         return NULL;
 
     if (hostd_libvirt_is_active(dom)) {

@@ -196,10 +196,7 @@ hostd_checkpoint_create(HostdContext *ctx, const char *name, const char *label, 
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
 
-    if (!vm_name_validate(name, error))
-        return NULL;
-    lock = hostd_name_lock(ctx, name);
-    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return NULL;
     g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
     if (set == NULL)
@@ -234,10 +231,7 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
 
-    if (!vm_name_validate(name, error))
-        return NULL;
-    lock = hostd_name_lock(ctx, name);
-    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return NULL;
     g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
     if (set == NULL)
@@ -329,10 +323,7 @@ hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError 
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
 
-    if (!vm_name_validate(name, error))
-        return FALSE;
-    lock = hostd_name_lock(ctx, name);
-    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return FALSE;
     g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
     if (set == NULL)

@@ -119,10 +119,7 @@ hostd_power_wake(HostdContext *ctx, const char *name, GError **error)
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
 
-    if (!vm_name_validate(name, error))
-        return FALSE;
-    lock = hostd_name_lock(ctx, name);
-    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return FALSE;
     return hostd_power_wake_locked(ctx, r, dom, error);
 }
@@ -355,10 +352,7 @@ hostd_agent_suspend(HostdContext *ctx, const char *name, gboolean save, GError *
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
 
-    if (!vm_name_validate(name, error))
-        return NULL;
-    lock = hostd_name_lock(ctx, name);
-    if (!hostd_agent_open(ctx, name, &r, &dom, error))
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return NULL;
     HostdPowerState state = hostd_power_state_of(dom);
     if (state == HOSTD_POWER_STOPPED || (state == HOSTD_POWER_SAVED) ||
