@@ -1,0 +1,54 @@
+#!/bin/bash
+# bench/wake: time from "wake me" to the first command's output, for a paused and for a saved
+# agent, against a cold boot of the same agent in the same run; and the host RAM (QEMU RSS) of a
+# running, a paused and a saved agent. Goals: paused < 0.05x, saved < 0.3x of a cold boot; saved
+# RSS 0.
+#
+# Usage: bench/wake.sh [N]   (as root, after `meson setup build && ninja -C build`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-3}
+VMCTL=${VMCTL:-./build/vmctl/vmctl}
+HOSTD=${HOSTD:-./build/hostd/hostd}
+IMAGES=${VM_TEST_IMAGE_CACHE:-/var/cache/vmctl-test/images}
+
+S=$(mktemp -d /tmp/vmw.XXXXXX); chmod 711 "$S"
+printf '[hostd]\nimages-dir=%s\nssh-port-min=43400\nssh-port-max=43499\n' "$IMAGES" > "$S/hostd.conf"
+"$HOSTD" --config "$S/hostd.conf" --state-dir "$S" > "$S/hostd.log" 2>&1 &
+HOSTD_PID=$!
+export VMCTL_SOCKET=$S/hostd.sock
+trap '"$VMCTL" rm --force wake >/dev/null 2>&1; kill $HOSTD_PID; wait $HOSTD_PID 2>/dev/null; rm -rf "$S"' EXIT
+for _ in $(seq 1 100); do "$VMCTL" list >/dev/null 2>&1 && break; sleep 0.2; done
+"$VMCTL" -q template build debian-12 >/dev/null
+"$VMCTL" -q new wake >/dev/null
+"$VMCTL" idle wake --never >/dev/null
+
+now() { date +%s%N; }
+rss_kib() { # QEMU's resident memory for the agent, 0 when it has no process
+  local pid; pid=$(ps -C qemu-system-x86_64 -o pid=,args= | awk '/guest=wake,/ {print $1}')
+  [ -n "$pid" ] && awk '/VmRSS/ {print $2}' "/proc/$pid/status" || echo 0
+}
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
+first_command_ms() { local t0; t0=$(now); "$VMCTL" exec wake -- true; echo $(( ($(now) - t0) / 1000000 )); }
+
+"$VMCTL" exec wake -- true
+rss_running=$(rss_kib)
+paused=(); saved=(); cold=()
+for _ in $(seq 1 "$N"); do
+  "$VMCTL" suspend wake >/dev/null; rss_paused=$(rss_kib)
+  paused+=("$(first_command_ms)")
+  "$VMCTL" suspend --save wake >/dev/null; rss_saved=$(rss_kib)
+  saved+=("$(first_command_ms)")
+  "$VMCTL" stop wake >/dev/null
+  t0=$(now); "$VMCTL" -q start wake >/dev/null; "$VMCTL" exec wake -- true
+  cold+=($(( ($(now) - t0) / 1000000 )))
+done
+p=$(printf '%s\n' "${paused[@]}" | median)
+s=$(printf '%s\n' "${saved[@]}" | median)
+c=$(printf '%s\n' "${cold[@]}" | median)
+echo "wake to first command (median of $N, ms): paused $p | saved $s | cold boot $c"
+awk -v p="$p" -v s="$s" -v c="$c" 'BEGIN {
+  printf "ratio paused/cold %.3fx (goal < 0.05)\n", p / c
+  printf "ratio saved/cold  %.3fx (goal < 0.30)\n", s / c
+}'
+echo "QEMU RSS: running $((rss_running / 1024)) MiB | paused $((rss_paused / 1024)) MiB | saved $((rss_saved / 1024)) MiB (goal 0)"
