@@ -763,7 +763,14 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
                                 timeout_s != 0 ? timeout_s : HOSTD_STOP_TIMEOUT_S, error))
             return NULL;
         hostd_agent_mark_state_change(r);
+    } else if (virDomainHasManagedSaveImage(dom, 0) > 0) {
+        /* Stopping a saved agent drops its RAM image: the next start boots from the disk,
+         * which holds everything the guest had written. */
+        if (virDomainManagedSaveRemove(dom, 0) < 0)
+            return hostd_libvirt_throw(error, "cannot drop the saved state"), NULL;
+        hostd_agent_mark_state_change(r);
     }
+    virResetLastError();
     return hostd_agent_to_variant(ctx, r);
 }
 
