@@ -222,6 +222,33 @@ hostd_checkpoint_list(HostdContext *ctx, const char *name, GError **error)
     return g_variant_builder_end(&b);
 }
 
+/* Locks and opens agent @name and finds its checkpoint @id: what restore and rm start with. On
+ * failure nothing is held. */
+static gboolean
+hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id, GMutex **ret_lock,
+                      HostdAgentRecord **ret_record, virDomainPtr *ret_dom,
+                      VmCheckpointSet **ret_set, VmCheckpoint **ret_checkpoint, GError **error)
+{
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
+        return FALSE;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    VmCheckpoint *c = vm_checkpoint_set_find(set, id);
+    if (c == NULL)
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", name, id);
+    *ret_lock = g_steal_pointer(&lock);
+    *ret_record = g_steal_pointer(&r);
+    *ret_dom = g_steal_pointer(&dom);
+    *ret_set = g_steal_pointer(&set);
+    *ret_checkpoint = c;
+    return TRUE;
+}
+
 GVariant *
 hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gboolean wait,
                          char **ret_undo, VmProgressFunc progress, gpointer progress_data,
@@ -230,16 +257,11 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
+    g_autoptr(VmCheckpointSet) set = NULL;
+    VmCheckpoint *target = NULL;
 
-    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
+    if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &target, error))
         return NULL;
-    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
-    if (set == NULL)
-        return NULL;
-    const VmCheckpoint *target = vm_checkpoint_set_find(set, id);
-    if (target == NULL)
-        return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", name, id),
-               NULL;
     g_autofree char *target_id = g_strdup(target->id);
 
     /* The state being thrown away is kept first, so the restore itself can be undone. */
@@ -322,15 +344,11 @@ hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError 
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
+    g_autoptr(VmCheckpointSet) set = NULL;
+    VmCheckpoint *c = NULL;
 
-    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
+    if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &c, error))
         return FALSE;
-    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
-    if (set == NULL)
-        return FALSE;
-    const VmCheckpoint *c = vm_checkpoint_set_find(set, id);
-    if (c == NULL)
-        return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", name, id);
 
     gboolean active_dependant = FALSE;
     g_auto(GStrv) dependants = vm_checkpoint_set_dependants(set, id, &active_dependant);
