@@ -100,6 +100,16 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *new_path, gboolean 
     unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
                          VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
 
+    int state = 0, reason = 0;
+    if (virDomainGetState(dom, &state, &reason, 0) == 0 && state == VIR_DOMAIN_PAUSED) {
+        /* Paused vCPUs cannot freeze anything, and nothing in the guest writes meanwhile. */
+        virDomainSnapshotPtr paused_snap = virDomainSnapshotCreateXML(dom, xml, flags);
+        if (paused_snap == NULL)
+            return hostd_libvirt_throw(error, "cannot take the checkpoint");
+        virDomainSnapshotFree(paused_snap);
+        *ret_quiesced = FALSE;
+        return TRUE;
+    }
     virDomainSnapshotPtr snap =
         virDomainSnapshotCreateXML(dom, xml, flags | VIR_DOMAIN_SNAPSHOT_CREATE_QUIESCE);
     if (snap != NULL) {
@@ -316,12 +326,10 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     return hostd_agent_to_variant(ctx, r);
 }
 
-/* Pulls @image's data into the running disk, which then stands on @base: a live block job. */
+/* Waits for the disk's block job (a pull or a commit below the active layer) to end. */
 static gboolean
-hostd_checkpoint_pull_live(virDomainPtr dom, const char *base, GError **error)
+hostd_checkpoint_wait_job(virDomainPtr dom, GError **error)
 {
-    if (virDomainBlockRebase(dom, "vda", base, 0, 0) < 0)
-        return hostd_libvirt_throw(error, "cannot merge the checkpoint into the running disk");
     gint64 deadline = g_get_monotonic_time() + HOSTD_BLOCK_JOB_TIMEOUT_S * G_USEC_PER_SEC;
     for (;;) {
         virDomainBlockJobInfo info;
@@ -338,6 +346,10 @@ hostd_checkpoint_pull_live(virDomainPtr dom, const char *base, GError **error)
     }
 }
 
+static gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r,
+                                           virDomainPtr dom, VmCheckpointSet *set,
+                                           const VmCheckpoint *c, GError **error);
+
 gboolean
 hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error)
 {
@@ -349,7 +361,15 @@ hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError 
 
     if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &c, error))
         return FALSE;
+    return hostd_checkpoint_rm_locked(ctx, r, dom, set, c, error);
+}
 
+/* Removes checkpoint @c of @set with the agent lock held (see hostd_checkpoint_rm()). */
+static gboolean
+hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                           VmCheckpointSet *set, const VmCheckpoint *c, GError **error)
+{
+    g_autofree char *id = g_strdup(c->id);
     gboolean active_dependant = FALSE;
     g_auto(GStrv) dependants = vm_checkpoint_set_dependants(set, id, &active_dependant);
     guint n = g_strv_length(dependants) + (active_dependant ? 1 : 0);
@@ -369,24 +389,42 @@ hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError 
         g_autofree char *child_path =
             vm_checkpoint_set_path(set, child != NULL ? child->image : set->active);
         if (child == NULL && running) {
-            if (!hostd_checkpoint_pull_live(dom, base, error))
+            /* Pull @id's data into the running disk, which then stands on @base. */
+            if (virDomainBlockRebase(dom, "vda", base, 0, 0) < 0)
+                return hostd_libvirt_throw(error, "cannot merge the checkpoint into the disk");
+            if (!hostd_checkpoint_wait_job(dom, error))
                 return FALSE;
         } else {
             /* A file no running QEMU has open: a safe rebase copies into it what @id held. A
              * running VM may read older checkpoint images through its chain, so that case is
              * refused above the running disk only. */
-            if (running && child != NULL) {
-                g_autofree char *check_id = g_strdup(set->active_parent);
-                while (check_id != NULL) {
-                    if (g_str_equal(check_id, child->id))
-                        return vm_throw(error, VM_ERROR_BAD_STATE,
-                                        "checkpoint %s is in the running disk's chain; stop the "
-                                        "agent to remove it",
-                                        id);
-                    const VmCheckpoint *up = vm_checkpoint_set_find(set, check_id);
-                    g_free(check_id);
-                    check_id = g_strdup(up != NULL ? up->parent : NULL);
-                }
+            gboolean in_running_chain = FALSE;
+            g_autofree char *check_id =
+                running && child != NULL ? g_strdup(set->active_parent) : NULL;
+            while (check_id != NULL && !in_running_chain) {
+                in_running_chain = g_str_equal(check_id, child->id);
+                const VmCheckpoint *up = vm_checkpoint_set_find(set, check_id);
+                g_free(check_id);
+                check_id = g_strdup(up != NULL ? up->parent : NULL);
+            }
+            if (in_running_chain) {
+                /* QEMU reads the child's image: rewriting it is not safe, but committing it
+                 * down into @id's image is (nothing else stands on that one). The child then
+                 * lives in @id's file, and its own file goes. */
+                g_autofree char *own_path = vm_checkpoint_set_path(set, c->image);
+                if (virDomainBlockCommit(dom, "vda", own_path, child_path, 0, 0) < 0)
+                    return hostd_libvirt_throw(error, "cannot merge the checkpoint");
+                if (!hostd_checkpoint_wait_job(dom, error))
+                    return FALSE;
+                VmCheckpoint *moved = vm_checkpoint_set_find(set, child->id);
+                g_autofree char *old_child_image = moved->image;
+                moved->image = g_strdup(c->image);
+                g_autofree char *kept = vm_checkpoint_set_remove(set, id, error);
+                if (kept == NULL || !vm_checkpoint_set_save(set, error))
+                    return FALSE;
+                g_autofree char *old_path = vm_checkpoint_set_path(set, old_child_image);
+                g_unlink(old_path);
+                return TRUE;
             }
             const char *argv[] = {"qemu-img", "rebase", "-q", "-f",       "qcow2", "-F",
                                   "qcow2",    "-b",     base, child_path, NULL};
@@ -449,4 +487,35 @@ hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArr
     g_ptr_array_add(notes,
                     g_strdup_printf("agent '%s': finished an interrupted %s", r->name, what));
     return hostd_checkpoint_define(ctx, r, set, error) && vm_checkpoint_set_save(set, error);
+}
+
+gboolean
+hostd_checkpoint_before_save(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                             GError **error)
+{
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    g_autofree char *warning = NULL;
+    VmCheckpoint *fresh = hostd_checkpoint_create_locked(ctx, r, dom, set, HOSTD_BEFORE_SAVE_LABEL,
+                                                         TRUE, &warning, error);
+    if (fresh == NULL)
+        return FALSE;
+    g_autofree char *fresh_id = g_strdup(fresh->id);
+
+    /* Only the newest of these is kept, so an agent that sleeps often grows no chain. One that
+     * others stand on (a restore branched from it) stays until those go. */
+    g_autoptr(GPtrArray) older = g_ptr_array_new_with_free_func(g_free);
+    for (guint i = 0; i < set->checkpoints->len; i++) {
+        const VmCheckpoint *c = set->checkpoints->pdata[i];
+        if (c->automatic && g_strcmp0(c->label, HOSTD_BEFORE_SAVE_LABEL) == 0 &&
+            !g_str_equal(c->id, fresh_id))
+            g_ptr_array_add(older, g_strdup(c->id));
+    }
+    for (guint i = 0; i < older->len; i++) {
+        const VmCheckpoint *c = vm_checkpoint_set_find(set, older->pdata[i]);
+        if (c != NULL)
+            hostd_checkpoint_rm_locked(ctx, r, dom, set, c, NULL);
+    }
+    return TRUE;
 }

@@ -36,4 +36,12 @@ gboolean hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id
 gboolean hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArray *notes,
                                     GError **error);
 
+#define HOSTD_BEFORE_SAVE_LABEL "before idle save"
+
+/* With the agent lock held, before the idle loop saves a paused agent: takes an automatic
+ * checkpoint and merges away the previous one taken for the same reason, so exactly one such
+ * checkpoint exists. */
+gboolean hostd_checkpoint_before_save(HostdContext *ctx, const HostdAgentRecord *r,
+                                      virDomainPtr dom, GError **error);
+
 G_END_DECLS

@@ -1,6 +1,7 @@
 #include "hostd-power.h"
 
 #include "hostd-agent-private.h"
+#include "hostd-checkpoint.h"
 #include "hostd-idle.h"
 #include "hostd-relay.h"
 #include "vm-error.h"
@@ -213,6 +214,10 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
         }
         hostd_power_log(ctx, "agent '%s' paused: %s", name, d.reason);
     } else if (d.action == HOSTD_IDLE_ACTION_SAVE) {
+        g_autoptr(GError) checkpoint_error = NULL;
+        if (!hostd_checkpoint_before_save(ctx, r, dom, &checkpoint_error))
+            hostd_power_log(ctx, "agent '%s': no checkpoint before saving: %s", name,
+                            checkpoint_error->message);
         hostd_ssh_pool_forget(ctx->ssh, name);
         if (virDomainManagedSave(dom, VIR_DOMAIN_SAVE_RUNNING) < 0) {
             const virError *err = virGetLastError();

@@ -278,6 +278,22 @@ check "vmctl exec wakes a saved agent (${WAKE_SAVED_MS} ms), clock right within 
   test -n "$skew" -a "${skew:-9}" -le 2
 check "a background process survived the save" vmctl exec a1 -- sh -c 'kill -0 $(cat /tmp/bg.pid)'
 echo "# wake-ms paused: $WAKE_PAUSED_MS saved: $WAKE_SAVED_MS"
+before_save_count() {
+  vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(sum(1 for c in json.load(sys.stdin) if c.get("label") == "before idle save" and c["automatic"]))'
+}
+check "the idle save took one automatic checkpoint first" test "$(before_save_count)" = 1
+check "idle again: saved again by itself" wait_state saved 90
+check "still exactly one before-save checkpoint: the older one was merged away" \
+  test "$(before_save_count)" = 1
+check "qemu-img check is clean on every image after the merge" \
+  bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
+kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+check "hostd restarts while the agent is saved" start_hostd
+check "the agent stays saved across the restart" test "$(state_of)" = saved
+check "a plain SSH connection wakes it after the restart" \
+  test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 'kill -0 $(cat /tmp/bg.pid) && echo alive')" = alive
+check "files written before the saves are intact" \
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums'"
 check "keep-awake holds the agent" vmctl keep-awake a1
 sleep 10
 check "a kept-awake agent stays running" test "$(state_of)" = running
