@@ -5,6 +5,7 @@
 static const VmctlField agent_columns[] = {
     {"NAME", "name", VMCTL_FORMAT_TEXT},
     {"STATE", "state", VMCTL_FORMAT_TEXT},
+    {"SINCE", "state_since", VMCTL_FORMAT_AGO},
     {"TEMPLATE", "template", VMCTL_FORMAT_TEXT},
     {"CPUS", "cpus", VMCTL_FORMAT_TEXT},
     {"MEMORY", "memory_mib", VMCTL_FORMAT_MIB},

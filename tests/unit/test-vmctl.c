@@ -356,18 +356,22 @@ test_list(void **state)
     g_autofree char *agents = g_strdup_printf(
         "{'agents': <[{'name': <'a1'>, 'state': <'running'>, 'template': <'debian-12'>,"
         " 'cpus': <uint32 2>, 'memory_mib': <uint32 2048>, 'disk_gib': <uint32 10>,"
-        " 'ssh_port': <uint32 2201>, 'created': <int64 %" G_GINT64_FORMAT ">},"
+        " 'ssh_port': <uint32 2201>, 'created': <int64 %" G_GINT64_FORMAT ">,"
+        " 'state_since': <int64 %" G_GINT64_FORMAT ">},"
         " {'name': <'builder-2'>, 'state': <'stopped'>}]>}",
-        now - 2 * 3600 - 60);
+        now - 2 * 3600 - 60, now - 5 * 60 - 10);
 
     reply(f, VM_OP_RESULT, agents);
     server_start(f);
     run_vmctl(f, NULL, &run, "list");
     assert_request(f, VM_OP_AGENT_LIST);
     assert_string_equal(run.out,
-                        "NAME       STATE    TEMPLATE   CPUS  MEMORY  DISK    SSH   CREATED\n"
-                        "a1         running  debian-12  2     2 GiB   10 GiB  2201  2 hours ago\n"
-                        "builder-2  stopped  -          -     -       -       -     -\n");
+                        "NAME       STATE    SINCE          TEMPLATE   CPUS  MEMORY  DISK    SSH   "
+                        "CREATED\n"
+                        "a1         running  5 minutes ago  debian-12  2     2 GiB   10 GiB  2201  "
+                        "2 hours ago\n"
+                        "builder-2  stopped  -              -          -     -       -       -     "
+                        "-\n");
     assert_string_equal(run.err, "");
     assert_int_equal(run.status, 0);
 }
