@@ -641,6 +641,16 @@ conn_serve(Conn *conn)
     conn_log(conn, VM_EGRESS_RECORD_ALLOWED, ended);
 }
 
+/* Gives back a connection slot and wakes whoever waits for the proxy to drain. */
+static void
+proxy_release_slot(VmEgressProxy *proxy)
+{
+    g_mutex_lock(&proxy->lock);
+    proxy->active--;
+    g_cond_broadcast(&proxy->idle);
+    g_mutex_unlock(&proxy->lock);
+}
+
 static gpointer
 conn_thread(gpointer data)
 {
@@ -654,11 +664,7 @@ conn_thread(gpointer data)
     vm_egress_request_free(conn->request);
     g_byte_array_unref(conn->pending_up);
     g_free(conn);
-
-    g_mutex_lock(&proxy->lock);
-    proxy->active--;
-    g_cond_broadcast(&proxy->idle);
-    g_mutex_unlock(&proxy->lock);
+    proxy_release_slot(proxy);
     return NULL;
 }
 
@@ -706,10 +712,7 @@ proxy_accept_one(VmEgressProxy *proxy)
         close(conn->fd);
         g_byte_array_unref(conn->pending_up);
         g_free(conn);
-        g_mutex_lock(&proxy->lock);
-        proxy->active--;
-        g_cond_broadcast(&proxy->idle);
-        g_mutex_unlock(&proxy->lock);
+        proxy_release_slot(proxy);
         return;
     }
     g_thread_unref(thread);
