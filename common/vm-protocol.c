@@ -123,6 +123,12 @@ static const VmOpSpec vm_op_specs[] = {
         {"pause_s", "u"},
         {"save_s", "u"},
         {NULL}}},
+    {VM_OP_AGENT_SET_CHECKPOINTS, "agent-set-checkpoints", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"never", "b"},
+        {"every_s", "u"},
+        {"keep", "u", 0, 0, 1000},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", FALSE, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

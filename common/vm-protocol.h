@@ -49,6 +49,7 @@ typedef enum {
     VM_OP_AGENT_RESUME,       /* {name s} -> RESULT {agent a{sv}} */
     VM_OP_AGENT_KEEP_AWAKE,   /* {name s, seconds u?, off b?} -> RESULT {agent a{sv}} */
     VM_OP_AGENT_SET_IDLE,     /* {name s, never b?, pause_s u?, save_s u?} -> RESULT {agent} */
+    VM_OP_AGENT_SET_CHECKPOINTS, /* {name s, never b?, every_s u?, keep u?} -> RESULT {agent} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,  /* {data ay} */

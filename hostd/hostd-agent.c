@@ -207,6 +207,11 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     else
         idle = g_strdup_printf("pause after %us, save after %us", r->idle_pause_s, r->idle_save_s);
     g_variant_builder_add(&b, "{sv}", "idle", g_variant_new_string(idle));
+    g_autofree char *periodic =
+        r->checkpoint_every_s == 0
+            ? g_strdup("never")
+            : g_strdup_printf("every %us, keep %u", r->checkpoint_every_s, r->checkpoint_keep);
+    g_variant_builder_add(&b, "{sv}", "checkpoints", g_variant_new_string(periodic));
     return g_variant_builder_end(&b);
 }
 
@@ -635,6 +640,9 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->idle_never = tpl->idle_never;
     r->idle_pause_s = (guint)MIN(tpl->idle_pause_after_s, G_MAXUINT);
     r->idle_save_s = (guint)MIN(tpl->idle_save_after_s, G_MAXUINT);
+    r->checkpoint_every_s =
+        tpl->checkpoints_never ? 0 : (guint)MIN(tpl->checkpoint_every_s, G_MAXUINT);
+    r->checkpoint_keep = tpl->checkpoint_keep;
 
     /* The record goes to disk in phase "creating" before anything else exists, so a hostd
      * killed halfway finds it at start-up and rolls the agent back. The port is chosen and

@@ -519,3 +519,65 @@ hostd_checkpoint_before_save(HostdContext *ctx, const HostdAgentRecord *r, virDo
     }
     return TRUE;
 }
+
+gboolean
+hostd_checkpoint_periodic(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                          GError **error)
+{
+    if (r->checkpoint_every_s == 0)
+        return TRUE;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+
+    gint64 newest = r->created;
+    for (guint i = 0; i < set->checkpoints->len; i++) {
+        const VmCheckpoint *c = set->checkpoints->pdata[i];
+        if (c->automatic && g_strcmp0(c->label, HOSTD_PERIODIC_LABEL) == 0)
+            newest = MAX(newest, c->created);
+    }
+    if (g_get_real_time() / G_USEC_PER_SEC - newest < (gint64)r->checkpoint_every_s)
+        return TRUE;
+
+    g_autofree char *warning = NULL;
+    if (hostd_checkpoint_create_locked(ctx, r, dom, set, HOSTD_PERIODIC_LABEL, TRUE, &warning,
+                                       error) == NULL)
+        return FALSE;
+
+    /* Retention: the newest `keep` periodic checkpoints stay; older ones are merged away, oldest
+     * first. One that others branch from stays until they go. */
+    g_autoptr(GPtrArray) periodic = g_ptr_array_new_with_free_func(g_free);
+    for (guint i = 0; i < set->checkpoints->len; i++) {
+        const VmCheckpoint *c = set->checkpoints->pdata[i];
+        if (c->automatic && g_strcmp0(c->label, HOSTD_PERIODIC_LABEL) == 0)
+            g_ptr_array_add(periodic, g_strdup(c->id));
+    }
+    guint keep = MAX(r->checkpoint_keep, 1);
+    for (guint i = 0; i + keep < periodic->len; i++) {
+        const VmCheckpoint *c = vm_checkpoint_set_find(set, periodic->pdata[i]);
+        if (c != NULL)
+            hostd_checkpoint_rm_locked(ctx, r, dom, set, c, NULL);
+    }
+    return TRUE;
+}
+
+GVariant *
+hostd_agent_set_checkpoints(HostdContext *ctx, const char *name, gboolean never, guint every_s,
+                            guint keep, GError **error)
+{
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+
+    if (!never && every_s != 0 && every_s < 5)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "checkpoints every %us: at least 5 s",
+                        every_s),
+               NULL;
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
+        return NULL;
+    r->checkpoint_every_s = never ? 0 : every_s;
+    r->checkpoint_keep = keep != 0 ? keep : 10;
+    if (!hostd_agent_record_save(r, error))
+        return NULL;
+    return hostd_agent_to_variant(ctx, r);
+}

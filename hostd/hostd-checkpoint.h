@@ -44,4 +44,16 @@ gboolean hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r
 gboolean hostd_checkpoint_before_save(HostdContext *ctx, const HostdAgentRecord *r,
                                       virDomainPtr dom, GError **error);
 
+#define HOSTD_PERIODIC_LABEL "periodic"
+
+/* With the agent lock held, on a running agent: takes a periodic automatic checkpoint when the
+ * newest one is older than the agent's interval, then merges away periodic ones beyond the
+ * agent's `keep`, oldest first, so the chain stays as short as what is kept. */
+gboolean hostd_checkpoint_periodic(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                   GError **error);
+
+/* Sets @name's periodic checkpoint policy: @never, or every @every_s seconds keeping @keep. */
+GVariant *hostd_agent_set_checkpoints(HostdContext *ctx, const char *name, gboolean never,
+                                      guint every_s, guint keep, GError **error);
+
 G_END_DECLS

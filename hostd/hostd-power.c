@@ -167,6 +167,13 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
     if (dom == NULL)
         return;
 
+    if (g_str_equal(hostd_libvirt_state_name(dom), "running")) {
+        g_autoptr(GError) checkpoint_error = NULL;
+        if (!hostd_checkpoint_periodic(ctx, r, dom, &checkpoint_error))
+            hostd_power_log(ctx, "agent '%s': periodic checkpoint failed: %s", name,
+                            checkpoint_error->message);
+    }
+
     struct _HostdPower *power = ctx->power;
     HostdIdlePolicy policy = {
         .never = r->idle_never,

@@ -217,6 +217,12 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
                                                vm_message_get_uint(req, "save_s", 0), error);
         return agent != NULL ? hostd_fields1("agent", agent) : NULL;
     }
+    case VM_OP_AGENT_SET_CHECKPOINTS: {
+        GVariant *agent = hostd_agent_set_checkpoints(
+            ctx, name, vm_message_get_bool(req, "never", FALSE),
+            vm_message_get_uint(req, "every_s", 0), vm_message_get_uint(req, "keep", 0), error);
+        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
+    }
     default:
         vm_throw(error, VM_ERROR_PROTOCOL, "%s is not a request",
                  vm_op_name(req->op) ? vm_op_name(req->op) : "unknown op");

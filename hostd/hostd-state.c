@@ -87,7 +87,14 @@ hostd_agent_record_load(const char *dir, GError **error)
 
     /* Optional keys: records of agents made before the relay and idle policies existed load
      * with no backend port and no automatic suspend. */
-    gint64 backend_port = 0, idle_pause = 0, idle_save = 0;
+    gint64 backend_port = 0, idle_pause = 0, idle_save = 0, every = 0, keep = 0;
+    if ((g_key_file_has_key(kf, RECORD_GROUP, "checkpoint-every-s", NULL) &&
+         !hostd_record_get_number(kf, "checkpoint-every-s", 0, G_MAXUINT, &every, path, error)) ||
+        (g_key_file_has_key(kf, RECORD_GROUP, "checkpoint-keep", NULL) &&
+         !hostd_record_get_number(kf, "checkpoint-keep", 0, 1000, &keep, path, error)))
+        return NULL;
+    r->checkpoint_every_s = (guint)every;
+    r->checkpoint_keep = (guint)keep;
     if ((g_key_file_has_key(kf, RECORD_GROUP, "backend-port", NULL) &&
          !hostd_record_get_number(kf, "backend-port", 1, 65535, &backend_port, path, error)) ||
         (g_key_file_has_key(kf, RECORD_GROUP, "idle-pause-s", NULL) &&
@@ -129,6 +136,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
     g_key_file_set_boolean(kf, RECORD_GROUP, "idle-never", r->idle_never);
     g_key_file_set_uint64(kf, RECORD_GROUP, "idle-pause-s", r->idle_pause_s);
     g_key_file_set_uint64(kf, RECORD_GROUP, "idle-save-s", r->idle_save_s);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-every-s", r->checkpoint_every_s);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-keep", r->checkpoint_keep);
 
     gsize len = 0;
     g_autofree char *data = g_key_file_to_data(kf, &len, NULL);

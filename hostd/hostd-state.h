@@ -31,11 +31,13 @@ typedef struct {
     guint cpus;
     guint memory_mib;
     guint disk_gib;
-    guint ssh_port;      /* public: hostd's relay listens here (QEMU itself for old agents) */
-    guint backend_port;  /* QEMU's forward to the guest's sshd, behind the relay; 0: none */
-    gboolean idle_never; /* idle policy: never suspended automatically */
-    guint idle_pause_s;  /* 0: no pause level */
-    guint idle_save_s;   /* 0: no save level */
+    guint ssh_port;           /* public: hostd's relay listens here (QEMU itself for old agents) */
+    guint backend_port;       /* QEMU's forward to the guest's sshd, behind the relay; 0: none */
+    gboolean idle_never;      /* idle policy: never suspended automatically */
+    guint idle_pause_s;       /* 0: no pause level */
+    guint idle_save_s;        /* 0: no save level */
+    guint checkpoint_every_s; /* periodic automatic checkpoints; 0: none */
+    guint checkpoint_keep;    /* how many periodic ones are kept */
     char *mac;
     char *user;
     char *instance_id;

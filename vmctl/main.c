@@ -25,6 +25,8 @@ static const VmctlVerb verbs[] = {
     {"checkpoint rm", vmctl_cmd_checkpoint_rm, "NAME CHECKPOINT", "Remove a checkpoint"},
     {"checkpoint", vmctl_cmd_checkpoint, "NAME", "Checkpoint an agent's disk, live"},
     {"checkpoints", vmctl_cmd_checkpoints, "NAME", "List an agent's checkpoints"},
+    {"autocheckpoint", vmctl_cmd_autocheckpoint, "NAME",
+     "Set how often an agent is checkpointed by itself"},
     {"restore", vmctl_cmd_restore, "NAME CHECKPOINT", "Put an agent back to a checkpoint"},
     {"template list", vmctl_cmd_template_list, "", "List the templates"},
     {"template build", vmctl_cmd_template_build, "NAME", "Build the base image of a template"},

@@ -122,5 +122,6 @@ gboolean vmctl_cmd_suspend(VmctlContext *ctx, int argc, char **argv, GError **er
 gboolean vmctl_cmd_resume(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_keep_awake(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_idle(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_autocheckpoint(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS

@@ -300,6 +300,21 @@ check "a kept-awake agent stays running" test "$(state_of)" = running
 check "suspend --save by hand, then resume" bash -c "'$VMCTL' --socket '$SOCK' suspend --save a1 >/dev/null && '$VMCTL' --socket '$SOCK' resume a1 >/dev/null && [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- echo up)\" = up ]"
 vmctl idle a1 --never >/dev/null
 
+# periodic automatic checkpoints with retention: the chain stays short however many are taken
+periodic_count() {
+  vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(sum(1 for c in json.load(sys.stdin) if c.get("label") == "periodic"))'
+}
+check "periodic checkpoints set per agent" vmctl autocheckpoint a1 --every 5s --keep 2
+sleep 24
+check "periodic checkpoints keep coming and only the newest 2 are kept" test "$(periodic_count)" = 2
+check "the chain stays short: at most 4 images after 4+ periodic checkpoints" \
+  test "$(ls "$S"/agents/a1/*.qcow2 | wc -l)" -le 4
+check "qemu-img check is clean on every image after the merges" \
+  bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
+vmctl autocheckpoint a1 --never >/dev/null
+check "files intact after the periodic merges" \
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums'"
+
 # stop/start keeps files
 vmctl exec a1 -- sh -c 'echo keep-me > ~/kept.txt && sync'
 out=$(vmctl rm a1 2>&1); rc=$?

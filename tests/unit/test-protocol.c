@@ -42,6 +42,7 @@ static const struct {
     {VM_OP_AGENT_RESUME, TRUE},
     {VM_OP_AGENT_KEEP_AWAKE, TRUE},
     {VM_OP_AGENT_SET_IDLE, TRUE},
+    {VM_OP_AGENT_SET_CHECKPOINTS, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -82,6 +83,8 @@ static const struct {
     {VM_OP_AGENT_KEEP_AWAKE, "{'name': <'alice'>, 'seconds': <uint32 3600>, 'off': <false>}"},
     {VM_OP_AGENT_SET_IDLE, "{'name': <'alice'>, 'never': <false>, 'pause_s': <uint32 300>, "
                            "'save_s': <uint32 1800>}"},
+    {VM_OP_AGENT_SET_CHECKPOINTS, "{'name': <'alice'>, 'never': <false>, 'every_s': <uint32 1800>, "
+                                  "'keep': <uint32 10>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
