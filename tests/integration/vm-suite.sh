@@ -309,9 +309,11 @@ sleep 24
 check "periodic checkpoints keep coming and only the newest 2 are kept" test "$(periodic_count)" = 2
 check "the chain stays short: at most 4 images after 4+ periodic checkpoints" \
   test "$(ls "$S"/agents/a1/*.qcow2 | wc -l)" -le 4
-check "qemu-img check is clean on every image after the merges" \
-  bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
 vmctl autocheckpoint a1 --never >/dev/null
+sleep 3  # let a checkpoint or merge in flight finish
+ACTIVE=$(sed -n 's/^active=//p' "$S/agents/a1/checkpoints.ini")
+check "qemu-img check is clean on every checkpoint image after the merges" \
+  bash -c "for f in '$S'/agents/a1/*.qcow2; do [ \"\${f##*/}\" = '$ACTIVE' ] && continue; qemu-img check -q -U \"\$f\" || exit 1; done"
 check "files intact after the periodic merges" \
   bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums'"
 
