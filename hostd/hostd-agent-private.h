@@ -42,6 +42,9 @@ GVariant *hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r);
 /* Records that hostd changed the agent's state now (best effort). */
 void hostd_agent_mark_state_change(HostdAgentRecord *r);
 
+/* The base image of @r's template, as vm_image_lookup() finds it. */
+VmImage *hostd_agent_image(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+
 /* The agent's domain XML with @disk_file (a file name in its dir) as its disk. @image may be
  * NULL: then it is looked up from the agent's template. Fails like vm_image_lookup() and
  * vm_domain_xml_build(). */

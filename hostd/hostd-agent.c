@@ -524,16 +524,22 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
     return hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
 }
 
+VmImage *
+hostd_agent_image(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, r->template_name, error);
+    if (tpl == NULL)
+        return NULL;
+    return vm_image_lookup(ctx->config->images_dir, tpl, error);
+}
+
 char *
 hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
                        const char *disk_file, GError **error)
 {
     g_autoptr(VmImage) looked_up = NULL;
     if (image == NULL) {
-        g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, r->template_name, error);
-        if (tpl == NULL)
-            return NULL;
-        looked_up = vm_image_lookup(ctx->config->images_dir, tpl, error);
+        looked_up = hostd_agent_image(ctx, r, error);
         if (looked_up == NULL)
             return NULL;
         image = looked_up;

@@ -10,7 +10,6 @@
 #include "vm-checkpoint.h"
 #include "vm-error.h"
 #include "vm-name.h"
-#include "vm-template.h"
 #include "vm-util.h"
 
 #define HOSTD_CHECKPOINT_MIN_FREE (256ULL * 1024 * 1024)
@@ -67,12 +66,7 @@ hostd_checkpoint_backing_path(HostdContext *ctx, const HostdAgentRecord *r,
         const VmCheckpoint *p = vm_checkpoint_set_find(set, parent);
         return vm_checkpoint_set_path(set, p->image);
     }
-    g_autofree char *file = g_strconcat(r->template_name, ".yaml", NULL);
-    g_autofree char *path = g_build_filename(ctx->config->templates_dir, file, NULL);
-    g_autoptr(VmTemplate) tpl = vm_template_load_file(path, error);
-    if (tpl == NULL)
-        return NULL;
-    g_autoptr(VmImage) image = vm_image_lookup(ctx->config->images_dir, tpl, error);
+    g_autoptr(VmImage) image = hostd_agent_image(ctx, r, error);
     return image != NULL ? g_strdup(image->disk_path) : NULL;
 }
 
