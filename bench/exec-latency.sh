@@ -11,14 +11,14 @@ cd "$(dirname "$0")/.."
 N=${1:-20}
 VMCTL=${VMCTL:-./build/vmctl/vmctl}
 HOSTD=${HOSTD:-./build/hostd/hostd}
-IMAGES=${VM_TEST_IMAGE_CACHE:-/var/cache/vmctl-test/images}
 OWN=
 S=
 
 if [ -n "${BENCH_AGENT:-}" ] && "$VMCTL" info "$BENCH_AGENT" >/dev/null 2>&1; then
   A=$BENCH_AGENT
 else
-  S=$(mktemp -d /tmp/vmb.XXXXXX); chmod 711 "$S"
+  S=$(mktemp -d -t vmb.XXXXXX); chmod 711 "$S"
+  IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
   printf '[hostd]\nimages-dir=%s\nssh-port-min=43300\nssh-port-max=43399\n' "$IMAGES" > "$S/hostd.conf"
   "$HOSTD" --config "$S/hostd.conf" --state-dir "$S" > "$S/hostd.log" 2>&1 &
   OWN=$!
@@ -30,7 +30,7 @@ else
   A=bench
 fi
 
-CFG=$(mktemp); CTL=$(mktemp -u /tmp/vmb-ctl.XXXXXX)
+CFG=$(mktemp); CTL=$(mktemp -u -t vmb-ctl.XXXXXX)
 "$VMCTL" ssh-config "$A" > "$CFG"
 HOST=vmctl-$A
 

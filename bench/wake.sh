@@ -10,9 +10,9 @@ cd "$(dirname "$0")/.."
 N=${1:-3}
 VMCTL=${VMCTL:-./build/vmctl/vmctl}
 HOSTD=${HOSTD:-./build/hostd/hostd}
-IMAGES=${VM_TEST_IMAGE_CACHE:-/var/cache/vmctl-test/images}
 
-S=$(mktemp -d /tmp/vmw.XXXXXX); chmod 711 "$S"
+S=$(mktemp -d -t vmw.XXXXXX); chmod 711 "$S"
+IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
 printf '[hostd]\nimages-dir=%s\nssh-port-min=43400\nssh-port-max=43499\n' "$IMAGES" > "$S/hostd.conf"
 "$HOSTD" --config "$S/hostd.conf" --state-dir "$S" > "$S/hostd.log" 2>&1 &
 HOSTD_PID=$!

@@ -2,13 +2,8 @@
 # Installs every Debian 12 package vmctl/hostd needs to build, test and run agents.
 set -euo pipefail
 
-packages=(
-  build-essential meson ninja-build pkg-config clang-format
-  libglib2.0-dev libjson-glib-dev libvirt-dev libyaml-dev libssh-dev libcurl4-openssl-dev
-  libguestfs-dev libcmocka-dev
-  libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils
-  mmdebstrap genisoimage linux-image-amd64 openssh-client openssh-server python3
-)
+# One package a line in packages.txt; .ci/run installs the same list.
+mapfile -t packages < <(grep -v '^#' "$(dirname "$0")/packages.txt" | grep -v '^$')
 
 missing=()
 for p in "${packages[@]}"; do

@@ -2,14 +2,15 @@
 # The VM suite: drives the real vmctl against a real hostd that boots real guests (TCG).
 # One agent is booted and shared by most checks, since each boot costs about a minute.
 # Output is TAP. Needs root, the packages of scripts/install-deps.sh, and HOSTD/VMCTL set
-# (meson does that). The debian-12 image is cached in $VM_TEST_IMAGE_CACHE between runs.
+# (meson does that). The debian-12 image is built into the suite's state dir, or taken from
+# $VM_TEST_IMAGE_CACHE when set (a directory kept between runs).
 set -uo pipefail
 
 : "${HOSTD:?}" "${VMCTL:?}"
-IMAGES=${VM_TEST_IMAGE_CACHE:-/var/cache/vmctl-test/images}
 # Short path: the embedded libvirt root holds UNIX sockets (<= 108 bytes).
-S=$(mktemp -d /tmp/vmt.XXXXXX)
+S=$(mktemp -d -t vmt.XXXXXX)
 chmod 711 "$S"
+IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
 SOCK=$S/hostd.sock
 CONF=$S/hostd.conf
 LOG=$S/hostd.log
@@ -134,7 +135,7 @@ check "exec: stdin is forwarded" test "$(echo hello | vmctl exec a1 -- cat)" = h
 head -c 3000000 /dev/urandom > "$S/big"
 check "exec: 3 MB through stdin and stdout unchanged" \
   bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- cat < '$S/big' | cmp -s - '$S/big'"
-check "exec -e and -w" test "$(vmctl exec a1 -e FOO='a b' -w /tmp -- sh -c 'echo "$FOO $(pwd)"')" = "a b /tmp"
+check "exec -e and -w" test "$(vmctl exec a1 -e FOO='a b' -w /etc -- sh -c 'echo "$FOO $(pwd)"')" = "a b /etc"
 check "exec runs as the agent user with passwordless sudo" \
   test "$(vmctl exec a1 -- sudo -n id -u)" = 0
 out=$(vmctl exec nosuch -- true 2>&1); rc=$?
@@ -146,8 +147,8 @@ vmctl ssh-config a1 > "$S/ssh_config"
 check "ssh-config + ssh -F: plain OpenSSH works with strict host key checking" \
   test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 echo hi)" = hi
 echo "payload $RANDOM" > "$S/in.txt"
-if scp -q -F "$S/ssh_config" "$S/in.txt" vmctl-a1:/tmp/in.txt > "$S/scp.log" 2>&1 &&
-   scp -q -F "$S/ssh_config" vmctl-a1:/tmp/in.txt "$S/back.txt" >> "$S/scp.log" 2>&1 &&
+if scp -q -F "$S/ssh_config" "$S/in.txt" vmctl-a1:in.txt > "$S/scp.log" 2>&1 &&
+   scp -q -F "$S/ssh_config" vmctl-a1:in.txt "$S/back.txt" >> "$S/scp.log" 2>&1 &&
    cmp -s "$S/in.txt" "$S/back.txt"; then
   ok "scp a file in and out"
 else
@@ -253,7 +254,7 @@ wait_state() { # wait_state STATE SECONDS
 clock_skew() { # seconds between the guest's clock and the host's, read through $1
   local g; g=$("$@" date +%s); echo $(( g > $(date +%s) ? g - $(date +%s) : $(date +%s) - g ))
 }
-vmctl exec a1 -- sh -c 'nohup sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/bg.pid'
+vmctl exec a1 -- sh -c 'nohup sleep 100000 >/dev/null 2>&1 & echo $! > ~/bg.pid'
 check "idle policy set per agent" vmctl idle a1 --pause-after 6s --save-after 20s
 vmctl exec a1 -- sleep 14 < /dev/null &
 EXEC_PID=$!
@@ -267,7 +268,7 @@ skew=$(clock_skew ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1)
 WAKE_PAUSED_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "plain OpenSSH wakes a paused agent (${WAKE_PAUSED_MS} ms), clock right within 2 s" \
   test -n "$skew" -a "${skew:-9}" -le 2
-check "a background process survived the pause" vmctl exec a1 -- sh -c 'kill -0 $(cat /tmp/bg.pid)'
+check "a background process survived the pause" vmctl exec a1 -- sh -c 'kill -0 $(cat ~/bg.pid)'
 check "the idle agent is saved to disk by itself" wait_state saved 90
 check "a saved agent has no QEMU process" bash -c "! ps -C qemu-system-x86_64 -o args= | grep -q 'guest=a1,'"
 sleep 3
@@ -276,7 +277,7 @@ skew=$(clock_skew vmctl exec a1 --)
 WAKE_SAVED_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "vmctl exec wakes a saved agent (${WAKE_SAVED_MS} ms), clock right within 2 s" \
   test -n "$skew" -a "${skew:-9}" -le 2
-check "a background process survived the save" vmctl exec a1 -- sh -c 'kill -0 $(cat /tmp/bg.pid)'
+check "a background process survived the save" vmctl exec a1 -- sh -c 'kill -0 $(cat ~/bg.pid)'
 echo "# wake-ms paused: $WAKE_PAUSED_MS saved: $WAKE_SAVED_MS"
 before_save_count() {
   vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(sum(1 for c in json.load(sys.stdin) if c.get("label") == "before idle save" and c["automatic"]))'
@@ -291,7 +292,7 @@ kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
 check "hostd restarts while the agent is saved" start_hostd
 check "the agent stays saved across the restart" test "$(state_of)" = saved
 check "a plain SSH connection wakes it after the restart" \
-  test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 'kill -0 $(cat /tmp/bg.pid) && echo alive')" = alive
+  test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 'kill -0 $(cat ~/bg.pid) && echo alive')" = alive
 check "files written before the saves are intact" \
   bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums'"
 check "keep-awake holds the agent" vmctl keep-awake a1
