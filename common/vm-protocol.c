@@ -92,6 +92,7 @@ static const VmOpSpec vm_op_specs[] = {
     {VM_OP_CHECKPOINT_CREATE, "checkpoint-create", TRUE, FALSE, {
         {"name", "s", REQ},
         {"label", "s", 0, 0, VM_LABEL_MAX},
+        {"memory", "b"},
         {NULL}}},
     {VM_OP_CHECKPOINT_LIST, "checkpoint-list", TRUE, FALSE, {
         {"name", "s", REQ},
@@ -100,6 +101,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"name", "s", REQ},
         {"checkpoint", "s", REQ, 1, VM_LABEL_MAX},
         {"wait", "b"},
+        {"paths", "as", 0, 1, VM_PATHS_MAX},
         {NULL}}},
     {VM_OP_CHECKPOINT_RM, "checkpoint-rm", TRUE, FALSE, {
         {"name", "s", REQ},
@@ -128,6 +130,37 @@ static const VmOpSpec vm_op_specs[] = {
         {"never", "b"},
         {"every_s", "u"},
         {"keep", "u", 0, 0, 1000},
+        {"hourly", "u", 0, 0, 1000},
+        {"daily", "u", 0, 0, 1000},
+        {NULL}}},
+    {VM_OP_AGENT_FORK, "agent-fork", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"source", "s", REQ},
+        {"checkpoint", "s", 0, 1, VM_LABEL_MAX},
+        {"cpus", "u"},
+        {"memory_mib", "u"},
+        {"wait", "b"},
+        {NULL}}},
+    {VM_OP_CHECKPOINT_DIFF, "checkpoint-diff", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"checkpoint", "s", REQ, 1, VM_LABEL_MAX},
+        {"other", "s", 0, 1, VM_LABEL_MAX},
+        {"path", "s", 0, 1, 4096},
+        {NULL}}},
+    {VM_OP_EGRESS_GET, "egress-get", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {NULL}}},
+    {VM_OP_EGRESS_SET, "egress-set", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"allow", "as", 0, 0, VM_RULES_MAX},
+        {"deny", "as", 0, 0, VM_RULES_MAX},
+        {"remove", "as", 0, 0, VM_RULES_MAX},
+        {"reset", "b"},
+        {NULL}}},
+    {VM_OP_EGRESS_LOG, "egress-log", TRUE, FALSE, {
+        {"name", "s", REQ},
+        {"follow", "b"},
+        {"lines", "u"},
         {NULL}}},
 
     {VM_OP_STDIN, "stdin", FALSE, FALSE, {
