@@ -43,6 +43,11 @@ static const struct {
     {VM_OP_AGENT_KEEP_AWAKE, TRUE},
     {VM_OP_AGENT_SET_IDLE, TRUE},
     {VM_OP_AGENT_SET_CHECKPOINTS, TRUE},
+    {VM_OP_AGENT_FORK, TRUE},
+    {VM_OP_CHECKPOINT_DIFF, TRUE},
+    {VM_OP_EGRESS_GET, TRUE},
+    {VM_OP_EGRESS_SET, TRUE},
+    {VM_OP_EGRESS_LOG, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -219,6 +224,9 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_EXEC, 11);
     assert_int_equal(VM_OP_CHECKPOINT_CREATE, 12);
     assert_int_equal(VM_OP_CHECKPOINT_RM, 15);
+    assert_int_equal(VM_OP_AGENT_SET_CHECKPOINTS, 20);
+    assert_int_equal(VM_OP_AGENT_FORK, 21);
+    assert_int_equal(VM_OP_EGRESS_LOG, 25);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);
