@@ -4,6 +4,7 @@
 
 #include "hostd-agent.h"
 #include "vm-image.h"
+#include "vm-template.h"
 
 G_BEGIN_DECLS
 
@@ -60,6 +61,31 @@ gboolean hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmPr
 gboolean hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r,
                                      VmProgressFunc progress, gpointer progress_data,
                                      GError **error);
+
+/* Loads shipped template @name (VM_ERROR_NOT_FOUND when there is none). */
+VmTemplate *hostd_template_load(HostdContext *ctx, const char *name, GError **error);
+
+/* Refuses sizes this host cannot give (VM_ERROR_NO_RESOURCES) and a nearly full disk. */
+gboolean hostd_check_resources(HostdContext *ctx, guint cpus, guint memory_mib, guint disk_gib,
+                               GError **error);
+
+/* A random locally administered MAC in QEMU's 52:54:00 range, newly allocated. */
+char *hostd_random_mac(void);
+
+/* The agent's /etc/machine-id: its UUID as 32 lower-case hex digits, newly allocated. */
+char *hostd_agent_machine_id(const HostdAgentRecord *r);
+
+/* With the new agent's name lock held: allocates its two ports and writes its record (phase
+ * "creating") in a new directory r->dir, so a crash from here on is rolled back at start-up. */
+gboolean hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error);
+
+/* With the name lock held, after hostd_agent_reserve(): makes keys, disk (on the template's
+ * image, or on r->fork_base for a fork), seed and domain, boots it and (with @wait) waits for
+ * SSH and cloud-init, then marks the record ready. On failure everything made is removed,
+ * record included. */
+gboolean hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
+                            const VmImage *image, const char *user_data, gboolean wait,
+                            VmProgressFunc progress, gpointer progress_data, GError **error);
 
 /* Runs a helper program (argv[0] looked up in PATH); its stderr becomes the error message
  * (VM_ERROR_IO). */

@@ -10,6 +10,7 @@
 
 #include "hostd-agent-private.h"
 #include "hostd-checkpoint.h"
+#include "hostd-fork.h"
 #include "hostd-keys.h"
 #include "hostd-power.h"
 #include "vm-domain.h"
@@ -199,8 +200,11 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_variant_builder_add(&b, "{sv}", "created", g_variant_new_int64(r->created));
     g_variant_builder_add(&b, "{sv}", "virt_type", g_variant_new_string(ctx->lv->virt_type));
     g_variant_builder_add(&b, "{sv}", "uuid", g_variant_new_string(r->uuid));
-    if (r->forked_from != NULL)
+    if (r->forked_from != NULL) {
         g_variant_builder_add(&b, "{sv}", "forked_from", g_variant_new_string(r->forked_from));
+        g_variant_builder_add(&b, "{sv}", "fork_checkpoint",
+                              g_variant_new_string(r->fork_checkpoint));
+    }
     g_autofree char *idle = NULL;
     if (r->idle_never || (r->idle_pause_s == 0 && r->idle_save_s == 0))
         idle = g_strdup("never");
@@ -223,7 +227,7 @@ hostd_agent_mark_state_change(HostdAgentRecord *r)
     hostd_agent_record_save(r, NULL);
 }
 
-static VmTemplate *
+VmTemplate *
 hostd_template_load(HostdContext *ctx, const char *name, GError **error)
 {
     if (!vm_name_validate_template(name, error))
@@ -275,7 +279,7 @@ hostd_allocate_port(HostdContext *ctx, guint not_this, guint *ret_port, GError *
                     ctx->config->ssh_port_min, ctx->config->ssh_port_max);
 }
 
-static gboolean
+gboolean
 hostd_check_resources(HostdContext *ctx, guint cpus, guint memory_mib, guint disk_gib,
                       GError **error)
 {
@@ -300,7 +304,18 @@ hostd_check_resources(HostdContext *ctx, guint cpus, guint memory_mib, guint dis
     return TRUE;
 }
 
-static char *
+char *
+hostd_agent_machine_id(const HostdAgentRecord *r)
+{
+    g_autoptr(GString) id = g_string_new(NULL);
+    for (const char *p = r->uuid; *p != '\0'; p++) {
+        if (*p != '-')
+            g_string_append_c(id, g_ascii_tolower(*p));
+    }
+    return g_string_free(g_steal_pointer(&id), FALSE);
+}
+
+char *
 hostd_random_mac(void)
 {
     return g_strdup_printf("52:54:00:%02x:%02x:%02x", g_random_int_range(0, 256),
@@ -495,9 +510,11 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         !vm_file_write_atomic(ssh_config_path, stanza, -1, 0644, error))
         return NULL;
 
+    /* A fork's disk stands on its source's checkpoint, anyone else's on the template's image. */
+    const char *backing = r->fork_base != NULL ? r->fork_base : image->disk_path;
     g_autofree char *size = g_strdup_printf("%uG", r->disk_gib);
-    const char *qemu_img[] = {"qemu-img", "create",         "-q", "-f", "qcow2", "-F", "qcow2",
-                              "-b",       image->disk_path, disk, size, NULL};
+    const char *qemu_img[] = {"qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2",
+                              "-b",       backing,  disk, size, NULL};
     if (!hostd_run(qemu_img, error))
         return NULL;
 
@@ -508,8 +525,12 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         .authorized_key = user_key->public_line,
         .host_key_private = host_key->private_pem,
         .host_key_public = host_key->public_line,
-        .packages = tpl->source == VM_IMAGE_SOURCE_URL ? (const char *const *)tpl->packages : NULL,
-        .template_user_data = tpl->user_data,
+        /* A fork's disk already went through the template's first boot: running it again
+         * would clobber what the source's user made. */
+        .packages = tpl->source == VM_IMAGE_SOURCE_URL && r->forked_from == NULL
+                        ? (const char *const *)tpl->packages
+                        : NULL,
+        .template_user_data = r->forked_from == NULL ? tpl->user_data : NULL,
         .user_user_data = user_data,
     };
     /* The seed holds the guest's private host key: readable by nobody but its owner (libvirt
@@ -550,6 +571,13 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
     g_autofree char *metadata = g_markup_printf_escaped(
         "<vmctl:agent xmlns:vmctl='https://vmctl.dev/xmlns/agent/1' name='%s' template='%s'/>",
         r->name, r->template_name);
+    /* A fork's disk carries its source's /etc/machine-id: systemd takes the new one from the
+     * command line before anything reads it, and writes it to the disk on that first boot. */
+    g_autofree char *cmdline = NULL;
+    if (r->forked_from != NULL && image->cmdline != NULL) {
+        g_autofree char *machine_id = hostd_agent_machine_id(r);
+        cmdline = g_strdup_printf("%s systemd.machine_id=%s", image->cmdline, machine_id);
+    }
     VmDomainSpec spec = {
         .name = r->name,
         .uuid = r->uuid,
@@ -560,7 +588,7 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
         .seed_path = seed,
         .kernel_path = image->kernel_path,
         .initrd_path = image->initrd_path,
-        .cmdline = image->cmdline,
+        .cmdline = cmdline != NULL ? cmdline : image->cmdline,
         .mac = r->mac,
         .ssh_port = r->backend_port != 0 ? r->backend_port : r->ssh_port,
         .console_log = console,
@@ -650,49 +678,64 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         tpl->checkpoints_never ? 0 : (guint)MIN(tpl->checkpoint_every_s, G_MAXUINT);
     r->checkpoint_keep = tpl->checkpoint_keep;
 
+    if (!hostd_agent_reserve(ctx, r, error) ||
+        !hostd_agent_create(ctx, r, tpl, image, req->user_data, req->wait, progress,
+                            progress_data, error))
+        return NULL;
+    return hostd_agent_to_variant(ctx, r);
+}
+
+gboolean
+hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error)
+{
     /* The record goes to disk in phase "creating" before anything else exists, so a hostd
      * killed halfway finds it at start-up and rolls the agent back. The port is chosen and
      * recorded under the context lock so two concurrent `new`s never share one. */
     g_mutex_lock(&ctx->lock);
     gboolean ok = hostd_allocate_port(ctx, 0, &r->ssh_port, error) &&
                   hostd_allocate_port(ctx, r->ssh_port, &r->backend_port, error);
-    if (ok && g_mkdir_with_parents(dir, 0711) < 0)
-        ok = vm_throw_errno(error, errno, "cannot create %s", dir);
+    if (ok && g_mkdir_with_parents(r->dir, 0711) < 0)
+        ok = vm_throw_errno(error, errno, "cannot create %s", r->dir);
     if (ok && !hostd_agent_record_save(r, error)) {
-        hostd_remove_tree(dir, NULL);
+        hostd_remove_tree(r->dir, NULL);
         ok = FALSE;
     }
     g_mutex_unlock(&ctx->lock);
-    if (!ok)
-        return NULL;
+    return ok;
+}
 
-    g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, req->user_data, error);
+gboolean
+hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
+                   const VmImage *image, const char *user_data, gboolean wait,
+                   VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, user_data, error);
     g_autofree char *xml_path = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
     if (xml == NULL || !vm_file_write_atomic(xml_path, xml, -1, 0600, error)) {
-        hostd_agent_rollback(ctx, req->name, dir);
-        return NULL;
+        hostd_agent_rollback(ctx, r->name, r->dir);
+        return FALSE;
     }
 
     hostd_progress(progress, progress_data, "starting the VM", -1);
     if (!hostd_domain_define_and_start(ctx, xml, error)) {
-        hostd_agent_rollback(ctx, req->name, dir);
-        return NULL;
+        hostd_agent_rollback(ctx, r->name, r->dir);
+        return FALSE;
     }
-    if (req->wait && (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error) ||
-                      !hostd_agent_wait_first_boot(ctx, r, progress, progress_data, error))) {
-        hostd_agent_rollback(ctx, req->name, dir);
-        return NULL;
+    if (wait && (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error) ||
+                 !hostd_agent_wait_first_boot(ctx, r, progress, progress_data, error))) {
+        hostd_agent_rollback(ctx, r->name, r->dir);
+        return FALSE;
     }
 
     g_free(r->phase);
     r->phase = g_strdup(HOSTD_PHASE_READY);
     r->state_since = g_get_real_time() / G_USEC_PER_SEC;
     if (!hostd_power_attach(ctx, r, error) || !hostd_agent_record_save(r, error)) {
-        hostd_power_detach(ctx, req->name);
-        hostd_agent_rollback(ctx, req->name, dir);
-        return NULL;
+        hostd_power_detach(ctx, r->name);
+        hostd_agent_rollback(ctx, r->name, r->dir);
+        return FALSE;
     }
-    return hostd_agent_to_variant(ctx, r);
+    return TRUE;
 }
 
 /* Loads the record of @name and looks up its domain: what every operation on an existing agent
@@ -801,6 +844,12 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
     if (dom != NULL && hostd_libvirt_is_active(dom) && !force)
         return vm_throw(error, VM_ERROR_BAD_STATE,
                         "agent '%s' is running; stop it first or use --force", name);
+    /* A fork's disk reads its source's checkpoint images: they go only with the last fork. */
+    g_autofree char *forks = hostd_fork_list(ctx, name);
+    if (forks != NULL)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "agent '%s' has forks standing on its checkpoints (%s); remove them first",
+                        name, forks);
 
     hostd_ssh_pool_forget(ctx->ssh, name);
     hostd_power_detach(ctx, name);

@@ -7,6 +7,7 @@
 #include <sys/statvfs.h>
 
 #include "hostd-agent-private.h"
+#include "hostd-fork.h"
 #include "vm-checkpoint.h"
 #include "vm-error.h"
 #include "vm-name.h"
@@ -66,6 +67,8 @@ hostd_checkpoint_backing_path(HostdContext *ctx, const HostdAgentRecord *r,
         const VmCheckpoint *p = vm_checkpoint_set_find(set, parent);
         return vm_checkpoint_set_path(set, p->image);
     }
+    if (r->fork_base != NULL)
+        return g_strdup(r->fork_base);
     g_autoptr(VmImage) image = hostd_agent_image(ctx, r, error);
     return image != NULL ? g_strdup(image->disk_path) : NULL;
 }
@@ -148,8 +151,7 @@ hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
     return g_variant_builder_end(&b);
 }
 
-/* Takes a checkpoint with the agent lock held. */
-static VmCheckpoint *
+VmCheckpoint *
 hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                VmCheckpointSet *set, const char *label, gboolean automatic,
                                char **ret_warning, GError **error)
@@ -340,10 +342,6 @@ hostd_checkpoint_wait_job(virDomainPtr dom, GError **error)
     }
 }
 
-static gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r,
-                                           virDomainPtr dom, VmCheckpointSet *set,
-                                           const VmCheckpoint *c, GError **error);
-
 gboolean
 hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error)
 {
@@ -358,12 +356,16 @@ hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError 
     return hostd_checkpoint_rm_locked(ctx, r, dom, set, c, error);
 }
 
-/* Removes checkpoint @c of @set with the agent lock held (see hostd_checkpoint_rm()). */
-static gboolean
+gboolean
 hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                            VmCheckpointSet *set, const VmCheckpoint *c, GError **error)
 {
     g_autofree char *id = g_strdup(c->id);
+    g_autofree char *fork = hostd_fork_standing_on(ctx, r, set, id);
+    if (fork != NULL)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "fork '%s' stands on checkpoint %s of '%s'; remove the fork first", fork,
+                        id, r->name);
     gboolean active_dependant = FALSE;
     g_auto(GStrv) dependants = vm_checkpoint_set_dependants(set, id, &active_dependant);
     guint n = g_strv_length(dependants) + (active_dependant ? 1 : 0);

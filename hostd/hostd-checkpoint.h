@@ -5,6 +5,7 @@
 #pragma once
 
 #include "hostd-agent.h"
+#include "vm-checkpoint.h"
 
 G_BEGIN_DECLS
 
@@ -14,6 +15,14 @@ G_BEGIN_DECLS
  * (newly allocated, else NULL). Returns the checkpoint's dictionary (a{sv}). */
 GVariant *hostd_checkpoint_create(HostdContext *ctx, const char *name, const char *label,
                                   gboolean automatic, char **ret_warning, GError **error);
+
+/* With the agent lock held: journals and takes a disk-only checkpoint of @r (running or
+ * stopped) in @set, redefines the domain on the new overlay and saves the record. Returns the new
+ * checkpoint (owned by @set). Fails like hostd_checkpoint_create(). */
+VmCheckpoint *hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r,
+                                             virDomainPtr dom, VmCheckpointSet *set,
+                                             const char *label, gboolean automatic,
+                                             char **ret_warning, GError **error);
 
 /* The agent's checkpoints (aa{sv}: id, created, label, automatic, quiesced, kind, bytes,
  * parent), oldest first. */
@@ -30,6 +39,11 @@ GVariant *hostd_checkpoint_restore(HostdContext *ctx, const char *name, const ch
  * checkpoint with one dependant is merged into it (a live block pull when that is the running
  * disk); one with several dependants is refused (VM_ERROR_BAD_STATE) until they are removed. */
 gboolean hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error);
+
+/* Removes checkpoint @c of @set with the agent lock held (see hostd_checkpoint_rm()). */
+gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r,
+                                    virDomainPtr dom, VmCheckpointSet *set, const VmCheckpoint *c,
+                                    GError **error);
 
 /* Finishes or rolls back a checkpoint operation that a killed hostd left journaled in the
  * agent's record. Appends a note for each action. Called at start-up for every agent. */

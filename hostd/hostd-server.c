@@ -1,6 +1,7 @@
 #include "hostd-server.h"
 
 #include "hostd-checkpoint.h"
+#include "hostd-fork.h"
 #include "hostd-power.h"
 
 #include <errno.h>
@@ -111,6 +112,24 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
         };
         GVariant *agent = hostd_agent_new(ctx, &nr, hostd_send_progress, pdata, error);
         return agent != NULL ? hostd_fields1("agent", agent) : NULL;
+    }
+    case VM_OP_AGENT_FORK: {
+        HostdForkRequest fr = {
+            .name = name,
+            .source = vm_message_get_string(req, "source", NULL),
+            .checkpoint = vm_message_get_string(req, "checkpoint", NULL),
+            .cpus = vm_message_get_uint(req, "cpus", 0),
+            .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
+            .wait = vm_message_get_bool(req, "wait", TRUE),
+        };
+        g_autofree char *checkpoint = NULL;
+        GVariant *agent = hostd_fork(ctx, &fr, &checkpoint, hostd_send_progress, pdata, error);
+        if (agent == NULL)
+            return NULL;
+        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+        g_variant_builder_add(&b, "{sv}", "agent", agent);
+        g_variant_builder_add(&b, "{sv}", "checkpoint", g_variant_new_string(checkpoint));
+        return g_variant_builder_end(&b);
     }
     case VM_OP_AGENT_LIST: {
         GVariant *list = hostd_agent_list(ctx, error);

@@ -70,6 +70,11 @@ hostd_agent_record_load(const char *dir, GError **error)
         (r->instance_id = hostd_record_get_string(kf, "instance-id", TRUE, path, error)) == NULL)
         return NULL;
     r->forked_from = hostd_record_get_string(kf, "forked-from", FALSE, path, NULL);
+    if (r->forked_from != NULL &&
+        ((r->fork_checkpoint = hostd_record_get_string(kf, "fork-checkpoint", TRUE, path,
+                                                       error)) == NULL ||
+         (r->fork_base = hostd_record_get_string(kf, "fork-base", TRUE, path, error)) == NULL))
+        return NULL;
 
     gint64 cpus, memory_mib, disk_gib, ssh_port;
     if (!hostd_record_get_number(kf, "cpus", 1, G_MAXUINT, &cpus, path, error) ||
@@ -87,14 +92,21 @@ hostd_agent_record_load(const char *dir, GError **error)
 
     /* Optional keys: records of agents made before the relay and idle policies existed load
      * with no backend port and no automatic suspend. */
-    gint64 backend_port = 0, idle_pause = 0, idle_save = 0, every = 0, keep = 0;
+    gint64 backend_port = 0, idle_pause = 0, idle_save = 0, every = 0, keep = 0, hourly = 0,
+           daily = 0;
     if ((g_key_file_has_key(kf, RECORD_GROUP, "checkpoint-every-s", NULL) &&
          !hostd_record_get_number(kf, "checkpoint-every-s", 0, G_MAXUINT, &every, path, error)) ||
         (g_key_file_has_key(kf, RECORD_GROUP, "checkpoint-keep", NULL) &&
-         !hostd_record_get_number(kf, "checkpoint-keep", 0, 1000, &keep, path, error)))
+         !hostd_record_get_number(kf, "checkpoint-keep", 0, 1000, &keep, path, error)) ||
+        (g_key_file_has_key(kf, RECORD_GROUP, "checkpoint-hourly", NULL) &&
+         !hostd_record_get_number(kf, "checkpoint-hourly", 0, 1000, &hourly, path, error)) ||
+        (g_key_file_has_key(kf, RECORD_GROUP, "checkpoint-daily", NULL) &&
+         !hostd_record_get_number(kf, "checkpoint-daily", 0, 1000, &daily, path, error)))
         return NULL;
     r->checkpoint_every_s = (guint)every;
     r->checkpoint_keep = (guint)keep;
+    r->checkpoint_hourly = (guint)hourly;
+    r->checkpoint_daily = (guint)daily;
     if ((g_key_file_has_key(kf, RECORD_GROUP, "backend-port", NULL) &&
          !hostd_record_get_number(kf, "backend-port", 1, 65535, &backend_port, path, error)) ||
         (g_key_file_has_key(kf, RECORD_GROUP, "idle-pause-s", NULL) &&
@@ -127,8 +139,11 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
     g_key_file_set_string(kf, RECORD_GROUP, "mac", r->mac);
     g_key_file_set_string(kf, RECORD_GROUP, "user", r->user);
     g_key_file_set_string(kf, RECORD_GROUP, "instance-id", r->instance_id);
-    if (r->forked_from != NULL)
+    if (r->forked_from != NULL) {
         g_key_file_set_string(kf, RECORD_GROUP, "forked-from", r->forked_from);
+        g_key_file_set_string(kf, RECORD_GROUP, "fork-checkpoint", r->fork_checkpoint);
+        g_key_file_set_string(kf, RECORD_GROUP, "fork-base", r->fork_base);
+    }
     g_key_file_set_int64(kf, RECORD_GROUP, "created", r->created);
     g_key_file_set_int64(kf, RECORD_GROUP, "state-since", r->state_since);
     if (r->backend_port != 0)
@@ -138,6 +153,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
     g_key_file_set_uint64(kf, RECORD_GROUP, "idle-save-s", r->idle_save_s);
     g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-every-s", r->checkpoint_every_s);
     g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-keep", r->checkpoint_keep);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-hourly", r->checkpoint_hourly);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-daily", r->checkpoint_daily);
 
     gsize len = 0;
     g_autofree char *data = g_key_file_to_data(kf, &len, NULL);
@@ -157,6 +174,8 @@ hostd_agent_record_copy(const HostdAgentRecord *r)
     c->user = g_strdup(r->user);
     c->instance_id = g_strdup(r->instance_id);
     c->forked_from = g_strdup(r->forked_from);
+    c->fork_checkpoint = g_strdup(r->fork_checkpoint);
+    c->fork_base = g_strdup(r->fork_base);
     return c;
 }
 
@@ -174,6 +193,8 @@ hostd_agent_record_free(HostdAgentRecord *r)
     g_free(r->user);
     g_free(r->instance_id);
     g_free(r->forked_from);
+    g_free(r->fork_checkpoint);
+    g_free(r->fork_base);
     g_free(r);
 }
 

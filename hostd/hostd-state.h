@@ -37,11 +37,15 @@ typedef struct {
     guint idle_pause_s;       /* 0: no pause level */
     guint idle_save_s;        /* 0: no save level */
     guint checkpoint_every_s; /* periodic automatic checkpoints; 0: none */
-    guint checkpoint_keep;    /* how many periodic ones are kept */
+    guint checkpoint_keep;    /* how many periodic ones are kept, newest first */
+    guint checkpoint_hourly;  /* plus the oldest one of each of this many recent hours */
+    guint checkpoint_daily;   /* plus the oldest one of each of this many recent days */
     char *mac;
     char *user;
     char *instance_id;
-    char *forked_from;  /* NULL unless forked */
+    char *forked_from;     /* NULL unless forked: the source agent's name */
+    char *fork_checkpoint; /* with forked_from: the source's checkpoint the disk stands on */
+    char *fork_base;       /* with forked_from: that checkpoint's image (absolute path) */
     gint64 created;     /* unix seconds */
     gint64 state_since; /* unix seconds of the last state change hostd made */
 } HostdAgentRecord;

@@ -28,6 +28,7 @@ static const VmctlVerb verbs[] = {
     {"autocheckpoint", vmctl_cmd_autocheckpoint, "NAME",
      "Set how often an agent is checkpointed by itself"},
     {"restore", vmctl_cmd_restore, "NAME CHECKPOINT", "Put an agent back to a checkpoint"},
+    {"fork", vmctl_cmd_fork, "SOURCE NAME", "Create an agent from another one's disk, live"},
     {"template list", vmctl_cmd_template_list, "", "List the templates"},
     {"template build", vmctl_cmd_template_build, "NAME", "Build the base image of a template"},
 };

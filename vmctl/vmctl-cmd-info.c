@@ -15,6 +15,7 @@ static const VmctlField agent_details[] = {
     {"user", "user", VMCTL_FORMAT_TEXT},
     {"created", "created", VMCTL_FORMAT_DATE},
     {"forked from", "forked_from", VMCTL_FORMAT_TEXT},
+    {"fork checkpoint", "fork_checkpoint", VMCTL_FORMAT_TEXT},
     {"virt type", "virt_type", VMCTL_FORMAT_TEXT},
 };
 

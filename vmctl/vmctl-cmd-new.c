@@ -46,21 +46,6 @@ read_user_data(const char *path, GError **error)
     return g_steal_pointer(&text);
 }
 
-/* Adds the numeric option @option to @fields under @key when it was given. */
-static gboolean
-add_number(VmctlContext *ctx, GVariantDict *fields, const char *option, const char *text,
-           const char *key, GError **error)
-{
-    guint32 value;
-
-    if (text == NULL)
-        return TRUE;
-    if (!vmctl_parse_uint(ctx, option, text, 1, G_MAXUINT32, &value, error))
-        return FALSE;
-    g_variant_dict_insert(fields, key, "u", value);
-    return TRUE;
-}
-
 gboolean
 vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
@@ -87,9 +72,9 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_variant_dict_insert(fields, "wait", "b", !no_wait);
     if (template_name != NULL)
         g_variant_dict_insert(fields, "template", "s", template_name);
-    if (!add_number(ctx, fields, "--cpus", cpus, "cpus", error) ||
-        !add_number(ctx, fields, "--memory", memory, "memory_mib", error) ||
-        !add_number(ctx, fields, "--disk", disk, "disk_gib", error))
+    if (!vmctl_dict_add_uint(ctx, fields, "--cpus", cpus, "cpus", error) ||
+        !vmctl_dict_add_uint(ctx, fields, "--memory", memory, "memory_mib", error) ||
+        !vmctl_dict_add_uint(ctx, fields, "--disk", disk, "disk_gib", error))
         return FALSE;
     if (user_data_path != NULL) {
         g_autofree char *user_data = read_user_data(user_data_path, error);

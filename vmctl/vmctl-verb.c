@@ -277,3 +277,17 @@ vmctl_agent_action(VmctlContext *ctx, VmOp op, GVariantDict *fields, const char 
     vmctl_print_result(ctx, result, "agent", text);
     return TRUE;
 }
+
+gboolean
+vmctl_dict_add_uint(VmctlContext *ctx, GVariantDict *fields, const char *option, const char *text,
+                    const char *key, GError **error)
+{
+    guint32 value;
+
+    if (text == NULL)
+        return TRUE;
+    if (!vmctl_parse_uint(ctx, option, text, 1, G_MAXUINT32, &value, error))
+        return FALSE;
+    g_variant_dict_insert(fields, key, "u", value);
+    return TRUE;
+}

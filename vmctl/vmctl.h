@@ -64,6 +64,11 @@ gboolean vmctl_usage_error(VmctlContext *ctx, GError **error, const char *fmt, .
 gboolean vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint32 min,
                           guint32 max, guint32 *ret_value, GError **error);
 
+/* Adds the numeric option @option (its text @text, NULL when not given) to @fields under @key
+ * as a "u" of at least 1; a bad number is a usage error naming @option. */
+gboolean vmctl_dict_add_uint(VmctlContext *ctx, GVariantDict *fields, const char *option,
+                             const char *text, const char *key, GError **error);
+
 /* vmctl_parse() for verbs that take exactly one agent or template NAME, which is checked here so
  * a typo fails before anything is sent. Returns the start of the request's fields: a new
  * GVariantDict holding "name"; NULL on failure. */
@@ -123,5 +128,6 @@ gboolean vmctl_cmd_resume(VmctlContext *ctx, int argc, char **argv, GError **err
 gboolean vmctl_cmd_keep_awake(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_idle(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_autocheckpoint(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS

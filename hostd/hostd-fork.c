@@ -1,0 +1,207 @@
+#include "hostd-fork.h"
+
+#include <glib/gstdio.h>
+
+#include "hostd-agent-private.h"
+#include "hostd-checkpoint.h"
+#include "vm-error.h"
+#include "vm-image.h"
+#include "vm-name.h"
+#include "vm-template.h"
+
+/* Every agent record forked from @source (HostdAgentRecord*). Records that cannot be read are
+ * skipped: a half-removed agent pins nothing. */
+static GPtrArray *
+hostd_fork_records(HostdContext *ctx, const char *source)
+{
+    g_autoptr(GPtrArray) forks =
+        g_ptr_array_new_with_free_func((GDestroyNotify)hostd_agent_record_free);
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, NULL);
+    for (guint i = 0; names != NULL && i < names->len; i++) {
+        g_autofree char *dir = hostd_agent_dir(ctx, names->pdata[i]);
+        HostdAgentRecord *r = hostd_agent_record_load(dir, NULL);
+        if (r != NULL && g_strcmp0(r->forked_from, source) == 0)
+            g_ptr_array_add(forks, r);
+        else
+            hostd_agent_record_free(r);
+    }
+    return g_steal_pointer(&forks);
+}
+
+char *
+hostd_fork_list(HostdContext *ctx, const char *source)
+{
+    g_autoptr(GPtrArray) forks = hostd_fork_records(ctx, source);
+    if (forks->len == 0)
+        return NULL;
+    g_autoptr(GString) names = g_string_new(NULL);
+    for (guint i = 0; i < forks->len; i++) {
+        const HostdAgentRecord *f = forks->pdata[i];
+        g_string_append_printf(names, "%s%s", i > 0 ? ", " : "", f->name);
+    }
+    return g_string_free(g_steal_pointer(&names), FALSE);
+}
+
+char *
+hostd_fork_standing_on(HostdContext *ctx, const HostdAgentRecord *source,
+                       const VmCheckpointSet *set, const char *id)
+{
+    g_autoptr(GPtrArray) forks = hostd_fork_records(ctx, source->name);
+    for (guint i = 0; i < forks->len; i++) {
+        const HostdAgentRecord *f = forks->pdata[i];
+        /* The fork reads its checkpoint's image and every image below it. */
+        for (const VmCheckpoint *c = vm_checkpoint_set_find(set, f->fork_checkpoint); c != NULL;
+             c = c->parent != NULL ? vm_checkpoint_set_find(set, c->parent) : NULL) {
+            if (g_str_equal(c->id, id))
+                return g_strdup(f->name);
+        }
+    }
+    return NULL;
+}
+
+/* The first boot of a fork runs cloud-init for a new instance: hostd's seed gives it new host
+ * keys, hostname and the new agent key. This drops the source's agent key, which the user's
+ * authorized_keys still holds; keys the user added stay. */
+static char *
+hostd_fork_user_data(const HostdAgentRecord *source)
+{
+    return g_strdup_printf(
+        "#cloud-config\n"
+        "bootcmd:\n"
+        "  - [cloud-init-per, instance, vmctl-fork-keys, sh, -c, "
+        "'f=$(getent passwd %s | cut -d: -f6)/.ssh/authorized_keys; "
+        "if [ -f \"$f\" ]; then sed -i \"/ vmctl-%s$/d\" \"$f\"; fi']\n",
+        source->user, source->name);
+}
+
+/* With the source's lock held: the new agent's record, not yet on disk. */
+static HostdAgentRecord *
+hostd_fork_record_new(HostdContext *ctx, const HostdForkRequest *req,
+                      const HostdAgentRecord *source, const VmCheckpointSet *set,
+                      const VmCheckpoint *c)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_agent_record_copy(source);
+    g_free(r->dir);
+    r->dir = hostd_agent_dir(ctx, req->name);
+    g_free(r->name);
+    r->name = g_strdup(req->name);
+    g_free(r->uuid);
+    r->uuid = g_uuid_string_random();
+    g_free(r->phase);
+    r->phase = g_strdup(HOSTD_PHASE_CREATING);
+    g_free(r->mac);
+    r->mac = hostd_random_mac();
+    g_free(r->instance_id);
+    r->instance_id = g_strdup_printf("vmctl-%s", r->uuid);
+    g_free(r->forked_from);
+    r->forked_from = g_strdup(source->name);
+    g_free(r->fork_checkpoint);
+    r->fork_checkpoint = g_strdup(c->id);
+    g_free(r->fork_base);
+    r->fork_base = vm_checkpoint_set_path(set, c->image);
+    if (req->cpus != 0)
+        r->cpus = req->cpus;
+    if (req->memory_mib != 0)
+        r->memory_mib = req->memory_mib;
+    r->ssh_port = 0;
+    r->backend_port = 0;
+    r->created = g_get_real_time() / G_USEC_PER_SEC;
+    r->state_since = r->created;
+    return g_steal_pointer(&r);
+}
+
+/* Best effort, on the failure path: removes the checkpoint that was taken for the fork. */
+static void
+hostd_fork_drop_checkpoint(HostdContext *ctx, const char *source, const char *id)
+{
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+    if (!hostd_agent_lock_open(ctx, source, &lock, &r, &dom, NULL))
+        return;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, NULL);
+    const VmCheckpoint *c = set != NULL ? vm_checkpoint_set_find(set, id) : NULL;
+    if (c != NULL)
+        hostd_checkpoint_rm_locked(ctx, r, dom, set, c, NULL);
+}
+
+GVariant *
+hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint,
+           VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    if (!vm_name_validate(req->name, error) || !vm_name_validate(req->source, error))
+        return NULL;
+    if (g_str_equal(req->name, req->source))
+        return vm_throw(error, VM_ERROR_EXISTS, "agent '%s' already exists", req->name), NULL;
+
+    g_autoptr(HostdNameLock) source_lock = NULL;
+    g_autoptr(HostdAgentRecord) source = NULL;
+    g_autoptr(virDomain) source_dom = NULL;
+    if (!hostd_agent_lock_open(ctx, req->source, &source_lock, &source, &source_dom, error))
+        return NULL;
+    /* Locks are always taken source first, and a fork's name does not exist yet, so two forks
+     * cannot wait on each other. */
+    g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, req->name);
+    g_autofree char *dir = hostd_agent_dir(ctx, req->name);
+    g_autoptr(virDomain) existing = hostd_libvirt_lookup(ctx->lv, req->name, NULL);
+    if (g_file_test(dir, G_FILE_TEST_EXISTS) || existing != NULL)
+        return vm_throw(error, VM_ERROR_EXISTS, "agent '%s' already exists", req->name), NULL;
+
+    g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, source->template_name, error);
+    if (tpl == NULL)
+        return NULL;
+    g_autoptr(VmImage) image = vm_image_lookup(ctx->config->images_dir, tpl, error);
+    if (image == NULL)
+        return NULL;
+    guint cpus = req->cpus != 0 ? req->cpus : source->cpus;
+    guint memory_mib = req->memory_mib != 0 ? req->memory_mib : source->memory_mib;
+    if (!hostd_check_resources(ctx, cpus, memory_mib, source->disk_gib, error))
+        return NULL;
+
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(source->dir, error);
+    if (set == NULL)
+        return NULL;
+    const VmCheckpoint *c = NULL;
+    g_autofree char *taken = NULL;
+    if (req->checkpoint != NULL) {
+        c = vm_checkpoint_set_find(set, req->checkpoint);
+        if (c == NULL)
+            return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'",
+                            req->source, req->checkpoint),
+                   NULL;
+    } else {
+        hostd_progress(progress, progress_data, "checkpointing the source", -1);
+        g_autofree char *label = g_strdup_printf("fork %s", req->name);
+        g_autofree char *warning = NULL;
+        c = hostd_checkpoint_create_locked(ctx, source, source_dom, set, label, TRUE, &warning,
+                                           error);
+        if (c == NULL)
+            return NULL;
+        taken = g_strdup(c->id);
+    }
+    g_autofree char *checkpoint_id = g_strdup(c->id);
+
+    /* Once the record is on disk the checkpoint is pinned (hostd_fork_standing_on()), so the
+     * source may go on with other work while the fork boots. */
+    g_autoptr(HostdAgentRecord) r = hostd_fork_record_new(ctx, req, source, set, c);
+    r->cpus = cpus;
+    r->memory_mib = memory_mib;
+    if (!hostd_agent_reserve(ctx, r, error)) {
+        if (taken != NULL)
+            hostd_checkpoint_rm_locked(ctx, source, source_dom, set, c, NULL);
+        return NULL;
+    }
+    g_clear_pointer(&source_lock, hostd_name_unlock);
+
+    hostd_progress(progress, progress_data, "creating the fork's disk and seed", -1);
+    g_autofree char *user_data = hostd_fork_user_data(source);
+    if (!hostd_agent_create(ctx, r, tpl, image, user_data, req->wait, progress, progress_data,
+                            error)) {
+        if (taken != NULL)
+            hostd_fork_drop_checkpoint(ctx, req->source, taken);
+        return NULL;
+    }
+    if (ret_checkpoint != NULL)
+        *ret_checkpoint = g_steal_pointer(&checkpoint_id);
+    return hostd_agent_to_variant(ctx, r);
+}
