@@ -49,7 +49,8 @@ start_hostd() {
 
 cleanup() {
   if [ -n "$HOSTD_PID" ] && kill -0 "$HOSTD_PID" 2>/dev/null; then
-    for a in $(vmctl list --json 2>/dev/null | python3 -c 'import json,sys; [print(a["name"]) for a in json.load(sys.stdin)]' 2>/dev/null); do
+    # Forks first: an agent that forks stand on cannot be removed before them.
+    for a in $(vmctl list --json 2>/dev/null | python3 -c 'import json,sys; [print(a["name"]) for a in sorted(json.load(sys.stdin), key=lambda a: "forked_from" not in a)]' 2>/dev/null); do
       vmctl rm --force "$a" >/dev/null 2>&1
     done
     kill "$HOSTD_PID" 2>/dev/null; wait "$HOSTD_PID" 2>/dev/null
@@ -317,6 +318,63 @@ check "qemu-img check is clean on every checkpoint image after the merges" \
   bash -c "for f in '$S'/agents/a1/*.qcow2; do [ \"\${f##*/}\" = '$ACTIVE' ] && continue; qemu-img check -q -U \"\$f\" || exit 1; done"
 check "files intact after the periodic merges" \
   bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums'"
+
+# fork: a second, independent machine from the running agent, with its own identity
+vmctl exec a1 -- sh -c 'echo from-source > ~/before-fork.txt && sync'
+t0=$(date +%s)
+out=$(vmctl fork a1 f1 2>&1); rc=$?
+FORK_S=$(( $(date +%s) - t0 ))
+check "fork a1 f1 returns once the fork answers SSH (${FORK_S} s)" test "$rc" = 0 || diag "$out"
+echo "# fork-to-ssh seconds: $FORK_S"
+FORK_CK=$(vmctl --json info f1 | python3 -c 'import json,sys; a = json.load(sys.stdin); print(a.get("fork_checkpoint", ""))')
+check "info shows what f1 was forked from" \
+  bash -c "'$VMCTL' --socket '$SOCK' info f1 | grep -Eq '^forked from: +a1$' && [ -n '$FORK_CK' ]"
+check "the source kept running through the fork (same boot)" \
+  test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
+check "both run at once" \
+  test "$(vmctl list | grep -cE '^(a1|f1) +running')" = 2
+check "a file written in the source before the fork is in the fork" \
+  test "$(vmctl exec f1 -- cat before-fork.txt 2>&1)" = from-source
+vmctl exec a1 -- sh -c 'echo a > ~/only-source.txt && sync'
+vmctl exec f1 -- sh -c 'echo f > ~/only-fork.txt && echo changed > ~/before-fork.txt && sync'
+check "writes after the fork stay in their own machine" bash -c "
+  '$VMCTL' --socket '$SOCK' exec a1 -- sh -c '[ ! -e only-fork.txt ] && [ \"\$(cat before-fork.txt)\" = from-source ]' &&
+  '$VMCTL' --socket '$SOCK' exec f1 -- sh -c '[ ! -e only-source.txt ] && [ \"\$(cat before-fork.txt)\" = changed ]'"
+ident() { # machine-id, hostname, host key, MAC, instance-id of an agent, one per line
+  vmctl exec "$1" -- sh -c 'cat /etc/machine-id; hostname; sudo cat /etc/ssh/ssh_host_ed25519_key.pub | cut -d" " -f2;
+    cat /sys/class/net/e*/address; sudo cat /var/lib/cloud/data/instance-id'
+}
+ident a1 > "$S/ident-a1"; ident f1 > "$S/ident-f1"
+check "machine-id, hostname, host key, MAC and instance-id all differ" python3 -c '
+import sys
+a = open(sys.argv[1]).read().split(); f = open(sys.argv[2]).read().split()
+assert len(a) == 5 and len(f) == 5, (a, f)
+assert all(x != y for x, y in zip(a, f)), (a, f)
+assert f[1] == "f1"
+' "$S/ident-a1" "$S/ident-f1" || diag "$(paste "$S/ident-a1" "$S/ident-f1")"
+vmctl ssh-config f1 > "$S/ssh_config_f1"
+check "plain OpenSSH with strict host key checking reaches the fork" \
+  ssh -F "$S/ssh_config_f1" -o BatchMode=yes vmctl-f1 true
+check "the source's agent key is no longer authorized in the fork" \
+  bash -c "! '$VMCTL' --socket '$SOCK' exec f1 -- cat .ssh/authorized_keys | grep -q ' vmctl-a1\$'"
+agents_before=$(ls "$S/agents")
+out=$(vmctl fork a1 f1 2>&1); rc=$?
+check "fork onto an existing name: exit 4" test "$rc" = 4
+out=$(vmctl fork nosuch f2 2>&1); rc=$?
+check "fork of an unknown agent: exit 3" test "$rc" = 3
+out=$(vmctl fork a1 f2 --from c999 2>&1); rc=$?
+check "fork from an unknown checkpoint: exit 3" test "$rc" = 3
+out=$(vmctl fork a1 F2 2>&1); rc=$?
+check "fork to a bad name: exit 2" test "$rc" = 2
+check "failed forks left nothing" test "$(ls "$S/agents")" = "$agents_before"
+out=$(vmctl checkpoint rm a1 "$FORK_CK" 2>&1); rc=$?
+check "the checkpoint a fork stands on cannot be removed (exit 5, names the fork)" \
+  bash -c "[ $rc = 5 ] && grep -q \"fork 'f1'\" <<< \"\$1\"" _ "$out"
+out=$(vmctl rm --force a1 2>&1); rc=$?
+check "rm of a source with forks is refused (exit 5), the fork keeps working" \
+  bash -c "[ $rc = 5 ] && grep -q 'f1' <<< \"\$1\" && '$VMCTL' --socket '$SOCK' exec f1 -- true" _ "$out"
+check "rm --force f1" vmctl rm --force f1
+check "then the checkpoint it stood on can go" vmctl checkpoint rm a1 "$FORK_CK"
 
 # stop/start keeps files
 vmctl exec a1 -- sh -c 'echo keep-me > ~/kept.txt && sync'
