@@ -18,6 +18,7 @@ vm_checkpoint_free(VmCheckpoint *c)
     g_free(c->label);
     g_free(c->image);
     g_free(c->parent);
+    g_free(c->memory);
     g_free(c);
 }
 
@@ -44,6 +45,7 @@ vm_checkpoint_set_free(VmCheckpointSet *set)
     g_free(set->pending_file);
     g_free(set->pending_target);
     g_free(set->pending_label);
+    g_free(set->pending_memory);
     g_free(set);
 }
 
@@ -157,7 +159,9 @@ vm_checkpoint_set_load(const char *dir, GError **error)
         c->created = g_key_file_get_int64(kf, *g, "created", NULL);
         c->automatic = g_key_file_get_boolean(kf, *g, "automatic", NULL);
         c->quiesced = g_key_file_get_boolean(kf, *g, "quiesced", NULL);
-        if (vm_checkpoint_set_find(set, c->id) != NULL || !vm_checkpoint_file_name_ok(c->image)) {
+        c->memory = g_key_file_get_string(kf, *g, "memory", NULL);
+        if (vm_checkpoint_set_find(set, c->id) != NULL || !vm_checkpoint_file_name_ok(c->image) ||
+            (c->memory != NULL && !vm_checkpoint_file_name_ok(c->memory))) {
             vm_checkpoint_free(c);
             vm_checkpoint_corrupt(error, path, "duplicate checkpoint or bad image name");
             return NULL;
@@ -185,7 +189,9 @@ vm_checkpoint_set_load(const char *dir, GError **error)
         set->pending_target = g_key_file_get_string(kf, GROUP_PENDING, "target", NULL);
         set->pending_label = g_key_file_get_string(kf, GROUP_PENDING, "label", NULL);
         set->pending_automatic = g_key_file_get_boolean(kf, GROUP_PENDING, "automatic", NULL);
+        set->pending_memory = g_key_file_get_string(kf, GROUP_PENDING, "memory", NULL);
         if (set->pending == VM_CHECKPOINT_OP_NONE ||
+            (set->pending_memory != NULL && !vm_checkpoint_file_name_ok(set->pending_memory)) ||
             !vm_checkpoint_file_name_ok(set->pending_file) ||
             (set->pending == VM_CHECKPOINT_OP_RESTORE &&
              vm_checkpoint_set_find(set, set->pending_target) == NULL)) {
@@ -221,6 +227,8 @@ vm_checkpoint_set_save(const VmCheckpointSet *set, GError **error)
         g_key_file_set_int64(kf, group, "created", c->created);
         g_key_file_set_boolean(kf, group, "automatic", c->automatic);
         g_key_file_set_boolean(kf, group, "quiesced", c->quiesced);
+        if (c->memory != NULL)
+            g_key_file_set_string(kf, group, "memory", c->memory);
     }
     if (set->pending != VM_CHECKPOINT_OP_NONE) {
         g_key_file_set_string(kf, GROUP_PENDING, "op",
@@ -231,6 +239,8 @@ vm_checkpoint_set_save(const VmCheckpointSet *set, GError **error)
         if (set->pending_label != NULL)
             g_key_file_set_string(kf, GROUP_PENDING, "label", set->pending_label);
         g_key_file_set_boolean(kf, GROUP_PENDING, "automatic", set->pending_automatic);
+        if (set->pending_memory != NULL)
+            g_key_file_set_string(kf, GROUP_PENDING, "memory", set->pending_memory);
     }
     gsize len = 0;
     g_autofree char *data = g_key_file_to_data(kf, &len, NULL);
@@ -260,6 +270,15 @@ vm_checkpoint_set_begin_create(VmCheckpointSet *set, const char *label, gboolean
     return TRUE;
 }
 
+const char *
+vm_checkpoint_set_journal_memory(VmCheckpointSet *set)
+{
+    g_return_val_if_fail(set->pending == VM_CHECKPOINT_OP_CREATE, NULL);
+    g_free(set->pending_memory);
+    set->pending_memory = g_strdup_printf("memory-%u.save", set->next_seq);
+    return set->pending_memory;
+}
+
 VmCheckpoint *
 vm_checkpoint_set_commit_create(VmCheckpointSet *set, gboolean quiesced)
 {
@@ -273,6 +292,7 @@ vm_checkpoint_set_commit_create(VmCheckpointSet *set, gboolean quiesced)
     c->created = g_get_real_time() / G_USEC_PER_SEC;
     c->automatic = set->pending_automatic;
     c->quiesced = quiesced;
+    c->memory = g_steal_pointer(&set->pending_memory);
     g_ptr_array_add(set->checkpoints, c);
 
     set->active = g_steal_pointer(&set->pending_file);
@@ -318,6 +338,7 @@ vm_checkpoint_set_abort(VmCheckpointSet *set)
     g_clear_pointer(&set->pending_file, g_free);
     g_clear_pointer(&set->pending_target, g_free);
     g_clear_pointer(&set->pending_label, g_free);
+    g_clear_pointer(&set->pending_memory, g_free);
     set->pending_automatic = FALSE;
 }
 

@@ -30,6 +30,7 @@ typedef struct {
     gint64 created; /* unix seconds */
     gboolean automatic;
     gboolean quiesced; /* FALSE: crash-consistent (the guest agent did not answer) */
+    char *memory;      /* the saved RAM and device state (file name), or NULL: disk only */
 } VmCheckpoint;
 
 typedef enum {
@@ -48,6 +49,7 @@ typedef struct {
     char *pending_file;     /* the new overlay it introduces */
     char *pending_target;   /* RESTORE: the checkpoint id */
     char *pending_label;    /* CREATE */
+    char *pending_memory;   /* CREATE with memory: the state file it writes */
     gboolean pending_automatic;
 } VmCheckpointSet;
 
@@ -73,6 +75,10 @@ char *vm_checkpoint_set_path(const VmCheckpointSet *set, const char *file);
  * pending. The caller saves the set before touching anything. */
 gboolean vm_checkpoint_set_begin_create(VmCheckpointSet *set, const char *label, gboolean automatic,
                                         const char **ret_file, GError **error);
+
+/* Makes the journaled checkpoint a memory checkpoint: reserves the name of the file that will hold
+ * the RAM and device state (owned by the set). Only between begin_create and commit_create. */
+const char *vm_checkpoint_set_journal_memory(VmCheckpointSet *set);
 
 /* Commits the journaled checkpoint: the old active file becomes checkpoint @quiesced-or-not,
  * the new overlay becomes active. Returns the new checkpoint (owned by the set). */

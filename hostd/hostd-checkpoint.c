@@ -8,6 +8,7 @@
 
 #include "hostd-agent-private.h"
 #include "hostd-fork.h"
+#include "hostd-power.h"
 #include "vm-checkpoint.h"
 #include "vm-error.h"
 #include "vm-name.h"
@@ -130,6 +131,28 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *new_path, gboolean 
     return TRUE;
 }
 
+/* The live part of a memory checkpoint: RAM and device state go to @memory_path while the guest
+ * runs (it stops only for the last pages), the disk to a new overlay at the same instant. No
+ * freeze is needed: the saved RAM holds whatever the guest had not written yet. */
+static gboolean
+hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const char *memory_path,
+                                 GError **error)
+{
+    g_autofree char *xml = g_markup_printf_escaped(
+        "<domainsnapshot><memory snapshot='external' file='%s'/><disks>"
+        "<disk name='vda' snapshot='external'><driver type='qcow2'/><source file='%s'/></disk>"
+        "<disk name='sda' snapshot='no'/>"
+        "</disks></domainsnapshot>",
+        memory_path, new_path);
+    unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_LIVE | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
+                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
+    virDomainSnapshotPtr snap = virDomainSnapshotCreateXML(dom, xml, flags);
+    if (snap == NULL)
+        return hostd_libvirt_throw(error, "cannot take the memory checkpoint");
+    virDomainSnapshotFree(snap);
+    return TRUE;
+}
+
 static GVariant *
 hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
 {
@@ -141,9 +164,11 @@ hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
     if (c->label != NULL)
         g_variant_builder_add(&b, "{sv}", "label", g_variant_new_string(c->label));
     g_variant_builder_add(&b, "{sv}", "automatic", g_variant_new_boolean(c->automatic));
-    g_variant_builder_add(&b, "{sv}", "kind", g_variant_new_string("disk"));
+    g_autofree char *memory = c->memory != NULL ? vm_checkpoint_set_path(set, c->memory) : NULL;
+    guint64 bytes = hostd_file_allocated(image) + (memory ? hostd_file_allocated(memory) : 0);
+    g_variant_builder_add(&b, "{sv}", "kind", g_variant_new_string(memory ? "memory" : "disk"));
     g_variant_builder_add(&b, "{sv}", "quiesced", g_variant_new_boolean(c->quiesced));
-    g_variant_builder_add(&b, "{sv}", "bytes", g_variant_new_uint64(hostd_file_allocated(image)));
+    g_variant_builder_add(&b, "{sv}", "bytes", g_variant_new_uint64(bytes));
     if (c->parent != NULL)
         g_variant_builder_add(&b, "{sv}", "parent", g_variant_new_string(c->parent));
     g_variant_builder_add(&b, "{sv}", "current",
@@ -154,14 +179,23 @@ hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
 VmCheckpoint *
 hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                VmCheckpointSet *set, const char *label, gboolean automatic,
-                               char **ret_warning, GError **error)
+                               gboolean memory, char **ret_warning, GError **error)
 {
     const char *new_file = NULL;
     gboolean quiesced = TRUE;
+    gboolean running = hostd_libvirt_is_active(dom);
 
+    if (memory && !running)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "agent '%s' is not running: a memory checkpoint needs running processes "
+                        "(a disk-only checkpoint works on a stopped agent)",
+                        r->name),
+               NULL;
     if (!hostd_checkpoint_check_room(set, error) ||
         !vm_checkpoint_set_begin_create(set, label, automatic, &new_file, error))
         return NULL;
+    g_autofree char *memory_path =
+        memory ? vm_checkpoint_set_path(set, vm_checkpoint_set_journal_memory(set)) : NULL;
     /* The journal is durable before the chain changes: a crash from here on is repaired at
      * start-up by looking at which file the domain uses. */
     if (!vm_checkpoint_set_save(set, error)) {
@@ -173,13 +207,18 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     g_autofree char *new_path = vm_checkpoint_set_path(set, new_file);
     g_autofree char *active_path = vm_checkpoint_set_path(set, set->active);
     gboolean ok;
-    if (hostd_libvirt_is_active(dom)) {
+    if (memory_path != NULL) {
+        /* RAM and disk are taken at the same instant: consistent without a freeze. */
+        ok = hostd_checkpoint_snapshot_memory(dom, new_path, memory_path, error);
+    } else if (running) {
         ok = hostd_checkpoint_snapshot_live(dom, new_path, &quiesced, ret_warning, error);
     } else {
         ok = hostd_qemu_img_overlay(active_path, new_path, error);
     }
     if (!ok) {
         g_unlink(new_path);
+        if (memory_path != NULL)
+            g_unlink(memory_path);
         vm_checkpoint_set_abort(set);
         vm_checkpoint_set_save(set, NULL);
         return NULL;
@@ -196,7 +235,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
 
 GVariant *
 hostd_checkpoint_create(HostdContext *ctx, const char *name, const char *label, gboolean automatic,
-                        char **ret_warning, GError **error)
+                        gboolean memory, char **ret_warning, GError **error)
 {
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
@@ -207,8 +246,8 @@ hostd_checkpoint_create(HostdContext *ctx, const char *name, const char *label, 
     g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
     if (set == NULL)
         return NULL;
-    VmCheckpoint *c =
-        hostd_checkpoint_create_locked(ctx, r, dom, set, label, automatic, ret_warning, error);
+    VmCheckpoint *c = hostd_checkpoint_create_locked(ctx, r, dom, set, label, automatic, memory,
+                                                     ret_warning, error);
     return c != NULL ? hostd_checkpoint_to_variant(set, c) : NULL;
 }
 
@@ -255,6 +294,39 @@ hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id, GMute
     return TRUE;
 }
 
+/* Starts the restored agent: a memory checkpoint resumes its processes from the saved state on
+ * the new overlay (then the guest clock is set); a disk-only one boots. A state file that does
+ * not load costs the processes, not the disk: the agent then boots from the same overlay. */
+static gboolean
+hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                const VmCheckpointSet *set, const char *memory,
+                                VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    if (memory != NULL) {
+        hostd_progress(progress, progress_data, "resuming the saved processes", -1);
+        g_autofree char *memory_path = vm_checkpoint_set_path(set, memory);
+        /* The saved definition names the disk of that time: ours names the new overlay (and no
+         * stale <backingStore>, which libvirt would otherwise trust). */
+        g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, set->active, error);
+        if (xml == NULL)
+            return FALSE;
+        if (virDomainRestoreFlags(ctx->lv->conn, memory_path, xml, VIR_DOMAIN_SAVE_RUNNING) == 0) {
+            hostd_power_sync_clock(ctx, dom, r->name);
+            return TRUE;
+        }
+        const virError *err = virGetLastError();
+        g_autofree char *why = g_strdup(err && err->message ? err->message : "unknown error");
+        virResetLastError();
+        g_autofree char *note =
+            g_strdup_printf("the saved memory did not load (%s); booting from the disk", why);
+        hostd_progress(progress, progress_data, note, -1);
+    }
+    hostd_progress(progress, progress_data, "booting", -1);
+    if (virDomainCreate(dom) < 0)
+        return hostd_libvirt_throw(error, "cannot start the domain");
+    return TRUE;
+}
+
 GVariant *
 hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gboolean wait,
                          char **ret_undo, VmProgressFunc progress, gpointer progress_data,
@@ -269,13 +341,14 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &target, error))
         return NULL;
     g_autofree char *target_id = g_strdup(target->id);
+    g_autofree char *target_memory = g_strdup(target->memory);
 
     /* The state being thrown away is kept first, so the restore itself can be undone. */
     hostd_progress(progress, progress_data, "checkpointing the current state", -1);
     g_autofree char *undo_label = g_strdup_printf("before restore to %s", target_id);
     g_autofree char *warning = NULL;
-    VmCheckpoint *undo =
-        hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE, &warning, error);
+    VmCheckpoint *undo = hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE, FALSE,
+                                                        &warning, error);
     if (undo == NULL)
         return NULL;
     g_autofree char *undo_id = g_strdup(undo->id);
@@ -311,9 +384,9 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     g_autofree char *old_path = vm_checkpoint_set_path(set, old_active);
     g_unlink(old_path);
 
-    hostd_progress(progress, progress_data, "booting", -1);
-    if (virDomainCreate(dom) < 0)
-        return hostd_libvirt_throw(error, "cannot start the domain"), NULL;
+    if (!hostd_checkpoint_resume_or_boot(ctx, r, dom, set, target_memory, progress,
+                                         progress_data, error))
+        return NULL;
     hostd_agent_mark_state_change(r);
     if (wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
         return NULL;
@@ -361,6 +434,7 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                            VmCheckpointSet *set, const VmCheckpoint *c, GError **error)
 {
     g_autofree char *id = g_strdup(c->id);
+    g_autofree char *memory_path = c->memory != NULL ? vm_checkpoint_set_path(set, c->memory) : NULL;
     g_autofree char *fork = hostd_fork_standing_on(ctx, r, set, id);
     if (fork != NULL)
         return vm_throw(error, VM_ERROR_BAD_STATE,
@@ -420,6 +494,8 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                     return FALSE;
                 g_autofree char *old_path = vm_checkpoint_set_path(set, old_child_image);
                 g_unlink(old_path);
+                if (memory_path != NULL)
+                    g_unlink(memory_path);
                 return TRUE;
             }
             const char *argv[] = {"qemu-img", "rebase", "-q", "-f",       "qcow2", "-F",
@@ -433,6 +509,8 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
     if (image == NULL || !vm_checkpoint_set_save(set, error))
         return FALSE;
     g_autofree char *path = vm_checkpoint_set_path(set, image);
+    if (memory_path != NULL)
+        g_unlink(memory_path);
     if (g_unlink(path) < 0 && errno != ENOENT)
         return vm_throw_errno(error, errno, "cannot remove %s", path);
     return TRUE;
@@ -467,6 +545,10 @@ hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArr
 
     if (!switched) {
         g_unlink(new_path);
+        if (set->pending_memory != NULL) {
+            g_autofree char *memory_path = vm_checkpoint_set_path(set, set->pending_memory);
+            g_unlink(memory_path);
+        }
         vm_checkpoint_set_abort(set);
         g_ptr_array_add(notes,
                         g_strdup_printf("agent '%s': rolled back an unfinished %s", r->name, what));
@@ -494,7 +576,7 @@ hostd_checkpoint_before_save(HostdContext *ctx, const HostdAgentRecord *r, virDo
         return FALSE;
     g_autofree char *warning = NULL;
     VmCheckpoint *fresh = hostd_checkpoint_create_locked(ctx, r, dom, set, HOSTD_BEFORE_SAVE_LABEL,
-                                                         TRUE, &warning, error);
+                                                         TRUE, FALSE, &warning, error);
     if (fresh == NULL)
         return FALSE;
     g_autofree char *fresh_id = g_strdup(fresh->id);
@@ -536,8 +618,8 @@ hostd_checkpoint_periodic(HostdContext *ctx, const HostdAgentRecord *r, virDomai
         return TRUE;
 
     g_autofree char *warning = NULL;
-    if (hostd_checkpoint_create_locked(ctx, r, dom, set, HOSTD_PERIODIC_LABEL, TRUE, &warning,
-                                       error) == NULL)
+    if (hostd_checkpoint_create_locked(ctx, r, dom, set, HOSTD_PERIODIC_LABEL, TRUE, FALSE,
+                                       &warning, error) == NULL)
         return FALSE;
 
     /* Retention: the newest `keep` periodic checkpoints stay; older ones are merged away, oldest

@@ -14,7 +14,8 @@ G_BEGIN_DECLS
  * guest agent does not answer, the checkpoint is crash-consistent and *ret_warning says so
  * (newly allocated, else NULL). Returns the checkpoint's dictionary (a{sv}). */
 GVariant *hostd_checkpoint_create(HostdContext *ctx, const char *name, const char *label,
-                                  gboolean automatic, char **ret_warning, GError **error);
+                                  gboolean automatic, gboolean memory, char **ret_warning,
+                                  GError **error);
 
 /* With the agent lock held: journals and takes a disk-only checkpoint of @r (running or
  * stopped) in @set, redefines the domain on the new overlay and saves the record. Returns the new
@@ -22,7 +23,7 @@ GVariant *hostd_checkpoint_create(HostdContext *ctx, const char *name, const cha
 VmCheckpoint *hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r,
                                              virDomainPtr dom, VmCheckpointSet *set,
                                              const char *label, gboolean automatic,
-                                             char **ret_warning, GError **error);
+                                             gboolean memory, char **ret_warning, GError **error);
 
 /* The agent's checkpoints (aa{sv}: id, created, label, automatic, quiesced, kind, bytes,
  * parent), oldest first. */

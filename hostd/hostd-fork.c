@@ -173,8 +173,8 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
         hostd_progress(progress, progress_data, "checkpointing the source", -1);
         g_autofree char *label = g_strdup_printf("fork %s", req->name);
         g_autofree char *warning = NULL;
-        c = hostd_checkpoint_create_locked(ctx, source, source_dom, set, label, TRUE, &warning,
-                                           error);
+        c = hostd_checkpoint_create_locked(ctx, source, source_dom, set, label, TRUE, FALSE,
+                                           &warning, error);
         if (c == NULL)
             return NULL;
         taken = g_strdup(c->id);

@@ -56,9 +56,7 @@ hostd_power_agent(struct _HostdPower *power, const char *name)
     return a;
 }
 
-/* Sets the guest clock from the host's: after a pause or a restore the guest's clock lags by
- * the time it did not run. The guest agent may need a moment to reconnect after a restore. */
-static void
+void
 hostd_power_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name)
 {
     for (int i = 0; i < HOSTD_CLOCK_SYNC_TRIES; i++) {

@@ -49,4 +49,9 @@ GVariant *hostd_agent_set_idle(HostdContext *ctx, const char *name, gboolean nev
 void hostd_power_session_begin(HostdContext *ctx, const char *name);
 void hostd_power_session_end(HostdContext *ctx, const char *name);
 
+/* Sets the guest clock from the host's: after a pause or a restore the guest's clock lags by
+ * the time it did not run. The guest agent may need a moment to reconnect after a restore, so it
+ * retries for a few seconds; failing that, logs once. */
+void hostd_power_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name);
+
 G_END_DECLS

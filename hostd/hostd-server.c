@@ -187,7 +187,8 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
     case VM_OP_CHECKPOINT_CREATE: {
         g_autofree char *warning = NULL;
         GVariant *c = hostd_checkpoint_create(ctx, name, vm_message_get_string(req, "label", NULL),
-                                              FALSE, &warning, error);
+                                              FALSE, vm_message_get_bool(req, "memory", FALSE),
+                                              &warning, error);
         if (c == NULL)
             return NULL;
         g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);

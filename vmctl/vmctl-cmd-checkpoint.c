@@ -8,8 +8,11 @@ gboolean
 vmctl_cmd_checkpoint(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
     g_autofree char *label = NULL;
+    gboolean memory = FALSE;
     const GOptionEntry entries[] = {
         {"label", 'l', 0, G_OPTION_ARG_STRING, &label, "A note to find the checkpoint by", "TEXT"},
+        {"memory", 0, 0, G_OPTION_ARG_NONE, &memory,
+         "Also save RAM and processes, so a restore resumes them instead of booting", NULL},
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(VmMessage) result = NULL;
@@ -19,6 +22,8 @@ vmctl_cmd_checkpoint(VmctlContext *ctx, int argc, char **argv, GError **error)
         return FALSE;
     if (label != NULL)
         g_variant_dict_insert(fields, "label", "s", label);
+    if (memory)
+        g_variant_dict_insert(fields, "memory", "b", TRUE);
     if (!vmctl_request(ctx, VM_OP_CHECKPOINT_CREATE, g_variant_dict_end(fields), &result, error))
         return FALSE;
 

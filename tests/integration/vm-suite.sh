@@ -223,6 +223,36 @@ check "checkpoint rm merges the last checkpoint into the running disk" vmctl che
 check "files intact after the merge, chain back to one overlay" \
   bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums' && [ \$(ls '$S/agents/a1/'*.qcow2 | wc -l) = 1 ]"
 
+# memory checkpoints: a restore resumes the processes instead of booting
+vmctl exec a1 -- sh -c 'nohup sleep 100000 >/dev/null 2>&1 & echo $! > ~/sleeper.pid; echo kept > ~/mem.txt; sync'
+SLEEPER=$(vmctl exec a1 -- cat sleeper.pid)
+t0=$(date +%s%N)
+MCK=$(vmctl checkpoint a1 --memory --label with-ram 2> "$S/mck.err"); rc=$?
+MCK_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "checkpoint --memory of the running agent (${MCK_MS} ms)" test "$rc" = 0 -a -n "$MCK" || diag "$(cat "$S/mck.err")"
+check "checkpoints shows it as a memory checkpoint holding the RAM's bytes" \
+  bash -c "'$VMCTL' --socket '$SOCK' --json checkpoints a1 | python3 -c '
+import json, sys
+c = {x[\"id\"]: x for x in json.load(sys.stdin)}[\"$MCK\"]
+assert c[\"kind\"] == \"memory\" and c[\"bytes\"] > 50 * 2**20, c'"
+vmctl exec a1 -- sh -c 'kill $(cat ~/sleeper.pid); rm -f ~/mem.txt; sync'
+sleep 3
+t0=$(date +%s%N)
+out=$(vmctl restore a1 "$MCK" 2>&1); rc=$?
+MRS_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+MUNDO=$(sed -n 's/.*undo with: vmctl restore a1 \(c[0-9]*\).*/\1/p' <<< "$out")
+check "restore of a memory checkpoint resumes (${MRS_MS} ms)" bash -c "[ $rc = 0 ] && grep -q 'resuming the saved processes' <<< \"\$1\"" _ "$out" || diag "$out"
+echo "# memory-checkpoint-ms: $MCK_MS memory-restore-ms: $MRS_MS"
+check "a process started before the memory checkpoint is running after the restore" \
+  vmctl exec a1 -- sh -c "kill -0 $SLEEPER && grep -q sleep /proc/$SLEEPER/cmdline"
+check "the file deleted after it is back" test "$(vmctl exec a1 -- cat mem.txt)" = kept
+check "the guest clock was set after the resume (within 3 s of the host's)" \
+  bash -c "g=\$('$VMCTL' --socket '$SOCK' exec a1 -- date +%s); h=\$(date +%s); [ \$((h - g)) -le 3 ] && [ \$((g - h)) -le 3 ]"
+vmctl exec a1 -- sh -c 'kill $(cat ~/sleeper.pid)' 
+vmctl checkpoint rm a1 "$MUNDO" >/dev/null
+check "checkpoint rm of a memory checkpoint removes its state file" \
+  bash -c "'$VMCTL' --socket '$SOCK' checkpoint rm a1 '$MCK' && ! ls '$S/agents/a1/' | grep -q '^memory-'"
+
 # crash safety: hostd killed at a named step of a checkpoint; the next start repairs the record
 BOOT_ID=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
 for step in checkpoint-journaled checkpoint-switched; do

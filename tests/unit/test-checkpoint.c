@@ -118,6 +118,7 @@ assert_checkpoints_equal(const VmCheckpoint *a, const VmCheckpoint *b)
     assert_int_equal(a->created, b->created);
     assert_int_equal(a->automatic, b->automatic);
     assert_int_equal(a->quiesced, b->quiesced);
+    assert_nullable_string_equal(a->memory, b->memory);
 }
 
 static void
@@ -135,6 +136,7 @@ assert_sets_equal(const VmCheckpointSet *a, const VmCheckpointSet *b)
     assert_nullable_string_equal(a->pending_target, b->pending_target);
     assert_nullable_string_equal(a->pending_label, b->pending_label);
     assert_int_equal(a->pending_automatic, b->pending_automatic);
+    assert_nullable_string_equal(a->pending_memory, b->pending_memory);
 }
 
 /* The dependants of @id, joined with spaces, then " +active" when the active overlay stands on
@@ -233,6 +235,37 @@ test_create_journal_survives_restart(void **state)
     assert_string_equal(c->label, "nightly");
     assert_true(c->automatic);
     assert_string_equal(back->active, "disk-1.qcow2");
+}
+
+/* A memory checkpoint: the state file is journaled (so a crash can remove it), then belongs to
+ * the checkpoint; a disk-only one has none. Both survive a reload. */
+static void
+test_memory_checkpoint_journal(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(VmCheckpointSet) set = load_ok(f->dir);
+    const char *file = NULL;
+
+    create_ok(set, "disk only", FALSE, TRUE);
+    assert_true(vm_checkpoint_set_begin_create(set, "with memory", FALSE, &file, NULL));
+    const char *memory = vm_checkpoint_set_journal_memory(set);
+    assert_string_equal(memory, "memory-2.save");
+    g_autoptr(VmCheckpointSet) back = save_and_reload(set);
+    assert_string_equal(back->pending_memory, "memory-2.save");
+
+    VmCheckpoint *c = vm_checkpoint_set_commit_create(back, FALSE);
+    assert_string_equal(c->memory, "memory-2.save");
+    assert_null(back->pending_memory);
+    g_autoptr(VmCheckpointSet) again = save_and_reload(back);
+    assert_null(vm_checkpoint_set_find(again, "c1")->memory);
+    assert_string_equal(vm_checkpoint_set_find(again, "c2")->memory, "memory-2.save");
+    assert_sets_equal(back, again);
+
+    /* An aborted memory checkpoint forgets its state file. */
+    assert_true(vm_checkpoint_set_begin_create(again, NULL, FALSE, &file, NULL));
+    vm_checkpoint_set_journal_memory(again);
+    vm_checkpoint_set_abort(again);
+    assert_null(again->pending_memory);
 }
 
 static void
@@ -722,6 +755,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_begin_create_reserves_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_journal_survives_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_journal_without_label, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_memory_checkpoint_journal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_commit_create, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ids_never_repeat, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_unknown_id, setup, teardown),
