@@ -57,6 +57,12 @@ char *hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const
 gboolean hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFunc progress,
                               gpointer progress_data, GError **error);
 
+/* Runs @argv in the running agent (as its user) with @stdin_fd (or -1: no input) as its input,
+ * and returns its exit status; the first few KiB of its stderr go to *ret_stderr when not NULL
+ * (newly allocated). Fails with VM_ERROR_SSH / VM_ERROR_IO when it could not run it. */
+gboolean hostd_agent_run(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int stdin_fd,
+                         int *ret_status, char **ret_stderr, GError **error);
+
 /* After the first boot: waits until cloud-init has finished inside the agent. */
 gboolean hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r,
                                      VmProgressFunc progress, gpointer progress_data,

@@ -10,6 +10,7 @@
 
 #include "hostd-agent-private.h"
 #include "hostd-checkpoint.h"
+#include "hostd-egress.h"
 #include "hostd-fork.h"
 #include "hostd-keys.h"
 #include "hostd-power.h"
@@ -56,6 +57,7 @@ hostd_context_free(HostdContext *ctx)
         hostd_retired_name_locks = g_ptr_array_new();
     g_ptr_array_add(hostd_retired_name_locks, ctx->name_locks);
     G_UNLOCK(hostd_retired);
+    hostd_egress_stop_all(ctx);
     hostd_ssh_pool_free(ctx->ssh);
     hostd_libvirt_close(ctx->lv);
     hostd_state_close(ctx->state);
@@ -398,38 +400,95 @@ hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFun
     }
 }
 
-/* Runs @argv in the agent and returns its exit status in *ret_status; output is discarded. */
-static gboolean
-hostd_agent_run_quiet(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int *ret_status,
-                      GError **error)
+typedef struct {
+    int fd;       /* our end of the conversation with hostd_ssh_exec() */
+    int stdin_fd; /* what the command reads, or -1 */
+} HostdRunFeed;
+
+/* Writer thread: copies the command's input into STDIN frames, then STDIN_EOF. */
+static gpointer
+hostd_run_feed_thread(gpointer data)
+{
+    HostdRunFeed *feed = data;
+    g_autofree guint8 *buf = g_malloc(VM_STREAM_CHUNK_MAX);
+    while (feed->stdin_fd >= 0) {
+        ssize_t n = read(feed->stdin_fd, buf, VM_STREAM_CHUNK_MAX);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        g_autoptr(VmMessage) m = vm_message_new_data(VM_OP_STDIN, buf, (gsize)n);
+        if (!vm_message_write_fd(feed->fd, m, NULL))
+            return NULL;
+    }
+    g_autoptr(VmMessage) eof = vm_message_new(VM_OP_STDIN_EOF, NULL, NULL);
+    vm_message_write_fd(feed->fd, eof, NULL);
+    return NULL;
+}
+
+typedef struct {
+    int fd;
+    int status;        /* -1 until EXIT */
+    GString *stderr_; /* the first few KiB of the command's stderr */
+} HostdRunDrain;
+
+/* Reader thread: takes the frames hostd_ssh_exec() writes (so it never blocks on a full socket)
+ * until EXIT. */
+static gpointer
+hostd_run_drain_thread(gpointer data)
+{
+    HostdRunDrain *drain = data;
+    for (;;) {
+        gboolean at_eof = FALSE;
+        g_autoptr(VmMessage) m = vm_message_read_fd(drain->fd, &at_eof, NULL);
+        if (m == NULL)
+            return NULL;
+        if (m->op == VM_OP_EXIT) {
+            drain->status = vm_message_get_int(m, "status", -1);
+            return NULL;
+        }
+        gsize len = 0;
+        const guint8 *bytes = vm_message_get_data(m, "data", &len);
+        if (m->op == VM_OP_STDERR && bytes != NULL && drain->stderr_->len < 4096)
+            g_string_append_len(drain->stderr_, (const char *)bytes, (gssize)MIN(len, 4096));
+    }
+}
+
+gboolean
+hostd_agent_run(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int stdin_fd,
+                int *ret_status, char **ret_stderr, GError **error)
 {
     int fds[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) < 0)
         return vm_throw_errno(error, errno, "socketpair");
     vm_autofd ours = fds[0];
     vm_autofd theirs = fds[1];
-    g_autoptr(VmMessage) eof = vm_message_new(VM_OP_STDIN_EOF, NULL, NULL);
-    if (!vm_message_write_fd(ours, eof, error))
-        return FALSE;
+
+    HostdRunFeed feed = {.fd = ours, .stdin_fd = stdin_fd};
+    HostdRunDrain drain = {.fd = ours, .status = -1, .stderr_ = g_string_new(NULL)};
+    GThread *feeder = g_thread_new("hostd-run-in", hostd_run_feed_thread, &feed);
+    GThread *drainer = g_thread_new("hostd-run-out", hostd_run_drain_thread, &drain);
 
     g_autofree char *identity = NULL, *known_hosts = NULL;
     HostdSshTarget target;
     HostdExecRequest request = {.argv = argv};
     hostd_ssh_target_init(&target, r, &identity, &known_hosts);
-    /* Output is small (it is discarded by the command itself), so the socket buffer holds all
-     * frames until the exec returns. */
-    if (!hostd_ssh_exec(ctx->ssh, &target, &request, theirs, error))
+    gboolean ok = hostd_ssh_exec(ctx->ssh, &target, &request, theirs, error);
+    /* Whatever happened, the threads end: the drainer at EXIT or at the EOF this shutdown
+     * causes, the feeder at its input's end or when writing fails. */
+    shutdown(theirs, SHUT_RDWR);
+    g_thread_join(drainer);
+    shutdown(ours, SHUT_RDWR);
+    g_thread_join(feeder);
+    g_autofree char *err_text = g_string_free(drain.stderr_, FALSE);
+    if (!ok)
         return FALSE;
-    for (;;) {
-        gboolean at_eof = FALSE;
-        g_autoptr(VmMessage) m = vm_message_read_fd(ours, &at_eof, error);
-        if (m == NULL)
-            return at_eof ? vm_throw(error, VM_ERROR_SSH, "no exit status from the guest") : FALSE;
-        if (m->op == VM_OP_EXIT) {
-            *ret_status = vm_message_get_int(m, "status", -1);
-            return TRUE;
-        }
-    }
+    if (drain.status < 0)
+        return vm_throw(error, VM_ERROR_SSH, "no exit status from the guest");
+    *ret_status = drain.status;
+    if (ret_stderr != NULL)
+        *ret_stderr = g_steal_pointer(&err_text);
+    return TRUE;
 }
 
 gboolean
@@ -445,7 +504,7 @@ hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r, VmProg
     int status = 0;
 
     hostd_progress(progress, progress_data, "waiting for cloud-init to finish", -1);
-    if (!hostd_agent_run_quiet(ctx, r, argv, &status, error))
+    if (!hostd_agent_run(ctx, r, argv, -1, &status, NULL, error))
         return FALSE;
     /* sshd may have restarted under the pooled session. */
     hostd_ssh_pool_forget(ctx->ssh, r->name);
@@ -532,6 +591,8 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
                         : NULL,
         .template_user_data = r->forked_from == NULL ? tpl->user_data : NULL,
         .user_user_data = user_data,
+        /* A fork's disk has the proxy settings from its source's first boot already. */
+        .egress_proxy = r->forked_from == NULL ? HOSTD_EGRESS_GUEST_PROXY : NULL,
     };
     /* The seed holds the guest's private host key: readable by nobody but its owner (libvirt
      * hands it to QEMU's user when the domain starts). */
@@ -578,6 +639,7 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
         g_autofree char *machine_id = hostd_agent_machine_id(r);
         cmdline = g_strdup_printf("%s systemd.machine_id=%s", image->cmdline, machine_id);
     }
+    g_autofree char *egress_command = hostd_egress_command(ctx, r);
     VmDomainSpec spec = {
         .name = r->name,
         .uuid = r->uuid,
@@ -594,6 +656,7 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
         .console_log = console,
         .agent_socket = NULL, /* libvirt picks a path QEMU's user may create */
         .metadata_xml = metadata,
+        .egress_command = egress_command,
     };
     return vm_domain_xml_build(&spec, error);
 }

@@ -1,5 +1,6 @@
 #include "hostd-server.h"
 
+#include "hostd-checkpoint-files.h"
 #include "hostd-checkpoint.h"
 #include "hostd-fork.h"
 #include "hostd-power.h"
@@ -203,14 +204,34 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
     }
     case VM_OP_CHECKPOINT_RESTORE: {
         g_autofree char *undo = NULL;
-        GVariant *agent = hostd_checkpoint_restore(
-            ctx, name, vm_message_get_string(req, "checkpoint", NULL),
-            vm_message_get_bool(req, "wait", TRUE), &undo, hostd_send_progress, pdata, error);
+        g_auto(GStrv) paths = vm_message_dup_strv(req, "paths");
+        const char *checkpoint = vm_message_get_string(req, "checkpoint", NULL);
+        GVariant *agent =
+            paths != NULL
+                ? hostd_checkpoint_restore_paths(ctx, name, checkpoint,
+                                                 (const char *const *)paths, &undo,
+                                                 hostd_send_progress, pdata, error)
+                : hostd_checkpoint_restore(ctx, name, checkpoint,
+                                           vm_message_get_bool(req, "wait", TRUE), &undo,
+                                           hostd_send_progress, pdata, error);
         if (agent == NULL)
             return NULL;
         g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
         g_variant_builder_add(&b, "{sv}", "agent", agent);
         g_variant_builder_add(&b, "{sv}", "undo", g_variant_new_string(undo ? undo : ""));
+        return g_variant_builder_end(&b);
+    }
+    case VM_OP_CHECKPOINT_DIFF: {
+        gboolean truncated = FALSE;
+        GVariant *changes = hostd_checkpoint_diff(
+            ctx, name, vm_message_get_string(req, "checkpoint", NULL),
+            vm_message_get_string(req, "other", NULL), vm_message_get_string(req, "path", NULL),
+            &truncated, hostd_send_progress, pdata, error);
+        if (changes == NULL)
+            return NULL;
+        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+        g_variant_builder_add(&b, "{sv}", "changes", changes);
+        g_variant_builder_add(&b, "{sv}", "truncated", g_variant_new_boolean(truncated));
         return g_variant_builder_end(&b);
     }
     case VM_OP_CHECKPOINT_RM:

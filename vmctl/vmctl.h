@@ -129,5 +129,6 @@ gboolean vmctl_cmd_keep_awake(VmctlContext *ctx, int argc, char **argv, GError *
 gboolean vmctl_cmd_idle(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_autocheckpoint(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_diff(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS
