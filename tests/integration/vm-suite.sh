@@ -253,6 +253,42 @@ vmctl checkpoint rm a1 "$MUNDO" >/dev/null
 check "checkpoint rm of a memory checkpoint removes its state file" \
   bash -c "'$VMCTL' --socket '$SOCK' checkpoint rm a1 '$MCK' && ! ls '$S/agents/a1/' | grep -q '^memory-'"
 
+# diff and partial restore: what the agent changed, and one tree put back with the rest left alone
+H=$(vmctl exec a1 -- sh -c 'echo $HOME')
+BOOT_ID=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
+vmctl exec a1 -- sh -c 'mkdir -p ~/dt/tree/sub && echo 1 > ~/dt/changed && echo x > ~/dt/tree/sub/f && echo gone > ~/dt/deleted && echo same > ~/dt/touched && sync'
+DCK=$(vmctl checkpoint a1 --label diff-base)
+vmctl exec a1 -- sh -c 'echo 2 > ~/dt/changed; rm ~/dt/deleted; rm -rf ~/dt/tree; echo new > ~/dt/added; touch ~/dt/touched; sync'
+printf '%s\n' "A $H/dt/added" "M $H/dt/changed" "D $H/dt/deleted" "D $H/dt/tree" "D $H/dt/tree/sub" "D $H/dt/tree/sub/f" > "$S/diff.expected"
+t0=$(date +%s)
+vmctl diff a1 "$DCK" --path "$H/dt" > "$S/diff.out" 2> "$S/diff.err"; rc=$?
+check "diff against the running agent lists exactly what was added, changed and deleted ($(( $(date +%s) - t0 )) s)" \
+  bash -c "[ $rc = 0 ] && diff -u '$S/diff.expected' '$S/diff.out'" || diag "$(cat "$S/diff.out" "$S/diff.err")"
+check "diff of the running agent left no checkpoint behind" \
+  test "$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1
+DCK2=$(vmctl checkpoint a1 --label diff-after)
+check "diff --json between two checkpoints gives the same list" bash -c "
+  '$VMCTL' --socket '$SOCK' --json diff a1 '$DCK' '$DCK2' --path '$H/dt' |
+  python3 -c 'import json,sys; [print(c[\"kind\"], c[\"path\"]) for c in json.load(sys.stdin)]' | diff -u '$S/diff.expected' -"
+n_before=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+out=$(vmctl restore a1 "$DCK" --path "$H/../etc" 2>&1); rc=$?
+check "restore --path with '..': exit 2, one line" bash -c "[ $rc = 2 ] && [ \$(wc -l <<< \"\$1\") = 1 ]" _ "$out"
+out=$(vmctl restore a1 "$DCK" --path relative/dir 2>&1); rc=$?
+check "restore --path outside the guest root (not absolute): exit 2" test "$rc" = 2
+out=$(vmctl restore a1 "$DCK" --path /no/such/path 2>&1); rc=$?
+check "restore --path of a path the checkpoint lacks: exit 3, names it, nothing changed" \
+  bash -c "[ $rc = 3 ] && grep -q '/no/such/path' <<< \"\$1\" && [ \$('$VMCTL' --socket '$SOCK' --json checkpoints a1 | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))') = $n_before ]" _ "$out"
+t0=$(date +%s)
+out=$(vmctl restore a1 "$DCK" --path "$H/dt/tree" 2>&1); rc=$?
+PUNDO=$(sed -n 's/.*undo with: vmctl restore a1 \(c[0-9]*\).*/\1/p' <<< "$out")
+check "restore --path puts one deleted tree back ($(( $(date +%s) - t0 )) s), owned by the user" \
+  bash -c "[ $rc = 0 ] && [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cat ~/dt/tree/sub/f; stat -c %U ~/dt/tree/sub/f')\" = \"\$(printf 'x\nagent')\" ]" || diag "$out"
+check "and leaves the rest as it was (a file made after the checkpoint stays, a changed one too)" \
+  test "$(vmctl exec a1 -- sh -c 'cat ~/dt/added ~/dt/changed; [ ! -e ~/dt/deleted ] && echo ok')" = "$(printf 'new\n2\nok')"
+check "the agent kept running through the partial restore" \
+  test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
+for c in "$PUNDO" "$DCK2" "$DCK"; do vmctl checkpoint rm a1 "$c" >/dev/null; done
+
 # crash safety: hostd killed at a named step of a checkpoint; the next start repairs the record
 BOOT_ID=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
 for step in checkpoint-journaled checkpoint-switched; do
@@ -397,6 +433,9 @@ check "fork from an unknown checkpoint: exit 3" test "$rc" = 3
 out=$(vmctl fork a1 F2 2>&1); rc=$?
 check "fork to a bad name: exit 2" test "$rc" = 2
 check "failed forks left nothing" test "$(ls "$S/agents")" = "$agents_before"
+out=$(vmctl restore f1 "$FORK_CK" 2>&1); rc=$?
+check "restore of another agent's checkpoint (the source's, from the fork): exit 3, nothing changed" \
+  bash -c "[ $rc = 3 ] && [ \"\$('$VMCTL' --socket '$SOCK' --json checkpoints f1)\" = '[]' ]"
 out=$(vmctl checkpoint rm a1 "$FORK_CK" 2>&1); rc=$?
 check "the checkpoint a fork stands on cannot be removed (exit 5, names the fork)" \
   bash -c "[ $rc = 5 ] && grep -q \"fork 'f1'\" <<< \"\$1\"" _ "$out"
