@@ -216,7 +216,8 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_autofree char *periodic =
         r->checkpoint_every_s == 0
             ? g_strdup("never")
-            : g_strdup_printf("every %us, keep %u", r->checkpoint_every_s, r->checkpoint_keep);
+            : g_strdup_printf("every %us, keep %u + %u hourly + %u daily", r->checkpoint_every_s,
+                              r->checkpoint_keep, r->checkpoint_hourly, r->checkpoint_daily);
     g_variant_builder_add(&b, "{sv}", "checkpoints", g_variant_new_string(periodic));
     return g_variant_builder_end(&b);
 }
@@ -666,6 +667,7 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
 static void
 hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
 {
+    hostd_egress_agent_stop(ctx, name);
     hostd_ssh_pool_forget(ctx->ssh, name);
     hostd_libvirt_remove(ctx->lv, name, NULL);
     hostd_remove_tree(dir, NULL);
@@ -740,6 +742,8 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->checkpoint_every_s =
         tpl->checkpoints_never ? 0 : (guint)MIN(tpl->checkpoint_every_s, G_MAXUINT);
     r->checkpoint_keep = tpl->checkpoint_keep;
+    r->checkpoint_hourly = tpl->checkpoint_hourly;
+    r->checkpoint_daily = tpl->checkpoint_daily;
 
     if (!hostd_agent_reserve(ctx, r, error) ||
         !hostd_agent_create(ctx, r, tpl, image, req->user_data, req->wait, progress,
@@ -772,6 +776,15 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
                    const VmImage *image, const char *user_data, gboolean wait,
                    VmProgressFunc progress, gpointer progress_data, GError **error)
 {
+    /* The way out, before the VM can use it: the template's policy, or the source's on fork. */
+    if (!(r->forked_from == NULL
+              ? hostd_egress_agent_init(ctx, r, (const char *const *)tpl->egress_allow,
+                                        (const char *const *)tpl->egress_deny, error)
+              : hostd_egress_copy_policy(ctx, r->forked_from, r->name, error) &&
+                    hostd_egress_agent_start(ctx, r, error))) {
+        hostd_agent_rollback(ctx, r->name, r->dir);
+        return FALSE;
+    }
     g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, user_data, error);
     g_autofree char *xml_path = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
     if (xml == NULL || !vm_file_write_atomic(xml_path, xml, -1, 0600, error)) {
@@ -849,6 +862,8 @@ hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgress
     g_autoptr(virDomain) dom = NULL;
     if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
         return NULL;
+    if (!hostd_egress_agent_start(ctx, r, error))
+        return NULL;
 
     if (virDomainIsActive(dom) == 1) {
         if (virDomainResume(dom) < 0)
@@ -916,6 +931,7 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
 
     hostd_ssh_pool_forget(ctx->ssh, name);
     hostd_power_detach(ctx, name);
+    hostd_egress_agent_stop(ctx, name);
     if (!hostd_libvirt_remove(ctx->lv, name, error))
         return FALSE;
     /* The record goes first so that a crash halfway leaves no half-agent that looks whole. */
@@ -1110,6 +1126,10 @@ hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
                             g_strdup_printf("rolled back unfinished creation of '%s'", name));
             continue;
         }
+        g_autoptr(GError) egress_error = NULL;
+        if (!hostd_egress_agent_start(ctx, r, &egress_error))
+            g_ptr_array_add(notes, g_strdup_printf("agent '%s': no egress proxy: %s", name,
+                                                   egress_error->message));
         g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
         if (dom != NULL) {
             g_autoptr(GError) checkpoint_error = NULL;

@@ -10,6 +10,7 @@
 #include "hostd-fork.h"
 #include "hostd-power.h"
 #include "vm-checkpoint.h"
+#include "vm-retention.h"
 #include "vm-error.h"
 #include "vm-name.h"
 #include "vm-util.h"
@@ -622,17 +623,30 @@ hostd_checkpoint_periodic(HostdContext *ctx, const HostdAgentRecord *r, virDomai
                                        &warning, error) == NULL)
         return FALSE;
 
-    /* Retention: the newest `keep` periodic checkpoints stay; older ones are merged away, oldest
-     * first. One that others branch from stays until they go. */
-    g_autoptr(GPtrArray) periodic = g_ptr_array_new_with_free_func(g_free);
+    /* Retention: the newest `keep` automatic checkpoints, plus the oldest of each recent hour
+     * and day, stay; the rest are merged away, oldest first. Manual ones are the user's; the
+     * before-save one has its own rule; one that a fork or a branch stands on stays until those
+     * go (the merge refuses). */
+    g_autoptr(GArray) entries = g_array_new(FALSE, TRUE, sizeof(VmRetentionEntry));
     for (guint i = 0; i < set->checkpoints->len; i++) {
         const VmCheckpoint *c = set->checkpoints->pdata[i];
-        if (c->automatic && g_strcmp0(c->label, HOSTD_PERIODIC_LABEL) == 0)
-            g_ptr_array_add(periodic, g_strdup(c->id));
+        VmRetentionEntry e = {
+            .id = c->id,
+            .created = c->created,
+            .automatic = c->automatic && g_strcmp0(c->label, HOSTD_BEFORE_SAVE_LABEL) != 0,
+        };
+        g_array_append_val(entries, e);
     }
-    guint keep = MAX(r->checkpoint_keep, 1);
-    for (guint i = 0; i + keep < periodic->len; i++) {
-        const VmCheckpoint *c = vm_checkpoint_set_find(set, periodic->pdata[i]);
+    VmRetentionPolicy policy = {
+        .keep = MAX(r->checkpoint_keep, 1),
+        .hourly = r->checkpoint_hourly,
+        .daily = r->checkpoint_daily,
+    };
+    g_autoptr(GPtrArray) drop =
+        vm_retention_select((const VmRetentionEntry *)(gpointer)entries->data, entries->len,
+                            g_get_real_time() / G_USEC_PER_SEC, &policy);
+    for (guint i = 0; i < drop->len; i++) {
+        const VmCheckpoint *c = vm_checkpoint_set_find(set, drop->pdata[i]);
         if (c != NULL)
             hostd_checkpoint_rm_locked(ctx, r, dom, set, c, NULL);
     }
@@ -641,7 +655,7 @@ hostd_checkpoint_periodic(HostdContext *ctx, const HostdAgentRecord *r, virDomai
 
 GVariant *
 hostd_agent_set_checkpoints(HostdContext *ctx, const char *name, gboolean never, guint every_s,
-                            guint keep, GError **error)
+                            guint keep, gint hourly, gint daily, GError **error)
 {
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
@@ -655,6 +669,10 @@ hostd_agent_set_checkpoints(HostdContext *ctx, const char *name, gboolean never,
         return NULL;
     r->checkpoint_every_s = never ? 0 : every_s;
     r->checkpoint_keep = keep != 0 ? keep : 10;
+    if (hourly >= 0)
+        r->checkpoint_hourly = (guint)hourly;
+    if (daily >= 0)
+        r->checkpoint_daily = (guint)daily;
     if (!hostd_agent_record_save(r, error))
         return NULL;
     return hostd_agent_to_variant(ctx, r);

@@ -62,13 +62,17 @@ gboolean hostd_checkpoint_before_save(HostdContext *ctx, const HostdAgentRecord 
 #define HOSTD_PERIODIC_LABEL "periodic"
 
 /* With the agent lock held, on a running agent: takes a periodic automatic checkpoint when the
- * newest one is older than the agent's interval, then merges away periodic ones beyond the
- * agent's `keep`, oldest first, so the chain stays as short as what is kept. */
+ * newest one is older than the agent's interval, then thins automatic checkpoints by the agent's
+ * retention (checkpoint/vm-retention.h) and merges the dropped ones away, oldest first, so the
+ * chain stays as short as what is kept. */
 gboolean hostd_checkpoint_periodic(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                    GError **error);
 
-/* Sets @name's periodic checkpoint policy: @never, or every @every_s seconds keeping @keep. */
+/* Sets @name's periodic checkpoint policy: @never, or every @every_s seconds keeping the newest
+ * @keep automatic ones plus one per hour for @hourly hours and one per day for @daily days
+ * (negative: unchanged). */
 GVariant *hostd_agent_set_checkpoints(HostdContext *ctx, const char *name, gboolean never,
-                                      guint every_s, guint keep, GError **error);
+                                      guint every_s, guint keep, gint hourly, gint daily,
+                                      GError **error);
 
 G_END_DECLS

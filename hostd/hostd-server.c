@@ -2,6 +2,7 @@
 
 #include "hostd-checkpoint-files.h"
 #include "hostd-checkpoint.h"
+#include "hostd-egress.h"
 #include "hostd-fork.h"
 #include "hostd-power.h"
 
@@ -259,11 +260,35 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
         return agent != NULL ? hostd_fields1("agent", agent) : NULL;
     }
     case VM_OP_AGENT_SET_CHECKPOINTS: {
+        /* Absent hourly/daily leave the agent's as they are. */
+        g_autoptr(GVariant) hourly = vm_message_lookup(req, "hourly");
+        g_autoptr(GVariant) daily = vm_message_lookup(req, "daily");
         GVariant *agent = hostd_agent_set_checkpoints(
             ctx, name, vm_message_get_bool(req, "never", FALSE),
-            vm_message_get_uint(req, "every_s", 0), vm_message_get_uint(req, "keep", 0), error);
+            vm_message_get_uint(req, "every_s", 0), vm_message_get_uint(req, "keep", 0),
+            hourly != NULL ? (gint)g_variant_get_uint32(hourly) : -1,
+            daily != NULL ? (gint)g_variant_get_uint32(daily) : -1, error);
         return agent != NULL ? hostd_fields1("agent", agent) : NULL;
     }
+    case VM_OP_EGRESS_GET: {
+        GVariant *egress = hostd_egress_get(ctx, name, error);
+        return egress != NULL ? hostd_fields1("egress", egress) : NULL;
+    }
+    case VM_OP_EGRESS_SET: {
+        g_auto(GStrv) allow = vm_message_dup_strv(req, "allow");
+        g_auto(GStrv) deny = vm_message_dup_strv(req, "deny");
+        g_auto(GStrv) remove = vm_message_dup_strv(req, "remove");
+        GVariant *egress = hostd_egress_set(
+            ctx, name, (const char *const *)allow, (const char *const *)deny,
+            (const char *const *)remove, vm_message_get_bool(req, "reset", FALSE), error);
+        return egress != NULL ? hostd_fields1("egress", egress) : NULL;
+    }
+    case VM_OP_EGRESS_LOG:
+        if (!hostd_egress_log(ctx, name, vm_message_get_bool(req, "follow", FALSE),
+                              vm_message_get_uint(req, "lines", G_MAXUINT32), fd, error))
+            return NULL;
+        *ret_streamed = TRUE;
+        return g_variant_new_array(G_VARIANT_TYPE("{sv}"), NULL, 0);
     default:
         vm_throw(error, VM_ERROR_PROTOCOL, "%s is not a request",
                  vm_op_name(req->op) ? vm_op_name(req->op) : "unknown op");

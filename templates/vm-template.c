@@ -22,6 +22,8 @@
 #define DEFAULT_USER            "agent"
 #define DEFAULT_MIRROR          "host"
 #define DEFAULT_CHECKPOINT_KEEP 10
+#define DEFAULT_CHECKPOINT_HOURLY 24
+#define DEFAULT_CHECKPOINT_DAILY  7
 #define DEFAULT_IDLE_PAUSE_S    (5 * 60)
 #define DEFAULT_IDLE_SAVE_S     (30 * 60)
 
@@ -675,7 +677,7 @@ scalar_is(const Node *node, const char *word)
 static gboolean
 parse_checkpoints(const Node *node, VmTemplate *t, const char *display, GError **error)
 {
-    static const char *const keys[] = {"every", "keep", NULL};
+    static const char *const keys[] = {"every", "keep", "hourly", "daily", NULL};
     const Node *value;
     guint64 n;
 
@@ -683,6 +685,8 @@ parse_checkpoints(const Node *node, VmTemplate *t, const char *display, GError *
         t->checkpoints_never = TRUE;
         t->checkpoint_every_s = 0;
         t->checkpoint_keep = 0;
+        t->checkpoint_hourly = 0;
+        t->checkpoint_daily = 0;
         return TRUE;
     }
     if (node->kind != NODE_MAPPING)
@@ -696,6 +700,16 @@ parse_checkpoints(const Node *node, VmTemplate *t, const char *display, GError *
         if (!get_uint(value, "checkpoints.keep", 1, 1000, "", &n, display, error))
             return FALSE;
         t->checkpoint_keep = (guint)n;
+    }
+    if ((value = map_get(node, "hourly")) != NULL) {
+        if (!get_uint(value, "checkpoints.hourly", 0, 1000, "", &n, display, error))
+            return FALSE;
+        t->checkpoint_hourly = (guint)n;
+    }
+    if ((value = map_get(node, "daily")) != NULL) {
+        if (!get_uint(value, "checkpoints.daily", 0, 1000, "", &n, display, error))
+            return FALSE;
+        t->checkpoint_daily = (guint)n;
     }
     return TRUE;
 }
@@ -857,6 +871,8 @@ template_new_defaults(const char *display)
     t->packages = g_new0(char *, 1);
     t->checkpoint_every_s = 0;
     t->checkpoint_keep = DEFAULT_CHECKPOINT_KEEP;
+    t->checkpoint_hourly = DEFAULT_CHECKPOINT_HOURLY;
+    t->checkpoint_daily = DEFAULT_CHECKPOINT_DAILY;
     t->idle_pause_after_s = DEFAULT_IDLE_PAUSE_S;
     t->idle_save_after_s = DEFAULT_IDLE_SAVE_S;
     t->egress_allow = g_new0(char *, 1);

@@ -15,7 +15,7 @@
  *   packages: [git, curl]        # mmdebstrap: baked into the image; url: installed by cloud-init
  *   user-data: |                 # extra #cloud-config merged into every agent's seed
  *     ...
- *   checkpoints: {every: 30m, keep: 10}     # or: never
+ *   checkpoints: {every: 30m, keep: 10, hourly: 24, daily: 7}     # or: never
  *   idle: {pause_after: 5m, save_after: 30m} # or: never
  *   egress: {allow: [...], deny: [...]}     # default: none
  *
@@ -53,7 +53,9 @@ typedef struct {
 
     gboolean checkpoints_never;
     guint64 checkpoint_every_s; /* 0 = no periodic checkpoints */
-    guint checkpoint_keep;
+    guint checkpoint_keep;   /* the newest automatic checkpoints kept */
+    guint checkpoint_hourly; /* plus one per hour for this many recent hours */
+    guint checkpoint_daily;  /* plus one per day for this many recent days */
 
     gboolean idle_never;
     guint64 idle_pause_after_s;

@@ -372,7 +372,7 @@ vmctl idle a1 --never >/dev/null
 periodic_count() {
   vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(sum(1 for c in json.load(sys.stdin) if c.get("label") == "periodic"))'
 }
-check "periodic checkpoints set per agent" vmctl autocheckpoint a1 --every 5s --keep 2
+check "periodic checkpoints set per agent" vmctl autocheckpoint a1 --every 5s --keep 2 --hourly 0 --daily 0
 sleep 24
 check "periodic checkpoints keep coming and only the newest 2 are kept" test "$(periodic_count)" = 2
 check "the chain stays short: at most 4 images after 4+ periodic checkpoints" \

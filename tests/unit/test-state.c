@@ -80,6 +80,12 @@ assert_records_equal(const HostdAgentRecord *a, const HostdAgentRecord *b)
         assert_ptr_equal(a->forked_from, b->forked_from);
     else
         assert_string_equal(a->forked_from, b->forked_from);
+    if (a->forked_from != NULL) {
+        assert_string_equal(a->fork_checkpoint, b->fork_checkpoint);
+        assert_string_equal(a->fork_base, b->fork_base);
+    }
+    assert_int_equal(a->checkpoint_hourly, b->checkpoint_hourly);
+    assert_int_equal(a->checkpoint_daily, b->checkpoint_daily);
     assert_int_equal(a->created, b->created);
     assert_int_equal(a->state_since, b->state_since);
 }
@@ -97,6 +103,12 @@ test_record_round_trip(void **state)
         g_autoptr(HostdAgentRecord) r = sample_record(f->dir);
 
         r->forked_from = g_strdup(forked_from[i]);
+        if (forked_from[i] != NULL) {
+            r->fork_checkpoint = g_strdup("c4");
+            r->fork_base = g_strdup("/var/lib/hostd/agents/bob/disk-4.qcow2");
+        }
+        r->checkpoint_hourly = 24;
+        r->checkpoint_daily = 7;
         if (!hostd_agent_record_save(r, &error))
             fail_msg("save failed: %s", error->message);
         g_autoptr(HostdAgentRecord) loaded = hostd_agent_record_load(f->dir, &error);
@@ -235,7 +247,8 @@ test_record_hand_written(void **state)
     Fixture *f = *state;
     g_autoptr(GError) error = NULL;
 
-    write_record(f->dir, NULL, "forked-from=bob");
+    write_record(f->dir, NULL,
+                 "forked-from=bob\nfork-checkpoint=c4\nfork-base=/state/agents/bob/disk-4.qcow2");
     g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(f->dir, &error);
     if (r == NULL)
         fail_msg("load failed: %s", error->message);
@@ -246,6 +259,7 @@ test_record_hand_written(void **state)
     assert_int_equal(r->disk_gib, 8);
     assert_int_equal(r->ssh_port, 42200);
     assert_string_equal(r->forked_from, "bob");
+    assert_string_equal(r->fork_checkpoint, "c4");
     assert_int_equal(r->created, 1700000000);
 }
 

@@ -425,19 +425,20 @@ test_info(void **state)
     run_vmctl(f, NULL, &run, "info", "a1");
     assert_request(f, VM_OP_AGENT_INFO);
     assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
-    assert_string_equal(run.out, "name:        a1\n"
-                                 "state:       paused\n"
-                                 "since:       -\n"
-                                 "template:    -\n"
-                                 "cpus:        -\n"
-                                 "memory:      -\n"
-                                 "disk:        -\n"
-                                 "disk used:   1.5 GiB\n"
-                                 "ssh port:    2201\n"
-                                 "user:        agent\n"
-                                 "created:     -\n"
-                                 "forked from: -\n"
-                                 "virt type:   -\n");
+    assert_string_equal(run.out, "name:            a1\n"
+                                 "state:           paused\n"
+                                 "since:           -\n"
+                                 "template:        -\n"
+                                 "cpus:            -\n"
+                                 "memory:          -\n"
+                                 "disk:            -\n"
+                                 "disk used:       1.5 GiB\n"
+                                 "ssh port:        2201\n"
+                                 "user:            agent\n"
+                                 "created:         -\n"
+                                 "forked from:     -\n"
+                                 "fork checkpoint: -\n"
+                                 "virt type:       -\n");
     assert_int_equal(run.status, 0);
 }
 
