@@ -429,7 +429,7 @@ hostd_run_feed_thread(gpointer data)
 
 typedef struct {
     int fd;
-    int status;        /* -1 until EXIT */
+    int status;       /* -1 until EXIT */
     GString *stderr_; /* the first few KiB of the command's stderr */
 } HostdRunDrain;
 
@@ -573,8 +573,8 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
     /* A fork's disk stands on its source's checkpoint, anyone else's on the template's image. */
     const char *backing = r->fork_base != NULL ? r->fork_base : image->disk_path;
     g_autofree char *size = g_strdup_printf("%uG", r->disk_gib);
-    const char *qemu_img[] = {"qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2",
-                              "-b",       backing,  disk, size, NULL};
+    const char *qemu_img[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
+                              "qcow2",    "-b",     backing, disk, size,    NULL};
     if (!hostd_run(qemu_img, error))
         return NULL;
 
@@ -746,8 +746,8 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->checkpoint_daily = tpl->checkpoint_daily;
 
     if (!hostd_agent_reserve(ctx, r, error) ||
-        !hostd_agent_create(ctx, r, tpl, image, req->user_data, req->wait, progress,
-                            progress_data, error))
+        !hostd_agent_create(ctx, r, tpl, image, req->user_data, req->wait, progress, progress_data,
+                            error))
         return NULL;
     return hostd_agent_to_variant(ctx, r);
 }

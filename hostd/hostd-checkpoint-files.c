@@ -57,7 +57,8 @@ hostd_checkpoint_diff(HostdContext *ctx, const char *name, const char *id, const
         return NULL;
     if (!hostd_files_open(ctx, name, id, &lock, &r, &dom, &set, error))
         return NULL;
-    g_autofree char *old_image = vm_checkpoint_set_path(set, vm_checkpoint_set_find(set, id)->image);
+    g_autofree char *old_image =
+        vm_checkpoint_set_path(set, vm_checkpoint_set_find(set, id)->image);
     g_autofree char *new_image = NULL;
     g_autofree char *temporary = NULL;
     if (other != NULL) {
@@ -71,8 +72,8 @@ hostd_checkpoint_diff(HostdContext *ctx, const char *name, const char *id, const
         /* The running disk changes under any reader: compare against a frozen copy of this
          * instant, which is merged away again below. */
         g_autofree char *warning = NULL;
-        const VmCheckpoint *now = hostd_checkpoint_create_locked(
-            ctx, r, dom, set, HOSTD_DIFF_LABEL, TRUE, FALSE, &warning, error);
+        const VmCheckpoint *now = hostd_checkpoint_create_locked(ctx, r, dom, set, HOSTD_DIFF_LABEL,
+                                                                 TRUE, FALSE, &warning, error);
         if (now == NULL)
             return NULL;
         temporary = g_strdup(now->id);
@@ -159,8 +160,8 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
     hostd_progress(progress, progress_data, "checkpointing the current state", -1);
     g_autofree char *undo_label = g_strdup_printf("before restore of paths from %s", id);
     g_autofree char *warning = NULL;
-    const VmCheckpoint *undo = hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE,
-                                                              FALSE, &warning, error);
+    const VmCheckpoint *undo =
+        hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE, FALSE, &warning, error);
     if (undo == NULL)
         return NULL;
     g_autofree char *undo_id = g_strdup(undo->id);

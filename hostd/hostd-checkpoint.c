@@ -348,8 +348,8 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     hostd_progress(progress, progress_data, "checkpointing the current state", -1);
     g_autofree char *undo_label = g_strdup_printf("before restore to %s", target_id);
     g_autofree char *warning = NULL;
-    VmCheckpoint *undo = hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE, FALSE,
-                                                        &warning, error);
+    VmCheckpoint *undo =
+        hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE, FALSE, &warning, error);
     if (undo == NULL)
         return NULL;
     g_autofree char *undo_id = g_strdup(undo->id);
@@ -385,8 +385,8 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     g_autofree char *old_path = vm_checkpoint_set_path(set, old_active);
     g_unlink(old_path);
 
-    if (!hostd_checkpoint_resume_or_boot(ctx, r, dom, set, target_memory, progress,
-                                         progress_data, error))
+    if (!hostd_checkpoint_resume_or_boot(ctx, r, dom, set, target_memory, progress, progress_data,
+                                         error))
         return NULL;
     hostd_agent_mark_state_change(r);
     if (wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
@@ -435,7 +435,8 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                            VmCheckpointSet *set, const VmCheckpoint *c, GError **error)
 {
     g_autofree char *id = g_strdup(c->id);
-    g_autofree char *memory_path = c->memory != NULL ? vm_checkpoint_set_path(set, c->memory) : NULL;
+    g_autofree char *memory_path =
+        c->memory != NULL ? vm_checkpoint_set_path(set, c->memory) : NULL;
     g_autofree char *fork = hostd_fork_standing_on(ctx, r, set, id);
     if (fork != NULL)
         return vm_throw(error, VM_ERROR_BAD_STATE,

@@ -22,8 +22,8 @@ GVariant *hostd_checkpoint_create(HostdContext *ctx, const char *name, const cha
  * checkpoint (owned by @set). Fails like hostd_checkpoint_create(). */
 VmCheckpoint *hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r,
                                              virDomainPtr dom, VmCheckpointSet *set,
-                                             const char *label, gboolean automatic,
-                                             gboolean memory, char **ret_warning, GError **error);
+                                             const char *label, gboolean automatic, gboolean memory,
+                                             char **ret_warning, GError **error);
 
 /* The agent's checkpoints (aa{sv}: id, created, label, automatic, quiesced, kind, bytes,
  * parent), oldest first. */
@@ -42,9 +42,8 @@ GVariant *hostd_checkpoint_restore(HostdContext *ctx, const char *name, const ch
 gboolean hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error);
 
 /* Removes checkpoint @c of @set with the agent lock held (see hostd_checkpoint_rm()). */
-gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r,
-                                    virDomainPtr dom, VmCheckpointSet *set, const VmCheckpoint *c,
-                                    GError **error);
+gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                    VmCheckpointSet *set, const VmCheckpoint *c, GError **error);
 
 /* Finishes or rolls back a checkpoint operation that a killed hostd left journaled in the
  * agent's record. Appends a note for each action. Called at start-up for every agent. */

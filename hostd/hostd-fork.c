@@ -65,13 +65,12 @@ hostd_fork_standing_on(HostdContext *ctx, const HostdAgentRecord *source,
 static char *
 hostd_fork_user_data(const HostdAgentRecord *source)
 {
-    return g_strdup_printf(
-        "#cloud-config\n"
-        "bootcmd:\n"
-        "  - [cloud-init-per, instance, vmctl-fork-keys, sh, -c, "
-        "'f=$(getent passwd %s | cut -d: -f6)/.ssh/authorized_keys; "
-        "if [ -f \"$f\" ]; then sed -i \"/ vmctl-%s$/d\" \"$f\"; fi']\n",
-        source->user, source->name);
+    return g_strdup_printf("#cloud-config\n"
+                           "bootcmd:\n"
+                           "  - [cloud-init-per, instance, vmctl-fork-keys, sh, -c, "
+                           "'f=$(getent passwd %s | cut -d: -f6)/.ssh/authorized_keys; "
+                           "if [ -f \"$f\" ]; then sed -i \"/ vmctl-%s$/d\" \"$f\"; fi']\n",
+                           source->user, source->name);
 }
 
 /* With the source's lock held: the new agent's record, not yet on disk. */

@@ -188,9 +188,9 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
     }
     case VM_OP_CHECKPOINT_CREATE: {
         g_autofree char *warning = NULL;
-        GVariant *c = hostd_checkpoint_create(ctx, name, vm_message_get_string(req, "label", NULL),
-                                              FALSE, vm_message_get_bool(req, "memory", FALSE),
-                                              &warning, error);
+        GVariant *c =
+            hostd_checkpoint_create(ctx, name, vm_message_get_string(req, "label", NULL), FALSE,
+                                    vm_message_get_bool(req, "memory", FALSE), &warning, error);
         if (c == NULL)
             return NULL;
         g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
@@ -209,9 +209,8 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
         const char *checkpoint = vm_message_get_string(req, "checkpoint", NULL);
         GVariant *agent =
             paths != NULL
-                ? hostd_checkpoint_restore_paths(ctx, name, checkpoint,
-                                                 (const char *const *)paths, &undo,
-                                                 hostd_send_progress, pdata, error)
+                ? hostd_checkpoint_restore_paths(ctx, name, checkpoint, (const char *const *)paths,
+                                                 &undo, hostd_send_progress, pdata, error)
                 : hostd_checkpoint_restore(ctx, name, checkpoint,
                                            vm_message_get_bool(req, "wait", TRUE), &undo,
                                            hostd_send_progress, pdata, error);
@@ -278,9 +277,9 @@ hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_st
         g_auto(GStrv) allow = vm_message_dup_strv(req, "allow");
         g_auto(GStrv) deny = vm_message_dup_strv(req, "deny");
         g_auto(GStrv) remove = vm_message_dup_strv(req, "remove");
-        GVariant *egress = hostd_egress_set(
-            ctx, name, (const char *const *)allow, (const char *const *)deny,
-            (const char *const *)remove, vm_message_get_bool(req, "reset", FALSE), error);
+        GVariant *egress = hostd_egress_set(ctx, name, (const char *const *)allow,
+                                            (const char *const *)deny, (const char *const *)remove,
+                                            vm_message_get_bool(req, "reset", FALSE), error);
         return egress != NULL ? hostd_fields1("egress", egress) : NULL;
     }
     case VM_OP_EGRESS_LOG:

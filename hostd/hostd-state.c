@@ -71,8 +71,8 @@ hostd_agent_record_load(const char *dir, GError **error)
         return NULL;
     r->forked_from = hostd_record_get_string(kf, "forked-from", FALSE, path, NULL);
     if (r->forked_from != NULL &&
-        ((r->fork_checkpoint = hostd_record_get_string(kf, "fork-checkpoint", TRUE, path,
-                                                       error)) == NULL ||
+        ((r->fork_checkpoint = hostd_record_get_string(kf, "fork-checkpoint", TRUE, path, error)) ==
+             NULL ||
          (r->fork_base = hostd_record_get_string(kf, "fork-base", TRUE, path, error)) == NULL))
         return NULL;
 

@@ -46,8 +46,8 @@ typedef struct {
     char *forked_from;     /* NULL unless forked: the source agent's name */
     char *fork_checkpoint; /* with forked_from: the source's checkpoint the disk stands on */
     char *fork_base;       /* with forked_from: that checkpoint's image (absolute path) */
-    gint64 created;     /* unix seconds */
-    gint64 state_since; /* unix seconds of the last state change hostd made */
+    gint64 created;        /* unix seconds */
+    gint64 state_since;    /* unix seconds of the last state change hostd made */
 } HostdAgentRecord;
 
 /* Loads <dir>/agent.ini. Fails with VM_ERROR_IO or VM_ERROR_FAILED ("corrupt record") when a

@@ -16,16 +16,16 @@
 #define DURATION_MAX_S      (365 * 24 * 3600)
 #define SHOWN_MAX           40 /* characters of a bad value quoted in a message */
 
-#define DEFAULT_CPUS            2
-#define DEFAULT_MEMORY_MIB      1024
-#define DEFAULT_DISK_GIB        8
-#define DEFAULT_USER            "agent"
-#define DEFAULT_MIRROR          "host"
-#define DEFAULT_CHECKPOINT_KEEP 10
+#define DEFAULT_CPUS              2
+#define DEFAULT_MEMORY_MIB        1024
+#define DEFAULT_DISK_GIB          8
+#define DEFAULT_USER              "agent"
+#define DEFAULT_MIRROR            "host"
+#define DEFAULT_CHECKPOINT_KEEP   10
 #define DEFAULT_CHECKPOINT_HOURLY 24
 #define DEFAULT_CHECKPOINT_DAILY  7
-#define DEFAULT_IDLE_PAUSE_S    (5 * 60)
-#define DEFAULT_IDLE_SAVE_S     (30 * 60)
+#define DEFAULT_IDLE_PAUSE_S      (5 * 60)
+#define DEFAULT_IDLE_SAVE_S       (30 * 60)
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(yaml_parser_t, yaml_parser_delete)
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(yaml_event_t, yaml_event_delete)

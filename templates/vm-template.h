@@ -53,9 +53,9 @@ typedef struct {
 
     gboolean checkpoints_never;
     guint64 checkpoint_every_s; /* 0 = no periodic checkpoints */
-    guint checkpoint_keep;   /* the newest automatic checkpoints kept */
-    guint checkpoint_hourly; /* plus one per hour for this many recent hours */
-    guint checkpoint_daily;  /* plus one per day for this many recent days */
+    guint checkpoint_keep;      /* the newest automatic checkpoints kept */
+    guint checkpoint_hourly;    /* plus one per hour for this many recent hours */
+    guint checkpoint_daily;     /* plus one per day for this many recent days */
 
     gboolean idle_never;
     guint64 idle_pause_after_s;

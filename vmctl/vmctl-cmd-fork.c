@@ -37,9 +37,9 @@ vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autoptr(GVariant) agent = vmctl_result_get(result, "agent", G_VARIANT_TYPE_VARDICT);
     g_autoptr(GVariant) checkpoint = vmctl_result_get(result, "checkpoint", G_VARIANT_TYPE_STRING);
     g_autofree char *summary = agent != NULL ? vmctl_format_agent_summary(agent) : NULL;
-    g_autofree char *text = g_strdup_printf(
-        "%s\nforked from %s at checkpoint %s", summary != NULL ? summary : args[1], args[0],
-        checkpoint != NULL ? g_variant_get_string(checkpoint, NULL) : "?");
+    g_autofree char *text =
+        g_strdup_printf("%s\nforked from %s at checkpoint %s", summary != NULL ? summary : args[1],
+                        args[0], checkpoint != NULL ? g_variant_get_string(checkpoint, NULL) : "?");
     vmctl_print_result(ctx, result, NULL, text);
     return TRUE;
 }
