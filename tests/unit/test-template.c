@@ -79,6 +79,8 @@ assert_defaults_except_image(const VmTemplate *t)
     assert_false(t->checkpoints_never);
     assert_int_equal(t->checkpoint_every_s, 0);
     assert_int_equal(t->checkpoint_keep, 10);
+    assert_int_equal(t->checkpoint_hourly, 24);
+    assert_int_equal(t->checkpoint_daily, 7);
     assert_false(t->idle_never);
     assert_int_equal(t->idle_pause_after_s, 300);
     assert_int_equal(t->idle_save_after_s, 1800);
@@ -118,6 +120,8 @@ check_full(const VmTemplate *t)
     assert_false(t->checkpoints_never);
     assert_int_equal(t->checkpoint_every_s, 7200);
     assert_int_equal(t->checkpoint_keep, 1000);
+    assert_int_equal(t->checkpoint_hourly, 0);
+    assert_int_equal(t->checkpoint_daily, 30);
     assert_false(t->idle_never);
     assert_int_equal(t->idle_pause_after_s, 90);
     assert_int_equal(t->idle_save_after_s, 86400);
