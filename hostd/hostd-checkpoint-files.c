@@ -18,30 +18,6 @@
 #define HOSTD_DIFF_MAX_BYTES (VM_FRAME_MAX - 64 * 1024)
 #define HOSTD_DIFF_LABEL     "for a diff"
 
-/* Locks and opens agent @name and finds checkpoint @id in its record. */
-static gboolean
-hostd_files_open(HostdContext *ctx, const char *name, const char *id, GMutex **ret_lock,
-                 HostdAgentRecord **ret_record, virDomainPtr *ret_dom, VmCheckpointSet **ret_set,
-                 GError **error)
-{
-    g_autoptr(HostdNameLock) lock = NULL;
-    g_autoptr(HostdAgentRecord) r = NULL;
-    g_autoptr(virDomain) dom = NULL;
-
-    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
-        return FALSE;
-    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
-    if (set == NULL)
-        return FALSE;
-    if (vm_checkpoint_set_find(set, id) == NULL)
-        return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", name, id);
-    *ret_lock = g_steal_pointer(&lock);
-    *ret_record = g_steal_pointer(&r);
-    *ret_dom = g_steal_pointer(&dom);
-    *ret_set = g_steal_pointer(&set);
-    return TRUE;
-}
-
 GVariant *
 hostd_checkpoint_diff(HostdContext *ctx, const char *name, const char *id, const char *other,
                       const char *under, gboolean *ret_truncated, VmProgressFunc progress,
@@ -55,7 +31,8 @@ hostd_checkpoint_diff(HostdContext *ctx, const char *name, const char *id, const
 
     if (under != NULL && !vm_guest_path_check(under, &normalized, error))
         return NULL;
-    if (!hostd_files_open(ctx, name, id, &lock, &r, &dom, &set, error))
+    VmCheckpoint *c = NULL;
+    if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &c, error))
         return NULL;
     g_autofree char *old_image =
         vm_checkpoint_set_path(set, vm_checkpoint_set_find(set, id)->image);
@@ -131,7 +108,8 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
     g_autoptr(VmCheckpointSet) set = NULL;
-    if (!hostd_files_open(ctx, name, id, &lock, &r, &dom, &set, error))
+    VmCheckpoint *c = NULL;
+    if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &c, error))
         return NULL;
     if (!hostd_libvirt_is_active(dom))
         return vm_throw(error, VM_ERROR_BAD_STATE,
@@ -140,7 +118,7 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
 
     /* Everything that can fail on the checkpoint's side happens before the guest is touched. */
     hostd_progress(progress, progress_data, "reading the paths from the checkpoint", -1);
-    g_autofree char *image = vm_checkpoint_set_path(set, vm_checkpoint_set_find(set, id)->image);
+    g_autofree char *image = vm_checkpoint_set_path(set, c->image);
     g_autofree char *tar = hostd_agent_record_path(r, "restore-paths.tar");
     g_autoptr(GError) export_error = NULL;
     if (!vm_guestfs_export(image, (const char *const *)checked->pdata, tar, &export_error)) {

@@ -268,9 +268,7 @@ hostd_checkpoint_list(HostdContext *ctx, const char *name, GError **error)
     return g_variant_builder_end(&b);
 }
 
-/* Locks and opens agent @name and finds its checkpoint @id: what restore and rm start with. On
- * failure nothing is held. */
-static gboolean
+gboolean
 hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id, GMutex **ret_lock,
                       HostdAgentRecord **ret_record, virDomainPtr *ret_dom,
                       VmCheckpointSet **ret_set, VmCheckpoint **ret_checkpoint, GError **error)

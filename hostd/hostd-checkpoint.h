@@ -41,6 +41,13 @@ GVariant *hostd_checkpoint_restore(HostdContext *ctx, const char *name, const ch
  * disk); one with several dependants is refused (VM_ERROR_BAD_STATE) until they are removed. */
 gboolean hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error);
 
+/* Locks and opens agent @name and finds its checkpoint @id (VM_ERROR_NOT_FOUND naming both when
+ * it has none): what restore, rm, diff start with. On failure nothing is held. */
+gboolean hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id,
+                               GMutex **ret_lock, HostdAgentRecord **ret_record,
+                               virDomainPtr *ret_dom, VmCheckpointSet **ret_set,
+                               VmCheckpoint **ret_checkpoint, GError **error);
+
 /* Removes checkpoint @c of @set with the agent lock held (see hostd_checkpoint_rm()). */
 gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                     VmCheckpointSet *set, const VmCheckpoint *c, GError **error);
