@@ -177,6 +177,25 @@ hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
     return g_variant_builder_end(&b);
 }
 
+/* A saved agent (idle save, `suspend --save`) resumes from a state file that names the disk it
+ * was writing to. When a checkpoint freezes that file, the state must name the new overlay, or
+ * the wake would write into the checkpoint. Nothing to do for an agent without saved state. */
+static gboolean
+hostd_checkpoint_repoint_saved(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                               const char *new_file, GError **error)
+{
+    if (virDomainHasManagedSaveImage(dom, 0) <= 0) {
+        virResetLastError();
+        return TRUE;
+    }
+    g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, new_file, error);
+    if (xml == NULL)
+        return FALSE;
+    if (virDomainManagedSaveDefineXML(dom, xml, 0) < 0)
+        return hostd_libvirt_throw(error, "cannot point the saved state at the new overlay");
+    return TRUE;
+}
+
 VmCheckpoint *
 hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                VmCheckpointSet *set, const char *label, gboolean automatic,
@@ -214,7 +233,8 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     } else if (running) {
         ok = hostd_checkpoint_snapshot_live(dom, new_path, &quiesced, ret_warning, error);
     } else {
-        ok = hostd_qemu_img_overlay(active_path, new_path, error);
+        ok = hostd_qemu_img_overlay(active_path, new_path, error) &&
+             hostd_checkpoint_repoint_saved(ctx, r, dom, new_file, error);
     }
     if (!ok) {
         g_unlink(new_path);
@@ -370,6 +390,10 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     hostd_ssh_pool_forget(ctx->ssh, name);
     if (hostd_libvirt_is_active(dom) && !hostd_libvirt_stop(ctx->lv, dom, TRUE, 0, error))
         return NULL;
+    /* A saved state belongs to the disk being thrown away (kept above as the undo checkpoint). */
+    if (virDomainHasManagedSaveImage(dom, 0) > 0 && virDomainManagedSaveRemove(dom, 0) < 0)
+        return hostd_libvirt_throw(error, "cannot drop the saved state"), NULL;
+    virResetLastError();
     hostd_checkpoint_step("restore-stopped");
 
     /* Commit in memory, define, then make the record durable: a crash before the save is
