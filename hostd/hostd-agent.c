@@ -518,6 +518,7 @@ hostd_ssh_config_stanza(const HostdAgentRecord *r)
     g_autofree char *identity = hostd_agent_record_path(r, HOSTD_AGENT_KEY);
     g_autofree char *known_hosts = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
 
+    /* ConnectTimeout covers the banner: a connection to a saved agent waits for its wake. */
     return g_strdup_printf("Host vmctl-%s\n"
                            "  HostName 127.0.0.1\n"
                            "  Port %u\n"
@@ -530,7 +531,7 @@ hostd_ssh_config_stanza(const HostdAgentRecord *r)
                            "  HostKeyAlgorithms ssh-ed25519\n"
                            "  PasswordAuthentication no\n"
                            "  KbdInteractiveAuthentication no\n"
-                           "  ConnectTimeout 10\n"
+                           "  ConnectTimeout 60\n"
                            "  LogLevel ERROR\n",
                            r->name, r->ssh_port, r->user, identity, known_hosts);
 }
