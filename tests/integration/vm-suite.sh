@@ -237,6 +237,19 @@ check "checkpoints shows it as a memory checkpoint holding the RAM's bytes" \
 import json, sys
 c = {x[\"id\"]: x for x in json.load(sys.stdin)}[\"$MCK\"]
 assert c[\"kind\"] == \"memory\" and c[\"bytes\"] > 50 * 2**20, c'"
+# hostd killed after a restore's journal is written: the next start rolls the restore back
+MBOOT=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
+kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+HOSTD_TEST_CRASH_AT=restore-journaled start_hostd
+files_before=$(ls "$S/agents/a1/" | grep -c qcow2)
+vmctl restore a1 "$MCK" >/dev/null 2>&1
+wait "$HOSTD_PID" 2>/dev/null
+check "hostd restarts after dying at restore-journaled" start_hostd
+check "killed at restore-journaled: rolled back (agent running the same boot, only the undo checkpoint's overlay added)" \
+  bash -c "[ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- cat /proc/sys/kernel/random/boot_id)\" = '$MBOOT' ] && [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((files_before + 1)) ]"
+check "killed at restore-journaled: qemu-img check is clean on every image" \
+  bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
+XUNDO=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["id"])')
 vmctl exec a1 -- sh -c 'kill $(cat ~/sleeper.pid); rm -f ~/mem.txt; sync'
 sleep 3
 t0=$(date +%s%N)
@@ -252,6 +265,7 @@ check "the guest clock was set after the resume (within 3 s of the host's)" \
   bash -c "g=\$('$VMCTL' --socket '$SOCK' exec a1 -- date +%s); h=\$(date +%s); [ \$((h - g)) -le 3 ] && [ \$((g - h)) -le 3 ]"
 vmctl exec a1 -- sh -c 'kill $(cat ~/sleeper.pid)' 
 vmctl checkpoint rm a1 "$MUNDO" >/dev/null
+vmctl checkpoint rm a1 "$XUNDO" >/dev/null
 check "checkpoint rm of a memory checkpoint removes its state file" \
   bash -c "'$VMCTL' --socket '$SOCK' checkpoint rm a1 '$MCK' && ! ls '$S/agents/a1/' | grep -q '^memory-'"
 
@@ -360,10 +374,19 @@ check "qemu-img check is clean on every image after the merge" \
 kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
 check "hostd restarts while the agent is saved" start_hostd
 check "the agent stays saved across the restart" test "$(state_of)" = saved
+SCK=$(vmctl checkpoint a1 --label while-saved 2>/dev/null)
+SCK_IMAGE=$(sed -n "/^\[checkpoint $SCK\]/,/^\[/s/^image=//p" "$S/agents/a1/checkpoints.ini")
+SCK_SUM=$(sha256sum "$S/agents/a1/$SCK_IMAGE" | cut -d' ' -f1)
+check "a checkpoint of the saved agent leaves it saved" \
+  test -n "$SCK" -a -n "$SCK_IMAGE" -a "$(state_of)" = saved
 check "a plain SSH connection wakes it after the restart" \
   test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 'kill -0 $(cat ~/bg.pid) && echo alive')" = alive
 check "files written before the saves are intact" \
   bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums'"
+vmctl exec a1 -- sh -c 'echo after-wake > ~/after-wake.txt && sync'
+check "the woken agent writes to the new overlay: the checkpoint taken while saved is unchanged" \
+  test "$(sha256sum "$S/agents/a1/$SCK_IMAGE" | cut -d' ' -f1)" = "$SCK_SUM"
+vmctl checkpoint rm a1 "$SCK" >/dev/null
 check "keep-awake holds the agent" vmctl keep-awake a1
 sleep 10
 check "a kept-awake agent stays running" test "$(state_of)" = running
