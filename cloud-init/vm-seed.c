@@ -130,6 +130,38 @@ seed_check_private_key(const char *key, GError **error)
     return TRUE;
 }
 
+/* The proxy URL lands unquoted in /etc/environment and in shell and apt syntax: only
+ * "http://" HOST [":" PORT] with HOST made of letters, digits, dots and hyphens. */
+static gboolean
+seed_check_proxy(const char *url, GError **error)
+{
+    const char *host = NULL;
+    gsize host_len = 0;
+    gboolean ok;
+
+    if (!seed_check_line("egress_proxy", url, error))
+        return FALSE;
+    ok = g_str_has_prefix(url, "http://");
+    if (ok) {
+        host = url + strlen("http://");
+        host_len = strcspn(host, ":");
+    }
+    ok = ok && host_len > 0 && host_len <= SEED_HOSTNAME_MAX;
+    for (gsize i = 0; ok && i < host_len; i++)
+        ok = g_ascii_isalnum(host[i]) || host[i] == '.' || host[i] == '-';
+    if (ok && host[host_len] == ':') {
+        const char *port = host + host_len + 1;
+
+        ok = port[0] != '\0' && strlen(port) <= 5;
+        for (const char *q = port; ok && *q != '\0'; q++)
+            ok = g_ascii_isdigit(*q);
+    }
+    if (!ok)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: egress_proxy '%s' is not http://HOST[:PORT]", url);
+    return TRUE;
+}
+
 static gboolean
 seed_check_meta(const VmSeedSpec *spec, GError **error)
 {
@@ -156,6 +188,8 @@ seed_check_spec(const VmSeedSpec *spec, GError **error)
         if (!seed_check_line("package name", *pkg, error))
             return FALSE;
     }
+    if (spec->egress_proxy != NULL && !seed_check_proxy(spec->egress_proxy, error))
+        return FALSE;
     return TRUE;
 }
 
@@ -231,6 +265,41 @@ seed_append_key_quoted(GString *out, int indent, const char *key, const char *va
     g_string_append_c(out, '\n');
 }
 
+/* The guest's only way out is the proxy, so everything that honours the usual settings is
+ * pointed at it: login sessions through pam_env (/etc/environment, also what SSH and vmctl exec
+ * get), shells through profile.d, and apt, which reads neither. They are always written, so a
+ * policy opened later works without touching the guest. */
+static void
+seed_append_proxy(GString *out, const char *url)
+{
+    static const char *const names[] = {"http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"};
+    static const char no_proxy[] = "localhost,127.0.0.1,::1";
+    g_autoptr(GString) environment = g_string_new(NULL);
+    g_autoptr(GString) profile = g_string_new(NULL);
+    g_autofree char *apt = g_strdup_printf("Acquire::http::Proxy \"%s\";\n"
+                                           "Acquire::https::Proxy \"%s\";\n",
+                                           url, url);
+
+    for (gsize i = 0; i < G_N_ELEMENTS(names); i++) {
+        g_string_append_printf(environment, "%s=%s\n", names[i], url);
+        g_string_append_printf(profile, "export %s=\"%s\"\n", names[i], url);
+    }
+    g_string_append_printf(environment, "no_proxy=%s\nNO_PROXY=%s\n", no_proxy, no_proxy);
+    g_string_append_printf(profile, "export no_proxy=\"%s\"\nexport NO_PROXY=\"%s\"\n", no_proxy,
+                           no_proxy);
+
+    g_string_append(out, "write_files:\n");
+    seed_append_key_quoted(out, 2, "- path", "/etc/environment");
+    g_string_append(out, "    append: true\n");
+    seed_append_key_quoted(out, 4, "content", environment->str);
+    seed_append_key_quoted(out, 2, "- path", "/etc/profile.d/vmctl-egress.sh");
+    seed_append_key_quoted(out, 4, "permissions", "0644");
+    seed_append_key_quoted(out, 4, "content", profile->str);
+    seed_append_key_quoted(out, 2, "- path", "/etc/apt/apt.conf.d/90vmctl-egress");
+    seed_append_key_quoted(out, 4, "permissions", "0644");
+    seed_append_key_quoted(out, 4, "content", apt);
+}
+
 /* hostd's own #cloud-config; @spec is already checked. */
 static char *
 seed_render_cloud_config(const VmSeedSpec *spec)
@@ -262,6 +331,9 @@ seed_render_cloud_config(const VmSeedSpec *spec)
     g_string_append(out, "ssh_keys:\n");
     seed_append_block(out, 2, "ed25519_private", spec->host_key_private);
     seed_append_key_quoted(out, 2, "ed25519_public", spec->host_key_public);
+
+    if (spec->egress_proxy != NULL)
+        seed_append_proxy(out, spec->egress_proxy);
 
     if (spec->packages != NULL && spec->packages[0] != NULL) {
         g_string_append(out, "packages:\n");

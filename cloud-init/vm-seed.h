@@ -15,12 +15,17 @@ typedef struct {
     const char *const *packages;    /* NULL-terminated, or NULL: installed at first boot */
     const char *template_user_data; /* template's extra cloud-config, or NULL */
     const char *user_user_data;     /* the user's --user-data (cloud-config or script), or NULL */
+    const char *egress_proxy;       /* "http://HOST:PORT", the guest's only way out: written to
+                                     * /etc/environment, /etc/profile.d and apt's configuration
+                                     * as http(s)_proxy; NULL: none */
 } VmSeedSpec;
 
 /* Renders user-data. Without extra parts it is one #cloud-config document; with template or
  * user parts it is a MIME multipart whose extra parts merge into hostd's (lists appended), so
- * hostd's user, key and host keys always hold. Fails with VM_ERROR_INVALID_ARGUMENT when a
- * required field is missing or a value would break the YAML (newline in hostname...). */
+ * hostd's user, key, host keys and proxy settings always hold. Fails with
+ * VM_ERROR_INVALID_ARGUMENT when a required field is missing or a value would break the YAML
+ * (newline in hostname...), or egress_proxy is not "http://" followed by a host name or IPv4
+ * address and an optional port. */
 char *vm_seed_render_user_data(const VmSeedSpec *spec, GError **error);
 
 /* Renders meta-data (instance-id, local-hostname). Can't fail for a valid spec. */

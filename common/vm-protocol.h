@@ -21,47 +21,47 @@ G_BEGIN_DECLS
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
 #define VM_PROTOCOL_VERSION  3
-#define VM_PATHS_MAX         64            /* --path arguments of a restore */
-#define VM_RULES_MAX         256           /* egress rules in one request */
+#define VM_PATHS_MAX         64  /* --path arguments of a restore */
+#define VM_RULES_MAX         256 /* egress rules in one request */
 
 /* Values are part of the wire protocol: append only, never renumber. */
 typedef enum {
     /* Requests: the first message a client sends on a connection (one request per
      * connection). */
-    VM_OP_PING = 1,           /* -> RESULT {version s, protocol u, virt_type s, uri s} */
-    VM_OP_TEMPLATE_LIST,      /* -> RESULT {templates aa{sv}} */
-    VM_OP_TEMPLATE_BUILD,     /* {name s, force b?} -> PROGRESS* RESULT {name s, image s} */
-    VM_OP_AGENT_NEW,          /* {name s, template s?, cpus u?, memory_mib u?, disk_gib u?,
-                               *  user_data s?, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
-    VM_OP_AGENT_LIST,         /* -> RESULT {agents aa{sv}} */
-    VM_OP_AGENT_INFO,         /* {name s} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_START,        /* {name s, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
-    VM_OP_AGENT_STOP,         /* {name s, force b?, timeout_s u?} -> PROGRESS* RESULT {agent} */
-    VM_OP_AGENT_RM,           /* {name s, force b?} -> RESULT {} */
-    VM_OP_AGENT_SSH_CONFIG,   /* {name s?} -> RESULT {config s} */
-    VM_OP_EXEC,               /* {name s, argv as, env as?, cwd s?, tty b?, term s?, cols u?,
-                               *  rows u?} -> then a stream, see below */
-    VM_OP_CHECKPOINT_CREATE,  /* {name s, label s?, memory b?} -> PROGRESS* RESULT
-                               *  {checkpoint a{sv}, warning s?} */
-    VM_OP_CHECKPOINT_LIST,    /* {name s} -> RESULT {checkpoints aa{sv}} */
-    VM_OP_CHECKPOINT_RESTORE, /* {name s, checkpoint s, wait b?, paths as?} -> PROGRESS* RESULT
-                               *  {agent a{sv}, undo s: the checkpoint taken just before} */
-    VM_OP_CHECKPOINT_RM,      /* {name s, checkpoint s} -> RESULT {} */
-    VM_OP_AGENT_SUSPEND,      /* {name s, save b?} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_RESUME,       /* {name s} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_KEEP_AWAKE,   /* {name s, seconds u?, off b?} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_SET_IDLE,     /* {name s, never b?, pause_s u?, save_s u?} -> RESULT {agent} */
+    VM_OP_PING = 1,              /* -> RESULT {version s, protocol u, virt_type s, uri s} */
+    VM_OP_TEMPLATE_LIST,         /* -> RESULT {templates aa{sv}} */
+    VM_OP_TEMPLATE_BUILD,        /* {name s, force b?} -> PROGRESS* RESULT {name s, image s} */
+    VM_OP_AGENT_NEW,             /* {name s, template s?, cpus u?, memory_mib u?, disk_gib u?,
+                                  *  user_data s?, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
+    VM_OP_AGENT_LIST,            /* -> RESULT {agents aa{sv}} */
+    VM_OP_AGENT_INFO,            /* {name s} -> RESULT {agent a{sv}} */
+    VM_OP_AGENT_START,           /* {name s, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
+    VM_OP_AGENT_STOP,            /* {name s, force b?, timeout_s u?} -> PROGRESS* RESULT {agent} */
+    VM_OP_AGENT_RM,              /* {name s, force b?} -> RESULT {} */
+    VM_OP_AGENT_SSH_CONFIG,      /* {name s?} -> RESULT {config s} */
+    VM_OP_EXEC,                  /* {name s, argv as, env as?, cwd s?, tty b?, term s?, cols u?,
+                                  *  rows u?} -> then a stream, see below */
+    VM_OP_CHECKPOINT_CREATE,     /* {name s, label s?, memory b?} -> PROGRESS* RESULT
+                                  *  {checkpoint a{sv}, warning s?} */
+    VM_OP_CHECKPOINT_LIST,       /* {name s} -> RESULT {checkpoints aa{sv}} */
+    VM_OP_CHECKPOINT_RESTORE,    /* {name s, checkpoint s, wait b?, paths as?} -> PROGRESS* RESULT
+                                  *  {agent a{sv}, undo s: the checkpoint taken just before} */
+    VM_OP_CHECKPOINT_RM,         /* {name s, checkpoint s} -> RESULT {} */
+    VM_OP_AGENT_SUSPEND,         /* {name s, save b?} -> RESULT {agent a{sv}} */
+    VM_OP_AGENT_RESUME,          /* {name s} -> RESULT {agent a{sv}} */
+    VM_OP_AGENT_KEEP_AWAKE,      /* {name s, seconds u?, off b?} -> RESULT {agent a{sv}} */
+    VM_OP_AGENT_SET_IDLE,        /* {name s, never b?, pause_s u?, save_s u?} -> RESULT {agent} */
     VM_OP_AGENT_SET_CHECKPOINTS, /* {name s, never b?, every_s u?, keep u?, hourly u?,
                                   *  daily u?} -> RESULT {agent} */
-    VM_OP_AGENT_FORK,         /* {name s (the new agent), source s, checkpoint s?, cpus u?,
-                               *  memory_mib u?, wait b?} -> PROGRESS* RESULT {agent a{sv},
-                               *  checkpoint s: the one the fork stands on} */
-    VM_OP_CHECKPOINT_DIFF,    /* {name s, checkpoint s, other s?, path s?} -> PROGRESS* RESULT
-                               *  {changes a(ss): (A|D|M, path) sorted by path, truncated b} */
-    VM_OP_EGRESS_GET,         /* {name s} -> RESULT {egress a{sv}} */
-    VM_OP_EGRESS_SET,         /* {name s, allow as?, deny as?, remove as?, reset b?} -> RESULT
-                               *  {egress a{sv}} */
-    VM_OP_EGRESS_LOG,         /* {name s, follow b?, lines u?} -> STDOUT* EXIT {status 0} */
+    VM_OP_AGENT_FORK,            /* {name s (the new agent), source s, checkpoint s?, cpus u?,
+                                  *  memory_mib u?, wait b?} -> PROGRESS* RESULT {agent a{sv},
+                                  *  checkpoint s: the one the fork stands on} */
+    VM_OP_CHECKPOINT_DIFF,       /* {name s, checkpoint s, other s?, path s?} -> PROGRESS* RESULT
+                                  *  {changes a(ss): (A|D|M, path) sorted by path, truncated b} */
+    VM_OP_EGRESS_GET,            /* {name s} -> RESULT {egress a{sv}} */
+    VM_OP_EGRESS_SET,            /* {name s, allow as?, deny as?, remove as?, reset b?} -> RESULT
+                                  *  {egress a{sv}} */
+    VM_OP_EGRESS_LOG,            /* {name s, follow b?, lines u?} -> STDOUT* EXIT {status 0} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,  /* {data ay} */

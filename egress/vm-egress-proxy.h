@@ -5,12 +5,20 @@
  * the proxy decides on the host it names, resolves the name itself, checks every address, and
  * only then connects, to the checked address. Every refusal and every error closes the guest's
  * connection, after a 4xx/5xx response where HTTP allows one; nothing is ever relayed anywhere
- * else. An allowed connection becomes a byte relay (poll() over non-blocking sockets) until
- * either side closes, the idle timeout strikes, or a policy change refuses its host.
+ * else. An allowed connection becomes a byte relay (a buffer per direction, poll() over
+ * non-blocking sockets) until either side closes, the idle timeout strikes, or a policy change
+ * refuses its host.
+ *
+ * Instead of TCP the proxy can listen on a Unix stream socket (listen_path). A client of that
+ * socket either speaks HTTP on it, or hands the guest's connection over: its first message is one
+ * byte carrying a connected stream socket as SCM_RIGHTS (vm_egress_proxy_pass_fd()); the proxy
+ * then serves that socket and closes the Unix connection. This is how a QEMU guestfwd helper
+ * gives its guest connection away and exits, so no process relays bytes but the proxy.
  */
 #pragma once
 
 #include <glib.h>
+#include <sys/types.h>
 
 #include "vm-egress-policy.h"
 #include "vm-egress-request.h"
@@ -49,8 +57,14 @@ typedef gboolean (*VmEgressRewriteFunc)(VmEgressRequest *request, gpointer user_
                                         GError **error);
 
 typedef struct {
-    const char *listen_address;  /* NULL: "127.0.0.1" */
-    guint16 listen_port;         /* 0: any free port (vm_egress_proxy_get_port()) */
+    const char *listen_address; /* NULL: "127.0.0.1" */
+    guint16 listen_port;        /* 0: any free port (vm_egress_proxy_get_port()) */
+    const char *listen_path;    /* non-NULL: a Unix socket here instead of TCP (mode 0600; a
+                                 * socket file already there is replaced) */
+    gboolean listen_chown;      /* with listen_path: the socket belongs to listen_uid:listen_gid
+                                 * before anyone can connect */
+    uid_t listen_uid;
+    gid_t listen_gid;
     VmEgressPolicy *policy;      /* NULL: nothing allowed; the proxy takes its own reference */
     guint max_connections;       /* 0: 64; more are answered 503 and closed */
     guint handshake_timeout_ms;  /* 0: 10 s for the whole request head to arrive */
@@ -67,7 +81,8 @@ typedef struct {
 typedef struct _VmEgressProxy VmEgressProxy;
 
 /* Binds the listening socket and starts serving. Fails with VM_ERROR_INVALID_ARGUMENT for a bad
- * listen address, VM_ERROR_NO_RESOURCES when the port is taken, VM_ERROR_IO otherwise. */
+ * listen address or a path too long for a Unix socket, VM_ERROR_NO_RESOURCES when the port is
+ * taken, VM_ERROR_IO otherwise. */
 VmEgressProxy *vm_egress_proxy_new(const VmEgressConfig *config, GError **error);
 
 /* Stops accepting, closes every connection and returns once all threads are gone (at most about
@@ -75,7 +90,7 @@ VmEgressProxy *vm_egress_proxy_new(const VmEgressConfig *config, GError **error)
  * accepted. */
 void vm_egress_proxy_free(VmEgressProxy *proxy);
 
-/* The port the proxy listens on. Can't fail. */
+/* The port the proxy listens on (0 on a Unix socket). Can't fail. */
 guint16 vm_egress_proxy_get_port(VmEgressProxy *proxy);
 
 /* Replaces the policy (the proxy takes a reference): new connections follow it at once, and open
@@ -87,6 +102,12 @@ VmEgressPolicy *vm_egress_proxy_dup_policy(VmEgressProxy *proxy);
 
 /* How many guest connections are being served now. Can't fail. */
 guint vm_egress_proxy_get_n_connections(VmEgressProxy *proxy);
+
+/* Connects to the proxy's Unix socket @path and hands it the connected stream socket @fd (see
+ * above); returns once the kernel holds it, so the caller may close @fd and exit at once. Fails
+ * with VM_ERROR_NOT_RUNNING when nothing listens at @path, VM_ERROR_INVALID_ARGUMENT for a path
+ * too long, VM_ERROR_IO otherwise. */
+gboolean vm_egress_proxy_pass_fd(const char *path, int fd, GError **error);
 
 /* @record as one line of JSON without the newline: time (ISO 8601, UTC), event
  * ("allowed"/"denied"), host, port, address, reason, bytes_up, bytes_down, duration_ms; absent

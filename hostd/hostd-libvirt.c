@@ -56,9 +56,22 @@ hostd_libvirt_detect_virt_type(void)
 
 #define HOSTD_EMBED_PREFIX "qemu:///embed?root="
 
-/* The embedded driver reads <root>/etc/qemu.conf. Its default sends QEMU's output through
- * virtlogd, which is a daemon that need not run here; plain files keep hostd self-contained.
- * An existing file is the administrator's and is left alone. */
+/* The embedded driver reads <root>/etc/qemu.conf, which hostd writes:
+ * - QEMU logs to plain files: the default goes through virtlogd, a daemon that need not run here.
+ * - libvirt's seccomp filter is off: it denies spawning, and the egress guest forward spawns a
+ *   helper per guest connection (QEMU dies of the filter at the guest's first connection to the
+ *   proxy). Every domain brings its own filter instead, VM_DOMAIN_SANDBOX in
+ *   templates/vm-domain.h, which denies the rest of what libvirt's does.
+ * A file hostd wrote earlier is brought up to date; any other file is the administrator's and is
+ * left alone (egress then works only if it has seccomp_sandbox = 0, see docs/EGRESS.md). */
+#define HOSTD_QEMU_CONF_MARKER "# Written by hostd"
+static const char hostd_qemu_conf[] = HOSTD_QEMU_CONF_MARKER
+    ": QEMU logs to files, no virtlogd needed.\n"
+    "stdio_handler = \"file\"\n"
+    "# Each domain carries its own seccomp filter, one that lets the egress guest forward\n"
+    "# spawn its helper (see docs/EGRESS.md).\n"
+    "seccomp_sandbox = 0\n";
+
 static gboolean
 hostd_libvirt_prepare_embed_root(const char *uri, GError **error)
 {
@@ -70,14 +83,14 @@ hostd_libvirt_prepare_embed_root(const char *uri, GError **error)
         *amp = '\0';
     g_autofree char *etc = g_build_filename(root, "etc", NULL);
     g_autofree char *conf = g_build_filename(etc, "qemu.conf", NULL);
-    if (g_file_test(conf, G_FILE_TEST_EXISTS))
+    g_autofree char *existing = NULL;
+    if (g_file_get_contents(conf, &existing, NULL, NULL) &&
+        (!g_str_has_prefix(existing, HOSTD_QEMU_CONF_MARKER) ||
+         g_str_equal(existing, hostd_qemu_conf)))
         return TRUE;
     if (g_mkdir_with_parents(etc, 0755) < 0)
         return vm_throw_errno(error, errno, "cannot create %s", etc);
-    return vm_file_write_atomic(conf,
-                                "# Written by hostd: QEMU logs to files, no virtlogd needed.\n"
-                                "stdio_handler = \"file\"\n",
-                                -1, 0644, error);
+    return vm_file_write_atomic(conf, hostd_qemu_conf, -1, 0644, error);
 }
 
 HostdLibvirt *

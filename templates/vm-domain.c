@@ -76,6 +76,35 @@ is_well_formed(const char *xml)
            g_markup_parse_context_end_parse(context, NULL);
 }
 
+/* The command lands in a QEMU option string and libslirp splits it like a shell: commas are
+ * escaped where it is used, quoting is the caller's, but a control character has no business
+ * in either. */
+static gboolean
+is_egress_command(const char *command)
+{
+    if (command[0] == '\0')
+        return FALSE;
+    for (const char *p = command; *p != '\0'; p++) {
+        if (g_ascii_iscntrl(*p))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* QEMU's option syntax: a comma inside a value is written twice. */
+static char *
+qemu_opt_escape(const char *value)
+{
+    g_autoptr(GString) out = g_string_new(NULL);
+
+    for (const char *p = value; *p != '\0'; p++) {
+        if (*p == ',')
+            g_string_append_c(out, ',');
+        g_string_append_c(out, *p);
+    }
+    return g_string_free(g_steal_pointer(&out), FALSE);
+}
+
 static gboolean
 spec_validate(const VmDomainSpec *spec, GError **error)
 {
@@ -108,6 +137,9 @@ spec_validate(const VmDomainSpec *spec, GError **error)
     if (spec->metadata_xml != NULL && !is_well_formed(spec->metadata_xml))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "domain spec: metadata_xml is not well-formed XML");
+    if (spec->egress_command != NULL && !is_egress_command(spec->egress_command))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "domain spec: egress_command is empty or holds a control character");
     return TRUE;
 }
 
@@ -180,24 +212,34 @@ append_devices(GString *xml, const VmDomainSpec *spec)
 
 /* libvirt has no user-mode network that can be restricted (and its passt backend is disabled
  * on Debian 12), so the NIC is passed to QEMU directly; this is also why there is no
- * <interface>. restrict=on drops everything but DHCP and the host forward, and the forward
- * listens on loopback only. */
+ * <interface>. restrict=on drops everything but DHCP, the host forward and the guest forward,
+ * and the host forward listens on loopback only. The guest forward runs egress_command per
+ * connection (the cmd: form; a chardev would serve one connection at a time). */
 static void
 append_network(GString *xml, const VmDomainSpec *spec)
 {
-    g_autofree char *netdev =
-        g_strdup_printf("user,id=vmnet0,restrict=on,hostfwd=tcp:127.0.0.1:%u-:22", spec->ssh_port);
+    g_autoptr(GString) netdev = g_string_new(NULL);
     g_autofree char *device =
         g_strdup_printf("virtio-net-pci,netdev=vmnet0,mac=%s,addr=%s", spec->mac, NET_PCI_ADDR);
 
+    g_string_printf(netdev, "user,id=vmnet0,restrict=on,hostfwd=tcp:127.0.0.1:%u-:22",
+                    spec->ssh_port);
+    if (spec->egress_command != NULL) {
+        g_autofree char *command = qemu_opt_escape(spec->egress_command);
+
+        g_string_append_printf(netdev, ",guestfwd=tcp:%s:%d-cmd:%s", VM_EGRESS_GUEST_ADDRESS,
+                               VM_EGRESS_GUEST_PORT, command);
+    }
     append(xml,
            "  <qemu:commandline>\n"
            "    <qemu:arg value='-netdev'/>\n"
            "    <qemu:arg value='%s'/>\n"
            "    <qemu:arg value='-device'/>\n"
            "    <qemu:arg value='%s'/>\n"
+           "    <qemu:arg value='-sandbox'/>\n"
+           "    <qemu:arg value='%s'/>\n"
            "  </qemu:commandline>\n",
-           netdev, device);
+           netdev->str, device, VM_DOMAIN_SANDBOX);
 }
 
 char *

@@ -7,6 +7,19 @@ G_BEGIN_DECLS
 
 #define VM_MACHINE_TYPE "pc-q35-7.2" /* pinned, so saved state and checkpoints stay loadable */
 
+/* Where the guest finds its egress proxy: an address inside QEMU's user network (10.0.2.0/24)
+ * that no host owns, answered by the guestfwd rule below. */
+#define VM_EGRESS_GUEST_ADDRESS "10.0.2.100"
+#define VM_EGRESS_GUEST_PORT    3128
+
+/* The seccomp sandbox every domain gives QEMU itself. libvirt's own (seccomp_sandbox = 1 in
+ * qemu.conf) adds spawn=deny, which kills QEMU at the guest's first connection to the egress
+ * proxy, and elevateprivileges=deny, which kills the program QEMU spawns for it (libslirp calls
+ * setsid() in the child). Where hostd turns libvirt's off, this one, which denies everything else
+ * libvirt's does, takes its place; where libvirt's stays on, the two stack (seccomp filters
+ * add up), which is harmless as long as no egress_command is set. */
+#define VM_DOMAIN_SANDBOX "on,obsolete=deny,resourcecontrol=deny"
+
 typedef struct {
     const char *name;
     const char *uuid;      /* canonical 36-char form */
@@ -19,19 +32,25 @@ typedef struct {
     const char *kernel_path; /* direct kernel boot, or NULL to boot from the disk */
     const char *initrd_path;
     const char *cmdline;
-    const char *mac;          /* 52:54:00:xx:xx:xx */
-    guint ssh_port;           /* host side, bound to 127.0.0.1 */
-    const char *console_log;  /* serial console goes to this file */
-    const char *agent_socket; /* qemu-guest-agent channel socket path */
-    const char *metadata_xml; /* inner XML for <metadata>, or NULL */
+    const char *mac;            /* 52:54:00:xx:xx:xx */
+    guint ssh_port;             /* host side, bound to 127.0.0.1 */
+    const char *console_log;    /* serial console goes to this file */
+    const char *agent_socket;   /* qemu-guest-agent channel socket path */
+    const char *metadata_xml;   /* inner XML for <metadata>, or NULL */
+    const char *egress_command; /* a shell-quoted command QEMU runs for each guest connection to
+                                 * VM_EGRESS_GUEST_ADDRESS:VM_EGRESS_GUEST_PORT, the connection
+                                 * as its stdin/stdout; NULL: the guest has no way out at all */
 } VmDomainSpec;
 
 /* Returns newly allocated domain XML for @spec: q35 pinned machine type, virtio disk with
  * discard, NoCloud cdrom, virtio-rng from /dev/urandom, TCG tb-cache 128 MiB when virt_type is
  * "qemu", qemu-guest-agent channel, serial console to a file, and QEMU user networking with
  * restrict=on and a single hostfwd 127.0.0.1:ssh_port -> guest :22 (through
- * <qemu:commandline>, since libvirt has no restricted user network). Strings are XML-escaped.
- * Fails with VM_ERROR_INVALID_ARGUMENT when a required field is missing. */
+ * <qemu:commandline>, since libvirt has no restricted user network), and QEMU's own seccomp
+ * sandbox VM_DOMAIN_SANDBOX. With egress_command, the network also gets the guestfwd to it (and
+ * libvirt's sandbox must be off, see above). Strings are XML-escaped. Fails with
+ * VM_ERROR_INVALID_ARGUMENT when a required field is missing or egress_command holds a control
+ * character. */
 char *vm_domain_xml_build(const VmDomainSpec *spec, GError **error);
 
 G_END_DECLS

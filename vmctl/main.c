@@ -1,6 +1,7 @@
 /* vmctl: the command line of hostd. Every verb sends one request to hostd and prints the answer;
  * the work happens in hostd. */
 #include "vmctl.h"
+#include "vmctl-cmd-egress.h"
 
 #include "vm-config.h"
 #include "vm-error.h"
@@ -32,6 +33,8 @@ static const VmctlVerb verbs[] = {
     {"diff", vmctl_cmd_diff, "NAME CHECKPOINT [OTHER]",
      "List files added, deleted and modified since a checkpoint"},
     {"fork", vmctl_cmd_fork, "SOURCE NAME", "Create an agent from another one's disk, live"},
+    {"egress", vmctl_cmd_egress, "NAME", "Show or change where an agent may connect"},
+    {"egress-log", vmctl_cmd_egress_log, "NAME", "Show an agent's egress log"},
     {"template list", vmctl_cmd_template_list, "", "List the templates"},
     {"template build", vmctl_cmd_template_build, "NAME", "Build the base image of a template"},
 };

@@ -60,6 +60,17 @@ spec_kvm_disk(void)
     };
 }
 
+/* The TCG guest with its way out: the guest forward to the egress helper. */
+static VmDomainSpec
+spec_egress(void)
+{
+    VmDomainSpec spec = spec_tcg_kernel();
+
+    spec.egress_command = "'/usr/libexec/vm-egress-connect' "
+                          "'/var/lib/hostd/agents/agent-tcg/egress.sock'";
+    return spec;
+}
+
 static char *
 build_ok(const VmDomainSpec *spec)
 {
@@ -112,6 +123,54 @@ test_golden_kvm_disk(void **state)
 
     vm_test_assert_golden("domain-kvm-disk.xml", xml);
     assert_schema_valid(*state, xml);
+}
+
+static void
+test_golden_egress(void **state)
+{
+    VmDomainSpec spec = spec_egress();
+    g_autofree char *xml = build_ok(&spec);
+
+    vm_test_assert_golden("domain-egress.xml", xml);
+    assert_schema_valid(*state, xml);
+}
+
+/* The guest forward is the only addition to the restricted network; QEMU's own sandbox, there
+ * either way, allows spawning the helper but denies the rest of what libvirt's does. */
+static void
+test_egress_forward(void **state)
+{
+    VmDomainSpec with = spec_egress();
+    VmDomainSpec without = spec_tcg_kernel();
+    g_autofree char *xml = build_ok(&with);
+    g_autofree char *plain = build_ok(&without);
+
+    assert_non_null(strstr(xml, "<qemu:arg value='user,id=vmnet0,restrict=on,"
+                                "hostfwd=tcp:127.0.0.1:2201-:22,"
+                                "guestfwd=tcp:10.0.2.100:3128-cmd:&apos;/usr/libexec/"
+                                "vm-egress-connect&apos; &apos;/var/lib/hostd/agents/agent-tcg/"
+                                "egress.sock&apos;'/>"));
+    assert_non_null(strstr(xml, "<qemu:arg value='-sandbox'/>\n"
+                                "    <qemu:arg value='on,obsolete=deny,resourcecontrol=deny'/>"));
+    assert_null(strstr(xml, "spawn=deny"));
+    assert_null(strstr(xml, "elevateprivileges=deny"));
+    assert_null(strstr(plain, "guestfwd"));
+    assert_non_null(strstr(plain, "<qemu:arg value='-sandbox'/>\n"
+                                  "    <qemu:arg value='on,obsolete=deny,resourcecontrol=deny'/>"));
+}
+
+/* A comma would end the netdev option and start a new one of the user's choosing: it is
+ * doubled, which is QEMU's escape for a literal comma. */
+static void
+test_egress_command_comma(void **state)
+{
+    VmDomainSpec spec = spec_egress();
+
+    spec.egress_command = "/x/connect /state,restrict=off/egress.sock";
+    g_autofree char *xml = build_ok(&spec);
+
+    assert_non_null(strstr(xml, "-cmd:/x/connect /state,,restrict=off/egress.sock'/>"));
+    assert_null(strstr(xml, "/state,restrict"));
 }
 
 /* The TCG tuning must never reach a KVM guest and host-passthrough never a TCG one (QEMU
@@ -246,6 +305,8 @@ typedef enum {
     BAD_CMDLINE_ALONE,
     BAD_MALFORMED_METADATA,
     BAD_METADATA_CLOSES,
+    BAD_EGRESS_EMPTY,
+    BAD_EGRESS_NEWLINE,
 } BadKind;
 
 typedef struct {
@@ -276,6 +337,8 @@ static const BadSpec bad_specs[] = {
     {"cmdline without kernel", BAD_CMDLINE_ALONE},
     {"malformed metadata", BAD_MALFORMED_METADATA},
     {"metadata closing its element", BAD_METADATA_CLOSES},
+    {"empty egress command", BAD_EGRESS_EMPTY},
+    {"egress command with a newline", BAD_EGRESS_NEWLINE},
 };
 
 static void
@@ -350,6 +413,12 @@ bad_spec_apply(VmDomainSpec *s, BadKind kind)
     case BAD_METADATA_CLOSES:
         s->metadata_xml = "</metadata><devices>";
         break;
+    case BAD_EGRESS_EMPTY:
+        s->egress_command = "";
+        break;
+    case BAD_EGRESS_NEWLINE:
+        s->egress_command = "/x/connect\n/y";
+        break;
     default:
         g_assert_not_reached();
     }
@@ -376,6 +445,9 @@ main(void)
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test_setup_teardown(test_golden_tcg_kernel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_kvm_disk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_golden_egress, setup, teardown),
+        cmocka_unit_test(test_egress_forward),
+        cmocka_unit_test(test_egress_command_comma),
         cmocka_unit_test(test_virt_type_features),
         cmocka_unit_test(test_network_is_restricted),
         cmocka_unit_test(test_optional_parts_omitted),

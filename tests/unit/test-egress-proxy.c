@@ -16,6 +16,11 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glib/gstdio.h>
 
 #define IO_TIMEOUT_MS 5000
 
@@ -827,6 +832,271 @@ test_rewrite_hook(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The relay under load */
+
+typedef struct {
+    int fd;
+    const guint8 *data;
+    gsize len;
+} Writer;
+
+static gpointer
+writer_thread(gpointer user_data)
+{
+    Writer *w = user_data;
+    gsize off = 0;
+
+    while (off < w->len) {
+        ssize_t n = send(w->fd, w->data + off, MIN(w->len - off, 100000), MSG_NOSIGNAL);
+
+        if (n <= 0)
+            break;
+        off += n;
+    }
+    shutdown(w->fd, SHUT_WR);
+    return GSIZE_TO_POINTER(off);
+}
+
+/* Sends @len bytes through the tunnel on @fd to the echo sink and reads them back. */
+static void
+assert_bulk_echo(int fd, gsize len)
+{
+    g_autofree guint8 *data = g_malloc(len);
+    g_autofree guint8 *back = g_malloc(len);
+    Writer w = {.fd = fd, .data = data, .len = len};
+    GThread *writer;
+    gsize got = 0;
+
+    for (gsize i = 0; i < len; i++)
+        data[i] = (guint8)(i * 2654435761u >> 13);
+    /* both ways at once: the sink echoes while it reads, so one side alone would stall */
+    writer = g_thread_new("writer", writer_thread, &w);
+    while (got < len) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        ssize_t n;
+
+        if (poll(&pfd, 1, IO_TIMEOUT_MS) <= 0)
+            break;
+        n = recv(fd, back + got, len - got, 0);
+        if (n <= 0)
+            break;
+        got += n;
+    }
+    assert_int_equal(GPOINTER_TO_SIZE(g_thread_join(writer)), len);
+    assert_int_equal(got, len);
+    assert_memory_equal(back, data, len);
+}
+
+static void
+test_relay_bulk(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    int fd = client_connect(f);
+    g_autoptr(GString) response = NULL;
+    Record *record;
+
+    client_send(fd, req);
+    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200"));
+    assert_bulk_echo(fd, 6 * 1024 * 1024 + 7);
+    close(fd);
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->bytes_up, 6 * 1024 * 1024 + 7);
+    assert_int_equal(record->bytes_down, 6 * 1024 * 1024 + 7);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The Unix socket and the hand-over of a guest's connection */
+
+static char *
+unix_fixture(Fixture *f, char **ret_dir)
+{
+    VmEgressConfig config = {0};
+    char *dir = g_dir_make_tmp("egp-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "egress.sock", NULL);
+
+    config.listen_path = path;
+    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    *ret_dir = dir;
+    return path;
+}
+
+static void
+unix_fixture_end(Fixture *f, char *dir, char *path)
+{
+    vm_egress_proxy_free(f->proxy);
+    f->proxy = NULL;
+    /* the proxy takes its socket with it */
+    assert_false(g_file_test(path, G_FILE_TEST_EXISTS));
+    assert_int_equal(g_rmdir(dir), 0);
+    g_free(path);
+    g_free(dir);
+}
+
+static int
+unix_connect(const char *path)
+{
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    g_strlcpy(sun.sun_path, path, sizeof(sun.sun_path));
+    assert_int_equal(connect(fd, (struct sockaddr *)&sun, sizeof(sun)), 0);
+    return fd;
+}
+
+/* Sends one byte with @n copies of @fd as SCM_RIGHTS on @sock. */
+static void
+send_fds(int sock, int fd, int n)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+    } control;
+    int fds[2] = {fd, fd};
+    char byte = 'F';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = control.buf,
+                         .msg_controllen = CMSG_SPACE(n * sizeof(int))};
+    struct cmsghdr *cmsg;
+
+    memset(&control, 0, sizeof(control));
+    cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(n * sizeof(int));
+    memcpy(CMSG_DATA(cmsg), fds, n * sizeof(int));
+    assert_int_equal(sendmsg(sock, &msg, MSG_NOSIGNAL), 1);
+}
+
+static void
+test_unix_handover(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *dir = NULL;
+    char *path = unix_fixture(f, &dir);
+    g_autofree char *req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    g_autoptr(GString) response = NULL;
+    g_autoptr(GError) error = NULL;
+    struct stat st;
+    int sv[2];
+
+    assert_int_equal(vm_egress_proxy_get_port(f->proxy), 0);
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISSOCK(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    /* the guest's connection, handed over; the hander's copy closes at once */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    assert_true(vm_egress_proxy_pass_fd(path, sv[1], &error));
+    close(sv[1]);
+    client_send(sv[0], req);
+    response = client_read(sv[0], "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_string_equal(response->str, "HTTP/1.1 200 Connection established\r\n\r\n");
+    assert_bulk_echo(sv[0], 3 * 1024 * 1024);
+    close(sv[0]);
+    wait_idle(f);
+    assert_int_equal(log_wait(&f->log, 0)->kind, VM_EGRESS_RECORD_ALLOWED);
+    unix_fixture_end(f, g_steal_pointer(&dir), path);
+}
+
+/* A client of the Unix socket may also speak HTTP on it directly. */
+static void
+test_unix_plain(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *dir = NULL;
+    char *path = unix_fixture(f, &dir);
+    g_autofree char *req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    g_autoptr(GString) response = NULL;
+    g_autoptr(GString) echo = NULL;
+    int fd = unix_connect(path);
+
+    client_send(fd, req);
+    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200"));
+    client_send(fd, "ping");
+    echo = client_read(fd, "ping", IO_TIMEOUT_MS, NULL);
+    assert_string_equal(echo->str, "ping");
+    close(fd);
+    wait_idle(f);
+    unix_fixture_end(f, g_steal_pointer(&dir), path);
+}
+
+/* Only exactly one stream socket is taken over: anything else closes the connection, reaches
+ * nothing and is logged. */
+static void
+test_unix_bad_handover(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *dir = NULL;
+    char *path = unix_fixture(f, &dir);
+    int p[2], sv[2], dg[2];
+
+    assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, dg), 0);
+    for (int i = 0; i < 3; i++) {
+        int fd = unix_connect(path);
+        gboolean eof = FALSE;
+        g_autoptr(GString) rest = NULL;
+
+        if (i == 0)
+            send_fds(fd, p[1], 1); /* a pipe */
+        else if (i == 1)
+            send_fds(fd, sv[1], 2); /* two sockets */
+        else
+            send_fds(fd, dg[1], 1); /* a datagram socket */
+        rest = client_read(fd, NULL, IO_TIMEOUT_MS, &eof);
+        assert_true(eof);
+        assert_int_equal(rest->len, 0);
+        close(fd);
+        assert_string_equal(log_wait(&f->log, i)->reason, "bad-request");
+    }
+    /* the handed sockets were not used: the other ends see nothing */
+    {
+        char byte;
+
+        assert_int_equal(recv(sv[0], &byte, 1, MSG_DONTWAIT), -1);
+        assert_int_equal(errno, EAGAIN);
+    }
+    close(p[0]);
+    close(p[1]);
+    close(sv[0]);
+    close(sv[1]);
+    close(dg[0]);
+    close(dg[1]);
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+    wait_idle(f);
+    unix_fixture_end(f, g_steal_pointer(&dir), path);
+}
+
+static void
+test_unix_errors(void **state)
+{
+    g_autofree char *long_path = g_strnfill(120, 'x');
+    VmEgressConfig config = {.listen_path = long_path};
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GError) pass_error = NULL;
+    g_autoptr(VmEgressProxy) proxy = vm_egress_proxy_new(&config, &error);
+    g_autofree char *dir = g_dir_make_tmp("egp-XXXXXX", NULL);
+    g_autofree char *missing = g_build_filename(dir, "none.sock", NULL);
+    int sv[2];
+
+    assert_null(proxy);
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    /* nobody there: the hand-over fails, which is what makes the way out fail closed */
+    assert_false(vm_egress_proxy_pass_fd(missing, sv[1], &pass_error));
+    assert_true(g_error_matches(pass_error, VM_ERROR, VM_ERROR_NOT_RUNNING));
+    close(sv[0]);
+    close(sv[1]);
+    assert_int_equal(g_rmdir(dir), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Set-up errors and records */
 
 static void
@@ -894,6 +1164,11 @@ main(void)
         cmocka_unit_test_setup_teardown(test_free_with_open_connections, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rewrite_hook, setup, teardown),
         cmocka_unit_test_setup_teardown(test_listen_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_relay_bulk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unix_handover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unix_plain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unix_bad_handover, setup, teardown),
+        cmocka_unit_test(test_unix_errors),
         cmocka_unit_test(test_record_json),
     };
 

@@ -357,17 +357,18 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
 {
     static const char *const keys[] = {
         "hostname",   "fqdn",           "manage_etc_hosts", "users",    "disable_root",
-        "ssh_pwauth", "ssh_deletekeys", "ssh_genkeytypes",  "ssh_keys", "packages",
+        "ssh_pwauth", "ssh_deletekeys", "ssh_genkeytypes",  "ssh_keys",
     };
     gboolean has_packages = spec->packages != NULL && spec->packages[0] != NULL;
+    gboolean has_proxy = spec->egress_proxy != NULL;
 
     assert_true(g_str_has_prefix(cloud_config, "#cloud-config\n"));
     g_autoptr(YamlDoc) y = yaml_load(cloud_config);
     yaml_node_t *root = yaml_document_get_root_node(&y->doc);
 
     /* No value may have smuggled in a key of its own. */
-    assert_int_equal(yaml_len(root), G_N_ELEMENTS(keys) - (has_packages ? 0 : 1));
-    for (size_t i = 0; i < G_N_ELEMENTS(keys) - 1; i++) {
+    assert_int_equal(yaml_len(root), G_N_ELEMENTS(keys) + has_packages + has_proxy);
+    for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
         if (yaml_get(y, root, keys[i]) == NULL) {
             print_error("key %s missing\n", keys[i]);
             fail();
@@ -398,6 +399,31 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     assert_int_equal(yaml_len(ssh_keys), 2);
     assert_yaml_string(yaml_get(y, ssh_keys, "ed25519_private"), spec->host_key_private);
     assert_yaml_string(yaml_get(y, ssh_keys, "ed25519_public"), spec->host_key_public);
+
+    yaml_node_t *files = yaml_get(y, root, "write_files");
+    if (has_proxy) {
+        const char *url = spec->egress_proxy;
+        g_autofree char *environment =
+            g_strdup_printf("http_proxy=%s\nhttps_proxy=%s\nHTTP_PROXY=%s\nHTTPS_PROXY=%s\n"
+                            "no_proxy=localhost,127.0.0.1,::1\nNO_PROXY=localhost,127.0.0.1,::1\n",
+                            url, url, url, url);
+        g_autofree char *apt = g_strdup_printf(
+            "Acquire::http::Proxy \"%s\";\nAcquire::https::Proxy \"%s\";\n", url, url);
+        yaml_node_t *file;
+
+        assert_int_equal(yaml_len(files), 3);
+        file = yaml_item(y, files, 0);
+        assert_yaml_string(yaml_get(y, file, "path"), "/etc/environment");
+        assert_yaml_bool(yaml_get(y, file, "append"), TRUE);
+        assert_yaml_string(yaml_get(y, file, "content"), environment);
+        file = yaml_item(y, files, 1);
+        assert_yaml_string(yaml_get(y, file, "path"), "/etc/profile.d/vmctl-egress.sh");
+        file = yaml_item(y, files, 2);
+        assert_yaml_string(yaml_get(y, file, "path"), "/etc/apt/apt.conf.d/90vmctl-egress");
+        assert_yaml_string(yaml_get(y, file, "content"), apt);
+    } else {
+        assert_null(files);
+    }
 
     yaml_node_t *packages = yaml_get(y, root, "packages");
     if (!has_packages) {
@@ -520,6 +546,39 @@ test_golden_template_script(void **state)
     assert_true(g_str_has_suffix(script->filename, ".sh"));
 }
 
+/* The proxy settings sit in hostd's part, before the extra parts, so they can only be added to,
+ * and the profile script really sets them in a shell. */
+static void
+test_golden_egress(void **state)
+{
+    Fixture *f = *state;
+    const char *const packages[] = {"curl", NULL};
+    g_autoptr(GError) error = NULL;
+
+    f->spec.egress_proxy = "http://10.0.2.100:3128";
+    f->spec.packages = packages;
+    g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
+    assert_null(error);
+    assert_non_null(user_data);
+    vm_test_assert_golden("seed-egress-user-data.txt", user_data);
+    assert_cloud_config_matches(user_data, &f->spec);
+
+    g_autoptr(YamlDoc) y = yaml_load(user_data);
+    yaml_node_t *files = yaml_get(y, yaml_document_get_root_node(&y->doc), "write_files");
+    yaml_node_t *profile = yaml_get(y, yaml_item(y, files, 1), "content");
+    g_autofree char *script =
+        g_strndup((const char *)profile->data.scalar.value, profile->data.scalar.length);
+    g_autofree char *with_echo = g_strconcat(script, "echo \"$https_proxy|$NO_PROXY\"\n", NULL);
+    const char *argv[] = {"sh", "-c", with_echo, NULL};
+    g_autofree char *out = NULL;
+    int status = -1;
+
+    assert_true(g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &out, NULL,
+                             &status, NULL));
+    assert_true(g_spawn_check_wait_status(status, NULL));
+    assert_string_equal(out, "http://10.0.2.100:3128|localhost,127.0.0.1,::1\n");
+}
+
 /* Bad inputs ------------------------------------------------------------------------------- */
 
 #define FIELD(name) offsetof(VmSeedSpec, name)
@@ -600,6 +659,19 @@ static const BadCase bad_cases[] = {
      FALSE},
     {"non-UTF-8 user-data", FIELD(user_user_data), "#!/bin/sh\necho \xc3\x28\n", NULL,
      "not valid UTF-8", FALSE},
+    {"empty proxy", FIELD(egress_proxy), "", NULL, "egress_proxy is missing", FALSE},
+    {"https proxy", FIELD(egress_proxy), "https://10.0.2.100:3128", NULL, "not http://HOST", FALSE},
+    {"proxy without host", FIELD(egress_proxy), "http://", NULL, "not http://HOST", FALSE},
+    {"proxy with a quote", FIELD(egress_proxy), "http://a\";x", NULL, "not http://HOST", FALSE},
+    {"proxy with a space", FIELD(egress_proxy), "http://a b", NULL, "not http://HOST", FALSE},
+    {"proxy with shell", FIELD(egress_proxy), "http://$(reboot)", NULL, "not http://HOST", FALSE},
+    {"proxy with a path", FIELD(egress_proxy), "http://a/x", NULL, "not http://HOST", FALSE},
+    {"proxy with userinfo", FIELD(egress_proxy), "http://u:p@a", NULL, "not http://HOST", FALSE},
+    {"proxy with empty port", FIELD(egress_proxy), "http://a:", NULL, "not http://HOST", FALSE},
+    {"proxy with long port", FIELD(egress_proxy), "http://a:123456", NULL, "not http://HOST",
+     FALSE},
+    {"proxy with a newline", FIELD(egress_proxy), "http://a\nruncmd: [x]", NULL,
+     "egress_proxy contains a control character", FALSE},
 };
 
 static void
@@ -961,6 +1033,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_golden_plain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_packages_template, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_template_script, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_golden_egress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_part_size_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_good_inputs, setup, teardown),

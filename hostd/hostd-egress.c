@@ -1,0 +1,857 @@
+/* Egress for agents: a proxy per agent on a Unix socket, its policy file and its log. */
+#include "hostd-egress.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glib/gstdio.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hostd-agent-private.h"
+#include "vm-error.h"
+#include "vm-name.h"
+#include "vm-protocol.h"
+#include "vm-util.h"
+
+#define EGRESS_GROUP        "egress"
+#define EGRESS_LOG_OLD      "egress.log.1"
+#define EGRESS_FOLLOW_MS    250
+#define EGRESS_EMBED_PREFIX "qemu:///embed?root="
+
+typedef struct {
+    char *name;
+    char *socket_path;
+    char *log_path;
+    char *log_old_path;
+    VmEgressProxy *proxy;
+    GMutex log_lock; /* the log file: appends and rotation */
+    int log_fd;
+    gint64 log_size;
+} EgressAgent;
+
+/* hostd's egress state for one context: its agents' proxies and what they share. */
+typedef struct {
+    GMutex lock;        /* the table and the fields below */
+    GMutex run_lock;    /* one proxy start or restart at a time */
+    GHashTable *agents; /* name -> EgressAgent */
+    gboolean owner_known;
+    gboolean owner_chown; /* the sockets go to QEMU's user */
+    uid_t owner_uid;
+    gid_t owner_gid;
+    VmEgressResolveFunc resolve;
+    gpointer resolve_data;
+} Egress;
+
+/* HostdContext has no slot for this module, so its state hangs off the context here. */
+G_LOCK_DEFINE_STATIC(egress_registry);
+static GHashTable *egress_registry = NULL; /* HostdContext* -> Egress* */
+
+static void
+egress_agent_free(EgressAgent *agent)
+{
+    if (agent == NULL)
+        return;
+    /* The proxy first: its threads log until it returns. */
+    vm_egress_proxy_free(agent->proxy);
+    if (agent->log_fd >= 0)
+        close(agent->log_fd);
+    g_mutex_clear(&agent->log_lock);
+    g_free(agent->name);
+    g_free(agent->socket_path);
+    g_free(agent->log_path);
+    g_free(agent->log_old_path);
+    g_free(agent);
+}
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(EgressAgent, egress_agent_free)
+
+static Egress *
+egress_get(HostdContext *ctx, gboolean create)
+{
+    Egress *egress;
+
+    G_LOCK(egress_registry);
+    if (egress_registry == NULL)
+        egress_registry = g_hash_table_new(g_direct_hash, g_direct_equal);
+    egress = g_hash_table_lookup(egress_registry, ctx);
+    if (egress == NULL && create) {
+        egress = g_new0(Egress, 1);
+        g_mutex_init(&egress->lock);
+        g_mutex_init(&egress->run_lock);
+        egress->agents = g_hash_table_new(g_str_hash, g_str_equal);
+        g_hash_table_insert(egress_registry, ctx, egress);
+    }
+    G_UNLOCK(egress_registry);
+    return egress;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Where the guest forward can work, and how it is spelled */
+
+/* The embedded driver's root, or NULL for any other connection. */
+static char *
+egress_embed_root(HostdContext *ctx)
+{
+    const char *uri = ctx->lv->uri;
+
+    if (!g_str_has_prefix(uri, EGRESS_EMBED_PREFIX))
+        return NULL;
+    uri += strlen(EGRESS_EMBED_PREFIX);
+    return g_strndup(uri, strcspn(uri, "&"));
+}
+
+/* Whether libvirt's seccomp filter is off in @conf (qemu.conf syntax: "key = value" lines). */
+static gboolean
+egress_conf_sandbox_off(const char *conf)
+{
+    g_autofree char *text = NULL;
+    g_auto(GStrv) lines = NULL;
+    gboolean off = FALSE;
+
+    if (!g_file_get_contents(conf, &text, NULL, NULL))
+        return FALSE;
+    lines = g_strsplit(text, "\n", -1);
+    for (char **line = lines; *line != NULL; line++) {
+        g_auto(GStrv) kv = g_strsplit(*line, "=", 2);
+
+        if (kv[0] == NULL || kv[1] == NULL || g_str_has_prefix(g_strstrip(kv[0]), "#"))
+            continue;
+        if (g_str_equal(kv[0], "seccomp_sandbox"))
+            off = g_str_equal(g_strstrip(kv[1]), "0");
+    }
+    return off;
+}
+
+/* The helper QEMU runs: $VM_EGRESS_CONNECT, else the one built next to this hostd when it runs
+ * from its build tree, else the installed one. */
+static char *
+egress_helper_path(void)
+{
+    const char *env = g_getenv("VM_EGRESS_CONNECT");
+
+    if (env != NULL && env[0] != '\0')
+        return g_strdup(env);
+    if (g_file_test(HOSTD_EGRESS_CONNECT_BUILD, G_FILE_TEST_IS_EXECUTABLE))
+        return g_strdup(HOSTD_EGRESS_CONNECT_BUILD);
+    return g_strdup(HOSTD_EGRESS_CONNECT_INSTALLED);
+}
+
+char *
+hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r)
+{
+    g_autofree char *root = egress_embed_root(ctx);
+    g_autofree char *conf = NULL;
+    g_autofree char *helper = NULL;
+    g_autofree char *socket_path = NULL;
+    g_autofree char *quoted_helper = NULL;
+    g_autofree char *quoted_socket = NULL;
+
+    if (root == NULL)
+        return NULL;
+    conf = g_build_filename(root, "etc", "qemu.conf", NULL);
+    if (!egress_conf_sandbox_off(conf))
+        return NULL;
+    helper = egress_helper_path();
+    socket_path = hostd_agent_record_path(r, HOSTD_AGENT_EGRESS_SOCKET);
+    quoted_helper = g_shell_quote(helper);
+    quoted_socket = g_shell_quote(socket_path);
+    return g_strconcat(quoted_helper, " ", quoted_socket, NULL);
+}
+
+/* QEMU's user and group as libvirt's DAC driver labels its processes ("+64055:+64055" in the
+ * capabilities), so the socket can be theirs and nobody else's. Unknown (test driver, a session
+ * connection): the socket stays hostd's, which is then QEMU's user too. */
+static void
+egress_find_owner_locked(HostdContext *ctx, Egress *egress)
+{
+    g_autofree char *caps = NULL;
+    g_autofree char *needle = NULL;
+    const char *dac, *label;
+    guint uid, gid;
+
+    if (egress->owner_known)
+        return;
+    egress->owner_known = TRUE;
+    caps = virConnectGetCapabilities(ctx->lv->conn);
+    if (caps == NULL) {
+        virResetLastError();
+        return;
+    }
+    dac = strstr(caps, "<model>dac</model>");
+    needle = g_strdup_printf("<baselabel type='%s'>", ctx->lv->virt_type);
+    label = dac != NULL ? strstr(dac, needle) : NULL;
+    if (label != NULL && sscanf(label + strlen(needle), "+%u:+%u", &uid, &gid) == 2) {
+        egress->owner_chown = TRUE;
+        egress->owner_uid = uid;
+        egress->owner_gid = gid;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Policy files */
+
+static char *
+egress_policy_path(HostdContext *ctx, const char *name)
+{
+    g_autofree char *dir = hostd_agent_dir(ctx, name);
+
+    return g_build_filename(dir, HOSTD_AGENT_EGRESS_POLICY, NULL);
+}
+
+/* The stored policy of @name; none when it has no policy file. */
+static VmEgressPolicy *
+egress_policy_load(HostdContext *ctx, const char *name, GError **error)
+{
+    g_autofree char *path = egress_policy_path(ctx, name);
+    g_autoptr(GKeyFile) keyfile = g_key_file_new();
+    g_autoptr(GError) local_error = NULL;
+    VmEgressPolicy *policy;
+
+    if (!g_key_file_load_from_file(keyfile, path, G_KEY_FILE_NONE, &local_error)) {
+        if (g_error_matches(local_error, G_FILE_ERROR, G_FILE_ERROR_NOENT))
+            return vm_egress_policy_new_none();
+        return vm_throw(error, VM_ERROR_IO, "cannot read %s: %s", path, local_error->message), NULL;
+    }
+    policy = vm_egress_policy_new_from_keyfile(keyfile, EGRESS_GROUP, &local_error);
+    if (policy == NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path, local_error->message),
+               NULL;
+    return policy;
+}
+
+static gboolean
+egress_policy_save(HostdContext *ctx, const char *name, const VmEgressPolicy *policy,
+                   GError **error)
+{
+    g_autofree char *path = egress_policy_path(ctx, name);
+    g_autoptr(GKeyFile) keyfile = g_key_file_new();
+    g_autofree char *data = NULL;
+    gsize len = 0;
+
+    g_key_file_set_comment(keyfile, NULL, NULL,
+                           " The agent's egress policy; change it with vmctl egress NAME.", NULL);
+    vm_egress_policy_to_keyfile(policy, keyfile, EGRESS_GROUP);
+    data = g_key_file_to_data(keyfile, &len, NULL);
+    return vm_file_write_atomic(path, data, (gssize)len, 0600, error);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The log */
+
+static gboolean
+egress_log_open(EgressAgent *agent)
+{
+    struct stat st;
+
+    agent->log_fd = open(agent->log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    agent->log_size = agent->log_fd >= 0 && fstat(agent->log_fd, &st) == 0 ? st.st_size : 0;
+    return agent->log_fd >= 0;
+}
+
+/* The proxy's log callback: one JSON line per record. A write that fails loses that record
+ * only; the proxy itself must never wait on or fail because of its log. */
+static void
+egress_log_record(const VmEgressRecord *record, gpointer user_data)
+{
+    EgressAgent *agent = user_data;
+    g_autofree char *json = vm_egress_record_to_json(record);
+    g_autofree char *line = g_strconcat(json, "\n", NULL);
+    gsize len = strlen(line);
+
+    g_mutex_lock(&agent->log_lock);
+    if (agent->log_fd >= 0 && agent->log_size + (gint64)len > HOSTD_EGRESS_LOG_MAX) {
+        close(agent->log_fd);
+        agent->log_fd = -1;
+        (void)g_rename(agent->log_path, agent->log_old_path);
+    }
+    if (agent->log_fd >= 0 || egress_log_open(agent)) {
+        ssize_t n = write(agent->log_fd, line, len);
+
+        if (n > 0)
+            agent->log_size += n;
+    }
+    g_mutex_unlock(&agent->log_lock);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Proxies */
+
+static EgressAgent *
+egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPolicy *policy,
+                 GError **error)
+{
+    g_autoptr(EgressAgent) agent = g_new0(EgressAgent, 1);
+    g_autofree char *dir = hostd_agent_dir(ctx, name);
+    VmEgressConfig config = {
+        .policy = policy,
+        .max_connections = HOSTD_EGRESS_MAX_CONNECTIONS,
+        .handshake_timeout_ms = HOSTD_EGRESS_HANDSHAKE_MS,
+        .idle_timeout_ms = HOSTD_EGRESS_IDLE_MS,
+        .connect_timeout_ms = HOSTD_EGRESS_CONNECT_MS,
+        .log = egress_log_record,
+    };
+
+    agent->name = g_strdup(name);
+    agent->socket_path = g_build_filename(dir, HOSTD_AGENT_EGRESS_SOCKET, NULL);
+    agent->log_path = g_build_filename(dir, HOSTD_AGENT_EGRESS_LOG, NULL);
+    agent->log_old_path = g_build_filename(dir, EGRESS_LOG_OLD, NULL);
+    agent->log_fd = -1;
+    g_mutex_init(&agent->log_lock);
+    (void)egress_log_open(agent);
+
+    g_mutex_lock(&egress->lock);
+    egress_find_owner_locked(ctx, egress);
+    config.listen_path = agent->socket_path;
+    config.listen_chown = egress->owner_chown;
+    config.listen_uid = egress->owner_uid;
+    config.listen_gid = egress->owner_gid;
+    config.resolve = egress->resolve;
+    config.resolve_data = egress->resolve_data;
+    g_mutex_unlock(&egress->lock);
+    config.log_data = agent;
+    agent->proxy = vm_egress_proxy_new(&config, error);
+    if (agent->proxy == NULL)
+        return NULL;
+    return g_steal_pointer(&agent);
+}
+
+/* Whether @agent's socket is still the one its proxy listens on. */
+static gboolean
+egress_agent_healthy(const EgressAgent *agent)
+{
+    struct stat st;
+
+    return stat(agent->socket_path, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* Starts (or restarts) @name's proxy with @policy, replacing one that runs. */
+static gboolean
+egress_agent_run(HostdContext *ctx, const char *name, VmEgressPolicy *policy, GError **error)
+{
+    Egress *egress = egress_get(ctx, TRUE);
+    g_autoptr(EgressAgent) old = NULL;
+    EgressAgent *agent;
+
+    /* Two starts at once would each bind the socket, and the loser would serve an unlinked one. */
+    g_mutex_lock(&egress->run_lock);
+    /* The old proxy goes first: it unlinks its socket when it stops. */
+    g_mutex_lock(&egress->lock);
+    (void)g_hash_table_steal_extended(egress->agents, name, NULL, (gpointer *)&old);
+    g_mutex_unlock(&egress->lock);
+    g_clear_pointer(&old, egress_agent_free);
+
+    agent = egress_agent_new(ctx, egress, name, policy, error);
+    if (agent != NULL) {
+        g_mutex_lock(&egress->lock);
+        g_hash_table_insert(egress->agents, agent->name, agent);
+        g_mutex_unlock(&egress->lock);
+    }
+    g_mutex_unlock(&egress->run_lock);
+    return agent != NULL;
+}
+
+/* A new reference to the policy @name's proxy runs with, or NULL when none runs. */
+static VmEgressPolicy *
+egress_running_policy(HostdContext *ctx, const char *name, guint *ret_connections)
+{
+    Egress *egress = egress_get(ctx, FALSE);
+    VmEgressPolicy *policy = NULL;
+    EgressAgent *agent;
+
+    if (ret_connections != NULL)
+        *ret_connections = 0;
+    if (egress == NULL)
+        return NULL;
+    g_mutex_lock(&egress->lock);
+    agent = g_hash_table_lookup(egress->agents, name);
+    if (agent != NULL) {
+        policy = vm_egress_proxy_dup_policy(agent->proxy);
+        if (ret_connections != NULL)
+            *ret_connections = vm_egress_proxy_get_n_connections(agent->proxy);
+    }
+    g_mutex_unlock(&egress->lock);
+    return policy;
+}
+
+/* Applies @policy to @name's running proxy; FALSE when none runs. */
+static gboolean
+egress_apply(HostdContext *ctx, const char *name, VmEgressPolicy *policy)
+{
+    Egress *egress = egress_get(ctx, FALSE);
+    EgressAgent *agent;
+
+    if (egress == NULL)
+        return FALSE;
+    g_mutex_lock(&egress->lock);
+    agent = g_hash_table_lookup(egress->agents, name);
+    if (agent != NULL)
+        vm_egress_proxy_set_policy(agent->proxy, policy);
+    g_mutex_unlock(&egress->lock);
+    return agent != NULL;
+}
+
+/* The template spells "any" as "*". */
+static char **
+egress_template_rules(const char *const *rules)
+{
+    g_autoptr(GStrvBuilder) builder = g_strv_builder_new();
+
+    for (const char *const *rule = rules; rule != NULL && *rule != NULL; rule++)
+        g_strv_builder_add(builder, g_str_equal(*rule, "*") ? "any" : *rule);
+    return g_strv_builder_end(builder);
+}
+
+gboolean
+hostd_egress_agent_init(HostdContext *ctx, const HostdAgentRecord *r, const char *const *allow,
+                        const char *const *deny, GError **error)
+{
+    g_auto(GStrv) allow_rules = egress_template_rules(allow);
+    g_auto(GStrv) deny_rules = egress_template_rules(deny);
+    g_autoptr(GError) local_error = NULL;
+    g_autoptr(VmEgressPolicy) policy = vm_egress_policy_new(
+        (const char *const *)allow_rules, (const char *const *)deny_rules, &local_error);
+
+    if (policy == NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "template %s: egress: %s",
+                        r->template_name, local_error->message);
+    if (!egress_policy_save(ctx, r->name, policy, error))
+        return FALSE;
+    return egress_agent_run(ctx, r->name, policy, error);
+}
+
+gboolean
+hostd_egress_agent_start(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    Egress *egress = egress_get(ctx, TRUE);
+    g_autoptr(VmEgressPolicy) policy = NULL;
+    gboolean healthy = FALSE;
+    EgressAgent *agent;
+
+    g_mutex_lock(&egress->lock);
+    agent = g_hash_table_lookup(egress->agents, r->name);
+    healthy = agent != NULL && egress_agent_healthy(agent);
+    g_mutex_unlock(&egress->lock);
+    if (healthy)
+        return TRUE;
+    policy = egress_policy_load(ctx, r->name, error);
+    if (policy == NULL)
+        return FALSE;
+    return egress_agent_run(ctx, r->name, policy, error);
+}
+
+void
+hostd_egress_agent_stop(HostdContext *ctx, const char *name)
+{
+    Egress *egress = egress_get(ctx, FALSE);
+    EgressAgent *agent = NULL;
+
+    if (egress == NULL)
+        return;
+    /* Freed under the run lock: a proxy unlinks its socket path when it stops, which must not
+     * be the path a new proxy for the same name has just bound. */
+    g_mutex_lock(&egress->run_lock);
+    g_mutex_lock(&egress->lock);
+    (void)g_hash_table_steal_extended(egress->agents, name, NULL, (gpointer *)&agent);
+    g_mutex_unlock(&egress->lock);
+    egress_agent_free(agent);
+    g_mutex_unlock(&egress->run_lock);
+}
+
+gboolean
+hostd_egress_copy_policy(HostdContext *ctx, const char *src, const char *dst, GError **error)
+{
+    g_autoptr(HostdAgentRecord) source = hostd_agent_load(ctx, src, error);
+    g_autoptr(VmEgressPolicy) policy = NULL;
+
+    if (source == NULL)
+        return FALSE;
+    /* What the source's proxy runs with is its policy; the file says the same unless a change
+     * is being written right now. */
+    policy = egress_running_policy(ctx, src, NULL);
+    if (policy == NULL)
+        policy = egress_policy_load(ctx, src, error);
+    if (policy == NULL || !vm_name_validate(dst, error) ||
+        !egress_policy_save(ctx, dst, policy, error))
+        return FALSE;
+    (void)egress_apply(ctx, dst, policy);
+    return TRUE;
+}
+
+guint
+hostd_egress_open_connections(HostdContext *ctx, const char *name)
+{
+    g_autoptr(VmEgressPolicy) policy = NULL;
+    guint connections = 0;
+
+    policy = egress_running_policy(ctx, name, &connections);
+    return connections;
+}
+
+void
+hostd_egress_stop_all(HostdContext *ctx)
+{
+    Egress *egress;
+    GHashTableIter iter;
+    gpointer value;
+
+    G_LOCK(egress_registry);
+    egress = egress_registry != NULL ? g_hash_table_lookup(egress_registry, ctx) : NULL;
+    if (egress != NULL)
+        g_hash_table_remove(egress_registry, ctx);
+    G_UNLOCK(egress_registry);
+    if (egress == NULL)
+        return;
+    g_hash_table_iter_init(&iter, egress->agents);
+    while (g_hash_table_iter_next(&iter, NULL, &value))
+        egress_agent_free(value);
+    g_hash_table_unref(egress->agents);
+    g_mutex_clear(&egress->lock);
+    g_mutex_clear(&egress->run_lock);
+    g_free(egress);
+}
+
+void
+hostd_egress_set_resolver(HostdContext *ctx, VmEgressResolveFunc resolve, gpointer resolve_data)
+{
+    Egress *egress = egress_get(ctx, TRUE);
+
+    g_mutex_lock(&egress->lock);
+    egress->resolve = resolve;
+    egress->resolve_data = resolve_data;
+    g_mutex_unlock(&egress->lock);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests */
+
+/* Whether @name's VM, as libvirt has it, carries the guest forward. */
+static gboolean
+egress_wired(HostdContext *ctx, const char *name)
+{
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
+    g_autofree char *xml = NULL;
+
+    if (dom == NULL)
+        return FALSE;
+    xml = virDomainGetXMLDesc(dom, 0);
+    if (xml == NULL) {
+        virResetLastError();
+        return FALSE;
+    }
+    return strstr(xml, "guestfwd=tcp:" VM_EGRESS_GUEST_ADDRESS ":") != NULL;
+}
+
+static GVariant *
+egress_to_variant(HostdContext *ctx, const char *name, const VmEgressPolicy *policy,
+                  guint connections)
+{
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_auto(GStrv) allow = vm_egress_policy_dup_allow(policy);
+    g_auto(GStrv) deny = vm_egress_policy_dup_deny(policy);
+
+    g_variant_builder_add(&b, "{sv}", "allow", g_variant_new_strv((const char **)allow, -1));
+    g_variant_builder_add(&b, "{sv}", "deny", g_variant_new_strv((const char **)deny, -1));
+    g_variant_builder_add(&b, "{sv}", "connections", g_variant_new_uint32(connections));
+    g_variant_builder_add(&b, "{sv}", "proxy", g_variant_new_string(HOSTD_EGRESS_GUEST_PROXY));
+    g_variant_builder_add(&b, "{sv}", "wired", g_variant_new_boolean(egress_wired(ctx, name)));
+    return g_variant_builder_end(&b);
+}
+
+GVariant *
+hostd_egress_get(HostdContext *ctx, const char *name, GError **error)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    g_autoptr(VmEgressPolicy) policy = NULL;
+    guint connections = 0;
+
+    if (r == NULL)
+        return NULL;
+    policy = egress_running_policy(ctx, name, &connections);
+    if (policy == NULL)
+        policy = egress_policy_load(ctx, name, error);
+    if (policy == NULL)
+        return NULL;
+    return egress_to_variant(ctx, name, policy, connections);
+}
+
+/* Normalises @rule as the policy stores it: any rule alone is a valid allow list. */
+static char *
+egress_normalise_rule(const char *rule, GError **error)
+{
+    const char *const one[] = {rule, NULL};
+    g_autoptr(VmEgressPolicy) policy = vm_egress_policy_new(one, NULL, error);
+    g_auto(GStrv) rules = NULL;
+
+    if (policy == NULL)
+        return NULL;
+    rules = vm_egress_policy_dup_allow(policy);
+    return g_strdup(rules[0]);
+}
+
+static gboolean
+egress_list_add(GPtrArray *list, const char *rule)
+{
+    for (guint i = 0; i < list->len; i++) {
+        if (g_str_equal(list->pdata[i], rule))
+            return FALSE;
+    }
+    g_ptr_array_add(list, g_strdup(rule));
+    return TRUE;
+}
+
+static gboolean
+egress_list_remove(GPtrArray *list, const char *rule)
+{
+    for (guint i = 0; i < list->len; i++) {
+        if (g_str_equal(list->pdata[i], rule)) {
+            g_ptr_array_remove_index(list, i);
+            return TRUE;
+        }
+    }
+    return FALSE;
+}
+
+static GPtrArray *
+egress_list_from(char **rules, gboolean drop_none)
+{
+    GPtrArray *list = g_ptr_array_new_with_free_func(g_free);
+
+    for (char **rule = rules; *rule != NULL; rule++) {
+        if (!(drop_none && g_str_equal(*rule, "none")))
+            g_ptr_array_add(list, g_strdup(*rule));
+    }
+    return list;
+}
+
+/* Applies the change to @current and returns the new policy, or NULL with the error. */
+static VmEgressPolicy *
+egress_policy_edit(const VmEgressPolicy *current, const char *const *allow, const char *const *deny,
+                   const char *const *remove, gboolean reset, GError **error)
+{
+    g_auto(GStrv) old_allow = vm_egress_policy_dup_allow(current);
+    g_auto(GStrv) old_deny = vm_egress_policy_dup_deny(current);
+    g_autoptr(GPtrArray) allow_list = egress_list_from(reset ? (char *[]){NULL} : old_allow, TRUE);
+    g_autoptr(GPtrArray) deny_list = egress_list_from(reset ? (char *[]){NULL} : old_deny, TRUE);
+    g_autoptr(GError) local_error = NULL;
+    VmEgressPolicy *policy;
+
+    for (const char *const *it = allow; it != NULL && *it != NULL; it++) {
+        g_autofree char *rule = egress_normalise_rule(*it, error);
+
+        if (rule == NULL)
+            return NULL;
+        if (g_str_equal(rule, "none") || g_str_equal(rule, "any"))
+            g_ptr_array_set_size(allow_list, 0);
+        if (!g_str_equal(rule, "none"))
+            egress_list_add(allow_list, rule);
+    }
+    for (const char *const *it = deny; it != NULL && *it != NULL; it++) {
+        g_autofree char *rule = egress_normalise_rule(*it, error);
+
+        if (rule == NULL)
+            return NULL;
+        if (!g_str_equal(rule, "none"))
+            egress_list_add(deny_list, rule);
+    }
+    for (const char *const *it = remove; it != NULL && *it != NULL; it++) {
+        g_autofree char *rule = egress_normalise_rule(*it, error);
+        gboolean removed;
+
+        if (rule == NULL)
+            return NULL;
+        removed = egress_list_remove(allow_list, rule);
+        removed = egress_list_remove(deny_list, rule) || removed;
+        if (!removed)
+            return vm_throw(error, VM_ERROR_NOT_FOUND, "no egress rule '%s' to remove", *it), NULL;
+    }
+    g_ptr_array_add(allow_list, NULL);
+    g_ptr_array_add(deny_list, NULL);
+    policy = vm_egress_policy_new((const char *const *)allow_list->pdata,
+                                  (const char *const *)deny_list->pdata, &local_error);
+    if (policy == NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s", local_error->message), NULL;
+    return policy;
+}
+
+GVariant *
+hostd_egress_set(HostdContext *ctx, const char *name, const char *const *allow,
+                 const char *const *deny, const char *const *remove, gboolean reset, GError **error)
+{
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(VmEgressPolicy) current = NULL;
+    g_autoptr(VmEgressPolicy) policy = NULL;
+    guint connections = 0;
+
+    if (!vm_name_validate(name, error))
+        return NULL;
+    lock = hostd_name_lock(ctx, name);
+    r = hostd_agent_load(ctx, name, error);
+    if (r == NULL)
+        return NULL;
+    current = egress_policy_load(ctx, name, error);
+    if (current == NULL)
+        return NULL;
+    policy = egress_policy_edit(current, allow, deny, remove, reset, error);
+    if (policy == NULL)
+        return NULL;
+    /* Stored first: a change that cannot be kept is not made at all. */
+    if (!egress_policy_save(ctx, name, policy, error))
+        return NULL;
+    if (!egress_apply(ctx, name, policy) && !hostd_egress_agent_start(ctx, r, error))
+        return NULL;
+    g_clear_pointer(&current, vm_egress_policy_unref);
+    current = egress_running_policy(ctx, name, &connections);
+    return egress_to_variant(ctx, name, current != NULL ? current : policy, connections);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The log, streamed */
+
+static gboolean
+egress_send_data(int fd, const char *data, gsize len)
+{
+    while (len > 0) {
+        gsize chunk = MIN(len, VM_STREAM_CHUNK_MAX);
+        g_autoptr(VmMessage) m = NULL;
+
+        /* Whole lines per frame where they fit, so a reader never sees half a record. */
+        if (chunk < len) {
+            const char *nl = g_strrstr_len(data, chunk, "\n");
+
+            if (nl != NULL)
+                chunk = nl - data + 1;
+        }
+        m = vm_message_new_data(VM_OP_STDOUT, data, chunk);
+        if (!vm_message_write_fd(fd, m, NULL))
+            return FALSE;
+        data += chunk;
+        len -= chunk;
+    }
+    return TRUE;
+}
+
+/* The last @lines lines of the old and the current log (G_MAXUINT32: all), and in *@ret_offset how
+ * much of the current one was read. */
+static GString *
+egress_log_tail(const char *path, const char *old_path, guint lines, gint64 *ret_offset)
+{
+    g_autofree char *old = NULL;
+    g_autofree char *current = NULL;
+    gsize old_len = 0, current_len = 0;
+    GString *text = g_string_new(NULL);
+    const char *start;
+    guint seen = 0;
+
+    (void)g_file_get_contents(old_path, &old, &old_len, NULL);
+    (void)g_file_get_contents(path, &current, &current_len, NULL);
+    /* A record being written right now is not a line yet: it comes with the next read. */
+    while (current_len > 0 && current[current_len - 1] != '\n')
+        current_len--;
+    *ret_offset = (gint64)current_len;
+    if (old != NULL && old_len > 0 && old[old_len - 1] == '\n')
+        g_string_append_len(text, old, (gssize)old_len);
+    if (current != NULL)
+        g_string_append_len(text, current, (gssize)current_len);
+    if (lines == G_MAXUINT32 || text->len == 0)
+        return text;
+    if (lines == 0) {
+        g_string_truncate(text, 0);
+        return text;
+    }
+    start = text->str + text->len - 1;
+    while (start > text->str) {
+        if (start[-1] == '\n' && ++seen == lines)
+            break;
+        start--;
+    }
+    g_string_erase(text, 0, start - text->str);
+    return text;
+}
+
+/* Whether the client is still there: it sends nothing after its request, so readable means it
+ * closed (or misbehaves, which ends the stream as well). */
+static gboolean
+egress_client_gone(int fd, int timeout_ms)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+    return poll(&pfd, 1, timeout_ms) > 0;
+}
+
+/* Sends what appears in the log from @offset on, across rotations, until the client goes away
+ * or the agent is removed. */
+static void
+egress_log_follow(HostdContext *ctx, const char *name, const char *path, gint64 offset,
+                  int client_fd)
+{
+    vm_autofd fd = open(path, O_RDONLY | O_CLOEXEC);
+    g_autoptr(GString) partial = g_string_new(NULL);
+    struct stat st;
+    ino_t ino = 0;
+
+    if (fd >= 0 && fstat(fd, &st) == 0)
+        ino = st.st_ino;
+    if (fd >= 0 && lseek(fd, offset, SEEK_SET) < 0)
+        return;
+    while (!egress_client_gone(client_fd, EGRESS_FOLLOW_MS)) {
+        g_autofree char *record =
+            g_build_filename(ctx->state->agents_dir, name, HOSTD_AGENT_RECORD, NULL);
+        gboolean rotated;
+        char buf[16384];
+        ssize_t n;
+
+        if (!g_file_test(record, G_FILE_TEST_EXISTS))
+            return;
+        rotated = stat(path, &st) == 0 && (fd < 0 || st.st_ino != ino);
+        while (fd >= 0 && (n = read(fd, buf, sizeof(buf))) > 0)
+            g_string_append_len(partial, buf, n);
+        if (partial->len > 0) {
+            const char *nl = g_strrstr_len(partial->str, (gssize)partial->len, "\n");
+
+            if (nl != NULL) {
+                gsize whole = nl - partial->str + 1;
+
+                if (!egress_send_data(client_fd, partial->str, whole))
+                    return;
+                g_string_erase(partial, 0, (gssize)whole);
+            }
+        }
+        if (rotated) {
+            if (fd >= 0)
+                close(fd);
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+            ino = st.st_ino;
+            g_string_truncate(partial, 0);
+        }
+    }
+}
+
+gboolean
+hostd_egress_log(HostdContext *ctx, const char *name, gboolean follow, guint lines, int client_fd,
+                 GError **error)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    g_autofree char *path = NULL;
+    g_autofree char *old_path = NULL;
+    g_autoptr(GString) tail = NULL;
+    g_autoptr(GVariantDict) exit_fields = g_variant_dict_new(NULL);
+    g_autoptr(VmMessage) exit_message = NULL;
+    gint64 offset = 0;
+
+    if (r == NULL)
+        return FALSE;
+    path = hostd_agent_record_path(r, HOSTD_AGENT_EGRESS_LOG);
+    old_path = hostd_agent_record_path(r, EGRESS_LOG_OLD);
+    tail = egress_log_tail(path, old_path, lines, &offset);
+    if (!egress_send_data(client_fd, tail->str, tail->len))
+        return TRUE;
+    if (follow)
+        egress_log_follow(ctx, name, path, offset, client_fd);
+    g_variant_dict_insert(exit_fields, "status", "i", 0);
+    exit_message = vm_message_new(VM_OP_EXIT, g_variant_dict_end(exit_fields), NULL);
+    if (exit_message != NULL)
+        (void)vm_message_write_fd(client_fd, exit_message, NULL);
+    return TRUE;
+}

@@ -1,0 +1,106 @@
+/* Egress for agents: the one way out of an agent's VM. See docs/EGRESS.md.
+ *
+ * Every agent has a proxy of its own (egress/vm-egress-proxy.h) that hostd runs while it runs,
+ * listening on the Unix socket agents/<name>/egress.sock. The agent's QEMU reaches it through a
+ * guestfwd on VM_EGRESS_GUEST_ADDRESS:VM_EGRESS_GUEST_PORT whose helper (vm-egress-connect) hands
+ * each guest connection over to that socket; when hostd or the proxy is down the helper fails
+ * and the guest's connection closes. The policy lives in agents/<name>/egress.ini (written
+ * atomically; the template's at `new`, the source's on fork), the log in agents/<name>/egress.log
+ * (JSON lines, one record per denied attempt and per allowed connection, rotated at
+ * HOSTD_EGRESS_LOG_MAX to egress.log.1).
+ *
+ * Functions may be called from any request thread. None of them takes an agent's name lock:
+ * those that change an agent (init, copy, stop) expect the caller to hold it, the requests (get,
+ * set, log) take it themselves where they need it.
+ */
+#pragma once
+
+#include "hostd-agent.h"
+#include "vm-domain.h"
+#include "vm-egress-proxy.h"
+
+G_BEGIN_DECLS
+
+#define HOSTD_AGENT_EGRESS_POLICY "egress.ini"
+#define HOSTD_AGENT_EGRESS_SOCKET "egress.sock"
+#define HOSTD_AGENT_EGRESS_LOG    "egress.log"
+
+/* What the guest's http_proxy/https_proxy and apt's proxy name. */
+#define HOSTD_EGRESS_GUEST_PROXY                                                                   \
+    "http://" VM_EGRESS_GUEST_ADDRESS ":" G_STRINGIFY(VM_EGRESS_GUEST_PORT)
+
+/* Limits per agent: open connections (more get 503), time for a request head, time without a
+ * byte either way before a tunnel is closed, time to connect to a destination. */
+#define HOSTD_EGRESS_MAX_CONNECTIONS 64
+#define HOSTD_EGRESS_HANDSHAKE_MS    (10 * 1000)
+#define HOSTD_EGRESS_IDLE_MS         (10 * 60 * 1000)
+#define HOSTD_EGRESS_CONNECT_MS      (10 * 1000)
+
+/* The log is rotated once it grows past this (one older file is kept). */
+#define HOSTD_EGRESS_LOG_MAX (4 * 1024 * 1024)
+
+/* The command the agent's guestfwd runs per guest connection (shell-quoted helper and socket),
+ * for VmDomainSpec.egress_command; NULL where the guest forward cannot work: on a libvirt
+ * connection other than hostd's embedded driver, or when its qemu.conf keeps libvirt's seccomp
+ * filter (which kills QEMU when it spawns the helper). Newly allocated; can't fail. */
+char *hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r);
+
+/* At `new`: stores the template's rules (@allow/@deny as the template has them, "*" meaning
+ * "any"; NULL or empty: none) as @r's policy and starts its proxy. A bad rule fails with
+ * VM_ERROR_INVALID_ARGUMENT naming it; a proxy that cannot start fails (VM_ERROR_IO,
+ * VM_ERROR_INVALID_ARGUMENT for a socket path too long). Nothing is left running on failure. */
+gboolean hostd_egress_agent_init(HostdContext *ctx, const HostdAgentRecord *r,
+                                 const char *const *allow, const char *const *deny, GError **error);
+
+/* Makes sure @r's proxy runs with its stored policy (no policy file: none): starts it when it
+ * does not run, restarts it when its socket is gone. For start-up, start and fork. Fails like
+ * hostd_egress_agent_init(), or with VM_ERROR_INVALID_ARGUMENT when the stored policy is bad. */
+gboolean hostd_egress_agent_start(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+
+/* Stops @name's proxy (open tunnels are closed) and forgets it; for rm and a rolled-back new or
+ * fork. Returns once its threads are gone. Unknown @name: no-op; can't fail. */
+void hostd_egress_agent_stop(HostdContext *ctx, const char *name);
+
+/* For fork: gives agent @dst (its directory exists) the policy of agent @src, and applies it to
+ * @dst's proxy if that runs already (else hostd_egress_agent_start() picks it up). Fails with
+ * VM_ERROR_NOT_FOUND for an unknown @src, VM_ERROR_IO when the policy cannot be written. */
+gboolean hostd_egress_copy_policy(HostdContext *ctx, const char *src, const char *dst,
+                                  GError **error);
+
+/* The agent's egress state (a{sv}): allow as, deny as (normalised rules; allow ["none"] when
+ * nothing is allowed), connections u (open now), proxy s (what the guest's http_proxy names),
+ * wired b (whether the agent's VM has the guest forward to its proxy). Fails with
+ * VM_ERROR_NOT_FOUND or VM_ERROR_INVALID_ARGUMENT for a bad name. */
+GVariant *hostd_egress_get(HostdContext *ctx, const char *name, GError **error);
+
+/* Changes the policy live: with @reset every rule goes first; then @allow and @deny rules are
+ * added ("none" in @allow empties the allow list, "any" replaces it), then @remove rules are
+ * taken out of both lists. The result is checked as a whole: a bad rule fails with
+ * VM_ERROR_INVALID_ARGUMENT naming it, a rule to remove that is in neither list with
+ * VM_ERROR_NOT_FOUND, and the old policy stays. Otherwise it is stored, new connections follow it
+ * at once and open tunnels it refuses close within a second. Returns hostd_egress_get()'s
+ * dictionary. */
+GVariant *hostd_egress_set(HostdContext *ctx, const char *name, const char *const *allow,
+                           const char *const *deny, const char *const *remove, gboolean reset,
+                           GError **error);
+
+/* Sends the agent's log on @client_fd as STDOUT frames of whole JSON lines: the last @lines
+ * records (G_MAXUINT32: all that are kept), then with @follow new records as they come, until the
+ * client closes its end or the agent is removed. Ends with EXIT {status 0}. Fails with
+ * VM_ERROR_NOT_FOUND or VM_ERROR_INVALID_ARGUMENT before anything was sent. */
+gboolean hostd_egress_log(HostdContext *ctx, const char *name, gboolean follow, guint lines,
+                          int client_fd, GError **error);
+
+/* How many connections of @name's guest its proxy serves now (0 when none runs): for the idle
+ * loop, to which an agent with an open connection out is not idle. Can't fail. */
+guint hostd_egress_open_connections(HostdContext *ctx, const char *name);
+
+/* Stops every proxy of @ctx (agents' VMs keep running; their guests lose their way out until the
+ * next hostd starts the proxies again). For hostd's exit; can't fail. */
+void hostd_egress_stop_all(HostdContext *ctx);
+
+/* For tests: proxies started from now on resolve names with @resolve (NULL: getaddrinfo()). */
+void hostd_egress_set_resolver(HostdContext *ctx, VmEgressResolveFunc resolve,
+                               gpointer resolve_data);
+
+G_END_DECLS

@@ -1,0 +1,1028 @@
+/* hostd's egress without VMs: agents as records in a temporary state dir over libvirt's test
+ * driver, their proxies on their Unix sockets, guest connections handed over as QEMU's guestfwd
+ * does (the real vm-egress-connect helper with a socketpair as its stdio), a fake resolver for
+ * names, and a counting echo sink on 127.0.0.1 as the only destination. Every refused case must
+ * deliver 0 bytes to the sink and leave a log record. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <glib/gstdio.h>
+
+#include "hostd-agent-private.h"
+#include "hostd-egress.h"
+#include "hostd-server.h"
+#include "vm-config.h"
+#include "vm-error.h"
+#include "vm-protocol.h"
+#include "vm-util.h"
+#include "test-common.h"
+
+#define IO_TIMEOUT_MS 5000
+
+/* ---- sink: an echo server on 127.0.0.1 counting what reaches it ---------------------------- */
+
+typedef struct {
+    int listen_fd;
+    guint16 port;
+    gint stop;
+    gint bytes;
+    GThread *thread;
+    GPtrArray *workers;
+    GMutex lock;
+} Sink;
+
+typedef struct {
+    Sink *sink;
+    int fd;
+} SinkConn;
+
+static gpointer
+sink_conn_thread(gpointer data)
+{
+    SinkConn *conn = data;
+    char buf[16384];
+
+    while (!g_atomic_int_get(&conn->sink->stop)) {
+        struct pollfd pfd = {.fd = conn->fd, .events = POLLIN};
+        ssize_t n;
+
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        n = recv(conn->fd, buf, sizeof(buf), 0);
+        if (n <= 0)
+            break;
+        g_atomic_int_add(&conn->sink->bytes, (gint)n);
+        if (send(conn->fd, buf, n, MSG_NOSIGNAL) != n)
+            break;
+    }
+    close(conn->fd);
+    g_free(conn);
+    return NULL;
+}
+
+static gpointer
+sink_thread(gpointer data)
+{
+    Sink *sink = data;
+
+    while (!g_atomic_int_get(&sink->stop)) {
+        struct pollfd pfd = {.fd = sink->listen_fd, .events = POLLIN};
+        SinkConn *conn;
+        int fd;
+
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        fd = accept4(sink->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        conn = g_new0(SinkConn, 1);
+        conn->sink = sink;
+        conn->fd = fd;
+        g_mutex_lock(&sink->lock);
+        g_ptr_array_add(sink->workers, g_thread_new("sink-conn", sink_conn_thread, conn));
+        g_mutex_unlock(&sink->lock);
+    }
+    return NULL;
+}
+
+static Sink *
+sink_new(void)
+{
+    Sink *sink = g_new0(Sink, 1);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sin);
+
+    sink->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(sink->listen_fd >= 0);
+    assert_int_equal(bind(sink->listen_fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    assert_int_equal(listen(sink->listen_fd, 64), 0);
+    assert_int_equal(getsockname(sink->listen_fd, (struct sockaddr *)&sin, &len), 0);
+    sink->port = ntohs(sin.sin_port);
+    g_mutex_init(&sink->lock);
+    sink->workers = g_ptr_array_new();
+    sink->thread = g_thread_new("sink", sink_thread, sink);
+    return sink;
+}
+
+static void
+sink_free(Sink *sink)
+{
+    g_atomic_int_set(&sink->stop, 1);
+    g_thread_join(sink->thread);
+    for (guint i = 0; i < sink->workers->len; i++)
+        g_thread_join(sink->workers->pdata[i]);
+    g_ptr_array_unref(sink->workers);
+    close(sink->listen_fd);
+    g_mutex_clear(&sink->lock);
+    g_free(sink);
+}
+
+/* ---- fixture -------------------------------------------------------------------------------- */
+
+typedef struct {
+    char *dir;
+    char *uri;
+    HostdContext *ctx;
+    Sink *sink;
+} Fixture;
+
+static const char *
+env_or(const char *name, const char *fallback)
+{
+    const char *value = g_getenv(name);
+
+    return value != NULL && value[0] != '\0' ? value : fallback;
+}
+
+/* *.test names resolve to 127.0.0.1, but for "mixed.test", which also has an internal address. */
+static GArray *
+fake_resolve(const char *host, gpointer user_data, GError **error)
+{
+    GArray *out;
+    VmEgressAddress address;
+
+    if (!g_str_has_suffix(host, ".test"))
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "no such test host '%s'", host), NULL;
+    out = g_array_new(FALSE, FALSE, sizeof(VmEgressAddress));
+    (void)vm_egress_address_parse("127.0.0.1", &address, NULL);
+    g_array_append_val(out, address);
+    if (g_str_equal(host, "mixed.test")) {
+        (void)vm_egress_address_parse("10.1.2.3", &address, NULL);
+        g_array_append_val(out, address);
+    }
+    return out;
+}
+
+static HostdAgentRecord *
+make_agent(Fixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    HostdAgentRecord *r = g_new0(HostdAgentRecord, 1);
+
+    r->dir = g_build_filename(f->ctx->state->agents_dir, name, NULL);
+    r->name = g_strdup(name);
+    r->uuid = g_strdup("6c0b7a1e-52f4-4d0e-9d1b-000000000001");
+    r->template_name = g_strdup("debian-12");
+    r->phase = g_strdup(HOSTD_PHASE_READY);
+    r->cpus = 1;
+    r->memory_mib = 128;
+    r->disk_gib = 8;
+    r->ssh_port = 42001;
+    r->mac = g_strdup("52:54:00:00:00:01");
+    r->user = g_strdup("agent");
+    r->instance_id = g_strdup("vmctl-test");
+    assert_int_equal(g_mkdir_with_parents(r->dir, 0711), 0);
+    if (!hostd_agent_record_save(r, &error))
+        fail_msg("record: %s", error->message);
+    return r;
+}
+
+static int
+setup(void **state)
+{
+    Fixture *f = g_new0(Fixture, 1);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *node = NULL;
+    g_autofree char *state_dir = NULL;
+
+    /* Short: the proxies' Unix sockets live below it. */
+    f->dir = g_dir_make_tmp("egh-XXXXXX", NULL);
+    assert_non_null(f->dir);
+    node = g_build_filename(env_or("VM_TEST_DATA", VM_SOURCE_DIR "/tests/data"), "hostd",
+                            "node.xml", NULL);
+    f->uri = g_strconcat("test://", node, NULL);
+    state_dir = g_build_filename(f->dir, "s", NULL);
+    HostdConfig *config = hostd_config_load(NULL, state_dir, NULL, f->uri, &error);
+    assert_non_null(config);
+    HostdState *st = hostd_state_open(state_dir, &error);
+    assert_non_null(st);
+    HostdLibvirt *lv = hostd_libvirt_open(f->uri, &error);
+    if (lv == NULL)
+        fail_msg("libvirt: %s", error->message);
+    f->ctx = hostd_context_new(config, st, lv);
+    hostd_egress_set_resolver(f->ctx, fake_resolve, NULL);
+    f->sink = sink_new();
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+
+    hostd_context_free(f->ctx);
+    sink_free(f->sink);
+    vm_test_remove_tree(f->dir);
+    g_free(f->dir);
+    g_free(f->uri);
+    g_free(f);
+    return 0;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static void
+init_agent(Fixture *f, const char *name, const char *allow, const char *deny)
+{
+    g_autoptr(HostdAgentRecord) r = make_agent(f, name);
+    g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
+    g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
+    g_autoptr(GError) error = NULL;
+
+    if (!hostd_egress_agent_init(f->ctx, r, (const char *const *)a, (const char *const *)d, &error))
+        fail_msg("init: %s", error->message);
+}
+
+static char *
+agent_file(Fixture *f, const char *name, const char *file)
+{
+    return g_build_filename(f->ctx->state->agents_dir, name, file, NULL);
+}
+
+/* "allow|deny" as hostd_egress_get() has them, space-separated. */
+static char *
+policy_text(Fixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) egress = hostd_egress_get(f->ctx, name, &error);
+    g_autofree const char **allow = NULL;
+    g_autofree const char **deny = NULL;
+    g_autofree char *a = NULL, *d = NULL;
+
+    if (egress == NULL)
+        fail_msg("get: %s", error->message);
+    g_variant_ref_sink(egress);
+    assert_true(g_variant_lookup(egress, "allow", "^a&s", &allow));
+    assert_true(g_variant_lookup(egress, "deny", "^a&s", &deny));
+    a = g_strjoinv(" ", (char **)allow);
+    d = g_strjoinv(" ", (char **)deny);
+    return g_strdup_printf("%s|%s", a, d);
+}
+
+static GVariant *
+set_policy(Fixture *f, const char *name, const char *allow, const char *deny, const char *remove,
+           gboolean reset, GError **error)
+{
+    g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
+    g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
+    g_auto(GStrv) r = remove != NULL ? g_strsplit(remove, " ", 0) : NULL;
+    GVariant *v = hostd_egress_set(f->ctx, name, (const char *const *)a, (const char *const *)d,
+                                   (const char *const *)r, reset, error);
+
+    return v != NULL ? g_variant_ref_sink(v) : NULL;
+}
+
+static void
+set_ok(Fixture *f, const char *name, const char *allow, const char *deny, const char *remove,
+       gboolean reset)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) v = set_policy(f, name, allow, deny, remove, reset, &error);
+
+    if (v == NULL)
+        fail_msg("set: %s", error->message);
+}
+
+static char *
+helper_path(void)
+{
+    return g_build_filename(env_or("VM_BUILD_DIR", "."), "egress", "vm-egress-connect", NULL);
+}
+
+/* A guest connection as QEMU makes it: a socketpair whose one end becomes the helper's stdio.
+ * Returns the guest's end and the helper's exit status in *@ret_status. */
+static int
+guest_connect(Fixture *f, const char *name, int *ret_status)
+{
+    g_autofree char *helper = helper_path();
+    g_autofree char *socket_path = agent_file(f, name, HOSTD_AGENT_EGRESS_SOCKET);
+    int sv[2];
+    pid_t pid;
+    int status = -1;
+
+    if (!g_file_test(helper, G_FILE_TEST_IS_EXECUTABLE))
+        fail_msg("no helper at %s (set VM_BUILD_DIR)", helper);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(sv[1], 0);
+        dup2(sv[1], 1);
+        execl(helper, helper, socket_path, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    *ret_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return sv[0];
+}
+
+static void
+send_text(int fd, const char *text)
+{
+    assert_int_equal(send(fd, text, strlen(text), MSG_NOSIGNAL), (ssize_t)strlen(text));
+}
+
+/* Reads until @needle appears (NULL: until EOF) or the timeout; *@ret_eof tells whether the
+ * connection closed. */
+static GString *
+read_until(int fd, const char *needle, int timeout_ms, gboolean *ret_eof)
+{
+    GString *out = g_string_new(NULL);
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+
+    *ret_eof = FALSE;
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
+        char buf[4096];
+        ssize_t n;
+
+        if (needle != NULL && strstr(out->str, needle) != NULL)
+            break;
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
+            break;
+        n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) {
+            *ret_eof = TRUE;
+            break;
+        }
+        g_string_append_len(out, buf, n);
+    }
+    return out;
+}
+
+/* Opens a CONNECT tunnel to @host:sink through @name's proxy; returns the fd, or -1 with the
+ * response status in *@ret_status when refused. */
+static int
+tunnel(Fixture *f, const char *name, const char *host, int *ret_status)
+{
+    int helper_status = -1;
+    int fd = guest_connect(f, name, &helper_status);
+    g_autofree char *request = NULL;
+    g_autoptr(GString) response = NULL;
+    gboolean eof;
+
+    assert_int_equal(helper_status, 0);
+    request = g_strdup_printf("CONNECT %s:%u HTTP/1.1\r\nHost: %s:%u\r\n\r\n", host, f->sink->port,
+                              host, f->sink->port);
+    send_text(fd, request);
+    response = read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, &eof);
+    *ret_status = g_str_has_prefix(response->str, "HTTP/1.1 ") ? atoi(response->str + 9) : 0;
+    if (*ret_status == 200)
+        return fd;
+    close(fd);
+    return -1;
+}
+
+static char *
+log_text(Fixture *f, const char *name)
+{
+    g_autofree char *path = agent_file(f, name, HOSTD_AGENT_EGRESS_LOG);
+    char *text = NULL;
+
+    if (!g_file_get_contents(path, &text, NULL, NULL))
+        return g_strdup("");
+    return text;
+}
+
+/* Waits until the log of @name has @n lines; returns them. */
+static char **
+log_wait_lines(Fixture *f, const char *name, guint n)
+{
+    for (int i = 0; i < 500; i++) {
+        g_autofree char *text = log_text(f, name);
+        g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+
+        /* the last element is what follows the last newline */
+        if (g_strv_length(lines) >= n + 1)
+            return g_steal_pointer(&lines);
+        g_usleep(10 * 1000);
+    }
+    fail_msg("the log of %s never reached %u lines:\n%s", name, n, log_text(f, name));
+    return NULL;
+}
+
+/* ---- policy: init, change, persistence, copy ------------------------------------------------ */
+
+static void
+test_init_from_template(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *ini = agent_file(f, "a1", HOSTD_AGENT_EGRESS_POLICY);
+    g_autofree char *sock = agent_file(f, "a1", HOSTD_AGENT_EGRESS_SOCKET);
+    g_autofree char *p = NULL;
+    struct stat st;
+
+    init_agent(f, "a1", "PyPI.org. *.Example.COM 203.0.113.0/24", "upload.pypi.org");
+    p = policy_text(f, "a1");
+    assert_string_equal(p, "pypi.org *.example.com 203.0.113.0/24|upload.pypi.org");
+    assert_true(g_file_test(ini, G_FILE_TEST_EXISTS));
+    assert_int_equal(vm_test_file_mode(ini), 0600);
+    /* The socket is the proxy's and nobody else's. */
+    assert_int_equal(lstat(sock, &st), 0);
+    assert_true(S_ISSOCK(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    /* The template spells "any" as "*"; none is nothing at all. */
+    init_agent(f, "a2", "*", NULL);
+    g_free(p);
+    p = policy_text(f, "a2");
+    assert_string_equal(p, "any|");
+    init_agent(f, "a3", NULL, NULL);
+    g_free(p);
+    p = policy_text(f, "a3");
+    assert_string_equal(p, "none|");
+}
+
+static void
+test_init_bad_template(void **state)
+{
+    Fixture *f = *state;
+    static const char *const bad[] = {"pypi.org:443", "10.0.0.1/8", "a..b", "*x.com", "0x7f.0.0.1"};
+
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autofree char *name = g_strdup_printf("bad%zu", i);
+        g_autoptr(HostdAgentRecord) r = make_agent(f, name);
+        const char *const allow[] = {"ok.example", bad[i], NULL};
+        g_autoptr(GError) error = NULL;
+        g_autofree char *ini = agent_file(f, name, HOSTD_AGENT_EGRESS_POLICY);
+        g_autofree char *sock = agent_file(f, name, HOSTD_AGENT_EGRESS_SOCKET);
+
+        assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        if (strstr(error->message, bad[i]) == NULL)
+            fail_msg("the error does not name '%s': %s", bad[i], error->message);
+        assert_false(g_file_test(ini, G_FILE_TEST_EXISTS));
+        assert_false(g_file_test(sock, G_FILE_TEST_EXISTS));
+    }
+}
+
+static void
+test_set_edits(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *allow, *deny, *remove;
+        gboolean reset;
+        const char *expect;
+    } steps[] = {
+        {"pypi.org", NULL, NULL, FALSE, "pypi.org|"},
+        {"files.pythonhosted.org 198.18.0.0/30", "evil.pypi.org", NULL, FALSE,
+         "pypi.org files.pythonhosted.org 198.18.0.0/30|evil.pypi.org"},
+        /* already there: no duplicate */
+        {"PYPI.ORG.", NULL, NULL, FALSE,
+         "pypi.org files.pythonhosted.org 198.18.0.0/30|evil.pypi.org"},
+        {NULL, NULL, "pypi.org evil.pypi.org", FALSE, "files.pythonhosted.org 198.18.0.0/30|"},
+        {"any", NULL, NULL, FALSE, "any|"},
+        {"none", "x.example", NULL, FALSE, "none|x.example"},
+        {"a.example", NULL, NULL, TRUE, "a.example|"},
+        {NULL, NULL, NULL, TRUE, "none|"},
+    };
+
+    init_agent(f, "a1", NULL, NULL);
+    for (gsize i = 0; i < G_N_ELEMENTS(steps); i++) {
+        g_autofree char *p = NULL;
+
+        set_ok(f, "a1", steps[i].allow, steps[i].deny, steps[i].remove, steps[i].reset);
+        p = policy_text(f, "a1");
+        if (!g_str_equal(p, steps[i].expect))
+            fail_msg("step %zu: got '%s', want '%s'", i, p, steps[i].expect);
+    }
+}
+
+/* A change with one bad rule is refused as a whole: the old policy stays, on disk and live. */
+static void
+test_set_refused(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *allow, *deny, *remove;
+        VmErrorCode code;
+    } bad[] = {
+        {"ok.example 127.1", NULL, NULL, VM_ERROR_INVALID_ARGUMENT},
+        {"ok.example", "10.0.0.1/8", NULL, VM_ERROR_INVALID_ARGUMENT},
+        {"any ok.example", NULL, NULL, VM_ERROR_INVALID_ARGUMENT},
+        {"http://x.example", NULL, NULL, VM_ERROR_INVALID_ARGUMENT},
+        {NULL, NULL, "not.there", VM_ERROR_NOT_FOUND},
+        {"ok.example", NULL, "also.not.there", VM_ERROR_NOT_FOUND},
+    };
+    g_autofree char *ini = agent_file(f, "a1", HOSTD_AGENT_EGRESS_POLICY);
+    g_autofree char *before = NULL;
+
+    init_agent(f, "a1", "pypi.org", NULL);
+    before = vm_test_read_file(ini);
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v =
+            set_policy(f, "a1", bad[i].allow, bad[i].deny, bad[i].remove, FALSE, &error);
+        g_autofree char *after = vm_test_read_file(ini);
+        g_autofree char *p = policy_text(f, "a1");
+
+        assert_null(v);
+        if (!g_error_matches(error, VM_ERROR, bad[i].code))
+            fail_msg("case %zu: %s", i, error != NULL ? error->message : "no error");
+        assert_string_equal(after, before);
+        assert_string_equal(p, "pypi.org|");
+    }
+    {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v = set_policy(f, "nosuch", "x.example", NULL, NULL, FALSE, &error);
+
+        assert_null(v);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+    }
+    {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v = set_policy(f, "../x", "x.example", NULL, NULL, FALSE, &error);
+
+        assert_null(v);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    }
+}
+
+/* What a restarted hostd finds: the stored policy, served again. */
+static void
+test_policy_survives_restart(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *p = NULL;
+    int status = 0;
+    int fd;
+
+    init_agent(f, "a1", NULL, NULL);
+    set_ok(f, "a1", "sink.test 127.0.0.1/32", "x.example", NULL, FALSE);
+    /* what hostd's exit does; the next hostd starts with a fresh state */
+    hostd_egress_stop_all(f->ctx);
+    hostd_egress_set_resolver(f->ctx, fake_resolve, NULL);
+    r = hostd_agent_load(f->ctx, "a1", &error);
+    assert_non_null(r);
+    assert_true(hostd_egress_agent_start(f->ctx, r, &error));
+    p = policy_text(f, "a1");
+    assert_string_equal(p, "sink.test 127.0.0.1/32|x.example");
+    fd = tunnel(f, "a1", "sink.test", &status);
+    assert_int_equal(status, 200);
+    close(fd);
+    /* start on a running, healthy proxy changes nothing */
+    assert_true(hostd_egress_agent_start(f->ctx, r, &error));
+}
+
+static void
+test_copy_policy(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) dst = NULL;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *p = NULL;
+
+    init_agent(f, "src", "pypi.org 198.18.0.0/15", "evil.pypi.org");
+    dst = make_agent(f, "dst");
+    assert_true(hostd_egress_copy_policy(f->ctx, "src", "dst", &error));
+    assert_true(hostd_egress_agent_start(f->ctx, dst, &error));
+    p = policy_text(f, "dst");
+    assert_string_equal(p, "pypi.org 198.18.0.0/15|evil.pypi.org");
+    /* the two go their own ways afterwards */
+    set_ok(f, "src", NULL, NULL, "pypi.org", FALSE);
+    g_free(p);
+    p = policy_text(f, "dst");
+    assert_string_equal(p, "pypi.org 198.18.0.0/15|evil.pypi.org");
+
+    assert_false(hostd_egress_copy_policy(f->ctx, "nosuch", "dst", &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+}
+
+/* ---- the way out ---------------------------------------------------------------------------- */
+
+static void
+test_tunnel_allowed_and_logged(void **state)
+{
+    Fixture *f = *state;
+    g_auto(GStrv) lines = NULL;
+    g_autoptr(GString) echo = NULL;
+    gboolean eof;
+    int status = 0;
+    int fd;
+
+    /* the name opens the host, the CIDR rule its loopback address */
+    init_agent(f, "a1", "sink.test 127.0.0.1/32", NULL);
+    fd = tunnel(f, "a1", "sink.test", &status);
+    assert_int_equal(status, 200);
+    send_text(fd, "ping");
+    echo = read_until(fd, "ping", IO_TIMEOUT_MS, &eof);
+    assert_string_equal(echo->str, "ping");
+    close(fd);
+    lines = log_wait_lines(f, "a1", 1);
+    assert_non_null(strstr(lines[0], "\"event\":\"allowed\""));
+    assert_non_null(strstr(lines[0], "\"host\":\"sink.test\""));
+    assert_non_null(strstr(lines[0], "\"bytes_up\":4"));
+    assert_non_null(strstr(lines[0], "\"bytes_down\":4"));
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 4);
+}
+
+/* Names resolve to the sink's loopback address: a name rule never opens it, so only a CIDR
+ * rule does, and every refusal is logged and reaches nothing. */
+static void
+test_refused_reach_nothing(void **state)
+{
+    Fixture *f = *state;
+    static const char *const hosts[] = {
+        "evil.test", "127.0.0.1",          "2130706433", "0177.0.0.1", "127.1",
+        "[::1]",     "[::ffff:127.0.0.1]", "mixed.test", "sink.test.", "unknown.example",
+    };
+    /* sink.test is allowed by name but resolves to loopback, which a name never opens;
+     * unknown.example is allowed but does not resolve */
+    static const int codes[] = {403, 403, 403, 403, 403, 403, 403, 403, 403, 502};
+    g_auto(GStrv) lines = NULL;
+
+    init_agent(f, "a1", "sink.test mixed.test unknown.example", NULL);
+    for (gsize i = 0; i < G_N_ELEMENTS(hosts); i++) {
+        int status = 0;
+        int fd = tunnel(f, "a1", hosts[i], &status);
+
+        if (fd >= 0)
+            close(fd);
+        if (status != codes[i])
+            fail_msg("%s: status %d", hosts[i], status);
+    }
+    lines = log_wait_lines(f, "a1", G_N_ELEMENTS(hosts));
+    for (gsize i = 0; i < G_N_ELEMENTS(hosts); i++)
+        assert_non_null(strstr(lines[i], "\"event\":\"denied\""));
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+static void
+test_host_mismatch(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *request = NULL;
+    g_autoptr(GString) response = NULL;
+    gboolean eof;
+    int helper_status = -1;
+    int fd;
+
+    init_agent(f, "a1", "127.0.0.1/32", NULL);
+    fd = guest_connect(f, "a1", &helper_status);
+    assert_int_equal(helper_status, 0);
+    request = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\nHost: other.example:%u\r\n\r\n",
+                              f->sink->port, f->sink->port);
+    send_text(fd, request);
+    response = read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 400"));
+    assert_true(eof);
+    close(fd);
+    g_strfreev(log_wait_lines(f, "a1", 1));
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+static void
+test_policy_change_closes_tunnel(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GString) rest = NULL;
+    g_auto(GStrv) lines = NULL;
+    gint64 start;
+    gboolean eof;
+    int status = 0;
+    int fd;
+
+    init_agent(f, "a1", "127.0.0.1/32", NULL);
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 0);
+    fd = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 1);
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "nosuch"), 0);
+    start = g_get_monotonic_time();
+    set_ok(f, "a1", NULL, NULL, "127.0.0.1/32", FALSE);
+    rest = read_until(fd, NULL, 3000, &eof);
+    assert_true(eof);
+    assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
+    close(fd);
+    lines = log_wait_lines(f, "a1", 1);
+    assert_non_null(strstr(lines[0], "\"reason\":\"policy-changed\""));
+}
+
+/* No proxy, no way out: the helper fails at once and the guest's connection closes. */
+static void
+test_fails_closed(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *sock = agent_file(f, "a1", HOSTD_AGENT_EGRESS_SOCKET);
+    g_autoptr(GString) rest = NULL;
+    gboolean eof;
+    int helper_status = 0;
+    int fd;
+
+    init_agent(f, "a1", "any", NULL);
+    hostd_egress_agent_stop(f->ctx, "a1");
+    assert_false(g_file_test(sock, G_FILE_TEST_EXISTS));
+    fd = guest_connect(f, "a1", &helper_status);
+    assert_int_not_equal(helper_status, 0);
+    rest = read_until(fd, NULL, 1000, &eof);
+    assert_true(eof);
+    assert_int_equal(rest->len, 0);
+    close(fd);
+}
+
+/* A proxy whose socket went away is started again by the next start. */
+static void
+test_restarts_lost_socket(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *sock = agent_file(f, "a1", HOSTD_AGENT_EGRESS_SOCKET);
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(GError) error = NULL;
+    int status = 0;
+    int fd;
+
+    init_agent(f, "a1", "127.0.0.1/32", NULL);
+    assert_int_equal(g_unlink(sock), 0);
+    r = hostd_agent_load(f->ctx, "a1", &error);
+    assert_true(hostd_egress_agent_start(f->ctx, r, &error));
+    fd = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    close(fd);
+}
+
+/* ---- the guest forward's command ------------------------------------------------------------ */
+
+static void
+test_command(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = make_agent(f, "a1");
+    g_autofree char *root = g_build_filename(f->dir, "lv", NULL);
+    g_autofree char *etc = g_build_filename(root, "etc", NULL);
+    g_autofree char *conf = g_build_filename(etc, "qemu.conf", NULL);
+    g_autofree char *uri = g_strconcat("qemu:///embed?root=", root, NULL);
+    g_autofree char *saved = f->ctx->lv->uri;
+    g_autofree char *command = NULL;
+    g_autofree char *sock = agent_file(f, "a1", HOSTD_AGENT_EGRESS_SOCKET);
+    g_autofree char *quoted = g_shell_quote(sock);
+    g_auto(GStrv) argv = NULL;
+
+    /* Not the embedded driver: hostd cannot know QEMU may spawn the helper. */
+    command = hostd_egress_command(f->ctx, r);
+    assert_null(command);
+
+    f->ctx->lv->uri = uri;
+    assert_int_equal(g_mkdir_with_parents(etc, 0755), 0);
+    vm_test_write_file(conf, "stdio_handler = \"file\"\n");
+    command = hostd_egress_command(f->ctx, r);
+    assert_null(command);
+    vm_test_write_file(conf, "# seccomp_sandbox = 0\nseccomp_sandbox = 1\n");
+    command = hostd_egress_command(f->ctx, r);
+    assert_null(command);
+    vm_test_write_file(conf, "stdio_handler = \"file\"\n seccomp_sandbox = 0 \n");
+    command = hostd_egress_command(f->ctx, r);
+    f->ctx->lv->uri = g_steal_pointer(&saved);
+    assert_non_null(command);
+    assert_true(g_str_has_suffix(command, quoted));
+    assert_true(g_shell_parse_argv(command, NULL, &argv, NULL));
+    assert_int_equal(g_strv_length(argv), 2);
+    assert_true(g_str_has_suffix(argv[0], "/vm-egress-connect"));
+    assert_string_equal(argv[1], sock);
+}
+
+/* ---- through hostd's request handling ------------------------------------------------------- */
+
+typedef struct {
+    HostdContext *ctx;
+    int fd;
+} ServeArgs;
+
+static gpointer
+serve_thread(gpointer data)
+{
+    ServeArgs *args = data;
+
+    hostd_server_serve_fd(args->ctx, args->fd);
+    g_free(args);
+    return NULL;
+}
+
+static int
+serve(Fixture *f, VmOp op, GVariant *fields, GThread **ret_thread)
+{
+    g_autoptr(VmMessage) request = vm_message_new(op, fields, NULL);
+    ServeArgs *args = g_new0(ServeArgs, 1);
+    struct timeval tv = {.tv_sec = 10};
+    int sv[2];
+
+    assert_non_null(request);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    assert_int_equal(setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    args->ctx = f->ctx;
+    args->fd = sv[1];
+    *ret_thread = g_thread_new("serve", serve_thread, args);
+    assert_true(vm_message_write_fd(sv[0], request, NULL));
+    return sv[0];
+}
+
+static VmMessage *
+read_message(int fd)
+{
+    g_autoptr(GError) error = NULL;
+    gboolean eof = FALSE;
+    VmMessage *m = vm_message_read_fd(fd, &eof, &error);
+
+    if (m == NULL)
+        fail_msg("no reply: %s", eof ? "EOF" : error->message);
+    return m;
+}
+
+static void
+test_requests(void **state)
+{
+    Fixture *f = *state;
+    GThread *thread = NULL;
+    g_autoptr(VmMessage) reply = NULL;
+    g_autoptr(GVariant) egress = NULL;
+    g_autofree const char **allow = NULL;
+    gboolean wired = TRUE;
+    const char *proxy = NULL;
+    int fd;
+
+    init_agent(f, "a1", NULL, NULL);
+    fd = serve(f, VM_OP_EGRESS_SET,
+               g_variant_new_parsed("{'name': <'a1'>, 'allow': <['pypi.org', '198.18.0.0/15']>}"),
+               &thread);
+    reply = read_message(fd);
+    g_thread_join(thread);
+    close(fd);
+    assert_int_equal(reply->op, VM_OP_RESULT);
+    egress = vm_message_lookup(reply, "egress");
+    assert_non_null(egress);
+    assert_true(g_variant_lookup(egress, "allow", "^a&s", &allow));
+    assert_int_equal(g_strv_length((char **)allow), 2);
+    assert_true(g_variant_lookup(egress, "proxy", "&s", &proxy));
+    assert_string_equal(proxy, "http://10.0.2.100:3128");
+    assert_true(g_variant_lookup(egress, "wired", "b", &wired));
+    assert_false(wired); /* no domain */
+
+    g_clear_pointer(&reply, vm_message_free);
+    fd = serve(f, VM_OP_EGRESS_SET,
+               g_variant_new_parsed("{'name': <'a1'>, 'deny': <['0x7f000001']>}"), &thread);
+    reply = read_message(fd);
+    g_thread_join(thread);
+    close(fd);
+    assert_int_equal(reply->op, VM_OP_ERROR);
+    assert_int_equal(vm_message_get_uint(reply, "code", 0), VM_ERROR_INVALID_ARGUMENT);
+}
+
+/* The log request: the last N records, then new ones while following, then EXIT once the
+ * agent is gone. */
+static void
+test_log_request(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *record = agent_file(f, "a1", "agent.ini");
+    g_autoptr(GString) got = g_string_new(NULL);
+    GThread *thread = NULL;
+    int status = 0;
+    int fd, tun;
+
+    init_agent(f, "a1", NULL, NULL);
+    for (int i = 0; i < 3; i++) {
+        g_autofree char *host = g_strdup_printf("h%d.test", i);
+
+        tun = tunnel(f, "a1", host, &status);
+        assert_int_equal(status, 403);
+    }
+    g_strfreev(log_wait_lines(f, "a1", 3));
+
+    fd = serve(f, VM_OP_EGRESS_LOG, g_variant_new_parsed("{'name': <'a1'>, 'lines': <@u 2>}"),
+               &thread);
+    for (;;) {
+        g_autoptr(VmMessage) m = read_message(fd);
+        const guint8 *data;
+        gsize len = 0;
+
+        if (m->op == VM_OP_EXIT)
+            break;
+        assert_int_equal(m->op, VM_OP_STDOUT);
+        data = vm_message_get_data(m, "data", &len);
+        g_string_append_len(got, (const char *)data, (gssize)len);
+    }
+    g_thread_join(thread);
+    close(fd);
+    assert_null(strstr(got->str, "h0.test"));
+    assert_non_null(strstr(got->str, "h1.test"));
+    assert_non_null(strstr(got->str, "h2.test"));
+
+    g_string_truncate(got, 0);
+    fd =
+        serve(f, VM_OP_EGRESS_LOG,
+              g_variant_new_parsed("{'name': <'a1'>, 'lines': <@u 0>, 'follow': <true>}"), &thread);
+    g_usleep(300 * 1000);
+    tun = tunnel(f, "a1", "h3.test", &status);
+    assert_int_equal(status, 403);
+    while (strstr(got->str, "h3.test") == NULL) {
+        g_autoptr(VmMessage) m = read_message(fd);
+        const guint8 *data;
+        gsize len = 0;
+
+        assert_int_equal(m->op, VM_OP_STDOUT);
+        data = vm_message_get_data(m, "data", &len);
+        g_string_append_len(got, (const char *)data, (gssize)len);
+    }
+    assert_null(strstr(got->str, "h2.test"));
+    /* the agent goes: the stream ends */
+    assert_int_equal(g_unlink(record), 0);
+    {
+        g_autoptr(VmMessage) m = read_message(fd);
+
+        assert_int_equal(m->op, VM_OP_EXIT);
+    }
+    g_thread_join(thread);
+    close(fd);
+    (void)tun;
+}
+
+/* Past its size limit the log moves to egress.log.1 and starts afresh; the request still sees
+ * the records of both. */
+static void
+test_log_rotation(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = make_agent(f, "a1");
+    g_autofree char *path = agent_file(f, "a1", HOSTD_AGENT_EGRESS_LOG);
+    g_autofree char *old = agent_file(f, "a1", "egress.log.1");
+    g_autoptr(GString) filler = g_string_new(NULL);
+    g_autoptr(GString) got = g_string_new(NULL);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *current = NULL;
+    GThread *thread = NULL;
+    int status = 0;
+    int fd;
+
+    while (filler->len < HOSTD_EGRESS_LOG_MAX)
+        g_string_append(filler, "{\"time\":\"2023-11-14T22:13:20Z\",\"event\":\"denied\"}\n");
+    g_string_append(filler, "{\"host\":\"last-old-record\"}\n");
+    vm_test_write_file(path, filler->str);
+    assert_true(hostd_egress_agent_init(f->ctx, r, NULL, NULL, &error));
+    fd = tunnel(f, "a1", "new.test", &status);
+    assert_int_equal(status, 403);
+    g_strfreev(log_wait_lines(f, "a1", 1));
+    current = vm_test_read_file(path);
+    assert_non_null(strstr(current, "new.test"));
+    assert_null(strstr(current, "last-old-record"));
+    assert_true(g_file_test(old, G_FILE_TEST_EXISTS));
+
+    fd = serve(f, VM_OP_EGRESS_LOG, g_variant_new_parsed("{'name': <'a1'>, 'lines': <@u 2>}"),
+               &thread);
+    for (;;) {
+        g_autoptr(VmMessage) m = read_message(fd);
+        const guint8 *data;
+        gsize len = 0;
+
+        if (m->op == VM_OP_EXIT)
+            break;
+        data = vm_message_get_data(m, "data", &len);
+        g_string_append_len(got, (const char *)data, (gssize)len);
+    }
+    g_thread_join(thread);
+    close(fd);
+    assert_non_null(strstr(got->str, "last-old-record"));
+    assert_non_null(strstr(got->str, "new.test"));
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_init_from_template, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_init_bad_template, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_set_edits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_set_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_policy_survives_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_policy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tunnel_allowed_and_logged, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refused_reach_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_host_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_policy_change_closes_tunnel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fails_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restarts_lost_socket, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_command, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_requests, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_request, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_rotation, setup, teardown),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
