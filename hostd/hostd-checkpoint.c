@@ -83,12 +83,27 @@ hostd_qemu_img_overlay(const char *backing, const char *path, GError **error)
     return hostd_run(argv, error);
 }
 
+/* Makes the new empty overlay ahead of the switch, so that libvirt only has to point QEMU at it
+ * (REUSE_EXT) while the guest's filesystems are frozen, instead of having QEMU create it then.
+ * The backing file is not opened (-u): QEMU holds it for writing. */
+static gboolean
+hostd_checkpoint_prepare_overlay(const char *active_path, const char *new_path, guint disk_gib,
+                                 GError **error)
+{
+    g_autofree char *size = g_strdup_printf("%uG", disk_gib);
+    const char *argv[] = {"qemu-img", "create", "-q",        "-f",     "qcow2", "-F", "qcow2",
+                          "-u",       "-b",     active_path, new_path, size,    NULL};
+    g_unlink(new_path);
+    return hostd_run(argv, error);
+}
+
 /* The live part: an external disk-only snapshot, atomic, with the guest's filesystems frozen.
  * A guest agent that does not answer only costs the freeze: the checkpoint is then
  * crash-consistent, which *ret_warning says. */
 static gboolean
-hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *new_path, gboolean *ret_quiesced,
-                               char **ret_warning, GError **error)
+hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const char *new_path,
+                               guint disk_gib, gboolean *ret_quiesced, char **ret_warning,
+                               GError **error)
 {
     g_autofree char *xml = g_markup_printf_escaped(
         "<domainsnapshot><disks>"
@@ -97,8 +112,11 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *new_path, gboolean 
         "</disks></domainsnapshot>",
         new_path);
     unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
-                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
+                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA |
+                         VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT;
 
+    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
+        return FALSE;
     int state = 0, reason = 0;
     if (virDomainGetState(dom, &state, &reason, 0) == 0 && state == VIR_DOMAIN_PAUSED) {
         /* Paused vCPUs cannot freeze anything, and nothing in the guest writes meanwhile. */
@@ -119,8 +137,9 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *new_path, gboolean 
     const virError *err = virGetLastError();
     g_autofree char *why = g_strdup(err && err->message ? err->message : "no answer");
     virResetLastError();
-    /* ATOMIC means libvirt removed whatever it made; the file must not exist for the retry. */
-    g_unlink(new_path);
+    /* ATOMIC means libvirt left the chain as it was; the retry gets a fresh overlay. */
+    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
+        return FALSE;
     snap = virDomainSnapshotCreateXML(dom, xml, flags);
     if (snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the checkpoint");
@@ -136,9 +155,11 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *new_path, gboolean 
  * runs (it stops only for the last pages), the disk to a new overlay at the same instant. No
  * freeze is needed: the saved RAM holds whatever the guest had not written yet. */
 static gboolean
-hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const char *memory_path,
-                                 GError **error)
+hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *active_path, const char *new_path,
+                                 guint disk_gib, const char *memory_path, GError **error)
 {
+    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
+        return FALSE;
     g_autofree char *xml = g_markup_printf_escaped(
         "<domainsnapshot><memory snapshot='external' file='%s'/><disks>"
         "<disk name='vda' snapshot='external'><driver type='qcow2'/><source file='%s'/></disk>"
@@ -146,7 +167,8 @@ hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const c
         "</disks></domainsnapshot>",
         memory_path, new_path);
     unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_LIVE | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
-                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
+                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA |
+                         VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT;
     virDomainSnapshotPtr snap = virDomainSnapshotCreateXML(dom, xml, flags);
     if (snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the memory checkpoint");
@@ -229,9 +251,11 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     gboolean ok;
     if (memory_path != NULL) {
         /* RAM and disk are taken at the same instant: consistent without a freeze. */
-        ok = hostd_checkpoint_snapshot_memory(dom, new_path, memory_path, error);
+        ok = hostd_checkpoint_snapshot_memory(dom, active_path, new_path, r->disk_gib, memory_path,
+                                              error);
     } else if (running) {
-        ok = hostd_checkpoint_snapshot_live(dom, new_path, &quiesced, ret_warning, error);
+        ok = hostd_checkpoint_snapshot_live(dom, active_path, new_path, r->disk_gib, &quiesced,
+                                            ret_warning, error);
     } else {
         ok = hostd_qemu_img_overlay(active_path, new_path, error) &&
              hostd_checkpoint_repoint_saved(ctx, r, dom, new_file, error);
@@ -247,9 +271,11 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     hostd_checkpoint_step("checkpoint-switched");
 
     VmCheckpoint *c = vm_checkpoint_set_commit_create(set, quiesced);
-    /* A stopped domain only changes through this definition; a running one already writes to
-     * the new overlay, and this makes the next boot use it too. */
-    if (!hostd_checkpoint_define(ctx, r, set, error) || !vm_checkpoint_set_save(set, error))
+    /* The record first: the switch has happened, and a journal left behind would block every
+     * later operation. A stopped domain only changes through the definition; a running one
+     * already writes to the new overlay, and the definition makes the next boot use it too.
+     * Should defining fail, start-up repairs it (hostd_checkpoint_reconcile()). */
+    if (!vm_checkpoint_set_save(set, error) || !hostd_checkpoint_define(ctx, r, set, error))
         return NULL;
     return c;
 }
@@ -540,6 +566,16 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
     return TRUE;
 }
 
+/* Whether the domain's persistent definition names @path. */
+static gboolean
+hostd_domain_uses_inactive(virDomainPtr dom, const char *path)
+{
+    g_autofree char *inactive = virDomainGetXMLDesc(dom, VIR_DOMAIN_XML_INACTIVE);
+    g_autofree char *needle = g_markup_printf_escaped("file='%s'", path);
+    virResetLastError();
+    return inactive == NULL || strstr(inactive, needle) != NULL;
+}
+
 /* Whether the domain's definition (live when running, else persistent) names @path. */
 static gboolean
 hostd_domain_uses(virDomainPtr dom, const char *path)
@@ -559,10 +595,17 @@ hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArr
     g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
     if (set == NULL)
         return FALSE;
-    if (set->pending == VM_CHECKPOINT_OP_NONE)
-        return TRUE;
-
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
+    if (set->pending == VM_CHECKPOINT_OP_NONE) {
+        /* A checkpoint whose definition failed after the switch: the record is the truth. */
+        g_autofree char *active_path = vm_checkpoint_set_path(set, set->active);
+        if (dom == NULL || hostd_domain_uses_inactive(dom, active_path))
+            return TRUE;
+        g_ptr_array_add(notes,
+                        g_strdup_printf("agent '%s': redefined on its current overlay", r->name));
+        return hostd_checkpoint_define(ctx, r, set, error);
+    }
+
     g_autofree char *new_path = vm_checkpoint_set_path(set, set->pending_file);
     gboolean switched = dom != NULL && hostd_domain_uses(dom, new_path);
     const char *what = set->pending == VM_CHECKPOINT_OP_CREATE ? "checkpoint" : "restore";
