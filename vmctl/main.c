@@ -1,7 +1,6 @@
 /* vmctl: the command line of hostd. Every verb sends one request to hostd and prints the answer;
  * the work happens in hostd. */
 #include "vmctl.h"
-#include "vmctl-cmd-egress.h"
 
 #include "vm-config.h"
 #include "vm-error.h"

@@ -1,4 +1,4 @@
-#include "vmctl-cmd-egress.h"
+#include "vmctl.h"
 
 #include "vm-error.h"
 #include "vm-util.h"

@@ -1,4 +1,4 @@
-#include "vmctl-cmd-egress.h"
+#include "vmctl.h"
 
 #include <stdio.h>
 
