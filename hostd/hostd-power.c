@@ -2,6 +2,7 @@
 
 #include "hostd-agent-private.h"
 #include "hostd-checkpoint.h"
+#include "hostd-egress.h"
 #include "hostd-idle.h"
 #include "hostd-relay.h"
 #include "vm-error.h"
@@ -205,8 +206,10 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
     }
     input.keep_awake_until = a->keep_awake_until;
     input.open_sessions = a->sessions;
+    /* An agent downloading through its egress proxy is busy even with no SSH session open. */
     input.open_connections =
-        ctx->relay != NULL ? hostd_relay_open_connections(ctx->relay, name) : 0;
+        (ctx->relay != NULL ? hostd_relay_open_connections(ctx->relay, name) : 0) +
+        hostd_egress_open_connections(ctx, name);
     input.last_activity = MAX(a->last_session_activity,
                               ctx->relay != NULL ? hostd_relay_last_activity(ctx->relay, name) : 0);
     HostdIdleDecision d = hostd_idle_tick(&a->tracker, &policy, &input);
