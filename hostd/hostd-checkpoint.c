@@ -599,7 +599,8 @@ hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArr
     if (set->pending == VM_CHECKPOINT_OP_NONE) {
         /* A checkpoint whose definition failed after the switch: the record is the truth. */
         g_autofree char *active_path = vm_checkpoint_set_path(set, set->active);
-        if (dom == NULL || hostd_domain_uses_inactive(dom, active_path))
+        if (dom == NULL || set->checkpoints->len == 0 ||
+            hostd_domain_uses_inactive(dom, active_path))
             return TRUE;
         g_ptr_array_add(notes,
                         g_strdup_printf("agent '%s': redefined on its current overlay", r->name));
