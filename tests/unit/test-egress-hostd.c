@@ -29,106 +29,9 @@
 #include "vm-protocol.h"
 #include "vm-util.h"
 #include "test-common.h"
+#include "test-sink.h"
 
 #define IO_TIMEOUT_MS 5000
-
-/* ---- sink: an echo server on 127.0.0.1 counting what reaches it ---------------------------- */
-
-typedef struct {
-    int listen_fd;
-    guint16 port;
-    gint stop;
-    gint bytes;
-    GThread *thread;
-    GPtrArray *workers;
-    GMutex lock;
-} Sink;
-
-typedef struct {
-    Sink *sink;
-    int fd;
-} SinkConn;
-
-static gpointer
-sink_conn_thread(gpointer data)
-{
-    SinkConn *conn = data;
-    char buf[16384];
-
-    while (!g_atomic_int_get(&conn->sink->stop)) {
-        struct pollfd pfd = {.fd = conn->fd, .events = POLLIN};
-        ssize_t n;
-
-        if (poll(&pfd, 1, 100) <= 0)
-            continue;
-        n = recv(conn->fd, buf, sizeof(buf), 0);
-        if (n <= 0)
-            break;
-        g_atomic_int_add(&conn->sink->bytes, (gint)n);
-        if (send(conn->fd, buf, n, MSG_NOSIGNAL) != n)
-            break;
-    }
-    close(conn->fd);
-    g_free(conn);
-    return NULL;
-}
-
-static gpointer
-sink_thread(gpointer data)
-{
-    Sink *sink = data;
-
-    while (!g_atomic_int_get(&sink->stop)) {
-        struct pollfd pfd = {.fd = sink->listen_fd, .events = POLLIN};
-        SinkConn *conn;
-        int fd;
-
-        if (poll(&pfd, 1, 100) <= 0)
-            continue;
-        fd = accept4(sink->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0)
-            continue;
-        conn = g_new0(SinkConn, 1);
-        conn->sink = sink;
-        conn->fd = fd;
-        g_mutex_lock(&sink->lock);
-        g_ptr_array_add(sink->workers, g_thread_new("sink-conn", sink_conn_thread, conn));
-        g_mutex_unlock(&sink->lock);
-    }
-    return NULL;
-}
-
-static Sink *
-sink_new(void)
-{
-    Sink *sink = g_new0(Sink, 1);
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-
-    sink->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(sink->listen_fd >= 0);
-    assert_int_equal(bind(sink->listen_fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    assert_int_equal(listen(sink->listen_fd, 64), 0);
-    assert_int_equal(getsockname(sink->listen_fd, (struct sockaddr *)&sin, &len), 0);
-    sink->port = ntohs(sin.sin_port);
-    g_mutex_init(&sink->lock);
-    sink->workers = g_ptr_array_new();
-    sink->thread = g_thread_new("sink", sink_thread, sink);
-    return sink;
-}
-
-static void
-sink_free(Sink *sink)
-{
-    g_atomic_int_set(&sink->stop, 1);
-    g_thread_join(sink->thread);
-    for (guint i = 0; i < sink->workers->len; i++)
-        g_thread_join(sink->workers->pdata[i]);
-    g_ptr_array_unref(sink->workers);
-    close(sink->listen_fd);
-    g_mutex_clear(&sink->lock);
-    g_free(sink);
-}
 
 /* ---- fixture -------------------------------------------------------------------------------- */
 
@@ -136,7 +39,7 @@ typedef struct {
     char *dir;
     char *uri;
     HostdContext *ctx;
-    Sink *sink;
+    VmTestSink *sink;
 } Fixture;
 
 static const char *
@@ -214,7 +117,7 @@ setup(void **state)
         fail_msg("libvirt: %s", error->message);
     f->ctx = hostd_context_new(config, st, lv);
     hostd_egress_set_resolver(f->ctx, fake_resolve, NULL);
-    f->sink = sink_new();
+    f->sink = vm_test_sink_new();
     *state = f;
     return 0;
 }
@@ -225,7 +128,7 @@ teardown(void **state)
     Fixture *f = *state;
 
     hostd_context_free(f->ctx);
-    sink_free(f->sink);
+    vm_test_sink_free(f->sink);
     vm_test_remove_tree(f->dir);
     g_free(f->dir);
     g_free(f->uri);

@@ -10,6 +10,7 @@
 #include "vm-egress-proxy.h"
 #include "vm-error.h"
 #include "test-common.h"
+#include "test-sink.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -23,115 +24,6 @@
 #include <glib/gstdio.h>
 
 #define IO_TIMEOUT_MS 5000
-
-/* ---------------------------------------------------------------------------------------------
- * Sink: an echo server counting received bytes and connections */
-
-typedef struct {
-    int listen_fd;
-    guint16 port;
-    gint stop;
-    gint bytes;
-    gint connections;
-    GThread *thread;
-    GMutex lock;
-    GPtrArray *workers;
-} Sink;
-
-typedef struct {
-    Sink *sink;
-    int fd;
-} SinkConn;
-
-static gpointer
-sink_conn_thread(gpointer data)
-{
-    SinkConn *conn = data;
-    char buf[65536];
-
-    while (!g_atomic_int_get(&conn->sink->stop)) {
-        struct pollfd pfd = {.fd = conn->fd, .events = POLLIN};
-        ssize_t n;
-
-        if (poll(&pfd, 1, 100) <= 0)
-            continue;
-        n = recv(conn->fd, buf, sizeof(buf), 0);
-        if (n <= 0)
-            break;
-        g_atomic_int_add(&conn->sink->bytes, (gint)n);
-        if (send(conn->fd, buf, n, MSG_NOSIGNAL) != n)
-            break;
-    }
-    close(conn->fd);
-    g_free(conn);
-    return NULL;
-}
-
-static gpointer
-sink_thread(gpointer data)
-{
-    Sink *sink = data;
-
-    while (!g_atomic_int_get(&sink->stop)) {
-        struct pollfd pfd = {.fd = sink->listen_fd, .events = POLLIN};
-        SinkConn *conn;
-        int fd;
-
-        if (poll(&pfd, 1, 100) <= 0)
-            continue;
-        fd = accept4(sink->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0)
-            continue;
-        g_atomic_int_inc(&sink->connections);
-        conn = g_new0(SinkConn, 1);
-        conn->sink = sink;
-        conn->fd = fd;
-        g_mutex_lock(&sink->lock);
-        g_ptr_array_add(sink->workers, g_thread_new("sink-conn", sink_conn_thread, conn));
-        g_mutex_unlock(&sink->lock);
-    }
-    return NULL;
-}
-
-static int
-listen_loopback(guint16 *ret_port)
-{
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    assert_int_equal(listen(fd, 64), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &len), 0);
-    *ret_port = ntohs(sin.sin_port);
-    return fd;
-}
-
-static Sink *
-sink_new(void)
-{
-    Sink *sink = g_new0(Sink, 1);
-
-    sink->listen_fd = listen_loopback(&sink->port);
-    g_mutex_init(&sink->lock);
-    sink->workers = g_ptr_array_new();
-    sink->thread = g_thread_new("sink", sink_thread, sink);
-    return sink;
-}
-
-static void
-sink_free(Sink *sink)
-{
-    g_atomic_int_set(&sink->stop, 1);
-    g_thread_join(sink->thread);
-    for (guint i = 0; i < sink->workers->len; i++)
-        g_thread_join(g_ptr_array_index(sink->workers, i));
-    g_ptr_array_unref(sink->workers);
-    close(sink->listen_fd);
-    g_mutex_clear(&sink->lock);
-    g_free(sink);
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Log collector */
@@ -208,7 +100,7 @@ log_wait(Log *log, guint n)
  * Fixture */
 
 typedef struct {
-    Sink *sink;
+    VmTestSink *sink;
     Log log;
     VmEgressProxy *proxy;
     guint resolves;
@@ -271,7 +163,7 @@ setup(void **state)
 {
     Fixture *f = g_new0(Fixture, 1);
 
-    f->sink = sink_new();
+    f->sink = vm_test_sink_new();
     g_mutex_init(&f->log.lock);
     g_cond_init(&f->log.cond);
     f->log.records = g_ptr_array_new_with_free_func(record_free);
@@ -286,7 +178,7 @@ teardown(void **state)
     Fixture *f = *state;
 
     vm_egress_proxy_free(f->proxy);
-    sink_free(f->sink);
+    vm_test_sink_free(f->sink);
     g_ptr_array_unref(f->log.records);
     g_mutex_clear(&f->log.lock);
     g_cond_clear(&f->log.cond);

@@ -1,0 +1,106 @@
+#include "test-sink.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+typedef struct {
+    VmTestSink *sink;
+    int fd;
+} VmTestSinkConn;
+
+static gpointer
+sink_conn_thread(gpointer data)
+{
+    VmTestSinkConn *conn = data;
+    char buf[65536];
+
+    while (!g_atomic_int_get(&conn->sink->stop)) {
+        struct pollfd pfd = {.fd = conn->fd, .events = POLLIN};
+        ssize_t n;
+
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        n = recv(conn->fd, buf, sizeof(buf), 0);
+        if (n <= 0)
+            break;
+        g_atomic_int_add(&conn->sink->bytes, (gint)n);
+        if (send(conn->fd, buf, n, MSG_NOSIGNAL) != n)
+            break;
+    }
+    close(conn->fd);
+    g_free(conn);
+    return NULL;
+}
+
+static gpointer
+sink_thread(gpointer data)
+{
+    VmTestSink *sink = data;
+
+    while (!g_atomic_int_get(&sink->stop)) {
+        struct pollfd pfd = {.fd = sink->listen_fd, .events = POLLIN};
+        VmTestSinkConn *conn;
+        int fd;
+
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        fd = accept4(sink->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        g_atomic_int_inc(&sink->connections);
+        conn = g_new0(VmTestSinkConn, 1);
+        conn->sink = sink;
+        conn->fd = fd;
+        g_mutex_lock(&sink->lock);
+        g_ptr_array_add(sink->workers, g_thread_new("sink-conn", sink_conn_thread, conn));
+        g_mutex_unlock(&sink->lock);
+    }
+    return NULL;
+}
+
+int
+vm_test_listen_loopback(guint16 *ret_port)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sin);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    assert_int_equal(listen(fd, 64), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &len), 0);
+    *ret_port = ntohs(sin.sin_port);
+    return fd;
+}
+
+VmTestSink *
+vm_test_sink_new(void)
+{
+    VmTestSink *sink = g_new0(VmTestSink, 1);
+
+    sink->listen_fd = vm_test_listen_loopback(&sink->port);
+    g_mutex_init(&sink->lock);
+    sink->workers = g_ptr_array_new();
+    sink->thread = g_thread_new("sink", sink_thread, sink);
+    return sink;
+}
+
+void
+vm_test_sink_free(VmTestSink *sink)
+{
+    g_atomic_int_set(&sink->stop, 1);
+    g_thread_join(sink->thread);
+    for (guint i = 0; i < sink->workers->len; i++)
+        g_thread_join(g_ptr_array_index(sink->workers, i));
+    g_ptr_array_unref(sink->workers);
+    close(sink->listen_fd);
+    g_mutex_clear(&sink->lock);
+    g_free(sink);
+}

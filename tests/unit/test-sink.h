@@ -1,0 +1,25 @@
+/* A sink for network tests: an echo server on 127.0.0.1 that counts the connections and bytes
+ * that reach it, so a test can assert that a blocked case delivered nothing. */
+#pragma once
+
+#include <glib.h>
+
+typedef struct {
+    int listen_fd;
+    guint16 port; /* where it listens on 127.0.0.1 */
+    gint stop;
+    gint bytes;       /* received so far (atomic) */
+    gint connections; /* accepted so far (atomic) */
+    GThread *thread;
+    GMutex lock;
+    GPtrArray *workers;
+} VmTestSink;
+
+/* Starts a sink on an ephemeral port of 127.0.0.1 (fails the test when it cannot). */
+VmTestSink *vm_test_sink_new(void);
+
+/* Stops it, joins its threads and closes every connection. */
+void vm_test_sink_free(VmTestSink *sink);
+
+/* A listening TCP socket on an ephemeral port of 127.0.0.1 (fails the test when it cannot). */
+int vm_test_listen_loopback(guint16 *ret_port);
