@@ -155,11 +155,9 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
  * runs (it stops only for the last pages), the disk to a new overlay at the same instant. No
  * freeze is needed: the saved RAM holds whatever the guest had not written yet. */
 static gboolean
-hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *active_path, const char *new_path,
-                                 guint disk_gib, const char *memory_path, GError **error)
+hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const char *memory_path,
+                                 GError **error)
 {
-    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
-        return FALSE;
     g_autofree char *xml = g_markup_printf_escaped(
         "<domainsnapshot><memory snapshot='external' file='%s'/><disks>"
         "<disk name='vda' snapshot='external'><driver type='qcow2'/><source file='%s'/></disk>"
@@ -167,8 +165,7 @@ hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *active_path, cons
         "</disks></domainsnapshot>",
         memory_path, new_path);
     unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_LIVE | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
-                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA |
-                         VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT;
+                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
     virDomainSnapshotPtr snap = virDomainSnapshotCreateXML(dom, xml, flags);
     if (snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the memory checkpoint");
@@ -251,8 +248,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     gboolean ok;
     if (memory_path != NULL) {
         /* RAM and disk are taken at the same instant: consistent without a freeze. */
-        ok = hostd_checkpoint_snapshot_memory(dom, active_path, new_path, r->disk_gib, memory_path,
-                                              error);
+        ok = hostd_checkpoint_snapshot_memory(dom, new_path, memory_path, error);
     } else if (running) {
         ok = hostd_checkpoint_snapshot_live(dom, active_path, new_path, r->disk_gib, &quiesced,
                                             ret_warning, error);

@@ -8,8 +8,9 @@
 #include "vm-error.h"
 #include "vm-name.h"
 
-#define HOSTD_IDLE_TICK_US     (2 * G_USEC_PER_SEC)
-#define HOSTD_CLOCK_SYNC_TRIES 20 /* half a second apart: a restored guest agent reconnects */
+#define HOSTD_IDLE_TICK_US          (2 * G_USEC_PER_SEC)
+#define HOSTD_GUEST_AGENT_TIMEOUT_S 5
+#define HOSTD_CLOCK_SYNC_TRIES      20 /* half a second apart: a restored guest agent reconnects */
 
 typedef struct {
     HostdIdleTracker tracker;
@@ -60,6 +61,10 @@ hostd_power_agent(struct _HostdPower *power, const char *name)
 void
 hostd_power_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name)
 {
+    /* libvirt waits for the guest agent's answer without end by default: a guest whose agent
+     * died would hold this agent's lock forever. */
+    if (virDomainAgentSetResponseTimeout(dom, HOSTD_GUEST_AGENT_TIMEOUT_S, 0) < 0)
+        virResetLastError();
     for (int i = 0; i < HOSTD_CLOCK_SYNC_TRIES; i++) {
         gint64 now = g_get_real_time();
         if (virDomainSetTime(dom, now / G_USEC_PER_SEC, (unsigned int)(now % G_USEC_PER_SEC) * 1000,
