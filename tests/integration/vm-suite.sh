@@ -237,19 +237,6 @@ check "checkpoints shows it as a memory checkpoint holding the RAM's bytes" \
 import json, sys
 c = {x[\"id\"]: x for x in json.load(sys.stdin)}[\"$MCK\"]
 assert c[\"kind\"] == \"memory\" and c[\"bytes\"] > 50 * 2**20, c'"
-# hostd killed after a restore's journal is written: the next start rolls the restore back
-MBOOT=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
-kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
-HOSTD_TEST_CRASH_AT=restore-journaled start_hostd
-files_before=$(ls "$S/agents/a1/" | grep -c qcow2)
-vmctl restore a1 "$MCK" >/dev/null 2>&1
-wait "$HOSTD_PID" 2>/dev/null
-check "hostd restarts after dying at restore-journaled" start_hostd
-check "killed at restore-journaled: rolled back (agent running the same boot, only the undo checkpoint's overlay added)" \
-  bash -c "[ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- cat /proc/sys/kernel/random/boot_id)\" = '$MBOOT' ] && [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((files_before + 1)) ]"
-check "killed at restore-journaled: qemu-img check is clean on every image" \
-  bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
-XUNDO=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["id"])')
 vmctl exec a1 -- sh -c 'kill $(cat ~/sleeper.pid); rm -f ~/mem.txt; sync'
 sleep 3
 t0=$(date +%s%N)
@@ -263,9 +250,22 @@ check "a process started before the memory checkpoint is running after the resto
 check "the file deleted after it is back" test "$(vmctl exec a1 -- cat mem.txt)" = kept
 check "the guest clock was set after the resume (within 3 s of the host's)" \
   bash -c "g=\$('$VMCTL' --socket '$SOCK' exec a1 -- date +%s); h=\$(date +%s); [ \$((h - g)) -le 3 ] && [ \$((g - h)) -le 3 ]"
-vmctl exec a1 -- sh -c 'kill $(cat ~/sleeper.pid)' 
-vmctl checkpoint rm a1 "$MUNDO" >/dev/null
+vmctl exec a1 -- sh -c 'kill $(cat ~/sleeper.pid)'
+# hostd killed after a restore's journal is written: the next start rolls the restore back
+MBOOT=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
+kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+HOSTD_TEST_CRASH_AT=restore-journaled start_hostd
+files_before=$(ls "$S/agents/a1/" | grep -c qcow2)
+vmctl restore a1 "$MUNDO" >/dev/null 2>&1
+wait "$HOSTD_PID" 2>/dev/null
+check "hostd restarts after dying at restore-journaled" start_hostd
+check "killed at restore-journaled: rolled back (agent running the same boot, only the undo checkpoint's overlay added)" \
+  bash -c "[ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- cat /proc/sys/kernel/random/boot_id)\" = '$MBOOT' ] && [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((files_before + 1)) ]"
+check "killed at restore-journaled: qemu-img check is clean on every image" \
+  bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
+XUNDO=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["id"])')
 vmctl checkpoint rm a1 "$XUNDO" >/dev/null
+vmctl checkpoint rm a1 "$MUNDO" >/dev/null
 check "checkpoint rm of a memory checkpoint removes its state file" \
   bash -c "'$VMCTL' --socket '$SOCK' checkpoint rm a1 '$MCK' && ! ls '$S/agents/a1/' | grep -q '^memory-'"
 
