@@ -195,6 +195,77 @@ path_join(const char *dir, const char *name)
     return g_strconcat(dir, "/", name, NULL);
 }
 
+/* A quiet handle, not yet started, with @images added read-only; under TCG when @tcg. */
+static guestfs_h *
+create_handle(const char *const *images, guint n_images, gboolean tcg, GError **error)
+{
+    /* No environment: LIBGUESTFS_DEBUG and friends would make the library print. */
+    guestfs_h *g =
+        guestfs_create_flags(GUESTFS_CREATE_NO_ENVIRONMENT | GUESTFS_CREATE_NO_CLOSE_ON_EXIT);
+    if (g == NULL) {
+        vm_throw_errno(error, errno, "cannot create a libguestfs handle");
+        return NULL;
+    }
+    /* Errors are read with guestfs_last_error(); warnings and logs would go to stderr. */
+    guestfs_set_error_handler(g, NULL, NULL);
+    char *tcg_settings[] = {(char *)"force_tcg", NULL};
+    if (guestfs_set_event_callback(g, discard_message,
+                                   GUESTFS_EVENT_LIBRARY | GUESTFS_EVENT_WARNING |
+                                       GUESTFS_EVENT_APPLIANCE | GUESTFS_EVENT_TRACE,
+                                   0, NULL) == -1 ||
+        guestfs_set_backend(g, "direct") == -1 || guestfs_set_network(g, 0) == -1 ||
+        guestfs_set_autosync(g, 0) == -1 ||
+        (tcg && guestfs_set_backend_settings(g, tcg_settings) == -1)) {
+        throw_guestfs(g, error, "cannot configure libguestfs");
+        guestfs_close(g);
+        return NULL;
+    }
+
+    for (guint i = 0; i < n_images; i++) {
+        /* Absolute, because the read-only overlay libguestfs puts on the image lives elsewhere. */
+        g_autofree char *absolute = g_canonicalize_filename(images[i], NULL);
+        if (guestfs_add_drive_opts(g, absolute, GUESTFS_ADD_DRIVE_OPTS_FORMAT, "qcow2",
+                                   GUESTFS_ADD_DRIVE_OPTS_READONLY, 1, -1) == -1) {
+            throw_guestfs(g, error, "cannot add image '%s'", images[i]);
+            guestfs_close(g);
+            return NULL;
+        }
+    }
+    return g;
+}
+
+/* Set once a KVM appliance failed to start: later handles go straight to TCG. */
+static gint kvm_appliance_broken;
+
+/* A handle with @images added read-only and the appliance started, or NULL. The appliance runs
+ * with "-cpu host" under KVM, which some nested hosts cannot give (QEMU aborts setting MSRs): when
+ * a KVM start fails, it is tried once more under TCG, slower but working. */
+static guestfs_h *
+launch_appliance(const char *const *images, guint n_images, GError **error)
+{
+    gboolean tcg = g_atomic_int_get(&kvm_appliance_broken);
+
+    for (;;) {
+        g_autoptr(GError) launch_error = NULL;
+        guestfs_h *g = create_handle(images, n_images, tcg, &launch_error);
+        if (g == NULL) {
+            g_propagate_error(error, g_steal_pointer(&launch_error));
+            return NULL;
+        }
+        if (guestfs_launch(g) == 0)
+            return g;
+        gboolean retry = !tcg && g_file_test("/dev/kvm", G_FILE_TEST_EXISTS);
+        if (!retry) {
+            throw_guestfs(g, error, "cannot start the libguestfs appliance");
+            guestfs_close(g);
+            return NULL;
+        }
+        guestfs_close(g);
+        g_atomic_int_set(&kvm_appliance_broken, TRUE);
+        tcg = TRUE;
+    }
+}
+
 VmGuestfs *
 vm_guestfs_open(const char *const *images, GError **error)
 {
@@ -214,41 +285,9 @@ vm_guestfs_open(const char *const *images, GError **error)
         }
     }
 
-    /* No environment: LIBGUESTFS_DEBUG and friends would make the library print. */
-    fs->g = g =
-        guestfs_create_flags(GUESTFS_CREATE_NO_ENVIRONMENT | GUESTFS_CREATE_NO_CLOSE_ON_EXIT);
-    if (g == NULL) {
-        vm_throw_errno(error, errno, "cannot create a libguestfs handle");
+    fs->g = g = launch_appliance(images, fs->n_images, error);
+    if (g == NULL)
         return NULL;
-    }
-    /* Errors are read with guestfs_last_error(); warnings and logs would go to stderr. */
-    guestfs_set_error_handler(g, NULL, NULL);
-    if (guestfs_set_event_callback(g, discard_message,
-                                   GUESTFS_EVENT_LIBRARY | GUESTFS_EVENT_WARNING |
-                                       GUESTFS_EVENT_APPLIANCE | GUESTFS_EVENT_TRACE,
-                                   0, NULL) == -1) {
-        throw_guestfs(g, error, "cannot configure libguestfs");
-        return NULL;
-    }
-    if (guestfs_set_backend(g, "direct") == -1 || guestfs_set_network(g, 0) == -1 ||
-        guestfs_set_autosync(g, 0) == -1) {
-        throw_guestfs(g, error, "cannot configure libguestfs");
-        return NULL;
-    }
-
-    for (guint i = 0; i < fs->n_images; i++) {
-        /* Absolute, because the read-only overlay libguestfs puts on the image lives elsewhere. */
-        g_autofree char *absolute = g_canonicalize_filename(images[i], NULL);
-        if (guestfs_add_drive_opts(g, absolute, GUESTFS_ADD_DRIVE_OPTS_FORMAT, "qcow2",
-                                   GUESTFS_ADD_DRIVE_OPTS_READONLY, 1, -1) == -1) {
-            throw_guestfs(g, error, "cannot add image '%s'", images[i]);
-            return NULL;
-        }
-    }
-    if (guestfs_launch(g) == -1) {
-        throw_guestfs(g, error, "cannot start the libguestfs appliance");
-        return NULL;
-    }
 
     devices = guestfs_list_devices(g);
     if (devices == NULL) {
