@@ -646,6 +646,7 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
         .name = r->name,
         .uuid = r->uuid,
         .virt_type = ctx->lv->virt_type,
+        .cpu_disable = (const char *const *)ctx->lv->cpu_disable,
         .cpus = r->cpus,
         .memory_mib = r->memory_mib,
         .disk_path = disk,

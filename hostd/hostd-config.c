@@ -6,8 +6,9 @@
 #include "vm-util.h"
 
 static const char *const hostd_config_keys[] = {
-    "state-dir",    "socket",       "connect",      "images-dir",   "templates-dir",
-    "socket-group", "ssh-port-min", "ssh-port-max", "boot-timeout", NULL,
+    "state-dir",     "socket",       "connect",      "images-dir",
+    "templates-dir", "socket-group", "ssh-port-min", "ssh-port-max",
+    "boot-timeout",  "accel",        NULL,
 };
 
 char *
@@ -99,6 +100,12 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                             "%s: boot-timeout must be a duration up to 1h", path);
         config->boot_timeout_s = (guint)seconds;
+    }
+    if (g_key_file_has_key(kf, "hostd", "accel", NULL)) {
+        g_autofree char *text = g_key_file_get_string(kf, "hostd", "accel", NULL);
+        if (text == NULL || !hostd_accel_mode_parse(text, &config->accel))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: accel must be auto, kvm or tcg",
+                            path);
     }
     return TRUE;
 }

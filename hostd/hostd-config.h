@@ -3,6 +3,8 @@
 
 #include <glib.h>
 
+#include "hostd-accel.h"
+
 G_BEGIN_DECLS
 
 typedef struct {
@@ -15,10 +17,11 @@ typedef struct {
     guint ssh_port_min;  /* forwarded SSH ports are taken from this range */
     guint ssh_port_max;
     guint boot_timeout_s; /* how long new/start wait for SSH */
+    HostdAccelMode accel; /* default auto (hostd-accel.h) */
 } HostdConfig;
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
- * templates-dir, socket-group, ssh-port-min, ssh-port-max, boot-timeout) when not NULL, then
+ * templates-dir, socket-group, ssh-port-min, ssh-port-max, boot-timeout, accel) when not NULL, then
  * applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail with
  * VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,

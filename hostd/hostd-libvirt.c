@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hostd-accel.h"
 #include "vm-error.h"
 #include "vm-util.h"
 
@@ -42,16 +43,6 @@ hostd_libvirt_throw(GError **error, const char *what)
     g_set_error(error, VM_ERROR, code, "%s: %s", what, message);
     virResetLastError();
     return FALSE;
-}
-
-static const char *
-hostd_libvirt_detect_virt_type(void)
-{
-    /* Checking access is what QEMU itself will need; the domain capabilities would list kvm
-     * on hosts where the device exists but this user cannot open it. */
-    if (access("/dev/kvm", R_OK | W_OK) == 0)
-        return "kvm";
-    return "qemu";
 }
 
 #define HOSTD_EMBED_PREFIX "qemu:///embed?root="
@@ -94,7 +85,7 @@ hostd_libvirt_prepare_embed_root(const char *uri, GError **error)
 }
 
 HostdLibvirt *
-hostd_libvirt_open(const char *uri, GError **error)
+hostd_libvirt_open(const char *uri, HostdAccelMode accel_mode, GError **error)
 {
     static gsize once = 0;
     static GThread *event_thread = NULL;
@@ -119,7 +110,10 @@ hostd_libvirt_open(const char *uri, GError **error)
     HostdLibvirt *lv = g_new0(HostdLibvirt, 1);
     lv->conn = conn;
     lv->uri = g_strdup(uri);
-    lv->virt_type = g_strdup(hostd_libvirt_detect_virt_type());
+    g_autoptr(HostdAccel) accel = hostd_accel_detect(accel_mode, NULL, NULL);
+    lv->virt_type = g_steal_pointer(&accel->virt_type);
+    lv->cpu_disable = g_steal_pointer(&accel->cpu_disable);
+    lv->accel_summary = g_steal_pointer(&accel->summary);
     lv->event_thread = event_thread;
     return lv;
 }
@@ -133,6 +127,8 @@ hostd_libvirt_close(HostdLibvirt *lv)
         virConnectClose(lv->conn);
     g_free(lv->uri);
     g_free(lv->virt_type);
+    g_strfreev(lv->cpu_disable);
+    g_free(lv->accel_summary);
     g_free(lv);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gio/gio.h>
+#include "hostd-accel.h"
 #include "hostd-cleanup.h"
 
 G_BEGIN_DECLS
@@ -10,7 +11,9 @@ G_BEGIN_DECLS
 typedef struct {
     virConnectPtr conn;
     char *uri;
-    char *virt_type; /* "kvm" or "qemu" */
+    char *virt_type;     /* "kvm" or "qemu" */
+    char **cpu_disable;  /* host CPU features hidden from KVM guests (hostd-accel.h) */
+    char *accel_summary; /* which accelerator, and why, in one line */
     GThread *event_thread;
 } HostdLibvirt;
 
@@ -19,8 +22,8 @@ char *hostd_libvirt_default_uri(const char *state_dir);
 
 /* Registers libvirt's default event loop (once per process), starts a thread running it,
  * silences libvirt's stderr printing, and opens @uri read-write. Decides the virtualisation
- * type: "kvm" when /dev/kvm is usable, else "qemu" (TCG). Fails with VM_ERROR_LIBVIRT. */
-HostdLibvirt *hostd_libvirt_open(const char *uri, GError **error);
+ * type and guest CPU with hostd_accel_detect(@accel_mode). Fails with VM_ERROR_LIBVIRT. */
+HostdLibvirt *hostd_libvirt_open(const char *uri, HostdAccelMode accel_mode, GError **error);
 
 /* Closes the connection; running domains keep running. Accepts NULL. */
 void hostd_libvirt_close(HostdLibvirt *lv);

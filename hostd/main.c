@@ -40,6 +40,7 @@ int
 main(int argc, char **argv)
 {
     g_autofree char *config_path = NULL, *state_dir = NULL, *socket_path = NULL, *uri = NULL;
+    g_autofree char *accel = NULL;
     gboolean version = FALSE;
     GOptionEntry entries[] = {
         {"config", 0, 0, G_OPTION_ARG_FILENAME, &config_path, "Configuration file", "FILE"},
@@ -47,6 +48,8 @@ main(int argc, char **argv)
         {"socket", 0, 0, G_OPTION_ARG_FILENAME, &socket_path, "API socket", "PATH"},
         {"connect", 0, 0, G_OPTION_ARG_STRING, &uri,
          "libvirt URI (default: the embedded driver under the state dir)", "URI"},
+        {"accel", 0, 0, G_OPTION_ARG_STRING, &accel,
+         "auto (default): KVM when it works and beats TCG; kvm; tcg", "MODE"},
         {"version", 0, 0, G_OPTION_ARG_NONE, &version, "Print the version", NULL},
         {NULL},
     };
@@ -71,6 +74,10 @@ main(int argc, char **argv)
         fprintf(stderr, "hostd: %s\n", error->message);
         return vm_error_exit_status(vm_error_code(error));
     }
+    if (accel != NULL && !hostd_accel_mode_parse(accel, &config->accel)) {
+        fprintf(stderr, "hostd: --accel must be auto, kvm or tcg\n");
+        return 2;
+    }
     g_autoptr(HostdState) state = hostd_state_open(config->state_dir, &error);
     if (state == NULL) {
         fprintf(stderr, "hostd: %s\n", error->message);
@@ -78,15 +85,12 @@ main(int argc, char **argv)
     }
     g_message("state directory %s", config->state_dir);
     g_message("connecting to %s", config->uri);
-    g_autoptr(HostdLibvirt) lv = hostd_libvirt_open(config->uri, &error);
+    g_autoptr(HostdLibvirt) lv = hostd_libvirt_open(config->uri, config->accel, &error);
     if (lv == NULL) {
         fprintf(stderr, "hostd: %s\n", error->message);
         return vm_error_exit_status(vm_error_code(error));
     }
-    if (g_str_equal(lv->virt_type, "kvm"))
-        g_message("accelerator: KVM (/dev/kvm)");
-    else
-        g_message("accelerator: TCG software emulation (no usable /dev/kvm); guests run slower");
+    g_message("accelerator: %s", lv->accel_summary);
 
     g_autoptr(HostdContext) ctx =
         hostd_context_new(g_steal_pointer(&config), g_steal_pointer(&state), g_steal_pointer(&lv));

@@ -276,8 +276,14 @@ vm_domain_xml_build(const VmDomainSpec *spec, GError **error)
                                TCG_TB_CACHE_MIB);
     g_string_append(xml, "  </features>\n");
     /* under TCG the default model boots fastest; 'maximum' was measurably slower */
-    if (!tcg)
+    if (!tcg && (spec->cpu_disable == NULL || spec->cpu_disable[0] == NULL)) {
         g_string_append(xml, "  <cpu mode='host-passthrough'/>\n");
+    } else if (!tcg) {
+        g_string_append(xml, "  <cpu mode='host-passthrough'>\n");
+        for (const char *const *f = spec->cpu_disable; *f != NULL; f++)
+            append(xml, "    <feature policy='disable' name='%s'/>\n", *f);
+        g_string_append(xml, "  </cpu>\n");
+    }
     g_string_append(xml, "  <clock offset='utc'/>\n"
                          "  <on_poweroff>destroy</on_poweroff>\n"
                          "  <on_reboot>restart</on_reboot>\n"

@@ -22,9 +22,10 @@ G_BEGIN_DECLS
 
 typedef struct {
     const char *name;
-    const char *uuid;      /* canonical 36-char form */
-    const char *virt_type; /* "kvm" or "qemu" */
-    const char *emulator;  /* NULL: libvirt's default */
+    const char *uuid;               /* canonical 36-char form */
+    const char *virt_type;          /* "kvm" or "qemu" */
+    const char *const *cpu_disable; /* KVM: host CPU features hidden from the guest; or NULL */
+    const char *emulator;           /* NULL: libvirt's default */
     guint cpus;
     guint memory_mib;
     const char *disk_path;   /* qcow2 overlay, discard=unmap */
@@ -44,11 +45,11 @@ typedef struct {
 
 /* Returns newly allocated domain XML for @spec: q35 pinned machine type, virtio disk with
  * discard, NoCloud cdrom, virtio-rng from /dev/urandom, TCG tb-cache 128 MiB when virt_type is
- * "qemu", qemu-guest-agent channel, serial console to a file, and QEMU user networking with
- * restrict=on and a single hostfwd 127.0.0.1:ssh_port -> guest :22 (through
- * <qemu:commandline>, since libvirt has no restricted user network), and QEMU's own seccomp
- * sandbox VM_DOMAIN_SANDBOX. With egress_command, the network also gets the guestfwd to it (and
- * libvirt's sandbox must be off, see above). Strings are XML-escaped. Fails with
+ * "qemu", the host's CPU (less cpu_disable) under KVM, qemu-guest-agent channel, serial console to
+ * a file, and QEMU user networking with restrict=on and a single hostfwd 127.0.0.1:ssh_port ->
+ * guest :22 (through <qemu:commandline>, since libvirt has no restricted user network), and QEMU's
+ * own seccomp sandbox VM_DOMAIN_SANDBOX. With egress_command, the network also gets the guestfwd to
+ * it (and libvirt's sandbox must be off, see above). Strings are XML-escaped. Fails with
  * VM_ERROR_INVALID_ARGUMENT when a required field is missing or egress_command holds a control
  * character. */
 char *vm_domain_xml_build(const VmDomainSpec *spec, GError **error);

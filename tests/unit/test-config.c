@@ -82,6 +82,7 @@ test_defaults(void **state)
     assert_string_equal(c->templates_dir, templates);
     assert_null(c->socket_group);
     assert_int_equal(c->ssh_port_min, 42200);
+    assert_int_equal(c->accel, HOSTD_ACCEL_AUTO);
     assert_int_equal(c->ssh_port_max, 42999);
     assert_int_equal(c->boot_timeout_s, 300);
 }
@@ -144,7 +145,8 @@ test_file_values(void **state)
                     "socket-group=vmctl\n"
                     "ssh-port-min=50000\n"
                     "ssh-port-max=50100\n"
-                    "boot-timeout=10m\n");
+                    "boot-timeout=10m\n"
+                    "accel=tcg\n");
     g_autoptr(HostdConfig) c = load_ok(f->file, NULL, NULL, NULL);
 
     assert_string_equal(c->state_dir, "/data/hostd");
@@ -156,6 +158,7 @@ test_file_values(void **state)
     assert_int_equal(c->ssh_port_min, 50000);
     assert_int_equal(c->ssh_port_max, 50100);
     assert_int_equal(c->boot_timeout_s, 600);
+    assert_int_equal(c->accel, HOSTD_ACCEL_TCG);
 }
 
 /* Paths the file leaves out follow the file's state dir. */
@@ -242,6 +245,8 @@ test_bad_files(void **state)
         {"[hostd]\nboot-timeout=forever\n", "boot-timeout"},
         {"[hostd]\nboot-timeout=-5\n", "boot-timeout"},
         {"[hostd]\nboot-timeout=\n", "boot-timeout"},
+        {"[hostd]\naccel=hvf\n", "accel must be auto, kvm or tcg"},
+        {"[hostd]\naccel=\n", "accel must be auto, kvm or tcg"},
         {"[hostd]\nstate-dir=\n", "state-dir"},
         {"[hostd]\nsocket=\n", "socket"},
         {"[hostd]\nconnect=\n", "connect"},

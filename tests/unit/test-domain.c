@@ -191,6 +191,26 @@ test_virt_type_features(void **state)
     assert_non_null(strstr(kvm_xml, "<cpu mode='host-passthrough'/>"));
 }
 
+/* On a nested host whose KVM cannot set some of the host CPU's MSRs, those features are hidden
+ * from the guest, and only from KVM guests. */
+static void
+test_cpu_disable(void **state)
+{
+    const char *const off[] = {"arch-capabilities", NULL};
+    VmDomainSpec kvm = spec_kvm_disk();
+    VmDomainSpec tcg = spec_tcg_kernel();
+    kvm.cpu_disable = off;
+    tcg.cpu_disable = off;
+    g_autofree char *kvm_xml = build_ok(&kvm);
+    g_autofree char *tcg_xml = build_ok(&tcg);
+
+    assert_non_null(strstr(kvm_xml, "  <cpu mode='host-passthrough'>\n"
+                                    "    <feature policy='disable' name='arch-capabilities'/>\n"
+                                    "  </cpu>\n"));
+    assert_null(strstr(tcg_xml, "<cpu"));
+    assert_null(strstr(tcg_xml, "arch-capabilities"));
+}
+
 /* The guest must stay behind restricted user networking: no libvirt <interface> (which would
  * give it a bridge or unrestricted slirp) and a forward bound to loopback only. */
 static void
@@ -449,6 +469,7 @@ main(void)
         cmocka_unit_test(test_egress_forward),
         cmocka_unit_test(test_egress_command_comma),
         cmocka_unit_test(test_virt_type_features),
+        cmocka_unit_test(test_cpu_disable),
         cmocka_unit_test(test_network_is_restricted),
         cmocka_unit_test(test_optional_parts_omitted),
         cmocka_unit_test_setup_teardown(test_escaping, setup, teardown),

@@ -112,7 +112,7 @@ setup(void **state)
     assert_non_null(config);
     HostdState *st = hostd_state_open(state_dir, &error);
     assert_non_null(st);
-    HostdLibvirt *lv = hostd_libvirt_open(f->uri, &error);
+    HostdLibvirt *lv = hostd_libvirt_open(f->uri, HOSTD_ACCEL_TCG, &error);
     if (lv == NULL)
         fail_msg("libvirt: %s", error->message);
     f->ctx = hostd_context_new(config, st, lv);
