@@ -2,8 +2,10 @@
 #include "vm-egress-proxy.h"
 #include "vm-error.h"
 #include "vm-util.h"
+#include "vm-fd-pass.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <json-glib/json-glib.h>
 #include <netdb.h>
@@ -1011,41 +1013,13 @@ vm_egress_proxy_set_policy(VmEgressProxy *proxy, VmEgressPolicy *policy)
 gboolean
 vm_egress_proxy_pass_fd(const char *path, int fd, GError **error)
 {
-    struct sockaddr_un sun = {.sun_family = AF_UNIX};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } control;
-    char byte = 'F';
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    struct msghdr msg = {.msg_iov = &iov,
-                         .msg_iovlen = 1,
-                         .msg_control = control.buf,
-                         .msg_controllen = sizeof(control.buf)};
-    struct cmsghdr *cmsg;
-    vm_autofd sock = -1;
-
-    if (strlen(path) >= sizeof(sun.sun_path))
+    int rc = vm_fd_pass(path, fd);
+    if (rc == -ENAMETOOLONG)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "socket path too long: %s", path);
-    strcpy(sun.sun_path, path);
-    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (sock < 0)
-        return vm_throw_errno(error, errno, "cannot create a socket");
-    if (connect(sock, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
-        if (errno == ENOENT || errno == ECONNREFUSED)
-            return vm_throw(error, VM_ERROR_NOT_RUNNING, "no egress proxy at %s", path);
-        return vm_throw_errno(error, errno, "cannot connect to %s", path);
-    }
-    memset(&control, 0, sizeof(control));
-    cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-    while (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) {
-        if (errno != EINTR)
-            return vm_throw_errno(error, errno, "cannot hand the connection to %s", path);
-    }
+    if (rc == -ENOENT || rc == -ECONNREFUSED)
+        return vm_throw(error, VM_ERROR_NOT_RUNNING, "no egress proxy at %s", path);
+    if (rc < 0)
+        return vm_throw_errno(error, -rc, "cannot hand the connection to %s", path);
     return TRUE;
 }
 

@@ -1,0 +1,51 @@
+#include "vm-fd-pass.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+int
+vm_fd_pass(const char *path, int fd)
+{
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    char byte = 'F';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = control.buf,
+                         .msg_controllen = sizeof(control.buf)};
+    struct cmsghdr *cmsg;
+    int sock, saved;
+
+    if (strlen(path) >= sizeof(sun.sun_path))
+        return -ENAMETOOLONG;
+    strcpy(sun.sun_path, path);
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return -errno;
+    if (connect(sock, (struct sockaddr *)&sun, sizeof(sun)) < 0)
+        goto fail;
+    memset(&control, 0, sizeof(control));
+    cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+    while (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) {
+        if (errno != EINTR)
+            goto fail;
+    }
+    close(sock);
+    return 0;
+
+fail:
+    saved = errno;
+    close(sock);
+    return -saved;
+}
