@@ -7,13 +7,9 @@
 set -uo pipefail
 
 : "${HOSTD:?}" "${VMCTL:?}"
-# Short path: the embedded libvirt root and the proxies' Unix sockets live below it.
-S=$(mktemp -d -t vme.XXXXXX)
-chmod 711 "$S"
-IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
-SOCK=$S/hostd.sock
-CONF=$S/hostd.conf
-LOG=$S/hostd.log
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+suite_init vme 43200 43289
 NS=vmegress$$
 VH=veg$$h
 VN=veg$$n
@@ -23,56 +19,16 @@ DENIED=198.18.0.3
 SINK_PORT=9000
 WEB_PORT=8080
 LOCAL_PORT=${VM_TEST_EGRESS_LOCAL_PORT:-43290}
-HOSTD_PID=
 PIDS=()
-N=0
-FAILED=0
 
-cat > "$CONF" <<CONF
-[hostd]
-images-dir=$IMAGES
-ssh-port-min=${VM_TEST_PORT_MIN:-43200}
-ssh-port-max=${VM_TEST_PORT_MAX:-43289}
-boot-timeout=360
-CONF
-
-ok() { N=$((N + 1)); echo "ok $N - $*"; }
-not_ok() { N=$((N + 1)); FAILED=$((FAILED + 1)); echo "not ok $N - $*"; }
-check() { # check DESCRIPTION COMMAND...
-  local desc=$1; shift
-  if "$@"; then ok "$desc"; else not_ok "$desc"; fi
-}
-diag() { sed 's/^/# /' <<< "$*"; }
-vmctl() { "$VMCTL" --socket "$SOCK" "$@"; }
 guest() { vmctl exec a1 -- bash -c "$1"; }
-
-start_hostd() {
-  "$HOSTD" --config "$CONF" --state-dir "$S" --socket "$SOCK" >> "$LOG" 2>&1 &
-  HOSTD_PID=$!
-  for _ in $(seq 1 100); do
-    [ -S "$SOCK" ] && vmctl list >/dev/null 2>&1 && return 0
-    kill -0 "$HOSTD_PID" 2>/dev/null || return 1
-    sleep 0.2
-  done
-  return 1
-}
-
-stop_hostd() {
-  kill "$HOSTD_PID" 2>/dev/null
-  wait "$HOSTD_PID" 2>/dev/null
-  HOSTD_PID=
-}
 
 cleanup() {
   if [ -n "$HOSTD_PID" ] && kill -0 "$HOSTD_PID" 2>/dev/null; then
     vmctl rm --force a1 >/dev/null 2>&1
     stop_hostd
   fi
-  if [ -d "$S/libvirt" ]; then
-    for d in $(virsh -c "qemu:///embed?root=$S/libvirt" list --name 2>/dev/null); do
-      virsh -c "qemu:///embed?root=$S/libvirt" destroy "$d" >/dev/null 2>&1
-    done
-  fi
+  destroy_leftover_domains
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
   ip netns del "$NS" 2>/dev/null

@@ -7,45 +7,10 @@
 set -uo pipefail
 
 : "${HOSTD:?}" "${VMCTL:?}"
-# Short path: the embedded libvirt root holds UNIX sockets (<= 108 bytes).
-S=$(mktemp -d -t vmt.XXXXXX)
-chmod 711 "$S"
-IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
-SOCK=$S/hostd.sock
-CONF=$S/hostd.conf
-LOG=$S/hostd.log
-HOSTD_PID=
-N=0
-FAILED=0
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+suite_init vmt 43100 43199
 WEBPID=
-
-cat > "$CONF" <<CONF
-[hostd]
-images-dir=$IMAGES
-ssh-port-min=${VM_TEST_PORT_MIN:-43100}
-ssh-port-max=${VM_TEST_PORT_MAX:-43199}
-boot-timeout=360
-CONF
-
-ok() { N=$((N + 1)); echo "ok $N - $*"; }
-not_ok() { N=$((N + 1)); FAILED=$((FAILED + 1)); echo "not ok $N - $*"; }
-check() { # check DESCRIPTION COMMAND...
-  local desc=$1; shift
-  if "$@"; then ok "$desc"; else not_ok "$desc"; fi
-}
-diag() { sed 's/^/# /' <<< "$*"; }
-vmctl() { "$VMCTL" --socket "$SOCK" "$@"; }
-
-start_hostd() {
-  "$HOSTD" --config "$CONF" --state-dir "$S" --socket "$SOCK" >> "$LOG" 2>&1 &
-  HOSTD_PID=$!
-  for _ in $(seq 1 100); do
-    [ -S "$SOCK" ] && vmctl list >/dev/null 2>&1 && return 0
-    kill -0 "$HOSTD_PID" 2>/dev/null || return 1
-    sleep 0.2
-  done
-  return 1
-}
 
 cleanup() {
   if [ -n "$HOSTD_PID" ] && kill -0 "$HOSTD_PID" 2>/dev/null; then
@@ -55,13 +20,7 @@ cleanup() {
     done
     kill "$HOSTD_PID" 2>/dev/null; wait "$HOSTD_PID" 2>/dev/null
   fi
-  # Whatever hostd could not remove: destroy it through the same embedded root, so no guest
-  # outlives the suite and eats the next run's CPU.
-  if [ -d "$S/libvirt" ]; then
-    for d in $(virsh -c "qemu:///embed?root=$S/libvirt" list --name 2>/dev/null); do
-      virsh -c "qemu:///embed?root=$S/libvirt" destroy "$d" >/dev/null 2>&1
-    done
-  fi
+  destroy_leftover_domains
   [ -n "$WEBPID" ] && kill "$WEBPID" 2>/dev/null
   if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
     diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"

@@ -1,0 +1,63 @@
+# The harness the VM suites share; sourced, not run. suite_init makes the state dir and hostd's
+# config; then TAP output (ok, not_ok, check, diag), vmctl against this suite's hostd,
+# start_hostd/stop_hostd, and destroy_leftover_domains for the cleanup.
+
+# suite_init PREFIX PORT_MIN PORT_MAX: sets S (a short path: the embedded libvirt root and Unix
+# sockets live below it), IMAGES (the state dir's, or $VM_TEST_IMAGE_CACHE kept between runs),
+# SOCK, CONF, LOG, and writes CONF with the SSH port range ($VM_TEST_PORT_MIN/MAX win).
+suite_init() {
+  S=$(mktemp -d -t "$1.XXXXXX")
+  chmod 711 "$S"
+  IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
+  SOCK=$S/hostd.sock
+  CONF=$S/hostd.conf
+  LOG=$S/hostd.log
+  HOSTD_PID=
+  N=0
+  FAILED=0
+  cat > "$CONF" <<CONF
+[hostd]
+images-dir=$IMAGES
+ssh-port-min=${VM_TEST_PORT_MIN:-$2}
+ssh-port-max=${VM_TEST_PORT_MAX:-$3}
+boot-timeout=360
+CONF
+}
+
+ok() { N=$((N + 1)); echo "ok $N - $*"; }
+not_ok() { N=$((N + 1)); FAILED=$((FAILED + 1)); echo "not ok $N - $*"; }
+check() { # check DESCRIPTION COMMAND...
+  local desc=$1; shift
+  if "$@"; then ok "$desc"; else not_ok "$desc"; fi
+}
+diag() { sed 's/^/# /' <<< "$*"; }
+vmctl() { "$VMCTL" --socket "$SOCK" "$@"; }
+
+# Starts hostd in the background (HOSTD_PID) and waits until it answers; fails when it dies or
+# does not answer within 20 s.
+start_hostd() {
+  "$HOSTD" --config "$CONF" --state-dir "$S" --socket "$SOCK" >> "$LOG" 2>&1 &
+  HOSTD_PID=$!
+  for _ in $(seq 1 100); do
+    [ -S "$SOCK" ] && vmctl list >/dev/null 2>&1 && return 0
+    kill -0 "$HOSTD_PID" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
+
+stop_hostd() {
+  kill "$HOSTD_PID" 2>/dev/null
+  wait "$HOSTD_PID" 2>/dev/null
+  HOSTD_PID=
+}
+
+# Whatever hostd could not remove: destroyed through the same embedded root, so no guest
+# outlives the suite and eats the next run's CPU.
+destroy_leftover_domains() {
+  [ -d "$S/libvirt" ] || return 0
+  local d
+  for d in $(virsh -c "qemu:///embed?root=$S/libvirt" list --name 2>/dev/null); do
+    virsh -c "qemu:///embed?root=$S/libvirt" destroy "$d" >/dev/null 2>&1
+  done
+}
