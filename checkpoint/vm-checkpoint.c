@@ -184,15 +184,18 @@ vm_checkpoint_set_load(const char *dir, GError **error)
     if (op != NULL) {
         set->pending = g_str_equal(op, "create")    ? VM_CHECKPOINT_OP_CREATE
                        : g_str_equal(op, "restore") ? VM_CHECKPOINT_OP_RESTORE
+                       : g_str_equal(op, "merge")   ? VM_CHECKPOINT_OP_MERGE
                                                     : VM_CHECKPOINT_OP_NONE;
         set->pending_file = g_key_file_get_string(kf, GROUP_PENDING, "file", NULL);
         set->pending_target = g_key_file_get_string(kf, GROUP_PENDING, "target", NULL);
         set->pending_label = g_key_file_get_string(kf, GROUP_PENDING, "label", NULL);
         set->pending_automatic = g_key_file_get_boolean(kf, GROUP_PENDING, "automatic", NULL);
         set->pending_memory = g_key_file_get_string(kf, GROUP_PENDING, "memory", NULL);
+        gboolean merge = set->pending == VM_CHECKPOINT_OP_MERGE;
         if (set->pending == VM_CHECKPOINT_OP_NONE ||
             (set->pending_memory != NULL && !vm_checkpoint_file_name_ok(set->pending_memory)) ||
-            !vm_checkpoint_file_name_ok(set->pending_file) ||
+            (!merge && !vm_checkpoint_file_name_ok(set->pending_file)) ||
+            (merge && (set->pending_file != NULL || vm_checkpoint_set_merge_child(set) == NULL)) ||
             (set->pending == VM_CHECKPOINT_OP_RESTORE &&
              vm_checkpoint_set_find(set, set->pending_target) == NULL)) {
             vm_checkpoint_corrupt(error, path, "unreadable journal");
@@ -231,9 +234,12 @@ vm_checkpoint_set_save(const VmCheckpointSet *set, GError **error)
             g_key_file_set_string(kf, group, "memory", c->memory);
     }
     if (set->pending != VM_CHECKPOINT_OP_NONE) {
-        g_key_file_set_string(kf, GROUP_PENDING, "op",
-                              set->pending == VM_CHECKPOINT_OP_CREATE ? "create" : "restore");
-        g_key_file_set_string(kf, GROUP_PENDING, "file", set->pending_file);
+        const char *op = set->pending == VM_CHECKPOINT_OP_CREATE    ? "create"
+                         : set->pending == VM_CHECKPOINT_OP_RESTORE ? "restore"
+                                                                    : "merge";
+        g_key_file_set_string(kf, GROUP_PENDING, "op", op);
+        if (set->pending_file != NULL)
+            g_key_file_set_string(kf, GROUP_PENDING, "file", set->pending_file);
         if (set->pending_target != NULL)
             g_key_file_set_string(kf, GROUP_PENDING, "target", set->pending_target);
         if (set->pending_label != NULL)
@@ -329,6 +335,62 @@ vm_checkpoint_set_commit_restore(VmCheckpointSet *set)
     set->next_seq++;
     vm_checkpoint_set_abort(set);
     return old;
+}
+
+const VmCheckpoint *
+vm_checkpoint_set_begin_merge(VmCheckpointSet *set, const char *id, GError **error)
+{
+    if (!vm_checkpoint_set_check_idle(set, error))
+        return NULL;
+    if (vm_checkpoint_set_find(set, id) == NULL) {
+        vm_throw(error, VM_ERROR_NOT_FOUND, "no checkpoint '%s'", id);
+        return NULL;
+    }
+    gboolean active = FALSE;
+    g_auto(GStrv) dependants = vm_checkpoint_set_dependants(set, id, &active);
+    if (active || g_strv_length(dependants) != 1) {
+        vm_throw(error, VM_ERROR_BAD_STATE,
+                 "checkpoint %s cannot be merged: exactly one checkpoint must stand on it", id);
+        return NULL;
+    }
+    set->pending = VM_CHECKPOINT_OP_MERGE;
+    set->pending_target = g_strdup(id);
+    return vm_checkpoint_set_merge_child(set);
+}
+
+VmCheckpoint *
+vm_checkpoint_set_merge_child(const VmCheckpointSet *set)
+{
+    if (set->pending != VM_CHECKPOINT_OP_MERGE ||
+        vm_checkpoint_set_find(set, set->pending_target) == NULL)
+        return NULL;
+    VmCheckpoint *child = NULL;
+    for (guint i = 0; i < set->checkpoints->len; i++) {
+        VmCheckpoint *c = set->checkpoints->pdata[i];
+        if (g_strcmp0(c->parent, set->pending_target) == 0) {
+            if (child != NULL)
+                return NULL;
+            child = c;
+        }
+    }
+    if (g_strcmp0(set->active_parent, set->pending_target) == 0)
+        return NULL;
+    return child;
+}
+
+char *
+vm_checkpoint_set_commit_merge(VmCheckpointSet *set)
+{
+    VmCheckpoint *child = vm_checkpoint_set_merge_child(set);
+    g_return_val_if_fail(child != NULL, NULL);
+
+    VmCheckpoint *merged = vm_checkpoint_set_find(set, set->pending_target);
+    char *file = child->image;
+    child->image = merged->image;
+    merged->image = file;
+    g_autofree char *id = g_strdup(merged->id);
+    vm_checkpoint_set_abort(set);
+    return vm_checkpoint_set_remove(set, id, NULL);
 }
 
 void

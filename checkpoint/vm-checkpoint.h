@@ -37,6 +37,7 @@ typedef enum {
     VM_CHECKPOINT_OP_NONE = 0,
     VM_CHECKPOINT_OP_CREATE,
     VM_CHECKPOINT_OP_RESTORE,
+    VM_CHECKPOINT_OP_MERGE,
 } VmCheckpointOp;
 
 typedef struct {
@@ -47,7 +48,7 @@ typedef struct {
     guint next_seq;         /* for ids and file names */
     VmCheckpointOp pending; /* the journal: an operation that has not committed */
     char *pending_file;     /* the new overlay it introduces */
-    char *pending_target;   /* RESTORE: the checkpoint id */
+    char *pending_target;   /* RESTORE: the checkpoint id; MERGE: the one merged away */
     char *pending_label;    /* CREATE */
     char *pending_memory;   /* CREATE with memory: the state file it writes */
     gboolean pending_automatic;
@@ -93,6 +94,22 @@ gboolean vm_checkpoint_set_begin_restore(VmCheckpointSet *set, const char *id,
  * the file name of the overlay that was active before: it now belongs to no checkpoint and the
  * caller deletes it (owned by the caller). */
 char *vm_checkpoint_set_commit_restore(VmCheckpointSet *set);
+
+/* Journals the merge of checkpoint @id into the one checkpoint that stands on it (the child),
+ * which will then live in @id's image file: the way to remove @id when the child's image is in
+ * use by a running QEMU and only a block commit may write. Returns the child (owned by the set).
+ * Fails with VM_ERROR_NOT_FOUND, or VM_ERROR_BAD_STATE when another operation is pending or
+ * anything but exactly one checkpoint stands on @id. */
+const VmCheckpoint *vm_checkpoint_set_begin_merge(VmCheckpointSet *set, const char *id,
+                                                  GError **error);
+
+/* The child of the journaled merge, or NULL when no merge is journaled. */
+VmCheckpoint *vm_checkpoint_set_merge_child(const VmCheckpointSet *set);
+
+/* Commits the journaled merge once the child's data is in the merged checkpoint's file: the
+ * child takes that file, the merged checkpoint leaves the record. Returns the file name the
+ * child had, which nothing uses any more (owned by the caller, who deletes it). */
+char *vm_checkpoint_set_commit_merge(VmCheckpointSet *set);
 
 /* Forgets the journal (after a rollback). Can't fail. */
 void vm_checkpoint_set_abort(VmCheckpointSet *set);

@@ -97,6 +97,9 @@ gboolean hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemp
  * (VM_ERROR_IO). */
 gboolean hostd_run(const char *const *argv, GError **error);
 
+/* hostd_run() that also returns what the program wrote on stdout (newly allocated). */
+gboolean hostd_run_output(const char *const *argv, char **ret_stdout, GError **error);
+
 /* Bytes a file takes on disk (allocated blocks); 0 when it does not exist. */
 guint64 hostd_file_allocated(const char *path);
 

@@ -137,20 +137,29 @@ hostd_agent_load(HostdContext *ctx, const char *name, GError **error)
     return r;
 }
 
-/* Runs a helper program; its stderr becomes the error message. */
 gboolean
 hostd_run(const char *const *argv, GError **error)
 {
+    return hostd_run_output(argv, NULL, error);
+}
+
+gboolean
+hostd_run_output(const char *const *argv, char **ret_stdout, GError **error)
+{
     g_autofree char *err_text = NULL;
+    g_autofree char *out_text = NULL;
     g_autoptr(GError) local_error = NULL;
     int status = 0;
+    GSpawnFlags flags = G_SPAWN_SEARCH_PATH | (ret_stdout == NULL ? G_SPAWN_STDOUT_TO_DEV_NULL : 0);
 
-    if (!g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
-                      NULL, NULL, NULL, &err_text, &status, &local_error))
+    if (!g_spawn_sync(NULL, (char **)argv, NULL, flags, NULL, NULL,
+                      ret_stdout != NULL ? &out_text : NULL, &err_text, &status, &local_error))
         return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", argv[0], local_error->message);
     if (!g_spawn_check_wait_status(status, NULL))
         return vm_throw(error, VM_ERROR_IO, "%s failed: %s", argv[0],
                         err_text != NULL ? g_strstrip(err_text) : "");
+    if (ret_stdout != NULL)
+        *ret_stdout = g_steal_pointer(&out_text);
     return TRUE;
 }
 

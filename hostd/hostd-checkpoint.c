@@ -474,6 +474,23 @@ hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError 
     return hostd_checkpoint_rm_locked(ctx, r, dom, set, c, error);
 }
 
+/* Records the journaled merge as done (its child's data is in the merged checkpoint's file),
+ * then deletes the child's old file and @memory_path, the merged checkpoint's saved state. */
+static gboolean
+hostd_checkpoint_finish_merge(VmCheckpointSet *set, const char *memory_path, GError **error)
+{
+    g_autofree char *old_child_image = vm_checkpoint_set_commit_merge(set);
+    if (old_child_image == NULL)
+        return vm_throw(error, VM_ERROR_FAILED, "no merge to finish");
+    if (!vm_checkpoint_set_save(set, error))
+        return FALSE;
+    g_autofree char *old_path = vm_checkpoint_set_path(set, old_child_image);
+    g_unlink(old_path);
+    if (memory_path != NULL)
+        g_unlink(memory_path);
+    return TRUE;
+}
+
 gboolean
 hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                            VmCheckpointSet *set, const VmCheckpoint *c, GError **error)
@@ -526,23 +543,27 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
             if (in_running_chain) {
                 /* QEMU reads the child's image: rewriting it is not safe, but committing it
                  * down into @id's image is (nothing else stands on that one). The child then
-                 * lives in @id's file, and its own file goes. */
+                 * lives in @id's file, and its own file goes. From the first write on, @id's
+                 * file no longer holds @id: the journal makes start-up finish the merge. */
                 g_autofree char *own_path = vm_checkpoint_set_path(set, c->image);
-                if (virDomainBlockCommit(dom, "vda", own_path, child_path, 0, 0) < 0)
-                    return hostd_libvirt_throw(error, "cannot merge the checkpoint");
+                if (vm_checkpoint_set_begin_merge(set, id, error) == NULL)
+                    return FALSE;
+                if (!vm_checkpoint_set_save(set, error)) {
+                    vm_checkpoint_set_abort(set);
+                    return FALSE;
+                }
+                hostd_checkpoint_step("merge-journaled");
+                if (virDomainBlockCommit(dom, "vda", own_path, child_path, 0, 0) < 0) {
+                    hostd_libvirt_throw(error, "cannot merge the checkpoint");
+                    vm_checkpoint_set_abort(set);
+                    vm_checkpoint_set_save(set, NULL);
+                    return FALSE;
+                }
+                /* Should the wait fail, the journal stays and start-up finishes the merge. */
                 if (!hostd_checkpoint_wait_job(dom, error))
                     return FALSE;
-                VmCheckpoint *moved = vm_checkpoint_set_find(set, child->id);
-                g_autofree char *old_child_image = moved->image;
-                moved->image = g_strdup(c->image);
-                g_autofree char *kept = vm_checkpoint_set_remove(set, id, error);
-                if (kept == NULL || !vm_checkpoint_set_save(set, error))
-                    return FALSE;
-                g_autofree char *old_path = vm_checkpoint_set_path(set, old_child_image);
-                g_unlink(old_path);
-                if (memory_path != NULL)
-                    g_unlink(memory_path);
-                return TRUE;
+                hostd_checkpoint_step("merge-committed");
+                return hostd_checkpoint_finish_merge(set, memory_path, error);
             }
             const char *argv[] = {"qemu-img", "rebase", "-q", "-f",       "qcow2", "-F",
                                   "qcow2",    "-b",     base, child_path, NULL};
@@ -584,6 +605,73 @@ hostd_domain_uses(virDomainPtr dom, const char *path)
            (inactive != NULL && strstr(inactive, needle) != NULL);
 }
 
+/* Whether the backing chain of @top, as its qcow2 headers say, holds @path. */
+static gboolean
+hostd_chain_holds(const char *top, const char *path, gboolean *ret_holds, GError **error)
+{
+    const char *argv[] = {"qemu-img", "info", "-U", "--backing-chain", top, NULL};
+    g_autofree char *out = NULL;
+    if (!hostd_run_output(argv, &out, error))
+        return FALSE;
+    g_autofree char *line = g_strconcat("image: ", path, "\n", NULL);
+    *ret_holds = g_str_has_prefix(out, line) || strstr(out, line) != NULL;
+    return TRUE;
+}
+
+/* Finishes a merge hostd died in (hostd_checkpoint_rm_locked()), whatever point it reached:
+ * - the commit finished (the child's file is out of the chain): record it;
+ * - the agent runs and the child's file is still in its chain: commit again, then record it.
+ *   A commit copies the child's allocated clusters down, so doing it twice, or after a partial
+ *   one, gives the same file;
+ * - the agent is stopped and the child's file is still in its chain: give the child what the
+ *   merged checkpoint held with a safe rebase instead (reading through the child hides any
+ *   clusters a partial commit wrote), then drop the merged checkpoint and its file.
+ * A commit job QEMU carried on with after hostd died is waited for first. */
+static gboolean
+hostd_checkpoint_reconcile_merge(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                 VmCheckpointSet *set, GError **error)
+{
+    VmCheckpoint *child = vm_checkpoint_set_merge_child(set);
+    const VmCheckpoint *merged = vm_checkpoint_set_find(set, set->pending_target);
+    g_autofree char *child_path = vm_checkpoint_set_path(set, child->image);
+    g_autofree char *merged_path = vm_checkpoint_set_path(set, merged->image);
+    g_autofree char *active_path = vm_checkpoint_set_path(set, set->active);
+    g_autofree char *memory_path =
+        merged->memory != NULL ? vm_checkpoint_set_path(set, merged->memory) : NULL;
+    gboolean running = dom != NULL && hostd_libvirt_is_active(dom);
+    gboolean holds = TRUE;
+
+    if (running && !hostd_checkpoint_wait_job(dom, error))
+        return FALSE;
+    if (!hostd_chain_holds(active_path, child_path, &holds, error))
+        return FALSE;
+    if (holds && running) {
+        if (virDomainBlockCommit(dom, "vda", merged_path, child_path, 0, 0) < 0)
+            return hostd_libvirt_throw(error, "cannot merge the checkpoint");
+        if (!hostd_checkpoint_wait_job(dom, error))
+            return FALSE;
+    } else if (holds) {
+        g_autofree char *base = hostd_checkpoint_backing_path(ctx, r, set, merged->parent, error);
+        if (base == NULL)
+            return FALSE;
+        const char *argv[] = {"qemu-img", "rebase", "-q", "-f",       "qcow2", "-F",
+                              "qcow2",    "-b",     base, child_path, NULL};
+        if (!hostd_run(argv, error))
+            return FALSE;
+        g_autofree char *id = g_strdup(merged->id);
+        vm_checkpoint_set_abort(set);
+        g_autofree char *image = vm_checkpoint_set_remove(set, id, error);
+        if (image == NULL || !vm_checkpoint_set_save(set, error))
+            return FALSE;
+        g_autofree char *path = vm_checkpoint_set_path(set, image);
+        g_unlink(path);
+        if (memory_path != NULL)
+            g_unlink(memory_path);
+        return TRUE;
+    }
+    return hostd_checkpoint_finish_merge(set, memory_path, error);
+}
+
 gboolean
 hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArray *notes,
                            GError **error)
@@ -601,6 +689,14 @@ hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArr
         g_ptr_array_add(notes,
                         g_strdup_printf("agent '%s': redefined on its current overlay", r->name));
         return hostd_checkpoint_define(ctx, r, set, error);
+    }
+
+    if (set->pending == VM_CHECKPOINT_OP_MERGE) {
+        if (!hostd_checkpoint_reconcile_merge(ctx, r, dom, set, error))
+            return FALSE;
+        g_ptr_array_add(notes,
+                        g_strdup_printf("agent '%s': finished an interrupted merge", r->name));
+        return TRUE;
     }
 
     g_autofree char *new_path = vm_checkpoint_set_path(set, set->pending_file);

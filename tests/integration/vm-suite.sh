@@ -223,7 +223,45 @@ check "killed at restore-journaled: rolled back (agent running the same boot, on
 check "killed at restore-journaled: qemu-img check is clean on every image" \
   bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
 XUNDO=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["id"])')
-vmctl checkpoint rm a1 "$XUNDO" >/dev/null
+# A memory checkpoint restored after that interrupted restore and both hostd restarts: the
+# processes resume (same boot) on the disk of that instant.
+vmctl exec a1 -- rm -f mem.txt
+out=$(vmctl restore a1 "$MCK" 2>&1); rc=$?
+M2UNDO=$(sed -n 's/.*undo with: vmctl restore a1 \(c[0-9]*\).*/\1/p' <<< "$out")
+check "after the interrupted restore and restarts, the memory checkpoint resumes (same boot, its files)" \
+  bash -c "[ $rc = 0 ] && grep -q 'resuming the saved processes' <<< \"\$1\" &&
+    [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- cat /proc/sys/kernel/random/boot_id)\" = '$MBOOT' ] &&
+    [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- cat mem.txt)\" = kept ]" _ "$out" || diag "$out"
+# hostd killed after a restore stopped the agent, then after it defined the new disk: the first
+# rolls back (the agent, stopped, keeps its disk), the second finishes (it boots on the
+# checkpoint's disk; a memory checkpoint's processes are lost, its disk is not).
+vmctl exec a1 -- sh -c 'echo later > ~/marker; sync'
+files_before=$(ls "$S/agents/a1/" | grep -c qcow2)
+kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+HOSTD_TEST_CRASH_AT=restore-stopped start_hostd
+vmctl restore a1 "$MCK" >/dev/null 2>&1
+wait "$HOSTD_PID" 2>/dev/null
+check "hostd restarts after dying at restore-stopped" start_hostd
+check "killed at restore-stopped: rolled back (stopped, only the undo checkpoint's overlay added, qemu-img check clean)" \
+  bash -c "[ \"\$('$VMCTL' --socket '$SOCK' --json info a1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"state\"])')\" = stopped ] &&
+    [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((files_before + 1)) ] &&
+    [ \$(grep -c 'rolled back an unfinished restore' '$LOG') = 2 ] &&
+    for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
+kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+HOSTD_TEST_CRASH_AT=restore-defined start_hostd
+vmctl restore a1 "$MCK" >/dev/null 2>&1
+wait "$HOSTD_PID" 2>/dev/null
+check "hostd restarts after dying at restore-defined" start_hostd
+check "killed at restore-defined: finished (qemu-img check clean, the replaced overlay deleted)" \
+  bash -c "grep -q 'finished an interrupted restore' '$LOG' &&
+    [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((files_before + 2)) ] &&
+    for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
+vmctl start a1 >/dev/null 2>&1
+check "killed at restore-defined: the agent then boots on the checkpoint's disk" \
+  test "$(vmctl exec a1 -- sh -c 'cat mem.txt; ls marker 2>&1 >/dev/null | wc -l')" = "$(printf 'kept\n1')"
+for c in $(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(" ".join(c["id"] for c in reversed(json.load(sys.stdin)) if c["id"] not in ("'"$MCK"'", "'"$MUNDO"'")))'); do
+  vmctl checkpoint rm a1 "$c" >/dev/null
+done
 vmctl checkpoint rm a1 "$MUNDO" >/dev/null
 check "checkpoint rm of a memory checkpoint removes its state file" \
   bash -c "'$VMCTL' --socket '$SOCK' checkpoint rm a1 '$MCK' && ! ls '$S/agents/a1/' | grep -q '^memory-'"
@@ -287,6 +325,35 @@ for step in checkpoint-journaled checkpoint-switched; do
 done
 CKS=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(" ".join(c["id"] for c in json.load(sys.stdin)))')
 for c in $CKS; do vmctl checkpoint rm a1 "$c" >/dev/null; done
+
+# ... and at a named step of a merge: removing K1 under K2 while the agent runs commits K2's
+# image down into K1's file, which from then on no longer holds K1; the next start finishes it.
+MERGES=0
+for step in merge-journaled merge-committed; do
+  MERGES=$((MERGES + 1))
+  vmctl exec a1 -- sh -c "rm -rf ~/mg; mkdir ~/mg; echo 1 > ~/mg/k1; sync"
+  K1=$(vmctl checkpoint a1)
+  vmctl exec a1 -- sh -c "echo 2 > ~/mg/k2; sync"
+  K2=$(vmctl checkpoint a1)
+  vmctl exec a1 -- sh -c "echo 3 > ~/mg/after; sync"
+  before=$(ls "$S/agents/a1/" | grep -c qcow2)
+  kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+  HOSTD_TEST_CRASH_AT=$step start_hostd
+  vmctl checkpoint rm a1 "$K1" >/dev/null 2>&1
+  wait "$HOSTD_PID" 2>/dev/null
+  check "hostd restarts after dying at $step" start_hostd
+  check "killed at $step: the merge was finished ($K1 gone, $K2 kept, one file fewer)" bash -c "
+    [ \"\$('$VMCTL' --socket '$SOCK' --json checkpoints a1 | python3 -c 'import json,sys; print(\" \".join(c[\"id\"] for c in json.load(sys.stdin)))')\" = '$K2' ] &&
+    [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((before - 1)) ] && [ \$(grep -c 'finished an interrupted merge' '$LOG') = $MERGES ]"
+  check "killed at $step: qemu-img check is clean on every image" \
+    bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
+  vmctl diff a1 "$K2" --path "$H/mg" > "$S/mg.out" 2>&1
+  check "killed at $step: $K2 still holds exactly its files (diff to now: only the later one added)" \
+    test "$(cat "$S/mg.out")" = "A $H/mg/after" || diag "$(cat "$S/mg.out")"
+  check "killed at $step: the agent kept running and answers" \
+    test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
+  vmctl checkpoint rm a1 "$K2" >/dev/null
+done
 
 # idle: running -> paused -> saved by itself, and any way in wakes it
 state_of() { vmctl list --json | python3 -c 'import json,sys; print([a["state"] for a in json.load(sys.stdin) if a["name"] == "a1"][0])'; }

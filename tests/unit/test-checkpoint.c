@@ -552,6 +552,54 @@ test_remove_unknown(void **state)
     }
 }
 
+/* A merge moves the one child into the merged checkpoint's file; the journal names only the
+ * merged checkpoint and survives a restart, and the commit hands back the child's old file. */
+static void
+test_merge(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(VmCheckpointSet) set = load_ok(f->dir);
+    g_autoptr(GError) error = NULL;
+
+    create_ok(set, NULL, FALSE, TRUE); /* c1: disk.qcow2 */
+    create_ok(set, NULL, FALSE, TRUE); /* c2: disk-1 on c1, active disk-2 on c2 */
+    vm_checkpoint_set_find(set, "c1")->memory = g_strdup("memory-9.save");
+
+    /* Only a checkpoint with exactly one checkpoint on it, and nothing pending. */
+    assert_null(vm_checkpoint_set_begin_merge(set, "c2", &error));
+    assert_error(error, VM_ERROR_BAD_STATE, "exactly one");
+    g_clear_error(&error);
+    assert_null(vm_checkpoint_set_begin_merge(set, "c7", &error));
+    assert_error(error, VM_ERROR_NOT_FOUND, "c7");
+    g_clear_error(&error);
+    assert_null(vm_checkpoint_set_merge_child(set));
+
+    const VmCheckpoint *child = vm_checkpoint_set_begin_merge(set, "c1", &error);
+    assert_non_null(child);
+    assert_string_equal(child->id, "c2");
+    g_autoptr(VmCheckpointSet) back = save_and_reload(set);
+    assert_sets_equal(set, back);
+    assert_int_equal(back->pending, VM_CHECKPOINT_OP_MERGE);
+    assert_string_equal(vm_checkpoint_set_merge_child(back)->id, "c2");
+    const char *file = NULL;
+    assert_false(vm_checkpoint_set_begin_create(back, NULL, TRUE, &file, &error));
+    assert_error(error, VM_ERROR_BAD_STATE, NULL);
+    g_clear_error(&error);
+
+    g_autofree char *old = vm_checkpoint_set_commit_merge(back);
+    assert_string_equal(old, "disk-1.qcow2");
+    assert_no_pending(back);
+    assert_null(vm_checkpoint_set_find(back, "c1"));
+    const VmCheckpoint *moved = vm_checkpoint_set_find(back, "c2");
+    assert_string_equal(moved->image, VM_CHECKPOINT_FIRST_DISK);
+    assert_null(moved->parent);
+    assert_null(moved->memory);
+    assert_string_equal(back->active_parent, "c2");
+    assert_int_equal(vm_checkpoint_set_active_depth(back), 2);
+    g_autoptr(VmCheckpointSet) again = save_and_reload(back);
+    assert_sets_equal(back, again);
+}
+
 /* ---- save/load ----------------------------------------------------------------------------- */
 
 static void
@@ -677,6 +725,17 @@ static const CorruptCase corrupt_cases[] = {
     {"restore without target", "[chain]\nactive=disk-1.qcow2\nactive-parent=c1\nnext=2\n"
                                "[checkpoint c1]\nimage=disk.qcow2\n"
                                "[pending]\nop=restore\nfile=disk-2.qcow2\n"},
+    {"merge of unknown", "[chain]\nactive=disk-2.qcow2\nactive-parent=c2\nnext=3\n"
+                         "[checkpoint c1]\nimage=disk.qcow2\n"
+                         "[checkpoint c2]\nimage=disk-1.qcow2\nparent=c1\n"
+                         "[pending]\nop=merge\ntarget=c9\n"},
+    {"merge with the active on it", "[chain]\nactive=disk-1.qcow2\nactive-parent=c1\nnext=2\n"
+                                    "[checkpoint c1]\nimage=disk.qcow2\n"
+                                    "[pending]\nop=merge\ntarget=c1\n"},
+    {"merge with a file", "[chain]\nactive=disk-2.qcow2\nactive-parent=c2\nnext=3\n"
+                          "[checkpoint c1]\nimage=disk.qcow2\n"
+                          "[checkpoint c2]\nimage=disk-1.qcow2\nparent=c1\n"
+                          "[pending]\nop=merge\ntarget=c1\nfile=../../victim\n"},
     {"not a key file", "this is not\n an ini file\n"},
 };
 
@@ -769,6 +828,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_save_private_and_atomic, setup, teardown),
         cmocka_unit_test_setup_teardown(test_save_into_missing_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_records, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_merge, setup, teardown),
         cmocka_unit_test_setup_teardown(test_good_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unreadable_record, setup, teardown),
     };
