@@ -347,7 +347,7 @@ for step in merge-journaled merge-committed; do
     [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((before - 1)) ] && [ \$(grep -c 'finished an interrupted merge' '$LOG') = $MERGES ]"
   check "killed at $step: qemu-img check is clean on every image" \
     bash -c "for f in '$S'/agents/a1/*.qcow2; do qemu-img check -q -U \"\$f\" || exit 1; done"
-  vmctl diff a1 "$K2" --path "$H/mg" > "$S/mg.out" 2>&1
+  vmctl diff a1 "$K2" --path "$H/mg" > "$S/mg.out" 2> "$S/mg.err"
   check "killed at $step: $K2 still holds exactly its files (diff to now: only the later one added)" \
     test "$(cat "$S/mg.out")" = "A $H/mg/after" || diag "$(cat "$S/mg.out")"
   check "killed at $step: the agent kept running and answers" \
