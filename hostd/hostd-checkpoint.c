@@ -29,6 +29,9 @@ hostd_checkpoint_step(const char *step)
         raise(SIGKILL);
 }
 
+/* Refuses a checkpoint, before anything changes, when the agent's filesystem has less than
+ * HOSTD_CHECKPOINT_MIN_FREE left. Test hook: HOSTD_TEST_RESERVE_BYTES=N counts N bytes fewer
+ * as free, so the suite can see the refusal without filling a real disk. */
 static gboolean
 hostd_checkpoint_check_room(const VmCheckpointSet *set, GError **error)
 {
@@ -36,6 +39,11 @@ hostd_checkpoint_check_room(const VmCheckpointSet *set, GError **error)
     if (statvfs(set->dir, &vfs) < 0)
         return vm_throw_errno(error, errno, "cannot stat %s", set->dir);
     guint64 avail = (guint64)vfs.f_bavail * vfs.f_frsize;
+    const char *reserve = g_getenv("HOSTD_TEST_RESERVE_BYTES");
+    if (reserve != NULL) {
+        guint64 n = g_ascii_strtoull(reserve, NULL, 10);
+        avail = avail > n ? avail - n : 0;
+    }
     if (avail < HOSTD_CHECKPOINT_MIN_FREE) {
         g_autofree char *shown = vm_format_bytes(avail);
         return vm_throw(error, VM_ERROR_NO_RESOURCES,
@@ -80,6 +88,17 @@ hostd_qemu_img_overlay(const char *backing, const char *path, GError **error)
 {
     const char *argv[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
                           "qcow2",    "-b",     backing, path, NULL};
+    return hostd_run(argv, error);
+}
+
+/* A safe rebase of @path onto @base: what @path read through its old backing chain and @base
+ * lacks is copied into @path first, so it reads the same afterwards. No running QEMU may have
+ * @path open. */
+static gboolean
+hostd_qemu_img_rebase(const char *base, const char *path, GError **error)
+{
+    const char *argv[] = {"qemu-img", "rebase", "-q", "-f", "qcow2", "-F",
+                          "qcow2",    "-b",     base, path, NULL};
     return hostd_run(argv, error);
 }
 
@@ -565,9 +584,7 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                 hostd_checkpoint_step("merge-committed");
                 return hostd_checkpoint_finish_merge(set, memory_path, error);
             }
-            const char *argv[] = {"qemu-img", "rebase", "-q", "-f",       "qcow2", "-F",
-                                  "qcow2",    "-b",     base, child_path, NULL};
-            if (!hostd_run(argv, error))
+            if (!hostd_qemu_img_rebase(base, child_path, error))
                 return FALSE;
         }
     }
@@ -654,9 +671,7 @@ hostd_checkpoint_reconcile_merge(HostdContext *ctx, const HostdAgentRecord *r, v
         g_autofree char *base = hostd_checkpoint_backing_path(ctx, r, set, merged->parent, error);
         if (base == NULL)
             return FALSE;
-        const char *argv[] = {"qemu-img", "rebase", "-q", "-f",       "qcow2", "-F",
-                              "qcow2",    "-b",     base, child_path, NULL};
-        if (!hostd_run(argv, error))
+        if (!hostd_qemu_img_rebase(base, child_path, error))
             return FALSE;
         g_autofree char *id = g_strdup(merged->id);
         vm_checkpoint_set_abort(set);

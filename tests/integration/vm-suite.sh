@@ -174,7 +174,11 @@ import json, sys
 c = json.load(sys.stdin)
 assert len(c) == 1 and c[0][\"id\"] == \"c1\" and c[0][\"quiesced\"] and c[0][\"label\"] == \"before-break\"
 assert not c[0][\"automatic\"] and c[0][\"kind\"] == \"disk\" and c[0][\"bytes\"] > 0'"
-vmctl exec a1 -- sh -c 'echo v2 > ~/work/notes.txt; rm -f ~/work/data.bin; echo new > ~/work/after.txt; sync; sudo rm -rf /usr/bin /etc/ssh 2>/dev/null; true' 2>/dev/null
+vmctl exec a1 -- sh -c 'echo v2 > ~/work/notes.txt; rm -f ~/work/data.bin; echo new > ~/work/after.txt; sync'
+# Fill the disk (fallocate: the filesystem is full at once, without writing 7 GiB under TCG).
+vmctl exec a1 -- sh -c 'sudo fallocate -l $(df -B1 --output=avail / | tail -n 1) /fill; sudo fallocate -l $(df -B1 --output=avail / | tail -n 1) /fill2; sync' 2>/dev/null
+check "the agent filled its disk" test "$(vmctl exec a1 -- df -B1M --output=avail / | tail -n 1 | tr -d ' ')" -le 1
+vmctl exec a1 -- sh -c 'sudo rm -rf /usr/bin /etc/ssh 2>/dev/null; true' 2>/dev/null
 check "the agent broke its machine (no /usr/bin)" bash -c "! '$VMCTL' --socket '$SOCK' exec a1 -- ls / >/dev/null 2>&1"
 out=$(vmctl restore a1 c9 2>&1); rc=$?
 check "restore of an unknown checkpoint: exit 3, nothing changed" test "$rc" = 3 -a "$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1
@@ -183,6 +187,8 @@ check "checkpoint of an unknown agent: exit 3" test "$rc" = 3
 t0=$(date +%s)
 UNDO=$(vmctl -q restore a1 c1 | sed -n 's/.*undo with: vmctl restore a1 \(c[0-9]*\).*/\1/p')
 check "restore a1 c1 boots the agent back ($(( $(date +%s) - t0 )) s)" test -n "$UNDO"
+check "the disk has its room back after the restore" \
+  bash -c "[ \$('$VMCTL' --socket '$SOCK' exec a1 -- df -B1M --output=avail / | tail -n 1) -gt 1000 ]"
 check "every file is byte-identical after the restore" \
   bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums && test ! -e after.txt'"
 check "SSH with the pinned host key works again after the restore" \
@@ -316,6 +322,18 @@ check "and leaves the rest as it was (a file made after the checkpoint stays, a 
 check "the agent kept running through the partial restore" \
   test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
 for c in "$PUNDO" "$DCK2" "$DCK"; do vmctl checkpoint rm a1 "$c" >/dev/null; done
+
+# a checkpoint refuses to start, before touching the chain, when the disk lacks room (the test
+# hook counts all but 100 MiB of the free space as taken)
+files_before=$(ls "$S/agents/a1/" | tr '\n' ' ')
+kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+HOSTD_TEST_RESERVE_BYTES=$(( $(df -B1 --output=avail "$S" | tail -n 1) - 100 * 1024 * 1024 )) start_hostd
+out=$(vmctl checkpoint a1 2>&1); rc=$?
+check "checkpoint with too little room on the host: exit 7, one line naming the need, nothing changed" \
+  bash -c "[ $rc = 7 ] && grep -q 'needs at least 256 MiB' <<< \"\$1\" && [ \$(wc -l <<< \"\$1\") = 1 ] &&
+    [ \"\$(ls '$S/agents/a1/' | tr '\n' ' ')\" = '$files_before' ] && ! grep -q '^\[pending\]' '$S/agents/a1/checkpoints.ini' 2>/dev/null" _ "$out" || diag "$out"
+kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+start_hostd
 
 # crash safety: hostd killed at a named step of a checkpoint; the next start repairs the record
 BOOT_ID=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
