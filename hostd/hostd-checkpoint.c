@@ -493,6 +493,22 @@ hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError 
     return hostd_checkpoint_rm_locked(ctx, r, dom, set, c, error);
 }
 
+/* Takes checkpoint @id, whose data is already in whatever stood on it, out of the record, makes
+ * that durable, then deletes its image and @memory_path (its saved state, or NULL). */
+static gboolean
+hostd_checkpoint_drop(VmCheckpointSet *set, const char *id, const char *memory_path, GError **error)
+{
+    g_autofree char *image = vm_checkpoint_set_remove(set, id, error);
+    if (image == NULL || !vm_checkpoint_set_save(set, error))
+        return FALSE;
+    g_autofree char *path = vm_checkpoint_set_path(set, image);
+    if (memory_path != NULL)
+        g_unlink(memory_path);
+    if (g_unlink(path) < 0 && errno != ENOENT)
+        return vm_throw_errno(error, errno, "cannot remove %s", path);
+    return TRUE;
+}
+
 /* Records the journaled merge as done (its child's data is in the merged checkpoint's file),
  * then deletes the child's old file and @memory_path, the merged checkpoint's saved state. */
 static gboolean
@@ -589,15 +605,7 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
         }
     }
 
-    g_autofree char *image = vm_checkpoint_set_remove(set, id, error);
-    if (image == NULL || !vm_checkpoint_set_save(set, error))
-        return FALSE;
-    g_autofree char *path = vm_checkpoint_set_path(set, image);
-    if (memory_path != NULL)
-        g_unlink(memory_path);
-    if (g_unlink(path) < 0 && errno != ENOENT)
-        return vm_throw_errno(error, errno, "cannot remove %s", path);
-    return TRUE;
+    return hostd_checkpoint_drop(set, id, memory_path, error);
 }
 
 /* Whether the domain's persistent definition names @path. */
@@ -675,14 +683,7 @@ hostd_checkpoint_reconcile_merge(HostdContext *ctx, const HostdAgentRecord *r, v
             return FALSE;
         g_autofree char *id = g_strdup(merged->id);
         vm_checkpoint_set_abort(set);
-        g_autofree char *image = vm_checkpoint_set_remove(set, id, error);
-        if (image == NULL || !vm_checkpoint_set_save(set, error))
-            return FALSE;
-        g_autofree char *path = vm_checkpoint_set_path(set, image);
-        g_unlink(path);
-        if (memory_path != NULL)
-            g_unlink(memory_path);
-        return TRUE;
+        return hostd_checkpoint_drop(set, id, memory_path, error);
     }
     return hostd_checkpoint_finish_merge(set, memory_path, error);
 }
