@@ -346,23 +346,23 @@ vm_checkpoint_set_begin_merge(VmCheckpointSet *set, const char *id, GError **err
         vm_throw(error, VM_ERROR_NOT_FOUND, "no checkpoint '%s'", id);
         return NULL;
     }
-    gboolean active = FALSE;
-    g_auto(GStrv) dependants = vm_checkpoint_set_dependants(set, id, &active);
-    if (active || g_strv_length(dependants) != 1) {
-        vm_throw(error, VM_ERROR_BAD_STATE,
-                 "checkpoint %s cannot be merged: exactly one checkpoint must stand on it", id);
-        return NULL;
-    }
     set->pending = VM_CHECKPOINT_OP_MERGE;
     set->pending_target = g_strdup(id);
-    return vm_checkpoint_set_merge_child(set);
+    const VmCheckpoint *child = vm_checkpoint_set_merge_child(set);
+    if (child == NULL) {
+        vm_checkpoint_set_abort(set);
+        vm_throw(error, VM_ERROR_BAD_STATE,
+                 "checkpoint %s cannot be merged: exactly one checkpoint must stand on it", id);
+    }
+    return child;
 }
 
 VmCheckpoint *
 vm_checkpoint_set_merge_child(const VmCheckpointSet *set)
 {
     if (set->pending != VM_CHECKPOINT_OP_MERGE ||
-        vm_checkpoint_set_find(set, set->pending_target) == NULL)
+        vm_checkpoint_set_find(set, set->pending_target) == NULL ||
+        g_strcmp0(set->active_parent, set->pending_target) == 0)
         return NULL;
     VmCheckpoint *child = NULL;
     for (guint i = 0; i < set->checkpoints->len; i++) {
@@ -373,8 +373,6 @@ vm_checkpoint_set_merge_child(const VmCheckpointSet *set)
             child = c;
         }
     }
-    if (g_strcmp0(set->active_parent, set->pending_target) == 0)
-        return NULL;
     return child;
 }
 

@@ -94,12 +94,11 @@ hostd_accel_new(const char *virt_type, const char *cpu_disable, char *summary)
 HostdAccel *
 hostd_accel_detect(HostdAccelMode mode, const char *qemu, const char *kvm_device)
 {
-    g_autofree char *found = qemu == NULL ? g_find_program_in_path("qemu-system-x86_64") : NULL;
-    const char *binary = qemu != NULL ? qemu : found;
-
     if (mode == HOSTD_ACCEL_TCG)
         return hostd_accel_new("qemu", NULL,
                                g_strdup("TCG software emulation (accel = tcg); guests run slower"));
+    g_autofree char *found = qemu == NULL ? g_find_program_in_path("qemu-system-x86_64") : NULL;
+    const char *binary = qemu != NULL ? qemu : found;
     /* Checking access is what QEMU itself will need; the domain capabilities would list kvm
      * on hosts where the device exists but this user cannot open it. */
     if (access(kvm_device != NULL ? kvm_device : "/dev/kvm", R_OK | W_OK) != 0 || binary == NULL)

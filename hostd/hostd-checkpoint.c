@@ -639,7 +639,7 @@ hostd_chain_holds(const char *top, const char *path, gboolean *ret_holds, GError
     if (!hostd_run_output(argv, &out, error))
         return FALSE;
     g_autofree char *line = g_strconcat("image: ", path, "\n", NULL);
-    *ret_holds = g_str_has_prefix(out, line) || strstr(out, line) != NULL;
+    *ret_holds = strstr(out, line) != NULL;
     return TRUE;
 }
 

@@ -44,6 +44,16 @@ images_clean() {
 export -f images_clean
 export S
 
+# Restarts hostd with the fault hook at STEP, runs the vmctl command that reaches it (hostd dies
+# there, SIGKILL), and waits until hostd is gone.
+die_at() { # die_at STEP VMCTL-ARGS...
+  local step=$1; shift
+  kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
+  HOSTD_TEST_CRASH_AT=$step start_hostd
+  vmctl "$@" >/dev/null 2>&1
+  wait "$HOSTD_PID" 2>/dev/null
+}
+
 # --- hostd start-up and bad input that needs no VM -------------------------------------------
 out=$("$VMCTL" --socket "$S/nope.sock" list 2>&1); rc=$?
 check "vmctl without hostd: one line naming the socket, exit 12" \
@@ -160,7 +170,7 @@ check "same boot id: the VM was never restarted" \
   test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
 
 # checkpoints: the story of an agent that breaks its machine
-vmctl exec a1 -- sh -c 'mkdir -p ~/work && head -c 2000000 /dev/urandom > ~/work/data.bin && echo v1 > ~/work/notes.txt && cd ~/work && sha256sum data.bin notes.txt > ~/sums && sync'
+vmctl exec a1 -- sh -c 'mkdir -p ~/proj && head -c 2000000 /dev/urandom > ~/proj/data.bin && echo v1 > ~/proj/notes.txt && cd ~/proj && sha256sum data.bin notes.txt > ~/sums && sync'
 t0=$(date +%s%N)
 CK=$(vmctl checkpoint a1 --label before-break 2> "$S/ck.err"); rc=$?
 CK_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
@@ -174,7 +184,7 @@ import json, sys
 c = json.load(sys.stdin)
 assert len(c) == 1 and c[0][\"id\"] == \"c1\" and c[0][\"quiesced\"] and c[0][\"label\"] == \"before-break\"
 assert not c[0][\"automatic\"] and c[0][\"kind\"] == \"disk\" and c[0][\"bytes\"] > 0'"
-vmctl exec a1 -- sh -c 'echo v2 > ~/work/notes.txt; rm -f ~/work/data.bin; echo new > ~/work/after.txt; sync'
+vmctl exec a1 -- sh -c 'echo v2 > ~/proj/notes.txt; rm -f ~/proj/data.bin; echo new > ~/proj/after.txt; sync'
 # Fill the disk (fallocate: the filesystem is full at once, without writing 7 GiB under TCG).
 vmctl exec a1 -- sh -c 'sudo fallocate -l $(df -B1 --output=avail / | tail -n 1) /fill; sudo fallocate -l $(df -B1 --output=avail / | tail -n 1) /fill2; sync' 2>/dev/null
 check "the agent filled its disk" test "$(vmctl exec a1 -- df -B1M --output=avail / | tail -n 1 | tr -d ' ')" -le 1
@@ -190,7 +200,7 @@ check "restore a1 c1 boots the agent back ($(( $(date +%s) - t0 )) s)" test -n "
 check "the disk has its room back after the restore" \
   bash -c "[ \$('$VMCTL' --socket '$SOCK' exec a1 -- df -B1M --output=avail / | tail -n 1) -gt 1000 ]"
 check "every file is byte-identical after the restore" \
-  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums && test ! -e after.txt'"
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/proj && sha256sum -c --quiet ~/sums && test ! -e after.txt'"
 check "SSH with the pinned host key works again after the restore" \
   test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 echo back)" = back
 check "the state before the restore was kept as an automatic checkpoint" \
@@ -203,7 +213,7 @@ check "checkpoint rm of a checkpoint others stand on is refused (exit 5)" test "
 check "checkpoint rm of a leaf" vmctl checkpoint rm a1 "$UNDO"
 check "checkpoint rm merges the last checkpoint into the running disk" vmctl checkpoint rm a1 c1
 check "files intact after the merge, chain back to one overlay" \
-  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums' && [ \$(ls '$S/agents/a1/'*.qcow2 | wc -l) = 1 ]"
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/proj && sha256sum -c --quiet ~/sums' && [ \$(ls '$S/agents/a1/'*.qcow2 | wc -l) = 1 ]"
 
 # memory checkpoints: a restore resumes the processes instead of booting
 vmctl exec a1 -- sh -c 'nohup sleep 100000 >/dev/null 2>&1 & echo $! > ~/sleeper.pid; echo kept > ~/mem.txt; sync'
@@ -233,11 +243,8 @@ check "the guest clock was set after the resume (within 3 s of the host's)" \
 vmctl exec a1 -- sh -c 'kill $(cat ~/sleeper.pid)'
 # hostd killed after a restore's journal is written: the next start rolls the restore back
 MBOOT=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
-kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
-HOSTD_TEST_CRASH_AT=restore-journaled start_hostd
 files_before=$(ls "$S/agents/a1/" | grep -c qcow2)
-vmctl restore a1 "$MUNDO" >/dev/null 2>&1
-wait "$HOSTD_PID" 2>/dev/null
+die_at restore-journaled restore a1 "$MUNDO"
 check "hostd restarts after dying at restore-journaled" start_hostd
 check "killed at restore-journaled: rolled back (agent running the same boot, only the undo checkpoint's overlay added)" \
   bash -c "[ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- cat /proc/sys/kernel/random/boot_id)\" = '$MBOOT' ] && [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((files_before + 1)) ]"
@@ -258,20 +265,14 @@ check "after the interrupted restore and restarts, the memory checkpoint resumes
 # checkpoint's disk; a memory checkpoint's processes are lost, its disk is not).
 vmctl exec a1 -- sh -c 'echo later > ~/marker; sync'
 files_before=$(ls "$S/agents/a1/" | grep -c qcow2)
-kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
-HOSTD_TEST_CRASH_AT=restore-stopped start_hostd
-vmctl restore a1 "$MCK" >/dev/null 2>&1
-wait "$HOSTD_PID" 2>/dev/null
+die_at restore-stopped restore a1 "$MCK"
 check "hostd restarts after dying at restore-stopped" start_hostd
 check "killed at restore-stopped: rolled back (stopped, only the undo checkpoint's overlay added, qemu-img check clean)" \
   bash -c "[ \"\$('$VMCTL' --socket '$SOCK' --json info a1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"state\"])')\" = stopped ] &&
     [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((files_before + 1)) ] &&
     [ \$(grep -c 'rolled back an unfinished restore' '$LOG') = 2 ] &&
     images_clean"
-kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
-HOSTD_TEST_CRASH_AT=restore-defined start_hostd
-vmctl restore a1 "$MCK" >/dev/null 2>&1
-wait "$HOSTD_PID" 2>/dev/null
+die_at restore-defined restore a1 "$MCK"
 check "hostd restarts after dying at restore-defined" start_hostd
 check "killed at restore-defined: finished (qemu-img check clean, the replaced overlay deleted)" \
   bash -c "grep -q 'finished an interrupted restore' '$LOG' &&
@@ -338,11 +339,8 @@ start_hostd
 # crash safety: hostd killed at a named step of a checkpoint; the next start repairs the record
 BOOT_ID=$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)
 for step in checkpoint-journaled checkpoint-switched; do
-  kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
-  HOSTD_TEST_CRASH_AT=$step start_hostd
   before=$(ls "$S/agents/a1/" | grep -c qcow2)
-  vmctl checkpoint a1 >/dev/null 2>&1
-  wait "$HOSTD_PID" 2>/dev/null
+  die_at "$step" checkpoint a1
   check "hostd restarts after dying at $step" start_hostd
   n=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
   files=$(ls "$S/agents/a1/" | grep -c qcow2)
@@ -370,10 +368,7 @@ for step in merge-journaled merge-committed; do
   K2=$(vmctl checkpoint a1)
   vmctl exec a1 -- sh -c "echo 3 > ~/mg/after; sync"
   before=$(ls "$S/agents/a1/" | grep -c qcow2)
-  kill "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null
-  HOSTD_TEST_CRASH_AT=$step start_hostd
-  vmctl checkpoint rm a1 "$K1" >/dev/null 2>&1
-  wait "$HOSTD_PID" 2>/dev/null
+  die_at "$step" checkpoint rm a1 "$K1"
   check "hostd restarts after dying at $step" start_hostd
   check "killed at $step: the merge was finished ($K1 gone, $K2 kept, one file fewer)" bash -c "
     [ \"\$('$VMCTL' --socket '$SOCK' --json checkpoints a1 | python3 -c 'import json,sys; print(\" \".join(c[\"id\"] for c in json.load(sys.stdin)))')\" = '$K2' ] &&
@@ -441,7 +436,7 @@ check "a checkpoint of the saved agent leaves it saved" \
 check "a plain SSH connection wakes it after the restart" \
   test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 'kill -0 $(cat ~/bg.pid) && echo alive')" = alive
 check "files written before the saves are intact" \
-  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums'"
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/proj && sha256sum -c --quiet ~/sums'"
 vmctl exec a1 -- sh -c 'echo after-wake > ~/after-wake.txt && sync'
 check "the woken agent writes to the new overlay: the checkpoint taken while saved is unchanged" \
   test "$(sha256sum "$S/agents/a1/$SCK_IMAGE" | cut -d' ' -f1)" = "$SCK_SUM"
@@ -465,7 +460,7 @@ check "the chain stays short: at most 4 images after 4+ periodic checkpoints" \
   test "$(ls "$S"/agents/a1/*.qcow2 | wc -l)" -le 4
 check "qemu-img check is clean on every checkpoint image after the merges" images_clean
 check "files intact after the periodic merges" \
-  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/work && sha256sum -c --quiet ~/sums'"
+  bash -c "'$VMCTL' --socket '$SOCK' exec a1 -- sh -c 'cd ~/proj && sha256sum -c --quiet ~/sums'"
 
 # fork: a second, independent machine from the running agent, with its own identity
 vmctl exec a1 -- sh -c 'echo from-source > ~/before-fork.txt && sync'
