@@ -1,38 +1,22 @@
-/* Agents: one agent = one libvirt domain + one qcow2 overlay on its template's base image +
- * one cloud-init NoCloud seed + hostd-generated SSH keys, all under agents/<name>/.
+/* Agents: the registry of agents and their lifecycle. One agent = one libvirt domain + one qcow2
+ * overlay on its template's base image + one cloud-init NoCloud seed + hostd-generated SSH keys,
+ * all under agents/<name>/.
  *
- * Every operation here is called from a request thread of hostd-server.c. Operations on one
- * agent are serialised by a per-name lock; different agents proceed in parallel. Functions
- * return a GError in VM_ERROR for the client and never log.
+ * This module knows nothing of checkpoints, forks, idle or egress: those are components
+ * (hostd-context.h) whose hooks it runs at each step (creating, domain, starting, ready,
+ * removing, removed). Every operation is called from a request thread of hostd-server.c.
+ * Operations on one agent are serialised by its name lock; different agents proceed in
+ * parallel. Functions return a GError in VM_ERROR for the client and never log.
  */
 #pragma once
 
 #include <gio/gio.h>
 
-#include "hostd-config.h"
-#include "hostd-libvirt.h"
-#include "hostd-ssh.h"
-#include "hostd-state.h"
-#include "vm-progress.h"
+#include "hostd-context.h"
+#include "vm-image.h"
+#include "vm-template.h"
 
 G_BEGIN_DECLS
-
-typedef struct {
-    HostdConfig *config;
-    HostdState *state;
-    HostdLibvirt *lv;
-    HostdSshPool *ssh;
-    GMutex lock;               /* guards name_locks and port allocation */
-    GHashTable *name_locks;    /* agent name -> GMutex*, for the life of hostd */
-    struct _HostdRelay *relay; /* the public SSH ports (hostd-power.c); NULL until started */
-    struct _HostdPower *power; /* per-agent sessions, keep-awake, idle state (hostd-power.c) */
-    void (*log)(const char *message); /* where hostd's background work reports; may be NULL */
-} HostdContext;
-
-/* Builds the context around already-opened parts (ownership passes to it). Can't fail. */
-HostdContext *hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv);
-void hostd_context_free(HostdContext *ctx);
-G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdContext, hostd_context_free)
 
 typedef struct {
     const char *name;
@@ -63,7 +47,8 @@ GVariant *hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait,
 GVariant *hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint timeout_s,
                            VmProgressFunc progress, gpointer progress_data, GError **error);
 
-/* Removes the agent entirely. A running agent is refused (VM_ERROR_BAD_STATE) unless @force. */
+/* Removes the agent entirely. A running agent is refused (VM_ERROR_BAD_STATE) unless @force; a
+ * component's agent_removing hook may refuse too (forks standing on its checkpoints). */
 gboolean hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **error);
 
 /* The agent's info dictionary (see docs/PROTOCOL.md for the fields). */
@@ -77,22 +62,64 @@ GVariant *hostd_agent_list(HostdContext *ctx, GError **error);
 char *hostd_agent_ssh_config(HostdContext *ctx, const char *name, char **ret_path, char **ret_host,
                              GError **error);
 
-/* Runs a command in a running agent, relaying its I/O with the client on @client_fd (see
- * hostd_ssh_exec()). Fails with VM_ERROR_NOT_FOUND, VM_ERROR_BAD_STATE (not running), or what
- * hostd_ssh_exec() fails with; on failure no EXIT frame was sent. */
-gboolean hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *request,
-                          int client_fd, GError **error);
+/* <agents dir>/<name>, newly allocated. */
+char *hostd_agent_dir(HostdContext *ctx, const char *name);
 
-/* Every shipped template with whether its image is ready (aa{sv}). */
-GVariant *hostd_template_list(HostdContext *ctx, GError **error);
+/* Loads the record of a finished agent; VM_ERROR_INVALID_ARGUMENT for a bad name,
+ * VM_ERROR_NOT_FOUND when there is none. */
+HostdAgentRecord *hostd_agent_load(HostdContext *ctx, const char *name, GError **error);
 
-/* Builds or downloads a template's image (idempotent unless @force). Returns the image dir. */
-char *hostd_template_build(HostdContext *ctx, const char *name, gboolean force,
-                           VmProgressFunc progress, gpointer progress_data, GError **error);
+/* The records of the agents forked from @source (their record's forked-from), in name order
+ * (HostdAgentRecord*); an empty array when there are none. Records that cannot be read are
+ * skipped: a half-removed agent pins nothing. Can't fail. */
+GPtrArray *hostd_agent_records_forked_from(HostdContext *ctx, const char *source);
 
-/* Brings the state directory and libvirt into agreement at start-up: rolls back agents whose
- * `new` never finished, redefines domains libvirt lost from the agent's saved domain XML, and
- * leaves running agents running. Appends one human-readable line per action to @notes. */
-gboolean hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error);
+/* Loads the record of @name and looks up its domain (both returned on success). */
+gboolean hostd_agent_open(HostdContext *ctx, const char *name, HostdAgentRecord **ret_record,
+                          virDomainPtr *ret_dom, GError **error);
+
+/* Validates @name, takes its lock and opens it (hostd_agent_open()); on success the caller
+ * holds *ret_lock, on failure nothing is held. */
+gboolean hostd_agent_lock_open(HostdContext *ctx, const char *name, GMutex **ret_lock,
+                               HostdAgentRecord **ret_record, virDomainPtr *ret_dom,
+                               GError **error);
+
+/* The agent's info dictionary (a{sv}). Can't fail. */
+GVariant *hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r);
+
+/* Records that hostd changed the agent's state now (best effort). */
+void hostd_agent_mark_state_change(HostdAgentRecord *r);
+
+/* The base image of @r's template, as vm_image_lookup() finds it. */
+VmImage *hostd_agent_image(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+
+/* The agent's domain XML with @disk_file (a file name in its dir) as its disk; components add
+ * their part through their agent_domain hook. @image may be NULL: then it is looked up from the
+ * agent's template. Fails like vm_image_lookup() and vm_domain_xml_build(). */
+char *hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
+                             const char *disk_file, GError **error);
+
+/* With the new agent's name lock held: allocates its two ports and writes its record (phase
+ * "creating") in a new directory r->dir, so a crash from here on is rolled back at start-up. */
+gboolean hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error);
+
+/* With the name lock held, after hostd_agent_reserve(): runs the components' agent_creating
+ * hooks, makes keys, disk (on the template's image, or on r->fork_base for a fork), seed and
+ * domain, boots it and (with @wait) waits for SSH and cloud-init, runs the agent_ready hooks,
+ * then marks the record ready. On failure everything made is removed, record included. */
+gboolean hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
+                            const VmImage *image, const char *user_data, gboolean wait,
+                            VmProgressFunc progress, gpointer progress_data, GError **error);
+
+/* Undoes a partial `new` (or removes what a crash left): the components' agent_removed hooks,
+ * the domain, then the agent's directory. Best effort: it runs on failure paths. */
+void hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir);
+
+/* Runs a helper program (argv[0] looked up in PATH); its stderr becomes the error message
+ * (VM_ERROR_IO). */
+gboolean hostd_run(const char *const *argv, GError **error);
+
+/* hostd_run() that also returns what the program wrote on stdout (newly allocated). */
+gboolean hostd_run_output(const char *const *argv, char **ret_stdout, GError **error);
 
 G_END_DECLS

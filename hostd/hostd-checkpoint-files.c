@@ -6,8 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hostd-agent-private.h"
+#include "hostd-agent.h"
 #include "hostd-checkpoint.h"
+#include "hostd-guest.h"
 #include "vm-checkpoint.h"
 #include "vm-error.h"
 #include "vm-guestfs.h"

@@ -4,7 +4,7 @@
  * call launches one helper appliance, so it costs seconds, not milliseconds. */
 #pragma once
 
-#include "hostd-agent.h"
+#include "hostd-context.h"
 
 G_BEGIN_DECLS
 

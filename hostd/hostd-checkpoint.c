@@ -6,9 +6,9 @@
 #include <string.h>
 #include <sys/statvfs.h>
 
-#include "hostd-agent-private.h"
-#include "hostd-fork.h"
-#include "hostd-power.h"
+#include "hostd-agent.h"
+#include "hostd-guest.h"
+#include "hostd-resources.h"
 #include "vm-checkpoint.h"
 #include "vm-retention.h"
 #include "vm-error.h"
@@ -16,7 +16,6 @@
 #include "vm-util.h"
 
 #define HOSTD_CHECKPOINT_MIN_FREE (256ULL * 1024 * 1024)
-#define HOSTD_DOMAIN_XML          "domain.xml"
 #define HOSTD_BLOCK_JOB_TIMEOUT_S 600
 
 /* Fault injection for the crash-safety tests: HOSTD_TEST_CRASH_AT=STEP kills hostd with
@@ -64,7 +63,7 @@ hostd_checkpoint_define(HostdContext *ctx, const HostdAgentRecord *r, const VmCh
     g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
     if (dom == NULL)
         return hostd_libvirt_throw(error, "cannot update the domain");
-    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_DOMAIN_XML);
+    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
     return vm_file_write_atomic(saved, xml, -1, 0600, error);
 }
 
@@ -371,7 +370,7 @@ hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, vi
         if (xml == NULL)
             return FALSE;
         if (virDomainRestoreFlags(ctx->lv->conn, memory_path, xml, VIR_DOMAIN_SAVE_RUNNING) == 0) {
-            hostd_power_sync_clock(ctx, dom, r->name);
+            hostd_guest_sync_clock(ctx, dom, r->name);
             return TRUE;
         }
         const virError *err = virGetLastError();
@@ -526,6 +525,26 @@ hostd_checkpoint_finish_merge(VmCheckpointSet *set, const char *memory_path, GEr
     return TRUE;
 }
 
+/* With @source's lock held: the name of a fork whose disk reads checkpoint @id of @source (it
+ * stands on @id or on a checkpoint above it), or NULL. Removing such a checkpoint would change or
+ * delete an image the fork reads. */
+static char *
+hostd_checkpoint_fork_on(HostdContext *ctx, const HostdAgentRecord *source,
+                         const VmCheckpointSet *set, const char *id)
+{
+    g_autoptr(GPtrArray) forks = hostd_agent_records_forked_from(ctx, source->name);
+    for (guint i = 0; i < forks->len; i++) {
+        const HostdAgentRecord *f = forks->pdata[i];
+        /* The fork reads its checkpoint's image and every image below it. */
+        for (const VmCheckpoint *c = vm_checkpoint_set_find(set, f->fork_checkpoint); c != NULL;
+             c = c->parent != NULL ? vm_checkpoint_set_find(set, c->parent) : NULL) {
+            if (g_str_equal(c->id, id))
+                return g_strdup(f->name);
+        }
+    }
+    return NULL;
+}
+
 gboolean
 hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                            VmCheckpointSet *set, const VmCheckpoint *c, GError **error)
@@ -533,7 +552,7 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
     g_autofree char *id = g_strdup(c->id);
     g_autofree char *memory_path =
         c->memory != NULL ? vm_checkpoint_set_path(set, c->memory) : NULL;
-    g_autofree char *fork = hostd_fork_standing_on(ctx, r, set, id);
+    g_autofree char *fork = hostd_checkpoint_fork_on(ctx, r, set, id);
     if (fork != NULL)
         return vm_throw(error, VM_ERROR_BAD_STATE,
                         "fork '%s' stands on checkpoint %s of '%s'; remove the fork first", fork,
@@ -852,3 +871,18 @@ hostd_agent_set_checkpoints(HostdContext *ctx, const char *name, gboolean never,
         return NULL;
     return hostd_agent_to_variant(ctx, r);
 }
+
+static void
+hostd_checkpoint_agent_reconcile(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                 GPtrArray *notes)
+{
+    g_autoptr(GError) local_error = NULL;
+
+    if (dom != NULL && !hostd_checkpoint_reconcile(ctx, r, notes, &local_error))
+        g_ptr_array_add(notes, g_strdup_printf("agent '%s': %s", r->name, local_error->message));
+}
+
+const HostdComponent hostd_checkpoint_component = {
+    .name = "checkpoint",
+    .agent_reconcile = hostd_checkpoint_agent_reconcile,
+};

@@ -4,10 +4,14 @@
  * cost does not depend on the disk's size. */
 #pragma once
 
-#include "hostd-agent.h"
+#include "hostd-context.h"
 #include "vm-checkpoint.h"
 
 G_BEGIN_DECLS
+
+/* Checkpoints as a component of the context: at start-up, finishes or rolls back what a killed
+ * hostd left journaled (hostd_checkpoint_reconcile()). */
+extern const HostdComponent hostd_checkpoint_component;
 
 /* Takes a disk-only checkpoint of agent @name, running or stopped, without stopping it. Refuses
  * before touching anything when less than 256 MiB are free (VM_ERROR_NO_RESOURCES). When the

@@ -9,16 +9,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "hostd-agent-private.h"
+#include "hostd-agent.h"
 #include "vm-error.h"
 #include "vm-name.h"
 #include "vm-protocol.h"
 #include "vm-util.h"
 
-#define EGRESS_GROUP        "egress"
-#define EGRESS_LOG_OLD      "egress.log.1"
-#define EGRESS_FOLLOW_MS    250
-#define EGRESS_EMBED_PREFIX "qemu:///embed?root="
+#define EGRESS_GROUP     "egress"
+#define EGRESS_LOG_OLD   "egress.log.1"
+#define EGRESS_FOLLOW_MS 250
 
 typedef struct {
     char *name;
@@ -31,8 +30,9 @@ typedef struct {
     gint64 log_size;
 } EgressAgent;
 
-/* hostd's egress state for one context: its agents' proxies and what they share. */
-typedef struct {
+/* hostd's egress state for one context (ctx->egress): its agents' proxies and what they
+ * share. */
+typedef struct _HostdEgress {
     GMutex lock;        /* the table and the fields below */
     GMutex run_lock;    /* one proxy start or restart at a time */
     GHashTable *agents; /* name -> EgressAgent */
@@ -43,10 +43,6 @@ typedef struct {
     VmEgressResolveFunc resolve;
     gpointer resolve_data;
 } Egress;
-
-/* HostdContext has no slot for this module, so its state hangs off the context here. */
-G_LOCK_DEFINE_STATIC(egress_registry);
-static GHashTable *egress_registry = NULL; /* HostdContext* -> Egress* */
 
 static void
 egress_agent_free(EgressAgent *agent)
@@ -71,57 +67,21 @@ egress_get(HostdContext *ctx, gboolean create)
 {
     Egress *egress;
 
-    G_LOCK(egress_registry);
-    if (egress_registry == NULL)
-        egress_registry = g_hash_table_new(g_direct_hash, g_direct_equal);
-    egress = g_hash_table_lookup(egress_registry, ctx);
+    g_mutex_lock(&ctx->lock);
+    egress = ctx->egress;
     if (egress == NULL && create) {
         egress = g_new0(Egress, 1);
         g_mutex_init(&egress->lock);
         g_mutex_init(&egress->run_lock);
         egress->agents = g_hash_table_new(g_str_hash, g_str_equal);
-        g_hash_table_insert(egress_registry, ctx, egress);
+        ctx->egress = egress;
     }
-    G_UNLOCK(egress_registry);
+    g_mutex_unlock(&ctx->lock);
     return egress;
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Where the guest forward can work, and how it is spelled */
-
-/* The embedded driver's root, or NULL for any other connection. */
-static char *
-egress_embed_root(HostdContext *ctx)
-{
-    const char *uri = ctx->lv->uri;
-
-    if (!g_str_has_prefix(uri, EGRESS_EMBED_PREFIX))
-        return NULL;
-    uri += strlen(EGRESS_EMBED_PREFIX);
-    return g_strndup(uri, strcspn(uri, "&"));
-}
-
-/* Whether libvirt's seccomp filter is off in @conf (qemu.conf syntax: "key = value" lines). */
-static gboolean
-egress_conf_sandbox_off(const char *conf)
-{
-    g_autofree char *text = NULL;
-    g_auto(GStrv) lines = NULL;
-    gboolean off = FALSE;
-
-    if (!g_file_get_contents(conf, &text, NULL, NULL))
-        return FALSE;
-    lines = g_strsplit(text, "\n", -1);
-    for (char **line = lines; *line != NULL; line++) {
-        g_auto(GStrv) kv = g_strsplit(*line, "=", 2);
-
-        if (kv[0] == NULL || kv[1] == NULL || g_str_has_prefix(g_strstrip(kv[0]), "#"))
-            continue;
-        if (g_str_equal(kv[0], "seccomp_sandbox"))
-            off = g_str_equal(g_strstrip(kv[1]), "0");
-    }
-    return off;
-}
 
 /* The helper QEMU runs: $VM_EGRESS_CONNECT, else the one built next to this hostd when it runs
  * from its build tree, else the installed one. */
@@ -140,17 +100,13 @@ egress_helper_path(void)
 char *
 hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r)
 {
-    g_autofree char *root = egress_embed_root(ctx);
-    g_autofree char *conf = NULL;
     g_autofree char *helper = NULL;
     g_autofree char *socket_path = NULL;
     g_autofree char *quoted_helper = NULL;
     g_autofree char *quoted_socket = NULL;
 
-    if (root == NULL)
-        return NULL;
-    conf = g_build_filename(root, "etc", "qemu.conf", NULL);
-    if (!egress_conf_sandbox_off(conf))
+    /* libvirt's own seccomp filter kills QEMU when the guest forward spawns its helper. */
+    if (!ctx->lv->qemu_may_spawn)
         return NULL;
     helper = egress_helper_path();
     socket_path = hostd_agent_record_path(r, HOSTD_AGENT_EGRESS_SOCKET);
@@ -495,11 +451,9 @@ hostd_egress_stop_all(HostdContext *ctx)
     GHashTableIter iter;
     gpointer value;
 
-    G_LOCK(egress_registry);
-    egress = egress_registry != NULL ? g_hash_table_lookup(egress_registry, ctx) : NULL;
-    if (egress != NULL)
-        g_hash_table_remove(egress_registry, ctx);
-    G_UNLOCK(egress_registry);
+    g_mutex_lock(&ctx->lock);
+    egress = g_steal_pointer(&ctx->egress);
+    g_mutex_unlock(&ctx->lock);
     if (egress == NULL)
         return;
     g_hash_table_iter_init(&iter, egress->agents);
@@ -855,3 +809,59 @@ hostd_egress_log(HostdContext *ctx, const char *name, gboolean follow, guint lin
         (void)vm_message_write_fd(client_fd, exit_message, NULL);
     return TRUE;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Egress as a component of the context */
+
+/* The way out, before the VM can use it: the template's policy, or the source's on a fork. */
+static gboolean
+egress_agent_creating(HostdContext *ctx, const HostdAgentRecord *r, const VmTemplate *tpl,
+                      GError **error)
+{
+    if (r->forked_from == NULL)
+        return hostd_egress_agent_init(ctx, r, (const char *const *)tpl->egress_allow,
+                                       (const char *const *)tpl->egress_deny, error);
+    return hostd_egress_copy_policy(ctx, r->forked_from, r->name, error) &&
+           hostd_egress_agent_start(ctx, r, error);
+}
+
+static void
+egress_agent_seed(HostdContext *ctx, const HostdAgentRecord *r, VmSeedSpec *spec, GPtrArray *keep)
+{
+    /* A fork's disk has the proxy settings from its source's first boot already. */
+    if (r->forked_from == NULL)
+        spec->egress_proxy = HOSTD_EGRESS_GUEST_PROXY;
+}
+
+static void
+egress_agent_domain(HostdContext *ctx, const HostdAgentRecord *r, VmDomainSpec *spec,
+                    GPtrArray *keep)
+{
+    char *command = hostd_egress_command(ctx, r);
+
+    if (command != NULL)
+        g_ptr_array_add(keep, command);
+    spec->egress_command = command;
+}
+
+static void
+egress_agent_reconcile(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                       GPtrArray *notes)
+{
+    g_autoptr(GError) local_error = NULL;
+
+    if (!hostd_egress_agent_start(ctx, r, &local_error))
+        g_ptr_array_add(notes, g_strdup_printf("agent '%s': no egress proxy: %s", r->name,
+                                               local_error->message));
+}
+
+const HostdComponent hostd_egress_component = {
+    .name = "egress",
+    .agent_creating = egress_agent_creating,
+    .agent_seed = egress_agent_seed,
+    .agent_domain = egress_agent_domain,
+    .agent_starting = hostd_egress_agent_start,
+    .agent_removed = hostd_egress_agent_stop,
+    .agent_reconcile = egress_agent_reconcile,
+    .detach = hostd_egress_stop_all,
+};

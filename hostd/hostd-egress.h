@@ -15,11 +15,16 @@
  */
 #pragma once
 
-#include "hostd-agent.h"
+#include "hostd-context.h"
 #include "vm-domain.h"
 #include "vm-egress-proxy.h"
 
 G_BEGIN_DECLS
+
+/* Egress as a component of the context: a new agent's policy and proxy before its first boot,
+ * the proxy in its seed and domain, the proxy started with the agent and at start-up, stopped
+ * when it goes, and every proxy stopped when the context goes. */
+extern const HostdComponent hostd_egress_component;
 
 #define HOSTD_AGENT_EGRESS_POLICY "egress.ini"
 #define HOSTD_AGENT_EGRESS_SOCKET "egress.sock"

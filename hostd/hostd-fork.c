@@ -2,62 +2,14 @@
 
 #include <glib/gstdio.h>
 
-#include "hostd-agent-private.h"
+#include "hostd-agent.h"
+#include "hostd-resources.h"
+#include "hostd-template.h"
 #include "hostd-checkpoint.h"
 #include "vm-error.h"
 #include "vm-image.h"
 #include "vm-name.h"
 #include "vm-template.h"
-
-/* Every agent record forked from @source (HostdAgentRecord*). Records that cannot be read are
- * skipped: a half-removed agent pins nothing. */
-static GPtrArray *
-hostd_fork_records(HostdContext *ctx, const char *source)
-{
-    g_autoptr(GPtrArray) forks =
-        g_ptr_array_new_with_free_func((GDestroyNotify)hostd_agent_record_free);
-    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, NULL);
-    for (guint i = 0; names != NULL && i < names->len; i++) {
-        g_autofree char *dir = hostd_agent_dir(ctx, names->pdata[i]);
-        HostdAgentRecord *r = hostd_agent_record_load(dir, NULL);
-        if (r != NULL && g_strcmp0(r->forked_from, source) == 0)
-            g_ptr_array_add(forks, r);
-        else
-            hostd_agent_record_free(r);
-    }
-    return g_steal_pointer(&forks);
-}
-
-char *
-hostd_fork_list(HostdContext *ctx, const char *source)
-{
-    g_autoptr(GPtrArray) forks = hostd_fork_records(ctx, source);
-    if (forks->len == 0)
-        return NULL;
-    g_autoptr(GString) names = g_string_new(NULL);
-    for (guint i = 0; i < forks->len; i++) {
-        const HostdAgentRecord *f = forks->pdata[i];
-        g_string_append_printf(names, "%s%s", i > 0 ? ", " : "", f->name);
-    }
-    return g_string_free(g_steal_pointer(&names), FALSE);
-}
-
-char *
-hostd_fork_standing_on(HostdContext *ctx, const HostdAgentRecord *source,
-                       const VmCheckpointSet *set, const char *id)
-{
-    g_autoptr(GPtrArray) forks = hostd_fork_records(ctx, source->name);
-    for (guint i = 0; i < forks->len; i++) {
-        const HostdAgentRecord *f = forks->pdata[i];
-        /* The fork reads its checkpoint's image and every image below it. */
-        for (const VmCheckpoint *c = vm_checkpoint_set_find(set, f->fork_checkpoint); c != NULL;
-             c = c->parent != NULL ? vm_checkpoint_set_find(set, c->parent) : NULL) {
-            if (g_str_equal(c->id, id))
-                return g_strdup(f->name);
-        }
-    }
-    return NULL;
-}
 
 /* The first boot of a fork runs cloud-init for a new instance: hostd's seed gives it new host
  * keys, hostname and the new agent key. This drops the source's agent key, which the user's
@@ -180,7 +132,7 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
     }
     g_autofree char *checkpoint_id = g_strdup(c->id);
 
-    /* Once the record is on disk the checkpoint is pinned (hostd_fork_standing_on()), so the
+    /* Once the record is on disk the checkpoint is pinned (hostd_checkpoint_fork_on()), so the
      * source may go on with other work while the fork boots. */
     g_autoptr(HostdAgentRecord) r = hostd_fork_record_new(ctx, req, source, set, c);
     r->cpus = cpus;
@@ -204,3 +156,25 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
         *ret_checkpoint = g_steal_pointer(&checkpoint_id);
     return hostd_agent_to_variant(ctx, r);
 }
+
+/* A fork's disk reads its source's checkpoint images: they go only with the last fork. */
+static gboolean
+hostd_fork_agent_removing(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    g_autoptr(GPtrArray) forks = hostd_agent_records_forked_from(ctx, r->name);
+    if (forks->len == 0)
+        return TRUE;
+    g_autoptr(GString) names = g_string_new(NULL);
+    for (guint i = 0; i < forks->len; i++) {
+        const HostdAgentRecord *f = forks->pdata[i];
+        g_string_append_printf(names, "%s%s", i > 0 ? ", " : "", f->name);
+    }
+    return vm_throw(error, VM_ERROR_BAD_STATE,
+                    "agent '%s' has forks standing on its checkpoints (%s); remove them first",
+                    r->name, names->str);
+}
+
+const HostdComponent hostd_fork_component = {
+    .name = "fork",
+    .agent_removing = hostd_fork_agent_removing,
+};

@@ -4,10 +4,13 @@
  * until the fork goes. */
 #pragma once
 
-#include "hostd-agent.h"
+#include "hostd-context.h"
 #include "vm-checkpoint.h"
 
 G_BEGIN_DECLS
+
+/* Forks as a component of the context: `rm` of an agent that forks stand on is refused. */
+extern const HostdComponent hostd_fork_component;
 
 typedef struct {
     const char *name;       /* the new agent */
@@ -27,14 +30,5 @@ typedef struct {
  * hostd_agent_new() fails with. Returns the new agent's info dictionary. */
 GVariant *hostd_fork(HostdContext *ctx, const HostdForkRequest *request, char **ret_checkpoint,
                      VmProgressFunc progress, gpointer progress_data, GError **error);
-
-/* The names of the agents forked from @source, joined with ", ", or NULL when there are none. */
-char *hostd_fork_list(HostdContext *ctx, const char *source);
-
-/* With @source's lock held: the name of a fork whose disk reads checkpoint @id of @source (it
- * stands on @id or on a checkpoint above it), or NULL. Removing such a checkpoint would change or
- * delete an image the fork reads. */
-char *hostd_fork_standing_on(HostdContext *ctx, const HostdAgentRecord *source,
-                             const VmCheckpointSet *set, const char *id);
 
 G_END_DECLS

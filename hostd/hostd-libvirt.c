@@ -45,8 +45,6 @@ hostd_libvirt_throw(GError **error, const char *what)
     return FALSE;
 }
 
-#define HOSTD_EMBED_PREFIX "qemu:///embed?root="
-
 /* The embedded driver reads <root>/etc/qemu.conf, which hostd writes:
  * - QEMU logs to plain files: the default goes through virtlogd, a daemon that need not run here.
  * - libvirt's seccomp filter is off: it denies spawning, and the egress guest forward spawns a
@@ -63,15 +61,54 @@ static const char hostd_qemu_conf[] = HOSTD_QEMU_CONF_MARKER
     "# spawn its helper (see docs/EGRESS.md).\n"
     "seccomp_sandbox = 0\n";
 
-static gboolean
-hostd_libvirt_prepare_embed_root(const char *uri, GError **error)
+char *
+hostd_libvirt_embed_root(const char *uri)
 {
-    if (!g_str_has_prefix(uri, HOSTD_EMBED_PREFIX))
-        return TRUE;
-    g_autofree char *root = g_strdup(uri + strlen(HOSTD_EMBED_PREFIX));
-    char *amp = strchr(root, '&');
-    if (amp != NULL)
-        *amp = '\0';
+    g_autoptr(GUri) parsed = g_uri_parse(uri, G_URI_FLAGS_ENCODED_QUERY, NULL);
+    if (parsed == NULL || g_strcmp0(g_uri_get_scheme(parsed), "qemu") != 0 ||
+        g_strcmp0(g_uri_get_path(parsed), "/embed") != 0 || g_uri_get_query(parsed) == NULL)
+        return NULL;
+    g_autoptr(GHashTable) params =
+        g_uri_parse_params(g_uri_get_query(parsed), -1, "&", G_URI_PARAMS_NONE, NULL);
+    const char *root = params != NULL ? g_hash_table_lookup(params, "root") : NULL;
+    return root != NULL && root[0] != '\0' ? g_strdup(root) : NULL;
+}
+
+/* Whether libvirt's seccomp filter is off in @conf (qemu.conf syntax: "key = value" lines). */
+static gboolean
+hostd_libvirt_conf_sandbox_off(const char *conf)
+{
+    g_autofree char *text = NULL;
+    g_auto(GStrv) lines = NULL;
+    gboolean off = FALSE;
+
+    if (!g_file_get_contents(conf, &text, NULL, NULL))
+        return FALSE;
+    lines = g_strsplit(text, "\n", -1);
+    for (char **line = lines; *line != NULL; line++) {
+        g_auto(GStrv) kv = g_strsplit(*line, "=", 2);
+
+        if (kv[0] == NULL || kv[1] == NULL || g_str_has_prefix(g_strstrip(kv[0]), "#"))
+            continue;
+        if (g_str_equal(kv[0], "seccomp_sandbox"))
+            off = g_str_equal(g_strstrip(kv[1]), "0");
+    }
+    return off;
+}
+
+gboolean
+hostd_libvirt_qemu_may_spawn(const char *uri)
+{
+    g_autofree char *root = hostd_libvirt_embed_root(uri);
+    if (root == NULL)
+        return FALSE;
+    g_autofree char *conf = g_build_filename(root, "etc", "qemu.conf", NULL);
+    return hostd_libvirt_conf_sandbox_off(conf);
+}
+
+static gboolean
+hostd_libvirt_prepare_embed_root(const char *root, GError **error)
+{
     g_autofree char *etc = g_build_filename(root, "etc", NULL);
     g_autofree char *conf = g_build_filename(etc, "qemu.conf", NULL);
     g_autofree char *existing = NULL;
@@ -98,7 +135,8 @@ hostd_libvirt_open(const char *uri, HostdAccelMode accel_mode, GError **error)
         g_once_init_leave(&once, 1);
     }
 
-    if (!hostd_libvirt_prepare_embed_root(uri, error))
+    g_autofree char *embed_root = hostd_libvirt_embed_root(uri);
+    if (embed_root != NULL && !hostd_libvirt_prepare_embed_root(embed_root, error))
         return NULL;
     virConnectPtr conn = virConnectOpen(uri);
     if (conn == NULL) {
@@ -110,6 +148,7 @@ hostd_libvirt_open(const char *uri, HostdAccelMode accel_mode, GError **error)
     HostdLibvirt *lv = g_new0(HostdLibvirt, 1);
     lv->conn = conn;
     lv->uri = g_strdup(uri);
+    lv->qemu_may_spawn = hostd_libvirt_qemu_may_spawn(uri);
     g_autoptr(HostdAccel) accel = hostd_accel_detect(accel_mode, NULL, NULL);
     lv->virt_type = g_steal_pointer(&accel->virt_type);
     lv->cpu_disable = g_steal_pointer(&accel->cpu_disable);

@@ -14,11 +14,22 @@ typedef struct {
     char *virt_type;     /* "kvm" or "qemu" */
     char **cpu_disable;  /* host CPU features hidden from KVM guests (hostd-accel.h) */
     char *accel_summary; /* which accelerator, and why, in one line */
+    /* QEMU may spawn a helper (the egress guest forward): libvirt's seccomp filter is off in the
+     * embedded driver's qemu.conf. FALSE for any other connection. */
+    gboolean qemu_may_spawn;
     GThread *event_thread;
 } HostdLibvirt;
 
 /* Builds the default URI for @state_dir: qemu:///embed?root=<state_dir>/libvirt. */
 char *hostd_libvirt_default_uri(const char *state_dir);
+
+/* The root= of an embedded driver URI (qemu:///embed?root=DIR[&...]), newly allocated, or NULL
+ * for any other URI. The one reader of hostd's URIs. */
+char *hostd_libvirt_embed_root(const char *uri);
+
+/* Whether QEMU under @uri may spawn a helper: an embedded driver whose qemu.conf turns libvirt's
+ * seccomp filter off (seccomp_sandbox = 0). Read once at open into qemu_may_spawn. */
+gboolean hostd_libvirt_qemu_may_spawn(const char *uri);
 
 /* Registers libvirt's default event loop (once per process), starts a thread running it,
  * silences libvirt's stderr printing, and opens @uri read-write. Decides the virtualisation

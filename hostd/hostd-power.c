@@ -1,16 +1,15 @@
+#include "hostd-agent.h"
 #include "hostd-power.h"
 
-#include "hostd-agent-private.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
+#include "hostd-guest.h"
 #include "hostd-idle.h"
 #include "hostd-relay.h"
 #include "vm-error.h"
 #include "vm-name.h"
 
-#define HOSTD_IDLE_TICK_US          (2 * G_USEC_PER_SEC)
-#define HOSTD_GUEST_AGENT_TIMEOUT_S 5
-#define HOSTD_CLOCK_SYNC_TRIES      20 /* half a second apart: a restored guest agent reconnects */
+#define HOSTD_IDLE_TICK_US (2 * G_USEC_PER_SEC)
 
 typedef struct {
     HostdIdleTracker tracker;
@@ -30,21 +29,6 @@ struct _HostdPower {
     gboolean stopping;
 };
 
-static void hostd_power_log(HostdContext *ctx, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-
-static void
-hostd_power_log(HostdContext *ctx, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (ctx->log == NULL)
-        return;
-    va_start(ap, fmt);
-    g_autofree char *message = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    ctx->log(message);
-}
-
 /* Returns @name's power state, created on first use. Call with power->lock held. */
 static HostdPowerAgent *
 hostd_power_agent(struct _HostdPower *power, const char *name)
@@ -56,24 +40,6 @@ hostd_power_agent(struct _HostdPower *power, const char *name)
         g_hash_table_insert(power->agents, g_strdup(name), a);
     }
     return a;
-}
-
-void
-hostd_power_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name)
-{
-    /* libvirt waits for the guest agent's answer without end by default: a guest whose agent
-     * died would hold this agent's lock forever. */
-    if (virDomainAgentSetResponseTimeout(dom, HOSTD_GUEST_AGENT_TIMEOUT_S, 0) < 0)
-        virResetLastError();
-    for (int i = 0; i < HOSTD_CLOCK_SYNC_TRIES; i++) {
-        gint64 now = g_get_real_time();
-        if (virDomainSetTime(dom, now / G_USEC_PER_SEC, (unsigned int)(now % G_USEC_PER_SEC) * 1000,
-                             0) == 0)
-            return;
-        virResetLastError();
-        g_usleep(G_USEC_PER_SEC / 2);
-    }
-    hostd_power_log(ctx, "agent '%s': could not set the guest clock (no guest agent answer)", name);
 }
 
 gboolean
@@ -95,8 +61,8 @@ hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
             /* The saved image may no longer load (QEMU changed underneath): the disk is intact,
              * so a cold boot loses only what was in RAM. */
             const virError *err = virGetLastError();
-            hostd_power_log(ctx, "agent '%s': saved state did not restore (%s); booting instead",
-                            r->name, err && err->message ? err->message : "?");
+            hostd_context_log(ctx, "agent '%s': saved state did not restore (%s); booting instead",
+                              r->name, err && err->message ? err->message : "?");
             virResetLastError();
             if (virDomainManagedSaveRemove(dom, 0) < 0 || virDomainCreate(dom) < 0)
                 return hostd_libvirt_throw(error, "cannot start the agent");
@@ -111,7 +77,7 @@ hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
                         "agent '%s' is %s; start it with: vmctl start %s", r->name,
                         hostd_libvirt_state_name(dom), r->name);
     }
-    hostd_power_sync_clock(ctx, dom, r->name);
+    hostd_guest_sync_clock(ctx, dom, r->name);
     HostdAgentRecord *mutable_r = (HostdAgentRecord *)r;
     hostd_agent_mark_state_change(mutable_r);
     return TRUE;
@@ -137,7 +103,7 @@ hostd_power_relay_wake(const char *agent, gpointer user_data, GError **error)
 
     if (hostd_power_wake(ctx, agent, &local_error))
         return TRUE;
-    hostd_power_log(ctx, "agent '%s': connection refused: %s", agent, local_error->message);
+    hostd_context_log(ctx, "agent '%s': connection refused: %s", agent, local_error->message);
     g_propagate_error(error, g_steal_pointer(&local_error));
     return FALSE;
 }
@@ -174,8 +140,8 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
     if (g_str_equal(hostd_libvirt_state_name(dom), "running")) {
         g_autoptr(GError) checkpoint_error = NULL;
         if (!hostd_checkpoint_periodic(ctx, r, dom, &checkpoint_error))
-            hostd_power_log(ctx, "agent '%s': periodic checkpoint failed: %s", name,
-                            checkpoint_error->message);
+            hostd_context_log(ctx, "agent '%s': periodic checkpoint failed: %s", name,
+                              checkpoint_error->message);
     }
 
     struct _HostdPower *power = ctx->power;
@@ -225,21 +191,21 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
             virResetLastError();
             return;
         }
-        hostd_power_log(ctx, "agent '%s' paused: %s", name, d.reason);
+        hostd_context_log(ctx, "agent '%s' paused: %s", name, d.reason);
     } else if (d.action == HOSTD_IDLE_ACTION_SAVE) {
         g_autoptr(GError) checkpoint_error = NULL;
         if (!hostd_checkpoint_before_save(ctx, r, dom, &checkpoint_error))
-            hostd_power_log(ctx, "agent '%s': no checkpoint before saving: %s", name,
-                            checkpoint_error->message);
+            hostd_context_log(ctx, "agent '%s': no checkpoint before saving: %s", name,
+                              checkpoint_error->message);
         hostd_ssh_pool_forget(ctx->ssh, name);
         if (virDomainManagedSave(dom, VIR_DOMAIN_SAVE_RUNNING) < 0) {
             const virError *err = virGetLastError();
-            hostd_power_log(ctx, "agent '%s': cannot save: %s", name,
-                            err && err->message ? err->message : "?");
+            hostd_context_log(ctx, "agent '%s': cannot save: %s", name,
+                              err && err->message ? err->message : "?");
             virResetLastError();
             return;
         }
-        hostd_power_log(ctx, "agent '%s' saved to disk: %s", name, d.reason);
+        hostd_context_log(ctx, "agent '%s' saved to disk: %s", name, d.reason);
     } else {
         return;
     }
@@ -292,8 +258,8 @@ hostd_power_detach(HostdContext *ctx, const char *name)
 gboolean
 hostd_power_start(HostdContext *ctx, GPtrArray *notes, GError **error)
 {
-    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, error);
-    if (names == NULL)
+    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, error);
+    if (records == NULL)
         return FALSE;
 
     struct _HostdPower *power = g_new0(struct _HostdPower, 1);
@@ -304,11 +270,10 @@ hostd_power_start(HostdContext *ctx, GPtrArray *notes, GError **error)
     ctx->power = power;
     ctx->relay = hostd_relay_new(hostd_power_relay_wake, ctx);
 
-    for (guint i = 0; i < names->len; i++) {
-        g_autofree char *dir = hostd_agent_dir(ctx, names->pdata[i]);
-        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
+    for (guint i = 0; i < records->len; i++) {
+        const HostdAgentRecord *r = records->pdata[i];
         g_autoptr(GError) local_error = NULL;
-        if (r == NULL || !g_str_equal(r->phase, HOSTD_PHASE_READY))
+        if (!g_str_equal(r->phase, HOSTD_PHASE_READY))
             continue;
         if (!hostd_power_attach(ctx, r, &local_error))
             g_ptr_array_add(notes, g_strdup_printf("agent '%s': SSH port %u: %s", r->name,
@@ -438,3 +403,16 @@ hostd_agent_set_idle(HostdContext *ctx, const char *name, gboolean never, guint 
         return NULL;
     return hostd_agent_to_variant(ctx, r);
 }
+
+static gboolean
+hostd_power_agent_ready(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    return hostd_power_attach(ctx, r, error);
+}
+
+const HostdComponent hostd_power_component = {
+    .name = "power",
+    .agent_ready = hostd_power_agent_ready,
+    .agent_removed = hostd_power_detach,
+    .detach = hostd_power_stop,
+};

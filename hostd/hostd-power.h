@@ -3,9 +3,13 @@
  * See docs/IDLE.md. */
 #pragma once
 
-#include "hostd-agent.h"
+#include "hostd-context.h"
 
 G_BEGIN_DECLS
+
+/* Power as a component of the context: relays a new agent's port (agent_ready), forgets a
+ * removed one, stops the idle loop when the context goes. */
+extern const HostdComponent hostd_power_component;
 
 /* Starts the relay that owns every agent's public SSH port and the idle loop, and attaches the
  * agents that have a backend port. Appends a note per agent it could not attach. */
@@ -48,10 +52,5 @@ GVariant *hostd_agent_set_idle(HostdContext *ctx, const char *name, gboolean nev
 /* Marks a vmctl exec session open / closed on @name: an open one keeps the agent awake. */
 void hostd_power_session_begin(HostdContext *ctx, const char *name);
 void hostd_power_session_end(HostdContext *ctx, const char *name);
-
-/* Sets the guest clock from the host's: after a pause or a restore the guest's clock lags by
- * the time it did not run. The guest agent may need a moment to reconnect after a restore, so it
- * retries for a few seconds; failing that, logs once. */
-void hostd_power_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name);
 
 G_END_DECLS

@@ -1,10 +1,13 @@
 #include "hostd-server.h"
 
+#include "hostd-agent.h"
 #include "hostd-checkpoint-files.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
+#include "hostd-exec.h"
 #include "hostd-power.h"
+#include "hostd-template.h"
 
 #include <errno.h>
 #include <grp.h>

@@ -2,7 +2,7 @@
  * connection (see docs/PROTOCOL.md). */
 #pragma once
 
-#include "hostd-agent.h"
+#include "hostd-context.h"
 
 G_BEGIN_DECLS
 

@@ -282,6 +282,22 @@ hostd_state_list_agents(HostdState *state, GError **error)
     return names;
 }
 
+GPtrArray *
+hostd_state_load_records(HostdState *state, GError **error)
+{
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(state, error);
+    if (names == NULL)
+        return NULL;
+    GPtrArray *records = g_ptr_array_new_with_free_func((GDestroyNotify)hostd_agent_record_free);
+    for (guint i = 0; i < names->len; i++) {
+        g_autofree char *dir = g_build_filename(state->agents_dir, names->pdata[i], NULL);
+        HostdAgentRecord *r = hostd_agent_record_load(dir, NULL);
+        if (r != NULL)
+            g_ptr_array_add(records, r);
+    }
+    return records;
+}
+
 gboolean
 hostd_remove_tree(const char *path, GError **error)
 {

@@ -16,6 +16,7 @@ G_BEGIN_DECLS
 #define HOSTD_AGENT_KNOWN_HOSTS  "known_hosts"
 #define HOSTD_AGENT_SSH_CONFIG   "ssh_config"
 #define HOSTD_AGENT_CONSOLE      "console.log"
+#define HOSTD_AGENT_DOMAIN_XML   "domain.xml"
 
 /* An agent's lifecycle as recorded on disk; "creating" records found at start-up belong to a
  * `new` that never finished and are rolled back. */
@@ -79,6 +80,11 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdState, hostd_state_close)
 
 /* Lists the agent directory names under agents/ (sorted). Fails with VM_ERROR_IO. */
 GPtrArray *hostd_state_list_agents(HostdState *state, GError **error);
+
+/* The record of every agent that has one that loads (any phase), sorted by name
+ * (HostdAgentRecord*); records that cannot be read are skipped. Fails like
+ * hostd_state_list_agents(). */
+GPtrArray *hostd_state_load_records(HostdState *state, GError **error);
 
 /* Removes @path and everything below it; a missing path is success. Fails with VM_ERROR_IO. */
 gboolean hostd_remove_tree(const char *path, GError **error);

@@ -3,10 +3,11 @@
 #include <locale.h>
 #include <stdio.h>
 
-#include "hostd-agent.h"
+#include "hostd-modules.h"
 #include "hostd-config.h"
 #include "hostd-libvirt.h"
 #include "hostd-power.h"
+#include "hostd-reconcile.h"
 #include "hostd-server.h"
 #include "hostd-state.h"
 #include "vm-config.h"
@@ -94,6 +95,7 @@ main(int argc, char **argv)
 
     g_autoptr(HostdContext) ctx =
         hostd_context_new(g_steal_pointer(&config), g_steal_pointer(&state), g_steal_pointer(&lv));
+    hostd_modules_attach(ctx);
     g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
     if (!hostd_reconcile(ctx, notes, &error)) {
         fprintf(stderr, "hostd: %s\n", error->message);

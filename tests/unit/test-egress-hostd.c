@@ -21,7 +21,8 @@
 
 #include <glib/gstdio.h>
 
-#include "hostd-agent-private.h"
+#include "hostd-agent.h"
+#include "hostd-modules.h"
 #include "hostd-egress.h"
 #include "hostd-server.h"
 #include "vm-config.h"
@@ -116,6 +117,7 @@ setup(void **state)
     if (lv == NULL)
         fail_msg("libvirt: %s", error->message);
     f->ctx = hostd_context_new(config, st, lv);
+    hostd_modules_attach(f->ctx);
     hostd_egress_set_resolver(f->ctx, fake_resolve, NULL);
     f->sink = vm_test_sink_new();
     *state = f;
@@ -680,18 +682,26 @@ test_command(void **state)
     g_auto(GStrv) argv = NULL;
 
     /* Not the embedded driver: hostd cannot know QEMU may spawn the helper. */
+    f->ctx->lv->qemu_may_spawn = hostd_libvirt_qemu_may_spawn(f->ctx->lv->uri);
     command = hostd_egress_command(f->ctx, r);
     assert_null(command);
 
     f->ctx->lv->uri = uri;
     assert_int_equal(g_mkdir_with_parents(etc, 0755), 0);
     vm_test_write_file(conf, "stdio_handler = \"file\"\n");
+    f->ctx->lv->qemu_may_spawn = hostd_libvirt_qemu_may_spawn(f->ctx->lv->uri);
     command = hostd_egress_command(f->ctx, r);
     assert_null(command);
     vm_test_write_file(conf, "# seccomp_sandbox = 0\nseccomp_sandbox = 1\n");
+    f->ctx->lv->qemu_may_spawn = hostd_libvirt_qemu_may_spawn(f->ctx->lv->uri);
     command = hostd_egress_command(f->ctx, r);
     assert_null(command);
     vm_test_write_file(conf, "stdio_handler = \"file\"\n seccomp_sandbox = 0 \n");
+    /* The root is read as a URI parameter: others may follow it. */
+    g_autofree char *uri_more = g_strconcat(uri, "&x=1", NULL);
+    assert_false(hostd_libvirt_qemu_may_spawn("qemu:///system"));
+    assert_true(hostd_libvirt_qemu_may_spawn(uri_more));
+    f->ctx->lv->qemu_may_spawn = hostd_libvirt_qemu_may_spawn(f->ctx->lv->uri);
     command = hostd_egress_command(f->ctx, r);
     f->ctx->lv->uri = g_steal_pointer(&saved);
     assert_non_null(command);

@@ -16,6 +16,9 @@
 
 #include <glib/gstdio.h>
 
+#include "hostd-agent.h"
+#include "hostd-modules.h"
+#include "hostd-reconcile.h"
 #include "hostd-server.h"
 #include "vm-config.h"
 #include "vm-error.h"
@@ -155,6 +158,7 @@ setup(void **state)
     if (lv == NULL)
         fail_msg("libvirt: %s", error->message);
     f->ctx = hostd_context_new(config, st, lv);
+    hostd_modules_attach(f->ctx);
 
     g_mutex_lock(&log_lock);
     g_ptr_array_set_size(log_lines, 0);

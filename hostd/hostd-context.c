@@ -1,0 +1,108 @@
+#include "hostd-context.h"
+
+G_LOCK_DEFINE_STATIC(hostd_retired);
+static GPtrArray *hostd_retired_name_locks = NULL;
+
+HostdContext *
+hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
+{
+    HostdContext *ctx = g_new0(HostdContext, 1);
+    ctx->config = config;
+    ctx->state = state;
+    ctx->lv = lv;
+    ctx->ssh = hostd_ssh_pool_new();
+    g_mutex_init(&ctx->lock);
+    ctx->name_locks = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    ctx->components = g_ptr_array_new();
+    return ctx;
+}
+
+void
+hostd_context_free(HostdContext *ctx)
+{
+    if (ctx == NULL)
+        return;
+    /* Name locks live as long as the process: a request thread may still hold one while
+     * hostd exits, so they are not freed here but kept reachable. */
+    G_LOCK(hostd_retired);
+    if (hostd_retired_name_locks == NULL)
+        hostd_retired_name_locks = g_ptr_array_new();
+    g_ptr_array_add(hostd_retired_name_locks, ctx->name_locks);
+    G_UNLOCK(hostd_retired);
+    for (guint i = ctx->components->len; i > 0; i--) {
+        const HostdComponent *c = ctx->components->pdata[i - 1];
+        if (c->detach != NULL)
+            c->detach(ctx);
+    }
+    g_ptr_array_free(ctx->components, TRUE);
+    hostd_ssh_pool_free(ctx->ssh);
+    hostd_libvirt_close(ctx->lv);
+    hostd_state_close(ctx->state);
+    hostd_config_free(ctx->config);
+    g_mutex_clear(&ctx->lock);
+    g_free(ctx);
+}
+
+void
+hostd_context_add_component(HostdContext *ctx, const HostdComponent *component)
+{
+    g_return_if_fail(component != NULL);
+    g_ptr_array_add(ctx->components, (gpointer)component);
+}
+
+void
+hostd_context_log(HostdContext *ctx, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (ctx->log == NULL)
+        return;
+    va_start(ap, fmt);
+    g_autofree char *message = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    ctx->log(message);
+}
+
+/* The lock of @name, made on first use; locks live as long as the context. */
+static GMutex *
+hostd_name_mutex(HostdContext *ctx, const char *name)
+{
+    g_mutex_lock(&ctx->lock);
+    GMutex *m = g_hash_table_lookup(ctx->name_locks, name);
+    if (m == NULL) {
+        m = g_new0(GMutex, 1);
+        g_mutex_init(m);
+        g_hash_table_insert(ctx->name_locks, g_strdup(name), m);
+    }
+    g_mutex_unlock(&ctx->lock);
+    return m;
+}
+
+GMutex *
+hostd_name_lock(HostdContext *ctx, const char *name)
+{
+    GMutex *m = hostd_name_mutex(ctx, name);
+    g_mutex_lock(m);
+    return m;
+}
+
+GMutex *
+hostd_name_trylock(HostdContext *ctx, const char *name)
+{
+    GMutex *m = hostd_name_mutex(ctx, name);
+    return g_mutex_trylock(m) ? m : NULL;
+}
+
+void
+hostd_name_unlock(GMutex *m)
+{
+    if (m != NULL)
+        g_mutex_unlock(m);
+}
+
+void
+hostd_progress(VmProgressFunc progress, gpointer data, const char *message, double fraction)
+{
+    if (progress != NULL)
+        progress(message, fraction, data);
+}

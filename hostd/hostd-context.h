@@ -1,0 +1,96 @@
+/* hostd's context: what every part of the daemon shares (configuration, state directory, libvirt
+ * connection, SSH pool), the per-agent name locks, and the components that hook into the agents'
+ * lifecycle (egress, checkpoints, forks, power). It is the root of hostd's include graph: it knows
+ * no component; components register themselves with hostd_context_add_component().
+ */
+#pragma once
+
+#include <gio/gio.h>
+
+#include "hostd-config.h"
+#include "hostd-libvirt.h"
+#include "hostd-ssh.h"
+#include "hostd-state.h"
+#include "vm-domain.h"
+#include "vm-progress.h"
+#include "vm-seed.h"
+#include "vm-template.h"
+
+G_BEGIN_DECLS
+
+typedef struct _HostdComponent HostdComponent;
+
+typedef struct {
+    HostdConfig *config;
+    HostdState *state;
+    HostdLibvirt *lv;
+    HostdSshPool *ssh;
+    GMutex lock;                      /* guards name_locks and port allocation */
+    GHashTable *name_locks;           /* agent name -> GMutex*, for the life of hostd */
+    GPtrArray *components;            /* const HostdComponent*, in the order they were added */
+    struct _HostdEgress *egress;      /* hostd-egress.c's state; NULL until it is attached */
+    struct _HostdPower *power;        /* hostd-power.c's state; NULL until hostd_power_start() */
+    struct _HostdRelay *relay;        /* the public SSH ports (hostd-power.c); NULL until started */
+    void (*log)(const char *message); /* where hostd's background work reports; may be NULL */
+} HostdContext;
+
+/* What a component does at each step of an agent's life. Every hook is optional; hooks run in
+ * the order components were added (detach in reverse). The agent's name lock is held in every
+ * agent hook. A failing hook makes the step fail with its error (see hostd-agent.h). */
+struct _HostdComponent {
+    const char *name;
+    /* `new` or fork, before the agent's files and domain are made: what the VM needs from the
+     * start (the egress proxy). */
+    gboolean (*agent_creating)(HostdContext *ctx, const HostdAgentRecord *r, const VmTemplate *tpl,
+                               GError **error);
+    /* While a new agent's cloud-init seed is made: fill in the component's part of @spec
+     * (strings in @keep, as for agent_domain). */
+    void (*agent_seed)(HostdContext *ctx, const HostdAgentRecord *r, VmSeedSpec *spec,
+                       GPtrArray *keep);
+    /* While the domain XML is built: fill in the component's part of @spec. Strings it points
+     * @spec at are added to @keep (freed with g_free once the XML is built). */
+    void (*agent_domain)(HostdContext *ctx, const HostdAgentRecord *r, VmDomainSpec *spec,
+                         GPtrArray *keep);
+    /* Before a stopped agent boots (and before a running one is resumed by start). */
+    gboolean (*agent_starting)(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+    /* `new` or fork finished: the agent is about to be marked ready. */
+    gboolean (*agent_ready)(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+    /* `rm` asks: fail to refuse the removal (VM_ERROR_BAD_STATE). */
+    gboolean (*agent_removing)(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+    /* The agent is going (rm, or a rolled-back new): forget it. Can't fail. */
+    void (*agent_removed)(HostdContext *ctx, const char *name);
+    /* At start-up, for every ready agent (@dom NULL when libvirt has no domain for it): bring
+     * the component's state in line, one human-readable line per action in @notes. */
+    void (*agent_reconcile)(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                            GPtrArray *notes);
+    /* The context is being freed: release the component's state. */
+    void (*detach)(HostdContext *ctx);
+};
+
+/* Builds the context around already-opened parts (ownership passes to it), with no component
+ * attached. Can't fail. */
+HostdContext *hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv);
+
+/* Detaches every component (in reverse order), then frees the parts. Accepts NULL. */
+void hostd_context_free(HostdContext *ctx);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdContext, hostd_context_free)
+
+/* Adds @component (static storage) to the context's components. Can't fail. */
+void hostd_context_add_component(HostdContext *ctx, const HostdComponent *component);
+
+/* Reports one line of background work through ctx->log, if set. Can't fail. */
+void hostd_context_log(HostdContext *ctx, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+/* Takes the per-agent lock of @name (operations on one agent never interleave); release with
+ * hostd_name_unlock() or g_autoptr(HostdNameLock). */
+GMutex *hostd_name_lock(HostdContext *ctx, const char *name);
+void hostd_name_unlock(GMutex *lock);
+/* Like hostd_name_lock() but returns NULL at once when the lock is taken. */
+GMutex *hostd_name_trylock(HostdContext *ctx, const char *name);
+typedef GMutex HostdNameLock;
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdNameLock, hostd_name_unlock)
+
+/* Reports progress when @progress is set. Can't fail. */
+void hostd_progress(VmProgressFunc progress, gpointer data, const char *message, double fraction);
+
+G_END_DECLS

@@ -1,0 +1,218 @@
+#include "hostd-guest.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "vm-error.h"
+#include "vm-protocol.h"
+#include "vm-util.h"
+
+#define HOSTD_CONSOLE_TAIL_LINES    15
+#define HOSTD_GUEST_AGENT_TIMEOUT_S 5
+#define HOSTD_CLOCK_SYNC_TRIES      20 /* half a second apart: a restored guest agent reconnects */
+static char *
+hostd_console_tail(const HostdAgentRecord *r)
+{
+    g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE);
+    g_autofree char *text = NULL;
+
+    if (!g_file_get_contents(path, &text, NULL, NULL))
+        return g_strdup("\n  console: (none yet)");
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    guint n = g_strv_length(lines);
+    guint start = n > HOSTD_CONSOLE_TAIL_LINES ? n - HOSTD_CONSOLE_TAIL_LINES : 0;
+    g_autoptr(GString) out = g_string_new(NULL);
+    for (guint i = start; i < n; i++) {
+        g_strchomp(lines[i]);
+        if (lines[i][0] == '\0')
+            continue;
+        g_string_append_printf(out, "\n  console: %s", lines[i]);
+    }
+    if (out->len == 0)
+        g_string_append(out, "\n  console: (none yet)");
+    return g_string_free(g_steal_pointer(&out), FALSE);
+}
+
+void
+hostd_guest_ssh_target(HostdSshTarget *t, const HostdAgentRecord *r, char **identity,
+                       char **known_hosts)
+{
+    *identity = hostd_agent_record_path(r, HOSTD_AGENT_KEY);
+    *known_hosts = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
+    t->agent = r->name;
+    t->host = "127.0.0.1";
+    t->port = r->backend_port != 0 ? r->backend_port : r->ssh_port;
+    t->user = r->user;
+    t->identity_path = *identity;
+    t->known_hosts_path = *known_hosts;
+}
+
+/* Waits for SSH, reporting progress every few seconds; on timeout the error carries the
+ * console's last lines, which is usually where the reason is. */
+gboolean
+hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFunc progress,
+                     gpointer progress_data, GError **error)
+{
+    g_autofree char *identity = NULL, *known_hosts = NULL;
+    HostdSshTarget target;
+    gint64 start = g_get_monotonic_time();
+    gint64 deadline = start + (gint64)ctx->config->boot_timeout_s * G_USEC_PER_SEC;
+
+    hostd_guest_ssh_target(&target, r, &identity, &known_hosts);
+    for (;;) {
+        g_autoptr(GError) local_error = NULL;
+        g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
+        gint64 now = g_get_monotonic_time();
+        g_autofree char *message =
+            g_strdup_printf("waiting for %s to answer SSH (%" G_GINT64_FORMAT " s)", r->name,
+                            (now - start) / G_USEC_PER_SEC);
+
+        if (dom == NULL || !hostd_libvirt_is_active(dom)) {
+            g_autofree char *tail = hostd_console_tail(r);
+            return vm_throw(error, VM_ERROR_BAD_STATE, "%s stopped while booting%s", r->name, tail);
+        }
+        hostd_progress(progress, progress_data, message, -1);
+        if (hostd_ssh_wait_ready(ctx->ssh, &target, 5, NULL, &local_error))
+            return TRUE;
+        if (!g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT)) {
+            g_propagate_error(error, g_steal_pointer(&local_error));
+            return FALSE;
+        }
+        if (g_get_monotonic_time() >= deadline) {
+            g_autofree char *tail = hostd_console_tail(r);
+            return vm_throw(error, VM_ERROR_TIMEOUT, "%s did not answer SSH within %u s%s", r->name,
+                            ctx->config->boot_timeout_s, tail);
+        }
+    }
+}
+
+typedef struct {
+    int fd;       /* our end of the conversation with hostd_ssh_exec() */
+    int stdin_fd; /* what the command reads, or -1 */
+} HostdRunFeed;
+
+/* Writer thread: copies the command's input into STDIN frames, then STDIN_EOF. */
+static gpointer
+hostd_run_feed_thread(gpointer data)
+{
+    HostdRunFeed *feed = data;
+    g_autofree guint8 *buf = g_malloc(VM_STREAM_CHUNK_MAX);
+    while (feed->stdin_fd >= 0) {
+        ssize_t n = read(feed->stdin_fd, buf, VM_STREAM_CHUNK_MAX);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        g_autoptr(VmMessage) m = vm_message_new_data(VM_OP_STDIN, buf, (gsize)n);
+        if (!vm_message_write_fd(feed->fd, m, NULL))
+            return NULL;
+    }
+    g_autoptr(VmMessage) eof = vm_message_new(VM_OP_STDIN_EOF, NULL, NULL);
+    vm_message_write_fd(feed->fd, eof, NULL);
+    return NULL;
+}
+
+typedef struct {
+    int fd;
+    int status;       /* -1 until EXIT */
+    GString *stderr_; /* the first few KiB of the command's stderr */
+} HostdRunDrain;
+
+/* Reader thread: takes the frames hostd_ssh_exec() writes (so it never blocks on a full socket)
+ * until EXIT. */
+static gpointer
+hostd_run_drain_thread(gpointer data)
+{
+    HostdRunDrain *drain = data;
+    for (;;) {
+        gboolean at_eof = FALSE;
+        g_autoptr(VmMessage) m = vm_message_read_fd(drain->fd, &at_eof, NULL);
+        if (m == NULL)
+            return NULL;
+        if (m->op == VM_OP_EXIT) {
+            drain->status = vm_message_get_int(m, "status", -1);
+            return NULL;
+        }
+        gsize len = 0;
+        const guint8 *bytes = vm_message_get_data(m, "data", &len);
+        if (m->op == VM_OP_STDERR && bytes != NULL && drain->stderr_->len < 4096)
+            g_string_append_len(drain->stderr_, (const char *)bytes, (gssize)MIN(len, 4096));
+    }
+}
+
+gboolean
+hostd_agent_run(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int stdin_fd,
+                int *ret_status, char **ret_stderr, GError **error)
+{
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) < 0)
+        return vm_throw_errno(error, errno, "socketpair");
+    vm_autofd ours = fds[0];
+    vm_autofd theirs = fds[1];
+
+    HostdRunFeed feed = {.fd = ours, .stdin_fd = stdin_fd};
+    HostdRunDrain drain = {.fd = ours, .status = -1, .stderr_ = g_string_new(NULL)};
+    GThread *feeder = g_thread_new("hostd-run-in", hostd_run_feed_thread, &feed);
+    GThread *drainer = g_thread_new("hostd-run-out", hostd_run_drain_thread, &drain);
+
+    g_autofree char *identity = NULL, *known_hosts = NULL;
+    HostdSshTarget target;
+    HostdExecRequest request = {.argv = argv};
+    hostd_guest_ssh_target(&target, r, &identity, &known_hosts);
+    gboolean ok = hostd_ssh_exec(ctx->ssh, &target, &request, theirs, error);
+    /* Whatever happened, the threads end: the drainer at EXIT or at the EOF this shutdown
+     * causes, the feeder at its input's end or when writing fails. */
+    shutdown(theirs, SHUT_RDWR);
+    g_thread_join(drainer);
+    shutdown(ours, SHUT_RDWR);
+    g_thread_join(feeder);
+    g_autofree char *err_text = g_string_free(drain.stderr_, FALSE);
+    if (!ok)
+        return FALSE;
+    if (drain.status < 0)
+        return vm_throw(error, VM_ERROR_SSH, "no exit status from the guest");
+    *ret_status = drain.status;
+    if (ret_stderr != NULL)
+        *ret_stderr = g_steal_pointer(&err_text);
+    return TRUE;
+}
+
+gboolean
+hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFunc progress,
+                            gpointer progress_data, GError **error)
+{
+    /* sshd answers before cloud-init is done, and cloud-init may still restart sshd (it
+     * rewrites its configuration): an agent is ready once cloud-init has finished. */
+    char *argv[] = {"sh", "-c",
+                    "command -v cloud-init >/dev/null || exit 0; "
+                    "cloud-init status --wait >/dev/null 2>&1; exit 0",
+                    NULL};
+    int status = 0;
+
+    hostd_progress(progress, progress_data, "waiting for cloud-init to finish", -1);
+    if (!hostd_agent_run(ctx, r, argv, -1, &status, NULL, error))
+        return FALSE;
+    /* sshd may have restarted under the pooled session. */
+    hostd_ssh_pool_forget(ctx->ssh, r->name);
+    return TRUE;
+}
+
+void
+hostd_guest_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name)
+{
+    /* libvirt waits for the guest agent's answer without end by default: a guest whose agent
+     * died would hold this agent's lock forever. */
+    if (virDomainAgentSetResponseTimeout(dom, HOSTD_GUEST_AGENT_TIMEOUT_S, 0) < 0)
+        virResetLastError();
+    for (int i = 0; i < HOSTD_CLOCK_SYNC_TRIES; i++) {
+        gint64 now = g_get_real_time();
+        if (virDomainSetTime(dom, now / G_USEC_PER_SEC, (unsigned int)(now % G_USEC_PER_SEC) * 1000,
+                             0) == 0)
+            return;
+        virResetLastError();
+        g_usleep(G_USEC_PER_SEC / 2);
+    }
+    hostd_context_log(ctx, "agent '%s': could not set the guest clock (no guest agent answer)",
+                      name);
+}

@@ -1,0 +1,15 @@
+#include "hostd-modules.h"
+
+#include "hostd-checkpoint.h"
+#include "hostd-egress.h"
+#include "hostd-fork.h"
+#include "hostd-power.h"
+
+void
+hostd_modules_attach(HostdContext *ctx)
+{
+    hostd_context_add_component(ctx, &hostd_egress_component);
+    hostd_context_add_component(ctx, &hostd_checkpoint_component);
+    hostd_context_add_component(ctx, &hostd_fork_component);
+    hostd_context_add_component(ctx, &hostd_power_component);
+}

@@ -1,0 +1,82 @@
+#include "hostd-template.h"
+
+#include "vm-error.h"
+#include "vm-image.h"
+#include "vm-name.h"
+
+VmTemplate *
+hostd_template_load(HostdContext *ctx, const char *name, GError **error)
+{
+    if (!vm_name_validate_template(name, error))
+        return NULL;
+    g_autofree char *file = g_strconcat(name, ".yaml", NULL);
+    g_autofree char *path = g_build_filename(ctx->config->templates_dir, file, NULL);
+    if (!g_file_test(path, G_FILE_TEST_EXISTS)) {
+        vm_throw(error, VM_ERROR_NOT_FOUND, "no template '%s' (see: vmctl template list)", name);
+        return NULL;
+    }
+    return vm_template_load_file(path, error);
+}
+
+GVariant *
+hostd_template_list(HostdContext *ctx, GError **error)
+{
+    g_autoptr(GPtrArray) templates = vm_template_load_dir(ctx->config->templates_dir, error);
+    if (templates == NULL)
+        return NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
+    for (guint i = 0; i < templates->len; i++) {
+        const VmTemplate *t = templates->pdata[i];
+        g_autoptr(VmImage) image = vm_image_lookup(ctx->config->images_dir, t, NULL);
+        g_auto(GVariantBuilder) e = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+        g_variant_builder_add(&e, "{sv}", "name", g_variant_new_string(t->name));
+        g_variant_builder_add(&e, "{sv}", "description",
+                              g_variant_new_string(t->description ? t->description : ""));
+        g_variant_builder_add(
+            &e, "{sv}", "source",
+            g_variant_new_string(t->source == VM_IMAGE_SOURCE_URL ? "url" : "mmdebstrap"));
+        g_variant_builder_add(&e, "{sv}", "ready", g_variant_new_boolean(image != NULL));
+        g_variant_builder_add(&e, "{sv}", "cpus", g_variant_new_uint32(t->cpus));
+        g_variant_builder_add(&e, "{sv}", "memory_mib", g_variant_new_uint32(t->memory_mib));
+        g_variant_builder_add(&e, "{sv}", "disk_gib", g_variant_new_uint32(t->disk_gib));
+        g_variant_builder_add_value(&b, g_variant_builder_end(&e));
+    }
+    return g_variant_builder_end(&b);
+}
+
+/* Agents' overlays name the base image by path: rebuilding it under them would change every
+ * block they have not written yet. So a forced rebuild waits until no agent uses it. */
+static gboolean
+hostd_template_check_unused(HostdContext *ctx, const char *template_name, GError **error)
+{
+    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, error);
+    if (records == NULL)
+        return FALSE;
+    g_autoptr(GString) users = g_string_new(NULL);
+    for (guint i = 0; i < records->len; i++) {
+        const HostdAgentRecord *r = records->pdata[i];
+        if (g_str_equal(r->template_name, template_name))
+            g_string_append_printf(users, "%s%s", users->len > 0 ? ", " : "", r->name);
+    }
+    if (users->len > 0)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "cannot rebuild %s: agents use its image (%s); remove them first",
+                        template_name, users->str);
+    return TRUE;
+}
+
+char *
+hostd_template_build(HostdContext *ctx, const char *name, gboolean force, VmProgressFunc progress,
+                     gpointer progress_data, GError **error)
+{
+    g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, name, error);
+    if (tpl == NULL)
+        return NULL;
+    if (force && !hostd_template_check_unused(ctx, tpl->name, error))
+        return NULL;
+    g_autoptr(VmImage) image =
+        vm_image_ensure(ctx->config->images_dir, tpl, force, progress, progress_data, NULL, error);
+    if (image == NULL)
+        return NULL;
+    return g_strdup(image->dir);
+}
