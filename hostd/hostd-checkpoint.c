@@ -10,6 +10,8 @@
 #include "hostd-guest.h"
 #include "hostd-resources.h"
 #include "vm-checkpoint.h"
+#include "vm-domain-read.h"
+#include "vm-qemu-img.h"
 #include "vm-retention.h"
 #include "vm-error.h"
 #include "vm-name.h"
@@ -627,14 +629,27 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
     return hostd_checkpoint_drop(set, id, memory_path, error);
 }
 
-/* Whether the domain's persistent definition names @path. */
+/* Whether domain XML @xml has a disk whose top image is @path. */
+static gboolean
+hostd_domain_xml_uses(const char *xml, const char *path)
+{
+    g_auto(GStrv) files = vm_domain_read_disk_files(xml, NULL);
+
+    return files != NULL && g_strv_contains((const char *const *)files, path);
+}
+
+/* Whether the domain's persistent definition names @path; TRUE when it cannot be read. */
 static gboolean
 hostd_domain_uses_inactive(virDomainPtr dom, const char *path)
 {
     g_autofree char *inactive = virDomainGetXMLDesc(dom, VIR_DOMAIN_XML_INACTIVE);
-    g_autofree char *needle = g_markup_printf_escaped("file='%s'", path);
+    g_auto(GStrv) files = NULL;
+
     virResetLastError();
-    return inactive == NULL || strstr(inactive, needle) != NULL;
+    if (inactive == NULL)
+        return TRUE;
+    files = vm_domain_read_disk_files(inactive, NULL);
+    return files == NULL || g_strv_contains((const char *const *)files, path);
 }
 
 /* Whether the domain's definition (live when running, else persistent) names @path. */
@@ -643,22 +658,20 @@ hostd_domain_uses(virDomainPtr dom, const char *path)
 {
     g_autofree char *xml = virDomainGetXMLDesc(dom, 0);
     g_autofree char *inactive = virDomainGetXMLDesc(dom, VIR_DOMAIN_XML_INACTIVE);
-    g_autofree char *needle = g_markup_printf_escaped("file='%s'", path);
     virResetLastError();
-    return (xml != NULL && strstr(xml, needle) != NULL) ||
-           (inactive != NULL && strstr(inactive, needle) != NULL);
+    return (xml != NULL && hostd_domain_xml_uses(xml, path)) ||
+           (inactive != NULL && hostd_domain_xml_uses(inactive, path));
 }
 
 /* Whether the backing chain of @top, as its qcow2 headers say, holds @path. */
 static gboolean
 hostd_chain_holds(const char *top, const char *path, gboolean *ret_holds, GError **error)
 {
-    const char *argv[] = {"qemu-img", "info", "-U", "--backing-chain", top, NULL};
-    g_autofree char *out = NULL;
-    if (!hostd_run_output(argv, &out, error))
+    g_autoptr(GPtrArray) chain =
+        vm_qemu_img_info(top, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_BACKING_CHAIN, error);
+    if (chain == NULL)
         return FALSE;
-    g_autofree char *line = g_strconcat("image: ", path, "\n", NULL);
-    *ret_holds = strstr(out, line) != NULL;
+    *ret_holds = vm_qemu_img_chain_holds(chain, path);
     return TRUE;
 }
 

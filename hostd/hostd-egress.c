@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "hostd-agent.h"
+#include "vm-domain-read.h"
 #include "vm-error.h"
 #include "vm-name.h"
 #include "vm-protocol.h"
@@ -122,8 +123,6 @@ static void
 egress_find_owner_locked(HostdContext *ctx, Egress *egress)
 {
     g_autofree char *caps = NULL;
-    g_autofree char *needle = NULL;
-    const char *dac, *label;
     guint uid, gid;
 
     if (egress->owner_known)
@@ -134,10 +133,7 @@ egress_find_owner_locked(HostdContext *ctx, Egress *egress)
         virResetLastError();
         return;
     }
-    dac = strstr(caps, "<model>dac</model>");
-    needle = g_strdup_printf("<baselabel type='%s'>", ctx->lv->virt_type);
-    label = dac != NULL ? strstr(dac, needle) : NULL;
-    if (label != NULL && sscanf(label + strlen(needle), "+%u:+%u", &uid, &gid) == 2) {
+    if (vm_capabilities_read_dac_owner(caps, ctx->lv->virt_type, &uid, &gid, NULL)) {
         egress->owner_chown = TRUE;
         egress->owner_uid = uid;
         egress->owner_gid = gid;
@@ -485,6 +481,7 @@ egress_wired(HostdContext *ctx, const char *name)
 {
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
     g_autofree char *xml = NULL;
+    g_auto(GStrv) rules = NULL;
 
     if (dom == NULL)
         return FALSE;
@@ -493,7 +490,12 @@ egress_wired(HostdContext *ctx, const char *name)
         virResetLastError();
         return FALSE;
     }
-    return strstr(xml, "guestfwd=tcp:" VM_EGRESS_GUEST_ADDRESS ":") != NULL;
+    rules = vm_domain_read_guestfwds(xml, NULL);
+    for (gsize i = 0; rules != NULL && rules[i] != NULL; i++) {
+        if (g_str_has_prefix(rules[i], "tcp:" VM_EGRESS_GUEST_ADDRESS ":"))
+            return TRUE;
+    }
+    return FALSE;
 }
 
 static GVariant *

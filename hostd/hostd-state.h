@@ -16,7 +16,7 @@ G_BEGIN_DECLS
 #define HOSTD_AGENT_KNOWN_HOSTS  "known_hosts"
 #define HOSTD_AGENT_SSH_CONFIG   "ssh_config"
 #define HOSTD_AGENT_CONSOLE      "console.log"
-#define HOSTD_AGENT_DOMAIN_XML   "domain.xml"
+#define HOSTD_AGENT_DOMAIN_XML   "domain.xml" /* the definition as hostd last made it */
 
 /* An agent's lifecycle as recorded on disk; "creating" records found at start-up belong to a
  * `new` that never finished and are rolled back. */

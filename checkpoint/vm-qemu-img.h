@@ -1,0 +1,59 @@
+/* What `qemu-img info --output=json` says about a disk image and its backing chain.
+ *
+ * The output describes images whose contents a guest wrote and whose headers hostd did not
+ * always write itself, so it is read as untrusted input: its size and nesting are capped before
+ * json-glib sees it, a field of the wrong type fails the whole read, and a missing optional
+ * field only leaves its default.
+ */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+/* The most qemu-img may print, and the deepest nesting of its JSON: a real chain of a thousand
+ * images prints about 1 MiB at a depth of 7. */
+#define VM_QEMU_IMG_OUTPUT_MAX (8 * 1024 * 1024)
+#define VM_QEMU_IMG_DEPTH_MAX  32
+
+typedef struct {
+    char *filename;         /* as qemu-img opened it: the path given for the top image, the
+                             * backing file's full name for the images below it */
+    char *format;           /* "qcow2", "raw", ...; NULL when not said */
+    char *backing_filename; /* the full name of the image below, as the header says; or NULL */
+    char *backing_format;   /* the format the header names for it; or NULL */
+    guint64 virtual_size;   /* bytes the guest sees; 0 when not said */
+    guint64 actual_size;    /* bytes the file takes on the host; 0 when not said */
+    gboolean dirty;         /* "dirty-flag": the image was not closed cleanly */
+} VmQemuImgInfo;
+
+void vm_qemu_img_info_free(VmQemuImgInfo *info);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmQemuImgInfo, vm_qemu_img_info_free)
+
+typedef enum {
+    VM_QEMU_IMG_INFO_NONE = 0,
+    VM_QEMU_IMG_INFO_SHARED = 1 << 0,        /* -U: read an image another process holds open */
+    VM_QEMU_IMG_INFO_BACKING_CHAIN = 1 << 1, /* --backing-chain: every image below too */
+} VmQemuImgInfoFlags;
+
+/* Parses @len bytes of `qemu-img info --output=json` output (@len -1: @json is NUL-terminated):
+ * one object for one image, or an array of them, top first, for --backing-chain. Returns the
+ * images in that order (an array of VmQemuImgInfo that frees them; one element for a single
+ * object, never empty). Fails with VM_ERROR_FAILED when the text is over VM_QEMU_IMG_OUTPUT_MAX
+ * bytes, nests deeper than VM_QEMU_IMG_DEPTH_MAX, is not JSON, is neither an object nor a
+ * non-empty array of objects, lacks an image's "filename", or has a known field of the wrong
+ * type (a size that is negative or not an integer, a name that is not a string). Pure. */
+GPtrArray *vm_qemu_img_info_parse(const char *json, gssize len, GError **error);
+
+/* Runs `qemu-img info --output=json` (found in PATH) on @path, with -U and --backing-chain as
+ * @flags say, and parses what it prints with vm_qemu_img_info_parse(). Fails with VM_ERROR_IO,
+ * with qemu-img's first words on stderr, when it cannot be run or fails, or prints more than
+ * VM_QEMU_IMG_OUTPUT_MAX bytes (it is then killed); else as vm_qemu_img_info_parse(). Blocks
+ * until qemu-img exits. */
+GPtrArray *vm_qemu_img_info(const char *path, VmQemuImgInfoFlags flags, GError **error);
+
+/* Whether an image of @chain (from the two functions above) has @filename as its filename,
+ * compared byte for byte. Can't fail. */
+gboolean vm_qemu_img_chain_holds(const GPtrArray *chain, const char *filename);
+
+G_END_DECLS
