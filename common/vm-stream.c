@@ -2,8 +2,6 @@
 
 #include "vm-error.h"
 
-#include <string.h>
-
 /* Writes @message (consumed; NULL means building it failed, with @error set). */
 static gboolean
 vm_stream_write(VmStreamWriter *writer, VmMessage *message, gboolean end, GError **error)
@@ -19,11 +17,14 @@ vm_stream_write(VmStreamWriter *writer, VmMessage *message, gboolean end, GError
             g_propagate_error(error, g_steal_pointer(&local_error));
             return FALSE;
         }
-        writer->ended = writer->ended || end;
+        /* Whatever reached the reader, the reply is over: nothing may follow an end frame. */
+        if (end)
+            writer->ended = TRUE;
         return vm_throw(error, VM_ERROR_CANCELLED, "the client went away: %s",
                         local_error->message);
     }
-    writer->ended = writer->ended || end;
+    if (end)
+        writer->ended = TRUE;
     return TRUE;
 }
 

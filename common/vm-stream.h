@@ -20,10 +20,8 @@ typedef struct {
     gboolean ended; /* an end frame (RESULT, EXIT, ERROR) went out, or was tried */
 } VmStreamWriter;
 
-#define VM_STREAM_WRITER_INIT(fd_)                                                                 \
-    {                                                                                              \
-        .fd = (fd_), .ended = FALSE                                                                \
-    }
+/* A writer for the reply on @fd, to initialise a VmStreamWriter with. */
+#define VM_STREAM_WRITER_INIT(fd_) ((VmStreamWriter){.fd = (fd_), .ended = FALSE})
 
 /* Every writer below fails with VM_ERROR_CANCELLED ("the client went away: ...") when the
  * frame cannot be written, which is how a reader that is gone looks, and with
