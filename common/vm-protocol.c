@@ -1,6 +1,7 @@
 #include "vm-protocol.h"
 
 #include "vm-error.h"
+#include "vm-protocol-private.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -15,42 +16,17 @@
 /* A terminal size is an unsigned short in struct winsize. */
 #define VM_WINSIZE_MAX G_MAXUINT16
 
-typedef enum {
-    VM_FIELD_REQUIRED = 1 << 0,
-    VM_FIELD_UNIT_INTERVAL = 1 << 1, /* "d" in [0, 1] */
-    VM_FIELD_ENV = 1 << 2,           /* "as" of NAME=VALUE */
-} VmFieldFlags;
-
-typedef struct {
-    const char *key;
-    const char *type;
-    VmFieldFlags flags;
-    /* Bounds, 0 for none: bytes of an "s", elements of an "as" or "ay", the value of a "u". */
-    guint64 min;
-    guint64 max;
-} VmFieldSpec;
-
-#define VM_FIELDS_MAX 8
-
-typedef struct {
-    VmOp op;
-    const char *name;
-    gboolean request;
-    gboolean free_form; /* any keys of any type */
-    VmFieldSpec fields[VM_FIELDS_MAX + 1];
-} VmOpSpec;
-
 #define REQ VM_FIELD_REQUIRED
 
 /* clang-format off */
 static const VmOpSpec vm_op_specs[] = {
-    {VM_OP_PING, "ping", TRUE, FALSE, {{NULL}}},
-    {VM_OP_TEMPLATE_LIST, "template-list", TRUE, FALSE, {{NULL}}},
-    {VM_OP_TEMPLATE_BUILD, "template-build", TRUE, FALSE, {
+    {VM_OP_PING, "ping", VM_OP_RESULT, FALSE, {{NULL}}},
+    {VM_OP_TEMPLATE_LIST, "template-list", VM_OP_RESULT, FALSE, {{NULL}}},
+    {VM_OP_TEMPLATE_BUILD, "template-build", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"force", "b"},
         {NULL}}},
-    {VM_OP_AGENT_NEW, "agent-new", TRUE, FALSE, {
+    {VM_OP_AGENT_NEW, "agent-new", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"template", "s"},
         {"cpus", "u"},
@@ -59,27 +35,27 @@ static const VmOpSpec vm_op_specs[] = {
         {"user_data", "s", 0, 0, VM_USER_DATA_MAX},
         {"wait", "b"},
         {NULL}}},
-    {VM_OP_AGENT_LIST, "agent-list", TRUE, FALSE, {{NULL}}},
-    {VM_OP_AGENT_INFO, "agent-info", TRUE, FALSE, {
+    {VM_OP_AGENT_LIST, "agent-list", VM_OP_RESULT, FALSE, {{NULL}}},
+    {VM_OP_AGENT_INFO, "agent-info", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {NULL}}},
-    {VM_OP_AGENT_START, "agent-start", TRUE, FALSE, {
+    {VM_OP_AGENT_START, "agent-start", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"wait", "b"},
         {NULL}}},
-    {VM_OP_AGENT_STOP, "agent-stop", TRUE, FALSE, {
+    {VM_OP_AGENT_STOP, "agent-stop", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"force", "b"},
         {"timeout_s", "u"},
         {NULL}}},
-    {VM_OP_AGENT_RM, "agent-rm", TRUE, FALSE, {
+    {VM_OP_AGENT_RM, "agent-rm", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"force", "b"},
         {NULL}}},
-    {VM_OP_AGENT_SSH_CONFIG, "agent-ssh-config", TRUE, FALSE, {
+    {VM_OP_AGENT_SSH_CONFIG, "agent-ssh-config", VM_OP_RESULT, FALSE, {
         {"name", "s"},
         {NULL}}},
-    {VM_OP_EXEC, "exec", TRUE, FALSE, {
+    {VM_OP_EXEC, "exec", VM_OP_EXIT, FALSE, {
         {"name", "s", REQ},
         {"argv", "as", REQ, 1, VM_ARGV_MAX},
         {"env", "as", VM_FIELD_ENV, 0, VM_ARGV_MAX},
@@ -89,43 +65,43 @@ static const VmOpSpec vm_op_specs[] = {
         {"cols", "u", 0, 0, VM_WINSIZE_MAX},
         {"rows", "u", 0, 0, VM_WINSIZE_MAX},
         {NULL}}},
-    {VM_OP_CHECKPOINT_CREATE, "checkpoint-create", TRUE, FALSE, {
+    {VM_OP_CHECKPOINT_CREATE, "checkpoint-create", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"label", "s", 0, 0, VM_LABEL_MAX},
         {"memory", "b"},
         {NULL}}},
-    {VM_OP_CHECKPOINT_LIST, "checkpoint-list", TRUE, FALSE, {
+    {VM_OP_CHECKPOINT_LIST, "checkpoint-list", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {NULL}}},
-    {VM_OP_CHECKPOINT_RESTORE, "checkpoint-restore", TRUE, FALSE, {
+    {VM_OP_CHECKPOINT_RESTORE, "checkpoint-restore", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"checkpoint", "s", REQ, 1, VM_LABEL_MAX},
         {"wait", "b"},
         {"paths", "as", 0, 1, VM_PATHS_MAX},
         {NULL}}},
-    {VM_OP_CHECKPOINT_RM, "checkpoint-rm", TRUE, FALSE, {
+    {VM_OP_CHECKPOINT_RM, "checkpoint-rm", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"checkpoint", "s", REQ, 1, VM_LABEL_MAX},
         {NULL}}},
-    {VM_OP_AGENT_SUSPEND, "agent-suspend", TRUE, FALSE, {
+    {VM_OP_AGENT_SUSPEND, "agent-suspend", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"save", "b"},
         {NULL}}},
-    {VM_OP_AGENT_RESUME, "agent-resume", TRUE, FALSE, {
+    {VM_OP_AGENT_RESUME, "agent-resume", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {NULL}}},
-    {VM_OP_AGENT_KEEP_AWAKE, "agent-keep-awake", TRUE, FALSE, {
+    {VM_OP_AGENT_KEEP_AWAKE, "agent-keep-awake", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"seconds", "u"},
         {"off", "b"},
         {NULL}}},
-    {VM_OP_AGENT_SET_IDLE, "agent-set-idle", TRUE, FALSE, {
+    {VM_OP_AGENT_SET_IDLE, "agent-set-idle", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"never", "b"},
         {"pause_s", "u"},
         {"save_s", "u"},
         {NULL}}},
-    {VM_OP_AGENT_SET_CHECKPOINTS, "agent-set-checkpoints", TRUE, FALSE, {
+    {VM_OP_AGENT_SET_CHECKPOINTS, "agent-set-checkpoints", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"never", "b"},
         {"every_s", "u"},
@@ -133,7 +109,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"hourly", "u", 0, 0, 1000},
         {"daily", "u", 0, 0, 1000},
         {NULL}}},
-    {VM_OP_AGENT_FORK, "agent-fork", TRUE, FALSE, {
+    {VM_OP_AGENT_FORK, "agent-fork", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"source", "s", REQ},
         {"checkpoint", "s", 0, 1, VM_LABEL_MAX},
@@ -141,59 +117,66 @@ static const VmOpSpec vm_op_specs[] = {
         {"memory_mib", "u"},
         {"wait", "b"},
         {NULL}}},
-    {VM_OP_CHECKPOINT_DIFF, "checkpoint-diff", TRUE, FALSE, {
+    {VM_OP_CHECKPOINT_DIFF, "checkpoint-diff", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"checkpoint", "s", REQ, 1, VM_LABEL_MAX},
         {"other", "s", 0, 1, VM_LABEL_MAX},
         {"path", "s", 0, 1, 4096},
         {NULL}}},
-    {VM_OP_EGRESS_GET, "egress-get", TRUE, FALSE, {
+    {VM_OP_EGRESS_GET, "egress-get", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {NULL}}},
-    {VM_OP_EGRESS_SET, "egress-set", TRUE, FALSE, {
+    {VM_OP_EGRESS_SET, "egress-set", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
         {"allow", "as", 0, 0, VM_RULES_MAX},
         {"deny", "as", 0, 0, VM_RULES_MAX},
         {"remove", "as", 0, 0, VM_RULES_MAX},
         {"reset", "b"},
         {NULL}}},
-    {VM_OP_EGRESS_LOG, "egress-log", TRUE, FALSE, {
+    {VM_OP_EGRESS_LOG, "egress-log", VM_OP_EXIT, FALSE, {
         {"name", "s", REQ},
         {"follow", "b"},
         {"lines", "u"},
         {NULL}}},
 
-    {VM_OP_STDIN, "stdin", FALSE, FALSE, {
+    {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
         {NULL}}},
-    {VM_OP_STDIN_EOF, "stdin-eof", FALSE, FALSE, {{NULL}}},
-    {VM_OP_WINDOW_SIZE, "window-size", FALSE, FALSE, {
+    {VM_OP_STDIN_EOF, "stdin-eof", 0, FALSE, {{NULL}}},
+    {VM_OP_WINDOW_SIZE, "window-size", 0, FALSE, {
         {"cols", "u", REQ, 0, VM_WINSIZE_MAX},
         {"rows", "u", REQ, 0, VM_WINSIZE_MAX},
         {NULL}}},
 
-    {VM_OP_PROGRESS, "progress", FALSE, FALSE, {
+    {VM_OP_PROGRESS, "progress", 0, FALSE, {
         {"message", "s", REQ},
         {"fraction", "d", VM_FIELD_UNIT_INTERVAL},
         {NULL}}},
-    {VM_OP_RESULT, "result", FALSE, TRUE, {{NULL}}},
-    {VM_OP_ERROR, "error", FALSE, FALSE, {
+    {VM_OP_RESULT, "result", 0, TRUE, {{NULL}}},
+    {VM_OP_ERROR, "error", 0, FALSE, {
         {"code", "u", REQ, VM_ERROR_FAILED, VM_ERROR_LAST},
         {"message", "s", REQ},
         {NULL}}},
-    {VM_OP_STDOUT, "stdout", FALSE, FALSE, {
+    {VM_OP_STDOUT, "stdout", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
         {NULL}}},
-    {VM_OP_STDERR, "stderr", FALSE, FALSE, {
+    {VM_OP_STDERR, "stderr", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
         {NULL}}},
-    {VM_OP_EXIT, "exit", FALSE, FALSE, {
+    {VM_OP_EXIT, "exit", 0, FALSE, {
         {"status", "i", REQ},
         {NULL}}},
 };
 /* clang-format on */
 
 #undef REQ
+
+const VmOpSpec *
+vm_op_spec_table(gsize *ret_n)
+{
+    *ret_n = G_N_ELEMENTS(vm_op_specs);
+    return vm_op_specs;
+}
 
 static const VmOpSpec *
 vm_op_spec(VmOp op)
@@ -218,7 +201,15 @@ vm_op_is_request(VmOp op)
 {
     const VmOpSpec *spec = vm_op_spec(op);
 
-    return spec != NULL && spec->request;
+    return spec != NULL && spec->reply != 0;
+}
+
+VmOp
+vm_op_reply_end(VmOp op)
+{
+    const VmOpSpec *spec = vm_op_spec(op);
+
+    return spec != NULL ? spec->reply : 0;
 }
 
 /* Keys come from the peer: show at most a short, printable prefix of them in messages. */

@@ -5,7 +5,8 @@
  * operation has a schema (the keys it may carry, their GVariant types, which are required);
  * vm_message_decode() rejects unknown operations, unknown keys, wrong types, missing required
  * keys, non-normal payloads and frames over VM_FRAME_MAX. docs/PROTOCOL.md describes the
- * conversation; this header is the single source of truth for the message set.
+ * conversation; this header and the schema table in vm-protocol.c are the single source of
+ * truth for the message set. vm-stream.h writes and reads the replies.
  */
 #pragma once
 
@@ -24,57 +25,50 @@ G_BEGIN_DECLS
 #define VM_PATHS_MAX         64  /* --path arguments of a restore */
 #define VM_RULES_MAX         256 /* egress rules in one request */
 
-/* Values are part of the wire protocol: append only, never renumber. */
+/* Values are part of the wire protocol: append only, never renumber. The fields each op may
+ * carry are in one place, the schema table in vm-protocol.c; docs/PROTOCOL.md describes them
+ * (a unit test keeps the two in step). The comments here give the shape of the reply. */
 typedef enum {
     /* Requests: the first message a client sends on a connection (one request per
      * connection). */
-    VM_OP_PING = 1,              /* -> RESULT {version s, protocol u, virt_type s, uri s} */
-    VM_OP_TEMPLATE_LIST,         /* -> RESULT {templates aa{sv}} */
-    VM_OP_TEMPLATE_BUILD,        /* {name s, force b?} -> PROGRESS* RESULT {name s, image s} */
-    VM_OP_AGENT_NEW,             /* {name s, template s?, cpus u?, memory_mib u?, disk_gib u?,
-                                  *  user_data s?, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
-    VM_OP_AGENT_LIST,            /* -> RESULT {agents aa{sv}} */
-    VM_OP_AGENT_INFO,            /* {name s} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_START,           /* {name s, wait b?} -> PROGRESS* RESULT {agent a{sv}} */
-    VM_OP_AGENT_STOP,            /* {name s, force b?, timeout_s u?} -> PROGRESS* RESULT {agent} */
-    VM_OP_AGENT_RM,              /* {name s, force b?} -> RESULT {} */
-    VM_OP_AGENT_SSH_CONFIG,      /* {name s?} -> RESULT {config s} */
-    VM_OP_EXEC,                  /* {name s, argv as, env as?, cwd s?, tty b?, term s?, cols u?,
-                                  *  rows u?} -> then a stream, see below */
-    VM_OP_CHECKPOINT_CREATE,     /* {name s, label s?, memory b?} -> PROGRESS* RESULT
-                                  *  {checkpoint a{sv}, warning s?} */
-    VM_OP_CHECKPOINT_LIST,       /* {name s} -> RESULT {checkpoints aa{sv}} */
-    VM_OP_CHECKPOINT_RESTORE,    /* {name s, checkpoint s, wait b?, paths as?} -> PROGRESS* RESULT
-                                  *  {agent a{sv}, undo s: the checkpoint taken just before} */
-    VM_OP_CHECKPOINT_RM,         /* {name s, checkpoint s} -> RESULT {} */
-    VM_OP_AGENT_SUSPEND,         /* {name s, save b?} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_RESUME,          /* {name s} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_KEEP_AWAKE,      /* {name s, seconds u?, off b?} -> RESULT {agent a{sv}} */
-    VM_OP_AGENT_SET_IDLE,        /* {name s, never b?, pause_s u?, save_s u?} -> RESULT {agent} */
-    VM_OP_AGENT_SET_CHECKPOINTS, /* {name s, never b?, every_s u?, keep u?, hourly u?,
-                                  *  daily u?} -> RESULT {agent} */
-    VM_OP_AGENT_FORK,            /* {name s (the new agent), source s, checkpoint s?, cpus u?,
-                                  *  memory_mib u?, wait b?} -> PROGRESS* RESULT {agent a{sv},
-                                  *  checkpoint s: the one the fork stands on} */
-    VM_OP_CHECKPOINT_DIFF,       /* {name s, checkpoint s, other s?, path s?} -> PROGRESS* RESULT
-                                  *  {changes a(ss): (A|D|M, path) sorted by path, truncated b} */
-    VM_OP_EGRESS_GET,            /* {name s} -> RESULT {egress a{sv}} */
-    VM_OP_EGRESS_SET,            /* {name s, allow as?, deny as?, remove as?, reset b?} -> RESULT
-                                  *  {egress a{sv}} */
-    VM_OP_EGRESS_LOG,            /* {name s, follow b?, lines u?} -> STDOUT* EXIT {status 0} */
+    VM_OP_PING = 1,              /* -> RESULT {version, protocol, virt_type, uri} */
+    VM_OP_TEMPLATE_LIST,         /* -> RESULT {templates} */
+    VM_OP_TEMPLATE_BUILD,        /* -> PROGRESS* RESULT {name, image} */
+    VM_OP_AGENT_NEW,             /* -> PROGRESS* RESULT {agent} */
+    VM_OP_AGENT_LIST,            /* -> RESULT {agents} */
+    VM_OP_AGENT_INFO,            /* -> RESULT {agent} */
+    VM_OP_AGENT_START,           /* -> PROGRESS* RESULT {agent} */
+    VM_OP_AGENT_STOP,            /* -> PROGRESS* RESULT {agent} */
+    VM_OP_AGENT_RM,              /* -> RESULT {} */
+    VM_OP_AGENT_SSH_CONFIG,      /* -> RESULT {config, path?, host?} */
+    VM_OP_EXEC,                  /* -> a stream both ways, then EXIT (see vm-stream.h) */
+    VM_OP_CHECKPOINT_CREATE,     /* -> PROGRESS* RESULT {checkpoint, warning?} */
+    VM_OP_CHECKPOINT_LIST,       /* -> RESULT {checkpoints} */
+    VM_OP_CHECKPOINT_RESTORE,    /* -> PROGRESS* RESULT {agent, undo} */
+    VM_OP_CHECKPOINT_RM,         /* -> RESULT {} */
+    VM_OP_AGENT_SUSPEND,         /* -> RESULT {agent} */
+    VM_OP_AGENT_RESUME,          /* -> RESULT {agent} */
+    VM_OP_AGENT_KEEP_AWAKE,      /* -> RESULT {agent} */
+    VM_OP_AGENT_SET_IDLE,        /* -> RESULT {agent} */
+    VM_OP_AGENT_SET_CHECKPOINTS, /* -> RESULT {agent} */
+    VM_OP_AGENT_FORK,            /* -> PROGRESS* RESULT {agent, checkpoint} */
+    VM_OP_CHECKPOINT_DIFF,       /* -> PROGRESS* RESULT {changes, truncated} */
+    VM_OP_EGRESS_GET,            /* -> RESULT {egress} */
+    VM_OP_EGRESS_SET,            /* -> RESULT {egress} */
+    VM_OP_EGRESS_LOG,            /* -> STDOUT* EXIT {status 0} */
 
     /* Client -> hostd during an EXEC stream. */
-    VM_OP_STDIN = 50,  /* {data ay} */
-    VM_OP_STDIN_EOF,   /* {} */
-    VM_OP_WINDOW_SIZE, /* {cols u, rows u} */
+    VM_OP_STDIN = 50,
+    VM_OP_STDIN_EOF,
+    VM_OP_WINDOW_SIZE,
 
     /* hostd -> client. */
-    VM_OP_PROGRESS = 100, /* {message s, fraction d?}: fraction in [0,1], absent if unknown */
+    VM_OP_PROGRESS = 100, /* fraction in [0,1], absent if unknown */
     VM_OP_RESULT,         /* free-form fields, per request (see above) */
-    VM_OP_ERROR,          /* {code u (VmErrorCode), message s}: ends the conversation */
-    VM_OP_STDOUT,         /* {data ay} */
-    VM_OP_STDERR,         /* {data ay} */
-    VM_OP_EXIT,           /* {status i}: the remote command's exit status; ends EXEC */
+    VM_OP_ERROR,          /* code is a VmErrorCode; ends the conversation */
+    VM_OP_STDOUT,
+    VM_OP_STDERR,
+    VM_OP_EXIT, /* the remote command's exit status; ends EXEC and EGRESS_LOG */
 } VmOp;
 
 typedef struct {
@@ -87,6 +81,10 @@ const char *vm_op_name(VmOp op);
 
 /* TRUE for ops a client may send as the first message of a connection. */
 gboolean vm_op_is_request(VmOp op);
+
+/* For a request, the op that ends its successful reply: VM_OP_RESULT, or VM_OP_EXIT for the
+ * requests answered with a stream (EXEC, EGRESS_LOG). 0 for anything that is not a request. */
+VmOp vm_op_reply_end(VmOp op);
 
 /* Builds a message, taking ownership of @fields (an a{sv}; floating refs are sunk; NULL means
  * empty). Validates @fields against the schema of @op; on failure returns NULL with

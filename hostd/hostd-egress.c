@@ -14,6 +14,7 @@
 #include "vm-error.h"
 #include "vm-name.h"
 #include "vm-protocol.h"
+#include "vm-stream.h"
 #include "vm-util.h"
 
 #define EGRESS_GROUP     "egress"
@@ -665,29 +666,6 @@ hostd_egress_set(HostdContext *ctx, const char *name, const char *const *allow,
 /* ---------------------------------------------------------------------------------------------
  * The log, streamed */
 
-static gboolean
-egress_send_data(int fd, const char *data, gsize len)
-{
-    while (len > 0) {
-        gsize chunk = MIN(len, VM_STREAM_CHUNK_MAX);
-        g_autoptr(VmMessage) m = NULL;
-
-        /* Whole lines per frame where they fit, so a reader never sees half a record. */
-        if (chunk < len) {
-            const char *nl = g_strrstr_len(data, chunk, "\n");
-
-            if (nl != NULL)
-                chunk = nl - data + 1;
-        }
-        m = vm_message_new_data(VM_OP_STDOUT, data, chunk);
-        if (!vm_message_write_fd(fd, m, NULL))
-            return FALSE;
-        data += chunk;
-        len -= chunk;
-    }
-    return TRUE;
-}
-
 /* The last @lines lines of the old and the current log (G_MAXUINT32: all), and in *@ret_offset how
  * much of the current one was read. */
 static GString *
@@ -740,7 +718,7 @@ egress_client_gone(int fd, int timeout_ms)
  * or the agent is removed. */
 static void
 egress_log_follow(HostdContext *ctx, const char *name, const char *path, gint64 offset,
-                  int client_fd)
+                  VmStreamWriter *reply)
 {
     vm_autofd fd = open(path, O_RDONLY | O_CLOEXEC);
     g_autoptr(GString) partial = g_string_new(NULL);
@@ -751,7 +729,7 @@ egress_log_follow(HostdContext *ctx, const char *name, const char *path, gint64 
         ino = st.st_ino;
     if (fd >= 0 && lseek(fd, offset, SEEK_SET) < 0)
         return;
-    while (!egress_client_gone(client_fd, EGRESS_FOLLOW_MS)) {
+    while (!egress_client_gone(reply->fd, EGRESS_FOLLOW_MS)) {
         g_autofree char *record =
             g_build_filename(ctx->state->agents_dir, name, HOSTD_AGENT_RECORD, NULL);
         gboolean rotated;
@@ -769,7 +747,7 @@ egress_log_follow(HostdContext *ctx, const char *name, const char *path, gint64 
             if (nl != NULL) {
                 gsize whole = nl - partial->str + 1;
 
-                if (!egress_send_data(client_fd, partial->str, whole))
+                if (!vm_stream_writer_data(reply, VM_OP_STDOUT, partial->str, whole, NULL))
                     return;
                 g_string_erase(partial, 0, (gssize)whole);
             }
@@ -792,8 +770,7 @@ hostd_egress_log(HostdContext *ctx, const char *name, gboolean follow, guint lin
     g_autofree char *path = NULL;
     g_autofree char *old_path = NULL;
     g_autoptr(GString) tail = NULL;
-    g_autoptr(GVariantDict) exit_fields = g_variant_dict_new(NULL);
-    g_autoptr(VmMessage) exit_message = NULL;
+    VmStreamWriter reply = VM_STREAM_WRITER_INIT(client_fd);
     gint64 offset = 0;
 
     if (r == NULL)
@@ -801,14 +778,13 @@ hostd_egress_log(HostdContext *ctx, const char *name, gboolean follow, guint lin
     path = hostd_agent_record_path(r, HOSTD_AGENT_EGRESS_LOG);
     old_path = hostd_agent_record_path(r, EGRESS_LOG_OLD);
     tail = egress_log_tail(path, old_path, lines, &offset);
-    if (!egress_send_data(client_fd, tail->str, tail->len))
+    /* Frames carry whole lines (the writer cuts after a newline), so a reader never sees half
+     * a record; a client that went away ends the stream, which is no failure. */
+    if (!vm_stream_writer_data(&reply, VM_OP_STDOUT, tail->str, tail->len, NULL))
         return TRUE;
     if (follow)
-        egress_log_follow(ctx, name, path, offset, client_fd);
-    g_variant_dict_insert(exit_fields, "status", "i", 0);
-    exit_message = vm_message_new(VM_OP_EXIT, g_variant_dict_end(exit_fields), NULL);
-    if (exit_message != NULL)
-        (void)vm_message_write_fd(client_fd, exit_message, NULL);
+        egress_log_follow(ctx, name, path, offset, &reply);
+    (void)vm_stream_writer_exit(&reply, 0, NULL);
     return TRUE;
 }
 

@@ -1,4 +1,5 @@
 #include "hostd-server.h"
+#include "hostd-server-private.h"
 
 #include "hostd-agent.h"
 #include "hostd-checkpoint-files.h"
@@ -21,6 +22,7 @@
 #include "vm-config.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "vm-stream.h"
 #include "vm-util.h"
 
 #define HOSTD_MAX_CLIENTS       64
@@ -41,261 +43,419 @@ typedef struct {
 
 static gint hostd_active_clients = 0;
 
-static void
-hostd_send(int fd, VmMessage *message)
+/* One request: runs it and ends @reply with its RESULT (or, for the streamed requests, lets
+ * the code it calls write the stream and its EXIT). On failure returns FALSE with @error set and
+ * leaves @reply open for the ERROR. */
+typedef gboolean (*HostdHandler)(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                                 GError **error);
+
+/* Ends @reply with RESULT @fields (consumed). A client that went away only loses its answer:
+ * the operation itself is done, so that is no failure. */
+static gboolean
+hostd_reply(VmStreamWriter *reply, GVariant *fields, GError **error)
 {
-    /* A client that went away only loses its answer; the operation itself is done. */
-    vm_message_write_fd(fd, message, NULL);
+    g_autoptr(GError) local_error = NULL;
+
+    if (vm_stream_writer_result(reply, fields, &local_error) ||
+        g_error_matches(local_error, VM_ERROR, VM_ERROR_CANCELLED))
+        return TRUE;
+    g_propagate_error(error, g_steal_pointer(&local_error));
+    return FALSE;
 }
 
-static void
-hostd_send_result(int fd, GVariant *fields)
-{
-    g_autoptr(GError) error = NULL;
-    g_autoptr(VmMessage) m = vm_message_new(VM_OP_RESULT, fields, &error);
-    if (m != NULL)
-        hostd_send(fd, m);
-}
-
-static void
-hostd_send_progress(const char *message, double fraction, gpointer user_data)
-{
-    g_autoptr(VmMessage) m = vm_message_new_progress(message, fraction);
-    hostd_send(GPOINTER_TO_INT(user_data), m);
-}
-
-static GVariant *
-hostd_fields1(const char *key, GVariant *value)
+/* Ends @reply with RESULT {@key: @value}; a NULL @value is the failure already in @error. */
+static gboolean
+hostd_reply1(VmStreamWriter *reply, const char *key, GVariant *value, GError **error)
 {
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+
+    if (value == NULL)
+        return FALSE;
     g_variant_builder_add(&b, "{sv}", key, value);
-    return g_variant_builder_end(&b);
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
 }
 
-/* Runs one request; returns the RESULT fields or NULL with @error set. EXEC answers on the
- * socket itself and returns an empty dictionary that is not sent (see *ret_streamed). */
-static GVariant *
-hostd_dispatch(HostdContext *ctx, int fd, const VmMessage *req, gboolean *ret_streamed,
-               GError **error)
+static const char *
+hostd_req_name(const VmMessage *req)
 {
-    const char *name = vm_message_get_string(req, "name", NULL);
-    gpointer pdata = GINT_TO_POINTER(fd);
+    return vm_message_get_string(req, "name", NULL);
+}
 
-    *ret_streamed = FALSE;
-    switch (req->op) {
-    case VM_OP_PING: {
-        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
-        g_variant_builder_add(&b, "{sv}", "version", g_variant_new_string(VM_VERSION));
-        g_variant_builder_add(&b, "{sv}", "protocol", g_variant_new_uint32(VM_PROTOCOL_VERSION));
-        g_variant_builder_add(&b, "{sv}", "virt_type", g_variant_new_string(ctx->lv->virt_type));
-        g_variant_builder_add(&b, "{sv}", "uri", g_variant_new_string(ctx->lv->uri));
-        return g_variant_builder_end(&b);
+static gboolean
+hostd_handle_ping(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply, GError **error)
+{
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+
+    g_variant_builder_add(&b, "{sv}", "version", g_variant_new_string(VM_VERSION));
+    g_variant_builder_add(&b, "{sv}", "protocol", g_variant_new_uint32(VM_PROTOCOL_VERSION));
+    g_variant_builder_add(&b, "{sv}", "virt_type", g_variant_new_string(ctx->lv->virt_type));
+    g_variant_builder_add(&b, "{sv}", "uri", g_variant_new_string(ctx->lv->uri));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+static gboolean
+hostd_handle_template_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                           GError **error)
+{
+    return hostd_reply1(reply, "templates", hostd_template_list(ctx, error), error);
+}
+
+static gboolean
+hostd_handle_template_build(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                            GError **error)
+{
+    const char *name = hostd_req_name(req);
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_autofree char *image =
+        hostd_template_build(ctx, name, vm_message_get_bool(req, "force", FALSE),
+                             vm_stream_writer_progress_func, reply, error);
+
+    if (image == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(name));
+    g_variant_builder_add(&b, "{sv}", "image", g_variant_new_string(image));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+static gboolean
+hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                       GError **error)
+{
+    HostdNewRequest nr = {
+        .name = hostd_req_name(req),
+        .template_name = vm_message_get_string(req, "template", NULL),
+        .cpus = vm_message_get_uint(req, "cpus", 0),
+        .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
+        .disk_gib = vm_message_get_uint(req, "disk_gib", 0),
+        .user_data = vm_message_get_string(req, "user_data", NULL),
+        .wait = vm_message_get_bool(req, "wait", TRUE),
+    };
+
+    return hostd_reply1(reply, "agent",
+                        hostd_agent_new(ctx, &nr, vm_stream_writer_progress_func, reply, error),
+                        error);
+}
+
+static gboolean
+hostd_handle_agent_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    return hostd_reply1(reply, "agents", hostd_agent_list(ctx, error), error);
+}
+
+static gboolean
+hostd_handle_agent_info(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    return hostd_reply1(reply, "agent", hostd_agent_info(ctx, hostd_req_name(req), error), error);
+}
+
+static gboolean
+hostd_handle_agent_start(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                         GError **error)
+{
+    return hostd_reply1(reply, "agent",
+                        hostd_agent_start(ctx, hostd_req_name(req),
+                                          vm_message_get_bool(req, "wait", TRUE),
+                                          vm_stream_writer_progress_func, reply, error),
+                        error);
+}
+
+static gboolean
+hostd_handle_agent_stop(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    return hostd_reply1(reply, "agent",
+                        hostd_agent_stop(ctx, hostd_req_name(req),
+                                         vm_message_get_bool(req, "force", FALSE),
+                                         vm_message_get_uint(req, "timeout_s", 0),
+                                         vm_stream_writer_progress_func, reply, error),
+                        error);
+}
+
+static gboolean
+hostd_handle_agent_rm(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                      GError **error)
+{
+    return hostd_agent_rm(ctx, hostd_req_name(req), vm_message_get_bool(req, "force", FALSE),
+                          error) &&
+           hostd_reply(reply, NULL, error);
+}
+
+static gboolean
+hostd_handle_agent_ssh_config(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                              GError **error)
+{
+    g_autofree char *path = NULL, *host = NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_autofree char *config = hostd_agent_ssh_config(ctx, hostd_req_name(req), &path, &host, error);
+
+    if (config == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "config", g_variant_new_string(config));
+    if (path != NULL) {
+        g_variant_builder_add(&b, "{sv}", "path", g_variant_new_string(path));
+        g_variant_builder_add(&b, "{sv}", "host", g_variant_new_string(host));
     }
-    case VM_OP_TEMPLATE_LIST: {
-        GVariant *list = hostd_template_list(ctx, error);
-        return list != NULL ? hostd_fields1("templates", list) : NULL;
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+/* Answers with a stream on the socket itself: hostd_ssh_exec() writes it, EXIT included. */
+static gboolean
+hostd_handle_exec(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply, GError **error)
+{
+    g_auto(GStrv) argv = vm_message_dup_strv(req, "argv");
+    g_auto(GStrv) env = vm_message_dup_strv(req, "env");
+    HostdExecRequest er = {
+        .argv = argv,
+        .env = env,
+        .cwd = vm_message_get_string(req, "cwd", NULL),
+        .tty = vm_message_get_bool(req, "tty", FALSE),
+        .term = vm_message_get_string(req, "term", NULL),
+        .cols = vm_message_get_uint(req, "cols", 0),
+        .rows = vm_message_get_uint(req, "rows", 0),
+    };
+
+    return hostd_agent_exec(ctx, hostd_req_name(req), &er, reply->fd, error);
+}
+
+static gboolean
+hostd_handle_checkpoint_create(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                               GError **error)
+{
+    g_autofree char *warning = NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    GVariant *c =
+        hostd_checkpoint_create(ctx, hostd_req_name(req), vm_message_get_string(req, "label", NULL),
+                                FALSE, vm_message_get_bool(req, "memory", FALSE), &warning, error);
+
+    if (c == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "checkpoint", c);
+    if (warning != NULL)
+        g_variant_builder_add(&b, "{sv}", "warning", g_variant_new_string(warning));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+static gboolean
+hostd_handle_checkpoint_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                             GError **error)
+{
+    return hostd_reply1(reply, "checkpoints",
+                        hostd_checkpoint_list(ctx, hostd_req_name(req), error), error);
+}
+
+static gboolean
+hostd_handle_checkpoint_restore(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                                GError **error)
+{
+    const char *name = hostd_req_name(req);
+    const char *checkpoint = vm_message_get_string(req, "checkpoint", NULL);
+    g_autofree char *undo = NULL;
+    g_auto(GStrv) paths = vm_message_dup_strv(req, "paths");
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    GVariant *agent =
+        paths != NULL
+            ? hostd_checkpoint_restore_paths(ctx, name, checkpoint, (const char *const *)paths,
+                                             &undo, vm_stream_writer_progress_func, reply, error)
+            : hostd_checkpoint_restore(ctx, name, checkpoint,
+                                       vm_message_get_bool(req, "wait", TRUE), &undo,
+                                       vm_stream_writer_progress_func, reply, error);
+
+    if (agent == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "agent", agent);
+    g_variant_builder_add(&b, "{sv}", "undo", g_variant_new_string(undo ? undo : ""));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+static gboolean
+hostd_handle_checkpoint_rm(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                           GError **error)
+{
+    return hostd_checkpoint_rm(ctx, hostd_req_name(req),
+                               vm_message_get_string(req, "checkpoint", NULL), error) &&
+           hostd_reply(reply, NULL, error);
+}
+
+static gboolean
+hostd_handle_agent_suspend(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                           GError **error)
+{
+    return hostd_reply1(reply, "agent",
+                        hostd_agent_suspend(ctx, hostd_req_name(req),
+                                            vm_message_get_bool(req, "save", FALSE), error),
+                        error);
+}
+
+static gboolean
+hostd_handle_agent_resume(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                          GError **error)
+{
+    return hostd_reply1(reply, "agent", hostd_agent_resume(ctx, hostd_req_name(req), error), error);
+}
+
+static gboolean
+hostd_handle_agent_keep_awake(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                              GError **error)
+{
+    return hostd_reply1(reply, "agent",
+                        hostd_agent_keep_awake(ctx, hostd_req_name(req),
+                                               vm_message_get_uint(req, "seconds", 0),
+                                               vm_message_get_bool(req, "off", FALSE), error),
+                        error);
+}
+
+static gboolean
+hostd_handle_agent_set_idle(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                            GError **error)
+{
+    return hostd_reply1(reply, "agent",
+                        hostd_agent_set_idle(ctx, hostd_req_name(req),
+                                             vm_message_get_bool(req, "never", FALSE),
+                                             vm_message_get_uint(req, "pause_s", 0),
+                                             vm_message_get_uint(req, "save_s", 0), error),
+                        error);
+}
+
+static gboolean
+hostd_handle_agent_set_checkpoints(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                                   GError **error)
+{
+    /* Absent hourly/daily leave the agent's as they are. */
+    g_autoptr(GVariant) hourly = vm_message_lookup(req, "hourly");
+    g_autoptr(GVariant) daily = vm_message_lookup(req, "daily");
+
+    return hostd_reply1(reply, "agent",
+                        hostd_agent_set_checkpoints(
+                            ctx, hostd_req_name(req), vm_message_get_bool(req, "never", FALSE),
+                            vm_message_get_uint(req, "every_s", 0),
+                            vm_message_get_uint(req, "keep", 0),
+                            hourly != NULL ? (gint)g_variant_get_uint32(hourly) : -1,
+                            daily != NULL ? (gint)g_variant_get_uint32(daily) : -1, error),
+                        error);
+}
+
+static gboolean
+hostd_handle_agent_fork(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    HostdForkRequest fr = {
+        .name = hostd_req_name(req),
+        .source = vm_message_get_string(req, "source", NULL),
+        .checkpoint = vm_message_get_string(req, "checkpoint", NULL),
+        .cpus = vm_message_get_uint(req, "cpus", 0),
+        .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
+        .wait = vm_message_get_bool(req, "wait", TRUE),
+    };
+    g_autofree char *checkpoint = NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    GVariant *agent =
+        hostd_fork(ctx, &fr, &checkpoint, vm_stream_writer_progress_func, reply, error);
+
+    if (agent == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "agent", agent);
+    g_variant_builder_add(&b, "{sv}", "checkpoint", g_variant_new_string(checkpoint));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+static gboolean
+hostd_handle_checkpoint_diff(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                             GError **error)
+{
+    gboolean truncated = FALSE;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    GVariant *changes = hostd_checkpoint_diff(
+        ctx, hostd_req_name(req), vm_message_get_string(req, "checkpoint", NULL),
+        vm_message_get_string(req, "other", NULL), vm_message_get_string(req, "path", NULL),
+        &truncated, vm_stream_writer_progress_func, reply, error);
+
+    if (changes == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "changes", changes);
+    g_variant_builder_add(&b, "{sv}", "truncated", g_variant_new_boolean(truncated));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+static gboolean
+hostd_handle_egress_get(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    return hostd_reply1(reply, "egress", hostd_egress_get(ctx, hostd_req_name(req), error), error);
+}
+
+static gboolean
+hostd_handle_egress_set(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    g_auto(GStrv) allow = vm_message_dup_strv(req, "allow");
+    g_auto(GStrv) deny = vm_message_dup_strv(req, "deny");
+    g_auto(GStrv) remove = vm_message_dup_strv(req, "remove");
+
+    return hostd_reply1(reply, "egress",
+                        hostd_egress_set(ctx, hostd_req_name(req), (const char *const *)allow,
+                                         (const char *const *)deny, (const char *const *)remove,
+                                         vm_message_get_bool(req, "reset", FALSE), error),
+                        error);
+}
+
+/* Answers with a stream on the socket itself: hostd_egress_log() writes it, EXIT included. */
+static gboolean
+hostd_handle_egress_log(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    return hostd_egress_log(ctx, hostd_req_name(req), vm_message_get_bool(req, "follow", FALSE),
+                            vm_message_get_uint(req, "lines", G_MAXUINT32), reply->fd, error);
+}
+
+/* Which function serves each request. The fields a request may carry, and what ends its reply,
+ * are in the schema table in common/vm-protocol.c, checked before a handler runs. */
+static const struct {
+    VmOp op;
+    HostdHandler handler;
+} hostd_handlers[] = {
+    {VM_OP_PING, hostd_handle_ping},
+    {VM_OP_TEMPLATE_LIST, hostd_handle_template_list},
+    {VM_OP_TEMPLATE_BUILD, hostd_handle_template_build},
+    {VM_OP_AGENT_NEW, hostd_handle_agent_new},
+    {VM_OP_AGENT_LIST, hostd_handle_agent_list},
+    {VM_OP_AGENT_INFO, hostd_handle_agent_info},
+    {VM_OP_AGENT_START, hostd_handle_agent_start},
+    {VM_OP_AGENT_STOP, hostd_handle_agent_stop},
+    {VM_OP_AGENT_RM, hostd_handle_agent_rm},
+    {VM_OP_AGENT_SSH_CONFIG, hostd_handle_agent_ssh_config},
+    {VM_OP_EXEC, hostd_handle_exec},
+    {VM_OP_CHECKPOINT_CREATE, hostd_handle_checkpoint_create},
+    {VM_OP_CHECKPOINT_LIST, hostd_handle_checkpoint_list},
+    {VM_OP_CHECKPOINT_RESTORE, hostd_handle_checkpoint_restore},
+    {VM_OP_CHECKPOINT_RM, hostd_handle_checkpoint_rm},
+    {VM_OP_AGENT_SUSPEND, hostd_handle_agent_suspend},
+    {VM_OP_AGENT_RESUME, hostd_handle_agent_resume},
+    {VM_OP_AGENT_KEEP_AWAKE, hostd_handle_agent_keep_awake},
+    {VM_OP_AGENT_SET_IDLE, hostd_handle_agent_set_idle},
+    {VM_OP_AGENT_SET_CHECKPOINTS, hostd_handle_agent_set_checkpoints},
+    {VM_OP_AGENT_FORK, hostd_handle_agent_fork},
+    {VM_OP_CHECKPOINT_DIFF, hostd_handle_checkpoint_diff},
+    {VM_OP_EGRESS_GET, hostd_handle_egress_get},
+    {VM_OP_EGRESS_SET, hostd_handle_egress_set},
+    {VM_OP_EGRESS_LOG, hostd_handle_egress_log},
+};
+
+static HostdHandler
+hostd_handler(VmOp op)
+{
+    for (gsize i = 0; i < G_N_ELEMENTS(hostd_handlers); i++) {
+        if (hostd_handlers[i].op == op)
+            return hostd_handlers[i].handler;
     }
-    case VM_OP_TEMPLATE_BUILD: {
-        g_autofree char *image = hostd_template_build(
-            ctx, name, vm_message_get_bool(req, "force", FALSE), hostd_send_progress, pdata, error);
-        if (image == NULL)
-            return NULL;
-        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
-        g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(name));
-        g_variant_builder_add(&b, "{sv}", "image", g_variant_new_string(image));
-        return g_variant_builder_end(&b);
-    }
-    case VM_OP_AGENT_NEW: {
-        HostdNewRequest nr = {
-            .name = name,
-            .template_name = vm_message_get_string(req, "template", NULL),
-            .cpus = vm_message_get_uint(req, "cpus", 0),
-            .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
-            .disk_gib = vm_message_get_uint(req, "disk_gib", 0),
-            .user_data = vm_message_get_string(req, "user_data", NULL),
-            .wait = vm_message_get_bool(req, "wait", TRUE),
-        };
-        GVariant *agent = hostd_agent_new(ctx, &nr, hostd_send_progress, pdata, error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_AGENT_FORK: {
-        HostdForkRequest fr = {
-            .name = name,
-            .source = vm_message_get_string(req, "source", NULL),
-            .checkpoint = vm_message_get_string(req, "checkpoint", NULL),
-            .cpus = vm_message_get_uint(req, "cpus", 0),
-            .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
-            .wait = vm_message_get_bool(req, "wait", TRUE),
-        };
-        g_autofree char *checkpoint = NULL;
-        GVariant *agent = hostd_fork(ctx, &fr, &checkpoint, hostd_send_progress, pdata, error);
-        if (agent == NULL)
-            return NULL;
-        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
-        g_variant_builder_add(&b, "{sv}", "agent", agent);
-        g_variant_builder_add(&b, "{sv}", "checkpoint", g_variant_new_string(checkpoint));
-        return g_variant_builder_end(&b);
-    }
-    case VM_OP_AGENT_LIST: {
-        GVariant *list = hostd_agent_list(ctx, error);
-        return list != NULL ? hostd_fields1("agents", list) : NULL;
-    }
-    case VM_OP_AGENT_INFO: {
-        GVariant *agent = hostd_agent_info(ctx, name, error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_AGENT_START: {
-        GVariant *agent = hostd_agent_start(ctx, name, vm_message_get_bool(req, "wait", TRUE),
-                                            hostd_send_progress, pdata, error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_AGENT_STOP: {
-        GVariant *agent = hostd_agent_stop(ctx, name, vm_message_get_bool(req, "force", FALSE),
-                                           vm_message_get_uint(req, "timeout_s", 0),
-                                           hostd_send_progress, pdata, error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_AGENT_RM:
-        if (!hostd_agent_rm(ctx, name, vm_message_get_bool(req, "force", FALSE), error))
-            return NULL;
-        return g_variant_new_array(G_VARIANT_TYPE("{sv}"), NULL, 0);
-    case VM_OP_AGENT_SSH_CONFIG: {
-        g_autofree char *path = NULL, *host = NULL;
-        g_autofree char *config = hostd_agent_ssh_config(ctx, name, &path, &host, error);
-        if (config == NULL)
-            return NULL;
-        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
-        g_variant_builder_add(&b, "{sv}", "config", g_variant_new_string(config));
-        if (path != NULL) {
-            g_variant_builder_add(&b, "{sv}", "path", g_variant_new_string(path));
-            g_variant_builder_add(&b, "{sv}", "host", g_variant_new_string(host));
-        }
-        return g_variant_builder_end(&b);
-    }
-    case VM_OP_EXEC: {
-        g_auto(GStrv) argv = vm_message_dup_strv(req, "argv");
-        g_auto(GStrv) env = vm_message_dup_strv(req, "env");
-        HostdExecRequest er = {
-            .argv = argv,
-            .env = env,
-            .cwd = vm_message_get_string(req, "cwd", NULL),
-            .tty = vm_message_get_bool(req, "tty", FALSE),
-            .term = vm_message_get_string(req, "term", NULL),
-            .cols = vm_message_get_uint(req, "cols", 0),
-            .rows = vm_message_get_uint(req, "rows", 0),
-        };
-        if (!hostd_agent_exec(ctx, name, &er, fd, error))
-            return NULL;
-        *ret_streamed = TRUE;
-        return g_variant_new_array(G_VARIANT_TYPE("{sv}"), NULL, 0);
-    }
-    case VM_OP_CHECKPOINT_CREATE: {
-        g_autofree char *warning = NULL;
-        GVariant *c =
-            hostd_checkpoint_create(ctx, name, vm_message_get_string(req, "label", NULL), FALSE,
-                                    vm_message_get_bool(req, "memory", FALSE), &warning, error);
-        if (c == NULL)
-            return NULL;
-        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
-        g_variant_builder_add(&b, "{sv}", "checkpoint", c);
-        if (warning != NULL)
-            g_variant_builder_add(&b, "{sv}", "warning", g_variant_new_string(warning));
-        return g_variant_builder_end(&b);
-    }
-    case VM_OP_CHECKPOINT_LIST: {
-        GVariant *list = hostd_checkpoint_list(ctx, name, error);
-        return list != NULL ? hostd_fields1("checkpoints", list) : NULL;
-    }
-    case VM_OP_CHECKPOINT_RESTORE: {
-        g_autofree char *undo = NULL;
-        g_auto(GStrv) paths = vm_message_dup_strv(req, "paths");
-        const char *checkpoint = vm_message_get_string(req, "checkpoint", NULL);
-        GVariant *agent =
-            paths != NULL
-                ? hostd_checkpoint_restore_paths(ctx, name, checkpoint, (const char *const *)paths,
-                                                 &undo, hostd_send_progress, pdata, error)
-                : hostd_checkpoint_restore(ctx, name, checkpoint,
-                                           vm_message_get_bool(req, "wait", TRUE), &undo,
-                                           hostd_send_progress, pdata, error);
-        if (agent == NULL)
-            return NULL;
-        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
-        g_variant_builder_add(&b, "{sv}", "agent", agent);
-        g_variant_builder_add(&b, "{sv}", "undo", g_variant_new_string(undo ? undo : ""));
-        return g_variant_builder_end(&b);
-    }
-    case VM_OP_CHECKPOINT_DIFF: {
-        gboolean truncated = FALSE;
-        GVariant *changes = hostd_checkpoint_diff(
-            ctx, name, vm_message_get_string(req, "checkpoint", NULL),
-            vm_message_get_string(req, "other", NULL), vm_message_get_string(req, "path", NULL),
-            &truncated, hostd_send_progress, pdata, error);
-        if (changes == NULL)
-            return NULL;
-        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
-        g_variant_builder_add(&b, "{sv}", "changes", changes);
-        g_variant_builder_add(&b, "{sv}", "truncated", g_variant_new_boolean(truncated));
-        return g_variant_builder_end(&b);
-    }
-    case VM_OP_CHECKPOINT_RM:
-        if (!hostd_checkpoint_rm(ctx, name, vm_message_get_string(req, "checkpoint", NULL), error))
-            return NULL;
-        return g_variant_new_array(G_VARIANT_TYPE("{sv}"), NULL, 0);
-    case VM_OP_AGENT_SUSPEND: {
-        GVariant *agent =
-            hostd_agent_suspend(ctx, name, vm_message_get_bool(req, "save", FALSE), error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_AGENT_RESUME: {
-        GVariant *agent = hostd_agent_resume(ctx, name, error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_AGENT_KEEP_AWAKE: {
-        GVariant *agent = hostd_agent_keep_awake(ctx, name, vm_message_get_uint(req, "seconds", 0),
-                                                 vm_message_get_bool(req, "off", FALSE), error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_AGENT_SET_IDLE: {
-        GVariant *agent = hostd_agent_set_idle(ctx, name, vm_message_get_bool(req, "never", FALSE),
-                                               vm_message_get_uint(req, "pause_s", 0),
-                                               vm_message_get_uint(req, "save_s", 0), error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_AGENT_SET_CHECKPOINTS: {
-        /* Absent hourly/daily leave the agent's as they are. */
-        g_autoptr(GVariant) hourly = vm_message_lookup(req, "hourly");
-        g_autoptr(GVariant) daily = vm_message_lookup(req, "daily");
-        GVariant *agent = hostd_agent_set_checkpoints(
-            ctx, name, vm_message_get_bool(req, "never", FALSE),
-            vm_message_get_uint(req, "every_s", 0), vm_message_get_uint(req, "keep", 0),
-            hourly != NULL ? (gint)g_variant_get_uint32(hourly) : -1,
-            daily != NULL ? (gint)g_variant_get_uint32(daily) : -1, error);
-        return agent != NULL ? hostd_fields1("agent", agent) : NULL;
-    }
-    case VM_OP_EGRESS_GET: {
-        GVariant *egress = hostd_egress_get(ctx, name, error);
-        return egress != NULL ? hostd_fields1("egress", egress) : NULL;
-    }
-    case VM_OP_EGRESS_SET: {
-        g_auto(GStrv) allow = vm_message_dup_strv(req, "allow");
-        g_auto(GStrv) deny = vm_message_dup_strv(req, "deny");
-        g_auto(GStrv) remove = vm_message_dup_strv(req, "remove");
-        GVariant *egress = hostd_egress_set(ctx, name, (const char *const *)allow,
-                                            (const char *const *)deny, (const char *const *)remove,
-                                            vm_message_get_bool(req, "reset", FALSE), error);
-        return egress != NULL ? hostd_fields1("egress", egress) : NULL;
-    }
-    case VM_OP_EGRESS_LOG:
-        if (!hostd_egress_log(ctx, name, vm_message_get_bool(req, "follow", FALSE),
-                              vm_message_get_uint(req, "lines", G_MAXUINT32), fd, error))
-            return NULL;
-        *ret_streamed = TRUE;
-        return g_variant_new_array(G_VARIANT_TYPE("{sv}"), NULL, 0);
-    default:
-        vm_throw(error, VM_ERROR_PROTOCOL, "%s is not a request",
-                 vm_op_name(req->op) ? vm_op_name(req->op) : "unknown op");
-        return NULL;
-    }
+    return NULL;
+}
+
+gboolean
+hostd_server_handles(VmOp op)
+{
+    return hostd_handler(op) != NULL;
 }
 
 void
@@ -312,37 +472,39 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
     struct timeval none = {0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
 
+    VmStreamWriter reply = VM_STREAM_WRITER_INIT(fd);
+    HostdHandler handler = NULL;
+
     if (req == NULL) {
         if (!eof) {
             g_message("bad request: %s", error->message);
-            g_autoptr(VmMessage) m = vm_message_new_error(error);
-            hostd_send(fd, m);
+            /* A client that went away only loses its answer. */
+            (void)vm_stream_writer_error(&reply, error, NULL);
         }
         return;
     }
     if (!vm_op_is_request(req->op)) {
         vm_throw(&error, VM_ERROR_PROTOCOL, "first message must be a request, not %s",
                  vm_op_name(req->op));
-        g_autoptr(VmMessage) m = vm_message_new_error(error);
-        hostd_send(fd, m);
+        (void)vm_stream_writer_error(&reply, error, NULL);
+        return;
+    }
+    /* Every request has one; test-server checks that. */
+    handler = hostd_handler(req->op);
+    if (handler == NULL) {
+        vm_throw(&error, VM_ERROR_PROTOCOL, "%s is not served by this hostd", vm_op_name(req->op));
+        (void)vm_stream_writer_error(&reply, error, NULL);
         return;
     }
 
-    gboolean streamed = FALSE;
-    g_autoptr(GVariant) result = hostd_dispatch(ctx, fd, req, &streamed, &error);
-    if (result != NULL)
-        g_variant_ref_sink(result);
-    if (result == NULL) {
-        const char *name = vm_message_get_string(req, "name", NULL);
+    if (!handler(ctx, req, &reply, &error)) {
+        const char *name = hostd_req_name(req);
         if (!g_error_matches(error, VM_ERROR, VM_ERROR_CANCELLED))
             g_message("%s%s%s failed: %s", vm_op_name(req->op), name ? " " : "", name ? name : "",
                       error->message);
-        g_autoptr(VmMessage) m = vm_message_new_error(error);
-        hostd_send(fd, m);
-        return;
+        if (!reply.ended)
+            (void)vm_stream_writer_error(&reply, error, NULL);
     }
-    if (!streamed)
-        hostd_send_result(fd, g_steal_pointer(&result));
 }
 
 static gpointer
@@ -379,8 +541,8 @@ hostd_accept_thread(gpointer data)
             g_atomic_int_dec_and_test(&hostd_active_clients);
             g_autoptr(GError) error = NULL;
             vm_throw(&error, VM_ERROR_NO_RESOURCES, "hostd is serving too many requests");
-            g_autoptr(VmMessage) m = vm_message_new_error(error);
-            hostd_send(fd, m);
+            VmStreamWriter reply = VM_STREAM_WRITER_INIT(fd);
+            (void)vm_stream_writer_error(&reply, error, NULL);
             close(fd);
             continue;
         }

@@ -10,6 +10,7 @@
 
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "vm-stream.h"
 
 #include "hostd-cleanup.h"
 
@@ -469,25 +470,13 @@ on_exit_signal(ssh_session session, ssh_channel channel, const char *signal, int
     state->exit_signal = g_strdup(signal);
 }
 
-static gboolean
-client_send(int client_fd, const VmMessage *message, GError **error)
-{
-    g_autoptr(GError) local_error = NULL;
-
-    if (!vm_message_write_fd(client_fd, message, &local_error))
-        return vm_throw(error, VM_ERROR_CANCELLED, "the client went away: %s",
-                        local_error->message);
-    return TRUE;
-}
-
 /* Forwards what libssh has for one stream, a bounded amount per call so that a chatty command
  * cannot starve the client's stdin. *ret_more says whether output was left behind. */
 static gboolean
-relay_output(ssh_session session, ssh_channel channel, int is_stderr, guint8 *buf, int client_fd,
-             gboolean *ret_more, GError **error)
+relay_output(ssh_session session, ssh_channel channel, int is_stderr, guint8 *buf,
+             VmStreamWriter *reply, gboolean *ret_more, GError **error)
 {
     for (guint i = 0; i < RELAY_BURST_CHUNKS; i++) {
-        g_autoptr(VmMessage) message = NULL;
         int n = ssh_channel_read_nonblocking(channel, buf, VM_STREAM_CHUNK_MAX, is_stderr);
 
         if (n == SSH_ERROR)
@@ -496,8 +485,8 @@ relay_output(ssh_session session, ssh_channel channel, int is_stderr, guint8 *bu
             *ret_more = FALSE;
             return TRUE;
         }
-        message = vm_message_new_data(is_stderr ? VM_OP_STDERR : VM_OP_STDOUT, buf, (gsize)n);
-        if (!client_send(client_fd, message, error))
+        if (!vm_stream_writer_data(reply, is_stderr ? VM_OP_STDERR : VM_OP_STDOUT, buf, (gsize)n,
+                                   error))
             return FALSE;
     }
     *ret_more = TRUE;
@@ -572,9 +561,10 @@ relay_stdin(ssh_session session, ssh_channel channel, StdinState *in, GError **e
  * remote EOF is in, yet the exit status and the close come after it. */
 static gboolean
 exec_relay(ssh_session session, ssh_event event, ssh_channel channel,
-           const HostdExecRequest *request, ExecState *state, int client_fd, int *ret_status,
-           GError **error)
+           const HostdExecRequest *request, ExecState *state, VmStreamWriter *reply,
+           int *ret_status, GError **error)
 {
+    int client_fd = reply->fd;
     g_autoptr(GByteArray) pending = g_byte_array_new();
     g_autofree guint8 *buf = g_malloc(VM_STREAM_CHUNK_MAX);
     StdinState in = {.pending = pending};
@@ -586,8 +576,8 @@ exec_relay(ssh_session session, ssh_event event, ssh_channel channel,
         gboolean more_stderr;
         int rc;
 
-        if (!relay_output(session, channel, 0, buf, client_fd, &more_stdout, error) ||
-            !relay_output(session, channel, 1, buf, client_fd, &more_stderr, error) ||
+        if (!relay_output(session, channel, 0, buf, reply, &more_stdout, error) ||
+            !relay_output(session, channel, 1, buf, reply, &more_stderr, error) ||
             !relay_stdin(session, channel, &in, error))
             return FALSE;
 
@@ -680,10 +670,9 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
     g_autofree char *command = NULL;
     g_autoptr(HostdSshSession) session = NULL;
     g_autoptr(GError) local_error = NULL;
-    g_autoptr(VmMessage) exit_message = NULL;
+    VmStreamWriter reply = VM_STREAM_WRITER_INIT(client_fd);
     ExecState state = {{0}};
     ssh_channel channel = NULL;
-    GVariantDict fields;
     guint64 generation;
     int status = 0;
     gboolean ok;
@@ -732,8 +721,8 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
             ok = ssh_throw(&local_error, session, "cannot watch the connection to agent '%s'",
                            target->agent);
         } else {
-            ok = exec_relay(session, event, channel, request, &state, client_fd, &status,
-                            &local_error);
+            ok =
+                exec_relay(session, event, channel, request, &state, &reply, &status, &local_error);
             ssh_event_remove_session(event, session);
         }
         if (event != NULL)
@@ -750,11 +739,5 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
         g_propagate_error(error, g_steal_pointer(&local_error));
         return FALSE;
     }
-
-    g_variant_dict_init(&fields, NULL);
-    g_variant_dict_insert(&fields, "status", "i", (gint32)status);
-    exit_message = vm_message_new(VM_OP_EXIT, g_variant_dict_end(&fields), error);
-    if (exit_message == NULL)
-        return FALSE;
-    return client_send(client_fd, exit_message, error);
+    return vm_stream_writer_exit(&reply, (gint32)status, error);
 }

@@ -1,6 +1,7 @@
 #include "vmctl-client.h"
 
 #include "vm-error.h"
+#include "vm-stream.h"
 #include "vm-util.h"
 
 #include <errno.h>
@@ -46,50 +47,25 @@ vmctl_client_connect(const char *socket_path, GError **error)
     return g_steal_fd(&fd);
 }
 
-/* Reads the next message from hostd. PROGRESS is shown here (and still returned); ERROR and an
+/* Reads the next frame of the reply: PROGRESS is shown here (and still returned); ERROR and an
  * early end of the connection become @error. */
 static VmMessage *
-next_message(int fd, VmctlProgress *progress, GError **error)
+next_message(VmStreamReader *reader, VmctlProgress *progress, GError **error)
 {
-    gboolean eof = FALSE;
-    g_autoptr(GError) local_error = NULL;
-    g_autoptr(VmMessage) message = vm_message_read_fd(fd, &eof, &local_error);
+    VmMessage *message = vm_stream_reader_next(reader, error);
 
-    if (message == NULL) {
-        if (eof) {
-            vm_throw(error, VM_ERROR_PROTOCOL, "hostd closed the connection unexpectedly");
-            return NULL;
-        }
-        /* A reset is how a Unix socket reports a peer that closed with our data unread: it is
-         * hostd going away as much as an end of file is. */
-        if (vm_error_code(local_error) == VM_ERROR_IO)
-            g_prefix_error(&local_error, "lost the connection to hostd: ");
-        g_propagate_error(error, g_steal_pointer(&local_error));
-        return NULL;
-    }
-    if (message->op == VM_OP_ERROR) {
-        vm_message_to_error(message, error);
-        return NULL;
-    }
-    if (message->op == VM_OP_PROGRESS)
+    if (message != NULL && message->op == VM_OP_PROGRESS)
         vmctl_progress_update(progress, vm_message_get_string(message, "message", ""),
                               vm_message_get_double(message, "fraction", -1));
-    return g_steal_pointer(&message);
-}
-
-static gboolean
-unexpected_message(const VmMessage *message, GError **error)
-{
-    const char *name = vm_op_name(message->op);
-
-    return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
-                    name != NULL ? name : "unknown");
+    return message;
 }
 
 gboolean
 vmctl_client_call(const char *socket_path, const VmMessage *request, VmctlProgressMode mode,
                   VmMessage **ret_result, GError **error)
 {
+    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_RESULT, FALSE);
+
     vm_autofd fd = vmctl_client_connect(socket_path, error);
     if (fd < 0)
         return FALSE;
@@ -97,14 +73,15 @@ vmctl_client_call(const char *socket_path, const VmMessage *request, VmctlProgre
         return FALSE;
 
     g_autoptr(VmctlProgress) progress = vmctl_progress_new(mode, stderr);
+    VmStreamReader reader;
+    vm_stream_reader_init(&reader, fd, request->op);
     for (;;) {
-        g_autoptr(VmMessage) message = next_message(fd, progress, error);
+        g_autoptr(VmMessage) message = next_message(&reader, progress, error);
         if (message == NULL)
             return FALSE;
         if (message->op == VM_OP_PROGRESS)
             continue;
-        if (message->op != VM_OP_RESULT)
-            return unexpected_message(message, error);
+        /* The reader lets nothing but PROGRESS and the RESULT through. */
         *ret_result = g_steal_pointer(&message);
         return TRUE;
     }
@@ -337,9 +314,10 @@ exec_handle_signals(ExecStream *stream, int signal_fd, int *ret_status, GError *
 /* Handles one message of the stream. Returns TRUE and sets *ret_status when the stream is over
  * (EXIT, or a closed local stdout/stderr), or TRUE with @error set when it failed. */
 static gboolean
-exec_handle_message(int fd, VmctlProgress *progress, int *ret_status, GError **error)
+exec_handle_message(VmStreamReader *reader, VmctlProgress *progress, int *ret_status,
+                    GError **error)
 {
-    g_autoptr(VmMessage) message = next_message(fd, progress, error);
+    g_autoptr(VmMessage) message = next_message(reader, progress, error);
     const guint8 *data;
     gsize len = 0;
     int status, err;
@@ -365,8 +343,9 @@ exec_handle_message(int fd, VmctlProgress *progress, int *ret_status, GError **e
         status = vm_message_get_int(message, "status", 255);
         *ret_status = status >= 0 && status <= 255 ? status : 255;
         return TRUE;
-    default:
-        unexpected_message(message, error);
+    default: /* the reader lets nothing else through */
+        vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
+                 vm_op_name(message->op));
         return TRUE;
     }
 }
@@ -378,6 +357,9 @@ vmctl_client_exec(const char *socket_path, const VmMessage *request, VmctlProgre
     g_autoptr(GError) local_error = NULL;
     int status = -1;
     ExecTerminal term;
+    VmStreamReader reader;
+
+    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_EXIT, FALSE);
 
     int fd = vmctl_client_connect(socket_path, error);
     if (fd < 0)
@@ -387,6 +369,7 @@ vmctl_client_exec(const char *socket_path, const VmMessage *request, VmctlProgre
         return FALSE;
     }
 
+    vm_stream_reader_init(&reader, fd, request->op);
     ExecStream *stream = g_atomic_rc_box_new0(ExecStream);
     g_mutex_init(&stream->lock);
     stream->fd = fd;
@@ -405,7 +388,7 @@ vmctl_client_exec(const char *socket_path, const VmMessage *request, VmctlProgre
         if (fds[1].revents != 0 && exec_handle_signals(stream, term.pipe[0], &status, &local_error))
             break;
         if (fds[0].revents != 0)
-            exec_handle_message(fd, progress, &status, &local_error);
+            exec_handle_message(&reader, progress, &status, &local_error);
     }
     exec_terminal_restore(&term);
     vmctl_progress_clear(progress);

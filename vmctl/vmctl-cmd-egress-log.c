@@ -1,6 +1,7 @@
 #include "vmctl.h"
 
 #include "vm-error.h"
+#include "vm-stream.h"
 #include "vm-util.h"
 #include "vmctl-client.h"
 
@@ -80,6 +81,7 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autofree char *socket_path = NULL;
     g_autoptr(VmMessage) request = NULL;
     vm_autofd fd = -1;
+    VmStreamReader reader;
 
     g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
     if (fields == NULL)
@@ -99,14 +101,14 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
     fd = vmctl_client_connect(socket_path, error);
     if (fd < 0 || !vm_message_write_fd(fd, request, error))
         return FALSE;
+    vm_stream_reader_init(&reader, fd, request->op);
     for (;;) {
-        gboolean eof = FALSE;
-        g_autoptr(VmMessage) m = vm_message_read_fd(fd, &eof, error);
+        g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, error);
         const guint8 *data;
         gsize len = 0;
 
         if (m == NULL)
-            return eof ? vm_throw(error, VM_ERROR_PROTOCOL, "hostd closed the log early") : FALSE;
+            return FALSE;
         switch (m->op) {
         case VM_OP_STDOUT:
             data = vm_message_get_data(m, "data", &len);
@@ -117,10 +119,10 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
         case VM_OP_EXIT:
             g_string_append_c(pending, '\n');
             return pending->len == 1 || print_lines(ctx, pending, error);
-        case VM_OP_ERROR:
-            return vm_message_to_error(m, error);
-        default:
-            return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s from hostd",
+        case VM_OP_PROGRESS:
+            break;
+        default: /* the log has no stderr */
+            return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
                             vm_op_name(m->op));
         }
     }

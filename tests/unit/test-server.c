@@ -20,6 +20,7 @@
 #include "hostd-modules.h"
 #include "hostd-reconcile.h"
 #include "hostd-server.h"
+#include "hostd-server-private.h"
 #include "vm-config.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
@@ -758,6 +759,20 @@ test_client_gone(void **state)
     assert_result_reply(replies);
 }
 
+/* The handler table covers every request of the protocol, and nothing else. */
+static void
+test_every_request_handled(void **state)
+{
+    for (guint op = 0; op < 256; op++) {
+        const char *name = vm_op_name((VmOp)op);
+
+        if (hostd_server_handles((VmOp)op) != vm_op_is_request((VmOp)op))
+            fail_msg("op %u (%s): %s", op, name != NULL ? name : "unknown",
+                     vm_op_is_request((VmOp)op) ? "a request without a handler"
+                                                : "a handler for what is no request");
+    }
+}
+
 static GVariant *
 find_entry(GVariant *list, const char *name)
 {
@@ -1120,6 +1135,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_new_no_resources, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_exists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_a_request, setup, teardown),
+        cmocka_unit_test(test_every_request_handled),
         cmocka_unit_test_setup_teardown(test_bad_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_template_list, setup, teardown),
