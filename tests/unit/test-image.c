@@ -99,29 +99,14 @@ read_text(const char *dir, const char *name)
     return text;
 }
 
-static int
-compare_names(gconstpointer a, gconstpointer b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* The visible entries of @dir, sorted and joined with spaces (lock files are hidden). */
+/* The visible entries of @dir, sorted and joined with spaces (lock files are hidden); "" when
+ * there is no @dir. */
 static char *
 dir_entries(const char *dir)
 {
-    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
-    g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
-    const char *entry;
-
-    if (d == NULL)
+    if (!g_file_test(dir, G_FILE_TEST_IS_DIR))
         return g_strdup("");
-    while ((entry = g_dir_read_name(d)) != NULL) {
-        if (entry[0] != '.')
-            g_ptr_array_add(names, g_strdup(entry));
-    }
-    g_ptr_array_sort(names, compare_names);
-    g_ptr_array_add(names, NULL);
-    return g_strjoinv(" ", (char **)names->pdata);
+    return vm_test_dir_listing(dir, FALSE);
 }
 
 static guint

@@ -22,6 +22,7 @@
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "test-common.h"
+#include "test-sink.h"
 
 #define SSHD_PATH "/usr/sbin/sshd"
 
@@ -81,20 +82,6 @@ keygen(const char *dir, const char *name)
     vm_test_assert_no_error(error);
     assert_int_equal(status, 0);
     return g_steal_pointer(&path);
-}
-
-static guint
-free_port(void)
-{
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof addr;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
-    close(fd);
-    return ntohs(addr.sin_port);
 }
 
 static gboolean
@@ -193,7 +180,7 @@ setup_kind(void **state, ServerKind kind)
     Fixture *f = g_new0(Fixture, 1);
 
     f->dir = vm_test_make_tmpdir("test-ssh-XXXXXX");
-    f->port = free_port();
+    f->port = vm_test_free_port();
     f->log_path = g_build_filename(f->dir, "sshd.log", NULL);
     f->known_hosts_path = g_build_filename(f->dir, "known_hosts", NULL);
     write_known_hosts(f, keys.host_pub_line);
@@ -918,7 +905,7 @@ test_wait_ready_nothing_listens(void **state)
     gint64 start = g_get_monotonic_time();
     gint64 elapsed;
 
-    f->target.port = free_port();
+    f->target.port = vm_test_free_port();
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 2, NULL, &error));
     elapsed = g_get_monotonic_time() - start;
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_TIMEOUT, NULL);
@@ -977,7 +964,7 @@ test_wait_ready_cancelled(void **state)
     GThread *thread;
     gint64 start;
 
-    f->target.port = free_port();
+    f->target.port = vm_test_free_port();
     thread = g_thread_new("cancel", cancel_thread, cancellable);
     start = g_get_monotonic_time();
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 30, cancellable, &error));
