@@ -25,18 +25,6 @@ typedef VmTestTmpDir Fixture;
 /* ---- helpers ------------------------------------------------------------------------------- */
 
 static void
-assert_error(const GError *error, VmErrorCode code, const char *needle)
-{
-    if (error == NULL)
-        fail_msg("expected error code %d, got success", code);
-    if (!g_error_matches(error, VM_ERROR, code))
-        fail_msg("expected error code %d, got %s/%d: %s", code, g_quark_to_string(error->domain),
-                 error->code, error->message);
-    if (needle != NULL && strstr(error->message, needle) == NULL)
-        fail_msg("error message '%s' does not mention '%s'", error->message, needle);
-}
-
-static void
 assert_nullable_string_equal(const char *a, const char *b)
 {
     if (a == NULL || b == NULL)
@@ -199,11 +187,11 @@ test_begin_create_reserves_file(void **state)
 
     const char *second = NULL;
     assert_false(vm_checkpoint_set_begin_create(set, NULL, FALSE, &second, &error));
-    assert_error(error, VM_ERROR_BAD_STATE, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, NULL);
     assert_null(second);
     g_clear_error(&error);
     assert_false(vm_checkpoint_set_begin_restore(set, "c1", &second, &error));
-    assert_error(error, VM_ERROR_BAD_STATE, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, NULL);
     /* The refused begins left the first journal alone. */
     assert_string_equal(set->pending_file, "disk-1.qcow2");
     assert_string_equal(set->pending_label, "before upgrade");
@@ -228,7 +216,7 @@ test_create_journal_survives_restart(void **state)
     /* The reloaded journal still blocks another operation and can be committed. */
     g_autoptr(GError) error = NULL;
     assert_false(vm_checkpoint_set_begin_create(back, NULL, FALSE, &file, &error));
-    assert_error(error, VM_ERROR_BAD_STATE, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, NULL);
     VmCheckpoint *c = vm_checkpoint_set_commit_create(back, TRUE);
     assert_non_null(c);
     assert_string_equal(c->id, "c1");
@@ -370,7 +358,7 @@ test_restore_unknown_id(void **state)
         g_autoptr(GError) error = NULL;
         const char *file = NULL;
         assert_false(vm_checkpoint_set_begin_restore(set, bad_ids[i], &file, &error));
-        assert_error(error, VM_ERROR_NOT_FOUND, NULL);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, NULL);
         assert_null(file);
         assert_sets_equal(set, before);
     }
@@ -397,7 +385,7 @@ test_restore_journal_survives_restart(void **state)
     assert_sets_equal(set, back);
 
     assert_false(vm_checkpoint_set_begin_restore(back, "c2", &file, &error));
-    assert_error(error, VM_ERROR_BAD_STATE, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, NULL);
 }
 
 static void
@@ -547,7 +535,7 @@ test_remove_unknown(void **state)
     for (gsize i = 0; i < G_N_ELEMENTS(bad_ids); i++) {
         g_autoptr(GError) error = NULL;
         assert_null(vm_checkpoint_set_remove(set, bad_ids[i], &error));
-        assert_error(error, VM_ERROR_NOT_FOUND, NULL);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, NULL);
         assert_sets_equal(set, before);
     }
 }
@@ -567,10 +555,10 @@ test_merge(void **state)
 
     /* Only a checkpoint with exactly one checkpoint on it, and nothing pending. */
     assert_null(vm_checkpoint_set_begin_merge(set, "c2", &error));
-    assert_error(error, VM_ERROR_BAD_STATE, "exactly one");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, "exactly one");
     g_clear_error(&error);
     assert_null(vm_checkpoint_set_begin_merge(set, "c7", &error));
-    assert_error(error, VM_ERROR_NOT_FOUND, "c7");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "c7");
     g_clear_error(&error);
     assert_null(vm_checkpoint_set_merge_child(set));
 
@@ -583,7 +571,7 @@ test_merge(void **state)
     assert_string_equal(vm_checkpoint_set_merge_child(back)->id, "c2");
     const char *file = NULL;
     assert_false(vm_checkpoint_set_begin_create(back, NULL, TRUE, &file, &error));
-    assert_error(error, VM_ERROR_BAD_STATE, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, NULL);
     g_clear_error(&error);
 
     g_autofree char *old = vm_checkpoint_set_commit_merge(back);
@@ -664,7 +652,7 @@ test_save_into_missing_dir(void **state)
     g_autoptr(GError) error = NULL;
 
     assert_false(vm_checkpoint_set_save(set, &error));
-    assert_error(error, VM_ERROR_IO, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, NULL);
 }
 
 /* ---- damaged records ----------------------------------------------------------------------- */
@@ -803,7 +791,7 @@ test_unreadable_record(void **state)
     /* A directory in the record's place: it exists but cannot be read as a file. */
     g_assert_no_errno(g_mkdir(path, 0700));
     assert_null(vm_checkpoint_set_load(f->dir, &error));
-    assert_error(error, VM_ERROR_IO, path);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, path);
 }
 
 int

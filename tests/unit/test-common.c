@@ -133,6 +133,25 @@ vm_test_dir_listing(const char *dir, gboolean with_hidden)
 }
 
 void
+vm_test_assert_error(const GError *error, GQuark domain, int code, const char *needle)
+{
+    if (error == NULL)
+        fail_msg("expected error %s/%d, got success", g_quark_to_string(domain), code);
+    if (!g_error_matches(error, domain, code))
+        fail_msg("expected error %s/%d, got %s/%d: %s", g_quark_to_string(domain), code,
+                 g_quark_to_string(error->domain), error->code, error->message);
+    if (needle != NULL && strstr(error->message, needle) == NULL)
+        fail_msg("error message '%s' does not mention '%s'", error->message, needle);
+}
+
+void
+vm_test_assert_no_error(const GError *error)
+{
+    if (error != NULL)
+        fail_msg("unexpected error: %s", error->message);
+}
+
+void
 vm_test_assert_golden(const char *name, const char *actual)
 {
     const char *dir = g_getenv("VM_TEST_GOLDEN");

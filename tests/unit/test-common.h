@@ -42,6 +42,13 @@ guint vm_test_count_entries(const char *dir);
  * @with_hidden. */
 char *vm_test_dir_listing(const char *dir, gboolean with_hidden);
 
+/* Fails the running test unless @error is set, in @domain with @code, and (when @needle is not
+ * NULL) its message contains @needle. */
+void vm_test_assert_error(const GError *error, GQuark domain, int code, const char *needle);
+
+/* Fails the running test, quoting the message, when @error is set. */
+void vm_test_assert_no_error(const GError *error);
+
 /* Compares @actual with the golden file @name in $VM_TEST_GOLDEN (else tests/golden under
  * $VM_SOURCE_DIR or "."), naming the first line that differs; with VIR_TEST_REGENERATE_OUTPUT=1
  * rewrites the file with @actual instead. */

@@ -236,41 +236,6 @@ guest_connect(Fixture *f, const char *name, int *ret_status)
     return sv[0];
 }
 
-static void
-send_text(int fd, const char *text)
-{
-    assert_int_equal(send(fd, text, strlen(text), MSG_NOSIGNAL), (ssize_t)strlen(text));
-}
-
-/* Reads until @needle appears (NULL: until EOF) or the timeout; *@ret_eof tells whether the
- * connection closed. */
-static GString *
-read_until(int fd, const char *needle, int timeout_ms, gboolean *ret_eof)
-{
-    GString *out = g_string_new(NULL);
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-
-    *ret_eof = FALSE;
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
-        char buf[4096];
-        ssize_t n;
-
-        if (needle != NULL && strstr(out->str, needle) != NULL)
-            break;
-        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
-            break;
-        n = recv(fd, buf, sizeof(buf), 0);
-        if (n <= 0) {
-            *ret_eof = TRUE;
-            break;
-        }
-        g_string_append_len(out, buf, n);
-    }
-    return out;
-}
-
 /* Opens a CONNECT tunnel to @host:sink through @name's proxy; returns the fd, or -1 with the
  * response status in *@ret_status when refused. */
 static int
@@ -285,8 +250,8 @@ tunnel(Fixture *f, const char *name, const char *host, int *ret_status)
     assert_int_equal(helper_status, 0);
     request = g_strdup_printf("CONNECT %s:%u HTTP/1.1\r\nHost: %s:%u\r\n\r\n", host, f->sink->port,
                               host, f->sink->port);
-    send_text(fd, request);
-    response = read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, &eof);
+    vm_test_send_text(fd, request);
+    response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, &eof);
     *ret_status = g_str_has_prefix(response->str, "HTTP/1.1 ") ? atoi(response->str + 9) : 0;
     if (*ret_status == 200)
         return fd;
@@ -528,8 +493,8 @@ test_tunnel_allowed_and_logged(void **state)
     init_agent(f, "a1", "sink.test 127.0.0.1/32", NULL);
     fd = tunnel(f, "a1", "sink.test", &status);
     assert_int_equal(status, 200);
-    send_text(fd, "ping");
-    echo = read_until(fd, "ping", IO_TIMEOUT_MS, &eof);
+    vm_test_send_text(fd, "ping");
+    echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, &eof);
     assert_string_equal(echo->str, "ping");
     close(fd);
     lines = log_wait_lines(f, "a1", 1);
@@ -586,8 +551,8 @@ test_host_mismatch(void **state)
     assert_int_equal(helper_status, 0);
     request = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\nHost: other.example:%u\r\n\r\n",
                               f->sink->port, f->sink->port);
-    send_text(fd, request);
-    response = read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
+    vm_test_send_text(fd, request);
+    response = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
     assert_true(g_str_has_prefix(response->str, "HTTP/1.1 400"));
     assert_true(eof);
     close(fd);
@@ -614,7 +579,7 @@ test_policy_change_closes_tunnel(void **state)
     assert_int_equal(hostd_egress_open_connections(f->ctx, "nosuch"), 0);
     start = g_get_monotonic_time();
     set_ok(f, "a1", NULL, NULL, "127.0.0.1/32", FALSE);
-    rest = read_until(fd, NULL, 3000, &eof);
+    rest = vm_test_read_until(fd, NULL, 3000, &eof);
     assert_true(eof);
     assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
     close(fd);
@@ -638,7 +603,7 @@ test_fails_closed(void **state)
     assert_false(g_file_test(sock, G_FILE_TEST_EXISTS));
     fd = guest_connect(f, "a1", &helper_status);
     assert_int_not_equal(helper_status, 0);
-    rest = read_until(fd, NULL, 1000, &eof);
+    rest = vm_test_read_until(fd, NULL, 1000, &eof);
     assert_true(eof);
     assert_int_equal(rest->len, 0);
     close(fd);

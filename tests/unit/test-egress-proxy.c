@@ -202,42 +202,6 @@ client_connect(Fixture *f)
     return fd;
 }
 
-static void
-client_send(int fd, const char *text)
-{
-    assert_int_equal(send(fd, text, strlen(text), MSG_NOSIGNAL), (ssize_t)strlen(text));
-}
-
-/* Reads until @needle appears (NULL: until EOF) or @timeout_ms pass; returns what came. */
-static GString *
-client_read(int fd, const char *needle, int timeout_ms, gboolean *ret_eof)
-{
-    GString *out = g_string_new(NULL);
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-
-    if (ret_eof != NULL)
-        *ret_eof = FALSE;
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
-        char buf[4096];
-        ssize_t n;
-
-        if (needle != NULL && strstr(out->str, needle) != NULL)
-            break;
-        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
-            break;
-        n = recv(fd, buf, sizeof(buf), 0);
-        if (n <= 0) {
-            if (ret_eof != NULL)
-                *ret_eof = TRUE;
-            break;
-        }
-        g_string_append_len(out, buf, n);
-    }
-    return out;
-}
-
 static int
 status_of(const GString *response)
 {
@@ -254,8 +218,8 @@ request_status(Fixture *f, const char *request)
     g_autoptr(GString) response = NULL;
     int status;
 
-    client_send(fd, request);
-    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, request);
+    response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     status = status_of(response);
     close(fd);
     return status;
@@ -284,11 +248,11 @@ test_connect_allowed(void **state)
     g_autoptr(GString) echo = NULL;
     Record *record;
 
-    client_send(fd, req);
-    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, req);
+    response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_string_equal(response->str, "HTTP/1.1 200 Connection established\r\n\r\n");
-    client_send(fd, "ping");
-    echo = client_read(fd, "ping", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, "ping");
+    echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, NULL);
     assert_string_equal(echo->str, "ping");
     close(fd);
 
@@ -322,8 +286,8 @@ test_http_allowed(void **state)
     g_autoptr(GString) echo = NULL;
     Record *record;
 
-    client_send(fd, req);
-    echo = client_read(fd, "hello", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, req);
+    echo = vm_test_read_until(fd, "hello", IO_TIMEOUT_MS, NULL);
     assert_string_equal(echo->str, expect);
     close(fd);
     record = log_wait(&f->log, 0);
@@ -481,16 +445,16 @@ test_policy_change_closes_tunnel(void **state)
     gint64 start;
     Record *record;
 
-    client_send(a, by_name);
-    client_send(b, by_address);
-    ra = client_read(a, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
-    rb = client_read(b, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(a, by_name);
+    vm_test_send_text(b, by_address);
+    ra = vm_test_read_until(a, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    rb = vm_test_read_until(b, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_int_equal(status_of(ra), 200);
     assert_int_equal(status_of(rb), 200);
 
     start = g_get_monotonic_time();
     vm_egress_proxy_set_policy(f->proxy, narrower);
-    tail = client_read(a, NULL, 2000, &eof);
+    tail = vm_test_read_until(a, NULL, 2000, &eof);
     assert_true(eof);
     assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
     record = log_wait(&f->log, 0);
@@ -498,8 +462,8 @@ test_policy_change_closes_tunnel(void **state)
     assert_string_equal(record->reason, "policy-changed");
 
     /* the tunnel the new policy still allows stays open */
-    client_send(b, "still");
-    echo = client_read(b, "still", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(b, "still");
+    echo = vm_test_read_until(b, "still", IO_TIMEOUT_MS, NULL);
     assert_string_equal(echo->str, "still");
     current = vm_egress_proxy_dup_policy(f->proxy);
     assert_true(vm_egress_policy_equal(current, narrower));
@@ -533,7 +497,7 @@ test_handshake_timeout(void **state)
             break;
         g_usleep(100 * 1000);
     }
-    response = client_read(fd, NULL, 2000, &eof);
+    response = vm_test_read_until(fd, NULL, 2000, &eof);
     assert_true(eof);
     assert_int_equal(status_of(response), 408);
     record = log_wait(&f->log, 0);
@@ -561,7 +525,7 @@ test_too_many_connections(void **state)
         g_usleep(10 * 1000);
     assert_int_equal(vm_egress_proxy_get_n_connections(f->proxy), 2);
     c = client_connect(f);
-    response = client_read(c, NULL, IO_TIMEOUT_MS, &eof);
+    response = vm_test_read_until(c, NULL, IO_TIMEOUT_MS, &eof);
     assert_true(eof);
     assert_int_equal(status_of(response), 503);
     record = log_wait(&f->log, 0);
@@ -589,10 +553,10 @@ test_idle_timeout(void **state)
     fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
     req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
     fd = client_connect(f);
-    client_send(fd, req);
-    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, req);
+    response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_int_equal(status_of(response), 200);
-    rest = client_read(fd, NULL, 2000, &eof);
+    rest = vm_test_read_until(fd, NULL, 2000, &eof);
     assert_true(eof);
     record = log_wait(&f->log, 0);
     assert_string_equal(record->reason, "idle");
@@ -622,7 +586,7 @@ test_never_hangs(void **state)
         gboolean eof = FALSE;
 
         (void)send(fd, garbage[i], strlen(garbage[i]), MSG_NOSIGNAL);
-        response = client_read(fd, NULL, IO_TIMEOUT_MS, &eof);
+        response = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
         assert_true(eof);
         assert_int_equal(status_of(response), 400);
         close(fd);
@@ -633,7 +597,7 @@ test_never_hangs(void **state)
         gboolean eof = FALSE;
 
         (void)send(fd, big->str, big->len, MSG_NOSIGNAL);
-        response = client_read(fd, NULL, IO_TIMEOUT_MS, &eof);
+        response = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
         assert_true(eof);
         assert_int_equal(status_of(response), 400);
         close(fd);
@@ -642,7 +606,7 @@ test_never_hangs(void **state)
     for (int i = 0; i < 3; i++) {
         int fd = client_connect(f);
 
-        client_send(fd, "CONNECT sink.te");
+        vm_test_send_text(fd, "CONNECT sink.te");
         close(fd);
     }
     wait_idle(f);
@@ -661,14 +625,14 @@ test_free_with_open_connections(void **state)
     gboolean eof = FALSE;
     gint64 start;
 
-    client_send(tunnel, req);
-    response = client_read(tunnel, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(tunnel, req);
+    response = vm_test_read_until(tunnel, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_int_equal(status_of(response), 200);
-    client_send(partial, "CONNECT ");
+    vm_test_send_text(partial, "CONNECT ");
     start = g_get_monotonic_time();
     g_clear_pointer(&f->proxy, vm_egress_proxy_free);
     assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
-    rest = client_read(tunnel, NULL, 1000, &eof);
+    rest = vm_test_read_until(tunnel, NULL, 1000, &eof);
     assert_true(eof);
     close(tunnel);
     close(partial);
@@ -705,8 +669,8 @@ test_rewrite_hook(void **state)
                           "Authorization: PLACEHOLDER\r\n\r\n",
                           f->sink->port);
     fd = client_connect(f);
-    client_send(fd, req);
-    echo = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, req);
+    echo = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_non_null(strstr(echo->str, "\r\nAuthorization: Bearer real\r\n"));
     assert_null(strstr(echo->str, "PLACEHOLDER"));
     close(fd);
@@ -788,8 +752,8 @@ test_relay_bulk(void **state)
     g_autoptr(GString) response = NULL;
     Record *record;
 
-    client_send(fd, req);
-    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, req);
+    response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200"));
     assert_bulk_echo(fd, 6 * 1024 * 1024 + 7);
     close(fd);
@@ -884,8 +848,8 @@ test_unix_handover(void **state)
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     assert_true(vm_egress_proxy_pass_fd(path, sv[1], &error));
     close(sv[1]);
-    client_send(sv[0], req);
-    response = client_read(sv[0], "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(sv[0], req);
+    response = vm_test_read_until(sv[0], "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_string_equal(response->str, "HTTP/1.1 200 Connection established\r\n\r\n");
     assert_bulk_echo(sv[0], 3 * 1024 * 1024);
     close(sv[0]);
@@ -906,11 +870,11 @@ test_unix_plain(void **state)
     g_autoptr(GString) echo = NULL;
     int fd = unix_connect(path);
 
-    client_send(fd, req);
-    response = client_read(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, req);
+    response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200"));
-    client_send(fd, "ping");
-    echo = client_read(fd, "ping", IO_TIMEOUT_MS, NULL);
+    vm_test_send_text(fd, "ping");
+    echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, NULL);
     assert_string_equal(echo->str, "ping");
     close(fd);
     wait_idle(f);
@@ -941,7 +905,7 @@ test_unix_bad_handover(void **state)
             send_fds(fd, sv[1], 2); /* two sockets */
         else
             send_fds(fd, dg[1], 1); /* a datagram socket */
-        rest = client_read(fd, NULL, IO_TIMEOUT_MS, &eof);
+        rest = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
         assert_true(eof);
         assert_int_equal(rest->len, 0);
         close(fd);

@@ -99,29 +99,14 @@ read_text(const char *dir, const char *name)
     return text;
 }
 
-static int
-compare_names(gconstpointer a, gconstpointer b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* The visible entries of @dir, sorted and joined with spaces (lock files are hidden). */
+/* The visible entries of @dir, sorted and joined with spaces (lock files are hidden); "" when
+ * there is no @dir. */
 static char *
 dir_entries(const char *dir)
 {
-    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
-    g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
-    const char *entry;
-
-    if (d == NULL)
+    if (!g_file_test(dir, G_FILE_TEST_IS_DIR))
         return g_strdup("");
-    while ((entry = g_dir_read_name(d)) != NULL) {
-        if (entry[0] != '.')
-            g_ptr_array_add(names, g_strdup(entry));
-    }
-    g_ptr_array_sort(names, compare_names);
-    g_ptr_array_add(names, NULL);
-    return g_strjoinv(" ", (char **)names->pdata);
+    return vm_test_dir_listing(dir, FALSE);
 }
 
 static guint
@@ -220,23 +205,6 @@ progress_cb(const char *message, double fraction, gpointer user_data)
     if (p->cancel != NULL && (!p->cancel_when_known || (fraction > 0 && fraction < 1)))
         g_cancellable_cancel(p->cancel);
     g_mutex_unlock(&p->lock);
-}
-
-static void
-assert_error(GError *error, VmErrorCode code, const char *substring)
-{
-    assert_non_null(error);
-    if (error->domain != VM_ERROR || error->code != (int)code ||
-        (substring != NULL && strstr(error->message, substring) == NULL))
-        fail_msg("expected code %d with '%s', got %s/%d: %s", code, substring ? substring : "",
-                 g_quark_to_string(error->domain), error->code, error->message);
-}
-
-static void
-assert_no_error(const GError *error)
-{
-    if (error != NULL)
-        fail_msg("unexpected error: %s", error->message);
 }
 
 static void
@@ -366,7 +334,7 @@ test_lookup(void **state)
         g_autoptr(VmImage) image = vm_image_lookup(f->images_dir, t, &error);
         if (lookup_cases[i].code == 0) {
             assert_non_null(image);
-            assert_no_error(error);
+            vm_test_assert_no_error(error);
             g_autofree char *disk = g_build_filename(dir, "base.qcow2", NULL);
             assert_string_equal(image->disk_path, disk);
             assert_string_equal(image->dir, dir);
@@ -375,7 +343,7 @@ test_lookup(void **state)
             assert_int_equal(image->virtual_size, 100);
         } else {
             assert_null(image);
-            assert_error(error, lookup_cases[i].code, NULL);
+            vm_test_assert_error(error, VM_ERROR, lookup_cases[i].code, NULL);
         }
     }
 }
@@ -389,7 +357,7 @@ test_lookup_missing(void **state)
 
     g_autoptr(VmImage) image = vm_image_lookup(f->images_dir, t, &error);
     assert_null(image);
-    assert_error(error, VM_ERROR_NOT_FOUND, "nothing");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "nothing");
 }
 
 static void
@@ -405,11 +373,11 @@ test_bad_names(void **state)
 
         g_autoptr(VmImage) image = vm_image_lookup(f->images_dir, t, &error);
         assert_null(image);
-        assert_error(error, VM_ERROR_INVALID_ARGUMENT, NULL);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
         g_autoptr(VmImage) image2 =
             vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error2);
         assert_null(image2);
-        assert_error(error2, VM_ERROR_INVALID_ARGUMENT, NULL);
+        vm_test_assert_error(error2, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
     }
 }
 
@@ -426,7 +394,7 @@ test_download(void **state)
     progress_init(&p);
     g_autoptr(VmImage) image =
         vm_image_ensure(f->images_dir, t, FALSE, progress_cb, &p, NULL, &error);
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_non_null(image);
 
     g_autofree char *dir = g_build_filename(f->images_dir, "cloud", NULL);
@@ -502,7 +470,7 @@ test_download_force(void **state)
     t->sha256 = sha256_of(other);
 
     g_autoptr(VmImage) second = vm_image_ensure(f->images_dir, t, TRUE, NULL, NULL, NULL, &error);
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_non_null(second);
     assert_int_equal(second->virtual_size, VIRTUAL_SIZE * 2);
     g_autofree char *log = read_text(f->tmp, "requests.log");
@@ -523,14 +491,14 @@ test_download_sha_mismatch(void **state)
     assert_null(image);
     g_autofree char *expected =
         g_strdup_printf("sha256 mismatch: expected %s, got %s", wrong, f->sha256);
-    assert_error(error, VM_ERROR_IMAGE, expected);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IMAGE, expected);
 
     g_autofree char *entries = dir_entries(f->images_dir);
     assert_string_equal(entries, "");
     g_clear_error(&error);
     g_autoptr(VmImage) found = vm_image_lookup(f->images_dir, t, &error);
     assert_null(found);
-    assert_error(error, VM_ERROR_NOT_FOUND, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, NULL);
 }
 
 /* A .part holding the first half: @path must complete it. */
@@ -545,7 +513,7 @@ check_resume(Fixture *f, const char *path, const char *expected_range)
     write_bytes(f->images_dir, "cloud.part", half);
 
     g_autoptr(VmImage) image = vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error);
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_non_null(image);
 
     g_autofree char *contents = NULL;
@@ -587,7 +555,7 @@ test_download_part_too_long(void **state)
     write_bytes(f->images_dir, "cloud.part", junk);
 
     g_autoptr(VmImage) image = vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error);
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_non_null(image);
     assert_int_equal(image->virtual_size, VIRTUAL_SIZE);
     g_autofree char *log = read_text(f->tmp, "requests.log");
@@ -603,7 +571,7 @@ test_download_redirect(void **state)
     g_autoptr(GError) error = NULL;
 
     g_autoptr(VmImage) image = vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error);
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_non_null(image);
     g_autofree char *log = read_text(f->tmp, "requests.log");
     assert_int_equal(count_lines(log, "GET /redirect/image.qcow2"), 1);
@@ -639,7 +607,8 @@ test_download_failures(void **state)
         g_autoptr(VmImage) image =
             vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error);
         assert_null(image);
-        assert_error(error, download_failures[i].code, download_failures[i].message);
+        vm_test_assert_error(error, VM_ERROR, download_failures[i].code,
+                             download_failures[i].message);
         g_autofree char *entries = dir_entries(f->images_dir);
         assert_string_equal(entries, "");
     }
@@ -659,7 +628,7 @@ test_download_cancel_then_resume(void **state)
     g_autoptr(VmImage) image =
         vm_image_ensure(f->images_dir, t, FALSE, progress_cb, &p, p.cancel, &error);
     assert_null(image);
-    assert_error(error, VM_ERROR_CANCELLED, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_CANCELLED, NULL);
     progress_clear(&p);
 
     /* Only the partial download stays, for the next attempt. */
@@ -675,7 +644,7 @@ test_download_cancel_then_resume(void **state)
     t->url = g_strdup_printf("http://127.0.0.1:%u/image.qcow2", f->port);
     g_autoptr(VmImage) resumed =
         vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error2);
-    assert_no_error(error2);
+    vm_test_assert_no_error(error2);
     assert_non_null(resumed);
     g_autofree char *log = read_text(f->tmp, "requests.log");
     g_autofree char *range = g_strdup_printf("bytes=%lld-", (long long)st.st_size);
@@ -693,7 +662,7 @@ test_download_already_cancelled(void **state)
     g_cancellable_cancel(cancel);
     g_autoptr(VmImage) image = vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, cancel, &error);
     assert_null(image);
-    assert_error(error, VM_ERROR_CANCELLED, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_CANCELLED, NULL);
     g_autofree char *entries = dir_entries(f->images_dir);
     assert_string_equal(entries, "");
 }
@@ -724,7 +693,7 @@ test_download_unsafe_or_compressed(void **state)
         g_autoptr(VmImage) image =
             vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error);
         assert_null(image);
-        assert_error(error, VM_ERROR_IMAGE, cases[i].message);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_IMAGE, cases[i].message);
         g_autofree char *entries = dir_entries(f->images_dir);
         assert_string_equal(entries, "");
     }
@@ -750,7 +719,7 @@ test_download_raw(void **state)
     g_autoptr(GError) error = NULL;
 
     g_autoptr(VmImage) image = vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error);
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_non_null(image);
     assert_int_equal(image->virtual_size, FILE_SIZE);
 
@@ -817,7 +786,7 @@ test_build(void **state)
     progress_init(&p);
     g_autoptr(VmImage) image =
         vm_image_ensure(f->images_dir, t, FALSE, progress_cb, &p, NULL, &error);
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_non_null(image);
 
     g_autofree char *dir = g_build_filename(f->images_dir, "deb", NULL);
@@ -888,7 +857,7 @@ test_build_replaces_incomplete(void **state)
     write_text(dir, "base.qcow2", "half", 0644);
 
     g_autoptr(VmImage) image = vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error);
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_non_null(image);
     assert_int_equal(image->virtual_size, VIRTUAL_SIZE);
     g_autofree char *entries = dir_entries(f->images_dir);
@@ -918,7 +887,7 @@ test_build_failures(void **state)
         g_autoptr(VmImage) image =
             vm_image_ensure(f->images_dir, t, FALSE, NULL, NULL, NULL, &error);
         assert_null(image);
-        assert_error(error, VM_ERROR_IMAGE, cases[i].message);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_IMAGE, cases[i].message);
         if (cases[i].not_in_message != NULL)
             assert_null(strstr(error->message, cases[i].not_in_message));
         g_autofree char *entries = dir_entries(f->images_dir);
@@ -941,7 +910,7 @@ test_build_cancel(void **state)
     g_autoptr(VmImage) image =
         vm_image_ensure(f->images_dir, t, FALSE, progress_cb, &p, p.cancel, &error);
     assert_null(image);
-    assert_error(error, VM_ERROR_CANCELLED, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_CANCELLED, NULL);
     assert_true(g_get_monotonic_time() - start < 10 * G_USEC_PER_SEC);
     progress_clear(&p);
 
@@ -985,7 +954,7 @@ test_build_concurrent(void **state)
         threads[i] = g_thread_new("ensure", ensure_thread, &calls[i]);
     for (int i = 0; i < 2; i++) {
         g_thread_join(threads[i]);
-        assert_no_error(calls[i].error);
+        vm_test_assert_no_error(calls[i].error);
         assert_non_null(calls[i].image);
         vm_image_free(calls[i].image);
     }

@@ -19,6 +19,7 @@
 #include "hostd-relay.h"
 #include "vm-error.h"
 #include "vm-util.h"
+#include "test-sink.h"
 
 /* What the echo backend appends once it has seen the client's FIN. */
 #define ECHO_TRAILER "<eof>"
@@ -100,20 +101,6 @@ echo_accept_thread(gpointer data)
         g_mutex_unlock(&e->lock);
     }
     return NULL;
-}
-
-/* A free port on 127.0.0.1: bound once with port 0, then released. */
-static guint
-free_port(void)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    vm_autofd fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    return ntohs(sa.sin_port);
 }
 
 /* Binds 127.0.0.1:@port (0: any) and listens; returns the socket. */
@@ -340,7 +327,7 @@ static guint
 add_agent(Fixture *f, const char *agent)
 {
     g_autoptr(GError) error = NULL;
-    guint port = free_port();
+    guint port = vm_test_free_port();
 
     if (!hostd_relay_add(f->relay, agent, port, f->echo->port, &error))
         fail_msg("hostd_relay_add: %s", error->message);
@@ -604,7 +591,7 @@ test_add_refused(void **state)
     close(taken);
 
     port = add_agent(f, "alice");
-    assert_false(hostd_relay_add(f->relay, "alice", free_port(), f->echo->port, &error));
+    assert_false(hostd_relay_add(f->relay, "alice", vm_test_free_port(), f->echo->port, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_EXISTS));
     g_clear_error(&error);
 
@@ -619,13 +606,13 @@ test_backend_down(void **state)
 {
     Fixture *f = *state;
     g_autoptr(GError) error = NULL;
-    guint port = free_port();
-    guint dead = free_port();
+    guint port = vm_test_free_port();
+    guint dead = vm_test_free_port();
     gint64 start;
     int fd;
 
     while (dead == port)
-        dead = free_port();
+        dead = vm_test_free_port();
     hostd_relay_set_backend_timeout(f->relay, 300);
     assert_true(hostd_relay_add(f->relay, "alice", port, dead, &error));
     start = g_get_monotonic_time();
@@ -659,13 +646,13 @@ test_backend_late(void **state)
 {
     Fixture *f = *state;
     g_autoptr(GError) error = NULL;
-    LateBackend lb = {.port = free_port()};
-    guint port = free_port();
+    LateBackend lb = {.port = vm_test_free_port()};
+    guint port = vm_test_free_port();
     GThread *t;
     int fd;
 
     while (port == lb.port)
-        port = free_port();
+        port = vm_test_free_port();
     /* Like a restored QEMU that listens a moment after the wake returned. */
     assert_true(hostd_relay_add(f->relay, "alice", port, lb.port, &error));
     t = g_thread_new("late", late_backend_thread, &lb);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -103,4 +104,49 @@ vm_test_sink_free(VmTestSink *sink)
     close(sink->listen_fd);
     g_mutex_clear(&sink->lock);
     g_free(sink);
+}
+
+guint16
+vm_test_free_port(void)
+{
+    guint16 port;
+    int fd = vm_test_listen_loopback(&port);
+
+    close(fd);
+    return port;
+}
+
+void
+vm_test_send_text(int fd, const char *text)
+{
+    assert_int_equal(send(fd, text, strlen(text), MSG_NOSIGNAL), (ssize_t)strlen(text));
+}
+
+GString *
+vm_test_read_until(int fd, const char *needle, int timeout_ms, gboolean *ret_eof)
+{
+    GString *out = g_string_new(NULL);
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+
+    if (ret_eof != NULL)
+        *ret_eof = FALSE;
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
+        char buf[4096];
+        ssize_t n;
+
+        if (needle != NULL && strstr(out->str, needle) != NULL)
+            break;
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
+            break;
+        n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) {
+            if (ret_eof != NULL)
+                *ret_eof = TRUE;
+            break;
+        }
+        g_string_append_len(out, buf, n);
+    }
+    return out;
 }

@@ -1,5 +1,6 @@
 /* A sink for network tests: an echo server on 127.0.0.1 that counts the connections and bytes
- * that reach it, so a test can assert that a blocked case delivered nothing. */
+ * that reach it, so a test can assert that a blocked case delivered nothing; and the socket
+ * helpers those tests share. */
 #pragma once
 
 #include <glib.h>
@@ -23,3 +24,13 @@ void vm_test_sink_free(VmTestSink *sink);
 
 /* A listening TCP socket on an ephemeral port of 127.0.0.1 (fails the test when it cannot). */
 int vm_test_listen_loopback(guint16 *ret_port);
+
+/* A port on 127.0.0.1 that was free a moment ago: bound once with port 0, then released. */
+guint16 vm_test_free_port(void);
+
+/* Sends all of @text on @fd (fails the test when it cannot). */
+void vm_test_send_text(int fd, const char *text);
+
+/* Reads from @fd until @needle appears (NULL: until EOF) or @timeout_ms pass; returns what came.
+ * *@ret_eof (may be NULL) tells whether the peer closed. */
+GString *vm_test_read_until(int fd, const char *needle, int timeout_ms, gboolean *ret_eof);

@@ -22,6 +22,7 @@
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "test-common.h"
+#include "test-sink.h"
 
 #define SSHD_PATH "/usr/sbin/sshd"
 
@@ -53,23 +54,6 @@ typedef struct {
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static void
-assert_error(const GError *error, VmErrorCode code)
-{
-    if (error == NULL)
-        fail_msg("expected error code %d, got success", code);
-    if (!g_error_matches(error, VM_ERROR, code))
-        fail_msg("expected error code %d, got %s/%d: %s", code, g_quark_to_string(error->domain),
-                 error->code, error->message);
-}
-
-static void
-assert_no_error(const GError *error)
-{
-    if (error != NULL)
-        fail_msg("unexpected error: %s", error->message);
-}
-
 static char *
 read_pub_line(const char *path)
 {
@@ -95,23 +79,9 @@ keygen(const char *dir, const char *name)
 
     assert_true(g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, NULL, NULL,
                              &status, &error));
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_int_equal(status, 0);
     return g_steal_pointer(&path);
-}
-
-static guint
-free_port(void)
-{
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof addr;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
-    close(fd);
-    return ntohs(addr.sin_port);
 }
 
 static gboolean
@@ -183,7 +153,7 @@ sshd_start(Fixture *f, ServerKind kind)
     assert_true(g_spawn_async_with_fds(NULL, (char **)argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD,
                                        sshd_child_setup, NULL, &f->sshd_pid, null_fd, null_fd,
                                        log_fd, &error));
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     close(log_fd);
     close(null_fd);
 
@@ -210,7 +180,7 @@ setup_kind(void **state, ServerKind kind)
     Fixture *f = g_new0(Fixture, 1);
 
     f->dir = vm_test_make_tmpdir("test-ssh-XXXXXX");
-    f->port = free_port();
+    f->port = vm_test_free_port();
     f->log_path = g_build_filename(f->dir, "sshd.log", NULL);
     f->known_hosts_path = g_build_filename(f->dir, "known_hosts", NULL);
     write_known_hosts(f, keys.host_pub_line);
@@ -384,7 +354,7 @@ exec_run_finish(ExecRun *run)
         message = vm_message_read_fd(run->fds[1], &eof, &error);
         if (message == NULL) {
             if (!eof)
-                assert_no_error(error);
+                vm_test_assert_no_error(error);
             break;
         }
         if (run->exited)
@@ -442,7 +412,7 @@ exec_run(ExecRun *run)
 static void
 assert_exec_ok(const ExecRun *run, int status)
 {
-    assert_no_error(run->error);
+    vm_test_assert_no_error(run->error);
     assert_true(run->ok);
     assert_true(run->exited);
     assert_int_equal(run->status, status);
@@ -576,7 +546,7 @@ test_exec_bad_env(void **state)
         run.request.env = env;
         exec_run(&run);
         assert_false(run.ok);
-        assert_error(run.error, VM_ERROR_INVALID_ARGUMENT);
+        vm_test_assert_error(run.error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
         exec_run_clear(&run);
     }
     /* Nothing was run, so nothing was connected. */
@@ -592,7 +562,7 @@ test_exec_empty_argv(void **state)
 
     exec_run_init(&run, f, argv);
     exec_run(&run);
-    assert_error(run.error, VM_ERROR_INVALID_ARGUMENT);
+    vm_test_assert_error(run.error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
     exec_run_clear(&run);
 }
 
@@ -720,7 +690,7 @@ test_exec_client_goes_away(void **state)
     g_thread_join(run.exec_thread);
     assert_true(g_get_monotonic_time() - start < 5 * G_USEC_PER_SEC);
     assert_false(run.ok);
-    assert_error(run.error, VM_ERROR_CANCELLED);
+    vm_test_assert_error(run.error, VM_ERROR, VM_ERROR_CANCELLED, NULL);
     exec_run_clear(&run);
 
     /* The session is still good for the next command. */
@@ -843,7 +813,7 @@ test_wait_ready_ok(void **state)
     g_autoptr(GError) error = NULL;
 
     assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, &error));
-    assert_no_error(error);
+    vm_test_assert_no_error(error);
     assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 1);
 }
 
@@ -884,7 +854,7 @@ test_wait_ready_host_key(void **state)
         connections = hostd_ssh_pool_get_connections_opened(f->pool);
         start = g_get_monotonic_time();
         assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 20, NULL, &error));
-        assert_error(error, VM_ERROR_SSH);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_SSH, NULL);
         assert_non_null(strstr(error->message, cases[i].message));
         /* One attempt, no retry. */
         assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), connections + 1);
@@ -893,7 +863,7 @@ test_wait_ready_host_key(void **state)
 
         exec_run_init(&run, f, argv);
         exec_run(&run);
-        assert_error(run.error, VM_ERROR_SSH);
+        vm_test_assert_error(run.error, VM_ERROR, VM_ERROR_SSH, NULL);
         assert_non_null(strstr(run.error->message, cases[i].message));
         exec_run_clear(&run);
         assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), connections + 2);
@@ -908,7 +878,7 @@ test_wait_ready_key_refused(void **state)
 
     /* Refusal is retried: cloud-init may install the key later. */
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 2, NULL, &error));
-    assert_error(error, VM_ERROR_TIMEOUT);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_TIMEOUT, NULL);
     assert_non_null(strstr(error->message, "refused the key"));
     assert_true(hostd_ssh_pool_get_connections_opened(f->pool) >= 2);
 }
@@ -922,7 +892,7 @@ test_wait_ready_bad_identity(void **state)
 
     f->target.identity_path = path;
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 20, NULL, &error));
-    assert_error(error, VM_ERROR_SSH);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_SSH, NULL);
     assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 0);
     f->target.identity_path = keys.user_key;
 }
@@ -935,10 +905,10 @@ test_wait_ready_nothing_listens(void **state)
     gint64 start = g_get_monotonic_time();
     gint64 elapsed;
 
-    f->target.port = free_port();
+    f->target.port = vm_test_free_port();
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 2, NULL, &error));
     elapsed = g_get_monotonic_time() - start;
-    assert_error(error, VM_ERROR_TIMEOUT);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_TIMEOUT, NULL);
     assert_true(elapsed >= 2 * G_USEC_PER_SEC - 100000);
     assert_true(elapsed < 5 * G_USEC_PER_SEC);
 }
@@ -965,7 +935,7 @@ test_wait_ready_silent_port(void **state)
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 3, NULL, &error));
     elapsed = g_get_monotonic_time() - start;
     close(fd);
-    assert_error(error, VM_ERROR_TIMEOUT);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_TIMEOUT, NULL);
     assert_true(elapsed >= 3 * G_USEC_PER_SEC - 100000);
     assert_true(elapsed < 6 * G_USEC_PER_SEC);
 }
@@ -994,11 +964,11 @@ test_wait_ready_cancelled(void **state)
     GThread *thread;
     gint64 start;
 
-    f->target.port = free_port();
+    f->target.port = vm_test_free_port();
     thread = g_thread_new("cancel", cancel_thread, cancellable);
     start = g_get_monotonic_time();
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 30, cancellable, &error));
-    assert_error(error, VM_ERROR_CANCELLED);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_CANCELLED, NULL);
     assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
     g_thread_join(thread);
 }

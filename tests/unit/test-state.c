@@ -26,18 +26,6 @@ typedef VmTestTmpDir Fixture;
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static void
-assert_error(const GError *error, VmErrorCode code, const char *needle)
-{
-    if (error == NULL)
-        fail_msg("expected error code %d, got success", code);
-    if (!g_error_matches(error, VM_ERROR, code))
-        fail_msg("expected error code %d, got %s/%d: %s", code, g_quark_to_string(error->domain),
-                 error->code, error->message);
-    if (needle != NULL && strstr(error->message, needle) == NULL)
-        fail_msg("error message '%s' does not mention '%s'", error->message, needle);
-}
-
 static HostdAgentRecord *
 sample_record(const char *dir)
 {
@@ -192,7 +180,7 @@ test_record_save_fails(void **state)
     g_autoptr(HostdAgentRecord) r = sample_record(missing);
 
     assert_false(hostd_agent_record_save(r, &error));
-    assert_error(error, VM_ERROR_IO, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, NULL);
 }
 
 static void
@@ -203,7 +191,7 @@ test_record_missing(void **state)
     g_autofree char *path = g_build_filename(f->dir, "agent.ini", NULL);
 
     assert_null(hostd_agent_record_load(f->dir, &error));
-    assert_error(error, VM_ERROR_IO, path);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, path);
 }
 
 /* A complete record as hostd writes it, one "key=value" per line, to remove or damage keys. */
@@ -277,7 +265,7 @@ test_record_missing_key(void **state)
         g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(f->dir, &error);
         if (r != NULL)
             fail_msg("a record without '%s' was accepted", key);
-        assert_error(error, VM_ERROR_FAILED, path);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, path);
         if (strstr(error->message, key) == NULL)
             fail_msg("'%s' does not name the missing key '%s'", error->message, key);
     }
@@ -315,7 +303,7 @@ test_record_bad_values(void **state)
         g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(f->dir, &error);
         if (r != NULL)
             fail_msg("'%s' was accepted", cases[i].line);
-        assert_error(error, VM_ERROR_FAILED, path);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, path);
         if (strstr(error->message, cases[i].key) == NULL)
             fail_msg("'%s' does not name the key of '%s'", error->message, cases[i].line);
     }
@@ -418,7 +406,7 @@ test_state_open_fails(void **state)
 
     vm_test_write_file(file, "x");
     assert_null(hostd_state_open(below, &error));
-    assert_error(error, VM_ERROR_IO, below);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, below);
 }
 
 static void
@@ -437,14 +425,14 @@ test_state_lock(void **state)
      * process conflicts as a second hostd would. */
     g_autoptr(HostdState) second = hostd_state_open(state_dir, &error);
     assert_null(second);
-    assert_error(error, VM_ERROR_BUSY, pid);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BUSY, pid);
     assert_non_null(strstr(error->message, state_dir));
     g_clear_error(&error);
 
     /* The failed attempt must not have clobbered the holder's PID in the lock file. */
     g_autoptr(HostdState) third = hostd_state_open(state_dir, &error);
     assert_null(third);
-    assert_error(error, VM_ERROR_BUSY, pid);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BUSY, pid);
     g_clear_error(&error);
 
     hostd_state_close(first);
@@ -495,7 +483,7 @@ test_list_agents_fails(void **state)
 
     assert_int_equal(g_rmdir(st->agents_dir), 0);
     assert_null(hostd_state_list_agents(st, &error));
-    assert_error(error, VM_ERROR_IO, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, NULL);
 }
 
 /* ---- tree removal -------------------------------------------------------------------------- */

@@ -1,0 +1,1 @@
+#include "hostd-b-private.h"

@@ -1,0 +1,2 @@
+#include "hostd-a.h"
+#include "hostd-b-private.h"

@@ -1,0 +1,2 @@
+#include "hostd-b-private.h"
+#include "hostd-c.h"

@@ -1,0 +1,1 @@
+#include "hostd-a.h"

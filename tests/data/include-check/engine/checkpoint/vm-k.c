@@ -1,0 +1,2 @@
+#include "vm-c.h"
+#include "hostd-a.h"
