@@ -156,11 +156,13 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
         .cpu_threshold = HOSTD_IDLE_CPU_THRESHOLD,
         .now = g_get_monotonic_time(),
     };
-    virDomainInfo info;
-    if (input.state == HOSTD_POWER_RUNNING && virDomainGetInfo(dom, &info) < 0)
-        virResetLastError();
-    else if (input.state != HOSTD_POWER_RUNNING)
+    /* No sample (not running, or libvirt could not say): CPU use stays unknown, which keeps a
+     * running agent busy. */
+    virDomainInfo info = {0};
+    if (input.state == HOSTD_POWER_RUNNING && virDomainGetInfo(dom, &info) < 0) {
         info.nrVirtCpu = 0;
+        virResetLastError();
+    }
 
     g_mutex_lock(&power->lock);
     HostdPowerAgent *a = hostd_power_agent(power, name);
