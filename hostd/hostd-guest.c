@@ -6,6 +6,7 @@
 
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "vm-stream.h"
 #include "vm-util.h"
 
 #define HOSTD_CONSOLE_TAIL_LINES    15
@@ -125,9 +126,11 @@ static gpointer
 hostd_run_drain_thread(gpointer data)
 {
     HostdRunDrain *drain = data;
-    for (;;) {
-        gboolean at_eof = FALSE;
-        g_autoptr(VmMessage) m = vm_message_read_fd(drain->fd, &at_eof, NULL);
+    VmStreamReader reader;
+
+    vm_stream_reader_init(&reader, drain->fd, VM_OP_EXEC);
+    while (!reader.ended) {
+        g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, NULL);
         if (m == NULL)
             return NULL;
         if (m->op == VM_OP_EXIT) {
@@ -139,6 +142,7 @@ hostd_run_drain_thread(gpointer data)
         if (m->op == VM_OP_STDERR && bytes != NULL && drain->stderr_->len < 4096)
             g_string_append_len(drain->stderr_, (const char *)bytes, (gssize)MIN(len, 4096));
     }
+    return NULL;
 }
 
 gboolean
