@@ -4,6 +4,8 @@
 
 #include <glib.h>
 
+#include "vm-fs.h"
+
 G_BEGIN_DECLS
 
 /* Files inside an agent's directory. */
@@ -80,7 +82,11 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdState, hostd_state_close)
 /* Lists the agent directory names under agents/ (sorted). Fails with VM_ERROR_IO. */
 GPtrArray *hostd_state_list_agents(HostdState *state, GError **error);
 
-/* Removes @path and everything below it; a missing path is success. Fails with VM_ERROR_IO. */
-gboolean hostd_remove_tree(const char *path, GError **error);
+/* Deprecated: call vm_remove_tree() (vm-fs.h). Kept only until hostd-agent.c does. */
+static inline gboolean
+hostd_remove_tree(const char *path, GError **error)
+{
+    return vm_remove_tree(path, error);
+}
 
 G_END_DECLS

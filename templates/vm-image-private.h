@@ -43,8 +43,4 @@ gboolean vm_image_download(const VmTemplate *template_, const char *part_path,
 gboolean vm_image_run(const char *const *argv, const char *what, GCancellable *cancellable,
                       GError **error);
 
-/* Removes @path and everything below it, without crossing into other file systems. A missing
- * @path is success. Fails with VM_ERROR_IO. */
-gboolean vm_image_remove_tree(const char *path, GError **error);
-
 G_END_DECLS

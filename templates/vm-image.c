@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 
 #include "vm-config.h"
 #include "vm-error.h"
+#include "vm-fs.h"
 #include "vm-util.h"
 
 #define INI_GROUP      "image"
@@ -161,31 +161,6 @@ vm_image_qcow2_probe(const char *path, gboolean *ret_is_qcow2, VmQcow2Info *ret_
     ret_info->has_backing_file = GUINT64_FROM_BE(backing_offset) != 0;
     /* Incompatible feature bit 2: the guest data lives in an external file. */
     ret_info->has_external_data = (incompatible & (1u << 2)) != 0;
-    return TRUE;
-}
-
-static int
-remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path) == 0 || errno == ENOENT ? 0 : errno;
-}
-
-gboolean
-vm_image_remove_tree(const char *path, GError **error)
-{
-    struct stat st;
-
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT ? TRUE : vm_throw_errno(error, errno, "removing %s", path);
-    if (!S_ISDIR(st.st_mode)) {
-        if (unlink(path) < 0 && errno != ENOENT)
-            return vm_throw_errno(error, errno, "removing %s", path);
-        return TRUE;
-    }
-    /* FTW_MOUNT: a build killed mid-way may leave /proc or /dev mounted in its rootfs. */
-    int rc = nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-    if (rc != 0)
-        return vm_throw_errno(error, rc > 0 ? rc : errno, "removing %s", path);
     return TRUE;
 }
 
@@ -508,7 +483,7 @@ image_install(const char *work_dir, const char *dir, GError **error)
     }
 
     if (renameat2(AT_FDCWD, work_dir, AT_FDCWD, dir, RENAME_EXCHANGE) == 0)
-        return vm_image_remove_tree(work_dir, error);
+        return vm_remove_tree(work_dir, error);
     if (errno != EINVAL && errno != ENOSYS)
         return vm_throw_errno(error, errno, "replacing %s", dir);
 
@@ -523,7 +498,7 @@ image_install(const char *work_dir, const char *dir, GError **error)
         rename(old, dir);
         return vm_throw_errno(error, saved, "moving %s to %s", work_dir, dir);
     }
-    return vm_image_remove_tree(old, error);
+    return vm_remove_tree(old, error);
 }
 
 /* Removes <name>.tmp-* left behind by builds that were killed. Only called under the lock. */
@@ -540,7 +515,7 @@ image_remove_stale(const char *images_dir, const char *name)
         if (!g_str_has_prefix(entry, prefix))
             continue;
         g_autofree char *path = g_build_filename(images_dir, entry, NULL);
-        vm_image_remove_tree(path, NULL);
+        vm_remove_tree(path, NULL);
     }
 }
 
@@ -639,7 +614,7 @@ image_make(const char *images_dir, const VmTemplate *template_, const char *dir,
         ok = image_write_ini(template_, work_dir, sha256, error) &&
              image_install(work_dir, dir, error);
     if (!ok) {
-        vm_image_remove_tree(work_dir, NULL);
+        vm_remove_tree(work_dir, NULL);
         return NULL;
     }
 
