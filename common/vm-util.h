@@ -31,6 +31,10 @@ gboolean vm_duration_parse(const char *text, guint64 *ret_seconds, GError **erro
 /* Formats a byte count as "1.5 GiB" (newly allocated). Can't fail. */
 char *vm_format_bytes(guint64 bytes);
 
+/* write(2) that never raises SIGPIPE: on a pipe whose reader is gone it fails with EPIPE
+ * instead (sockets have send(MSG_NOSIGNAL) for that). Same return value and errno as write(). */
+gssize vm_write_nosignal(int fd, const void *buf, gsize len);
+
 /* The default state directory: /var/lib/hostd for root, else $XDG_DATA_HOME/hostd. Newly
  * allocated; can't fail. */
 char *vm_default_state_dir(void);

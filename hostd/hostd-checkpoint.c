@@ -13,6 +13,7 @@
 #include "vm-retention.h"
 #include "vm-error.h"
 #include "vm-name.h"
+#include "vm-spawn.h"
 #include "vm-util.h"
 
 #define HOSTD_CHECKPOINT_MIN_FREE (256ULL * 1024 * 1024)
@@ -88,7 +89,7 @@ hostd_qemu_img_overlay(const char *backing, const char *path, GError **error)
 {
     const char *argv[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
                           "qcow2",    "-b",     backing, path, NULL};
-    return hostd_run(argv, error);
+    return vm_spawn_run(argv, NULL, NULL, error);
 }
 
 /* A safe rebase of @path onto @base: what @path read through its old backing chain and @base
@@ -99,7 +100,7 @@ hostd_qemu_img_rebase(const char *base, const char *path, GError **error)
 {
     const char *argv[] = {"qemu-img", "rebase", "-q", "-f", "qcow2", "-F",
                           "qcow2",    "-b",     base, path, NULL};
-    return hostd_run(argv, error);
+    return vm_spawn_run(argv, NULL, NULL, error);
 }
 
 /* Makes the new empty overlay ahead of the switch, so that libvirt only has to point QEMU at it
@@ -113,7 +114,7 @@ hostd_checkpoint_prepare_overlay(const char *active_path, const char *new_path, 
     const char *argv[] = {"qemu-img", "create", "-q",        "-f",     "qcow2", "-F", "qcow2",
                           "-u",       "-b",     active_path, new_path, size,    NULL};
     g_unlink(new_path);
-    return hostd_run(argv, error);
+    return vm_spawn_run(argv, NULL, NULL, error);
 }
 
 /* The live part: an external disk-only snapshot, atomic, with the guest's filesystems frozen.
@@ -636,7 +637,7 @@ hostd_chain_holds(const char *top, const char *path, gboolean *ret_holds, GError
 {
     const char *argv[] = {"qemu-img", "info", "-U", "--backing-chain", top, NULL};
     g_autofree char *out = NULL;
-    if (!hostd_run_output(argv, &out, error))
+    if (!vm_spawn_run(argv, NULL, &out, error))
         return FALSE;
     g_autofree char *line = g_strconcat("image: ", path, "\n", NULL);
     *ret_holds = strstr(out, line) != NULL;

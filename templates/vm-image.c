@@ -13,6 +13,7 @@
 #include "vm-config.h"
 #include "vm-error.h"
 #include "vm-fs.h"
+#include "vm-spawn.h"
 #include "vm-util.h"
 
 #define INI_GROUP      "image"
@@ -187,6 +188,9 @@ image_log_tail(const char *path)
     return g_utf8_make_valid(tail, -1);
 }
 
+/* The build script is not run with vm_spawn_run(): its stdout is read line by line while it runs
+ * (progress), its stderr goes to the build log, and a cancel first gives it time to unmount and
+ * remove its rootfs. */
 static void
 image_child_setup(gpointer data)
 {
@@ -237,29 +241,6 @@ image_check_exit(GSubprocess *proc, const char *what, const char *output, GError
     if (output != NULL && output[0] != '\0')
         return vm_throw(error, VM_ERROR_IMAGE, "%s failed (%s):\n%s", what, how, output);
     return vm_throw(error, VM_ERROR_IMAGE, "%s failed (%s)", what, how);
-}
-
-gboolean
-vm_image_run(const char *const *argv, const char *what, GCancellable *cancellable, GError **error)
-{
-    g_autoptr(GSubprocessLauncher) launcher =
-        g_subprocess_launcher_new(G_SUBPROCESS_FLAGS_STDOUT_PIPE | G_SUBPROCESS_FLAGS_STDERR_MERGE);
-    g_autoptr(GError) local = NULL;
-    g_autofree char *output = NULL;
-    pid_t pid;
-
-    g_autoptr(GSubprocess) proc = image_spawn(launcher, argv, &pid, error);
-    if (proc == NULL)
-        return FALSE;
-    if (!g_subprocess_communicate_utf8(proc, NULL, cancellable, &output, NULL, &local)) {
-        image_kill_group(proc, pid);
-        if (g_error_matches(local, G_IO_ERROR, G_IO_ERROR_CANCELLED))
-            return vm_throw(error, VM_ERROR_CANCELLED, "%s cancelled", what);
-        return vm_throw(error, VM_ERROR_IO, "%s: %s", what, local->message);
-    }
-    if (output != NULL)
-        g_strstrip(output);
-    return image_check_exit(proc, what, output, error);
 }
 
 /* $VM_TEMPLATES_DIR, then the source tree, then the installed data directory. */
@@ -408,9 +389,15 @@ image_adopt_download(const char *part_path, const char *work_dir, GCancellable *
     /* Never let qemu-img probe the format of a download: raw is the only other choice. */
     const char *argv[] = {"qemu-img", "convert", "-q",      "-f", "raw",
                           "-O",       "qcow2",   part_path, disk, NULL};
-    if (!vm_image_run(argv, "converting the download to qcow2", cancellable, error)) {
+    const VmSpawnOptions options = {.cancellable = cancellable};
+    g_autoptr(GError) local = NULL;
+    if (!vm_spawn_run(argv, &options, NULL, &local)) {
         unlink(disk);
-        return FALSE;
+        if (vm_error_code(local) == VM_ERROR_CANCELLED)
+            return vm_throw(error, VM_ERROR_CANCELLED,
+                            "converting the download to qcow2 cancelled");
+        return vm_throw(error, VM_ERROR_IMAGE, "converting the download to qcow2: %s",
+                        local->message);
     }
     unlink(part_path);
     *ret_renamed = FALSE;

@@ -1,4 +1,5 @@
-/* Small shared helpers: durations, atomic file writes, byte formatting, default paths. */
+/* Small shared helpers: durations, atomic file writes, byte formatting, writes without SIGPIPE,
+ * default paths. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -9,9 +10,14 @@
 #include "vm-util.h"
 #include "test-common.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib-unix.h>
 
 /* ---------------------------------------------------------------------------------------------
  * Durations */
@@ -209,6 +215,24 @@ test_format_bytes(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Writes that never raise SIGPIPE */
+
+static void
+test_write_nosignal(void **state)
+{
+    int fds[2];
+
+    assert_true(g_unix_open_pipe(fds, FD_CLOEXEC, NULL));
+    assert_int_equal(vm_write_nosignal(fds[1], "ab", 2), 2);
+    close(fds[0]);
+    /* SIGPIPE's default action would end the test here. */
+    errno = 0;
+    assert_int_equal(vm_write_nosignal(fds[1], "cd", 2), -1);
+    assert_int_equal(errno, EPIPE);
+    close(fds[1]);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Default paths */
 
 static void
@@ -253,8 +277,11 @@ main(void)
         cmocka_unit_test_setup_teardown(test_write_atomic, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_write_atomic_fails, setup_dir, teardown_dir),
         cmocka_unit_test(test_format_bytes),
+        cmocka_unit_test(test_write_nosignal),
         cmocka_unit_test(test_default_paths),
     };
 
+    /* So that a write that raised SIGPIPE would end the run. */
+    signal(SIGPIPE, SIG_DFL);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
