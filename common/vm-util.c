@@ -146,6 +146,18 @@ vm_write_nosignal(int fd, const void *buf, gsize len)
     return n;
 }
 
+gboolean
+vm_unix_address(const char *path, struct sockaddr_un *ret, socklen_t *ret_len, GError **error)
+{
+    g_return_val_if_fail(path != NULL, FALSE);
+    g_return_val_if_fail(ret != NULL && ret_len != NULL, FALSE);
+
+    if (vm_sockaddr_un_fill(path, ret, ret_len) < 0)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "socket path is too long (at most %zu bytes): %s", VM_UNIX_PATH_MAX, path);
+    return TRUE;
+}
+
 char *
 vm_default_state_dir(void)
 {
