@@ -154,9 +154,7 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
         *ret_quiesced = TRUE;
         return TRUE;
     }
-    const virError *err = virGetLastError();
-    g_autofree char *why = g_strdup(err && err->message ? err->message : "no answer");
-    virResetLastError();
+    g_autofree char *why = hostd_libvirt_take_error("no answer", NULL);
     /* ATOMIC means libvirt left the chain as it was; the retry gets a fresh overlay. */
     if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
         return FALSE;
@@ -375,9 +373,7 @@ hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, vi
             hostd_power_sync_clock(ctx, dom, r->name);
             return TRUE;
         }
-        const virError *err = virGetLastError();
-        g_autofree char *why = g_strdup(err && err->message ? err->message : "unknown error");
-        virResetLastError();
+        g_autofree char *why = hostd_libvirt_take_error("unknown error", NULL);
         g_autofree char *note =
             g_strdup_printf("the saved memory did not load (%s); booting from the disk", why);
         hostd_progress(progress, progress_data, note, -1);

@@ -45,6 +45,18 @@ hostd_libvirt_throw(GError **error, const char *what)
     return FALSE;
 }
 
+char *
+hostd_libvirt_take_error(const char *fallback, int *ret_code)
+{
+    const virError *err = virGetLastError();
+    char *message = g_strdup(err != NULL && err->message != NULL ? err->message : fallback);
+
+    if (ret_code != NULL)
+        *ret_code = err != NULL ? err->code : VIR_ERR_OK;
+    virResetLastError();
+    return message;
+}
+
 #define HOSTD_EMBED_PREFIX "qemu:///embed?root="
 
 /* The embedded driver reads <root>/etc/qemu.conf, which hostd writes:
