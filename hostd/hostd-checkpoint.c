@@ -140,17 +140,15 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
     int state = 0, reason = 0;
     if (virDomainGetState(dom, &state, &reason, 0) == 0 && state == VIR_DOMAIN_PAUSED) {
         /* Paused vCPUs cannot freeze anything, and nothing in the guest writes meanwhile. */
-        virDomainSnapshotPtr paused_snap = virDomainSnapshotCreateXML(dom, xml, flags);
+        g_autoptr(virDomainSnapshot) paused_snap = virDomainSnapshotCreateXML(dom, xml, flags);
         if (paused_snap == NULL)
             return hostd_libvirt_throw(error, "cannot take the checkpoint");
-        virDomainSnapshotFree(paused_snap);
         *ret_quiesced = FALSE;
         return TRUE;
     }
-    virDomainSnapshotPtr snap =
+    g_autoptr(virDomainSnapshot) snap =
         virDomainSnapshotCreateXML(dom, xml, flags | VIR_DOMAIN_SNAPSHOT_CREATE_QUIESCE);
     if (snap != NULL) {
-        virDomainSnapshotFree(snap);
         *ret_quiesced = TRUE;
         return TRUE;
     }
@@ -158,10 +156,9 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
     /* ATOMIC means libvirt left the chain as it was; the retry gets a fresh overlay. */
     if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
         return FALSE;
-    snap = virDomainSnapshotCreateXML(dom, xml, flags);
-    if (snap == NULL)
+    g_autoptr(virDomainSnapshot) unfrozen_snap = virDomainSnapshotCreateXML(dom, xml, flags);
+    if (unfrozen_snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the checkpoint");
-    virDomainSnapshotFree(snap);
     *ret_quiesced = FALSE;
     *ret_warning = g_strdup_printf("the guest's filesystems were not frozen (%s): the checkpoint "
                                    "is crash-consistent",
@@ -184,10 +181,9 @@ hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const c
         memory_path, new_path);
     unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_LIVE | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
                          VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
-    virDomainSnapshotPtr snap = virDomainSnapshotCreateXML(dom, xml, flags);
+    g_autoptr(virDomainSnapshot) snap = virDomainSnapshotCreateXML(dom, xml, flags);
     if (snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the memory checkpoint");
-    virDomainSnapshotFree(snap);
     return TRUE;
 }
 
