@@ -98,6 +98,7 @@ vm_guest_change_free(VmGuestChange *change)
 
 typedef struct guestfs_statns_list GfsStatnsList;
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(GfsStatnsList, guestfs_free_statns_list)
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(guestfs_h, guestfs_close)
 
 struct _VmGuestfs {
     guestfs_h *g;
@@ -200,7 +201,7 @@ static guestfs_h *
 create_handle(const char *const *images, guint n_images, gboolean tcg, GError **error)
 {
     /* No environment: LIBGUESTFS_DEBUG and friends would make the library print. */
-    guestfs_h *g =
+    g_autoptr(guestfs_h) g =
         guestfs_create_flags(GUESTFS_CREATE_NO_ENVIRONMENT | GUESTFS_CREATE_NO_CLOSE_ON_EXIT);
     if (g == NULL) {
         vm_throw_errno(error, errno, "cannot create a libguestfs handle");
@@ -217,7 +218,6 @@ create_handle(const char *const *images, guint n_images, gboolean tcg, GError **
         guestfs_set_autosync(g, 0) == -1 ||
         (tcg && guestfs_set_backend_settings(g, tcg_settings) == -1)) {
         throw_guestfs(g, error, "cannot configure libguestfs");
-        guestfs_close(g);
         return NULL;
     }
 
@@ -227,11 +227,10 @@ create_handle(const char *const *images, guint n_images, gboolean tcg, GError **
         if (guestfs_add_drive_opts(g, absolute, GUESTFS_ADD_DRIVE_OPTS_FORMAT, "qcow2",
                                    GUESTFS_ADD_DRIVE_OPTS_READONLY, 1, -1) == -1) {
             throw_guestfs(g, error, "cannot add image '%s'", images[i]);
-            guestfs_close(g);
             return NULL;
         }
     }
-    return g;
+    return g_steal_pointer(&g);
 }
 
 /* Set once a KVM appliance failed to start: later handles go straight to TCG. */
@@ -247,20 +246,18 @@ launch_appliance(const char *const *images, guint n_images, GError **error)
 
     for (;;) {
         g_autoptr(GError) launch_error = NULL;
-        guestfs_h *g = create_handle(images, n_images, tcg, &launch_error);
+        g_autoptr(guestfs_h) g = create_handle(images, n_images, tcg, &launch_error);
         if (g == NULL) {
             g_propagate_error(error, g_steal_pointer(&launch_error));
             return NULL;
         }
         if (guestfs_launch(g) == 0)
-            return g;
+            return g_steal_pointer(&g);
         gboolean retry = !tcg && g_file_test("/dev/kvm", G_FILE_TEST_EXISTS);
         if (!retry) {
             throw_guestfs(g, error, "cannot start the libguestfs appliance");
-            guestfs_close(g);
             return NULL;
         }
-        guestfs_close(g);
         g_atomic_int_set(&kvm_appliance_broken, TRUE);
         tcg = TRUE;
     }
@@ -322,8 +319,7 @@ vm_guestfs_close(VmGuestfs *fs)
 {
     if (fs == NULL)
         return;
-    if (fs->g != NULL)
-        guestfs_close(fs->g);
+    g_clear_pointer(&fs->g, guestfs_close);
     g_strfreev(fs->images);
     g_free(fs);
 }

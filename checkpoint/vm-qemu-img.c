@@ -1,17 +1,10 @@
 #include "vm-qemu-img.h"
 
-#include "vm-error.h"
-
-#include <errno.h>
 #include <json-glib/json-glib.h>
-#include <poll.h>
-#include <signal.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-/* How much of qemu-img's stderr makes it into an error message. */
-#define QEMU_IMG_STDERR_MAX 4096
+#include "vm-error.h"
+#include "vm-spawn.h"
 
 void
 vm_qemu_img_info_free(VmQemuImgInfo *info)
@@ -172,94 +165,13 @@ vm_qemu_img_info_parse(const char *json, gssize len, GError **error)
     return g_steal_pointer(&chain);
 }
 
-/* Reads from @fd until end of file into @buf, keeping at most @max bytes; returns FALSE (errno
- * set) on a read error. *ret_over is set once more than @max bytes came. */
-static gboolean
-qemu_img_drain(int fd, GString *buf, gsize max, gboolean *ret_over, gboolean *ret_eof)
-{
-    char chunk[65536];
-    ssize_t n = read(fd, chunk, sizeof chunk);
-
-    if (n < 0)
-        return errno == EINTR || errno == EAGAIN;
-    if (n == 0) {
-        *ret_eof = TRUE;
-        return TRUE;
-    }
-    if (buf->len + (gsize)n > max) {
-        g_string_append_len(buf, chunk, max - buf->len);
-        *ret_over = TRUE;
-    } else {
-        g_string_append_len(buf, chunk, n);
-    }
-    return TRUE;
-}
-
-/* Runs @argv with stdin from /dev/null, returning its stdout (NUL-terminated, at most
- * VM_QEMU_IMG_OUTPUT_MAX bytes) in @ret_out; both pipes are read together, so a chatty stderr
- * cannot stall it, and only the first QEMU_IMG_STDERR_MAX bytes of stderr are kept. */
-static gboolean
-qemu_img_run(const char *const *argv, GString **ret_out, GError **error)
-{
-    g_autoptr(GString) out = g_string_new(NULL);
-    g_autoptr(GString) err = g_string_new(NULL);
-    g_autoptr(GError) local_error = NULL;
-    gboolean out_over = FALSE, err_over = FALSE, out_eof = FALSE, err_eof = FALSE;
-    int out_fd = -1, err_fd = -1, status = 0, saved_errno = 0;
-    GPid pid;
-
-    if (!g_spawn_async_with_pipes(NULL, (char **)argv, NULL,
-                                  G_SPAWN_SEARCH_PATH | G_SPAWN_DO_NOT_REAP_CHILD |
-                                      G_SPAWN_STDIN_FROM_DEV_NULL | G_SPAWN_CLOEXEC_PIPES,
-                                  NULL, NULL, &pid, NULL, &out_fd, &err_fd, &local_error))
-        return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", argv[0], local_error->message);
-
-    while (!(out_eof && err_eof) && !out_over) {
-        struct pollfd fds[2] = {{out_eof ? -1 : out_fd, POLLIN, 0},
-                                {err_eof ? -1 : err_fd, POLLIN, 0}};
-        gboolean ok = TRUE;
-
-        if (poll(fds, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            saved_errno = errno;
-            break;
-        }
-        if (fds[0].revents != 0)
-            ok = qemu_img_drain(out_fd, out, VM_QEMU_IMG_OUTPUT_MAX, &out_over, &out_eof);
-        if (ok && fds[1].revents != 0)
-            ok = qemu_img_drain(err_fd, err, QEMU_IMG_STDERR_MAX, &err_over, &err_eof);
-        if (!ok) {
-            saved_errno = errno;
-            break;
-        }
-    }
-    if (saved_errno != 0 || out_over)
-        kill(pid, SIGKILL);
-    close(out_fd);
-    close(err_fd);
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    g_spawn_close_pid(pid);
-
-    if (saved_errno != 0)
-        return vm_throw_errno(error, saved_errno, "cannot read the output of %s", argv[0]);
-    if (out_over)
-        return vm_throw(error, VM_ERROR_IO, "%s printed more than %d bytes", argv[0],
-                        VM_QEMU_IMG_OUTPUT_MAX);
-    if (!g_spawn_check_wait_status(status, NULL)) {
-        g_autofree char *text = g_utf8_make_valid(err->str, err->len);
-        return vm_throw(error, VM_ERROR_IO, "%s failed: %s", argv[0], g_strstrip(text));
-    }
-    *ret_out = g_steal_pointer(&out);
-    return TRUE;
-}
-
 GPtrArray *
 vm_qemu_img_info(const char *path, VmQemuImgInfoFlags flags, GError **error)
 {
     const char *argv[8];
-    g_autoptr(GString) out = NULL;
+    g_autofree char *out = NULL;
+    /* Its output describes guest-written images: bounded before anything parses it. */
+    const VmSpawnOptions options = {.stdout_max = VM_QEMU_IMG_OUTPUT_MAX};
     gsize n = 0;
 
     g_return_val_if_fail(path != NULL, NULL);
@@ -275,9 +187,9 @@ vm_qemu_img_info(const char *path, VmQemuImgInfoFlags flags, GError **error)
     argv[n++] = "--";
     argv[n++] = path;
     argv[n] = NULL;
-    if (!qemu_img_run(argv, &out, error))
+    if (!vm_spawn_run(argv, &options, &out, error))
         return NULL;
-    return vm_qemu_img_info_parse(out->str, out->len, error);
+    return vm_qemu_img_info_parse(out, -1, error);
 }
 
 gboolean

@@ -9,6 +9,7 @@
 
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "vm-spawn.h"
 #include "vm-util.h"
 
 #include <errno.h>
@@ -575,18 +576,10 @@ seed_run_genisoimage(const char *dir, const char *output, GError **error)
         "genisoimage", "-quiet", "-output", output,    "-volid", "cidata",
         "-joliet",     "-rock",  user_data, meta_data, NULL,
     };
-    g_autofree char *err_text = NULL;
-    g_autoptr(GError) local_error = NULL;
-    int wait_status = 0;
 
-    if (!g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
-                      NULL, NULL, NULL, &err_text, &wait_status, &local_error))
-        return vm_throw(error, VM_ERROR_IO, "seed: cannot run genisoimage: %s",
-                        local_error->message);
-    if (!g_spawn_check_wait_status(wait_status, &local_error)) {
-        g_strstrip(err_text);
-        return vm_throw(error, VM_ERROR_IO, "seed: genisoimage failed (%s)%s%s",
-                        local_error->message, *err_text != '\0' ? ": " : "", err_text);
+    if (!vm_spawn_run(argv, NULL, NULL, error)) {
+        g_prefix_error(error, "seed: ");
+        return FALSE;
     }
     return TRUE;
 }

@@ -2,9 +2,9 @@
 
 #include "vm-error.h"
 #include "vm-protocol-private.h"
+#include "vm-util.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -684,36 +684,6 @@ vm_message_read_fd(int fd, gboolean *ret_eof, GError **error)
         return NULL;
     }
     return vm_message_decode(payload, len, error);
-}
-
-/* write() on something that is not a socket: a pipe whose reader is gone would raise SIGPIPE, so
- * hold the signal blocked and swallow the one this write caused. */
-static gssize
-vm_write_nosignal(int fd, const guint8 *buf, gsize len)
-{
-    sigset_t pipe_set, old_set, pending;
-    gboolean was_pending;
-    gssize n;
-    int saved;
-
-    sigemptyset(&pipe_set);
-    sigaddset(&pipe_set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
-    sigpending(&pending);
-    was_pending = sigismember(&pending, SIGPIPE);
-
-    n = write(fd, buf, len);
-    saved = errno;
-
-    if (n < 0 && saved == EPIPE && !was_pending) {
-        const struct timespec zero = {0, 0};
-
-        while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
-            ;
-    }
-    pthread_sigmask(SIG_SETMASK, &old_set, NULL);
-    errno = saved;
-    return n;
 }
 
 gboolean

@@ -3,7 +3,10 @@
 #include "vm-error.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <string.h>
+#include <time.h>
 
 /* Durations beyond this would overflow a gint64 count of microseconds, which is what GLib's
  * clocks and timeouts use. */
@@ -111,6 +114,48 @@ vm_format_bytes(guint64 bytes)
     if (g_str_has_suffix(buf, ".0"))
         buf[strlen(buf) - 2] = '\0';
     return g_strdup_printf("%s %s", buf, units[i]);
+}
+
+gssize
+vm_write_nosignal(int fd, const void *buf, gsize len)
+{
+    sigset_t pipe_set, old_set, pending;
+    gboolean was_pending;
+    gssize n;
+    int saved;
+
+    /* Hold SIGPIPE blocked over the write and swallow the one it caused, unless one was already
+     * pending for someone else. */
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
+    sigpending(&pending);
+    was_pending = sigismember(&pending, SIGPIPE);
+
+    n = write(fd, buf, len);
+    saved = errno;
+
+    if (n < 0 && saved == EPIPE && !was_pending) {
+        const struct timespec zero = {0, 0};
+
+        while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &old_set, NULL);
+    errno = saved;
+    return n;
+}
+
+gboolean
+vm_unix_address(const char *path, struct sockaddr_un *ret, socklen_t *ret_len, GError **error)
+{
+    g_return_val_if_fail(path != NULL, FALSE);
+    g_return_val_if_fail(ret != NULL && ret_len != NULL, FALSE);
+
+    if (vm_sockaddr_un_fill(path, ret, ret_len) < 0)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "socket path is too long (at most %zu bytes): %s", VM_UNIX_PATH_MAX, path);
+    return TRUE;
 }
 
 char *

@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include "vm-sockaddr.h"
+
 G_BEGIN_DECLS
 
 /* A file descriptor that closes itself (GLib 2.74 has no g_autofd). */
@@ -30,6 +32,17 @@ gboolean vm_duration_parse(const char *text, guint64 *ret_seconds, GError **erro
 
 /* Formats a byte count as "1.5 GiB" (newly allocated). Can't fail. */
 char *vm_format_bytes(guint64 bytes);
+
+/* write(2) that never raises SIGPIPE: on a pipe whose reader is gone it fails with EPIPE
+ * instead (sockets have send(MSG_NOSIGNAL) for that). Same return value and errno as write(). */
+gssize vm_write_nosignal(int fd, const void *buf, gsize len);
+
+/* Fills @ret with the Unix socket address of @path (a file system path, not an abstract name)
+ * and @ret_len with its length, as bind() and connect() take them. Fails with
+ * VM_ERROR_INVALID_ARGUMENT when @path is longer than the VM_UNIX_PATH_MAX bytes an address
+ * holds. */
+gboolean vm_unix_address(const char *path, struct sockaddr_un *ret, socklen_t *ret_len,
+                         GError **error);
 
 /* The default state directory: /var/lib/hostd for root, else $XDG_DATA_HOME/hostd. Newly
  * allocated; can't fail. */

@@ -849,20 +849,18 @@ proxy_accept_thread(gpointer data)
 static gboolean
 proxy_listen_unix(VmEgressProxy *proxy, GError **error)
 {
-    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    struct sockaddr_un sun;
+    socklen_t sun_len;
     const char *path = proxy->listen_path;
 
-    if (strlen(path) >= sizeof(sun.sun_path))
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "egress proxy socket path too long (max %zu): %s", sizeof(sun.sun_path) - 1,
-                        path);
-    strcpy(sun.sun_path, path);
+    if (!vm_unix_address(path, &sun, &sun_len, error))
+        return FALSE;
     proxy->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (proxy->listen_fd < 0)
         return vm_throw_errno(error, errno, "cannot create the egress proxy socket");
     if (unlink(path) < 0 && errno != ENOENT)
         return vm_throw_errno(error, errno, "cannot replace %s", path);
-    if (bind(proxy->listen_fd, (struct sockaddr *)&sun, sizeof(sun)) < 0)
+    if (bind(proxy->listen_fd, (struct sockaddr *)&sun, sun_len) < 0)
         return vm_throw_errno(error, errno, "cannot bind the egress proxy to %s", path);
     if (chmod(path, 0600) < 0 ||
         (proxy->config.listen_chown &&

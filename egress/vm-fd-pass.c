@@ -1,5 +1,7 @@
 #include "vm-fd-pass.h"
 
+#include "vm-sockaddr.h"
+
 #include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -9,7 +11,8 @@
 int
 vm_fd_pass(const char *path, int fd)
 {
-    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    struct sockaddr_un sun;
+    socklen_t sun_len;
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
@@ -23,13 +26,12 @@ vm_fd_pass(const char *path, int fd)
     struct cmsghdr *cmsg;
     int sock, saved;
 
-    if (strlen(path) >= sizeof(sun.sun_path))
+    if (vm_sockaddr_un_fill(path, &sun, &sun_len) < 0)
         return -ENAMETOOLONG;
-    strcpy(sun.sun_path, path);
     sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
         return -errno;
-    if (connect(sock, (struct sockaddr *)&sun, sizeof(sun)) < 0)
+    if (connect(sock, (struct sockaddr *)&sun, sun_len) < 0)
         goto fail;
     memset(&control, 0, sizeof(control));
     cmsg = CMSG_FIRSTHDR(&msg);

@@ -43,6 +43,8 @@ hostd_accel_firmware_ms(const char *qemu, const char *accel, const char *cpu, gi
     }
     g_ptr_array_add(argv, NULL);
 
+    /* Not vm_spawn_run(): QEMU never exits by itself here; its debug console is read while it
+     * runs, and it is killed once the firmware's line shows. */
     gint64 start = g_get_monotonic_time();
     g_autoptr(GSubprocess) proc =
         g_subprocess_newv((const char *const *)argv->pdata,

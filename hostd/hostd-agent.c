@@ -10,8 +10,10 @@
 #include "hostd-template.h"
 #include "vm-domain.h"
 #include "vm-error.h"
+#include "vm-fs.h"
 #include "vm-name.h"
 #include "vm-seed.h"
+#include "vm-spawn.h"
 #include "vm-util.h"
 
 #define HOSTD_DEFAULT_TEMPLATE "debian-12"
@@ -85,32 +87,6 @@ hostd_agent_load(HostdContext *ctx, const char *name, GError **error)
         return NULL;
     }
     return r;
-}
-
-gboolean
-hostd_run(const char *const *argv, GError **error)
-{
-    return hostd_run_output(argv, NULL, error);
-}
-
-gboolean
-hostd_run_output(const char *const *argv, char **ret_stdout, GError **error)
-{
-    g_autofree char *err_text = NULL;
-    g_autofree char *out_text = NULL;
-    g_autoptr(GError) local_error = NULL;
-    int status = 0;
-    GSpawnFlags flags = G_SPAWN_SEARCH_PATH | (ret_stdout == NULL ? G_SPAWN_STDOUT_TO_DEV_NULL : 0);
-
-    if (!g_spawn_sync(NULL, (char **)argv, NULL, flags, NULL, NULL,
-                      ret_stdout != NULL ? &out_text : NULL, &err_text, &status, &local_error))
-        return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", argv[0], local_error->message);
-    if (!g_spawn_check_wait_status(status, NULL))
-        return vm_throw(error, VM_ERROR_IO, "%s failed: %s", argv[0],
-                        err_text != NULL ? g_strstrip(err_text) : "");
-    if (ret_stdout != NULL)
-        *ret_stdout = g_steal_pointer(&out_text);
-    return TRUE;
 }
 
 GPtrArray *
@@ -257,7 +233,7 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
     g_autofree char *size = g_strdup_printf("%uG", r->disk_gib);
     const char *qemu_img[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
                               "qcow2",    "-b",     backing, disk, size,    NULL};
-    if (!hostd_run(qemu_img, error))
+    if (!vm_spawn_run(qemu_img, NULL, NULL, error))
         return NULL;
 
     VmSeedSpec seed_spec = {
@@ -359,7 +335,7 @@ hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
     hostd_agent_emit_removed(ctx, name);
     hostd_ssh_pool_forget(ctx->ssh, name);
     hostd_libvirt_remove(ctx->lv, name, NULL);
-    hostd_remove_tree(dir, NULL);
+    vm_remove_tree(dir, NULL);
 }
 
 static gboolean
@@ -453,7 +429,7 @@ hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error)
     if (ok && g_mkdir_with_parents(r->dir, 0711) < 0)
         ok = vm_throw_errno(error, errno, "cannot create %s", r->dir);
     if (ok && !hostd_agent_record_save(r, error)) {
-        hostd_remove_tree(r->dir, NULL);
+        vm_remove_tree(r->dir, NULL);
         ok = FALSE;
     }
     g_mutex_unlock(&ctx->lock);
@@ -618,7 +594,7 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
     g_autofree char *record = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
     if (g_unlink(record) < 0 && errno != ENOENT)
         return vm_throw_errno(error, errno, "cannot remove %s", record);
-    return hostd_remove_tree(r->dir, error);
+    return vm_remove_tree(r->dir, error);
 }
 
 GVariant *

@@ -115,11 +115,4 @@ gboolean hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemp
  * the domain, then the agent's directory. Best effort: it runs on failure paths. */
 void hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir);
 
-/* Runs a helper program (argv[0] looked up in PATH); its stderr becomes the error message
- * (VM_ERROR_IO). */
-gboolean hostd_run(const char *const *argv, GError **error);
-
-/* hostd_run() that also returns what the program wrote on stdout (newly allocated). */
-gboolean hostd_run_output(const char *const *argv, char **ret_stdout, GError **error);
-
 G_END_DECLS

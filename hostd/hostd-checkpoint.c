@@ -15,6 +15,7 @@
 #include "vm-retention.h"
 #include "vm-error.h"
 #include "vm-name.h"
+#include "vm-spawn.h"
 #include "vm-util.h"
 
 #define HOSTD_CHECKPOINT_MIN_FREE (256ULL * 1024 * 1024)
@@ -89,7 +90,7 @@ hostd_qemu_img_overlay(const char *backing, const char *path, GError **error)
 {
     const char *argv[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
                           "qcow2",    "-b",     backing, path, NULL};
-    return hostd_run(argv, error);
+    return vm_spawn_run(argv, NULL, NULL, error);
 }
 
 /* A safe rebase of @path onto @base: what @path read through its old backing chain and @base
@@ -100,7 +101,7 @@ hostd_qemu_img_rebase(const char *base, const char *path, GError **error)
 {
     const char *argv[] = {"qemu-img", "rebase", "-q", "-f", "qcow2", "-F",
                           "qcow2",    "-b",     base, path, NULL};
-    return hostd_run(argv, error);
+    return vm_spawn_run(argv, NULL, NULL, error);
 }
 
 /* Makes the new empty overlay ahead of the switch, so that libvirt only has to point QEMU at it
@@ -114,7 +115,7 @@ hostd_checkpoint_prepare_overlay(const char *active_path, const char *new_path, 
     const char *argv[] = {"qemu-img", "create", "-q",        "-f",     "qcow2", "-F", "qcow2",
                           "-u",       "-b",     active_path, new_path, size,    NULL};
     g_unlink(new_path);
-    return hostd_run(argv, error);
+    return vm_spawn_run(argv, NULL, NULL, error);
 }
 
 /* The live part: an external disk-only snapshot, atomic, with the guest's filesystems frozen.
@@ -140,30 +141,25 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
     int state = 0, reason = 0;
     if (virDomainGetState(dom, &state, &reason, 0) == 0 && state == VIR_DOMAIN_PAUSED) {
         /* Paused vCPUs cannot freeze anything, and nothing in the guest writes meanwhile. */
-        virDomainSnapshotPtr paused_snap = virDomainSnapshotCreateXML(dom, xml, flags);
+        g_autoptr(virDomainSnapshot) paused_snap = virDomainSnapshotCreateXML(dom, xml, flags);
         if (paused_snap == NULL)
             return hostd_libvirt_throw(error, "cannot take the checkpoint");
-        virDomainSnapshotFree(paused_snap);
         *ret_quiesced = FALSE;
         return TRUE;
     }
-    virDomainSnapshotPtr snap =
+    g_autoptr(virDomainSnapshot) snap =
         virDomainSnapshotCreateXML(dom, xml, flags | VIR_DOMAIN_SNAPSHOT_CREATE_QUIESCE);
     if (snap != NULL) {
-        virDomainSnapshotFree(snap);
         *ret_quiesced = TRUE;
         return TRUE;
     }
-    const virError *err = virGetLastError();
-    g_autofree char *why = g_strdup(err && err->message ? err->message : "no answer");
-    virResetLastError();
+    g_autofree char *why = hostd_libvirt_take_error("no answer", NULL);
     /* ATOMIC means libvirt left the chain as it was; the retry gets a fresh overlay. */
     if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
         return FALSE;
-    snap = virDomainSnapshotCreateXML(dom, xml, flags);
-    if (snap == NULL)
+    g_autoptr(virDomainSnapshot) unfrozen_snap = virDomainSnapshotCreateXML(dom, xml, flags);
+    if (unfrozen_snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the checkpoint");
-    virDomainSnapshotFree(snap);
     *ret_quiesced = FALSE;
     *ret_warning = g_strdup_printf("the guest's filesystems were not frozen (%s): the checkpoint "
                                    "is crash-consistent",
@@ -186,10 +182,9 @@ hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const c
         memory_path, new_path);
     unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_LIVE | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
                          VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
-    virDomainSnapshotPtr snap = virDomainSnapshotCreateXML(dom, xml, flags);
+    g_autoptr(virDomainSnapshot) snap = virDomainSnapshotCreateXML(dom, xml, flags);
     if (snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the memory checkpoint");
-    virDomainSnapshotFree(snap);
     return TRUE;
 }
 
@@ -375,9 +370,7 @@ hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, vi
             hostd_guest_sync_clock(ctx, dom, r->name);
             return TRUE;
         }
-        const virError *err = virGetLastError();
-        g_autofree char *why = g_strdup(err && err->message ? err->message : "unknown error");
-        virResetLastError();
+        g_autofree char *why = hostd_libvirt_take_error("unknown error", NULL);
         g_autofree char *note =
             g_strdup_printf("the saved memory did not load (%s); booting from the disk", why);
         hostd_progress(progress, progress_data, note, -1);

@@ -21,6 +21,7 @@ hostd_ssh_session_close(ssh_session session)
 }
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(virDomain, virDomainFree)
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(virDomainSnapshot, virDomainSnapshotFree)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdSshKey, ssh_key_free)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdSshSession, hostd_ssh_session_close)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdSshChannel, ssh_channel_free)

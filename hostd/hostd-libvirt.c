@@ -45,6 +45,18 @@ hostd_libvirt_throw(GError **error, const char *what)
     return FALSE;
 }
 
+char *
+hostd_libvirt_take_error(const char *fallback, int *ret_code)
+{
+    const virError *err = virGetLastError();
+    char *message = g_strdup(err != NULL && err->message != NULL ? err->message : fallback);
+
+    if (ret_code != NULL)
+        *ret_code = err != NULL ? err->code : VIR_ERR_OK;
+    virResetLastError();
+    return message;
+}
+
 /* The embedded driver reads <root>/etc/qemu.conf, which hostd writes:
  * - QEMU logs to plain files: the default goes through virtlogd, a daemon that need not run here.
  * - libvirt's seccomp filter is off: it denies spawning, and the egress guest forward spawns a

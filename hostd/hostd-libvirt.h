@@ -44,6 +44,13 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdLibvirt, hostd_libvirt_close)
  * FALSE. The one translator for libvirt errors. */
 gboolean hostd_libvirt_throw(GError **error, const char *what);
 
+/* Clears libvirt's last error (this thread's) and returns its message, newly allocated, or a copy
+ * of @fallback when libvirt recorded none; with @ret_code non-NULL also its virErrorNumber
+ * (VIR_ERR_OK when none), so a caller can tell VIR_ERR_NO_DOMAIN and friends apart. For failures
+ * that are logged or worked around; hostd_libvirt_throw() is for those that fail a request.
+ * Can't fail. */
+char *hostd_libvirt_take_error(const char *fallback, int *ret_code);
+
 /* Looks a domain up by name. Returns NULL without error when there is none; NULL with
  * VM_ERROR_LIBVIRT on any other failure (check *error). */
 virDomainPtr hostd_libvirt_lookup(HostdLibvirt *lv, const char *name, GError **error);

@@ -60,10 +60,9 @@ hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
         if (virDomainCreate(dom) < 0) {
             /* The saved image may no longer load (QEMU changed underneath): the disk is intact,
              * so a cold boot loses only what was in RAM. */
-            const virError *err = virGetLastError();
+            g_autofree char *why = hostd_libvirt_take_error("?", NULL);
             hostd_context_log(ctx, "agent '%s': saved state did not restore (%s); booting instead",
-                              r->name, err && err->message ? err->message : "?");
-            virResetLastError();
+                              r->name, why);
             if (virDomainManagedSaveRemove(dom, 0) < 0 || virDomainCreate(dom) < 0)
                 return hostd_libvirt_throw(error, "cannot start the agent");
         }
@@ -201,10 +200,8 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
                               checkpoint_error->message);
         hostd_ssh_pool_forget(ctx->ssh, name);
         if (virDomainManagedSave(dom, VIR_DOMAIN_SAVE_RUNNING) < 0) {
-            const virError *err = virGetLastError();
-            hostd_context_log(ctx, "agent '%s': cannot save: %s", name,
-                              err && err->message ? err->message : "?");
-            virResetLastError();
+            g_autofree char *why = hostd_libvirt_take_error("?", NULL);
+            hostd_context_log(ctx, "agent '%s': cannot save: %s", name, why);
             return;
         }
         hostd_context_log(ctx, "agent '%s' saved to disk: %s", name, d.reason);

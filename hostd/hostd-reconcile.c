@@ -2,6 +2,7 @@
 
 #include "hostd-agent.h"
 #include "vm-error.h"
+#include "vm-fs.h"
 
 gboolean
 hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
@@ -22,7 +23,7 @@ hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
                 /* No record: an `rm` that was interrupted after removing it, or a `new`
                  * that died before writing it; either way nothing here is an agent. */
                 hostd_libvirt_remove(ctx->lv, name, NULL);
-                hostd_remove_tree(dir, NULL);
+                vm_remove_tree(dir, NULL);
                 g_ptr_array_add(notes, g_strdup_printf("removed leftovers of '%s'", name));
             } else {
                 g_ptr_array_add(

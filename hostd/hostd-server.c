@@ -564,14 +564,11 @@ hostd_socket_in_use(const struct sockaddr_un *sa)
 HostdServer *
 hostd_server_start(HostdContext *ctx, const char *socket_path, const char *group, GError **error)
 {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct sockaddr_un sa;
+    socklen_t sa_len;
 
-    if (strlen(socket_path) >= sizeof(sa.sun_path)) {
-        vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "socket path too long (max %zu): %s",
-                 sizeof(sa.sun_path) - 1, socket_path);
+    if (!vm_unix_address(socket_path, &sa, &sa_len, error))
         return NULL;
-    }
-    strcpy(sa.sun_path, socket_path);
 
     gid_t gid = (gid_t)-1;
     if (group != NULL) {
@@ -602,7 +599,7 @@ hostd_server_start(HostdContext *ctx, const char *socket_path, const char *group
         return NULL;
     }
     /* The mode is set before listen(), so no client can connect through a wider one. */
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    if (bind(fd, (struct sockaddr *)&sa, sa_len) < 0) {
         vm_throw_errno(error, errno, "cannot bind %s", socket_path);
         return NULL;
     }

@@ -297,30 +297,3 @@ hostd_state_load_records(HostdState *state, GError **error)
     }
     return records;
 }
-
-gboolean
-hostd_remove_tree(const char *path, GError **error)
-{
-    struct stat st;
-    g_autoptr(GDir) dir = NULL;
-
-    /* A symbolic link is removed, never followed: what it points to is not ours. */
-    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        dir = g_dir_open(path, 0, NULL);
-    if (dir != NULL) {
-        const char *entry;
-        while ((entry = g_dir_read_name(dir)) != NULL) {
-            g_autofree char *child = g_build_filename(path, entry, NULL);
-            if (g_file_test(child, G_FILE_TEST_IS_DIR) &&
-                !g_file_test(child, G_FILE_TEST_IS_SYMLINK)) {
-                if (!hostd_remove_tree(child, error))
-                    return FALSE;
-            } else if (g_unlink(child) < 0 && errno != ENOENT) {
-                return vm_throw_errno(error, errno, "cannot remove %s", child);
-            }
-        }
-    }
-    if (g_remove(path) < 0 && errno != ENOENT)
-        return vm_throw_errno(error, errno, "cannot remove %s", path);
-    return TRUE;
-}

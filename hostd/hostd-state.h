@@ -4,6 +4,8 @@
 
 #include <glib.h>
 
+#include "vm-fs.h"
+
 G_BEGIN_DECLS
 
 /* Files inside an agent's directory. */
@@ -85,8 +87,5 @@ GPtrArray *hostd_state_list_agents(HostdState *state, GError **error);
  * (HostdAgentRecord*); records that cannot be read are skipped. Fails like
  * hostd_state_list_agents(). */
 GPtrArray *hostd_state_load_records(HostdState *state, GError **error);
-
-/* Removes @path and everything below it; a missing path is success. Fails with VM_ERROR_IO. */
-gboolean hostd_remove_tree(const char *path, GError **error);
 
 G_END_DECLS

@@ -37,14 +37,4 @@ gboolean vm_image_download(const VmTemplate *template_, const char *part_path,
                            VmProgressFunc progress, gpointer progress_data,
                            GCancellable *cancellable, GError **error);
 
-/* Runs @argv to completion in a process group of its own, killed when @cancellable fires.
- * Fails with VM_ERROR_CANCELLED, VM_ERROR_IO (could not run it), or VM_ERROR_IMAGE naming
- * @what, the exit status and the command's output. */
-gboolean vm_image_run(const char *const *argv, const char *what, GCancellable *cancellable,
-                      GError **error);
-
-/* Removes @path and everything below it, without crossing into other file systems. A missing
- * @path is success. Fails with VM_ERROR_IO. */
-gboolean vm_image_remove_tree(const char *path, GError **error);
-
 G_END_DECLS

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,6 +12,8 @@
 
 #include "vm-config.h"
 #include "vm-error.h"
+#include "vm-fs.h"
+#include "vm-spawn.h"
 #include "vm-util.h"
 
 #define INI_GROUP      "image"
@@ -164,31 +165,6 @@ vm_image_qcow2_probe(const char *path, gboolean *ret_is_qcow2, VmQcow2Info *ret_
     return TRUE;
 }
 
-static int
-remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path) == 0 || errno == ENOENT ? 0 : errno;
-}
-
-gboolean
-vm_image_remove_tree(const char *path, GError **error)
-{
-    struct stat st;
-
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT ? TRUE : vm_throw_errno(error, errno, "removing %s", path);
-    if (!S_ISDIR(st.st_mode)) {
-        if (unlink(path) < 0 && errno != ENOENT)
-            return vm_throw_errno(error, errno, "removing %s", path);
-        return TRUE;
-    }
-    /* FTW_MOUNT: a build killed mid-way may leave /proc or /dev mounted in its rootfs. */
-    int rc = nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-    if (rc != 0)
-        return vm_throw_errno(error, rc > 0 ? rc : errno, "removing %s", path);
-    return TRUE;
-}
-
 /* Up to LOG_TAIL_LINES last lines of @path, or an empty string. */
 static char *
 image_log_tail(const char *path)
@@ -212,6 +188,9 @@ image_log_tail(const char *path)
     return g_utf8_make_valid(tail, -1);
 }
 
+/* The build script is not run with vm_spawn_run(): its stdout is read line by line while it runs
+ * (progress), its stderr goes to the build log, and a cancel first gives it time to unmount and
+ * remove its rootfs. */
 static void
 image_child_setup(gpointer data)
 {
@@ -262,29 +241,6 @@ image_check_exit(GSubprocess *proc, const char *what, const char *output, GError
     if (output != NULL && output[0] != '\0')
         return vm_throw(error, VM_ERROR_IMAGE, "%s failed (%s):\n%s", what, how, output);
     return vm_throw(error, VM_ERROR_IMAGE, "%s failed (%s)", what, how);
-}
-
-gboolean
-vm_image_run(const char *const *argv, const char *what, GCancellable *cancellable, GError **error)
-{
-    g_autoptr(GSubprocessLauncher) launcher =
-        g_subprocess_launcher_new(G_SUBPROCESS_FLAGS_STDOUT_PIPE | G_SUBPROCESS_FLAGS_STDERR_MERGE);
-    g_autoptr(GError) local = NULL;
-    g_autofree char *output = NULL;
-    pid_t pid;
-
-    g_autoptr(GSubprocess) proc = image_spawn(launcher, argv, &pid, error);
-    if (proc == NULL)
-        return FALSE;
-    if (!g_subprocess_communicate_utf8(proc, NULL, cancellable, &output, NULL, &local)) {
-        image_kill_group(proc, pid);
-        if (g_error_matches(local, G_IO_ERROR, G_IO_ERROR_CANCELLED))
-            return vm_throw(error, VM_ERROR_CANCELLED, "%s cancelled", what);
-        return vm_throw(error, VM_ERROR_IO, "%s: %s", what, local->message);
-    }
-    if (output != NULL)
-        g_strstrip(output);
-    return image_check_exit(proc, what, output, error);
 }
 
 /* $VM_TEMPLATES_DIR, then the source tree, then the installed data directory. */
@@ -433,9 +389,15 @@ image_adopt_download(const char *part_path, const char *work_dir, GCancellable *
     /* Never let qemu-img probe the format of a download: raw is the only other choice. */
     const char *argv[] = {"qemu-img", "convert", "-q",      "-f", "raw",
                           "-O",       "qcow2",   part_path, disk, NULL};
-    if (!vm_image_run(argv, "converting the download to qcow2", cancellable, error)) {
+    const VmSpawnOptions options = {.cancellable = cancellable};
+    g_autoptr(GError) local = NULL;
+    if (!vm_spawn_run(argv, &options, NULL, &local)) {
         unlink(disk);
-        return FALSE;
+        if (vm_error_code(local) == VM_ERROR_CANCELLED)
+            return vm_throw(error, VM_ERROR_CANCELLED,
+                            "converting the download to qcow2 cancelled");
+        return vm_throw(error, VM_ERROR_IMAGE, "converting the download to qcow2: %s",
+                        local->message);
     }
     unlink(part_path);
     *ret_renamed = FALSE;
@@ -508,7 +470,7 @@ image_install(const char *work_dir, const char *dir, GError **error)
     }
 
     if (renameat2(AT_FDCWD, work_dir, AT_FDCWD, dir, RENAME_EXCHANGE) == 0)
-        return vm_image_remove_tree(work_dir, error);
+        return vm_remove_tree(work_dir, error);
     if (errno != EINVAL && errno != ENOSYS)
         return vm_throw_errno(error, errno, "replacing %s", dir);
 
@@ -523,7 +485,7 @@ image_install(const char *work_dir, const char *dir, GError **error)
         rename(old, dir);
         return vm_throw_errno(error, saved, "moving %s to %s", work_dir, dir);
     }
-    return vm_image_remove_tree(old, error);
+    return vm_remove_tree(old, error);
 }
 
 /* Removes <name>.tmp-* left behind by builds that were killed. Only called under the lock. */
@@ -540,7 +502,7 @@ image_remove_stale(const char *images_dir, const char *name)
         if (!g_str_has_prefix(entry, prefix))
             continue;
         g_autofree char *path = g_build_filename(images_dir, entry, NULL);
-        vm_image_remove_tree(path, NULL);
+        vm_remove_tree(path, NULL);
     }
 }
 
@@ -639,7 +601,7 @@ image_make(const char *images_dir, const VmTemplate *template_, const char *dir,
         ok = image_write_ini(template_, work_dir, sha256, error) &&
              image_install(work_dir, dir, error);
     if (!ok) {
-        vm_image_remove_tree(work_dir, NULL);
+        vm_remove_tree(work_dir, NULL);
         return NULL;
     }
 

@@ -20,22 +20,18 @@
 int
 vmctl_client_connect(const char *socket_path, GError **error)
 {
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    struct sockaddr_un addr;
+    socklen_t addr_len;
 
-    if (strlen(socket_path) >= sizeof(addr.sun_path)) {
-        vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                 "socket path is too long (at most %zu bytes): %s", sizeof(addr.sun_path) - 1,
-                 socket_path);
+    if (!vm_unix_address(socket_path, &addr, &addr_len, error))
         return -1;
-    }
-    strcpy(addr.sun_path, socket_path);
 
     vm_autofd fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         vm_throw_errno(error, errno, "cannot create a socket");
         return -1;
     }
-    while (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+    while (connect(fd, (struct sockaddr *)&addr, addr_len) < 0) {
         if (errno == EINTR)
             continue;
         if (errno == ENOENT || errno == ECONNREFUSED || errno == ENOTDIR)

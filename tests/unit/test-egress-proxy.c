@@ -9,6 +9,7 @@
 
 #include "vm-egress-proxy.h"
 #include "vm-error.h"
+#include "vm-util.h"
 #include "test-common.h"
 #include "test-sink.h"
 
@@ -793,11 +794,12 @@ unix_fixture_end(Fixture *f, char *dir, char *path)
 static int
 unix_connect(const char *path)
 {
-    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    struct sockaddr_un sun;
+    socklen_t sun_len;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
-    g_strlcpy(sun.sun_path, path, sizeof(sun.sun_path));
-    assert_int_equal(connect(fd, (struct sockaddr *)&sun, sizeof(sun)), 0);
+    assert_true(vm_unix_address(path, &sun, &sun_len, NULL));
+    assert_int_equal(connect(fd, (struct sockaddr *)&sun, sun_len), 0);
     return fd;
 }
 

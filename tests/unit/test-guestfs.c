@@ -24,6 +24,7 @@
 
 #include "vm-guestfs.h"
 #include "vm-error.h"
+#include "vm-spawn.h"
 #include "test-common.h"
 
 /* A fresh temporary directory per test, f->dir. */
@@ -141,16 +142,9 @@ static gboolean
 run_argv(const char *const *argv, char **ret_why)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *err = NULL;
-    int status = 0;
 
-    if (!g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
-                      NULL, NULL, NULL, &err, &status, &error)) {
-        *ret_why = g_strdup_printf("%s: %s", argv[0], error->message);
-        return FALSE;
-    }
-    if (!g_spawn_check_wait_status(status, &error)) {
-        *ret_why = g_strdup_printf("%s: %s: %s", argv[0], error->message, err);
+    if (!vm_spawn_run(argv, NULL, NULL, &error)) {
+        *ret_why = g_strdup(error->message);
         return FALSE;
     }
     return TRUE;
@@ -357,15 +351,11 @@ static char *
 tar_listing(const char *tar)
 {
     g_autofree char *out = NULL;
-    g_autofree char *err = NULL;
     g_autoptr(GError) error = NULL;
     const char *argv[] = {"tar", "-tf", tar, NULL};
-    int status = 0;
 
-    if (!g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &out, &err,
-                      &status, &error) ||
-        !g_spawn_check_wait_status(status, &error))
-        fail_msg("tar -tf %s: %s %s", tar, error->message, err != NULL ? err : "");
+    if (!vm_spawn_run(argv, NULL, &out, &error))
+        fail_msg("tar -tf %s: %s", tar, error->message);
 
     g_auto(GStrv) lines = g_strsplit(out, "\n", -1);
     g_autoptr(GPtrArray) sorted = g_ptr_array_new();

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "vm-error.h"
+#include "vm-fs.h"
 #include "vm-image-private.h"
 #include "vm-image.h"
 #include "test-common.h"
@@ -279,7 +280,7 @@ teardown(void **state)
         g_subprocess_wait(f->server, NULL, NULL);
         g_object_unref(f->server);
     }
-    assert_true(vm_image_remove_tree(f->tmp, NULL));
+    assert_true(vm_remove_tree(f->tmp, NULL));
     g_unsetenv("VM_TEMPLATES_DIR");
     g_unsetenv("FAKE_SLEEP");
     g_free(f->tmp);
@@ -324,7 +325,7 @@ test_lookup(void **state)
     for (gsize i = 0; i < G_N_ELEMENTS(lookup_cases); i++) {
         g_autoptr(GError) error = NULL;
 
-        assert_true(vm_image_remove_tree(dir, NULL));
+        assert_true(vm_remove_tree(dir, NULL));
         assert_int_equal(g_mkdir_with_parents(dir, 0755), 0);
         if (lookup_cases[i].ini != NULL)
             write_text(dir, "image.ini", lookup_cases[i].ini, 0644);

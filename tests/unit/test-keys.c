@@ -17,6 +17,7 @@
 #include "hostd-keys.h"
 #include "hostd-state.h"
 #include "vm-error.h"
+#include "vm-spawn.h"
 #include "test-common.h"
 
 /* A fresh temporary directory per test, f->dir. */
@@ -42,16 +43,11 @@ static char *
 run_ok(const char *const *argv)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *out = NULL;
-    g_autofree char *err = NULL;
-    int status = 0;
+    char *out = NULL;
 
-    if (!g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &out, &err,
-                      &status, &error))
-        fail_msg("cannot run %s: %s", argv[0], error->message);
-    if (!g_spawn_check_wait_status(status, &error))
-        fail_msg("%s %s %s failed: %s", argv[0], argv[1], argv[2], err);
-    return g_steal_pointer(&out);
+    if (!vm_spawn_run(argv, NULL, &out, &error))
+        fail_msg("%s %s %s: %s", argv[0], argv[1], argv[2], error->message);
+    return out;
 }
 
 /* The base64 field of a "type base64 [comment]" line. */
@@ -293,13 +289,10 @@ test_known_hosts_openssh(void **state)
     assert_non_null(strstr(out, b64));
 
     /* Another port is another host: not pinned. */
-    g_autofree char *err = NULL;
-    int status = 0;
+    g_autoptr(GError) error = NULL;
     const char *other[] = {"ssh-keygen", "-F", "[127.0.0.1]:42318", "-f", path, NULL};
-    assert_true(g_spawn_sync(NULL, (char **)other, NULL,
-                             G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL, NULL, NULL, NULL,
-                             &err, &status, NULL));
-    assert_false(g_spawn_check_wait_status(status, NULL));
+    assert_false(vm_spawn_run(other, NULL, NULL, &error));
+    assert_true(g_str_has_prefix(error->message, "ssh-keygen failed: "));
 }
 
 int

@@ -10,6 +10,7 @@
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-seed.h"
+#include "vm-spawn.h"
 #include "test-common.h"
 
 #include <errno.h>
@@ -560,11 +561,8 @@ test_golden_egress(void **state)
     g_autofree char *with_echo = g_strconcat(script, "echo \"$https_proxy|$NO_PROXY\"\n", NULL);
     const char *argv[] = {"sh", "-c", with_echo, NULL};
     g_autofree char *out = NULL;
-    int status = -1;
 
-    assert_true(g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &out, NULL,
-                             &status, NULL));
-    assert_true(g_spawn_check_wait_status(status, NULL));
+    assert_true(vm_spawn_run(argv, NULL, &out, NULL));
     assert_string_equal(out, "http://10.0.2.100:3128|localhost,127.0.0.1,::1\n");
 }
 
@@ -888,18 +886,14 @@ run_isoinfo(const char *const *args)
 {
     g_autoptr(GPtrArray) argv = g_ptr_array_new();
     g_autofree char *out = NULL;
-    g_autofree char *err = NULL;
     g_autoptr(GError) error = NULL;
-    int status = 0;
 
     g_ptr_array_add(argv, (char *)"isoinfo");
     for (const char *const *a = args; *a != NULL; a++)
         g_ptr_array_add(argv, (char *)*a);
     g_ptr_array_add(argv, NULL);
-    if (!g_spawn_sync(NULL, (char **)argv->pdata, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &out, &err,
-                      &status, &error) ||
-        !g_spawn_check_wait_status(status, &error)) {
-        print_error("isoinfo: %s\n%s\n", error->message, err ? err : "");
+    if (!vm_spawn_run((const char *const *)argv->pdata, NULL, &out, &error)) {
+        print_error("%s\n", error->message);
         fail();
     }
     return g_steal_pointer(&out);

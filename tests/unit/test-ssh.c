@@ -21,6 +21,7 @@
 #include "hostd-ssh-private.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "vm-spawn.h"
 #include "test-common.h"
 #include "test-sink.h"
 
@@ -75,12 +76,9 @@ keygen(const char *dir, const char *name)
     const char *argv[] = {"ssh-keygen", "-q",   "-t", "ed25519", "-N", "",
                           "-C",         "test", "-f", path,      NULL};
     g_autoptr(GError) error = NULL;
-    int status = -1;
 
-    assert_true(g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, NULL, NULL,
-                             &status, &error));
+    assert_true(vm_spawn_run(argv, NULL, NULL, &error));
     vm_test_assert_no_error(error);
-    assert_int_equal(status, 0);
     return g_steal_pointer(&path);
 }
 

@@ -1,6 +1,6 @@
 /* hostd's state directory: agent records survive a save/load round trip and are written
  * privately and atomically, damaged records are refused with the file named, one hostd per
- * state dir, and tree removal never follows links out of the tree. */
+ * state dir. Tree removal (vm_remove_tree()) is tested in test-fs.c. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -486,75 +486,6 @@ test_list_agents_fails(void **state)
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, NULL);
 }
 
-/* ---- tree removal -------------------------------------------------------------------------- */
-
-static void
-test_remove_tree(void **state)
-{
-    Fixture *f = *state;
-    g_autoptr(GError) error = NULL;
-    g_autofree char *top = g_build_filename(f->dir, "top", NULL);
-    g_autofree char *deep = g_build_filename(top, "a", "b", "c", NULL);
-    g_autofree char *empty = g_build_filename(top, "empty", NULL);
-    g_autofree char *file1 = g_build_filename(top, "file", NULL);
-    g_autofree char *file2 = g_build_filename(deep, ".hidden", NULL);
-    g_autofree char *readonly = g_build_filename(top, "a", "ro", NULL);
-    g_autofree char *dangling = g_build_filename(top, "a", "dangling", NULL);
-
-    assert_int_equal(g_mkdir_with_parents(deep, 0700), 0);
-    assert_int_equal(g_mkdir_with_parents(empty, 0700), 0);
-    vm_test_write_file(file1, "1");
-    vm_test_write_file(file2, "2");
-    vm_test_write_file(readonly, "3");
-    assert_int_equal(chmod(readonly, 0400), 0);
-    assert_int_equal(symlink("/nonexistent/target", dangling), 0);
-
-    if (!hostd_remove_tree(top, &error))
-        fail_msg("remove failed: %s", error->message);
-    assert_false(g_file_test(top, G_FILE_TEST_EXISTS));
-    g_autofree char *listing = vm_test_dir_listing(f->dir, TRUE);
-    assert_string_equal(listing, "");
-
-    /* Missing is success, twice over. */
-    assert_true(hostd_remove_tree(top, &error));
-    g_autofree char *deeper = g_build_filename(f->dir, "no", "such", "dir", NULL);
-    assert_true(hostd_remove_tree(deeper, &error));
-    assert_null(error);
-}
-
-/* Links are removed, never followed: an agent directory that is, or holds, a link to data
- * elsewhere must not take that data with it. */
-static void
-test_remove_tree_links(void **state)
-{
-    Fixture *f = *state;
-    g_autoptr(GError) error = NULL;
-    g_autofree char *outside = g_build_filename(f->dir, "outside", NULL);
-    g_autofree char *precious = g_build_filename(outside, "precious", NULL);
-    g_autofree char *top = g_build_filename(f->dir, "top", NULL);
-    g_autofree char *inner_link = g_build_filename(top, "link", NULL);
-    g_autofree char *top_link = g_build_filename(f->dir, "top-link", NULL);
-
-    assert_int_equal(g_mkdir_with_parents(outside, 0700), 0);
-    assert_int_equal(g_mkdir_with_parents(top, 0700), 0);
-    vm_test_write_file(precious, "keep me");
-    assert_int_equal(symlink(outside, inner_link), 0);
-    assert_int_equal(symlink(outside, top_link), 0);
-
-    assert_true(hostd_remove_tree(top, &error));
-    assert_false(g_file_test(top, G_FILE_TEST_EXISTS));
-    assert_true(g_file_test(precious, G_FILE_TEST_IS_REGULAR));
-
-    assert_true(hostd_remove_tree(top_link, &error));
-    assert_false(g_file_test(top_link, G_FILE_TEST_IS_SYMLINK));
-    assert_true(g_file_test(precious, G_FILE_TEST_IS_REGULAR));
-    assert_null(error);
-
-    /* A single file is removed like a tree of one. */
-    assert_true(hostd_remove_tree(precious, &error));
-    assert_false(g_file_test(precious, G_FILE_TEST_EXISTS));
-}
-
 int
 main(void)
 {
@@ -575,8 +506,6 @@ main(void)
         cmocka_unit_test_setup_teardown(test_state_lock, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_agents, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_agents_fails, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_remove_tree, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_remove_tree_links, setup, teardown),
     };
 
     return cmocka_run_group_tests_name("state", tests, NULL, NULL);

@@ -1,4 +1,5 @@
-/* Small shared helpers: durations, atomic file writes, byte formatting, default paths. */
+/* Small shared helpers: durations, atomic file writes, byte formatting, Unix socket addresses,
+ * writes without SIGPIPE, default paths. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -9,9 +10,15 @@
 #include "vm-util.h"
 #include "test-common.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib-unix.h>
 
 /* ---------------------------------------------------------------------------------------------
  * Durations */
@@ -209,6 +216,77 @@ test_format_bytes(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Unix socket addresses */
+
+static void
+test_unix_address(void **state)
+{
+    g_autoptr(GError) error = NULL;
+    struct sockaddr_un addr;
+    socklen_t addr_len = 0;
+    g_autofree char *longest = g_strnfill(VM_UNIX_PATH_MAX, 'a');
+    g_autofree char *too_long = g_strnfill(VM_UNIX_PATH_MAX + 1, 'a');
+    g_autofree char *limit = g_strdup_printf("at most %zu bytes", VM_UNIX_PATH_MAX);
+
+    assert_true(vm_unix_address("/run/hostd.sock", &addr, &addr_len, &error));
+    assert_null(error);
+    assert_int_equal(addr.sun_family, AF_UNIX);
+    assert_string_equal(addr.sun_path, "/run/hostd.sock");
+    assert_int_equal(addr_len,
+                     offsetof(struct sockaddr_un, sun_path) + strlen("/run/hostd.sock") + 1);
+
+    longest[0] = '/';
+    assert_true(vm_unix_address(longest, &addr, &addr_len, &error));
+    assert_string_equal(addr.sun_path, longest);
+    assert_int_equal(addr_len, sizeof(addr));
+
+    /* Too long is refused with the limit named, and the output is left alone. */
+    addr_len = 7;
+    too_long[0] = '/';
+    assert_false(vm_unix_address(too_long, &addr, &addr_len, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_non_null(strstr(error->message, limit));
+    assert_int_equal(addr_len, 7);
+    assert_int_equal(vm_sockaddr_un_fill(too_long, &addr, &addr_len), -ENAMETOOLONG);
+}
+
+/* The address binds and connects as it is. */
+static void
+test_unix_address_binds(void **state)
+{
+    const char *dir = *state;
+    g_autofree char *path = g_build_filename(dir, "s.sock", NULL);
+    struct sockaddr_un addr;
+    socklen_t addr_len;
+    vm_autofd server = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    vm_autofd client = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(vm_unix_address(path, &addr, &addr_len, NULL));
+    assert_int_equal(bind(server, (struct sockaddr *)&addr, addr_len), 0);
+    assert_int_equal(listen(server, 1), 0);
+    assert_true(g_file_test(path, G_FILE_TEST_EXISTS));
+    assert_int_equal(connect(client, (struct sockaddr *)&addr, addr_len), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Writes that never raise SIGPIPE */
+
+static void
+test_write_nosignal(void **state)
+{
+    int fds[2];
+
+    assert_true(g_unix_open_pipe(fds, FD_CLOEXEC, NULL));
+    assert_int_equal(vm_write_nosignal(fds[1], "ab", 2), 2);
+    close(fds[0]);
+    /* SIGPIPE's default action would end the test here. */
+    errno = 0;
+    assert_int_equal(vm_write_nosignal(fds[1], "cd", 2), -1);
+    assert_int_equal(errno, EPIPE);
+    close(fds[1]);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Default paths */
 
 static void
@@ -253,8 +331,13 @@ main(void)
         cmocka_unit_test_setup_teardown(test_write_atomic, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_write_atomic_fails, setup_dir, teardown_dir),
         cmocka_unit_test(test_format_bytes),
+        cmocka_unit_test(test_unix_address),
+        cmocka_unit_test_setup_teardown(test_unix_address_binds, setup_dir, teardown_dir),
+        cmocka_unit_test(test_write_nosignal),
         cmocka_unit_test(test_default_paths),
     };
 
+    /* So that a write that raised SIGPIPE would end the run. */
+    signal(SIGPIPE, SIG_DFL);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@
 
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "vm-util.h"
 #include "test-common.h"
 
 #define SERVER_WAIT_MS 30000
@@ -68,17 +69,17 @@ static int
 setup(void **state)
 {
     Fixture *f = g_new0(Fixture, 1);
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    struct sockaddr_un addr;
+    socklen_t addr_len;
     const char *build_dir = g_getenv("VM_BUILD_DIR");
 
     f->vmctl = g_build_filename(build_dir != NULL ? build_dir : ".", "vmctl", "vmctl", NULL);
     f->tmpdir = vm_test_make_tmpdir("test-vmctl-XXXXXX");
     f->socket_path = g_build_filename(f->tmpdir, "hostd.sock", NULL);
-    assert_true(strlen(f->socket_path) < sizeof(addr.sun_path));
-    strcpy(addr.sun_path, f->socket_path);
+    assert_true(vm_unix_address(f->socket_path, &addr, &addr_len, NULL));
     f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(f->listen_fd >= 0);
-    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&addr, addr_len), 0);
     assert_int_equal(listen(f->listen_fd, 4), 0);
     f->server.replies = g_ptr_array_new_with_free_func((GDestroyNotify)vm_message_free);
     f->server.stdin_data = g_byte_array_new();
