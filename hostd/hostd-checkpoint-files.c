@@ -24,49 +24,44 @@ hostd_checkpoint_diff(HostdContext *ctx, const char *name, const char *id, const
                       const char *under, gboolean *ret_truncated, VmProgressFunc progress,
                       gpointer progress_data, GError **error)
 {
-    g_autoptr(HostdNameLock) lock = NULL;
-    g_autoptr(HostdAgentRecord) r = NULL;
-    g_autoptr(virDomain) dom = NULL;
-    g_autoptr(VmCheckpointSet) set = NULL;
+    g_auto(HostdCheckpointOpen) o = {0};
     g_autofree char *normalized = NULL;
 
     if (under != NULL && !vm_guest_path_check(under, &normalized, error))
         return NULL;
-    VmCheckpoint *c = NULL;
-    if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &c, error))
+    if (!hostd_checkpoint_open(ctx, name, id, &o, error))
         return NULL;
-    g_autofree char *old_image =
-        vm_checkpoint_set_path(set, vm_checkpoint_set_find(set, id)->image);
+    g_autofree char *old_image = vm_checkpoint_set_path(o.set, o.checkpoint->image);
     g_autofree char *new_image = NULL;
     g_autofree char *temporary = NULL;
     if (other != NULL) {
-        const VmCheckpoint *o = vm_checkpoint_set_find(set, other);
-        if (o == NULL)
+        const VmCheckpoint *theirs = vm_checkpoint_set_find(o.set, other);
+        if (theirs == NULL)
             return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", name,
                             other),
                    NULL;
-        new_image = vm_checkpoint_set_path(set, o->image);
-    } else if (hostd_libvirt_is_active(dom)) {
+        new_image = vm_checkpoint_set_path(o.set, theirs->image);
+    } else if (hostd_libvirt_is_active(o.dom)) {
         /* The running disk changes under any reader: compare against a frozen copy of this
          * instant, which is merged away again below. */
         g_autofree char *warning = NULL;
-        const VmCheckpoint *now = hostd_checkpoint_create_locked(ctx, r, dom, set, HOSTD_DIFF_LABEL,
-                                                                 TRUE, FALSE, &warning, error);
+        const VmCheckpoint *now = hostd_checkpoint_create_locked(
+            ctx, o.record, o.dom, o.set, HOSTD_DIFF_LABEL, TRUE, FALSE, &warning, error);
         if (now == NULL)
             return NULL;
         temporary = g_strdup(now->id);
-        new_image = vm_checkpoint_set_path(set, now->image);
+        new_image = vm_checkpoint_set_path(o.set, now->image);
     } else {
-        new_image = vm_checkpoint_set_path(set, set->active);
+        new_image = vm_checkpoint_set_path(o.set, o.set->active);
     }
 
     hostd_progress(progress, progress_data, "comparing the files (a helper appliance starts)", -1);
     g_autoptr(GError) diff_error = NULL;
     g_autoptr(GPtrArray) changes = vm_guestfs_diff(old_image, new_image, normalized, &diff_error);
     if (temporary != NULL) {
-        const VmCheckpoint *t = vm_checkpoint_set_find(set, temporary);
+        const VmCheckpoint *t = vm_checkpoint_set_find(o.set, temporary);
         if (t != NULL)
-            hostd_checkpoint_rm_locked(ctx, r, dom, set, t, NULL);
+            hostd_checkpoint_rm_locked(ctx, o.record, o.dom, o.set, t, NULL);
     }
     if (changes == NULL) {
         g_propagate_error(error, g_steal_pointer(&diff_error));
@@ -105,22 +100,18 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
     }
     g_ptr_array_add(checked, NULL);
 
-    g_autoptr(HostdNameLock) lock = NULL;
-    g_autoptr(HostdAgentRecord) r = NULL;
-    g_autoptr(virDomain) dom = NULL;
-    g_autoptr(VmCheckpointSet) set = NULL;
-    VmCheckpoint *c = NULL;
-    if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &c, error))
+    g_auto(HostdCheckpointOpen) o = {0};
+    if (!hostd_checkpoint_open(ctx, name, id, &o, error))
         return NULL;
-    if (!hostd_libvirt_is_active(dom))
+    if (!hostd_libvirt_is_active(o.dom))
         return vm_throw(error, VM_ERROR_BAD_STATE,
                         "agent '%s' is not running; start it first (or restore it whole)", name),
                NULL;
 
     /* Everything that can fail on the checkpoint's side happens before the guest is touched. */
     hostd_progress(progress, progress_data, "reading the paths from the checkpoint", -1);
-    g_autofree char *image = vm_checkpoint_set_path(set, c->image);
-    g_autofree char *tar = hostd_agent_record_path(r, "restore-paths.tar");
+    g_autofree char *image = vm_checkpoint_set_path(o.set, o.checkpoint->image);
+    g_autofree char *tar = hostd_agent_record_path(o.record, "restore-paths.tar");
     g_autoptr(GError) export_error = NULL;
     if (!vm_guestfs_export(image, (const char *const *)checked->pdata, tar, &export_error)) {
         /* Users know checkpoints by id, not by file. */
@@ -139,8 +130,8 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
     hostd_progress(progress, progress_data, "checkpointing the current state", -1);
     g_autofree char *undo_label = g_strdup_printf("before restore of paths from %s", id);
     g_autofree char *warning = NULL;
-    const VmCheckpoint *undo =
-        hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE, FALSE, &warning, error);
+    const VmCheckpoint *undo = hostd_checkpoint_create_locked(
+        ctx, o.record, o.dom, o.set, undo_label, TRUE, FALSE, &warning, error);
     if (undo == NULL)
         return NULL;
     g_autofree char *undo_id = g_strdup(undo->id);
@@ -156,7 +147,7 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
     g_auto(GStrv) command = g_strv_builder_end(argv);
     int status = -1;
     g_autofree char *guest_stderr = NULL;
-    if (!hostd_agent_run(ctx, r, command, tar_fd, &status, &guest_stderr, error))
+    if (!hostd_agent_run(ctx, o.record, command, tar_fd, &status, &guest_stderr, error))
         return NULL;
     if (status != 0)
         return vm_throw(error, VM_ERROR_FAILED,
@@ -166,5 +157,5 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
                NULL;
     if (ret_undo != NULL)
         *ret_undo = g_steal_pointer(&undo_id);
-    return hostd_agent_to_variant(ctx, r);
+    return hostd_agent_to_variant(ctx, o.record);
 }

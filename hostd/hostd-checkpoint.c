@@ -325,28 +325,32 @@ hostd_checkpoint_list(HostdContext *ctx, const char *name, GError **error)
     return g_variant_builder_end(&b);
 }
 
-gboolean
-hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id, GMutex **ret_lock,
-                      HostdAgentRecord **ret_record, virDomainPtr *ret_dom,
-                      VmCheckpointSet **ret_set, VmCheckpoint **ret_checkpoint, GError **error)
+void
+hostd_checkpoint_open_clear(HostdCheckpointOpen *o)
 {
-    g_autoptr(HostdNameLock) lock = NULL;
-    g_autoptr(HostdAgentRecord) r = NULL;
-    g_autoptr(virDomain) dom = NULL;
+    g_clear_pointer(&o->set, vm_checkpoint_set_free);
+    g_clear_pointer(&o->dom, virDomainFree);
+    g_clear_pointer(&o->record, hostd_agent_record_free);
+    g_clear_pointer(&o->lock, hostd_name_unlock);
+    o->checkpoint = NULL;
+}
 
-    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
+gboolean
+hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id,
+                      HostdCheckpointOpen *ret_open, GError **error)
+{
+    g_auto(HostdCheckpointOpen) o = {0};
+
+    if (!hostd_agent_lock_open(ctx, name, &o.lock, &o.record, &o.dom, error))
         return FALSE;
-    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
-    if (set == NULL)
+    o.set = vm_checkpoint_set_load(o.record->dir, error);
+    if (o.set == NULL)
         return FALSE;
-    VmCheckpoint *c = vm_checkpoint_set_find(set, id);
-    if (c == NULL)
+    o.checkpoint = vm_checkpoint_set_find(o.set, id);
+    if (o.checkpoint == NULL)
         return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", name, id);
-    *ret_lock = g_steal_pointer(&lock);
-    *ret_record = g_steal_pointer(&r);
-    *ret_dom = g_steal_pointer(&dom);
-    *ret_set = g_steal_pointer(&set);
-    *ret_checkpoint = c;
+    *ret_open = o;
+    o = (HostdCheckpointOpen){0};
     return TRUE;
 }
 
@@ -386,71 +390,67 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
                          char **ret_undo, VmProgressFunc progress, gpointer progress_data,
                          GError **error)
 {
-    g_autoptr(HostdNameLock) lock = NULL;
-    g_autoptr(HostdAgentRecord) r = NULL;
-    g_autoptr(virDomain) dom = NULL;
-    g_autoptr(VmCheckpointSet) set = NULL;
-    VmCheckpoint *target = NULL;
+    g_auto(HostdCheckpointOpen) o = {0};
 
-    if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &target, error))
+    if (!hostd_checkpoint_open(ctx, name, id, &o, error))
         return NULL;
-    g_autofree char *target_id = g_strdup(target->id);
-    g_autofree char *target_memory = g_strdup(target->memory);
+    g_autofree char *target_id = g_strdup(o.checkpoint->id);
+    g_autofree char *target_memory = g_strdup(o.checkpoint->memory);
 
     /* The state being thrown away is kept first, so the restore itself can be undone. */
     hostd_progress(progress, progress_data, "checkpointing the current state", -1);
     g_autofree char *undo_label = g_strdup_printf("before restore to %s", target_id);
     g_autofree char *warning = NULL;
-    VmCheckpoint *undo =
-        hostd_checkpoint_create_locked(ctx, r, dom, set, undo_label, TRUE, FALSE, &warning, error);
+    VmCheckpoint *undo = hostd_checkpoint_create_locked(ctx, o.record, o.dom, o.set, undo_label,
+                                                        TRUE, FALSE, &warning, error);
     if (undo == NULL)
         return NULL;
     g_autofree char *undo_id = g_strdup(undo->id);
 
     const char *new_file = NULL;
-    if (!vm_checkpoint_set_begin_restore(set, target_id, &new_file, error) ||
-        !vm_checkpoint_set_save(set, error))
+    if (!vm_checkpoint_set_begin_restore(o.set, target_id, &new_file, error) ||
+        !vm_checkpoint_set_save(o.set, error))
         return NULL;
     hostd_checkpoint_step("restore-journaled");
 
     hostd_progress(progress, progress_data, "restoring the disk", -1);
-    g_autofree char *new_path = vm_checkpoint_set_path(set, new_file);
-    g_autofree char *target_image = vm_checkpoint_set_path(set, target->image);
+    g_autofree char *new_path = vm_checkpoint_set_path(o.set, new_file);
+    g_autofree char *target_image = vm_checkpoint_set_path(o.set, o.checkpoint->image);
     if (!hostd_qemu_img_overlay(target_image, new_path, error)) {
         g_unlink(new_path);
-        vm_checkpoint_set_abort(set);
-        vm_checkpoint_set_save(set, NULL);
+        vm_checkpoint_set_abort(o.set);
+        vm_checkpoint_set_save(o.set, NULL);
         return NULL;
     }
     hostd_ssh_pool_forget(ctx->ssh, name);
-    if (hostd_libvirt_is_active(dom) && !hostd_libvirt_stop(ctx->lv, dom, TRUE, 0, error))
+    if (hostd_libvirt_is_active(o.dom) && !hostd_libvirt_stop(ctx->lv, o.dom, TRUE, 0, error))
         return NULL;
     /* A saved state belongs to the disk being thrown away (kept above as the undo checkpoint). */
-    if (virDomainHasManagedSaveImage(dom, 0) > 0 && virDomainManagedSaveRemove(dom, 0) < 0)
+    if (virDomainHasManagedSaveImage(o.dom, 0) > 0 && virDomainManagedSaveRemove(o.dom, 0) < 0)
         return hostd_libvirt_throw(error, "cannot drop the saved state"), NULL;
     virResetLastError();
     hostd_checkpoint_step("restore-stopped");
 
     /* Commit in memory, define, then make the record durable: a crash before the save is
      * repaired at start-up because the domain already names the new file. */
-    g_autofree char *old_active = vm_checkpoint_set_commit_restore(set);
-    if (!hostd_checkpoint_define(ctx, r, set, error))
+    g_autofree char *old_active = vm_checkpoint_set_commit_restore(o.set);
+    if (!hostd_checkpoint_define(ctx, o.record, o.set, error))
         return NULL;
     hostd_checkpoint_step("restore-defined");
-    if (!vm_checkpoint_set_save(set, error))
+    if (!vm_checkpoint_set_save(o.set, error))
         return NULL;
-    g_autofree char *old_path = vm_checkpoint_set_path(set, old_active);
+    g_autofree char *old_path = vm_checkpoint_set_path(o.set, old_active);
     g_unlink(old_path);
 
-    if (!hostd_checkpoint_resume_or_boot(ctx, r, dom, set, target_memory, progress, progress_data,
-                                         error))
+    if (!hostd_checkpoint_resume_or_boot(ctx, o.record, o.dom, o.set, target_memory, progress,
+                                         progress_data, error))
         return NULL;
-    hostd_agent_mark_state_change(r);
-    if (wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
+    hostd_agent_mark_state_change(o.record);
+    if (wait && !hostd_agent_wait_ssh(ctx, o.record, progress, progress_data, error))
         return NULL;
     if (ret_undo != NULL)
         *ret_undo = g_steal_pointer(&undo_id);
-    return hostd_agent_to_variant(ctx, r);
+    return hostd_agent_to_variant(ctx, o.record);
 }
 
 /* Waits for the disk's block job (a pull or a commit below the active layer) to end. */
@@ -476,15 +476,11 @@ hostd_checkpoint_wait_job(virDomainPtr dom, GError **error)
 gboolean
 hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error)
 {
-    g_autoptr(HostdNameLock) lock = NULL;
-    g_autoptr(HostdAgentRecord) r = NULL;
-    g_autoptr(virDomain) dom = NULL;
-    g_autoptr(VmCheckpointSet) set = NULL;
-    VmCheckpoint *c = NULL;
+    g_auto(HostdCheckpointOpen) o = {0};
 
-    if (!hostd_checkpoint_open(ctx, name, id, &lock, &r, &dom, &set, &c, error))
+    if (!hostd_checkpoint_open(ctx, name, id, &o, error))
         return FALSE;
-    return hostd_checkpoint_rm_locked(ctx, r, dom, set, c, error);
+    return hostd_checkpoint_rm_locked(ctx, o.record, o.dom, o.set, o.checkpoint, error);
 }
 
 /* Takes checkpoint @id, whose data is already in whatever stood on it, out of the record, makes

@@ -45,12 +45,25 @@ GVariant *hostd_checkpoint_restore(HostdContext *ctx, const char *name, const ch
  * disk); one with several dependants is refused (VM_ERROR_BAD_STATE) until they are removed. */
 gboolean hostd_checkpoint_rm(HostdContext *ctx, const char *name, const char *id, GError **error);
 
+/* An agent opened for an operation on one of its checkpoints: its name lock held, its record,
+ * domain and checkpoint set, and the checkpoint asked for (in @set). */
+typedef struct {
+    GMutex *lock;
+    HostdAgentRecord *record;
+    virDomainPtr dom;
+    VmCheckpointSet *set;
+    VmCheckpoint *checkpoint;
+} HostdCheckpointOpen;
+
+/* Releases what @o holds (the lock last) and zeroes it. Accepts a zeroed one. */
+void hostd_checkpoint_open_clear(HostdCheckpointOpen *o);
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(HostdCheckpointOpen, hostd_checkpoint_open_clear)
+
 /* Locks and opens agent @name and finds its checkpoint @id (VM_ERROR_NOT_FOUND naming both when
- * it has none): what restore, rm, diff start with. On failure nothing is held. */
+ * it has none): what restore, rm, diff start with. On success *ret_open holds it all (clear it
+ * with g_auto(HostdCheckpointOpen)); on failure nothing is held. */
 gboolean hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id,
-                               GMutex **ret_lock, HostdAgentRecord **ret_record,
-                               virDomainPtr *ret_dom, VmCheckpointSet **ret_set,
-                               VmCheckpoint **ret_checkpoint, GError **error);
+                               HostdCheckpointOpen *ret_open, GError **error);
 
 /* Removes checkpoint @c of @set with the agent lock held (see hostd_checkpoint_rm()). */
 gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
