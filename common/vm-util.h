@@ -30,7 +30,9 @@ gboolean vm_file_write_atomic(const char *path, const char *contents, gssize len
  * here (callers handle it). Fails with VM_ERROR_INVALID_ARGUMENT. */
 gboolean vm_duration_parse(const char *text, guint64 *ret_seconds, GError **error);
 
-/* Formats a byte count as "1.5 GiB" (newly allocated). Can't fail. */
+/* Formats a byte count as "1.5 GiB" (newly allocated): the one size format users see. Not
+ * g_format_size(): it puts a no-break space before the unit, "bytes" for small counts, and the
+ * locale's decimal mark, none of which suit a table or a log line. Can't fail. */
 char *vm_format_bytes(guint64 bytes);
 
 /* write(2) that never raises SIGPIPE: on a pipe whose reader is gone it fails with EPIPE

@@ -121,11 +121,11 @@ download_xferinfo(void *userdata, curl_off_t dltotal, curl_off_t dlnow, curl_off
 
     guint64 done = d->offset + (guint64)dlnow;
     guint64 total = dltotal > 0 ? d->offset + (guint64)dltotal : 0;
-    g_autofree char *done_text = g_format_size_full(done, G_FORMAT_SIZE_IEC_UNITS);
+    g_autofree char *done_text = vm_format_bytes(done);
     g_autofree char *message = NULL;
     double fraction = -1.0;
     if (total > 0) {
-        g_autofree char *total_text = g_format_size_full(total, G_FORMAT_SIZE_IEC_UNITS);
+        g_autofree char *total_text = vm_format_bytes(total);
         message = g_strdup_printf("downloading %s: %s of %s", d->name, done_text, total_text);
         fraction = MIN(1.0, (double)done / (double)total);
     } else {
