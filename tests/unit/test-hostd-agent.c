@@ -1,0 +1,246 @@
+/* The agent lifecycle and its components' hooks (hostd-agent.c, hostd-context.h): the order in
+ * which a component sees an agent's life, and what a failing hook does to it. A recording
+ * component is added after hostd's own, on libvirt's test driver (test-hostd-fixture.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "hostd-agent.h"
+#include "hostd-reconcile.h"
+#include "test-common.h"
+#include "test-hostd-fixture.h"
+
+/* What the recording component saw, one word per hook ("creating:a1"), and which hook fails. */
+static GString *seen;
+static const char *fail_hook;
+
+static gboolean
+record_hook(const char *hook, const char *name, GError **error)
+{
+    g_string_append_printf(seen, "%s%s:%s", seen->len > 0 ? " " : "", hook, name);
+    if (g_strcmp0(fail_hook, hook) == 0)
+        return vm_throw(error, VM_ERROR_BAD_STATE, "the recorder refuses %s", hook);
+    return TRUE;
+}
+
+static gboolean
+rec_creating(HostdContext *ctx, const HostdAgentRecord *r, const VmTemplate *tpl, GError **error)
+{
+    assert_non_null(tpl);
+    return record_hook("creating", r->name, error);
+}
+
+static void
+rec_seed(HostdContext *ctx, const HostdAgentRecord *r, VmSeedSpec *spec, GPtrArray *keep)
+{
+    record_hook("seed", r->name, NULL);
+}
+
+static void
+rec_domain(HostdContext *ctx, const HostdAgentRecord *r, VmDomainSpec *spec, GPtrArray *keep)
+{
+    char *metadata = g_strdup("<recorder xmlns='https://vmctl.dev/xmlns/test'/>");
+
+    /* What a hook points the spec at lives until the XML is built. */
+    g_ptr_array_add(keep, metadata);
+    spec->metadata_xml = metadata;
+    record_hook("domain", r->name, NULL);
+}
+
+static gboolean
+rec_starting(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    return record_hook("starting", r->name, error);
+}
+
+static gboolean
+rec_ready(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    return record_hook("ready", r->name, error);
+}
+
+static gboolean
+rec_removing(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    return record_hook("removing", r->name, error);
+}
+
+static void
+rec_removed(HostdContext *ctx, const char *name)
+{
+    record_hook("removed", name, NULL);
+}
+
+static void
+rec_reconcile(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom, GPtrArray *notes)
+{
+    record_hook(dom != NULL ? "reconcile" : "reconcile-nodomain", r->name, NULL);
+}
+
+static const HostdComponent recorder = {
+    .name = "recorder",
+    .agent_creating = rec_creating,
+    .agent_seed = rec_seed,
+    .agent_domain = rec_domain,
+    .agent_starting = rec_starting,
+    .agent_ready = rec_ready,
+    .agent_removing = rec_removing,
+    .agent_removed = rec_removed,
+    .agent_reconcile = rec_reconcile,
+};
+
+static int
+setup(void **state)
+{
+    int rc = hostd_test_setup(state);
+    HostdTestFixture *f = *state;
+
+    seen = g_string_new(NULL);
+    fail_hook = NULL;
+    hostd_context_add_component(f->ctx, &recorder);
+    return rc;
+}
+
+static int
+teardown(void **state)
+{
+    g_string_free(seen, TRUE);
+    seen = NULL;
+    return hostd_test_teardown(state);
+}
+
+static GVariant *
+new_agent(HostdTestFixture *f, const char *name, GError **error)
+{
+    HostdNewRequest req = {.name = name, .cpus = 1, .memory_mib = 128};
+    GVariant *v = hostd_agent_new(f->ctx, &req, NULL, NULL, error);
+
+    return v != NULL ? g_variant_ref_sink(v) : NULL;
+}
+
+/* `new`: the component prepares before anything is made, fills its part of the seed and the
+ * domain, and hears that the agent is ready last; its domain part is in the definition. */
+static void
+test_new_runs_hooks_in_order(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) info = new_agent(f, "a1", &error);
+    g_autofree char *xml_path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *xml = vm_test_read_file(xml_path);
+
+    if (info == NULL)
+        fail_msg("new: %s", error->message);
+    assert_string_equal(seen->str, "creating:a1 seed:a1 domain:a1 ready:a1");
+    assert_non_null(strstr(xml, "https://vmctl.dev/xmlns/test"));
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
+}
+
+/* A component that refuses at `new` leaves nothing: no record, no directory, no domain, and it
+ * is told the agent is gone. */
+static void
+test_failing_hook_rolls_new_back(void **state)
+{
+    HostdTestFixture *f = *state;
+    const char *hooks[] = {"creating", "ready"};
+
+    for (gsize i = 0; i < G_N_ELEMENTS(hooks); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *dir = g_build_filename(f->agents_dir, "a1", NULL);
+
+        g_string_truncate(seen, 0);
+        fail_hook = hooks[i];
+        g_autoptr(GVariant) info = new_agent(f, "a1", &error);
+        assert_null(info);
+        hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "the recorder refuses");
+        assert_false(g_file_test(dir, G_FILE_TEST_EXISTS));
+        assert_string_equal(hostd_test_domain_state(f, "a1"), "missing");
+        assert_true(g_str_has_suffix(seen->str, "removed:a1"));
+    }
+}
+
+/* `start` asks the components first; `rm` asks, then tells; a refusal keeps the agent whole. */
+static void
+test_start_and_rm(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *record = hostd_test_agent_file(f, "a1", HOSTD_AGENT_RECORD);
+
+    /* Making the agent built its domain XML, with the component's part. */
+    assert_string_equal(seen->str, "domain:a1");
+    g_string_truncate(seen, 0);
+    g_autoptr(GVariant) started = hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error);
+    assert_non_null(started);
+    assert_string_equal(seen->str, "starting:a1");
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
+
+    g_string_truncate(seen, 0);
+    fail_hook = "removing";
+    assert_false(hostd_agent_rm(f->ctx, "a1", TRUE, &error));
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "the recorder refuses removing");
+    g_clear_error(&error);
+    assert_string_equal(seen->str, "removing:a1");
+    assert_true(g_file_test(record, G_FILE_TEST_EXISTS));
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
+
+    g_string_truncate(seen, 0);
+    fail_hook = NULL;
+    assert_true(hostd_agent_rm(f->ctx, "a1", TRUE, &error));
+    assert_string_equal(seen->str, "removing:a1 removed:a1");
+    assert_false(g_file_test(record, G_FILE_TEST_EXISTS));
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "missing");
+}
+
+/* A failing `starting` hook keeps a stopped agent stopped. */
+static void
+test_failing_start_hook_keeps_it_stopped(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+
+    fail_hook = "starting";
+    g_autoptr(GVariant) started = hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error);
+    assert_null(started);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "the recorder refuses starting");
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "stopped");
+}
+
+/* Start-up: every ready agent reaches the component, with its domain or without one. */
+static void
+test_reconcile_reaches_components(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = hostd_test_agent_new(f, "a1", HOSTD_TEST_RUNNING);
+    g_autoptr(HostdAgentRecord) a2 = hostd_test_agent_new(f, "a2", HOSTD_TEST_STOPPED);
+    g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GError) error = NULL;
+
+    /* libvirt lost a2's definition: reconcile redefines it from domain.xml. */
+    g_autoptr(virDomain) dom = virDomainLookupByName(f->ctx->lv->conn, "a2");
+    assert_non_null(dom);
+    assert_int_equal(virDomainUndefine(dom), 0);
+
+    g_string_truncate(seen, 0);
+    assert_true(hostd_reconcile(f->ctx, notes, &error));
+    assert_string_equal(seen->str, "reconcile:a1 reconcile-nodomain:a2");
+    assert_string_equal(hostd_test_domain_state(f, "a2"), "stopped");
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_new_runs_hooks_in_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failing_hook_rolls_new_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_start_and_rm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failing_start_hook_keeps_it_stopped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reconcile_reaches_components, setup, teardown),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
