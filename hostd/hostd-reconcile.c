@@ -4,6 +4,28 @@
 #include "vm-error.h"
 #include "vm-fs.h"
 
+/* Defines agent @name's domain again from the XML hostd saved (libvirt lost it: another embed
+ * root, a wiped libvirt dir). Returns the domain, or NULL with a note saying why not. */
+static virDomainPtr
+hostd_reconcile_redefine(HostdContext *ctx, const char *name, const char *dir, GPtrArray *notes)
+{
+    g_autofree char *xml_path = g_build_filename(dir, HOSTD_AGENT_DOMAIN_XML, NULL);
+    g_autofree char *xml = NULL;
+    if (!g_file_get_contents(xml_path, &xml, NULL, NULL)) {
+        g_ptr_array_add(notes, g_strdup_printf("agent '%s' has no domain and no saved XML", name));
+        return NULL;
+    }
+    virDomainPtr defined = virDomainDefineXML(ctx->lv->conn, xml);
+    if (defined == NULL) {
+        g_autoptr(GError) define_error = NULL;
+        hostd_libvirt_throw(&define_error, "cannot redefine");
+        g_ptr_array_add(notes, g_strdup_printf("agent '%s': %s", name, define_error->message));
+        return NULL;
+    }
+    g_ptr_array_add(notes, g_strdup_printf("redefined the domain of agent '%s' (stopped)", name));
+    return defined;
+}
+
 gboolean
 hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
 {
@@ -38,32 +60,18 @@ hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
             continue;
         }
         g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
+        if (dom != NULL)
+            g_ptr_array_add(
+                notes, g_strdup_printf("agent '%s' is %s", name, hostd_libvirt_state_name(dom)));
+        else
+            dom = hostd_reconcile_redefine(ctx, name, dir, notes);
+        /* Components repair their part once the domain is back, as they would at the next
+         * start-up: a journal left by a killed checkpoint operation is finished now. */
         for (guint c = 0; c < ctx->components->len; c++) {
             const HostdComponent *component = ctx->components->pdata[c];
             if (component->agent_reconcile != NULL)
                 component->agent_reconcile(ctx, r, dom, notes);
         }
-        if (dom != NULL) {
-            g_ptr_array_add(
-                notes, g_strdup_printf("agent '%s' is %s", name, hostd_libvirt_state_name(dom)));
-            continue;
-        }
-        g_autofree char *xml_path = g_build_filename(dir, HOSTD_AGENT_DOMAIN_XML, NULL);
-        g_autofree char *xml = NULL;
-        if (!g_file_get_contents(xml_path, &xml, NULL, NULL)) {
-            g_ptr_array_add(notes,
-                            g_strdup_printf("agent '%s' has no domain and no saved XML", name));
-            continue;
-        }
-        g_autoptr(virDomain) defined = virDomainDefineXML(ctx->lv->conn, xml);
-        if (defined == NULL) {
-            g_autoptr(GError) define_error = NULL;
-            hostd_libvirt_throw(&define_error, "cannot redefine");
-            g_ptr_array_add(notes, g_strdup_printf("agent '%s': %s", name, define_error->message));
-            continue;
-        }
-        g_ptr_array_add(notes,
-                        g_strdup_printf("redefined the domain of agent '%s' (stopped)", name));
     }
     return TRUE;
 }
