@@ -1,5 +1,6 @@
-/* hostd as a system service: what it tells systemd (hostd_notify(), sd_notify(3) underneath).
- * A datagram socket of the test's own stands in for systemd's $NOTIFY_SOCKET. */
+/* hostd as a system service: what it tells systemd (hostd_notify(), sd_notify(3) underneath)
+ * and the commented default configuration `meson install` puts in place. A datagram socket of
+ * the test's own stands in for systemd's $NOTIFY_SOCKET. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "hostd-config.h"
 #include "hostd-notify.h"
 #include "hostd-server.h"
 #include "vm-error.h"
@@ -19,6 +21,12 @@
 #include "vm-util.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
+
+/* Every key hostd_config_load() reads (hostd-config.h); the default file shows each one. */
+static const char *const config_keys[] = {
+    "state-dir",    "socket",       "connect",      "images-dir",   "templates-dir",
+    "socket-group", "ssh-port-min", "ssh-port-max", "boot-timeout", "accel",
+};
 
 /* ---- the stand-in for systemd ---------------------------------------------------------------- */
 
@@ -197,6 +205,73 @@ test_ready_once_server_answers(void **state)
     hostd_server_stop(server);
 }
 
+/* ---- the default configuration --------------------------------------------------------------- */
+
+static char *
+default_config_path(void)
+{
+    const char *build = g_getenv("VM_BUILD_DIR");
+
+    if (build == NULL || build[0] == '\0')
+        fail_msg("VM_BUILD_DIR is not set (run through meson test)");
+    return g_build_filename(build, "dist", "hostd.conf", NULL);
+}
+
+/* As shipped, every key is commented out: hostd with the file is hostd without it. */
+static void
+test_default_config_is_the_defaults(void **state)
+{
+    g_autofree char *path = default_config_path();
+    g_autoptr(GError) error = NULL;
+
+    g_autoptr(HostdConfig) with = hostd_config_load(path, NULL, NULL, NULL, &error);
+    if (with == NULL)
+        fail_msg("%s: %s", path, error->message);
+    g_autoptr(HostdConfig) without = hostd_config_load(NULL, NULL, NULL, NULL, &error);
+    assert_non_null(without);
+    assert_string_equal(with->state_dir, without->state_dir);
+    assert_string_equal(with->socket_path, without->socket_path);
+    assert_string_equal(with->uri, without->uri);
+    assert_string_equal(with->images_dir, without->images_dir);
+    assert_string_equal(with->templates_dir, without->templates_dir);
+    assert_null(with->socket_group);
+    assert_int_equal(with->ssh_port_min, without->ssh_port_min);
+    assert_int_equal(with->ssh_port_max, without->ssh_port_max);
+    assert_int_equal(with->boot_timeout_s, without->boot_timeout_s);
+    assert_int_equal(with->accel, without->accel);
+}
+
+/* Each key is shown, and its line, uncommented, is a value hostd takes. */
+static void
+test_default_config_shows_every_key(void **state)
+{
+    VmTestTmpDir *t = *state;
+    g_autofree char *path = default_config_path();
+    g_autofree char *text = vm_test_read_file(path);
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+
+    for (gsize k = 0; k < G_N_ELEMENTS(config_keys); k++) {
+        g_autofree char *prefix = g_strdup_printf("#%s = ", config_keys[k]);
+        const char *line = NULL;
+        for (char **l = lines; *l != NULL; l++) {
+            if (g_str_has_prefix(*l, prefix)) {
+                assert_null(line);
+                line = *l;
+            }
+        }
+        if (line == NULL)
+            fail_msg("%s does not show '%s'", path, config_keys[k]);
+
+        g_autofree char *one = g_build_filename(t->dir, "one.conf", NULL);
+        g_autofree char *contents = g_strdup_printf("[hostd]\n%s\n", line + 1);
+        vm_test_write_file(one, contents);
+        g_autoptr(GError) error = NULL;
+        g_autoptr(HostdConfig) config = hostd_config_load(one, NULL, NULL, NULL, &error);
+        if (config == NULL)
+            fail_msg("'%s' does not load: %s", line + 1, error->message);
+    }
+}
+
 int
 main(void)
 {
@@ -208,6 +283,10 @@ main(void)
         cmocka_unit_test_setup_teardown(test_notify_manager_gone, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_ready_once_server_answers, hostd_test_setup,
                                         hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_default_config_is_the_defaults, tmpdir_setup,
+                                        tmpdir_teardown),
+        cmocka_unit_test_setup_teardown(test_default_config_shows_every_key, tmpdir_setup,
+                                        tmpdir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
