@@ -6,6 +6,7 @@
 #include "hostd-modules.h"
 #include "hostd-config.h"
 #include "hostd-libvirt.h"
+#include "hostd-notify.h"
 #include "hostd-power.h"
 #include "hostd-reconcile.h"
 #include "hostd-server.h"
@@ -30,9 +31,22 @@ hostd_log_message(const char *message)
     g_message("%s", message);
 }
 
+/* Tells systemd, when it started hostd (hostd.service, Type=notify), how far start-up or
+ * shutdown is. A manager that cannot be told is worth a warning, not a failure: without
+ * NOTIFY_SOCKET this does nothing. */
+static void
+hostd_tell_manager(const char *state, const char *status)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!hostd_notify(state, status, &error))
+        g_warning("%s", error->message);
+}
+
 static gboolean
 hostd_quit(gpointer data)
 {
+    hostd_tell_manager("STOPPING=1", "stopping; agents keep running");
     g_main_loop_quit(data);
     return G_SOURCE_REMOVE;
 }
@@ -86,6 +100,7 @@ main(int argc, char **argv)
     }
     g_message("state directory %s", config->state_dir);
     g_message("connecting to %s", config->uri);
+    hostd_tell_manager(NULL, "connecting to libvirt, choosing the accelerator");
     g_autoptr(HostdLibvirt) lv = hostd_libvirt_open(config->uri, config->accel, &error);
     if (lv == NULL) {
         fprintf(stderr, "hostd: %s\n", error->message);
@@ -96,6 +111,7 @@ main(int argc, char **argv)
     g_autoptr(HostdContext) ctx =
         hostd_context_new(g_steal_pointer(&config), g_steal_pointer(&state), g_steal_pointer(&lv));
     hostd_modules_attach(ctx);
+    hostd_tell_manager(NULL, "reconciling agents");
     g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
     if (!hostd_reconcile(ctx, notes, &error)) {
         fprintf(stderr, "hostd: %s\n", error->message);
@@ -120,6 +136,10 @@ main(int argc, char **argv)
         return vm_error_exit_status(vm_error_code(error));
     }
     g_message("listening on %s", ctx->config->socket_path);
+    /* The socket listens and the accept thread serves it: a client connecting from now on is
+     * answered, so the service manager may call hostd started. */
+    g_autofree char *ready = g_strdup_printf("listening on %s", ctx->config->socket_path);
+    hostd_tell_manager("READY=1", ready);
 
     g_autoptr(GMainLoop) loop = g_main_loop_new(NULL, FALSE);
     g_unix_signal_add(SIGTERM, hostd_quit, loop);

@@ -1,0 +1,226 @@
+#!/bin/bash
+# vmctl's bash completion (dist/vmctl.bash-completion), in TAP: the script is sourced and its
+# function driven as bash does (COMP_WORDS, COMP_CWORD, then _vmctl; it fills COMPREPLY with
+# compgen). A fake vmctl first on PATH answers what completion asks hostd (list, checkpoints,
+# template list, with --json) with canned replies in vmctl's own format, and hands everything
+# else (--help of vmctl and of its commands) to the built vmctl, so commands and options are the
+# real ones.
+set -u
+vmctl=${VMCTL:?} source=${VM_SOURCE_DIR:?}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/bin"
+cat >"$tmp/bin/vmctl" <<EOF
+#!/bin/bash
+echo "\$*" >>"$tmp/calls"
+args=" \$* "
+if [ -n "\${FAKE_HOSTD_DOWN:-}" ] && [[ \$args == *" --json "* ]]; then
+    printf '{\n  "error" : {\n    "code" : "not-running",\n    "message" : "x"\n  }\n}\n'
+    echo "vmctl: hostd is not running" >&2
+    exit 12
+fi
+case \$args in
+*" template list --json "*) cat "$tmp/templates.json" ;;
+*" list --json "*) cat "$tmp/agents.json" ;;
+*" checkpoints a1 --json "*) cat "$tmp/checkpoints-a1.json" ;;
+*" checkpoints web-2 --json "*) cat "$tmp/checkpoints-web-2.json" ;;
+*" --json "*) echo "fake vmctl: unexpected \$*" >&2; exit 1 ;;
+*) exec "$vmctl" "\$@" ;;
+esac
+EOF
+chmod +x "$tmp/bin/vmctl"
+cat >"$tmp/agents.json" <<'EOF'
+[
+  {
+    "name" : "a1",
+    "state" : "running",
+    "template" : "debian-12",
+    "user" : "agent"
+  },
+  {
+    "name" : "web-2",
+    "state" : "saved",
+    "template" : "ubuntu-24.04",
+    "forked_from" : "a1",
+    "fork_checkpoint" : "c2"
+  }
+]
+EOF
+# A label that spells a key must not be taken for one.
+cat >"$tmp/checkpoints-a1.json" <<'EOF'
+[
+  {
+    "id" : "c1",
+    "kind" : "disk",
+    "label" : "before \"id\" : \"c7\""
+  },
+  {
+    "id" : "c2",
+    "kind" : "memory"
+  }
+]
+EOF
+printf '[\n  {\n    "id" : "c9"\n  }\n]\n' >"$tmp/checkpoints-web-2.json"
+printf '[\n  {\n    "name" : "debian-12"\n  },\n  {\n    "name" : "ubuntu-24.04"\n  }\n]\n' \
+    >"$tmp/templates.json"
+
+export PATH="$tmp/bin:$PATH"
+# shellcheck source=../dist/vmctl.bash-completion
+source "$source/dist/vmctl.bash-completion"
+
+n=0 bad=0
+# Completes the words given, the last being the one under the cursor, and prints the candidates
+# sorted, one space apart.
+comp() {
+    COMP_WORDS=("$@")
+    COMP_CWORD=$(($# - 1))
+    COMP_LINE="$*"
+    COMP_POINT=${#COMP_LINE}
+    COMPREPLY=()
+    _vmctl
+    printf '%s\n' "${COMPREPLY[@]}" | sed '/^$/d' | sort | tr '\n' ' ' | sed 's/ $//'
+}
+# expect WANT WORD...: completing WORD... offers exactly WANT.
+expect() {
+    local want=$1 got
+    shift
+    n=$((n + 1))
+    got=$(comp "$@" 2>"$tmp/stderr")
+    if [ "$got" = "$want" ] && [ ! -s "$tmp/stderr" ]; then
+        echo "ok $n - '$*' offers '$want'"
+    else
+        bad=$((bad + 1))
+        echo "not ok $n - '$*' offers '$want'"
+        echo "# got: '$got'"
+        sed 's/^/# stderr: /' "$tmp/stderr"
+    fi
+}
+ok() { # $1: description, $2: 0 or not
+    n=$((n + 1))
+    if [ "$2" -eq 0 ]; then echo "ok $n - $1"; else bad=$((bad + 1)) && echo "not ok $n - $1"; fi
+}
+
+# The commands of the built vmctl, as its --help lists them ("template list" as two words).
+commands_of='/^Commands:/ { c = 1; next }
+    c && !/^  [a-z]/ { exit }
+    c { sub(/^  /, ""); sub(/  .*/, ""); print }'
+mapfile -t commands < <("$vmctl" --help | awk "$commands_of")
+[ "${#commands[@]}" -gt 20 ]
+ok "vmctl --help lists the commands (${#commands[@]})" $?
+first_words=$(printf '%s\n' "${commands[@]}" | cut -d' ' -f1 | sort -u | tr '\n' ' ' | sed 's/ $//')
+
+# ---- commands and global options
+expect "$(echo "$first_words help" | tr ' ' '\n' | sort | tr '\n' ' ' | sed 's/ $//')" vmctl ""
+expect "start stop" vmctl st
+expect "checkpoint checkpoints" vmctl checkpoint
+expect "--help --json --quiet --socket --version" vmctl --
+expect "$first_words" vmctl help ""
+expect "build list" vmctl help template ""
+expect "build list" vmctl template ""
+
+# ---- every command's options are those its --help lists
+for command in "${commands[@]}"; do
+    read -r -a words <<<"$command"
+    want=$("$vmctl" "${words[@]}" --help | sed -n '/^Options:/,$p' |
+        grep -oE '^ +(-[a-z], )?--[a-z-]+' | grep -oE -- '-[a-z]|--[a-z-]+' |
+        sort | tr '\n' ' ' | sed 's/ $//')
+    case $want in
+    *--help*--socket* | *--socket*--help*) ;;
+    *) want="(no options found in vmctl $command --help)" ;;
+    esac
+    expect "$want" vmctl "${words[@]}" -
+done
+expect "--force" vmctl stop --f
+expect "--force" vmctl stop a1 --f
+
+# ---- what the first argument of each command is: agents, templates or nothing. A command
+# missing here fails, so a new one gets its completion decided.
+agents="a1 web-2"
+declare -A first=(
+    [new]="" [list]="" [info]=$agents [exec]=$agents [ssh]=$agents [ssh-config]=$agents
+    [start]=$agents [stop]=$agents [rm]=$agents [suspend]=$agents [resume]=$agents
+    [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
+    [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
+    [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents ["template list"]=""
+    ["template build"]="debian-12 ubuntu-24.04"
+)
+for command in "${commands[@]}"; do
+    if [ -z "${first[$command]+set}" ]; then
+        ok "the test knows what 'vmctl $command' takes first" 1
+        continue
+    fi
+    read -r -a words <<<"$command"
+    expect "${first[$command]}" vmctl "${words[@]}" ""
+done
+expect "a1" vmctl info a
+expect "web-2" vmctl ssh-config w
+
+# ---- checkpoints: of the agent named before them
+expect "c1 c2" vmctl restore a1 ""
+expect "c9" vmctl restore web-2 ""
+expect "c1 c2" vmctl checkpoint rm a1 ""
+expect "c1 c2" vmctl diff a1 ""
+expect "c1 c2" vmctl diff a1 c1 ""
+expect "c2" vmctl diff a1 c1 c2
+expect "" vmctl diff a1 c1 c2 ""
+expect "c1 c2" vmctl fork a1 --from ""
+expect "" vmctl checkpoints a1 ""
+
+# ---- options and their values are not arguments
+expect "c1 c2" vmctl restore --path /etc a1 ""
+expect "c1 c2" vmctl restore --path=/etc a1 ""
+expect "c1 c2" vmctl restore --path = /etc a1 ""
+expect "$agents" vmctl stop --timeout 5m ""
+expect "$agents" vmctl egress-log -n 5 ""
+expect "$agents" vmctl --json -q info ""
+expect "" vmctl stop --timeout ""
+expect "" vmctl fork a1 ""
+
+# ---- option values: templates, files; '=' as a word break (bash's default) or not
+expect "debian-12 ubuntu-24.04" vmctl new x --template ""
+expect "debian-12" vmctl new x --template deb
+expect "debian-12" vmctl new x --template = deb
+expect "debian-12 ubuntu-24.04" vmctl new x --template =
+COMP_WORDBREAKS=${COMP_WORDBREAKS//=/}
+expect "--template=debian-12" vmctl new x --template=deb
+COMP_WORDBREAKS+="="
+touch "$tmp/user-data.yaml"
+expect "$tmp/user-data.yaml" vmctl new x --user-data "$tmp/user-"
+expect "$tmp/user-data.yaml" vmctl --socket "$tmp/user-"
+
+# ---- what a command runs, a new name: nothing
+expect "" vmctl new ""
+expect "" vmctl exec a1 ""
+expect "" vmctl exec a1 -
+expect "" vmctl exec -t a1 ""
+expect "$agents" vmctl exec -t -e K=V ""
+expect "" vmctl ssh a1 -- ""
+
+# ---- hostd: asked through the same --socket; not answering gives nothing, quietly
+: >"$tmp/calls"
+expect "$agents" vmctl --socket /run/other.sock info ""
+grep -qxF -- "--socket /run/other.sock list --json" "$tmp/calls"
+ok "hostd is asked through the --socket given" $?
+: >"$tmp/calls"
+expect "c1 c2" vmctl restore --socket /run/third.sock a1 ""
+grep -qxF -- "--socket /run/third.sock checkpoints a1 --json" "$tmp/calls"
+ok "and through a --socket given after the command" $?
+FAKE_HOSTD_DOWN=1 expect "" vmctl info ""
+export FAKE_HOSTD_DOWN=1
+expect "" vmctl restore a1 ""
+unset FAKE_HOSTD_DOWN
+
+# ---- safe under `set -u`, as some users' shells run
+(
+    set -u
+    comp vmctl "" >/dev/null && comp vmctl diff a1 c1 c2 "" >/dev/null &&
+        comp vmctl new x --template = >/dev/null && comp vmctl exec a1 -- "" >/dev/null
+) 2>"$tmp/stderr"
+status=$?
+[ "$status" -eq 0 ] && [ ! -s "$tmp/stderr" ]
+ok "completion works under set -u" $?
+sed 's/^/# /' "$tmp/stderr"
+
+echo "1..$n"
+[ "$bad" -eq 0 ]

@@ -1,0 +1,154 @@
+#!/bin/bash
+# What `meson install` puts in place, in TAP: `meson install --destdir` of this build into a
+# temporary tree, then the programs, the egress helper, the templates, the systemd unit, the
+# default configuration (kept on a second install once edited), the man pages and the bash
+# completion, each where this build's options say, and nothing else.
+set -u
+build=${VM_BUILD_DIR:?} source=${VM_SOURCE_DIR:?}
+bindir=${BINDIR:?} sbindir=${SBINDIR:?} libexecdir=${LIBEXECDIR:?} templates=${TEMPLATES_DIR:?}
+config=${HOSTD_CONFIG:?} unitdir=${UNIT_DIR:?} completiondir=${COMPLETION_DIR:?}
+mandir=${MANDIR:?} man=${MAN_PAGES:?}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+dest=$tmp/dest
+n=0 bad=0
+check() { # $1: description; the rest: a command that succeeds when the check holds
+    local what=$1
+    shift
+    n=$((n + 1))
+    if "$@"; then
+        echo "ok $n - $what"
+    else
+        bad=$((bad + 1))
+        echo "not ok $n - $what"
+    fi
+}
+skip() {
+    n=$((n + 1))
+    echo "ok $n - $1 # SKIP $2"
+}
+executable() {
+    [ -f "$dest$1" ] && [ -x "$dest$1" ] || { echo "# not an executable: $1"; return 1; }
+}
+same() { cmp -s "$1" "$dest$2" || { echo "# $2 differs from $1, or is missing"; return 1; }; }
+install_tree() {
+    local out
+    out=$(meson install -C "$build" --destdir "$dest" --no-rebuild 2>&1) && return 0
+    echo "$out" | tail -20 | sed 's/^/# /'
+    return 1
+}
+
+if ! check "meson install --destdir" install_tree; then
+    echo "1..$n"
+    exit 1
+fi
+
+check "hostd in sbindir" executable "$sbindir/hostd"
+check "vmctl in bindir" executable "$bindir/vmctl"
+check "installed vmctl runs" "$dest$bindir/vmctl" --version
+check "egress helper in libexecdir" executable "$libexecdir/vm-egress-connect"
+
+expected=("$sbindir/hostd" "$bindir/vmctl" "$libexecdir/vm-egress-connect")
+for f in "$source"/templates/*.yaml "$source/templates/build-debian-image.sh"; do
+    check "template file $(basename "$f")" same "$f" "$templates/$(basename "$f")"
+    expected+=("$templates/$(basename "$f")")
+done
+
+unit=$unitdir/hostd.service
+expected+=("$unit")
+check "hostd.service in $unitdir" same "$build/dist/hostd.service" "$unit"
+exec_line() {
+    grep -qxF "ExecStart=$sbindir/hostd --config $config" "$dest$unit" &&
+        [ -x "$dest$sbindir/hostd" ] && [ -f "$dest$config" ]
+}
+check "the unit runs the installed hostd with the installed configuration" exec_line
+
+expected+=("$config")
+check "default configuration at $config" same "$build/dist/hostd.conf" "$config"
+echo "# edited by the administrator" >>"$dest$config"
+kept() {
+    install_tree && [ "$(tail -n 1 "$dest$config")" = "# edited by the administrator" ]
+}
+check "a second install keeps an edited configuration" kept
+
+completion=$completiondir/vmctl
+expected+=("$completion")
+check "bash completion at $completion" same "$source/dist/vmctl.bash-completion" "$completion"
+registers() {
+    [ "$(bash -c 'source "$0" && complete -p vmctl' "$dest$completion")" = \
+        "complete -F _vmctl vmctl" ]
+}
+check "sourcing it completes vmctl" registers
+
+# The commands vmctl --help lists, one a line ("template list" as two words).
+commands_of='/^Commands:/ { c = 1; next }
+    c && !/^  [a-z]/ { exit }
+    c { sub(/^  /, ""); sub(/  .*/, ""); print }'
+
+if [ "$man" = enabled ]; then
+    vmctl1=$dest$mandir/man1/vmctl.1 hostd8=$dest$mandir/man8/hostd.8
+    expected+=("$mandir/man1/vmctl.1" "$mandir/man8/hostd.8")
+    check "vmctl(1) is a man page" grep -q '^\.TH "vmctl" "1"' "$vmctl1"
+    check "hostd(8) is a man page" grep -q '^\.TH "hostd" "8"' "$hostd8"
+    # scdoc writes "hostd.conf" as "hostd.\&conf".
+    names_paths() {
+        local text
+        text=$(sed 's/\\&//g' "$hostd8")
+        ! grep -n "@[A-Z_]*@" <<<"$text" && grep -qF "$config" <<<"$text" &&
+            grep -qF "$unitdir" <<<"$text" && grep -qF "$templates" <<<"$text"
+    }
+    check "hostd(8) names this installation's paths" names_paths
+    documented() {
+        local page section
+        for page in $(sed -n 's/^Documentation=//p' "$dest$unit"); do
+            section=${page#*(}
+            section=${section%)}
+            page=${page#man:}
+            page=${page%(*}
+            [ -f "$dest$mandir/man$section/$page.$section" ] || {
+                echo "# the unit names $page($section), which is not installed"
+                return 1
+            }
+        done
+    }
+    check "the man pages the unit names are installed" documented
+    every_command() {
+        local missing=0 command
+        while read -r command; do
+            [ -n "$command" ] || continue
+            grep -qE "^\.SS \"?vmctl $command( |\"|$)" "$vmctl1" || {
+                echo "# vmctl(1) has no section for '$command'"
+                missing=1
+            }
+        done < <("$dest$bindir/vmctl" --help | awk "$commands_of")
+        [ "$missing" -eq 0 ]
+    }
+    check "vmctl(1) has a section for every command of vmctl --help" every_command
+    if command -v groff >/dev/null; then
+        renders() {
+            local out
+            out=$(groff -man -Tutf8 -ww -z "$1" 2>&1)
+            [ -z "$out" ] || { echo "$out" | sed 's/^/# /'; return 1; }
+        }
+        check "vmctl(1) renders without a warning" renders "$vmctl1"
+        check "hostd(8) renders without a warning" renders "$hostd8"
+    else
+        skip "the man pages render" "groff not installed"
+    fi
+else
+    skip "man pages" "built with -Dman=disabled"
+fi
+
+nothing_else() {
+    local got want
+    got=$(cd "$dest" && find . -type f -o -type l | sed 's|^\.||' | sort)
+    want=$(printf '%s\n' "${expected[@]}" | sort)
+    [ "$got" = "$want" ] && return 0
+    diff <(echo "$want") <(echo "$got") | sed 's/^/# /'
+    return 1
+}
+check "nothing else is installed" nothing_else
+
+echo "1..$n"
+[ "$bad" -eq 0 ]
