@@ -208,22 +208,6 @@ progress_cb(const char *message, double fraction, gpointer user_data)
     g_mutex_unlock(&p->lock);
 }
 
-static void
-assert_process_gone(pid_t pid)
-{
-    for (int i = 0; i < 100; i++) {
-        g_autofree char *stat_path = g_strdup_printf("/proc/%d/stat", (int)pid);
-        g_autofree char *stat = NULL;
-        if (!g_file_get_contents(stat_path, &stat, NULL, NULL))
-            return;
-        const char *close_paren = strrchr(stat, ')');
-        if (close_paren != NULL && close_paren[1] == ' ' && close_paren[2] == 'Z')
-            return;
-        g_usleep(20 * 1000);
-    }
-    fail_msg("process %d still runs after cancellation", (int)pid);
-}
-
 /* ---- fixtures --------------------------------------------------------------------------- */
 
 static int
@@ -918,8 +902,8 @@ test_build_cancel(void **state)
     /* The whole process group is gone, not just the script. */
     g_autofree char *script_pid = read_text(f->scripts_dir, "script.pid");
     g_autofree char *child_pid = read_text(f->scripts_dir, "child.pid");
-    assert_process_gone((pid_t)g_ascii_strtoll(script_pid, NULL, 10));
-    assert_process_gone((pid_t)g_ascii_strtoll(child_pid, NULL, 10));
+    vm_test_assert_process_gone((pid_t)g_ascii_strtoll(script_pid, NULL, 10), 2000);
+    vm_test_assert_process_gone((pid_t)g_ascii_strtoll(child_pid, NULL, 10), 2000);
     g_autofree char *entries = dir_entries(f->images_dir);
     assert_string_equal(entries, "");
 }
