@@ -27,6 +27,7 @@
 #include "vm-protocol.h"
 #include "vm-util.h"
 #include "test-common.h"
+#include "test-egress-fixture.h"
 #include "test-hostd-fixture.h"
 #include "test-sink.h"
 
@@ -48,25 +49,6 @@ env_or(const char *name, const char *fallback)
     return value != NULL && value[0] != '\0' ? value : fallback;
 }
 
-/* *.test names resolve to 127.0.0.1, but for "mixed.test", which also has an internal address. */
-static GArray *
-fake_resolve(const char *host, gpointer user_data, GError **error)
-{
-    GArray *out;
-    VmEgressAddress address;
-
-    if (!g_str_has_suffix(host, ".test"))
-        return vm_throw(error, VM_ERROR_NOT_FOUND, "no such test host '%s'", host), NULL;
-    out = g_array_new(FALSE, FALSE, sizeof(VmEgressAddress));
-    (void)vm_egress_address_parse("127.0.0.1", &address, NULL);
-    g_array_append_val(out, address);
-    if (g_str_equal(host, "mixed.test")) {
-        (void)vm_egress_address_parse("10.1.2.3", &address, NULL);
-        g_array_append_val(out, address);
-    }
-    return out;
-}
-
 static int
 setup(void **state)
 {
@@ -74,7 +56,7 @@ setup(void **state)
 
     f->hostd = hostd_test_fixture_new();
     f->ctx = f->hostd->ctx;
-    hostd_egress_set_resolver(f->ctx, fake_resolve, NULL);
+    hostd_egress_set_resolver(f->ctx, vm_test_egress_resolve, NULL);
     f->sink = vm_test_sink_new();
     *state = f;
     return 0;
@@ -387,7 +369,7 @@ test_policy_survives_restart(void **state)
     set_ok(f, "a1", "sink.test 127.0.0.1/32", "x.example", NULL, FALSE);
     /* what hostd's exit does; the next hostd starts with a fresh state */
     hostd_egress_stop_all(f->ctx);
-    hostd_egress_set_resolver(f->ctx, fake_resolve, NULL);
+    hostd_egress_set_resolver(f->ctx, vm_test_egress_resolve, NULL);
     r = hostd_agent_load(f->ctx, "a1", &error);
     assert_non_null(r);
     assert_true(hostd_egress_agent_start(f->ctx, r, &error));
