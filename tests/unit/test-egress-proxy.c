@@ -164,14 +164,7 @@ teardown(void **state)
 static int
 client_connect(Fixture *f)
 {
-    struct sockaddr_in sin = {.sin_family = AF_INET,
-                              .sin_port = htons(vm_egress_proxy_get_port(f->proxy)),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    return fd;
+    return vm_test_connect_loopback(vm_egress_proxy_get_port(f->proxy), 0);
 }
 
 static int
@@ -662,43 +655,19 @@ test_rewrite_hook(void **state)
 /* ---------------------------------------------------------------------------------------------
  * The relay under load */
 
-typedef struct {
-    int fd;
-    const guint8 *data;
-    gsize len;
-} Writer;
-
-static gpointer
-writer_thread(gpointer user_data)
-{
-    Writer *w = user_data;
-    gsize off = 0;
-
-    while (off < w->len) {
-        ssize_t n = send(w->fd, w->data + off, MIN(w->len - off, 100000), MSG_NOSIGNAL);
-
-        if (n <= 0)
-            break;
-        off += n;
-    }
-    shutdown(w->fd, SHUT_WR);
-    return GSIZE_TO_POINTER(off);
-}
-
 /* Sends @len bytes through the tunnel on @fd to the echo sink and reads them back. */
 static void
 assert_bulk_echo(int fd, gsize len)
 {
     g_autofree guint8 *data = g_malloc(len);
     g_autofree guint8 *back = g_malloc(len);
-    Writer w = {.fd = fd, .data = data, .len = len};
     GThread *writer;
     gsize got = 0;
 
     for (gsize i = 0; i < len; i++)
         data[i] = (guint8)(i * 2654435761u >> 13);
     /* both ways at once: the sink echoes while it reads, so one side alone would stall */
-    writer = g_thread_new("writer", writer_thread, &w);
+    writer = vm_test_send_thread(fd, data, len);
     while (got < len) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         ssize_t n;

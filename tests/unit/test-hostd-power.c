@@ -408,31 +408,14 @@ attach(HostdTestFixture *f, const char *name, guint backend_port)
 {
     g_autoptr(GError) error = NULL;
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, name);
-    guint16 port = 0;
-    int fd = vm_test_listen_loopback(&port);
+    guint16 port = vm_test_free_port();
 
-    close(fd);
     r->ssh_port = port;
     r->backend_port = backend_port;
     assert_true(hostd_agent_record_save(r, &error));
     if (!hostd_power_attach(f->ctx, r, &error))
         fail_msg("attach: %s", error->message);
     return port;
-}
-
-static int
-connect_port(guint port)
-{
-    struct sockaddr_in sin = {.sin_family = AF_INET,
-                              .sin_port = htons((guint16)port),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    struct timeval tv = {.tv_sec = 10};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-    return fd;
 }
 
 /* A connection to a paused or saved agent's public port wakes it, then reaches the guest; one to
@@ -451,7 +434,7 @@ test_relay_wakes(void **state)
 
     for (gsize i = 0; i < G_N_ELEMENTS(names); i++) {
         guint port = attach(f, names[i], echo->port);
-        int fd = connect_port(port);
+        int fd = vm_test_connect_loopback(port, 10);
         char buf[16] = {0};
         assert_int_equal(send(fd, "hello", 5, MSG_NOSIGNAL), 5);
         gssize n = 0, got = 0;
@@ -467,7 +450,7 @@ test_relay_wakes(void **state)
     assert_int_equal(bytes, 10);
 
     guint port = attach(f, "x1", echo->port);
-    int fd = connect_port(port);
+    int fd = vm_test_connect_loopback(port, 10);
     char byte;
     (void)send(fd, "hello", 5, MSG_NOSIGNAL);
     gssize n = recv(fd, &byte, 1, 0);
