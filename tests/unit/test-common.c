@@ -177,6 +177,19 @@ vm_test_assert_process_gone(pid_t pid, guint timeout_ms)
     fail_msg("process %d still runs after %u ms", (int)pid, timeout_ms);
 }
 
+char *
+vm_test_data_path(const char *first, ...)
+{
+    const char *dir = g_getenv("VM_TEST_DATA");
+    g_autofree char *below = NULL;
+    va_list ap;
+
+    va_start(ap, first);
+    below = g_build_filename_valist(first, &ap);
+    va_end(ap);
+    return g_build_filename(dir != NULL && dir[0] != '\0' ? dir : "tests/data", below, NULL);
+}
+
 void
 vm_test_assert_golden(const char *name, const char *actual)
 {

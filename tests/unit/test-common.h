@@ -58,6 +58,10 @@ void vm_test_assert_nullable_string_equal(const char *a, const char *b);
  * init (killed and reparented away from the test). */
 void vm_test_assert_process_gone(pid_t pid, guint timeout_ms);
 
+/* The path of @first and the further elements (NULL-terminated) below the tests' data,
+ * $VM_TEST_DATA (else tests/data). Newly allocated. */
+char *vm_test_data_path(const char *first, ...) G_GNUC_NULL_TERMINATED;
+
 /* Compares @actual with the golden file @name in $VM_TEST_GOLDEN (else tests/golden under
  * $VM_SOURCE_DIR or "."), naming the first line that differs; with VIR_TEST_REGENERATE_OUTPUT=1
  * rewrites the file with @actual instead. */

@@ -28,17 +28,9 @@ typedef VmTestTmpDir Fixture;
 /* ---- helpers ------------------------------------------------------------------------------- */
 
 static char *
-data_path(const char *name)
-{
-    const char *dir = g_getenv("VM_TEST_DATA");
-
-    return g_build_filename(dir != NULL ? dir : "tests/data", "domain-read", name, NULL);
-}
-
-static char *
 read_data(const char *name)
 {
-    g_autofree char *path = data_path(name);
+    g_autofree char *path = vm_test_data_path("domain-read", name, NULL);
 
     return vm_test_read_file(path);
 }
@@ -396,7 +388,7 @@ test_bad_documents(void **state)
 static void
 test_external_entity_not_loaded(void **state)
 {
-    g_autofree char *path = data_path("external-entity.xml");
+    g_autofree char *path = vm_test_data_path("domain-read", "external-entity.xml", NULL);
     g_autofree char *xml = read_data("external-entity.xml");
     g_autoptr(GError) error = NULL;
     g_auto(GStrv) files = vm_domain_read_disk_files(xml, &error);

@@ -479,16 +479,6 @@ source_dir(void)
     return env != NULL && env[0] != '\0' ? env : VM_SOURCE_DIR;
 }
 
-char *
-hostd_test_data_path(const char *file)
-{
-    const char *env = g_getenv("VM_TEST_DATA");
-
-    if (env != NULL && env[0] != '\0')
-        return g_build_filename(env, "hostd", file, NULL);
-    return g_build_filename(source_dir(), "tests", "data", "hostd", file, NULL);
-}
-
 /* debian-12's image as a finished build leaves it, with fake files. */
 static void
 write_image(HostdTestFixture *f)
@@ -534,7 +524,7 @@ hostd_test_fixture_new_full(HostdTestFixtureFlags flags)
 
     /* Short: egress proxies' Unix sockets live below it. */
     f->dir = vm_test_make_tmpdir("hostd-XXXXXX");
-    g_autofree char *node = hostd_test_data_path("node.xml");
+    g_autofree char *node = vm_test_data_path("hostd", "node.xml", NULL);
     f->uri = g_strconcat("test://", node, NULL);
 
     f->bin_dir = g_build_filename(f->dir, "bin", NULL);

@@ -97,9 +97,6 @@ char *hostd_test_checkpoint_ids(HostdTestFixture *f, const char *name);
 /* Takes @n checkpoints of @name (no label, no memory), each of which must succeed. */
 void hostd_test_checkpoint_n(HostdTestFixture *f, const char *name, guint n);
 
-/* tests/data/hostd/@file (under $VM_TEST_DATA when set). Newly allocated. */
-char *hostd_test_data_path(const char *file);
-
 /* ---- fake images and qemu-img ---- */
 
 /* Writes a fake image at @path standing on @backing (NULL: on nothing). */

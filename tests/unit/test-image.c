@@ -231,7 +231,6 @@ static int
 setup_http(void **state)
 {
     g_autoptr(GError) error = NULL;
-    const char *data_dir = g_getenv("VM_TEST_DATA");
 
     setup_common(state);
     Fixture *f = *state;
@@ -240,8 +239,7 @@ setup_http(void **state)
     f->sha256 = sha256_of(f->image);
     write_bytes(f->serve_dir, "image.qcow2", f->image);
 
-    g_autofree char *script =
-        g_build_filename(data_dir ? data_dir : "tests/data", "http-server.py", NULL);
+    g_autofree char *script = vm_test_data_path("http-server.py", NULL);
     f->server = g_subprocess_new(G_SUBPROCESS_FLAGS_STDIN_PIPE | G_SUBPROCESS_FLAGS_STDOUT_PIPE,
                                  &error, "python3", script, f->serve_dir, f->log_path, NULL);
     assert_non_null(f->server);

@@ -278,7 +278,7 @@ agent_dir(Fixture *f, const char *name)
 static char *
 domain_xml(const char *name, const char *uuid)
 {
-    g_autofree char *path = hostd_test_data_path("domain.xml");
+    g_autofree char *path = vm_test_data_path("hostd", "domain.xml", NULL);
     g_autofree char *text = vm_test_read_file(path);
     g_auto(GStrv) a = g_strsplit(text, "@NAME@", -1);
     g_autofree char *named = g_strjoinv(name, a);
