@@ -87,26 +87,6 @@ init_agent(Fixture *f, const char *name, const char *allow, const char *deny)
         fail_msg("init: %s", error->message);
 }
 
-/* "allow|deny" as hostd_egress_get() has them, space-separated. */
-static char *
-policy_text(Fixture *f, const char *name)
-{
-    g_autoptr(GError) error = NULL;
-    g_autoptr(GVariant) egress = hostd_egress_get(f->ctx, name, &error);
-    g_autofree const char **allow = NULL;
-    g_autofree const char **deny = NULL;
-    g_autofree char *a = NULL, *d = NULL;
-
-    if (egress == NULL)
-        fail_msg("get: %s", error->message);
-    g_variant_ref_sink(egress);
-    assert_true(g_variant_lookup(egress, "allow", "^a&s", &allow));
-    assert_true(g_variant_lookup(egress, "deny", "^a&s", &deny));
-    a = g_strjoinv(" ", (char **)allow);
-    d = g_strjoinv(" ", (char **)deny);
-    return g_strdup_printf("%s|%s", a, d);
-}
-
 static GVariant *
 set_policy(Fixture *f, const char *name, const char *allow, const char *deny, const char *remove,
            gboolean reset, GError **error)
@@ -114,10 +94,10 @@ set_policy(Fixture *f, const char *name, const char *allow, const char *deny, co
     g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
     g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
     g_auto(GStrv) r = remove != NULL ? g_strsplit(remove, " ", 0) : NULL;
-    GVariant *v = hostd_egress_set(f->ctx, name, (const char *const *)a, (const char *const *)d,
-                                   (const char *const *)r, reset, error);
 
-    return v != NULL ? g_variant_ref_sink(v) : NULL;
+    return hostd_test_sink(hostd_egress_set(f->ctx, name, (const char *const *)a,
+                                            (const char *const *)d, (const char *const *)r, reset,
+                                            error));
 }
 
 static void
@@ -228,7 +208,7 @@ test_init_from_template(void **state)
     struct stat st;
 
     init_agent(f, "a1", "PyPI.org. *.Example.COM 203.0.113.0/24", "upload.pypi.org");
-    p = policy_text(f, "a1");
+    p = hostd_test_egress_text(f->hostd, "a1");
     assert_string_equal(p, "pypi.org *.example.com 203.0.113.0/24|upload.pypi.org");
     assert_true(g_file_test(ini, G_FILE_TEST_EXISTS));
     assert_int_equal(vm_test_file_mode(ini), 0600);
@@ -240,11 +220,11 @@ test_init_from_template(void **state)
     /* The template spells "any" as "*"; none is nothing at all. */
     init_agent(f, "a2", "*", NULL);
     g_free(p);
-    p = policy_text(f, "a2");
+    p = hostd_test_egress_text(f->hostd, "a2");
     assert_string_equal(p, "any|");
     init_agent(f, "a3", NULL, NULL);
     g_free(p);
-    p = policy_text(f, "a3");
+    p = hostd_test_egress_text(f->hostd, "a3");
     assert_string_equal(p, "none|");
 }
 
@@ -298,7 +278,7 @@ test_set_edits(void **state)
         g_autofree char *p = NULL;
 
         set_ok(f, "a1", steps[i].allow, steps[i].deny, steps[i].remove, steps[i].reset);
-        p = policy_text(f, "a1");
+        p = hostd_test_egress_text(f->hostd, "a1");
         if (!g_str_equal(p, steps[i].expect))
             fail_msg("step %zu: got '%s', want '%s'", i, p, steps[i].expect);
     }
@@ -330,7 +310,7 @@ test_set_refused(void **state)
         g_autoptr(GVariant) v =
             set_policy(f, "a1", bad[i].allow, bad[i].deny, bad[i].remove, FALSE, &error);
         g_autofree char *after = vm_test_read_file(ini);
-        g_autofree char *p = policy_text(f, "a1");
+        g_autofree char *p = hostd_test_egress_text(f->hostd, "a1");
 
         assert_null(v);
         if (!g_error_matches(error, VM_ERROR, bad[i].code))
@@ -373,7 +353,7 @@ test_policy_survives_restart(void **state)
     r = hostd_agent_load(f->ctx, "a1", &error);
     assert_non_null(r);
     assert_true(hostd_egress_agent_start(f->ctx, r, &error));
-    p = policy_text(f, "a1");
+    p = hostd_test_egress_text(f->hostd, "a1");
     assert_string_equal(p, "sink.test 127.0.0.1/32|x.example");
     fd = tunnel(f, "a1", "sink.test", &status);
     assert_int_equal(status, 200);
@@ -394,12 +374,12 @@ test_copy_policy(void **state)
     dst = hostd_test_agent_record_new(f->hostd, "dst");
     assert_true(hostd_egress_copy_policy(f->ctx, "src", "dst", &error));
     assert_true(hostd_egress_agent_start(f->ctx, dst, &error));
-    p = policy_text(f, "dst");
+    p = hostd_test_egress_text(f->hostd, "dst");
     assert_string_equal(p, "pypi.org 198.18.0.0/15|evil.pypi.org");
     /* the two go their own ways afterwards */
     set_ok(f, "src", NULL, NULL, "pypi.org", FALSE);
     g_free(p);
-    p = policy_text(f, "dst");
+    p = hostd_test_egress_text(f->hostd, "dst");
     assert_string_equal(p, "pypi.org 198.18.0.0/15|evil.pypi.org");
 
     assert_false(hostd_egress_copy_policy(f->ctx, "nosuch", "dst", &error));

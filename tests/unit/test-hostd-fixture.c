@@ -12,6 +12,7 @@
 #include <glib/gstdio.h>
 
 #include "hostd-checkpoint.h"
+#include "hostd-egress.h"
 #include "hostd-modules.h"
 #include "hostd-power.h"
 #include "hostd-server.h"
@@ -793,6 +794,23 @@ GVariant *
 hostd_test_sink(GVariant *v)
 {
     return v != NULL ? g_variant_ref_sink(v) : NULL;
+}
+
+char *
+hostd_test_egress_text(HostdTestFixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) egress = hostd_test_sink(hostd_egress_get(f->ctx, name, &error));
+    g_autofree const char **allow = NULL;
+    g_autofree const char **deny = NULL;
+
+    if (egress == NULL)
+        fail_msg("egress of %s: %s", name, error->message);
+    assert_true(g_variant_lookup(egress, "allow", "^a&s", &allow));
+    assert_true(g_variant_lookup(egress, "deny", "^a&s", &deny));
+    g_autofree char *a = g_strjoinv(" ", (char **)allow);
+    g_autofree char *d = g_strjoinv(" ", (char **)deny);
+    return g_strdup_printf("%s|%s", a, d);
 }
 
 char *

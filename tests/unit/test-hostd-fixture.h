@@ -162,6 +162,10 @@ void hostd_test_assert_error(const GError *error, VmErrorCode code, const char *
 /* @v (a result of hostd, floating or NULL) sunk: owned by the caller, or NULL. */
 GVariant *hostd_test_sink(GVariant *v);
 
+/* @name's egress policy as hostd_egress_get() has it, "ALLOW|DENY", each list space-separated.
+ * Newly allocated. */
+char *hostd_test_egress_text(HostdTestFixture *f, const char *name);
+
 /* The string @key of the a{sv} @dict, or NULL. Newly allocated. */
 char *hostd_test_dict_string(GVariant *dict, const char *key);
 

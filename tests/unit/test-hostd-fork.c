@@ -55,23 +55,6 @@ file_holds(const char *path, const char *needle)
     return memmem(data, len, needle, strlen(needle)) != NULL;
 }
 
-static char *
-egress_text(HostdTestFixture *f, const char *name)
-{
-    g_autoptr(GError) error = NULL;
-    g_autoptr(GVariant) egress = hostd_test_sink(hostd_egress_get(f->ctx, name, &error));
-    g_autofree const char **allow = NULL;
-    g_autofree const char **deny = NULL;
-
-    if (egress == NULL)
-        fail_msg("egress of %s: %s", name, error->message);
-    assert_true(g_variant_lookup(egress, "allow", "^a&s", &allow));
-    assert_true(g_variant_lookup(egress, "deny", "^a&s", &deny));
-    g_autofree char *a = g_strjoinv(" ", (char **)allow);
-    g_autofree char *d = g_strjoinv(" ", (char **)deny);
-    return g_strdup_printf("%s|%s", a, d);
-}
-
 /* ---- a fork and its new identity ------------------------------------------------------------ */
 
 static void
@@ -144,8 +127,8 @@ test_fork_identity(void **state)
     assert_int_equal(r->checkpoint_keep, 4);
     assert_int_equal(r->cpus, src->cpus);
     assert_int_equal(r->memory_mib, src->memory_mib);
-    g_autofree char *src_egress = egress_text(f, "a1");
-    g_autofree char *fork_egress = egress_text(f, "b1");
+    g_autofree char *src_egress = hostd_test_egress_text(f, "a1");
+    g_autofree char *fork_egress = hostd_test_egress_text(f, "b1");
     assert_string_equal(fork_egress, "pypi.org|upload.pypi.org");
     assert_string_equal(fork_egress, src_egress);
 
