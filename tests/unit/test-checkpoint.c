@@ -24,15 +24,6 @@ typedef VmTestTmpDir Fixture;
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static void
-assert_nullable_string_equal(const char *a, const char *b)
-{
-    if (a == NULL || b == NULL)
-        assert_ptr_equal(a, b);
-    else
-        assert_string_equal(a, b);
-}
-
 static VmCheckpointSet *
 load_ok(const char *dir)
 {
@@ -100,13 +91,13 @@ static void
 assert_checkpoints_equal(const VmCheckpoint *a, const VmCheckpoint *b)
 {
     assert_string_equal(a->id, b->id);
-    assert_nullable_string_equal(a->label, b->label);
+    vm_test_assert_nullable_string_equal(a->label, b->label);
     assert_string_equal(a->image, b->image);
-    assert_nullable_string_equal(a->parent, b->parent);
+    vm_test_assert_nullable_string_equal(a->parent, b->parent);
     assert_int_equal(a->created, b->created);
     assert_int_equal(a->automatic, b->automatic);
     assert_int_equal(a->quiesced, b->quiesced);
-    assert_nullable_string_equal(a->memory, b->memory);
+    vm_test_assert_nullable_string_equal(a->memory, b->memory);
 }
 
 static void
@@ -117,14 +108,14 @@ assert_sets_equal(const VmCheckpointSet *a, const VmCheckpointSet *b)
     for (guint i = 0; i < a->checkpoints->len; i++)
         assert_checkpoints_equal(a->checkpoints->pdata[i], b->checkpoints->pdata[i]);
     assert_string_equal(a->active, b->active);
-    assert_nullable_string_equal(a->active_parent, b->active_parent);
+    vm_test_assert_nullable_string_equal(a->active_parent, b->active_parent);
     assert_int_equal(a->next_seq, b->next_seq);
     assert_int_equal(a->pending, b->pending);
-    assert_nullable_string_equal(a->pending_file, b->pending_file);
-    assert_nullable_string_equal(a->pending_target, b->pending_target);
-    assert_nullable_string_equal(a->pending_label, b->pending_label);
+    vm_test_assert_nullable_string_equal(a->pending_file, b->pending_file);
+    vm_test_assert_nullable_string_equal(a->pending_target, b->pending_target);
+    vm_test_assert_nullable_string_equal(a->pending_label, b->pending_label);
     assert_int_equal(a->pending_automatic, b->pending_automatic);
-    assert_nullable_string_equal(a->pending_memory, b->pending_memory);
+    vm_test_assert_nullable_string_equal(a->pending_memory, b->pending_memory);
 }
 
 /* The dependants of @id, joined with spaces, then " +active" when the active overlay stands on

@@ -152,6 +152,45 @@ vm_test_assert_no_error(const GError *error)
 }
 
 void
+vm_test_assert_nullable_string_equal(const char *a, const char *b)
+{
+    if (a == NULL || b == NULL)
+        assert_ptr_equal(a, b);
+    else
+        assert_string_equal(a, b);
+}
+
+void
+vm_test_assert_process_gone(pid_t pid, guint timeout_ms)
+{
+    g_autofree char *stat_path = g_strdup_printf("/proc/%d/stat", (int)pid);
+
+    for (guint waited_ms = 0; waited_ms < timeout_ms; waited_ms += 20) {
+        g_autofree char *stat = NULL;
+        if (!g_file_get_contents(stat_path, &stat, NULL, NULL))
+            return;
+        const char *close_paren = strrchr(stat, ')');
+        if (close_paren != NULL && close_paren[1] == ' ' && close_paren[2] == 'Z')
+            return;
+        g_usleep(20 * 1000);
+    }
+    fail_msg("process %d still runs after %u ms", (int)pid, timeout_ms);
+}
+
+char *
+vm_test_data_path(const char *first, ...)
+{
+    const char *dir = g_getenv("VM_TEST_DATA");
+    g_autofree char *below = NULL;
+    va_list ap;
+
+    va_start(ap, first);
+    below = g_build_filename_valist(first, &ap);
+    va_end(ap);
+    return g_build_filename(dir != NULL && dir[0] != '\0' ? dir : "tests/data", below, NULL);
+}
+
+void
 vm_test_assert_golden(const char *name, const char *actual)
 {
     const char *dir = g_getenv("VM_TEST_GOLDEN");

@@ -3,6 +3,8 @@
  * helper fails the running test (cmocka's fail_msg) instead of returning an error. */
 #pragma once
 
+#include <sys/types.h>
+
 #include <glib.h>
 
 G_BEGIN_DECLS
@@ -48,6 +50,17 @@ void vm_test_assert_error(const GError *error, GQuark domain, int code, const ch
 
 /* Fails the running test, quoting the message, when @error is set. */
 void vm_test_assert_no_error(const GError *error);
+
+/* Fails the running test unless @a and @b are both NULL or equal strings. */
+void vm_test_assert_nullable_string_equal(const char *a, const char *b);
+
+/* Fails the running test unless process @pid is gone within @timeout_ms, or a zombie waiting for
+ * init (killed and reparented away from the test). */
+void vm_test_assert_process_gone(pid_t pid, guint timeout_ms);
+
+/* The path of @first and the further elements (NULL-terminated) below the tests' data,
+ * $VM_TEST_DATA (else tests/data). Newly allocated. */
+char *vm_test_data_path(const char *first, ...) G_GNUC_NULL_TERMINATED;
 
 /* Compares @actual with the golden file @name in $VM_TEST_GOLDEN (else tests/golden under
  * $VM_SOURCE_DIR or "."), naming the first line that differs; with VIR_TEST_REGENERATE_OUTPUT=1

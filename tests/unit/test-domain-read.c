@@ -27,30 +27,10 @@ typedef VmTestTmpDir Fixture;
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static void
-assert_error(const GError *error, VmErrorCode code, const char *needle)
-{
-    if (error == NULL)
-        fail_msg("expected error code %d, got success", code);
-    if (!g_error_matches(error, VM_ERROR, code))
-        fail_msg("expected error code %d, got %s/%d: %s", code, g_quark_to_string(error->domain),
-                 error->code, error->message);
-    if (needle != NULL && strstr(error->message, needle) == NULL)
-        fail_msg("error message '%s' does not mention '%s'", error->message, needle);
-}
-
-static char *
-data_path(const char *name)
-{
-    const char *dir = g_getenv("VM_TEST_DATA");
-
-    return g_build_filename(dir != NULL ? dir : "tests/data", "domain-read", name, NULL);
-}
-
 static char *
 read_data(const char *name)
 {
-    g_autofree char *path = data_path(name);
+    g_autofree char *path = vm_test_data_path("domain-read", name, NULL);
 
     return vm_test_read_file(path);
 }
@@ -301,10 +281,10 @@ test_capabilities(void **state)
 
     uid = gid = 7;
     assert_false(vm_capabilities_read_dac_owner(caps, "test", &uid, &gid, &error));
-    assert_error(error, VM_ERROR_NOT_FOUND, "'test'");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "'test'");
     g_clear_error(&error);
     assert_false(vm_capabilities_read_dac_owner(test_driver, "qemu", &uid, &gid, &error));
-    assert_error(error, VM_ERROR_NOT_FOUND, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, NULL);
     g_clear_error(&error);
     assert_int_equal(uid, 7);
     assert_int_equal(gid, 7);
@@ -312,7 +292,7 @@ test_capabilities(void **state)
     /* A domain is not capabilities. */
     g_autofree char *domain = read_golden("domain-kvm-disk.xml");
     assert_false(vm_capabilities_read_dac_owner(domain, "kvm", &uid, &gid, &error));
-    assert_error(error, VM_ERROR_FAILED, "<capabilities>");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "<capabilities>");
 }
 
 static void
@@ -355,7 +335,7 @@ test_capabilities_labels(void **state)
             assert_int_equal(uid, cases[i].uid);
             assert_int_equal(gid, cases[i].gid);
         } else {
-            assert_error(error, VM_ERROR_NOT_FOUND, "not +UID:+GID");
+            vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "not +UID:+GID");
             assert_int_equal(uid, 7);
         }
     }
@@ -393,11 +373,11 @@ test_bad_documents(void **state)
 
         if (files != NULL)
             fail_msg("%s read", bad_documents[i].name);
-        assert_error(files_error, VM_ERROR_FAILED, bad_documents[i].needle);
+        vm_test_assert_error(files_error, VM_ERROR, VM_ERROR_FAILED, bad_documents[i].needle);
         assert_null(args);
-        assert_error(args_error, VM_ERROR_FAILED, bad_documents[i].needle);
+        vm_test_assert_error(args_error, VM_ERROR, VM_ERROR_FAILED, bad_documents[i].needle);
         assert_null(rules);
-        assert_error(rules_error, VM_ERROR_FAILED, bad_documents[i].needle);
+        vm_test_assert_error(rules_error, VM_ERROR, VM_ERROR_FAILED, bad_documents[i].needle);
         assert_string_equal(printed, "");
     }
     assert_int_equal(loader_calls, 0);
@@ -408,7 +388,7 @@ test_bad_documents(void **state)
 static void
 test_external_entity_not_loaded(void **state)
 {
-    g_autofree char *path = data_path("external-entity.xml");
+    g_autofree char *path = vm_test_data_path("domain-read", "external-entity.xml", NULL);
     g_autofree char *xml = read_data("external-entity.xml");
     g_autoptr(GError) error = NULL;
     g_auto(GStrv) files = vm_domain_read_disk_files(xml, &error);
@@ -416,7 +396,7 @@ test_external_entity_not_loaded(void **state)
     int dump_len = 0;
 
     assert_null(files);
-    assert_error(error, VM_ERROR_FAILED, "document type declaration");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "document type declaration");
     assert_int_equal(loader_calls, 0);
 
     loader_passes = TRUE;
@@ -442,7 +422,7 @@ test_oversized(void **state)
     memcpy(huge + len - strlen("</domain>"), "</domain>", strlen("</domain>"));
     huge[len] = '\0';
     assert_null(vm_domain_read_disk_files(huge, &error));
-    assert_error(error, VM_ERROR_FAILED, "more than");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "more than");
     g_clear_error(&error);
 
     /* At the limit it is read. */
@@ -488,7 +468,7 @@ test_odd_documents(void **state)
         if (cases[i].files == NULL) {
             if (files != NULL)
                 fail_msg("case %zu read", i);
-            assert_error(error, VM_ERROR_FAILED, NULL);
+            vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, NULL);
             continue;
         }
         if (files == NULL)

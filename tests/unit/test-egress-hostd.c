@@ -22,14 +22,13 @@
 #include <glib/gstdio.h>
 
 #include "hostd-agent.h"
-#include "hostd-modules.h"
 #include "hostd-egress.h"
-#include "hostd-server.h"
-#include "vm-config.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-util.h"
 #include "test-common.h"
+#include "test-egress-fixture.h"
+#include "test-hostd-fixture.h"
 #include "test-sink.h"
 
 #define IO_TIMEOUT_MS 5000
@@ -37,9 +36,8 @@
 /* ---- fixture -------------------------------------------------------------------------------- */
 
 typedef struct {
-    char *dir;
-    char *uri;
-    HostdContext *ctx;
+    HostdTestFixture *hostd;
+    HostdContext *ctx; /* hostd's */
     VmTestSink *sink;
 } Fixture;
 
@@ -51,74 +49,14 @@ env_or(const char *name, const char *fallback)
     return value != NULL && value[0] != '\0' ? value : fallback;
 }
 
-/* *.test names resolve to 127.0.0.1, but for "mixed.test", which also has an internal address. */
-static GArray *
-fake_resolve(const char *host, gpointer user_data, GError **error)
-{
-    GArray *out;
-    VmEgressAddress address;
-
-    if (!g_str_has_suffix(host, ".test"))
-        return vm_throw(error, VM_ERROR_NOT_FOUND, "no such test host '%s'", host), NULL;
-    out = g_array_new(FALSE, FALSE, sizeof(VmEgressAddress));
-    (void)vm_egress_address_parse("127.0.0.1", &address, NULL);
-    g_array_append_val(out, address);
-    if (g_str_equal(host, "mixed.test")) {
-        (void)vm_egress_address_parse("10.1.2.3", &address, NULL);
-        g_array_append_val(out, address);
-    }
-    return out;
-}
-
-static HostdAgentRecord *
-make_agent(Fixture *f, const char *name)
-{
-    g_autoptr(GError) error = NULL;
-    HostdAgentRecord *r = g_new0(HostdAgentRecord, 1);
-
-    r->dir = g_build_filename(f->ctx->state->agents_dir, name, NULL);
-    r->name = g_strdup(name);
-    r->uuid = g_strdup("6c0b7a1e-52f4-4d0e-9d1b-000000000001");
-    r->template_name = g_strdup("debian-12");
-    r->phase = g_strdup(HOSTD_PHASE_READY);
-    r->cpus = 1;
-    r->memory_mib = 128;
-    r->disk_gib = 8;
-    r->ssh_port = 42001;
-    r->mac = g_strdup("52:54:00:00:00:01");
-    r->user = g_strdup("agent");
-    r->instance_id = g_strdup("vmctl-test");
-    assert_int_equal(g_mkdir_with_parents(r->dir, 0711), 0);
-    if (!hostd_agent_record_save(r, &error))
-        fail_msg("record: %s", error->message);
-    return r;
-}
-
 static int
 setup(void **state)
 {
     Fixture *f = g_new0(Fixture, 1);
-    g_autoptr(GError) error = NULL;
-    g_autofree char *node = NULL;
-    g_autofree char *state_dir = NULL;
 
-    /* Short: the proxies' Unix sockets live below it. */
-    f->dir = g_dir_make_tmp("egh-XXXXXX", NULL);
-    assert_non_null(f->dir);
-    node = g_build_filename(env_or("VM_TEST_DATA", VM_SOURCE_DIR "/tests/data"), "hostd",
-                            "node.xml", NULL);
-    f->uri = g_strconcat("test://", node, NULL);
-    state_dir = g_build_filename(f->dir, "s", NULL);
-    HostdConfig *config = hostd_config_load(NULL, state_dir, NULL, f->uri, &error);
-    assert_non_null(config);
-    HostdState *st = hostd_state_open(state_dir, &error);
-    assert_non_null(st);
-    HostdLibvirt *lv = hostd_libvirt_open(f->uri, HOSTD_ACCEL_TCG, &error);
-    if (lv == NULL)
-        fail_msg("libvirt: %s", error->message);
-    f->ctx = hostd_context_new(config, st, lv);
-    hostd_modules_attach(f->ctx);
-    hostd_egress_set_resolver(f->ctx, fake_resolve, NULL);
+    f->hostd = hostd_test_fixture_new();
+    f->ctx = f->hostd->ctx;
+    hostd_egress_set_resolver(f->ctx, vm_test_egress_resolve, NULL);
     f->sink = vm_test_sink_new();
     *state = f;
     return 0;
@@ -129,11 +67,8 @@ teardown(void **state)
 {
     Fixture *f = *state;
 
-    hostd_context_free(f->ctx);
+    hostd_test_fixture_free(f->hostd);
     vm_test_sink_free(f->sink);
-    vm_test_remove_tree(f->dir);
-    g_free(f->dir);
-    g_free(f->uri);
     g_free(f);
     return 0;
 }
@@ -143,39 +78,13 @@ teardown(void **state)
 static void
 init_agent(Fixture *f, const char *name, const char *allow, const char *deny)
 {
-    g_autoptr(HostdAgentRecord) r = make_agent(f, name);
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, name);
     g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
     g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
     g_autoptr(GError) error = NULL;
 
     if (!hostd_egress_agent_init(f->ctx, r, (const char *const *)a, (const char *const *)d, &error))
         fail_msg("init: %s", error->message);
-}
-
-static char *
-agent_file(Fixture *f, const char *name, const char *file)
-{
-    return g_build_filename(f->ctx->state->agents_dir, name, file, NULL);
-}
-
-/* "allow|deny" as hostd_egress_get() has them, space-separated. */
-static char *
-policy_text(Fixture *f, const char *name)
-{
-    g_autoptr(GError) error = NULL;
-    g_autoptr(GVariant) egress = hostd_egress_get(f->ctx, name, &error);
-    g_autofree const char **allow = NULL;
-    g_autofree const char **deny = NULL;
-    g_autofree char *a = NULL, *d = NULL;
-
-    if (egress == NULL)
-        fail_msg("get: %s", error->message);
-    g_variant_ref_sink(egress);
-    assert_true(g_variant_lookup(egress, "allow", "^a&s", &allow));
-    assert_true(g_variant_lookup(egress, "deny", "^a&s", &deny));
-    a = g_strjoinv(" ", (char **)allow);
-    d = g_strjoinv(" ", (char **)deny);
-    return g_strdup_printf("%s|%s", a, d);
 }
 
 static GVariant *
@@ -185,10 +94,10 @@ set_policy(Fixture *f, const char *name, const char *allow, const char *deny, co
     g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
     g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
     g_auto(GStrv) r = remove != NULL ? g_strsplit(remove, " ", 0) : NULL;
-    GVariant *v = hostd_egress_set(f->ctx, name, (const char *const *)a, (const char *const *)d,
-                                   (const char *const *)r, reset, error);
 
-    return v != NULL ? g_variant_ref_sink(v) : NULL;
+    return hostd_test_sink(hostd_egress_set(f->ctx, name, (const char *const *)a,
+                                            (const char *const *)d, (const char *const *)r, reset,
+                                            error));
 }
 
 static void
@@ -214,7 +123,7 @@ static int
 guest_connect(Fixture *f, const char *name, int *ret_status)
 {
     g_autofree char *helper = helper_path();
-    g_autofree char *socket_path = agent_file(f, name, HOSTD_AGENT_EGRESS_SOCKET);
+    g_autofree char *socket_path = hostd_test_agent_file(f->hostd, name, HOSTD_AGENT_EGRESS_SOCKET);
     int sv[2];
     pid_t pid;
     int status = -1;
@@ -262,7 +171,7 @@ tunnel(Fixture *f, const char *name, const char *host, int *ret_status)
 static char *
 log_text(Fixture *f, const char *name)
 {
-    g_autofree char *path = agent_file(f, name, HOSTD_AGENT_EGRESS_LOG);
+    g_autofree char *path = hostd_test_agent_file(f->hostd, name, HOSTD_AGENT_EGRESS_LOG);
     char *text = NULL;
 
     if (!g_file_get_contents(path, &text, NULL, NULL))
@@ -293,13 +202,13 @@ static void
 test_init_from_template(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *ini = agent_file(f, "a1", HOSTD_AGENT_EGRESS_POLICY);
-    g_autofree char *sock = agent_file(f, "a1", HOSTD_AGENT_EGRESS_SOCKET);
+    g_autofree char *ini = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_POLICY);
+    g_autofree char *sock = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_SOCKET);
     g_autofree char *p = NULL;
     struct stat st;
 
     init_agent(f, "a1", "PyPI.org. *.Example.COM 203.0.113.0/24", "upload.pypi.org");
-    p = policy_text(f, "a1");
+    p = hostd_test_egress_text(f->hostd, "a1");
     assert_string_equal(p, "pypi.org *.example.com 203.0.113.0/24|upload.pypi.org");
     assert_true(g_file_test(ini, G_FILE_TEST_EXISTS));
     assert_int_equal(vm_test_file_mode(ini), 0600);
@@ -311,11 +220,11 @@ test_init_from_template(void **state)
     /* The template spells "any" as "*"; none is nothing at all. */
     init_agent(f, "a2", "*", NULL);
     g_free(p);
-    p = policy_text(f, "a2");
+    p = hostd_test_egress_text(f->hostd, "a2");
     assert_string_equal(p, "any|");
     init_agent(f, "a3", NULL, NULL);
     g_free(p);
-    p = policy_text(f, "a3");
+    p = hostd_test_egress_text(f->hostd, "a3");
     assert_string_equal(p, "none|");
 }
 
@@ -327,11 +236,11 @@ test_init_bad_template(void **state)
 
     for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
         g_autofree char *name = g_strdup_printf("bad%zu", i);
-        g_autoptr(HostdAgentRecord) r = make_agent(f, name);
+        g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, name);
         const char *const allow[] = {"ok.example", bad[i], NULL};
         g_autoptr(GError) error = NULL;
-        g_autofree char *ini = agent_file(f, name, HOSTD_AGENT_EGRESS_POLICY);
-        g_autofree char *sock = agent_file(f, name, HOSTD_AGENT_EGRESS_SOCKET);
+        g_autofree char *ini = hostd_test_agent_file(f->hostd, name, HOSTD_AGENT_EGRESS_POLICY);
+        g_autofree char *sock = hostd_test_agent_file(f->hostd, name, HOSTD_AGENT_EGRESS_SOCKET);
 
         assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
         assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
@@ -369,7 +278,7 @@ test_set_edits(void **state)
         g_autofree char *p = NULL;
 
         set_ok(f, "a1", steps[i].allow, steps[i].deny, steps[i].remove, steps[i].reset);
-        p = policy_text(f, "a1");
+        p = hostd_test_egress_text(f->hostd, "a1");
         if (!g_str_equal(p, steps[i].expect))
             fail_msg("step %zu: got '%s', want '%s'", i, p, steps[i].expect);
     }
@@ -391,7 +300,7 @@ test_set_refused(void **state)
         {NULL, NULL, "not.there", VM_ERROR_NOT_FOUND},
         {"ok.example", NULL, "also.not.there", VM_ERROR_NOT_FOUND},
     };
-    g_autofree char *ini = agent_file(f, "a1", HOSTD_AGENT_EGRESS_POLICY);
+    g_autofree char *ini = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_POLICY);
     g_autofree char *before = NULL;
 
     init_agent(f, "a1", "pypi.org", NULL);
@@ -401,7 +310,7 @@ test_set_refused(void **state)
         g_autoptr(GVariant) v =
             set_policy(f, "a1", bad[i].allow, bad[i].deny, bad[i].remove, FALSE, &error);
         g_autofree char *after = vm_test_read_file(ini);
-        g_autofree char *p = policy_text(f, "a1");
+        g_autofree char *p = hostd_test_egress_text(f->hostd, "a1");
 
         assert_null(v);
         if (!g_error_matches(error, VM_ERROR, bad[i].code))
@@ -440,11 +349,11 @@ test_policy_survives_restart(void **state)
     set_ok(f, "a1", "sink.test 127.0.0.1/32", "x.example", NULL, FALSE);
     /* what hostd's exit does; the next hostd starts with a fresh state */
     hostd_egress_stop_all(f->ctx);
-    hostd_egress_set_resolver(f->ctx, fake_resolve, NULL);
+    hostd_egress_set_resolver(f->ctx, vm_test_egress_resolve, NULL);
     r = hostd_agent_load(f->ctx, "a1", &error);
     assert_non_null(r);
     assert_true(hostd_egress_agent_start(f->ctx, r, &error));
-    p = policy_text(f, "a1");
+    p = hostd_test_egress_text(f->hostd, "a1");
     assert_string_equal(p, "sink.test 127.0.0.1/32|x.example");
     fd = tunnel(f, "a1", "sink.test", &status);
     assert_int_equal(status, 200);
@@ -462,15 +371,15 @@ test_copy_policy(void **state)
     g_autofree char *p = NULL;
 
     init_agent(f, "src", "pypi.org 198.18.0.0/15", "evil.pypi.org");
-    dst = make_agent(f, "dst");
+    dst = hostd_test_agent_record_new(f->hostd, "dst");
     assert_true(hostd_egress_copy_policy(f->ctx, "src", "dst", &error));
     assert_true(hostd_egress_agent_start(f->ctx, dst, &error));
-    p = policy_text(f, "dst");
+    p = hostd_test_egress_text(f->hostd, "dst");
     assert_string_equal(p, "pypi.org 198.18.0.0/15|evil.pypi.org");
     /* the two go their own ways afterwards */
     set_ok(f, "src", NULL, NULL, "pypi.org", FALSE);
     g_free(p);
-    p = policy_text(f, "dst");
+    p = hostd_test_egress_text(f->hostd, "dst");
     assert_string_equal(p, "pypi.org 198.18.0.0/15|evil.pypi.org");
 
     assert_false(hostd_egress_copy_policy(f->ctx, "nosuch", "dst", &error));
@@ -592,7 +501,7 @@ static void
 test_fails_closed(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *sock = agent_file(f, "a1", HOSTD_AGENT_EGRESS_SOCKET);
+    g_autofree char *sock = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_SOCKET);
     g_autoptr(GString) rest = NULL;
     gboolean eof;
     int helper_status = 0;
@@ -614,7 +523,7 @@ static void
 test_restarts_lost_socket(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *sock = agent_file(f, "a1", HOSTD_AGENT_EGRESS_SOCKET);
+    g_autofree char *sock = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_SOCKET);
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(GError) error = NULL;
     int status = 0;
@@ -635,14 +544,14 @@ static void
 test_command(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(HostdAgentRecord) r = make_agent(f, "a1");
-    g_autofree char *root = g_build_filename(f->dir, "lv", NULL);
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, "a1");
+    g_autofree char *root = g_build_filename(f->hostd->dir, "lv", NULL);
     g_autofree char *etc = g_build_filename(root, "etc", NULL);
     g_autofree char *conf = g_build_filename(etc, "qemu.conf", NULL);
     g_autofree char *uri = g_strconcat("qemu:///embed?root=", root, NULL);
     g_autofree char *saved = f->ctx->lv->uri;
     g_autofree char *command = NULL;
-    g_autofree char *sock = agent_file(f, "a1", HOSTD_AGENT_EGRESS_SOCKET);
+    g_autofree char *sock = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_SOCKET);
     g_autofree char *quoted = g_shell_quote(sock);
     g_auto(GStrv) argv = NULL;
 
@@ -679,37 +588,16 @@ test_command(void **state)
 
 /* ---- through hostd's request handling ------------------------------------------------------- */
 
-typedef struct {
-    HostdContext *ctx;
-    int fd;
-} ServeArgs;
-
-static gpointer
-serve_thread(gpointer data)
-{
-    ServeArgs *args = data;
-
-    hostd_server_serve_fd(args->ctx, args->fd);
-    g_free(args);
-    return NULL;
-}
-
 static int
 serve(Fixture *f, VmOp op, GVariant *fields, GThread **ret_thread)
 {
     g_autoptr(VmMessage) request = vm_message_new(op, fields, NULL);
-    ServeArgs *args = g_new0(ServeArgs, 1);
-    struct timeval tv = {.tv_sec = 10};
-    int sv[2];
+    int fd;
 
     assert_non_null(request);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    assert_int_equal(setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-    args->ctx = f->ctx;
-    args->fd = sv[1];
-    *ret_thread = g_thread_new("serve", serve_thread, args);
-    assert_true(vm_message_write_fd(sv[0], request, NULL));
-    return sv[0];
+    fd = hostd_test_serve(f->hostd, ret_thread);
+    assert_true(vm_message_write_fd(fd, request, NULL));
+    return fd;
 }
 
 static VmMessage *
@@ -769,7 +657,7 @@ static void
 test_log_request(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *record = agent_file(f, "a1", "agent.ini");
+    g_autofree char *record = hostd_test_agent_file(f->hostd, "a1", "agent.ini");
     g_autoptr(GString) got = g_string_new(NULL);
     GThread *thread = NULL;
     int status = 0;
@@ -838,9 +726,9 @@ static void
 test_log_rotation(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(HostdAgentRecord) r = make_agent(f, "a1");
-    g_autofree char *path = agent_file(f, "a1", HOSTD_AGENT_EGRESS_LOG);
-    g_autofree char *old = agent_file(f, "a1", "egress.log.1");
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, "a1");
+    g_autofree char *path = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_LOG);
+    g_autofree char *old = hostd_test_agent_file(f->hostd, "a1", "egress.log.1");
     g_autoptr(GString) filler = g_string_new(NULL);
     g_autoptr(GString) got = g_string_new(NULL);
     g_autoptr(GError) error = NULL;

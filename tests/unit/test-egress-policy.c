@@ -8,22 +8,9 @@
 #include "vm-egress-policy.h"
 #include "vm-error.h"
 #include "test-common.h"
+#include "test-egress-fixture.h"
 
 #include <string.h>
-
-static VmEgressPolicy *
-policy_from(const char *allow, const char *deny)
-{
-    g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
-    g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
-    g_autoptr(GError) error = NULL;
-    VmEgressPolicy *policy =
-        vm_egress_policy_new((const char *const *)a, (const char *const *)d, &error);
-
-    if (policy == NULL)
-        fail_msg("policy allow='%s' deny='%s' refused: %s", allow, deny, error->message);
-    return policy;
-}
 
 static VmEgressAddress
 addr(const char *text)
@@ -161,7 +148,7 @@ test_rules_normalised(void **state)
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autoptr(VmEgressPolicy) policy = policy_from(cases[i].allow, NULL);
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, NULL);
         g_auto(GStrv) allow = vm_egress_policy_dup_allow(policy);
         g_autofree char *joined = g_strjoinv(" ", allow);
 
@@ -306,7 +293,7 @@ test_check_host_table(void **state)
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autoptr(VmEgressPolicy) policy = policy_from(cases[i].allow, cases[i].deny);
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
         VmEgressVerdict verdict = vm_egress_policy_check_host(policy, cases[i].host, NULL);
 
         if (verdict != cases[i].verdict)
@@ -319,7 +306,7 @@ test_check_host_table(void **state)
 static void
 test_check_host_normalised(void **state)
 {
-    g_autoptr(VmEgressPolicy) policy = policy_from("pypi.org 127.0.0.1", NULL);
+    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy("pypi.org 127.0.0.1", NULL);
     g_autofree char *name = NULL;
     g_autofree char *literal = NULL;
 
@@ -428,7 +415,7 @@ test_check_address_table(void **state)
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autoptr(VmEgressPolicy) policy = policy_from(cases[i].allow, cases[i].deny);
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
         VmEgressAddress address = addr(cases[i].address);
         VmEgressVerdict verdict = vm_egress_policy_check_address(policy, &address, NULL);
 
@@ -442,8 +429,8 @@ test_check_address_table(void **state)
 static void
 test_check_address_local(void **state)
 {
-    g_autoptr(VmEgressPolicy) policy = policy_from("any", NULL);
-    g_autoptr(VmEgressPolicy) cidr = policy_from("198.51.100.0/24", NULL);
+    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy("any", NULL);
+    g_autoptr(VmEgressPolicy) cidr = vm_test_egress_policy("198.51.100.0/24", NULL);
     g_autoptr(GArray) local = g_array_new(FALSE, FALSE, sizeof(VmEgressAddress));
     g_autoptr(GError) error = NULL;
     g_autoptr(GArray) real = vm_egress_local_addresses(&error);
@@ -472,7 +459,7 @@ test_check_address_local(void **state)
 static void
 test_name_resolving_private(void **state)
 {
-    g_autoptr(VmEgressPolicy) policy = policy_from("internal.example", NULL);
+    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy("internal.example", NULL);
     static const char *const answers[] = {"10.0.0.5", "192.168.0.1", "127.0.0.1", "fd00::5"};
 
     assert_int_equal(vm_egress_policy_check_host(policy, "internal.example", NULL),
@@ -491,8 +478,8 @@ test_name_resolving_private(void **state)
 static void
 test_keyfile_round_trip(void **state)
 {
-    g_autoptr(VmEgressPolicy) policy =
-        policy_from("PyPI.org *.github.com 203.0.113.0/24 2001:db8::/32", "bad.github.com");
+    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(
+        "PyPI.org *.github.com 203.0.113.0/24 2001:db8::/32", "bad.github.com");
     g_autoptr(GKeyFile) keyfile = g_key_file_new();
     g_autoptr(GKeyFile) reread = g_key_file_new();
     g_autoptr(VmEgressPolicy) back = NULL;

@@ -11,6 +11,7 @@
 #include "vm-error.h"
 #include "vm-util.h"
 #include "test-common.h"
+#include "test-egress-fixture.h"
 #include "test-sink.h"
 
 #include <arpa/inet.h>
@@ -104,51 +105,21 @@ typedef struct {
     VmTestSink *sink;
     Log log;
     VmEgressProxy *proxy;
-    guint resolves;
+    gint resolves; /* the resolver's calls */
 } Fixture;
-
-static GArray *
-fake_resolve(const char *host, gpointer user_data, GError **error)
-{
-    Fixture *f = user_data;
-    GArray *out;
-    VmEgressAddress address;
-
-    g_atomic_int_inc(&f->resolves);
-    if (!g_str_has_suffix(host, ".test") || strcmp(host, "unknown.test") == 0)
-        return vm_throw(error, VM_ERROR_NOT_FOUND, "no such test host '%s'", host), NULL;
-    out = g_array_new(FALSE, FALSE, sizeof(VmEgressAddress));
-    (void)vm_egress_address_parse("127.0.0.1", &address, NULL);
-    g_array_append_val(out, address);
-    return out;
-}
-
-static VmEgressPolicy *
-policy_from(const char *allow, const char *deny)
-{
-    g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
-    g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
-    g_autoptr(GError) error = NULL;
-    VmEgressPolicy *policy =
-        vm_egress_policy_new((const char *const *)a, (const char *const *)d, &error);
-
-    if (policy == NULL)
-        fail_msg("policy refused: %s", error->message);
-    return policy;
-}
 
 static void
 fixture_start(Fixture *f, const VmEgressConfig *extra, const char *allow, const char *deny)
 {
-    g_autoptr(VmEgressPolicy) policy = policy_from(allow, deny);
+    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(allow, deny);
     g_autoptr(GError) error = NULL;
     VmEgressConfig config = {0};
 
     if (extra != NULL)
         config = *extra;
     config.policy = policy;
-    config.resolve = fake_resolve;
-    config.resolve_data = f;
+    config.resolve = vm_test_egress_resolve;
+    config.resolve_data = &f->resolves;
     config.log = log_func;
     config.log_data = &f->log;
     if (config.handshake_timeout_ms == 0)
@@ -193,14 +164,7 @@ teardown(void **state)
 static int
 client_connect(Fixture *f)
 {
-    struct sockaddr_in sin = {.sin_family = AF_INET,
-                              .sin_port = htons(vm_egress_proxy_get_port(f->proxy)),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    return fd;
+    return vm_test_connect_loopback(vm_egress_proxy_get_port(f->proxy), 0);
 }
 
 static int
@@ -383,7 +347,7 @@ test_denied_table(void **state)
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autoptr(VmEgressPolicy) policy = policy_from(cases[i].allow, cases[i].deny);
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
         g_autoptr(GString) text = g_string_new(cases[i].request);
         g_autofree char *port = g_strdup_printf("%u", f->sink->port);
         const char *req;
@@ -410,7 +374,7 @@ static void
 test_denied_record_fields(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(VmEgressPolicy) policy = policy_from("sink.test", NULL);
+    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy("sink.test", NULL);
     g_autofree char *req = g_strdup_printf("CONNECT Sink.Test:%u HTTP/1.1\r\n\r\n", f->sink->port);
     Record *record;
 
@@ -431,7 +395,7 @@ static void
 test_policy_change_closes_tunnel(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(VmEgressPolicy) narrower = policy_from("127.0.0.1/32", NULL);
+    g_autoptr(VmEgressPolicy) narrower = vm_test_egress_policy("127.0.0.1/32", NULL);
     g_autoptr(VmEgressPolicy) current = NULL;
     g_autofree char *by_name =
         g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
@@ -691,43 +655,19 @@ test_rewrite_hook(void **state)
 /* ---------------------------------------------------------------------------------------------
  * The relay under load */
 
-typedef struct {
-    int fd;
-    const guint8 *data;
-    gsize len;
-} Writer;
-
-static gpointer
-writer_thread(gpointer user_data)
-{
-    Writer *w = user_data;
-    gsize off = 0;
-
-    while (off < w->len) {
-        ssize_t n = send(w->fd, w->data + off, MIN(w->len - off, 100000), MSG_NOSIGNAL);
-
-        if (n <= 0)
-            break;
-        off += n;
-    }
-    shutdown(w->fd, SHUT_WR);
-    return GSIZE_TO_POINTER(off);
-}
-
 /* Sends @len bytes through the tunnel on @fd to the echo sink and reads them back. */
 static void
 assert_bulk_echo(int fd, gsize len)
 {
     g_autofree guint8 *data = g_malloc(len);
     g_autofree guint8 *back = g_malloc(len);
-    Writer w = {.fd = fd, .data = data, .len = len};
     GThread *writer;
     gsize got = 0;
 
     for (gsize i = 0; i < len; i++)
         data[i] = (guint8)(i * 2654435761u >> 13);
     /* both ways at once: the sink echoes while it reads, so one side alone would stall */
-    writer = g_thread_new("writer", writer_thread, &w);
+    writer = vm_test_send_thread(fd, data, len);
     while (got < len) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         ssize_t n;

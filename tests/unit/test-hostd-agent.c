@@ -115,9 +115,8 @@ static GVariant *
 new_agent(HostdTestFixture *f, const char *name, GError **error)
 {
     HostdNewRequest req = {.name = name, .cpus = 1, .memory_mib = 128};
-    GVariant *v = hostd_agent_new(f->ctx, &req, NULL, NULL, error);
 
-    return v != NULL ? g_variant_ref_sink(v) : NULL;
+    return hostd_test_sink(hostd_agent_new(f->ctx, &req, NULL, NULL, error));
 }
 
 /* `new`: the component prepares before anything is made, fills its part of the seed and the

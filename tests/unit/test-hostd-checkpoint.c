@@ -21,12 +21,6 @@
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static GVariant *
-sink(GVariant *v)
-{
-    return v != NULL ? g_variant_ref_sink(v) : NULL;
-}
-
 static gboolean
 dict_bool(GVariant *dict, const char *key)
 {
@@ -43,7 +37,8 @@ try_checkpoint(HostdTestFixture *f, const char *name, gboolean memory, GError **
 {
     g_autofree char *warning = NULL;
 
-    return sink(hostd_checkpoint_create(f->ctx, name, NULL, FALSE, memory, &warning, error));
+    return hostd_test_sink(
+        hostd_checkpoint_create(f->ctx, name, NULL, FALSE, memory, &warning, error));
 }
 
 /* Takes a checkpoint of @name that must succeed; returns its dictionary. */
@@ -53,22 +48,14 @@ checkpoint(HostdTestFixture *f, const char *name, const char *label, gboolean me
 {
     g_autoptr(GError) error = NULL;
     g_autofree char *warning = NULL;
-    GVariant *v =
-        sink(hostd_checkpoint_create(f->ctx, name, label, FALSE, memory, &warning, &error));
+    GVariant *v = hostd_test_sink(
+        hostd_checkpoint_create(f->ctx, name, label, FALSE, memory, &warning, &error));
 
     if (v == NULL)
         fail_msg("checkpoint of %s: %s", name, error->message);
     if (ret_warning != NULL)
         *ret_warning = g_steal_pointer(&warning);
     return v;
-}
-
-static void
-checkpoint_n(HostdTestFixture *f, const char *name, guint n)
-{
-    for (guint i = 0; i < n; i++) {
-        g_autoptr(GVariant) v = checkpoint(f, name, NULL, FALSE, NULL);
-    }
 }
 
 static char *
@@ -246,7 +233,7 @@ test_create_stopped(void **state)
     /* The next one stands on the first; only the newest is current. */
     g_autoptr(GVariant) c2 = checkpoint(f, "a1", NULL, FALSE, NULL);
     g_autoptr(GError) error = NULL;
-    g_autoptr(GVariant) list = sink(hostd_checkpoint_list(f->ctx, "a1", &error));
+    g_autoptr(GVariant) list = hostd_test_sink(hostd_checkpoint_list(f->ctx, "a1", &error));
     assert_non_null(list);
     assert_int_equal(g_variant_n_children(list), 2);
     g_autoptr(GVariant) first = g_variant_get_child_value(list, 0);
@@ -417,17 +404,17 @@ test_list(void **state)
     HostdTestFixture *f = *state;
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
     g_autoptr(GError) error = NULL;
-    g_autoptr(GVariant) empty = sink(hostd_checkpoint_list(f->ctx, "a1", &error));
+    g_autoptr(GVariant) empty = hostd_test_sink(hostd_checkpoint_list(f->ctx, "a1", &error));
 
     assert_non_null(empty);
     assert_int_equal(g_variant_n_children(empty), 0);
-    g_autoptr(GVariant) none = sink(hostd_checkpoint_list(f->ctx, "nobody", &error));
+    g_autoptr(GVariant) none = hostd_test_sink(hostd_checkpoint_list(f->ctx, "nobody", &error));
     assert_null(none);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "nobody");
     g_clear_error(&error);
 
-    checkpoint_n(f, "a1", 3);
-    g_autoptr(GVariant) list = sink(hostd_checkpoint_list(f->ctx, "a1", &error));
+    hostd_test_checkpoint_n(f, "a1", 3);
+    g_autoptr(GVariant) list = hostd_test_sink(hostd_checkpoint_list(f->ctx, "a1", &error));
     assert_int_equal(g_variant_n_children(list), 3);
     for (gsize i = 0; i < 3; i++) {
         g_autoptr(GVariant) c = g_variant_get_child_value(list, i);
@@ -449,7 +436,7 @@ test_rm_refused(void **state)
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
     g_autoptr(GError) error = NULL;
 
-    checkpoint_n(f, "a1", 3);
+    hostd_test_checkpoint_n(f, "a1", 3);
     assert_false(hostd_checkpoint_rm(f->ctx, "a1", "c9", &error));
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "c9");
     assert_non_null(strstr(error->message, "a1"));
@@ -478,9 +465,9 @@ test_rm_refused(void **state)
 
     /* Two things stand on c1 once a restore branched from it. */
     g_autoptr(HostdAgentRecord) b = hostd_test_agent_new(f, "b1", HOSTD_TEST_STOPPED);
-    checkpoint_n(f, "b1", 2);
-    g_autoptr(GVariant) restored =
-        sink(hostd_checkpoint_restore(f->ctx, "b1", "c1", FALSE, NULL, NULL, NULL, &error));
+    hostd_test_checkpoint_n(f, "b1", 2);
+    g_autoptr(GVariant) restored = hostd_test_sink(
+        hostd_checkpoint_restore(f->ctx, "b1", "c1", FALSE, NULL, NULL, NULL, &error));
     if (restored == NULL)
         fail_msg("restore: %s", error->message);
     assert_false(hostd_checkpoint_rm(f->ctx, "b1", "c1", &error));
@@ -497,7 +484,7 @@ test_rm_stopped(void **state)
     g_autoptr(GError) error = NULL;
 
     /* c1 disk.qcow2 <- c2 disk-1 <- c3 disk-2 <- disk-3 */
-    checkpoint_n(f, "a1", 3);
+    hostd_test_checkpoint_n(f, "a1", 3);
 
     /* The disk stands on c3. */
     if (!hostd_checkpoint_rm(f->ctx, "a1", "c3", &error))
@@ -541,9 +528,9 @@ test_rm_leaf(void **state)
     g_autofree char *undo = NULL;
 
     /* c1 disk.qcow2 <- c2 disk-1 (undo, a leaf); disk-3 on c1 */
-    checkpoint_n(f, "a1", 1);
-    g_autoptr(GVariant) v =
-        sink(hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, &undo, NULL, NULL, &error));
+    hostd_test_checkpoint_n(f, "a1", 1);
+    g_autoptr(GVariant) v = hostd_test_sink(
+        hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, &undo, NULL, NULL, &error));
     assert_non_null(v);
     assert_string_equal(undo, "c2");
     g_autofree char *log_before = hostd_test_qemu_img_log(f);
@@ -568,7 +555,7 @@ test_rm_running(void **state)
     g_autofree char *c2_image = path_of(f, "a1", "disk-1.qcow2");
 
     /* c1 disk.qcow2 <- c2 disk-1 <- c3 disk-2 <- disk-3 */
-    checkpoint_n(f, "a1", 3);
+    hostd_test_checkpoint_n(f, "a1", 3);
 
     if (!hostd_checkpoint_rm(f->ctx, "a1", "c3", &error))
         fail_msg("rm c3: %s", error->message);
@@ -605,10 +592,10 @@ test_restore(void **state)
     g_autoptr(GError) error = NULL;
     g_autofree char *undo = NULL;
 
-    checkpoint_n(f, "a1", 1);
+    hostd_test_checkpoint_n(f, "a1", 1);
     g_autofree char *before = read_record(f, "a1");
-    g_autoptr(GVariant) none =
-        sink(hostd_checkpoint_restore(f->ctx, "a1", "c7", FALSE, &undo, NULL, NULL, &error));
+    g_autoptr(GVariant) none = hostd_test_sink(
+        hostd_checkpoint_restore(f->ctx, "a1", "c7", FALSE, &undo, NULL, NULL, &error));
     assert_null(none);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "c7");
     g_clear_error(&error);
@@ -618,8 +605,8 @@ test_restore(void **state)
 
     /* The undo checkpoint c2 freezes disk-1 and puts disk-2 on it; the restore puts disk-3 on
      * c1 and throws disk-2 away. */
-    g_autoptr(GVariant) info =
-        sink(hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, &undo, NULL, NULL, &error));
+    g_autoptr(GVariant) info = hostd_test_sink(
+        hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, &undo, NULL, NULL, &error));
     if (info == NULL)
         fail_msg("restore: %s", error->message);
     assert_string_equal(undo, "c2");
@@ -645,8 +632,8 @@ test_restore(void **state)
 
     /* And back: the undo works the same way. */
     g_autofree char *undo2 = NULL;
-    g_autoptr(GVariant) back =
-        sink(hostd_checkpoint_restore(f->ctx, "a1", "c2", FALSE, &undo2, NULL, NULL, &error));
+    g_autoptr(GVariant) back = hostd_test_sink(
+        hostd_checkpoint_restore(f->ctx, "a1", "c2", FALSE, &undo2, NULL, NULL, &error));
     if (back == NULL)
         fail_msg("restore: %s", error->message);
     g_autoptr(VmCheckpointSet) set2 = hostd_test_checkpoints(f, "a1");
@@ -672,8 +659,8 @@ test_restore_memory_unloadable(void **state)
     g_autoptr(GString) progress = g_string_new(NULL);
     g_autoptr(GVariant) c1 = checkpoint(f, "a1", NULL, TRUE, NULL);
 
-    g_autoptr(GVariant) info = sink(hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, NULL,
-                                                             progress_collect, progress, &error));
+    g_autoptr(GVariant) info = hostd_test_sink(hostd_checkpoint_restore(
+        f->ctx, "a1", "c1", FALSE, NULL, progress_collect, progress, &error));
     if (info == NULL)
         fail_msg("restore: %s", error->message);
     assert_non_null(strstr(progress->str, "the saved memory did not load"));
@@ -695,7 +682,7 @@ journaled_agent(HostdTestFixture *f, HostdTestState state, const char *pending)
 {
     HostdAgentRecord *r = hostd_test_agent_new(f, "a1", state);
 
-    checkpoint_n(f, "a1", 1);
+    hostd_test_checkpoint_n(f, "a1", 1);
     g_autofree char *record = read_record(f, "a1");
     g_autofree char *text = g_strconcat(record, "\n[pending]\n", pending, NULL);
     write_record(f, "a1", text);
@@ -854,7 +841,7 @@ merge_journaled(HostdTestFixture *f, HostdTestState state)
     HostdAgentRecord *r = hostd_test_agent_new(f, "a1", state);
 
     /* c1 disk.qcow2 <- c2 disk-1 <- disk-2 */
-    checkpoint_n(f, "a1", 2);
+    hostd_test_checkpoint_n(f, "a1", 2);
     g_autofree char *record = read_record(f, "a1");
     g_autofree char *text = g_strconcat(record, "\n[pending]\nop=merge\ntarget=c1\n", NULL);
     write_record(f, "a1", text);
@@ -933,7 +920,7 @@ test_reconcile_redefines(void **state)
     HostdTestFixture *f = *state;
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
 
-    checkpoint_n(f, "a1", 1);
+    hostd_test_checkpoint_n(f, "a1", 1);
     g_autoptr(GPtrArray) quiet = reconcile(f, r);
     assert_int_equal(quiet->len, 0);
 
@@ -968,23 +955,23 @@ test_set_checkpoints(void **state)
     g_autoptr(GError) error = NULL;
 
     g_autoptr(GVariant) fast =
-        sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 4, 3, -1, -1, &error));
+        hostd_test_sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 4, 3, -1, -1, &error));
     assert_null(fast);
     hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, "at least 5");
     g_clear_error(&error);
-    g_autoptr(GVariant) nobody =
-        sink(hostd_agent_set_checkpoints(f->ctx, "nobody", FALSE, 60, 3, -1, -1, &error));
+    g_autoptr(GVariant) nobody = hostd_test_sink(
+        hostd_agent_set_checkpoints(f->ctx, "nobody", FALSE, 60, 3, -1, -1, &error));
     assert_null(nobody);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "nobody");
     g_clear_error(&error);
 
     g_autoptr(GVariant) set =
-        sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 1800, 0, 24, 7, &error));
+        hostd_test_sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 1800, 0, 24, 7, &error));
     g_autofree char *shown = hostd_test_dict_string(set, "checkpoints");
     assert_string_equal(shown, "every 1800s, keep 10 + 24 hourly + 7 daily");
     /* Negative: unchanged. */
     g_autoptr(GVariant) again =
-        sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 60, 2, -1, 0, &error));
+        hostd_test_sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 60, 2, -1, 0, &error));
     g_autofree char *shown2 = hostd_test_dict_string(again, "checkpoints");
     assert_string_equal(shown2, "every 60s, keep 2 + 24 hourly + 0 daily");
     g_autoptr(HostdAgentRecord) stored = hostd_test_agent_record(f, "a1");
@@ -994,7 +981,7 @@ test_set_checkpoints(void **state)
     assert_int_equal(stored->checkpoint_daily, 0);
 
     g_autoptr(GVariant) never =
-        sink(hostd_agent_set_checkpoints(f->ctx, "a1", TRUE, 60, 2, -1, -1, &error));
+        hostd_test_sink(hostd_agent_set_checkpoints(f->ctx, "a1", TRUE, 60, 2, -1, -1, &error));
     g_autofree char *shown3 = hostd_test_dict_string(never, "checkpoints");
     assert_string_equal(shown3, "never");
     g_autoptr(HostdAgentRecord) stored2 = hostd_test_agent_record(f, "a1");
@@ -1025,7 +1012,7 @@ test_periodic_due(void **state)
     assert_false(exists(f, "off", VM_CHECKPOINT_RECORD));
 
     g_autoptr(GVariant) v =
-        sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 3600, 5, 0, 0, &error));
+        hostd_test_sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 3600, 5, 0, 0, &error));
     assert_non_null(v);
     periodic(f, "a1"); /* created a day ago: due */
     assert_ids(f, "a1", "c1");
@@ -1036,7 +1023,7 @@ test_periodic_due(void **state)
     periodic(f, "a1"); /* an hour has not passed */
     assert_ids(f, "a1", "c1");
     /* A manual checkpoint does not count as the periodic one. */
-    checkpoint_n(f, "a1", 1);
+    hostd_test_checkpoint_n(f, "a1", 1);
     periodic(f, "a1");
     assert_ids(f, "a1", "c1 c2");
     assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
@@ -1088,7 +1075,7 @@ test_periodic_thins(void **state)
     define_on(f, r, "disk-7.qcow2");
     make_fork_record(f, "f1", "a1", "c3");
     g_autoptr(GVariant) v =
-        sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 1800, 2, 0, 0, &error));
+        hostd_test_sink(hostd_agent_set_checkpoints(f->ctx, "a1", FALSE, 1800, 2, 0, 0, &error));
     assert_non_null(v);
 
     periodic(f, "a1");
@@ -1112,7 +1099,7 @@ test_before_save_keeps_one(void **state)
     g_autoptr(virDomain) dom = lookup(f, "a1");
     g_autoptr(GError) error = NULL;
 
-    checkpoint_n(f, "a1", 1); /* c1: the user's */
+    hostd_test_checkpoint_n(f, "a1", 1); /* c1: the user's */
     for (int i = 0; i < 3; i++) {
         if (!hostd_checkpoint_before_save(f->ctx, r, dom, &error))
             fail_msg("before save: %s", error->message);
@@ -1148,14 +1135,14 @@ test_diff_refused(void **state)
         {"a1", "c1", "c8", NULL, VM_ERROR_NOT_FOUND, "c8"},
     };
 
-    checkpoint_n(f, "a1", 1);
+    hostd_test_checkpoint_n(f, "a1", 1);
     g_autofree char *before = read_record(f, "a1");
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(GError) error = NULL;
         gboolean truncated = FALSE;
-        g_autoptr(GVariant) v =
-            sink(hostd_checkpoint_diff(f->ctx, cases[i].name, cases[i].id, cases[i].other,
-                                       cases[i].under, &truncated, NULL, NULL, &error));
+        g_autoptr(GVariant) v = hostd_test_sink(
+            hostd_checkpoint_diff(f->ctx, cases[i].name, cases[i].id, cases[i].other,
+                                  cases[i].under, &truncated, NULL, NULL, &error));
         assert_null(v);
         hostd_test_assert_error(error, cases[i].code, cases[i].needle);
     }
@@ -1174,11 +1161,11 @@ test_diff_running_leaves_nothing(void **state)
     gboolean truncated = FALSE;
     g_autofree char *c1_image = path_of(f, "a1", "disk.qcow2");
 
-    checkpoint_n(f, "a1", 1);
+    hostd_test_checkpoint_n(f, "a1", 1);
     /* A damaged state dir: the checkpoint's image is gone, so libguestfs is never started. */
     assert_int_equal(g_unlink(c1_image), 0);
-    g_autoptr(GVariant) v =
-        sink(hostd_checkpoint_diff(f->ctx, "a1", "c1", NULL, NULL, &truncated, NULL, NULL, &error));
+    g_autoptr(GVariant) v = hostd_test_sink(
+        hostd_checkpoint_diff(f->ctx, "a1", "c1", NULL, NULL, &truncated, NULL, NULL, &error));
     assert_null(v);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "disk.qcow2");
     assert_int_equal(hostd_test_fake_snapshots(), 2);
@@ -1209,13 +1196,13 @@ test_restore_paths_refused(void **state)
         {"s1", "c1", {"/home", NULL}, VM_ERROR_BAD_STATE, "not running"},
     };
 
-    checkpoint_n(f, "a1", 1);
-    checkpoint_n(f, "s1", 1);
+    hostd_test_checkpoint_n(f, "a1", 1);
+    hostd_test_checkpoint_n(f, "s1", 1);
     g_autofree char *before = read_record(f, "a1");
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(GError) error = NULL;
         g_autofree char *undo = NULL;
-        g_autoptr(GVariant) v = sink(hostd_checkpoint_restore_paths(
+        g_autoptr(GVariant) v = hostd_test_sink(hostd_checkpoint_restore_paths(
             f->ctx, cases[i].name, cases[i].id, cases[i].paths, &undo, NULL, NULL, &error));
         assert_null(v);
         assert_null(undo);

@@ -7,11 +7,15 @@
 
 #include <dlfcn.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <glib/gstdio.h>
 
+#include "hostd-checkpoint.h"
+#include "hostd-egress.h"
 #include "hostd-modules.h"
 #include "hostd-power.h"
+#include "hostd-server.h"
 #include "vm-config.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
@@ -476,16 +480,6 @@ source_dir(void)
     return env != NULL && env[0] != '\0' ? env : VM_SOURCE_DIR;
 }
 
-static char *
-data_path(const char *file)
-{
-    const char *env = g_getenv("VM_TEST_DATA");
-
-    if (env != NULL && env[0] != '\0')
-        return g_build_filename(env, "hostd", file, NULL);
-    return g_build_filename(source_dir(), "tests", "data", "hostd", file, NULL);
-}
-
 /* debian-12's image as a finished build leaves it, with fake files. */
 static void
 write_image(HostdTestFixture *f)
@@ -509,15 +503,29 @@ write_image(HostdTestFixture *f)
                             "virtual-size=2147483648\n");
 }
 
+/* A templates dir of its own, so that a test may add a broken template to it. */
+static void
+write_templates(HostdTestFixture *f)
+{
+    g_autofree char *shipped = g_build_filename(source_dir(), "templates", "debian-12.yaml", NULL);
+    g_autofree char *copy = NULL;
+    g_autofree char *yaml = vm_test_read_file(shipped);
+
+    f->templates_dir = g_build_filename(f->dir, "templates", NULL);
+    assert_int_equal(g_mkdir(f->templates_dir, 0700), 0);
+    copy = g_build_filename(f->templates_dir, "debian-12.yaml", NULL);
+    vm_test_write_file(copy, yaml);
+}
+
 HostdTestFixture *
-hostd_test_fixture_new(void)
+hostd_test_fixture_new_full(HostdTestFixtureFlags flags)
 {
     HostdTestFixture *f = g_new0(HostdTestFixture, 1);
     g_autoptr(GError) error = NULL;
 
     /* Short: egress proxies' Unix sockets live below it. */
     f->dir = vm_test_make_tmpdir("hostd-XXXXXX");
-    g_autofree char *node = data_path("node.xml");
+    g_autofree char *node = vm_test_data_path("hostd", "node.xml", NULL);
     f->uri = g_strconcat("test://", node, NULL);
 
     f->bin_dir = g_build_filename(f->dir, "bin", NULL);
@@ -528,15 +536,19 @@ hostd_test_fixture_new(void)
         g_strconcat(f->bin_dir, ":", f->saved_path != NULL ? f->saved_path : "/usr/bin:/bin", NULL);
     g_setenv("PATH", path, TRUE);
 
+    write_templates(f);
     f->images_dir = g_build_filename(f->dir, "images", NULL);
-    write_image(f);
+    if (flags & HOSTD_TEST_NO_IMAGE)
+        assert_int_equal(g_mkdir(f->images_dir, 0700), 0);
+    else
+        write_image(f);
 
     g_autofree char *state_dir = g_build_filename(f->dir, "s", NULL);
     HostdConfig *config = hostd_config_load(NULL, state_dir, NULL, f->uri, &error);
     if (config == NULL)
         fail_msg("config: %s", error->message);
     g_free(config->templates_dir);
-    config->templates_dir = g_build_filename(source_dir(), "templates", NULL);
+    config->templates_dir = g_strdup(f->templates_dir);
     g_free(config->images_dir);
     config->images_dir = g_strdup(f->images_dir);
     HostdState *st = hostd_state_open(state_dir, &error);
@@ -559,6 +571,12 @@ hostd_test_fixture_new(void)
     return f;
 }
 
+HostdTestFixture *
+hostd_test_fixture_new(void)
+{
+    return hostd_test_fixture_new_full(0);
+}
+
 void
 hostd_test_fixture_free(HostdTestFixture *f)
 {
@@ -571,6 +589,7 @@ hostd_test_fixture_free(HostdTestFixture *f)
     vm_test_remove_tree(f->dir);
     g_free(f->dir);
     g_free(f->uri);
+    g_free(f->templates_dir);
     g_free(f->images_dir);
     g_free(f->base_image);
     g_free(f->bin_dir);
@@ -596,12 +615,12 @@ hostd_test_teardown(void **state)
 /* ---- agents --------------------------------------------------------------------------------- */
 
 HostdAgentRecord *
-hostd_test_agent_new(HostdTestFixture *f, const char *name, HostdTestState state)
+hostd_test_agent_record_new(HostdTestFixture *f, const char *name)
 {
     /* Recorded, never bound: the relay only binds ports of agents it is given. */
     static guint next_port = 47100;
     g_autoptr(GError) error = NULL;
-    g_autoptr(HostdAgentRecord) r = g_new0(HostdAgentRecord, 1);
+    HostdAgentRecord *r = g_new0(HostdAgentRecord, 1);
 
     r->dir = hostd_agent_dir(f->ctx, name);
     r->name = g_strdup(name);
@@ -621,7 +640,14 @@ hostd_test_agent_new(HostdTestFixture *f, const char *name, HostdTestState state
     assert_int_equal(g_mkdir_with_parents(r->dir, 0711), 0);
     if (!hostd_agent_record_save(r, &error))
         fail_msg("record: %s", error->message);
+    return r;
+}
 
+HostdAgentRecord *
+hostd_test_agent_new(HostdTestFixture *f, const char *name, HostdTestState state)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f, name);
     g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
     hostd_test_image_write(disk, f->base_image);
     g_autofree char *xml = hostd_agent_domain_xml(f->ctx, r, NULL, HOSTD_AGENT_DISK, &error);
@@ -706,7 +732,52 @@ hostd_test_checkpoint_ids(HostdTestFixture *f, const char *name)
     return g_string_free(g_steal_pointer(&ids), FALSE);
 }
 
-/* ---- assertions ----------------------------------------------------------------------------- */
+void
+hostd_test_checkpoint_n(HostdTestFixture *f, const char *name, guint n)
+{
+    for (guint i = 0; i < n; i++) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *warning = NULL;
+        g_autoptr(GVariant) v = hostd_test_sink(
+            hostd_checkpoint_create(f->ctx, name, NULL, FALSE, FALSE, &warning, &error));
+        if (v == NULL)
+            fail_msg("checkpoint of %s: %s", name, error->message);
+    }
+}
+
+/* ---- hostd's request handling --------------------------------------------------------------- */
+
+typedef struct {
+    HostdContext *ctx;
+    int fd;
+} ServeArgs;
+
+static gpointer
+serve_thread(gpointer data)
+{
+    ServeArgs *args = data;
+
+    hostd_server_serve_fd(args->ctx, args->fd);
+    g_free(args);
+    return NULL;
+}
+
+int
+hostd_test_serve(HostdTestFixture *f, GThread **ret_thread)
+{
+    int fds[2];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    struct timeval tv = {.tv_sec = 20};
+    assert_int_equal(setsockopt(fds[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    ServeArgs *args = g_new0(ServeArgs, 1);
+    args->ctx = f->ctx;
+    args->fd = fds[1];
+    *ret_thread = g_thread_new("serve", serve_thread, args);
+    return fds[0];
+}
+
+/* ---- assertions and small helpers ----------------------------------------------------------- */
 
 void
 hostd_test_assert_error(const GError *error, VmErrorCode code, const char *needle)
@@ -717,6 +788,29 @@ hostd_test_assert_error(const GError *error, VmErrorCode code, const char *needl
         fail_msg("expected error %d, got %d: %s", code, error->code, error->message);
     if (needle != NULL && strstr(error->message, needle) == NULL)
         fail_msg("error '%s' does not mention '%s'", error->message, needle);
+}
+
+GVariant *
+hostd_test_sink(GVariant *v)
+{
+    return v != NULL ? g_variant_ref_sink(v) : NULL;
+}
+
+char *
+hostd_test_egress_text(HostdTestFixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) egress = hostd_test_sink(hostd_egress_get(f->ctx, name, &error));
+    g_autofree const char **allow = NULL;
+    g_autofree const char **deny = NULL;
+
+    if (egress == NULL)
+        fail_msg("egress of %s: %s", name, error->message);
+    assert_true(g_variant_lookup(egress, "allow", "^a&s", &allow));
+    assert_true(g_variant_lookup(egress, "deny", "^a&s", &deny));
+    g_autofree char *a = g_strjoinv(" ", (char **)allow);
+    g_autofree char *d = g_strjoinv(" ", (char **)deny);
+    return g_strdup_printf("%s|%s", a, d);
 }
 
 char *

@@ -1,6 +1,7 @@
 /* hostd over libvirt's test driver, for the unit tests of hostd's components (checkpoint, fork,
- * power): one function builds the HostdContext (hostd_test_fixture_new()), the rest make agents
- * as hostd would have made them, and stand in for what the test driver lacks:
+ * power, egress) and of its request handling: one function builds the HostdContext
+ * (hostd_test_fixture_new_full()), the rest make agents as hostd would have made them, talk to
+ * hostd_server_serve_fd(), and stand in for what the test driver lacks:
  *
  * - qemu-img: a shell script first on PATH that keeps a tiny model of qcow2 backing chains. Its
  *   "images" are text files ("fake-qcow2" and "backing=PATH"); create, rebase and
@@ -19,27 +20,34 @@
 
 #include "hostd-agent.h"
 #include "hostd-resources.h"
-#include "hostd-agent.h"
-#include "hostd-resources.h"
 #include "vm-checkpoint.h"
 #include "vm-error.h"
 
 G_BEGIN_DECLS
 
 typedef struct {
-    char *dir;        /* temporary root of everything below */
-    char *uri;        /* test:///.../node.xml: a fresh libvirt instance per fixture */
-    char *images_dir; /* debian-12's image, ready (fake files) */
-    char *base_image; /* its base.qcow2 */
-    char *bin_dir;    /* the fake qemu-img, first on PATH while the fixture lives */
+    char *dir;           /* temporary root of everything below */
+    char *uri;           /* test:///.../node.xml: a fresh libvirt instance per fixture */
+    char *templates_dir; /* a copy of the shipped debian-12.yaml, and nothing else */
+    char *images_dir;    /* debian-12's image, ready (fake files), unless HOSTD_TEST_NO_IMAGE */
+    char *base_image;    /* its base.qcow2; NULL with HOSTD_TEST_NO_IMAGE */
+    char *bin_dir;       /* the fake qemu-img, first on PATH while the fixture lives */
     char *agents_dir;
     char *saved_path; /* PATH before the fixture */
     HostdContext *ctx;
 } HostdTestFixture;
 
-/* A fresh temporary state dir, a fresh test driver instance, debian-12's image ready, the fake
- * qemu-img on PATH, the fakes reset and the context's log captured. The one place that builds a
- * HostdContext for these tests. */
+typedef enum {
+    HOSTD_TEST_NO_IMAGE = 1 << 0, /* the images dir stays empty: no image is ready */
+} HostdTestFixtureFlags;
+
+/* A fresh temporary state dir, a fresh test driver instance, its own templates dir,
+ * debian-12's image ready (unless @flags has HOSTD_TEST_NO_IMAGE), the fake qemu-img on PATH,
+ * the fakes reset and the context's log captured. The one place that builds a HostdContext for
+ * the unit tests. */
+HostdTestFixture *hostd_test_fixture_new_full(HostdTestFixtureFlags flags);
+
+/* hostd_test_fixture_new_full() with no flags. */
 HostdTestFixture *hostd_test_fixture_new(void);
 
 /* Stops the idle loop if started, frees the context, restores PATH and removes the directory. */
@@ -56,10 +64,14 @@ typedef enum {
     HOSTD_TEST_SAVED, /* managed save */
 } HostdTestState;
 
-/* Makes a ready agent as `new` leaves it, without keys or seed: its record (template debian-12,
- * 1 CPU, 128 MiB, 8 GiB, a public and a backend port, created a day ago, no idle or periodic
- * checkpoint policy), disk.qcow2 on the base image, its domain defined from the XML hostd
- * builds (saved as domain.xml too) and brought to @state. Returns the record. */
+/* Makes the record of a ready agent, saved in its directory, and nothing else (no disk, no
+ * domain): template debian-12, 1 CPU, 128 MiB, 8 GiB, a public and a backend port (recorded,
+ * never bound), created a day ago, no idle or periodic checkpoint policy. Returns the record. */
+HostdAgentRecord *hostd_test_agent_record_new(HostdTestFixture *f, const char *name);
+
+/* Makes a ready agent as `new` leaves it, without keys or seed: its record
+ * (hostd_test_agent_record_new()), disk.qcow2 on the base image, its domain defined from the XML
+ * hostd builds (saved as domain.xml too) and brought to @state. Returns the record. */
 HostdAgentRecord *hostd_test_agent_new(HostdTestFixture *f, const char *name, HostdTestState state);
 
 /* <agents dir>/<name>/<file>, newly allocated. */
@@ -81,6 +93,9 @@ VmCheckpointSet *hostd_test_checkpoints(HostdTestFixture *f, const char *name);
 
 /* The ids of the agent's checkpoints, in record order, joined with spaces ("" for none). */
 char *hostd_test_checkpoint_ids(HostdTestFixture *f, const char *name);
+
+/* Takes @n checkpoints of @name (no label, no memory), each of which must succeed. */
+void hostd_test_checkpoint_n(HostdTestFixture *f, const char *name, guint n);
 
 /* ---- fake images and qemu-img ---- */
 
@@ -132,10 +147,24 @@ void hostd_test_fake_saved_restore_fails(guint n);
 /* The lines logged so far, joined with newlines. Newly allocated. */
 char *hostd_test_log_text(void);
 
-/* ---- assertions ---- */
+/* ---- hostd's request handling ---- */
+
+/* Starts hostd_server_serve_fd() on one end of a socketpair, in *@ret_thread, and returns the
+ * other end (the client's), which gives up reading after 20 s so that a hostd that never
+ * answers fails the test instead of hanging it. */
+int hostd_test_serve(HostdTestFixture *f, GThread **ret_thread);
+
+/* ---- assertions and small helpers ---- */
 
 /* @error is @code and its message contains @needle (when not NULL). */
 void hostd_test_assert_error(const GError *error, VmErrorCode code, const char *needle);
+
+/* @v (a result of hostd, floating or NULL) sunk: owned by the caller, or NULL. */
+GVariant *hostd_test_sink(GVariant *v);
+
+/* @name's egress policy as hostd_egress_get() has it, "ALLOW|DENY", each list space-separated.
+ * Newly allocated. */
+char *hostd_test_egress_text(HostdTestFixture *f, const char *name);
 
 /* The string @key of the a{sv} @dict, or NULL. Newly allocated. */
 char *hostd_test_dict_string(GVariant *dict, const char *key);

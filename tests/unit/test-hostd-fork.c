@@ -17,15 +17,9 @@
 #include "test-hostd-fixture.h"
 
 static GVariant *
-sink(GVariant *v)
-{
-    return v != NULL ? g_variant_ref_sink(v) : NULL;
-}
-
-static GVariant *
 fork_agent(HostdTestFixture *f, const HostdForkRequest *req, char **ret_checkpoint, GError **error)
 {
-    return sink(hostd_fork(f->ctx, req, ret_checkpoint, NULL, NULL, error));
+    return hostd_test_sink(hostd_fork(f->ctx, req, ret_checkpoint, NULL, NULL, error));
 }
 
 static GVariant *
@@ -39,19 +33,6 @@ fork_ok(HostdTestFixture *f, const char *source, const char *name, const char *f
     if (v == NULL)
         fail_msg("fork %s %s: %s", source, name, error->message);
     return v;
-}
-
-static void
-checkpoint_n(HostdTestFixture *f, const char *name, guint n)
-{
-    for (guint i = 0; i < n; i++) {
-        g_autoptr(GError) error = NULL;
-        g_autofree char *warning = NULL;
-        g_autoptr(GVariant) v =
-            sink(hostd_checkpoint_create(f->ctx, name, NULL, FALSE, FALSE, &warning, &error));
-        if (v == NULL)
-            fail_msg("checkpoint: %s", error->message);
-    }
 }
 
 static char *
@@ -72,23 +53,6 @@ file_holds(const char *path, const char *needle)
     if (!g_file_get_contents(path, &data, &len, NULL))
         fail_msg("cannot read %s", path);
     return memmem(data, len, needle, strlen(needle)) != NULL;
-}
-
-static char *
-egress_text(HostdTestFixture *f, const char *name)
-{
-    g_autoptr(GError) error = NULL;
-    g_autoptr(GVariant) egress = sink(hostd_egress_get(f->ctx, name, &error));
-    g_autofree const char **allow = NULL;
-    g_autofree const char **deny = NULL;
-
-    if (egress == NULL)
-        fail_msg("egress of %s: %s", name, error->message);
-    assert_true(g_variant_lookup(egress, "allow", "^a&s", &allow));
-    assert_true(g_variant_lookup(egress, "deny", "^a&s", &deny));
-    g_autofree char *a = g_strjoinv(" ", (char **)allow);
-    g_autofree char *d = g_strjoinv(" ", (char **)deny);
-    return g_strdup_printf("%s|%s", a, d);
 }
 
 /* ---- a fork and its new identity ------------------------------------------------------------ */
@@ -163,8 +127,8 @@ test_fork_identity(void **state)
     assert_int_equal(r->checkpoint_keep, 4);
     assert_int_equal(r->cpus, src->cpus);
     assert_int_equal(r->memory_mib, src->memory_mib);
-    g_autofree char *src_egress = egress_text(f, "a1");
-    g_autofree char *fork_egress = egress_text(f, "b1");
+    g_autofree char *src_egress = hostd_test_egress_text(f, "a1");
+    g_autofree char *fork_egress = hostd_test_egress_text(f, "b1");
     assert_string_equal(fork_egress, "pypi.org|upload.pypi.org");
     assert_string_equal(fork_egress, src_egress);
 
@@ -226,7 +190,7 @@ test_fork_from_checkpoint(void **state)
     g_autoptr(GError) error = NULL;
     g_autofree char *taken = NULL;
 
-    checkpoint_n(f, "a1", 2);
+    hostd_test_checkpoint_n(f, "a1", 2);
     HostdForkRequest req = {.name = "b1", .source = "a1", .checkpoint = "c1", .memory_mib = 256};
     g_autoptr(GVariant) info = fork_agent(f, &req, &taken, &error);
     if (info == NULL)
@@ -284,7 +248,7 @@ test_fork_pins_source(void **state)
     g_autoptr(GError) error = NULL;
 
     /* c1 <- c2 <- c3 <- disk */
-    checkpoint_n(f, "a1", 3);
+    hostd_test_checkpoint_n(f, "a1", 3);
     assert_null(forks_of(f->ctx, "a1"));
     g_autoptr(GVariant) b1 = fork_ok(f, "a1", "b1", "c2", NULL);
     g_autoptr(GVariant) b2 = fork_ok(f, "a1", "b2", "c2", NULL);
@@ -309,8 +273,8 @@ test_fork_pins_source(void **state)
     /* Above the fork's checkpoint, and restores of the source, are free. */
     if (!hostd_checkpoint_rm(f->ctx, "a1", "c3", &error))
         fail_msg("rm c3: %s", error->message);
-    g_autoptr(GVariant) restored =
-        sink(hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, NULL, NULL, NULL, &error));
+    g_autoptr(GVariant) restored = hostd_test_sink(
+        hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, NULL, NULL, NULL, &error));
     if (restored == NULL)
         fail_msg("restore: %s", error->message);
 
@@ -421,7 +385,7 @@ test_fork_failure_rolls_back(void **state)
     assert_string_equal(backing, f->base_image);
     assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
 
-    checkpoint_n(f, "a1", 1);
+    hostd_test_checkpoint_n(f, "a1", 1);
     HostdForkRequest from = {.name = "b1", .source = "a1", .checkpoint = "c2"};
     g_autoptr(GVariant) v2 = fork_agent(f, &from, NULL, &error);
     assert_null(v2);

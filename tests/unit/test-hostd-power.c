@@ -25,12 +25,6 @@
 /* Long enough for three ticks of the idle loop and the work they start. */
 #define IDLE_WAIT_MS 15000
 
-static GVariant *
-sink(GVariant *v)
-{
-    return v != NULL ? g_variant_ref_sink(v) : NULL;
-}
-
 static char *
 state_of(GVariant *info)
 {
@@ -54,7 +48,7 @@ set_idle(HostdTestFixture *f, const char *name, guint pause_s, guint save_s)
 {
     g_autoptr(GError) error = NULL;
     g_autoptr(GVariant) v =
-        sink(hostd_agent_set_idle(f->ctx, name, FALSE, pause_s, save_s, &error));
+        hostd_test_sink(hostd_agent_set_idle(f->ctx, name, FALSE, pause_s, save_s, &error));
 
     if (v == NULL)
         fail_msg("idle %s: %s", name, error->message);
@@ -105,7 +99,7 @@ test_suspend_resume(void **state)
     gint64 since = state_since(f, "a1");
 
     /* Pause: vCPUs stop, and the agent says since when. */
-    g_autoptr(GVariant) paused = sink(hostd_agent_suspend(f->ctx, "a1", FALSE, &error));
+    g_autoptr(GVariant) paused = hostd_test_sink(hostd_agent_suspend(f->ctx, "a1", FALSE, &error));
     g_autofree char *paused_state = state_of(paused);
     gint64 shown_since = 0;
     assert_string_equal(paused_state, "paused");
@@ -113,41 +107,41 @@ test_suspend_resume(void **state)
     assert_true(g_variant_lookup(paused, "state_since", "x", &shown_since));
     assert_true(shown_since > since);
     assert_int_equal(state_since(f, "a1"), shown_since);
-    g_autoptr(GVariant) again = sink(hostd_agent_suspend(f->ctx, "a1", FALSE, &error));
+    g_autoptr(GVariant) again = hostd_test_sink(hostd_agent_suspend(f->ctx, "a1", FALSE, &error));
     assert_null(again);
     hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "paused");
     g_clear_error(&error);
 
     /* Resume: running again, and the guest clock is set (it lost the paused time). */
-    g_autoptr(GVariant) resumed = sink(hostd_agent_resume(f->ctx, "a1", &error));
+    g_autoptr(GVariant) resumed = hostd_test_sink(hostd_agent_resume(f->ctx, "a1", &error));
     g_autofree char *resumed_state = state_of(resumed);
     assert_string_equal(resumed_state, "running");
     assert_state(f, "a1", "running");
     assert_int_equal(hostd_test_fake_clock_sets("a1"), 1);
     /* Resuming a running agent is success and changes nothing. */
-    g_autoptr(GVariant) noop = sink(hostd_agent_resume(f->ctx, "a1", &error));
+    g_autoptr(GVariant) noop = hostd_test_sink(hostd_agent_resume(f->ctx, "a1", &error));
     assert_non_null(noop);
     assert_int_equal(hostd_test_fake_clock_sets("a1"), 1);
 
     /* Save: RAM to disk, no process; a saved agent is neither paused nor saved again. */
-    g_autoptr(GVariant) saved = sink(hostd_agent_suspend(f->ctx, "a1", TRUE, &error));
+    g_autoptr(GVariant) saved = hostd_test_sink(hostd_agent_suspend(f->ctx, "a1", TRUE, &error));
     g_autofree char *saved_state = state_of(saved);
     assert_string_equal(saved_state, "saved");
     assert_state(f, "a1", "saved");
     for (int save = 0; save < 2; save++) {
-        g_autoptr(GVariant) v = sink(hostd_agent_suspend(f->ctx, "a1", save, &error));
+        g_autoptr(GVariant) v = hostd_test_sink(hostd_agent_suspend(f->ctx, "a1", save, &error));
         assert_null(v);
         hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "saved");
         g_clear_error(&error);
     }
-    g_autoptr(GVariant) restored = sink(hostd_agent_resume(f->ctx, "a1", &error));
+    g_autoptr(GVariant) restored = hostd_test_sink(hostd_agent_resume(f->ctx, "a1", &error));
     g_autofree char *restored_state = state_of(restored);
     assert_string_equal(restored_state, "running");
     assert_int_equal(hostd_test_fake_clock_sets("a1"), 2);
 
     /* A paused agent can be saved too. */
-    g_autoptr(GVariant) p2 = sink(hostd_agent_suspend(f->ctx, "a1", FALSE, &error));
-    g_autoptr(GVariant) s2 = sink(hostd_agent_suspend(f->ctx, "a1", TRUE, &error));
+    g_autoptr(GVariant) p2 = hostd_test_sink(hostd_agent_suspend(f->ctx, "a1", FALSE, &error));
+    g_autoptr(GVariant) s2 = hostd_test_sink(hostd_agent_suspend(f->ctx, "a1", TRUE, &error));
     assert_non_null(s2);
     assert_state(f, "a1", "saved");
     assert_true(hostd_power_wake(f->ctx, "a1", &error));
@@ -162,19 +156,20 @@ test_suspend_refused(void **state)
     g_autoptr(GError) error = NULL;
 
     for (int save = 0; save < 2; save++) {
-        g_autoptr(GVariant) v = sink(hostd_agent_suspend(f->ctx, "s1", save, &error));
+        g_autoptr(GVariant) v = hostd_test_sink(hostd_agent_suspend(f->ctx, "s1", save, &error));
         assert_null(v);
         hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "stopped");
         g_clear_error(&error);
     }
     /* A stopped agent is started, not woken. */
-    g_autoptr(GVariant) resumed = sink(hostd_agent_resume(f->ctx, "s1", &error));
+    g_autoptr(GVariant) resumed = hostd_test_sink(hostd_agent_resume(f->ctx, "s1", &error));
     assert_null(resumed);
     hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "vmctl start s1");
     g_clear_error(&error);
     assert_state(f, "s1", "stopped");
 
-    g_autoptr(GVariant) nobody = sink(hostd_agent_suspend(f->ctx, "nobody", FALSE, &error));
+    g_autoptr(GVariant) nobody =
+        hostd_test_sink(hostd_agent_suspend(f->ctx, "nobody", FALSE, &error));
     assert_null(nobody);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "nobody");
     g_clear_error(&error);
@@ -207,7 +202,8 @@ test_set_idle(void **state)
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_RUNNING);
     g_autoptr(GError) error = NULL;
 
-    g_autoptr(GVariant) v = sink(hostd_agent_set_idle(f->ctx, "a1", FALSE, 60, 600, &error));
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_set_idle(f->ctx, "a1", FALSE, 60, 600, &error));
     g_autofree char *idle = hostd_test_dict_string(v, "idle");
     assert_string_equal(idle, "pause after 60s, save after 600s");
     g_autoptr(HostdAgentRecord) stored = hostd_test_agent_record(f, "a1");
@@ -215,7 +211,8 @@ test_set_idle(void **state)
     assert_int_equal(stored->idle_pause_s, 60);
     assert_int_equal(stored->idle_save_s, 600);
 
-    g_autoptr(GVariant) never = sink(hostd_agent_set_idle(f->ctx, "a1", TRUE, 60, 600, &error));
+    g_autoptr(GVariant) never =
+        hostd_test_sink(hostd_agent_set_idle(f->ctx, "a1", TRUE, 60, 600, &error));
     g_autofree char *idle2 = hostd_test_dict_string(never, "idle");
     assert_string_equal(idle2, "never");
     g_autoptr(HostdAgentRecord) stored2 = hostd_test_agent_record(f, "a1");
@@ -223,11 +220,13 @@ test_set_idle(void **state)
     assert_int_equal(stored2->idle_pause_s, 0);
     assert_int_equal(stored2->idle_save_s, 0);
 
-    g_autoptr(GVariant) nobody = sink(hostd_agent_set_idle(f->ctx, "nobody", FALSE, 1, 2, &error));
+    g_autoptr(GVariant) nobody =
+        hostd_test_sink(hostd_agent_set_idle(f->ctx, "nobody", FALSE, 1, 2, &error));
     assert_null(nobody);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "nobody");
     g_clear_error(&error);
-    g_autoptr(GVariant) bad = sink(hostd_agent_set_idle(f->ctx, "../a1", FALSE, 1, 2, &error));
+    g_autoptr(GVariant) bad =
+        hostd_test_sink(hostd_agent_set_idle(f->ctx, "../a1", FALSE, 1, 2, &error));
     assert_null(bad);
     hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, NULL);
 }
@@ -242,19 +241,23 @@ test_keep_awake_wakes(void **state)
     g_autoptr(GError) error = NULL;
 
     start_power(f);
-    g_autoptr(GVariant) v = sink(hostd_agent_keep_awake(f->ctx, "p1", 60, FALSE, &error));
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_keep_awake(f->ctx, "p1", 60, FALSE, &error));
     g_autofree char *shown = state_of(v);
     assert_string_equal(shown, "running");
     assert_state(f, "p1", "running");
 
-    g_autoptr(GVariant) stopped = sink(hostd_agent_keep_awake(f->ctx, "s1", 0, FALSE, &error));
+    g_autoptr(GVariant) stopped =
+        hostd_test_sink(hostd_agent_keep_awake(f->ctx, "s1", 0, FALSE, &error));
     assert_null(stopped);
     hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "s1");
     g_clear_error(&error);
-    g_autoptr(GVariant) off = sink(hostd_agent_keep_awake(f->ctx, "s1", 0, TRUE, &error));
+    g_autoptr(GVariant) off =
+        hostd_test_sink(hostd_agent_keep_awake(f->ctx, "s1", 0, TRUE, &error));
     assert_non_null(off);
     assert_state(f, "s1", "stopped");
-    g_autoptr(GVariant) nobody = sink(hostd_agent_keep_awake(f->ctx, "nobody", 0, TRUE, &error));
+    g_autoptr(GVariant) nobody =
+        hostd_test_sink(hostd_agent_keep_awake(f->ctx, "nobody", 0, TRUE, &error));
     assert_null(nobody);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "nobody");
 }
@@ -288,12 +291,14 @@ test_idle_pauses(void **state)
     g_autoptr(HostdAgentRecord) blind = idle_agent(f, "blind");
     hostd_test_fake_cpu_unreadable("blind");
     g_autoptr(HostdAgentRecord) kept = idle_agent(f, "kept");
-    g_autoptr(GVariant) k = sink(hostd_agent_keep_awake(f->ctx, "kept", 0, FALSE, &error));
+    g_autoptr(GVariant) k =
+        hostd_test_sink(hostd_agent_keep_awake(f->ctx, "kept", 0, FALSE, &error));
     assert_non_null(k);
     g_autoptr(HostdAgentRecord) session = idle_agent(f, "session");
     hostd_power_session_begin(f->ctx, "session");
     g_autoptr(HostdAgentRecord) never = idle_agent(f, "never");
-    g_autoptr(GVariant) n = sink(hostd_agent_set_idle(f->ctx, "never", TRUE, 0, 0, &error));
+    g_autoptr(GVariant) n =
+        hostd_test_sink(hostd_agent_set_idle(f->ctx, "never", TRUE, 0, 0, &error));
     assert_non_null(n);
     g_autoptr(HostdAgentRecord) legacy = idle_agent(f, "legacy");
     g_autoptr(HostdAgentRecord) legacy_r = hostd_test_agent_record(f, "legacy");
@@ -315,7 +320,8 @@ test_idle_pauses(void **state)
         assert_state(f, awake[i], "running");
 
     /* Released, they are idle from then on, and paused a pause level later. */
-    g_autoptr(GVariant) k_off = sink(hostd_agent_keep_awake(f->ctx, "kept", 0, TRUE, &error));
+    g_autoptr(GVariant) k_off =
+        hostd_test_sink(hostd_agent_keep_awake(f->ctx, "kept", 0, TRUE, &error));
     assert_non_null(k_off);
     hostd_power_session_end(f->ctx, "session");
     hostd_name_unlock(lock);
@@ -374,9 +380,9 @@ test_idle_periodic_checkpoints(void **state)
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "r1", HOSTD_TEST_RUNNING);
     g_autoptr(HostdAgentRecord) p = hostd_test_agent_new(f, "p1", HOSTD_TEST_PAUSED);
     g_autoptr(GVariant) v1 =
-        sink(hostd_agent_set_checkpoints(f->ctx, "r1", FALSE, 3600, 5, 0, 0, &error));
+        hostd_test_sink(hostd_agent_set_checkpoints(f->ctx, "r1", FALSE, 3600, 5, 0, 0, &error));
     g_autoptr(GVariant) v2 =
-        sink(hostd_agent_set_checkpoints(f->ctx, "p1", FALSE, 3600, 5, 0, 0, &error));
+        hostd_test_sink(hostd_agent_set_checkpoints(f->ctx, "p1", FALSE, 3600, 5, 0, 0, &error));
     assert_non_null(v1);
     assert_non_null(v2);
     g_autofree char *record = hostd_test_agent_file(f, "r1", VM_CHECKPOINT_RECORD);
@@ -402,31 +408,14 @@ attach(HostdTestFixture *f, const char *name, guint backend_port)
 {
     g_autoptr(GError) error = NULL;
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, name);
-    guint16 port = 0;
-    int fd = vm_test_listen_loopback(&port);
+    guint16 port = vm_test_free_port();
 
-    close(fd);
     r->ssh_port = port;
     r->backend_port = backend_port;
     assert_true(hostd_agent_record_save(r, &error));
     if (!hostd_power_attach(f->ctx, r, &error))
         fail_msg("attach: %s", error->message);
     return port;
-}
-
-static int
-connect_port(guint port)
-{
-    struct sockaddr_in sin = {.sin_family = AF_INET,
-                              .sin_port = htons((guint16)port),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    struct timeval tv = {.tv_sec = 10};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-    return fd;
 }
 
 /* A connection to a paused or saved agent's public port wakes it, then reaches the guest; one to
@@ -445,7 +434,7 @@ test_relay_wakes(void **state)
 
     for (gsize i = 0; i < G_N_ELEMENTS(names); i++) {
         guint port = attach(f, names[i], echo->port);
-        int fd = connect_port(port);
+        int fd = vm_test_connect_loopback(port, 10);
         char buf[16] = {0};
         assert_int_equal(send(fd, "hello", 5, MSG_NOSIGNAL), 5);
         gssize n = 0, got = 0;
@@ -461,7 +450,7 @@ test_relay_wakes(void **state)
     assert_int_equal(bytes, 10);
 
     guint port = attach(f, "x1", echo->port);
-    int fd = connect_port(port);
+    int fd = vm_test_connect_loopback(port, 10);
     char byte;
     (void)send(fd, "hello", 5, MSG_NOSIGNAL);
     gssize n = recv(fd, &byte, 1, 0);

@@ -208,22 +208,6 @@ progress_cb(const char *message, double fraction, gpointer user_data)
     g_mutex_unlock(&p->lock);
 }
 
-static void
-assert_process_gone(pid_t pid)
-{
-    for (int i = 0; i < 100; i++) {
-        g_autofree char *stat_path = g_strdup_printf("/proc/%d/stat", (int)pid);
-        g_autofree char *stat = NULL;
-        if (!g_file_get_contents(stat_path, &stat, NULL, NULL))
-            return;
-        const char *close_paren = strrchr(stat, ')');
-        if (close_paren != NULL && close_paren[1] == ' ' && close_paren[2] == 'Z')
-            return;
-        g_usleep(20 * 1000);
-    }
-    fail_msg("process %d still runs after cancellation", (int)pid);
-}
-
 /* ---- fixtures --------------------------------------------------------------------------- */
 
 static int
@@ -247,7 +231,6 @@ static int
 setup_http(void **state)
 {
     g_autoptr(GError) error = NULL;
-    const char *data_dir = g_getenv("VM_TEST_DATA");
 
     setup_common(state);
     Fixture *f = *state;
@@ -256,8 +239,7 @@ setup_http(void **state)
     f->sha256 = sha256_of(f->image);
     write_bytes(f->serve_dir, "image.qcow2", f->image);
 
-    g_autofree char *script =
-        g_build_filename(data_dir ? data_dir : "tests/data", "http-server.py", NULL);
+    g_autofree char *script = vm_test_data_path("http-server.py", NULL);
     f->server = g_subprocess_new(G_SUBPROCESS_FLAGS_STDIN_PIPE | G_SUBPROCESS_FLAGS_STDOUT_PIPE,
                                  &error, "python3", script, f->serve_dir, f->log_path, NULL);
     assert_non_null(f->server);
@@ -918,8 +900,8 @@ test_build_cancel(void **state)
     /* The whole process group is gone, not just the script. */
     g_autofree char *script_pid = read_text(f->scripts_dir, "script.pid");
     g_autofree char *child_pid = read_text(f->scripts_dir, "child.pid");
-    assert_process_gone((pid_t)g_ascii_strtoll(script_pid, NULL, 10));
-    assert_process_gone((pid_t)g_ascii_strtoll(child_pid, NULL, 10));
+    vm_test_assert_process_gone((pid_t)g_ascii_strtoll(script_pid, NULL, 10), 2000);
+    vm_test_assert_process_gone((pid_t)g_ascii_strtoll(child_pid, NULL, 10), 2000);
     g_autofree char *entries = dir_entries(f->images_dir);
     assert_string_equal(entries, "");
 }

@@ -528,44 +528,45 @@ garbage_payload(void)
     return g_bytes_new(junk, sizeof(junk));
 }
 
-/* A boolean serialised as 2: readable, but not in normal form. */
+/* The payload of @op with @fields, where the byte at @at of the first run of the 3 bytes of
+ * @marker (the serialised @what) becomes @value. */
 static GBytes *
-non_normal_bool(void)
+patched_payload(guint32 op, GVariant *fields, const char *marker, gsize at, guint8 value,
+                const char *what)
 {
-    g_autoptr(GBytes) good =
-        raw_payload(VM_OP_AGENT_START, g_variant_new_parsed("{'name': <'a'>, 'wait': <true>}"));
+    g_autoptr(GBytes) good = raw_payload(op, fields);
     gsize len;
     guint8 *data = g_bytes_unref_to_data(g_bytes_ref(good), &len);
 
     for (gsize i = 0; i + 2 < len; i++) {
-        if (data[i] == 0x01 && data[i + 1] == 0x00 && data[i + 2] == 'b') {
-            data[i] = 0x02;
+        if (memcmp(data + i, marker, 3) == 0) {
+            data[i + at] = value;
             return g_bytes_new_take(data, len);
         }
     }
     g_free(data);
-    fail_msg("no boolean found in the payload");
+    fail_msg("no %s found in the payload", what);
     return NULL;
+}
+
+/* A boolean serialised as 2: readable, but not in normal form. */
+static GBytes *
+non_normal_bool(void)
+{
+    /* true, the 0 that ends a variant's value, then its type */
+    static const char serialised[] = {0x01, 0x00, 'b'};
+
+    return patched_payload(VM_OP_AGENT_START,
+                           g_variant_new_parsed("{'name': <'a'>, 'wait': <true>}"), serialised, 0,
+                           0x02, "boolean");
 }
 
 /* A string whose bytes are not UTF-8. */
 static GBytes *
 non_utf8_string(void)
 {
-    g_autoptr(GBytes) good =
-        raw_payload(VM_OP_AGENT_INFO, g_variant_new_parsed("{'name': <'abc'>}"));
-    gsize len;
-    guint8 *data = g_bytes_unref_to_data(g_bytes_ref(good), &len);
-
-    for (gsize i = 0; i + 2 < len; i++) {
-        if (memcmp(data + i, "abc", 3) == 0) {
-            data[i + 1] = 0xff;
-            return g_bytes_new_take(data, len);
-        }
-    }
-    g_free(data);
-    fail_msg("no string found in the payload");
-    return NULL;
+    return patched_payload(VM_OP_AGENT_INFO, g_variant_new_parsed("{'name': <'abc'>}"), "abc", 1,
+                           0xff, "string");
 }
 
 static const BadCase bad_cases[] = {

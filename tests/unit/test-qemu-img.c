@@ -25,27 +25,6 @@ typedef VmTestTmpDir Fixture;
 /* ---- helpers ------------------------------------------------------------------------------- */
 
 static void
-assert_error(const GError *error, VmErrorCode code, const char *needle)
-{
-    if (error == NULL)
-        fail_msg("expected error code %d, got success", code);
-    if (!g_error_matches(error, VM_ERROR, code))
-        fail_msg("expected error code %d, got %s/%d: %s", code, g_quark_to_string(error->domain),
-                 error->code, error->message);
-    if (needle != NULL && strstr(error->message, needle) == NULL)
-        fail_msg("error message '%s' does not mention '%s'", error->message, needle);
-}
-
-static void
-assert_nullable_string_equal(const char *a, const char *b)
-{
-    if (a == NULL || b == NULL)
-        assert_ptr_equal(a, b);
-    else
-        assert_string_equal(a, b);
-}
-
-static void
 run_or_fail(const char *const *argv, char **ret_stdout)
 {
     g_autoptr(GError) error = NULL;
@@ -129,8 +108,8 @@ test_real_chain(void **state)
 
         assert_string_equal(info->filename, paths[2 - i]);
         assert_string_equal(info->format, "qcow2");
-        assert_nullable_string_equal(info->backing_filename, below);
-        assert_nullable_string_equal(info->backing_format, below != NULL ? "qcow2" : NULL);
+        vm_test_assert_nullable_string_equal(info->backing_filename, below);
+        vm_test_assert_nullable_string_equal(info->backing_format, below != NULL ? "qcow2" : NULL);
         assert_int_equal(info->virtual_size, 64 * MIB);
         assert_true(info->actual_size > 0);
         assert_false(info->dirty);
@@ -186,7 +165,7 @@ test_real_missing_file(void **state)
     if (!have_qemu_img())
         skip();
     assert_null(vm_qemu_img_info(path, VM_QEMU_IMG_INFO_SHARED, &error));
-    assert_error(error, VM_ERROR_IO, "none.qcow2");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "none.qcow2");
 }
 
 /* The captured output of a real chain parses to what the runner returns, and every strict prefix
@@ -220,7 +199,7 @@ test_captured_and_truncated(void **state)
 
         if (cut != NULL)
             fail_msg("%zu of %zu bytes parsed", len, strlen(out));
-        assert_error(cut_error, VM_ERROR_FAILED, "qemu-img info");
+        vm_test_assert_error(cut_error, VM_ERROR, VM_ERROR_FAILED, "qemu-img info");
     }
     for (guint i = 0; i < 3; i++)
         g_free(paths[i]);
@@ -284,7 +263,7 @@ test_parse_cases(void **state)
         }
         if (chain != NULL)
             fail_msg("case %zu parsed: %s", i, parse_cases[i].json);
-        assert_error(error, VM_ERROR_FAILED, parse_cases[i].needle);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, parse_cases[i].needle);
     }
 }
 
@@ -317,7 +296,7 @@ test_parse_length(void **state)
     g_autoptr(GPtrArray) up_to_nul = NULL;
 
     assert_null(whole);
-    assert_error(error, VM_ERROR_FAILED, "qemu-img info");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "qemu-img info");
     g_clear_error(&error);
     up_to_nul = vm_qemu_img_info_parse(text, strlen(text), &error);
     assert_null(error);
@@ -340,7 +319,7 @@ test_parse_deep(void **state)
     for (gsize i = 0; i < depth; i++)
         g_string_append_c(deep, ']');
     assert_null(vm_qemu_img_info_parse(deep->str, deep->len, &error));
-    assert_error(error, VM_ERROR_FAILED, "nested deeper");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "nested deeper");
     g_clear_error(&error);
 
     /* Brackets inside a string (even after an escaped quote) are text, not nesting. */
@@ -377,10 +356,10 @@ test_parse_huge(void **state)
     memcpy(huge, "{\"filename\": \"a\"}", strlen("{\"filename\": \"a\"}"));
     huge[len] = '\0';
     assert_null(vm_qemu_img_info_parse(huge, -1, &error));
-    assert_error(error, VM_ERROR_FAILED, "more than");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "more than");
     g_clear_error(&error);
     assert_null(vm_qemu_img_info_parse(huge, len, &error));
-    assert_error(error, VM_ERROR_FAILED, "more than");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "more than");
     g_clear_error(&error);
 
     /* One byte less is fine. */
@@ -422,7 +401,7 @@ test_fake_fails(void **state)
         fake_qemu_img(f->dir, "echo '{\"filename\": \"a\"}'\necho 'it broke' >&2\nexit 1\n");
 
     assert_null(vm_qemu_img_info("/x", VM_QEMU_IMG_INFO_NONE, &error));
-    assert_error(error, VM_ERROR_IO, "qemu-img failed: it broke");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "qemu-img failed: it broke");
     g_setenv("PATH", old_path, TRUE);
 }
 
@@ -435,7 +414,7 @@ test_fake_floods_stdout(void **state)
     g_autofree char *old_path = fake_qemu_img(f->dir, "exec yes '{}'\n");
 
     assert_null(vm_qemu_img_info("/x", VM_QEMU_IMG_INFO_NONE, &error));
-    assert_error(error, VM_ERROR_IO, "printed more than");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "printed more than");
     g_setenv("PATH", old_path, TRUE);
 }
 
@@ -458,7 +437,7 @@ test_fake_floods_stderr(void **state)
     g_clear_pointer(&old_path, g_free);
     old_path = fake_qemu_img(f->dir, "head -c 4000000 /dev/zero | tr '\\0' x >&2\nexit 3\n");
     assert_null(vm_qemu_img_info("/x", VM_QEMU_IMG_INFO_NONE, &error));
-    assert_error(error, VM_ERROR_IO, "qemu-img failed: xxx");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "qemu-img failed: xxx");
     assert_true(strlen(error->message) < 8192);
     g_setenv("PATH", old_path, TRUE);
 }
@@ -471,7 +450,7 @@ test_fake_bad_json(void **state)
     g_autofree char *old_path = fake_qemu_img(f->dir, "echo 'image: /x'\n");
 
     assert_null(vm_qemu_img_info("/x", VM_QEMU_IMG_INFO_NONE, &error));
-    assert_error(error, VM_ERROR_FAILED, "qemu-img info");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "qemu-img info");
     g_setenv("PATH", old_path, TRUE);
 }
 
@@ -484,7 +463,7 @@ test_no_qemu_img(void **state)
 
     g_setenv("PATH", f->dir, TRUE);
     assert_null(vm_qemu_img_info("/x", VM_QEMU_IMG_INFO_NONE, &error));
-    assert_error(error, VM_ERROR_IO, "cannot run qemu-img");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "cannot run qemu-img");
     g_setenv("PATH", old_path, TRUE);
 }
 

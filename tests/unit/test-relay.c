@@ -166,16 +166,7 @@ echo_stop(EchoServer *e)
 static int
 client_connect(guint port)
 {
-    struct sockaddr_in sa = {
-        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    struct timeval tv = {.tv_sec = HANG_LIMIT_US / G_TIME_SPAN_SECOND};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    assert_true(fd >= 0);
-    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-        fail_msg("connect to port %u: %s", port, g_strerror(errno));
-    return fd;
+    return vm_test_connect_loopback(port, HANG_LIMIT_US / G_TIME_SPAN_SECOND);
 }
 
 /* Reads until EOF (or a reset, which also ends the stream). Fails the test on a timeout. */
@@ -336,32 +327,14 @@ add_agent(Fixture *f, const char *agent)
 
 /* ---- tests --------------------------------------------------------------------------------- */
 
-typedef struct {
-    int fd;
-    const guint8 *data;
-    gsize len;
-} Sender;
-
-static gpointer
-sender_thread(gpointer data)
-{
-    Sender *s = data;
-
-    write_all(s->fd, s->data, s->len);
-    /* Half-close: the echo still has to answer after this. */
-    shutdown(s->fd, SHUT_WR);
-    return NULL;
-}
-
 /* Streams @len random bytes through port @port while reading the echo; checks every byte and
  * the trailer that proves the FIN came through; returns MB/s (both directions counted once). */
 static double
 stream_through(guint port, const guint8 *data, gsize len)
 {
     int fd = client_connect(port);
-    Sender s = {.fd = fd, .data = data, .len = len};
     gint64 start = g_get_monotonic_time();
-    GThread *t = g_thread_new("sender", sender_thread, &s);
+    GThread *t = vm_test_send_thread(fd, data, len);
     g_autoptr(GByteArray) back = read_to_eof(fd);
     gint64 elapsed = g_get_monotonic_time() - start;
 

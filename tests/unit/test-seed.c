@@ -439,16 +439,26 @@ assert_meta_data_matches(const char *meta_data, const VmSeedSpec *spec)
 
 /* Golden tests ----------------------------------------------------------------------------- */
 
+/* @spec's user-data, which must render, checked against the golden file @golden. */
+static char *
+render_golden(const VmSeedSpec *spec, const char *golden)
+{
+    g_autoptr(GError) error = NULL;
+    char *user_data = vm_seed_render_user_data(spec, &error);
+
+    assert_null(error);
+    assert_non_null(user_data);
+    vm_test_assert_golden(golden, user_data);
+    return user_data;
+}
+
 static void
 test_golden_plain(void **state)
 {
     Fixture *f = *state;
     g_autoptr(GError) error = NULL;
 
-    g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
-    assert_null(error);
-    assert_non_null(user_data);
-    vm_test_assert_golden("seed-plain-user-data.txt", user_data);
+    g_autofree char *user_data = render_golden(&f->spec, "seed-plain-user-data.txt");
     assert_cloud_config_matches(user_data, &f->spec);
 
     g_autofree char *meta_data = vm_seed_render_meta_data(&f->spec, &error);
@@ -479,10 +489,7 @@ test_golden_packages_template(void **state)
 
     f->spec.packages = packages;
     f->spec.template_user_data = template_part;
-    g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
-    assert_null(error);
-    assert_non_null(user_data);
-    vm_test_assert_golden("seed-packages-template-user-data.txt", user_data);
+    g_autofree char *user_data = render_golden(&f->spec, "seed-packages-template-user-data.txt");
 
     g_autoptr(GArray) parts = mime_split(user_data);
     assert_int_equal(parts->len, 2);
@@ -512,14 +519,10 @@ test_golden_template_script(void **state)
     const char *user_part = "#!/bin/bash\n"
                             "set -eu\n"
                             "echo \"hello from $(hostname)\" > /var/tmp/hello\n";
-    g_autoptr(GError) error = NULL;
 
     f->spec.template_user_data = template_part;
     f->spec.user_user_data = user_part;
-    g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
-    assert_null(error);
-    assert_non_null(user_data);
-    vm_test_assert_golden("seed-template-script-user-data.txt", user_data);
+    g_autofree char *user_data = render_golden(&f->spec, "seed-template-script-user-data.txt");
 
     g_autoptr(GArray) parts = mime_split(user_data);
     assert_int_equal(parts->len, 3);
@@ -543,14 +546,10 @@ test_golden_egress(void **state)
 {
     Fixture *f = *state;
     const char *const packages[] = {"curl", NULL};
-    g_autoptr(GError) error = NULL;
 
     f->spec.egress_proxy = "http://10.0.2.100:3128";
     f->spec.packages = packages;
-    g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
-    assert_null(error);
-    assert_non_null(user_data);
-    vm_test_assert_golden("seed-egress-user-data.txt", user_data);
+    g_autofree char *user_data = render_golden(&f->spec, "seed-egress-user-data.txt");
     assert_cloud_config_matches(user_data, &f->spec);
 
     g_autoptr(YamlDoc) y = yaml_load(user_data);

@@ -17,7 +17,6 @@
 #include <glib/gstdio.h>
 
 #include "hostd-agent.h"
-#include "hostd-modules.h"
 #include "hostd-reconcile.h"
 #include "hostd-server.h"
 #include "hostd-server-private.h"
@@ -27,17 +26,12 @@
 #include "vm-template.h"
 #include "vm-util.h"
 #include "test-common.h"
+#include "test-hostd-fixture.h"
 
 #define TEST_UUID_PREFIX "6c0b7a1e-52f4-4d0e-9d1b-"
 
-typedef struct {
-    char *dir;           /* temporary root of everything below */
-    char *uri;           /* test:///.../node.xml: a fresh libvirt instance per open */
-    char *templates_dir; /* a copy of the shipped debian-12.yaml */
-    char *images_dir;    /* empty: no image is ready */
-    char *agents_dir;
-    HostdContext *ctx;
-} Fixture;
+typedef HostdTestFixture Fixture;
+#define teardown hostd_test_teardown
 
 /* ---- captured log ---------------------------------------------------------------------------
  * hostd logs one line per failed request; the tests keep those lines off the TAP output and
@@ -107,80 +101,15 @@ virDomainUndefineFlags(virDomainPtr domain, unsigned int flags)
 
 /* ---- fixture ------------------------------------------------------------------------------- */
 
-static const char *
-source_dir(void)
-{
-    const char *env = g_getenv("VM_SOURCE_DIR");
-    return env != NULL && env[0] != '\0' ? env : VM_SOURCE_DIR;
-}
-
-static char *
-data_path(const char *file)
-{
-    const char *env = g_getenv("VM_TEST_DATA");
-    if (env != NULL && env[0] != '\0')
-        return g_build_filename(env, "hostd", file, NULL);
-    return g_build_filename(source_dir(), "tests", "data", "hostd", file, NULL);
-}
-
+/* No image is ready: assert_nothing_created() finds the images dir as empty as `new` must leave
+ * it. */
 static int
 setup(void **state)
 {
-    Fixture *f = g_new0(Fixture, 1);
-    g_autoptr(GError) error = NULL;
-
-    f->dir = vm_test_make_tmpdir("test-server-XXXXXX");
-    g_autofree char *node = data_path("node.xml");
-    f->uri = g_strconcat("test://", node, NULL);
-
-    f->templates_dir = g_build_filename(f->dir, "templates", NULL);
-    f->images_dir = g_build_filename(f->dir, "images", NULL);
-    assert_int_equal(g_mkdir(f->templates_dir, 0700), 0);
-    assert_int_equal(g_mkdir(f->images_dir, 0700), 0);
-    g_autofree char *shipped = g_build_filename(source_dir(), "templates", "debian-12.yaml", NULL);
-    g_autofree char *copy = g_build_filename(f->templates_dir, "debian-12.yaml", NULL);
-    g_autofree char *yaml = vm_test_read_file(shipped);
-    vm_test_write_file(copy, yaml);
-
-    g_autofree char *state_dir = g_build_filename(f->dir, "state", NULL);
-    HostdConfig *config = hostd_config_load(NULL, state_dir, NULL, f->uri, &error);
-    if (config == NULL)
-        fail_msg("config: %s", error->message);
-    g_free(config->templates_dir);
-    config->templates_dir = g_strdup(f->templates_dir);
-    g_free(config->images_dir);
-    config->images_dir = g_strdup(f->images_dir);
-
-    HostdState *st = hostd_state_open(state_dir, &error);
-    if (st == NULL)
-        fail_msg("state: %s", error->message);
-    f->agents_dir = g_strdup(st->agents_dir);
-    HostdLibvirt *lv = hostd_libvirt_open(f->uri, HOSTD_ACCEL_TCG, &error);
-    if (lv == NULL)
-        fail_msg("libvirt: %s", error->message);
-    f->ctx = hostd_context_new(config, st, lv);
-    hostd_modules_attach(f->ctx);
-
+    *state = hostd_test_fixture_new_full(HOSTD_TEST_NO_IMAGE);
     g_mutex_lock(&log_lock);
     g_ptr_array_set_size(log_lines, 0);
     g_mutex_unlock(&log_lock);
-    *state = f;
-    return 0;
-}
-
-static int
-teardown(void **state)
-{
-    Fixture *f = *state;
-
-    hostd_context_free(f->ctx);
-    vm_test_remove_tree(f->dir);
-    g_free(f->dir);
-    g_free(f->uri);
-    g_free(f->templates_dir);
-    g_free(f->images_dir);
-    g_free(f->agents_dir);
-    g_free(f);
     return 0;
 }
 
@@ -202,38 +131,6 @@ require_template_loader(const Fixture *f)
 }
 
 /* ---- talking to serve_fd ------------------------------------------------------------------- */
-
-typedef struct {
-    HostdContext *ctx;
-    int fd;
-} ServeArgs;
-
-static gpointer
-serve_thread(gpointer data)
-{
-    ServeArgs *args = data;
-
-    hostd_server_serve_fd(args->ctx, args->fd);
-    g_free(args);
-    return NULL;
-}
-
-/* Starts serve_fd on one end of a socketpair and returns the other (the client's). */
-static int
-start_server(Fixture *f, GThread **ret_thread)
-{
-    int fds[2];
-
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
-    /* A hostd that never answers fails the test instead of hanging it. */
-    struct timeval tv = {.tv_sec = 20};
-    assert_int_equal(setsockopt(fds[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-    ServeArgs *args = g_new0(ServeArgs, 1);
-    args->ctx = f->ctx;
-    args->fd = fds[1];
-    *ret_thread = g_thread_new("serve", serve_thread, args);
-    return fds[0];
-}
 
 /* Reads frames up to the RESULT or ERROR that ends a conversation, then checks that hostd
  * closed the connection and its thread ended. */
@@ -301,7 +198,7 @@ converse(Fixture *f, VmOp op, const char *fields_text)
     g_autoptr(GError) error = NULL;
     g_autoptr(VmMessage) m = request(op, fields_text);
     GThread *thread = NULL;
-    int fd = start_server(f, &thread);
+    int fd = hostd_test_serve(f, &thread);
 
     if (!vm_message_write_fd(fd, m, &error))
         fail_msg("cannot send: %s", error->message);
@@ -313,7 +210,7 @@ static GPtrArray *
 converse_raw(Fixture *f, const void *bytes, gsize len, gboolean half_close)
 {
     GThread *thread = NULL;
-    int fd = start_server(f, &thread);
+    int fd = hostd_test_serve(f, &thread);
 
     assert_int_equal(send(fd, bytes, len, MSG_NOSIGNAL), (gssize)len);
     if (half_close)
@@ -381,7 +278,7 @@ agent_dir(Fixture *f, const char *name)
 static char *
 domain_xml(const char *name, const char *uuid)
 {
-    g_autofree char *path = data_path("domain.xml");
+    g_autofree char *path = vm_test_data_path("hostd", "domain.xml", NULL);
     g_autofree char *text = vm_test_read_file(path);
     g_auto(GStrv) a = g_strsplit(text, "@NAME@", -1);
     g_autofree char *named = g_strjoinv(name, a);
@@ -454,14 +351,6 @@ make_agent(Fixture *f, const char *name, const char *phase, MakeFlags flags, gui
         g_autoptr(virDomain) dom = define_domain(f, name, r->uuid, flags & MAKE_RUNNING);
     }
     return r;
-}
-
-static const char *
-domain_state(Fixture *f, const char *name)
-{
-    g_autoptr(virDomain) dom = hostd_libvirt_lookup(f->ctx->lv, name, NULL);
-
-    return dom != NULL ? hostd_libvirt_state_name(dom) : "missing";
 }
 
 /* ---- requests ------------------------------------------------------------------------------ */
@@ -582,7 +471,7 @@ test_bad_names(void **state)
     }
     assert_nothing_created(f);
     /* "../x" must not have escaped agents/ either. */
-    g_autofree char *escaped = g_build_filename(f->dir, "state", "x", NULL);
+    g_autofree char *escaped = g_build_filename(f->ctx->state->dir, "x", NULL);
     assert_false(g_file_test(escaped, G_FILE_TEST_EXISTS));
 }
 
@@ -736,7 +625,7 @@ test_client_gone(void **state)
     Fixture *f = *state;
     GThread *thread = NULL;
 
-    int fd = start_server(f, &thread);
+    int fd = hostd_test_serve(f, &thread);
     close(fd);
     g_thread_join(thread);
     assert_nothing_logged();
@@ -748,7 +637,7 @@ test_client_gone(void **state)
     } requests[] = {{VM_OP_PING, NULL}, {VM_OP_AGENT_INFO, "{'name': <'ghost'>}"}};
     for (gsize i = 0; i < G_N_ELEMENTS(requests); i++) {
         g_autoptr(VmMessage) m = request(requests[i].op, requests[i].fields);
-        fd = start_server(f, &thread);
+        fd = hostd_test_serve(f, &thread);
         assert_true(vm_message_write_fd(fd, m, NULL));
         close(fd);
         g_thread_join(thread);
@@ -919,7 +808,7 @@ test_agent_lifecycle(void **state)
     assert_string_equal(s, "running");
     assert_true(g_variant_lookup(started, "state_since", "x", &since));
     assert_true(since > 1700000000);
-    assert_string_equal(domain_state(f, "carol"), "running");
+    assert_string_equal(hostd_test_domain_state(f, "carol"), "running");
 
     /* Starting a running agent is success. */
     g_autoptr(GPtrArray) again =
@@ -930,14 +819,14 @@ test_agent_lifecycle(void **state)
     g_autoptr(GPtrArray) rm = converse(f, VM_OP_AGENT_RM, "{'name': <'carol'>}");
     assert_error_reply(rm, VM_ERROR_BAD_STATE, "carol");
     assert_true(g_file_test(r->dir, G_FILE_TEST_IS_DIR));
-    assert_string_equal(domain_state(f, "carol"), "running");
+    assert_string_equal(hostd_test_domain_state(f, "carol"), "running");
 
     g_autoptr(GPtrArray) stop =
         converse(f, VM_OP_AGENT_STOP, "{'name': <'carol'>, 'timeout_s': <uint32 5>}");
     g_autoptr(GVariant) stopped = agent_field(assert_result_reply(stop));
     assert_true(g_variant_lookup(stopped, "state", "&s", &s));
     assert_string_equal(s, "stopped");
-    assert_string_equal(domain_state(f, "carol"), "stopped");
+    assert_string_equal(hostd_test_domain_state(f, "carol"), "stopped");
 
     /* Stopping a stopped agent is success. */
     g_autoptr(GPtrArray) stop_again = converse(f, VM_OP_AGENT_STOP, "{'name': <'carol'>}");
@@ -1057,7 +946,7 @@ test_reconcile_redefine(void **state)
     g_autoptr(GPtrArray) notes = reconcile(f);
     assert_int_equal(notes->len, 1);
     assert_note(notes, "lost", "redefined");
-    assert_string_equal(domain_state(f, "lost"), "stopped");
+    assert_string_equal(hostd_test_domain_state(f, "lost"), "stopped");
     g_autoptr(HostdAgentRecord) kept = hostd_agent_record_load(r->dir, NULL);
     assert_non_null(kept);
     assert_string_equal(kept->phase, HOSTD_PHASE_READY);
@@ -1092,7 +981,7 @@ test_reconcile_corrupt(void **state)
     assert_note(notes, "damaged", record);
     assert_true(g_file_test(record, G_FILE_TEST_IS_REGULAR));
     assert_true(g_file_test(disk, G_FILE_TEST_IS_REGULAR));
-    assert_string_equal(domain_state(f, "damaged"), "running");
+    assert_string_equal(hostd_test_domain_state(f, "damaged"), "running");
 }
 
 /* Running agents keep running; agents that cannot be repaired are kept and reported. */
@@ -1114,7 +1003,7 @@ test_reconcile_keeps(void **state)
     assert_note(notes, "busy", "running");
     assert_note(notes, "orphan", "no domain");
     assert_note(notes, "garbled", "redefine");
-    assert_string_equal(domain_state(f, "busy"), "running");
+    assert_string_equal(hostd_test_domain_state(f, "busy"), "running");
     assert_true(g_file_test(no_xml->dir, G_FILE_TEST_IS_DIR));
     assert_true(g_file_test(bad_xml->dir, G_FILE_TEST_IS_DIR));
     assert_false(domain_exists(f, "orphan"));

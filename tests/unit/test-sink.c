@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -114,6 +115,60 @@ vm_test_free_port(void)
 
     close(fd);
     return port;
+}
+
+int
+vm_test_connect_loopback(guint16 port, guint timeout_s)
+{
+    struct sockaddr_in sin = {
+        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    if (timeout_s > 0) {
+        struct timeval tv = {.tv_sec = timeout_s};
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    }
+    if (connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0)
+        fail_msg("cannot connect to 127.0.0.1:%u: %s", port, g_strerror(errno));
+    return fd;
+}
+
+typedef struct {
+    int fd;
+    const guint8 *data;
+    gsize len;
+} VmTestSendJob;
+
+static gpointer
+send_thread(gpointer data)
+{
+    VmTestSendJob *job = data;
+    gsize off = 0;
+
+    while (off < job->len) {
+        ssize_t n = send(job->fd, job->data + off, job->len - off, MSG_NOSIGNAL);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        off += n;
+    }
+    shutdown(job->fd, SHUT_WR);
+    g_free(job);
+    return GSIZE_TO_POINTER(off);
+}
+
+GThread *
+vm_test_send_thread(int fd, const guint8 *data, gsize len)
+{
+    VmTestSendJob *job = g_new0(VmTestSendJob, 1);
+
+    job->fd = fd;
+    job->data = data;
+    job->len = len;
+    return g_thread_new("send", send_thread, job);
 }
 
 void

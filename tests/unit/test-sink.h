@@ -28,8 +28,18 @@ int vm_test_listen_loopback(guint16 *ret_port);
 /* A port on 127.0.0.1 that was free a moment ago: bound once with port 0, then released. */
 guint16 vm_test_free_port(void);
 
+/* A blocking TCP connection to 127.0.0.1:@port whose reads give up after @timeout_s seconds (0:
+ * never), so that a peer that hangs fails the test instead of hanging it (fails the test when it
+ * cannot connect). */
+int vm_test_connect_loopback(guint16 port, guint timeout_s);
+
 /* Sends all of @text on @fd (fails the test when it cannot). */
 void vm_test_send_text(int fd, const char *text);
+
+/* Sends the @len bytes at @data on @fd from a thread of its own, then shuts down the sending side
+ * of @fd, so that the peer reads EOF; stops early when the peer goes away. g_thread_join() returns
+ * how many bytes went out (GPOINTER_TO_SIZE()). @data must outlive the thread. */
+GThread *vm_test_send_thread(int fd, const guint8 *data, gsize len);
 
 /* Reads from @fd until @needle appears (NULL: until EOF) or @timeout_ms pass; returns what came.
  * *@ret_eof (may be NULL) tells whether the peer closed. */

@@ -19,35 +19,6 @@ typedef VmTestTmpDir Fixture;
 #define setup    vm_test_tmpdir_setup
 #define teardown vm_test_tmpdir_teardown
 
-static void
-assert_error(const GError *error, VmErrorCode code, const char *needle)
-{
-    if (error == NULL)
-        fail_msg("expected error code %d, got success", code);
-    if (!g_error_matches(error, VM_ERROR, code))
-        fail_msg("expected error code %d, got %s/%d: %s", code, g_quark_to_string(error->domain),
-                 error->code, error->message);
-    if (needle != NULL && strstr(error->message, needle) == NULL)
-        fail_msg("error message '%s' does not mention '%s'", error->message, needle);
-}
-
-/* Gone, or a zombie waiting for init: a killed process reparented away from us. */
-static void
-assert_process_gone(pid_t pid)
-{
-    for (int i = 0; i < 250; i++) {
-        g_autofree char *stat_path = g_strdup_printf("/proc/%d/stat", (int)pid);
-        g_autofree char *stat = NULL;
-        if (!g_file_get_contents(stat_path, &stat, NULL, NULL))
-            return;
-        const char *close_paren = strrchr(stat, ')');
-        if (close_paren != NULL && close_paren[1] == ' ' && close_paren[2] == 'Z')
-            return;
-        g_usleep(20 * 1000);
-    }
-    fail_msg("process %d still runs", (int)pid);
-}
-
 static pid_t
 read_pid(const char *path)
 {
@@ -125,30 +96,30 @@ test_spawn_failure(void **state)
 
     g_autoptr(GError) noisy_error = NULL;
     assert_false(vm_spawn_run(noisy, NULL, &out, &noisy_error));
-    assert_error(noisy_error, VM_ERROR_IO, NULL);
+    vm_test_assert_error(noisy_error, VM_ERROR, VM_ERROR_IO, NULL);
     assert_string_equal(noisy_error->message, "sh failed: disk full");
     assert_null(out);
 
     g_autoptr(GError) silent_error = NULL;
     assert_false(vm_spawn_run(silent, NULL, NULL, &silent_error));
-    assert_error(silent_error, VM_ERROR_IO, NULL);
+    vm_test_assert_error(silent_error, VM_ERROR, VM_ERROR_IO, NULL);
     assert_string_equal(silent_error->message, "sh failed: exit status 4");
 
     g_autoptr(GError) killed_error = NULL;
     assert_false(vm_spawn_run(killed, NULL, NULL, &killed_error));
-    assert_error(killed_error, VM_ERROR_IO, NULL);
+    vm_test_assert_error(killed_error, VM_ERROR, VM_ERROR_IO, NULL);
     assert_string_equal(killed_error->message, "sh failed: killed by signal 9");
 
     /* The message keeps the first VM_SPAWN_STDERR_MAX bytes; the rest is read and dropped. */
     g_autoptr(GError) flood_error = NULL;
     assert_false(vm_spawn_run(flood, NULL, NULL, &flood_error));
-    assert_error(flood_error, VM_ERROR_IO, "sh failed: 0123456789abcdef\n0123");
+    vm_test_assert_error(flood_error, VM_ERROR, VM_ERROR_IO, "sh failed: 0123456789abcdef\n0123");
     assert_true(strlen(flood_error->message) <= strlen("sh failed: ") + VM_SPAWN_STDERR_MAX);
     assert_true(strlen(flood_error->message) > VM_SPAWN_STDERR_MAX / 2);
 
     g_autoptr(GError) missing_error = NULL;
     assert_false(vm_spawn_run(missing, NULL, NULL, &missing_error));
-    assert_error(missing_error, VM_ERROR_IO, "cannot run vm-no-such-program: ");
+    vm_test_assert_error(missing_error, VM_ERROR, VM_ERROR_IO, "cannot run vm-no-such-program: ");
 }
 
 /* The time limit kills the whole group, children included, also after the program closed its
@@ -166,15 +137,15 @@ test_spawn_timeout(void **state)
 
     gint64 start = g_get_monotonic_time();
     assert_false(vm_spawn_run(hang, &options, &out, &error));
-    assert_error(error, VM_ERROR_TIMEOUT, "sh did not finish within 300 ms");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_TIMEOUT, "sh did not finish within 300 ms");
     assert_true(g_get_monotonic_time() - start < 10 * G_USEC_PER_SEC);
     assert_null(out);
-    assert_process_gone(read_pid(pid_file));
+    vm_test_assert_process_gone(read_pid(pid_file), 5000);
     g_clear_error(&error);
 
     start = g_get_monotonic_time();
     assert_false(vm_spawn_run(closed, &options, NULL, &error));
-    assert_error(error, VM_ERROR_TIMEOUT, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_TIMEOUT, NULL);
     assert_true(g_get_monotonic_time() - start < 10 * G_USEC_PER_SEC);
 }
 
@@ -200,16 +171,16 @@ test_spawn_cancel(void **state)
     gint64 start = g_get_monotonic_time();
     assert_false(vm_spawn_run(hang, &options, NULL, &error));
     g_thread_join(thread);
-    assert_error(error, VM_ERROR_CANCELLED, "sh cancelled");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_CANCELLED, "sh cancelled");
     assert_true(g_get_monotonic_time() - start < 10 * G_USEC_PER_SEC);
-    assert_process_gone(read_pid(pid_file));
+    vm_test_assert_process_gone(read_pid(pid_file), 5000);
     g_clear_error(&error);
 
     /* Cancelled before: nothing runs. */
     g_autofree char *marker = g_build_filename(f->dir, "ran", NULL);
     const char *const touch[] = {"touch", marker, NULL};
     assert_false(vm_spawn_run(touch, &options, NULL, &error));
-    assert_error(error, VM_ERROR_CANCELLED, NULL);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_CANCELLED, NULL);
     assert_false(g_file_test(marker, G_FILE_TEST_EXISTS));
 }
 

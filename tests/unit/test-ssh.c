@@ -916,18 +916,13 @@ static void
 test_wait_ready_silent_port(void **state)
 {
     Fixture *f = *state;
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof addr;
     g_autoptr(GError) error = NULL;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    guint16 port = 0;
+    int fd = vm_test_listen_loopback(&port);
     gint64 start;
     gint64 elapsed;
 
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    assert_int_equal(listen(fd, 16), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
-    f->target.port = ntohs(addr.sin_port);
+    f->target.port = port;
 
     start = g_get_monotonic_time();
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 3, NULL, &error));

@@ -20,15 +20,6 @@ typedef VmTestTmpDir Fixture;
 #define teardown vm_test_tmpdir_teardown
 
 static char *
-data_path(const char *name)
-{
-    const char *dir = g_getenv("VM_TEST_DATA");
-
-    assert_non_null(dir);
-    return g_build_filename(dir, "templates", name, NULL);
-}
-
-static char *
 shipped_dir(void)
 {
     const char *dir = g_getenv("VM_SOURCE_DIR");
@@ -188,7 +179,7 @@ static void
 test_good(void **state)
 {
     const GoodCase *c = *state;
-    g_autofree char *path = data_path(c->file);
+    g_autofree char *path = vm_test_data_path("templates", c->file, NULL);
     g_autoptr(VmTemplate) t = load_ok(path);
 
     assert_string_equal(t->path, path);
@@ -293,7 +284,7 @@ static void
 test_bad(void **state)
 {
     const BadCase *c = *state;
-    g_autofree char *path = data_path(c->file);
+    g_autofree char *path = vm_test_data_path("templates", c->file, NULL);
     g_autoptr(GError) error = NULL;
     g_autoptr(VmTemplate) t = vm_template_load_file(path, &error);
     g_autofree char *expected =
@@ -318,7 +309,7 @@ test_bad(void **state)
 static void
 test_every_fixture_listed(void **state)
 {
-    g_autofree char *dir_path = data_path("");
+    g_autofree char *dir_path = vm_test_data_path("templates", "", NULL);
     g_autoptr(GDir) dir = g_dir_open(dir_path, 0, NULL);
     const char *name;
     guint seen = 0;
