@@ -452,7 +452,24 @@ FIRST=$(sed -n 's/^next=//p' "$S/agents/a1/checkpoints.ini")
 check "periodic checkpoints set per agent" vmctl autocheckpoint a1 --every 5s --keep 2 --hourly 0 --daily 0
 sleep 24
 vmctl autocheckpoint a1 --never >/dev/null
-sleep 3  # let a checkpoint or merge in flight finish: a listing between the two sees both
+# Let a checkpoint or merge in flight finish (a block commit writes into the image below, which a
+# check would see half-written): no journal, and the same record and files, for 3 s in a row
+# (60 s at most).
+settle_checkpoints() {
+  local prev="" now stable=0
+  for _ in $(seq 1 60); do
+    now=$(cat "$S/agents/a1/checkpoints.ini"; ls "$S"/agents/a1/*.qcow2)
+    if [ "$now" = "$prev" ] && ! grep -q '^\[pending\]' "$S/agents/a1/checkpoints.ini"; then
+      stable=$((stable + 1))
+      [ "$stable" -ge 3 ] && return 0
+    else
+      stable=0
+    fi
+    prev=$now
+    sleep 1
+  done
+}
+settle_checkpoints
 KEPT=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(" ".join(c["id"][1:] for c in json.load(sys.stdin) if c.get("label") == "periodic"))')
 check "periodic checkpoints kept coming and only the newest 2 are kept (of c$FIRST on: ${KEPT// /, })" \
   bash -c "set -- $KEPT; [ \$# = 2 ] && [ \$1 -gt $FIRST ] && [ \$2 -gt \$1 ]"
