@@ -69,7 +69,8 @@ export PATH="$tmp/bin:$PATH"
 # shellcheck source=../dist/vmctl.bash-completion
 source "$source/dist/vmctl.bash-completion"
 
-n=0 bad=0
+# shellcheck source=tap.sh
+. "$(dirname "$0")/tap.sh"
 # Completes the words given, the last being the one under the cursor, and prints the candidates
 # sorted, one space apart.
 comp() {
@@ -85,21 +86,17 @@ comp() {
 expect() {
     local want=$1 got
     shift
-    n=$((n + 1))
     got=$(comp "$@" 2>"$tmp/stderr")
     if [ "$got" = "$want" ] && [ ! -s "$tmp/stderr" ]; then
-        echo "ok $n - '$*' offers '$want'"
+        ok "'$*' offers '$want'"
     else
-        bad=$((bad + 1))
-        echo "not ok $n - '$*' offers '$want'"
+        not_ok "'$*' offers '$want'"
         echo "# got: '$got'"
         sed 's/^/# stderr: /' "$tmp/stderr"
     fi
 }
-ok() { # $1: description, $2: 0 or not
-    n=$((n + 1))
-    if [ "$2" -eq 0 ]; then echo "ok $n - $1"; else bad=$((bad + 1)) && echo "not ok $n - $1"; fi
-}
+# status DESCRIPTION STATUS: ok when STATUS is 0.
+status() { if [ "$2" -eq 0 ]; then ok "$1"; else not_ok "$1"; fi; }
 
 # The commands of the built vmctl, as its --help lists them ("template list" as two words).
 commands_of='/^Commands:/ { c = 1; next }
@@ -107,7 +104,7 @@ commands_of='/^Commands:/ { c = 1; next }
     c { sub(/^  /, ""); sub(/  .*/, ""); print }'
 mapfile -t commands < <("$vmctl" --help | awk "$commands_of")
 [ "${#commands[@]}" -gt 20 ]
-ok "vmctl --help lists the commands (${#commands[@]})" $?
+status "vmctl --help lists the commands (${#commands[@]})" $?
 first_words=$(printf '%s\n' "${commands[@]}" | cut -d' ' -f1 | sort -u | tr '\n' ' ' | sed 's/ $//')
 
 # ---- commands and global options
@@ -147,7 +144,7 @@ declare -A first=(
 )
 for command in "${commands[@]}"; do
     if [ -z "${first[$command]+set}" ]; then
-        ok "the test knows what 'vmctl $command' takes first" 1
+        status "the test knows what 'vmctl $command' takes first" 1
         continue
     fi
     read -r -a words <<<"$command"
@@ -201,11 +198,11 @@ expect "" vmctl ssh a1 -- ""
 : >"$tmp/calls"
 expect "$agents" vmctl --socket /run/other.sock info ""
 grep -qxF -- "--socket /run/other.sock list --json" "$tmp/calls"
-ok "hostd is asked through the --socket given" $?
+status "hostd is asked through the --socket given" $?
 : >"$tmp/calls"
 expect "c1 c2" vmctl restore --socket /run/third.sock a1 ""
 grep -qxF -- "--socket /run/third.sock checkpoints a1 --json" "$tmp/calls"
-ok "and through a --socket given after the command" $?
+status "and through a --socket given after the command" $?
 FAKE_HOSTD_DOWN=1 expect "" vmctl info ""
 export FAKE_HOSTD_DOWN=1
 expect "" vmctl restore a1 ""
@@ -219,8 +216,7 @@ unset FAKE_HOSTD_DOWN
 ) 2>"$tmp/stderr"
 status=$?
 [ "$status" -eq 0 ] && [ ! -s "$tmp/stderr" ]
-ok "completion works under set -u" $?
+status "completion works under set -u" $?
 sed 's/^/# /' "$tmp/stderr"
 
-echo "1..$n"
-[ "$bad" -eq 0 ]
+tap_end

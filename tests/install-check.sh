@@ -12,22 +12,8 @@ mandir=${MANDIR:?} man=${MAN_PAGES:?}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 dest=$tmp/dest
-n=0 bad=0
-check() { # $1: description; the rest: a command that succeeds when the check holds
-    local what=$1
-    shift
-    n=$((n + 1))
-    if "$@"; then
-        echo "ok $n - $what"
-    else
-        bad=$((bad + 1))
-        echo "not ok $n - $what"
-    fi
-}
-skip() {
-    n=$((n + 1))
-    echo "ok $n - $1 # SKIP $2"
-}
+# shellcheck source=tap.sh
+. "$(dirname "$0")/tap.sh"
 executable() {
     [ -f "$dest$1" ] && [ -x "$dest$1" ] || { echo "# not an executable: $1"; return 1; }
 }
@@ -39,10 +25,9 @@ install_tree() {
     return 1
 }
 
-if ! check "meson install --destdir" install_tree; then
-    echo "1..$n"
-    exit 1
-fi
+check "meson install --destdir" install_tree
+# Nothing below can be checked without the install tree.
+[ "$FAILED" -eq 0 ] || { tap_end; exit 1; }
 
 check "hostd in sbindir" executable "$sbindir/hostd"
 check "vmctl in bindir" executable "$bindir/vmctl"
@@ -150,5 +135,4 @@ nothing_else() {
 }
 check "nothing else is installed" nothing_else
 
-echo "1..$n"
-[ "$bad" -eq 0 ]
+tap_end

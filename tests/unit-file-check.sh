@@ -13,18 +13,8 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-n=0 bad=0
-check() { # $1: description; the rest: a command that succeeds when the check holds
-    local what=$1
-    shift
-    n=$((n + 1))
-    if "$@"; then
-        echo "ok $n - $what"
-    else
-        bad=$((bad + 1))
-        echo "not ok $n - $what"
-    fi
-}
+# shellcheck source=tap.sh
+. "$(dirname "$0")/tap.sh"
 
 # What systemd-analyze says about unit file $1 (a copy running the built hostd), if anything.
 complaints() {
@@ -59,5 +49,4 @@ check "installed for multi-user.target" has_line "WantedBy=multi-user.target"
 check "no ProtectSystem (virt-aa-helper writes /etc)" \
     bash -c '! grep -q "^ProtectSystem=" "$0"' "$unit"
 
-echo "1..$n"
-[ "$bad" -eq 0 ]
+tap_end

@@ -24,13 +24,8 @@ boot-timeout=360
 CONF
 }
 
-ok() { N=$((N + 1)); echo "ok $N - $*"; }
-not_ok() { N=$((N + 1)); FAILED=$((FAILED + 1)); echo "not ok $N - $*"; }
-check() { # check DESCRIPTION COMMAND...
-  local desc=$1; shift
-  if "$@"; then ok "$desc"; else not_ok "$desc"; fi
-}
-diag() { sed 's/^/# /' <<< "$*"; }
+# shellcheck source=../tap.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../tap.sh"
 vmctl() { "$VMCTL" --socket "$SOCK" "$@"; }
 
 # Starts hostd in the background (HOSTD_PID) and waits until it answers; fails when it dies or
