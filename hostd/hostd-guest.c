@@ -1,6 +1,8 @@
 #include "hostd-guest.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,15 +12,35 @@
 #include "vm-util.h"
 
 #define HOSTD_CONSOLE_TAIL_LINES    15
+#define HOSTD_CONSOLE_TAIL_BYTES    (64 * 1024)
 #define HOSTD_GUEST_AGENT_TIMEOUT_S 5
 #define HOSTD_CLOCK_SYNC_TRIES      20 /* half a second apart: a restored guest agent reconnects */
+/* The last HOSTD_CONSOLE_TAIL_BYTES of the console log, NUL-terminated, or NULL when it cannot
+ * be read: the guest writes that file and may make it as large as it likes. */
+static char *
+hostd_console_read_end(const char *path)
+{
+    vm_autofd fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+
+    if (fd < 0 || fstat(fd, &st) < 0)
+        return NULL;
+    off_t start = st.st_size > HOSTD_CONSOLE_TAIL_BYTES ? st.st_size - HOSTD_CONSOLE_TAIL_BYTES : 0;
+    g_autofree char *buf = g_malloc(HOSTD_CONSOLE_TAIL_BYTES + 1);
+    ssize_t n = pread(fd, buf, HOSTD_CONSOLE_TAIL_BYTES, start);
+    if (n < 0)
+        return NULL;
+    buf[n] = '\0';
+    return g_steal_pointer(&buf);
+}
+
 static char *
 hostd_console_tail(const HostdAgentRecord *r)
 {
     g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE);
-    g_autofree char *text = NULL;
+    g_autofree char *text = hostd_console_read_end(path);
 
-    if (!g_file_get_contents(path, &text, NULL, NULL))
+    if (text == NULL)
         return g_strdup("\n  console: (none yet)");
     g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
     guint n = g_strv_length(lines);
