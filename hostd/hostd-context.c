@@ -11,6 +11,7 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->state = state;
     ctx->lv = lv;
     ctx->ssh = hostd_ssh_pool_new();
+    ctx->events = hostd_events_new(state->dir);
     g_mutex_init(&ctx->lock);
     ctx->name_locks = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->components = g_ptr_array_new();
@@ -36,6 +37,7 @@ hostd_context_free(HostdContext *ctx)
     }
     g_ptr_array_free(ctx->components, TRUE);
     hostd_ssh_pool_free(ctx->ssh);
+    hostd_events_free(ctx->events);
     hostd_libvirt_close(ctx->lv);
     hostd_state_close(ctx->state);
     hostd_config_free(ctx->config);
@@ -105,4 +107,13 @@ hostd_progress(VmProgressFunc progress, gpointer data, const char *message, doub
 {
     if (progress != NULL)
         progress(message, fraction, data);
+}
+
+void
+hostd_context_event(HostdContext *ctx, const HostdEvent *event)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!hostd_events_append(ctx->events, event, &error))
+        hostd_context_log(ctx, "event log: %s", error->message);
 }

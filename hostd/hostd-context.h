@@ -8,6 +8,7 @@
 #include <gio/gio.h>
 
 #include "hostd-config.h"
+#include "hostd-events.h"
 #include "hostd-libvirt.h"
 #include "hostd-ssh.h"
 #include "hostd-state.h"
@@ -25,6 +26,7 @@ typedef struct {
     HostdState *state;
     HostdLibvirt *lv;
     HostdSshPool *ssh;
+    HostdEvents *events;              /* the event log (<state dir>/events.log) */
     GMutex lock;                      /* guards name_locks and port allocation */
     GHashTable *name_locks;           /* agent name -> GMutex*, for the life of hostd */
     GPtrArray *components;            /* const HostdComponent*, in the order they were added */
@@ -80,6 +82,10 @@ void hostd_context_add_component(HostdContext *ctx, const HostdComponent *compon
 
 /* Reports one line of background work through ctx->log, if set. Can't fail. */
 void hostd_context_log(HostdContext *ctx, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+/* Appends @event to the event log; an event that cannot be written is reported through
+ * ctx->log, never failing the caller. */
+void hostd_context_event(HostdContext *ctx, const HostdEvent *event);
 
 /* Takes the per-agent lock of @name (operations on one agent never interleave); release with
  * hostd_name_unlock() or g_autoptr(HostdNameLock). */
