@@ -138,6 +138,13 @@ static const VmOpSpec vm_op_specs[] = {
         {"follow", "b"},
         {"lines", "u"},
         {NULL}}},
+    {VM_OP_AGENT_SET_RESTART, "agent-set-restart", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"policy", "s", REQ, 1, 16},
+        {NULL}}},
+    {VM_OP_HOST_SAVE_ALL, "host-save-all", VM_OP_RESULT, FALSE, {
+        {"timeout_s", "u", 0, 1, 3600},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  3
+#define VM_PROTOCOL_VERSION  4
 #define VM_PATHS_MAX         64  /* --path arguments of a restore */
 #define VM_RULES_MAX         256 /* egress rules in one request */
 
@@ -56,6 +56,8 @@ typedef enum {
     VM_OP_EGRESS_GET,            /* -> RESULT {egress} */
     VM_OP_EGRESS_SET,            /* -> RESULT {egress} */
     VM_OP_EGRESS_LOG,            /* -> STDOUT* EXIT {status 0} */
+    VM_OP_AGENT_SET_RESTART,     /* -> RESULT {agent} */
+    VM_OP_HOST_SAVE_ALL,         /* -> RESULT {agents, seconds} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

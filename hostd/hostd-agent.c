@@ -127,6 +127,10 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, &local_error);
     const char *state = dom != NULL ? hostd_libvirt_state_name(dom) : "missing";
 
+    /* Stopped because the supervisor gave up restarting it: say so until `vmctl start`. */
+    if (r->crashed != NULL && g_str_equal(state, "stopped"))
+        state = "crashed";
+
     g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(r->name));
     g_variant_builder_add(&b, "{sv}", "state", g_variant_new_string(state));
     g_variant_builder_add(&b, "{sv}", "state_since", g_variant_new_int64(r->state_since));
@@ -158,6 +162,14 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
             : g_strdup_printf("every %us, keep %u + %u hourly + %u daily", r->checkpoint_every_s,
                               r->checkpoint_keep, r->checkpoint_hourly, r->checkpoint_daily);
     g_variant_builder_add(&b, "{sv}", "checkpoints", g_variant_new_string(periodic));
+    if (r->wanted != NULL)
+        g_variant_builder_add(&b, "{sv}", "wanted", g_variant_new_string(r->wanted));
+    g_variant_builder_add(
+        &b, "{sv}", "restart",
+        g_variant_new_string(r->restart != NULL ? r->restart : HOSTD_RESTART_ON_CRASH));
+    g_variant_builder_add(&b, "{sv}", "crashes", g_variant_new_uint32(r->crash_count));
+    if (r->crashed != NULL)
+        g_variant_builder_add(&b, "{sv}", "crash_reason", g_variant_new_string(r->crashed));
     return g_variant_builder_end(&b);
 }
 
@@ -167,6 +179,16 @@ hostd_agent_mark_state_change(HostdAgentRecord *r)
     r->state_since = g_get_real_time() / G_USEC_PER_SEC;
     /* A failed write loses only the timestamp; the operation itself already happened. */
     hostd_agent_record_save(r, NULL);
+}
+
+void
+hostd_agent_set_wanted(HostdAgentRecord *r, const char *wanted)
+{
+    g_free(r->wanted);
+    r->wanted = g_strdup(wanted);
+    if (!g_str_equal(wanted, HOSTD_WANTED_SAVED))
+        r->shutdown_saved = FALSE;
+    hostd_agent_mark_state_change(r);
 }
 
 static char *
@@ -466,6 +488,8 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
 
     g_free(r->phase);
     r->phase = g_strdup(HOSTD_PHASE_READY);
+    g_free(r->wanted);
+    r->wanted = g_strdup(HOSTD_WANTED_RUNNING);
     r->state_since = g_get_real_time() / G_USEC_PER_SEC;
     if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_ready), error) ||
         !hostd_agent_record_save(r, error)) {
@@ -514,6 +538,18 @@ hostd_agent_lock_open(HostdContext *ctx, const char *name, GMutex **ret_lock,
     return TRUE;
 }
 
+gboolean
+hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                        GError **error)
+{
+    if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error))
+        return FALSE;
+    hostd_ssh_pool_forget(ctx->ssh, r->name);
+    if (virDomainCreate(dom) < 0)
+        return hostd_libvirt_throw(error, "cannot start the domain");
+    return TRUE;
+}
+
 GVariant *
 hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgressFunc progress,
                   gpointer progress_data, GError **error)
@@ -523,19 +559,21 @@ hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgress
     g_autoptr(virDomain) dom = NULL;
     if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
         return NULL;
-    if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error))
-        return NULL;
 
     if (virDomainIsActive(dom) == 1) {
+        if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error))
+            return NULL;
         if (virDomainResume(dom) < 0)
             virResetLastError(); /* not paused: nothing to do */
     } else {
         hostd_progress(progress, progress_data, "starting the VM", -1);
-        hostd_ssh_pool_forget(ctx->ssh, name);
-        if (virDomainCreate(dom) < 0)
-            return hostd_libvirt_throw(error, "cannot start the domain"), NULL;
-        hostd_agent_mark_state_change(r);
+        if (!hostd_agent_boot_locked(ctx, r, dom, error))
+            return NULL;
     }
+    /* The user asked for it running: a crashed agent is given a fresh count of restarts. */
+    g_clear_pointer(&r->crashed, g_free);
+    r->crash_count = 0;
+    hostd_agent_set_wanted(r, HOSTD_WANTED_RUNNING);
     if (wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
         return NULL;
     return hostd_agent_to_variant(ctx, r);
@@ -551,6 +589,11 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
     if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
         return NULL;
 
+    /* Wanted first: the supervisor, seeing the domain stop, must take it for this stop and not
+     * for a poweroff or a crash. */
+    g_clear_pointer(&r->crashed, g_free);
+    r->shutdown_saved = FALSE;
+    hostd_agent_set_wanted(r, HOSTD_WANTED_STOPPED);
     if (hostd_libvirt_is_active(dom)) {
         hostd_progress(progress, progress_data,
                        force ? "stopping the VM" : "shutting the guest down", -1);

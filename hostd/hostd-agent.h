@@ -90,6 +90,15 @@ GVariant *hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r);
 /* Records that hostd changed the agent's state now (best effort). */
 void hostd_agent_mark_state_change(HostdAgentRecord *r);
 
+/* Sets what the user wants @r to be (HOSTD_WANTED_*) and records it with the state change
+ * (best effort, as hostd_agent_mark_state_change()); anything but saved clears shutdown_saved. */
+void hostd_agent_set_wanted(HostdAgentRecord *r, const char *wanted);
+
+/* With @r's lock held: runs the components' agent_starting hooks and boots the stopped domain
+ * @dom (a saved one restores). Fails with the hook's error or VM_ERROR_LIBVIRT. */
+gboolean hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                 GError **error);
+
 /* The base image of @r's template, as vm_image_lookup() finds it. */
 VmImage *hostd_agent_image(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
 

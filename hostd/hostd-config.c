@@ -6,9 +6,12 @@
 #include "vm-util.h"
 
 static const char *const hostd_config_keys[] = {
-    "state-dir",     "socket",       "connect",      "images-dir",
-    "templates-dir", "socket-group", "ssh-port-min", "ssh-port-max",
-    "boot-timeout",  "accel",        NULL,
+    "state-dir",    "socket",           "connect",
+    "images-dir",   "templates-dir",    "socket-group",
+    "ssh-port-min", "ssh-port-max",     "boot-timeout",
+    "accel",        "restart-limit",    "restart-window",
+    "shutdown",     "shutdown-timeout", "shutdown-resume",
+    NULL,
 };
 
 char *
@@ -36,6 +39,41 @@ hostd_config_get_port(GKeyFile *kf, const char *path, const char *key, guint *va
                         path, key);
     *value = (guint)v;
     return TRUE;
+}
+
+/* A duration key (vm_duration_parse(): 90s, 5m) in [@min_s, @max_s], left as it is when absent. */
+static gboolean
+hostd_config_get_duration(GKeyFile *kf, const char *path, const char *key, guint min_s, guint max_s,
+                          const char *bound, guint *value, GError **error)
+{
+    if (!g_key_file_has_key(kf, "hostd", key, NULL))
+        return TRUE;
+    g_autofree char *text = g_key_file_get_string(kf, "hostd", key, NULL);
+    guint64 seconds = 0;
+    if (text == NULL || !vm_duration_parse(text, &seconds, NULL) || seconds < min_s ||
+        seconds > max_s)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s must be a duration %s", path, key,
+                        bound);
+    *value = (guint)seconds;
+    return TRUE;
+}
+
+/* A key whose value is one of @choices (NULL-terminated); *@index is its position. */
+static gboolean
+hostd_config_get_choice(GKeyFile *kf, const char *path, const char *key, const char *const *choices,
+                        guint *index, GError **error)
+{
+    if (!g_key_file_has_key(kf, "hostd", key, NULL))
+        return TRUE;
+    g_autofree char *text = g_key_file_get_string(kf, "hostd", key, NULL);
+    for (guint i = 0; text != NULL && choices[i] != NULL; i++) {
+        if (g_str_equal(text, choices[i])) {
+            *index = i;
+            return TRUE;
+        }
+    }
+    g_autofree char *list = g_strjoinv(", ", (char **)choices);
+    return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s must be one of %s", path, key, list);
 }
 
 static gboolean
@@ -93,14 +131,28 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "%s: ssh-port-min %u is above ssh-port-max %u", path, config->ssh_port_min,
                         config->ssh_port_max);
-    if (g_key_file_has_key(kf, "hostd", "boot-timeout", NULL)) {
-        g_autofree char *text = g_key_file_get_string(kf, "hostd", "boot-timeout", NULL);
-        guint64 seconds = 0;
-        if (!vm_duration_parse(text, &seconds, &local_error) || seconds == 0 || seconds > 3600)
+    if (!hostd_config_get_duration(kf, path, "boot-timeout", 1, 3600, "up to 1h",
+                                   &config->boot_timeout_s, error) ||
+        !hostd_config_get_duration(kf, path, "restart-window", 1, 7 * 24 * 3600, "up to 7d",
+                                   &config->restart_window_s, error) ||
+        !hostd_config_get_duration(kf, path, "shutdown-timeout", 1, 3600, "up to 1h",
+                                   &config->shutdown_timeout_s, error))
+        return FALSE;
+    if (g_key_file_has_key(kf, "hostd", "restart-limit", NULL)) {
+        gint v = g_key_file_get_integer(kf, "hostd", "restart-limit", &local_error);
+        if (local_error != NULL || v < 0 || v > 1000)
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                            "%s: boot-timeout must be a duration up to 1h", path);
-        config->boot_timeout_s = (guint)seconds;
+                            "%s: restart-limit must be a number in 0-1000", path);
+        config->restart_limit = (guint)v;
     }
+    static const char *const shutdown_modes[] = {"auto", "keep", "save", NULL};
+    static const char *const resume_modes[] = {"lazy", "eager", NULL};
+    guint shutdown = config->shutdown, resume = config->shutdown_resume_eager ? 1 : 0;
+    if (!hostd_config_get_choice(kf, path, "shutdown", shutdown_modes, &shutdown, error) ||
+        !hostd_config_get_choice(kf, path, "shutdown-resume", resume_modes, &resume, error))
+        return FALSE;
+    config->shutdown = (HostdShutdownMode)shutdown;
+    config->shutdown_resume_eager = resume == 1;
     if (g_key_file_has_key(kf, "hostd", "accel", NULL)) {
         g_autofree char *text = g_key_file_get_string(kf, "hostd", "accel", NULL);
         if (text == NULL || !hostd_accel_mode_parse(text, &config->accel))
@@ -119,6 +171,10 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     config->ssh_port_min = 42200;
     config->ssh_port_max = 42999;
     config->boot_timeout_s = 300;
+    config->restart_limit = 3;
+    config->restart_window_s = 600;
+    config->shutdown = HOSTD_SHUTDOWN_AUTO;
+    config->shutdown_timeout_s = 90;
 
     if (path != NULL && !hostd_config_load_file(config, path, error))
         return NULL;

@@ -7,6 +7,13 @@
 
 G_BEGIN_DECLS
 
+/* What hostd does with running agents when it is told to stop (SIGTERM). */
+typedef enum {
+    HOSTD_SHUTDOWN_AUTO, /* save under a service manager ($NOTIFY_SOCKET), keep otherwise */
+    HOSTD_SHUTDOWN_KEEP, /* leave them running: the next hostd reconnects to them */
+    HOSTD_SHUTDOWN_SAVE, /* save each to disk (processes and all) before exiting */
+} HostdShutdownMode;
+
 typedef struct {
     char *state_dir;     /* agents/, images/, libvirt/ live here */
     char *socket_path;   /* default <state_dir>/hostd.sock */
@@ -18,10 +25,16 @@ typedef struct {
     guint ssh_port_max;
     guint boot_timeout_s; /* how long new/start wait for SSH */
     HostdAccelMode accel; /* default auto (hostd-accel.h) */
+    guint restart_limit;  /* crashes restarted within restart_window_s before giving up */
+    guint restart_window_s;
+    HostdShutdownMode shutdown;
+    guint shutdown_timeout_s;       /* the bound on saving every agent at shutdown */
+    gboolean shutdown_resume_eager; /* agents saved by a shutdown resume at the next start */
 } HostdConfig;
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
- * templates-dir, socket-group, ssh-port-min, ssh-port-max, boot-timeout, accel) when not NULL, then
+ * templates-dir, socket-group, ssh-port-min, ssh-port-max, boot-timeout, accel, restart-limit,
+ * restart-window, shutdown, shutdown-timeout, shutdown-resume) when not NULL, then
  * applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail with
  * VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,

@@ -26,14 +26,15 @@ typedef struct {
     HostdState *state;
     HostdLibvirt *lv;
     HostdSshPool *ssh;
-    HostdEvents *events;              /* the event log (<state dir>/events.log) */
-    GMutex lock;                      /* guards name_locks and port allocation */
-    GHashTable *name_locks;           /* agent name -> GMutex*, for the life of hostd */
-    GPtrArray *components;            /* const HostdComponent*, in the order they were added */
-    struct _HostdEgress *egress;      /* hostd-egress.c's state; NULL until it is attached */
-    struct _HostdPower *power;        /* hostd-power.c's state; NULL until hostd_power_start() */
-    struct _HostdRelay *relay;        /* the public SSH ports (hostd-power.c); NULL until started */
-    void (*log)(const char *message); /* where hostd's background work reports; may be NULL */
+    HostdEvents *events;         /* the event log (<state dir>/events.log) */
+    GMutex lock;                 /* guards name_locks and port allocation */
+    GHashTable *name_locks;      /* agent name -> GMutex*, for the life of hostd */
+    GPtrArray *components;       /* const HostdComponent*, in the order they were added */
+    struct _HostdEgress *egress; /* hostd-egress.c's state; NULL until it is attached */
+    struct _HostdPower *power;   /* hostd-power.c's state; NULL until hostd_power_start() */
+    struct _HostdRelay *relay;   /* the public SSH ports (hostd-power.c); NULL until started */
+    struct _HostdSupervisor *supervisor; /* hostd-supervise.c's; NULL until started */
+    void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
 } HostdContext;
 
 /* What a component does at each step of an agent's life. Every hook is optional; hooks run in

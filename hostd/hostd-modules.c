@@ -4,6 +4,7 @@
 #include "hostd-egress.h"
 #include "hostd-fork.h"
 #include "hostd-power.h"
+#include "hostd-supervise.h"
 
 void
 hostd_modules_attach(HostdContext *ctx)
@@ -12,4 +13,5 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_checkpoint_component);
     hostd_context_add_component(ctx, &hostd_fork_component);
     hostd_context_add_component(ctx, &hostd_power_component);
+    hostd_context_add_component(ctx, &hostd_supervise_component);
 }

@@ -77,8 +77,7 @@ hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
                         hostd_libvirt_state_name(dom), r->name);
     }
     hostd_guest_sync_clock(ctx, dom, r->name);
-    HostdAgentRecord *mutable_r = (HostdAgentRecord *)r;
-    hostd_agent_mark_state_change(mutable_r);
+    hostd_agent_set_wanted((HostdAgentRecord *)r, HOSTD_WANTED_RUNNING);
     return TRUE;
 }
 
@@ -193,6 +192,7 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
             return;
         }
         hostd_context_log(ctx, "agent '%s' paused: %s", name, d.reason);
+        hostd_agent_set_wanted(r, HOSTD_WANTED_PAUSED);
     } else if (d.action == HOSTD_IDLE_ACTION_SAVE) {
         g_autoptr(GError) checkpoint_error = NULL;
         if (!hostd_checkpoint_before_save(ctx, r, dom, &checkpoint_error))
@@ -205,10 +205,19 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
             return;
         }
         hostd_context_log(ctx, "agent '%s' saved to disk: %s", name, d.reason);
+        hostd_agent_set_wanted(r, HOSTD_WANTED_SAVED);
     } else {
         return;
     }
-    hostd_agent_mark_state_change(r);
+    HostdEvent event = {
+        .agent = name,
+        .event = d.action == HOSTD_IDLE_ACTION_PAUSE ? "idle-pause" : "idle-save",
+        .state = r->wanted,
+        .uid = -1,
+        .outcome = "ok",
+        .detail = d.reason,
+    };
+    hostd_context_event(ctx, &event);
 }
 
 static gpointer
@@ -349,7 +358,7 @@ hostd_agent_suspend(HostdContext *ctx, const char *name, gboolean save, GError *
     } else if (virDomainSuspend(dom) < 0) {
         return hostd_libvirt_throw(error, "cannot pause the agent"), NULL;
     }
-    hostd_agent_mark_state_change(r);
+    hostd_agent_set_wanted(r, save ? HOSTD_WANTED_SAVED : HOSTD_WANTED_PAUSED);
     return hostd_agent_to_variant(ctx, r);
 }
 

@@ -8,6 +8,8 @@
 #include "hostd-fork.h"
 #include "hostd-exec.h"
 #include "hostd-power.h"
+#include "hostd-shutdown.h"
+#include "hostd-supervise.h"
 #include "hostd-template.h"
 
 #include <errno.h>
@@ -409,6 +411,30 @@ hostd_handle_egress_log(HostdContext *ctx, const VmMessage *req, VmStreamWriter 
                             vm_message_get_uint(req, "lines", G_MAXUINT32), reply->fd, error);
 }
 
+static gboolean
+hostd_handle_agent_set_restart(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                               GError **error)
+{
+    return hostd_reply1(reply, "agent",
+                        hostd_agent_set_restart(ctx, hostd_req_name(req),
+                                                vm_message_get_string(req, "policy", NULL), error),
+                        error);
+}
+
+static gboolean
+hostd_handle_host_save_all(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                           GError **error)
+{
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    guint timeout_s = vm_message_get_uint(req, "timeout_s", ctx->config->shutdown_timeout_s);
+    double seconds = 0;
+    GVariant *agents = hostd_save_all(ctx, timeout_s, "vmctl stop-host-agents", &seconds);
+
+    g_variant_builder_add(&b, "{sv}", "agents", agents);
+    g_variant_builder_add(&b, "{sv}", "seconds", g_variant_new_double(seconds));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
 /* Which function serves each request. The fields a request may carry, and what ends its reply,
  * are in the schema table in common/vm-protocol.c, checked before a handler runs. */
 static const struct {
@@ -440,6 +466,8 @@ static const struct {
     {VM_OP_EGRESS_GET, hostd_handle_egress_get},
     {VM_OP_EGRESS_SET, hostd_handle_egress_set},
     {VM_OP_EGRESS_LOG, hostd_handle_egress_log},
+    {VM_OP_AGENT_SET_RESTART, hostd_handle_agent_set_restart},
+    {VM_OP_HOST_SAVE_ALL, hostd_handle_host_save_all},
 };
 
 static HostdHandler

@@ -47,6 +47,22 @@ hostd_record_get_number(GKeyFile *kf, const char *key, gint64 min, gint64 max, g
     return TRUE;
 }
 
+gboolean
+hostd_wanted_is_valid(const char *wanted)
+{
+    return g_strv_contains((const char *const[]){HOSTD_WANTED_RUNNING, HOSTD_WANTED_PAUSED,
+                                                 HOSTD_WANTED_SAVED, HOSTD_WANTED_STOPPED, NULL},
+                           wanted);
+}
+
+gboolean
+hostd_restart_policy_is_valid(const char *policy)
+{
+    return g_strv_contains((const char *const[]){HOSTD_RESTART_ON_CRASH, HOSTD_RESTART_ALWAYS,
+                                                 HOSTD_RESTART_NEVER, NULL},
+                           policy);
+}
+
 HostdAgentRecord *
 hostd_agent_record_load(const char *dir, GError **error)
 {
@@ -119,6 +135,28 @@ hostd_agent_record_load(const char *dir, GError **error)
     r->idle_save_s = (guint)idle_save;
     r->idle_never = !g_key_file_has_key(kf, RECORD_GROUP, "idle-never", NULL) ||
                     g_key_file_get_boolean(kf, RECORD_GROUP, "idle-never", NULL);
+
+    /* The supervisor's keys: older records have none (wanted stays NULL: the supervisor adopts
+     * the state it finds). A value hostd never writes means the record is not hostd's. */
+    gint64 crash_count = 0;
+    r->wanted = hostd_record_get_string(kf, "wanted", FALSE, path, NULL);
+    r->restart = hostd_record_get_string(kf, "restart", FALSE, path, NULL);
+    if (r->restart == NULL)
+        r->restart = g_strdup(HOSTD_RESTART_ON_CRASH);
+    if ((r->wanted != NULL && !hostd_wanted_is_valid(r->wanted)) ||
+        !hostd_restart_policy_is_valid(r->restart))
+        return vm_throw(error, VM_ERROR_FAILED,
+                        "corrupt agent record %s: bad 'wanted' or 'restart'", path),
+               NULL;
+    if ((g_key_file_has_key(kf, RECORD_GROUP, "crash-count", NULL) &&
+         !hostd_record_get_number(kf, "crash-count", 0, G_MAXUINT, &crash_count, path, error)) ||
+        (g_key_file_has_key(kf, RECORD_GROUP, "crash-window", NULL) &&
+         !hostd_record_get_number(kf, "crash-window", G_MININT64, G_MAXINT64, &r->crash_window,
+                                  path, error)))
+        return NULL;
+    r->crash_count = (guint)crash_count;
+    r->crashed = hostd_record_get_string(kf, "crashed", FALSE, path, NULL);
+    r->shutdown_saved = g_key_file_get_boolean(kf, RECORD_GROUP, "shutdown-saved", NULL);
     return g_steal_pointer(&r);
 }
 
@@ -155,6 +193,16 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
     g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-keep", r->checkpoint_keep);
     g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-hourly", r->checkpoint_hourly);
     g_key_file_set_uint64(kf, RECORD_GROUP, "checkpoint-daily", r->checkpoint_daily);
+    if (r->wanted != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "wanted", r->wanted);
+    g_key_file_set_string(kf, RECORD_GROUP, "restart",
+                          r->restart != NULL ? r->restart : HOSTD_RESTART_ON_CRASH);
+    g_key_file_set_uint64(kf, RECORD_GROUP, "crash-count", r->crash_count);
+    g_key_file_set_int64(kf, RECORD_GROUP, "crash-window", r->crash_window);
+    if (r->crashed != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "crashed", r->crashed);
+    if (r->shutdown_saved)
+        g_key_file_set_boolean(kf, RECORD_GROUP, "shutdown-saved", TRUE);
 
     gsize len = 0;
     g_autofree char *data = g_key_file_to_data(kf, &len, NULL);
@@ -176,6 +224,9 @@ hostd_agent_record_copy(const HostdAgentRecord *r)
     c->forked_from = g_strdup(r->forked_from);
     c->fork_checkpoint = g_strdup(r->fork_checkpoint);
     c->fork_base = g_strdup(r->fork_base);
+    c->wanted = g_strdup(r->wanted);
+    c->restart = g_strdup(r->restart);
+    c->crashed = g_strdup(r->crashed);
     return c;
 }
 
@@ -195,6 +246,9 @@ hostd_agent_record_free(HostdAgentRecord *r)
     g_free(r->forked_from);
     g_free(r->fork_checkpoint);
     g_free(r->fork_base);
+    g_free(r->wanted);
+    g_free(r->restart);
+    g_free(r->crashed);
     g_free(r);
 }
 

@@ -25,6 +25,18 @@ G_BEGIN_DECLS
 #define HOSTD_PHASE_CREATING "creating"
 #define HOSTD_PHASE_READY    "ready"
 
+/* What the user wants an agent to be (HostdAgentRecord.wanted): changed by the verbs and the
+ * idle policy only; the supervisor (hostd-supervise.h) keeps the VM in line with it. */
+#define HOSTD_WANTED_RUNNING "running"
+#define HOSTD_WANTED_PAUSED  "paused"
+#define HOSTD_WANTED_SAVED   "saved"
+#define HOSTD_WANTED_STOPPED "stopped"
+
+/* What a crash or a poweroff from inside leads to (HostdAgentRecord.restart). */
+#define HOSTD_RESTART_ON_CRASH "on-crash" /* the default: crashes restart, a poweroff stops */
+#define HOSTD_RESTART_ALWAYS   "always"   /* a poweroff from inside restarts too */
+#define HOSTD_RESTART_NEVER    "never"    /* nothing restarts; a crash leaves it crashed */
+
 typedef struct {
     char *dir; /* not stored: where the record lives */
     char *name;
@@ -46,12 +58,22 @@ typedef struct {
     char *mac;
     char *user;
     char *instance_id;
-    char *forked_from;     /* NULL unless forked: the source agent's name */
-    char *fork_checkpoint; /* with forked_from: the source's checkpoint the disk stands on */
-    char *fork_base;       /* with forked_from: that checkpoint's image (absolute path) */
-    gint64 created;        /* unix seconds */
-    gint64 state_since;    /* unix seconds of the last state change hostd made */
+    char *forked_from;       /* NULL unless forked: the source agent's name */
+    char *fork_checkpoint;   /* with forked_from: the source's checkpoint the disk stands on */
+    char *fork_base;         /* with forked_from: that checkpoint's image (absolute path) */
+    gint64 created;          /* unix seconds */
+    gint64 state_since;      /* unix seconds of the last state change hostd made */
+    char *wanted;            /* HOSTD_WANTED_*; NULL in records older than the supervisor */
+    char *restart;           /* HOSTD_RESTART_*; never NULL once loaded */
+    guint crash_count;       /* crashes restarted within the window that began at crash_window */
+    gint64 crash_window;     /* unix seconds */
+    char *crashed;           /* NULL, or why the supervisor gave up restarting it */
+    gboolean shutdown_saved; /* saved by hostd's shutdown (or stop-host-agents), not by the user */
 } HostdAgentRecord;
+
+/* Whether @wanted is one of HOSTD_WANTED_*, @policy one of HOSTD_RESTART_*. */
+gboolean hostd_wanted_is_valid(const char *wanted);
+gboolean hostd_restart_policy_is_valid(const char *policy);
 
 /* Loads <dir>/agent.ini. Fails with VM_ERROR_IO or VM_ERROR_FAILED ("corrupt record") when a
  * required key is missing. */

@@ -10,7 +10,9 @@
 #include "hostd-power.h"
 #include "hostd-reconcile.h"
 #include "hostd-server.h"
+#include "hostd-shutdown.h"
 #include "hostd-state.h"
+#include "hostd-supervise.h"
 #include "vm-config.h"
 #include "vm-error.h"
 
@@ -46,9 +48,45 @@ hostd_tell_manager(const char *state, const char *status)
 static gboolean
 hostd_quit(gpointer data)
 {
-    hostd_tell_manager("STOPPING=1", "stopping; agents keep running");
     g_main_loop_quit(data);
     return G_SOURCE_REMOVE;
+}
+
+/* shutdown = auto: save when a service manager runs hostd (it stops hostd when the host goes
+ * down), keep when a person does (Ctrl-C must not cost a save of every agent). */
+static gboolean
+hostd_shutdown_saves(const HostdConfig *config)
+{
+    if (config->shutdown == HOSTD_SHUTDOWN_AUTO)
+        return g_getenv("NOTIFY_SOCKET") != NULL;
+    return config->shutdown == HOSTD_SHUTDOWN_SAVE;
+}
+
+/* SIGTERM with shutdown = save: nothing restarts or answers any more, then every running agent
+ * is saved, bounded by shutdown-timeout. */
+static void
+hostd_shutdown_save(HostdContext *ctx)
+{
+    g_autofree char *status =
+        g_strdup_printf("saving the running agents (at most %us)", ctx->config->shutdown_timeout_s);
+    hostd_tell_manager("STOPPING=1", status);
+    g_message("%s", status);
+    double seconds = 0;
+    g_autoptr(GVariant) results =
+        hostd_save_all(ctx, ctx->config->shutdown_timeout_s, "hostd is stopping", &seconds);
+    guint saved = 0, total = (guint)g_variant_n_children(results);
+    for (guint i = 0; i < total; i++) {
+        g_autoptr(GVariant) one = g_variant_get_child_value(results, i);
+        const char *name = NULL, *why = NULL;
+        gboolean ok = FALSE;
+        g_variant_lookup(one, "name", "&s", &name);
+        g_variant_lookup(one, "saved", "b", &ok);
+        if (ok)
+            saved++;
+        else if (g_variant_lookup(one, "error", "&s", &why))
+            g_warning("agent '%s' not saved, left running: %s", name, why);
+    }
+    g_message("saved %u of %u running agents in %.1f s", saved, total, seconds);
 }
 
 int
@@ -128,6 +166,11 @@ main(int argc, char **argv)
     }
     for (guint i = 0; i < notes->len; i++)
         g_message("%s", (const char *)notes->pdata[i]);
+    hostd_tell_manager(NULL, "bringing back agents whose VM is gone");
+    if (!hostd_supervise_start(ctx, &error)) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
+    }
 
     HostdServer *server =
         hostd_server_start(ctx, ctx->config->socket_path, ctx->config->socket_group, &error);
@@ -146,9 +189,16 @@ main(int argc, char **argv)
     g_unix_signal_add(SIGINT, hostd_quit, loop);
     g_main_loop_run(loop);
 
-    /* Agents keep running: their QEMU processes do not belong to hostd. */
-    g_message("stopping; agents keep running");
+    /* Nothing is restarted and no request starts from here on. */
+    hostd_supervise_stop(ctx);
     hostd_server_stop(server);
     hostd_power_stop(ctx);
+    if (hostd_shutdown_saves(ctx->config)) {
+        hostd_shutdown_save(ctx);
+    } else {
+        /* Agents keep running: their QEMU processes do not belong to hostd. */
+        hostd_tell_manager("STOPPING=1", "stopping; agents keep running");
+        g_message("stopping; agents keep running");
+    }
     return 0;
 }

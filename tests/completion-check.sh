@@ -109,7 +109,7 @@ first_words=$(printf '%s\n' "${commands[@]}" | cut -d' ' -f1 | sort -u | tr '\n'
 
 # ---- commands and global options
 expect "$(echo "$first_words help" | tr ' ' '\n' | sort | tr '\n' ' ' | sed 's/ $//')" vmctl ""
-expect "start stop" vmctl st
+expect "start stop stop-host-agents" vmctl st
 expect "checkpoint checkpoints" vmctl checkpoint
 expect "--help --json --quiet --socket --version" vmctl --
 expect "$first_words" vmctl help ""
@@ -140,7 +140,7 @@ declare -A first=(
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
     [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents ["template list"]=""
-    ["template build"]="debian-12 ubuntu-24.04"
+    ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
 )
 for command in "${commands[@]}"; do
     if [ -z "${first[$command]+set}" ]; then
@@ -163,6 +163,8 @@ expect "c2" vmctl diff a1 c1 c2
 expect "" vmctl diff a1 c1 c2 ""
 expect "c1 c2" vmctl fork a1 --from ""
 expect "" vmctl checkpoints a1 ""
+expect "always never on-crash" vmctl autorestart a1 ""
+expect "on-crash" vmctl autorestart a1 on
 
 # ---- options and their values are not arguments
 expect "c1 c2" vmctl restore --path /etc a1 ""

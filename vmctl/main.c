@@ -22,6 +22,10 @@ static const VmctlVerb verbs[] = {
     {"resume", vmctl_cmd_resume, "NAME", "Wake a paused or saved agent"},
     {"keep-awake", vmctl_cmd_keep_awake, "NAME", "Hold an agent awake"},
     {"idle", vmctl_cmd_idle, "NAME", "Set when an idle agent is paused and saved"},
+    {"autorestart", vmctl_cmd_autorestart, "NAME POLICY",
+     "Set what a crash or a poweroff inside does: on-crash, always, never"},
+    {"stop-host-agents", vmctl_cmd_stop_host_agents, "",
+     "Save every running agent to disk, processes and all (host maintenance)"},
     {"checkpoint rm", vmctl_cmd_checkpoint_rm, "NAME CHECKPOINT", "Remove a checkpoint"},
     {"checkpoint", vmctl_cmd_checkpoint, "NAME", "Checkpoint an agent's disk, live"},
     {"checkpoints", vmctl_cmd_checkpoints, "NAME", "List an agent's checkpoints"},
@@ -48,7 +52,7 @@ print_usage(FILE *stream)
           "Commands:\n",
           stream);
     for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++)
-        fprintf(stream, "  %-16s%s\n", verbs[i].name, verbs[i].summary);
+        fprintf(stream, "  %-18s%s\n", verbs[i].name, verbs[i].summary);
     fputs("\n"
           "Options:\n"
           "  --socket PATH   Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state\n"

@@ -6,6 +6,7 @@ static const VmctlField agent_details[] = {
     {"name", "name", VMCTL_FORMAT_TEXT},
     {"state", "state", VMCTL_FORMAT_TEXT},
     {"since", "state_since", VMCTL_FORMAT_DATE},
+    {"wanted", "wanted", VMCTL_FORMAT_TEXT},
     {"template", "template", VMCTL_FORMAT_TEXT},
     {"cpus", "cpus", VMCTL_FORMAT_TEXT},
     {"memory", "memory_mib", VMCTL_FORMAT_MIB},
@@ -17,6 +18,9 @@ static const VmctlField agent_details[] = {
     {"forked from", "forked_from", VMCTL_FORMAT_TEXT},
     {"fork checkpoint", "fork_checkpoint", VMCTL_FORMAT_TEXT},
     {"virt type", "virt_type", VMCTL_FORMAT_TEXT},
+    {"restart", "restart", VMCTL_FORMAT_TEXT},
+    {"crashes", "crashes", VMCTL_FORMAT_TEXT},
+    {"crash reason", "crash_reason", VMCTL_FORMAT_TEXT},
 };
 
 gboolean

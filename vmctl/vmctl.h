@@ -132,5 +132,7 @@ gboolean vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error
 gboolean vmctl_cmd_diff(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_autorestart(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_stop_host_agents(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS

@@ -398,6 +398,7 @@ test_broken_docs_fail(void **state)
     } cases[] = {
         /* an op's section is missing, or its number or name is wrong */
         {"### 25 `egress-log`", NULL, "op 25 'egress-log' has no section"},
+        {"### 26 `agent-set-restart`", NULL, "op 26 'agent-set-restart' has no section"},
         {"### 21 `agent-fork`", "### 26 `agent-fork`\n", "op 21 'agent-fork' has no section"},
         {"### 7 `agent-start`", "### 7 `agent-begin`\n", "'agent-begin' in the doc"},
         /* a field is missing, or has the wrong type, required flag or limits */

@@ -24,8 +24,9 @@
 
 /* Every key hostd_config_load() reads (hostd-config.h); the default file shows each one. */
 static const char *const config_keys[] = {
-    "state-dir",    "socket",       "connect",      "images-dir",   "templates-dir",
-    "socket-group", "ssh-port-min", "ssh-port-max", "boot-timeout", "accel",
+    "state-dir",     "socket",         "connect",      "images-dir",       "templates-dir",
+    "socket-group",  "ssh-port-min",   "ssh-port-max", "boot-timeout",     "accel",
+    "restart-limit", "restart-window", "shutdown",     "shutdown-timeout", "shutdown-resume",
 };
 
 /* ---- the stand-in for systemd ---------------------------------------------------------------- */
@@ -239,6 +240,11 @@ test_default_config_is_the_defaults(void **state)
     assert_int_equal(with->ssh_port_max, without->ssh_port_max);
     assert_int_equal(with->boot_timeout_s, without->boot_timeout_s);
     assert_int_equal(with->accel, without->accel);
+    assert_int_equal(with->restart_limit, without->restart_limit);
+    assert_int_equal(with->restart_window_s, without->restart_window_s);
+    assert_int_equal(with->shutdown, without->shutdown);
+    assert_int_equal(with->shutdown_timeout_s, without->shutdown_timeout_s);
+    assert_int_equal(with->shutdown_resume_eager, without->shutdown_resume_eager);
 }
 
 /* Each key is shown, and its line, uncommented, is a value hostd takes. */

@@ -420,15 +420,17 @@ test_info(void **state)
     g_auto(Run) run = {0};
 
     reply(f, VM_OP_RESULT,
-          "{'agent': <{'name': <'a1'>, 'state': <'paused'>, 'disk_bytes': <uint64 1610612736>,"
-          " 'ssh_port': <uint32 2201>, 'user': <'agent'>}>}");
+          "{'agent': <{'name': <'a1'>, 'state': <'crashed'>, 'disk_bytes': <uint64 1610612736>,"
+          " 'ssh_port': <uint32 2201>, 'user': <'agent'>, 'wanted': <'stopped'>,"
+          " 'restart': <'on-crash'>, 'crashes': <uint32 4>, 'crash_reason': <'its QEMU died'>}>}");
     server_start(f);
     run_vmctl(f, NULL, &run, "info", "a1");
     assert_request(f, VM_OP_AGENT_INFO);
     assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
     assert_string_equal(run.out, "name:            a1\n"
-                                 "state:           paused\n"
+                                 "state:           crashed\n"
                                  "since:           -\n"
+                                 "wanted:          stopped\n"
                                  "template:        -\n"
                                  "cpus:            -\n"
                                  "memory:          -\n"
@@ -439,7 +441,10 @@ test_info(void **state)
                                  "created:         -\n"
                                  "forked from:     -\n"
                                  "fork checkpoint: -\n"
-                                 "virt type:       -\n");
+                                 "virt type:       -\n"
+                                 "restart:         on-crash\n"
+                                 "crashes:         4\n"
+                                 "crash reason:    its QEMU died\n");
     assert_int_equal(run.status, 0);
 }
 
