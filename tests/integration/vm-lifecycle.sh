@@ -1,0 +1,215 @@
+#!/bin/bash
+# The lifecycle suite: two real agents (TCG) under one hostd, and what happens when their QEMU
+# dies, when the guest powers off or reboots, when hostd and every QEMU are killed (a host that
+# lost power), and when hostd stops with shutdown = save (a planned host reboot). Output is TAP,
+# with the figures as diagnostics. Needs root, HOSTD/VMCTL set; the debian-12 image is built into
+# the suite's state dir, or taken from $VM_TEST_IMAGE_CACHE.
+set -uo pipefail
+
+: "${HOSTD:?}" "${VMCTL:?}"
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+suite_init vml 43300 43389
+
+cleanup() {
+  if [ -n "$HOSTD_PID" ] && kill -0 "$HOSTD_PID" 2>/dev/null; then
+    for a in a1 a2; do vmctl rm --force "$a" >/dev/null 2>&1; done
+    kill -9 "$HOSTD_PID" 2>/dev/null
+    wait "$HOSTD_PID" 2>/dev/null
+  fi
+  destroy_leftover_domains
+  if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
+    diag "hostd log:"; diag "$(tail -n 60 "$LOG" 2>/dev/null)"
+  fi
+  rm -rf "$S"
+}
+trap cleanup EXIT
+
+boot_id() { vmctl exec "$1" -- cat /proc/sys/kernel/random/boot_id 2>/dev/null; }
+state_of() { vmctl --json info "$1" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null; }
+field_of() { vmctl --json info "$1" 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin).get('$2', ''))" 2>/dev/null; }
+now_ms() { date +%s%3N; }
+
+# wait_state AGENT STATE SECONDS: polls every 0.2 s; prints the milliseconds it took.
+wait_state() {
+  local start; start=$(now_ms)
+  local deadline=$(( start + $3 * 1000 ))
+  while [ "$(now_ms)" -lt "$deadline" ]; do
+    if [ "$(state_of "$1")" = "$2" ]; then
+      echo $(( $(now_ms) - start ))
+      return 0
+    fi
+    sleep 0.2
+  done
+  return 1
+}
+
+# wait_ssh AGENT SECONDS: until exec answers.
+wait_ssh() {
+  local deadline=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    vmctl exec "$1" -- true >/dev/null 2>&1 && return 0
+    sleep 2
+  done
+  return 1
+}
+
+# The PID of AGENT's QEMU, from the pid file the embedded driver keeps for it.
+qemu_pid() {
+  local f
+  f=$(find "$S/libvirt" -name "$1.pid" 2>/dev/null | head -n 1)
+  [ -n "$f" ] && cat "$f"
+}
+
+# Kills AGENT's QEMU with SIGKILL; fails when there is none.
+kill_qemu() {
+  local pid; pid=$(qemu_pid "$1")
+  [ -n "$pid" ] && kill -9 "$pid"
+}
+
+events_of() { python3 - "$S/events.log" "$1" "$2" <<'PY'
+import json, sys
+path, agent, event = sys.argv[1:]
+n = 0
+for line in open(path):
+    e = json.loads(line)
+    if e.get("agent") == agent and e.get("event") == event:
+        n += 1
+print(n)
+PY
+}
+
+# A background counter in AGENT's guest, one increment a second, in ~/counter.
+start_counter() {
+  vmctl exec "$1" -- sh -c 'nohup sh -c "i=0; while :; do i=\$((i+1)); echo \$i > ~/counter; sleep 1; done" >/dev/null 2>&1 & echo $! > ~/counter.pid'
+}
+counter() { vmctl exec "$1" -- cat counter 2>/dev/null; }
+
+echo "TAP version 13"
+start_hostd || { not_ok "hostd starts"; exit 1; }
+ok "hostd starts"
+
+# --- two agents -------------------------------------------------------------------------------
+vmctl -q new a1 > "$S/new-a1.out" 2>&1 &
+NEW1=$!
+vmctl -q new a2 > "$S/new-a2.out" 2>&1 &
+NEW2=$!
+wait $NEW1; R1=$?
+wait $NEW2; R2=$?
+check "two agents boot" test "$R1$R2" = 00
+[ "$R1$R2" = 00 ] || { diag "$(cat "$S"/new-a*.out)"; exit 1; }
+check "a new agent is wanted running, restart on-crash" \
+  test "$(field_of a1 wanted) $(field_of a1 restart)" = "running on-crash"
+
+# --- QEMU killed: restarted ---------------------------------------------------------------------
+vmctl exec a1 -- sh -c 'echo precious > ~/kept.txt; sync'
+BOOT1=$(boot_id a1)
+kill_qemu a1
+check "a1's QEMU is killed" test $? = 0
+if T=$(wait_state a1 running 30); then
+  ok "a1 is running again within 30 s of kill -9 of its QEMU"
+  diag "figure: crash detected and agent booting again in $T ms"
+else
+  not_ok "a1 is running again within 30 s of kill -9 of its QEMU"
+fi
+START=$(date +%s)
+wait_ssh a1 300
+diag "figure: SSH answers again $(( $(date +%s) - START )) s after that (a TCG boot)"
+check "after the restart a1 booted anew (new boot id)" test "$(boot_id a1)" != "$BOOT1"
+check "after the restart a1 has its files" test "$(vmctl exec a1 -- cat kept.txt)" = precious
+check "the crash and the restart are in the event log" \
+  test "$(events_of a1 crashed) $(events_of a1 restarted)" = "1 1"
+check "hostd's log says why" grep -q "a1.*without a shutdown" "$LOG"
+check "info counts the crash" test "$(field_of a1 crashes)" = 1
+
+# --- crashed again and again: given up past the limit, then vmctl start ------------------------
+for i in 2 3 4; do
+  wait_state a1 running 30 >/dev/null || break
+  sleep 1
+  kill_qemu a1
+done
+if T=$(wait_state a1 crashed 30); then ok "after 4 crashes within the window a1 is crashed"; else not_ok "after 4 crashes within the window a1 is crashed"; fi
+sleep 6
+check "a crashed agent is not restarted" test "$(state_of a1)" = crashed
+check "info says why it is crashed" bash -c "'$VMCTL' --socket '$SOCK' info a1 | grep -q 'crash reason:.*4 crashes within'"
+check "list shows it crashed" bash -c "'$VMCTL' --socket '$SOCK' list | grep -q 'a1.*crashed'"
+vmctl -q start --no-wait a1 >/dev/null
+check "vmctl start clears crashed" test "$(state_of a1) $(field_of a1 crashes)" = "running 0"
+
+# --- poweroff from inside: stopped, not restarted ----------------------------------------------
+timeout 20 "$VMCTL" --socket "$SOCK" exec a2 -- sudo systemctl poweroff >/dev/null 2>&1
+if T=$(wait_state a2 stopped 120); then ok "poweroff inside a2: it stops"; else not_ok "poweroff inside a2: it stops"; fi
+sleep 7
+check "poweroff inside a2: it stays stopped, wanted stopped" \
+  test "$(state_of a2) $(field_of a2 wanted)" = "stopped stopped"
+check "the poweroff is in the event log" test "$(events_of a2 poweroff)" = 1
+vmctl -q start --no-wait a2 >/dev/null
+wait_ssh a1 300
+wait_ssh a2 300
+
+# --- reboot from inside: a reboot ---------------------------------------------------------------
+BOOT1=$(boot_id a1)
+timeout 20 "$VMCTL" --socket "$SOCK" exec a1 -- sudo systemctl reboot >/dev/null 2>&1
+sleep 10
+wait_ssh a1 300
+check "reboot inside a1: it runs again with a new boot id" \
+  test "$(state_of a1)" = running -a "$(boot_id a1)" != "$BOOT1"
+check "the reboot is in the event log, no crash" test "$(events_of a1 reboot) $(field_of a1 crashes)" = "1 0"
+
+# --- planned shutdown: SIGTERM with shutdown = save; processes survive ---------------------------
+start_counter a1
+start_counter a2
+sleep 3
+B1=$(boot_id a1); B2=$(boot_id a2)
+C1=$(counter a1); C2=$(counter a2)
+echo "shutdown = save" >> "$CONF"
+START=$(now_ms)
+stop_hostd
+diag "figure: hostd saved 2 running agents and exited in $(( $(now_ms) - START )) ms"
+diag "$(grep 'saved .* running agents in' "$LOG" | tail -n 1)"
+check "SIGTERM with shutdown = save saved both agents" grep -q "saved 2 of 2 running agents" "$LOG"
+start_hostd
+check "after the restart both are saved (shutdown-resume lazy)" \
+  test "$(state_of a1) $(state_of a2)" = "saved saved"
+START=$(now_ms)
+check "a saved agent wakes on exec with the same boot id" test "$(boot_id a1)" = "$B1"
+diag "figure: first exec into a1 after the shutdown took $(( $(now_ms) - START )) ms (restore included)"
+check "a2 wakes on SSH with the same boot id" test "$(boot_id a2)" = "$B2"
+sleep 2
+N1=$(counter a1); N2=$(counter a2)
+check "the counters went on from where they were (a1 $C1 -> $N1, a2 $C2 -> $N2)" \
+  test "$N1" -ge "$C1" -a "$N1" -lt $(( C1 + 60 )) -a "$N2" -ge "$C2" -a "$N2" -lt $(( C2 + 60 ))
+sleep 2
+check "the counters still count" test "$(counter a1)" -gt "$N1"
+
+echo "shutdown-resume = eager" >> "$CONF"
+stop_hostd
+START=$(now_ms)
+start_hostd
+diag "figure: hostd started and resumed 2 agents in $(( $(now_ms) - START )) ms (shutdown-resume = eager)"
+check "with shutdown-resume = eager both run at once after the restart" \
+  test "$(state_of a1) $(state_of a2)" = "running running"
+check "... with the same boot ids" test "$(boot_id a1) $(boot_id a2)" = "$B1 $B2"
+
+# --- host lost power: hostd and every QEMU killed ------------------------------------------------
+sed -i '/^shutdown/d' "$CONF"
+vmctl suspend --save a2 >/dev/null
+P1=$(qemu_pid a1)
+kill -9 "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null; HOSTD_PID=
+[ -n "$P1" ] && kill -9 "$P1"
+sleep 1
+clean=1
+for disk in "$S"/agents/*/*.qcow2; do
+  out=$(qemu-img check -U "$disk" 2>&1); rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then clean=0; diag "$disk: $out"; fi
+done
+check "every qcow2 is consistent after the power loss (qemu-img check)" test $clean = 1
+start_hostd
+check "hostd says a1's RAM is lost" grep -q "a1.*what was in its RAM is lost" "$LOG"
+if wait_state a1 running 30 >/dev/null; then ok "a running agent boots again when hostd starts"; else not_ok "a running agent boots again when hostd starts"; fi
+check "a saved agent stays saved" test "$(state_of a2)" = saved
+wait_ssh a1 300
+check "a1 booted anew" test "$(boot_id a1)" != "$B1"
+check "a2 wakes on exec with its processes" test "$(boot_id a2)" = "$B2"
+
+tap_end
