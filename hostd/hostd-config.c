@@ -211,6 +211,16 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     return g_steal_pointer(&config);
 }
 
+gboolean
+hostd_config_shutdown_saves(const HostdConfig *config)
+{
+    /* A service manager stops hostd when the host goes down; a person's Ctrl-C must not cost a
+     * save of every agent. */
+    if (config->shutdown == HOSTD_SHUTDOWN_AUTO)
+        return g_getenv("NOTIFY_SOCKET") != NULL;
+    return config->shutdown == HOSTD_SHUTDOWN_SAVE;
+}
+
 void
 hostd_config_free(HostdConfig *config)
 {

@@ -40,6 +40,10 @@ typedef struct {
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
                                const char *uri, GError **error);
 
+/* Whether SIGTERM saves the running agents: shutdown = save, or auto with a service manager
+ * ($NOTIFY_SOCKET set). */
+gboolean hostd_config_shutdown_saves(const HostdConfig *config);
+
 void hostd_config_free(HostdConfig *config);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdConfig, hostd_config_free)
 

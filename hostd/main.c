@@ -52,16 +52,6 @@ hostd_quit(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-/* shutdown = auto: save when a service manager runs hostd (it stops hostd when the host goes
- * down), keep when a person does (Ctrl-C must not cost a save of every agent). */
-static gboolean
-hostd_shutdown_saves(const HostdConfig *config)
-{
-    if (config->shutdown == HOSTD_SHUTDOWN_AUTO)
-        return g_getenv("NOTIFY_SOCKET") != NULL;
-    return config->shutdown == HOSTD_SHUTDOWN_SAVE;
-}
-
 /* SIGTERM with shutdown = save: nothing restarts or answers any more, then every running agent
  * is saved, bounded by shutdown-timeout. */
 static void
@@ -193,7 +183,7 @@ main(int argc, char **argv)
     hostd_supervise_stop(ctx);
     hostd_server_stop(server);
     hostd_power_stop(ctx);
-    if (hostd_shutdown_saves(ctx->config)) {
+    if (hostd_config_shutdown_saves(ctx->config)) {
         hostd_shutdown_save(ctx);
     } else {
         /* Agents keep running: their QEMU processes do not belong to hostd. */

@@ -349,8 +349,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backoff),
-        cmocka_unit_test_setup_teardown(test_crash_restarts, hostd_test_setup,
-                                        hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_crash_restarts, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_crashes_past_the_limit, hostd_test_setup,
                                         hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_restart_never, hostd_test_setup, hostd_test_teardown),
@@ -366,8 +365,7 @@ main(void)
                                         hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_save_all_then_resume_eager, hostd_test_setup,
                                         hostd_test_teardown),
-        cmocka_unit_test_setup_teardown(test_save_all_bound, hostd_test_setup,
-                                        hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_save_all_bound, hostd_test_setup, hostd_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -278,11 +278,48 @@ test_default_config_shows_every_key(void **state)
     }
 }
 
+/* shutdown = auto saves under a service manager only; save and keep are what they say. */
+static void
+test_shutdown_mode(void **state)
+{
+    VmTestTmpDir *t = *state;
+    static const struct {
+        const char *line;
+        gboolean with_manager, without_manager;
+    } cases[] = {
+        {"", TRUE, FALSE},
+        {"shutdown = auto", TRUE, FALSE},
+        {"shutdown = save", TRUE, TRUE},
+        {"shutdown = keep", FALSE, FALSE},
+    };
+    g_autofree char *saved = g_strdup(g_getenv("NOTIFY_SOCKET"));
+    g_autofree char *path = g_build_filename(t->dir, "shutdown.conf", NULL);
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *text = g_strdup_printf("[hostd]\n%s\n", cases[i].line);
+        vm_test_write_file(path, text);
+        g_autoptr(HostdConfig) config = hostd_config_load(path, NULL, NULL, NULL, &error);
+        assert_non_null(config);
+        g_setenv("NOTIFY_SOCKET", "/run/systemd/notify", TRUE);
+        assert_int_equal(hostd_config_shutdown_saves(config), cases[i].with_manager);
+        g_unsetenv("NOTIFY_SOCKET");
+        assert_int_equal(hostd_config_shutdown_saves(config), cases[i].without_manager);
+    }
+    vm_test_write_file(path, "[hostd]\nshutdown = hibernate\n");
+    g_autoptr(GError) error = NULL;
+    assert_null(hostd_config_load(path, NULL, NULL, NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "auto, keep, save");
+    if (saved != NULL)
+        g_setenv("NOTIFY_SOCKET", saved, TRUE);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_notify_without_manager, tmpdir_setup, tmpdir_teardown),
+        cmocka_unit_test_setup_teardown(test_shutdown_mode, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_notify_state_and_status, tmpdir_setup,
                                         tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_notify_abstract_socket, tmpdir_setup, tmpdir_teardown),
