@@ -20,7 +20,7 @@ typedef struct {
                           * hostd saw or made ("crashed", "restarted", "poweroff", "saved"...) */
     const char *state;   /* the agent's state after it */
     gint64 uid;          /* the caller's uid; -1: hostd itself */
-    const char *outcome; /* "ok", or "error" for a request that failed */
+    const char *outcome; /* requests: "ok", or "error" when it failed; NULL for what hostd saw */
     const char *detail;  /* one human-readable line: why, or the error's message */
 } HostdEvent;
 

@@ -214,7 +214,6 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
         .event = d.action == HOSTD_IDLE_ACTION_PAUSE ? "idle-pause" : "idle-save",
         .state = r->wanted,
         .uid = -1,
-        .outcome = "ok",
         .detail = d.reason,
     };
     hostd_context_event(ctx, &event);

@@ -87,12 +87,8 @@ save_all_agent(SaveAll *all, guint index, const char *name)
     r->shutdown_saved = TRUE;
     hostd_agent_record_save(r, NULL);
     g_autofree char *detail = g_strdup_printf("saved to disk in %.1f s: %s", seconds, all->why);
-    HostdEvent event = {.agent = name,
-                        .event = "saved",
-                        .state = "saved",
-                        .uid = -1,
-                        .outcome = "ok",
-                        .detail = detail};
+    HostdEvent event = {
+        .agent = name, .event = "saved", .state = "saved", .uid = -1, .detail = detail};
     hostd_context_event(ctx, &event);
     save_all_result(all, index, name, TRUE, seconds, NULL);
 }

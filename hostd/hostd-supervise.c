@@ -130,7 +130,6 @@ supervise_event(HostdContext *ctx, const HostdAgentRecord *r, const char *event,
         .event = event,
         .state = state,
         .uid = -1,
-        .outcome = "ok",
         .detail = detail,
     };
     hostd_context_log(ctx, "agent '%s': %s", r->name, detail);
