@@ -33,6 +33,7 @@ typedef struct {
 struct _HostdSupervisor {
     GAsyncQueue *jobs;    /* SuperviseJob*, from libvirt's event thread */
     GHashTable *deferred; /* name -> SuperviseDeferred*; the supervisor thread's alone */
+    GHashTable *down;     /* names the last periodic look found down (the thread's alone) */
     GThread *thread;
     int lifecycle_id;
     int reboot_id;
@@ -304,12 +305,14 @@ supervise_agent(HostdContext *ctx, const char *name, SuperviseCause cause)
     supervise_agent_locked(ctx, r, dom, cause);
 }
 
-/* The periodic look: agents that should be up and are down without an event having said so. */
+/* The periodic look: agents that should be up and are down without an event having said so.
+ * Only what two looks in a row find down is acted on, so that the event, which says why, wins. */
 static void
 supervise_tick(HostdContext *ctx)
 {
     struct _HostdSupervisor *sv = ctx->supervisor;
     g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, NULL);
+    g_autoptr(GHashTable) down = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 
     for (guint i = 0; records != NULL && i < records->len; i++) {
         const HostdAgentRecord *r = records->pdata[i];
@@ -323,10 +326,16 @@ supervise_tick(HostdContext *ctx)
             virResetLastError();
             continue;
         }
-        if (!hostd_libvirt_is_active(dom) && virDomainHasManagedSaveImage(dom, 0) == 0)
-            supervise_agent(ctx, r->name, SUPERVISE_CHECK);
+        if (!hostd_libvirt_is_active(dom) && virDomainHasManagedSaveImage(dom, 0) == 0) {
+            if (g_hash_table_contains(sv->down, r->name))
+                supervise_agent(ctx, r->name, SUPERVISE_CHECK);
+            else
+                g_hash_table_add(down, g_strdup(r->name));
+        }
         virResetLastError();
     }
+    g_hash_table_unref(sv->down);
+    sv->down = g_steal_pointer(&down);
 }
 
 static gpointer
@@ -461,6 +470,7 @@ hostd_supervise_start(HostdContext *ctx, GError **error)
     struct _HostdSupervisor *sv = g_new0(struct _HostdSupervisor, 1);
     sv->jobs = g_async_queue_new_full((GDestroyNotify)supervise_job_free);
     sv->deferred = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    sv->down = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     sv->lifecycle_id = sv->reboot_id = -1;
     ctx->supervisor = sv;
 
@@ -509,6 +519,7 @@ hostd_supervise_stop(HostdContext *ctx)
     ctx->supervisor = NULL;
     g_async_queue_unref(sv->jobs);
     g_hash_table_unref(sv->deferred);
+    g_hash_table_unref(sv->down);
     g_free(sv);
 }
 

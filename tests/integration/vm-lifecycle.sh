@@ -61,10 +61,18 @@ qemu_pid() {
   [ -n "$f" ] && cat "$f"
 }
 
-# Kills AGENT's QEMU with SIGKILL; fails when there is none.
+# Kills AGENT's QEMU with SIGKILL once it runs (its pid file names a live QEMU of that guest);
+# fails when there is none within 10 s.
 kill_qemu() {
-  local pid; pid=$(qemu_pid "$1")
-  [ -n "$pid" ] && kill -9 "$pid"
+  local pid
+  for _ in $(seq 1 50); do
+    pid=$(qemu_pid "$1")
+    if [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "guest=$1"; then
+      kill -9 "$pid" && return 0
+    fi
+    sleep 0.2
+  done
+  return 1
 }
 
 events_of() { python3 - "$S/events.log" "$1" "$2" <<'PY'
@@ -125,9 +133,13 @@ check "info counts the crash" test "$(field_of a1 crashes)" = 1
 # --- crashed again and again: given up past the limit, then vmctl start ------------------------
 for i in 2 3 4; do
   wait_state a1 running 30 >/dev/null || break
-  sleep 1
-  kill_qemu a1
+  kill_qemu a1 || break
+  for _ in $(seq 1 50); do
+    [ "$(events_of a1 crashed)" -ge "$i" ] && break
+    sleep 0.2
+  done
 done
+diag "$(grep '"crashed"' "$S/events.log" | tail -n 1)"
 if T=$(wait_state a1 crashed 30); then ok "after 4 crashes within the window a1 is crashed"; else not_ok "after 4 crashes within the window a1 is crashed"; fi
 sleep 6
 check "a crashed agent is not restarted" test "$(state_of a1)" = crashed
