@@ -193,6 +193,7 @@ supervise_crashed(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom, cons
     const HostdConfig *config = ctx->config;
     gint64 now = g_get_real_time() / G_USEC_PER_SEC;
 
+    g_clear_pointer(&r->crashed, g_free);
     if (g_str_equal(r->restart, HOSTD_RESTART_NEVER) || config->restart_limit == 0) {
         r->crashed = g_strdup(why);
         hostd_agent_set_wanted(r, HOSTD_WANTED_STOPPED);
