@@ -385,8 +385,7 @@ rule_parse_port(const char *digits, guint16 *ret_port)
  * ']' of a bracketed IPv6 one ("[2001:db8::]/32:443"); an unbracketed IPv6 target (more than
  * one ':') has no port. *@ret_port is 0 when none was given. */
 static gboolean
-rule_split_port(char *lower, const char *text, char **ret_target, guint16 *ret_port,
-                GError **error)
+rule_split_port(char *lower, const char *text, char **ret_target, guint16 *ret_port, GError **error)
 {
     char *colon;
 

@@ -552,7 +552,8 @@ test_check_address_local(void **state)
     gboolean saw_loopback = FALSE;
 
     g_array_append_val(local, own);
-    assert_int_equal(vm_egress_policy_check_address(policy, &own, 443, local), VM_EGRESS_DENY_ADDRESS);
+    assert_int_equal(vm_egress_policy_check_address(policy, &own, 443, local),
+                     VM_EGRESS_DENY_ADDRESS);
     assert_int_equal(vm_egress_policy_check_address(policy, &other, 443, local), VM_EGRESS_ALLOW);
     /* an explicit CIDR may open even the host's own address */
     assert_int_equal(vm_egress_policy_check_address(cidr, &own, 443, local), VM_EGRESS_ALLOW);
@@ -638,8 +639,7 @@ test_keyfile_ports_and_old_files(void **state)
     assert_true(vm_egress_policy_equal(policy, back));
     assert_int_equal(vm_egress_policy_check_host(back, "api.example.com", 8443, NULL),
                      VM_EGRESS_ALLOW);
-    assert_int_equal(vm_egress_policy_check_host(back, "pypi.org", 80, NULL),
-                     VM_EGRESS_DENY_RULE);
+    assert_int_equal(vm_egress_policy_check_host(back, "pypi.org", 80, NULL), VM_EGRESS_DENY_RULE);
 
     /* as an older hostd wrote agents/<name>/egress.ini */
     assert_true(g_key_file_load_from_data(old,

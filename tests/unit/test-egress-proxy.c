@@ -108,10 +108,25 @@ typedef struct {
     gint resolves; /* the resolver's calls */
 } Fixture;
 
+/* The policy of vm_test_egress_policy(), with PORT in the rules standing for the sink's port. */
+static VmEgressPolicy *
+sink_policy(Fixture *f, const char *allow, const char *deny)
+{
+    g_autofree char *port = g_strdup_printf("%u", f->sink->port);
+    g_autoptr(GString) a = allow != NULL ? g_string_new(allow) : NULL;
+    g_autoptr(GString) d = deny != NULL ? g_string_new(deny) : NULL;
+
+    if (a != NULL)
+        g_string_replace(a, "PORT", port, 0);
+    if (d != NULL)
+        g_string_replace(d, "PORT", port, 0);
+    return vm_test_egress_policy(a != NULL ? a->str : NULL, d != NULL ? d->str : NULL);
+}
+
 static void
 fixture_start(Fixture *f, const VmEgressConfig *extra, const char *allow, const char *deny)
 {
-    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(allow, deny);
+    g_autoptr(VmEgressPolicy) policy = sink_policy(f, allow, deny);
     g_autoptr(GError) error = NULL;
     VmEgressConfig config = {0};
 
@@ -139,7 +154,7 @@ setup(void **state)
     g_mutex_init(&f->log.lock);
     g_cond_init(&f->log.cond);
     f->log.records = g_ptr_array_new_with_free_func(record_free);
-    fixture_start(f, NULL, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, NULL, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     *state = f;
     return 0;
 }
@@ -190,6 +205,31 @@ request_status(Fixture *f, const char *request)
     return status;
 }
 
+/* Sends @data on @fd and reads it back from the echo sink behind the tunnel. */
+static void
+assert_echo(int fd, GBytes *data)
+{
+    gsize len;
+    const guint8 *bytes = g_bytes_get_data(data, &len);
+    g_autofree guint8 *back = g_malloc(len);
+    gsize got = 0;
+
+    assert_int_equal(send(fd, bytes, len, MSG_NOSIGNAL), len);
+    while (got < len) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        ssize_t n;
+
+        if (poll(&pfd, 1, IO_TIMEOUT_MS) <= 0)
+            break;
+        n = recv(fd, back + got, len - got, 0);
+        if (n <= 0)
+            break;
+        got += n;
+    }
+    assert_int_equal(got, len);
+    assert_memory_equal(back, bytes, len);
+}
+
 static void
 wait_idle(Fixture *f)
 {
@@ -210,15 +250,15 @@ test_connect_allowed(void **state)
                                            f->sink->port, f->sink->port);
     int fd = client_connect(f);
     g_autoptr(GString) response = NULL;
-    g_autoptr(GString) echo = NULL;
+    /* a tunnel to a name carries TLS for that name */
+    g_autoptr(GBytes) hello = vm_test_tls_client_hello("sink.test");
+    gsize len = g_bytes_get_size(hello);
     Record *record;
 
     vm_test_send_text(fd, req);
     response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_string_equal(response->str, "HTTP/1.1 200 Connection established\r\n\r\n");
-    vm_test_send_text(fd, "ping");
-    echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, NULL);
-    assert_string_equal(echo->str, "ping");
+    assert_echo(fd, hello);
     close(fd);
 
     record = log_wait(&f->log, 0);
@@ -227,9 +267,9 @@ test_connect_allowed(void **state)
     assert_int_equal(record->port, f->sink->port);
     assert_string_equal(record->address, "127.0.0.1");
     assert_string_equal(record->reason, "closed");
-    assert_int_equal(record->bytes_up, 4);
-    assert_int_equal(record->bytes_down, 4);
-    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 4);
+    assert_int_equal(record->bytes_up, len);
+    assert_int_equal(record->bytes_down, len);
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), len);
 }
 
 static void
@@ -292,62 +332,62 @@ test_denied_table(void **state)
     Fixture *f = *state;
     static const DenyCase cases[] = {
         /* a name that is not allowed, though it resolves where an allowed name does */
-        {"other.test 127.0.0.1/32", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403,
+        {"other.test:PORT 127.0.0.1/32:PORT", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403,
          "no-rule"},
-        {"other.test 127.0.0.1/32", NULL,
+        {"other.test:PORT 127.0.0.1/32:PORT", NULL,
          "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 403, "no-rule"},
         /* loopback without a CIDR rule: a name rule never opens it */
-        {"sink.test", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "CONNECT [::ffff:127.0.0.1]:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "CONNECT [::ffff:7f00:1]:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "GET http://127.0.0.1:PORT/ HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n", 403,
-         "address"},
+        {"sink.test:PORT", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT sink.test:443 HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT 127.0.0.1:443 HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT [::ffff:127.0.0.1]:443 HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT [::ffff:7f00:1]:443 HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "GET http://127.0.0.1/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 403, "address"},
         /* the IP literal of a host the policy only names */
-        {"sink.test", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
+        {"sink.test:PORT", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
         /* deny wins, for the literal and for names resolving into it */
-        {"sink.test 127.0.0.1/32", "127.0.0.1/32", "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
-         "deny-rule"},
-        {"sink.test 127.0.0.1/32", "127.0.0.1/32", "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403,
-         "deny-rule"},
-        {"*.test 127.0.0.1/32", "sink.test", "CONNECT SINK.test.:PORT HTTP/1.1\r\n\r\n", 403,
-         "deny-rule"},
+        {"sink.test:PORT 127.0.0.1/32:PORT", "127.0.0.1/32",
+         "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "deny-rule"},
+        {"sink.test:PORT 127.0.0.1/32:PORT", "127.0.0.1/32",
+         "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "deny-rule"},
+        {"*.test:PORT 127.0.0.1/32:PORT", "sink.test", "CONNECT SINK.test.:PORT HTTP/1.1\r\n\r\n",
+         403, "deny-rule"},
         /* odd spellings of 127.0.0.1, even where 127/8 is allowed */
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 2130706433:PORT HTTP/1.1\r\n\r\n", 403,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 2130706433:PORT HTTP/1.1\r\n\r\n", 403,
          "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0177.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 0177.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
          "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0x7f000001:PORT HTTP/1.1\r\n\r\n", 403,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 0x7f000001:PORT HTTP/1.1\r\n\r\n", 403,
          "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0x7f.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 0x7f.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
          "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 127.1:PORT HTTP/1.1\r\n\r\n", 403, "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 127.1:PORT HTTP/1.1\r\n\r\n", 403,
+         "bad-host"},
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL,
          "GET http://2130706433:PORT/ HTTP/1.1\r\nHost: 2130706433:PORT\r\n\r\n", 403, "bad-host"},
         /* Host/CONNECT mismatch and other bad requests */
-        {"*.test 127.0.0.1/32", NULL,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL,
          "CONNECT sink.test:PORT HTTP/1.1\r\nHost: other.test:PORT\r\n\r\n", 400, "bad-request"},
-        {"*.test 127.0.0.1/32", NULL,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL,
          "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: other.test\r\n\r\n", 400, "bad-request"},
-        {"*.test 127.0.0.1/32", NULL, "GET / HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 400,
-         "bad-request"},
-        {"*.test 127.0.0.1/32", NULL,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL, "GET / HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         400, "bad-request"},
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL,
          "GET http://u@sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 400,
          "bad-request"},
-        {"*.test 127.0.0.1/32", NULL,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL,
          "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
          "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
          400, "bad-request"},
         /* cannot resolve */
-        {"*.test 127.0.0.1/32", NULL, "CONNECT unknown.test:PORT HTTP/1.1\r\n\r\n", 502,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL, "CONNECT unknown.test:PORT HTTP/1.1\r\n\r\n", 502,
          "resolve-failed"},
         /* default policy */
         {NULL, NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
+        g_autoptr(VmEgressPolicy) policy = sink_policy(f, cases[i].allow, cases[i].deny);
         g_autoptr(GString) text = g_string_new(cases[i].request);
         g_autofree char *port = g_strdup_printf("%u", f->sink->port);
         const char *req;
@@ -374,7 +414,7 @@ static void
 test_denied_record_fields(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy("sink.test", NULL);
+    g_autoptr(VmEgressPolicy) policy = sink_policy(f, "sink.test:PORT", NULL);
     g_autofree char *req = g_strdup_printf("CONNECT Sink.Test:%u HTTP/1.1\r\n\r\n", f->sink->port);
     Record *record;
 
@@ -395,7 +435,8 @@ static void
 test_policy_change_closes_tunnel(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(VmEgressPolicy) narrower = vm_test_egress_policy("127.0.0.1/32", NULL);
+    g_autoptr(VmEgressPolicy) narrower = sink_policy(f, "127.0.0.1/32:PORT", NULL);
+    g_autoptr(GBytes) hello = vm_test_tls_client_hello("sink.test");
     g_autoptr(VmEgressPolicy) current = NULL;
     g_autofree char *by_name =
         g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
@@ -416,6 +457,7 @@ test_policy_change_closes_tunnel(void **state)
     rb = vm_test_read_until(b, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_int_equal(status_of(ra), 200);
     assert_int_equal(status_of(rb), 200);
+    assert_echo(a, hello);
 
     start = g_get_monotonic_time();
     vm_egress_proxy_set_policy(f->proxy, narrower);
@@ -453,7 +495,7 @@ test_handshake_timeout(void **state)
     gint64 start;
     Record *record;
 
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     /* slow-loris: a byte every 100 ms does not extend the deadline */
     fd = client_connect(f);
     start = g_get_monotonic_time();
@@ -483,7 +525,7 @@ test_too_many_connections(void **state)
     gboolean eof = FALSE;
     Record *record;
 
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     a = client_connect(f);
     b = client_connect(f);
     for (int i = 0; i < 200 && vm_egress_proxy_get_n_connections(f->proxy) < 2; i++)
@@ -515,8 +557,8 @@ test_idle_timeout(void **state)
     gboolean eof = FALSE;
     Record *record;
 
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
-    req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
+    req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
     fd = client_connect(f);
     vm_test_send_text(fd, req);
     response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
@@ -583,7 +625,7 @@ static void
 test_free_with_open_connections(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    g_autofree char *req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
     int tunnel = client_connect(f), partial = client_connect(f);
     g_autoptr(GString) response = NULL;
     g_autoptr(GString) rest = NULL;
@@ -629,7 +671,7 @@ test_rewrite_hook(void **state)
     g_autoptr(GString) echo = NULL;
     Record *record;
 
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     req = g_strdup_printf("GET http://sink.test:%1$u/ HTTP/1.1\r\nHost: sink.test:%1$u\r\n"
                           "Authorization: PLACEHOLDER\r\n\r\n",
                           f->sink->port);
@@ -714,7 +756,7 @@ unix_fixture(Fixture *f, char **ret_dir)
     char *path = g_build_filename(dir, "egress.sock", NULL);
 
     config.listen_path = path;
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     *ret_dir = dir;
     return path;
 }
@@ -775,7 +817,7 @@ test_unix_handover(void **state)
     Fixture *f = *state;
     g_autofree char *dir = NULL;
     char *path = unix_fixture(f, &dir);
-    g_autofree char *req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    g_autofree char *req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
     g_autoptr(GString) response = NULL;
     g_autoptr(GError) error = NULL;
     struct stat st;
