@@ -429,6 +429,424 @@ test_denied_record_fields(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Several requests on one connection: each is checked on its own */
+
+/* Sends @text on a new connection, shuts down the sending side (so that each upstream connection
+ * ends once its request is through) and returns everything that came back until the close. */
+static GString *
+exchange_all(Fixture *f, const char *text)
+{
+    int fd = client_connect(f);
+    gboolean eof = FALSE;
+    GString *back;
+
+    vm_test_send_text(fd, text);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    back = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
+    assert_true(eof);
+    close(fd);
+    return back;
+}
+
+/* @template with PORT for the fixture's sink and PORT2 for @other's port. */
+static char *
+with_ports(Fixture *f, VmTestSink *other, const char *template)
+{
+    g_autoptr(GString) text = g_string_new(template);
+    g_autofree char *port = g_strdup_printf("%u", f->sink->port);
+    g_autofree char *port2 = g_strdup_printf("%u", other->port);
+
+    g_string_replace(text, "PORT2", port2, 0);
+    g_string_replace(text, "PORT", port, 0);
+    return g_string_free(g_steal_pointer(&text), FALSE);
+}
+
+/* A request to another destination after an allowed one is refused after the first response,
+ * and nothing of it reaches that destination: no reuse of the first decision, whatever hides
+ * the second head (plain pipelining, after a Content-Length or a chunked body). */
+static void
+test_pipelined_other_host_refused(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *first;
+        const char *second;
+        const char *echo; /* what the sink sends back of the first request */
+        int status;
+        const char *reason;
+    } cases[] = {
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "GET http://other.test:PORT2/b HTTP/1.1\r\nHost: other.test:PORT2\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 403, "no-rule"},
+        /* the same host at another port, and the literal at a port no rule names */
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "GET http://sink.test:PORT2/b HTTP/1.1\r\nHost: sink.test:PORT2\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 403, "no-rule"},
+        {"GET http://127.0.0.1:PORT/a HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n",
+         "GET http://127.0.0.1:PORT2/b HTTP/1.1\r\nHost: 127.0.0.1:PORT2\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\nConnection: close\r\n\r\n", 403, "no-rule"},
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "CONNECT other.test:PORT2 HTTP/1.1\r\nHost: other.test:PORT2\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 403, "no-rule"},
+        /* hidden behind a body the proxy frames */
+        {"POST http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+         "Content-Length: 4\r\n\r\nbody",
+         "GET http://other.test:PORT2/b HTTP/1.1\r\nHost: other.test:PORT2\r\n\r\n",
+         "POST /a HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4\r\n"
+         "Connection: close\r\n\r\nbody",
+         403, "no-rule"},
+        {"POST http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+         "Transfer-Encoding: chunked\r\n\r\n4;x=y\r\nbody\r\n0\r\nT: v\r\n\r\n",
+         "GET http://other.test:PORT2/b HTTP/1.1\r\nHost: other.test:PORT2\r\n\r\n",
+         "POST /a HTTP/1.1\r\nHost: sink.test:PORT\r\nTransfer-Encoding: chunked\r\n"
+         "Connection: close\r\n\r\n4;x=y\r\nbody\r\n0\r\nT: v\r\n\r\n",
+         403, "no-rule"},
+        /* a smuggling shape in the second head */
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "POST http://sink.test:PORT/b HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+         "Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 400,
+         "bad-request"},
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "GET http://sink.test:PORT/b HTTP/1.1\r\nHost: sink.test:PORT\r\nX: a\r\n b\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 400,
+         "bad-request"},
+    };
+    VmTestSink *other = vm_test_sink_new();
+    guint n_records = 0;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *first = with_ports(f, other, cases[i].first);
+        g_autofree char *second = with_ports(f, other, cases[i].second);
+        g_autofree char *echo = with_ports(f, other, cases[i].echo);
+        g_autofree char *both = g_strconcat(first, second, NULL);
+        g_autoptr(GString) back = NULL;
+        Record *allowed, *denied;
+
+        g_atomic_int_set(&f->sink->bytes, 0);
+        g_atomic_int_set(&f->sink->connections, 0);
+        back = exchange_all(f, both);
+        if (!g_str_has_prefix(back->str, echo) ||
+            status_of(&(GString){.str = back->str + strlen(echo),
+                                 .len = back->len - strlen(echo)}) != cases[i].status)
+            fail_msg("case %zu: got '%s'", i, back->str);
+        allowed = log_wait(&f->log, n_records++);
+        denied = log_wait(&f->log, n_records++);
+        assert_int_equal(allowed->kind, VM_EGRESS_RECORD_ALLOWED);
+        assert_int_equal(allowed->bytes_up, strlen(echo));
+        assert_int_equal(denied->kind, VM_EGRESS_RECORD_DENIED);
+        assert_string_equal(denied->reason, cases[i].reason);
+        assert_int_equal(denied->bytes_up, 0);
+        /* the first request reached its sink, once; the second nothing at all */
+        assert_int_equal(g_atomic_int_get(&f->sink->connections), 1);
+        assert_int_equal(g_atomic_int_get(&f->sink->bytes), strlen(echo));
+        assert_int_equal(g_atomic_int_get(&other->connections), 0);
+        assert_int_equal(g_atomic_int_get(&other->bytes), 0);
+    }
+    wait_idle(f);
+    vm_test_sink_free(other);
+}
+
+/* Pipelined requests that the policy allows all go through, in order, each on an upstream
+ * connection of its own after its own decision (and each logged). */
+static void
+test_pipelined_allowed(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *other = vm_test_sink_new();
+    g_autoptr(VmEgressPolicy) policy = NULL;
+    g_autofree char *text =
+        with_ports(f, other,
+                   "GET http://sink.test:PORT/1 HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n"
+                   "POST http://sink.test:PORT/2 HTTP/1.1\r\nHost: "
+                   "sink.test:PORT\r\nContent-Length: 2\r\n\r\nhi"
+                   "GET http://127.0.0.1:PORT2/3 HTTP/1.0\r\n\r\n");
+    g_autofree char *expect =
+        with_ports(f, other,
+                   "GET /1 HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n"
+                   "POST /2 HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 2\r\nConnection: "
+                   "close\r\n\r\nhi"
+                   "GET /3 HTTP/1.0\r\nHost: 127.0.0.1:PORT2\r\nConnection: close\r\n\r\n");
+    g_autofree char *allow =
+        with_ports(f, other, "sink.test:PORT 127.0.0.1/32:PORT 127.0.0.1/32:PORT2");
+    g_autoptr(GString) back = NULL;
+
+    policy = vm_test_egress_policy(allow, NULL);
+    vm_egress_proxy_set_policy(f->proxy, policy);
+    back = exchange_all(f, text);
+    assert_string_equal(back->str, expect);
+    assert_int_equal(g_atomic_int_get(&f->sink->connections), 2);
+    assert_int_equal(g_atomic_int_get(&other->connections), 1);
+    for (guint i = 0; i < 3; i++) {
+        Record *record = log_wait(&f->log, i);
+
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+        assert_string_equal(record->host, i < 2 ? "sink.test" : "127.0.0.1");
+    }
+    wait_idle(f);
+    vm_test_sink_free(other);
+}
+
+/* The request smuggling shapes are refused with 400 before anything goes anywhere. */
+static void
+test_smuggling_refused(void **state)
+{
+    Fixture *f = *state;
+    static const char *const heads[] = {
+        /* Content-Length and Transfer-Encoding */
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+        "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n",
+        /* two Content-Lengths, different or not */
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4\r\n"
+        "Content-Length: 5\r\n\r\nabcde",
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4\r\n"
+        "Content-Length: 4\r\n\r\nabcd",
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4, 5\r\n"
+        "\r\nabcd",
+        /* obs-fold */
+        "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nX-A: 1\r\n\tX-B: 2\r\n\r\n",
+        "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+        "Transfer-Encoding: chunked\r\n chunked\r\n\r\n",
+        /* bare CR, bare LF */
+        "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nX-A: 1\rX-B: 2\r\n\r\n",
+        "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\nX-A: 1\r\n\r\n",
+        /* Transfer-Encoding other than a lone chunked */
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+        "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+        "Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(heads); i++) {
+        g_autoptr(GString) text = g_string_new(heads[i]);
+        g_autofree char *port = g_strdup_printf("%u", f->sink->port);
+        Record *record;
+        int status;
+
+        g_string_replace(text, "PORT", port, 0);
+        status = request_status(f, text->str);
+        if (status != 400)
+            fail_msg("case %zu: status %d", i, status);
+        record = log_wait(&f->log, i);
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+        assert_string_equal(record->reason, "bad-request");
+    }
+    assert_int_equal(g_atomic_int_get(&f->sink->connections), 0);
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+/* A chunked body whose framing is broken ends the connection: the proxy cannot tell where the
+ * next request would start, so there is none. */
+static void
+test_bad_chunked_body(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *text =
+        g_strdup_printf("POST http://sink.test:%1$u/ HTTP/1.1\r\nHost: sink.test:%1$u\r\n"
+                        "Transfer-Encoding: chunked\r\n\r\n4\r\nbodyXX"
+                        "GET http://other.test:%1$u/ HTTP/1.1\r\nHost: other.test:%1$u\r\n\r\n",
+                        f->sink->port);
+    g_autoptr(GString) back = exchange_all(f, text);
+    Record *record = log_wait(&f->log, 0);
+
+    assert_null(strstr(back->str, "other.test"));
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_string_equal(record->reason, "bad-request");
+    wait_idle(f);
+    /* one record: the bytes after the broken chunk were never read as a request */
+    assert_int_equal(f->log.records->len, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The SNI of tunnels to names */
+
+/* Opens a tunnel to @target and sends @first in it; returns the connection. */
+static int
+tunnel_send(Fixture *f, const char *target, GBytes *first)
+{
+    g_autofree char *req = g_strdup_printf("CONNECT %s:%u HTTP/1.1\r\n\r\n", target, f->sink->port);
+    int fd = client_connect(f);
+    g_autoptr(GString) response = NULL;
+    gsize len;
+    const guint8 *data = g_bytes_get_data(first, &len);
+
+    vm_test_send_text(fd, req);
+    response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_int_equal(status_of(response), 200);
+    assert_int_equal(send(fd, data, len, MSG_NOSIGNAL), len);
+    return fd;
+}
+
+static void
+test_sni_matches(void **state)
+{
+    Fixture *f = *state;
+    /* case and one trailing dot do not matter, on either side */
+    static const char *const pairs[][2] = {
+        {"sink.test", "sink.test"},
+        {"SINK.Test", "sink.test"},
+        {"sink.test", "Sink.TEST."},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(pairs); i++) {
+        g_autoptr(GBytes) hello = vm_test_tls_client_hello(pairs[i][0]);
+        gsize len = g_bytes_get_size(hello);
+        int fd = tunnel_send(f, pairs[i][1], hello);
+        g_autoptr(GString) echo = vm_test_read_until(fd, NULL, 300, NULL);
+        Record *record;
+
+        /* forwarded unchanged */
+        assert_int_equal(echo->len, len);
+        assert_memory_equal(echo->str, g_bytes_get_data(hello, NULL), len);
+        close(fd);
+        record = log_wait(&f->log, i);
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+        assert_int_equal(record->bytes_up, len);
+    }
+}
+
+/* A ClientHello for another name, without SNI, or no TLS at all: closed, logged, and not a byte
+ * reaches the destination. */
+static void
+test_sni_refused(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GBytes) other = vm_test_tls_client_hello("other.test");
+    g_autoptr(GBytes) suffix = vm_test_tls_client_hello("evil.sink.test");
+    g_autoptr(GBytes) none = vm_test_tls_client_hello(NULL);
+    g_autoptr(GBytes) ssh = g_bytes_new_static("SSH-2.0-OpenSSH_9.2\r\n", 21);
+    g_autoptr(GBytes) http = g_bytes_new_static("GET / HTTP/1.1\r\nHost: sink.test\r\n\r\n", 35);
+    struct {
+        GBytes *first;
+        const char *reason;
+    } cases[] = {
+        {other, "sni-mismatch"}, {suffix, "sni-mismatch"}, {none, "sni-missing"},
+        {ssh, "not-tls"},        {http, "not-tls"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        int fd = tunnel_send(f, "sink.test", cases[i].first);
+        gboolean eof = FALSE;
+        g_autoptr(GString) rest = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
+        Record *record;
+
+        assert_true(eof);
+        assert_int_equal(rest->len, 0);
+        close(fd);
+        record = log_wait(&f->log, i);
+        if (record->kind != VM_EGRESS_RECORD_DENIED ||
+            g_strcmp0(record->reason, cases[i].reason) != 0)
+            fail_msg("case %zu: %s", i, record->reason);
+        assert_string_equal(record->host, "sink.test");
+        assert_int_equal(record->bytes_up, 0);
+    }
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+/* A ClientHello that never comes in full: refused at the handshake timeout. */
+static void
+test_sni_timeout(void **state)
+{
+    Fixture *f = *state;
+    VmEgressConfig config = {.handshake_timeout_ms = 300};
+    g_autoptr(GBytes) hello = NULL;
+    g_autoptr(GBytes) half = NULL;
+    gboolean eof = FALSE;
+    g_autoptr(GString) rest = NULL;
+    int fd;
+
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
+    hello = vm_test_tls_client_hello("sink.test");
+    half = g_bytes_new_from_bytes(hello, 0, g_bytes_get_size(hello) / 2);
+    fd = tunnel_send(f, "sink.test", half);
+    rest = vm_test_read_until(fd, NULL, 2000, &eof);
+    assert_true(eof);
+    close(fd);
+    assert_string_equal(log_wait(&f->log, 0)->reason, "timeout");
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+/* An address that a CIDR rule allows is trusted with any bytes: no TLS needed. */
+static void
+test_cidr_connect_without_sni(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GBytes) ping = g_bytes_new_static("ping", 4);
+    g_autoptr(GBytes) none = vm_test_tls_client_hello(NULL);
+    int fd = tunnel_send(f, "127.0.0.1", ping);
+    g_autoptr(GString) echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, NULL);
+
+    assert_string_equal(echo->str, "ping");
+    close(fd);
+    assert_int_equal(log_wait(&f->log, 0)->kind, VM_EGRESS_RECORD_ALLOWED);
+    fd = tunnel_send(f, "127.0.0.1", none);
+    g_string_free(vm_test_read_until(fd, NULL, 300, NULL), TRUE);
+    close(fd);
+    assert_int_equal(log_wait(&f->log, 1)->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_int_equal(log_wait(&f->log, 1)->bytes_up, g_bytes_get_size(none));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Ports */
+
+static void
+test_ports(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *other = vm_test_sink_new();
+    static const struct {
+        const char *allow;
+        const char *deny;
+        const char *request;
+        int status; /* 0: a plain request went through (the sink echoes it) */
+        const char *reason;
+    } cases[] = {
+        /* no port in the rule: 80 and 443 only */
+        {"127.0.0.1/32", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
+        {"sink.test 127.0.0.1/32", NULL,
+         "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 403, "no-rule"},
+        /* the port of the rule, and only it */
+        {"127.0.0.1/32:PORT", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 200, NULL},
+        {"127.0.0.1/32:PORT", NULL, "CONNECT 127.0.0.1:PORT2 HTTP/1.1\r\n\r\n", 403, "no-rule"},
+        {"sink.test:PORT 127.0.0.1/32:PORT", NULL,
+         "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 0, "closed"},
+        {"sink.test:PORT 127.0.0.1/32:PORT", NULL,
+         "GET http://sink.test:PORT2/ HTTP/1.1\r\nHost: sink.test:PORT2\r\n\r\n", 403, "no-rule"},
+        /* a name rule at the port, but the loopback address only at another */
+        {"sink.test:PORT2 127.0.0.1/32:PORT", NULL,
+         "GET http://sink.test:PORT2/ HTTP/1.1\r\nHost: sink.test:PORT2\r\n\r\n", 403, "address"},
+        /* deny: at its port, or at every port without one */
+        {"127.0.0.1/32:PORT 127.0.0.1/32:PORT2", "127.0.0.1/32:PORT2",
+         "CONNECT 127.0.0.1:PORT2 HTTP/1.1\r\n\r\n", 403, "deny-rule"},
+        {"127.0.0.1/32:PORT 127.0.0.1/32:PORT2", "127.0.0.1/32:PORT2",
+         "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 200, NULL},
+        {"127.0.0.1/32:PORT", "127.0.0.1", "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+         "deny-rule"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *allow = with_ports(f, other, cases[i].allow);
+        g_autofree char *deny = cases[i].deny != NULL ? with_ports(f, other, cases[i].deny) : NULL;
+        g_autofree char *req = with_ports(f, other, cases[i].request);
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(allow, deny);
+        int status;
+        Record *record;
+
+        vm_egress_proxy_set_policy(f->proxy, policy);
+        status = request_status(f, req);
+        record = log_wait(&f->log, i);
+        if (status != cases[i].status ||
+            (cases[i].reason != NULL && g_strcmp0(record->reason, cases[i].reason) != 0))
+            fail_msg("case %zu (%s): status %d, %s", i, req, status, record->reason);
+    }
+    assert_int_equal(g_atomic_int_get(&other->connections), 0);
+    wait_idle(f);
+    vm_test_sink_free(other);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Live policy changes */
 
 static void
@@ -996,6 +1414,15 @@ main(void)
         cmocka_unit_test_setup_teardown(test_cidr_literal_allowed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_denied_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_denied_record_fields, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_other_host_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_allowed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_smuggling_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_chunked_body, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sni_matches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sni_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sni_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cidr_connect_without_sni, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ports, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policy_change_closes_tunnel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handshake_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_too_many_connections, setup, teardown),
