@@ -800,6 +800,12 @@ conn_relay_loop(Conn *conn, Direction *up, Direction *down)
             ((up->eof && direction_pending(up) == 0) ||
              (up->body_done && direction_pending(up) == 0)))
             return "closed";
+        /* The destination closed before the whole body went up: no next request can follow,
+         * so the guest learns of the close at once, as in a tunnel. */
+        if (down->eof && direction_pending(down) == 0 && down->keep_to && !down->shut) {
+            (void)shutdown(conn->fd, SHUT_WR);
+            down->shut = TRUE;
+        }
         if (stopping(proxy))
             return "shutdown";
         if (g_atomic_int_get(&proxy->generation) != generation) {
