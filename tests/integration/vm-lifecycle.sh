@@ -10,6 +10,8 @@ set -uo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 suite_init vml 43300 43389
+# As under the service: SIGTERM saves the running agents.
+echo "shutdown = save" >> "$CONF"
 
 cleanup() {
   if [ -n "$HOSTD_PID" ] && kill -0 "$HOSTD_PID" 2>/dev/null; then
@@ -174,7 +176,6 @@ start_counter a2
 sleep 3
 B1=$(boot_id a1); B2=$(boot_id a2)
 C1=$(counter a1); C2=$(counter a2)
-echo "shutdown = save" >> "$CONF"
 START=$(now_ms)
 stop_hostd
 diag "figure: hostd saved 2 running agents and exited in $(( $(now_ms) - START )) ms"
@@ -204,7 +205,7 @@ check "with shutdown-resume = eager both run at once after the restart" \
 check "... with the same boot ids" test "$(boot_id a1) $(boot_id a2)" = "$B1 $B2"
 
 # --- host lost power: hostd and every QEMU killed ------------------------------------------------
-sed -i '/^shutdown/d' "$CONF"
+sed -i '/^shutdown-resume/d' "$CONF"
 vmctl suspend --save a2 >/dev/null
 P1=$(qemu_pid a1)
 kill -9 "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null; HOSTD_PID=
