@@ -358,25 +358,6 @@ vm_message_new(VmOp op, GVariant *fields, GError **error)
     return message;
 }
 
-/* Cuts @text to valid UTF-8 of at most VM_TEXT_MAX bytes. */
-static char *
-vm_wire_text(const char *text)
-{
-    g_autofree char *valid = g_utf8_make_valid(text != NULL ? text : "", -1);
-    const char *end = valid;
-
-    if (strlen(valid) <= VM_TEXT_MAX)
-        return g_steal_pointer(&valid);
-    while (*end != '\0') {
-        const char *next = g_utf8_next_char(end);
-
-        if (next - valid > VM_TEXT_MAX)
-            break;
-        end = next;
-    }
-    return g_strndup(valid, end - valid);
-}
-
 VmMessage *
 vm_message_new_error(const GError *error)
 {
@@ -385,7 +366,7 @@ vm_message_new_error(const GError *error)
 
     g_return_val_if_fail(error != NULL, NULL);
 
-    text = vm_wire_text(error->message);
+    text = vm_utf8_cut(error->message, VM_TEXT_MAX);
     g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);
     g_variant_builder_add(&builder, "{sv}", "code", g_variant_new_uint32(vm_error_code(error)));
     g_variant_builder_add(&builder, "{sv}", "message", g_variant_new_string(text));
@@ -395,7 +376,7 @@ vm_message_new_error(const GError *error)
 VmMessage *
 vm_message_new_progress(const char *message, double fraction)
 {
-    g_autofree char *text = vm_wire_text(message);
+    g_autofree char *text = vm_utf8_cut(message, VM_TEXT_MAX);
     GVariantBuilder builder;
 
     g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);

@@ -41,6 +41,24 @@ vm_file_sync_dir(const char *path, GError **error)
     return TRUE;
 }
 
+char *
+vm_utf8_cut(const char *text, gsize max_bytes)
+{
+    g_autofree char *valid = g_utf8_make_valid(text != NULL ? text : "", -1);
+    const char *end = valid;
+
+    if (strlen(valid) <= max_bytes)
+        return g_steal_pointer(&valid);
+    while (*end != '\0') {
+        const char *next = g_utf8_next_char(end);
+
+        if ((gsize)(next - valid) > max_bytes)
+            break;
+        end = next;
+    }
+    return g_strndup(valid, end - valid);
+}
+
 static guint64
 vm_duration_unit(char suffix)
 {

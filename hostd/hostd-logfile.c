@@ -71,7 +71,7 @@ logfile_open_locked(HostdLogFile *log, GError **error)
 
     if (log->fd >= 0)
         return TRUE;
-    log->fd = open(log->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    log->fd = open(log->path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
     if (log->fd < 0)
         return vm_throw_errno(error, errno, "cannot open %s", log->path);
     if (fstat(log->fd, &st) < 0) {
@@ -81,6 +81,14 @@ logfile_open_locked(HostdLogFile *log, GError **error)
         return vm_throw_errno(error, saved, "cannot open %s", log->path);
     }
     log->size = st.st_size;
+    /* A line cut short (a crash while it was written) must not swallow the next one. */
+    if (log->size > 0) {
+        char last = '\n';
+
+        if (pread(log->fd, &last, 1, log->size - 1) == 1 && last != '\n' &&
+            write(log->fd, "\n", 1) == 1)
+            log->size++;
+    }
     /* A synced line is only durable once the file it is in has its entry on disk too (a new
      * file, or the one a rotation just started). */
     return !(log->flags & HOSTD_LOGFILE_SYNC) || vm_file_sync_dir(log->path, error);
