@@ -145,6 +145,12 @@ static const VmOpSpec vm_op_specs[] = {
     {VM_OP_HOST_SAVE_ALL, "host-save-all", VM_OP_RESULT, FALSE, {
         {"timeout_s", "u", 0, 1, 3600},
         {NULL}}},
+    {VM_OP_EVENTS, "events", VM_OP_EXIT, FALSE, {
+        {"name", "s"},
+        {"since", "x"},
+        {"lines", "u"},
+        {"follow", "b"},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
