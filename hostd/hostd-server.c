@@ -48,6 +48,111 @@ typedef struct {
 
 static gint hostd_active_clients = 0;
 
+typedef enum {
+    HOSTD_REQUEST_READS = 0,         /* changes nothing: no event */
+    HOSTD_REQUEST_CHANGES = 1 << 0,  /* leaves an event once it ran, whatever the outcome */
+    HOSTD_REQUEST_TEMPLATE = 1 << 1, /* its "name" is a template's, not an agent's */
+} HostdRequestFlags;
+
+/* One request being served. The reply comes first: the VmStreamWriter a handler gets is the
+ * start of its HostdRequest. */
+typedef struct {
+    VmStreamWriter reply;
+    HostdContext *ctx;
+    const VmMessage *req;
+    HostdRequestFlags flags;
+    gint64 uid;        /* the caller's; -1: unknown */
+    gboolean recorded; /* its event is in the log */
+} HostdRequest;
+
+/* The uid of the process at the other end of @fd, or -1 when the socket cannot say (not a Unix
+ * socket). */
+static gint64
+hostd_peer_uid(int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred))
+        return -1;
+    return cred.uid;
+}
+
+/* An exec's command line as a shell would read it, cut to HOSTD_EVENT_COMMAND_MAX bytes. */
+static char *
+hostd_exec_command_line(const VmMessage *req)
+{
+    g_auto(GStrv) argv = vm_message_dup_strv(req, "argv");
+    g_autoptr(GString) line = g_string_new(NULL);
+
+    for (char **arg = argv; arg != NULL && *arg != NULL; arg++) {
+        gboolean plain = **arg != '\0';
+
+        for (const char *c = *arg; *c != '\0' && plain; c++)
+            plain = g_ascii_isalnum(*c) || strchr("_./=:,@%+-", *c) != NULL;
+        if (line->len > 0)
+            g_string_append_c(line, ' ');
+        if (plain) {
+            g_string_append(line, *arg);
+        } else {
+            g_autofree char *quoted = g_shell_quote(*arg);
+
+            g_string_append(line, quoted);
+        }
+        if (line->len > HOSTD_EVENT_COMMAND_MAX)
+            break;
+    }
+    return vm_utf8_cut(line->str, HOSTD_EVENT_COMMAND_MAX);
+}
+
+/* The event of a request that changed (or tried to change) something, once it ran: what, on
+ * which agent, by whom, how it ended (@failure NULL: ok) and the state the agent is in now. */
+static void
+hostd_request_event(HostdContext *ctx, const VmMessage *req, HostdRequestFlags flags, gint64 uid,
+                    const GError *failure)
+{
+    const char *name = vm_message_get_string(req, "name", NULL);
+    const char *agent = (flags & HOSTD_REQUEST_TEMPLATE) ? NULL : name;
+    g_autofree char *what = NULL;
+    g_autofree char *detail = NULL;
+    g_autoptr(virDomain) dom = NULL;
+    HostdEvent event = {
+        .agent = agent,
+        .event = vm_op_name(req->op),
+        .uid = uid,
+        .outcome = failure != NULL ? "error" : "ok",
+    };
+
+    if (req->op == VM_OP_EXEC)
+        what = hostd_exec_command_line(req);
+    else if ((flags & HOSTD_REQUEST_TEMPLATE) && name != NULL)
+        what = g_strdup_printf("template %s", name);
+    if (failure != NULL && what != NULL)
+        detail = g_strdup_printf("%s: %s", what, failure->message);
+    else
+        detail = g_strdup(failure != NULL ? failure->message : what);
+    event.detail = detail;
+    /* A name that is none was refused before anything was looked up, and is looked up in
+     * nothing now either. */
+    if (agent != NULL && vm_name_validate(agent, NULL))
+        dom = hostd_libvirt_lookup(ctx->lv, agent, NULL);
+    if (dom != NULL)
+        event.state = hostd_libvirt_state_name(dom);
+    hostd_context_event(ctx, &event);
+}
+
+/* Appends the event of @request, once, when it is a request that changes something; @failure
+ * NULL: it worked. Called before the answer that ends it is written, so that a client that heard
+ * the answer finds the event. */
+static void
+hostd_request_record(HostdRequest *request, const GError *failure)
+{
+    if (!(request->flags & HOSTD_REQUEST_CHANGES) || request->recorded)
+        return;
+    request->recorded = TRUE;
+    hostd_request_event(request->ctx, request->req, request->flags, request->uid, failure);
+}
+
 /* One request: runs it and ends @reply with its RESULT (or, for the streamed requests, lets
  * the code it calls write the stream and its EXIT). On failure returns FALSE with @error set and
  * leaves @reply open for the ERROR. */
@@ -61,6 +166,8 @@ hostd_reply(VmStreamWriter *reply, GVariant *fields, GError **error)
 {
     g_autoptr(GError) local_error = NULL;
 
+    /* Every handler gets the reply of a HostdRequest (hostd_server_serve_fd()). */
+    hostd_request_record((HostdRequest *)reply, NULL);
     if (vm_stream_writer_result(reply, fields, &local_error) ||
         g_error_matches(local_error, VM_ERROR, VM_ERROR_CANCELLED))
         return TRUE;
@@ -453,12 +560,6 @@ hostd_handle_events(HostdContext *ctx, const VmMessage *req, VmStreamWriter *rep
     return hostd_events_send(ctx->events, &query, reply, error);
 }
 
-typedef enum {
-    HOSTD_REQUEST_READS = 0,         /* changes nothing: no event */
-    HOSTD_REQUEST_CHANGES = 1 << 0,  /* leaves an event once it ran, whatever the outcome */
-    HOSTD_REQUEST_TEMPLATE = 1 << 1, /* its "name" is a template's, not an agent's */
-} HostdRequestFlags;
-
 /* Which function serves each request, and whether it changes something. The fields a request may
  * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
  * before a handler runs. */
@@ -515,82 +616,6 @@ hostd_server_handles(VmOp op)
     return hostd_handler_index(op) >= 0;
 }
 
-/* The uid of the process at the other end of @fd, or -1 when the socket cannot say (not a Unix
- * socket). */
-static gint64
-hostd_peer_uid(int fd)
-{
-    struct ucred cred;
-    socklen_t len = sizeof(cred);
-
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred))
-        return -1;
-    return cred.uid;
-}
-
-/* An exec's command line as a shell would read it, cut to HOSTD_EVENT_COMMAND_MAX bytes. */
-static char *
-hostd_exec_command_line(const VmMessage *req)
-{
-    g_auto(GStrv) argv = vm_message_dup_strv(req, "argv");
-    g_autoptr(GString) line = g_string_new(NULL);
-
-    for (char **arg = argv; arg != NULL && *arg != NULL; arg++) {
-        gboolean plain = **arg != '\0';
-
-        for (const char *c = *arg; *c != '\0' && plain; c++)
-            plain = g_ascii_isalnum(*c) || strchr("_./=:,@%+-", *c) != NULL;
-        if (line->len > 0)
-            g_string_append_c(line, ' ');
-        if (plain) {
-            g_string_append(line, *arg);
-        } else {
-            g_autofree char *quoted = g_shell_quote(*arg);
-
-            g_string_append(line, quoted);
-        }
-        if (line->len > HOSTD_EVENT_COMMAND_MAX)
-            break;
-    }
-    return vm_utf8_cut(line->str, HOSTD_EVENT_COMMAND_MAX);
-}
-
-/* The event of a request that changed (or tried to change) something, once it ran: what, on
- * which agent, by whom, how it ended (@failure NULL: ok) and the state the agent is in now. */
-static void
-hostd_request_event(HostdContext *ctx, const VmMessage *req, HostdRequestFlags flags, gint64 uid,
-                    const GError *failure)
-{
-    const char *name = hostd_req_name(req);
-    const char *agent = (flags & HOSTD_REQUEST_TEMPLATE) ? NULL : name;
-    g_autofree char *what = NULL;
-    g_autofree char *detail = NULL;
-    g_autoptr(virDomain) dom = NULL;
-    HostdEvent event = {
-        .agent = agent,
-        .event = vm_op_name(req->op),
-        .uid = uid,
-        .outcome = failure != NULL ? "error" : "ok",
-    };
-
-    if (req->op == VM_OP_EXEC)
-        what = hostd_exec_command_line(req);
-    else if ((flags & HOSTD_REQUEST_TEMPLATE) && name != NULL)
-        what = g_strdup_printf("template %s", name);
-    if (failure != NULL && what != NULL)
-        detail = g_strdup_printf("%s: %s", what, failure->message);
-    else
-        detail = g_strdup(failure != NULL ? failure->message : what);
-    event.detail = detail;
-    /* A name that is none was refused before anything was looked up, and is looked up in
-     * nothing now either. */
-    if (agent != NULL && vm_name_validate(agent, NULL))
-        dom = hostd_libvirt_lookup(ctx->lv, agent, NULL);
-    if (dom != NULL)
-        event.state = hostd_libvirt_state_name(dom);
-    hostd_context_event(ctx, &event);
-}
-
 void
 hostd_server_serve_fd(HostdContext *ctx, int fd_in)
 {
@@ -605,46 +630,51 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
     struct timeval none = {0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
 
-    VmStreamWriter reply = VM_STREAM_WRITER_INIT(fd);
-    gint64 uid = hostd_peer_uid(fd);
+    HostdRequest request = {
+        .reply = VM_STREAM_WRITER_INIT(fd),
+        .ctx = ctx,
+        .req = req,
+        .uid = hostd_peer_uid(fd),
+    };
     gssize row;
 
     if (req == NULL) {
         if (!eof) {
             g_message("bad request: %s", error->message);
             /* A client that went away only loses its answer. */
-            (void)vm_stream_writer_error(&reply, error, NULL);
+            (void)vm_stream_writer_error(&request.reply, error, NULL);
         }
         return;
     }
     if (!vm_op_is_request(req->op)) {
         vm_throw(&error, VM_ERROR_PROTOCOL, "first message must be a request, not %s",
                  vm_op_name(req->op));
-        (void)vm_stream_writer_error(&reply, error, NULL);
+        (void)vm_stream_writer_error(&request.reply, error, NULL);
         return;
     }
     /* Every request has one; test-server checks that. */
     row = hostd_handler_index(req->op);
     if (row < 0) {
         vm_throw(&error, VM_ERROR_PROTOCOL, "%s is not served by this hostd", vm_op_name(req->op));
-        (void)vm_stream_writer_error(&reply, error, NULL);
+        (void)vm_stream_writer_error(&request.reply, error, NULL);
         return;
     }
+    request.flags = hostd_handlers[row].flags;
 
-    if (!hostd_handlers[row].handler(ctx, req, &reply, &error)) {
+    if (!hostd_handlers[row].handler(ctx, req, &request.reply, &error)) {
         const char *name = hostd_req_name(req);
         g_autofree char *who =
-            uid >= 0 ? g_strdup_printf(" (uid %" G_GINT64_FORMAT ")", uid) : NULL;
+            request.uid >= 0 ? g_strdup_printf(" (uid %" G_GINT64_FORMAT ")", request.uid) : NULL;
 
         if (!g_error_matches(error, VM_ERROR, VM_ERROR_CANCELLED))
             g_message("%s%s%s failed: %s%s", vm_op_name(req->op), name ? " " : "", name ? name : "",
                       error->message, who != NULL ? who : "");
-        if (!reply.ended)
-            (void)vm_stream_writer_error(&reply, error, NULL);
+        hostd_request_record(&request, error);
+        if (!request.reply.ended)
+            (void)vm_stream_writer_error(&request.reply, error, NULL);
     }
-    /* After the answer: the client does not wait for the event to be on disk. */
-    if (hostd_handlers[row].flags & HOSTD_REQUEST_CHANGES)
-        hostd_request_event(ctx, req, hostd_handlers[row].flags, uid, error);
+    /* A stream (exec) ended on its own: its event comes after. */
+    hostd_request_record(&request, error);
 }
 
 static gpointer

@@ -938,6 +938,31 @@ test_event_ok(void **state)
     assert_null(member(removed, "state"));
 }
 
+/* The event is in the log before the answer is sent: a client that heard "ok" finds it. */
+static void
+test_event_before_answer(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "hank", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42325);
+    g_autoptr(VmMessage) m = request(VM_OP_AGENT_START, "{'name': <'hank'>, 'wait': <false>}");
+    g_autoptr(VmMessage) answer = NULL;
+    GThread *thread = NULL;
+    int fd = hostd_test_serve(f, &thread);
+
+    assert_true(vm_message_write_fd(fd, m, NULL));
+    do {
+        g_clear_pointer(&answer, vm_message_free);
+        answer = vm_message_read_fd(fd, NULL, NULL);
+        assert_non_null(answer);
+    } while (answer->op == VM_OP_PROGRESS);
+    assert_int_equal(answer->op, VM_OP_RESULT);
+    g_autoptr(JsonObject) event = one_new_event(f, 0);
+    assert_string_equal(member(event, "event"), "agent-start");
+    g_thread_join(thread);
+    close(fd);
+}
+
 /* A request that fails leaves an event with its error; hostd's log line names the caller. */
 static void
 test_event_error(void **state)
@@ -1334,6 +1359,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_agent_lifecycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_rm_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_ok, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_before_answer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_exec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_read_only, setup, teardown),
