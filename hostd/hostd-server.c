@@ -132,8 +132,8 @@ hostd_request_event(HostdContext *ctx, const VmMessage *req, HostdRequestFlags f
     else
         detail = g_strdup(failure != NULL ? failure->message : what);
     event.detail = detail;
-    /* A name that is none was refused before anything was looked up, and is looked up in
-     * nothing now either. */
+    /* A name that is no agent name was refused by the request; it is not looked up here
+     * either. */
     if (agent != NULL && vm_name_validate(agent, NULL))
         dom = hostd_libvirt_lookup(ctx->lv, agent, NULL);
     if (dom != NULL)
