@@ -1146,6 +1146,30 @@ test_events_request(void **state)
     assert_string_equal(text, logged);
 }
 
+/* Reads STDOUT frames of a stream onto @got until it holds @n whole lines. */
+static void
+read_lines(int fd, GString *got, guint n)
+{
+    for (;;) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmMessage) data = NULL;
+        const guint8 *bytes;
+        gsize len = 0;
+        guint lines = 0;
+
+        for (const char *c = got->str; *c != '\0'; c++)
+            lines += *c == '\n';
+        if (lines >= n)
+            return;
+        data = vm_message_read_fd(fd, NULL, &error);
+        if (data == NULL)
+            fail_msg("no event came: %s", error != NULL ? error->message : "EOF");
+        assert_int_equal(data->op, VM_OP_STDOUT);
+        bytes = vm_message_get_data(data, "data", &len);
+        g_string_append_len(got, (const char *)bytes, (gssize)len);
+    }
+}
+
 /* With follow, a new event comes as it is logged; the stream ends when the client goes. */
 static void
 test_events_follow(void **state)
@@ -1154,30 +1178,25 @@ test_events_follow(void **state)
     g_autoptr(HostdAgentRecord) r =
         make_agent(f, "gina", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42324);
     g_autoptr(VmMessage) m =
-        request(VM_OP_EVENTS, "{'name': <'gina'>, 'lines': <uint32 0>, 'follow': <true>}");
+        request(VM_OP_EVENTS, "{'name': <'gina'>, 'lines': <uint32 1>, 'follow': <true>}");
     g_autoptr(GString) got = g_string_new(NULL);
     GThread *thread = NULL;
-    int fd = hostd_test_serve(f, &thread);
+    int fd;
 
+    /* An event before: once it came, the follower reads on from after it. */
+    g_autoptr(GPtrArray) stop = converse(f, VM_OP_AGENT_STOP, "{'name': <'gina'>}");
+    assert_result_reply(stop);
+    fd = hostd_test_serve(f, &thread);
     assert_true(vm_message_write_fd(fd, m, NULL));
+    read_lines(fd, got, 1);
+
     g_autoptr(GPtrArray) other = converse(f, VM_OP_AGENT_STOP, "{'name': <'ghost'>}");
     g_autoptr(GPtrArray) start =
         converse(f, VM_OP_AGENT_START, "{'name': <'gina'>, 'wait': <false>}");
     assert_result_reply(start);
-    while (strchr(got->str, '\n') == NULL) {
-        g_autoptr(GError) error = NULL;
-        g_autoptr(VmMessage) data = vm_message_read_fd(fd, NULL, &error);
-        const guint8 *bytes;
-        gsize len = 0;
-
-        if (data == NULL)
-            fail_msg("no event came: %s", error != NULL ? error->message : "EOF");
-        assert_int_equal(data->op, VM_OP_STDOUT);
-        bytes = vm_message_get_data(data, "data", &len);
-        g_string_append_len(got, (const char *)bytes, (gssize)len);
-    }
+    read_lines(fd, got, 2);
     g_autofree char *names = event_names(got->str);
-    assert_string_equal(names, "agent-start");
+    assert_string_equal(names, "agent-stop agent-start");
     close(fd);
     g_thread_join(thread);
 }
