@@ -145,6 +145,12 @@ static const VmOpSpec vm_op_specs[] = {
     {VM_OP_HOST_SAVE_ALL, "host-save-all", VM_OP_RESULT, FALSE, {
         {"timeout_s", "u", 0, 1, 3600},
         {NULL}}},
+    {VM_OP_EVENTS, "events", VM_OP_EXIT, FALSE, {
+        {"name", "s"},
+        {"since", "x"},
+        {"lines", "u"},
+        {"follow", "b"},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
@@ -358,25 +364,6 @@ vm_message_new(VmOp op, GVariant *fields, GError **error)
     return message;
 }
 
-/* Cuts @text to valid UTF-8 of at most VM_TEXT_MAX bytes. */
-static char *
-vm_wire_text(const char *text)
-{
-    g_autofree char *valid = g_utf8_make_valid(text != NULL ? text : "", -1);
-    const char *end = valid;
-
-    if (strlen(valid) <= VM_TEXT_MAX)
-        return g_steal_pointer(&valid);
-    while (*end != '\0') {
-        const char *next = g_utf8_next_char(end);
-
-        if (next - valid > VM_TEXT_MAX)
-            break;
-        end = next;
-    }
-    return g_strndup(valid, end - valid);
-}
-
 VmMessage *
 vm_message_new_error(const GError *error)
 {
@@ -385,7 +372,7 @@ vm_message_new_error(const GError *error)
 
     g_return_val_if_fail(error != NULL, NULL);
 
-    text = vm_wire_text(error->message);
+    text = vm_utf8_cut(error->message, VM_TEXT_MAX);
     g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);
     g_variant_builder_add(&builder, "{sv}", "code", g_variant_new_uint32(vm_error_code(error)));
     g_variant_builder_add(&builder, "{sv}", "message", g_variant_new_string(text));
@@ -395,7 +382,7 @@ vm_message_new_error(const GError *error)
 VmMessage *
 vm_message_new_progress(const char *message, double fraction)
 {
-    g_autofree char *text = vm_wire_text(message);
+    g_autofree char *text = vm_utf8_cut(message, VM_TEXT_MAX);
     GVariantBuilder builder;
 
     g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);

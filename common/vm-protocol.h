@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  4
+#define VM_PROTOCOL_VERSION  5
 #define VM_PATHS_MAX         64  /* --path arguments of a restore */
 #define VM_RULES_MAX         256 /* egress rules in one request */
 
@@ -58,6 +58,7 @@ typedef enum {
     VM_OP_EGRESS_LOG,            /* -> STDOUT* EXIT {status 0} */
     VM_OP_AGENT_SET_RESTART,     /* -> RESULT {agent} */
     VM_OP_HOST_SAVE_ALL,         /* -> RESULT {agents, seconds} */
+    VM_OP_EVENTS,                /* -> STDOUT* EXIT {status 0} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,
@@ -70,7 +71,7 @@ typedef enum {
     VM_OP_ERROR,          /* code is a VmErrorCode; ends the conversation */
     VM_OP_STDOUT,
     VM_OP_STDERR,
-    VM_OP_EXIT, /* the remote command's exit status; ends EXEC and EGRESS_LOG */
+    VM_OP_EXIT, /* the remote command's exit status; ends EXEC, EGRESS_LOG and EVENTS */
 } VmOp;
 
 typedef struct {
@@ -85,7 +86,8 @@ const char *vm_op_name(VmOp op);
 gboolean vm_op_is_request(VmOp op);
 
 /* For a request, the op that ends its successful reply: VM_OP_RESULT, or VM_OP_EXIT for the
- * requests answered with a stream (EXEC, EGRESS_LOG). 0 for anything that is not a request. */
+ * requests answered with a stream (EXEC, EGRESS_LOG, EVENTS). 0 for anything that is not a request.
+ */
 VmOp vm_op_reply_end(VmOp op);
 
 /* Builds a message, taking ownership of @fields (an a{sv}; floating refs are sunk; NULL means

@@ -2,7 +2,7 @@
  * a VmStreamReader. Every reply has one of two shapes (vm_op_reply_end() says which):
  *
  *   PROGRESS*, then RESULT or ERROR                        most requests
- *   (PROGRESS | STDOUT | STDERR)*, then EXIT or ERROR      EXEC, EGRESS_LOG
+ *   (PROGRESS | STDOUT | STDERR)*, then EXIT or ERROR      EXEC, EGRESS_LOG, EVENTS
  *
  * RESULT, EXIT and ERROR end the reply; nothing follows them. The frames are the ones
  * vm-protocol.h defines; these types hold no buffer, so a writer and plain

@@ -1,14 +1,9 @@
 #include "vmctl.h"
 
-#include "vm-error.h"
-#include "vm-stream.h"
 #include "vm-util.h"
-#include "vmctl-client.h"
 
 #include <json-glib/json-glib.h>
-#include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 /* One record as a line: "TIME EVENT HOST:PORT [-> ADDRESS] REASON [up N down N] DURATION". A
  * line that is not a record is shown as it is. */
@@ -48,23 +43,6 @@ format_record(const char *line)
     return g_string_free(g_steal_pointer(&out), FALSE);
 }
 
-/* Prints the whole lines in @pending and keeps the rest. */
-static gboolean
-print_lines(VmctlContext *ctx, GString *pending, GError **error)
-{
-    char *nl;
-
-    while ((nl = memchr(pending->str, '\n', pending->len)) != NULL) {
-        g_autofree char *line = g_strndup(pending->str, nl - pending->str);
-        g_autofree char *text = ctx->json ? g_strdup(line) : format_record(line);
-
-        g_string_erase(pending, 0, nl - pending->str + 1);
-        if (printf("%s\n", text) < 0 || fflush(stdout) != 0)
-            return vm_throw(error, VM_ERROR_IO, "cannot write the output");
-    }
-    return TRUE;
-}
-
 gboolean
 vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
@@ -77,11 +55,6 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
          "Show the last N records first (default: all)", "N"},
         G_OPTION_ENTRY_NULL,
     };
-    g_autoptr(GString) pending = g_string_new(NULL);
-    g_autofree char *socket_path = NULL;
-    g_autoptr(VmMessage) request = NULL;
-    vm_autofd fd = -1;
-    VmStreamReader reader;
 
     g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
     if (fields == NULL)
@@ -94,36 +67,6 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
         g_variant_dict_insert(fields, "lines", "u", n);
     }
     g_variant_dict_insert(fields, "follow", "b", follow);
-    request = vm_message_new(VM_OP_EGRESS_LOG, g_variant_dict_end(fields), error);
-    if (request == NULL)
-        return FALSE;
-    socket_path = vmctl_socket_path(ctx);
-    fd = vmctl_client_connect(socket_path, error);
-    if (fd < 0 || !vm_message_write_fd(fd, request, error))
-        return FALSE;
-    vm_stream_reader_init(&reader, fd, request->op);
-    for (;;) {
-        g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, error);
-        const guint8 *data;
-        gsize len = 0;
-
-        if (m == NULL)
-            return FALSE;
-        switch (m->op) {
-        case VM_OP_STDOUT:
-            data = vm_message_get_data(m, "data", &len);
-            g_string_append_len(pending, (const char *)data, (gssize)len);
-            if (!print_lines(ctx, pending, error))
-                return FALSE;
-            break;
-        case VM_OP_EXIT:
-            g_string_append_c(pending, '\n');
-            return pending->len == 1 || print_lines(ctx, pending, error);
-        case VM_OP_PROGRESS:
-            break;
-        default: /* the log has no stderr */
-            return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
-                            vm_op_name(m->op));
-        }
-    }
+    return vmctl_print_stream(ctx, VM_OP_EGRESS_LOG, g_variant_dict_end(fields), format_record,
+                              error);
 }

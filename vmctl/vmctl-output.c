@@ -230,6 +230,31 @@ vmctl_format_details(GVariant *dict, const VmctlField *fields, gsize n_fields, g
 }
 
 char *
+vmctl_format_escaped(const char *text)
+{
+    g_autofree char *valid = g_utf8_make_valid(text, -1);
+    GString *out = g_string_sized_new(strlen(valid));
+
+    for (const char *p = valid; *p != '\0'; p = g_utf8_next_char(p)) {
+        gunichar c = g_utf8_get_char(p);
+
+        if (c == '\n')
+            g_string_append(out, "\\n");
+        else if (c == '\r')
+            g_string_append(out, "\\r");
+        else if (c == '\t')
+            g_string_append(out, "\\t");
+        else if (c < 0x20 || c == 0x7f)
+            g_string_append_printf(out, "\\x%02x", c);
+        else if (g_unichar_iscntrl(c))
+            g_string_append_printf(out, "\\u%04x", c);
+        else
+            g_string_append_len(out, p, g_utf8_next_char(p) - p);
+    }
+    return g_string_free(out, FALSE);
+}
+
+char *
 vmctl_format_json(GVariant *value)
 {
     g_autoptr(JsonNode) node = json_gvariant_serialize(value);

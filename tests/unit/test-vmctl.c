@@ -21,6 +21,7 @@
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-util.h"
+#include "vmctl.h"
 #include "test-common.h"
 
 #define SERVER_WAIT_MS 30000
@@ -838,6 +839,159 @@ test_exec_failures(void **state)
     assert_int_equal(not_running.status, 125);
 }
 
+/* ---- events ---------------------------------------------------------------------------------- */
+
+/* `events` sends what it was asked for and shows each event on a line of its own, in local time,
+ * escaping what came from the log; --json shows the lines as they came. */
+static void
+test_events(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) json = {0};
+    g_autoptr(GVariant) since = NULL;
+    gint64 before = g_get_real_time();
+    static const char lines[] =
+        "{\"time\":\"2024-05-01T12:00:00.250000Z\",\"agent\":\"alice\",\"event\":\"agent-start\","
+        "\"state\":\"running\",\"uid\":1000,\"outcome\":\"ok\"}\n"
+        "{\"time\":\"2024-05-01T12:00:01Z\",\"event\":\"restarted\",\"detail\":\"hostd came "
+        "back\"}\n"
+        "{\"time\":\"2024-05-01T12:00:02Z\",\"agent\":\"alice\",\"event\":\"exec\","
+        "\"uid\":0,\"outcome\":\"error\",\"detail\":\"echo \\u001b[2J\\nrm: bad\"}\n";
+
+    g_setenv("TZ", "UTC", TRUE);
+    reply_data(f, VM_OP_STDOUT, lines);
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "events", "alice", "--since", "10m", "--lines", "5");
+    assert_request(f, VM_OP_EVENTS);
+    assert_string_equal(vm_message_get_string(f->server.request, "name", ""), "alice");
+    assert_int_equal(vm_message_get_uint(f->server.request, "lines", 0), 5);
+    assert_false(vm_message_get_bool(f->server.request, "follow", TRUE));
+    since = vm_message_lookup(f->server.request, "since");
+    assert_non_null(since);
+    assert_true(g_variant_get_int64(since) >= before - 600 * G_USEC_PER_SEC);
+    assert_true(g_variant_get_int64(since) <= g_get_real_time() - 600 * G_USEC_PER_SEC);
+    assert_int_equal(run.status, 0);
+    assert_string_equal(run.err, "");
+    assert_string_equal(
+        run.out, "2024-05-01 12:00:00  alice         agent-start       running   uid 1000  ok\n"
+                 "2024-05-01 12:00:01  -             restarted         -         hostd came back\n"
+                 "2024-05-01 12:00:02  alice         exec              -         uid 0  error  "
+                 "echo \\x1b[2J\\nrm: bad\n");
+
+    reply_data(f, VM_OP_STDOUT, lines);
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, NULL, &json, "events", "--follow", "--json");
+    assert_request(f, VM_OP_EVENTS);
+    assert_null(vm_message_lookup(f->server.request, "name"));
+    assert_null(vm_message_lookup(f->server.request, "since"));
+    assert_null(vm_message_lookup(f->server.request, "lines"));
+    assert_true(vm_message_get_bool(f->server.request, "follow", FALSE));
+    assert_int_equal(json.status, 0);
+    assert_string_equal(json.out, lines);
+}
+
+/* A bad T or AGENT is a usage error, and nothing is sent. */
+static void
+test_events_usage(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *args[4];
+        const char *err;
+    } cases[] = {
+        {{"events", "--since", "yesterday"},
+         "vmctl: --since needs a duration (90s, 10m, 2h, 3d) or an ISO 8601 time "
+         "(2024-05-01T14:00:00, with or without a zone), not 'yesterday'; see 'vmctl events "
+         "--help'\n"},
+        {{"events", "--lines", "-1"},
+         "vmctl: --lines needs a number from 0 to 4294967294, not '-1'; see 'vmctl events "
+         "--help'\n"},
+        {{"events", "Alice"},
+         "vmctl: invalid name 'Alice': must start with a lower-case letter a-z\n"},
+        {{"events", "a", "b"}, "vmctl: unexpected argument 'b'; see 'vmctl events --help'\n"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+
+        run_vmctl_argv(f, NULL, cases[i].args, &run);
+        assert_string_equal(run.err, cases[i].err);
+        assert_string_equal(run.out, "");
+        assert_int_equal(run.status, 2);
+    }
+}
+
+static gint64
+local_usec(int year, int month, int day, int hour, int minute)
+{
+    g_autoptr(GDateTime) t = g_date_time_new_local(year, month, day, hour, minute, 0);
+
+    return g_date_time_to_unix(t) * G_USEC_PER_SEC;
+}
+
+/* T is a duration back from now or an ISO 8601 time, local without a zone. */
+static void
+test_parse_time(void **state)
+{
+    const VmctlVerb verb = {"events", vmctl_cmd_events, "[AGENT]", "events"};
+    VmctlContext ctx = {.verb = &verb};
+    const gint64 now = G_GINT64_CONSTANT(1714564800000000); /* 2024-05-01T12:00:00Z */
+    const struct {
+        const char *text;
+        gint64 usec;
+    } good[] = {
+        {"90s", now - (gint64)90 * G_USEC_PER_SEC},
+        {"90", now - (gint64)90 * G_USEC_PER_SEC},
+        {"10m", now - (gint64)600 * G_USEC_PER_SEC},
+        {"2h", now - (gint64)7200 * G_USEC_PER_SEC},
+        {"3d", now - (gint64)3 * 86400 * G_USEC_PER_SEC},
+        {"0s", now},
+        {"2024-05-01T12:00:00Z", now},
+        {"2024-05-01T12:00:00.5Z", now + G_USEC_PER_SEC / 2},
+        {"2024-05-01T14:00:00+02:00", now},
+        {"2024-05-01T14:00:00", local_usec(2024, 5, 1, 14, 0)},
+        {"2024-05-01 14:00:00", local_usec(2024, 5, 1, 14, 0)},
+        {"2024-05-01 14:00", local_usec(2024, 5, 1, 14, 0)},
+        {"2024-05-01T14:00Z", now + (gint64)7200 * G_USEC_PER_SEC},
+        {"2024-05-01", local_usec(2024, 5, 1, 0, 0)},
+    };
+    static const char *const bad[] = {
+        "",
+        "yesterday",
+        "10x",
+        "-5m",
+        "5 m",
+        "2024-13-01",
+        "2024-05-01T25:00:00",
+        "2024-05",
+        "14:00",
+        "2024-05-01T14",
+        "2024-05-01Tab:cd",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autoptr(GError) error = NULL;
+        gint64 usec = 0;
+
+        if (!vmctl_parse_time(&ctx, "--since", good[i].text, now, &usec, &error))
+            fail_msg("'%s': %s", good[i].text, error->message);
+        if (usec != good[i].usec)
+            fail_msg("'%s': %" G_GINT64_FORMAT ", expected %" G_GINT64_FORMAT, good[i].text, usec,
+                     good[i].usec);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GError) error = NULL;
+        gint64 usec = 42;
+
+        assert_false(vmctl_parse_time(&ctx, "--since", bad[i], now, &usec, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "--since needs");
+        assert_int_equal(usec, 42);
+    }
+}
+
 int
 main(void)
 {
@@ -866,6 +1020,9 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec_empty_stdin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_closed_stdout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_failures, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events_usage, setup, teardown),
+        cmocka_unit_test(test_parse_time),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
