@@ -114,6 +114,9 @@ check "a new agent is wanted running, restart on-crash" \
 # --- QEMU killed: restarted ---------------------------------------------------------------------
 vmctl exec a1 -- sh -c 'echo precious > ~/kept.txt; sync'
 BOOT1=$(boot_id a1)
+"$VMCTL" --socket "$SOCK" events a1 --follow --json -n 0 > "$S/follow.out" 2>&1 &
+FOLLOW=$!
+sleep 1
 kill_qemu a1
 check "a1's QEMU is killed" test $? = 0
 if T=$(wait_state a1 running 30); then
@@ -124,6 +127,10 @@ else
 fi
 check "the crash and the restart are in the event log" \
   test "$(events_of a1 crashed) $(events_of a1 restarted)" = "1 1"
+sleep 1
+kill "$FOLLOW" 2>/dev/null; wait "$FOLLOW" 2>/dev/null
+check "vmctl events --follow saw the crash and the restart as they happened" \
+  bash -c "grep -q '\"event\":\"crashed\"' '$S/follow.out' && grep -q '\"event\":\"restarted\"' '$S/follow.out'"
 check "hostd's log says why" grep -q "a1.*without a shutdown" "$LOG"
 check "info counts the crash" test "$(field_of a1 crashes)" = 1
 
@@ -144,6 +151,8 @@ check "info says why it is crashed" bash -c "'$VMCTL' --socket '$SOCK' info a1 |
 check "list shows it crashed" bash -c "'$VMCTL' --socket '$SOCK' list | grep -q 'a1.*crashed'"
 vmctl -q start --no-wait a1 >/dev/null
 check "vmctl start clears crashed" test "$(state_of a1) $(field_of a1 crashes)" = "running 0"
+check "the start is in the event log with the caller's uid" \
+  bash -c "'$VMCTL' --socket '$SOCK' events a1 --json -n 1 | grep -q '\"event\":\"agent-start\".*\"uid\":$(id -u)'"
 
 # --- poweroff from inside: stopped, not restarted ----------------------------------------------
 timeout 20 "$VMCTL" --socket "$SOCK" exec a2 -- sudo systemctl poweroff >/dev/null 2>&1
