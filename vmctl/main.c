@@ -116,7 +116,9 @@ report_failure(const VmctlContext *ctx, const GError *error)
         g_autofree char *json = vmctl_format_json(value);
         fputs(json, stdout);
     }
-    fprintf(stderr, "vmctl: %s\n", error->message);
+    /* hostd's messages may quote the guest (its console, a command's stderr): never raw. */
+    g_autofree char *message = vmctl_format_escaped_lines(error->message);
+    fprintf(stderr, "vmctl: %s\n", message);
     return ctx->failure_status != 0 ? ctx->failure_status : vm_error_exit_status(code);
 }
 

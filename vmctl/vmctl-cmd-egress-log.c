@@ -6,9 +6,9 @@
 #include <string.h>
 
 /* One record as a line: "TIME EVENT HOST:PORT [-> ADDRESS] REASON [up N down N] DURATION". A
- * line that is not a record is shown as it is. */
+ * line that is not a record is shown escaped, as is the host: the guest named it. */
 static char *
-format_record(const char *line)
+format_record_raw(const char *line)
 {
     g_autoptr(JsonParser) parser = json_parser_new();
     JsonObject *o;
@@ -41,6 +41,13 @@ format_record(const char *line)
     g_string_append_printf(out, "  %" G_GINT64_FORMAT " ms",
                            json_object_get_int_member_with_default(o, "duration_ms", 0));
     return g_string_free(g_steal_pointer(&out), FALSE);
+}
+
+static char *
+format_record(const char *line)
+{
+    g_autofree char *raw = format_record_raw(line);
+    return vmctl_format_escaped(raw);
 }
 
 gboolean

@@ -77,11 +77,12 @@ vmctl_dict_lookup(GVariant *dict, const char *key)
     return value;
 }
 
+/* Strings may hold what a guest wrote (a crash reason, a label): shown escaped. */
 static char *
 format_text(GVariant *value)
 {
     if (g_variant_is_of_type(value, G_VARIANT_TYPE_STRING))
-        return g_variant_dup_string(value, NULL);
+        return vmctl_format_escaped(g_variant_get_string(value, NULL));
     return g_variant_print(value, FALSE);
 }
 
@@ -229,8 +230,8 @@ vmctl_format_details(GVariant *dict, const VmctlField *fields, gsize n_fields, g
     return g_string_free(out, FALSE);
 }
 
-char *
-vmctl_format_escaped(const char *text)
+static char *
+format_escaped(const char *text, gboolean keep_newlines)
 {
     g_autofree char *valid = g_utf8_make_valid(text, -1);
     GString *out = g_string_sized_new(strlen(valid));
@@ -238,7 +239,9 @@ vmctl_format_escaped(const char *text)
     for (const char *p = valid; *p != '\0'; p = g_utf8_next_char(p)) {
         gunichar c = g_utf8_get_char(p);
 
-        if (c == '\n')
+        if (c == '\n' && keep_newlines)
+            g_string_append_c(out, '\n');
+        else if (c == '\n')
             g_string_append(out, "\\n");
         else if (c == '\r')
             g_string_append(out, "\\r");
@@ -252,6 +255,18 @@ vmctl_format_escaped(const char *text)
             g_string_append_len(out, p, g_utf8_next_char(p) - p);
     }
     return g_string_free(out, FALSE);
+}
+
+char *
+vmctl_format_escaped(const char *text)
+{
+    return format_escaped(text, FALSE);
+}
+
+char *
+vmctl_format_escaped_lines(const char *text)
+{
+    return format_escaped(text, TRUE);
 }
 
 char *

@@ -464,6 +464,39 @@ test_hostd_error(void **state)
     assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_NOT_FOUND));
 }
 
+/* What a guest wrote (an error quoting its console, file names in a diff) reaches the terminal
+ * with its control characters escaped: an escape sequence cannot repaint the screen or forge a
+ * line. */
+static void
+test_error_escaped(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply_error(f, VM_ERROR_TIMEOUT,
+                "no SSH after 300 s; the console's last lines:\n\x1b[2Jroot ok\rvmctl: forged");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "start", "a1");
+    assert_string_equal(run.err, "vmctl: no SSH after 300 s; the console's last lines:\n"
+                                 "\\x1b[2Jroot ok\\rvmctl: forged\n");
+}
+
+static void
+test_diff_escaped(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'changes': <[('added', '/home/a/\\u001b]0;pwned\\u0007'), ('deleted', '/etc/x\\ny')]>,"
+          " 'truncated': <false>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "diff", "a1", "c1");
+    assert_string_equal(run.out, "added /home/a/\\x1b]0;pwned\\x07\n"
+                                 "deleted /etc/x\\ny\n");
+    assert_int_equal(run.status, 0);
+}
+
 static void
 test_hostd_error_json(void **state)
 {
@@ -1004,6 +1037,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_template_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hostd_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_escaped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_diff_escaped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hostd_error_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hostd_hangs_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_lines, setup, teardown),
