@@ -215,7 +215,12 @@ check "... with the same boot ids" test "$(boot_id a1) $(boot_id a2)" = "$B1 $B2
 
 # --- host lost power: hostd and every QEMU killed ------------------------------------------------
 sed -i '/^shutdown-resume/d' "$CONF"
-vmctl suspend --save a2 >/dev/null
+# Host maintenance without stopping hostd: every running agent saved; a1 woken again after.
+vmctl stop-host-agents > "$S/stop-host-agents.out" 2>&1
+check "stop-host-agents saves both running agents" \
+  bash -c "grep -q '2 of 2 running agents saved' '$S/stop-host-agents.out' && test \"\$('$VMCTL' --socket '$SOCK' list | grep -c saved)\" = 2"
+diag "figure: $(tail -n 1 "$S/stop-host-agents.out")"
+vmctl resume a1 >/dev/null
 P1=$(qemu_pid a1)
 kill -9 "$HOSTD_PID"; wait "$HOSTD_PID" 2>/dev/null; HOSTD_PID=
 [ -n "$P1" ] && kill -9 "$P1"
