@@ -5,6 +5,7 @@
 #include "vm-util.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -600,13 +601,28 @@ vm_message_decode(const guint8 *payload, gsize len, GError **error)
     return vm_message_new((VmOp)op, g_steal_pointer(&fields), error);
 }
 
-/* Reads up to @len bytes, stopping early only at EOF. Returns the count, or -1 with errno. */
+/* Reads up to @len bytes, stopping early only at EOF. With @deadline (monotonic us; 0: none)
+ * waits for each part only until then: a peer that trickles bytes cannot stretch it. Returns the
+ * count, or -1 with errno (ETIMEDOUT past the deadline). */
 static gssize
-vm_read_full(int fd, guint8 *buf, gsize len)
+vm_read_full(int fd, guint8 *buf, gsize len, gint64 deadline)
 {
     gsize done = 0;
 
     while (done < len) {
+        if (deadline > 0) {
+            gint64 left = deadline - g_get_monotonic_time();
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            int ready = left > 0 ? poll(&pfd, 1, (int)MAX(left / 1000, 1)) : 0;
+            if (ready < 0 && errno == EINTR)
+                continue;
+            if (ready == 0) {
+                errno = ETIMEDOUT;
+                return -1;
+            }
+            if (ready < 0)
+                return -1;
+        }
         gssize n = read(fd, buf + done, len - done);
 
         if (n < 0 && errno == EINTR)
@@ -627,6 +643,12 @@ vm_read_full(int fd, guint8 *buf, gsize len)
 VmMessage *
 vm_message_read_fd(int fd, gboolean *ret_eof, GError **error)
 {
+    return vm_message_read_fd_until(fd, 0, ret_eof, error);
+}
+
+VmMessage *
+vm_message_read_fd_until(int fd, gint64 deadline, gboolean *ret_eof, GError **error)
+{
     guint8 header[VM_FRAME_HEADER_SIZE];
     g_autofree guint8 *payload = NULL;
     gssize n;
@@ -637,7 +659,9 @@ vm_message_read_fd(int fd, gboolean *ret_eof, GError **error)
     if (ret_eof != NULL)
         *ret_eof = FALSE;
 
-    n = vm_read_full(fd, header, sizeof(header));
+    n = vm_read_full(fd, header, sizeof(header), deadline);
+    if (n < 0 && errno == ETIMEDOUT)
+        return vm_throw(error, VM_ERROR_TIMEOUT, "no whole frame in time"), NULL;
     if (n < 0) {
         vm_throw_errno(error, errno, "cannot read a frame");
         return NULL;
@@ -667,7 +691,9 @@ vm_message_read_fd(int fd, gboolean *ret_eof, GError **error)
     }
 
     payload = g_malloc(MAX(len, 1));
-    n = vm_read_full(fd, payload, len);
+    n = vm_read_full(fd, payload, len, deadline);
+    if (n < 0 && errno == ETIMEDOUT)
+        return vm_throw(error, VM_ERROR_TIMEOUT, "no whole frame in time"), NULL;
     if (n < 0) {
         vm_throw_errno(error, errno, "cannot read a frame");
         return NULL;

@@ -134,6 +134,10 @@ VmMessage *vm_message_decode(const guint8 *payload, gsize len, GError **error);
  * length fails with VM_ERROR_PROTOCOL, a read error with VM_ERROR_IO. */
 VmMessage *vm_message_read_fd(int fd, gboolean *ret_eof, GError **error);
 
+/* The same, with the whole frame due by @deadline (monotonic microseconds; 0: no deadline):
+ * a frame not whole by then fails with VM_ERROR_TIMEOUT, however the peer spaces its bytes. */
+VmMessage *vm_message_read_fd_until(int fd, gint64 deadline, gboolean *ret_eof, GError **error);
+
 /* Writes one frame to the blocking stream @fd (retries on EINTR and short writes, never raises
  * SIGPIPE: uses send(MSG_NOSIGNAL) on sockets). Fails with VM_ERROR_IO or VM_ERROR_PROTOCOL. */
 gboolean vm_message_write_fd(int fd, const VmMessage *message, GError **error);

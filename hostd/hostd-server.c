@@ -28,8 +28,8 @@
 #include "vm-stream.h"
 #include "vm-util.h"
 
-#define HOSTD_MAX_CLIENTS       64
-#define HOSTD_REQUEST_TIMEOUT_S 30
+#define HOSTD_MAX_CLIENTS    64
+#define HOSTD_SEND_TIMEOUT_S 60
 /* Bytes of an exec's command line its event keeps. */
 #define HOSTD_EVENT_COMMAND_MAX 200
 
@@ -623,12 +623,19 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
     g_autoptr(GError) error = NULL;
     gboolean eof = FALSE;
 
-    /* A client that connects and never speaks must not hold a thread forever. */
-    struct timeval tv = {.tv_sec = HOSTD_REQUEST_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    g_autoptr(VmMessage) req = vm_message_read_fd(fd, &eof, &error);
-    struct timeval none = {0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+    /* A client that never sends its whole request, or never reads its answer, must not hold a
+     * thread for long: the request is due within request-timeout however its bytes are spaced,
+     * and a reply that cannot be sent for HOSTD_SEND_TIMEOUT_S fails. Streams (exec, follow)
+     * are the client's to pace: no send timeout there. */
+    struct timeval send_timeout = {.tv_sec = HOSTD_SEND_TIMEOUT_S};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    gint64 deadline =
+        g_get_monotonic_time() + (gint64)ctx->config->request_timeout_s * G_USEC_PER_SEC;
+    g_autoptr(VmMessage) req = vm_message_read_fd_until(fd, deadline, &eof, &error);
+    if (req != NULL && vm_op_reply_end(req->op) != VM_OP_RESULT) {
+        struct timeval none = {0};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
+    }
 
     HostdRequest request = {
         .reply = VM_STREAM_WRITER_INIT(fd),

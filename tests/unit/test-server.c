@@ -1355,10 +1355,37 @@ test_reconcile_keeps(void **state)
     assert_false(domain_exists(f, "garbled"));
 }
 
+/* A client that trickles its request, a byte at a time well within the old per-read timeout,
+ * is cut off at request-timeout for the whole request: it cannot hold a thread. */
+static void
+test_request_deadline(void **state)
+{
+    Fixture *f = *state;
+    GThread *thread = NULL;
+    g_autoptr(VmMessage) m = request(VM_OP_PING, NULL);
+    g_autoptr(GBytes) frame = vm_message_encode(m, NULL);
+    gsize len = 0;
+    const guint8 *bytes = g_bytes_get_data(frame, &len);
+
+    f->ctx->config->request_timeout_s = 1;
+    int fd = hostd_test_serve(f, &thread);
+    gint64 start = g_get_monotonic_time();
+    for (gsize i = 0; i + 1 < len && g_get_monotonic_time() - start < 3 * G_USEC_PER_SEC; i++) {
+        if (send(fd, bytes + i, 1, MSG_NOSIGNAL) != 1)
+            break;
+        g_usleep(200 * 1000);
+    }
+    g_autoptr(GPtrArray) replies = read_replies(fd, thread);
+    gint64 took = g_get_monotonic_time() - start;
+    assert_error_reply(replies, VM_ERROR_TIMEOUT, "in time");
+    assert_true(took < 3 * G_USEC_PER_SEC);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_request_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ping_half_closed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_list_empty, setup, teardown),
