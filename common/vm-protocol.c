@@ -180,6 +180,9 @@ static const VmOpSpec vm_op_specs[] = {
     {VM_OP_EXIT, "exit", 0, FALSE, {
         {"status", "i", REQ},
         {NULL}}},
+    {VM_OP_RESULT_PART, "result-part", 0, FALSE, {
+        {"data", "ay", REQ, 1, VM_RESULT_PART_MAX},
+        {NULL}}},
 };
 /* clang-format on */
 

@@ -22,8 +22,10 @@ G_BEGIN_DECLS
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
 #define VM_PROTOCOL_VERSION  4
-#define VM_PATHS_MAX         64  /* --path arguments of a restore */
-#define VM_RULES_MAX         256 /* egress rules in one request */
+#define VM_PATHS_MAX         64                  /* --path arguments of a restore */
+#define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
+#define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
+#define VM_RULES_MAX         256                 /* egress rules in one request */
 
 /* Values are part of the wire protocol: append only, never renumber. The fields each op may
  * carry are in one place, the schema table in vm-protocol.c; docs/PROTOCOL.md describes them
@@ -71,7 +73,8 @@ typedef enum {
     VM_OP_ERROR,          /* code is a VmErrorCode; ends the conversation */
     VM_OP_STDOUT,
     VM_OP_STDERR,
-    VM_OP_EXIT, /* the remote command's exit status; ends EXEC, EGRESS_LOG and EVENTS */
+    VM_OP_EXIT,        /* the remote command's exit status; ends EXEC, EGRESS_LOG and EVENTS */
+    VM_OP_RESULT_PART, /* a piece of a RESULT too big for one frame (vm-stream.h) */
 } VmOp;
 
 typedef struct {

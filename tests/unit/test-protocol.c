@@ -60,6 +60,7 @@ static const struct {
     {VM_OP_STDOUT, FALSE},
     {VM_OP_STDERR, FALSE},
     {VM_OP_EXIT, FALSE},
+    {VM_OP_RESULT_PART, FALSE},
 };
 
 /* One message per op with every field it may carry, in GVariant text form. */

@@ -22,6 +22,7 @@
 #include "vm-protocol.h"
 #include "vm-util.h"
 #include "vmctl.h"
+#include "vm-stream.h"
 #include "test-common.h"
 
 #define SERVER_WAIT_MS 30000
@@ -29,6 +30,7 @@
 typedef struct {
     /* The script. */
     GPtrArray *replies;     /* VmMessage, sent after the request (and stdin) */
+    GVariant *result;       /* when set, a RESULT sent last through a VmStreamWriter (any size) */
     gboolean collect_stdin; /* read STDIN frames up to STDIN_EOF before replying */
     gboolean echo_stdin;    /* send what was collected back as STDOUT frames first */
 
@@ -100,6 +102,7 @@ teardown(void **state)
     close(f->listen_fd);
     vm_test_remove_tree(f->tmpdir);
     g_ptr_array_unref(f->server.replies);
+    g_clear_pointer(&f->server.result, g_variant_unref);
     g_byte_array_unref(f->server.stdin_data);
     if (f->server.request != NULL)
         vm_message_free(f->server.request);
@@ -164,6 +167,10 @@ server_thread(gpointer data)
     }
     for (guint i = 0; i < server->replies->len; i++)
         vm_message_write_fd(fd, g_ptr_array_index(server->replies, i), NULL);
+    if (server->result != NULL) {
+        VmStreamWriter writer = VM_STREAM_WRITER_INIT(fd);
+        vm_stream_writer_result(&writer, g_variant_ref(server->result), NULL);
+    }
     close(fd);
     return NULL;
 }
@@ -376,6 +383,34 @@ test_list(void **state)
                         "-\n");
     assert_string_equal(run.err, "");
     assert_int_equal(run.status, 0);
+}
+
+/* A list of 10,000 agents is over one frame: it comes in parts and prints whole. */
+static void
+test_list_many(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(GVariantBuilder) agents = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
+
+    for (guint i = 0; i < 10000; i++) {
+        g_autofree char *name = g_strdup_printf("agent-%05u", i);
+        g_variant_builder_add_parsed(&agents,
+                                     "{'name': <%s>, 'state': <'running'>, 'template': "
+                                     "<'debian-12'>, 'cpus': <uint32 2>, 'memory_mib': <uint32 "
+                                     "2048>, 'disk_gib': <uint32 10>, 'ssh_port': <uint32 2201>}",
+                                     name);
+    }
+    f->server.result = g_variant_ref_sink(
+        g_variant_new_parsed("{'agents': <%@aa{sv}>}", g_variant_builder_end(&agents)));
+    assert_true(g_variant_get_size(f->server.result) > VM_FRAME_MAX);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "list");
+    assert_int_equal(run.status, 0);
+    g_auto(GStrv) lines = g_strsplit(run.out, "\n", -1);
+    assert_int_equal(g_strv_length(lines), 10000 + 2); /* the header, and "" after the last */
+    assert_true(g_str_has_prefix(lines[1], "agent-00000 "));
+    assert_true(g_str_has_prefix(lines[10000], "agent-09999 "));
 }
 
 static void
@@ -1033,6 +1068,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_many, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_template_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info, setup, teardown),
