@@ -845,7 +845,9 @@ conn_relay(Conn *conn, gboolean *ret_more)
     direction_open(&down, conn->up_fd, conn->fd, &conn->bytes_down);
     /* the guest may already have closed its side after a pipelined request */
     up.eof = conn->guest_eof;
-    memcpy(up.buf, conn->pending_up->data, conn->pending_up->len);
+    /* An empty GByteArray may have no data at all: memcpy() must not see NULL even for 0. */
+    if (conn->pending_up->len > 0)
+        memcpy(up.buf, conn->pending_up->data, conn->pending_up->len);
     up.end = conn->pending_up->len;
     g_byte_array_set_size(conn->pending_up, 0);
     if (http) {
