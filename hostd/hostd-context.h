@@ -35,6 +35,7 @@ typedef struct {
     struct _HostdRelay *relay;   /* the public SSH ports (hostd-power.c); NULL until started */
     struct _HostdSupervisor *supervisor; /* hostd-supervise.c's; NULL until started */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
+    gboolean debug;                      /* --debug: also a trace of where each exec's time went */
 } HostdContext;
 
 /* What a component does at each step of an agent's life. Every hook is optional; hooks run in

@@ -6,9 +6,36 @@
 #include "vm-error.h"
 #include "vm-name.h"
 
+/* The exec itself, marking its phases in request->trace. */
+static gboolean hostd_agent_exec_traced(HostdContext *ctx, const char *name,
+                                        const HostdExecRequest *request, int client_fd,
+                                        GError **error);
+
 gboolean
-hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *request,
+hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *request_in,
                  int client_fd, GError **error)
+{
+    HostdExecRequest traced = *request_in;
+    const HostdExecRequest *request = &traced;
+    VmTrace trace = {0};
+
+    /* With --debug, where the time went: one line per exec in hostd's log. */
+    if (ctx->debug) {
+        vm_trace_init(&trace);
+        traced.trace = &trace;
+    }
+    gboolean ok = hostd_agent_exec_traced(ctx, name, request, client_fd, error);
+    if (traced.trace != NULL) {
+        g_autofree char *what = g_strdup_printf("exec %s", name);
+        g_autofree char *text = vm_trace_finish(&trace, what);
+        hostd_context_log(ctx, "trace: %s", text);
+    }
+    return ok;
+}
+
+static gboolean
+hostd_agent_exec_traced(HostdContext *ctx, const char *name, const HostdExecRequest *request,
+                        int client_fd, GError **error)
 {
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
@@ -21,9 +48,12 @@ hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *re
         if (!hostd_agent_open(ctx, name, &r, &dom, error))
             return FALSE;
         const char *state = hostd_libvirt_state_name(dom);
-        if ((g_str_equal(state, "paused") || g_str_equal(state, "saved")) &&
-            !hostd_power_wake_locked(ctx, r, dom, error))
-            return FALSE;
+        vm_trace_mark(request->trace, "lock and open");
+        if (g_str_equal(state, "paused") || g_str_equal(state, "saved")) {
+            if (!hostd_power_wake_locked(ctx, r, dom, error))
+                return FALSE;
+            vm_trace_mark(request->trace, "wake");
+        }
         state = hostd_libvirt_state_name(dom);
         if (!g_str_equal(state, "running"))
             return vm_throw(error, VM_ERROR_BAD_STATE,

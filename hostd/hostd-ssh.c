@@ -758,15 +758,18 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
         return FALSE;
 
     session = pool_take(pool, target->agent, &generation);
+    vm_trace_mark(request->trace, "pooled session");
     if (session != NULL && !channel_open(session, target->agent, &channel, NULL)) {
         /* The guest may have rebooted under a pooled session: one fresh try. */
         g_clear_pointer(&session, hostd_ssh_session_close);
     }
     if (session == NULL) {
         session = exec_connect(pool, target, error);
+        vm_trace_mark(request->trace, "connect");
         if (session == NULL || !channel_open(session, target->agent, &channel, error))
             return FALSE;
     }
+    vm_trace_mark(request->trace, "channel open");
 
     state.callbacks.userdata = &state;
     state.callbacks.channel_exit_signal_function = on_exit_signal;
@@ -783,6 +786,7 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
     if (ok && ssh_channel_request_exec(channel, command) != SSH_OK)
         ok =
             ssh_throw(&local_error, session, "cannot run the command on agent '%s'", target->agent);
+    vm_trace_mark(request->trace, "exec request");
     if (ok) {
         ssh_event event = ssh_event_new();
 
@@ -798,6 +802,7 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
             ssh_event_free(event);
     }
 
+    vm_trace_mark(request->trace, "command ran");
     channel_finish(channel, &state);
     g_free(state.exit_signal);
     /* Back into the pool before the EXIT frame, so the client's next exec finds it. A
@@ -808,5 +813,7 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
         g_propagate_error(error, g_steal_pointer(&local_error));
         return FALSE;
     }
-    return vm_stream_writer_exit(&reply, (gint32)status, error);
+    gboolean sent = vm_stream_writer_exit(&reply, (gint32)status, error);
+    vm_trace_mark(request->trace, "exit sent");
+    return sent;
 }

@@ -9,6 +9,8 @@
 
 #include <gio/gio.h>
 
+#include "vm-trace.h"
+
 G_BEGIN_DECLS
 
 typedef struct {
@@ -46,6 +48,7 @@ typedef struct {
     gboolean tty;
     const char *term; /* with tty; NULL = "xterm-256color" */
     guint cols, rows; /* with tty; 0 = 80x24 */
+    VmTrace *trace;   /* marks its phases here when not NULL */
 } HostdExecRequest;
 
 /* Runs @request on @target and relays the conversation with the vmctl client on @client_fd:

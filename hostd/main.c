@@ -84,7 +84,7 @@ main(int argc, char **argv)
 {
     g_autofree char *config_path = NULL, *state_dir = NULL, *socket_path = NULL, *uri = NULL;
     g_autofree char *accel = NULL;
-    gboolean version = FALSE;
+    gboolean version = FALSE, debug = FALSE;
     GOptionEntry entries[] = {
         {"config", 0, 0, G_OPTION_ARG_FILENAME, &config_path, "Configuration file", "FILE"},
         {"state-dir", 0, 0, G_OPTION_ARG_FILENAME, &state_dir, "State directory", "DIR"},
@@ -93,6 +93,8 @@ main(int argc, char **argv)
          "libvirt URI (default: the embedded driver under the state dir)", "URI"},
         {"accel", 0, 0, G_OPTION_ARG_STRING, &accel,
          "auto (default): KVM when it works and beats TCG; kvm; tcg", "MODE"},
+        {"debug", 0, 0, G_OPTION_ARG_NONE, &debug,
+         "Also log where each exec's time goes (a trace of its phases)", NULL},
         {"version", 0, 0, G_OPTION_ARG_NONE, &version, "Print the version", NULL},
         {NULL},
     };
@@ -149,6 +151,7 @@ main(int argc, char **argv)
         g_message("%s", (const char *)notes->pdata[i]);
 
     ctx->log = hostd_log_message;
+    ctx->debug = debug;
     g_ptr_array_set_size(notes, 0);
     if (!hostd_power_start(ctx, notes, &error)) {
         fprintf(stderr, "hostd: %s\n", error->message);

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "vm-error.h"
+#include "vm-trace.h"
 #include "vm-util.h"
 #include "test-common.h"
 
@@ -356,10 +357,32 @@ test_utf8_cut(void **state)
     }
 }
 
+/* A trace names its phases in order, each with its milliseconds, then the total. */
+static void
+test_trace(void **state)
+{
+    VmTrace trace;
+
+    vm_trace_mark(NULL, "nothing happens");
+    vm_trace_init(&trace);
+    g_usleep(2000);
+    vm_trace_mark(&trace, "first");
+    vm_trace_mark(&trace, "second");
+    g_autofree char *text = vm_trace_finish(&trace, "exec a1");
+    g_autoptr(GRegex) re = g_regex_new("^exec a1: first [0-9]+\\.[0-9]{2} ms, second "
+                                       "[0-9]+\\.[0-9]{2} ms; total [0-9]+\\.[0-9]{2} ms$",
+                                       0, 0, NULL);
+    if (!g_regex_match(re, text, 0, NULL))
+        fail_msg("trace '%s'", text);
+    assert_null(trace.phases);
+    assert_true(g_ascii_strtod(strstr(text, "first ") + 6, NULL) >= 2.0);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trace),
         cmocka_unit_test(test_duration_valid),
         cmocka_unit_test(test_duration_invalid),
         cmocka_unit_test_setup_teardown(test_write_atomic, setup_dir, teardown_dir),
