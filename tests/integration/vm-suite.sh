@@ -261,14 +261,15 @@ check "after the interrupted restore and restarts, the memory checkpoint resumes
     [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- cat /proc/sys/kernel/random/boot_id)\" = '$MBOOT' ] &&
     [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- cat mem.txt)\" = kept ]" _ "$out" || diag "$out"
 # hostd killed after a restore stopped the agent, then after it defined the new disk: the first
-# rolls back (the agent, stopped, keeps its disk), the second finishes (it boots on the
-# checkpoint's disk; a memory checkpoint's processes are lost, its disk is not).
+# rolls back (the agent keeps its disk and, wanted running, is booted again at the start), the
+# second finishes (it boots on the checkpoint's disk; a memory checkpoint's processes are lost,
+# its disk is not).
 vmctl exec a1 -- sh -c 'echo later > ~/marker; sync'
 files_before=$(ls "$S/agents/a1/" | grep -c qcow2)
 die_at restore-stopped restore a1 "$MCK"
 check "hostd restarts after dying at restore-stopped" start_hostd
-check "killed at restore-stopped: rolled back (stopped, only the undo checkpoint's overlay added, qemu-img check clean)" \
-  bash -c "[ \"\$('$VMCTL' --socket '$SOCK' --json info a1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"state\"])')\" = stopped ] &&
+check "killed at restore-stopped: rolled back (booted again on its own disk, only the undo checkpoint's overlay added, qemu-img check clean)" \
+  bash -c "[ \"\$('$VMCTL' --socket '$SOCK' --json info a1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"state\"])')\" = running ] &&
     [ \$(ls '$S/agents/a1/' | grep -c qcow2) = $((files_before + 1)) ] &&
     [ \$(grep -c 'rolled back an unfinished restore' '$LOG') = 2 ] &&
     images_clean"
