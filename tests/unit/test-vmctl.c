@@ -1,6 +1,7 @@
-/* The vmctl binary against a fake hostd: a thread in this process that listens on a socket,
- * records the request vmctl sends and answers with scripted messages. vmctl runs as a subprocess
- * ($VM_BUILD_DIR/vmctl/vmctl), so what is checked is what a user sees: stdout, stderr, status.
+/* The vmctl binary against a fake hostd (test-vmctl-fixture.h): a thread in this process that
+ * listens on a socket, records the request vmctl sends and answers with scripted messages. vmctl
+ * runs as a subprocess ($VM_BUILD_DIR/vmctl/vmctl), so what is checked is what a user sees:
+ * stdout, stderr, status.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,32 +13,14 @@
 #include <glib/gstdio.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-util.h"
 #include "test-common.h"
-
-#define SERVER_WAIT_MS 30000
-
-typedef struct {
-    /* The script. */
-    GPtrArray *replies;     /* VmMessage, sent after the request (and stdin) */
-    gboolean collect_stdin; /* read STDIN frames up to STDIN_EOF before replying */
-    gboolean echo_stdin;    /* send what was collected back as STDOUT frames first */
-
-    /* What happened, read by the test once the thread is joined. */
-    gboolean connected;
-    VmMessage *request;
-    GByteArray *stdin_data;
-    gsize max_chunk;
-    gboolean got_eof;
-} Server;
+#include "test-vmctl-fixture.h"
 
 typedef struct {
     char *tmpdir;
@@ -45,10 +28,7 @@ typedef struct {
     char *vmctl;
     char *path_env;         /* $PATH for vmctl, when set */
     gboolean closed_stdout; /* vmctl's stdout is a pipe nobody reads */
-    int listen_fd;
-    GThread *thread;
-    gint stop;
-    Server server;
+    VmTestHostd *hostd;
 } Fixture;
 
 typedef struct {
@@ -69,20 +49,12 @@ static int
 setup(void **state)
 {
     Fixture *f = g_new0(Fixture, 1);
-    struct sockaddr_un addr;
-    socklen_t addr_len;
     const char *build_dir = g_getenv("VM_BUILD_DIR");
 
     f->vmctl = g_build_filename(build_dir != NULL ? build_dir : ".", "vmctl", "vmctl", NULL);
     f->tmpdir = vm_test_make_tmpdir("test-vmctl-XXXXXX");
     f->socket_path = g_build_filename(f->tmpdir, "hostd.sock", NULL);
-    assert_true(vm_unix_address(f->socket_path, &addr, &addr_len, NULL));
-    f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(f->listen_fd >= 0);
-    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&addr, addr_len), 0);
-    assert_int_equal(listen(f->listen_fd, 4), 0);
-    f->server.replies = g_ptr_array_new_with_free_func((GDestroyNotify)vm_message_free);
-    f->server.stdin_data = g_byte_array_new();
+    f->hostd = vm_test_hostd_new(f->socket_path);
     *state = f;
     return 0;
 }
@@ -92,16 +64,8 @@ teardown(void **state)
 {
     Fixture *f = *state;
 
-    if (f->thread != NULL) {
-        g_atomic_int_set(&f->stop, 1);
-        g_thread_join(f->thread);
-    }
-    close(f->listen_fd);
+    vm_test_hostd_free(f->hostd);
     vm_test_remove_tree(f->tmpdir);
-    g_ptr_array_unref(f->server.replies);
-    g_byte_array_unref(f->server.stdin_data);
-    if (f->server.request != NULL)
-        vm_message_free(f->server.request);
     g_free(f->socket_path);
     g_free(f->tmpdir);
     g_free(f->vmctl);
@@ -110,110 +74,29 @@ teardown(void **state)
     return 0;
 }
 
-static void
-server_collect_stdin(Server *server, int fd)
-{
-    for (;;) {
-        gboolean eof = FALSE;
-        g_autoptr(VmMessage) message = vm_message_read_fd(fd, &eof, NULL);
-        gsize len = 0;
-
-        if (message == NULL)
-            return;
-        if (message->op == VM_OP_STDIN_EOF) {
-            server->got_eof = TRUE;
-            return;
-        }
-        if (message->op == VM_OP_STDIN) {
-            const guint8 *data = vm_message_get_data(message, "data", &len);
-            g_byte_array_append(server->stdin_data, data, (guint)len);
-            server->max_chunk = MAX(server->max_chunk, len);
-        }
-    }
-}
-
-static gpointer
-server_thread(gpointer data)
-{
-    Fixture *f = data;
-    Server *server = &f->server;
-    struct pollfd pfd = {.fd = f->listen_fd, .events = POLLIN};
-    int waited = 0;
-
-    while (!g_atomic_int_get(&f->stop) && waited < SERVER_WAIT_MS) {
-        if (poll(&pfd, 1, 50) == 1)
-            break;
-        waited += 50;
-    }
-    if (pfd.revents == 0)
-        return NULL;
-    int fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    server->connected = TRUE;
-    server->request = vm_message_read_fd(fd, NULL, NULL);
-    if (server->collect_stdin)
-        server_collect_stdin(server, fd);
-    for (guint off = 0; server->echo_stdin && off < server->stdin_data->len;) {
-        gsize len = MIN(server->stdin_data->len - off, VM_STREAM_CHUNK_MAX);
-        g_autoptr(VmMessage) chunk =
-            vm_message_new_data(VM_OP_STDOUT, server->stdin_data->data + off, len);
-        vm_message_write_fd(fd, chunk, NULL);
-        off += (guint)len;
-    }
-    for (guint i = 0; i < server->replies->len; i++)
-        vm_message_write_fd(fd, g_ptr_array_index(server->replies, i), NULL);
-    close(fd);
-    return NULL;
-}
-
-/* Starts the server thread for one vmctl run, forgetting what the previous run recorded. */
+/* Starts the fake hostd for one vmctl run, forgetting what the previous run recorded. */
 static void
 server_start(Fixture *f)
 {
-    Server *server = &f->server;
-
-    g_clear_pointer(&server->request, vm_message_free);
-    g_byte_array_set_size(server->stdin_data, 0);
-    server->connected = FALSE;
-    server->got_eof = FALSE;
-    server->max_chunk = 0;
-    g_atomic_int_set(&f->stop, 0);
-    f->thread = g_thread_new("fake-hostd", server_thread, f);
-}
-
-/* Ends the server thread (it gives up waiting for a connection at once). */
-static void
-server_join(Fixture *f)
-{
-    g_atomic_int_set(&f->stop, 1);
-    g_thread_join(f->thread);
-    f->thread = NULL;
+    vm_test_hostd_start(f->hostd);
 }
 
 static void
 reply(Fixture *f, VmOp op, const char *fields)
 {
-    g_autoptr(GError) error = NULL;
-    VmMessage *message =
-        vm_message_new(op, fields != NULL ? g_variant_new_parsed(fields) : NULL, &error);
-
-    assert_non_null(message);
-    g_ptr_array_add(f->server.replies, message);
+    vm_test_hostd_reply(f->hostd, op, fields);
 }
 
 static void
 reply_data(Fixture *f, VmOp op, const char *text)
 {
-    g_ptr_array_add(f->server.replies, vm_message_new_data(op, text, strlen(text)));
+    vm_test_hostd_reply_data(f->hostd, op, text);
 }
 
 static void
 reply_error(Fixture *f, VmErrorCode code, const char *text)
 {
-    g_autoptr(GError) error = g_error_new_literal(VM_ERROR, code, text);
-
-    g_ptr_array_add(f->server.replies, vm_message_new_error(error));
+    vm_test_hostd_reply_error(f->hostd, code, text);
 }
 
 static char *
@@ -264,8 +147,8 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
     ret_run->status = g_subprocess_get_exit_status(process);
     ret_run->out = bytes_to_string(out);
     ret_run->err = bytes_to_string(err);
-    if (f->thread != NULL)
-        server_join(f);
+    if (f->hostd->thread != NULL)
+        vm_test_hostd_join(f->hostd);
 }
 
 #define run_vmctl(f, input, run, ...)                                                              \
@@ -274,9 +157,9 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
 static void
 assert_request(Fixture *f, VmOp op)
 {
-    assert_true(f->server.connected);
-    assert_non_null(f->server.request);
-    assert_int_equal(f->server.request->op, op);
+    assert_true(f->hostd->connected);
+    assert_non_null(f->hostd->request);
+    assert_int_equal(f->hostd->request->op, op);
 }
 
 static void
@@ -426,7 +309,7 @@ test_info(void **state)
     server_start(f);
     run_vmctl(f, NULL, &run, "info", "a1");
     assert_request(f, VM_OP_AGENT_INFO);
-    assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
     assert_string_equal(run.out, "name:            a1\n"
                                  "state:           crashed\n"
                                  "since:           -\n"
@@ -510,14 +393,14 @@ test_progress_lines(void **state)
     server_start(f);
     run_vmctl(f, NULL, &run, "template", "build", "debian-12", "--force");
     assert_request(f, VM_OP_TEMPLATE_BUILD);
-    assert_true(vm_message_get_bool(f->server.request, "force", FALSE));
+    assert_true(vm_message_get_bool(f->hostd->request, "force", FALSE));
     assert_string_equal(run.err, "debootstrap\nconverting image\n");
     assert_string_equal(run.out, "built template debian-12: /images/debian-12.qcow2\n");
     assert_int_equal(run.status, 0);
 
     server_start(f);
     run_vmctl(f, NULL, &quiet, "template", "build", "-q", "debian-12");
-    assert_false(vm_message_get_bool(f->server.request, "force", TRUE));
+    assert_false(vm_message_get_bool(f->hostd->request, "force", TRUE));
     assert_string_equal(quiet.err, "");
     assert_int_equal(quiet.status, 0);
 }
@@ -537,7 +420,7 @@ test_new(void **state)
     run_vmctl(f, NULL, &run, "new", "a1", "--template", "debian-12", "--cpus", "2", "--memory",
               "2048", "--disk", "20", "--user-data", user_data_path);
     assert_request(f, VM_OP_AGENT_NEW);
-    VmMessage *request = f->server.request;
+    VmMessage *request = f->hostd->request;
     assert_string_equal(vm_message_get_string(request, "name", NULL), "a1");
     assert_string_equal(vm_message_get_string(request, "template", NULL), "debian-12");
     assert_int_equal(vm_message_get_uint(request, "cpus", 0), 2);
@@ -561,10 +444,10 @@ test_new_defaults(void **state)
     run_vmctl(f, "#cloud-config\n", &run, "new", "--no-wait", "--user-data", "-", "a1");
     assert_request(f, VM_OP_AGENT_NEW);
     /* Unset options are left to hostd's defaults, not sent as zeros. */
-    assert_null(vm_message_lookup(f->server.request, "cpus"));
-    assert_null(vm_message_lookup(f->server.request, "template"));
-    assert_false(vm_message_get_bool(f->server.request, "wait", TRUE));
-    assert_string_equal(vm_message_get_string(f->server.request, "user_data", NULL),
+    assert_null(vm_message_lookup(f->hostd->request, "cpus"));
+    assert_null(vm_message_lookup(f->hostd->request, "template"));
+    assert_false(vm_message_get_bool(f->hostd->request, "wait", TRUE));
+    assert_string_equal(vm_message_get_string(f->hostd->request, "user_data", NULL),
                         "#cloud-config\n");
     assert_string_equal(run.out, "agent a1 is starting\n");
 }
@@ -601,7 +484,7 @@ test_new_bad_user_data(void **state)
         server_start(f);
         run_vmctl(f, NULL, &run, "new", "a1", "--user-data", cases[i].path);
         /* Refused before anything is sent. */
-        assert_false(f->server.connected);
+        assert_false(f->hostd->connected);
         if (cases[i].err != NULL)
             assert_string_equal(run.err, cases[i].err);
         assert_int_equal(run.status, cases[i].status);
@@ -624,17 +507,17 @@ test_actions(void **state)
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_auto(Run) run = {0};
-        g_ptr_array_set_size(f->server.replies, 0);
+        g_ptr_array_set_size(f->hostd->replies, 0);
         reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
         server_start(f);
         run_vmctl_argv(f, NULL, cases[i].args, &run);
         assert_request(f, cases[i].op);
-        assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+        assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
         assert_string_equal(run.out, cases[i].out);
         assert_int_equal(run.status, 0);
     }
     /* The last one was rm -f. */
-    assert_true(vm_message_get_bool(f->server.request, "force", FALSE));
+    assert_true(vm_message_get_bool(f->hostd->request, "force", FALSE));
 }
 
 static void
@@ -646,8 +529,8 @@ test_stop_timeout(void **state)
     reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
     server_start(f);
     run_vmctl(f, NULL, &run, "stop", "a1", "--timeout", "2m");
-    assert_int_equal(vm_message_get_uint(f->server.request, "timeout_s", 0), 120);
-    assert_false(vm_message_get_bool(f->server.request, "force", TRUE));
+    assert_int_equal(vm_message_get_uint(f->hostd->request, "timeout_s", 0), 120);
+    assert_false(vm_message_get_bool(f->hostd->request, "force", TRUE));
 }
 
 static void
@@ -664,7 +547,7 @@ test_ssh_config(void **state)
     run_vmctl(f, NULL, &run, "ssh-config");
     assert_request(f, VM_OP_AGENT_SSH_CONFIG);
     /* No NAME: all agents, so no name field. */
-    assert_null(vm_message_lookup(f->server.request, "name"));
+    assert_null(vm_message_lookup(f->hostd->request, "name"));
     assert_string_equal(run.out, config);
     assert_int_equal(run.status, 0);
 }
@@ -688,7 +571,7 @@ test_ssh(void **state)
     server_start(f);
     run_vmctl(f, NULL, &run, "ssh", "a1", "--", "ls", "-l");
     assert_request(f, VM_OP_AGENT_SSH_CONFIG);
-    assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
     /* "--" before the host: ssh would otherwise take the command's -l as its own. */
     assert_string_equal(run.out, "[-F][/state/ssh/a1.conf][--][a1.hostd][ls][-l]");
     assert_int_equal(run.status, 0);
@@ -717,7 +600,7 @@ test_exec(void **state)
     run_vmctl(f, NULL, &run, "exec", "a1", "-e", "A=1", "-w", "/tmp", "-e", "VMCTL_TEST_COPIED",
               "-e", "VMCTL_TEST_UNSET", "--", "sh", "-c", "echo -n", "--", "-x");
     assert_request(f, VM_OP_EXEC);
-    VmMessage *request = f->server.request;
+    VmMessage *request = f->hostd->request;
     g_auto(GStrv) argv = vm_message_dup_strv(request, "argv");
     g_auto(GStrv) env = vm_message_dup_strv(request, "env");
     const char *const expected_argv[] = {"sh", "-c", "echo -n", "--", "-x", NULL};
@@ -745,10 +628,10 @@ test_exec_without_separator(void **state)
     server_start(f);
     /* Options before and after NAME are vmctl's; from CMD on, the command's. */
     run_vmctl(f, NULL, &run, "exec", "-w", "/", "a1", "-e", "K=V", "ls", "-l", "-e", "x");
-    g_auto(GStrv) argv = vm_message_dup_strv(f->server.request, "argv");
+    g_auto(GStrv) argv = vm_message_dup_strv(f->hostd->request, "argv");
     const char *const expected[] = {"ls", "-l", "-e", "x", NULL};
     assert_true(g_strv_equal((const char *const *)argv, expected));
-    assert_string_equal(vm_message_get_string(f->server.request, "cwd", NULL), "/");
+    assert_string_equal(vm_message_get_string(f->hostd->request, "cwd", NULL), "/");
     assert_int_equal(run.status, 0);
 }
 
@@ -763,15 +646,15 @@ test_exec_stdin(void **state)
     for (gsize i = 0; i < size; i++)
         input[i] = (char)('a' + i % 26);
     input[size] = '\0';
-    f->server.collect_stdin = TRUE;
-    f->server.echo_stdin = TRUE;
+    f->hostd->collect_stdin = TRUE;
+    f->hostd->echo_stdin = TRUE;
     reply(f, VM_OP_EXIT, "{'status': <0>}");
     server_start(f);
     run_vmctl(f, input, &run, "exec", "a1", "--", "cat");
-    assert_true(f->server.got_eof);
-    assert_true(f->server.max_chunk <= VM_STREAM_CHUNK_MAX);
-    assert_int_equal(f->server.stdin_data->len, size);
-    assert_memory_equal(f->server.stdin_data->data, input, size);
+    assert_true(f->hostd->got_eof);
+    assert_true(f->hostd->max_chunk <= VM_STREAM_CHUNK_MAX);
+    assert_int_equal(f->hostd->stdin_data->len, size);
+    assert_memory_equal(f->hostd->stdin_data->data, input, size);
     assert_string_equal(run.out, input);
     assert_int_equal(run.status, 0);
 }
@@ -782,12 +665,12 @@ test_exec_empty_stdin(void **state)
     Fixture *f = *state;
     g_auto(Run) run = {0};
 
-    f->server.collect_stdin = TRUE;
+    f->hostd->collect_stdin = TRUE;
     reply(f, VM_OP_EXIT, "{'status': <0>}");
     server_start(f);
     run_vmctl(f, NULL, &run, "exec", "a1", "--", "cat");
-    assert_true(f->server.got_eof);
-    assert_int_equal(f->server.stdin_data->len, 0);
+    assert_true(f->hostd->got_eof);
+    assert_int_equal(f->hostd->stdin_data->len, 0);
     assert_int_equal(run.status, 0);
 }
 
@@ -825,8 +708,8 @@ test_exec_failures(void **state)
 
     /* The server reads stdin to its end first: closing a Unix socket with data unread would
      * reset the connection instead of ending it. */
-    g_ptr_array_set_size(f->server.replies, 0);
-    f->server.collect_stdin = TRUE;
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    f->hostd->collect_stdin = TRUE;
     reply_data(f, VM_OP_STDOUT, "partial");
     server_start(f);
     run_vmctl(f, NULL, &hangup, "exec", "a1", "--", "true");
