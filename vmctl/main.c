@@ -38,6 +38,8 @@ static const VmctlVerb verbs[] = {
     {"fork", vmctl_cmd_fork, "SOURCE NAME", "Create an agent from another one's disk, live"},
     {"egress", vmctl_cmd_egress, "NAME", "Show or change where an agent may connect"},
     {"egress-log", vmctl_cmd_egress_log, "NAME", "Show an agent's egress log"},
+    {"bridge", vmctl_cmd_bridge, "",
+     "Pass hostd's protocol between stdin/stdout and its socket (what --host runs remotely)"},
     {"template list", vmctl_cmd_template_list, "", "List the templates"},
     {"template build", vmctl_cmd_template_build, "NAME", "Build the base image of a template"},
 };
@@ -57,6 +59,8 @@ print_usage(FILE *stream)
           "Options:\n"
           "  --socket PATH   Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state\n"
           "                  directory's hostd.sock)\n"
+          "  --host URL      Talk to hostd on another host over SSH:\n"
+          "                  ssh://[USER@]HOST[:PORT][/SOCKET] (default: $VMCTL_HOST)\n"
           "  --json          Print results as JSON\n"
           "  -q, --quiet     Do not show progress\n"
           "  --version       Print the version\n"
@@ -193,6 +197,6 @@ main(int argc, char **argv)
     g_autoptr(GError) error = NULL;
     int status = run(&ctx, argv, &error) ? ctx.exit_status : report_failure(&ctx, error);
 
-    g_free(ctx.socket_path);
+    vmctl_context_clear(&ctx);
     return status;
 }

@@ -78,9 +78,9 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GString) pending = g_string_new(NULL);
-    g_autofree char *socket_path = NULL;
     g_autoptr(VmMessage) request = NULL;
-    vm_autofd fd = -1;
+    g_autoptr(VmctlConnection) connection = NULL;
+    VmctlEndpoint endpoint;
     VmStreamReader reader;
 
     g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
@@ -97,18 +97,21 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
     request = vm_message_new(VM_OP_EGRESS_LOG, g_variant_dict_end(fields), error);
     if (request == NULL)
         return FALSE;
-    socket_path = vmctl_socket_path(ctx);
-    fd = vmctl_client_connect(socket_path, error);
-    if (fd < 0 || !vm_message_write_fd(fd, request, error))
+    if (!vmctl_endpoint(ctx, &endpoint, error))
         return FALSE;
-    vm_stream_reader_init(&reader, fd, request->op);
+    connection = vmctl_connection_open(&endpoint, error);
+    if (connection == NULL)
+        return FALSE;
+    if (!vm_message_write_fd(vmctl_connection_get_fd(connection), request, error))
+        return vmctl_connection_fail(connection, error);
+    vm_stream_reader_init(&reader, vmctl_connection_get_fd(connection), request->op);
     for (;;) {
         g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, error);
         const guint8 *data;
         gsize len = 0;
 
         if (m == NULL)
-            return FALSE;
+            return vmctl_connection_fail(connection, error);
         switch (m->op) {
         case VM_OP_STDOUT:
             data = vm_message_get_data(m, "data", &len);

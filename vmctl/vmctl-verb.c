@@ -17,6 +17,9 @@ vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx)
         {"socket", 0, 0, G_OPTION_ARG_FILENAME, &ctx->socket_path,
          "Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state directory's hostd.sock)",
          "PATH"},
+        {"host", 0, 0, G_OPTION_ARG_STRING, &ctx->host,
+         "Talk to hostd on another host over SSH (default: $VMCTL_HOST)",
+         "ssh://[USER@]HOST[:PORT][/SOCKET]"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &ctx->json, "Print the result as JSON", NULL},
         {"quiet", 'q', 0, G_OPTION_ARG_NONE, &ctx->quiet, "Do not show progress", NULL},
         G_OPTION_ENTRY_NULL,
@@ -204,6 +207,39 @@ vmctl_socket_path(const VmctlContext *ctx)
     return vm_default_socket_path();
 }
 
+gboolean
+vmctl_endpoint(VmctlContext *ctx, VmctlEndpoint *ret_endpoint, GError **error)
+{
+    const char *env = g_getenv("VMCTL_HOST");
+
+    if (ctx->remote == NULL && ctx->endpoint_path == NULL) {
+        if (ctx->host != NULL && ctx->socket_path != NULL)
+            return vmctl_usage_error(ctx, error,
+                                     "--host and --socket do not go together (the remote "
+                                     "socket goes in the URL: ssh://HOST/PATH)");
+        if (ctx->host != NULL) {
+            ctx->remote = vmctl_remote_parse(ctx->host, "--host", error);
+        } else if (ctx->socket_path == NULL && env != NULL && env[0] != '\0') {
+            ctx->remote = vmctl_remote_parse(env, "$VMCTL_HOST", error);
+        } else {
+            ctx->endpoint_path = vmctl_socket_path(ctx);
+        }
+        if (ctx->remote == NULL && ctx->endpoint_path == NULL)
+            return FALSE;
+    }
+    *ret_endpoint = (VmctlEndpoint){.socket_path = ctx->endpoint_path, .remote = ctx->remote};
+    return TRUE;
+}
+
+void
+vmctl_context_clear(VmctlContext *ctx)
+{
+    g_clear_pointer(&ctx->socket_path, g_free);
+    g_clear_pointer(&ctx->host, g_free);
+    g_clear_pointer(&ctx->remote, vmctl_remote_free);
+    g_clear_pointer(&ctx->endpoint_path, g_free);
+}
+
 VmctlProgressMode
 vmctl_progress_mode(const VmctlContext *ctx)
 {
@@ -215,12 +251,12 @@ vmctl_progress_mode(const VmctlContext *ctx)
 gboolean
 vmctl_request(VmctlContext *ctx, VmOp op, GVariant *fields, VmMessage **ret_result, GError **error)
 {
-    g_autofree char *socket_path = vmctl_socket_path(ctx);
     g_autoptr(VmMessage) request = vm_message_new(op, fields, error);
+    VmctlEndpoint endpoint;
 
-    if (request == NULL)
+    if (request == NULL || !vmctl_endpoint(ctx, &endpoint, error))
         return FALSE;
-    return vmctl_client_call(socket_path, request, vmctl_progress_mode(ctx), ret_result, error);
+    return vmctl_client_call(&endpoint, request, vmctl_progress_mode(ctx), ret_result, error);
 }
 
 GVariant *

@@ -21,6 +21,7 @@
 #include "vm-util.h"
 #include "test-common.h"
 #include "test-vmctl-fixture.h"
+#include "vmctl-remote.h"
 
 typedef struct {
     char *tmpdir;
@@ -28,6 +29,9 @@ typedef struct {
     char *vmctl;
     char *path_env;         /* $PATH for vmctl, when set */
     gboolean closed_stdout; /* vmctl's stdout is a pipe nobody reads */
+    char *host;             /* when set, vmctl runs with --host HOST instead of --socket */
+    char *host_env;         /* $VMCTL_HOST for vmctl, when set */
+    gboolean bare;          /* vmctl runs with neither --socket nor --host */
     VmTestHostd *hostd;
 } Fixture;
 
@@ -70,6 +74,8 @@ teardown(void **state)
     g_free(f->tmpdir);
     g_free(f->vmctl);
     g_free(f->path_env);
+    g_free(f->host);
+    g_free(f->host_env);
     g_free(f);
     return 0;
 }
@@ -108,8 +114,9 @@ bytes_to_string(GBytes *bytes)
     return size > 0 ? g_strndup(data, size) : g_strdup("");
 }
 
-/* Runs vmctl --socket SOCKET @args... with @input on stdin (NULL: none), with the server thread
- * answering, and returns what it printed and its exit status. */
+/* Runs vmctl --socket SOCKET (or --host f->host, or neither with f->bare) @args... with @input on
+ * stdin (NULL: none), with the server thread answering, and returns what it printed and its exit
+ * status. */
 static void
 run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_run)
 {
@@ -117,8 +124,10 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
     g_autoptr(GError) error = NULL;
 
     g_ptr_array_add(argv, f->vmctl);
-    g_ptr_array_add(argv, "--socket");
-    g_ptr_array_add(argv, f->socket_path);
+    if (!f->bare) {
+        g_ptr_array_add(argv, f->host != NULL ? "--host" : "--socket");
+        g_ptr_array_add(argv, f->host != NULL ? f->host : f->socket_path);
+    }
     for (gsize i = 0; args[i] != NULL; i++)
         g_ptr_array_add(argv, (gpointer)args[i]);
     g_ptr_array_add(argv, NULL);
@@ -134,6 +143,10 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
     }
     if (f->path_env != NULL)
         g_subprocess_launcher_setenv(launcher, "PATH", f->path_env, TRUE);
+    if (f->host_env != NULL)
+        g_subprocess_launcher_setenv(launcher, "VMCTL_HOST", f->host_env, TRUE);
+    else
+        g_subprocess_launcher_unsetenv(launcher, "VMCTL_HOST");
     g_autoptr(GSubprocess) process =
         g_subprocess_launcher_spawnv(launcher, (const char *const *)argv->pdata, &error);
     assert_non_null(process);
@@ -721,6 +734,323 @@ test_exec_failures(void **state)
     assert_int_equal(not_running.status, 125);
 }
 
+static void
+test_remote_parse(void **state)
+{
+    static const struct {
+        const char *url;
+        const char *user, *host;
+        guint16 port;
+        const char *socket_path;
+    } good[] = {
+        {"ssh://box", NULL, "box", 0, NULL},
+        {"ssh://root@10.0.0.2:2222/var/lib/hostd/hostd.sock", "root", "10.0.0.2", 2222,
+         "/var/lib/hostd/hostd.sock"},
+        {"ssh://me@[::1]:22/run/h s.sock", "me", "::1", 22, "/run/h s.sock"},
+        {"ssh://[fe80::1]", NULL, "fe80::1", 0, NULL},
+        {"ssh://build.example.com/", NULL, "build.example.com", 0, NULL},
+        {"ssh://a_b.c-d@h-1_x:65535", "a_b.c-d", "h-1_x", 65535, NULL},
+    };
+    static const struct {
+        const char *url;
+        const char *why;
+    } bad[] = {
+        {"", "it does not start with ssh://"},
+        {"box", "it does not start with ssh://"},
+        {"http://box", "it does not start with ssh://"},
+        {"SSH://box", "it does not start with ssh://"},
+        {"ssh://", "the host is missing"},
+        {"ssh:///run/h.sock", "the host is missing"},
+        {"ssh://me@", "the host is missing"},
+        {"ssh://@box", "a user is letters, digits, '.', '-' and '_'"},
+        {"ssh://m e@box", "a user is letters, digits, '.', '-' and '_'"},
+        {"ssh://a@b@box", "a user is letters, digits, '.', '-' and '_'"},
+        {"ssh://-oProxyCommand=x", "a host is letters, digits, '.', '-' and '_', not starting with "
+                                   "'-'"},
+        {"ssh://box;rm", "a host is letters, digits, '.', '-' and '_', not starting with '-'"},
+        {"ssh://box:0", "the port is a number from 1 to 65535"},
+        {"ssh://box:65536", "the port is a number from 1 to 65535"},
+        {"ssh://box:22:23", "the port is a number from 1 to 65535"},
+        {"ssh://box:", "the port is a number from 1 to 65535"},
+        {"ssh://box:x", "the port is a number from 1 to 65535"},
+        {"ssh://[::1", "an IPv6 address in brackets is hex digits and ':'"},
+        {"ssh://[zz::1]", "an IPv6 address in brackets is hex digits and ':'"},
+        {"ssh://[::1]x", "only ':PORT' may follow the address"},
+        {"ssh://box/run/a\nb", "the socket path has a control character"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmctlRemote) remote = vmctl_remote_parse(good[i].url, "--host", &error);
+        vm_test_assert_no_error(error);
+        assert_non_null(remote);
+        vm_test_assert_nullable_string_equal(remote->user, good[i].user);
+        assert_string_equal(remote->host, good[i].host);
+        assert_int_equal(remote->port, good[i].port);
+        vm_test_assert_nullable_string_equal(remote->socket_path, good[i].socket_path);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmctlRemote) remote = vmctl_remote_parse(bad[i].url, "--host", &error);
+        assert_null(remote);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, bad[i].why);
+        assert_true(
+            g_str_has_suffix(error->message, "; expected ssh://[user@]host[:port][/socket-path]"));
+        assert_null(strchr(error->message, '\n'));
+    }
+
+    g_autoptr(GError) error = NULL;
+    g_autofree char *long_url = g_strnfill(VMCTL_REMOTE_URL_MAX + 1, 'a');
+    memcpy(long_url, "ssh://", 6);
+    assert_null(vmctl_remote_parse(long_url, "$VMCTL_HOST", &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT,
+                         "invalid $VMCTL_HOST 'ssh://a");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "it is too long");
+}
+
+static void
+test_remote_ssh_argv(void **state)
+{
+    g_autoptr(VmctlRemote) full =
+        vmctl_remote_parse("ssh://root@[::1]:2222/run/my hostd.sock", "--host", NULL);
+    g_autoptr(VmctlRemote) bare = vmctl_remote_parse("ssh://box", "--host", NULL);
+    g_auto(GStrv) full_bridge = vmctl_remote_bridge_argv(full);
+    g_auto(GStrv) bare_bridge = vmctl_remote_bridge_argv(bare);
+    g_auto(GStrv) full_argv = vmctl_remote_ssh_argv(full, (const char *const *)full_bridge, FALSE);
+    g_auto(GStrv) bare_argv = vmctl_remote_ssh_argv(bare, (const char *const *)bare_bridge, TRUE);
+    const char *const want_full[] = {
+        "ssh",  "-o", "BatchMode=yes", "-a",      "-x",       "-T",         "-p",
+        "2222", "--", "root@::1",      "'vmctl'", "'bridge'", "'--socket'", "'/run/my hostd.sock'",
+        NULL};
+    const char *const want_bare[] = {"ssh", "-o",  "BatchMode=yes", "-a",       "-x", "-t",
+                                     "--",  "box", "'vmctl'",       "'bridge'", NULL};
+    g_autofree char *full_destination = vmctl_remote_destination(full);
+    g_autofree char *bare_destination = vmctl_remote_destination(bare);
+
+    assert_true(g_strv_equal((const char *const *)full_argv, want_full));
+    assert_true(g_strv_equal((const char *const *)bare_argv, want_bare));
+    assert_string_equal(full_destination, "root@[::1]:2222");
+    assert_string_equal(bare_destination, "box");
+}
+
+static void
+test_remote_ssh_config_text(void **state)
+{
+    g_autoptr(VmctlRemote) remote = vmctl_remote_parse("ssh://me@box:2200", "--host", NULL);
+    g_autofree char *config =
+        vmctl_remote_ssh_config(remote, "Host vmctl-a1\n  Port 42200\n\nHost vmctl-b\n  Port 1");
+
+    assert_string_equal(config, "Host vmctl-a1\n"
+                                "  ProxyJump me@box:2200\n"
+                                "  Port 42200\n"
+                                "\n"
+                                "Host vmctl-b\n"
+                                "  ProxyJump me@box:2200\n"
+                                "  Port 1\n");
+}
+
+/* Puts a fake ssh and the built vmctl first on vmctl's PATH: the fake records its arguments in
+ * TMPDIR/ssh-args, then runs the remote command here with sh, as sshd would there, unless
+ * @failure is set: then it prints that and exits 255, as ssh does when it cannot connect. */
+static void
+fake_ssh(Fixture *f, const char *failure)
+{
+    g_autofree char *bin = g_build_filename(f->tmpdir, "bin", NULL);
+    g_autofree char *ssh = g_build_filename(bin, "ssh", NULL);
+    g_autofree char *vmctl = g_build_filename(bin, "vmctl", NULL);
+    g_autofree char *script = NULL;
+
+    g_mkdir_with_parents(bin, 0700);
+    if (failure != NULL)
+        script = g_strdup_printf("#!/bin/sh\necho '%s' >&2\nexit 255\n", failure);
+    else
+        script = g_strdup_printf("#!/bin/sh\n"
+                                 "printf '[%%s]' \"$@\" > '%s/ssh-args'\n"
+                                 "while [ $# -gt 0 ]; do\n"
+                                 "    case $1 in\n"
+                                 "    --) shift; break ;;\n"
+                                 "    -o|-p|-l) shift 2 ;;\n"
+                                 "    *) shift ;;\n"
+                                 "    esac\n"
+                                 "done\n"
+                                 "shift\n"
+                                 "exec sh -c \"$*\"\n",
+                                 f->tmpdir);
+    assert_true(g_file_set_contents(ssh, script, -1, NULL));
+    assert_int_equal(g_chmod(ssh, 0700), 0);
+    g_unlink(vmctl);
+    assert_int_equal(symlink(f->vmctl, vmctl), 0);
+    g_free(f->path_env);
+    f->path_env = g_strconcat(bin, ":", g_getenv("PATH"), NULL);
+}
+
+static char *
+ssh_args(Fixture *f)
+{
+    g_autofree char *path = g_build_filename(f->tmpdir, "ssh-args", NULL);
+    char *text = NULL;
+
+    assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    return text;
+}
+
+static void
+test_remote_bridge(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) list = {0};
+    g_auto(Run) exec = {0};
+    g_autofree char *args = NULL;
+    g_autofree char *want_args = NULL;
+
+    fake_ssh(f, NULL);
+    f->host = g_strdup_printf("ssh://me@box.example:2222%s", f->socket_path);
+    reply(f, VM_OP_RESULT, "{'agents': <[{'name': <'a1'>, 'state': <'running'>}]>}");
+    server_start(f);
+    run_vmctl(f, NULL, &list, "list", "--json");
+    assert_request(f, VM_OP_AGENT_LIST);
+    assert_string_equal(list.err, "");
+    assert_string_equal(list.out, "[\n"
+                                  "  {\n"
+                                  "    \"name\" : \"a1\",\n"
+                                  "    \"state\" : \"running\"\n"
+                                  "  }\n"
+                                  "]\n");
+    assert_int_equal(list.status, 0);
+    args = ssh_args(f);
+    want_args = g_strdup_printf("[-o][BatchMode=yes][-a][-x][-T][-p][2222][--][me@box.example]"
+                                "['vmctl']['bridge']['--socket']['%s']",
+                                f->socket_path);
+    assert_string_equal(args, want_args);
+
+    /* Both ways at once, through the bridge: stdin in, the echo and the status out. */
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    f->hostd->collect_stdin = TRUE;
+    f->hostd->echo_stdin = TRUE;
+    reply_data(f, VM_OP_STDERR, "to stderr\n");
+    reply(f, VM_OP_EXIT, "{'status': <3>}");
+    server_start(f);
+    run_vmctl(f, "line 1\nline 2\n", &exec, "exec", "a1", "--", "cat");
+    assert_request(f, VM_OP_EXEC);
+    assert_true(f->hostd->got_eof);
+    assert_string_equal(exec.out, "line 1\nline 2\n");
+    assert_string_equal(exec.err, "to stderr\n");
+    assert_int_equal(exec.status, 3);
+}
+
+static void
+test_remote_environment(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) both = {0};
+
+    /* $VMCTL_HOST names the host when no --socket does. */
+    fake_ssh(f, NULL);
+    f->host_env = g_strdup_printf("ssh://box%s", f->socket_path);
+    f->bare = TRUE;
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "start", "a1");
+    assert_request(f, VM_OP_AGENT_START);
+    assert_string_equal(run.out, "started a1\n");
+    assert_int_equal(run.status, 0);
+
+    f->bare = FALSE;
+    f->host = g_strdup("ssh://box");
+    run_vmctl(f, NULL, &both, "--socket", f->socket_path, "list");
+    assert_string_equal(both.err, "vmctl: --host and --socket do not go together (the remote "
+                                  "socket goes in the URL: ssh://HOST/PATH); see 'vmctl list "
+                                  "--help'\n");
+    assert_int_equal(both.status, 2);
+}
+
+static void
+test_remote_errors(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) bad_url = {0};
+    g_auto(Run) bad_env = {0};
+    g_auto(Run) unreachable = {0};
+    g_auto(Run) not_running = {0};
+    g_auto(Run) no_ssh = {0};
+    g_autofree char *missing = g_build_filename(f->tmpdir, "nothing.sock", NULL);
+    g_autofree char *want_not_running =
+        g_strdup_printf("vmctl: hostd is not running at %s\n", missing);
+
+    f->host = g_strdup("http://box");
+    run_vmctl(f, NULL, &bad_url, "list");
+    assert_string_equal(bad_url.err, "vmctl: invalid --host 'http://box': it does not start with "
+                                     "ssh://; expected ssh://[user@]host[:port][/socket-path]\n");
+    assert_int_equal(bad_url.status, 2);
+
+    f->host_env = g_strdup("ssh://box:99999");
+    f->bare = TRUE;
+    run_vmctl(f, NULL, &bad_env, "list");
+    assert_string_equal(bad_env.err,
+                        "vmctl: invalid $VMCTL_HOST 'ssh://box:99999': the port is a number from 1 "
+                        "to 65535; expected ssh://[user@]host[:port][/socket-path]\n");
+    assert_int_equal(bad_env.status, 2);
+    f->bare = FALSE;
+
+    /* ssh's own failure is the error, not the closed connection it leaves. */
+    fake_ssh(f, "ssh: connect to host box port 22: Connection refused");
+    g_free(f->host);
+    f->host = g_strdup("ssh://box");
+    run_vmctl(f, NULL, &unreachable, "list");
+    assert_string_equal(unreachable.err, "vmctl: cannot reach hostd on box: ssh: connect to host "
+                                         "box port 22: Connection refused\n");
+    assert_int_equal(unreachable.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+
+    /* hostd is not there on the remote: the bridge says so in a frame, with its code. */
+    fake_ssh(f, NULL);
+    g_free(f->host);
+    f->host = g_strdup_printf("ssh://box%s", missing);
+    run_vmctl(f, NULL, &not_running, "list");
+    assert_string_equal(not_running.err, want_not_running);
+    assert_int_equal(not_running.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+
+    g_free(f->path_env);
+    f->path_env = g_strdup(f->tmpdir);
+    run_vmctl(f, NULL, &no_ssh, "list");
+    assert_string_equal(no_ssh.err,
+                        "vmctl: ssh is not installed (--host runs it); install openssh-client\n");
+    assert_int_equal(no_ssh.status, vm_error_exit_status(VM_ERROR_IO));
+}
+
+static void
+test_remote_ssh(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) config = {0};
+    g_autofree char *bin = g_build_filename(f->tmpdir, "bin", NULL);
+    g_autofree char *fake = g_build_filename(bin, "ssh", NULL);
+
+    /* vmctl ssh runs `vmctl ssh` on the remote, where the agent's key is. */
+    assert_int_equal(g_mkdir(bin, 0700), 0);
+    assert_true(g_file_set_contents(fake, "#!/bin/sh\nprintf '[%s]' \"$@\"\n", -1, NULL));
+    assert_int_equal(g_chmod(fake, 0700), 0);
+    f->path_env = g_strdup(bin);
+    f->host = g_strdup("ssh://me@box:2200/run/hostd.sock");
+    run_vmctl(f, NULL, &run, "ssh", "a1", "--", "ls", "-l");
+    assert_string_equal(run.out, "[-o][BatchMode=yes][-a][-x][-T][-p][2200][--][me@box]['vmctl']"
+                                 "['--socket']['/run/hostd.sock']['ssh']['a1']['--']['ls']['-l']");
+    assert_int_equal(run.status, 0);
+
+    /* ssh-config reaches the agent's port on the remote's loopback through the remote. */
+    fake_ssh(f, NULL);
+    g_free(f->host);
+    f->host = g_strdup_printf("ssh://me@box:2200%s", f->socket_path);
+    reply(f, VM_OP_RESULT, "{'config': <'Host vmctl-a1\\n  HostName 127.0.0.1\\n'>}");
+    server_start(f);
+    run_vmctl(f, NULL, &config, "ssh-config", "a1");
+    assert_request(f, VM_OP_AGENT_SSH_CONFIG);
+    assert_string_equal(config.out,
+                        "Host vmctl-a1\n  ProxyJump me@box:2200\n  HostName 127.0.0.1\n");
+    assert_int_equal(config.status, 0);
+}
+
 int
 main(void)
 {
@@ -749,6 +1079,13 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec_empty_stdin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_closed_stdout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_failures, setup, teardown),
+        cmocka_unit_test(test_remote_parse),
+        cmocka_unit_test(test_remote_ssh_argv),
+        cmocka_unit_test(test_remote_ssh_config_text),
+        cmocka_unit_test_setup_teardown(test_remote_bridge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_environment, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_ssh, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
