@@ -179,6 +179,8 @@ expect "" vmctl fork a1 ""
 
 # ---- option values: templates, files; '=' as a word break (bash's default) or not
 expect "debian-12 ubuntu-24.04" vmctl new x --template ""
+expect "$agents" vmctl mcp --agent ""
+expect "web-2" vmctl mcp --read-only --agent a1 --agent w
 expect "debian-12" vmctl new x --template deb
 expect "debian-12" vmctl new x --template = deb
 expect "debian-12 ubuntu-24.04" vmctl new x --template =

@@ -38,6 +38,8 @@ static const VmctlVerb verbs[] = {
     {"fork", vmctl_cmd_fork, "SOURCE NAME", "Create an agent from another one's disk, live"},
     {"egress", vmctl_cmd_egress, "NAME", "Show or change where an agent may connect"},
     {"egress-log", vmctl_cmd_egress_log, "NAME", "Show an agent's egress log"},
+    {"mcp", vmctl_cmd_mcp, "",
+     "Serve hostd's agents as Model Context Protocol tools on stdin and stdout"},
     {"bridge", vmctl_cmd_bridge, "",
      "Pass hostd's protocol between stdin/stdout and its socket (what --host runs remotely)"},
     {"template list", vmctl_cmd_template_list, "", "List the templates"},

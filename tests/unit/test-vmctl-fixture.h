@@ -73,7 +73,8 @@ void vm_test_hostd_serve(VmTestHostd *hostd, VmTestHostdHandler handler, gpointe
 gboolean vm_test_hostd_read_stdin(int fd, GByteArray *data);
 
 /* Sends @op with @fields in GVariant text form (NULL: none); a failure (the client is gone) is
- * ignored. */
+ * ignored. For handlers: a message that cannot be built aborts (cmocka's asserts work only on
+ * the test's own thread). */
 void vm_test_hostd_send(int fd, VmOp op, const char *fields);
 
 /* Sends an ERROR of @code and @text; a failure is ignored. */
