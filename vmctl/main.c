@@ -41,7 +41,7 @@ static const VmctlVerb verbs[] = {
     {"mcp", vmctl_cmd_mcp, "",
      "Serve hostd's agents as Model Context Protocol tools on stdin and stdout"},
     {"bridge", vmctl_cmd_bridge, "",
-     "Pass hostd's protocol between stdin/stdout and its socket (what --host runs remotely)"},
+     "Pass hostd's protocol between stdio and its socket (--host runs it remotely)"},
     {"template list", vmctl_cmd_template_list, "", "List the templates"},
     {"template build", vmctl_cmd_template_build, "NAME", "Build the base image of a template"},
 };

@@ -615,11 +615,12 @@ tool_read_file(JsonObject *args, const VmctlMcpContext *context, GError **error)
 
     gboolean truncated = output->out->len > (guint)max_bytes;
     gsize len = MIN(output->out->len, (gsize)max_bytes);
+    const char *data = len > 0 ? (const char *)output->out->data : "";
     /* Text was asked for, but bytes that are not text can only go as base64. */
     gboolean base64 = g_strcmp0(arg_string(args, "encoding"), "base64") == 0 ||
-                      !g_utf8_validate_len((const char *)output->out->data, len, NULL);
-    g_autofree char *content = base64 ? g_base64_encode(output->out->data, len)
-                                      : g_strndup((const char *)output->out->data, len);
+                      !g_utf8_validate_len(data, len, NULL);
+    g_autofree char *content =
+        base64 ? g_base64_encode((const guchar *)data, len) : g_strndup(data, len);
     JsonObject *object = json_object_new();
     json_object_set_string_member(object, "path", path);
     json_object_set_string_member(object, "content", content);

@@ -18,8 +18,9 @@ vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx)
          "Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state directory's hostd.sock)",
          "PATH"},
         {"host", 0, 0, G_OPTION_ARG_STRING, &ctx->host,
-         "Talk to hostd on another host over SSH (default: $VMCTL_HOST)",
-         "ssh://[USER@]HOST[:PORT][/SOCKET]"},
+         "Talk to hostd on another host over SSH: ssh://[USER@]HOST[:PORT][/SOCKET] (default: "
+         "$VMCTL_HOST)",
+         "URL"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &ctx->json, "Print the result as JSON", NULL},
         {"quiet", 'q', 0, G_OPTION_ARG_NONE, &ctx->quiet, "Do not show progress", NULL},
         G_OPTION_ENTRY_NULL,

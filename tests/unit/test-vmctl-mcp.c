@@ -1639,6 +1639,15 @@ test_mcp_files(void **state)
         tool_ok(f, "read_file", "{\"name\":\"a1\",\"path\":\"b.bin\"}");
     assert_string_equal(string_member(fallback, "encoding"), "base64");
 
+    g_autoptr(JsonObject) empty_file =
+        tool_ok(f, "write_file", "{\"name\":\"a1\",\"path\":\"empty\",\"content\":\"\"}");
+    assert_int_equal(json_object_get_int_member(empty_file, "bytes"), 0);
+    g_autoptr(JsonObject) empty = tool_ok(f, "read_file", "{\"name\":\"a1\",\"path\":\"empty\"}");
+    assert_string_equal(string_member(empty, "content"), "");
+    assert_string_equal(string_member(empty, "encoding"), "text");
+    g_autoptr(JsonObject) empty64 =
+        tool_ok(f, "read_file", "{\"name\":\"a1\",\"path\":\"empty\",\"encoding\":\"base64\"}");
+    assert_string_equal(string_member(empty64, "content"), "");
     tool_fails(f, "read_file", "{\"name\":\"a1\",\"path\":\"missing.txt\"}", "not-found",
                "no file 'missing.txt' in agent 'a1'");
     tool_fails(f, "read_file", "{\"name\":\"a1\",\"path\":\"d\"}", "invalid-argument",
