@@ -298,6 +298,18 @@ main(int argc, char **argv)
     server_start(&sink, FALSE);
     server_start(&echo, TRUE);
     target_port = sink.port;
+    /* a rule without a port allows 80 and 443 only: name the servers' ports */
+    {
+        g_autofree char *sink_rule = g_strdup_printf("127.0.0.1/32:%u", sink.port);
+        g_autofree char *echo_rule = g_strdup_printf("127.0.0.1/32:%u", echo.port);
+        const char *ported[] = {sink_rule, echo_rule, NULL};
+        g_autoptr(VmEgressPolicy) servers = vm_egress_policy_new(ported, NULL, &error);
+
+        if (servers == NULL)
+            g_error("%s", error->message);
+        vm_egress_proxy_set_policy(tcp_proxy, servers);
+        vm_egress_proxy_set_policy(unix_proxy, servers);
+    }
 
     /* warm up every path, then alternate so drift hits all alike */
     for (int p = 0; p < N_PATHS; p++)

@@ -5,6 +5,7 @@
 #include "vm-util.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -145,6 +146,12 @@ static const VmOpSpec vm_op_specs[] = {
     {VM_OP_HOST_SAVE_ALL, "host-save-all", VM_OP_RESULT, FALSE, {
         {"timeout_s", "u", 0, 1, 3600},
         {NULL}}},
+    {VM_OP_EVENTS, "events", VM_OP_EXIT, FALSE, {
+        {"name", "s"},
+        {"since", "x"},
+        {"lines", "u"},
+        {"follow", "b"},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
@@ -172,6 +179,9 @@ static const VmOpSpec vm_op_specs[] = {
         {NULL}}},
     {VM_OP_EXIT, "exit", 0, FALSE, {
         {"status", "i", REQ},
+        {NULL}}},
+    {VM_OP_RESULT_PART, "result-part", 0, FALSE, {
+        {"data", "ay", REQ, 1, VM_RESULT_PART_MAX},
         {NULL}}},
 };
 /* clang-format on */
@@ -358,25 +368,6 @@ vm_message_new(VmOp op, GVariant *fields, GError **error)
     return message;
 }
 
-/* Cuts @text to valid UTF-8 of at most VM_TEXT_MAX bytes. */
-static char *
-vm_wire_text(const char *text)
-{
-    g_autofree char *valid = g_utf8_make_valid(text != NULL ? text : "", -1);
-    const char *end = valid;
-
-    if (strlen(valid) <= VM_TEXT_MAX)
-        return g_steal_pointer(&valid);
-    while (*end != '\0') {
-        const char *next = g_utf8_next_char(end);
-
-        if (next - valid > VM_TEXT_MAX)
-            break;
-        end = next;
-    }
-    return g_strndup(valid, end - valid);
-}
-
 VmMessage *
 vm_message_new_error(const GError *error)
 {
@@ -385,7 +376,7 @@ vm_message_new_error(const GError *error)
 
     g_return_val_if_fail(error != NULL, NULL);
 
-    text = vm_wire_text(error->message);
+    text = vm_utf8_cut(error->message, VM_TEXT_MAX);
     g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);
     g_variant_builder_add(&builder, "{sv}", "code", g_variant_new_uint32(vm_error_code(error)));
     g_variant_builder_add(&builder, "{sv}", "message", g_variant_new_string(text));
@@ -395,7 +386,7 @@ vm_message_new_error(const GError *error)
 VmMessage *
 vm_message_new_progress(const char *message, double fraction)
 {
-    g_autofree char *text = vm_wire_text(message);
+    g_autofree char *text = vm_utf8_cut(message, VM_TEXT_MAX);
     GVariantBuilder builder;
 
     g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);
@@ -613,13 +604,28 @@ vm_message_decode(const guint8 *payload, gsize len, GError **error)
     return vm_message_new((VmOp)op, g_steal_pointer(&fields), error);
 }
 
-/* Reads up to @len bytes, stopping early only at EOF. Returns the count, or -1 with errno. */
+/* Reads up to @len bytes, stopping early only at EOF. With @deadline (monotonic us; 0: none)
+ * waits for each part only until then: a peer that trickles bytes cannot stretch it. Returns the
+ * count, or -1 with errno (ETIMEDOUT past the deadline). */
 static gssize
-vm_read_full(int fd, guint8 *buf, gsize len)
+vm_read_full(int fd, guint8 *buf, gsize len, gint64 deadline)
 {
     gsize done = 0;
 
     while (done < len) {
+        if (deadline > 0) {
+            gint64 left = deadline - g_get_monotonic_time();
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            int ready = left > 0 ? poll(&pfd, 1, (int)MAX(left / 1000, 1)) : 0;
+            if (ready < 0 && errno == EINTR)
+                continue;
+            if (ready == 0) {
+                errno = ETIMEDOUT;
+                return -1;
+            }
+            if (ready < 0)
+                return -1;
+        }
         gssize n = read(fd, buf + done, len - done);
 
         if (n < 0 && errno == EINTR)
@@ -640,6 +646,12 @@ vm_read_full(int fd, guint8 *buf, gsize len)
 VmMessage *
 vm_message_read_fd(int fd, gboolean *ret_eof, GError **error)
 {
+    return vm_message_read_fd_until(fd, 0, ret_eof, error);
+}
+
+VmMessage *
+vm_message_read_fd_until(int fd, gint64 deadline, gboolean *ret_eof, GError **error)
+{
     guint8 header[VM_FRAME_HEADER_SIZE];
     g_autofree guint8 *payload = NULL;
     gssize n;
@@ -650,7 +662,9 @@ vm_message_read_fd(int fd, gboolean *ret_eof, GError **error)
     if (ret_eof != NULL)
         *ret_eof = FALSE;
 
-    n = vm_read_full(fd, header, sizeof(header));
+    n = vm_read_full(fd, header, sizeof(header), deadline);
+    if (n < 0 && errno == ETIMEDOUT)
+        return vm_throw(error, VM_ERROR_TIMEOUT, "no whole frame in time"), NULL;
     if (n < 0) {
         vm_throw_errno(error, errno, "cannot read a frame");
         return NULL;
@@ -680,7 +694,9 @@ vm_message_read_fd(int fd, gboolean *ret_eof, GError **error)
     }
 
     payload = g_malloc(MAX(len, 1));
-    n = vm_read_full(fd, payload, len);
+    n = vm_read_full(fd, payload, len, deadline);
+    if (n < 0 && errno == ETIMEDOUT)
+        return vm_throw(error, VM_ERROR_TIMEOUT, "no whole frame in time"), NULL;
     if (n < 0) {
         vm_throw_errno(error, errno, "cannot read a frame");
         return NULL;

@@ -22,8 +22,10 @@ G_BEGIN_DECLS
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
 #define VM_PROTOCOL_VERSION  4
-#define VM_PATHS_MAX         64  /* --path arguments of a restore */
-#define VM_RULES_MAX         256 /* egress rules in one request */
+#define VM_PATHS_MAX         64                  /* --path arguments of a restore */
+#define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
+#define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
+#define VM_RULES_MAX         256                 /* egress rules in one request */
 
 /* Values are part of the wire protocol: append only, never renumber. The fields each op may
  * carry are in one place, the schema table in vm-protocol.c; docs/PROTOCOL.md describes them
@@ -58,6 +60,7 @@ typedef enum {
     VM_OP_EGRESS_LOG,            /* -> STDOUT* EXIT {status 0} */
     VM_OP_AGENT_SET_RESTART,     /* -> RESULT {agent} */
     VM_OP_HOST_SAVE_ALL,         /* -> RESULT {agents, seconds} */
+    VM_OP_EVENTS,                /* -> STDOUT* EXIT {status 0} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,
@@ -70,7 +73,8 @@ typedef enum {
     VM_OP_ERROR,          /* code is a VmErrorCode; ends the conversation */
     VM_OP_STDOUT,
     VM_OP_STDERR,
-    VM_OP_EXIT, /* the remote command's exit status; ends EXEC and EGRESS_LOG */
+    VM_OP_EXIT,        /* the remote command's exit status; ends EXEC, EGRESS_LOG and EVENTS */
+    VM_OP_RESULT_PART, /* a piece of a RESULT too big for one frame (vm-stream.h) */
 } VmOp;
 
 typedef struct {
@@ -85,7 +89,8 @@ const char *vm_op_name(VmOp op);
 gboolean vm_op_is_request(VmOp op);
 
 /* For a request, the op that ends its successful reply: VM_OP_RESULT, or VM_OP_EXIT for the
- * requests answered with a stream (EXEC, EGRESS_LOG). 0 for anything that is not a request. */
+ * requests answered with a stream (EXEC, EGRESS_LOG, EVENTS). 0 for anything that is not a request.
+ */
 VmOp vm_op_reply_end(VmOp op);
 
 /* Builds a message, taking ownership of @fields (an a{sv}; floating refs are sunk; NULL means
@@ -131,6 +136,10 @@ VmMessage *vm_message_decode(const guint8 *payload, gsize len, GError **error);
  * clean EOF before the first header byte (*ret_eof = TRUE); a truncated frame or oversized
  * length fails with VM_ERROR_PROTOCOL, a read error with VM_ERROR_IO. */
 VmMessage *vm_message_read_fd(int fd, gboolean *ret_eof, GError **error);
+
+/* The same, with the whole frame due by @deadline (monotonic microseconds; 0: no deadline):
+ * a frame not whole by then fails with VM_ERROR_TIMEOUT, however the peer spaces its bytes. */
+VmMessage *vm_message_read_fd_until(int fd, gint64 deadline, gboolean *ret_eof, GError **error);
 
 /* Writes one frame to the blocking stream @fd (retries on EINTR and short writes, never raises
  * SIGPIPE: uses send(MSG_NOSIGNAL) on sockets). Fails with VM_ERROR_IO or VM_ERROR_PROTOCOL. */

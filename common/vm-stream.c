@@ -81,16 +81,54 @@ vm_stream_writer_exit(VmStreamWriter *writer, gint32 status, GError **error)
                            TRUE, error);
 }
 
+/* A RESULT over one frame: its fields in normal form, in RESULT_PART frames, then an empty
+ * RESULT to end it. */
+static gboolean
+vm_stream_write_parts(VmStreamWriter *writer, GVariant *fields, GError **error)
+{
+    g_autoptr(GVariant) normal = g_variant_get_normal_form(fields);
+    gsize size = g_variant_get_size(normal);
+    const guint8 *data = g_variant_get_data(normal);
+
+    if (size > VM_RESULT_MAX)
+        return vm_throw(error, VM_ERROR_PROTOCOL,
+                        "the answer is %" G_GSIZE_FORMAT " bytes, over the limit of %d", size,
+                        VM_RESULT_MAX);
+    for (gsize off = 0; off < size; off += VM_RESULT_PART_MAX) {
+        gsize len = MIN(size - off, (gsize)VM_RESULT_PART_MAX);
+        g_auto(GVariantDict) part = G_VARIANT_DICT_INIT(NULL);
+        g_variant_dict_insert_value(
+            &part, "data", g_variant_new_fixed_array(G_VARIANT_TYPE_BYTE, data + off, len, 1));
+        if (!vm_stream_write(writer,
+                             vm_message_new(VM_OP_RESULT_PART, g_variant_dict_end(&part), error),
+                             FALSE, error))
+            return FALSE;
+    }
+    return vm_stream_write(writer, vm_message_new(VM_OP_RESULT, NULL, error), TRUE, error);
+}
+
 gboolean
 vm_stream_writer_result(VmStreamWriter *writer, GVariant *fields, GError **error)
 {
     /* Consumed whatever happens, as the contract says. */
     g_autoptr(GVariant) owned = fields != NULL ? g_variant_ref_sink(fields) : NULL;
+    g_autoptr(GError) local_error = NULL;
 
     g_return_val_if_fail(writer != NULL && !writer->ended, FALSE);
 
-    return vm_stream_write(writer, vm_message_new(VM_OP_RESULT, g_steal_pointer(&owned), error),
-                           TRUE, error);
+    VmMessage *message =
+        vm_message_new(VM_OP_RESULT, owned != NULL ? g_variant_ref(owned) : NULL, &local_error);
+    if (message == NULL) {
+        g_propagate_error(error, g_steal_pointer(&local_error));
+        return FALSE;
+    }
+    if (vm_stream_write(writer, message, TRUE, &local_error))
+        return TRUE;
+    /* Refused before a byte went out because it does not fit in a frame: send it in parts. */
+    if (vm_error_code(local_error) == VM_ERROR_PROTOCOL && owned != NULL && !writer->ended)
+        return vm_stream_write_parts(writer, owned, error);
+    g_propagate_error(error, g_steal_pointer(&local_error));
+    return FALSE;
 }
 
 gboolean
@@ -111,6 +149,14 @@ vm_stream_reader_init(VmStreamReader *reader, int fd, VmOp request)
     *reader = (VmStreamReader){.fd = fd, .end = vm_op_reply_end(request)};
 }
 
+void
+vm_stream_reader_clear(VmStreamReader *reader)
+{
+    if (reader->parts != NULL)
+        g_byte_array_unref(reader->parts);
+    reader->parts = NULL;
+}
+
 static gboolean
 vm_stream_unexpected(const VmMessage *message, GError **error)
 {
@@ -120,8 +166,25 @@ vm_stream_unexpected(const VmMessage *message, GError **error)
                     name != NULL ? name : "unknown");
 }
 
-VmMessage *
-vm_stream_reader_next(VmStreamReader *reader, GError **error)
+/* The RESULT that ended parts: empty itself, its fields are the parts joined. */
+static VmMessage *
+vm_stream_reader_join(VmStreamReader *reader, const VmMessage *end, GError **error)
+{
+    g_autoptr(GBytes) bytes = g_byte_array_free_to_bytes(g_steal_pointer(&reader->parts));
+    g_autoptr(GVariant) fields = NULL;
+
+    if (g_variant_n_children(end->fields) != 0)
+        return vm_throw(error, VM_ERROR_PROTOCOL, "a result in parts ended with fields"), NULL;
+    fields = g_variant_ref_sink(g_variant_new_from_bytes(G_VARIANT_TYPE_VARDICT, bytes, FALSE));
+    /* What came over the wire: only a value in normal form is one hostd could have sent. */
+    if (!g_variant_is_normal_form(fields))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "a result in parts is malformed"), NULL;
+    return vm_message_new(VM_OP_RESULT, g_steal_pointer(&fields), error);
+}
+
+/* One frame of the reply; a RESULT_PART is kept in @reader and returns NULL with *@ret_part. */
+static VmMessage *
+vm_stream_reader_frame(VmStreamReader *reader, gboolean *ret_part, GError **error)
 {
     g_autoptr(GError) local_error = NULL;
     g_autoptr(VmMessage) message = NULL;
@@ -155,7 +218,29 @@ vm_stream_reader_next(VmStreamReader *reader, GError **error)
         if (reader->end != VM_OP_EXIT)
             break;
         return g_steal_pointer(&message);
+    case VM_OP_RESULT_PART: {
+        gsize len = 0;
+        const guint8 *data = vm_message_get_data(message, "data", &len);
+        if (reader->end != VM_OP_RESULT)
+            break;
+        if (reader->parts == NULL)
+            reader->parts = g_byte_array_new();
+        if (reader->parts->len + len > VM_RESULT_MAX) {
+            vm_throw(error, VM_ERROR_PROTOCOL, "hostd's answer is over the limit of %d bytes",
+                     VM_RESULT_MAX);
+            return NULL;
+        }
+        g_byte_array_append(reader->parts, data, (guint)len);
+        *ret_part = TRUE;
+        return NULL;
+    }
     case VM_OP_RESULT:
+        if (message->op != reader->end)
+            break;
+        reader->ended = TRUE;
+        if (reader->parts != NULL)
+            return vm_stream_reader_join(reader, message, error);
+        return g_steal_pointer(&message);
     case VM_OP_EXIT:
         if (message->op != reader->end)
             break;
@@ -166,4 +251,20 @@ vm_stream_reader_next(VmStreamReader *reader, GError **error)
     }
     vm_stream_unexpected(message, error);
     return NULL;
+}
+
+VmMessage *
+vm_stream_reader_next(VmStreamReader *reader, GError **error)
+{
+    for (;;) {
+        gboolean part = FALSE;
+        VmMessage *message = vm_stream_reader_frame(reader, &part, error);
+
+        if (part)
+            continue;
+        /* Whatever ended the reply, parts of it are of no use any more. */
+        if (message == NULL || reader->ended)
+            vm_stream_reader_clear(reader);
+        return message;
+    }
 }

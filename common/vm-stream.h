@@ -2,7 +2,9 @@
  * a VmStreamReader. Every reply has one of two shapes (vm_op_reply_end() says which):
  *
  *   PROGRESS*, then RESULT or ERROR                        most requests
- *   (PROGRESS | STDOUT | STDERR)*, then EXIT or ERROR      EXEC, EGRESS_LOG
+ *     (a RESULT too big for a frame goes as RESULT_PART* then an empty RESULT; the reader
+ *     joins them and returns one RESULT)
+ *   (PROGRESS | STDOUT | STDERR)*, then EXIT or ERROR      EXEC, EGRESS_LOG, EVENTS
  *
  * RESULT, EXIT and ERROR end the reply; nothing follows them. The frames are the ones
  * vm-protocol.h defines; these types hold no buffer, so a writer and plain
@@ -48,8 +50,9 @@ gboolean vm_stream_writer_data(VmStreamWriter *writer, VmOp op, const void *data
 gboolean vm_stream_writer_exit(VmStreamWriter *writer, gint32 status, GError **error);
 
 /* Ends the reply with RESULT @fields (an a{sv}, floating refs sunk, NULL for none; always
- * consumed). A message over VM_FRAME_MAX fails with VM_ERROR_PROTOCOL and leaves the reply
- * open, so that the caller can still end it with an ERROR. */
+ * consumed). Fields that do not fit in a frame go in RESULT_PART frames of at most
+ * VM_RESULT_PART_MAX bytes; over VM_RESULT_MAX it fails with VM_ERROR_PROTOCOL and leaves the
+ * reply open, so that the caller can still end it with an ERROR. */
 gboolean vm_stream_writer_result(VmStreamWriter *writer, GVariant *fields, GError **error);
 
 /* Ends the reply with ERROR, carrying @failure's code (VM_ERROR_FAILED outside VM_ERROR) and
@@ -58,15 +61,20 @@ gboolean vm_stream_writer_error(VmStreamWriter *writer, const GError *failure, G
 
 typedef struct {
     int fd;
-    VmOp end;       /* what ends a successful reply: VM_OP_RESULT or VM_OP_EXIT */
-    gboolean ended; /* the end frame, or an ERROR, was read */
+    VmOp end;          /* what ends a successful reply: VM_OP_RESULT or VM_OP_EXIT */
+    gboolean ended;    /* the end frame, or an ERROR, was read */
+    GByteArray *parts; /* a RESULT being received in parts; NULL when none */
 } VmStreamReader;
 
 /* Prepares to read the reply to @request (a request op) on @fd. Can't fail. */
 void vm_stream_reader_init(VmStreamReader *reader, int fd, VmOp request);
 
+/* Frees what a reader abandoned mid-reply holds (parts of a RESULT). Can't fail. */
+void vm_stream_reader_clear(VmStreamReader *reader);
+
 /* Reads the next frame of the reply. Returns (owned by the caller) a PROGRESS, the end frame
- * (RESULT or EXIT), or, for a streamed reply, STDOUT or STDERR; after the end frame
+ * (RESULT or EXIT; a RESULT sent in parts comes back whole, at most VM_RESULT_MAX bytes), or,
+ * for a streamed reply, STDOUT or STDERR; after the end frame
  * @reader->ended is TRUE and the reply is over. Fails with the error an ERROR frame carries
  * (same code and message; the reply is over too), VM_ERROR_PROTOCOL ("hostd closed the
  * connection unexpectedly") at end of file before the end, VM_ERROR_PROTOCOL for a malformed

@@ -16,8 +16,6 @@ gboolean
 vm_file_write_atomic(const char *path, const char *contents, gssize len, int mode, GError **error)
 {
     g_autoptr(GError) local_error = NULL;
-    g_autofree char *dir = NULL;
-    vm_autofd dir_fd = -1;
 
     g_return_val_if_fail(path != NULL, FALSE);
     g_return_val_if_fail(contents != NULL || len == 0, FALSE);
@@ -26,15 +24,39 @@ vm_file_write_atomic(const char *path, const char *contents, gssize len, int mod
                                   G_FILE_SET_CONTENTS_CONSISTENT | G_FILE_SET_CONTENTS_DURABLE,
                                   mode, &local_error))
         return vm_throw(error, VM_ERROR_IO, "%s", local_error->message);
-
     /* The rename is only durable once the directory entry is on disk too. */
-    dir = g_path_get_dirname(path);
-    dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    return vm_file_sync_dir(path, error);
+}
+
+gboolean
+vm_file_sync_dir(const char *path, GError **error)
+{
+    g_autofree char *dir = g_path_get_dirname(path);
+    vm_autofd dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
     if (dir_fd < 0)
         return vm_throw_errno(error, errno, "cannot open directory '%s'", dir);
     if (fsync(dir_fd) < 0)
         return vm_throw_errno(error, errno, "cannot sync directory '%s'", dir);
     return TRUE;
+}
+
+char *
+vm_utf8_cut(const char *text, gsize max_bytes)
+{
+    g_autofree char *valid = g_utf8_make_valid(text != NULL ? text : "", -1);
+    const char *end = valid;
+
+    if (strlen(valid) <= max_bytes)
+        return g_steal_pointer(&valid);
+    while (*end != '\0') {
+        const char *next = g_utf8_next_char(end);
+
+        if ((gsize)(next - valid) > max_bytes)
+            break;
+        end = next;
+    }
+    return g_strndup(valid, end - valid);
 }
 
 static guint64

@@ -26,6 +26,14 @@ vm_close_fdp(int *fdp)
 gboolean vm_file_write_atomic(const char *path, const char *contents, gssize len, int mode,
                               GError **error);
 
+/* Syncs the directory holding @path, so that an entry created, renamed or removed there is on
+ * disk. Fails with VM_ERROR_IO. */
+gboolean vm_file_sync_dir(const char *path, GError **error);
+
+/* A copy of @text (NULL: "") made valid UTF-8 (g_utf8_make_valid()) and cut after the last whole
+ * character that fits in @max_bytes. Newly allocated; can't fail. */
+char *vm_utf8_cut(const char *text, gsize max_bytes);
+
 /* Parses a duration such as "90", "90s", "5m", "2h", "1d" into seconds. "never" is not accepted
  * here (callers handle it). Fails with VM_ERROR_INVALID_ARGUMENT. */
 gboolean vm_duration_parse(const char *text, guint64 *ret_seconds, GError **error);

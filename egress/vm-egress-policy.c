@@ -23,6 +23,7 @@ typedef struct {
     char *name;
     VmEgressAddress net;
     guint prefix;
+    guint16 port; /* 0: none given (allow: 80 and 443; deny: every port) */
 } Rule;
 
 struct _VmEgressPolicy {
@@ -316,9 +317,9 @@ rule_clear(gpointer data)
 }
 
 static gboolean
-rule_parse_cidr(const char *text, Rule *rule, GError **error)
+rule_parse_cidr(const char *text, const char *target, Rule *rule, GError **error)
 {
-    g_autofree char *addr_text = g_strdup(text);
+    g_autofree char *addr_text = g_strdup(target);
     char *slash = strchr(addr_text, '/');
     guint64 prefix;
     guint max;
@@ -364,10 +365,88 @@ rule_parse_cidr(const char *text, Rule *rule, GError **error)
 }
 
 static gboolean
+rule_parse_port(const char *digits, guint16 *ret_port)
+{
+    guint64 port;
+
+    if (*digits == '\0' || strlen(digits) > 5 || digits[0] == '0')
+        return FALSE;
+    for (const char *p = digits; *p != '\0'; p++)
+        if (!g_ascii_isdigit(*p))
+            return FALSE;
+    port = g_ascii_strtoull(digits, NULL, 10);
+    if (port > 65535)
+        return FALSE;
+    *ret_port = (guint16)port;
+    return TRUE;
+}
+
+/* Splits "target[:port]" in place: a port follows the last ':' of a name or IPv4 target, or the
+ * ']' of a bracketed IPv6 one ("[2001:db8::]/32:443"); an unbracketed IPv6 target (more than
+ * one ':') has no port. *@ret_port is 0 when none was given. */
+static gboolean
+rule_split_port(char *lower, const char *text, char **ret_target, guint16 *ret_port, GError **error)
+{
+    char *colon;
+
+    *ret_port = 0;
+    *ret_target = lower;
+    if (lower[0] == '[') {
+        char *end = strchr(lower, ']');
+
+        if (end == NULL)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "egress rule '%s': missing ']'",
+                            text);
+        colon = strrchr(end, ':');
+        /* brackets are only there to set a port apart */
+        if (colon == NULL)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "egress rule '%s': brackets only with a port ('[2001:db8::]/32:443')",
+                            text);
+        *colon = '\0';
+        if (!rule_parse_port(colon + 1, ret_port))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "egress rule '%s': bad port (1-65535)", text);
+        /* "[addr]/prefix" becomes "addr/prefix" */
+        memmove(end, end + 1, strlen(end + 1) + 1);
+        *ret_target = lower + 1;
+        if (strchr(*ret_target, ':') == NULL)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "egress rule '%s': brackets only around an IPv6 address", text);
+        return TRUE;
+    }
+    colon = strchr(lower, ':');
+    if (colon == NULL || strchr(colon + 1, ':') != NULL)
+        return TRUE;
+    *colon = '\0';
+    if (!rule_parse_port(colon + 1, ret_port))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "egress rule '%s': bad port (1-65535)",
+                        text);
+    return TRUE;
+}
+
+/* The persisted form of @rule: its target's normalised text with the port, if any. */
+static void
+rule_set_text(Rule *rule, const char *target)
+{
+    if (rule->port == 0)
+        rule->text = g_strdup(target);
+    else if (rule->kind == RULE_CIDR && rule->net.family == AF_INET6)
+        rule->text = g_strdup_printf("[%.*s]%s:%u", (int)strcspn(target, "/"), target,
+                                     target + strcspn(target, "/"), rule->port);
+    else
+        rule->text = g_strdup_printf("%s:%u", target, rule->port);
+}
+
+static gboolean rule_parse_target(const char *text, char *lower, Rule *rule, GError **error);
+
+static gboolean
 rule_parse(const char *text, Rule *rule, GError **error)
 {
     g_autofree char *lower = NULL;
-    gsize len;
+    char *target = NULL;
+    guint16 port = 0;
+    g_autofree char *target_text = NULL;
 
     memset(rule, 0, sizeof(*rule));
     for (const char *p = text; *p != '\0'; p++)
@@ -377,6 +456,28 @@ rule_parse(const char *text, Rule *rule, GError **error)
     if (*text == '\0')
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "egress rule '': empty");
     lower = g_ascii_strdown(text, -1);
+    if (!rule_split_port(lower, text, &target, &port, error))
+        return FALSE;
+    if (*target == '\0')
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "egress rule '%s': no host", text);
+    if (!rule_parse_target(text, target, rule, error))
+        return FALSE;
+    if (port != 0 && (rule->kind == RULE_ANY || strcmp(target, "none") == 0))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "egress rule '%s': 'any' and 'none' take no port", text);
+    rule->port = port;
+    target_text = g_steal_pointer(&rule->text);
+    rule_set_text(rule, target_text);
+    return TRUE;
+}
+
+/* Parses the target of a rule (lower case, port already split off) into @rule, with
+ * rule->text its normalised form. */
+static gboolean
+rule_parse_target(const char *text, char *lower, Rule *rule, GError **error)
+{
+    gsize len;
+
     if (strcmp(lower, "any") == 0) {
         rule->kind = RULE_ANY;
         rule->text = g_strdup("any");
@@ -384,7 +485,7 @@ rule_parse(const char *text, Rule *rule, GError **error)
     }
     if (strchr(lower, '/') != NULL || strchr(lower, ':') != NULL ||
         vm_egress_address_parse(lower, &rule->net, NULL))
-        return rule_parse_cidr(lower, rule, error);
+        return rule_parse_cidr(text, lower, rule, error);
 
     len = strlen(lower);
     if (len > 1 && lower[len - 1] == '.')
@@ -564,8 +665,18 @@ vm_egress_policy_new_from_keyfile(GKeyFile *keyfile, const char *group, GError *
 /* ---------------------------------------------------------------------------------------------
  * Decisions */
 
+/* Whether @rule covers @port: its own port, or without one 80 and 443 for an allow rule and
+ * every port for a deny rule (a deny rule without a port shuts the host as a whole). */
 static gboolean
-rules_match_name(GArray *rules, const char *name)
+rule_port_matches(const Rule *rule, guint16 port, gboolean deny)
+{
+    if (rule->port != 0)
+        return rule->port == port;
+    return deny || port == 80 || port == 443;
+}
+
+static gboolean
+rules_match_name(GArray *rules, const char *name, guint16 port, gboolean deny)
 {
     gsize len = strlen(name);
 
@@ -573,6 +684,8 @@ rules_match_name(GArray *rules, const char *name)
         const Rule *rule = &g_array_index(rules, Rule, i);
         gsize suffix_len;
 
+        if (!rule_port_matches(rule, port, deny))
+            continue;
         switch (rule->kind) {
         case RULE_ANY:
             return TRUE;
@@ -595,10 +708,11 @@ rules_match_name(GArray *rules, const char *name)
     return FALSE;
 }
 
-/* Whether a CIDR rule of @rules covers @address (or the IPv4 address it embeds); "any" counts
- * only with @with_any. */
+/* Whether a CIDR rule of @rules covers @address (or the IPv4 address it embeds) at @port; "any"
+ * counts only with @with_any. */
 static gboolean
-rules_match_address(GArray *rules, const VmEgressAddress *address, gboolean with_any)
+rules_match_address(GArray *rules, const VmEgressAddress *address, guint16 port, gboolean deny,
+                    gboolean with_any)
 {
     VmEgressAddress embedded;
     gboolean has_embedded = address_embedded_v4(address, &embedded);
@@ -606,6 +720,8 @@ rules_match_address(GArray *rules, const VmEgressAddress *address, gboolean with
     for (guint i = 0; i < rules->len; i++) {
         const Rule *rule = &g_array_index(rules, Rule, i);
 
+        if (!rule_port_matches(rule, port, deny))
+            continue;
         if (rule->kind == RULE_ANY && with_any)
             return TRUE;
         if (rule->kind != RULE_CIDR)
@@ -619,7 +735,8 @@ rules_match_address(GArray *rules, const VmEgressAddress *address, gboolean with
 }
 
 VmEgressVerdict
-vm_egress_policy_check_host(const VmEgressPolicy *policy, const char *host, char **ret_normalised)
+vm_egress_policy_check_host(const VmEgressPolicy *policy, const char *host, guint16 port,
+                            char **ret_normalised)
 {
     g_autofree char *normalised = vm_egress_host_normalise(host, NULL);
     VmEgressAddress address;
@@ -627,14 +744,14 @@ vm_egress_policy_check_host(const VmEgressPolicy *policy, const char *host, char
     if (normalised == NULL)
         return VM_EGRESS_DENY_BAD_HOST;
     if (vm_egress_address_parse(normalised, &address, NULL)) {
-        if (rules_match_address(policy->deny, &address, TRUE))
+        if (rules_match_address(policy->deny, &address, port, TRUE, TRUE))
             return VM_EGRESS_DENY_RULE;
-        if (!rules_match_address(policy->allow, &address, TRUE))
+        if (!rules_match_address(policy->allow, &address, port, FALSE, TRUE))
             return VM_EGRESS_DENY_NO_RULE;
     } else {
-        if (rules_match_name(policy->deny, normalised))
+        if (rules_match_name(policy->deny, normalised, port, TRUE))
             return VM_EGRESS_DENY_RULE;
-        if (!rules_match_name(policy->allow, normalised))
+        if (!rules_match_name(policy->allow, normalised, port, FALSE))
             return VM_EGRESS_DENY_NO_RULE;
     }
     if (ret_normalised != NULL)
@@ -644,15 +761,15 @@ vm_egress_policy_check_host(const VmEgressPolicy *policy, const char *host, char
 
 VmEgressVerdict
 vm_egress_policy_check_address(const VmEgressPolicy *policy, const VmEgressAddress *address,
-                               GArray *local)
+                               guint16 port, GArray *local)
 {
     VmEgressAddress normal = *address;
 
     if (normal.family == AF_INET6)
         address_set_v6(&normal, address->bytes);
-    if (rules_match_address(policy->deny, &normal, TRUE))
+    if (rules_match_address(policy->deny, &normal, port, TRUE, TRUE))
         return VM_EGRESS_DENY_RULE;
-    if (rules_match_address(policy->allow, &normal, FALSE))
+    if (rules_match_address(policy->allow, &normal, port, FALSE, FALSE))
         return VM_EGRESS_ALLOW;
     if (!vm_egress_address_is_public(&normal))
         return VM_EGRESS_DENY_ADDRESS;

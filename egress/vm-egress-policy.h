@@ -3,7 +3,9 @@
  * A policy is two rule lists, allow and deny. A rule is an exact name ("pypi.org"), a wildcard
  * "*.suffix" (subdomains only, never the apex), a CIDR ("203.0.113.0/24", "2001:db8::/32"; a bare
  * address is a /32 or /128), or one of the shortcuts "any" and "none", which stand alone in their
- * list. Deny wins over allow; an empty allow list allows nothing.
+ * list. Deny wins over allow; an empty allow list allows nothing. A rule but "any" and "none" may
+ * carry a port ("pypi.org:443", "203.0.113.0/24:8443", "[2001:db8::]/32:443"): an allow rule
+ * without one allows ports 80 and 443 only, a deny rule without one refuses every port.
  *
  * Names and addresses never mix: an IP literal is matched only against CIDR rules, a name only
  * against name rules. After resolution every address is checked again: loopback, link-local,
@@ -101,19 +103,21 @@ void vm_egress_policy_to_keyfile(const VmEgressPolicy *policy, GKeyFile *keyfile
 VmEgressPolicy *vm_egress_policy_new_from_keyfile(GKeyFile *keyfile, const char *group,
                                                   GError **error);
 
-/* The first decision, on the host a request names, before any resolution. @host is as the
- * guest wrote it (without IPv6 brackets); it is normalised first (VM_EGRESS_DENY_BAD_HOST when
- * that fails). On VM_EGRESS_ALLOW, @ret_normalised (may be NULL) receives the normalised host,
- * newly allocated. */
+/* The first decision, on the host and port a request names, before any resolution. @host is as
+ * the guest wrote it (without IPv6 brackets); it is normalised first (VM_EGRESS_DENY_BAD_HOST
+ * when that fails). A rule matches @port when it names that port, or names none and @port is 80
+ * or 443 (allow) or anything (deny). On VM_EGRESS_ALLOW, @ret_normalised (may be NULL) receives
+ * the normalised host, newly allocated. */
 VmEgressVerdict vm_egress_policy_check_host(const VmEgressPolicy *policy, const char *host,
-                                            char **ret_normalised);
+                                            guint16 port, char **ret_normalised);
 
-/* The second decision, on each address a host resolved to (or the literal itself): a deny CIDR
- * refuses it, an allow CIDR opens it, and otherwise a special address or one of @local (a GArray
- * of VmEgressAddress, may be NULL) is refused. Only meaningful after
+/* The second decision, on each address a host resolved to (or the literal itself), for @port
+ * as above: a deny CIDR refuses it, an allow CIDR opens it, and otherwise a special address or
+ * one of @local (a GArray of VmEgressAddress, may be NULL) is refused. Only meaningful after
  * vm_egress_policy_check_host() allowed the host. */
 VmEgressVerdict vm_egress_policy_check_address(const VmEgressPolicy *policy,
-                                               const VmEgressAddress *address, GArray *local);
+                                               const VmEgressAddress *address, guint16 port,
+                                               GArray *local);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressPolicy, vm_egress_policy_unref)
 

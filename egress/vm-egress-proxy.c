@@ -1,5 +1,6 @@
 /* The egress proxy: an accept thread and one thread per guest connection. */
 #include "vm-egress-proxy.h"
+#include "vm-egress-tls.h"
 #include "vm-error.h"
 #include "vm-util.h"
 #include "vm-fd-pass.h"
@@ -28,6 +29,9 @@
 #define LOCAL_REFRESH_US (5 * G_USEC_PER_SEC)
 #define DRAIN_US         (200 * 1000)
 #define DRAIN_MAX        (256 * 1024)
+/* Guest bytes read past the current request's body, kept for the next request head: enough for
+ * a whole head and the start of its body; past it the guest is not read until their turn. */
+#define NEXT_MAX (2 * VM_EGRESS_REQUEST_HEAD_MAX)
 
 struct _VmEgressProxy {
     VmEgressConfig config;
@@ -49,20 +53,29 @@ struct _VmEgressProxy {
     gint64 local_time;
 };
 
+/* A guest connection. It may carry several requests one after the other (keep-alive,
+ * pipelining): each is parsed, decided, connected and logged on its own, and the fields below
+ * "per request" are reset between them (conn_next_request()). */
 typedef struct {
     VmEgressProxy *proxy;
     int fd;
-    gboolean on_unix; /* accepted on the Unix socket: may hand over the guest's connection */
+    gboolean on_unix;   /* accepted on the Unix socket: may hand over the guest's connection */
+    GByteArray *next;   /* guest bytes after the last request's body: the next request's start */
+    gboolean guest_eof; /* the guest shut down its sending side */
+
+    /* per request */
     gint64 start_time;
     gint64 start_mono;
     VmEgressRequest *request;
+    char *host; /* the request's host, normalised, once the policy allowed it */
+    gboolean host_is_literal;
     VmEgressAddress address;
     gboolean have_address;
     int up_fd;
     gint generation; /* of the policy the decision used */
     guint64 bytes_up;
     guint64 bytes_down;
-    GByteArray *pending_up; /* guest bytes that came after the head */
+    GByteArray *pending_up; /* guest bytes after the head, not yet sent */
 } Conn;
 
 /* ---------------------------------------------------------------------------------------------
@@ -301,7 +314,7 @@ conn_decide(Conn *conn, GArray **ret_addresses, const char **ret_reason, int *re
     conn->generation = g_atomic_int_get(&proxy->generation);
     policy = proxy_dup_policy(proxy, &local);
     *ret_code = 403;
-    verdict = vm_egress_policy_check_host(policy, conn->request->host, &host);
+    verdict = vm_egress_policy_check_host(policy, conn->request->host, conn->request->port, &host);
     if (verdict != VM_EGRESS_ALLOW) {
         *ret_reason = vm_egress_verdict_name(verdict);
         return FALSE;
@@ -325,7 +338,7 @@ conn_decide(Conn *conn, GArray **ret_addresses, const char **ret_reason, int *re
     for (guint i = 0; i < addresses->len; i++) {
         VmEgressAddress *address = &g_array_index(addresses, VmEgressAddress, i);
 
-        verdict = vm_egress_policy_check_address(policy, address, local);
+        verdict = vm_egress_policy_check_address(policy, address, conn->request->port, local);
         if (verdict != VM_EGRESS_ALLOW) {
             conn->address = *address;
             conn->have_address = TRUE;
@@ -333,6 +346,8 @@ conn_decide(Conn *conn, GArray **ret_addresses, const char **ret_reason, int *re
             return FALSE;
         }
     }
+    conn->host_is_literal = vm_egress_address_parse(host, &literal, NULL);
+    conn->host = g_steal_pointer(&host);
     *ret_addresses = g_steal_pointer(&addresses);
     return TRUE;
 }
@@ -344,8 +359,10 @@ conn_still_allowed(Conn *conn)
     g_autoptr(GArray) local = NULL;
     g_autoptr(VmEgressPolicy) policy = proxy_dup_policy(conn->proxy, &local);
 
-    return vm_egress_policy_check_host(policy, conn->request->host, NULL) == VM_EGRESS_ALLOW &&
-           vm_egress_policy_check_address(policy, &conn->address, local) == VM_EGRESS_ALLOW;
+    return vm_egress_policy_check_host(policy, conn->request->host, conn->request->port, NULL) ==
+               VM_EGRESS_ALLOW &&
+           vm_egress_policy_check_address(policy, &conn->address, conn->request->port, local) ==
+               VM_EGRESS_ALLOW;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -378,12 +395,10 @@ conn_feed(Conn *conn, VmEgressParser *parser, const guint8 *buf, gsize len, gboo
     }
 }
 
-/* Waits until @fd is readable, the handshake deadline passes or the proxy stops. */
+/* Waits until @fd is readable, @deadline (monotonic) passes or the proxy stops. */
 static gboolean
-conn_wait_readable(Conn *conn, int fd, const char **ret_reason, int *ret_code)
+conn_wait_until(Conn *conn, int fd, gint64 deadline, const char **ret_reason, int *ret_code)
 {
-    gint64 deadline = conn->start_mono + (gint64)conn->proxy->config.handshake_timeout_ms * 1000;
-
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         gint64 left = deadline - g_get_monotonic_time();
@@ -408,6 +423,15 @@ conn_wait_readable(Conn *conn, int fd, const char **ret_reason, int *ret_code)
         if (rc > 0)
             return TRUE;
     }
+}
+
+/* Waits until @fd is readable, the handshake deadline passes or the proxy stops. */
+static gboolean
+conn_wait_readable(Conn *conn, int fd, const char **ret_reason, int *ret_code)
+{
+    return conn_wait_until(
+        conn, fd, conn->start_mono + (gint64)conn->proxy->config.handshake_timeout_ms * 1000,
+        ret_reason, ret_code);
 }
 
 /* On the Unix socket, the first message either hands over the guest's connection (one byte with
@@ -467,15 +491,20 @@ conn_take_over(Conn *conn, guint8 *ret_byte, gsize *ret_len, const char **ret_re
     }
 }
 
-/* Reads the request head before the handshake deadline. */
+/* Reads a request head before the handshake deadline: the first one of the connection, or a
+ * later one (@first FALSE), which starts with the bytes kept in conn->next. A later request
+ * that never began (the guest closed or stayed silent after the last response) ends the
+ * connection quietly: *@ret_reason stays NULL. */
 static gboolean
-conn_read_head(Conn *conn, const char **ret_reason, int *ret_code, char **ret_message)
+conn_read_head(Conn *conn, gboolean first, const char **ret_reason, int *ret_code,
+               char **ret_message)
 {
     g_autoptr(VmEgressParser) parser = vm_egress_parser_new();
     guint8 buf[4096];
     gboolean ok = FALSE;
+    gboolean began = conn->next->len > 0;
 
-    if (conn->on_unix) {
+    if (conn->on_unix && first) {
         gsize len = 0;
 
         if (!conn_take_over(conn, buf, &len, ret_reason, ret_code))
@@ -483,21 +512,92 @@ conn_read_head(Conn *conn, const char **ret_reason, int *ret_code, char **ret_me
         if (len > 0 && conn_feed(conn, parser, buf, len, &ok, ret_reason, ret_code, ret_message))
             return ok;
     }
+    if (conn->next->len > 0) {
+        g_autoptr(GByteArray) kept = g_steal_pointer(&conn->next);
+
+        conn->next = g_byte_array_new();
+        if (conn_feed(conn, parser, kept->data, kept->len, &ok, ret_reason, ret_code, ret_message))
+            return ok;
+    }
     for (;;) {
         ssize_t n;
 
-        if (!conn_wait_readable(conn, conn->fd, ret_reason, ret_code))
+        if (conn->guest_eof) {
+            n = 0;
+        } else {
+            if (!conn_wait_readable(conn, conn->fd, ret_reason, ret_code)) {
+                if (!first && !began && g_strcmp0(*ret_reason, "timeout") == 0)
+                    *ret_reason = NULL, *ret_code = 0;
+                return FALSE;
+            }
+            n = recv(conn->fd, buf, sizeof(buf), 0);
+            if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                continue;
+        }
+        if (n <= 0) {
+            *ret_reason = first || began ? "incomplete-request" : NULL;
+            *ret_code = 0;
             return FALSE;
-        n = recv(conn->fd, buf, sizeof(buf), 0);
+        }
+        began = TRUE;
+        if (conn_feed(conn, parser, buf, n, &ok, ret_reason, ret_code, ret_message))
+            return ok;
+    }
+}
+
+/* For a CONNECT to a name: reads the guest's ClientHello (bounded, before the handshake timeout
+ * counted from now) into conn->pending_up, where it waits to be forwarded unchanged, and checks
+ * that its SNI names the CONNECT host. FALSE with @ret_reason when it does not, or when what came
+ * is not a ClientHello. */
+static gboolean
+conn_check_sni(Conn *conn, const char **ret_reason)
+{
+    gint64 deadline =
+        g_get_monotonic_time() + (gint64)conn->proxy->config.handshake_timeout_ms * 1000;
+    guint8 buf[4096];
+
+    for (;;) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *sni = NULL;
+        g_autofree char *name = NULL;
+        int code = 0;
+        ssize_t n;
+
+        switch (vm_egress_tls_client_hello_sni(conn->pending_up->data, conn->pending_up->len, &sni,
+                                               &error)) {
+        case VM_EGRESS_HELLO_DONE:
+            if (sni == NULL) {
+                *ret_reason = "sni-missing";
+                return FALSE;
+            }
+            name = vm_egress_host_normalise(sni, NULL);
+            if (name == NULL || strcmp(name, conn->host) != 0) {
+                *ret_reason = "sni-mismatch";
+                return FALSE;
+            }
+            return TRUE;
+        case VM_EGRESS_HELLO_ERROR:
+            *ret_reason = "not-tls";
+            return FALSE;
+        case VM_EGRESS_HELLO_MORE:
+        default:
+            break;
+        }
+        if (conn->pending_up->len >= VM_EGRESS_CLIENT_HELLO_MAX) {
+            *ret_reason = "not-tls";
+            return FALSE;
+        }
+        if (!conn_wait_until(conn, conn->fd, deadline, ret_reason, &code))
+            return FALSE;
+        n = recv(conn->fd, buf,
+                 MIN(sizeof(buf), VM_EGRESS_CLIENT_HELLO_MAX - conn->pending_up->len), 0);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             continue;
         if (n <= 0) {
             *ret_reason = "incomplete-request";
-            *ret_code = 0;
             return FALSE;
         }
-        if (conn_feed(conn, parser, buf, n, &ok, ret_reason, ret_code, ret_message))
-            return ok;
+        g_byte_array_append(conn->pending_up, buf, n);
     }
 }
 
@@ -546,8 +646,16 @@ typedef struct {
     guint8 *buf;
     gsize start; /* first byte read from @from and not yet written to @to */
     gsize end;
-    gboolean eof;
+    gboolean eof;     /* @from is done */
+    gboolean shut;    /* @to was shut down for writing */
+    gboolean keep_to; /* @from's end does not shut @to (a later response may follow) */
     guint64 *total;
+    const char *error; /* how the direction failed */
+    /* From the guest, for a plain HTTP request: only its body goes up; the bytes after it are
+     * kept in @next for the next request head, which is checked on its own. */
+    VmEgressBodyFramer *framer;
+    gboolean body_done;
+    GByteArray *next;
 } Direction;
 
 static gsize
@@ -570,9 +678,36 @@ static void
 direction_close(Direction *d)
 {
     g_free(d->buf);
+    vm_egress_body_framer_free(d->framer);
 }
 
-/* Moves what it can in one direction without blocking. FALSE on a fatal socket error.
+/* Runs the body framer over the bytes just read: what follows the body moves to @next. */
+static gboolean
+direction_frame(Direction *d)
+{
+    g_autoptr(GError) error = NULL;
+    gsize consumed = 0;
+
+    if (d->framer == NULL || d->body_done)
+        return TRUE;
+    switch (vm_egress_body_framer_feed(d->framer, d->buf + d->start, direction_pending(d),
+                                       &consumed, &error)) {
+    case VM_EGRESS_PARSE_MORE:
+        return TRUE;
+    case VM_EGRESS_PARSE_DONE:
+        g_byte_array_append(d->next, d->buf + d->start + consumed, direction_pending(d) - consumed);
+        d->end = d->start + consumed;
+        d->body_done = TRUE;
+        return TRUE;
+    case VM_EGRESS_PARSE_ERROR:
+    default:
+        d->error = "bad-request";
+        return FALSE;
+    }
+}
+
+/* Moves what it can in one direction without blocking. FALSE on a fatal socket error or bad
+ * body framing (d->error says which).
  *
  * The bytes pass through a buffer of ours, not through a pipe with splice(): measured with
  * bench/egress, the spliced hop cost more CPU than the two copies it saves (a guest's tunnel ran
@@ -587,31 +722,61 @@ direction_pump(Direction *d, gboolean *ret_moved)
 
         if (direction_pending(d) > 0) {
             n = send(d->to, d->buf + d->start, direction_pending(d), MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n < 0)
-                return errno == EAGAIN || errno == EINTR;
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EINTR)
+                    return TRUE;
+                d->error = "reset";
+                return FALSE;
+            }
             d->start += n;
             *d->total += n;
             *ret_moved = TRUE;
             if (direction_pending(d) > 0)
                 return TRUE;
         }
-        if (d->eof)
+        if (d->eof) {
+            if (!d->shut && !d->keep_to) {
+                (void)shutdown(d->to, SHUT_WR);
+                d->shut = TRUE;
+            }
             return TRUE;
-        n = recv(d->from, d->buf, RELAY_BUFFER, MSG_DONTWAIT);
-        if (n < 0)
-            return errno == EAGAIN || errno == EINTR;
+        }
+        if (d->body_done && d->next->len >= NEXT_MAX)
+            return TRUE;
+        n = recv(d->from, d->buf,
+                 d->body_done ? MIN(RELAY_BUFFER, NEXT_MAX - d->next->len) : RELAY_BUFFER,
+                 MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return TRUE;
+            d->error = "reset";
+            return FALSE;
+        }
         *ret_moved = TRUE;
         if (n == 0) {
             d->eof = TRUE;
-            (void)shutdown(d->to, SHUT_WR);
-            return TRUE;
+            continue;
+        }
+        if (d->body_done) {
+            g_byte_array_append(d->next, d->buf, n);
+            continue;
         }
         d->start = 0;
         d->end = n;
+        if (!direction_frame(d))
+            return FALSE;
     }
 }
 
-/* Relays bytes both ways until both sides are done. Returns how it ended. */
+/* Whether @d wants to read from its source now. */
+static gboolean
+direction_wants_input(const Direction *d)
+{
+    return direction_pending(d) == 0 && !d->eof && !(d->body_done && d->next->len >= NEXT_MAX);
+}
+
+/* Relays bytes both ways until both sides are done, or, for a plain HTTP request, until the
+ * destination closed after the whole body went up. Returns how it ended. */
 static const char *
 conn_relay_loop(Conn *conn, Direction *up, Direction *down)
 {
@@ -624,13 +789,23 @@ conn_relay_loop(Conn *conn, Direction *up, Direction *down)
         gboolean moved = FALSE;
         gint64 now;
 
-        if (!direction_pump(up, &moved) || !direction_pump(down, &moved))
-            return "reset";
+        if (!direction_pump(up, &moved))
+            return up->error;
+        if (!direction_pump(down, &moved))
+            return down->error;
         now = g_get_monotonic_time();
         if (moved)
             last_activity = now;
-        if (up->eof && direction_pending(up) == 0 && down->eof && direction_pending(down) == 0)
+        if (down->eof && direction_pending(down) == 0 &&
+            ((up->eof && direction_pending(up) == 0) ||
+             (up->body_done && direction_pending(up) == 0)))
             return "closed";
+        /* The destination closed before the whole body went up: no next request can follow,
+         * so the guest learns of the close at once, as in a tunnel. */
+        if (down->eof && direction_pending(down) == 0 && down->keep_to && !down->shut) {
+            (void)shutdown(conn->fd, SHUT_WR);
+            down->shut = TRUE;
+        }
         if (stopping(proxy))
             return "shutdown";
         if (g_atomic_int_get(&proxy->generation) != generation) {
@@ -644,50 +819,79 @@ conn_relay_loop(Conn *conn, Direction *up, Direction *down)
             continue;
         if (direction_pending(up) > 0)
             pfd[1].events |= POLLOUT;
-        else if (!up->eof)
+        else if (direction_wants_input(up))
             pfd[0].events |= POLLIN;
         if (direction_pending(down) > 0)
             pfd[0].events |= POLLOUT;
-        else if (!down->eof)
+        else if (direction_wants_input(down))
             pfd[1].events |= POLLIN;
         if (poll(pfd, 2, TICK_MS) < 0 && errno != EINTR)
             return "io-error";
     }
 }
 
+/* Relays the request's connection. The guest bytes already read (conn->pending_up) go first.
+ * For a plain HTTP request, *@ret_more tells whether the guest sent a next request after this
+ * one's body, to be read from conn->next once this response is through. */
 static const char *
-conn_relay(Conn *conn)
+conn_relay(Conn *conn, gboolean *ret_more)
 {
+    gboolean http = conn->request->kind == VM_EGRESS_REQUEST_HTTP;
     Direction up, down;
     const char *ended;
 
+    *ret_more = FALSE;
     direction_open(&up, conn->fd, conn->up_fd, &conn->bytes_up);
     direction_open(&down, conn->up_fd, conn->fd, &conn->bytes_down);
-    ended = conn_relay_loop(conn, &up, &down);
+    /* the guest may already have closed its side after a pipelined request */
+    up.eof = conn->guest_eof;
+    /* An empty GByteArray may have no data at all: memcpy() must not see NULL even for 0. */
+    if (conn->pending_up->len > 0)
+        memcpy(up.buf, conn->pending_up->data, conn->pending_up->len);
+    up.end = conn->pending_up->len;
+    g_byte_array_set_size(conn->pending_up, 0);
+    if (http) {
+        up.framer = vm_egress_body_framer_new(conn->request);
+        up.next = conn->next;
+        down.keep_to = TRUE;
+    }
+    if (http && !direction_frame(&up))
+        ended = up.error;
+    else
+        ended = conn_relay_loop(conn, &up, &down);
+    conn->guest_eof = up.eof;
+    if (http && strcmp(ended, "closed") == 0 && up.body_done && conn->next->len > 0)
+        *ret_more = TRUE;
+    else if (http)
+        (void)shutdown(conn->fd, SHUT_WR);
     direction_close(&down);
     direction_close(&up);
     return ended;
 }
 
-static void
-conn_serve(Conn *conn)
+/* Serves one request of the connection: head, decisions, connection, relay, record. TRUE when
+ * another request follows on the same connection. */
+static gboolean
+conn_serve_one(Conn *conn, gboolean first)
 {
     VmEgressProxy *proxy = conn->proxy;
     g_autoptr(GArray) addresses = NULL;
     g_autofree char *message = NULL;
     const char *reason = NULL;
     const char *ended;
+    gboolean more = FALSE;
     int code = 0;
 
-    if (!conn_read_head(conn, &reason, &code, &message)) {
+    if (!conn_read_head(conn, first, &reason, &code, &message)) {
         if (code != 0)
             respond(conn->fd, code,
                     code == 400   ? "Bad Request"
                     : code == 408 ? "Request Timeout"
                                   : "Service Unavailable",
                     message != NULL ? message : reason);
-        conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
-        return;
+        if (reason != NULL)
+            conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
+        return FALSE;
     }
     if (!conn_decide(conn, &addresses, &reason, &code)) {
         g_autofree char *text = g_strdup_printf("egress to %s:%u refused: %s", conn->request->host,
@@ -695,7 +899,7 @@ conn_serve(Conn *conn)
 
         respond(conn->fd, code, code == 403 ? "Forbidden" : "Bad Gateway", text);
         conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
-        return;
+        return FALSE;
     }
     if (proxy->config.rewrite != NULL) {
         g_autoptr(GError) error = NULL;
@@ -703,21 +907,27 @@ conn_serve(Conn *conn)
         if (!proxy->config.rewrite(conn->request, proxy->config.rewrite_data, &error)) {
             respond(conn->fd, 403, "Forbidden", error != NULL ? error->message : "refused");
             conn_log(conn, VM_EGRESS_RECORD_DENIED, "rewrite-refused");
-            return;
+            return FALSE;
         }
     }
     conn->up_fd = conn_connect(conn, addresses);
     if (conn->up_fd < 0) {
         respond(conn->fd, 502, "Bad Gateway", "cannot connect");
         conn_log(conn, VM_EGRESS_RECORD_DENIED, "connect-failed");
-        return;
+        return FALSE;
     }
     if (conn->request->kind == VM_EGRESS_REQUEST_CONNECT) {
         static const char established[] = "HTTP/1.1 200 Connection established\r\n\r\n";
 
         if (!send_all(conn->fd, (const guint8 *)established, strlen(established), 1000)) {
             conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
-            return;
+            return FALSE;
+        }
+        /* A tunnel to a name carries TLS for that name: the ClientHello must say so before a
+         * byte goes up. An address that a CIDR rule allows is trusted with any bytes. */
+        if (!conn->host_is_literal && !conn_check_sni(conn, &reason)) {
+            conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
+            return FALSE;
         }
     } else {
         g_autoptr(GBytes) head = vm_egress_request_build_head(conn->request);
@@ -727,19 +937,40 @@ conn_serve(Conn *conn)
         conn->bytes_up = len;
         if (!send_all(conn->up_fd, data, len, proxy->config.idle_timeout_ms)) {
             conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
-            return;
+            return FALSE;
         }
     }
-    if (conn->pending_up->len > 0) {
-        if (!send_all(conn->up_fd, conn->pending_up->data, conn->pending_up->len,
-                      proxy->config.idle_timeout_ms)) {
-            conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
-            return;
-        }
-        conn->bytes_up += conn->pending_up->len;
-    }
-    ended = conn_relay(conn);
+    ended = conn_relay(conn, &more);
     conn_log(conn, VM_EGRESS_RECORD_ALLOWED, ended);
+    return more;
+}
+
+/* Forgets the request just served, so that the next one on the connection starts afresh: no
+ * decision, address or destination carries over. */
+static void
+conn_next_request(Conn *conn)
+{
+    g_clear_pointer(&conn->request, vm_egress_request_free);
+    g_clear_pointer(&conn->host, g_free);
+    conn->host_is_literal = FALSE;
+    conn->have_address = FALSE;
+    memset(&conn->address, 0, sizeof(conn->address));
+    if (conn->up_fd >= 0) {
+        close(conn->up_fd);
+        conn->up_fd = -1;
+    }
+    conn->bytes_up = 0;
+    conn->bytes_down = 0;
+    g_byte_array_set_size(conn->pending_up, 0);
+    conn->start_time = g_get_real_time();
+    conn->start_mono = g_get_monotonic_time();
+}
+
+static void
+conn_serve(Conn *conn)
+{
+    for (gboolean first = TRUE; conn_serve_one(conn, first); first = FALSE)
+        conn_next_request(conn);
 }
 
 /* Gives back a connection slot and wakes whoever waits for the proxy to drain. */
@@ -752,6 +983,18 @@ proxy_release_slot(VmEgressProxy *proxy)
     g_mutex_unlock(&proxy->lock);
 }
 
+static void
+conn_free(Conn *conn)
+{
+    if (conn->up_fd >= 0)
+        close(conn->up_fd);
+    vm_egress_request_free(conn->request);
+    g_free(conn->host);
+    g_byte_array_unref(conn->pending_up);
+    g_byte_array_unref(conn->next);
+    g_free(conn);
+}
+
 static gpointer
 conn_thread(gpointer data)
 {
@@ -760,11 +1003,7 @@ conn_thread(gpointer data)
 
     conn_serve(conn);
     close(conn->fd);
-    if (conn->up_fd >= 0)
-        close(conn->up_fd);
-    vm_egress_request_free(conn->request);
-    g_byte_array_unref(conn->pending_up);
-    g_free(conn);
+    conn_free(conn);
     proxy_release_slot(proxy);
     return NULL;
 }
@@ -794,12 +1033,12 @@ proxy_accept_one(VmEgressProxy *proxy)
     conn->start_mono = g_get_monotonic_time();
     conn->up_fd = -1;
     conn->pending_up = g_byte_array_new();
+    conn->next = g_byte_array_new();
     if (full) {
         /* No draining here: the accept thread must not wait on one guest. */
         respond_full(fd, 503, "Service Unavailable", "too many connections", FALSE);
         conn_log(conn, VM_EGRESS_RECORD_DENIED, "too-many-connections");
-        g_byte_array_unref(conn->pending_up);
-        g_free(conn);
+        conn_free(conn);
         return;
     }
     if (proxy->listen_path == NULL) {
@@ -812,8 +1051,7 @@ proxy_accept_one(VmEgressProxy *proxy)
     thread = g_thread_try_new("egress-conn", conn_thread, conn, NULL);
     if (thread == NULL) {
         close(conn->fd);
-        g_byte_array_unref(conn->pending_up);
-        g_free(conn);
+        conn_free(conn);
         proxy_release_slot(proxy);
         return;
     }

@@ -1,13 +1,16 @@
 /* The egress proxy: the one way out of an agent's VM.
  *
  * A proxy owns a listening TCP socket and a thread that accepts connections; each connection is
- * served by a thread of its own. A connection sends one request head (see vm-egress-request.h);
- * the proxy decides on the host it names, resolves the name itself, checks every address, and
- * only then connects, to the checked address. Every refusal and every error closes the guest's
- * connection, after a 4xx/5xx response where HTTP allows one; nothing is ever relayed anywhere
- * else. An allowed connection becomes a byte relay (a buffer per direction, poll() over
- * non-blocking sockets) until either side closes, the idle timeout strikes, or a policy change
- * refuses its host.
+ * served by a thread of its own. Each request head on a connection (see vm-egress-request.h) is
+ * decided on its own: the proxy decides on the host and port it names, resolves the name itself,
+ * checks every address, and only then connects, to the checked address. Every refusal and every
+ * error closes the guest's connection, after a 4xx/5xx response where HTTP allows one; nothing is
+ * ever relayed anywhere else. An allowed CONNECT to a name must then send a TLS ClientHello whose
+ * SNI names that host (vm-egress-tls.h). An allowed connection becomes a byte relay (a buffer per
+ * direction, poll() over non-blocking sockets) until either side closes, the idle timeout
+ * strikes, or a policy change refuses its host; for a plain HTTP request only its body is
+ * relayed up, and a request after it is read once the destination closed, and served on a
+ * connection of its own after its own decisions.
  *
  * Instead of TCP the proxy can listen on a Unix stream socket (listen_path). A client of that
  * socket either speaks HTTP on it, or hands the guest's connection over: its first message is one

@@ -539,3 +539,199 @@ vm_egress_request_build_head(const VmEgressRequest *request)
     g_string_append(out, "Connection: close\r\n\r\n");
     return g_string_free_to_bytes(out);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Body framing */
+
+typedef enum {
+    BODY_LENGTH,     /* Content-Length: @left bytes to go */
+    BODY_CHUNK_SIZE, /* reading a chunk-size line */
+    BODY_CHUNK_DATA, /* @left bytes of chunk data to go */
+    BODY_CHUNK_CRLF, /* the CRLF after chunk data; @left bytes of it to go */
+    BODY_TRAILER,    /* trailer fields after the last chunk, up to the empty line */
+    BODY_DONE,
+    BODY_FAILED,
+} BodyState;
+
+#define CHUNK_LINE_MAX VM_EGRESS_REQUEST_LINE_MAX
+#define CHUNK_SIZE_MAX 15 /* hex digits: under 2^60 */
+#define TRAILER_MAX    VM_EGRESS_REQUEST_HEAD_MAX
+
+struct _VmEgressBodyFramer {
+    BodyState state;
+    guint64 left;
+    GByteArray *line; /* the chunk-size or trailer line being read */
+    gsize trailer_len;
+};
+
+VmEgressBodyFramer *
+vm_egress_body_framer_new(const VmEgressRequest *request)
+{
+    VmEgressBodyFramer *framer = g_new0(VmEgressBodyFramer, 1);
+    const char *te = vm_egress_request_get_header(request, "transfer-encoding");
+    const char *cl = vm_egress_request_get_header(request, "content-length");
+
+    framer->line = g_byte_array_new();
+    /* the parser admitted only a lone "chunked" and a plain decimal Content-Length */
+    if (te != NULL) {
+        framer->state = BODY_CHUNK_SIZE;
+    } else if (cl != NULL) {
+        framer->left = g_ascii_strtoull(cl, NULL, 10);
+        framer->state = framer->left > 0 ? BODY_LENGTH : BODY_DONE;
+    } else {
+        framer->state = BODY_DONE;
+    }
+    return framer;
+}
+
+void
+vm_egress_body_framer_free(VmEgressBodyFramer *framer)
+{
+    if (framer == NULL)
+        return;
+    g_byte_array_unref(framer->line);
+    g_free(framer);
+}
+
+/* A chunk-size line without its CRLF: hex digits, then nothing or ";" and a chunk extension of
+ * visible characters, spaces and tabs. */
+static gboolean
+chunk_size_parse(const GByteArray *line, guint64 *ret_size)
+{
+    gsize digits = 0;
+    guint64 size = 0;
+
+    while (digits < line->len && g_ascii_isxdigit(line->data[digits])) {
+        size = size << 4 | (guint64)g_ascii_xdigit_value(line->data[digits]);
+        digits++;
+    }
+    if (digits == 0 || digits > CHUNK_SIZE_MAX)
+        return FALSE;
+    if (digits < line->len) {
+        if (line->data[digits] != ';')
+            return FALSE;
+        for (gsize i = digits + 1; i < line->len; i++)
+            if ((line->data[i] < 0x20 && line->data[i] != '\t') || line->data[i] >= 0x7f)
+                return FALSE;
+    }
+    *ret_size = size;
+    return TRUE;
+}
+
+/* Takes one byte of a line (chunk size or trailer): TRUE with *@ret_end once its LF came. */
+static gboolean
+body_line_byte(VmEgressBodyFramer *framer, guint8 c, gboolean *ret_end, GError **error)
+{
+    gsize len = framer->line->len;
+    guint8 prev = len > 0 ? framer->line->data[len - 1] : 0;
+
+    *ret_end = FALSE;
+    if (c == '\0')
+        return vm_throw(error, VM_ERROR_PROTOCOL, "NUL byte in chunked framing");
+    if (prev == '\r' && c != '\n')
+        return vm_throw(error, VM_ERROR_PROTOCOL, "bare CR in chunked framing");
+    if (c == '\n' && prev != '\r')
+        return vm_throw(error, VM_ERROR_PROTOCOL, "bare LF in chunked framing");
+    if (c == '\n') {
+        g_byte_array_set_size(framer->line, len - 1);
+        *ret_end = TRUE;
+        return TRUE;
+    }
+    if (len >= CHUNK_LINE_MAX)
+        return vm_throw(error, VM_ERROR_PROTOCOL, "chunk line longer than %d bytes",
+                        CHUNK_LINE_MAX);
+    g_byte_array_append(framer->line, &c, 1);
+    return TRUE;
+}
+
+static gboolean
+body_line_end(VmEgressBodyFramer *framer, GError **error)
+{
+    GByteArray *line = framer->line;
+
+    if (framer->state == BODY_CHUNK_SIZE) {
+        guint64 size;
+
+        if (!chunk_size_parse(line, &size))
+            return vm_throw(error, VM_ERROR_PROTOCOL, "bad chunk size line");
+        framer->left = size;
+        framer->state = size > 0 ? BODY_CHUNK_DATA : BODY_TRAILER;
+    } else if (line->len == 0) {
+        framer->state = BODY_DONE;
+    } else {
+        /* a trailer field: a header line, no obs-fold */
+        if (line->data[0] == ' ' || line->data[0] == '\t')
+            return vm_throw(error, VM_ERROR_PROTOCOL, "obs-fold in a trailer");
+        if (memchr(line->data, ':', line->len) == NULL)
+            return vm_throw(error, VM_ERROR_PROTOCOL, "trailer line without ':'");
+        for (gsize i = 0; i < line->len && line->data[i] != ':'; i++)
+            if (!is_tchar((char)line->data[i]))
+                return vm_throw(error, VM_ERROR_PROTOCOL, "bad trailer field name");
+    }
+    g_byte_array_set_size(line, 0);
+    return TRUE;
+}
+
+VmEgressParseStatus
+vm_egress_body_framer_feed(VmEgressBodyFramer *framer, const guint8 *data, gsize len,
+                           gsize *ret_consumed, GError **error)
+{
+    gsize i = 0;
+
+    g_return_val_if_fail(framer->state != BODY_FAILED, VM_EGRESS_PARSE_ERROR);
+
+    while (framer->state != BODY_DONE && i < len) {
+        gsize take;
+        gboolean end = FALSE;
+
+        switch (framer->state) {
+        case BODY_LENGTH:
+        case BODY_CHUNK_DATA:
+            take = (gsize)MIN((guint64)(len - i), framer->left);
+            framer->left -= take;
+            i += take;
+            if (framer->left == 0) {
+                if (framer->state == BODY_LENGTH) {
+                    framer->state = BODY_DONE;
+                } else {
+                    framer->state = BODY_CHUNK_CRLF;
+                    framer->left = 2;
+                }
+            }
+            break;
+        case BODY_CHUNK_CRLF:
+            if (data[i] != (framer->left == 2 ? '\r' : '\n')) {
+                framer->state = BODY_FAILED;
+                vm_throw(error, VM_ERROR_PROTOCOL, "chunk data not followed by CRLF");
+                return VM_EGRESS_PARSE_ERROR;
+            }
+            i++;
+            if (--framer->left == 0)
+                framer->state = BODY_CHUNK_SIZE;
+            break;
+        case BODY_CHUNK_SIZE:
+        case BODY_TRAILER:
+            if (framer->state == BODY_TRAILER && ++framer->trailer_len > TRAILER_MAX) {
+                framer->state = BODY_FAILED;
+                vm_throw(error, VM_ERROR_PROTOCOL, "trailer longer than %d bytes", TRAILER_MAX);
+                return VM_EGRESS_PARSE_ERROR;
+            }
+            if (!body_line_byte(framer, data[i], &end, error) ||
+                (end && !body_line_end(framer, error))) {
+                framer->state = BODY_FAILED;
+                return VM_EGRESS_PARSE_ERROR;
+            }
+            i++;
+            break;
+        case BODY_DONE:
+        case BODY_FAILED:
+        default:
+            g_assert_not_reached();
+        }
+    }
+    if (framer->state != BODY_DONE)
+        return VM_EGRESS_PARSE_MORE;
+    if (ret_consumed != NULL)
+        *ret_consumed = i;
+    return VM_EGRESS_PARSE_DONE;
+}

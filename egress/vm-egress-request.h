@@ -91,7 +91,27 @@ char *vm_egress_request_dup_authority(const VmEgressRequest *request);
  * remaining fields (Host first) and "Connection: close". Only for VM_EGRESS_REQUEST_HTTP. */
 GBytes *vm_egress_request_build_head(const VmEgressRequest *request);
 
+/* Where a request's body ends, so that the bytes after it are read as the next request head and
+ * checked on their own instead of being relayed. Content-Length counts bytes; chunked is followed
+ * chunk by chunk, strictly (hex sizes without signs or spaces, CRLF line ends, chunk lines and
+ * trailers bounded like header lines); a request with neither has no body. */
+typedef struct _VmEgressBodyFramer VmEgressBodyFramer;
+
+/* The framer of @request's body (a plain HTTP request whose head parsed). Can't fail. */
+VmEgressBodyFramer *vm_egress_body_framer_new(const VmEgressRequest *request);
+void vm_egress_body_framer_free(VmEgressBodyFramer *framer);
+
+/* Feeds @len bytes that follow the head (or earlier body bytes). VM_EGRESS_PARSE_MORE: all of
+ * them belong to the body and it goes on; VM_EGRESS_PARSE_DONE: the body ended, after
+ * *@ret_consumed of them (the rest is the next request); VM_EGRESS_PARSE_ERROR with
+ * VM_ERROR_PROTOCOL for malformed chunked framing. May be called with @len 0 (a request without
+ * a body is DONE at once, and so is a framer already DONE). Feeding after ERROR is a programming
+ * error. */
+VmEgressParseStatus vm_egress_body_framer_feed(VmEgressBodyFramer *framer, const guint8 *data,
+                                               gsize len, gsize *ret_consumed, GError **error);
+
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressParser, vm_egress_parser_free)
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressBodyFramer, vm_egress_body_framer_free)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressRequest, vm_egress_request_free)
 
 G_END_DECLS

@@ -133,6 +133,8 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
                         config->ssh_port_max);
     if (!hostd_config_get_duration(kf, path, "boot-timeout", 1, 3600, "up to 1h",
                                    &config->boot_timeout_s, error) ||
+        !hostd_config_get_duration(kf, path, "request-timeout", 1, 600, "up to 10m",
+                                   &config->request_timeout_s, error) ||
         !hostd_config_get_duration(kf, path, "restart-window", 1, 7 * 24 * 3600, "up to 7d",
                                    &config->restart_window_s, error) ||
         !hostd_config_get_duration(kf, path, "shutdown-timeout", 1, 3600, "up to 1h",
@@ -171,6 +173,7 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     config->ssh_port_min = 42200;
     config->ssh_port_max = 42999;
     config->boot_timeout_s = 300;
+    config->request_timeout_s = 30;
     config->restart_limit = 3;
     config->restart_window_s = 600;
     config->shutdown = HOSTD_SHUTDOWN_AUTO;

@@ -23,9 +23,10 @@ typedef struct {
     char *socket_group;  /* when set: socket mode 0660 with this group; else 0600 */
     guint ssh_port_min;  /* forwarded SSH ports are taken from this range */
     guint ssh_port_max;
-    guint boot_timeout_s; /* how long new/start wait for SSH */
-    HostdAccelMode accel; /* default auto (hostd-accel.h) */
-    guint restart_limit;  /* crashes restarted within restart_window_s before giving up */
+    guint boot_timeout_s;    /* how long new/start wait for SSH */
+    guint request_timeout_s; /* how long a client may take to send its whole request */
+    HostdAccelMode accel;    /* default auto (hostd-accel.h) */
+    guint restart_limit;     /* crashes restarted within restart_window_s before giving up */
     guint restart_window_s;
     HostdShutdownMode shutdown;
     guint shutdown_timeout_s;       /* the bound on saving every agent at shutdown */
@@ -33,8 +34,8 @@ typedef struct {
 } HostdConfig;
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
- * templates-dir, socket-group, ssh-port-min, ssh-port-max, boot-timeout, accel, restart-limit,
- * restart-window, shutdown, shutdown-timeout, shutdown-resume) when not NULL, then
+ * templates-dir, socket-group, ssh-port-min, ssh-port-max, boot-timeout, request-timeout, accel,
+ * restart-limit, restart-window, shutdown, shutdown-timeout, shutdown-resume) when not NULL, then
  * applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail with
  * VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,

@@ -2,14 +2,11 @@
 #include "hostd-egress.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <glib/gstdio.h>
-#include <poll.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "hostd-agent.h"
+#include "hostd-logfile.h"
 #include "vm-domain-read.h"
 #include "vm-error.h"
 #include "vm-name.h"
@@ -17,19 +14,13 @@
 #include "vm-stream.h"
 #include "vm-util.h"
 
-#define EGRESS_GROUP     "egress"
-#define EGRESS_LOG_OLD   "egress.log.1"
-#define EGRESS_FOLLOW_MS 250
+#define EGRESS_GROUP "egress"
 
 typedef struct {
     char *name;
     char *socket_path;
-    char *log_path;
-    char *log_old_path;
+    HostdLogFile *log;
     VmEgressProxy *proxy;
-    GMutex log_lock; /* the log file: appends and rotation */
-    int log_fd;
-    gint64 log_size;
 } EgressAgent;
 
 /* hostd's egress state for one context (ctx->egress): its agents' proxies and what they
@@ -53,13 +44,9 @@ egress_agent_free(EgressAgent *agent)
         return;
     /* The proxy first: its threads log until it returns. */
     vm_egress_proxy_free(agent->proxy);
-    if (agent->log_fd >= 0)
-        close(agent->log_fd);
-    g_mutex_clear(&agent->log_lock);
+    hostd_logfile_free(agent->log);
     g_free(agent->name);
     g_free(agent->socket_path);
-    g_free(agent->log_path);
-    g_free(agent->log_old_path);
     g_free(agent);
 }
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(EgressAgent, egress_agent_free)
@@ -192,39 +179,15 @@ egress_policy_save(HostdContext *ctx, const char *name, const VmEgressPolicy *po
 /* ---------------------------------------------------------------------------------------------
  * The log */
 
-static gboolean
-egress_log_open(EgressAgent *agent)
-{
-    struct stat st;
-
-    agent->log_fd = open(agent->log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-    agent->log_size = agent->log_fd >= 0 && fstat(agent->log_fd, &st) == 0 ? st.st_size : 0;
-    return agent->log_fd >= 0;
-}
-
-/* The proxy's log callback: one JSON line per record. A write that fails loses that record
- * only; the proxy itself must never wait on or fail because of its log. */
+/* The proxy's log callback: one JSON line per record, not synced. A write that fails loses that
+ * record only; the proxy itself must never wait on or fail because of its log. */
 static void
 egress_log_record(const VmEgressRecord *record, gpointer user_data)
 {
     EgressAgent *agent = user_data;
     g_autofree char *json = vm_egress_record_to_json(record);
-    g_autofree char *line = g_strconcat(json, "\n", NULL);
-    gsize len = strlen(line);
 
-    g_mutex_lock(&agent->log_lock);
-    if (agent->log_fd >= 0 && agent->log_size + (gint64)len > HOSTD_EGRESS_LOG_MAX) {
-        close(agent->log_fd);
-        agent->log_fd = -1;
-        (void)g_rename(agent->log_path, agent->log_old_path);
-    }
-    if (agent->log_fd >= 0 || egress_log_open(agent)) {
-        ssize_t n = write(agent->log_fd, line, len);
-
-        if (n > 0)
-            agent->log_size += n;
-    }
-    g_mutex_unlock(&agent->log_lock);
+    (void)hostd_logfile_append(agent->log, json, NULL);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -236,6 +199,7 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
 {
     g_autoptr(EgressAgent) agent = g_new0(EgressAgent, 1);
     g_autofree char *dir = hostd_agent_dir(ctx, name);
+    g_autofree char *log_path = NULL;
     VmEgressConfig config = {
         .policy = policy,
         .max_connections = HOSTD_EGRESS_MAX_CONNECTIONS,
@@ -247,11 +211,8 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
 
     agent->name = g_strdup(name);
     agent->socket_path = g_build_filename(dir, HOSTD_AGENT_EGRESS_SOCKET, NULL);
-    agent->log_path = g_build_filename(dir, HOSTD_AGENT_EGRESS_LOG, NULL);
-    agent->log_old_path = g_build_filename(dir, EGRESS_LOG_OLD, NULL);
-    agent->log_fd = -1;
-    g_mutex_init(&agent->log_lock);
-    (void)egress_log_open(agent);
+    log_path = g_build_filename(dir, HOSTD_AGENT_EGRESS_LOG, NULL);
+    agent->log = hostd_logfile_new(log_path, HOSTD_EGRESS_LOG_MAX, HOSTD_LOGFILE_NONE);
 
     g_mutex_lock(&egress->lock);
     egress_find_owner_locked(ctx, egress);
@@ -666,100 +627,13 @@ hostd_egress_set(HostdContext *ctx, const char *name, const char *const *allow,
 /* ---------------------------------------------------------------------------------------------
  * The log, streamed */
 
-/* The last @lines lines of the old and the current log (G_MAXUINT32: all), and in *@ret_offset how
- * much of the current one was read. */
-static GString *
-egress_log_tail(const char *path, const char *old_path, guint lines, gint64 *ret_offset)
-{
-    g_autofree char *old = NULL;
-    g_autofree char *current = NULL;
-    gsize old_len = 0, current_len = 0;
-    GString *text = g_string_new(NULL);
-    const char *start;
-    guint seen = 0;
-
-    (void)g_file_get_contents(old_path, &old, &old_len, NULL);
-    (void)g_file_get_contents(path, &current, &current_len, NULL);
-    /* A record being written right now is not a line yet: it comes with the next read. */
-    while (current_len > 0 && current[current_len - 1] != '\n')
-        current_len--;
-    *ret_offset = (gint64)current_len;
-    if (old != NULL && old_len > 0 && old[old_len - 1] == '\n')
-        g_string_append_len(text, old, (gssize)old_len);
-    if (current != NULL)
-        g_string_append_len(text, current, (gssize)current_len);
-    if (lines == G_MAXUINT32 || text->len == 0)
-        return text;
-    if (lines == 0) {
-        g_string_truncate(text, 0);
-        return text;
-    }
-    start = text->str + text->len - 1;
-    while (start > text->str) {
-        if (start[-1] == '\n' && ++seen == lines)
-            break;
-        start--;
-    }
-    g_string_erase(text, 0, start - text->str);
-    return text;
-}
-
-/* Whether the client is still there: it sends nothing after its request, so readable means it
- * closed (or misbehaves, which ends the stream as well). */
+/* A follower of the log goes on while the agent exists. */
 static gboolean
-egress_client_gone(int fd, int timeout_ms)
+egress_log_alive(gpointer user_data)
 {
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    const char *record_path = user_data;
 
-    return poll(&pfd, 1, timeout_ms) > 0;
-}
-
-/* Sends what appears in the log from @offset on, across rotations, until the client goes away
- * or the agent is removed. */
-static void
-egress_log_follow(HostdContext *ctx, const char *name, const char *path, gint64 offset,
-                  VmStreamWriter *reply)
-{
-    vm_autofd fd = open(path, O_RDONLY | O_CLOEXEC);
-    g_autoptr(GString) partial = g_string_new(NULL);
-    struct stat st;
-    ino_t ino = 0;
-
-    if (fd >= 0 && fstat(fd, &st) == 0)
-        ino = st.st_ino;
-    if (fd >= 0 && lseek(fd, offset, SEEK_SET) < 0)
-        return;
-    while (!egress_client_gone(reply->fd, EGRESS_FOLLOW_MS)) {
-        g_autofree char *record =
-            g_build_filename(ctx->state->agents_dir, name, HOSTD_AGENT_RECORD, NULL);
-        gboolean rotated;
-        char buf[16384];
-        ssize_t n;
-
-        if (!g_file_test(record, G_FILE_TEST_EXISTS))
-            return;
-        rotated = stat(path, &st) == 0 && (fd < 0 || st.st_ino != ino);
-        while (fd >= 0 && (n = read(fd, buf, sizeof(buf))) > 0)
-            g_string_append_len(partial, buf, n);
-        if (partial->len > 0) {
-            const char *nl = g_strrstr_len(partial->str, (gssize)partial->len, "\n");
-
-            if (nl != NULL) {
-                gsize whole = nl - partial->str + 1;
-
-                if (!vm_stream_writer_data(reply, VM_OP_STDOUT, partial->str, whole, NULL))
-                    return;
-                g_string_erase(partial, 0, (gssize)whole);
-            }
-        }
-        if (rotated) {
-            if (fd >= 0)
-                close(fd);
-            fd = open(path, O_RDONLY | O_CLOEXEC);
-            ino = st.st_ino;
-            g_string_truncate(partial, 0);
-        }
-    }
+    return g_file_test(record_path, G_FILE_TEST_EXISTS);
 }
 
 gboolean
@@ -768,23 +642,16 @@ hostd_egress_log(HostdContext *ctx, const char *name, gboolean follow, guint lin
 {
     g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
     g_autofree char *path = NULL;
-    g_autofree char *old_path = NULL;
-    g_autoptr(GString) tail = NULL;
+    g_autofree char *record_path = NULL;
     VmStreamWriter reply = VM_STREAM_WRITER_INIT(client_fd);
-    gint64 offset = 0;
+    HostdLogFileQuery query = {.lines = lines, .follow = follow, .alive = egress_log_alive};
 
     if (r == NULL)
         return FALSE;
     path = hostd_agent_record_path(r, HOSTD_AGENT_EGRESS_LOG);
-    old_path = hostd_agent_record_path(r, EGRESS_LOG_OLD);
-    tail = egress_log_tail(path, old_path, lines, &offset);
-    /* Frames carry whole lines (the writer cuts after a newline), so a reader never sees half
-     * a record; a client that went away ends the stream, which is no failure. */
-    if (!vm_stream_writer_data(&reply, VM_OP_STDOUT, tail->str, tail->len, NULL))
-        return TRUE;
-    if (follow)
-        egress_log_follow(ctx, name, path, offset, &reply);
-    (void)vm_stream_writer_exit(&reply, 0, NULL);
+    record_path = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
+    query.user_data = record_path;
+    hostd_logfile_send(path, &query, &reply);
     return TRUE;
 }
 

@@ -23,12 +23,15 @@
 
 #include "vm-config.h"
 #include "vm-error.h"
+#include "vm-name.h"
 #include "vm-protocol.h"
 #include "vm-stream.h"
 #include "vm-util.h"
 
-#define HOSTD_MAX_CLIENTS       64
-#define HOSTD_REQUEST_TIMEOUT_S 30
+#define HOSTD_MAX_CLIENTS    64
+#define HOSTD_SEND_TIMEOUT_S 60
+/* Bytes of an exec's command line its event keeps. */
+#define HOSTD_EVENT_COMMAND_MAX 200
 
 struct HostdServer {
     HostdContext *ctx;
@@ -45,6 +48,111 @@ typedef struct {
 
 static gint hostd_active_clients = 0;
 
+typedef enum {
+    HOSTD_REQUEST_READS = 0,         /* changes nothing: no event */
+    HOSTD_REQUEST_CHANGES = 1 << 0,  /* leaves an event once it ran, whatever the outcome */
+    HOSTD_REQUEST_TEMPLATE = 1 << 1, /* its "name" is a template's, not an agent's */
+} HostdRequestFlags;
+
+/* One request being served. The reply comes first: the VmStreamWriter a handler gets is the
+ * start of its HostdRequest. */
+typedef struct {
+    VmStreamWriter reply;
+    HostdContext *ctx;
+    const VmMessage *req;
+    HostdRequestFlags flags;
+    gint64 uid;        /* the caller's; -1: unknown */
+    gboolean recorded; /* its event is in the log */
+} HostdRequest;
+
+/* The uid of the process at the other end of @fd, or -1 when the socket cannot say (not a Unix
+ * socket). */
+static gint64
+hostd_peer_uid(int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred))
+        return -1;
+    return cred.uid;
+}
+
+/* An exec's command line as a shell would read it, cut to HOSTD_EVENT_COMMAND_MAX bytes. */
+static char *
+hostd_exec_command_line(const VmMessage *req)
+{
+    g_auto(GStrv) argv = vm_message_dup_strv(req, "argv");
+    g_autoptr(GString) line = g_string_new(NULL);
+
+    for (char **arg = argv; arg != NULL && *arg != NULL; arg++) {
+        gboolean plain = **arg != '\0';
+
+        for (const char *c = *arg; *c != '\0' && plain; c++)
+            plain = g_ascii_isalnum(*c) || strchr("_./=:,@%+-", *c) != NULL;
+        if (line->len > 0)
+            g_string_append_c(line, ' ');
+        if (plain) {
+            g_string_append(line, *arg);
+        } else {
+            g_autofree char *quoted = g_shell_quote(*arg);
+
+            g_string_append(line, quoted);
+        }
+        if (line->len > HOSTD_EVENT_COMMAND_MAX)
+            break;
+    }
+    return vm_utf8_cut(line->str, HOSTD_EVENT_COMMAND_MAX);
+}
+
+/* The event of a request that changed (or tried to change) something, once it ran: what, on
+ * which agent, by whom, how it ended (@failure NULL: ok) and the state the agent is in now. */
+static void
+hostd_request_event(HostdContext *ctx, const VmMessage *req, HostdRequestFlags flags, gint64 uid,
+                    const GError *failure)
+{
+    const char *name = vm_message_get_string(req, "name", NULL);
+    const char *agent = (flags & HOSTD_REQUEST_TEMPLATE) ? NULL : name;
+    g_autofree char *what = NULL;
+    g_autofree char *detail = NULL;
+    g_autoptr(virDomain) dom = NULL;
+    HostdEvent event = {
+        .agent = agent,
+        .event = vm_op_name(req->op),
+        .uid = uid,
+        .outcome = failure != NULL ? "error" : "ok",
+    };
+
+    if (req->op == VM_OP_EXEC)
+        what = hostd_exec_command_line(req);
+    else if ((flags & HOSTD_REQUEST_TEMPLATE) && name != NULL)
+        what = g_strdup_printf("template %s", name);
+    if (failure != NULL && what != NULL)
+        detail = g_strdup_printf("%s: %s", what, failure->message);
+    else
+        detail = g_strdup(failure != NULL ? failure->message : what);
+    event.detail = detail;
+    /* A name that is no agent name was refused by the request; it is not looked up here
+     * either. */
+    if (agent != NULL && vm_name_validate(agent, NULL))
+        dom = hostd_libvirt_lookup(ctx->lv, agent, NULL);
+    if (dom != NULL)
+        event.state = hostd_libvirt_state_name(dom);
+    hostd_context_event(ctx, &event);
+}
+
+/* Appends the event of @request, once, when it is a request that changes something; @failure
+ * NULL: it worked. Called before the answer that ends it is written, so that a client that heard
+ * the answer finds the event. */
+static void
+hostd_request_record(HostdRequest *request, const GError *failure)
+{
+    if (!(request->flags & HOSTD_REQUEST_CHANGES) || request->recorded)
+        return;
+    request->recorded = TRUE;
+    hostd_request_event(request->ctx, request->req, request->flags, request->uid, failure);
+}
+
 /* One request: runs it and ends @reply with its RESULT (or, for the streamed requests, lets
  * the code it calls write the stream and its EXIT). On failure returns FALSE with @error set and
  * leaves @reply open for the ERROR. */
@@ -58,6 +166,8 @@ hostd_reply(VmStreamWriter *reply, GVariant *fields, GError **error)
 {
     g_autoptr(GError) local_error = NULL;
 
+    /* Every handler gets the reply of a HostdRequest (hostd_server_serve_fd()). */
+    hostd_request_record((HostdRequest *)reply, NULL);
     if (vm_stream_writer_result(reply, fields, &local_error) ||
         g_error_matches(local_error, VM_ERROR, VM_ERROR_CANCELLED))
         return TRUE;
@@ -435,55 +545,75 @@ hostd_handle_host_save_all(HostdContext *ctx, const VmMessage *req, VmStreamWrit
     return hostd_reply(reply, g_variant_builder_end(&b), error);
 }
 
-/* Which function serves each request. The fields a request may carry, and what ends its reply,
- * are in the schema table in common/vm-protocol.c, checked before a handler runs. */
+/* Answers with a stream: hostd_events_send() writes it, EXIT included. */
+static gboolean
+hostd_handle_events(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply, GError **error)
+{
+    g_autoptr(GVariant) since = vm_message_lookup(req, "since");
+    HostdEventsQuery query = {
+        .agent = hostd_req_name(req),
+        .since = since != NULL ? g_variant_get_int64(since) : 0,
+        .lines = vm_message_get_uint(req, "lines", G_MAXUINT32),
+        .follow = vm_message_get_bool(req, "follow", FALSE),
+    };
+
+    return hostd_events_send(ctx->events, &query, reply, error);
+}
+
+/* Which function serves each request, and whether it changes something. The fields a request may
+ * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
+ * before a handler runs. */
 static const struct {
     VmOp op;
     HostdHandler handler;
+    HostdRequestFlags flags;
 } hostd_handlers[] = {
-    {VM_OP_PING, hostd_handle_ping},
-    {VM_OP_TEMPLATE_LIST, hostd_handle_template_list},
-    {VM_OP_TEMPLATE_BUILD, hostd_handle_template_build},
-    {VM_OP_AGENT_NEW, hostd_handle_agent_new},
-    {VM_OP_AGENT_LIST, hostd_handle_agent_list},
-    {VM_OP_AGENT_INFO, hostd_handle_agent_info},
-    {VM_OP_AGENT_START, hostd_handle_agent_start},
-    {VM_OP_AGENT_STOP, hostd_handle_agent_stop},
-    {VM_OP_AGENT_RM, hostd_handle_agent_rm},
-    {VM_OP_AGENT_SSH_CONFIG, hostd_handle_agent_ssh_config},
-    {VM_OP_EXEC, hostd_handle_exec},
-    {VM_OP_CHECKPOINT_CREATE, hostd_handle_checkpoint_create},
-    {VM_OP_CHECKPOINT_LIST, hostd_handle_checkpoint_list},
-    {VM_OP_CHECKPOINT_RESTORE, hostd_handle_checkpoint_restore},
-    {VM_OP_CHECKPOINT_RM, hostd_handle_checkpoint_rm},
-    {VM_OP_AGENT_SUSPEND, hostd_handle_agent_suspend},
-    {VM_OP_AGENT_RESUME, hostd_handle_agent_resume},
-    {VM_OP_AGENT_KEEP_AWAKE, hostd_handle_agent_keep_awake},
-    {VM_OP_AGENT_SET_IDLE, hostd_handle_agent_set_idle},
-    {VM_OP_AGENT_SET_CHECKPOINTS, hostd_handle_agent_set_checkpoints},
-    {VM_OP_AGENT_FORK, hostd_handle_agent_fork},
-    {VM_OP_CHECKPOINT_DIFF, hostd_handle_checkpoint_diff},
-    {VM_OP_EGRESS_GET, hostd_handle_egress_get},
-    {VM_OP_EGRESS_SET, hostd_handle_egress_set},
-    {VM_OP_EGRESS_LOG, hostd_handle_egress_log},
-    {VM_OP_AGENT_SET_RESTART, hostd_handle_agent_set_restart},
-    {VM_OP_HOST_SAVE_ALL, hostd_handle_host_save_all},
+    {VM_OP_PING, hostd_handle_ping, HOSTD_REQUEST_READS},
+    {VM_OP_TEMPLATE_LIST, hostd_handle_template_list, HOSTD_REQUEST_READS},
+    {VM_OP_TEMPLATE_BUILD, hostd_handle_template_build,
+     HOSTD_REQUEST_CHANGES | HOSTD_REQUEST_TEMPLATE},
+    {VM_OP_AGENT_NEW, hostd_handle_agent_new, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_LIST, hostd_handle_agent_list, HOSTD_REQUEST_READS},
+    {VM_OP_AGENT_INFO, hostd_handle_agent_info, HOSTD_REQUEST_READS},
+    {VM_OP_AGENT_START, hostd_handle_agent_start, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_STOP, hostd_handle_agent_stop, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_RM, hostd_handle_agent_rm, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_SSH_CONFIG, hostd_handle_agent_ssh_config, HOSTD_REQUEST_READS},
+    {VM_OP_EXEC, hostd_handle_exec, HOSTD_REQUEST_CHANGES},
+    {VM_OP_CHECKPOINT_CREATE, hostd_handle_checkpoint_create, HOSTD_REQUEST_CHANGES},
+    {VM_OP_CHECKPOINT_LIST, hostd_handle_checkpoint_list, HOSTD_REQUEST_READS},
+    {VM_OP_CHECKPOINT_RESTORE, hostd_handle_checkpoint_restore, HOSTD_REQUEST_CHANGES},
+    {VM_OP_CHECKPOINT_RM, hostd_handle_checkpoint_rm, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_SUSPEND, hostd_handle_agent_suspend, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_RESUME, hostd_handle_agent_resume, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_KEEP_AWAKE, hostd_handle_agent_keep_awake, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_SET_IDLE, hostd_handle_agent_set_idle, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_SET_CHECKPOINTS, hostd_handle_agent_set_checkpoints, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_FORK, hostd_handle_agent_fork, HOSTD_REQUEST_CHANGES},
+    {VM_OP_CHECKPOINT_DIFF, hostd_handle_checkpoint_diff, HOSTD_REQUEST_READS},
+    {VM_OP_EGRESS_GET, hostd_handle_egress_get, HOSTD_REQUEST_READS},
+    {VM_OP_EGRESS_SET, hostd_handle_egress_set, HOSTD_REQUEST_CHANGES},
+    {VM_OP_EGRESS_LOG, hostd_handle_egress_log, HOSTD_REQUEST_READS},
+    {VM_OP_AGENT_SET_RESTART, hostd_handle_agent_set_restart, HOSTD_REQUEST_CHANGES},
+    {VM_OP_HOST_SAVE_ALL, hostd_handle_host_save_all, HOSTD_REQUEST_CHANGES},
+    {VM_OP_EVENTS, hostd_handle_events, HOSTD_REQUEST_READS},
 };
 
-static HostdHandler
-hostd_handler(VmOp op)
+/* The row of @op in hostd_handlers, or -1. */
+static gssize
+hostd_handler_index(VmOp op)
 {
     for (gsize i = 0; i < G_N_ELEMENTS(hostd_handlers); i++) {
         if (hostd_handlers[i].op == op)
-            return hostd_handlers[i].handler;
+            return (gssize)i;
     }
-    return NULL;
+    return -1;
 }
 
 gboolean
 hostd_server_handles(VmOp op)
 {
-    return hostd_handler(op) != NULL;
+    return hostd_handler_index(op) >= 0;
 }
 
 void
@@ -493,46 +623,65 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
     g_autoptr(GError) error = NULL;
     gboolean eof = FALSE;
 
-    /* A client that connects and never speaks must not hold a thread forever. */
-    struct timeval tv = {.tv_sec = HOSTD_REQUEST_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    g_autoptr(VmMessage) req = vm_message_read_fd(fd, &eof, &error);
-    struct timeval none = {0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+    /* A client that never sends its whole request, or never reads its answer, must not hold a
+     * thread for long: the request is due within request-timeout however its bytes are spaced,
+     * and a reply that cannot be sent for HOSTD_SEND_TIMEOUT_S fails. Streams (exec, follow)
+     * are the client's to pace: no send timeout there. */
+    struct timeval send_timeout = {.tv_sec = HOSTD_SEND_TIMEOUT_S};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    gint64 deadline =
+        g_get_monotonic_time() + (gint64)ctx->config->request_timeout_s * G_USEC_PER_SEC;
+    g_autoptr(VmMessage) req = vm_message_read_fd_until(fd, deadline, &eof, &error);
+    if (req != NULL && vm_op_reply_end(req->op) != VM_OP_RESULT) {
+        struct timeval none = {0};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
+    }
 
-    VmStreamWriter reply = VM_STREAM_WRITER_INIT(fd);
-    HostdHandler handler = NULL;
+    HostdRequest request = {
+        .reply = VM_STREAM_WRITER_INIT(fd),
+        .ctx = ctx,
+        .req = req,
+        .uid = hostd_peer_uid(fd),
+    };
+    gssize row;
 
     if (req == NULL) {
         if (!eof) {
             g_message("bad request: %s", error->message);
             /* A client that went away only loses its answer. */
-            (void)vm_stream_writer_error(&reply, error, NULL);
+            (void)vm_stream_writer_error(&request.reply, error, NULL);
         }
         return;
     }
     if (!vm_op_is_request(req->op)) {
         vm_throw(&error, VM_ERROR_PROTOCOL, "first message must be a request, not %s",
                  vm_op_name(req->op));
-        (void)vm_stream_writer_error(&reply, error, NULL);
+        (void)vm_stream_writer_error(&request.reply, error, NULL);
         return;
     }
     /* Every request has one; test-server checks that. */
-    handler = hostd_handler(req->op);
-    if (handler == NULL) {
+    row = hostd_handler_index(req->op);
+    if (row < 0) {
         vm_throw(&error, VM_ERROR_PROTOCOL, "%s is not served by this hostd", vm_op_name(req->op));
-        (void)vm_stream_writer_error(&reply, error, NULL);
+        (void)vm_stream_writer_error(&request.reply, error, NULL);
         return;
     }
+    request.flags = hostd_handlers[row].flags;
 
-    if (!handler(ctx, req, &reply, &error)) {
+    if (!hostd_handlers[row].handler(ctx, req, &request.reply, &error)) {
         const char *name = hostd_req_name(req);
+        g_autofree char *who =
+            request.uid >= 0 ? g_strdup_printf(" (uid %" G_GINT64_FORMAT ")", request.uid) : NULL;
+
         if (!g_error_matches(error, VM_ERROR, VM_ERROR_CANCELLED))
-            g_message("%s%s%s failed: %s", vm_op_name(req->op), name ? " " : "", name ? name : "",
-                      error->message);
-        if (!reply.ended)
-            (void)vm_stream_writer_error(&reply, error, NULL);
+            g_message("%s%s%s failed: %s%s", vm_op_name(req->op), name ? " " : "", name ? name : "",
+                      error->message, who != NULL ? who : "");
+        hostd_request_record(&request, error);
+        if (!request.reply.ended)
+            (void)vm_stream_writer_error(&request.reply, error, NULL);
     }
+    /* A stream (exec) ended on its own: its event comes after. */
+    hostd_request_record(&request, error);
 }
 
 static gpointer

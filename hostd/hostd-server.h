@@ -19,8 +19,10 @@ HostdServer *hostd_server_start(HostdContext *ctx, const char *socket_path, cons
 void hostd_server_stop(HostdServer *server);
 
 /* Serves one already-accepted connection until its request is answered (used by the accept
- * thread and by tests through a socketpair). Takes ownership of @fd. Never fails: every
- * failure becomes an ERROR frame or, when the client is gone, nothing. */
+ * thread and by tests through a socketpair), then, for a request that changes something, appends
+ * its event to ctx->events with the caller's uid (SO_PEERCRED), which hostd's log line for a
+ * failed request names too. Takes ownership of @fd. Never fails: every failure becomes an ERROR
+ * frame or, when the client is gone, nothing. */
 void hostd_server_serve_fd(HostdContext *ctx, int fd);
 
 G_END_DECLS

@@ -14,10 +14,16 @@
 
 #include "hostd-cleanup.h"
 
-#define POOL_IDLE_MAX           2  /* idle sessions kept per agent */
-#define READY_ATTEMPT_TIMEOUT_S 5  /* one readiness attempt: TCP connect, banner, kex, auth */
-#define EXEC_CONNECT_TIMEOUT_S  15 /* a fresh connection for an exec, guest already up */
-#define SESSION_TIMEOUT_S       30 /* blocking calls on an established session */
+#define POOL_IDLE_MAX 2 /* idle sessions kept per agent */
+/* Handshakes under way to one agent at once: the guest's sshd drops unauthenticated
+ * connections past its MaxStartups (10 by default) at random, so many concurrent execs queue
+ * for a slot instead of failing. */
+#define POOL_CONNECTING_MAX     4
+#define POOL_CONNECTING_WAIT_S  120 /* the longest an exec waits for a slot */
+#define EXEC_CONNECT_ATTEMPTS   3   /* a fresh connection for an exec dropped early is retried */
+#define READY_ATTEMPT_TIMEOUT_S 5   /* one readiness attempt: TCP connect, banner, kex, auth */
+#define EXEC_CONNECT_TIMEOUT_S  15  /* a fresh connection for an exec, guest already up */
+#define SESSION_TIMEOUT_S       30  /* blocking calls on an established session */
 #define READY_RETRY_USEC        G_USEC_PER_SEC
 #define RELAY_POLL_MS           50
 #define RELAY_BURST_CHUNKS      16 /* output chunks per stream before looking at the client */
@@ -48,7 +54,9 @@ typedef struct {
 
 struct HostdSshPool {
     GMutex lock;
-    GHashTable *entries; /* agent -> PoolEntry */
+    GCond slot_freed;
+    GHashTable *entries;    /* agent -> PoolEntry */
+    GHashTable *connecting; /* agent -> handshakes under way (GUINT_TO_POINTER); not forgotten */
     guint64 last_generation;
     gint connections_opened;
 };
@@ -78,6 +86,8 @@ hostd_ssh_pool_new(void)
     pool = g_new0(HostdSshPool, 1);
     g_mutex_init(&pool->lock);
     pool->entries = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, pool_entry_free);
+    pool->connecting = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_cond_init(&pool->slot_freed);
     return pool;
 }
 
@@ -87,6 +97,8 @@ hostd_ssh_pool_free(HostdSshPool *pool)
     if (pool == NULL)
         return;
     g_hash_table_unref(pool->entries);
+    g_hash_table_unref(pool->connecting);
+    g_cond_clear(&pool->slot_freed);
     g_mutex_clear(&pool->lock);
     g_free(pool);
 }
@@ -185,6 +197,36 @@ hostd_ssh_pool_get_idle_count(HostdSshPool *pool, const char *agent)
     PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
 
     return entry != NULL ? g_queue_get_length(&entry->idle) : 0;
+}
+
+/* Waits for one of @agent's POOL_CONNECTING_MAX handshake slots; FALSE when none came free in
+ * POOL_CONNECTING_WAIT_S. */
+static gboolean
+pool_slot_take(HostdSshPool *pool, const char *agent)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+    gint64 deadline = g_get_monotonic_time() + POOL_CONNECTING_WAIT_S * G_USEC_PER_SEC;
+
+    while (GPOINTER_TO_UINT(g_hash_table_lookup(pool->connecting, agent)) >= POOL_CONNECTING_MAX) {
+        if (!g_cond_wait_until(&pool->slot_freed, &pool->lock, deadline))
+            return FALSE;
+    }
+    guint n = GPOINTER_TO_UINT(g_hash_table_lookup(pool->connecting, agent));
+    g_hash_table_insert(pool->connecting, g_strdup(agent), GUINT_TO_POINTER(n + 1));
+    return TRUE;
+}
+
+static void
+pool_slot_give(HostdSshPool *pool, const char *agent)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+    guint n = GPOINTER_TO_UINT(g_hash_table_lookup(pool->connecting, agent));
+
+    if (n <= 1)
+        g_hash_table_remove(pool->connecting, agent);
+    else
+        g_hash_table_insert(pool->connecting, g_strdup(agent), GUINT_TO_POINTER(n - 1));
+    g_cond_broadcast(&pool->slot_freed);
 }
 
 /* ---- Connecting ---------------------------------------------------------------------------- */
@@ -663,6 +705,37 @@ channel_open(ssh_session session, const char *agent, ssh_channel *ret_channel, G
     return TRUE;
 }
 
+/* A fresh connection for an exec: one of the agent's handshake slots, and a few tries when the
+ * guest drops it early (a guest up, but busy with other handshakes). */
+static ssh_session
+exec_connect(HostdSshPool *pool, const HostdSshTarget *target, GError **error)
+{
+    if (!pool_slot_take(pool, target->agent))
+        return vm_throw(error, VM_ERROR_BUSY,
+                        "agent '%s': no SSH connection slot came free within %d s", target->agent,
+                        POOL_CONNECTING_WAIT_S),
+               NULL;
+    ssh_session fresh = NULL;
+    for (guint attempt = 1;; attempt++) {
+        g_autoptr(GError) local_error = NULL;
+        gint64 start = g_get_monotonic_time();
+        ConnectResult result =
+            session_connect(pool, target, EXEC_CONNECT_TIMEOUT_S, &fresh, &local_error);
+        if (result == CONNECT_OK)
+            break;
+        /* Only an early drop is worth another try; a guest that let a try time out would
+         * only make the exec wait longer. */
+        if (result == CONNECT_FATAL || attempt == EXEC_CONNECT_ATTEMPTS ||
+            g_get_monotonic_time() - start > 2 * G_USEC_PER_SEC) {
+            g_propagate_error(error, g_steal_pointer(&local_error));
+            break;
+        }
+        g_usleep(attempt * 200 * 1000);
+    }
+    pool_slot_give(pool, target->agent);
+    return fresh;
+}
+
 gboolean
 hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExecRequest *request,
                int client_fd, GError **error)
@@ -690,12 +763,8 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
         g_clear_pointer(&session, hostd_ssh_session_close);
     }
     if (session == NULL) {
-        ssh_session fresh = NULL;
-
-        if (session_connect(pool, target, EXEC_CONNECT_TIMEOUT_S, &fresh, error) != CONNECT_OK)
-            return FALSE;
-        session = fresh;
-        if (!channel_open(session, target->agent, &channel, error))
+        session = exec_connect(pool, target, error);
+        if (session == NULL || !channel_open(session, target->agent, &channel, error))
             return FALSE;
     }
 

@@ -8,6 +8,9 @@
 #define SUPERVISE_RETRY_US      (1 * G_USEC_PER_SEC) /* an agent whose lock an operation holds */
 #define SUPERVISE_BACKOFF_MAX_S 60
 #define SUPERVISE_RESUME_JOBS   4 /* agents resumed at once at start-up (shutdown-resume eager) */
+/* One reboot from inside resets the machine more than once (the kernel, then the firmware):
+ * resets this close to the last one are the same reboot. */
+#define SUPERVISE_REBOOT_SAME_US (20 * G_USEC_PER_SEC)
 
 /* Why the supervisor looks at an agent, strongest last: a deferred look keeps the strongest. */
 typedef enum {
@@ -34,6 +37,7 @@ struct _HostdSupervisor {
     GAsyncQueue *jobs;    /* SuperviseJob*, from libvirt's event thread */
     GHashTable *deferred; /* name -> SuperviseDeferred*; the supervisor thread's alone */
     GHashTable *down;     /* names the last periodic look found down (the thread's alone) */
+    GHashTable *rebooted; /* name -> monotonic us of its last reboot (the thread's alone) */
     GThread *thread;
     int lifecycle_id;
     int reboot_id;
@@ -193,6 +197,7 @@ supervise_crashed(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom, cons
     const HostdConfig *config = ctx->config;
     gint64 now = g_get_real_time() / G_USEC_PER_SEC;
 
+    g_clear_pointer(&r->crashed, g_free);
     if (g_str_equal(r->restart, HOSTD_RESTART_NEVER) || config->restart_limit == 0) {
         r->crashed = g_strdup(why);
         hostd_agent_set_wanted(r, HOSTD_WANTED_STOPPED);
@@ -244,6 +249,15 @@ supervise_agent_locked(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom,
     if (r->wanted == NULL)
         supervise_adopt(r, state);
     if (cause == SUPERVISE_REBOOT) {
+        struct _HostdSupervisor *sv = ctx->supervisor;
+        gint64 now = g_get_monotonic_time();
+        gpointer last = NULL;
+        if (g_hash_table_lookup_extended(sv->rebooted, r->name, NULL, &last) &&
+            now - *(gint64 *)last < SUPERVISE_REBOOT_SAME_US)
+            return;
+        gint64 *stamp = g_new(gint64, 1);
+        *stamp = now;
+        g_hash_table_insert(sv->rebooted, g_strdup(r->name), stamp);
         supervise_event(ctx, r, "reboot", state, "the guest rebooted itself");
         return;
     }
@@ -471,6 +485,7 @@ hostd_supervise_start(HostdContext *ctx, GError **error)
     sv->jobs = g_async_queue_new_full((GDestroyNotify)supervise_job_free);
     sv->deferred = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     sv->down = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    sv->rebooted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     sv->lifecycle_id = sv->reboot_id = -1;
     ctx->supervisor = sv;
 
@@ -520,6 +535,7 @@ hostd_supervise_stop(HostdContext *ctx)
     g_async_queue_unref(sv->jobs);
     g_hash_table_unref(sv->deferred);
     g_hash_table_unref(sv->down);
+    g_hash_table_unref(sv->rebooted);
     g_free(sv);
 }
 

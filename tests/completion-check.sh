@@ -139,7 +139,8 @@ declare -A first=(
     [start]=$agents [stop]=$agents [rm]=$agents [suspend]=$agents [resume]=$agents
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
-    [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents ["template list"]=""
+    [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents [events]=$agents
+    ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
     [bridge]="" [mcp]=""
 )
@@ -173,6 +174,9 @@ expect "c1 c2" vmctl restore --path=/etc a1 ""
 expect "c1 c2" vmctl restore --path = /etc a1 ""
 expect "$agents" vmctl stop --timeout 5m ""
 expect "$agents" vmctl egress-log -n 5 ""
+expect "$agents" vmctl events --since 10m ""
+expect "" vmctl events --since ""
+expect "" vmctl events a1 ""
 expect "$agents" vmctl --json -q info ""
 expect "" vmctl stop --timeout ""
 expect "" vmctl fork a1 ""

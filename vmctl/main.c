@@ -38,6 +38,7 @@ static const VmctlVerb verbs[] = {
     {"fork", vmctl_cmd_fork, "SOURCE NAME", "Create an agent from another one's disk, live"},
     {"egress", vmctl_cmd_egress, "NAME", "Show or change where an agent may connect"},
     {"egress-log", vmctl_cmd_egress_log, "NAME", "Show an agent's egress log"},
+    {"events", vmctl_cmd_events, "[AGENT]", "Show what happened to agents, and who did it"},
     {"mcp", vmctl_cmd_mcp, "",
      "Serve hostd's agents as Model Context Protocol tools on stdin and stdout"},
     {"bridge", vmctl_cmd_bridge, "",
@@ -121,7 +122,9 @@ report_failure(const VmctlContext *ctx, const GError *error)
         g_autofree char *json = vmctl_format_json(value);
         fputs(json, stdout);
     }
-    fprintf(stderr, "vmctl: %s\n", error->message);
+    /* hostd's messages may quote the guest (its console, a command's stderr): never raw. */
+    g_autofree char *message = vmctl_format_escaped_lines(error->message);
+    fprintf(stderr, "vmctl: %s\n", message);
     return ctx->failure_status != 0 ? ctx->failure_status : vm_error_exit_status(code);
 }
 

@@ -45,8 +45,11 @@ vmctl_cmd_diff(VmctlContext *ctx, int argc, char **argv, GError **error)
         fputs(json, stdout);
     } else {
         g_variant_iter_init(&iter, changes);
-        while (g_variant_iter_next(&iter, "(&s&s)", &kind, &path))
-            printf("%s %s\n", kind, path);
+        while (g_variant_iter_next(&iter, "(&s&s)", &kind, &path)) {
+            /* Paths are the guest's file names: any byte but '/' and NUL. */
+            g_autofree char *shown = vmctl_format_escaped(path);
+            printf("%s %s\n", kind, shown);
+        }
     }
     if (truncated != NULL && g_variant_get_boolean(truncated))
         fprintf(stderr, "vmctl: warning: the list was cut; narrow it with --path\n");

@@ -1,19 +1,14 @@
 #include "vmctl.h"
 
-#include "vm-error.h"
-#include "vm-stream.h"
 #include "vm-util.h"
-#include "vmctl-client.h"
 
 #include <json-glib/json-glib.h>
-#include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 /* One record as a line: "TIME EVENT HOST:PORT [-> ADDRESS] REASON [up N down N] DURATION". A
- * line that is not a record is shown as it is. */
+ * line that is not a record is shown escaped, as is the host: the guest named it. */
 static char *
-format_record(const char *line)
+format_record_raw(const char *line)
 {
     g_autoptr(JsonParser) parser = json_parser_new();
     JsonObject *o;
@@ -48,21 +43,11 @@ format_record(const char *line)
     return g_string_free(g_steal_pointer(&out), FALSE);
 }
 
-/* Prints the whole lines in @pending and keeps the rest. */
-static gboolean
-print_lines(VmctlContext *ctx, GString *pending, GError **error)
+static char *
+format_record(const char *line)
 {
-    char *nl;
-
-    while ((nl = memchr(pending->str, '\n', pending->len)) != NULL) {
-        g_autofree char *line = g_strndup(pending->str, nl - pending->str);
-        g_autofree char *text = ctx->json ? g_strdup(line) : format_record(line);
-
-        g_string_erase(pending, 0, nl - pending->str + 1);
-        if (printf("%s\n", text) < 0 || fflush(stdout) != 0)
-            return vm_throw(error, VM_ERROR_IO, "cannot write the output");
-    }
-    return TRUE;
+    g_autofree char *raw = format_record_raw(line);
+    return vmctl_format_escaped(raw);
 }
 
 gboolean
@@ -77,11 +62,6 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
          "Show the last N records first (default: all)", "N"},
         G_OPTION_ENTRY_NULL,
     };
-    g_autoptr(GString) pending = g_string_new(NULL);
-    g_autoptr(VmMessage) request = NULL;
-    g_autoptr(VmctlConnection) connection = NULL;
-    VmctlEndpoint endpoint;
-    VmStreamReader reader;
 
     g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
     if (fields == NULL)
@@ -94,39 +74,6 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
         g_variant_dict_insert(fields, "lines", "u", n);
     }
     g_variant_dict_insert(fields, "follow", "b", follow);
-    request = vm_message_new(VM_OP_EGRESS_LOG, g_variant_dict_end(fields), error);
-    if (request == NULL)
-        return FALSE;
-    if (!vmctl_endpoint(ctx, &endpoint, error))
-        return FALSE;
-    connection = vmctl_connection_open(&endpoint, error);
-    if (connection == NULL)
-        return FALSE;
-    if (!vm_message_write_fd(vmctl_connection_get_fd(connection), request, error))
-        return vmctl_connection_fail(connection, error);
-    vm_stream_reader_init(&reader, vmctl_connection_get_fd(connection), request->op);
-    for (;;) {
-        g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, error);
-        const guint8 *data;
-        gsize len = 0;
-
-        if (m == NULL)
-            return vmctl_connection_fail(connection, error);
-        switch (m->op) {
-        case VM_OP_STDOUT:
-            data = vm_message_get_data(m, "data", &len);
-            g_string_append_len(pending, (const char *)data, (gssize)len);
-            if (!print_lines(ctx, pending, error))
-                return FALSE;
-            break;
-        case VM_OP_EXIT:
-            g_string_append_c(pending, '\n');
-            return pending->len == 1 || print_lines(ctx, pending, error);
-        case VM_OP_PROGRESS:
-            break;
-        default: /* the log has no stderr */
-            return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
-                            vm_op_name(m->op));
-        }
-    }
+    return vmctl_print_stream(ctx, VM_OP_EGRESS_LOG, g_variant_dict_end(fields), format_record,
+                              error);
 }

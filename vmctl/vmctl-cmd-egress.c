@@ -48,9 +48,12 @@ vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **error)
     gboolean reset = FALSE;
     const GOptionEntry entries[] = {
         {"allow", 0, 0, G_OPTION_ARG_STRING_ARRAY, &allow,
-         "Allow RULE: a name, *.suffix, an address or CIDR, or any/none (repeatable)", "RULE"},
+         "Allow RULE: a name, *.suffix, an address or CIDR, or any/none; NAME:PORT, CIDR:PORT, "
+         "[IPv6]/LEN:PORT for one port, else 80 and 443 only (repeatable)",
+         "RULE"},
         {"deny", 0, 0, G_OPTION_ARG_STRING_ARRAY, &deny,
-         "Deny RULE, even where an allow rule matches (repeatable)", "RULE"},
+         "Deny RULE, even where an allow rule matches; without a port every port (repeatable)",
+         "RULE"},
         {"remove", 0, 0, G_OPTION_ARG_STRING_ARRAY, &remove,
          "Take RULE out of the allow and deny lists (repeatable)", "RULE"},
         {"reset", 0, 0, G_OPTION_ARG_NONE, &reset,

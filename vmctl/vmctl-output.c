@@ -77,11 +77,12 @@ vmctl_dict_lookup(GVariant *dict, const char *key)
     return value;
 }
 
+/* Strings may hold what a guest wrote (a crash reason, a label): shown escaped. */
 static char *
 format_text(GVariant *value)
 {
     if (g_variant_is_of_type(value, G_VARIANT_TYPE_STRING))
-        return g_variant_dup_string(value, NULL);
+        return vmctl_format_escaped(g_variant_get_string(value, NULL));
     return g_variant_print(value, FALSE);
 }
 
@@ -227,6 +228,45 @@ vmctl_format_details(GVariant *dict, const VmctlField *fields, gsize n_fields, g
         g_string_append_c(out, '\n');
     }
     return g_string_free(out, FALSE);
+}
+
+static char *
+format_escaped(const char *text, gboolean keep_newlines)
+{
+    g_autofree char *valid = g_utf8_make_valid(text, -1);
+    GString *out = g_string_sized_new(strlen(valid));
+
+    for (const char *p = valid; *p != '\0'; p = g_utf8_next_char(p)) {
+        gunichar c = g_utf8_get_char(p);
+
+        if (c == '\n' && keep_newlines)
+            g_string_append_c(out, '\n');
+        else if (c == '\n')
+            g_string_append(out, "\\n");
+        else if (c == '\r')
+            g_string_append(out, "\\r");
+        else if (c == '\t')
+            g_string_append(out, "\\t");
+        else if (c < 0x20 || c == 0x7f)
+            g_string_append_printf(out, "\\x%02x", c);
+        else if (g_unichar_iscntrl(c))
+            g_string_append_printf(out, "\\u%04x", c);
+        else
+            g_string_append_len(out, p, g_utf8_next_char(p) - p);
+    }
+    return g_string_free(out, FALSE);
+}
+
+char *
+vmctl_format_escaped(const char *text)
+{
+    return format_escaped(text, FALSE);
+}
+
+char *
+vmctl_format_escaped_lines(const char *text)
+{
+    return format_escaped(text, TRUE);
 }
 
 char *

@@ -61,6 +61,15 @@ char *vmctl_format_details(GVariant *dict, const VmctlField *fields, gsize n_fie
  * STATE" when it has no SSH port yet. Newly allocated; can't fail. */
 char *vmctl_format_agent_summary(GVariant *agent);
 
+/* Makes @text (from a file or a guest) safe to show on a terminal: valid UTF-8 (invalid bytes
+ * become U+FFFD), with every control character escaped: "\n", "\r", "\t", "\xNN" for the others
+ * below 0x80 (DEL included), "\u00NN" for U+0080..U+009F. Newly allocated; can't fail. */
+char *vmctl_format_escaped(const char *text);
+
+/* The same, but newlines stay newlines: for messages of several lines (an error with the
+ * console's last lines). */
+char *vmctl_format_escaped_lines(const char *text);
+
 /* Formats @value (any GVariant) as pretty-printed JSON ending in a newline. Newly allocated;
  * can't fail. */
 char *vmctl_format_json(GVariant *value);

@@ -2,6 +2,7 @@
 
 #include "vm-error.h"
 #include "vm-name.h"
+#include "vm-stream.h"
 #include "vm-util.h"
 #include "vmctl-client.h"
 
@@ -200,6 +201,49 @@ vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint3
     return TRUE;
 }
 
+/* @text as an ISO 8601 time in @tz when it has no zone; GLib's parser wants seconds, which a
+ * user often leaves out ("2024-05-01 14:00"), as the whole time of day ("2024-05-01"). */
+static GDateTime *
+parse_iso8601(const char *text, GTimeZone *tz)
+{
+    GDateTime *t = g_date_time_new_from_iso8601(text, tz);
+    gsize len = strlen(text);
+    g_autofree char *full = NULL;
+
+    if (t != NULL)
+        return t;
+    if (len == 10)
+        full = g_strconcat(text, "T00:00:00", NULL);
+    else if (len >= 16 && text[13] == ':' && (text[16] == '\0' || strchr("Zz+-", text[16]) != NULL))
+        full = g_strdup_printf("%.16s:00%s", text, text + 16);
+    return full != NULL ? g_date_time_new_from_iso8601(full, tz) : NULL;
+}
+
+gboolean
+vmctl_parse_time(VmctlContext *ctx, const char *option, const char *text, gint64 now_usec,
+                 gint64 *ret_usec, GError **error)
+{
+    g_autoptr(GTimeZone) local = g_time_zone_new_local();
+    g_autoptr(GDateTime) t = NULL;
+    guint64 seconds = 0;
+
+    if (vm_duration_parse(text, &seconds, NULL)) {
+        *ret_usec = now_usec - (gint64)seconds * G_USEC_PER_SEC;
+        return TRUE;
+    }
+    t = parse_iso8601(text, local);
+    if (t == NULL) {
+        g_autofree char *shown = g_strescape(text, NULL);
+
+        return vmctl_usage_error(ctx, error,
+                                 "%s needs a duration (90s, 10m, 2h, 3d) or an ISO 8601 time "
+                                 "(2024-05-01T14:00:00, with or without a zone), not '%s'",
+                                 option, shown);
+    }
+    *ret_usec = g_date_time_to_unix(t) * G_USEC_PER_SEC + g_date_time_get_microsecond(t);
+    return TRUE;
+}
+
 char *
 vmctl_socket_path(const VmctlContext *ctx)
 {
@@ -327,4 +371,67 @@ vmctl_dict_add_uint(VmctlContext *ctx, GVariantDict *fields, const char *option,
         return FALSE;
     g_variant_dict_insert(fields, key, "u", value);
     return TRUE;
+}
+
+/* Prints the whole lines in @pending, through @format when set, and keeps the rest. */
+static gboolean
+print_lines(GString *pending, VmctlLineFormat format, GError **error)
+{
+    char *nl;
+
+    while ((nl = memchr(pending->str, '\n', pending->len)) != NULL) {
+        g_autofree char *line = g_strndup(pending->str, nl - pending->str);
+        g_autofree char *text = format != NULL ? format(line) : g_strdup(line);
+
+        g_string_erase(pending, 0, nl - pending->str + 1);
+        if (printf("%s\n", text) < 0 || fflush(stdout) != 0)
+            return vm_throw(error, VM_ERROR_IO, "cannot write the output");
+    }
+    return TRUE;
+}
+
+gboolean
+vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlLineFormat format,
+                   GError **error)
+{
+    g_autoptr(GString) pending = g_string_new(NULL);
+    g_autoptr(VmMessage) request = vm_message_new(op, fields, error);
+    g_autoptr(VmctlConnection) connection = NULL;
+    VmctlEndpoint endpoint;
+    VmStreamReader reader;
+
+    if (request == NULL || !vmctl_endpoint(ctx, &endpoint, error))
+        return FALSE;
+    if (ctx->json)
+        format = NULL;
+    connection = vmctl_connection_open(&endpoint, error);
+    if (connection == NULL)
+        return FALSE;
+    if (!vm_message_write_fd(vmctl_connection_get_fd(connection), request, error))
+        return vmctl_connection_fail(connection, error);
+    vm_stream_reader_init(&reader, vmctl_connection_get_fd(connection), request->op);
+    for (;;) {
+        g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, error);
+        const guint8 *data;
+        gsize len = 0;
+
+        if (m == NULL)
+            return vmctl_connection_fail(connection, error);
+        switch (m->op) {
+        case VM_OP_STDOUT:
+            data = vm_message_get_data(m, "data", &len);
+            g_string_append_len(pending, (const char *)data, (gssize)len);
+            if (!print_lines(pending, format, error))
+                return FALSE;
+            break;
+        case VM_OP_EXIT:
+            g_string_append_c(pending, '\n');
+            return pending->len == 1 || print_lines(pending, format, error);
+        case VM_OP_PROGRESS:
+            break;
+        default: /* a log has no stderr */
+            return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
+                            vm_op_name(m->op));
+        }
+    }
 }

@@ -69,6 +69,14 @@ gboolean vmctl_usage_error(VmctlContext *ctx, GError **error, const char *fmt, .
 gboolean vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint32 min,
                           guint32 max, guint32 *ret_value, GError **error);
 
+/* Parses the time @text given to @option: a duration back from @now_usec ("90s", "10m", "2h",
+ * "3d"; vm_duration_parse()) or an ISO 8601 time, with a zone ("2024-05-01T12:00:00Z",
+ * "2024-05-01T14:00:00+02:00") or in local time without one ("2024-05-01T14:00:00",
+ * "2024-05-01 14:00", or a date alone for its midnight). Returns unix microseconds in @ret_usec.
+ * Fails with a usage error naming @option. */
+gboolean vmctl_parse_time(VmctlContext *ctx, const char *option, const char *text, gint64 now_usec,
+                          gint64 *ret_usec, GError **error);
+
 /* Adds the numeric option @option (its text @text, NULL when not given) to @fields under @key
  * as a "u" of at least 1; a bad number is a usage error naming @option. */
 gboolean vmctl_dict_add_uint(VmctlContext *ctx, GVariantDict *fields, const char *option,
@@ -116,6 +124,16 @@ void vmctl_print_result(VmctlContext *ctx, const VmMessage *result, const char *
 gboolean vmctl_print_list(VmctlContext *ctx, VmOp op, GVariant *fields, const char *key,
                           const VmctlField *columns, gsize n_columns, GError **error);
 
+/* How a verb shows one line of a log: a new string. */
+typedef char *(*VmctlLineFormat)(const char *line);
+
+/* Sends @op with @fields (as vmctl_request()), a request answered with a stream of lines
+ * (egress-log, events), and prints each whole line as it comes, through @format (as it came with
+ * --json or a NULL @format), until the stream ends. Fails with hostd's error, the connection's,
+ * or VM_ERROR_IO when stdout cannot be written. */
+gboolean vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlLineFormat format,
+                            GError **error);
+
 /* Sends a request about one agent that answers with {agent} (start, stop, rm) and prints
  * "@done NAME" (or the JSON). @fields must hold "name". */
 gboolean vmctl_agent_action(VmctlContext *ctx, VmOp op, GVariantDict *fields, const char *done,
@@ -148,6 +166,7 @@ gboolean vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **err
 gboolean vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_autorestart(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_stop_host_agents(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_events(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_bridge(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_mcp(VmctlContext *ctx, int argc, char **argv, GError **error);
 

@@ -167,9 +167,14 @@ check "policy none: plain HTTP is refused with 403" test "$out" = 403
 check "policy none: nothing reached the web server" test "$(grep -c 'GET /' "$S/web.log")" = "$gets"
 
 # --- allow the test host by CIDR (and a name that resolves to loopback) --------------------------
-vmctl egress a1 --allow "$ALLOWED/32" --allow localhost > "$S/set.out" 2>&1; rc=$?
-check "egress --allow $ALLOWED/32 --allow localhost" \
-  bash -c "[ $rc = 0 ] && grep -q '^allow: *$ALLOWED/32, localhost' '$S/set.out'"
+# A rule without a port allows 80 and 443 only: the test servers' ports are named.
+vmctl egress a1 --allow "$ALLOWED/32" > /dev/null
+out=$(guest "curl -s -o /dev/null -w '%{http_code}' -m 20 http://$ALLOWED:$WEB_PORT/hello.txt")
+check "a rule without a port does not open port $WEB_PORT (403)" test "$out" = 403
+vmctl egress a1 --reset --allow "$ALLOWED/32:$WEB_PORT" --allow "$ALLOWED/32:$SINK_PORT" \
+  --allow "localhost:$LOCAL_PORT" > "$S/set.out" 2>&1; rc=$?
+check "egress --allow $ALLOWED/32:$WEB_PORT --allow $ALLOWED/32:$SINK_PORT --allow localhost:$LOCAL_PORT" \
+  bash -c "[ $rc = 0 ] && grep -q '^allow: *$ALLOWED/32:$WEB_PORT, $ALLOWED/32:$SINK_PORT, localhost:$LOCAL_PORT' '$S/set.out'"
 out=$(guest "curl -sS -m 30 http://$ALLOWED:$WEB_PORT/hello.txt" 2>&1)
 check "allowed CIDR: plain HTTP through the proxy" test "$out" = "hello from the test host"
 out=$(guest "curl -sS -m 30 -p http://$ALLOWED:$WEB_PORT/hello.txt" 2>&1)
@@ -207,6 +212,11 @@ declare -A cases=(
   ["origin-form request (no proxy addressing)"]="GET / HTTP/1.1\r\nHost: $ALLOWED:$SINK_PORT\r\n\r\n"
   ["an allowed name that resolves to loopback (localhost)"]="CONNECT localhost:$LOCAL_PORT HTTP/1.1\r\nHost: localhost:$LOCAL_PORT\r\n\r\n"
   ["a name nobody allowed"]="CONNECT deb.debian.org:443 HTTP/1.1\r\nHost: deb.debian.org:443\r\n\r\n"
+  ["the allowed host at a port no rule names"]="CONNECT $ALLOWED:9001 HTTP/1.1\r\nHost: $ALLOWED:9001\r\n\r\n"
+  ["smuggling: Content-Length with Transfer-Encoding"]="POST http://$ALLOWED:$SINK_PORT/ HTTP/1.1\r\nHost: $ALLOWED:$SINK_PORT\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+  ["smuggling: two different Content-Lengths"]="POST http://$ALLOWED:$SINK_PORT/ HTTP/1.1\r\nHost: $ALLOWED:$SINK_PORT\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+  ["smuggling: obs-fold"]="GET http://$ALLOWED:$SINK_PORT/ HTTP/1.1\r\nHost: $ALLOWED:$SINK_PORT\r\nX-A: 1\r\n\tX-B: 2\r\n\r\n"
+  ["smuggling: bare CR"]="GET http://$ALLOWED:$SINK_PORT/ HTTP/1.1\r\nHost: $ALLOWED:$SINK_PORT\r\nX-A: 1\rX-B: 2\r\n\r\n"
 )
 for desc in "${!cases[@]}"; do
   status=$(raw "${cases[$desc]}")
@@ -230,6 +240,55 @@ check "a direct connection to the gateway (the host's loopback) fails" \
   bash -c "! grep -q connected '$S/direct.out' && [ \$(grep -c '^open' '$S/host-sink') = 0 ]"
 out=$(guest "curl -s -o /dev/null -w '%{http_code}' -m 10 --noproxy '*' http://$ALLOWED:$WEB_PORT/hello.txt")
 check "curl without the proxy gets nothing" test "$out" = 000
+
+# --- several requests on one connection: each is checked on its own ----------------------------
+# pipeline REQUESTS: sends them on one connection to the proxy at once and prints all that comes
+# back (http.server answers HTTP/1.0 and closes, so the proxy takes up each next request in turn)
+pipeline() { guest "exec 3<>/dev/tcp/10.0.2.100/3128; printf '$1' >&3; timeout 20 cat <&3" | tr -d '\r'; }
+# count_lines TEXT PATTERN: how many lines of TEXT match PATTERN
+count_lines() { grep -c "$2" <<< "$1"; }
+ns_before=$(bytes "$S/ns-sink" "$DENIED")
+denied_opens=$(opened "$S/ns-sink" "$DENIED")
+out=$(pipeline "GET http://$ALLOWED:$WEB_PORT/hello.txt HTTP/1.1\r\nHost: $ALLOWED:$WEB_PORT\r\n\r\nGET http://$DENIED:$SINK_PORT/x HTTP/1.1\r\nHost: $DENIED:$SINK_PORT\r\n\r\n")
+check "pipelined: the first request is answered, a second one to a denied host gets 403" \
+  test "$(count_lines "$out" 'hello from the test host')" = 1 -a "$(count_lines "$out" '^HTTP/1.1 403')" = 1
+sleep 0.5
+check "pipelined: nothing of the second request reached the denied host" \
+  test "$(bytes "$S/ns-sink" "$DENIED")" = "$ns_before" -a "$(opened "$S/ns-sink" "$DENIED")" = "$denied_opens"
+out=$(pipeline "GET http://$ALLOWED:$WEB_PORT/hello.txt HTTP/1.1\r\nHost: $ALLOWED:$WEB_PORT\r\n\r\nGET http://$ALLOWED:$SINK_PORT/x HTTP/1.1\r\nHost: $ALLOWED:$SINK_PORT\r\nX-A: 1\r\n folded\r\n\r\n")
+check "pipelined: a second request with obs-fold gets 400 after the first is answered" \
+  test "$(count_lines "$out" 'hello from the test host')" = 1 -a "$(count_lines "$out" '^HTTP/1.1 400')" = 1
+gets=$(grep -c 'GET /hello.txt' "$S/web.log")
+out=$(pipeline "GET http://$ALLOWED:$WEB_PORT/hello.txt HTTP/1.1\r\nHost: $ALLOWED:$WEB_PORT\r\n\r\nGET http://$ALLOWED:$WEB_PORT/hello.txt HTTP/1.1\r\nHost: $ALLOWED:$WEB_PORT\r\n\r\n")
+check "pipelined: two requests to the allowed host are both answered" \
+  test "$(count_lines "$out" 'hello from the test host')" = 2 -a "$(grep -c 'GET /hello.txt' "$S/web.log")" = $(( gets + 2 ))
+
+# --- tunnels to names carry TLS for that name (SNI) ----------------------------------------------
+# localhost resolves to the host's loopback, which only an explicit CIDR rule opens: opened here
+# for the host's sink alone, and closed again at the end of this section.
+vmctl egress a1 --allow "127.0.0.1/32:$LOCAL_PORT" --allow "[::1]:$LOCAL_PORT" > /dev/null
+lo_before=$(bytes "$S/host-sink" 127.0.0.1)
+# the guest's no_proxy names localhost: --noproxy '' makes curl use the proxy all the same
+guest "curl -sk -m 15 -o /dev/null -x http://10.0.2.100:3128 --noproxy '' https://localhost:$LOCAL_PORT/" > /dev/null 2>&1
+sleep 0.5
+lo_after=$(bytes "$S/host-sink" 127.0.0.1)
+check "SNI: curl's ClientHello for localhost goes through the tunnel to localhost" \
+  bash -c "[ $lo_after -gt $lo_before ] && '$VMCTL' --socket '$SOCK' --json egress-log a1 | grep '\"host\":\"localhost\"' | grep -q '\"event\":\"allowed\"'"
+lo_before=$lo_after
+guest "timeout 15 openssl s_client -proxy 10.0.2.100:3128 -connect localhost:$LOCAL_PORT -servername other.example < /dev/null" > /dev/null 2>&1
+guest "timeout 15 openssl s_client -proxy 10.0.2.100:3128 -connect localhost:$LOCAL_PORT -noservername < /dev/null" > /dev/null 2>&1
+guest "exec 3<>/dev/tcp/10.0.2.100/3128; printf 'CONNECT localhost:$LOCAL_PORT HTTP/1.1\r\nHost: localhost:$LOCAL_PORT\r\n\r\n' >&3; head -n 2 <&3 >/dev/null; printf 'not TLS at all\n' >&3; timeout 10 cat <&3 >/dev/null"
+sleep 0.5
+vmctl --json egress-log a1 > "$S/sni.log.json"
+check "SNI: another name, no SNI and no TLS are refused and logged (sni-mismatch, sni-missing, not-tls)" python3 -c '
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+reasons = {r["reason"] for r in recs if r["event"] == "denied" and r["host"] == "localhost"}
+assert {"sni-mismatch", "sni-missing", "not-tls"} <= reasons, reasons
+' "$S/sni.log.json"
+check "SNI: the refused tunnels delivered 0 bytes to the host's sink" \
+  test "$(bytes "$S/host-sink" 127.0.0.1)" = "$lo_before"
+vmctl egress a1 --remove "127.0.0.1/32:$LOCAL_PORT" --remove "[::1]:$LOCAL_PORT" > /dev/null
 
 # --- the log ------------------------------------------------------------------------------------
 vmctl --json egress-log a1 > "$S/egress.log.json"
@@ -261,7 +320,7 @@ kill "$FOLLOW" 2>/dev/null
 # --- live policy changes ------------------------------------------------------------------------
 vmctl egress a1 --allow "http://x.example" > "$S/bad.out" 2>&1; rc=$?
 check "a bad rule is refused (exit 2) and the policy stays" \
-  bash -c "[ $rc = 2 ] && '$VMCTL' --socket '$SOCK' --json egress a1 | grep -q '\"$ALLOWED/32\"'"
+  bash -c "[ $rc = 2 ] && '$VMCTL' --socket '$SOCK' --json egress a1 | grep -q '\"$ALLOWED/32:$WEB_PORT\"'"
 vmctl egress a1 --remove 10.9.9.9 > /dev/null 2>&1; rc=$?
 check "removing a rule that is not there fails (exit 3)" test "$rc" = 3
 
@@ -272,7 +331,7 @@ PIDS+=($TUNNEL)
 for _ in $(seq 1 100); do grep -q open "$S/tunnel.out" && break; sleep 0.2; done
 closes=$(grep -c "^close $ALLOWED " "$S/ns-sink")
 t0=$(python3 -c 'import time; print("%.3f" % time.time())')
-vmctl egress a1 --remove "$ALLOWED/32" > /dev/null
+vmctl egress a1 --remove "$ALLOWED/32:$SINK_PORT" --remove "$ALLOWED/32:$WEB_PORT" > /dev/null
 for _ in $(seq 1 50); do [ "$(grep -c "^close $ALLOWED " "$S/ns-sink")" -gt "$closes" ] && break; sleep 0.1; done
 t1=$(grep "^close $ALLOWED " "$S/ns-sink" | tail -n 1 | cut -d' ' -f3)
 ms=$(python3 -c "print(int(($t1 - $t0) * 1000))")
@@ -284,12 +343,12 @@ check "the log says why" bash -c "'$VMCTL' --socket '$SOCK' --json egress-log a1
 out=$(guest "curl -s -o /dev/null -w '%{http_code}' -m 20 http://$ALLOWED:$WEB_PORT/hello.txt")
 check "new connections follow the change at once (403)" test "$out" = 403
 
-vmctl egress a1 --allow "$ALLOWED/32" --deny "$ALLOWED" > /dev/null
+vmctl egress a1 --allow "$ALLOWED/32:$WEB_PORT" --deny "$ALLOWED" > /dev/null
 out=$(guest "curl -s -o /dev/null -w '%{http_code}' -m 20 http://$ALLOWED:$WEB_PORT/hello.txt")
 check "deny wins over allow" test "$out" = 403
-vmctl egress a1 --reset --allow "198.18.0.0/30" > /dev/null
+vmctl egress a1 --reset --allow "198.18.0.0/30:$WEB_PORT" > /dev/null
 check "--reset starts from nothing" \
-  bash -c "'$VMCTL' --socket '$SOCK' --json egress a1 | python3 -c 'import json,sys; e=json.load(sys.stdin); assert e[\"allow\"]==[\"198.18.0.0/30\"] and e[\"deny\"]==[], e'"
+  bash -c "'$VMCTL' --socket '$SOCK' --json egress a1 | python3 -c 'import json,sys; e=json.load(sys.stdin); assert e[\"allow\"]==[\"198.18.0.0/30:$WEB_PORT\"] and e[\"deny\"]==[], e'"
 
 # --- survives suspend and a hostd restart; fails closed while hostd is down ---------------------
 vmctl suspend a1 > /dev/null && vmctl resume a1 > /dev/null
@@ -316,8 +375,8 @@ out=$(vmctl --json egress a1)
 check "the policy survived the restart" python3 -c '
 import json, sys
 e = json.loads(sys.argv[1])
-assert e["allow"] == ["198.18.0.0/30"] and e["wired"], e
-' "$out"
+assert e["allow"] == ["198.18.0.0/30:" + sys.argv[2]] and e["wired"], e
+' "$out" "$WEB_PORT"
 out=$(guest "curl -sS -m 30 -p http://$ALLOWED:$WEB_PORT/hello.txt" 2>&1)
 check "after the restart the way out works again" test "$out" = "hello from the test host"
 

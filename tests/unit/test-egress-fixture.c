@@ -8,6 +8,10 @@
 #include "vm-error.h"
 #include "test-egress-fixture.h"
 
+#include <errno.h>
+#include <gnutls/gnutls.h>
+#include <string.h>
+
 VmEgressPolicy *
 vm_test_egress_policy(const char *allow, const char *deny)
 {
@@ -40,4 +44,47 @@ vm_test_egress_resolve(const char *host, gpointer counter, GError **error)
         g_array_append_val(out, address);
     }
     return out;
+}
+
+/* GnuTLS's transport: what the session sends is collected, and it never receives anything, so
+ * the handshake stops after the ClientHello. */
+static ssize_t
+hello_push(gnutls_transport_ptr_t user_data, const void *data, size_t len)
+{
+    g_byte_array_append(user_data, data, len);
+    return (ssize_t)len;
+}
+
+static ssize_t
+hello_pull(gnutls_transport_ptr_t user_data, void *data, size_t len)
+{
+    errno = EAGAIN;
+    return -1;
+}
+
+GBytes *
+vm_test_tls_client_hello(const char *server_name)
+{
+    gnutls_session_t session = NULL;
+    gnutls_certificate_credentials_t credentials = NULL;
+    GByteArray *sent = g_byte_array_new();
+    int rc;
+
+    if (gnutls_certificate_allocate_credentials(&credentials) < 0 ||
+        gnutls_init(&session, GNUTLS_CLIENT | GNUTLS_NONBLOCK) < 0 ||
+        gnutls_set_default_priority(session) < 0 ||
+        gnutls_credentials_set(session, GNUTLS_CRD_CERTIFICATE, credentials) < 0)
+        fail_msg("cannot set up a GnuTLS client session");
+    if (server_name != NULL &&
+        gnutls_server_name_set(session, GNUTLS_NAME_DNS, server_name, strlen(server_name)) < 0)
+        fail_msg("GnuTLS refused the server name '%s'", server_name);
+    gnutls_transport_set_ptr(session, sent);
+    gnutls_transport_set_push_function(session, hello_push);
+    gnutls_transport_set_pull_function(session, hello_pull);
+    rc = gnutls_handshake(session);
+    if (rc != GNUTLS_E_AGAIN || sent->len == 0)
+        fail_msg("GnuTLS handshake: %s", gnutls_strerror(rc));
+    gnutls_deinit(session);
+    gnutls_certificate_free_credentials(credentials);
+    return g_byte_array_free_to_bytes(sent);
 }

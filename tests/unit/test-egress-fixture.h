@@ -19,4 +19,9 @@ VmEgressPolicy *vm_test_egress_policy(const char *allow, const char *deny);
  * counts the calls, atomically. */
 GArray *vm_test_egress_resolve(const char *host, gpointer counter, GError **error);
 
+/* The first flight of a real GnuTLS client session that names @server_name in its SNI (NULL:
+ * none): the TLS records of its ClientHello, as a guest's TLS library sends them into a tunnel.
+ * Fails the test when GnuTLS cannot make one. */
+GBytes *vm_test_tls_client_hello(const char *server_name);
+
 G_END_DECLS

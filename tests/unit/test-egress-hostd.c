@@ -75,12 +75,26 @@ teardown(void **state)
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
+/* The space-separated rules of @text as a list, PORT standing for the sink's port. */
+static char **
+rules(Fixture *f, const char *text)
+{
+    g_autofree char *port = g_strdup_printf("%u", f->sink->port);
+    g_autoptr(GString) s = NULL;
+
+    if (text == NULL)
+        return NULL;
+    s = g_string_new(text);
+    g_string_replace(s, "PORT", port, 0);
+    return g_strsplit(s->str, " ", 0);
+}
+
 static void
 init_agent(Fixture *f, const char *name, const char *allow, const char *deny)
 {
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, name);
-    g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
-    g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
+    g_auto(GStrv) a = rules(f, allow);
+    g_auto(GStrv) d = rules(f, deny);
     g_autoptr(GError) error = NULL;
 
     if (!hostd_egress_agent_init(f->ctx, r, (const char *const *)a, (const char *const *)d, &error))
@@ -91,9 +105,9 @@ static GVariant *
 set_policy(Fixture *f, const char *name, const char *allow, const char *deny, const char *remove,
            gboolean reset, GError **error)
 {
-    g_auto(GStrv) a = allow != NULL ? g_strsplit(allow, " ", 0) : NULL;
-    g_auto(GStrv) d = deny != NULL ? g_strsplit(deny, " ", 0) : NULL;
-    g_auto(GStrv) r = remove != NULL ? g_strsplit(remove, " ", 0) : NULL;
+    g_auto(GStrv) a = rules(f, allow);
+    g_auto(GStrv) d = rules(f, deny);
+    g_auto(GStrv) r = rules(f, remove);
 
     return hostd_test_sink(hostd_egress_set(f->ctx, name, (const char *const *)a,
                                             (const char *const *)d, (const char *const *)r, reset,
@@ -234,7 +248,7 @@ static void
 test_init_bad_template(void **state)
 {
     Fixture *f = *state;
-    static const char *const bad[] = {"pypi.org:443", "10.0.0.1/8", "a..b", "*x.com", "0x7f.0.0.1"};
+    static const char *const bad[] = {"pypi.org:0", "10.0.0.1/8", "a..b", "*x.com", "0x7f.0.0.1"};
 
     for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
         g_autofree char *name = g_strdup_printf("bad%zu", i);
@@ -348,7 +362,10 @@ test_policy_survives_restart(void **state)
     int fd;
 
     init_agent(f, "a1", NULL, NULL);
-    set_ok(f, "a1", "sink.test 127.0.0.1/32", "x.example", NULL, FALSE);
+    g_autofree char *expect =
+        g_strdup_printf("sink.test:%1$u 127.0.0.1/32:%1$u|x.example", f->sink->port);
+
+    set_ok(f, "a1", "sink.test:PORT 127.0.0.1/32:PORT", "x.example", NULL, FALSE);
     /* what hostd's exit does; the next hostd starts with a fresh state */
     hostd_egress_stop_all(f->ctx);
     hostd_egress_set_resolver(f->ctx, vm_test_egress_resolve, NULL);
@@ -356,7 +373,7 @@ test_policy_survives_restart(void **state)
     assert_non_null(r);
     assert_true(hostd_egress_agent_start(f->ctx, r, &error));
     p = hostd_test_egress_text(f->hostd, "a1");
-    assert_string_equal(p, "sink.test 127.0.0.1/32|x.example");
+    assert_string_equal(p, expect);
     fd = tunnel(f, "a1", "sink.test", &status);
     assert_int_equal(status, 200);
     close(fd);
@@ -396,24 +413,31 @@ test_tunnel_allowed_and_logged(void **state)
     Fixture *f = *state;
     g_auto(GStrv) lines = NULL;
     g_autoptr(GString) echo = NULL;
+    g_autoptr(GBytes) hello = vm_test_tls_client_hello("sink.test");
+    gsize hello_len = g_bytes_get_size(hello);
+    const char *hello_text = g_bytes_get_data(hello, NULL);
+    g_autofree char *bytes_up = g_strdup_printf("\"bytes_up\":%zu", hello_len);
+    g_autofree char *bytes_down = g_strdup_printf("\"bytes_down\":%zu", hello_len);
     gboolean eof;
     int status = 0;
     int fd;
 
     /* the name opens the host, the CIDR rule its loopback address */
-    init_agent(f, "a1", "sink.test 127.0.0.1/32", NULL);
+    init_agent(f, "a1", "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     fd = tunnel(f, "a1", "sink.test", &status);
     assert_int_equal(status, 200);
-    vm_test_send_text(fd, "ping");
-    echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, &eof);
-    assert_string_equal(echo->str, "ping");
+    /* a tunnel to a name carries TLS for that name: the ClientHello goes through unchanged */
+    assert_int_equal(send(fd, hello_text, hello_len, MSG_NOSIGNAL), hello_len);
+    echo = vm_test_read_until(fd, NULL, 1000, &eof);
+    assert_int_equal(echo->len, hello_len);
+    assert_memory_equal(echo->str, hello_text, hello_len);
     close(fd);
     lines = log_wait_lines(f, "a1", 1);
     assert_non_null(strstr(lines[0], "\"event\":\"allowed\""));
     assert_non_null(strstr(lines[0], "\"host\":\"sink.test\""));
-    assert_non_null(strstr(lines[0], "\"bytes_up\":4"));
-    assert_non_null(strstr(lines[0], "\"bytes_down\":4"));
-    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 4);
+    assert_non_null(strstr(lines[0], bytes_up));
+    assert_non_null(strstr(lines[0], bytes_down));
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), hello_len);
 }
 
 /* Names resolve to the sink's loopback address: a name rule never opens it, so only a CIDR
@@ -431,7 +455,7 @@ test_refused_reach_nothing(void **state)
     static const int codes[] = {403, 403, 403, 403, 403, 403, 403, 403, 403, 502};
     g_auto(GStrv) lines = NULL;
 
-    init_agent(f, "a1", "sink.test mixed.test unknown.example", NULL);
+    init_agent(f, "a1", "sink.test:PORT mixed.test:PORT unknown.example:PORT", NULL);
     for (gsize i = 0; i < G_N_ELEMENTS(hosts); i++) {
         int status = 0;
         int fd = tunnel(f, "a1", hosts[i], &status);
@@ -482,14 +506,14 @@ test_policy_change_closes_tunnel(void **state)
     int status = 0;
     int fd;
 
-    init_agent(f, "a1", "127.0.0.1/32", NULL);
+    init_agent(f, "a1", "127.0.0.1/32:PORT", NULL);
     assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 0);
     fd = tunnel(f, "a1", "127.0.0.1", &status);
     assert_int_equal(status, 200);
     assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 1);
     assert_int_equal(hostd_egress_open_connections(f->ctx, "nosuch"), 0);
     start = g_get_monotonic_time();
-    set_ok(f, "a1", NULL, NULL, "127.0.0.1/32", FALSE);
+    set_ok(f, "a1", NULL, NULL, "127.0.0.1/32:PORT", FALSE);
     rest = vm_test_read_until(fd, NULL, 3000, &eof);
     assert_true(eof);
     assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
@@ -531,7 +555,7 @@ test_restarts_lost_socket(void **state)
     int status = 0;
     int fd;
 
-    init_agent(f, "a1", "127.0.0.1/32", NULL);
+    init_agent(f, "a1", "127.0.0.1/32:PORT", NULL);
     assert_int_equal(g_unlink(sock), 0);
     r = hostd_agent_load(f->ctx, "a1", &error);
     assert_true(hostd_egress_agent_start(f->ctx, r, &error));

@@ -145,6 +145,15 @@ test_rules_normalised(void **state)
         {"::1", "::1/128"},
         {"0.0.0.0/0", "0.0.0.0/0"},
         {"a.example a.example b.example", "a.example b.example"},
+        /* ports */
+        {"PyPI.org.:443", "pypi.org:443"},
+        {"*.GitHub.com:8443", "*.github.com:8443"},
+        {"198.51.100.0/24:8443", "198.51.100.0/24:8443"},
+        {"203.0.113.5:22", "203.0.113.5/32:22"},
+        {"[2001:DB8::]/32:443", "[2001:db8::]/32:443"},
+        {"[2001:db8:0::1]:443", "[2001:db8::1]/128:443"},
+        {"[::ffff:203.0.113.5]:443", "203.0.113.5/32:443"},
+        {"a.example a.example:443 a.example:443", "a.example a.example:443"},
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -187,7 +196,19 @@ test_rules_bad(void **state)
         "fe80::1%eth0/128",
         "::ffff:127.0.0.1/128",
         "[::1]",
-        "pypi.org:443",
+        "[2001:db8::]/32",
+        "[203.0.113.0]/24:443",
+        "[2001:db8::/32:443",
+        "pypi.org:0",
+        "pypi.org:65536",
+        "pypi.org:0443",
+        "pypi.org:+443",
+        "pypi.org:",
+        "pypi.org:443:443",
+        ":443",
+        "any:443",
+        "none:443",
+        "2001:db8::/32:443",
         "http://pypi.org",
         "a_b.example",
     };
@@ -294,7 +315,7 @@ test_check_host_table(void **state)
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
-        VmEgressVerdict verdict = vm_egress_policy_check_host(policy, cases[i].host, NULL);
+        VmEgressVerdict verdict = vm_egress_policy_check_host(policy, cases[i].host, 443, NULL);
 
         if (verdict != cases[i].verdict)
             fail_msg("allow='%s' deny='%s' host '%s': %s, expected %s", cases[i].allow,
@@ -310,11 +331,103 @@ test_check_host_normalised(void **state)
     g_autofree char *name = NULL;
     g_autofree char *literal = NULL;
 
-    assert_int_equal(vm_egress_policy_check_host(policy, "PyPI.Org.", &name), VM_EGRESS_ALLOW);
+    assert_int_equal(vm_egress_policy_check_host(policy, "PyPI.Org.", 443, &name), VM_EGRESS_ALLOW);
     assert_string_equal(name, "pypi.org");
-    assert_int_equal(vm_egress_policy_check_host(policy, "::ffff:7f00:1", &literal),
+    assert_int_equal(vm_egress_policy_check_host(policy, "::ffff:7f00:1", 80, &literal),
                      VM_EGRESS_ALLOW);
     assert_string_equal(literal, "127.0.0.1");
+}
+
+/* Ports: a rule's own port, else 80 and 443 for allow rules and every port for deny rules. */
+static void
+test_check_ports(void **state)
+{
+    static const struct {
+        const char *allow;
+        const char *deny;
+        const char *host;
+        guint16 port;
+        VmEgressVerdict verdict;
+    } cases[] = {
+        /* no port: 80 and 443 only */
+        {"pypi.org", NULL, "pypi.org", 80, VM_EGRESS_ALLOW},
+        {"pypi.org", NULL, "pypi.org", 443, VM_EGRESS_ALLOW},
+        {"pypi.org", NULL, "pypi.org", 22, VM_EGRESS_DENY_NO_RULE},
+        {"pypi.org", NULL, "pypi.org", 8443, VM_EGRESS_DENY_NO_RULE},
+        {"*.github.com", NULL, "api.github.com", 22, VM_EGRESS_DENY_NO_RULE},
+        {"203.0.113.0/24", NULL, "203.0.113.9", 443, VM_EGRESS_ALLOW},
+        {"203.0.113.0/24", NULL, "203.0.113.9", 25, VM_EGRESS_DENY_NO_RULE},
+        {"any", NULL, "example.com", 443, VM_EGRESS_ALLOW},
+        {"any", NULL, "example.com", 22, VM_EGRESS_DENY_NO_RULE},
+        {"any", NULL, "203.0.113.9", 6379, VM_EGRESS_DENY_NO_RULE},
+        /* a port: exactly that one */
+        {"api.example.com:8443", NULL, "api.example.com", 8443, VM_EGRESS_ALLOW},
+        {"api.example.com:8443", NULL, "api.example.com", 443, VM_EGRESS_DENY_NO_RULE},
+        {"api.example.com:443", NULL, "api.example.com", 80, VM_EGRESS_DENY_NO_RULE},
+        {"*.example.com:22", NULL, "git.example.com", 22, VM_EGRESS_ALLOW},
+        {"*.example.com:22", NULL, "example.com", 22, VM_EGRESS_DENY_NO_RULE},
+        {"198.51.100.0/24:8443", NULL, "198.51.100.7", 8443, VM_EGRESS_ALLOW},
+        {"198.51.100.0/24:8443", NULL, "198.51.100.7", 443, VM_EGRESS_DENY_NO_RULE},
+        {"[2001:db8::]/32:443", NULL, "2001:db8::5", 443, VM_EGRESS_ALLOW},
+        {"[2001:db8::]/32:443", NULL, "2001:db8::5", 80, VM_EGRESS_DENY_NO_RULE},
+        {"a.example:22 a.example", NULL, "a.example", 22, VM_EGRESS_ALLOW},
+        {"a.example:22 a.example", NULL, "a.example", 80, VM_EGRESS_ALLOW},
+        /* deny: its port, or every port without one */
+        {"pypi.org:8080 pypi.org", "pypi.org", "pypi.org", 8080, VM_EGRESS_DENY_RULE},
+        {"pypi.org:8080 pypi.org", "pypi.org:443", "pypi.org", 443, VM_EGRESS_DENY_RULE},
+        {"pypi.org:8080 pypi.org", "pypi.org:443", "pypi.org", 8080, VM_EGRESS_ALLOW},
+        {"pypi.org:8080 pypi.org", "pypi.org:443", "pypi.org", 80, VM_EGRESS_ALLOW},
+        {"203.0.113.0/24:22", "203.0.113.9", "203.0.113.9", 22, VM_EGRESS_DENY_RULE},
+        {"203.0.113.0/24:22", "203.0.113.9:443", "203.0.113.9", 22, VM_EGRESS_ALLOW},
+        {"pypi.org:22", "any", "pypi.org", 22, VM_EGRESS_DENY_RULE},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
+        VmEgressVerdict verdict =
+            vm_egress_policy_check_host(policy, cases[i].host, cases[i].port, NULL);
+
+        if (verdict != cases[i].verdict)
+            fail_msg("allow='%s' deny='%s' %s port %u: %s, expected %s", cases[i].allow,
+                     cases[i].deny, cases[i].host, cases[i].port, vm_egress_verdict_name(verdict),
+                     vm_egress_verdict_name(cases[i].verdict));
+    }
+}
+
+/* The address decision follows the port too: a CIDR rule opens a special address only at its
+ * ports, a deny CIDR refuses only at its ports. */
+static void
+test_check_address_ports(void **state)
+{
+    static const struct {
+        const char *allow;
+        const char *deny;
+        const char *address;
+        guint16 port;
+        VmEgressVerdict verdict;
+    } cases[] = {
+        {"127.0.0.1/32:8080", NULL, "127.0.0.1", 8080, VM_EGRESS_ALLOW},
+        {"127.0.0.1/32:8080", NULL, "127.0.0.1", 443, VM_EGRESS_DENY_ADDRESS},
+        {"127.0.0.1/32", NULL, "127.0.0.1", 443, VM_EGRESS_ALLOW},
+        {"127.0.0.1/32", NULL, "127.0.0.1", 8080, VM_EGRESS_DENY_ADDRESS},
+        {"[fd00::]/8:9000", NULL, "fd00::1", 9000, VM_EGRESS_ALLOW},
+        {"[fd00::]/8:9000", NULL, "fd00::1", 9001, VM_EGRESS_DENY_ADDRESS},
+        {"any", "203.0.113.0/24:25", "203.0.113.9", 25, VM_EGRESS_DENY_RULE},
+        {"any", "203.0.113.0/24:25", "203.0.113.9", 443, VM_EGRESS_ALLOW},
+        {"any", "203.0.113.0/24", "203.0.113.9", 8443, VM_EGRESS_DENY_RULE},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
+        VmEgressAddress address = addr(cases[i].address);
+        VmEgressVerdict verdict =
+            vm_egress_policy_check_address(policy, &address, cases[i].port, NULL);
+
+        if (verdict != cases[i].verdict)
+            fail_msg("allow='%s' deny='%s' %s port %u: %s, expected %s", cases[i].allow,
+                     cases[i].deny, cases[i].address, cases[i].port,
+                     vm_egress_verdict_name(verdict), vm_egress_verdict_name(cases[i].verdict));
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -417,7 +530,7 @@ test_check_address_table(void **state)
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
         VmEgressAddress address = addr(cases[i].address);
-        VmEgressVerdict verdict = vm_egress_policy_check_address(policy, &address, NULL);
+        VmEgressVerdict verdict = vm_egress_policy_check_address(policy, &address, 443, NULL);
 
         if (verdict != cases[i].verdict)
             fail_msg("allow='%s' deny='%s' address %s: %s, expected %s", cases[i].allow,
@@ -439,10 +552,11 @@ test_check_address_local(void **state)
     gboolean saw_loopback = FALSE;
 
     g_array_append_val(local, own);
-    assert_int_equal(vm_egress_policy_check_address(policy, &own, local), VM_EGRESS_DENY_ADDRESS);
-    assert_int_equal(vm_egress_policy_check_address(policy, &other, local), VM_EGRESS_ALLOW);
+    assert_int_equal(vm_egress_policy_check_address(policy, &own, 443, local),
+                     VM_EGRESS_DENY_ADDRESS);
+    assert_int_equal(vm_egress_policy_check_address(policy, &other, 443, local), VM_EGRESS_ALLOW);
     /* an explicit CIDR may open even the host's own address */
-    assert_int_equal(vm_egress_policy_check_address(cidr, &own, local), VM_EGRESS_ALLOW);
+    assert_int_equal(vm_egress_policy_check_address(cidr, &own, 443, local), VM_EGRESS_ALLOW);
 
     assert_non_null(real);
     for (guint i = 0; i < real->len; i++) {
@@ -462,12 +576,12 @@ test_name_resolving_private(void **state)
     g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy("internal.example", NULL);
     static const char *const answers[] = {"10.0.0.5", "192.168.0.1", "127.0.0.1", "fd00::5"};
 
-    assert_int_equal(vm_egress_policy_check_host(policy, "internal.example", NULL),
+    assert_int_equal(vm_egress_policy_check_host(policy, "internal.example", 443, NULL),
                      VM_EGRESS_ALLOW);
     for (gsize i = 0; i < G_N_ELEMENTS(answers); i++) {
         VmEgressAddress address = addr(answers[i]);
 
-        assert_int_equal(vm_egress_policy_check_address(policy, &address, NULL),
+        assert_int_equal(vm_egress_policy_check_address(policy, &address, 443, NULL),
                          VM_EGRESS_DENY_ADDRESS);
     }
 }
@@ -495,6 +609,58 @@ test_keyfile_round_trip(void **state)
     back = vm_egress_policy_new_from_keyfile(reread, "egress", &error);
     assert_non_null(back);
     assert_true(vm_egress_policy_equal(policy, back));
+}
+
+/* Rules with ports survive the key file; a file written before rules had ports (no port
+ * anywhere) still loads, its rules now meaning ports 80 and 443. */
+static void
+test_keyfile_ports_and_old_files(void **state)
+{
+    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(
+        "api.example.com:8443 198.51.100.0/24:8443 [2001:db8::]/32:443 pypi.org", "pypi.org:80");
+    g_autoptr(GKeyFile) keyfile = g_key_file_new();
+    g_autoptr(GKeyFile) reread = g_key_file_new();
+    g_autoptr(GKeyFile) old = g_key_file_new();
+    g_autoptr(VmEgressPolicy) back = NULL;
+    g_autoptr(VmEgressPolicy) old_policy = NULL;
+    g_autoptr(VmEgressPolicy) expect_old = NULL;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *text = NULL;
+
+    vm_egress_policy_to_keyfile(policy, keyfile, "egress");
+    text = g_key_file_to_data(keyfile, NULL, NULL);
+    assert_string_equal(text, "[egress]\n"
+                              "allow=api.example.com:8443;198.51.100.0/24:8443;"
+                              "[2001:db8::]/32:443;pypi.org;\n"
+                              "deny=pypi.org:80;\n");
+    assert_true(g_key_file_load_from_data(reread, text, -1, G_KEY_FILE_NONE, &error));
+    back = vm_egress_policy_new_from_keyfile(reread, "egress", &error);
+    assert_non_null(back);
+    assert_true(vm_egress_policy_equal(policy, back));
+    assert_int_equal(vm_egress_policy_check_host(back, "api.example.com", 8443, NULL),
+                     VM_EGRESS_ALLOW);
+    assert_int_equal(vm_egress_policy_check_host(back, "pypi.org", 80, NULL), VM_EGRESS_DENY_RULE);
+
+    /* as an older hostd wrote agents/<name>/egress.ini */
+    assert_true(g_key_file_load_from_data(old,
+                                          "[egress]\n"
+                                          "allow=pypi.org;*.github.com;203.0.113.0/24;"
+                                          "2001:db8::/32;\n"
+                                          "deny=bad.github.com;\n",
+                                          -1, G_KEY_FILE_NONE, &error));
+    old_policy = vm_egress_policy_new_from_keyfile(old, "egress", &error);
+    assert_non_null(old_policy);
+    expect_old = vm_test_egress_policy("pypi.org *.github.com 203.0.113.0/24 2001:db8::/32",
+                                       "bad.github.com");
+    assert_true(vm_egress_policy_equal(old_policy, expect_old));
+    assert_int_equal(vm_egress_policy_check_host(old_policy, "pypi.org", 443, NULL),
+                     VM_EGRESS_ALLOW);
+    assert_int_equal(vm_egress_policy_check_host(old_policy, "2001:db8::1", 80, NULL),
+                     VM_EGRESS_ALLOW);
+    assert_int_equal(vm_egress_policy_check_host(old_policy, "pypi.org", 8080, NULL),
+                     VM_EGRESS_DENY_NO_RULE);
+    assert_int_equal(vm_egress_policy_check_host(old_policy, "bad.github.com", 8080, NULL),
+                     VM_EGRESS_DENY_RULE);
 }
 
 static void
@@ -535,11 +701,14 @@ main(void)
         cmocka_unit_test(test_shortcuts_stand_alone),
         cmocka_unit_test(test_check_host_table),
         cmocka_unit_test(test_check_host_normalised),
+        cmocka_unit_test(test_check_ports),
+        cmocka_unit_test(test_check_address_ports),
         cmocka_unit_test(test_address_public),
         cmocka_unit_test(test_check_address_table),
         cmocka_unit_test(test_check_address_local),
         cmocka_unit_test(test_name_resolving_private),
         cmocka_unit_test(test_keyfile_round_trip),
+        cmocka_unit_test(test_keyfile_ports_and_old_files),
         cmocka_unit_test(test_keyfile_defaults_and_errors),
     };
 

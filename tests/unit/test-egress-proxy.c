@@ -108,10 +108,25 @@ typedef struct {
     gint resolves; /* the resolver's calls */
 } Fixture;
 
+/* The policy of vm_test_egress_policy(), with PORT in the rules standing for the sink's port. */
+static VmEgressPolicy *
+sink_policy(Fixture *f, const char *allow, const char *deny)
+{
+    g_autofree char *port = g_strdup_printf("%u", f->sink->port);
+    g_autoptr(GString) a = allow != NULL ? g_string_new(allow) : NULL;
+    g_autoptr(GString) d = deny != NULL ? g_string_new(deny) : NULL;
+
+    if (a != NULL)
+        g_string_replace(a, "PORT", port, 0);
+    if (d != NULL)
+        g_string_replace(d, "PORT", port, 0);
+    return vm_test_egress_policy(a != NULL ? a->str : NULL, d != NULL ? d->str : NULL);
+}
+
 static void
 fixture_start(Fixture *f, const VmEgressConfig *extra, const char *allow, const char *deny)
 {
-    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(allow, deny);
+    g_autoptr(VmEgressPolicy) policy = sink_policy(f, allow, deny);
     g_autoptr(GError) error = NULL;
     VmEgressConfig config = {0};
 
@@ -139,7 +154,7 @@ setup(void **state)
     g_mutex_init(&f->log.lock);
     g_cond_init(&f->log.cond);
     f->log.records = g_ptr_array_new_with_free_func(record_free);
-    fixture_start(f, NULL, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, NULL, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     *state = f;
     return 0;
 }
@@ -190,6 +205,31 @@ request_status(Fixture *f, const char *request)
     return status;
 }
 
+/* Sends @data on @fd and reads it back from the echo sink behind the tunnel. */
+static void
+assert_echo(int fd, GBytes *data)
+{
+    gsize len;
+    const guint8 *bytes = g_bytes_get_data(data, &len);
+    g_autofree guint8 *back = g_malloc(len);
+    gsize got = 0;
+
+    assert_int_equal(send(fd, bytes, len, MSG_NOSIGNAL), len);
+    while (got < len) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        ssize_t n;
+
+        if (poll(&pfd, 1, IO_TIMEOUT_MS) <= 0)
+            break;
+        n = recv(fd, back + got, len - got, 0);
+        if (n <= 0)
+            break;
+        got += n;
+    }
+    assert_int_equal(got, len);
+    assert_memory_equal(back, bytes, len);
+}
+
 static void
 wait_idle(Fixture *f)
 {
@@ -210,15 +250,15 @@ test_connect_allowed(void **state)
                                            f->sink->port, f->sink->port);
     int fd = client_connect(f);
     g_autoptr(GString) response = NULL;
-    g_autoptr(GString) echo = NULL;
+    /* a tunnel to a name carries TLS for that name */
+    g_autoptr(GBytes) hello = vm_test_tls_client_hello("sink.test");
+    gsize len = g_bytes_get_size(hello);
     Record *record;
 
     vm_test_send_text(fd, req);
     response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_string_equal(response->str, "HTTP/1.1 200 Connection established\r\n\r\n");
-    vm_test_send_text(fd, "ping");
-    echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, NULL);
-    assert_string_equal(echo->str, "ping");
+    assert_echo(fd, hello);
     close(fd);
 
     record = log_wait(&f->log, 0);
@@ -227,9 +267,9 @@ test_connect_allowed(void **state)
     assert_int_equal(record->port, f->sink->port);
     assert_string_equal(record->address, "127.0.0.1");
     assert_string_equal(record->reason, "closed");
-    assert_int_equal(record->bytes_up, 4);
-    assert_int_equal(record->bytes_down, 4);
-    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 4);
+    assert_int_equal(record->bytes_up, len);
+    assert_int_equal(record->bytes_down, len);
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), len);
 }
 
 static void
@@ -292,62 +332,62 @@ test_denied_table(void **state)
     Fixture *f = *state;
     static const DenyCase cases[] = {
         /* a name that is not allowed, though it resolves where an allowed name does */
-        {"other.test 127.0.0.1/32", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403,
+        {"other.test:PORT 127.0.0.1/32:PORT", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403,
          "no-rule"},
-        {"other.test 127.0.0.1/32", NULL,
+        {"other.test:PORT 127.0.0.1/32:PORT", NULL,
          "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 403, "no-rule"},
         /* loopback without a CIDR rule: a name rule never opens it */
-        {"sink.test", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "CONNECT [::ffff:127.0.0.1]:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "CONNECT [::ffff:7f00:1]:PORT HTTP/1.1\r\n\r\n", 403, "address"},
-        {"any", NULL, "GET http://127.0.0.1:PORT/ HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n", 403,
-         "address"},
+        {"sink.test:PORT", NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT sink.test:443 HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT 127.0.0.1:443 HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT [::ffff:127.0.0.1]:443 HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "CONNECT [::ffff:7f00:1]:443 HTTP/1.1\r\n\r\n", 403, "address"},
+        {"any", NULL, "GET http://127.0.0.1/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 403, "address"},
         /* the IP literal of a host the policy only names */
-        {"sink.test", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
+        {"sink.test:PORT", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
         /* deny wins, for the literal and for names resolving into it */
-        {"sink.test 127.0.0.1/32", "127.0.0.1/32", "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
-         "deny-rule"},
-        {"sink.test 127.0.0.1/32", "127.0.0.1/32", "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403,
-         "deny-rule"},
-        {"*.test 127.0.0.1/32", "sink.test", "CONNECT SINK.test.:PORT HTTP/1.1\r\n\r\n", 403,
-         "deny-rule"},
+        {"sink.test:PORT 127.0.0.1/32:PORT", "127.0.0.1/32",
+         "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "deny-rule"},
+        {"sink.test:PORT 127.0.0.1/32:PORT", "127.0.0.1/32",
+         "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "deny-rule"},
+        {"*.test:PORT 127.0.0.1/32:PORT", "sink.test", "CONNECT SINK.test.:PORT HTTP/1.1\r\n\r\n",
+         403, "deny-rule"},
         /* odd spellings of 127.0.0.1, even where 127/8 is allowed */
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 2130706433:PORT HTTP/1.1\r\n\r\n", 403,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 2130706433:PORT HTTP/1.1\r\n\r\n", 403,
          "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0177.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 0177.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
          "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0x7f000001:PORT HTTP/1.1\r\n\r\n", 403,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 0x7f000001:PORT HTTP/1.1\r\n\r\n", 403,
          "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 0x7f.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 0x7f.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
          "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL, "CONNECT 127.1:PORT HTTP/1.1\r\n\r\n", 403, "bad-host"},
-        {"sink.test 127.0.0.0/8", NULL,
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL, "CONNECT 127.1:PORT HTTP/1.1\r\n\r\n", 403,
+         "bad-host"},
+        {"sink.test:PORT 127.0.0.0/8:PORT", NULL,
          "GET http://2130706433:PORT/ HTTP/1.1\r\nHost: 2130706433:PORT\r\n\r\n", 403, "bad-host"},
         /* Host/CONNECT mismatch and other bad requests */
-        {"*.test 127.0.0.1/32", NULL,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL,
          "CONNECT sink.test:PORT HTTP/1.1\r\nHost: other.test:PORT\r\n\r\n", 400, "bad-request"},
-        {"*.test 127.0.0.1/32", NULL,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL,
          "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: other.test\r\n\r\n", 400, "bad-request"},
-        {"*.test 127.0.0.1/32", NULL, "GET / HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 400,
-         "bad-request"},
-        {"*.test 127.0.0.1/32", NULL,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL, "GET / HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         400, "bad-request"},
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL,
          "GET http://u@sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 400,
          "bad-request"},
-        {"*.test 127.0.0.1/32", NULL,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL,
          "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
          "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
          400, "bad-request"},
         /* cannot resolve */
-        {"*.test 127.0.0.1/32", NULL, "CONNECT unknown.test:PORT HTTP/1.1\r\n\r\n", 502,
+        {"*.test:PORT 127.0.0.1/32:PORT", NULL, "CONNECT unknown.test:PORT HTTP/1.1\r\n\r\n", 502,
          "resolve-failed"},
         /* default policy */
         {NULL, NULL, "CONNECT sink.test:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
+        g_autoptr(VmEgressPolicy) policy = sink_policy(f, cases[i].allow, cases[i].deny);
         g_autoptr(GString) text = g_string_new(cases[i].request);
         g_autofree char *port = g_strdup_printf("%u", f->sink->port);
         const char *req;
@@ -374,7 +414,7 @@ static void
 test_denied_record_fields(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy("sink.test", NULL);
+    g_autoptr(VmEgressPolicy) policy = sink_policy(f, "sink.test:PORT", NULL);
     g_autofree char *req = g_strdup_printf("CONNECT Sink.Test:%u HTTP/1.1\r\n\r\n", f->sink->port);
     Record *record;
 
@@ -389,13 +429,432 @@ test_denied_record_fields(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Several requests on one connection: each is checked on its own */
+
+/* Sends @text on a new connection, shuts down the sending side (so that each upstream connection
+ * ends once its request is through) and returns everything that came back until the close. */
+static GString *
+exchange_all(Fixture *f, const char *text)
+{
+    int fd = client_connect(f);
+    gboolean eof = FALSE;
+    GString *back;
+
+    vm_test_send_text(fd, text);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    back = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
+    assert_true(eof);
+    close(fd);
+    return back;
+}
+
+/* @template with PORT for the fixture's sink and PORT2 for @other's port. */
+static char *
+with_ports(Fixture *f, VmTestSink *other, const char *template)
+{
+    g_autoptr(GString) text = g_string_new(template);
+    g_autofree char *port = g_strdup_printf("%u", f->sink->port);
+    g_autofree char *port2 = g_strdup_printf("%u", other->port);
+
+    g_string_replace(text, "PORT2", port2, 0);
+    g_string_replace(text, "PORT", port, 0);
+    return g_string_free(g_steal_pointer(&text), FALSE);
+}
+
+/* A request to another destination after an allowed one is refused after the first response,
+ * and nothing of it reaches that destination: no reuse of the first decision, whatever hides
+ * the second head (plain pipelining, after a Content-Length or a chunked body). */
+static void
+test_pipelined_other_host_refused(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *first;
+        const char *second;
+        const char *echo; /* what the sink sends back of the first request */
+        int status;
+        const char *reason;
+    } cases[] = {
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "GET http://other.test:PORT2/b HTTP/1.1\r\nHost: other.test:PORT2\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 403, "no-rule"},
+        /* the same host at another port, and the literal at a port no rule names */
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "GET http://sink.test:PORT2/b HTTP/1.1\r\nHost: sink.test:PORT2\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 403, "no-rule"},
+        {"GET http://127.0.0.1:PORT/a HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n",
+         "GET http://127.0.0.1:PORT2/b HTTP/1.1\r\nHost: 127.0.0.1:PORT2\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\nConnection: close\r\n\r\n", 403, "no-rule"},
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "CONNECT other.test:PORT2 HTTP/1.1\r\nHost: other.test:PORT2\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 403, "no-rule"},
+        /* hidden behind a body the proxy frames */
+        {"POST http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+         "Content-Length: 4\r\n\r\nbody",
+         "GET http://other.test:PORT2/b HTTP/1.1\r\nHost: other.test:PORT2\r\n\r\n",
+         "POST /a HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4\r\n"
+         "Connection: close\r\n\r\nbody",
+         403, "no-rule"},
+        {"POST http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+         "Transfer-Encoding: chunked\r\n\r\n4;x=y\r\nbody\r\n0\r\nT: v\r\n\r\n",
+         "GET http://other.test:PORT2/b HTTP/1.1\r\nHost: other.test:PORT2\r\n\r\n",
+         "POST /a HTTP/1.1\r\nHost: sink.test:PORT\r\nTransfer-Encoding: chunked\r\n"
+         "Connection: close\r\n\r\n4;x=y\r\nbody\r\n0\r\nT: v\r\n\r\n",
+         403, "no-rule"},
+        /* a smuggling shape in the second head */
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "POST http://sink.test:PORT/b HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+         "Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 400,
+         "bad-request"},
+        {"GET http://sink.test:PORT/a HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n",
+         "GET http://sink.test:PORT/b HTTP/1.1\r\nHost: sink.test:PORT\r\nX: a\r\n b\r\n\r\n",
+         "GET /a HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n", 400,
+         "bad-request"},
+    };
+    VmTestSink *other = vm_test_sink_new();
+    guint n_records = 0;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *first = with_ports(f, other, cases[i].first);
+        g_autofree char *second = with_ports(f, other, cases[i].second);
+        g_autofree char *echo = with_ports(f, other, cases[i].echo);
+        g_autofree char *both = g_strconcat(first, second, NULL);
+        g_autoptr(GString) back = NULL;
+        Record *allowed, *denied;
+
+        g_atomic_int_set(&f->sink->bytes, 0);
+        g_atomic_int_set(&f->sink->connections, 0);
+        back = exchange_all(f, both);
+        if (!g_str_has_prefix(back->str, echo) ||
+            status_of(&(GString){.str = back->str + strlen(echo),
+                                 .len = back->len - strlen(echo)}) != cases[i].status)
+            fail_msg("case %zu: got '%s'", i, back->str);
+        allowed = log_wait(&f->log, n_records++);
+        denied = log_wait(&f->log, n_records++);
+        assert_int_equal(allowed->kind, VM_EGRESS_RECORD_ALLOWED);
+        assert_int_equal(allowed->bytes_up, strlen(echo));
+        assert_int_equal(denied->kind, VM_EGRESS_RECORD_DENIED);
+        assert_string_equal(denied->reason, cases[i].reason);
+        assert_int_equal(denied->bytes_up, 0);
+        /* the first request reached its sink, once; the second nothing at all */
+        assert_int_equal(g_atomic_int_get(&f->sink->connections), 1);
+        assert_int_equal(g_atomic_int_get(&f->sink->bytes), strlen(echo));
+        assert_int_equal(g_atomic_int_get(&other->connections), 0);
+        assert_int_equal(g_atomic_int_get(&other->bytes), 0);
+    }
+    wait_idle(f);
+    vm_test_sink_free(other);
+}
+
+/* Pipelined requests that the policy allows all go through, in order, each on an upstream
+ * connection of its own after its own decision (and each logged). */
+static void
+test_pipelined_allowed(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *other = vm_test_sink_new();
+    g_autoptr(VmEgressPolicy) policy = NULL;
+    g_autofree char *text =
+        with_ports(f, other,
+                   "GET http://sink.test:PORT/1 HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n"
+                   "POST http://sink.test:PORT/2 HTTP/1.1\r\nHost: "
+                   "sink.test:PORT\r\nContent-Length: 2\r\n\r\nhi"
+                   "GET http://127.0.0.1:PORT2/3 HTTP/1.0\r\n\r\n");
+    g_autofree char *expect =
+        with_ports(f, other,
+                   "GET /1 HTTP/1.1\r\nHost: sink.test:PORT\r\nConnection: close\r\n\r\n"
+                   "POST /2 HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 2\r\nConnection: "
+                   "close\r\n\r\nhi"
+                   "GET /3 HTTP/1.0\r\nHost: 127.0.0.1:PORT2\r\nConnection: close\r\n\r\n");
+    g_autofree char *allow =
+        with_ports(f, other, "sink.test:PORT 127.0.0.1/32:PORT 127.0.0.1/32:PORT2");
+    g_autoptr(GString) back = NULL;
+
+    policy = vm_test_egress_policy(allow, NULL);
+    vm_egress_proxy_set_policy(f->proxy, policy);
+    back = exchange_all(f, text);
+    assert_string_equal(back->str, expect);
+    assert_int_equal(g_atomic_int_get(&f->sink->connections), 2);
+    assert_int_equal(g_atomic_int_get(&other->connections), 1);
+    for (guint i = 0; i < 3; i++) {
+        Record *record = log_wait(&f->log, i);
+
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+        assert_string_equal(record->host, i < 2 ? "sink.test" : "127.0.0.1");
+    }
+    wait_idle(f);
+    vm_test_sink_free(other);
+}
+
+/* The request smuggling shapes are refused with 400 before anything goes anywhere. */
+static void
+test_smuggling_refused(void **state)
+{
+    Fixture *f = *state;
+    static const char *const heads[] = {
+        /* Content-Length and Transfer-Encoding */
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+        "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n",
+        /* two Content-Lengths, different or not */
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4\r\n"
+        "Content-Length: 5\r\n\r\nabcde",
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4\r\n"
+        "Content-Length: 4\r\n\r\nabcd",
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nContent-Length: 4, 5\r\n"
+        "\r\nabcd",
+        /* obs-fold */
+        "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nX-A: 1\r\n\tX-B: 2\r\n\r\n",
+        "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+        "Transfer-Encoding: chunked\r\n chunked\r\n\r\n",
+        /* bare CR, bare LF */
+        "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\nX-A: 1\rX-B: 2\r\n\r\n",
+        "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\nX-A: 1\r\n\r\n",
+        /* Transfer-Encoding other than a lone chunked */
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+        "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        "POST http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n"
+        "Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(heads); i++) {
+        g_autoptr(GString) text = g_string_new(heads[i]);
+        g_autofree char *port = g_strdup_printf("%u", f->sink->port);
+        Record *record;
+        int status;
+
+        g_string_replace(text, "PORT", port, 0);
+        status = request_status(f, text->str);
+        if (status != 400)
+            fail_msg("case %zu: status %d", i, status);
+        record = log_wait(&f->log, i);
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+        assert_string_equal(record->reason, "bad-request");
+    }
+    assert_int_equal(g_atomic_int_get(&f->sink->connections), 0);
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+/* A chunked body whose framing is broken ends the connection: the proxy cannot tell where the
+ * next request would start, so there is none. */
+static void
+test_bad_chunked_body(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *text =
+        g_strdup_printf("POST http://sink.test:%1$u/ HTTP/1.1\r\nHost: sink.test:%1$u\r\n"
+                        "Transfer-Encoding: chunked\r\n\r\n4\r\nbodyXX"
+                        "GET http://other.test:%1$u/ HTTP/1.1\r\nHost: other.test:%1$u\r\n\r\n",
+                        f->sink->port);
+    g_autoptr(GString) back = exchange_all(f, text);
+    Record *record = log_wait(&f->log, 0);
+
+    assert_null(strstr(back->str, "other.test"));
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_string_equal(record->reason, "bad-request");
+    wait_idle(f);
+    /* one record: the bytes after the broken chunk were never read as a request */
+    assert_int_equal(f->log.records->len, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The SNI of tunnels to names */
+
+/* Opens a tunnel to @target and sends @first in it; returns the connection. */
+static int
+tunnel_send(Fixture *f, const char *target, GBytes *first)
+{
+    g_autofree char *req = g_strdup_printf("CONNECT %s:%u HTTP/1.1\r\n\r\n", target, f->sink->port);
+    int fd = client_connect(f);
+    g_autoptr(GString) response = NULL;
+    gsize len;
+    const guint8 *data = g_bytes_get_data(first, &len);
+
+    vm_test_send_text(fd, req);
+    response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_int_equal(status_of(response), 200);
+    assert_int_equal(send(fd, data, len, MSG_NOSIGNAL), len);
+    return fd;
+}
+
+static void
+test_sni_matches(void **state)
+{
+    Fixture *f = *state;
+    /* case and one trailing dot do not matter, on either side */
+    static const char *const pairs[][2] = {
+        {"sink.test", "sink.test"},
+        {"SINK.Test", "sink.test"},
+        {"sink.test", "Sink.TEST."},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(pairs); i++) {
+        g_autoptr(GBytes) hello = vm_test_tls_client_hello(pairs[i][0]);
+        gsize len = g_bytes_get_size(hello);
+        int fd = tunnel_send(f, pairs[i][1], hello);
+        g_autoptr(GString) echo = vm_test_read_until(fd, NULL, 300, NULL);
+        Record *record;
+
+        /* forwarded unchanged */
+        assert_int_equal(echo->len, len);
+        assert_memory_equal(echo->str, g_bytes_get_data(hello, NULL), len);
+        close(fd);
+        record = log_wait(&f->log, i);
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+        assert_int_equal(record->bytes_up, len);
+    }
+}
+
+/* A ClientHello for another name, without SNI, or no TLS at all: closed, logged, and not a byte
+ * reaches the destination. */
+static void
+test_sni_refused(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GBytes) other = vm_test_tls_client_hello("other.test");
+    g_autoptr(GBytes) suffix = vm_test_tls_client_hello("evil.sink.test");
+    g_autoptr(GBytes) none = vm_test_tls_client_hello(NULL);
+    g_autoptr(GBytes) ssh = g_bytes_new_static("SSH-2.0-OpenSSH_9.2\r\n", 21);
+    g_autoptr(GBytes) http = g_bytes_new_static("GET / HTTP/1.1\r\nHost: sink.test\r\n\r\n", 35);
+    struct {
+        GBytes *first;
+        const char *reason;
+    } cases[] = {
+        {other, "sni-mismatch"}, {suffix, "sni-mismatch"}, {none, "sni-missing"},
+        {ssh, "not-tls"},        {http, "not-tls"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        int fd = tunnel_send(f, "sink.test", cases[i].first);
+        gboolean eof = FALSE;
+        g_autoptr(GString) rest = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
+        Record *record;
+
+        assert_true(eof);
+        assert_int_equal(rest->len, 0);
+        close(fd);
+        record = log_wait(&f->log, i);
+        if (record->kind != VM_EGRESS_RECORD_DENIED ||
+            g_strcmp0(record->reason, cases[i].reason) != 0)
+            fail_msg("case %zu: %s", i, record->reason);
+        assert_string_equal(record->host, "sink.test");
+        assert_int_equal(record->bytes_up, 0);
+    }
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+/* A ClientHello that never comes in full: refused at the handshake timeout. */
+static void
+test_sni_timeout(void **state)
+{
+    Fixture *f = *state;
+    VmEgressConfig config = {.handshake_timeout_ms = 300};
+    g_autoptr(GBytes) hello = NULL;
+    g_autoptr(GBytes) half = NULL;
+    gboolean eof = FALSE;
+    g_autoptr(GString) rest = NULL;
+    int fd;
+
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
+    hello = vm_test_tls_client_hello("sink.test");
+    half = g_bytes_new_from_bytes(hello, 0, g_bytes_get_size(hello) / 2);
+    fd = tunnel_send(f, "sink.test", half);
+    rest = vm_test_read_until(fd, NULL, 2000, &eof);
+    assert_true(eof);
+    close(fd);
+    assert_string_equal(log_wait(&f->log, 0)->reason, "timeout");
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
+}
+
+/* An address that a CIDR rule allows is trusted with any bytes: no TLS needed. */
+static void
+test_cidr_connect_without_sni(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GBytes) ping = g_bytes_new_static("ping", 4);
+    g_autoptr(GBytes) none = vm_test_tls_client_hello(NULL);
+    int fd = tunnel_send(f, "127.0.0.1", ping);
+    g_autoptr(GString) echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, NULL);
+
+    assert_string_equal(echo->str, "ping");
+    close(fd);
+    assert_int_equal(log_wait(&f->log, 0)->kind, VM_EGRESS_RECORD_ALLOWED);
+    fd = tunnel_send(f, "127.0.0.1", none);
+    g_string_free(vm_test_read_until(fd, NULL, 300, NULL), TRUE);
+    close(fd);
+    assert_int_equal(log_wait(&f->log, 1)->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_int_equal(log_wait(&f->log, 1)->bytes_up, g_bytes_get_size(none));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Ports */
+
+static void
+test_ports(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *other = vm_test_sink_new();
+    static const struct {
+        const char *allow;
+        const char *deny;
+        const char *request;
+        int status; /* 0: a plain request went through (the sink echoes it) */
+        const char *reason;
+    } cases[] = {
+        /* no port in the rule: 80 and 443 only */
+        {"127.0.0.1/32", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403, "no-rule"},
+        {"sink.test 127.0.0.1/32", NULL,
+         "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 403, "no-rule"},
+        /* the port of the rule, and only it */
+        {"127.0.0.1/32:PORT", NULL, "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 200, NULL},
+        {"127.0.0.1/32:PORT", NULL, "CONNECT 127.0.0.1:PORT2 HTTP/1.1\r\n\r\n", 403, "no-rule"},
+        {"sink.test:PORT 127.0.0.1/32:PORT", NULL,
+         "GET http://sink.test:PORT/ HTTP/1.1\r\nHost: sink.test:PORT\r\n\r\n", 0, "closed"},
+        {"sink.test:PORT 127.0.0.1/32:PORT", NULL,
+         "GET http://sink.test:PORT2/ HTTP/1.1\r\nHost: sink.test:PORT2\r\n\r\n", 403, "no-rule"},
+        /* a name rule at the port, but the loopback address only at another */
+        {"sink.test:PORT2 127.0.0.1/32:PORT", NULL,
+         "GET http://sink.test:PORT2/ HTTP/1.1\r\nHost: sink.test:PORT2\r\n\r\n", 403, "address"},
+        /* deny: at its port, or at every port without one */
+        {"127.0.0.1/32:PORT 127.0.0.1/32:PORT2", "127.0.0.1/32:PORT2",
+         "CONNECT 127.0.0.1:PORT2 HTTP/1.1\r\n\r\n", 403, "deny-rule"},
+        {"127.0.0.1/32:PORT 127.0.0.1/32:PORT2", "127.0.0.1/32:PORT2",
+         "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 200, NULL},
+        {"127.0.0.1/32:PORT", "127.0.0.1", "CONNECT 127.0.0.1:PORT HTTP/1.1\r\n\r\n", 403,
+         "deny-rule"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *allow = with_ports(f, other, cases[i].allow);
+        g_autofree char *deny = cases[i].deny != NULL ? with_ports(f, other, cases[i].deny) : NULL;
+        g_autofree char *req = with_ports(f, other, cases[i].request);
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(allow, deny);
+        int status;
+        Record *record;
+
+        vm_egress_proxy_set_policy(f->proxy, policy);
+        status = request_status(f, req);
+        record = log_wait(&f->log, i);
+        if (status != cases[i].status ||
+            (cases[i].reason != NULL && g_strcmp0(record->reason, cases[i].reason) != 0))
+            fail_msg("case %zu (%s): status %d, %s", i, req, status, record->reason);
+    }
+    assert_int_equal(g_atomic_int_get(&other->connections), 0);
+    wait_idle(f);
+    vm_test_sink_free(other);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Live policy changes */
 
 static void
 test_policy_change_closes_tunnel(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(VmEgressPolicy) narrower = vm_test_egress_policy("127.0.0.1/32", NULL);
+    g_autoptr(VmEgressPolicy) narrower = sink_policy(f, "127.0.0.1/32:PORT", NULL);
+    g_autoptr(GBytes) hello = vm_test_tls_client_hello("sink.test");
     g_autoptr(VmEgressPolicy) current = NULL;
     g_autofree char *by_name =
         g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
@@ -416,6 +875,7 @@ test_policy_change_closes_tunnel(void **state)
     rb = vm_test_read_until(b, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_int_equal(status_of(ra), 200);
     assert_int_equal(status_of(rb), 200);
+    assert_echo(a, hello);
 
     start = g_get_monotonic_time();
     vm_egress_proxy_set_policy(f->proxy, narrower);
@@ -453,7 +913,7 @@ test_handshake_timeout(void **state)
     gint64 start;
     Record *record;
 
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     /* slow-loris: a byte every 100 ms does not extend the deadline */
     fd = client_connect(f);
     start = g_get_monotonic_time();
@@ -483,7 +943,7 @@ test_too_many_connections(void **state)
     gboolean eof = FALSE;
     Record *record;
 
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     a = client_connect(f);
     b = client_connect(f);
     for (int i = 0; i < 200 && vm_egress_proxy_get_n_connections(f->proxy) < 2; i++)
@@ -515,8 +975,8 @@ test_idle_timeout(void **state)
     gboolean eof = FALSE;
     Record *record;
 
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
-    req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
+    req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
     fd = client_connect(f);
     vm_test_send_text(fd, req);
     response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
@@ -583,7 +1043,7 @@ static void
 test_free_with_open_connections(void **state)
 {
     Fixture *f = *state;
-    g_autofree char *req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    g_autofree char *req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
     int tunnel = client_connect(f), partial = client_connect(f);
     g_autoptr(GString) response = NULL;
     g_autoptr(GString) rest = NULL;
@@ -629,7 +1089,7 @@ test_rewrite_hook(void **state)
     g_autoptr(GString) echo = NULL;
     Record *record;
 
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     req = g_strdup_printf("GET http://sink.test:%1$u/ HTTP/1.1\r\nHost: sink.test:%1$u\r\n"
                           "Authorization: PLACEHOLDER\r\n\r\n",
                           f->sink->port);
@@ -714,7 +1174,7 @@ unix_fixture(Fixture *f, char **ret_dir)
     char *path = g_build_filename(dir, "egress.sock", NULL);
 
     config.listen_path = path;
-    fixture_start(f, &config, "sink.test 127.0.0.1/32", NULL);
+    fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     *ret_dir = dir;
     return path;
 }
@@ -775,7 +1235,7 @@ test_unix_handover(void **state)
     Fixture *f = *state;
     g_autofree char *dir = NULL;
     char *path = unix_fixture(f, &dir);
-    g_autofree char *req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
+    g_autofree char *req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
     g_autoptr(GString) response = NULL;
     g_autoptr(GError) error = NULL;
     struct stat st;
@@ -954,6 +1414,15 @@ main(void)
         cmocka_unit_test_setup_teardown(test_cidr_literal_allowed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_denied_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_denied_record_fields, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_other_host_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_allowed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_smuggling_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_chunked_body, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sni_matches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sni_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sni_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cidr_connect_without_sni, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ports, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policy_change_closes_tunnel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handshake_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_too_many_connections, setup, teardown),

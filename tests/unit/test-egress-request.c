@@ -487,6 +487,111 @@ test_set_header(void **state)
                               "X-New: v\r\nConnection: close\r\n\r\n");
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Body framing: where the next request head starts */
+
+/* Frames @body (what follows @head) fed in pieces of @step bytes; returns how many bytes the body
+ * took, or -1 on a framing error. */
+static gssize
+frame(const char *head, const char *body, gsize step)
+{
+    g_autoptr(VmEgressRequest) request = parse(head, NULL);
+    g_autoptr(VmEgressBodyFramer) framer = NULL;
+    gsize len = strlen(body);
+    gsize off = 0;
+
+    assert_non_null(request);
+    framer = vm_egress_body_framer_new(request);
+    do {
+        g_autoptr(GError) error = NULL;
+        gsize n = MIN(step, len - off);
+        gsize consumed = 0;
+
+        switch (
+            vm_egress_body_framer_feed(framer, (const guint8 *)body + off, n, &consumed, &error)) {
+        case VM_EGRESS_PARSE_DONE:
+            return (gssize)(off + consumed);
+        case VM_EGRESS_PARSE_ERROR:
+            assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
+            return -1;
+        case VM_EGRESS_PARSE_MORE:
+        default:
+            off += n;
+        }
+    } while (off < len);
+    return -2; /* still more to come */
+}
+
+static void
+test_body_framing(void **state)
+{
+    static const char get[] = "GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n";
+    static const char post[] =
+        "POST http://a.example/ HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\n\r\n";
+    static const char zero[] =
+        "POST http://a.example/ HTTP/1.1\r\nHost: a.example\r\nContent-Length: 0\r\n\r\n";
+    static const char chunked[] =
+        "POST http://a.example/ HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n";
+    static const struct {
+        const char *head;
+        const char *body;
+        gssize taken; /* -1: refused, -2: incomplete */
+    } cases[] = {
+        {get, "", 0},
+        {get, "GET http://b.example/ HTTP/1.1\r\n", 0},
+        {zero, "GET", 0},
+        {post, "hello", 5},
+        {post, "helloGET http://b.example/", 5},
+        {post, "hell", -2},
+        {chunked, "5\r\nhello\r\n0\r\n\r\n", 15},
+        {chunked, "5\r\nhello\r\n0\r\n\r\nGET http://b.example/", 15},
+        {chunked, "A;ext=\"v\"\r\n0123456789\r\n0\r\nX-T: v\r\n\r\nNEXT", 36},
+        {chunked, "a\r\n0123456789\r\n00\r\n\r\n", 21},
+        {chunked, "5\r\nhello\r\n", -2},
+        {chunked, "0\r\nX-T: v\r\n", -2},
+        /* refused: the framing would be read differently elsewhere */
+        {chunked, "5\nhello\r\n0\r\n\r\n", -1},
+        {chunked, "5\r\nhelloXX0\r\n\r\n", -1},
+        {chunked, " 5\r\nhello\r\n0\r\n\r\n", -1},
+        {chunked, "5 \r\nhello\r\n0\r\n\r\n", -1},
+        {chunked, "+5\r\nhello\r\n0\r\n\r\n", -1},
+        {chunked, "0x5\r\nhello\r\n0\r\n\r\n", -1},
+        {chunked, "5\rX\nhello\r\n0\r\n\r\n", -1},
+        {chunked, "1000000000000000\r\n", -1},
+        {chunked, "0\r\n folded\r\n\r\n", -1},
+        {chunked, "0\r\nno colon\r\n\r\n", -1},
+        {chunked, "0\r\nX-T: v\rX\r\n\r\n", -1},
+        {chunked, "\r\n", -1},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        /* in one piece and a byte at a time: the same answer */
+        gssize whole = frame(cases[i].head, cases[i].body, G_MAXSIZE);
+        gssize bytewise = frame(cases[i].head, cases[i].body, 1);
+
+        if (whole != cases[i].taken || bytewise != cases[i].taken)
+            fail_msg("case %zu ('%s'): %zd and %zd, expected %zd", i, cases[i].body, whole,
+                     bytewise, cases[i].taken);
+    }
+}
+
+/* Chunk lines and trailers are bounded like header lines. */
+static void
+test_body_framing_limits(void **state)
+{
+    static const char chunked[] =
+        "POST http://a.example/ HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n";
+    g_autoptr(GString) ext = g_string_new("5;");
+    g_autoptr(GString) trailer = g_string_new("0\r\n");
+
+    while (ext->len < VM_EGRESS_REQUEST_LINE_MAX + 10)
+        g_string_append_c(ext, 'x');
+    assert_int_equal(frame(chunked, ext->str, G_MAXSIZE), -1);
+    while (trailer->len < VM_EGRESS_REQUEST_HEAD_MAX + 100)
+        g_string_append(trailer, "X-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+    assert_int_equal(frame(chunked, trailer->str, G_MAXSIZE), -1);
+}
+
 int
 main(void)
 {
@@ -506,6 +611,8 @@ main(void)
         cmocka_unit_test(test_forwarded_head),
         cmocka_unit_test(test_forwarded_head_default_port_and_v6),
         cmocka_unit_test(test_set_header),
+        cmocka_unit_test(test_body_framing),
+        cmocka_unit_test(test_body_framing_limits),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

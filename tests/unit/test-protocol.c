@@ -50,6 +50,7 @@ static const struct {
     {VM_OP_EGRESS_LOG, TRUE},
     {VM_OP_AGENT_SET_RESTART, TRUE},
     {VM_OP_HOST_SAVE_ALL, TRUE},
+    {VM_OP_EVENTS, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -59,6 +60,7 @@ static const struct {
     {VM_OP_STDOUT, FALSE},
     {VM_OP_STDERR, FALSE},
     {VM_OP_EXIT, FALSE},
+    {VM_OP_RESULT_PART, FALSE},
 };
 
 /* One message per op with every field it may carry, in GVariant text form. */
@@ -231,6 +233,7 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_EGRESS_LOG, 25);
     assert_int_equal(VM_OP_AGENT_SET_RESTART, 26);
     assert_int_equal(VM_OP_HOST_SAVE_ALL, 27);
+    assert_int_equal(VM_OP_EVENTS, 28);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <glib/gstdio.h>
+#include <json-glib/json-glib.h>
 
 #include "hostd-agent.h"
 #include "hostd-reconcile.h"
@@ -856,6 +857,350 @@ test_agent_rm_force(void **state)
     assert_false(domain_exists(f, "dave"));
 }
 
+/* ---- the event log --------------------------------------------------------------------------- */
+
+static char *
+events_text(Fixture *f)
+{
+    g_autofree char *path = g_build_filename(f->ctx->state->dir, HOSTD_EVENTS_LOG, NULL);
+    char *text = NULL;
+
+    if (!g_file_get_contents(path, &text, NULL, NULL))
+        return g_strdup("");
+    return text;
+}
+
+/* The events logged so far, each a JSON object. */
+static GPtrArray *
+events_logged(Fixture *f)
+{
+    g_autofree char *text = events_text(f);
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    GPtrArray *events = g_ptr_array_new_with_free_func((GDestroyNotify)json_object_unref);
+
+    for (guint i = 0; lines[i] != NULL && lines[i][0] != '\0'; i++) {
+        g_autoptr(JsonParser) parser = json_parser_new();
+
+        if (!json_parser_load_from_data(parser, lines[i], -1, NULL) ||
+            !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser)))
+            fail_msg("event %u is no JSON object: %s", i, lines[i]);
+        g_ptr_array_add(events,
+                        json_object_ref(json_node_get_object(json_parser_get_root(parser))));
+    }
+    return events;
+}
+
+static const char *
+member(JsonObject *o, const char *key)
+{
+    return json_object_get_string_member_with_default(o, key, NULL);
+}
+
+/* The one event logged since the log held @before events: its JSON object. */
+static JsonObject *
+one_new_event(Fixture *f, guint before)
+{
+    g_autoptr(GPtrArray) events = events_logged(f);
+
+    if (events->len != before + 1)
+        fail_msg("expected %u events, got %u:\n%s", before + 1, events->len, events_text(f));
+    return json_object_ref(events->pdata[before]);
+}
+
+/* A request that changes something and succeeds leaves one event: the agent, the op, the caller's
+ * uid (from the socket: this process), "ok" and the agent's state afterwards. */
+static void
+test_event_ok(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "carol", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42320);
+    g_autoptr(GPtrArray) start =
+        converse(f, VM_OP_AGENT_START, "{'name': <'carol'>, 'wait': <false>}");
+    g_autoptr(JsonObject) event = NULL;
+
+    assert_result_reply(start);
+    event = one_new_event(f, 0);
+    assert_string_equal(member(event, "agent"), "carol");
+    assert_string_equal(member(event, "event"), "agent-start");
+    assert_string_equal(member(event, "state"), "running");
+    assert_string_equal(member(event, "outcome"), "ok");
+    assert_int_equal(json_object_get_int_member_with_default(event, "uid", -1), getuid());
+    assert_null(member(event, "detail"));
+    assert_non_null(member(event, "time"));
+
+    /* rm takes the agent away: no state after it. */
+    g_autoptr(GPtrArray) rm = converse(f, VM_OP_AGENT_RM, "{'name': <'carol'>, 'force': <true>}");
+    assert_result_reply(rm);
+    g_autoptr(JsonObject) removed = one_new_event(f, 1);
+    assert_string_equal(member(removed, "event"), "agent-rm");
+    assert_string_equal(member(removed, "outcome"), "ok");
+    assert_null(member(removed, "state"));
+}
+
+/* The event is in the log before the answer is sent: a client that heard "ok" finds it. */
+static void
+test_event_before_answer(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "hank", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42325);
+    g_autoptr(VmMessage) m = request(VM_OP_AGENT_START, "{'name': <'hank'>, 'wait': <false>}");
+    g_autoptr(VmMessage) answer = NULL;
+    GThread *thread = NULL;
+    int fd = hostd_test_serve(f, &thread);
+
+    assert_true(vm_message_write_fd(fd, m, NULL));
+    do {
+        g_clear_pointer(&answer, vm_message_free);
+        answer = vm_message_read_fd(fd, NULL, NULL);
+        assert_non_null(answer);
+    } while (answer->op == VM_OP_PROGRESS);
+    assert_int_equal(answer->op, VM_OP_RESULT);
+    g_autoptr(JsonObject) event = one_new_event(f, 0);
+    assert_string_equal(member(event, "event"), "agent-start");
+    g_thread_join(thread);
+    close(fd);
+}
+
+/* A request that fails leaves an event with its error; hostd's log line names the caller. */
+static void
+test_event_error(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "dave", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN | MAKE_RUNNING, 42321);
+    g_autofree char *uid = g_strdup_printf("(uid %u)", (guint)getuid());
+
+    g_autoptr(GPtrArray) rm = converse(f, VM_OP_AGENT_RM, "{'name': <'dave'>}");
+    assert_error_reply(rm, VM_ERROR_BAD_STATE, "dave");
+    g_autoptr(JsonObject) event = one_new_event(f, 0);
+    const VmMessage *error = rm->pdata[rm->len - 1];
+    assert_string_equal(member(event, "agent"), "dave");
+    assert_string_equal(member(event, "event"), "agent-rm");
+    assert_string_equal(member(event, "outcome"), "error");
+    assert_string_equal(member(event, "detail"), vm_message_get_string(error, "message", ""));
+    assert_string_equal(member(event, "state"), "running");
+    assert_int_equal(json_object_get_int_member_with_default(event, "uid", -1), getuid());
+    assert_logged_once(uid);
+
+    /* An agent that does not exist has no state. */
+    g_autoptr(GPtrArray) start =
+        converse(f, VM_OP_AGENT_START, "{'name': <'ghost'>, 'wait': <false>}");
+    assert_error_reply(start, VM_ERROR_NOT_FOUND, "ghost");
+    g_autoptr(JsonObject) ghost = one_new_event(f, 1);
+    assert_string_equal(member(ghost, "agent"), "ghost");
+    assert_string_equal(member(ghost, "outcome"), "error");
+    assert_null(member(ghost, "state"));
+    assert_non_null(strstr(member(ghost, "detail"), "'ghost'"));
+}
+
+/* exec is a change: its detail is the command line, as a shell would read it, cut to 200 bytes. */
+static void
+test_event_exec(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "erin", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42322);
+    g_autofree char *long_arg = g_strnfill(300, 'x');
+    g_autofree char *fields = g_strdup_printf(
+        "{'name': <'erin'>, 'argv': <['sh', '-c', 'echo hi; exit 3', '%s']>}", long_arg);
+
+    /* It cannot run here (the agent is stopped), which the event says after the command. */
+    g_autoptr(GPtrArray) exec = converse(f, VM_OP_EXEC, fields);
+    assert_error_reply(exec, VM_ERROR_BAD_STATE, "erin");
+    g_autoptr(JsonObject) event = one_new_event(f, 0);
+    const char *detail = member(event, "detail");
+    const char *colon = strstr(detail, ": ");
+    assert_string_equal(member(event, "event"), "exec");
+    assert_string_equal(member(event, "state"), "stopped");
+    assert_true(g_str_has_prefix(detail, "sh -c 'echo hi; exit 3' xxx"));
+    assert_non_null(colon);
+    assert_int_equal(colon - detail, 200);
+}
+
+/* Requests that only read leave no event. */
+static void
+test_event_read_only(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "frank", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42323);
+    static const struct {
+        VmOp op;
+        const char *fields;
+    } reads[] = {
+        {VM_OP_PING, NULL},
+        {VM_OP_AGENT_LIST, NULL},
+        {VM_OP_AGENT_INFO, "{'name': <'frank'>}"},
+        {VM_OP_AGENT_INFO, "{'name': <'ghost'>}"},
+        {VM_OP_AGENT_SSH_CONFIG, "{'name': <'frank'>}"},
+        {VM_OP_CHECKPOINT_LIST, "{'name': <'frank'>}"},
+        {VM_OP_EGRESS_GET, "{'name': <'frank'>}"},
+        {VM_OP_TEMPLATE_LIST, NULL},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(reads); i++) {
+        g_autoptr(GPtrArray) replies = converse(f, reads[i].op, reads[i].fields);
+    }
+    g_autofree char *text = events_text(f);
+    assert_string_equal(text, "");
+}
+
+/* Reads a streamed reply up to its EXIT; returns what came as STDOUT. */
+static char *
+read_stream(int fd, GThread *thread)
+{
+    g_autoptr(GString) out = g_string_new(NULL);
+
+    for (;;) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmMessage) m = vm_message_read_fd(fd, NULL, &error);
+        const guint8 *data;
+        gsize len = 0;
+
+        if (m == NULL)
+            fail_msg("reading the stream: %s", error != NULL ? error->message : "EOF");
+        if (m->op == VM_OP_EXIT)
+            break;
+        if (m->op != VM_OP_STDOUT)
+            fail_msg("unexpected %s in the stream", vm_op_name(m->op));
+        data = vm_message_get_data(m, "data", &len);
+        g_string_append_len(out, (const char *)data, (gssize)len);
+    }
+    g_thread_join(thread);
+    close(fd);
+    return g_string_free(g_steal_pointer(&out), FALSE);
+}
+
+static char *
+events_request(Fixture *f, const char *fields_text)
+{
+    g_autoptr(VmMessage) m = request(VM_OP_EVENTS, fields_text);
+    GThread *thread = NULL;
+    int fd = hostd_test_serve(f, &thread);
+
+    assert_true(vm_message_write_fd(fd, m, NULL));
+    return read_stream(fd, thread);
+}
+
+/* The "event" members of the JSON lines @text, space-separated. */
+static char *
+event_names(const char *text)
+{
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    g_autoptr(GString) names = g_string_new(NULL);
+
+    for (guint i = 0; lines[i] != NULL && lines[i][0] != '\0'; i++) {
+        g_autoptr(JsonParser) parser = json_parser_new();
+
+        assert_true(json_parser_load_from_data(parser, lines[i], -1, NULL));
+        g_string_append_printf(names, "%s%s", names->len > 0 ? " " : "",
+                               json_object_get_string_member(
+                                   json_node_get_object(json_parser_get_root(parser)), "event"));
+    }
+    return g_string_free(g_steal_pointer(&names), FALSE);
+}
+
+static void
+assert_events_request(Fixture *f, const char *fields, const char *expected)
+{
+    g_autofree char *text = events_request(f, fields);
+    g_autofree char *names = event_names(text);
+
+    if (!g_str_equal(names, expected))
+        fail_msg("events %s: expected '%s', got '%s'", fields, expected, names);
+}
+
+/* EVENTS answers with the lines of the log it picks by name, time and count. */
+static void
+test_events_request(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *path = g_build_filename(f->ctx->state->dir, HOSTD_EVENTS_LOG, NULL);
+    /* 2024-05-01T12:00:00Z in unix microseconds */
+    const gint64 t0 = G_GINT64_CONSTANT(1714564800000000);
+
+    static const char logged[] =
+        "{\"time\":\"2024-05-01T12:00:00Z\",\"agent\":\"a\",\"event\":\"e1\"}\n"
+        "{\"time\":\"2024-05-01T12:00:00Z\",\"agent\":\"b\",\"event\":\"e2\"}\n"
+        "garbage\n"
+        "{\"time\":\"2024-05-01T12:00:01Z\",\"event\":\"e3\"}\n"
+        "{\"time\":\"2024-05-01T12:00:01Z\",\"agent\":\"a\",\"event\":\"e4\"}\n";
+
+    vm_test_write_file(path, logged);
+    assert_events_request(f, NULL, "e1 e2 e3 e4");
+    assert_events_request(f, "{'name': <'a'>}", "e1 e4");
+    assert_events_request(f, "{'lines': <uint32 2>}", "e3 e4");
+    g_autofree char *since = g_strdup_printf("{'since': <int64 %" G_GINT64_FORMAT ">}", t0 + 1);
+    assert_events_request(f, since, "e3 e4");
+    g_autofree char *all = g_strdup_printf(
+        "{'name': <'a'>, 'since': <int64 %" G_GINT64_FORMAT ">, 'lines': <uint32 1>}", t0);
+    assert_events_request(f, all, "e4");
+    assert_events_request(f, "{'name': <'zed'>}", "");
+
+    g_autoptr(GPtrArray) bad = converse(f, VM_OP_EVENTS, "{'name': <'../x'>}");
+    assert_error_reply(bad, VM_ERROR_INVALID_ARGUMENT, NULL);
+    /* Reading changes nothing. */
+    g_autofree char *text = vm_test_read_file(path);
+    assert_string_equal(text, logged);
+}
+
+/* Reads STDOUT frames of a stream onto @got until it holds @n whole lines. */
+static void
+read_lines(int fd, GString *got, guint n)
+{
+    for (;;) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmMessage) data = NULL;
+        const guint8 *bytes;
+        gsize len = 0;
+        guint lines = 0;
+
+        for (const char *c = got->str; *c != '\0'; c++)
+            lines += *c == '\n';
+        if (lines >= n)
+            return;
+        data = vm_message_read_fd(fd, NULL, &error);
+        if (data == NULL)
+            fail_msg("no event came: %s", error != NULL ? error->message : "EOF");
+        assert_int_equal(data->op, VM_OP_STDOUT);
+        bytes = vm_message_get_data(data, "data", &len);
+        g_string_append_len(got, (const char *)bytes, (gssize)len);
+    }
+}
+
+/* With follow, a new event comes as it is logged; the stream ends when the client goes. */
+static void
+test_events_follow(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "gina", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42324);
+    g_autoptr(VmMessage) m =
+        request(VM_OP_EVENTS, "{'name': <'gina'>, 'lines': <uint32 1>, 'follow': <true>}");
+    g_autoptr(GString) got = g_string_new(NULL);
+    GThread *thread = NULL;
+    int fd;
+
+    /* An event before: once it came, the follower reads on from after it. */
+    g_autoptr(GPtrArray) stop = converse(f, VM_OP_AGENT_STOP, "{'name': <'gina'>}");
+    assert_result_reply(stop);
+    fd = hostd_test_serve(f, &thread);
+    assert_true(vm_message_write_fd(fd, m, NULL));
+    read_lines(fd, got, 1);
+
+    g_autoptr(GPtrArray) other = converse(f, VM_OP_AGENT_STOP, "{'name': <'ghost'>}");
+    g_autoptr(GPtrArray) start =
+        converse(f, VM_OP_AGENT_START, "{'name': <'gina'>, 'wait': <false>}");
+    assert_result_reply(start);
+    read_lines(fd, got, 2);
+    g_autofree char *names = event_names(got->str);
+    assert_string_equal(names, "agent-stop agent-start");
+    close(fd);
+    g_thread_join(thread);
+}
+
 /* ---- reconciliation ------------------------------------------------------------------------ */
 
 static GPtrArray *
@@ -1010,10 +1355,37 @@ test_reconcile_keeps(void **state)
     assert_false(domain_exists(f, "garbled"));
 }
 
+/* A client that trickles its request, a byte at a time well within the old per-read timeout,
+ * is cut off at request-timeout for the whole request: it cannot hold a thread. */
+static void
+test_request_deadline(void **state)
+{
+    Fixture *f = *state;
+    GThread *thread = NULL;
+    g_autoptr(VmMessage) m = request(VM_OP_PING, NULL);
+    g_autoptr(GBytes) frame = vm_message_encode(m, NULL);
+    gsize len = 0;
+    const guint8 *bytes = g_bytes_get_data(frame, &len);
+
+    f->ctx->config->request_timeout_s = 1;
+    int fd = hostd_test_serve(f, &thread);
+    gint64 start = g_get_monotonic_time();
+    for (gsize i = 0; i + 1 < len && g_get_monotonic_time() - start < 3 * G_USEC_PER_SEC; i++) {
+        if (send(fd, bytes + i, 1, MSG_NOSIGNAL) != 1)
+            break;
+        g_usleep(200 * 1000);
+    }
+    g_autoptr(GPtrArray) replies = read_replies(fd, thread);
+    gint64 took = g_get_monotonic_time() - start;
+    assert_error_reply(replies, VM_ERROR_TIMEOUT, "in time");
+    assert_true(took < 3 * G_USEC_PER_SEC);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_request_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ping_half_closed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_list_empty, setup, teardown),
@@ -1032,6 +1404,13 @@ main(void)
         cmocka_unit_test_setup_teardown(test_agent_info, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_lifecycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_rm_force, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_ok, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_before_answer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_exec, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_read_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events_request, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events_follow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_empty, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_creating, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_no_record, setup, teardown),

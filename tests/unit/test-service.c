@@ -241,6 +241,7 @@ test_default_config_is_the_defaults(void **state)
     assert_int_equal(with->boot_timeout_s, without->boot_timeout_s);
     assert_int_equal(with->accel, without->accel);
     assert_int_equal(with->restart_limit, without->restart_limit);
+    assert_int_equal(with->request_timeout_s, without->request_timeout_s);
     assert_int_equal(with->restart_window_s, without->restart_window_s);
     assert_int_equal(with->shutdown, without->shutdown);
     assert_int_equal(with->shutdown_timeout_s, without->shutdown_timeout_s);

@@ -39,8 +39,9 @@ static struct {
 
 typedef enum {
     SERVER_DEFAULT,
-    SERVER_REFUSES_KEY, /* our key is not in authorized_keys */
-    SERVER_DROPS_IDLE,  /* closes connections without channels after 1 s */
+    SERVER_REFUSES_KEY,  /* our key is not in authorized_keys */
+    SERVER_DROPS_IDLE,   /* closes connections without channels after 1 s */
+    SERVER_FEW_STARTUPS, /* drops every connection past 5 unauthenticated ones */
 } ServerKind;
 
 typedef struct {
@@ -139,7 +140,9 @@ sshd_start(Fixture *f, ServerKind kind)
                              "KbdInteractiveAuthentication no\n"
                              "%s",
                              f->port, keys.host_key, auth_path,
-                             kind == SERVER_DROPS_IDLE ? "UnusedConnectionTimeout 1\n" : "");
+                             kind == SERVER_DROPS_IDLE     ? "UnusedConnectionTimeout 1\n"
+                             : kind == SERVER_FEW_STARTUPS ? "MaxStartups 5:100:5\n"
+                                                           : "");
     assert_true(g_file_set_contents(config_path, config, -1, NULL));
 
     /* sshd's privilege separation directory. */
@@ -212,6 +215,12 @@ static int
 setup_drops_idle(void **state)
 {
     return setup_kind(state, SERVER_DROPS_IDLE);
+}
+
+static int
+setup_few_startups(void **state)
+{
+    return setup_kind(state, SERVER_FEW_STARTUPS);
 }
 
 static int
@@ -739,6 +748,41 @@ test_pool_reuse(void **state)
     hostd_ssh_pool_forget(f->pool, "nobody");
 }
 
+/* Many execs at once on one agent, far more than its sshd's MaxStartups (10:30:100 by default:
+ * past 10 handshakes it drops new connections at random; here past 5, all of them): every one
+ * runs, with its own output, because hostd queues its handshakes to an agent instead of opening
+ * them all at once. */
+static void
+test_exec_concurrent(void **state)
+{
+    Fixture *f = *state;
+    enum { N = 40 };
+    ExecRun runs[N];
+    char *argvs[N][5];
+    char numbers[N][8];
+
+    for (guint i = 0; i < N; i++) {
+        g_snprintf(numbers[i], sizeof(numbers[i]), "%u", i);
+        argvs[i][0] = "sh";
+        argvs[i][1] = "-c";
+        argvs[i][2] = "sleep 0.2; echo \"run $0\"";
+        argvs[i][3] = numbers[i];
+        argvs[i][4] = NULL;
+        exec_run_init(&runs[i], f, argvs[i]);
+    }
+    for (guint i = 0; i < N; i++)
+        exec_run_start(&runs[i]);
+    for (guint i = 0; i < N; i++) {
+        g_autofree char *want = g_strdup_printf("run %u\n", i);
+        exec_run_finish(&runs[i]);
+        if (!runs[i].ok)
+            fail_msg("exec %u failed: %s", i, runs[i].error->message);
+        assert_exec_ok(&runs[i], 0);
+        assert_string_equal(runs[i].out->str, want);
+        exec_run_clear(&runs[i]);
+    }
+}
+
 /* A session in use when its agent is forgotten (stop, port change) is not pooled again. */
 static void
 test_pool_forget_during_exec(void **state)
@@ -1050,6 +1094,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec_signal_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_client_goes_away, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pool_reuse, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_concurrent, setup_few_startups, teardown),
         cmocka_unit_test_setup_teardown(test_pool_forget_during_exec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pool_concurrent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pool_stale_session, setup_drops_idle, teardown),

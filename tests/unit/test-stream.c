@@ -281,36 +281,131 @@ test_writer_splits_at_lines(void **state)
     assert_memory_equal(joined->str, text->str, text->len);
 }
 
-/* A RESULT too big for a frame writes nothing and leaves the reply open for the ERROR. */
+typedef struct {
+    int fd;
+    GVariant *fields;
+    gboolean ok;
+} ResultWriter;
+
+static gpointer
+result_writer_thread(gpointer data)
+{
+    ResultWriter *w = data;
+    VmStreamWriter writer = VM_STREAM_WRITER_INIT(w->fd);
+
+    w->ok = vm_stream_writer_result(&writer, g_variant_ref(w->fields), NULL) && writer.ended;
+    close(w->fd);
+    return NULL;
+}
+
+/* A RESULT too big for a frame (a `list` of thousands of agents) goes in RESULT_PART frames
+ * then an empty RESULT, and the reader gives back the one RESULT, equal to what was sent. */
 static void
-test_writer_oversized_result(void **state)
+test_result_in_parts(void **state)
 {
     g_autoptr(GError) error = NULL;
-    g_autoptr(GError) failure = NULL;
     g_autofree char *huge = g_strnfill(VM_FRAME_MAX, 'x');
-    g_autoptr(VmMessage) got = NULL;
+    g_auto(GVariantBuilder) names = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("as"));
     VmStreamReader reader;
-    int pending = -1;
     int sv[2];
 
+    for (guint i = 0; i < 20000; i++) {
+        g_autofree char *name = g_strdup_printf("agent-%05u", i);
+        g_variant_builder_add(&names, "s", name);
+    }
+    g_autoptr(GVariant) fields = g_variant_ref_sink(g_variant_new_parsed(
+        "{'config': <%s>, 'names': <%@as>}", huge, g_variant_builder_end(&names)));
     make_socketpair(sv);
-    VmStreamWriter writer = VM_STREAM_WRITER_INIT(sv[0]);
-    assert_false(
-        vm_stream_writer_result(&writer, g_variant_new_parsed("{'config': <%s>}", huge), &error));
-    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
-    assert_false(writer.ended);
-    assert_int_equal(ioctl(sv[1], FIONREAD, &pending), 0);
-    assert_int_equal(pending, 0);
+    ResultWriter w = {.fd = sv[0], .fields = fields};
+    GThread *thread = g_thread_new("writer", result_writer_thread, &w);
 
-    assert_true(vm_stream_writer_error(&writer, error, NULL));
-    close(sv[0]);
-    vm_stream_reader_init(&reader, sv[1], VM_OP_AGENT_SSH_CONFIG);
-    got = vm_stream_reader_next(&reader, &failure);
-    assert_null(got);
-    assert_true(g_error_matches(failure, VM_ERROR, VM_ERROR_PROTOCOL));
-    assert_non_null(strstr(failure->message, "over the frame limit"));
-    assert_true(reader.ended);
+    /* On the wire: parts of at most VM_RESULT_PART_MAX bytes, then an empty RESULT. */
+    guint parts = 0;
+    gsize bytes = 0;
+    g_autoptr(GByteArray) joined = g_byte_array_new();
+    for (;;) {
+        g_autoptr(VmMessage) m = vm_message_read_fd(sv[1], NULL, &error);
+        assert_non_null(m);
+        if (m->op == VM_OP_RESULT) {
+            assert_int_equal(g_variant_n_children(m->fields), 0);
+            break;
+        }
+        assert_int_equal(m->op, VM_OP_RESULT_PART);
+        gsize len = 0;
+        const guint8 *data = vm_message_get_data(m, "data", &len);
+        assert_true(len > 0 && len <= VM_RESULT_PART_MAX);
+        g_byte_array_append(joined, data, (guint)len);
+        bytes += len;
+        parts++;
+    }
+    g_thread_join(thread);
+    assert_true(w.ok);
+    assert_true(parts >= 3);
+    assert_int_equal(bytes, g_variant_get_size(fields));
     close(sv[1]);
+
+    /* Through the reader, the same again. */
+    make_socketpair(sv);
+    w = (ResultWriter){.fd = sv[0], .fields = fields};
+    thread = g_thread_new("writer", result_writer_thread, &w);
+    vm_stream_reader_init(&reader, sv[1], VM_OP_AGENT_LIST);
+    g_autoptr(VmMessage) got = vm_stream_reader_next(&reader, &error);
+    g_thread_join(thread);
+    assert_non_null(got);
+    assert_int_equal(got->op, VM_OP_RESULT);
+    assert_true(reader.ended);
+    assert_null(reader.parts);
+    assert_true(g_variant_equal(got->fields, fields));
+    close(sv[1]);
+}
+
+/* Parts the reader cannot take: a RESULT with fields after them, parts that are no a{sv} in
+ * normal form, a part in a streamed reply, a reply cut after a part. */
+static void
+test_reader_bad_parts(void **state)
+{
+    static const guint8 not_a_dict[] = {0xff, 0xff, 0xff, 0x07};
+    static const struct {
+        VmOp request;
+        gboolean good_part; /* a real part (of {'a': <1>}) instead of not_a_dict */
+        const char *end;    /* the RESULT's fields after the part; NULL: the connection ends */
+        const char *needle;
+    } cases[] = {
+        {VM_OP_AGENT_LIST, TRUE, "{'x': <1>}", "ended with fields"},
+        {VM_OP_AGENT_LIST, FALSE, "@a{sv} {}", "malformed"},
+        {VM_OP_EXEC, TRUE, NULL, "unexpected result-part"},
+        {VM_OP_AGENT_LIST, TRUE, NULL, "closed the connection"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) good = g_variant_ref_sink(g_variant_new_parsed("{'a': <1>}"));
+        const guint8 *data = cases[i].good_part ? g_variant_get_data(good) : not_a_dict;
+        gsize len = cases[i].good_part ? g_variant_get_size(good) : sizeof(not_a_dict);
+        VmStreamReader reader;
+        int sv[2];
+
+        make_socketpair(sv);
+        g_auto(GVariantDict) part = G_VARIANT_DICT_INIT(NULL);
+        g_variant_dict_insert_value(&part, "data",
+                                    g_variant_new_fixed_array(G_VARIANT_TYPE_BYTE, data, len, 1));
+        g_autoptr(VmMessage) m = vm_message_new(VM_OP_RESULT_PART, g_variant_dict_end(&part), NULL);
+        assert_true(vm_message_write_fd(sv[0], m, NULL));
+        if (cases[i].end != NULL) {
+            g_autoptr(VmMessage) end =
+                vm_message_new(VM_OP_RESULT, g_variant_new_parsed(cases[i].end), NULL);
+            assert_true(vm_message_write_fd(sv[0], end, NULL));
+        }
+        close(sv[0]);
+        vm_stream_reader_init(&reader, sv[1], cases[i].request);
+        g_autoptr(VmMessage) got = vm_stream_reader_next(&reader, &error);
+        assert_null(got);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
+        if (strstr(error->message, cases[i].needle) == NULL)
+            fail_msg("case %zu: '%s' does not say '%s'", i, error->message, cases[i].needle);
+        assert_null(reader.parts);
+        close(sv[1]);
+    }
 }
 
 /* A reader that is gone makes every write fail with VM_ERROR_CANCELLED, without SIGPIPE; an end
@@ -598,7 +693,7 @@ test_reply_end(void **state)
 
         if (!vm_op_is_request((VmOp)op))
             assert_int_equal(end, 0);
-        else if (op == VM_OP_EXEC || op == VM_OP_EGRESS_LOG)
+        else if (op == VM_OP_EXEC || op == VM_OP_EGRESS_LOG || op == VM_OP_EVENTS)
             assert_int_equal(end, VM_OP_EXIT);
         else
             assert_int_equal(end, VM_OP_RESULT);
@@ -613,7 +708,8 @@ main(void)
         cmocka_unit_test(test_writer_result_and_error_bytes),
         cmocka_unit_test(test_writer_splits_data),
         cmocka_unit_test(test_writer_splits_at_lines),
-        cmocka_unit_test(test_writer_oversized_result),
+        cmocka_unit_test(test_result_in_parts),
+        cmocka_unit_test(test_reader_bad_parts),
         cmocka_unit_test(test_writer_reader_gone),
         cmocka_unit_test(test_round_trip_result),
         cmocka_unit_test(test_round_trip_stream),

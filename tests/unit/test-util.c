@@ -322,6 +322,40 @@ test_default_paths(void **state)
         g_unsetenv("VMCTL_SOCKET");
 }
 
+/* A cut keeps whole characters and makes the text valid UTF-8 first. */
+static void
+test_utf8_cut(void **state)
+{
+    static const struct {
+        const char *in;
+        gsize max;
+        const char *out;
+    } cases[] = {
+        {NULL, 10, ""},
+        {"short", 10, "short"},
+        {"exactly10!", 10, "exactly10!"},
+        {"eleven chars", 10, "eleven cha"},
+        {"caf\xc3\xa9", 4, "caf"},
+        {"caf\xc3\xa9", 5, "caf\xc3\xa9"},
+        {"\xe2\x82\xac\xe2\x82\xac", 5, "\xe2\x82\xac"},
+        {"a\xff"
+         "b",
+         10,
+         "a\xef\xbf\xbd"
+         "b"},
+        {"a\xff"
+         "b",
+         2, "a"},
+        {"abc", 0, ""},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *out = vm_utf8_cut(cases[i].in, cases[i].max);
+
+        assert_string_equal(out, cases[i].out);
+    }
+}
+
 int
 main(void)
 {
@@ -335,6 +369,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_unix_address_binds, setup_dir, teardown_dir),
         cmocka_unit_test(test_write_nosignal),
         cmocka_unit_test(test_default_paths),
+        cmocka_unit_test(test_utf8_cut),
     };
 
     /* So that a write that raised SIGPIPE would end the run. */

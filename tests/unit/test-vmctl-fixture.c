@@ -6,6 +6,7 @@
 
 #include "test-vmctl-fixture.h"
 
+#include "vm-stream.h"
 #include "vm-util.h"
 
 #include <poll.h>
@@ -52,6 +53,7 @@ vm_test_hostd_free(VmTestHostd *hostd)
     g_mutex_clear(&hostd->lock);
     close(hostd->listen_fd);
     g_ptr_array_unref(hostd->replies);
+    g_clear_pointer(&hostd->result, g_variant_unref);
     g_byte_array_unref(hostd->stdin_data);
     if (hostd->request != NULL)
         vm_message_free(hostd->request);
@@ -181,6 +183,10 @@ script_thread(gpointer data)
     }
     for (guint i = 0; i < hostd->replies->len; i++)
         vm_message_write_fd(fd, g_ptr_array_index(hostd->replies, i), NULL);
+    if (hostd->result != NULL) {
+        VmStreamWriter writer = VM_STREAM_WRITER_INIT(fd);
+        vm_stream_writer_result(&writer, g_variant_ref(hostd->result), NULL);
+    }
     close(fd);
     return NULL;
 }

@@ -29,6 +29,7 @@ struct VmTestHostd {
 
     /* The script. */
     GPtrArray *replies;     /* VmMessage, sent after the request (and stdin) */
+    GVariant *result;       /* when set, a RESULT sent last through a VmStreamWriter (any size) */
     gboolean collect_stdin; /* read STDIN frames up to STDIN_EOF before replying */
     gboolean echo_stdin;    /* send what was collected back as STDOUT frames first */
 

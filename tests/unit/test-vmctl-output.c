@@ -245,6 +245,31 @@ test_agent_summary(void **state)
     }
 }
 
+/* Text from a file or a guest shows its control characters escaped, and nothing else changed. */
+static void
+test_format_escaped(void **state)
+{
+    static const struct {
+        const char *in;
+        const char *out;
+    } cases[] = {
+        {"", ""},
+        {"plain text, 'quoted' \\ back", "plain text, 'quoted' \\ back"},
+        {"a\nb\tc\rd", "a\\nb\\tc\\rd"},
+        {"\x1b[2Jclear", "\\x1b[2Jclear"},
+        {"bell\x07 del\x7f", "bell\\x07 del\\x7f"},
+        {"csi \xc2\x9b c1", "csi \\u009b c1"},
+        {"h\xc3\xa9llo \xe2\x82\xac", "h\xc3\xa9llo \xe2\x82\xac"},
+        {"bad \xff byte", "bad \xef\xbf\xbd byte"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *out = vmctl_format_escaped(cases[i].in);
+
+        assert_string_equal(out, cases[i].out);
+    }
+}
+
 int
 main(void)
 {
@@ -254,7 +279,7 @@ main(void)
         cmocka_unit_test(test_format_table_empty), cmocka_unit_test(test_format_details),
         cmocka_unit_test(test_format_json),        cmocka_unit_test(test_format_progress),
         cmocka_unit_test(test_progress_lines),     cmocka_unit_test(test_progress_bar),
-        cmocka_unit_test(test_agent_summary),
+        cmocka_unit_test(test_agent_summary),      cmocka_unit_test(test_format_escaped),
     };
 
     /* Dates are shown in local time: pin it. */

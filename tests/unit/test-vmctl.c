@@ -19,6 +19,8 @@
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-util.h"
+#include "vmctl.h"
+#include "vm-stream.h"
 #include "test-common.h"
 #include "test-vmctl-fixture.h"
 #include "vmctl-remote.h"
@@ -273,6 +275,34 @@ test_list(void **state)
     assert_int_equal(run.status, 0);
 }
 
+/* A list of 10,000 agents is over one frame: it comes in parts and prints whole. */
+static void
+test_list_many(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(GVariantBuilder) agents = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
+
+    for (guint i = 0; i < 10000; i++) {
+        g_autofree char *name = g_strdup_printf("agent-%05u", i);
+        g_variant_builder_add_parsed(&agents,
+                                     "{'name': <%s>, 'state': <'running'>, 'template': "
+                                     "<'debian-12'>, 'cpus': <uint32 2>, 'memory_mib': <uint32 "
+                                     "2048>, 'disk_gib': <uint32 10>, 'ssh_port': <uint32 2201>}",
+                                     name);
+    }
+    f->hostd->result = g_variant_ref_sink(
+        g_variant_new_parsed("{'agents': <%@aa{sv}>}", g_variant_builder_end(&agents)));
+    assert_true(g_variant_get_size(f->hostd->result) > VM_FRAME_MAX);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "list");
+    assert_int_equal(run.status, 0);
+    g_auto(GStrv) lines = g_strsplit(run.out, "\n", -1);
+    assert_int_equal(g_strv_length(lines), 10000 + 2); /* the header, and "" after the last */
+    assert_true(g_str_has_prefix(lines[1], "agent-00000 "));
+    assert_true(g_str_has_prefix(lines[10000], "agent-09999 "));
+}
+
 static void
 test_list_json(void **state)
 {
@@ -357,6 +387,39 @@ test_hostd_error(void **state)
     assert_string_equal(run.err, "vmctl: no agent 'zz'\n");
     assert_string_equal(run.out, "");
     assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_NOT_FOUND));
+}
+
+/* What a guest wrote (an error quoting its console, file names in a diff) reaches the terminal
+ * with its control characters escaped: an escape sequence cannot repaint the screen or forge a
+ * line. */
+static void
+test_error_escaped(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply_error(f, VM_ERROR_TIMEOUT,
+                "no SSH after 300 s; the console's last lines:\n\x1b[2Jroot ok\rvmctl: forged");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "start", "a1");
+    assert_string_equal(run.err, "vmctl: no SSH after 300 s; the console's last lines:\n"
+                                 "\\x1b[2Jroot ok\\rvmctl: forged\n");
+}
+
+static void
+test_diff_escaped(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'changes': <[('added', '/home/a/\\u001b]0;pwned\\u0007'), ('deleted', '/etc/x\\ny')]>,"
+          " 'truncated': <false>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "diff", "a1", "c1");
+    assert_string_equal(run.out, "added /home/a/\\x1b]0;pwned\\x07\n"
+                                 "deleted /etc/x\\ny\n");
+    assert_int_equal(run.status, 0);
 }
 
 static void
@@ -1051,6 +1114,159 @@ test_remote_ssh(void **state)
     assert_int_equal(config.status, 0);
 }
 
+/* ---- events ---------------------------------------------------------------------------------- */
+
+/* `events` sends what it was asked for and shows each event on a line of its own, in local time,
+ * escaping what came from the log; --json shows the lines as they came. */
+static void
+test_events(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) json = {0};
+    g_autoptr(GVariant) since = NULL;
+    gint64 before = g_get_real_time();
+    static const char lines[] =
+        "{\"time\":\"2024-05-01T12:00:00.250000Z\",\"agent\":\"alice\",\"event\":\"agent-start\","
+        "\"state\":\"running\",\"uid\":1000,\"outcome\":\"ok\"}\n"
+        "{\"time\":\"2024-05-01T12:00:01Z\",\"event\":\"restarted\",\"detail\":\"hostd came "
+        "back\"}\n"
+        "{\"time\":\"2024-05-01T12:00:02Z\",\"agent\":\"alice\",\"event\":\"exec\","
+        "\"uid\":0,\"outcome\":\"error\",\"detail\":\"echo \\u001b[2J\\nrm: bad\"}\n";
+
+    g_setenv("TZ", "UTC", TRUE);
+    reply_data(f, VM_OP_STDOUT, lines);
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "events", "alice", "--since", "10m", "--lines", "5");
+    assert_request(f, VM_OP_EVENTS);
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", ""), "alice");
+    assert_int_equal(vm_message_get_uint(f->hostd->request, "lines", 0), 5);
+    assert_false(vm_message_get_bool(f->hostd->request, "follow", TRUE));
+    since = vm_message_lookup(f->hostd->request, "since");
+    assert_non_null(since);
+    assert_true(g_variant_get_int64(since) >= before - 600 * G_USEC_PER_SEC);
+    assert_true(g_variant_get_int64(since) <= g_get_real_time() - 600 * G_USEC_PER_SEC);
+    assert_int_equal(run.status, 0);
+    assert_string_equal(run.err, "");
+    assert_string_equal(
+        run.out, "2024-05-01 12:00:00  alice         agent-start       running   uid 1000  ok\n"
+                 "2024-05-01 12:00:01  -             restarted         -         hostd came back\n"
+                 "2024-05-01 12:00:02  alice         exec              -         uid 0  error  "
+                 "echo \\x1b[2J\\nrm: bad\n");
+
+    reply_data(f, VM_OP_STDOUT, lines);
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, NULL, &json, "events", "--follow", "--json");
+    assert_request(f, VM_OP_EVENTS);
+    assert_null(vm_message_lookup(f->hostd->request, "name"));
+    assert_null(vm_message_lookup(f->hostd->request, "since"));
+    assert_null(vm_message_lookup(f->hostd->request, "lines"));
+    assert_true(vm_message_get_bool(f->hostd->request, "follow", FALSE));
+    assert_int_equal(json.status, 0);
+    assert_string_equal(json.out, lines);
+}
+
+/* A bad T or AGENT is a usage error, and nothing is sent. */
+static void
+test_events_usage(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *args[4];
+        const char *err;
+    } cases[] = {
+        {{"events", "--since", "yesterday"},
+         "vmctl: --since needs a duration (90s, 10m, 2h, 3d) or an ISO 8601 time "
+         "(2024-05-01T14:00:00, with or without a zone), not 'yesterday'; see 'vmctl events "
+         "--help'\n"},
+        {{"events", "--lines", "-1"},
+         "vmctl: --lines needs a number from 0 to 4294967294, not '-1'; see 'vmctl events "
+         "--help'\n"},
+        {{"events", "Alice"},
+         "vmctl: invalid name 'Alice': must start with a lower-case letter a-z\n"},
+        {{"events", "a", "b"}, "vmctl: unexpected argument 'b'; see 'vmctl events --help'\n"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+
+        run_vmctl_argv(f, NULL, cases[i].args, &run);
+        assert_string_equal(run.err, cases[i].err);
+        assert_string_equal(run.out, "");
+        assert_int_equal(run.status, 2);
+    }
+}
+
+static gint64
+local_usec(int year, int month, int day, int hour, int minute)
+{
+    g_autoptr(GDateTime) t = g_date_time_new_local(year, month, day, hour, minute, 0);
+
+    return g_date_time_to_unix(t) * G_USEC_PER_SEC;
+}
+
+/* T is a duration back from now or an ISO 8601 time, local without a zone. */
+static void
+test_parse_time(void **state)
+{
+    const VmctlVerb verb = {"events", vmctl_cmd_events, "[AGENT]", "events"};
+    VmctlContext ctx = {.verb = &verb};
+    const gint64 now = G_GINT64_CONSTANT(1714564800000000); /* 2024-05-01T12:00:00Z */
+    const struct {
+        const char *text;
+        gint64 usec;
+    } good[] = {
+        {"90s", now - (gint64)90 * G_USEC_PER_SEC},
+        {"90", now - (gint64)90 * G_USEC_PER_SEC},
+        {"10m", now - (gint64)600 * G_USEC_PER_SEC},
+        {"2h", now - (gint64)7200 * G_USEC_PER_SEC},
+        {"3d", now - (gint64)3 * 86400 * G_USEC_PER_SEC},
+        {"0s", now},
+        {"2024-05-01T12:00:00Z", now},
+        {"2024-05-01T12:00:00.5Z", now + G_USEC_PER_SEC / 2},
+        {"2024-05-01T14:00:00+02:00", now},
+        {"2024-05-01T14:00:00", local_usec(2024, 5, 1, 14, 0)},
+        {"2024-05-01 14:00:00", local_usec(2024, 5, 1, 14, 0)},
+        {"2024-05-01 14:00", local_usec(2024, 5, 1, 14, 0)},
+        {"2024-05-01T14:00Z", now + (gint64)7200 * G_USEC_PER_SEC},
+        {"2024-05-01", local_usec(2024, 5, 1, 0, 0)},
+    };
+    static const char *const bad[] = {
+        "",
+        "yesterday",
+        "10x",
+        "-5m",
+        "5 m",
+        "2024-13-01",
+        "2024-05-01T25:00:00",
+        "2024-05",
+        "14:00",
+        "2024-05-01T14",
+        "2024-05-01Tab:cd",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autoptr(GError) error = NULL;
+        gint64 usec = 0;
+
+        if (!vmctl_parse_time(&ctx, "--since", good[i].text, now, &usec, &error))
+            fail_msg("'%s': %s", good[i].text, error->message);
+        if (usec != good[i].usec)
+            fail_msg("'%s': %" G_GINT64_FORMAT ", expected %" G_GINT64_FORMAT, good[i].text, usec,
+                     good[i].usec);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GError) error = NULL;
+        gint64 usec = 42;
+
+        assert_false(vmctl_parse_time(&ctx, "--since", bad[i], now, &usec, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "--since needs");
+        assert_int_equal(usec, 42);
+    }
+}
+
 int
 main(void)
 {
@@ -1059,10 +1275,13 @@ main(void)
         cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_many, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_template_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hostd_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_escaped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_diff_escaped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hostd_error_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hostd_hangs_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_lines, setup, teardown),
@@ -1086,6 +1305,9 @@ main(void)
         cmocka_unit_test_setup_teardown(test_remote_environment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_ssh, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events_usage, setup, teardown),
+        cmocka_unit_test(test_parse_time),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
