@@ -111,7 +111,7 @@ first_words=$(printf '%s\n' "${commands[@]}" | cut -d' ' -f1 | sort -u | tr '\n'
 expect "$(echo "$first_words help" | tr ' ' '\n' | sort | tr '\n' ' ' | sed 's/ $//')" vmctl ""
 expect "start stop stop-host-agents" vmctl st
 expect "checkpoint checkpoints" vmctl checkpoint
-expect "--help --json --quiet --socket --version" vmctl --
+expect "--help --host --json --quiet --socket --version" vmctl --
 expect "$first_words" vmctl help ""
 expect "build list" vmctl help template ""
 expect "build list" vmctl template ""
@@ -142,6 +142,7 @@ declare -A first=(
     [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents [events]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
+    [bridge]="" [mcp]=""
 )
 for command in "${commands[@]}"; do
     if [ -z "${first[$command]+set}" ]; then
@@ -182,6 +183,8 @@ expect "" vmctl fork a1 ""
 
 # ---- option values: templates, files; '=' as a word break (bash's default) or not
 expect "debian-12 ubuntu-24.04" vmctl new x --template ""
+expect "$agents" vmctl mcp --agent ""
+expect "web-2" vmctl mcp --read-only --agent a1 --agent w
 expect "debian-12" vmctl new x --template deb
 expect "debian-12" vmctl new x --template = deb
 expect "debian-12 ubuntu-24.04" vmctl new x --template =
@@ -200,7 +203,7 @@ expect "" vmctl exec -t a1 ""
 expect "$agents" vmctl exec -t -e K=V ""
 expect "" vmctl ssh a1 -- ""
 
-# ---- hostd: asked through the same --socket; not answering gives nothing, quietly
+# ---- hostd: asked through the same --socket or --host; not answering gives nothing, quietly
 : >"$tmp/calls"
 expect "$agents" vmctl --socket /run/other.sock info ""
 grep -qxF -- "--socket /run/other.sock list --json" "$tmp/calls"
@@ -209,6 +212,15 @@ status "hostd is asked through the --socket given" $?
 expect "c1 c2" vmctl restore --socket /run/third.sock a1 ""
 grep -qxF -- "--socket /run/third.sock checkpoints a1 --json" "$tmp/calls"
 status "and through a --socket given after the command" $?
+: >"$tmp/calls"
+expect "$agents" vmctl --host ssh://box info ""
+grep -qxF -- "--host ssh://box list --json" "$tmp/calls"
+status "hostd is asked through the --host given" $?
+: >"$tmp/calls"
+expect "c1 c2" vmctl restore --host=ssh://box a1 ""
+grep -qxF -- "--host=ssh://box checkpoints a1 --json" "$tmp/calls"
+status "and through a --host given after the command" $?
+expect "ssh://" vmctl --host ""
 FAKE_HOSTD_DOWN=1 expect "" vmctl info ""
 export FAKE_HOSTD_DOWN=1
 expect "" vmctl restore a1 ""

@@ -39,6 +39,10 @@ static const VmctlVerb verbs[] = {
     {"egress", vmctl_cmd_egress, "NAME", "Show or change where an agent may connect"},
     {"egress-log", vmctl_cmd_egress_log, "NAME", "Show an agent's egress log"},
     {"events", vmctl_cmd_events, "[AGENT]", "Show what happened to agents, and who did it"},
+    {"mcp", vmctl_cmd_mcp, "",
+     "Serve hostd's agents as Model Context Protocol tools on stdin and stdout"},
+    {"bridge", vmctl_cmd_bridge, "",
+     "Pass hostd's protocol between stdio and its socket (--host runs it remotely)"},
     {"template list", vmctl_cmd_template_list, "", "List the templates"},
     {"template build", vmctl_cmd_template_build, "NAME", "Build the base image of a template"},
 };
@@ -58,6 +62,8 @@ print_usage(FILE *stream)
           "Options:\n"
           "  --socket PATH   Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state\n"
           "                  directory's hostd.sock)\n"
+          "  --host URL      Talk to hostd on another host over SSH:\n"
+          "                  ssh://[USER@]HOST[:PORT][/SOCKET] (default: $VMCTL_HOST)\n"
           "  --json          Print results as JSON\n"
           "  -q, --quiet     Do not show progress\n"
           "  --version       Print the version\n"
@@ -196,6 +202,6 @@ main(int argc, char **argv)
     g_autoptr(GError) error = NULL;
     int status = run(&ctx, argv, &error) ? ctx.exit_status : report_failure(&ctx, error);
 
-    g_free(ctx.socket_path);
+    vmctl_context_clear(&ctx);
     return status;
 }

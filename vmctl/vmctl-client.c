@@ -12,6 +12,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
 
@@ -43,44 +44,242 @@ vmctl_client_connect(const char *socket_path, GError **error)
     return g_steal_fd(&fd);
 }
 
-/* Reads the next frame of the reply: PROGRESS is shown here (and still returned); ERROR and an
- * early end of the connection become @error. */
-static VmMessage *
-next_message(VmStreamReader *reader, VmctlProgress *progress, GError **error)
-{
-    VmMessage *message = vm_stream_reader_next(reader, error);
+/* How long ssh gets to end by itself once its connection is closed. */
+#define SSH_GRACE_MS 2000
+/* Bytes of ssh's stderr kept for the error message: the end of it. */
+#define SSH_STDERR_MAX 4096
 
-    if (message != NULL && message->op == VM_OP_PROGRESS)
-        vmctl_progress_update(progress, vm_message_get_string(message, "message", ""),
-                              vm_message_get_double(message, "fraction", -1));
+struct VmctlConnection {
+    int fd;
+    int ssh_stderr;      /* -1 locally */
+    GPid ssh_pid;        /* 0 locally, and once reaped */
+    char *host;          /* the remote host, for messages */
+    GString *said;       /* what ssh wrote on stderr: its last SSH_STDERR_MAX bytes */
+    gboolean ssh_failed; /* ssh ended by itself with a non-zero status */
+};
+
+VmctlConnection *
+vmctl_connection_open(const VmctlEndpoint *endpoint, GError **error)
+{
+    g_autofree VmctlConnection *connection = g_new0(VmctlConnection, 1);
+
+    connection->ssh_stderr = -1;
+    if (endpoint->remote == NULL) {
+        connection->fd = vmctl_client_connect(endpoint->socket_path, error);
+        if (connection->fd < 0)
+            return NULL;
+        return g_steal_pointer(&connection);
+    }
+    if (!vmctl_remote_connect(endpoint->remote, &connection->fd, &connection->ssh_stderr,
+                              &connection->ssh_pid, error))
+        return NULL;
+    connection->host = g_strdup(endpoint->remote->host);
+    connection->said = g_string_new(NULL);
+    return g_steal_pointer(&connection);
+}
+
+int
+vmctl_connection_get_fd(const VmctlConnection *connection)
+{
+    return connection->fd;
+}
+
+/* Reads what ssh wrote on stderr so far, keeping the end. Returns FALSE at its end of file. */
+static gboolean
+connection_read_stderr(VmctlConnection *connection)
+{
+    char buffer[1024];
+
+    for (;;) {
+        ssize_t n = read(connection->ssh_stderr, buffer, sizeof buffer);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno == EAGAIN;
+        if (n == 0)
+            return FALSE;
+        g_string_append_len(connection->said, buffer, n);
+        if (connection->said->len > SSH_STDERR_MAX)
+            g_string_erase(connection->said, 0, connection->said->len - SSH_STDERR_MAX);
+    }
+}
+
+/* Closes the socket and reaps ssh: ssh sees the end of its stdin and ends, and the remote
+ * bridge with it; one that lingers past the grace is terminated. */
+static void
+connection_close(VmctlConnection *connection)
+{
+    gint64 deadline = g_get_monotonic_time() + SSH_GRACE_MS * G_TIME_SPAN_MILLISECOND;
+    gboolean open = TRUE;
+    int status;
+
+    if (connection->fd >= 0) {
+        close(connection->fd);
+        connection->fd = -1;
+    }
+    while (connection->ssh_pid != 0) {
+        if (open)
+            open = connection_read_stderr(connection);
+        pid_t pid = waitpid(connection->ssh_pid, &status, WNOHANG);
+        if (pid == connection->ssh_pid || (pid < 0 && errno != EINTR)) {
+            connection->ssh_failed = pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) != 0;
+            connection->ssh_pid = 0;
+        } else if (g_get_monotonic_time() >= deadline) {
+            kill(connection->ssh_pid, SIGTERM);
+            waitpid(connection->ssh_pid, &status, 0);
+            connection->ssh_pid = 0;
+        } else {
+            struct pollfd pfd = {.fd = connection->ssh_stderr, .events = POLLIN};
+            poll(&pfd, open ? 1 : 0, 10);
+        }
+    }
+    if (connection->ssh_stderr >= 0) {
+        connection_read_stderr(connection);
+        close(connection->ssh_stderr);
+        connection->ssh_stderr = -1;
+    }
+}
+
+/* The last non-empty line of @text, or NULL. */
+static char *
+last_line(const char *text)
+{
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+
+    for (gsize i = g_strv_length(lines); i > 0; i--) {
+        g_strstrip(lines[i - 1]);
+        if (lines[i - 1][0] != '\0')
+            return g_utf8_make_valid(lines[i - 1], -1);
+    }
+    return NULL;
+}
+
+gboolean
+vmctl_connection_fail(VmctlConnection *connection, GError **error)
+{
+    connection_close(connection);
+    if (error == NULL || *error == NULL || !connection->ssh_failed)
+        return FALSE;
+    /* Only a broken conversation is ssh's doing; hostd's own errors, a timeout or a cancel
+     * are what they say. */
+    VmErrorCode code = vm_error_code(*error);
+    if (code != VM_ERROR_PROTOCOL && code != VM_ERROR_IO)
+        return FALSE;
+    g_autofree char *line = last_line(connection->said->str);
+    if (line == NULL)
+        return FALSE;
+    g_clear_error(error);
+    return vm_throw(error, VM_ERROR_NOT_RUNNING, "cannot reach hostd on %s: %s", connection->host,
+                    line);
+}
+
+void
+vmctl_connection_free(VmctlConnection *connection)
+{
+    if (connection == NULL)
+        return;
+    connection_close(connection);
+    if (connection->said != NULL)
+        g_string_free(connection->said, TRUE);
+    g_free(connection->host);
+    g_free(connection);
+}
+
+/* Waits until @fd has something to read, @cancellable fires or @deadline (monotonic usec, 0:
+ * none) passes. Fails with VM_ERROR_CANCELLED or VM_ERROR_TIMEOUT for the last two. */
+static gboolean
+wait_readable(int fd, GCancellable *cancellable, gint64 deadline, GError **error)
+{
+    GPollFD fds[2] = {{.fd = fd, .events = G_IO_IN}};
+    gboolean cancel_fd = cancellable != NULL && g_cancellable_make_pollfd(cancellable, &fds[1]);
+    gboolean ok = TRUE;
+
+    for (;;) {
+        int timeout = -1;
+        if (g_cancellable_is_cancelled(cancellable)) {
+            ok = vm_throw(error, VM_ERROR_CANCELLED, "cancelled");
+            break;
+        }
+        if (deadline != 0) {
+            gint64 left = deadline - g_get_monotonic_time();
+            if (left <= 0) {
+                ok = vm_throw(error, VM_ERROR_TIMEOUT, "time is up");
+                break;
+            }
+            timeout = (int)MIN((left + 999) / 1000, G_MAXINT);
+        }
+        fds[0].revents = 0;
+        if (g_poll(fds, cancel_fd ? 2 : 1, timeout) < 0 && errno != EINTR) {
+            ok = vm_throw_errno(error, errno, "poll");
+            break;
+        }
+        if (fds[0].revents != 0 && !g_cancellable_is_cancelled(cancellable))
+            break;
+    }
+    if (cancel_fd)
+        g_cancellable_release_fd(cancellable);
+    return ok;
+}
+
+/* Reads the next frame of the reply, once it comes or @cancellable fires: PROGRESS goes to
+ * @progress (and is still returned); ERROR and an early end of the connection become @error. */
+static VmMessage *
+next_message(VmStreamReader *reader, GCancellable *cancellable, gint64 deadline,
+             VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    if ((cancellable != NULL || deadline != 0) &&
+        !wait_readable(reader->fd, cancellable, deadline, error))
+        return NULL;
+
+    VmMessage *message = vm_stream_reader_next(reader, error);
+    if (message != NULL && message->op == VM_OP_PROGRESS && progress != NULL)
+        progress(vm_message_get_string(message, "message", ""),
+                 vm_message_get_double(message, "fraction", -1), progress_data);
     return message;
 }
 
 gboolean
-vmctl_client_call(const char *socket_path, const VmMessage *request, VmctlProgressMode mode,
-                  VmMessage **ret_result, GError **error)
+vmctl_client_request(const VmctlEndpoint *endpoint, const VmMessage *request,
+                     GCancellable *cancellable, VmProgressFunc progress, gpointer progress_data,
+                     VmMessage **ret_result, GError **error)
 {
     g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_RESULT, FALSE);
 
-    vm_autofd fd = vmctl_client_connect(socket_path, error);
-    if (fd < 0)
+    g_autoptr(VmctlConnection) connection = vmctl_connection_open(endpoint, error);
+    if (connection == NULL)
         return FALSE;
-    if (!vm_message_write_fd(fd, request, error))
-        return FALSE;
+    if (!vm_message_write_fd(connection->fd, request, error))
+        return vmctl_connection_fail(connection, error);
 
-    g_autoptr(VmctlProgress) progress = vmctl_progress_new(mode, stderr);
     VmStreamReader reader;
-    vm_stream_reader_init(&reader, fd, request->op);
+    vm_stream_reader_init(&reader, connection->fd, request->op);
     for (;;) {
-        g_autoptr(VmMessage) message = next_message(&reader, progress, error);
+        g_autoptr(VmMessage) message =
+            next_message(&reader, cancellable, 0, progress, progress_data, error);
         if (message == NULL)
-            return FALSE;
+            return vmctl_connection_fail(connection, error);
         if (message->op == VM_OP_PROGRESS)
             continue;
         /* The reader lets nothing but PROGRESS and the RESULT through. */
         *ret_result = g_steal_pointer(&message);
         return TRUE;
     }
+}
+
+static void
+show_progress(const char *message, double fraction, gpointer user_data)
+{
+    vmctl_progress_update(user_data, message, fraction);
+}
+
+gboolean
+vmctl_client_call(const VmctlEndpoint *endpoint, const VmMessage *request, VmctlProgressMode mode,
+                  VmMessage **ret_result, GError **error)
+{
+    g_autoptr(VmctlProgress) progress = vmctl_progress_new(mode, stderr);
+
+    return vmctl_client_request(endpoint, request, NULL, show_progress, progress, ret_result,
+                                error);
 }
 
 gboolean
@@ -105,14 +304,16 @@ vmctl_terminal_size(guint32 *ret_cols, guint32 *ret_rows)
  * reused) fd. */
 typedef struct {
     GMutex lock;
-    int fd;
+    int fd; /* owned by the connection */
     gboolean closed;
+    GBytes *input; /* what the stdin thread sends; NULL: what it reads on fd 0 */
 } ExecStream;
 
 static void
 exec_stream_clear(ExecStream *stream)
 {
     g_mutex_clear(&stream->lock);
+    g_clear_pointer(&stream->input, g_bytes_unref);
 }
 
 static void
@@ -133,12 +334,14 @@ exec_stream_send(ExecStream *stream, VmMessage *message, GError **error)
     return ok;
 }
 
+/* Ends the stream: no frame is written after this returns. The socket is shut down first, so
+ * that a stdin thread blocked writing to a hostd that does not read lets go of the lock. */
 static void
 exec_stream_close(ExecStream *stream)
 {
+    shutdown(stream->fd, SHUT_RDWR);
     g_mutex_lock(&stream->lock);
     stream->closed = TRUE;
-    close(stream->fd);
     g_mutex_unlock(&stream->lock);
     exec_stream_unref(stream);
 }
@@ -149,8 +352,20 @@ exec_stream_close(ExecStream *stream)
 static gboolean
 exec_forward_stdin(ExecStream *stream)
 {
-    g_autofree guint8 *buffer = g_malloc(VM_STREAM_CHUNK_MAX);
+    g_autofree guint8 *buffer = NULL;
 
+    if (stream->input != NULL) {
+        gsize len;
+        const guint8 *data = g_bytes_get_data(stream->input, &len);
+        for (gsize off = 0; off < len; off += VM_STREAM_CHUNK_MAX) {
+            g_autoptr(VmMessage) chunk =
+                vm_message_new_data(VM_OP_STDIN, data + off, MIN(len - off, VM_STREAM_CHUNK_MAX));
+            if (!exec_stream_send(stream, chunk, NULL))
+                return FALSE;
+        }
+        return TRUE;
+    }
+    buffer = g_malloc(VM_STREAM_CHUNK_MAX);
     for (;;) {
         ssize_t n = read(STDIN_FILENO, buffer, VM_STREAM_CHUNK_MAX);
         if (n < 0 && errno == EINTR)
@@ -180,6 +395,18 @@ exec_stdin_thread(gpointer data)
     }
     exec_stream_unref(stream);
     return NULL;
+}
+
+static ExecStream *
+exec_stream_start(int fd, GBytes *input)
+{
+    ExecStream *stream = g_atomic_rc_box_new0(ExecStream);
+
+    g_mutex_init(&stream->lock);
+    stream->fd = fd;
+    stream->input = input != NULL ? g_bytes_ref(input) : NULL;
+    g_thread_unref(g_thread_new("vmctl-stdin", exec_stdin_thread, g_atomic_rc_box_acquire(stream)));
+    return stream;
 }
 
 /* Writes all of @data to @fd, waiting when @fd is non-blocking. Returns 0 or an errno. */
@@ -313,7 +540,7 @@ static gboolean
 exec_handle_message(VmStreamReader *reader, VmctlProgress *progress, int *ret_status,
                     GError **error)
 {
-    g_autoptr(VmMessage) message = next_message(reader, progress, error);
+    g_autoptr(VmMessage) message = next_message(reader, NULL, 0, show_progress, progress, error);
     const guint8 *data;
     gsize len = 0;
     int status, err;
@@ -347,7 +574,7 @@ exec_handle_message(VmStreamReader *reader, VmctlProgress *progress, int *ret_st
 }
 
 gboolean
-vmctl_client_exec(const char *socket_path, const VmMessage *request, VmctlProgressMode mode,
+vmctl_client_exec(const VmctlEndpoint *endpoint, const VmMessage *request, VmctlProgressMode mode,
                   gboolean raw_terminal, int *ret_status, GError **error)
 {
     g_autoptr(GError) local_error = NULL;
@@ -357,20 +584,15 @@ vmctl_client_exec(const char *socket_path, const VmMessage *request, VmctlProgre
 
     g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_EXIT, FALSE);
 
-    int fd = vmctl_client_connect(socket_path, error);
-    if (fd < 0)
+    g_autoptr(VmctlConnection) connection = vmctl_connection_open(endpoint, error);
+    if (connection == NULL)
         return FALSE;
-    if (!vm_message_write_fd(fd, request, error)) {
-        close(fd);
-        return FALSE;
-    }
+    int fd = connection->fd;
+    if (!vm_message_write_fd(fd, request, error))
+        return vmctl_connection_fail(connection, error);
 
     vm_stream_reader_init(&reader, fd, request->op);
-    ExecStream *stream = g_atomic_rc_box_new0(ExecStream);
-    g_mutex_init(&stream->lock);
-    stream->fd = fd;
-    g_thread_unref(g_thread_new("vmctl-stdin", exec_stdin_thread, g_atomic_rc_box_acquire(stream)));
-
+    ExecStream *stream = exec_stream_start(fd, NULL);
     g_autoptr(VmctlProgress) progress = vmctl_progress_new(mode, stderr);
     exec_terminal_setup(&term, raw_terminal);
     while (status < 0 && local_error == NULL) {
@@ -391,8 +613,106 @@ vmctl_client_exec(const char *socket_path, const VmMessage *request, VmctlProgre
     exec_stream_close(stream);
     if (local_error != NULL) {
         g_propagate_error(error, g_steal_pointer(&local_error));
-        return FALSE;
+        return vmctl_connection_fail(connection, error);
     }
     *ret_status = status;
+    return TRUE;
+}
+
+void
+vmctl_exec_output_free(VmctlExecOutput *output)
+{
+    if (output == NULL)
+        return;
+    g_byte_array_unref(output->out);
+    g_byte_array_unref(output->err);
+    g_free(output);
+}
+
+/* Keeps what fits of @len bytes at @data in @kept, at most @max bytes in all, and counts them
+ * in @total. */
+static void
+capture_data(GByteArray *kept, guint64 *total, gsize max, const guint8 *data, gsize len)
+{
+    if (kept->len < max)
+        g_byte_array_append(kept, data, (guint)MIN(len, max - kept->len));
+    *total += len;
+}
+
+/* Runs the stream of an EXEC whose request went out, until EXIT. */
+static gboolean
+exec_capture_stream(VmStreamReader *reader, gsize max_output, gint64 deadline,
+                    GCancellable *cancellable, VmProgressFunc progress, gpointer progress_data,
+                    VmctlExecOutput *output, GError **error)
+{
+    for (;;) {
+        g_autoptr(VmMessage) message =
+            next_message(reader, cancellable, deadline, progress, progress_data, error);
+        const guint8 *data;
+        gsize len = 0;
+
+        if (message == NULL)
+            return FALSE;
+        switch (message->op) {
+        case VM_OP_PROGRESS:
+            break;
+        case VM_OP_STDOUT:
+            data = vm_message_get_data(message, "data", &len);
+            capture_data(output->out, &output->out_total, max_output, data, len);
+            break;
+        case VM_OP_STDERR:
+            data = vm_message_get_data(message, "data", &len);
+            capture_data(output->err, &output->err_total, max_output, data, len);
+            break;
+        case VM_OP_EXIT:
+            output->status = vm_message_get_int(message, "status", 255);
+            if (output->status < 0 || output->status > 255)
+                output->status = 255;
+            return TRUE;
+        default: /* the reader lets nothing else through */
+            return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
+                            vm_op_name(message->op));
+        }
+    }
+}
+
+gboolean
+vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *request, GBytes *input,
+                          gsize max_output, guint timeout_ms, GCancellable *cancellable,
+                          VmProgressFunc progress, gpointer progress_data,
+                          VmctlExecOutput **ret_output, GError **error)
+{
+    g_autoptr(VmctlExecOutput) output = g_new0(VmctlExecOutput, 1);
+    g_autoptr(GError) local_error = NULL;
+    gint64 deadline =
+        timeout_ms > 0 ? g_get_monotonic_time() + (gint64)timeout_ms * G_TIME_SPAN_MILLISECOND : 0;
+    VmStreamReader reader;
+
+    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_EXIT, FALSE);
+
+    output->out = g_byte_array_new();
+    output->err = g_byte_array_new();
+    g_autoptr(VmctlConnection) connection = vmctl_connection_open(endpoint, error);
+    if (connection == NULL)
+        return FALSE;
+    if (!vm_message_write_fd(connection->fd, request, error))
+        return vmctl_connection_fail(connection, error);
+
+    vm_stream_reader_init(&reader, connection->fd, request->op);
+    g_autoptr(GBytes) empty = input == NULL ? g_bytes_new(NULL, 0) : NULL;
+    ExecStream *stream = exec_stream_start(connection->fd, input != NULL ? input : empty);
+    gboolean ok = exec_capture_stream(&reader, max_output, deadline, cancellable, progress,
+                                      progress_data, output, &local_error);
+    exec_stream_close(stream);
+    if (!ok) {
+        if (g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT)) {
+            g_clear_error(&local_error);
+            vm_throw(&local_error, VM_ERROR_TIMEOUT, "the command still ran after %u s",
+                     (timeout_ms + 999) / 1000);
+        }
+        g_propagate_error(error, g_steal_pointer(&local_error));
+        return vmctl_connection_fail(connection, error);
+    }
+    *ret_output = g_steal_pointer(&output);
     return TRUE;
 }

@@ -1,26 +1,66 @@
 /* vmctl's side of the hostd conversation: one request per connection, then either PROGRESS*
  * and a RESULT or ERROR, or (for EXEC) a stream of stdin/stdout/stderr frames ending in EXIT.
+ * The connection is hostd's socket, or for a remote hostd an ssh (vmctl-remote.h) that carries
+ * the same frames.
  */
 #pragma once
 
+#include "vm-progress.h"
 #include "vm-protocol.h"
 #include "vmctl-output.h"
+#include "vmctl-remote.h"
 
-#include <glib.h>
+#include <gio/gio.h>
 
 G_BEGIN_DECLS
+
+/* Where hostd is: its socket on this host, or a remote host reached over SSH. */
+typedef struct {
+    const char *socket_path;   /* hostd's socket here; unused with @remote */
+    const VmctlRemote *remote; /* NULL: hostd runs on this host */
+} VmctlEndpoint;
+
+/* One conversation with hostd: the socket, and for a remote hostd the ssh that carries it. */
+typedef struct VmctlConnection VmctlConnection;
 
 /* Connects to hostd at @socket_path and returns the connected blocking socket (close-on-exec).
  * Fails with VM_ERROR_NOT_RUNNING ("hostd is not running at PATH") when nothing listens there,
  * VM_ERROR_INVALID_ARGUMENT for a path too long for a Unix socket, VM_ERROR_IO otherwise. */
 int vmctl_client_connect(const char *socket_path, GError **error);
 
-/* Sends @request to hostd at @socket_path, shows every PROGRESS on stderr as @mode says, and
- * returns the RESULT in @ret_result (owned by the caller). Fails with the error hostd sent
- * (same code and message), VM_ERROR_NOT_RUNNING when hostd is not there, VM_ERROR_PROTOCOL when
- * the connection ends early or hostd answers with an unexpected message, VM_ERROR_IO on a socket
- * error. */
-gboolean vmctl_client_call(const char *socket_path, const VmMessage *request,
+/* Opens a conversation with hostd at @endpoint: vmctl_client_connect(), or for a remote one
+ * vmctl_remote_connect(). Fails like them. Free with vmctl_connection_free(). */
+VmctlConnection *vmctl_connection_open(const VmctlEndpoint *endpoint, GError **error);
+
+/* The socket of @connection (owned by it): frames are written to and read from it. */
+int vmctl_connection_get_fd(const VmctlConnection *connection);
+
+/* Closes the socket of @connection, so that hostd (through ssh and the remote bridge) sees the
+ * client go away, and waits for ssh to end: a short grace, then SIGTERM. Then, when @error
+ * holds the failure the conversation ended with and ssh's own failure is why (it exited with
+ * 255 or 127 and said something: no connection, no login, no vmctl on the remote), replaces it
+ * with VM_ERROR_NOT_RUNNING "cannot reach hostd on HOST: <ssh's last line>". Local
+ * connections are only closed. Returns FALSE (a throw helper for a failed conversation). */
+gboolean vmctl_connection_fail(VmctlConnection *connection, GError **error);
+
+/* Closes @connection (as vmctl_connection_fail() without an error) and frees it; accepts
+ * NULL. */
+void vmctl_connection_free(VmctlConnection *connection);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmctlConnection, vmctl_connection_free)
+
+/* Sends @request to hostd at @endpoint and returns the RESULT in @ret_result (owned by the
+ * caller). Every PROGRESS goes to @progress (may be NULL) on the calling thread. While waiting,
+ * @cancellable (may be NULL) ends the conversation with VM_ERROR_CANCELLED "cancelled": the
+ * connection is closed, which hostd takes as the client going away. Fails with the error hostd
+ * sent (same code and message), VM_ERROR_NOT_RUNNING when hostd is not there (or ssh cannot
+ * reach it), VM_ERROR_PROTOCOL when the connection ends early or hostd answers with an
+ * unexpected message, VM_ERROR_IO on a socket error. Safe to call from several threads. */
+gboolean vmctl_client_request(const VmctlEndpoint *endpoint, const VmMessage *request,
+                              GCancellable *cancellable, VmProgressFunc progress,
+                              gpointer progress_data, VmMessage **ret_result, GError **error);
+
+/* vmctl_client_request() for the command line: shows every PROGRESS on stderr as @mode says. */
+gboolean vmctl_client_call(const VmctlEndpoint *endpoint, const VmMessage *request,
                            VmctlProgressMode mode, VmMessage **ret_result, GError **error);
 
 /* Sends the EXEC @request and runs the stream until EXIT: stdin (fd 0) is forwarded in STDIN
@@ -29,9 +69,35 @@ gboolean vmctl_client_call(const char *socket_path, const VmMessage *request,
  * restored on every way out including SIGINT/SIGTERM/SIGHUP/SIGQUIT, and SIGWINCH is forwarded as
  * WINDOW_SIZE. Returns the remote exit status in @ret_status; a local signal ends the stream with
  * 128 + its number, a closed local stdout with 141 (SIGPIPE's). Fails like vmctl_client_call(). */
-gboolean vmctl_client_exec(const char *socket_path, const VmMessage *request,
+gboolean vmctl_client_exec(const VmctlEndpoint *endpoint, const VmMessage *request,
                            VmctlProgressMode mode, gboolean raw_terminal, int *ret_status,
                            GError **error);
+
+/* What vmctl_client_exec_capture() kept of a command's run. */
+typedef struct {
+    GByteArray *out;   /* the first max_output bytes of stdout */
+    GByteArray *err;   /* the first max_output bytes of stderr */
+    guint64 out_total; /* bytes of stdout there were, kept or not */
+    guint64 err_total; /* bytes of stderr there were */
+    int status;        /* the command's exit status, 128 + N for signal N */
+} VmctlExecOutput;
+
+void vmctl_exec_output_free(VmctlExecOutput *output);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmctlExecOutput, vmctl_exec_output_free)
+
+/* Sends the EXEC @request with @input (may be NULL: none) as its stdin, then STDIN_EOF, and
+ * collects its output: at most @max_output bytes of each of stdout and stderr are kept, the rest
+ * is read and counted. PROGRESS goes to @progress (may be NULL). Ends early with
+ * VM_ERROR_TIMEOUT "the command still ran after N s" once @timeout_ms (0: none) passes and with
+ * VM_ERROR_CANCELLED "cancelled" when @cancellable (may be NULL) fires; either way the
+ * connection is closed, which hostd takes as the client going away. Returns the output in
+ * @ret_output (owned by the caller). Otherwise fails like vmctl_client_request(). Safe to call
+ * from several threads; touches no terminal, signal or standard fd. */
+gboolean vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *request,
+                                   GBytes *input, gsize max_output, guint timeout_ms,
+                                   GCancellable *cancellable, VmProgressFunc progress,
+                                   gpointer progress_data, VmctlExecOutput **ret_output,
+                                   GError **error);
 
 /* Reads the size of the terminal on stdout (else stdin). Returns FALSE when neither is a
  * terminal; @ret_cols and @ret_rows are written only on success. */

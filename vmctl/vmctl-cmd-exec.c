@@ -72,9 +72,9 @@ vmctl_cmd_exec(VmctlContext *ctx, int argc, char **argv, GError **error)
     }
 
     g_autoptr(VmMessage) request = vm_message_new(VM_OP_EXEC, g_variant_dict_end(&fields), error);
-    if (request == NULL)
+    VmctlEndpoint endpoint;
+    if (request == NULL || !vmctl_endpoint(ctx, &endpoint, error))
         return FALSE;
-    g_autofree char *socket_path = vmctl_socket_path(ctx);
-    return vmctl_client_exec(socket_path, request, vmctl_progress_mode(ctx), tty, &ctx->exit_status,
+    return vmctl_client_exec(&endpoint, request, vmctl_progress_mode(ctx), tty, &ctx->exit_status,
                              error);
 }

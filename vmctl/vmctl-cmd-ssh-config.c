@@ -20,9 +20,14 @@ vmctl_cmd_ssh_config(VmctlContext *ctx, int argc, char **argv, GError **error)
     }
     if (!vmctl_request(ctx, VM_OP_AGENT_SSH_CONFIG, g_variant_dict_end(&fields), &result, error))
         return FALSE;
-    if (ctx->json)
+    if (ctx->json) {
         vmctl_print_result(ctx, result, NULL, NULL);
-    else
+    } else if (ctx->remote != NULL) {
+        g_autofree char *config =
+            vmctl_remote_ssh_config(ctx->remote, vm_message_get_string(result, "config", ""));
+        fputs(config, stdout);
+    } else {
         fputs(vm_message_get_string(result, "config", ""), stdout);
+    }
     return TRUE;
 }

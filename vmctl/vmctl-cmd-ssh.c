@@ -6,15 +6,47 @@
 #include <stdio.h>
 #include <unistd.h>
 
+static gboolean
+exec_ssh(const char *const *ssh_argv, GError **error)
+{
+    fflush(stdout);
+    execvp("ssh", (char **)ssh_argv);
+    if (errno == ENOENT)
+        return vm_throw(error, VM_ERROR_IO,
+                        "ssh is not installed (vmctl ssh runs it); install openssh-client");
+    return vm_throw_errno(error, errno, "cannot run ssh");
+}
+
+/* On a remote hostd the agent's key stays there: ssh to the remote host runs `vmctl ssh` there. */
+static gboolean
+ssh_remote(const VmctlRemote *remote, const char *name, char **command, GError **error)
+{
+    g_autoptr(GStrvBuilder) words = g_strv_builder_new();
+
+    g_strv_builder_add(words, "vmctl");
+    if (remote->socket_path != NULL)
+        g_strv_builder_add_many(words, "--socket", remote->socket_path, NULL);
+    g_strv_builder_add_many(words, "ssh", name, "--", NULL);
+    g_strv_builder_addv(words, (const char **)command);
+    g_auto(GStrv) remote_argv = g_strv_builder_end(words);
+    g_auto(GStrv) ssh_argv = vmctl_remote_ssh_argv(remote, (const char *const *)remote_argv,
+                                                   isatty(STDIN_FILENO) && isatty(STDOUT_FILENO));
+    return exec_ssh((const char *const *)ssh_argv, error);
+}
+
 gboolean
 vmctl_cmd_ssh(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
     g_autofree char *name = NULL;
     g_auto(GStrv) command = NULL;
     g_autoptr(VmMessage) result = NULL;
+    VmctlEndpoint endpoint;
 
-    if (!vmctl_parse_command(ctx, argc, argv, NULL, &name, &command, error))
+    if (!vmctl_parse_command(ctx, argc, argv, NULL, &name, &command, error) ||
+        !vmctl_endpoint(ctx, &endpoint, error))
         return FALSE;
+    if (endpoint.remote != NULL)
+        return ssh_remote(endpoint.remote, name, command, error);
     if (!vmctl_request(ctx, VM_OP_AGENT_SSH_CONFIG, g_variant_new_parsed("{'name': <%s>}", name),
                        &result, error))
         return FALSE;
@@ -35,11 +67,5 @@ vmctl_cmd_ssh(VmctlContext *ctx, int argc, char **argv, GError **error)
     for (char **word = command; *word != NULL; word++)
         g_ptr_array_add(ssh_argv, *word);
     g_ptr_array_add(ssh_argv, NULL);
-
-    fflush(stdout);
-    execvp("ssh", (char **)ssh_argv->pdata);
-    if (errno == ENOENT)
-        return vm_throw(error, VM_ERROR_IO,
-                        "ssh is not installed (vmctl ssh runs it); install openssh-client");
-    return vm_throw_errno(error, errno, "cannot run ssh");
+    return exec_ssh((const char *const *)ssh_argv->pdata, error);
 }

@@ -18,6 +18,10 @@ vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx)
         {"socket", 0, 0, G_OPTION_ARG_FILENAME, &ctx->socket_path,
          "Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state directory's hostd.sock)",
          "PATH"},
+        {"host", 0, 0, G_OPTION_ARG_STRING, &ctx->host,
+         "Talk to hostd on another host over SSH: ssh://[USER@]HOST[:PORT][/SOCKET] (default: "
+         "$VMCTL_HOST)",
+         "URL"},
         {"json", 0, 0, G_OPTION_ARG_NONE, &ctx->json, "Print the result as JSON", NULL},
         {"quiet", 'q', 0, G_OPTION_ARG_NONE, &ctx->quiet, "Do not show progress", NULL},
         G_OPTION_ENTRY_NULL,
@@ -248,6 +252,39 @@ vmctl_socket_path(const VmctlContext *ctx)
     return vm_default_socket_path();
 }
 
+gboolean
+vmctl_endpoint(VmctlContext *ctx, VmctlEndpoint *ret_endpoint, GError **error)
+{
+    const char *env = g_getenv("VMCTL_HOST");
+
+    if (ctx->remote == NULL && ctx->endpoint_path == NULL) {
+        if (ctx->host != NULL && ctx->socket_path != NULL)
+            return vmctl_usage_error(ctx, error,
+                                     "--host and --socket do not go together (the remote "
+                                     "socket goes in the URL: ssh://HOST/PATH)");
+        if (ctx->host != NULL) {
+            ctx->remote = vmctl_remote_parse(ctx->host, "--host", error);
+        } else if (ctx->socket_path == NULL && env != NULL && env[0] != '\0') {
+            ctx->remote = vmctl_remote_parse(env, "$VMCTL_HOST", error);
+        } else {
+            ctx->endpoint_path = vmctl_socket_path(ctx);
+        }
+        if (ctx->remote == NULL && ctx->endpoint_path == NULL)
+            return FALSE;
+    }
+    *ret_endpoint = (VmctlEndpoint){.socket_path = ctx->endpoint_path, .remote = ctx->remote};
+    return TRUE;
+}
+
+void
+vmctl_context_clear(VmctlContext *ctx)
+{
+    g_clear_pointer(&ctx->socket_path, g_free);
+    g_clear_pointer(&ctx->host, g_free);
+    g_clear_pointer(&ctx->remote, vmctl_remote_free);
+    g_clear_pointer(&ctx->endpoint_path, g_free);
+}
+
 VmctlProgressMode
 vmctl_progress_mode(const VmctlContext *ctx)
 {
@@ -259,12 +296,12 @@ vmctl_progress_mode(const VmctlContext *ctx)
 gboolean
 vmctl_request(VmctlContext *ctx, VmOp op, GVariant *fields, VmMessage **ret_result, GError **error)
 {
-    g_autofree char *socket_path = vmctl_socket_path(ctx);
     g_autoptr(VmMessage) request = vm_message_new(op, fields, error);
+    VmctlEndpoint endpoint;
 
-    if (request == NULL)
+    if (request == NULL || !vmctl_endpoint(ctx, &endpoint, error))
         return FALSE;
-    return vmctl_client_call(socket_path, request, vmctl_progress_mode(ctx), ret_result, error);
+    return vmctl_client_call(&endpoint, request, vmctl_progress_mode(ctx), ret_result, error);
 }
 
 GVariant *
@@ -358,27 +395,28 @@ vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlLineFormat
                    GError **error)
 {
     g_autoptr(GString) pending = g_string_new(NULL);
-    g_autofree char *socket_path = NULL;
     g_autoptr(VmMessage) request = vm_message_new(op, fields, error);
-    vm_autofd fd = -1;
+    g_autoptr(VmctlConnection) connection = NULL;
+    VmctlEndpoint endpoint;
     VmStreamReader reader;
 
-    if (request == NULL)
+    if (request == NULL || !vmctl_endpoint(ctx, &endpoint, error))
         return FALSE;
     if (ctx->json)
         format = NULL;
-    socket_path = vmctl_socket_path(ctx);
-    fd = vmctl_client_connect(socket_path, error);
-    if (fd < 0 || !vm_message_write_fd(fd, request, error))
+    connection = vmctl_connection_open(&endpoint, error);
+    if (connection == NULL)
         return FALSE;
-    vm_stream_reader_init(&reader, fd, request->op);
+    if (!vm_message_write_fd(vmctl_connection_get_fd(connection), request, error))
+        return vmctl_connection_fail(connection, error);
+    vm_stream_reader_init(&reader, vmctl_connection_get_fd(connection), request->op);
     for (;;) {
         g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, error);
         const guint8 *data;
         gsize len = 0;
 
         if (m == NULL)
-            return FALSE;
+            return vmctl_connection_fail(connection, error);
         switch (m->op) {
         case VM_OP_STDOUT:
             data = vm_message_get_data(m, "data", &len);

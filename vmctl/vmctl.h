@@ -7,7 +7,9 @@
 #pragma once
 
 #include "vm-protocol.h"
+#include "vmctl-client.h"
 #include "vmctl-output.h"
+#include "vmctl-remote.h"
 
 #include <glib.h>
 
@@ -29,7 +31,10 @@ typedef struct {
 
 struct VmctlContext {
     const VmctlVerb *verb;
-    char *socket_path; /* from --socket; NULL means vm_default_socket_path() */
+    char *socket_path;   /* from --socket; NULL means vm_default_socket_path() */
+    char *host;          /* from --host; NULL: $VMCTL_HOST, else hostd is on this host */
+    VmctlRemote *remote; /* --host or $VMCTL_HOST parsed, by vmctl_endpoint() */
+    char *endpoint_path; /* the local socket vmctl_endpoint() chose */
     gboolean json;
     gboolean quiet;
     gpointer option_data; /* handed to the G_OPTION_ARG_CALLBACK entries of the verb */
@@ -37,8 +42,8 @@ struct VmctlContext {
     int failure_status;   /* 0, or the status any failure exits with (exec: 125) */
 };
 
-/* The options every verb accepts as well as vmctl itself: --socket, --json, --quiet. They
- * write into @ctx. */
+/* The options every verb accepts as well as vmctl itself: --socket, --host, --json, --quiet.
+ * They write into @ctx. */
 void vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx);
 
 /* Parses @argv for ctx->verb with @entries (NULL-terminated, may be NULL) plus the global
@@ -85,6 +90,15 @@ GVariantDict *vmctl_parse_name(VmctlContext *ctx, int argc, char **argv,
 
 /* The socket vmctl talks to: --socket, else $VMCTL_SOCKET, else the default. Newly allocated. */
 char *vmctl_socket_path(const VmctlContext *ctx);
+
+/* Where hostd is: --host, else --socket, else $VMCTL_HOST, else $VMCTL_SOCKET, else the default
+ * socket. Fills @ret_endpoint with pointers into @ctx (valid while it lives). Fails with a usage
+ * error for a bad URL or for --host with --socket. */
+gboolean vmctl_endpoint(VmctlContext *ctx, VmctlEndpoint *ret_endpoint, GError **error);
+
+/* Frees what @ctx owns (its options and what vmctl_endpoint() made); @ctx itself is the
+ * caller's. Can't fail. */
+void vmctl_context_clear(VmctlContext *ctx);
 
 /* How progress shows: not at all with --quiet, as a redrawn bar when stderr is a terminal, else
  * as plain lines. */
@@ -153,5 +167,7 @@ gboolean vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError *
 gboolean vmctl_cmd_autorestart(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_stop_host_agents(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_events(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_bridge(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_mcp(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS

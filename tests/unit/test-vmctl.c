@@ -1,6 +1,7 @@
-/* The vmctl binary against a fake hostd: a thread in this process that listens on a socket,
- * records the request vmctl sends and answers with scripted messages. vmctl runs as a subprocess
- * ($VM_BUILD_DIR/vmctl/vmctl), so what is checked is what a user sees: stdout, stderr, status.
+/* The vmctl binary against a fake hostd (test-vmctl-fixture.h): a thread in this process that
+ * listens on a socket, records the request vmctl sends and answers with scripted messages. vmctl
+ * runs as a subprocess ($VM_BUILD_DIR/vmctl/vmctl), so what is checked is what a user sees:
+ * stdout, stderr, status.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,10 +13,7 @@
 #include <glib/gstdio.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "vm-error.h"
@@ -24,23 +22,8 @@
 #include "vmctl.h"
 #include "vm-stream.h"
 #include "test-common.h"
-
-#define SERVER_WAIT_MS 30000
-
-typedef struct {
-    /* The script. */
-    GPtrArray *replies;     /* VmMessage, sent after the request (and stdin) */
-    GVariant *result;       /* when set, a RESULT sent last through a VmStreamWriter (any size) */
-    gboolean collect_stdin; /* read STDIN frames up to STDIN_EOF before replying */
-    gboolean echo_stdin;    /* send what was collected back as STDOUT frames first */
-
-    /* What happened, read by the test once the thread is joined. */
-    gboolean connected;
-    VmMessage *request;
-    GByteArray *stdin_data;
-    gsize max_chunk;
-    gboolean got_eof;
-} Server;
+#include "test-vmctl-fixture.h"
+#include "vmctl-remote.h"
 
 typedef struct {
     char *tmpdir;
@@ -48,10 +31,10 @@ typedef struct {
     char *vmctl;
     char *path_env;         /* $PATH for vmctl, when set */
     gboolean closed_stdout; /* vmctl's stdout is a pipe nobody reads */
-    int listen_fd;
-    GThread *thread;
-    gint stop;
-    Server server;
+    char *host;             /* when set, vmctl runs with --host HOST instead of --socket */
+    char *host_env;         /* $VMCTL_HOST for vmctl, when set */
+    gboolean bare;          /* vmctl runs with neither --socket nor --host */
+    VmTestHostd *hostd;
 } Fixture;
 
 typedef struct {
@@ -72,20 +55,12 @@ static int
 setup(void **state)
 {
     Fixture *f = g_new0(Fixture, 1);
-    struct sockaddr_un addr;
-    socklen_t addr_len;
     const char *build_dir = g_getenv("VM_BUILD_DIR");
 
     f->vmctl = g_build_filename(build_dir != NULL ? build_dir : ".", "vmctl", "vmctl", NULL);
     f->tmpdir = vm_test_make_tmpdir("test-vmctl-XXXXXX");
     f->socket_path = g_build_filename(f->tmpdir, "hostd.sock", NULL);
-    assert_true(vm_unix_address(f->socket_path, &addr, &addr_len, NULL));
-    f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(f->listen_fd >= 0);
-    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&addr, addr_len), 0);
-    assert_int_equal(listen(f->listen_fd, 4), 0);
-    f->server.replies = g_ptr_array_new_with_free_func((GDestroyNotify)vm_message_free);
-    f->server.stdin_data = g_byte_array_new();
+    f->hostd = vm_test_hostd_new(f->socket_path);
     *state = f;
     return 0;
 }
@@ -95,133 +70,41 @@ teardown(void **state)
 {
     Fixture *f = *state;
 
-    if (f->thread != NULL) {
-        g_atomic_int_set(&f->stop, 1);
-        g_thread_join(f->thread);
-    }
-    close(f->listen_fd);
+    vm_test_hostd_free(f->hostd);
     vm_test_remove_tree(f->tmpdir);
-    g_ptr_array_unref(f->server.replies);
-    g_clear_pointer(&f->server.result, g_variant_unref);
-    g_byte_array_unref(f->server.stdin_data);
-    if (f->server.request != NULL)
-        vm_message_free(f->server.request);
     g_free(f->socket_path);
     g_free(f->tmpdir);
     g_free(f->vmctl);
     g_free(f->path_env);
+    g_free(f->host);
+    g_free(f->host_env);
     g_free(f);
     return 0;
 }
 
-static void
-server_collect_stdin(Server *server, int fd)
-{
-    for (;;) {
-        gboolean eof = FALSE;
-        g_autoptr(VmMessage) message = vm_message_read_fd(fd, &eof, NULL);
-        gsize len = 0;
-
-        if (message == NULL)
-            return;
-        if (message->op == VM_OP_STDIN_EOF) {
-            server->got_eof = TRUE;
-            return;
-        }
-        if (message->op == VM_OP_STDIN) {
-            const guint8 *data = vm_message_get_data(message, "data", &len);
-            g_byte_array_append(server->stdin_data, data, (guint)len);
-            server->max_chunk = MAX(server->max_chunk, len);
-        }
-    }
-}
-
-static gpointer
-server_thread(gpointer data)
-{
-    Fixture *f = data;
-    Server *server = &f->server;
-    struct pollfd pfd = {.fd = f->listen_fd, .events = POLLIN};
-    int waited = 0;
-
-    while (!g_atomic_int_get(&f->stop) && waited < SERVER_WAIT_MS) {
-        if (poll(&pfd, 1, 50) == 1)
-            break;
-        waited += 50;
-    }
-    if (pfd.revents == 0)
-        return NULL;
-    int fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    server->connected = TRUE;
-    server->request = vm_message_read_fd(fd, NULL, NULL);
-    if (server->collect_stdin)
-        server_collect_stdin(server, fd);
-    for (guint off = 0; server->echo_stdin && off < server->stdin_data->len;) {
-        gsize len = MIN(server->stdin_data->len - off, VM_STREAM_CHUNK_MAX);
-        g_autoptr(VmMessage) chunk =
-            vm_message_new_data(VM_OP_STDOUT, server->stdin_data->data + off, len);
-        vm_message_write_fd(fd, chunk, NULL);
-        off += (guint)len;
-    }
-    for (guint i = 0; i < server->replies->len; i++)
-        vm_message_write_fd(fd, g_ptr_array_index(server->replies, i), NULL);
-    if (server->result != NULL) {
-        VmStreamWriter writer = VM_STREAM_WRITER_INIT(fd);
-        vm_stream_writer_result(&writer, g_variant_ref(server->result), NULL);
-    }
-    close(fd);
-    return NULL;
-}
-
-/* Starts the server thread for one vmctl run, forgetting what the previous run recorded. */
+/* Starts the fake hostd for one vmctl run, forgetting what the previous run recorded. */
 static void
 server_start(Fixture *f)
 {
-    Server *server = &f->server;
-
-    g_clear_pointer(&server->request, vm_message_free);
-    g_byte_array_set_size(server->stdin_data, 0);
-    server->connected = FALSE;
-    server->got_eof = FALSE;
-    server->max_chunk = 0;
-    g_atomic_int_set(&f->stop, 0);
-    f->thread = g_thread_new("fake-hostd", server_thread, f);
-}
-
-/* Ends the server thread (it gives up waiting for a connection at once). */
-static void
-server_join(Fixture *f)
-{
-    g_atomic_int_set(&f->stop, 1);
-    g_thread_join(f->thread);
-    f->thread = NULL;
+    vm_test_hostd_start(f->hostd);
 }
 
 static void
 reply(Fixture *f, VmOp op, const char *fields)
 {
-    g_autoptr(GError) error = NULL;
-    VmMessage *message =
-        vm_message_new(op, fields != NULL ? g_variant_new_parsed(fields) : NULL, &error);
-
-    assert_non_null(message);
-    g_ptr_array_add(f->server.replies, message);
+    vm_test_hostd_reply(f->hostd, op, fields);
 }
 
 static void
 reply_data(Fixture *f, VmOp op, const char *text)
 {
-    g_ptr_array_add(f->server.replies, vm_message_new_data(op, text, strlen(text)));
+    vm_test_hostd_reply_data(f->hostd, op, text);
 }
 
 static void
 reply_error(Fixture *f, VmErrorCode code, const char *text)
 {
-    g_autoptr(GError) error = g_error_new_literal(VM_ERROR, code, text);
-
-    g_ptr_array_add(f->server.replies, vm_message_new_error(error));
+    vm_test_hostd_reply_error(f->hostd, code, text);
 }
 
 static char *
@@ -233,8 +116,9 @@ bytes_to_string(GBytes *bytes)
     return size > 0 ? g_strndup(data, size) : g_strdup("");
 }
 
-/* Runs vmctl --socket SOCKET @args... with @input on stdin (NULL: none), with the server thread
- * answering, and returns what it printed and its exit status. */
+/* Runs vmctl --socket SOCKET (or --host f->host, or neither with f->bare) @args... with @input on
+ * stdin (NULL: none), with the server thread answering, and returns what it printed and its exit
+ * status. */
 static void
 run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_run)
 {
@@ -242,8 +126,10 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
     g_autoptr(GError) error = NULL;
 
     g_ptr_array_add(argv, f->vmctl);
-    g_ptr_array_add(argv, "--socket");
-    g_ptr_array_add(argv, f->socket_path);
+    if (!f->bare) {
+        g_ptr_array_add(argv, f->host != NULL ? "--host" : "--socket");
+        g_ptr_array_add(argv, f->host != NULL ? f->host : f->socket_path);
+    }
     for (gsize i = 0; args[i] != NULL; i++)
         g_ptr_array_add(argv, (gpointer)args[i]);
     g_ptr_array_add(argv, NULL);
@@ -259,6 +145,10 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
     }
     if (f->path_env != NULL)
         g_subprocess_launcher_setenv(launcher, "PATH", f->path_env, TRUE);
+    if (f->host_env != NULL)
+        g_subprocess_launcher_setenv(launcher, "VMCTL_HOST", f->host_env, TRUE);
+    else
+        g_subprocess_launcher_unsetenv(launcher, "VMCTL_HOST");
     g_autoptr(GSubprocess) process =
         g_subprocess_launcher_spawnv(launcher, (const char *const *)argv->pdata, &error);
     assert_non_null(process);
@@ -272,8 +162,8 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
     ret_run->status = g_subprocess_get_exit_status(process);
     ret_run->out = bytes_to_string(out);
     ret_run->err = bytes_to_string(err);
-    if (f->thread != NULL)
-        server_join(f);
+    if (f->hostd->thread != NULL)
+        vm_test_hostd_join(f->hostd);
 }
 
 #define run_vmctl(f, input, run, ...)                                                              \
@@ -282,9 +172,9 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
 static void
 assert_request(Fixture *f, VmOp op)
 {
-    assert_true(f->server.connected);
-    assert_non_null(f->server.request);
-    assert_int_equal(f->server.request->op, op);
+    assert_true(f->hostd->connected);
+    assert_non_null(f->hostd->request);
+    assert_int_equal(f->hostd->request->op, op);
 }
 
 static void
@@ -401,9 +291,9 @@ test_list_many(void **state)
                                      "2048>, 'disk_gib': <uint32 10>, 'ssh_port': <uint32 2201>}",
                                      name);
     }
-    f->server.result = g_variant_ref_sink(
+    f->hostd->result = g_variant_ref_sink(
         g_variant_new_parsed("{'agents': <%@aa{sv}>}", g_variant_builder_end(&agents)));
-    assert_true(g_variant_get_size(f->server.result) > VM_FRAME_MAX);
+    assert_true(g_variant_get_size(f->hostd->result) > VM_FRAME_MAX);
     server_start(f);
     run_vmctl(f, NULL, &run, "list");
     assert_int_equal(run.status, 0);
@@ -462,7 +352,7 @@ test_info(void **state)
     server_start(f);
     run_vmctl(f, NULL, &run, "info", "a1");
     assert_request(f, VM_OP_AGENT_INFO);
-    assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
     assert_string_equal(run.out, "name:            a1\n"
                                  "state:           crashed\n"
                                  "since:           -\n"
@@ -579,14 +469,14 @@ test_progress_lines(void **state)
     server_start(f);
     run_vmctl(f, NULL, &run, "template", "build", "debian-12", "--force");
     assert_request(f, VM_OP_TEMPLATE_BUILD);
-    assert_true(vm_message_get_bool(f->server.request, "force", FALSE));
+    assert_true(vm_message_get_bool(f->hostd->request, "force", FALSE));
     assert_string_equal(run.err, "debootstrap\nconverting image\n");
     assert_string_equal(run.out, "built template debian-12: /images/debian-12.qcow2\n");
     assert_int_equal(run.status, 0);
 
     server_start(f);
     run_vmctl(f, NULL, &quiet, "template", "build", "-q", "debian-12");
-    assert_false(vm_message_get_bool(f->server.request, "force", TRUE));
+    assert_false(vm_message_get_bool(f->hostd->request, "force", TRUE));
     assert_string_equal(quiet.err, "");
     assert_int_equal(quiet.status, 0);
 }
@@ -606,7 +496,7 @@ test_new(void **state)
     run_vmctl(f, NULL, &run, "new", "a1", "--template", "debian-12", "--cpus", "2", "--memory",
               "2048", "--disk", "20", "--user-data", user_data_path);
     assert_request(f, VM_OP_AGENT_NEW);
-    VmMessage *request = f->server.request;
+    VmMessage *request = f->hostd->request;
     assert_string_equal(vm_message_get_string(request, "name", NULL), "a1");
     assert_string_equal(vm_message_get_string(request, "template", NULL), "debian-12");
     assert_int_equal(vm_message_get_uint(request, "cpus", 0), 2);
@@ -630,10 +520,10 @@ test_new_defaults(void **state)
     run_vmctl(f, "#cloud-config\n", &run, "new", "--no-wait", "--user-data", "-", "a1");
     assert_request(f, VM_OP_AGENT_NEW);
     /* Unset options are left to hostd's defaults, not sent as zeros. */
-    assert_null(vm_message_lookup(f->server.request, "cpus"));
-    assert_null(vm_message_lookup(f->server.request, "template"));
-    assert_false(vm_message_get_bool(f->server.request, "wait", TRUE));
-    assert_string_equal(vm_message_get_string(f->server.request, "user_data", NULL),
+    assert_null(vm_message_lookup(f->hostd->request, "cpus"));
+    assert_null(vm_message_lookup(f->hostd->request, "template"));
+    assert_false(vm_message_get_bool(f->hostd->request, "wait", TRUE));
+    assert_string_equal(vm_message_get_string(f->hostd->request, "user_data", NULL),
                         "#cloud-config\n");
     assert_string_equal(run.out, "agent a1 is starting\n");
 }
@@ -670,7 +560,7 @@ test_new_bad_user_data(void **state)
         server_start(f);
         run_vmctl(f, NULL, &run, "new", "a1", "--user-data", cases[i].path);
         /* Refused before anything is sent. */
-        assert_false(f->server.connected);
+        assert_false(f->hostd->connected);
         if (cases[i].err != NULL)
             assert_string_equal(run.err, cases[i].err);
         assert_int_equal(run.status, cases[i].status);
@@ -693,17 +583,17 @@ test_actions(void **state)
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_auto(Run) run = {0};
-        g_ptr_array_set_size(f->server.replies, 0);
+        g_ptr_array_set_size(f->hostd->replies, 0);
         reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
         server_start(f);
         run_vmctl_argv(f, NULL, cases[i].args, &run);
         assert_request(f, cases[i].op);
-        assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+        assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
         assert_string_equal(run.out, cases[i].out);
         assert_int_equal(run.status, 0);
     }
     /* The last one was rm -f. */
-    assert_true(vm_message_get_bool(f->server.request, "force", FALSE));
+    assert_true(vm_message_get_bool(f->hostd->request, "force", FALSE));
 }
 
 static void
@@ -715,8 +605,8 @@ test_stop_timeout(void **state)
     reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
     server_start(f);
     run_vmctl(f, NULL, &run, "stop", "a1", "--timeout", "2m");
-    assert_int_equal(vm_message_get_uint(f->server.request, "timeout_s", 0), 120);
-    assert_false(vm_message_get_bool(f->server.request, "force", TRUE));
+    assert_int_equal(vm_message_get_uint(f->hostd->request, "timeout_s", 0), 120);
+    assert_false(vm_message_get_bool(f->hostd->request, "force", TRUE));
 }
 
 static void
@@ -733,7 +623,7 @@ test_ssh_config(void **state)
     run_vmctl(f, NULL, &run, "ssh-config");
     assert_request(f, VM_OP_AGENT_SSH_CONFIG);
     /* No NAME: all agents, so no name field. */
-    assert_null(vm_message_lookup(f->server.request, "name"));
+    assert_null(vm_message_lookup(f->hostd->request, "name"));
     assert_string_equal(run.out, config);
     assert_int_equal(run.status, 0);
 }
@@ -757,7 +647,7 @@ test_ssh(void **state)
     server_start(f);
     run_vmctl(f, NULL, &run, "ssh", "a1", "--", "ls", "-l");
     assert_request(f, VM_OP_AGENT_SSH_CONFIG);
-    assert_string_equal(vm_message_get_string(f->server.request, "name", NULL), "a1");
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
     /* "--" before the host: ssh would otherwise take the command's -l as its own. */
     assert_string_equal(run.out, "[-F][/state/ssh/a1.conf][--][a1.hostd][ls][-l]");
     assert_int_equal(run.status, 0);
@@ -786,7 +676,7 @@ test_exec(void **state)
     run_vmctl(f, NULL, &run, "exec", "a1", "-e", "A=1", "-w", "/tmp", "-e", "VMCTL_TEST_COPIED",
               "-e", "VMCTL_TEST_UNSET", "--", "sh", "-c", "echo -n", "--", "-x");
     assert_request(f, VM_OP_EXEC);
-    VmMessage *request = f->server.request;
+    VmMessage *request = f->hostd->request;
     g_auto(GStrv) argv = vm_message_dup_strv(request, "argv");
     g_auto(GStrv) env = vm_message_dup_strv(request, "env");
     const char *const expected_argv[] = {"sh", "-c", "echo -n", "--", "-x", NULL};
@@ -814,10 +704,10 @@ test_exec_without_separator(void **state)
     server_start(f);
     /* Options before and after NAME are vmctl's; from CMD on, the command's. */
     run_vmctl(f, NULL, &run, "exec", "-w", "/", "a1", "-e", "K=V", "ls", "-l", "-e", "x");
-    g_auto(GStrv) argv = vm_message_dup_strv(f->server.request, "argv");
+    g_auto(GStrv) argv = vm_message_dup_strv(f->hostd->request, "argv");
     const char *const expected[] = {"ls", "-l", "-e", "x", NULL};
     assert_true(g_strv_equal((const char *const *)argv, expected));
-    assert_string_equal(vm_message_get_string(f->server.request, "cwd", NULL), "/");
+    assert_string_equal(vm_message_get_string(f->hostd->request, "cwd", NULL), "/");
     assert_int_equal(run.status, 0);
 }
 
@@ -832,15 +722,15 @@ test_exec_stdin(void **state)
     for (gsize i = 0; i < size; i++)
         input[i] = (char)('a' + i % 26);
     input[size] = '\0';
-    f->server.collect_stdin = TRUE;
-    f->server.echo_stdin = TRUE;
+    f->hostd->collect_stdin = TRUE;
+    f->hostd->echo_stdin = TRUE;
     reply(f, VM_OP_EXIT, "{'status': <0>}");
     server_start(f);
     run_vmctl(f, input, &run, "exec", "a1", "--", "cat");
-    assert_true(f->server.got_eof);
-    assert_true(f->server.max_chunk <= VM_STREAM_CHUNK_MAX);
-    assert_int_equal(f->server.stdin_data->len, size);
-    assert_memory_equal(f->server.stdin_data->data, input, size);
+    assert_true(f->hostd->got_eof);
+    assert_true(f->hostd->max_chunk <= VM_STREAM_CHUNK_MAX);
+    assert_int_equal(f->hostd->stdin_data->len, size);
+    assert_memory_equal(f->hostd->stdin_data->data, input, size);
     assert_string_equal(run.out, input);
     assert_int_equal(run.status, 0);
 }
@@ -851,12 +741,12 @@ test_exec_empty_stdin(void **state)
     Fixture *f = *state;
     g_auto(Run) run = {0};
 
-    f->server.collect_stdin = TRUE;
+    f->hostd->collect_stdin = TRUE;
     reply(f, VM_OP_EXIT, "{'status': <0>}");
     server_start(f);
     run_vmctl(f, NULL, &run, "exec", "a1", "--", "cat");
-    assert_true(f->server.got_eof);
-    assert_int_equal(f->server.stdin_data->len, 0);
+    assert_true(f->hostd->got_eof);
+    assert_int_equal(f->hostd->stdin_data->len, 0);
     assert_int_equal(run.status, 0);
 }
 
@@ -894,8 +784,8 @@ test_exec_failures(void **state)
 
     /* The server reads stdin to its end first: closing a Unix socket with data unread would
      * reset the connection instead of ending it. */
-    g_ptr_array_set_size(f->server.replies, 0);
-    f->server.collect_stdin = TRUE;
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    f->hostd->collect_stdin = TRUE;
     reply_data(f, VM_OP_STDOUT, "partial");
     server_start(f);
     run_vmctl(f, NULL, &hangup, "exec", "a1", "--", "true");
@@ -905,6 +795,323 @@ test_exec_failures(void **state)
 
     run_vmctl(f, NULL, &not_running, "--socket", missing, "exec", "a1", "true");
     assert_int_equal(not_running.status, 125);
+}
+
+static void
+test_remote_parse(void **state)
+{
+    static const struct {
+        const char *url;
+        const char *user, *host;
+        guint16 port;
+        const char *socket_path;
+    } good[] = {
+        {"ssh://box", NULL, "box", 0, NULL},
+        {"ssh://root@10.0.0.2:2222/var/lib/hostd/hostd.sock", "root", "10.0.0.2", 2222,
+         "/var/lib/hostd/hostd.sock"},
+        {"ssh://me@[::1]:22/run/h s.sock", "me", "::1", 22, "/run/h s.sock"},
+        {"ssh://[fe80::1]", NULL, "fe80::1", 0, NULL},
+        {"ssh://build.example.com/", NULL, "build.example.com", 0, NULL},
+        {"ssh://a_b.c-d@h-1_x:65535", "a_b.c-d", "h-1_x", 65535, NULL},
+    };
+    static const struct {
+        const char *url;
+        const char *why;
+    } bad[] = {
+        {"", "it does not start with ssh://"},
+        {"box", "it does not start with ssh://"},
+        {"http://box", "it does not start with ssh://"},
+        {"SSH://box", "it does not start with ssh://"},
+        {"ssh://", "the host is missing"},
+        {"ssh:///run/h.sock", "the host is missing"},
+        {"ssh://me@", "the host is missing"},
+        {"ssh://@box", "a user is letters, digits, '.', '-' and '_'"},
+        {"ssh://m e@box", "a user is letters, digits, '.', '-' and '_'"},
+        {"ssh://a@b@box", "a user is letters, digits, '.', '-' and '_'"},
+        {"ssh://-oProxyCommand=x", "a host is letters, digits, '.', '-' and '_', not starting with "
+                                   "'-'"},
+        {"ssh://box;rm", "a host is letters, digits, '.', '-' and '_', not starting with '-'"},
+        {"ssh://box:0", "the port is a number from 1 to 65535"},
+        {"ssh://box:65536", "the port is a number from 1 to 65535"},
+        {"ssh://box:22:23", "the port is a number from 1 to 65535"},
+        {"ssh://box:", "the port is a number from 1 to 65535"},
+        {"ssh://box:x", "the port is a number from 1 to 65535"},
+        {"ssh://[::1", "an IPv6 address in brackets is hex digits and ':'"},
+        {"ssh://[zz::1]", "an IPv6 address in brackets is hex digits and ':'"},
+        {"ssh://[::1]x", "only ':PORT' may follow the address"},
+        {"ssh://box/run/a\nb", "the socket path has a control character"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmctlRemote) remote = vmctl_remote_parse(good[i].url, "--host", &error);
+        vm_test_assert_no_error(error);
+        assert_non_null(remote);
+        vm_test_assert_nullable_string_equal(remote->user, good[i].user);
+        assert_string_equal(remote->host, good[i].host);
+        assert_int_equal(remote->port, good[i].port);
+        vm_test_assert_nullable_string_equal(remote->socket_path, good[i].socket_path);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmctlRemote) remote = vmctl_remote_parse(bad[i].url, "--host", &error);
+        assert_null(remote);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, bad[i].why);
+        assert_true(
+            g_str_has_suffix(error->message, "; expected ssh://[user@]host[:port][/socket-path]"));
+        assert_null(strchr(error->message, '\n'));
+    }
+
+    g_autoptr(GError) error = NULL;
+    g_autofree char *long_url = g_strnfill(VMCTL_REMOTE_URL_MAX + 1, 'a');
+    memcpy(long_url, "ssh://", 6);
+    assert_null(vmctl_remote_parse(long_url, "$VMCTL_HOST", &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT,
+                         "invalid $VMCTL_HOST 'ssh://a");
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "it is too long");
+}
+
+static void
+test_remote_ssh_argv(void **state)
+{
+    g_autoptr(VmctlRemote) full =
+        vmctl_remote_parse("ssh://root@[::1]:2222/run/my hostd.sock", "--host", NULL);
+    g_autoptr(VmctlRemote) bare = vmctl_remote_parse("ssh://box", "--host", NULL);
+    g_auto(GStrv) full_bridge = vmctl_remote_bridge_argv(full);
+    g_auto(GStrv) bare_bridge = vmctl_remote_bridge_argv(bare);
+    g_auto(GStrv) full_argv = vmctl_remote_ssh_argv(full, (const char *const *)full_bridge, FALSE);
+    g_auto(GStrv) bare_argv = vmctl_remote_ssh_argv(bare, (const char *const *)bare_bridge, TRUE);
+    const char *const want_full[] = {
+        "ssh",  "-o", "BatchMode=yes", "-a",      "-x",       "-T",         "-p",
+        "2222", "--", "root@::1",      "'vmctl'", "'bridge'", "'--socket'", "'/run/my hostd.sock'",
+        NULL};
+    const char *const want_bare[] = {"ssh", "-o",  "BatchMode=yes", "-a",       "-x", "-t",
+                                     "--",  "box", "'vmctl'",       "'bridge'", NULL};
+    g_autofree char *full_destination = vmctl_remote_destination(full);
+    g_autofree char *bare_destination = vmctl_remote_destination(bare);
+
+    assert_true(g_strv_equal((const char *const *)full_argv, want_full));
+    assert_true(g_strv_equal((const char *const *)bare_argv, want_bare));
+    assert_string_equal(full_destination, "root@[::1]:2222");
+    assert_string_equal(bare_destination, "box");
+}
+
+static void
+test_remote_ssh_config_text(void **state)
+{
+    g_autoptr(VmctlRemote) remote = vmctl_remote_parse("ssh://me@box:2200", "--host", NULL);
+    g_autofree char *config =
+        vmctl_remote_ssh_config(remote, "Host vmctl-a1\n  Port 42200\n\nHost vmctl-b\n  Port 1");
+
+    assert_string_equal(config, "Host vmctl-a1\n"
+                                "  ProxyJump me@box:2200\n"
+                                "  Port 42200\n"
+                                "\n"
+                                "Host vmctl-b\n"
+                                "  ProxyJump me@box:2200\n"
+                                "  Port 1\n");
+}
+
+/* Puts a fake ssh and the built vmctl first on vmctl's PATH: the fake records its arguments in
+ * TMPDIR/ssh-args, then runs the remote command here with sh, as sshd would there, unless
+ * @failure is set: then it prints that and exits 255, as ssh does when it cannot connect. */
+static void
+fake_ssh(Fixture *f, const char *failure)
+{
+    g_autofree char *bin = g_build_filename(f->tmpdir, "bin", NULL);
+    g_autofree char *ssh = g_build_filename(bin, "ssh", NULL);
+    g_autofree char *vmctl = g_build_filename(bin, "vmctl", NULL);
+    g_autofree char *script = NULL;
+
+    g_mkdir_with_parents(bin, 0700);
+    if (failure != NULL)
+        script = g_strdup_printf("#!/bin/sh\necho '%s' >&2\nexit 255\n", failure);
+    else
+        script = g_strdup_printf("#!/bin/sh\n"
+                                 "printf '[%%s]' \"$@\" > '%s/ssh-args'\n"
+                                 "while [ $# -gt 0 ]; do\n"
+                                 "    case $1 in\n"
+                                 "    --) shift; break ;;\n"
+                                 "    -o|-p|-l) shift 2 ;;\n"
+                                 "    *) shift ;;\n"
+                                 "    esac\n"
+                                 "done\n"
+                                 "shift\n"
+                                 "exec sh -c \"$*\"\n",
+                                 f->tmpdir);
+    assert_true(g_file_set_contents(ssh, script, -1, NULL));
+    assert_int_equal(g_chmod(ssh, 0700), 0);
+    g_unlink(vmctl);
+    assert_int_equal(symlink(f->vmctl, vmctl), 0);
+    g_free(f->path_env);
+    f->path_env = g_strconcat(bin, ":", g_getenv("PATH"), NULL);
+}
+
+static char *
+ssh_args(Fixture *f)
+{
+    g_autofree char *path = g_build_filename(f->tmpdir, "ssh-args", NULL);
+    char *text = NULL;
+
+    assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    return text;
+}
+
+static void
+test_remote_bridge(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) list = {0};
+    g_auto(Run) exec = {0};
+    g_autofree char *args = NULL;
+    g_autofree char *want_args = NULL;
+
+    fake_ssh(f, NULL);
+    f->host = g_strdup_printf("ssh://me@box.example:2222%s", f->socket_path);
+    reply(f, VM_OP_RESULT, "{'agents': <[{'name': <'a1'>, 'state': <'running'>}]>}");
+    server_start(f);
+    run_vmctl(f, NULL, &list, "list", "--json");
+    assert_request(f, VM_OP_AGENT_LIST);
+    assert_string_equal(list.err, "");
+    assert_string_equal(list.out, "[\n"
+                                  "  {\n"
+                                  "    \"name\" : \"a1\",\n"
+                                  "    \"state\" : \"running\"\n"
+                                  "  }\n"
+                                  "]\n");
+    assert_int_equal(list.status, 0);
+    args = ssh_args(f);
+    want_args = g_strdup_printf("[-o][BatchMode=yes][-a][-x][-T][-p][2222][--][me@box.example]"
+                                "['vmctl']['bridge']['--socket']['%s']",
+                                f->socket_path);
+    assert_string_equal(args, want_args);
+
+    /* Both ways at once, through the bridge: stdin in, the echo and the status out. */
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    f->hostd->collect_stdin = TRUE;
+    f->hostd->echo_stdin = TRUE;
+    reply_data(f, VM_OP_STDERR, "to stderr\n");
+    reply(f, VM_OP_EXIT, "{'status': <3>}");
+    server_start(f);
+    run_vmctl(f, "line 1\nline 2\n", &exec, "exec", "a1", "--", "cat");
+    assert_request(f, VM_OP_EXEC);
+    assert_true(f->hostd->got_eof);
+    assert_string_equal(exec.out, "line 1\nline 2\n");
+    assert_string_equal(exec.err, "to stderr\n");
+    assert_int_equal(exec.status, 3);
+}
+
+static void
+test_remote_environment(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) both = {0};
+
+    /* $VMCTL_HOST names the host when no --socket does. */
+    fake_ssh(f, NULL);
+    f->host_env = g_strdup_printf("ssh://box%s", f->socket_path);
+    f->bare = TRUE;
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "start", "a1");
+    assert_request(f, VM_OP_AGENT_START);
+    assert_string_equal(run.out, "started a1\n");
+    assert_int_equal(run.status, 0);
+
+    f->bare = FALSE;
+    f->host = g_strdup("ssh://box");
+    run_vmctl(f, NULL, &both, "--socket", f->socket_path, "list");
+    assert_string_equal(both.err, "vmctl: --host and --socket do not go together (the remote "
+                                  "socket goes in the URL: ssh://HOST/PATH); see 'vmctl list "
+                                  "--help'\n");
+    assert_int_equal(both.status, 2);
+}
+
+static void
+test_remote_errors(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) bad_url = {0};
+    g_auto(Run) bad_env = {0};
+    g_auto(Run) unreachable = {0};
+    g_auto(Run) not_running = {0};
+    g_auto(Run) no_ssh = {0};
+    g_autofree char *missing = g_build_filename(f->tmpdir, "nothing.sock", NULL);
+    g_autofree char *want_not_running =
+        g_strdup_printf("vmctl: hostd is not running at %s\n", missing);
+
+    f->host = g_strdup("http://box");
+    run_vmctl(f, NULL, &bad_url, "list");
+    assert_string_equal(bad_url.err, "vmctl: invalid --host 'http://box': it does not start with "
+                                     "ssh://; expected ssh://[user@]host[:port][/socket-path]\n");
+    assert_int_equal(bad_url.status, 2);
+
+    f->host_env = g_strdup("ssh://box:99999");
+    f->bare = TRUE;
+    run_vmctl(f, NULL, &bad_env, "list");
+    assert_string_equal(bad_env.err,
+                        "vmctl: invalid $VMCTL_HOST 'ssh://box:99999': the port is a number from 1 "
+                        "to 65535; expected ssh://[user@]host[:port][/socket-path]\n");
+    assert_int_equal(bad_env.status, 2);
+    f->bare = FALSE;
+
+    /* ssh's own failure is the error, not the closed connection it leaves. */
+    fake_ssh(f, "ssh: connect to host box port 22: Connection refused");
+    g_free(f->host);
+    f->host = g_strdup("ssh://box");
+    run_vmctl(f, NULL, &unreachable, "list");
+    assert_string_equal(unreachable.err, "vmctl: cannot reach hostd on box: ssh: connect to host "
+                                         "box port 22: Connection refused\n");
+    assert_int_equal(unreachable.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+
+    /* hostd is not there on the remote: the bridge says so in a frame, with its code. */
+    fake_ssh(f, NULL);
+    g_free(f->host);
+    f->host = g_strdup_printf("ssh://box%s", missing);
+    run_vmctl(f, NULL, &not_running, "list");
+    assert_string_equal(not_running.err, want_not_running);
+    assert_int_equal(not_running.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+
+    g_free(f->path_env);
+    f->path_env = g_strdup(f->tmpdir);
+    run_vmctl(f, NULL, &no_ssh, "list");
+    assert_string_equal(no_ssh.err,
+                        "vmctl: ssh is not installed (--host runs it); install openssh-client\n");
+    assert_int_equal(no_ssh.status, vm_error_exit_status(VM_ERROR_IO));
+}
+
+static void
+test_remote_ssh(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) config = {0};
+    g_autofree char *bin = g_build_filename(f->tmpdir, "bin", NULL);
+    g_autofree char *fake = g_build_filename(bin, "ssh", NULL);
+
+    /* vmctl ssh runs `vmctl ssh` on the remote, where the agent's key is. */
+    assert_int_equal(g_mkdir(bin, 0700), 0);
+    assert_true(g_file_set_contents(fake, "#!/bin/sh\nprintf '[%s]' \"$@\"\n", -1, NULL));
+    assert_int_equal(g_chmod(fake, 0700), 0);
+    f->path_env = g_strdup(bin);
+    f->host = g_strdup("ssh://me@box:2200/run/hostd.sock");
+    run_vmctl(f, NULL, &run, "ssh", "a1", "--", "ls", "-l");
+    assert_string_equal(run.out, "[-o][BatchMode=yes][-a][-x][-T][-p][2200][--][me@box]['vmctl']"
+                                 "['--socket']['/run/hostd.sock']['ssh']['a1']['--']['ls']['-l']");
+    assert_int_equal(run.status, 0);
+
+    /* ssh-config reaches the agent's port on the remote's loopback through the remote. */
+    fake_ssh(f, NULL);
+    g_free(f->host);
+    f->host = g_strdup_printf("ssh://me@box:2200%s", f->socket_path);
+    reply(f, VM_OP_RESULT, "{'config': <'Host vmctl-a1\\n  HostName 127.0.0.1\\n'>}");
+    server_start(f);
+    run_vmctl(f, NULL, &config, "ssh-config", "a1");
+    assert_request(f, VM_OP_AGENT_SSH_CONFIG);
+    assert_string_equal(config.out,
+                        "Host vmctl-a1\n  ProxyJump me@box:2200\n  HostName 127.0.0.1\n");
+    assert_int_equal(config.status, 0);
 }
 
 /* ---- events ---------------------------------------------------------------------------------- */
@@ -933,10 +1140,10 @@ test_events(void **state)
     server_start(f);
     run_vmctl(f, NULL, &run, "events", "alice", "--since", "10m", "--lines", "5");
     assert_request(f, VM_OP_EVENTS);
-    assert_string_equal(vm_message_get_string(f->server.request, "name", ""), "alice");
-    assert_int_equal(vm_message_get_uint(f->server.request, "lines", 0), 5);
-    assert_false(vm_message_get_bool(f->server.request, "follow", TRUE));
-    since = vm_message_lookup(f->server.request, "since");
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", ""), "alice");
+    assert_int_equal(vm_message_get_uint(f->hostd->request, "lines", 0), 5);
+    assert_false(vm_message_get_bool(f->hostd->request, "follow", TRUE));
+    since = vm_message_lookup(f->hostd->request, "since");
     assert_non_null(since);
     assert_true(g_variant_get_int64(since) >= before - 600 * G_USEC_PER_SEC);
     assert_true(g_variant_get_int64(since) <= g_get_real_time() - 600 * G_USEC_PER_SEC);
@@ -953,10 +1160,10 @@ test_events(void **state)
     server_start(f);
     run_vmctl(f, NULL, &json, "events", "--follow", "--json");
     assert_request(f, VM_OP_EVENTS);
-    assert_null(vm_message_lookup(f->server.request, "name"));
-    assert_null(vm_message_lookup(f->server.request, "since"));
-    assert_null(vm_message_lookup(f->server.request, "lines"));
-    assert_true(vm_message_get_bool(f->server.request, "follow", FALSE));
+    assert_null(vm_message_lookup(f->hostd->request, "name"));
+    assert_null(vm_message_lookup(f->hostd->request, "since"));
+    assert_null(vm_message_lookup(f->hostd->request, "lines"));
+    assert_true(vm_message_get_bool(f->hostd->request, "follow", FALSE));
     assert_int_equal(json.status, 0);
     assert_string_equal(json.out, lines);
 }
@@ -1091,6 +1298,13 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec_empty_stdin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_closed_stdout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_failures, setup, teardown),
+        cmocka_unit_test(test_remote_parse),
+        cmocka_unit_test(test_remote_ssh_argv),
+        cmocka_unit_test(test_remote_ssh_config_text),
+        cmocka_unit_test_setup_teardown(test_remote_bridge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_environment, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_ssh, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_usage, setup, teardown),
         cmocka_unit_test(test_parse_time),
