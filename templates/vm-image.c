@@ -203,6 +203,12 @@ image_child_setup(gpointer data)
 static void
 image_kill_group(GSubprocess *proc, pid_t pid)
 {
+    /* No pid: the script ended before it could be read, so there is no group to stop (and
+     * kill(-0) would signal our own group). */
+    if (pid <= 0) {
+        g_subprocess_wait(proc, NULL, NULL);
+        return;
+    }
     kill(-pid, SIGTERM);
     gint64 deadline = g_get_monotonic_time() + KILL_GRACE_US;
     while (g_subprocess_get_identifier(proc) != NULL && g_get_monotonic_time() < deadline)
@@ -222,9 +228,12 @@ image_spawn(GSubprocessLauncher *launcher, const char *const *argv, pid_t *ret_p
         vm_throw(error, VM_ERROR_IO, "running %s: %s", argv[0], local->message);
         return NULL;
     }
-    *ret_pid = (pid_t)g_ascii_strtoll(g_subprocess_get_identifier(proc), NULL, 10);
+    /* A script that fails at once may be reaped already: then it has no identifier left. */
+    const char *identifier = g_subprocess_get_identifier(proc);
+    *ret_pid = identifier != NULL ? (pid_t)g_ascii_strtoll(identifier, NULL, 10) : 0;
     /* Also from this side, so a cancel right after the spawn cannot miss the group. */
-    setpgid(*ret_pid, *ret_pid);
+    if (*ret_pid > 0)
+        setpgid(*ret_pid, *ret_pid);
     return proc;
 }
 
