@@ -20,7 +20,8 @@ else
   S=$(mktemp -d -t vmb.XXXXXX); chmod 711 "$S"
   IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
   printf '[hostd]\nimages-dir=%s\nssh-port-min=43300\nssh-port-max=43399\n' "$IMAGES" > "$S/hostd.conf"
-  "$HOSTD" --config "$S/hostd.conf" --state-dir "$S" > "$S/hostd.log" 2>&1 &
+  # --debug: one trace line per exec, summed up below.
+  "$HOSTD" --config "$S/hostd.conf" --state-dir "$S" --debug > "$S/hostd.log" 2>&1 &
   OWN=$!
   export VMCTL_SOCKET=$S/hostd.sock
   for _ in $(seq 1 100); do "$VMCTL" list >/dev/null 2>&1 && break; sleep 0.2; done
@@ -57,3 +58,15 @@ awk -v v="$vmctl_ms" -v c="$cold_ms" -v m="$mux_ms" 'BEGIN {
   printf "ratio vmctl/ssh-cold        %.2fx (goal <= 0.30)\n", v / c
   printf "ratio vmctl/ssh-multiplexed %.2fx (goal <= 1.00)\n", v / m
 }'
+# Where hostd's part of an exec went (hostd --debug traces): the median of each phase.
+if [ -n "$S" ] && grep -q "trace: exec $A:" "$S/hostd.log"; then
+  grep "trace: exec $A:" "$S/hostd.log" | tail -n "$N" | python3 -c '
+import re, statistics, sys
+phases = {}
+for line in sys.stdin:
+    for name, ms in re.findall(r"([a-z][a-z ]*?) ([0-9.]+) ms", line.split(": ", 2)[-1]):
+        phases.setdefault(name.strip(), []).append(float(ms))
+print("hostd trace (median ms of the last %d): " % len(next(iter(phases.values()))) +
+      ", ".join("%s %.2f" % (k, statistics.median(v)) for k, v in phases.items()))
+'
+fi
