@@ -266,4 +266,11 @@ wait_ssh a1 300
 check "a1 booted anew" test "$(boot_id a1)" != "$B1"
 check "a2 wakes on exec with its processes" test "$(boot_id a2)" = "$B2"
 
+# --- vmctl mcp driven by the official MCP SDK client, on a real agent --------------------------
+VMCTL="$VMCTL" HOSTD_SOCKET="$SOCK" MCP_AGENT=a1 "$(dirname "$0")/mcp-check.sh" > "$S/mcp.out" 2>&1
+rc=$?
+check "vmctl mcp with the official SDK client on a1: $(grep -c '^ok' "$S/mcp.out") checks pass" \
+  bash -c "[ $rc = 0 ] && ! grep -q '^not ok' '$S/mcp.out'"
+[ $rc = 0 ] || diag "$(tail -n 20 "$S/mcp.out")"
+
 tap_end
