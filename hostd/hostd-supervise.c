@@ -158,6 +158,21 @@ supervise_adopt(HostdAgentRecord *r, const char *state)
     hostd_agent_record_save(r, NULL);
 }
 
+/* Whether @r should have a QEMU: wanted running or paused. */
+static gboolean
+supervise_wants_up(const HostdAgentRecord *r)
+{
+    return r->wanted != NULL && (g_str_equal(r->wanted, HOSTD_WANTED_RUNNING) ||
+                                 g_str_equal(r->wanted, HOSTD_WANTED_PAUSED));
+}
+
+/* Whether @state (hostd_libvirt_state_name()) means no QEMU and no saved image. */
+static gboolean
+supervise_state_is_down(const char *state)
+{
+    return g_str_equal(state, "stopped") || g_str_equal(state, "crashed");
+}
+
 /* Boots @r again; its RAM is gone, so what it wants is running whatever it was. */
 static gboolean
 supervise_boot(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom, GError **error)
@@ -186,6 +201,23 @@ supervise_cause_text(SuperviseCause cause)
     default:
         return "its QEMU is gone";
     }
+}
+
+static void supervise_crashed(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom,
+                              const char *why);
+
+/* Boots a crashed @r again; a boot that fails is one more crash. */
+static void
+supervise_restart(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (supervise_boot(ctx, r, dom, &error)) {
+        supervise_event(ctx, r, "restarted", "running", "booted again from its disk after a crash");
+        return;
+    }
+    g_autofree char *failed = g_strdup_printf("cannot boot it again: %s", error->message);
+    supervise_crashed(ctx, r, dom, failed);
 }
 
 /* A crash of @r (wanted running or paused, domain down): count it, then restart now, later
@@ -225,18 +257,11 @@ supervise_crashed(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom, cons
         g_strdup_printf("%s; restart %u of %u within %us, in %us", why, r->crash_count,
                         config->restart_limit, config->restart_window_s, delay);
     supervise_event(ctx, r, "crashed", "stopped", detail);
-    if (delay > 0) {
+    if (delay > 0)
         supervise_defer(sv, r->name, SUPERVISE_RESTART,
                         g_get_monotonic_time() + (gint64)delay * G_USEC_PER_SEC);
-        return;
-    }
-    g_autoptr(GError) error = NULL;
-    if (!supervise_boot(ctx, r, dom, &error)) {
-        g_autofree char *failed = g_strdup_printf("cannot boot it again: %s", error->message);
-        supervise_crashed(ctx, r, dom, failed);
-        return;
-    }
-    supervise_event(ctx, r, "restarted", "running", "booted again from its disk after a crash");
+    else
+        supervise_restart(ctx, r, dom);
 }
 
 /* Looks at one agent with its lock held and brings it in line with what the user wants. */
@@ -261,10 +286,7 @@ supervise_agent_locked(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom,
         supervise_event(ctx, r, "reboot", state, "the guest rebooted itself");
         return;
     }
-    if (!g_str_equal(state, "stopped") && !g_str_equal(state, "crashed"))
-        return;
-    if (!g_str_equal(r->wanted, HOSTD_WANTED_RUNNING) &&
-        !g_str_equal(r->wanted, HOSTD_WANTED_PAUSED))
+    if (!supervise_state_is_down(state) || !supervise_wants_up(r))
         return; /* stopped or saved as wanted (a saved agent's image is the driver's to keep) */
 
     if (cause == SUPERVISE_POWEROFF && !g_str_equal(r->restart, HOSTD_RESTART_ALWAYS)) {
@@ -283,15 +305,8 @@ supervise_agent_locked(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom,
         return;
     }
     if (cause == SUPERVISE_RESTART) {
-        if (r->crashed != NULL)
-            return; /* given up meanwhile */
-        if (supervise_boot(ctx, r, dom, &error)) {
-            supervise_event(ctx, r, "restarted", "running",
-                            "booted again from its disk after a crash");
-            return;
-        }
-        g_autofree char *failed = g_strdup_printf("cannot boot it again: %s", error->message);
-        supervise_crashed(ctx, r, dom, failed);
+        if (r->crashed == NULL) /* else given up meanwhile */
+            supervise_restart(ctx, r, dom);
         return;
     }
     supervise_crashed(ctx, r, dom, supervise_cause_text(cause));
@@ -330,10 +345,8 @@ supervise_tick(HostdContext *ctx)
 
     for (guint i = 0; records != NULL && i < records->len; i++) {
         const HostdAgentRecord *r = records->pdata[i];
-        if (!g_str_equal(r->phase, HOSTD_PHASE_READY) || r->wanted == NULL ||
-            g_hash_table_contains(sv->deferred, r->name) ||
-            (!g_str_equal(r->wanted, HOSTD_WANTED_RUNNING) &&
-             !g_str_equal(r->wanted, HOSTD_WANTED_PAUSED)))
+        if (!g_str_equal(r->phase, HOSTD_PHASE_READY) || !supervise_wants_up(r) ||
+            g_hash_table_contains(sv->deferred, r->name))
             continue;
         g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
         if (dom == NULL) {
@@ -419,9 +432,7 @@ supervise_recover(HostdContext *ctx, const char *name, GPtrArray *resume)
         g_ptr_array_add(resume, g_strdup(name));
         return;
     }
-    if ((!g_str_equal(state, "stopped") && !g_str_equal(state, "crashed")) ||
-        (!g_str_equal(r->wanted, HOSTD_WANTED_RUNNING) &&
-         !g_str_equal(r->wanted, HOSTD_WANTED_PAUSED)))
+    if (!supervise_state_is_down(state) || !supervise_wants_up(r))
         return;
     g_autoptr(GError) error = NULL;
     if (!supervise_boot(ctx, r, dom, &error)) {
