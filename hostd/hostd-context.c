@@ -117,3 +117,12 @@ hostd_context_event(HostdContext *ctx, const HostdEvent *event)
     if (!hostd_events_append(ctx->events, event, &error))
         hostd_context_log(ctx, "event log: %s", error->message);
 }
+
+void
+hostd_context_agent_event(HostdContext *ctx, const char *agent, const char *event,
+                          const char *state, const char *detail)
+{
+    HostdEvent e = {.agent = agent, .event = event, .state = state, .uid = -1, .detail = detail};
+
+    hostd_context_event(ctx, &e);
+}

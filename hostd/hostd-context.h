@@ -89,6 +89,10 @@ void hostd_context_log(HostdContext *ctx, const char *fmt, ...) G_GNUC_PRINTF(2,
  * ctx->log, never failing the caller. */
 void hostd_context_event(HostdContext *ctx, const HostdEvent *event);
 
+/* The same for what hostd itself saw or did to @agent (no caller, no outcome). */
+void hostd_context_agent_event(HostdContext *ctx, const char *agent, const char *event,
+                               const char *state, const char *detail);
+
 /* Takes the per-agent lock of @name (operations on one agent never interleave); release with
  * hostd_name_unlock() or g_autoptr(HostdNameLock). */
 GMutex *hostd_name_lock(HostdContext *ctx, const char *name);

@@ -209,14 +209,9 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
     } else {
         return;
     }
-    HostdEvent event = {
-        .agent = name,
-        .event = d.action == HOSTD_IDLE_ACTION_PAUSE ? "idle-pause" : "idle-save",
-        .state = r->wanted,
-        .uid = -1,
-        .detail = d.reason,
-    };
-    hostd_context_event(ctx, &event);
+    hostd_context_agent_event(ctx, name,
+                              d.action == HOSTD_IDLE_ACTION_PAUSE ? "idle-pause" : "idle-save",
+                              r->wanted, d.reason);
 }
 
 static gpointer

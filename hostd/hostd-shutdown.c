@@ -83,13 +83,10 @@ save_all_agent(SaveAll *all, guint index, const char *name)
         save_all_result(all, index, name, FALSE, seconds, error->message);
         return;
     }
+    r->shutdown_saved = TRUE; /* kept by hostd_agent_set_wanted(), which writes the record */
     hostd_agent_set_wanted(r, HOSTD_WANTED_SAVED);
-    r->shutdown_saved = TRUE;
-    hostd_agent_record_save(r, NULL);
     g_autofree char *detail = g_strdup_printf("saved to disk in %.1f s: %s", seconds, all->why);
-    HostdEvent event = {
-        .agent = name, .event = "saved", .state = "saved", .uid = -1, .detail = detail};
-    hostd_context_event(ctx, &event);
+    hostd_context_agent_event(ctx, name, "saved", "saved", detail);
     save_all_result(all, index, name, TRUE, seconds, NULL);
 }
 

@@ -130,15 +130,8 @@ static void
 supervise_event(HostdContext *ctx, const HostdAgentRecord *r, const char *event, const char *state,
                 const char *detail)
 {
-    HostdEvent e = {
-        .agent = r->name,
-        .event = event,
-        .state = state,
-        .uid = -1,
-        .detail = detail,
-    };
     hostd_context_log(ctx, "agent '%s': %s", r->name, detail);
-    hostd_context_event(ctx, &e);
+    hostd_context_agent_event(ctx, r->name, event, state, detail);
 }
 
 /* What the user wants, for records written before there was a wanted state: what it is now. */
