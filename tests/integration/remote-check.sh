@@ -23,78 +23,33 @@ HOSTD_SOCKET=$(realpath "$HOSTD_SOCKET")
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../tap.sh
 . "$here/../tap.sh"
+# shellcheck source=loopback-sshd.sh
+. "$here/loopback-sshd.sh"
 
 tmp=$(mktemp -d -t remote-check.XXXXXX)
 chmod 755 "$tmp"
 agent=${REMOTE_EXISTING:-${REMOTE_AGENT:-remote-check}}
 created=
-sshd_pid=
+SSHD_PID=
 cleanup() {
     if [ -n "$created" ]; then
         "$VMCTL" --socket "$HOSTD_SOCKET" rm --force "$agent" >/dev/null 2>&1
     fi
-    if [ -n "$sshd_pid" ]; then
-        kill "$sshd_pid" 2>/dev/null
-        wait "$sshd_pid" 2>/dev/null
-    fi
+    loopback_sshd_stop
     rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-# ---- sshd on 127.0.0.1, its own keys
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-ssh-keygen -q -t ed25519 -N '' -C remote-check-host -f "$tmp/host_key"
-ssh-keygen -q -t ed25519 -N '' -C remote-check-user -f "$tmp/user_key"
-cp "$tmp/user_key.pub" "$tmp/authorized_keys"
-# What the sshd session runs `vmctl bridge` with: the vmctl under test.
-mkdir "$tmp/remote-bin" "$tmp/client-bin"
-ln -s "$VMCTL" "$tmp/remote-bin/vmctl"
-cat >"$tmp/sshd_config" <<EOF
-ListenAddress 127.0.0.1
-Port $port
-HostKey $tmp/host_key
-AuthorizedKeysFile $tmp/authorized_keys
-PidFile none
-UsePAM no
-StrictModes no
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-AllowTcpForwarding yes
-SetEnv PATH=$tmp/remote-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-EOF
-mkdir -p /run/sshd
-/usr/sbin/sshd -D -e -f "$tmp/sshd_config" 2>"$tmp/sshd.log" &
-sshd_pid=$!
-for _ in $(seq 1 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    kill -0 "$sshd_pid" 2>/dev/null || break
-    sleep 0.1
-done
-if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    not_ok "sshd listens on 127.0.0.1:$port"
+# ---- sshd on 127.0.0.1, its own keys; the client side: the ssh vmctl runs, with this check's
+# key and pinned host key
+if ! loopback_sshd_start "$tmp" "$VMCTL"; then
+    not_ok "sshd listens on 127.0.0.1:$SSHD_PORT"
     sed 's/^/# /' "$tmp/sshd.log"
     tap_end
     exit 1
 fi
-ok "sshd listens on 127.0.0.1:$port"
-
-# ---- the client side: the ssh vmctl runs, with this check's key and pinned host key
-echo "[127.0.0.1]:$port $(cut -d' ' -f1-2 "$tmp/host_key.pub")" >"$tmp/known_hosts"
-cat >"$tmp/ssh_config" <<EOF
-Host 127.0.0.1
-  IdentityFile $tmp/user_key
-  IdentitiesOnly yes
-  UserKnownHostsFile $tmp/known_hosts
-  GlobalKnownHostsFile /dev/null
-  StrictHostKeyChecking yes
-EOF
-cat >"$tmp/client-bin/ssh" <<EOF
-#!/bin/sh
-exec /usr/bin/ssh -F "$tmp/ssh_config" "\$@"
-EOF
-chmod +x "$tmp/client-bin/ssh"
-export PATH="$tmp/client-bin:$PATH"
+ok "sshd listens on 127.0.0.1:$SSHD_PORT"
+port=$SSHD_PORT
 unset VMCTL_SOCKET VMCTL_HOST
 url="ssh://root@127.0.0.1:$port$HOSTD_SOCKET"
 local_vmctl() { "$VMCTL" --socket "$HOSTD_SOCKET" "$@"; }
