@@ -201,6 +201,16 @@ async function main() {
             String(err));
     }
 
+    // 20 exec calls at once in one session: each gets its own output and status
+    const many = await Promise.all(Array.from({ length: 20 }, (_, i) =>
+        client.callTool({ name: 'exec', arguments: {
+            name: agent, command: ['sh', '-c', `echo call-${i}; exit ${i % 5}`] } })));
+    const wrong = many.map((m, i) => ({ i, m })).filter(({ i, m }) =>
+        m.isError || m.structuredContent?.stdout !== `call-${i}\n` ||
+        m.structuredContent?.exit_status !== i % 5);
+    ok(wrong.length === 0, '20 concurrent exec calls: each its own stdout and status',
+        wrong.slice(0, 3));
+
     // cancellation: the call ends at once, the server goes on
     const controller = new AbortController();
     const started = Date.now();

@@ -273,4 +273,24 @@ check "vmctl mcp with the official SDK client on a1: $(grep -c '^ok' "$S/mcp.out
   bash -c "[ $rc = 0 ] && ! grep -q '^not ok' '$S/mcp.out'"
 [ $rc = 0 ] || diag "$(tail -n 20 "$S/mcp.out")"
 
+# --- 100 vmctl exec at once on one agent: each its own output and status ---------------------
+mkdir "$S/many"
+t0=$(date +%s%N)
+seq 0 99 | xargs -P 100 -I{} sh -c '"$1" --socket "$2" exec a1 -- sh -c "echo run-{}; exit \$(({} % 7))" > "$3/{}.out" 2>&1; echo $? > "$3/{}.rc"' _ "$VMCTL" "$SOCK" "$S/many"
+MANY_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+bad=0
+for i in $(seq 0 99); do
+  if [ "$(cat "$S/many/$i.out")" != "run-$i" ] || [ "$(cat "$S/many/$i.rc")" != $((i % 7)) ]; then
+    bad=$((bad + 1)); [ $bad -le 3 ] && diag "exec $i: status $(cat "$S/many/$i.rc"): $(head -c 300 "$S/many/$i.out")"
+  fi
+done
+check "100 concurrent vmctl exec on a1: each its own output and status (${MANY_MS} ms in all)" test $bad = 0
+
+# --- vmctl --host ssh:// through a real sshd on 127.0.0.1 -------------------------------------
+VMCTL="$VMCTL" HOSTD_SOCKET="$SOCK" REMOTE_AGENT=r1 "$(dirname "$0")/remote-check.sh" > "$S/remote.out" 2>&1
+rc=$?
+check "vmctl --host ssh:// through a real sshd: $(grep -c '^ok' "$S/remote.out") checks pass" \
+  bash -c "[ $rc = 0 ] && ! grep -q '^not ok' '$S/remote.out'"
+[ $rc = 0 ] || diag "$(grep -A3 '^not ok' "$S/remote.out" | head -n 20)"
+
 tap_end
