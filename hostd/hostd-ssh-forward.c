@@ -255,24 +255,24 @@ fwd_target_new(const HostdSshTarget *from)
     return t;
 }
 
-/* Closes @c's socket and forgets it. Its channel must be gone already. Takes the lock. */
+/* Forgets @c and closes its socket. Its channel must be gone already. Takes the lock. */
 static void
 fwd_conn_free(HostdSshForward *f, FwdConn *c)
 {
     FwdPort *p = c->port;
 
     g_assert(c->channel == NULL);
-    if (c->fd >= 0)
-        close(c->fd);
-    g_free(c->up.data);
-    g_free(c->down.data);
-    fwd_target_free(c->target);
-
+    /* Uncounted before the client can see its end. */
     g_mutex_lock(&f->lock);
     p->n_conns--;
     p->agent->n_conns--;
     p->agent->last_activity = g_get_monotonic_time();
     g_mutex_unlock(&f->lock);
+    if (c->fd >= 0)
+        close(c->fd);
+    g_free(c->up.data);
+    g_free(c->down.data);
+    fwd_target_free(c->target);
     fwd_port_unref(p);
     g_free(c);
 }
@@ -747,7 +747,9 @@ fwd_wake_worker(gpointer data, gpointer user_data)
 
     g_mutex_lock(&f->lock);
     p->waking = g_list_remove(p->waking, conn);
-    if (ok && !p->removing && !a->stopping && !f->stopping) {
+    /* A port removed meanwhile (its agent's rm, which the wake waited for) refuses quietly. */
+    gone = p->removing || a->stopping || f->stopping;
+    if (ok && !gone) {
         fwd_carry(f, conn);
         g_mutex_unlock(&f->lock);
         return;

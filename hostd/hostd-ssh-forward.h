@@ -38,8 +38,9 @@ typedef gboolean (*HostdSshForwardWakeFunc)(const char *agent, gpointer user_dat
                                             GError **error);
 
 /* Called once for each connection that could not be carried, with a line saying why (the wake
- * refused it, no SSH session could be made, nothing listens on the port in the guest), from a
- * worker thread or the thread that carries @agent's connections. */
+ * refused it, no SSH session could be made, nothing listens on the port in the guest), and once
+ * when the session died under open connections (@guest_port 0: all of @agent's), from a worker
+ * thread or the thread that carries @agent's connections. */
 typedef void (*HostdSshForwardLogFunc)(const char *agent, guint guest_port, const char *message,
                                        gpointer user_data);
 
