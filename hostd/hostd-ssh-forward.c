@@ -255,6 +255,23 @@ fwd_target_new(const HostdSshTarget *from)
     return t;
 }
 
+/* Closes @fd after reading what the client sent and nobody took: a socket closed with unread
+ * bytes resets the connection, and a client refused (nothing listens in the guest) should see
+ * a plain end instead. Bounded: a client still sending gets its reset. */
+static void
+fwd_close_client(int fd)
+{
+    char buf[4096];
+
+    for (guint i = 0; i < 16; i++) {
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+        if (n <= 0 && !(n < 0 && errno == EINTR))
+            break;
+    }
+    close(fd);
+}
+
 /* Forgets @c and closes its socket. Its channel must be gone already. Takes the lock. */
 static void
 fwd_conn_free(HostdSshForward *f, FwdConn *c)
@@ -269,7 +286,7 @@ fwd_conn_free(HostdSshForward *f, FwdConn *c)
     p->agent->last_activity = g_get_monotonic_time();
     g_mutex_unlock(&f->lock);
     if (c->fd >= 0)
-        close(c->fd);
+        fwd_close_client(c->fd);
     g_free(c->up.data);
     g_free(c->down.data);
     fwd_target_free(c->target);
