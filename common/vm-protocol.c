@@ -152,6 +152,18 @@ static const VmOpSpec vm_op_specs[] = {
         {"lines", "u"},
         {"follow", "b"},
         {NULL}}},
+    {VM_OP_FORWARD_ADD, "forward-add", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"guest_port", "u", REQ, 1, 65535},
+        {"host_port", "u", 0, 1, 65535},
+        {NULL}}},
+    {VM_OP_FORWARD_RM, "forward-rm", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"guest_port", "u", REQ, 1, 65535},
+        {NULL}}},
+    {VM_OP_FORWARD_LIST, "forward-list", VM_OP_RESULT, FALSE, {
+        {"name", "s"},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

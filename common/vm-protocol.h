@@ -61,6 +61,9 @@ typedef enum {
     VM_OP_AGENT_SET_RESTART,     /* -> RESULT {agent} */
     VM_OP_HOST_SAVE_ALL,         /* -> RESULT {agents, seconds} */
     VM_OP_EVENTS,                /* -> STDOUT* EXIT {status 0} */
+    VM_OP_FORWARD_ADD = 29,      /* -> RESULT {forward} */
+    VM_OP_FORWARD_RM = 30,       /* -> RESULT {} */
+    VM_OP_FORWARD_LIST = 31,     /* -> RESULT {forwards} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

@@ -6,12 +6,12 @@
 #include "vm-util.h"
 
 static const char *const hostd_config_keys[] = {
-    "state-dir",    "socket",           "connect",
-    "images-dir",   "templates-dir",    "socket-group",
-    "ssh-port-min", "ssh-port-max",     "boot-timeout",
-    "accel",        "restart-limit",    "restart-window",
-    "shutdown",     "shutdown-timeout", "shutdown-resume",
-    NULL,
+    "state-dir",        "socket",          "connect",
+    "images-dir",       "templates-dir",   "socket-group",
+    "ssh-port-min",     "ssh-port-max",    "forward-port-min",
+    "forward-port-max", "boot-timeout",    "accel",
+    "restart-limit",    "restart-window",  "shutdown",
+    "shutdown-timeout", "shutdown-resume", NULL,
 };
 
 char *
@@ -131,6 +131,13 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "%s: ssh-port-min %u is above ssh-port-max %u", path, config->ssh_port_min,
                         config->ssh_port_max);
+    if (!hostd_config_get_port(kf, path, "forward-port-min", &config->forward_port_min, error) ||
+        !hostd_config_get_port(kf, path, "forward-port-max", &config->forward_port_max, error))
+        return FALSE;
+    if (config->forward_port_min > config->forward_port_max)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s: forward-port-min %u is above forward-port-max %u", path,
+                        config->forward_port_min, config->forward_port_max);
     if (!hostd_config_get_duration(kf, path, "boot-timeout", 1, 3600, "up to 1h",
                                    &config->boot_timeout_s, error) ||
         !hostd_config_get_duration(kf, path, "request-timeout", 1, 600, "up to 10m",
@@ -172,6 +179,8 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
 
     config->ssh_port_min = 42200;
     config->ssh_port_max = 42999;
+    config->forward_port_min = 43000;
+    config->forward_port_max = 43999;
     config->boot_timeout_s = 300;
     config->request_timeout_s = 30;
     config->restart_limit = 3;

@@ -23,6 +23,8 @@ typedef struct {
     char *socket_group;  /* when set: socket mode 0660 with this group; else 0600 */
     guint ssh_port_min;  /* forwarded SSH ports are taken from this range */
     guint ssh_port_max;
+    guint forward_port_min; /* vmctl forward takes host ports from this range when not given */
+    guint forward_port_max;
     guint boot_timeout_s;    /* how long new/start wait for SSH */
     guint request_timeout_s; /* how long a client may take to send its whole request */
     HostdAccelMode accel;    /* default auto (hostd-accel.h) */
@@ -34,10 +36,10 @@ typedef struct {
 } HostdConfig;
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
- * templates-dir, socket-group, ssh-port-min, ssh-port-max, boot-timeout, request-timeout, accel,
- * restart-limit, restart-window, shutdown, shutdown-timeout, shutdown-resume) when not NULL, then
- * applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail with
- * VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
+ * templates-dir, socket-group, ssh-port-min, ssh-port-max, forward-port-min, forward-port-max,
+ * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
+ * shutdown-timeout, shutdown-resume) when not NULL, then applies the non-NULL overrides, then
+ * fills defaults. Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
                                const char *uri, GError **error);
 

@@ -33,6 +33,8 @@ typedef struct {
     struct _HostdEgress *egress; /* hostd-egress.c's state; NULL until it is attached */
     struct _HostdPower *power;   /* hostd-power.c's state; NULL until hostd_power_start() */
     struct _HostdRelay *relay;   /* the public SSH ports (hostd-power.c); NULL until started */
+    struct _HostdSshForward *forwards;   /* forwarded guest ports (hostd-forward.c); NULL until
+                                          * first used; read it with g_atomic_pointer_get() */
     struct _HostdSupervisor *supervisor; /* hostd-supervise.c's; NULL until started */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
     gboolean debug;                      /* --debug: also a trace of where each exec's time went */

@@ -39,7 +39,7 @@ typedef struct {
 typedef struct {
     HostdPowerState state;
     gint64 keep_awake_until; /* 0: not held awake */
-    guint open_connections;  /* relayed connections (hostd_relay_open_connections()) */
+    guint open_connections;  /* relayed, forwarded and egress connections */
     guint open_sessions;     /* vmctl exec / ssh sessions hostd runs */
     gint64 last_activity;    /* latest byte or open/close seen anywhere; 0: none */
     double cpu_percent;      /* guest CPU over the last sample, % of one vCPU; < 0: unknown */

@@ -3,6 +3,7 @@
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
+#include "hostd-forward.h"
 #include "hostd-power.h"
 #include "hostd-supervise.h"
 
@@ -12,6 +13,7 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_egress_component);
     hostd_context_add_component(ctx, &hostd_checkpoint_component);
     hostd_context_add_component(ctx, &hostd_fork_component);
+    hostd_context_add_component(ctx, &hostd_forward_component);
     hostd_context_add_component(ctx, &hostd_power_component);
     hostd_context_add_component(ctx, &hostd_supervise_component);
 }

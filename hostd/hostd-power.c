@@ -6,6 +6,7 @@
 #include "hostd-guest.h"
 #include "hostd-idle.h"
 #include "hostd-relay.h"
+#include "hostd-ssh-forward.h"
 #include "vm-error.h"
 #include "vm-name.h"
 
@@ -177,12 +178,17 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
     }
     input.keep_awake_until = a->keep_awake_until;
     input.open_sessions = a->sessions;
-    /* An agent downloading through its egress proxy is busy even with no SSH session open. */
+    /* An agent downloading through its egress proxy is busy even with no SSH session open, and
+     * so is one serving a forwarded port. */
+    HostdSshForward *forwards = g_atomic_pointer_get(&ctx->forwards);
     input.open_connections =
         (ctx->relay != NULL ? hostd_relay_open_connections(ctx->relay, name) : 0) +
-        hostd_egress_open_connections(ctx, name);
-    input.last_activity = MAX(a->last_session_activity,
-                              ctx->relay != NULL ? hostd_relay_last_activity(ctx->relay, name) : 0);
+        hostd_egress_open_connections(ctx, name) +
+        (forwards != NULL ? hostd_ssh_forward_open_connections(forwards, name) : 0);
+    input.last_activity =
+        MAX(MAX(a->last_session_activity,
+                ctx->relay != NULL ? hostd_relay_last_activity(ctx->relay, name) : 0),
+            forwards != NULL ? hostd_ssh_forward_last_activity(forwards, name) : 0);
     HostdIdleDecision d = hostd_idle_tick(&a->tracker, &policy, &input);
     g_mutex_unlock(&power->lock);
 

@@ -569,10 +569,8 @@ hostd_relay_set_backend_timeout(HostdRelay *r, guint timeout_ms)
     g_mutex_unlock(&r->lock);
 }
 
-/* Binds and listens on 127.0.0.1:@port; @ret_fd gets the listener (non-blocking, close-on-exec).
- * Fails with VM_ERROR_NO_RESOURCES when the port is taken, VM_ERROR_IO otherwise. */
-static gboolean
-relay_listen(guint port, int *ret_fd, GError **error)
+gboolean
+hostd_relay_listen(guint port, int *ret_fd, GError **error)
 {
     struct sockaddr_in sa = {
         .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -610,7 +608,7 @@ hostd_relay_add(HostdRelay *r, const char *agent, guint public_port, guint backe
         return vm_throw(error, VM_ERROR_EXISTS, "agent '%s' already has a relay", agent);
     }
     int fd = -1;
-    if (!relay_listen(public_port, &fd, error)) {
+    if (!hostd_relay_listen(public_port, &fd, error)) {
         g_mutex_unlock(&r->lock);
         return FALSE;
     }

@@ -64,6 +64,11 @@ guint hostd_relay_open_connections(HostdRelay *r, const char *agent);
  * agent. Can't fail. */
 gint64 hostd_relay_last_activity(HostdRelay *r, const char *agent);
 
+/* Binds and listens on 127.0.0.1:@port as a relay's listeners do (SO_REUSEADDR, so a port is
+ * taken back at once after a restart); *@ret_fd gets the listener (non-blocking, close-on-exec).
+ * Fails with VM_ERROR_NO_RESOURCES when the port is taken, VM_ERROR_IO otherwise. */
+gboolean hostd_relay_listen(guint port, int *ret_fd, GError **error);
+
 /* Removes every agent, stops the I/O thread and frees @r; waits for wake callbacks still
  * running (it cannot interrupt them). NULL is a no-op. */
 void hostd_relay_free(HostdRelay *r);

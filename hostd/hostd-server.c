@@ -6,6 +6,7 @@
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
+#include "hostd-forward.h"
 #include "hostd-exec.h"
 #include "hostd-power.h"
 #include "hostd-shutdown.h"
@@ -125,6 +126,8 @@ hostd_request_event(HostdContext *ctx, const VmMessage *req, HostdRequestFlags f
 
     if (req->op == VM_OP_EXEC)
         what = hostd_exec_command_line(req);
+    else if (req->op == VM_OP_FORWARD_ADD || req->op == VM_OP_FORWARD_RM)
+        what = g_strdup_printf("guest port %u", vm_message_get_uint(req, "guest_port", 0));
     else if ((flags & HOSTD_REQUEST_TEMPLATE) && name != NULL)
         what = g_strdup_printf("template %s", name);
     if (failure != NULL && what != NULL)
@@ -560,6 +563,37 @@ hostd_handle_events(HostdContext *ctx, const VmMessage *req, VmStreamWriter *rep
     return hostd_events_send(ctx->events, &query, reply, error);
 }
 
+static gboolean
+hostd_handle_forward_add(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                         GError **error)
+{
+    /* Every handler gets the reply of a HostdRequest: who asks decides about privileged ports. */
+    gint64 uid = ((HostdRequest *)reply)->uid;
+
+    return hostd_reply1(reply, "forward",
+                        hostd_forward_add(ctx, hostd_req_name(req),
+                                          vm_message_get_uint(req, "guest_port", 0),
+                                          vm_message_get_uint(req, "host_port", 0), uid, error),
+                        error);
+}
+
+static gboolean
+hostd_handle_forward_rm(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    return hostd_forward_remove(ctx, hostd_req_name(req), vm_message_get_uint(req, "guest_port", 0),
+                                error) &&
+           hostd_reply(reply, NULL, error);
+}
+
+static gboolean
+hostd_handle_forward_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                          GError **error)
+{
+    return hostd_reply1(reply, "forwards", hostd_forward_list(ctx, hostd_req_name(req), error),
+                        error);
+}
+
 /* Which function serves each request, and whether it changes something. The fields a request may
  * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
  * before a handler runs. */
@@ -597,6 +631,9 @@ static const struct {
     {VM_OP_AGENT_SET_RESTART, hostd_handle_agent_set_restart, HOSTD_REQUEST_CHANGES},
     {VM_OP_HOST_SAVE_ALL, hostd_handle_host_save_all, HOSTD_REQUEST_CHANGES},
     {VM_OP_EVENTS, hostd_handle_events, HOSTD_REQUEST_READS},
+    {VM_OP_FORWARD_ADD, hostd_handle_forward_add, HOSTD_REQUEST_CHANGES},
+    {VM_OP_FORWARD_RM, hostd_handle_forward_rm, HOSTD_REQUEST_CHANGES},
+    {VM_OP_FORWARD_LIST, hostd_handle_forward_list, HOSTD_REQUEST_READS},
 };
 
 /* The row of @op in hostd_handlers, or -1. */

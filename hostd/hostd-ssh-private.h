@@ -1,5 +1,8 @@
-/* Internals of hostd-ssh.c that only tests may see. */
+/* Internals of the ssh module: what hostd-ssh.c shares with the module's other file
+ * (hostd-ssh-forward.c) and with its unit tests only. */
 #pragma once
+
+#include <libssh/libssh.h>
 
 #include "hostd-ssh.h"
 
@@ -16,5 +19,22 @@ guint hostd_ssh_pool_get_idle_count(HostdSshPool *pool, const char *agent);
  * ("TERM", "KILL", without "SIG"): 128 + the Linux signal number, or 255 for a name it does
  * not know. Can't fail. */
 int hostd_ssh_signal_exit_status(const char *name);
+
+/* The module's one translator of libssh errors: "@what: <libssh's last error on @session>" in
+ * VM_ERROR_SSH. Returns FALSE (a throw helper). */
+gboolean hostd_ssh_throw(GError **error, ssh_session session, const char *what);
+
+/* A connected, authenticated session to @target's agent for the caller's use alone: an idle one
+ * of the pool unless @fresh, else a new one (which waits for one of the agent's handshake slots,
+ * as an exec's does). *@ret_generation is what hostd_ssh_session_give() needs. Fails like a new
+ * exec's connection: VM_ERROR_SSH, VM_ERROR_BUSY (no slot came free). */
+ssh_session hostd_ssh_session_take(HostdSshPool *pool, const HostdSshTarget *target, gboolean fresh,
+                                   guint64 *ret_generation, GError **error);
+
+/* Gives back a session hostd_ssh_session_take() returned, every channel of it freed: the pool
+ * keeps it when it is still connected, has room, and @agent's sessions were not forgotten
+ * meanwhile; else it is closed. NULL @session: no-op. Can't fail. */
+void hostd_ssh_session_give(HostdSshPool *pool, const char *agent, guint64 generation,
+                            ssh_session session);
 
 G_END_DECLS

@@ -736,6 +736,45 @@ exec_connect(HostdSshPool *pool, const HostdSshTarget *target, GError **error)
     return fresh;
 }
 
+/* ---- Sessions for the other files of this module -------------------------------------------- */
+
+gboolean
+hostd_ssh_throw(GError **error, ssh_session session, const char *what)
+{
+    return ssh_throw(error, session, "%s", what);
+}
+
+ssh_session
+hostd_ssh_session_take(HostdSshPool *pool, const HostdSshTarget *target, gboolean fresh,
+                       guint64 *ret_generation, GError **error)
+{
+    ssh_session session = NULL;
+    guint64 generation;
+
+    g_return_val_if_fail(pool != NULL && target != NULL && ret_generation != NULL, NULL);
+    g_return_val_if_fail(error == NULL || *error == NULL, NULL);
+
+    if (!fresh)
+        session = pool_take(pool, target->agent, &generation);
+    else
+        generation = pool_get_generation(pool, target->agent);
+    if (session == NULL)
+        session = exec_connect(pool, target, error);
+    if (session != NULL)
+        *ret_generation = generation;
+    return session;
+}
+
+void
+hostd_ssh_session_give(HostdSshPool *pool, const char *agent, guint64 generation,
+                       ssh_session session)
+{
+    g_return_if_fail(pool != NULL && agent != NULL);
+
+    if (session != NULL)
+        pool_put(pool, agent, generation, session);
+}
+
 gboolean
 hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExecRequest *request,
                int client_fd, GError **error)

@@ -5,6 +5,7 @@
 
 #include "hostd-modules.h"
 #include "hostd-config.h"
+#include "hostd-forward.h"
 #include "hostd-libvirt.h"
 #include "hostd-notify.h"
 #include "hostd-power.h"
@@ -186,6 +187,8 @@ main(int argc, char **argv)
     hostd_supervise_stop(ctx);
     hostd_server_stop(server);
     hostd_power_stop(ctx);
+    /* No connection to a forwarded port may wake an agent the shutdown is saving. */
+    hostd_forward_stop(ctx);
     if (hostd_config_shutdown_saves(ctx->config)) {
         hostd_shutdown_save(ctx);
     } else {

@@ -140,6 +140,7 @@ declare -A first=(
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
     [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents [events]=$agents
+    [forward]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
     [bridge]="" [mcp]=""
@@ -177,6 +178,10 @@ expect "$agents" vmctl egress-log -n 5 ""
 expect "$agents" vmctl events --since 10m ""
 expect "" vmctl events --since ""
 expect "" vmctl events a1 ""
+expect "$agents" vmctl forward --list ""
+expect "$agents" vmctl forward --rm ""
+expect "" vmctl forward a1 ""
+expect "" vmctl forward --host-port ""
 expect "$agents" vmctl --json -q info ""
 expect "" vmctl stop --timeout ""
 expect "" vmctl fork a1 ""

@@ -39,6 +39,8 @@ static const VmctlVerb verbs[] = {
     {"egress", vmctl_cmd_egress, "NAME", "Show or change where an agent may connect"},
     {"egress-log", vmctl_cmd_egress_log, "NAME", "Show an agent's egress log"},
     {"events", vmctl_cmd_events, "[AGENT]", "Show what happened to agents, and who did it"},
+    {"forward", vmctl_cmd_forward, "AGENT GUEST_PORT",
+     "Serve a port of an agent's VM on 127.0.0.1 (--list, --rm)"},
     {"mcp", vmctl_cmd_mcp, "",
      "Serve hostd's agents as Model Context Protocol tools on stdin and stdout"},
     {"bridge", vmctl_cmd_bridge, "",

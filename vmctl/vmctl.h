@@ -167,6 +167,7 @@ gboolean vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError *
 gboolean vmctl_cmd_autorestart(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_stop_host_agents(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_events(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_forward(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_bridge(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_mcp(VmctlContext *ctx, int argc, char **argv, GError **error);
 

@@ -85,6 +85,8 @@ test_defaults(void **state)
     assert_int_equal(c->accel, HOSTD_ACCEL_AUTO);
     assert_int_equal(c->ssh_port_max, 42999);
     assert_int_equal(c->boot_timeout_s, 300);
+    assert_int_equal(c->forward_port_min, 43000);
+    assert_int_equal(c->forward_port_max, 43999);
 }
 
 static void
@@ -145,6 +147,8 @@ test_file_values(void **state)
                     "socket-group=vmctl\n"
                     "ssh-port-min=50000\n"
                     "ssh-port-max=50100\n"
+                    "forward-port-min=8000\n"
+                    "forward-port-max=8099\n"
                     "boot-timeout=10m\n"
                     "accel=tcg\n");
     g_autoptr(HostdConfig) c = load_ok(f->file, NULL, NULL, NULL);
@@ -157,6 +161,8 @@ test_file_values(void **state)
     assert_string_equal(c->socket_group, "vmctl");
     assert_int_equal(c->ssh_port_min, 50000);
     assert_int_equal(c->ssh_port_max, 50100);
+    assert_int_equal(c->forward_port_min, 8000);
+    assert_int_equal(c->forward_port_max, 8099);
     assert_int_equal(c->boot_timeout_s, 600);
     assert_int_equal(c->accel, HOSTD_ACCEL_TCG);
 }
@@ -239,6 +245,11 @@ test_bad_files(void **state)
         {"[hostd]\nssh-port-max=\n", "ssh-port-max"},
         {"[hostd]\nssh-port-min=43000\nssh-port-max=42999\n", "ssh-port-min"},
         {"[hostd]\nssh-port-min=50000\n", "ssh-port-min"},
+        {"[hostd]\nforward-port-min=80\n", "forward-port-min"},
+        {"[hostd]\nforward-port-max=65536\n", "forward-port-max"},
+        {"[hostd]\nforward-port-max=\n", "forward-port-max"},
+        {"[hostd]\nforward-port-min=9000\nforward-port-max=8999\n", "forward-port-min"},
+        {"[hostd]\nforward-port-min=44000\n", "forward-port-min"},
         {"[hostd]\nboot-timeout=0\n", "boot-timeout"},
         {"[hostd]\nboot-timeout=2h\n", "boot-timeout"},
         {"[hostd]\nboot-timeout=3601\n", "boot-timeout"},

@@ -51,6 +51,9 @@ static const struct {
     {VM_OP_AGENT_SET_RESTART, TRUE},
     {VM_OP_HOST_SAVE_ALL, TRUE},
     {VM_OP_EVENTS, TRUE},
+    {VM_OP_FORWARD_ADD, TRUE},
+    {VM_OP_FORWARD_RM, TRUE},
+    {VM_OP_FORWARD_LIST, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -94,6 +97,10 @@ static const struct {
                            "'save_s': <uint32 1800>}"},
     {VM_OP_AGENT_SET_CHECKPOINTS, "{'name': <'alice'>, 'never': <false>, 'every_s': <uint32 1800>, "
                                   "'keep': <uint32 10>}"},
+    {VM_OP_FORWARD_ADD, "{'name': <'alice'>, 'guest_port': <uint32 3000>, "
+                        "'host_port': <uint32 43000>}"},
+    {VM_OP_FORWARD_RM, "{'name': <'alice'>, 'guest_port': <uint32 3000>}"},
+    {VM_OP_FORWARD_LIST, "{'name': <'alice'>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -234,6 +241,9 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_AGENT_SET_RESTART, 26);
     assert_int_equal(VM_OP_HOST_SAVE_ALL, 27);
     assert_int_equal(VM_OP_EVENTS, 28);
+    assert_int_equal(VM_OP_FORWARD_ADD, 29);
+    assert_int_equal(VM_OP_FORWARD_RM, 30);
+    assert_int_equal(VM_OP_FORWARD_LIST, 31);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);
@@ -600,6 +610,12 @@ static const BadCase bad_cases[] = {
     {"env with empty name", BAD_SCHEMA, VM_OP_EXEC, NULL,
      "{'name': <'a'>, 'argv': <['true']>, 'env': <['=x']>}"},
     {"empty argv", BAD_SCHEMA, VM_OP_EXEC, NULL, "{'name': <'a'>, 'argv': <@as []>}"},
+    {"guest port 0", BAD_SCHEMA, VM_OP_FORWARD_ADD, NULL,
+     "{'name': <'a'>, 'guest_port': <uint32 0>}"},
+    {"guest port past 65535", BAD_SCHEMA, VM_OP_FORWARD_RM, NULL,
+     "{'name': <'a'>, 'guest_port': <uint32 65536>}"},
+    {"host port 0", BAD_SCHEMA, VM_OP_FORWARD_ADD, NULL,
+     "{'name': <'a'>, 'guest_port': <uint32 80>, 'host_port': <uint32 0>}"},
     {"oversized stdin", BAD_SCHEMA, VM_OP_STDIN, too_much_data},
     {"oversized stdout", BAD_SCHEMA, VM_OP_STDOUT, too_much_data},
     {"oversized stderr", BAD_SCHEMA, VM_OP_STDERR, too_much_data},
@@ -668,6 +684,8 @@ test_limits_accepted(void **state)
         {VM_OP_ERROR, g_variant_new_parsed("{'code': <uint32 16>, 'message': <''>}")},
         {VM_OP_PROGRESS, g_variant_new_parsed("{'message': <''>, 'fraction': <1.0>}")},
         {VM_OP_WINDOW_SIZE, g_variant_new_parsed("{'cols': <uint32 65535>, 'rows': <uint32 0>}")},
+        {VM_OP_FORWARD_ADD, g_variant_new_parsed("{'name': <'a'>, 'guest_port': <uint32 65535>, "
+                                                 "'host_port': <uint32 1>}")},
     };
 
     assert_int_equal(VM_ERROR_LAST, 16);

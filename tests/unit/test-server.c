@@ -28,6 +28,7 @@
 #include "vm-util.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
+#include "test-sink.h"
 
 #define TEST_UUID_PREFIX "6c0b7a1e-52f4-4d0e-9d1b-"
 
@@ -1019,6 +1020,50 @@ test_event_exec(void **state)
     assert_int_equal(colon - detail, 200);
 }
 
+/* forward-add and forward-rm are changes whose detail names the guest port; forward-list only
+ * reads. */
+static void
+test_event_forward(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "gail", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42326);
+    guint port = vm_test_free_port();
+    g_autofree char *fields = g_strdup_printf(
+        "{'name': <'gail'>, 'guest_port': <uint32 3000>, 'host_port': <uint32 %u>}", port);
+    g_autoptr(GPtrArray) add = converse(f, VM_OP_FORWARD_ADD, fields);
+    const VmMessage *result = assert_result_reply(add);
+    g_autoptr(GVariant) forward = vm_message_lookup(result, "forward");
+    guint32 host_port = 0;
+
+    assert_non_null(forward);
+    assert_true(g_variant_lookup(forward, "host_port", "u", &host_port));
+    assert_int_equal(host_port, port);
+    g_autoptr(JsonObject) added = one_new_event(f, 0);
+    assert_string_equal(member(added, "agent"), "gail");
+    assert_string_equal(member(added, "event"), "forward-add");
+    assert_string_equal(member(added, "outcome"), "ok");
+    assert_string_equal(member(added, "detail"), "guest port 3000");
+    assert_int_equal(json_object_get_int_member_with_default(added, "uid", -1), getuid());
+
+    g_autoptr(GPtrArray) list = converse(f, VM_OP_FORWARD_LIST, "{'name': <'gail'>}");
+    assert_result_reply(list);
+    g_autoptr(GPtrArray) rm =
+        converse(f, VM_OP_FORWARD_RM, "{'name': <'gail'>, 'guest_port': <uint32 3000>}");
+    assert_result_reply(rm);
+    g_autoptr(JsonObject) removed = one_new_event(f, 1);
+    assert_string_equal(member(removed, "event"), "forward-rm");
+    assert_string_equal(member(removed, "detail"), "guest port 3000");
+
+    g_autoptr(GPtrArray) again =
+        converse(f, VM_OP_FORWARD_RM, "{'name': <'gail'>, 'guest_port': <uint32 3000>}");
+    assert_error_reply(again, VM_ERROR_NOT_FOUND, "does not forward its port 3000");
+    g_autoptr(JsonObject) failed = one_new_event(f, 2);
+    assert_string_equal(member(failed, "outcome"), "error");
+    assert_string_equal(member(failed, "detail"),
+                        "guest port 3000: agent 'gail' does not forward its port 3000");
+}
+
 /* Requests that only read leave no event. */
 static void
 test_event_read_only(void **state)
@@ -1408,6 +1453,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_event_before_answer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_exec, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_forward, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_read_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_follow, setup, teardown),

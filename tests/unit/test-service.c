@@ -24,9 +24,10 @@
 
 /* Every key hostd_config_load() reads (hostd-config.h); the default file shows each one. */
 static const char *const config_keys[] = {
-    "state-dir",     "socket",         "connect",      "images-dir",       "templates-dir",
-    "socket-group",  "ssh-port-min",   "ssh-port-max", "boot-timeout",     "accel",
-    "restart-limit", "restart-window", "shutdown",     "shutdown-timeout", "shutdown-resume",
+    "state-dir",        "socket",           "connect",      "images-dir",       "templates-dir",
+    "socket-group",     "ssh-port-min",     "ssh-port-max", "boot-timeout",     "accel",
+    "restart-limit",    "restart-window",   "shutdown",     "shutdown-timeout", "shutdown-resume",
+    "forward-port-min", "forward-port-max",
 };
 
 /* ---- the stand-in for systemd ---------------------------------------------------------------- */
@@ -238,6 +239,8 @@ test_default_config_is_the_defaults(void **state)
     assert_null(with->socket_group);
     assert_int_equal(with->ssh_port_min, without->ssh_port_min);
     assert_int_equal(with->ssh_port_max, without->ssh_port_max);
+    assert_int_equal(with->forward_port_min, without->forward_port_min);
+    assert_int_equal(with->forward_port_max, without->forward_port_max);
     assert_int_equal(with->boot_timeout_s, without->boot_timeout_s);
     assert_int_equal(with->accel, without->accel);
     assert_int_equal(with->restart_limit, without->restart_limit);

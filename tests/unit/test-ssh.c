@@ -6,8 +6,10 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -18,6 +20,7 @@
 
 #include <glib/gstdio.h>
 
+#include "hostd-ssh-forward.h"
 #include "hostd-ssh-private.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
@@ -1072,6 +1075,567 @@ test_pool_free_null(void **state)
     hostd_ssh_pool_free(NULL);
 }
 
+/* ---- forwarded guest ports (hostd-ssh-forward.h) ------------------------------------------- */
+
+/* The forwarder of the tests: its wake hands out the fixture's target (or refuses), its log is
+ * kept. Guest ports are on this host's loopback, where the fixture's sshd connects. */
+typedef struct {
+    Fixture *f;
+    HostdSshForward *fwd;
+    GMutex lock;
+    GString *log; /* "PORT: message" lines */
+    gint wakes;
+    gboolean refuse;
+} Forward;
+
+static gboolean
+forward_wake(const char *agent, gpointer user_data, HostdSshTarget *ret_target, GPtrArray *keep,
+             GError **error)
+{
+    Forward *fw = user_data;
+
+    g_atomic_int_inc(&fw->wakes);
+    if (fw->refuse)
+        return vm_throw(error, VM_ERROR_BAD_STATE, "agent '%s' is stopped", agent);
+    *ret_target = fw->f->target;
+    return TRUE;
+}
+
+static void
+forward_log(const char *agent, guint guest_port, const char *message, gpointer user_data)
+{
+    Forward *fw = user_data;
+
+    g_mutex_lock(&fw->lock);
+    g_string_append_printf(fw->log, "%s %u: %s\n", agent, guest_port, message);
+    g_mutex_unlock(&fw->lock);
+}
+
+static void
+forward_init(Forward *fw, Fixture *f)
+{
+    *fw = (Forward){.f = f};
+    g_mutex_init(&fw->lock);
+    fw->log = g_string_new(NULL);
+    fw->fwd = hostd_ssh_forward_new(f->pool, forward_wake, forward_log, fw);
+}
+
+static void
+forward_clear(Forward *fw)
+{
+    hostd_ssh_forward_free(fw->fwd);
+    g_string_free(fw->log, TRUE);
+    g_mutex_clear(&fw->lock);
+}
+
+static char *
+forward_log_text(Forward *fw)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&fw->lock);
+
+    return g_strdup(fw->log->str);
+}
+
+/* Serves @guest_port of agent alpha on a free host port, which it returns. */
+static guint
+forward_add(Forward *fw, guint guest_port)
+{
+    guint port = vm_test_free_port();
+    g_autoptr(GError) error = NULL;
+
+    assert_true(hostd_ssh_forward_add(fw->fwd, "alpha", guest_port, port, &error));
+    vm_test_assert_no_error(error);
+    return port;
+}
+
+/* Waits up to 10 s until alpha has @n open connections and, with @idle, until its session is
+ * back in the pool. */
+static void
+forward_wait(Forward *fw, guint n, gboolean idle)
+{
+    for (guint i = 0; i < 1000; i++) {
+        if (hostd_ssh_forward_open_connections(fw->fwd, "alpha") == n &&
+            (!idle || hostd_ssh_pool_get_idle_count(fw->f->pool, "alpha") > 0))
+            return;
+        g_usleep(10 * 1000);
+    }
+    fail_msg("alpha has %u forwarded connections, not %u",
+             hostd_ssh_forward_open_connections(fw->fwd, "alpha"), n);
+}
+
+/* Reads @fd to its end (each read giving up after its receive timeout). */
+static GByteArray *
+read_all(int fd)
+{
+    GByteArray *all = g_byte_array_new();
+    guint8 buf[65536];
+
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            fail_msg("reading a forwarded connection: %s", g_strerror(errno));
+        if (n == 0)
+            return all;
+        g_byte_array_append(all, buf, (guint)n);
+    }
+}
+
+static void
+assert_echo(int fd, const char *text)
+{
+    g_autoptr(GString) got = NULL;
+
+    vm_test_send_text(fd, text);
+    got = vm_test_read_until(fd, text, 10000, NULL);
+    assert_string_equal(got->str, text);
+}
+
+/* A connection reaches the guest's port through a channel, bytes go both ways, the client's
+ * FIN reaches the guest's server and its close comes back; the session then goes back to the
+ * pool. */
+static void
+test_forward_echo(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    g_autofree char *log = NULL;
+    g_autoptr(GByteArray) rest = NULL;
+    guint connections = 0;
+    Forward fw;
+    guint port;
+    int fd;
+
+    forward_init(&fw, f);
+    port = forward_add(&fw, sink->port);
+    assert_true(hostd_ssh_forward_lookup(fw.fwd, "alpha", sink->port, &connections));
+    assert_int_equal(connections, 0);
+    assert_int_equal(hostd_ssh_forward_last_activity(fw.fwd, "alpha"), 0);
+
+    fd = vm_test_connect_loopback(port, 10);
+    assert_echo(fd, "hello\n");
+    assert_echo(fd, "and again\n");
+    assert_true(hostd_ssh_forward_lookup(fw.fwd, "alpha", sink->port, &connections));
+    assert_int_equal(connections, 1);
+    assert_int_equal(hostd_ssh_forward_open_connections(fw.fwd, "alpha"), 1);
+    assert_true(hostd_ssh_forward_last_activity(fw.fwd, "alpha") > 0);
+
+    shutdown(fd, SHUT_WR);
+    rest = read_all(fd);
+    assert_int_equal(rest->len, 0);
+    close(fd);
+    forward_wait(&fw, 0, TRUE);
+    assert_int_equal(g_atomic_int_get(&fw.wakes), 1);
+    assert_int_equal(g_atomic_int_get(&sink->connections), 1);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+    log = forward_log_text(&fw);
+    assert_string_equal(log, "");
+
+    /* The next connection takes the pooled session: no new handshake. */
+    fd = vm_test_connect_loopback(port, 10);
+    assert_echo(fd, "third\n");
+    close(fd);
+    forward_wait(&fw, 0, TRUE);
+    assert_int_equal(g_atomic_int_get(&fw.wakes), 2);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+
+    forward_clear(&fw);
+    vm_test_sink_free(sink);
+}
+
+/* 8 MiB each way, at once, through one connection, arrive whole and in order. */
+static void
+test_forward_large(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    gsize len = 8 * 1024 * 1024;
+    g_autofree guint8 *data = g_malloc(len);
+    g_autoptr(GByteArray) got = NULL;
+    GThread *sender;
+    Forward fw;
+    guint port;
+    int fd;
+
+    for (gsize i = 0; i < len; i++)
+        data[i] = (guint8)(i * 7 + i / 4096);
+    forward_init(&fw, f);
+    port = forward_add(&fw, sink->port);
+    fd = vm_test_connect_loopback(port, 20);
+    sender = vm_test_send_thread(fd, data, len);
+    got = read_all(fd);
+    assert_int_equal(GPOINTER_TO_SIZE(g_thread_join(sender)), len);
+    assert_int_equal(got->len, len);
+    assert_memory_equal(got->data, data, len);
+    close(fd);
+    forward_wait(&fw, 0, FALSE);
+
+    forward_clear(&fw);
+    vm_test_sink_free(sink);
+}
+
+typedef struct {
+    int listen_fd;
+    const char *greeting; /* sent to each client, which is then closed */
+    gboolean flood;       /* instead: send without end to the client until @stop */
+    gint stop;
+    GMutex lock;
+    gint64 sent; /* lock */
+} GuestServer;
+
+static gint64
+guest_server_sent(GuestServer *s)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&s->lock);
+
+    return s->sent;
+}
+
+static gpointer
+guest_server_thread(gpointer data)
+{
+    GuestServer *s = data;
+    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    static guint8 chunk[65536];
+
+    if (fd < 0)
+        return NULL;
+    if (!s->flood) {
+        send(fd, s->greeting, strlen(s->greeting), MSG_NOSIGNAL);
+        close(fd);
+        return NULL;
+    }
+    while (!g_atomic_int_get(&s->stop)) {
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        ssize_t n = send(fd, chunk, sizeof(chunk), MSG_NOSIGNAL | MSG_DONTWAIT);
+
+        if (n > 0) {
+            g_mutex_lock(&s->lock);
+            s->sent += n;
+            g_mutex_unlock(&s->lock);
+        } else if (n < 0 && errno != EAGAIN && errno != EINTR)
+            break;
+        else
+            poll(&pfd, 1, 100);
+    }
+    close(fd);
+    return NULL;
+}
+
+/* The guest's server answers and closes: the client gets the answer, then EOF. */
+static void
+test_forward_guest_closes(void **state)
+{
+    Fixture *f = *state;
+    guint16 guest_port;
+    GuestServer server = {.greeting = "bye\n"};
+    g_autoptr(GByteArray) got = NULL;
+    GThread *thread;
+    Forward fw;
+    guint port;
+    int fd;
+
+    server.listen_fd = vm_test_listen_loopback(&guest_port);
+    thread = g_thread_new("guest-server", guest_server_thread, &server);
+    forward_init(&fw, f);
+    port = forward_add(&fw, guest_port);
+    fd = vm_test_connect_loopback(port, 10);
+    got = read_all(fd);
+    g_byte_array_append(got, (const guint8 *)"", 1);
+    assert_string_equal((const char *)got->data, "bye\n");
+    close(fd);
+    forward_wait(&fw, 0, FALSE);
+    g_thread_join(thread);
+    close(server.listen_fd);
+
+    forward_clear(&fw);
+}
+
+/* Nothing listens on the guest's port: the client's connection closes cleanly, one line says
+ * why, and the session serves the next connection. */
+static void
+test_forward_no_listener(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    guint16 nobody = vm_test_free_port();
+    g_autoptr(GByteArray) got = NULL;
+    g_autofree char *log = NULL;
+    g_autofree char *want = NULL;
+    Forward fw;
+    guint port;
+    int fd;
+
+    forward_init(&fw, f);
+    port = forward_add(&fw, nobody);
+    fd = vm_test_connect_loopback(port, 10);
+    /* What the client sent is taken before the close: it sees an end, not a reset. */
+    vm_test_send_text(fd, "GET / HTTP/1.0\r\n\r\n");
+    got = read_all(fd);
+    assert_int_equal(got->len, 0);
+    close(fd);
+    forward_wait(&fw, 0, FALSE);
+    log = forward_log_text(&fw);
+    want = g_strdup_printf(
+        "alpha %u: nothing took the connection on port %u in the guest: ", nobody, nobody);
+    assert_true(g_str_has_prefix(log, want));
+    assert_int_equal(strchr(log, '\n') - log + 1, (long)strlen(log));
+
+    port = forward_add(&fw, sink->port);
+    fd = vm_test_connect_loopback(port, 10);
+    assert_echo(fd, "still here\n");
+    close(fd);
+    forward_wait(&fw, 0, FALSE);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+
+    forward_clear(&fw);
+    vm_test_sink_free(sink);
+}
+
+/* A wake that fails refuses the connection before any SSH. */
+static void
+test_forward_wake_refused(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    g_autoptr(GByteArray) got = NULL;
+    g_autofree char *log = NULL;
+    g_autofree char *want = NULL;
+    Forward fw;
+    guint port;
+    int fd;
+
+    forward_init(&fw, f);
+    fw.refuse = TRUE;
+    port = forward_add(&fw, sink->port);
+    fd = vm_test_connect_loopback(port, 10);
+    vm_test_send_text(fd, "GET / HTTP/1.0\r\n\r\n");
+    got = read_all(fd);
+    assert_int_equal(got->len, 0);
+    close(fd);
+    forward_wait(&fw, 0, FALSE);
+    log = forward_log_text(&fw);
+    want = g_strdup_printf("alpha %u: connection refused: agent 'alpha' is stopped\n", sink->port);
+    assert_string_equal(log, want);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 0);
+    assert_int_equal(g_atomic_int_get(&sink->connections), 0);
+
+    forward_clear(&fw);
+    vm_test_sink_free(sink);
+}
+
+/* Many connections at once share one session, each with its own bytes. */
+static void
+test_forward_many(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    enum { N = 12 };
+    int fds[N];
+    Forward fw;
+    guint port;
+
+    forward_init(&fw, f);
+    port = forward_add(&fw, sink->port);
+    for (guint i = 0; i < N; i++)
+        fds[i] = vm_test_connect_loopback(port, 10);
+    for (guint i = 0; i < N; i++) {
+        g_autofree char *text = g_strdup_printf("connection %u\n", i);
+
+        assert_echo(fds[i], text);
+    }
+    forward_wait(&fw, N, FALSE);
+    for (guint i = 0; i < N; i++)
+        close(fds[i]);
+    forward_wait(&fw, 0, TRUE);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+
+    forward_clear(&fw);
+    vm_test_sink_free(sink);
+}
+
+/* A guest that sends without end to a client that reads nothing fills the buffers on the way
+ * and then waits: what hostd holds for the connection is bounded. Once the client reads, the
+ * bytes flow again. */
+static void
+test_forward_backpressure(void **state)
+{
+    Fixture *f = *state;
+    GuestServer server = {.flood = TRUE};
+    guint16 guest_port;
+    gint64 sent = -1;
+    guint8 buf[65536];
+    gsize taken = 0;
+    GThread *thread;
+    Forward fw;
+    guint port;
+    int fd;
+
+    server.listen_fd = vm_test_listen_loopback(&guest_port);
+    thread = g_thread_new("guest-server", guest_server_thread, &server);
+    forward_init(&fw, f);
+    port = forward_add(&fw, guest_port);
+    fd = vm_test_connect_loopback(port, 10);
+
+    /* Stalled: nothing more went out in the last second. */
+    for (guint i = 0; i < 80; i++) {
+        g_usleep(250 * 1000);
+        if (i % 4 == 3) {
+            gint64 now = guest_server_sent(&server);
+
+            if (now == sent)
+                break;
+            sent = now;
+        }
+    }
+    assert_true(sent > 0);
+    assert_int_equal(guest_server_sent(&server), sent);
+    /* Kernel socket buffers on both hops, one channel window in libssh and in sshd, one buffer
+     * of hostd's: far below this. */
+    assert_true(sent < 64 * 1024 * 1024);
+
+    while (taken < (gsize)sent + 4 * 1024 * 1024) {
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+
+        assert_true(n > 0);
+        taken += (gsize)n;
+    }
+    assert_true(guest_server_sent(&server) > sent);
+
+    g_atomic_int_set(&server.stop, 1);
+    close(fd);
+    g_thread_join(thread);
+    close(server.listen_fd);
+    forward_wait(&fw, 0, FALSE);
+    forward_clear(&fw);
+}
+
+/* A removed port's listener is gone when the call returns and its connections close; the port
+ * can be served again at once. */
+static void
+test_forward_remove(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    g_autoptr(GByteArray) got = NULL;
+    g_autoptr(GError) error = NULL;
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    Forward fw;
+    guint port;
+    int fd;
+    int probe;
+
+    forward_init(&fw, f);
+    port = forward_add(&fw, sink->port);
+    fd = vm_test_connect_loopback(port, 10);
+    assert_echo(fd, "before\n");
+
+    hostd_ssh_forward_remove(fw.fwd, "alpha", sink->port);
+    assert_false(hostd_ssh_forward_lookup(fw.fwd, "alpha", sink->port, NULL));
+    sin.sin_port = htons((guint16)port);
+    probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(connect(probe, (struct sockaddr *)&sin, sizeof(sin)) < 0);
+    assert_int_equal(errno, ECONNREFUSED);
+    close(probe);
+    got = read_all(fd);
+    assert_int_equal(got->len, 0);
+    close(fd);
+    forward_wait(&fw, 0, FALSE);
+    /* Unknown ports and agents: nothing happens. */
+    hostd_ssh_forward_remove(fw.fwd, "alpha", sink->port);
+    hostd_ssh_forward_remove_agent(fw.fwd, "nobody");
+
+    assert_true(hostd_ssh_forward_add(fw.fwd, "alpha", sink->port, port, &error));
+    vm_test_assert_no_error(error);
+    fd = vm_test_connect_loopback(port, 10);
+    assert_echo(fd, "after\n");
+
+    /* Removing the agent stops every port of it, and the connections on them. */
+    port = forward_add(&fw, 8080);
+    hostd_ssh_forward_remove_agent(fw.fwd, "alpha");
+    assert_false(hostd_ssh_forward_lookup(fw.fwd, "alpha", sink->port, NULL));
+    g_clear_pointer(&got, g_byte_array_unref);
+    got = read_all(fd);
+    assert_int_equal(got->len, 0);
+    close(fd);
+    assert_int_equal(hostd_ssh_forward_open_connections(fw.fwd, "alpha"), 0);
+
+    forward_clear(&fw);
+    vm_test_sink_free(sink);
+}
+
+/* A guest port served twice, a host port taken: refused, nothing left behind. */
+static void
+test_forward_add_errors(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    Forward fw;
+    guint port;
+
+    forward_init(&fw, f);
+    port = forward_add(&fw, 80);
+    assert_false(hostd_ssh_forward_add(fw.fwd, "alpha", 80, vm_test_free_port(), &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_EXISTS, "guest port 80 of agent 'alpha'");
+    g_clear_error(&error);
+    assert_false(hostd_ssh_forward_add(fw.fwd, "beta", 80, port, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NO_RESOURCES, "is taken");
+    assert_false(hostd_ssh_forward_lookup(fw.fwd, "beta", 80, NULL));
+    assert_true(hostd_ssh_forward_lookup(fw.fwd, "alpha", 80, NULL));
+
+    forward_clear(&fw);
+}
+
+/* A pooled session the server dropped meanwhile (a guest that restarted) is replaced. */
+static void
+test_forward_stale_session(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    Forward fw;
+    guint port;
+    int fd;
+
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    /* The server closes connections without channels after 1 s. */
+    g_usleep(2500 * 1000);
+    forward_init(&fw, f);
+    port = forward_add(&fw, sink->port);
+    fd = vm_test_connect_loopback(port, 10);
+    assert_echo(fd, "fresh\n");
+    close(fd);
+    forward_wait(&fw, 0, FALSE);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 2);
+
+    forward_clear(&fw);
+    vm_test_sink_free(sink);
+}
+
+/* Freeing the forwarder with connections open closes them. */
+static void
+test_forward_free_open(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    g_autoptr(GByteArray) got = NULL;
+    Forward fw;
+    guint port;
+    int fd;
+
+    forward_init(&fw, f);
+    port = forward_add(&fw, sink->port);
+    fd = vm_test_connect_loopback(port, 10);
+    assert_echo(fd, "open\n");
+    forward_clear(&fw);
+    got = read_all(fd);
+    assert_int_equal(got->len, 0);
+    close(fd);
+    hostd_ssh_forward_free(NULL);
+    vm_test_sink_free(sink);
+}
+
 int
 main(void)
 {
@@ -1105,6 +1669,17 @@ main(void)
         cmocka_unit_test_setup_teardown(test_wait_ready_nothing_listens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_ready_silent_port, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_ready_cancelled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_echo, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_large, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_guest_closes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_no_listener, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_wake_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_many, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_backpressure, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_remove, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_add_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_stale_session, setup_drops_idle, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_free_open, setup, teardown),
     };
 
     /* TEST_FILTER=test_exec_* runs a subset while debugging. */

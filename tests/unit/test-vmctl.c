@@ -1199,6 +1199,156 @@ test_events_usage(void **state)
     }
 }
 
+/* vmctl forward: add (a port chosen by hostd, or --host-port), --list, --rm; one request each. */
+static void
+test_forward(void **state)
+{
+    Fixture *f = *state;
+    static const char forward[] =
+        "{'forward': <{'agent': <'a1'>, 'guest_port': <uint32 3000>, 'host_port': <uint32 43000>, "
+        "'address': <'127.0.0.1:43000'>, 'connections': <uint32 0>, 'listening': <true>}>}";
+    static const char forwards[] =
+        "{'forwards': <[{'agent': <'a1'>, 'guest_port': <uint32 3000>, "
+        "'host_port': <uint32 43000>, 'address': <'127.0.0.1:43000'>, "
+        "'connections': <uint32 2>, 'listening': <true>}, "
+        "{'agent': <'web-2'>, 'guest_port': <uint32 8080>, 'host_port': <uint32 8080>, "
+        "'address': <'127.0.0.1:8080'>, 'connections': <uint32 0>, 'listening': <false>}]>}";
+
+    {
+        g_auto(Run) run = {0};
+
+        reply(f, VM_OP_RESULT, forward);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "forward", "a1", "3000");
+        assert_request(f, VM_OP_FORWARD_ADD);
+        assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
+        assert_int_equal(vm_message_get_uint(f->hostd->request, "guest_port", 0), 3000);
+        assert_null(vm_message_lookup(f->hostd->request, "host_port"));
+        assert_string_equal(run.out, "port 3000 of a1 is served on 127.0.0.1:43000\n");
+        assert_string_equal(run.err, "");
+        assert_int_equal(run.status, 0);
+    }
+    {
+        g_auto(Run) run = {0};
+
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply(f, VM_OP_RESULT, forward);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "forward", "--host-port", "43000", "a1", "3000", "--json");
+        assert_request(f, VM_OP_FORWARD_ADD);
+        assert_int_equal(vm_message_get_uint(f->hostd->request, "host_port", 0), 43000);
+        assert_string_equal(run.out, "{\n"
+                                     "  \"agent\" : \"a1\",\n"
+                                     "  \"guest_port\" : 3000,\n"
+                                     "  \"host_port\" : 43000,\n"
+                                     "  \"address\" : \"127.0.0.1:43000\",\n"
+                                     "  \"connections\" : 0,\n"
+                                     "  \"listening\" : true\n"
+                                     "}\n");
+        assert_int_equal(run.status, 0);
+    }
+    {
+        g_auto(Run) run = {0};
+
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply(f, VM_OP_RESULT, forwards);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "forward", "--list");
+        assert_request(f, VM_OP_FORWARD_LIST);
+        assert_null(vm_message_lookup(f->hostd->request, "name"));
+        assert_string_equal(run.out, "AGENT  GUEST PORT  ADDRESS          CONNECTIONS  SERVED\n"
+                                     "a1     3000        127.0.0.1:43000  2            yes\n"
+                                     "web-2  8080        127.0.0.1:8080   0            no\n");
+        assert_int_equal(run.status, 0);
+    }
+    {
+        g_auto(Run) run = {0};
+
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply(f, VM_OP_RESULT, "{'forwards': <@aa{sv} []>}");
+        server_start(f);
+        run_vmctl(f, NULL, &run, "forward", "a1", "--list", "--json");
+        assert_request(f, VM_OP_FORWARD_LIST);
+        assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
+        assert_string_equal(run.out, "[]\n");
+        assert_int_equal(run.status, 0);
+    }
+    {
+        g_auto(Run) run = {0};
+
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply(f, VM_OP_RESULT, NULL);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "forward", "--rm", "a1", "3000");
+        assert_request(f, VM_OP_FORWARD_RM);
+        assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
+        assert_int_equal(vm_message_get_uint(f->hostd->request, "guest_port", 0), 3000);
+        assert_string_equal(run.out, "port 3000 of a1 is no longer forwarded\n");
+        assert_int_equal(run.status, 0);
+    }
+    {
+        g_auto(Run) run = {0};
+
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply_error(f, VM_ERROR_NO_RESOURCES,
+                    "port 43000 on 127.0.0.1 is taken: agent 'web-2' forwards its port 80 there");
+        server_start(f);
+        run_vmctl(f, NULL, &run, "forward", "a1", "3000", "--host-port", "43000");
+        assert_string_equal(
+            run.err,
+            "vmctl: port 43000 on 127.0.0.1 is taken: agent 'web-2' forwards its port 80 there\n");
+        assert_string_equal(run.out, "");
+        assert_int_equal(run.status, 7);
+    }
+}
+
+/* What vmctl forward refuses before sending anything. */
+static void
+test_forward_usage(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *args[7];
+        const char *err;
+    } cases[] = {
+        {{"forward"}, "vmctl: missing AGENT; see 'vmctl forward --help'\n"},
+        {{"forward", "a1"}, "vmctl: missing GUEST_PORT; see 'vmctl forward --help'\n"},
+        {{"forward", "--rm", "a1"}, "vmctl: missing GUEST_PORT; see 'vmctl forward --help'\n"},
+        {{"forward", "a1", "3000", "4000"},
+         "vmctl: unexpected argument '4000'; see 'vmctl forward --help'\n"},
+        {{"forward", "--list", "a1", "3000"},
+         "vmctl: unexpected argument '3000'; see 'vmctl forward --help'\n"},
+        {{"forward", "--list", "--rm", "a1"},
+         "vmctl: --list and --rm do not go together; see 'vmctl forward --help'\n"},
+        {{"forward", "--list", "--host-port", "80"},
+         "vmctl: --host-port goes with a new forward only; see 'vmctl forward --help'\n"},
+        {{"forward", "--rm", "a1", "3000", "--host-port", "80"},
+         "vmctl: --host-port goes with a new forward only; see 'vmctl forward --help'\n"},
+        {{"forward", "a1", "0"},
+         "vmctl: GUEST_PORT needs a number from 1 to 65535, not '0'; see 'vmctl forward "
+         "--help'\n"},
+        {{"forward", "a1", "http"},
+         "vmctl: GUEST_PORT needs a number from 1 to 65535, not 'http'; see 'vmctl forward "
+         "--help'\n"},
+        {{"forward", "a1", "3000", "--host-port", "65536"},
+         "vmctl: --host-port needs a number from 1 to 65535, not '65536'; see 'vmctl forward "
+         "--help'\n"},
+        {{"forward", "A1", "3000"},
+         "vmctl: invalid name 'A1': must start with a lower-case letter a-z\n"},
+        {{"forward", "--list", "../x"},
+         "vmctl: invalid name '../x': must start with a lower-case letter a-z\n"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+
+        run_vmctl_argv(f, NULL, cases[i].args, &run);
+        assert_string_equal(run.err, cases[i].err);
+        assert_string_equal(run.out, "");
+        assert_int_equal(run.status, 2);
+    }
+}
+
 static gint64
 local_usec(int year, int month, int day, int hour, int minute)
 {
@@ -1307,6 +1457,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_remote_ssh, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_usage, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_usage, setup, teardown),
         cmocka_unit_test(test_parse_time),
     };
 
