@@ -1,5 +1,6 @@
 #include "hostd-modules.h"
 
+#include "hostd-authorize.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
@@ -14,4 +15,5 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_fork_component);
     hostd_context_add_component(ctx, &hostd_power_component);
     hostd_context_add_component(ctx, &hostd_supervise_component);
+    hostd_context_add_component(ctx, &hostd_authorize_component);
 }

@@ -51,6 +51,9 @@ static const struct {
     {VM_OP_AGENT_SET_RESTART, TRUE},
     {VM_OP_HOST_SAVE_ALL, TRUE},
     {VM_OP_EVENTS, TRUE},
+    {VM_OP_AGENT_AUTHORIZE_ADD, TRUE},
+    {VM_OP_AGENT_AUTHORIZE_RM, TRUE},
+    {VM_OP_AGENT_AUTHORIZE_LIST, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -94,6 +97,11 @@ static const struct {
                            "'save_s': <uint32 1800>}"},
     {VM_OP_AGENT_SET_CHECKPOINTS, "{'name': <'alice'>, 'never': <false>, 'every_s': <uint32 1800>, "
                                   "'keep': <uint32 10>}"},
+    {VM_OP_AGENT_NEW, "{'name': <'alice'>, 'ssh_keys': <['ssh-ed25519 AAAA alice@laptop']>}"},
+    {VM_OP_AGENT_AUTHORIZE_ADD, "{'name': <'alice'>, 'keys': <['ssh-ed25519 AAAA a', "
+                                "'ssh-rsa AAAA b']>}"},
+    {VM_OP_AGENT_AUTHORIZE_RM, "{'name': <'alice'>, 'fingerprint': <'SHA256:abc'>}"},
+    {VM_OP_AGENT_AUTHORIZE_LIST, "{'name': <'alice'>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -234,6 +242,9 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_AGENT_SET_RESTART, 26);
     assert_int_equal(VM_OP_HOST_SAVE_ALL, 27);
     assert_int_equal(VM_OP_EVENTS, 28);
+    assert_int_equal(VM_OP_AGENT_AUTHORIZE_ADD, 32);
+    assert_int_equal(VM_OP_AGENT_AUTHORIZE_RM, 33);
+    assert_int_equal(VM_OP_AGENT_AUTHORIZE_LIST, 34);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);
