@@ -185,6 +185,14 @@ seed_check_spec(const VmSeedSpec *spec, GError **error)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "seed: host_key_public is not an ssh-ed25519 public key");
 
+    guint n_keys = 0;
+    for (const char *const *key = spec->user_keys; key != NULL && *key != NULL; key++) {
+        if (!seed_check_line("user key", *key, error))
+            return FALSE;
+        if (++n_keys > VM_SSH_KEYS_MAX)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "seed: more than %d user keys",
+                            VM_SSH_KEYS_MAX);
+    }
     for (const char *const *pkg = spec->packages; pkg != NULL && *pkg != NULL; pkg++) {
         if (!seed_check_line("package name", *pkg, error))
             return FALSE;
@@ -323,6 +331,11 @@ seed_render_cloud_config(const VmSeedSpec *spec)
     g_string_append(out, "      - ");
     seed_append_quoted(out, spec->authorized_key);
     g_string_append_c(out, '\n');
+    for (const char *const *key = spec->user_keys; key != NULL && *key != NULL; key++) {
+        g_string_append(out, "      - ");
+        seed_append_quoted(out, *key);
+        g_string_append_c(out, '\n');
+    }
     g_string_append(out, "disable_root: true\n");
     g_string_append(out, "ssh_pwauth: false\n");
 

@@ -10,6 +10,9 @@ typedef struct {
     const char *instance_id;
     const char *user;               /* default user, gets passwordless sudo */
     const char *authorized_key;     /* "ssh-ed25519 AAAA... comment" */
+    const char *const *user_keys;   /* NULL-terminated, or NULL: the user's own public key lines
+                                     * (vmctl new --ssh-key), authorized next to hostd's key;
+                                     * at most VM_SSH_KEYS_MAX, checked by hostd already */
     const char *host_key_private;   /* OpenSSH PEM of the guest's ed25519 host key */
     const char *host_key_public;    /* "ssh-ed25519 AAAA..." */
     const char *const *packages;    /* NULL-terminated, or NULL: installed at first boot */
@@ -22,10 +25,10 @@ typedef struct {
 
 /* Renders user-data. Without extra parts it is one #cloud-config document; with template or
  * user parts it is a MIME multipart whose extra parts merge into hostd's (lists appended), so
- * hostd's user, key, host keys and proxy settings always hold. Fails with
+ * hostd's user, keys, host keys and proxy settings always hold. Fails with
  * VM_ERROR_INVALID_ARGUMENT when a required field is missing or a value would break the YAML
- * (newline in hostname...), or egress_proxy is not "http://" followed by a host name or IPv4
- * address and an optional port. */
+ * (newline in hostname...), there are more than VM_SSH_KEYS_MAX user keys, or egress_proxy is
+ * not "http://" followed by a host name or IPv4 address and an optional port. */
 char *vm_seed_render_user_data(const VmSeedSpec *spec, GError **error);
 
 /* Renders meta-data (instance-id, local-hostname). Can't fail for a valid spec. */

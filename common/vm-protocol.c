@@ -35,6 +35,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"disk_gib", "u"},
         {"user_data", "s", 0, 0, VM_USER_DATA_MAX},
         {"wait", "b"},
+        {"ssh_keys", "as", 0, 1, VM_SSH_KEYS_MAX},
         {NULL}}},
     {VM_OP_AGENT_LIST, "agent-list", VM_OP_RESULT, FALSE, {{NULL}}},
     {VM_OP_AGENT_INFO, "agent-info", VM_OP_RESULT, FALSE, {
@@ -163,6 +164,17 @@ static const VmOpSpec vm_op_specs[] = {
         {NULL}}},
     {VM_OP_FORWARD_LIST, "forward-list", VM_OP_RESULT, FALSE, {
         {"name", "s"},
+        {NULL}}},
+    {VM_OP_AGENT_AUTHORIZE_ADD, "agent-authorize-add", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"keys", "as", REQ, 1, VM_SSH_KEYS_MAX},
+        {NULL}}},
+    {VM_OP_AGENT_AUTHORIZE_RM, "agent-authorize-rm", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"fingerprint", "s", REQ, 1, VM_FINGERPRINT_MAX},
+        {NULL}}},
+    {VM_OP_AGENT_AUTHORIZE_LIST, "agent-authorize-list", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
         {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {

@@ -26,6 +26,8 @@ G_BEGIN_DECLS
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
 #define VM_RULES_MAX         256                 /* egress rules in one request */
+#define VM_SSH_KEYS_MAX      32 /* users' public keys in one request, and authorized in one agent */
+#define VM_FINGERPRINT_MAX   128 /* bytes of a key fingerprint ("SHA256:...") */
 
 /* Values are part of the wire protocol: append only, never renumber. The fields each op may
  * carry are in one place, the schema table in vm-protocol.c; docs/PROTOCOL.md describes them
@@ -64,6 +66,11 @@ typedef enum {
     VM_OP_FORWARD_ADD = 29,      /* -> RESULT {forward} */
     VM_OP_FORWARD_RM = 30,       /* -> RESULT {} */
     VM_OP_FORWARD_LIST = 31,     /* -> RESULT {forwards} */
+
+    /* Users' own SSH public keys in an agent. */
+    VM_OP_AGENT_AUTHORIZE_ADD = 32, /* -> RESULT {keys, added} */
+    VM_OP_AGENT_AUTHORIZE_RM,       /* -> RESULT {keys} */
+    VM_OP_AGENT_AUTHORIZE_LIST,     /* -> RESULT {keys} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

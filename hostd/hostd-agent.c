@@ -49,6 +49,16 @@ hostd_agent_emit(HostdContext *ctx, const HostdAgentRecord *r, gsize offset, GEr
     return TRUE;
 }
 
+void
+hostd_agent_emit_up(HostdContext *ctx, const HostdAgentRecord *r)
+{
+    for (guint i = 0; i < ctx->components->len; i++) {
+        const HostdComponent *c = ctx->components->pdata[i];
+        if (c->agent_up != NULL)
+            c->agent_up(ctx, r);
+    }
+}
+
 static void
 hostd_agent_emit_removed(HostdContext *ctx, const char *name)
 {
@@ -377,6 +387,12 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
 {
     if (!vm_name_validate(req->name, error))
         return NULL;
+    g_autoptr(GPtrArray) user_keys = NULL;
+    if (req->ssh_keys != NULL && req->ssh_keys[0] != NULL) {
+        user_keys = hostd_user_keys_check((const char *const *)req->ssh_keys, error);
+        if (user_keys == NULL)
+            return NULL;
+    }
 
     g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, req->name);
     g_autofree char *dir = hostd_agent_dir(ctx, req->name);
@@ -432,8 +448,15 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->checkpoint_hourly = tpl->checkpoint_hourly;
     r->checkpoint_daily = tpl->checkpoint_daily;
 
-    if (!hostd_agent_reserve(ctx, r, error) ||
-        !hostd_agent_create(ctx, r, tpl, image, req->user_data, req->wait, progress, progress_data,
+    if (!hostd_agent_reserve(ctx, r, error))
+        return NULL;
+    /* The seed takes the user's keys from the record, as it does for a fork. */
+    g_autofree char *keys_path = hostd_agent_record_path(r, HOSTD_AGENT_USER_KEYS);
+    if (user_keys != NULL && !hostd_user_keys_save(keys_path, user_keys, error)) {
+        hostd_agent_rollback(ctx, r->name, r->dir);
+        return NULL;
+    }
+    if (!hostd_agent_create(ctx, r, tpl, image, req->user_data, req->wait, progress, progress_data,
                             error))
         return NULL;
     return hostd_agent_to_variant(ctx, r);
@@ -485,6 +508,8 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }
+    if (wait)
+        hostd_agent_emit_up(ctx, r);
 
     g_free(r->phase);
     r->phase = g_strdup(HOSTD_PHASE_READY);
@@ -574,8 +599,11 @@ hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgress
     g_clear_pointer(&r->crashed, g_free);
     r->crash_count = 0;
     hostd_agent_set_wanted(r, HOSTD_WANTED_RUNNING);
-    if (wait && !hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
-        return NULL;
+    if (wait) {
+        if (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
+            return NULL;
+        hostd_agent_emit_up(ctx, r);
+    }
     return hostd_agent_to_variant(ctx, r);
 }
 

@@ -26,6 +26,7 @@ typedef struct {
     guint disk_gib;            /* 0: the template's */
     const char *user_data;     /* the user's extra user-data, or NULL */
     gboolean wait;             /* return only once SSH answers */
+    char **ssh_keys;           /* the user's own public key lines to authorize, or NULL */
 } HostdNewRequest;
 
 /* Creates and boots an agent; with @request->wait returns once SSH answers. Builds the
@@ -33,12 +34,13 @@ typedef struct {
  * (domain, disk, seed, keys, record) and the error says why: VM_ERROR_INVALID_ARGUMENT,
  * VM_ERROR_EXISTS, VM_ERROR_NOT_FOUND (template), VM_ERROR_TEMPLATE, VM_ERROR_NO_RESOURCES,
  * VM_ERROR_TIMEOUT (with the console's last lines), VM_ERROR_LIBVIRT, VM_ERROR_IO. Returns the
- * agent's info dictionary (a{sv}). */
+ * agent's info dictionary (a{sv}). The ssh_keys are checked (hostd_user_keys_check()) before
+ * anything is made, then recorded in the agent's dir, where its seed takes them from. */
 GVariant *hostd_agent_new(HostdContext *ctx, const HostdNewRequest *request,
                           VmProgressFunc progress, gpointer progress_data, GError **error);
 
-/* Boots a stopped agent (@wait: until SSH answers). Starting a running agent is success.
- * Returns its info dictionary. */
+/* Boots a stopped agent (@wait: until SSH answers, then the agent_up hooks run). Starting a
+ * running agent is success. Returns its info dictionary. */
 GVariant *hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait,
                             VmProgressFunc progress, gpointer progress_data, GError **error);
 
@@ -114,11 +116,16 @@ gboolean hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **er
 
 /* With the name lock held, after hostd_agent_reserve(): runs the components' agent_creating
  * hooks, makes keys, disk (on the template's image, or on r->fork_base for a fork), seed and
- * domain, boots it and (with @wait) waits for SSH and cloud-init, runs the agent_ready hooks,
- * then marks the record ready. On failure everything made is removed, record included. */
+ * domain, boots it and (with @wait) waits for SSH and cloud-init, runs the agent_up then the
+ * agent_ready hooks, then marks the record ready. On failure everything made is removed, record
+ * included. */
 gboolean hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
                             const VmImage *image, const char *user_data, gboolean wait,
                             VmProgressFunc progress, gpointer progress_data, GError **error);
+
+/* With @r's lock held, once its guest answers SSH after hostd booted, restored or resumed it:
+ * runs the components' agent_up hooks. Can't fail. */
+void hostd_agent_emit_up(HostdContext *ctx, const HostdAgentRecord *r);
 
 /* Undoes a partial `new` (or removes what a crash left): the components' agent_removed hooks,
  * the domain, then the agent's directory. Best effort: it runs on failure paths. */

@@ -155,6 +155,7 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
                         "vmctl restore %s %s",
                         status, g_strstrip(guest_stderr), name, undo_id),
                NULL;
+    hostd_agent_emit_up(ctx, o.record);
     if (ret_undo != NULL)
         *ret_undo = g_steal_pointer(&undo_id);
     return hostd_agent_to_variant(ctx, o.record);

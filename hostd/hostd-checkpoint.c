@@ -446,8 +446,11 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
                                          progress_data, error))
         return NULL;
     hostd_agent_mark_state_change(o.record);
-    if (wait && !hostd_agent_wait_ssh(ctx, o.record, progress, progress_data, error))
-        return NULL;
+    if (wait) {
+        if (!hostd_agent_wait_ssh(ctx, o.record, progress, progress_data, error))
+            return NULL;
+        hostd_agent_emit_up(ctx, o.record);
+    }
     if (ret_undo != NULL)
         *ret_undo = g_steal_pointer(&undo_id);
     return hostd_agent_to_variant(ctx, o.record);

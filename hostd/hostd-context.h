@@ -61,6 +61,11 @@ struct _HostdComponent {
     gboolean (*agent_starting)(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
     /* `new` or fork finished: the agent is about to be marked ready. */
     gboolean (*agent_ready)(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+    /* The guest answers SSH after hostd booted, restored or resumed it and waited for that (new,
+     * fork, start, restore; not with --no-wait), or after a restore of paths: what lives on the
+     * guest's disk may be older than hostd's record of it. Can't fail: a component reports
+     * through hostd_context_log(). */
+    void (*agent_up)(HostdContext *ctx, const HostdAgentRecord *r);
     /* `rm` asks: fail to refuse the removal (VM_ERROR_BAD_STATE). */
     gboolean (*agent_removing)(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
     /* The agent is going (rm, or a rolled-back new): forget it. Can't fail. */

@@ -1,5 +1,6 @@
 #include "hostd-modules.h"
 
+#include "hostd-authorize.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
@@ -16,4 +17,5 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_forward_component);
     hostd_context_add_component(ctx, &hostd_power_component);
     hostd_context_add_component(ctx, &hostd_supervise_component);
+    hostd_context_add_component(ctx, &hostd_authorize_component);
 }

@@ -2,6 +2,7 @@
 #include "hostd-server-private.h"
 
 #include "hostd-agent.h"
+#include "hostd-authorize.h"
 #include "hostd-checkpoint-files.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
@@ -26,6 +27,7 @@
 #include "vm-error.h"
 #include "vm-name.h"
 #include "vm-protocol.h"
+#include "vm-ssh-key.h"
 #include "vm-stream.h"
 #include "vm-util.h"
 
@@ -106,6 +108,23 @@ hostd_exec_command_line(const VmMessage *req)
     return vm_utf8_cut(line->str, HOSTD_EVENT_COMMAND_MAX);
 }
 
+/* The keys an authorize request names, by fingerprint (as --list shows them): who authorized
+ * or removed which key stays in the log. Lines that are no key show as "?". */
+static char *
+hostd_authorize_keys_named(const VmMessage *req)
+{
+    if (req->op == VM_OP_AGENT_AUTHORIZE_RM)
+        return g_strdup_printf("key %s", vm_message_get_string(req, "fingerprint", ""));
+
+    g_auto(GStrv) lines = vm_message_dup_strv(req, "keys");
+    g_autoptr(GString) text = g_string_new("keys");
+    for (char **line = lines; line != NULL && *line != NULL; line++) {
+        g_autoptr(VmSshKey) key = vm_ssh_key_parse(*line, NULL);
+        g_string_append_printf(text, " %s", key != NULL ? key->fingerprint : "?");
+    }
+    return g_string_free(g_steal_pointer(&text), FALSE);
+}
+
 /* The event of a request that changed (or tried to change) something, once it ran: what, on
  * which agent, by whom, how it ended (@failure NULL: ok) and the state the agent is in now. */
 static void
@@ -128,6 +147,8 @@ hostd_request_event(HostdContext *ctx, const VmMessage *req, HostdRequestFlags f
         what = hostd_exec_command_line(req);
     else if (req->op == VM_OP_FORWARD_ADD || req->op == VM_OP_FORWARD_RM)
         what = g_strdup_printf("guest port %u", vm_message_get_uint(req, "guest_port", 0));
+    else if (req->op == VM_OP_AGENT_AUTHORIZE_ADD || req->op == VM_OP_AGENT_AUTHORIZE_RM)
+        what = hostd_authorize_keys_named(req);
     else if ((flags & HOSTD_REQUEST_TEMPLATE) && name != NULL)
         what = g_strdup_printf("template %s", name);
     if (failure != NULL && what != NULL)
@@ -236,6 +257,7 @@ static gboolean
 hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
                        GError **error)
 {
+    g_auto(GStrv) ssh_keys = vm_message_dup_strv(req, "ssh_keys");
     HostdNewRequest nr = {
         .name = hostd_req_name(req),
         .template_name = vm_message_get_string(req, "template", NULL),
@@ -244,6 +266,7 @@ hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *
         .disk_gib = vm_message_get_uint(req, "disk_gib", 0),
         .user_data = vm_message_get_string(req, "user_data", NULL),
         .wait = vm_message_get_bool(req, "wait", TRUE),
+        .ssh_keys = ssh_keys,
     };
 
     return hostd_reply1(reply, "agent",
@@ -578,6 +601,33 @@ hostd_handle_forward_add(HostdContext *ctx, const VmMessage *req, VmStreamWriter
 }
 
 static gboolean
+hostd_handle_agent_authorize_add(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                                 GError **error)
+{
+    g_auto(GStrv) lines = vm_message_dup_strv(req, "keys");
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    guint added = 0;
+    GVariant *keys =
+        hostd_authorize_add(ctx, hostd_req_name(req), (const char *const *)lines, &added, error);
+
+    if (keys == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "keys", keys);
+    g_variant_builder_add(&b, "{sv}", "added", g_variant_new_uint32(added));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+static gboolean
+hostd_handle_agent_authorize_rm(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                                GError **error)
+{
+    return hostd_reply1(reply, "keys",
+                        hostd_authorize_rm(ctx, hostd_req_name(req),
+                                           vm_message_get_string(req, "fingerprint", NULL), error),
+                        error);
+}
+
+static gboolean
 hostd_handle_forward_rm(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
                         GError **error)
 {
@@ -591,6 +641,14 @@ hostd_handle_forward_list(HostdContext *ctx, const VmMessage *req, VmStreamWrite
                           GError **error)
 {
     return hostd_reply1(reply, "forwards", hostd_forward_list(ctx, hostd_req_name(req), error),
+                        error);
+}
+
+static gboolean
+hostd_handle_agent_authorize_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                                  GError **error)
+{
+    return hostd_reply1(reply, "keys", hostd_authorize_list(ctx, hostd_req_name(req), error),
                         error);
 }
 
@@ -634,6 +692,9 @@ static const struct {
     {VM_OP_FORWARD_ADD, hostd_handle_forward_add, HOSTD_REQUEST_CHANGES},
     {VM_OP_FORWARD_RM, hostd_handle_forward_rm, HOSTD_REQUEST_CHANGES},
     {VM_OP_FORWARD_LIST, hostd_handle_forward_list, HOSTD_REQUEST_READS},
+    {VM_OP_AGENT_AUTHORIZE_ADD, hostd_handle_agent_authorize_add, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_AUTHORIZE_RM, hostd_handle_agent_authorize_rm, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_AUTHORIZE_LIST, hostd_handle_agent_authorize_list, HOSTD_REQUEST_READS},
 };
 
 /* The row of @op in hostd_handlers, or -1. */

@@ -18,7 +18,8 @@ G_BEGIN_DECLS
 #define HOSTD_AGENT_KNOWN_HOSTS  "known_hosts"
 #define HOSTD_AGENT_SSH_CONFIG   "ssh_config"
 #define HOSTD_AGENT_CONSOLE      "console.log"
-#define HOSTD_AGENT_DOMAIN_XML   "domain.xml" /* the definition as hostd last made it */
+#define HOSTD_AGENT_DOMAIN_XML   "domain.xml"      /* the definition as hostd last made it */
+#define HOSTD_AGENT_USER_KEYS    "authorized_keys" /* the users' own keys (vmctl authorize) */
 
 /* An agent's lifecycle as recorded on disk; "creating" records found at start-up belong to a
  * `new` that never finished and are rolled back. */

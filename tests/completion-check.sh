@@ -143,7 +143,7 @@ declare -A first=(
     [forward]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
-    [bridge]="" [mcp]=""
+    [bridge]="" [mcp]="" [authorize]=$agents
 )
 for command in "${commands[@]}"; do
     if [ -z "${first[$command]+set}" ]; then
@@ -199,6 +199,12 @@ COMP_WORDBREAKS+="="
 touch "$tmp/user-data.yaml"
 expect "$tmp/user-data.yaml" vmctl new x --user-data "$tmp/user-"
 expect "$tmp/user-data.yaml" vmctl --socket "$tmp/user-"
+expect "$tmp/user-data.yaml" vmctl authorize a1 "$tmp/user-"
+expect "" vmctl authorize a1 "$tmp/user-data.yaml" ""
+expect "$tmp/user-data.yaml" vmctl new x --ssh-key "$tmp/user-"
+expect "$tmp/user-data.yaml" vmctl ssh-config a1 --identity "$tmp/user-"
+expect "a1 web-2" vmctl authorize --list ""
+expect "" vmctl authorize a1 --rm ""
 
 # ---- what a command runs, a new name: nothing
 expect "" vmctl new ""

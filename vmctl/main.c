@@ -15,6 +15,8 @@ static const VmctlVerb verbs[] = {
     {"exec", vmctl_cmd_exec, "NAME [--] CMD [ARG...]", "Run a command in an agent's VM"},
     {"ssh", vmctl_cmd_ssh, "NAME [-- CMD [ARG...]]", "Open an SSH session to an agent's VM"},
     {"ssh-config", vmctl_cmd_ssh_config, "[NAME]", "Print the OpenSSH configuration of agents"},
+    {"authorize", vmctl_cmd_authorize, "NAME [FILE]",
+     "Let your own SSH public keys log in to an agent (--list, --rm)"},
     {"start", vmctl_cmd_start, "NAME", "Start a stopped agent"},
     {"stop", vmctl_cmd_stop, "NAME", "Stop an agent's VM"},
     {"rm", vmctl_cmd_rm, "NAME", "Remove an agent and its disk"},

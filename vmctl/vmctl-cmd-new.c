@@ -51,6 +51,7 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
     g_autofree char *template_name = NULL, *cpus = NULL, *memory = NULL, *disk = NULL;
     g_autofree char *user_data_path = NULL;
+    g_auto(GStrv) key_files = NULL;
     gboolean no_wait = FALSE;
     const GOptionEntry entries[] = {
         {"template", 0, 0, G_OPTION_ARG_STRING, &template_name, "Create the agent from TEMPLATE",
@@ -62,6 +63,8 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
          "Pass the cloud-init user data in FILE ('-' reads stdin)", "FILE"},
         {"no-wait", 0, 0, G_OPTION_ARG_NONE, &no_wait,
          "Return once the VM is started, without waiting for SSH", NULL},
+        {"ssh-key", 0, 0, G_OPTION_ARG_FILENAME_ARRAY, &key_files,
+         "Let the SSH public key(s) in FILE log in too, from the first boot (repeatable)", "FILE"},
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(VmMessage) result = NULL;
@@ -76,6 +79,12 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
         !vmctl_dict_add_uint(ctx, fields, "--memory", memory, "memory_mib", error) ||
         !vmctl_dict_add_uint(ctx, fields, "--disk", disk, "disk_gib", error))
         return FALSE;
+    if (key_files != NULL) {
+        g_auto(GStrv) keys = vmctl_read_ssh_keys((const char *const *)key_files, error);
+        if (keys == NULL)
+            return FALSE;
+        g_variant_dict_insert(fields, "ssh_keys", "^as", keys);
+    }
     if (user_data_path != NULL) {
         g_autofree char *user_data = read_user_data(user_data_path, error);
         if (user_data == NULL)

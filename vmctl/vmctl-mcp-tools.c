@@ -3,6 +3,7 @@
 #include "vm-error.h"
 #include "vm-name.h"
 #include "vm-protocol.h"
+#include "vm-ssh-key.h"
 #include "vmctl-output.h"
 
 #include <string.h>
@@ -507,6 +508,24 @@ tool_new_agent(JsonObject *args, const VmctlMcpContext *context, GError **error)
     dict_add_uint(&fields, args, "disk_gib", "disk_gib");
     dict_add_string(&fields, args, "user_data", "user_data");
     g_variant_dict_insert(&fields, "wait", "b", arg_boolean(args, "wait", TRUE));
+    /* Checked here as vmctl new --ssh-key checks a key file, and again by hostd. */
+    g_auto(GStrv) keys = arg_strv(args, "ssh_keys");
+    if (keys != NULL) {
+        g_autoptr(GStrvBuilder) lines = g_strv_builder_new();
+        for (guint i = 0; keys[i] != NULL; i++) {
+            g_autoptr(GError) local_error = NULL;
+            g_autoptr(VmSshKey) key = vm_ssh_key_parse(keys[i], &local_error);
+            if (key == NULL) {
+                vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "argument 'ssh_keys', entry %u: %s",
+                         i + 1, local_error->message);
+                return NULL;
+            }
+            g_autofree char *line = vm_ssh_key_to_line(key);
+            g_strv_builder_add(lines, line);
+        }
+        g_auto(GStrv) checked = g_strv_builder_end(lines);
+        g_variant_dict_insert(&fields, "ssh_keys", "^as", checked);
+    }
     return request_json(context, VM_OP_AGENT_NEW, &fields, needed, error);
 }
 
@@ -832,6 +851,9 @@ static const VmctlMcpTool tools[] = {
       {"disk_gib", ARG_INTEGER, FALSE, 1, G_MAXUINT32, "Disk in GiB (default: the template's)"},
       {"user_data", ARG_STRING, FALSE, 0, VM_USER_DATA_MAX, "Extra cloud-init user data"},
       {"wait", ARG_BOOLEAN, FALSE, 0, 0, "Wait until it answers on SSH", "true"},
+      {"ssh_keys", ARG_STRINGS, FALSE, 1, VM_SSH_KEYS_MAX,
+       "SSH public keys that may log in to the agent as its user, one OpenSSH line each "
+       "(TYPE BASE64 [COMMENT]; ed25519, ECDSA or RSA of 2048 bits or more, no options)"},
       {NULL}}},
     {"exec", "Run a command",
      "Run a command in an agent (waking it if it sleeps) and return its exit status, stdout and "

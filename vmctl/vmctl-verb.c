@@ -2,6 +2,7 @@
 
 #include "vm-error.h"
 #include "vm-name.h"
+#include "vm-ssh-key.h"
 #include "vm-stream.h"
 #include "vm-util.h"
 #include "vmctl-client.h"
@@ -434,4 +435,27 @@ vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlLineFormat
                             vm_op_name(m->op));
         }
     }
+}
+
+char **
+vmctl_read_ssh_keys(const char *const *files, GError **error)
+{
+    g_autoptr(GStrvBuilder) lines = g_strv_builder_new();
+    guint n = 0;
+
+    for (const char *const *file = files; *file != NULL; file++) {
+        g_autoptr(GPtrArray) keys = vm_ssh_key_read_file(*file, VM_SSH_KEYS_MAX, error);
+        if (keys == NULL)
+            return NULL;
+        n += keys->len;
+        if (n > VM_SSH_KEYS_MAX) {
+            vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "more than %d keys in all", VM_SSH_KEYS_MAX);
+            return NULL;
+        }
+        for (guint i = 0; i < keys->len; i++) {
+            g_autofree char *line = vm_ssh_key_to_line(keys->pdata[i]);
+            g_strv_builder_add(lines, line);
+        }
+    }
+    return g_strv_builder_end(lines);
 }

@@ -139,6 +139,13 @@ gboolean vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlL
 gboolean vmctl_agent_action(VmctlContext *ctx, VmOp op, GVariantDict *fields, const char *done,
                             GError **error);
 
+/* Reads the public keys in each of @files (NULL-terminated paths of key files, one key a line)
+ * and returns their lines as hostd takes them: each key is checked here (vm_ssh_key_read_file()),
+ * so that a wrong file fails before anything is sent, and hostd checks it again. At most
+ * VM_SSH_KEYS_MAX keys in all. Fails with VM_ERROR_INVALID_ARGUMENT naming the file and line, or
+ * VM_ERROR_IO. Newly allocated, NULL-terminated. */
+char **vmctl_read_ssh_keys(const char *const *files, GError **error);
+
 /* The verbs, one per vmctl-cmd-<verb>.c. */
 gboolean vmctl_cmd_template_list(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_template_build(VmctlContext *ctx, int argc, char **argv, GError **error);
@@ -170,5 +177,6 @@ gboolean vmctl_cmd_events(VmctlContext *ctx, int argc, char **argv, GError **err
 gboolean vmctl_cmd_forward(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_bridge(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_mcp(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_authorize(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS

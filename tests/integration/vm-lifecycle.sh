@@ -1,21 +1,27 @@
 #!/bin/bash
 # The lifecycle suite: two real agents (TCG) under one hostd, and what happens when their QEMU
 # dies, when the guest powers off or reboots, when hostd and every QEMU are killed (a host that
-# lost power), and when hostd stops with shutdown = save (a planned host reboot). Output is TAP,
-# with the figures as diagnostics. Needs root, HOSTD/VMCTL set; the debian-12 image is built into
-# the suite's state dir, or taken from $VM_TEST_IMAGE_CACHE.
+# lost power), and when hostd stops with shutdown = save (a planned host reboot); then vmctl mcp
+# through the official SDK client, and the users' own SSH keys on a third agent
+# (authorize-check.sh). Output is TAP, with the figures as diagnostics. Needs root, HOSTD/VMCTL
+# set; the debian-12 image is built into the suite's state dir, or taken from
+# $VM_TEST_IMAGE_CACHE.
 set -uo pipefail
 
 : "${HOSTD:?}" "${VMCTL:?}"
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=authorize-check.sh
+. "$(dirname "$0")/authorize-check.sh"
+# shellcheck source=forward-check.sh
+. "$(dirname "$0")/forward-check.sh"
 suite_init vml 43300 43389
 # As under the service: SIGTERM saves the running agents.
 echo "shutdown = save" >> "$CONF"
 
 cleanup() {
   if [ -n "$HOSTD_PID" ] && kill -0 "$HOSTD_PID" 2>/dev/null; then
-    for a in a1 a2; do vmctl rm --force "$a" >/dev/null 2>&1; done
+    for a in a1 a2 a3 r1; do vmctl rm --force "$a" >/dev/null 2>&1; done
     kill -9 "$HOSTD_PID" 2>/dev/null
     wait "$HOSTD_PID" 2>/dev/null
   fi
@@ -286,11 +292,19 @@ for i in $(seq 0 99); do
 done
 check "100 concurrent vmctl exec on a1: each its own output and status (${MANY_MS} ms in all)" test $bad = 0
 
+# --- vmctl forward: a web server in a1 through the forward, running, paused, saved, restarts
+forward_check a1
+
 # --- vmctl --host ssh:// through a real sshd on 127.0.0.1 -------------------------------------
 VMCTL="$VMCTL" HOSTD_SOCKET="$SOCK" REMOTE_AGENT=r1 "$(dirname "$0")/remote-check.sh" > "$S/remote.out" 2>&1
 rc=$?
 check "vmctl --host ssh:// through a real sshd: $(grep -c '^ok' "$S/remote.out") checks pass" \
   bash -c "[ $rc = 0 ] && ! grep -q '^not ok' '$S/remote.out'"
 [ $rc = 0 ] || diag "$(grep -A3 '^not ok' "$S/remote.out" | head -n 20)"
+
+# --- the users' own SSH keys: new --ssh-key, authorize live, --rm, a restore (authorize-check.sh)
+# a2 is not needed any more: its RAM goes back to the host for a3.
+vmctl stop --force a2 >/dev/null 2>&1
+authorize_check a3
 
 tap_end

@@ -17,6 +17,7 @@
 #include "hostd-keys.h"
 #include "hostd-state.h"
 #include "vm-error.h"
+#include "vm-protocol.h"
 #include "vm-spawn.h"
 #include "test-common.h"
 
@@ -295,6 +296,208 @@ test_known_hosts_openssh(void **state)
     assert_true(g_str_has_prefix(error->message, "ssh-keygen failed: "));
 }
 
+/* ---- users' own keys ------------------------------------------------------------------------ */
+
+/* The first line of tests/data/ssh-keys/@name, without its newline. */
+static char *
+user_key_line(const char *name)
+{
+    g_autofree char *path = vm_test_data_path("ssh-keys", name, NULL);
+    g_autofree char *text = vm_test_read_file(path);
+
+    return g_strdup(g_strstrip(text));
+}
+
+static VmSshKey *
+user_key(const char *name)
+{
+    g_autofree char *line = user_key_line(name);
+    g_autoptr(GError) error = NULL;
+    VmSshKey *key = hostd_user_key_check(line, &error);
+
+    vm_test_assert_no_error(error);
+    assert_non_null(key);
+    return key;
+}
+
+/* libssh reads every accepted type, and what it writes back is the key as ssh-keygen made it. */
+static void
+test_user_key_types(void **state)
+{
+    static const char *const files[] = {
+        "ed25519.pub",  "ecdsa-256.pub",  "ecdsa-384.pub", "ecdsa-521.pub",
+        "rsa-2048.pub", "sk-ed25519.pub", "sk-ecdsa.pub",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(files); i++) {
+        g_autofree char *line = user_key_line(files[i]);
+        g_autoptr(VmSshKey) parsed = vm_ssh_key_parse(line, NULL);
+        g_autoptr(VmSshKey) key = user_key(files[i]);
+        g_autofree char *back = vm_ssh_key_to_line(key);
+
+        assert_string_equal(back, line);
+        assert_string_equal(key->fingerprint, parsed->fingerprint);
+        assert_int_equal(key->bits, parsed->bits);
+    }
+}
+
+static void
+test_user_key_refused(void **state)
+{
+    g_autofree char *ed = user_key_line("ed25519.pub");
+    g_autofree char *dsa = user_key_line("dsa.pub");
+    g_autofree char *short_rsa = user_key_line("rsa-1024.pub");
+    g_autofree char *ecdsa = user_key_line("ecdsa-256.pub");
+    g_auto(GStrv) ecdsa_words = g_strsplit(ecdsa, " ", 3);
+    g_autofree char *options = g_strdup_printf("command=\"true\" %s", ed);
+
+    /* The point moved off the curve: the text checks cannot see it, libssh does. */
+    gsize len = 0;
+    g_autofree guint8 *blob = g_base64_decode(ecdsa_words[1], &len);
+    blob[len - 1] ^= 0x01;
+    g_autofree char *b64 = g_base64_encode(blob, len);
+    g_autofree char *off_curve = g_strdup_printf("ecdsa-sha2-nistp256 %s x", b64);
+    g_autoptr(VmSshKey) text_ok = vm_ssh_key_parse(off_curve, NULL);
+    assert_non_null(text_ok);
+
+    const struct {
+        const char *line;
+        const char *needle;
+    } cases[] = {
+        {off_curve, "the ecdsa-sha2-nistp256 key does not load"},
+        {dsa, "ssh-dss (DSA) keys are not accepted"},
+        {short_rsa, "1024 bits"},
+        {options, "key options"},
+        {"", "no public key"},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmSshKey) key = hostd_user_key_check(cases[i].line, &error);
+
+        assert_null(key);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, cases[i].needle);
+    }
+}
+
+static void
+test_user_keys_check(void **state)
+{
+    g_autofree char *ed = user_key_line("ed25519.pub");
+    g_autofree char *rsa = user_key_line("rsa-2048.pub");
+    g_autofree char *dsa = user_key_line("dsa.pub");
+    g_autofree char *renamed = g_strdup_printf("%s-again", ed);
+    g_autoptr(GError) error = NULL;
+
+    /* The same key twice is one key, with its first comment. */
+    const char *const twice[] = {ed, rsa, renamed, NULL};
+    g_autoptr(GPtrArray) keys = hostd_user_keys_check(twice, &error);
+    vm_test_assert_no_error(error);
+    assert_int_equal(keys->len, 2);
+    assert_string_equal(((VmSshKey *)keys->pdata[0])->comment, "alice@laptop");
+    assert_string_equal(((VmSshKey *)keys->pdata[1])->type, "ssh-rsa");
+
+    const char *const second_bad[] = {ed, dsa, NULL};
+    assert_null(hostd_user_keys_check(second_bad, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "key 2: ssh-dss");
+    g_clear_error(&error);
+
+    /* One key: its own message, without a number. */
+    const char *const only_bad[] = {dsa, NULL};
+    assert_null(hostd_user_keys_check(only_bad, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "ssh-dss (DSA)");
+    assert_false(g_str_has_prefix(error->message, "key 1"));
+    g_clear_error(&error);
+
+    g_autoptr(GPtrArray) many = g_ptr_array_new();
+    for (guint i = 0; i <= VM_SSH_KEYS_MAX; i++)
+        g_ptr_array_add(many, ed);
+    g_ptr_array_add(many, NULL);
+    assert_null(hostd_user_keys_check((const char *const *)many->pdata, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "33 keys: at most 32");
+}
+
+/* The record: written 0600 and read back as written; adding a key twice keeps it once. */
+static void
+test_user_keys_record(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *path = g_build_filename(f->dir, HOSTD_AGENT_USER_KEYS, NULL);
+    g_autoptr(GError) error = NULL;
+
+    g_autoptr(GPtrArray) record = hostd_user_keys_load(path, &error);
+    vm_test_assert_no_error(error);
+    assert_int_equal(record->len, 0);
+
+    g_autoptr(GPtrArray) keys = g_ptr_array_new_with_free_func((GDestroyNotify)vm_ssh_key_free);
+    g_ptr_array_add(keys, user_key("ed25519.pub"));
+    g_ptr_array_add(keys, user_key("ecdsa-384.pub"));
+    assert_int_equal(hostd_user_keys_merge(record, keys), 2);
+    assert_int_equal(hostd_user_keys_merge(record, keys), 0);
+    assert_int_equal(record->len, 2);
+    assert_true(hostd_user_keys_save(path, record, &error));
+    vm_test_assert_no_error(error);
+    assert_int_equal(vm_test_file_mode(path), 0600);
+
+    g_autoptr(GPtrArray) back = hostd_user_keys_load(path, &error);
+    vm_test_assert_no_error(error);
+    assert_int_equal(back->len, 2);
+    for (guint i = 0; i < 2; i++) {
+        const VmSshKey *a = record->pdata[i], *b = back->pdata[i];
+        assert_string_equal(a->fingerprint, b->fingerprint);
+        assert_string_equal(a->comment, b->comment);
+    }
+    const VmSshKey *second = back->pdata[1];
+    assert_int_equal(hostd_user_keys_find(back, second->fingerprint), 1);
+    assert_int_equal(hostd_user_keys_find(back, "SHA256:nope"), -1);
+
+    /* Emptied, it is a record of no key, not a missing one. */
+    g_ptr_array_set_size(back, 0);
+    assert_true(hostd_user_keys_save(path, back, &error));
+    g_autoptr(GPtrArray) none = hostd_user_keys_load(path, &error);
+    vm_test_assert_no_error(error);
+    assert_int_equal(none->len, 0);
+    assert_true(g_file_test(path, G_FILE_TEST_EXISTS));
+
+    vm_test_write_file(path, "ssh-ed25519 AAAA broken\n");
+    assert_null(hostd_user_keys_load(path, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_FAILED, "corrupt record");
+}
+
+/* The guest's line carries the mark first in its comment, and OpenSSH reads it as the same key. */
+static void
+test_user_key_guest_line(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(VmSshKey) key = user_key("ed25519.pub");
+    g_autofree char *line = hostd_user_key_guest_line(key);
+    g_autofree char *path = g_build_filename(f->dir, "authorized_keys", NULL);
+    g_autofree char *want =
+        g_strdup_printf("ssh-ed25519 %s vmctl-authorized: alice@laptop", key->base64);
+
+    assert_string_equal(line, want);
+    g_autofree char *text = g_strdup_printf("%s\n", line);
+    vm_test_write_file(path, text);
+    const char *argv[] = {"ssh-keygen", "-l", "-f", path, NULL};
+    g_autofree char *out = run_ok(argv);
+    g_autofree char *listed =
+        g_strdup_printf("256 %s vmctl-authorized: alice@laptop (ED25519)\n", key->fingerprint);
+    assert_string_equal(out, listed);
+
+    g_free(key->comment);
+    key->comment = g_strdup("");
+    g_autofree char *bare = hostd_user_key_guest_line(key);
+    g_autofree char *want_bare = g_strdup_printf("ssh-ed25519 %s vmctl-authorized:", key->base64);
+    assert_string_equal(bare, want_bare);
+
+    g_autoptr(GVariant) v = g_variant_ref_sink(hostd_user_key_to_variant(key));
+    g_autofree char *printed = g_variant_print(v, FALSE);
+    g_autofree char *want_v =
+        g_strdup_printf("{'fingerprint': <'%s'>, 'type': <'ssh-ed25519'>, 'bits': <uint32 256>, "
+                        "'comment': <''>, 'key': <'ssh-ed25519 %s'>}",
+                        key->fingerprint, key->base64);
+    assert_string_equal(printed, want_v);
+}
+
 int
 main(void)
 {
@@ -310,6 +513,11 @@ main(void)
         cmocka_unit_test_setup_teardown(test_openssh_reads_key, setup, teardown),
         cmocka_unit_test(test_known_hosts_line),
         cmocka_unit_test_setup_teardown(test_known_hosts_openssh, setup, teardown),
+        cmocka_unit_test(test_user_key_types),
+        cmocka_unit_test(test_user_key_refused),
+        cmocka_unit_test(test_user_keys_check),
+        cmocka_unit_test_setup_teardown(test_user_keys_record, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_user_key_guest_line, setup, teardown),
     };
 
     return cmocka_run_group_tests_name("keys", tests, NULL, NULL);

@@ -54,6 +54,9 @@ static const struct {
     {VM_OP_FORWARD_ADD, TRUE},
     {VM_OP_FORWARD_RM, TRUE},
     {VM_OP_FORWARD_LIST, TRUE},
+    {VM_OP_AGENT_AUTHORIZE_ADD, TRUE},
+    {VM_OP_AGENT_AUTHORIZE_RM, TRUE},
+    {VM_OP_AGENT_AUTHORIZE_LIST, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -101,6 +104,11 @@ static const struct {
                         "'host_port': <uint32 43000>}"},
     {VM_OP_FORWARD_RM, "{'name': <'alice'>, 'guest_port': <uint32 3000>}"},
     {VM_OP_FORWARD_LIST, "{'name': <'alice'>}"},
+    {VM_OP_AGENT_NEW, "{'name': <'alice'>, 'ssh_keys': <['ssh-ed25519 AAAA alice@laptop']>}"},
+    {VM_OP_AGENT_AUTHORIZE_ADD, "{'name': <'alice'>, 'keys': <['ssh-ed25519 AAAA a', "
+                                "'ssh-rsa AAAA b']>}"},
+    {VM_OP_AGENT_AUTHORIZE_RM, "{'name': <'alice'>, 'fingerprint': <'SHA256:abc'>}"},
+    {VM_OP_AGENT_AUTHORIZE_LIST, "{'name': <'alice'>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -244,6 +252,9 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_FORWARD_ADD, 29);
     assert_int_equal(VM_OP_FORWARD_RM, 30);
     assert_int_equal(VM_OP_FORWARD_LIST, 31);
+    assert_int_equal(VM_OP_AGENT_AUTHORIZE_ADD, 32);
+    assert_int_equal(VM_OP_AGENT_AUTHORIZE_RM, 33);
+    assert_int_equal(VM_OP_AGENT_AUTHORIZE_LIST, 34);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);

@@ -382,8 +382,11 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     assert_yaml_string(yaml_get(y, user, "shell"), "/bin/bash");
     assert_yaml_bool(yaml_get(y, user, "lock_passwd"), TRUE);
     yaml_node_t *keys_node = yaml_get(y, user, "ssh_authorized_keys");
-    assert_int_equal(yaml_len(keys_node), 1);
+    guint n_user_keys = spec->user_keys != NULL ? g_strv_length((char **)spec->user_keys) : 0;
+    assert_int_equal(yaml_len(keys_node), 1 + n_user_keys);
     assert_yaml_string(yaml_item(y, keys_node, 0), spec->authorized_key);
+    for (guint i = 0; i < n_user_keys; i++)
+        assert_yaml_string(yaml_item(y, keys_node, 1 + i), spec->user_keys[i]);
 
     yaml_node_t *ssh_keys = yaml_get(y, root, "ssh_keys");
     assert_int_equal(yaml_len(ssh_keys), 2);
@@ -563,6 +566,47 @@ test_golden_egress(void **state)
 
     assert_true(vm_spawn_run(argv, NULL, &out, NULL));
     assert_string_equal(out, "http://10.0.2.100:3128|localhost,127.0.0.1,::1\n");
+}
+
+/* The user's own keys (vmctl new --ssh-key) follow hostd's in the user's list, each a quoted
+ * scalar: a key line cannot add YAML of its own. */
+static void
+test_golden_user_keys(void **state)
+{
+    Fixture *f = *state;
+    const char *const keys[] = {
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdMxvJvs++1WuNPdk7BzuRk/JXfbGBgYM5/7TFiSqkg "
+        "vmctl-authorized: alice@laptop",
+        "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBPZ4 "
+        "vmctl-authorized: \"quoted\" #not-a-comment: [x]",
+        NULL,
+    };
+    g_autoptr(GError) error = NULL;
+
+    f->spec.user_keys = keys;
+    g_autofree char *user_data = render_golden(&f->spec, "seed-user-keys-user-data.txt");
+    assert_cloud_config_matches(user_data, &f->spec);
+
+    const char *const newline[] = {"ssh-ed25519 AAAA a\nruncmd: [reboot]", NULL};
+    f->spec.user_keys = newline;
+    assert_null(vm_seed_render_user_data(&f->spec, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT,
+                         "user key contains a control character");
+    g_clear_error(&error);
+
+    const char *const empty[] = {"", NULL};
+    f->spec.user_keys = empty;
+    assert_null(vm_seed_render_user_data(&f->spec, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "user key is missing");
+    g_clear_error(&error);
+
+    g_autoptr(GPtrArray) many = g_ptr_array_new();
+    for (guint i = 0; i <= VM_SSH_KEYS_MAX; i++)
+        g_ptr_array_add(many, (gpointer)keys[0]);
+    g_ptr_array_add(many, NULL);
+    f->spec.user_keys = (const char *const *)many->pdata;
+    assert_null(vm_seed_render_user_data(&f->spec, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "more than 32 user keys");
 }
 
 /* Bad inputs ------------------------------------------------------------------------------- */
@@ -1018,6 +1062,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_golden_packages_template, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_template_script, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_egress, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_golden_user_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_part_size_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_good_inputs, setup, teardown),

@@ -1064,6 +1064,43 @@ test_event_forward(void **state)
                         "guest port 3000: agent 'gail' does not forward its port 3000");
 }
 
+/* authorize names its keys by fingerprint in the event, whatever the outcome; list changes
+ * nothing and leaves none. */
+static void
+test_event_authorize(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "ivan", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42326);
+    g_autofree char *path = vm_test_data_path("ssh-keys", "ed25519.pub", NULL);
+    g_autofree char *text = vm_test_read_file(path);
+    g_autofree char *line = quote(g_strstrip(text));
+    g_autofree char *add = g_strdup_printf("{'name': <'ivan'>, 'keys': <[%s, 'ssh-dss x']>}", line);
+
+    g_autoptr(GPtrArray) added = converse(f, VM_OP_AGENT_AUTHORIZE_ADD, add);
+    assert_error_reply(added, VM_ERROR_INVALID_ARGUMENT, "key 2: ssh-dss");
+    g_autoptr(JsonObject) event = one_new_event(f, 0);
+    assert_string_equal(member(event, "event"), "agent-authorize-add");
+    assert_true(g_str_has_prefix(
+        member(event, "detail"),
+        "keys SHA256:Z0zG8m+z77Va4093TsHLE2T8lX2xBgz3n+0qJpiUxGU ?: key 2: ssh-dss"));
+
+    g_autoptr(GPtrArray) removed =
+        converse(f, VM_OP_AGENT_AUTHORIZE_RM, "{'name': <'ivan'>, 'fingerprint': <'SHA256:x'>}");
+    assert_error_reply(removed, VM_ERROR_NOT_FOUND, "agent 'ivan' has no key SHA256:x");
+    g_autoptr(JsonObject) rm_event = one_new_event(f, 1);
+    assert_string_equal(member(rm_event, "event"), "agent-authorize-rm");
+    assert_true(g_str_has_prefix(member(rm_event, "detail"), "key SHA256:x: agent 'ivan'"));
+
+    g_autoptr(GPtrArray) listed = converse(f, VM_OP_AGENT_AUTHORIZE_LIST, "{'name': <'ivan'>}");
+    const VmMessage *result = assert_result_reply(listed);
+    g_autoptr(GVariant) keys = vm_message_lookup(result, "keys");
+    assert_non_null(keys);
+    assert_int_equal(g_variant_n_children(keys), 0);
+    g_autoptr(GPtrArray) events = events_logged(f);
+    assert_int_equal(events->len, 2);
+}
+
 /* Requests that only read leave no event. */
 static void
 test_event_read_only(void **state)
@@ -1455,6 +1492,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_event_exec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_forward, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_read_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_authorize, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_follow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_empty, setup, teardown),

@@ -1423,6 +1423,26 @@ test_mcp_agent_tools(void **state)
                        "'memory_mib': <uint32 1024>, 'disk_gib': <uint32 8>, "
                        "'user_data': <'#cloud-config\\n'>, 'wait': <false>}");
 
+    /* Keys are checked as vmctl new --ssh-key checks them: what hostd gets is the key, trimmed. */
+    g_autofree char *key_path = vm_test_data_path("ssh-keys", "ed25519.pub", NULL);
+    g_autofree char *key_text = vm_test_read_file(key_path);
+    g_strstrip(key_text);
+    g_autofree char *with_keys =
+        g_strdup_printf("{\"name\":\"a3\",\"ssh_keys\":[\"  %s \"]}", key_text);
+    g_autoptr(JsonObject) keyed = tool_ok(f, "new_agent", with_keys);
+    g_autoptr(GVariant) keyed_new = last_request(f, VM_OP_AGENT_NEW);
+    g_autoptr(GVariant) sent = g_variant_lookup_value(keyed_new, "ssh_keys", NULL);
+    assert_non_null(sent);
+    g_autoptr(GVariant) first_key = g_variant_get_child_value(sent, 0);
+    assert_string_equal(g_variant_get_string(first_key, NULL), key_text);
+    guint before_bad = request_count(f);
+    g_autofree char *bad_keys = g_strdup_printf(
+        "{\"name\":\"a3\",\"ssh_keys\":[\"%s\",\"no-pty %s\"]}", key_text, key_text);
+    tool_fails(f, "new_agent", bad_keys, "invalid-argument",
+               "argument 'ssh_keys', entry 2: key options");
+    tool_fails(f, "new_agent", "{\"name\":\"a3\",\"ssh_keys\":[]}", "invalid-argument", "ssh_keys");
+    assert_int_equal(request_count(f), before_bad);
+
     g_autoptr(JsonObject) paused = tool_ok(f, "suspend", "{\"name\":\"a1\"}");
     assert_string_equal(string_member(json_object_get_object_member(paused, "agent"), "state"),
                         "paused");

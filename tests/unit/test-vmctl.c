@@ -1417,6 +1417,258 @@ test_parse_time(void **state)
     }
 }
 
+/* ---- users' own keys: authorize, new --ssh-key, ssh-config --identity ---------------------- */
+
+/* A copy of tests/data/ssh-keys/@name in the test's directory as @as; returns its path. */
+static char *
+key_file(Fixture *f, const char *name, const char *as)
+{
+    g_autofree char *source = vm_test_data_path("ssh-keys", name, NULL);
+    g_autofree char *text = vm_test_read_file(source);
+    char *path = g_build_filename(f->tmpdir, as, NULL);
+
+    vm_test_write_file(path, text);
+    return path;
+}
+
+static char *
+key_text(const char *name)
+{
+    g_autofree char *source = vm_test_data_path("ssh-keys", name, NULL);
+    g_autofree char *text = vm_test_read_file(source);
+
+    return g_strdup(g_strstrip(text));
+}
+
+#define ONE_KEY_RESULT                                                                             \
+    "{'keys': <[{'fingerprint': <'SHA256:Z0zG8m+z77Va4093TsHLE2T8lX2xBgz3n+0qJpiUxGU'>, "          \
+    "'type': <'ssh-ed25519'>, 'bits': <uint32 256>, 'comment': <'alice@laptop'>}]>, "              \
+    "'added': <uint32 1>}"
+
+static void
+test_authorize_add(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *pub = key_file(f, "ed25519.pub", "id_ed25519.pub");
+    g_autofree char *want_line = key_text("ed25519.pub");
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT, ONE_KEY_RESULT);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "authorize", "a1", pub);
+    assert_request(f, VM_OP_AGENT_AUTHORIZE_ADD);
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
+    g_auto(GStrv) keys = vm_message_dup_strv(f->hostd->request, "keys");
+    assert_int_equal(g_strv_length(keys), 1);
+    assert_string_equal(keys[0], want_line);
+    g_autofree char *want = g_strdup_printf(
+        "authorized 1 new key in a1 (1 in all); log in with: ssh -F <(vmctl ssh-config a1 "
+        "--identity '%s/id_ed25519') vmctl-a1\n",
+        f->tmpdir);
+    assert_string_equal(run.out, want);
+    assert_int_equal(run.status, 0);
+}
+
+/* A wrong key file fails before anything is sent, naming the file and its line. */
+static void
+test_authorize_refused(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *dsa = key_file(f, "dsa.pub", "dsa.pub");
+    g_autofree char *short_rsa = key_file(f, "rsa-1024.pub", "short.pub");
+    g_autofree char *ed = key_text("ed25519.pub");
+    g_autofree char *ecdsa = key_text("ecdsa-256.pub");
+    g_autofree char *options = g_build_filename(f->tmpdir, "options.pub", NULL);
+    g_autofree char *two = g_build_filename(f->tmpdir, "two.pub", NULL);
+    g_autofree char *huge = g_build_filename(f->tmpdir, "huge.pub", NULL);
+    g_autofree char *private = g_build_filename(f->tmpdir, "id_ed25519", NULL);
+    g_autofree char *missing = g_build_filename(f->tmpdir, "missing.pub", NULL);
+    g_autofree char *options_text = g_strdup_printf("# mine\ncommand=\"/bin/true\" %s\n", ed);
+    g_autofree char *two_text = g_strdup_printf("%s %s\n", ed, ecdsa);
+    g_autofree char *huge_text = g_strnfill(70 * 1024, 'A');
+    g_autofree char *options_err = g_strdup_printf(
+        "vmctl: %s, line 2: key options (command=, from=, no-pty...) are not accepted: give the "
+        "bare public key, TYPE BASE64 [COMMENT]\n",
+        options);
+    g_autofree char *dsa_err = g_strdup_printf("vmctl: %s, line 1: ssh-dss (DSA) keys", dsa);
+    g_autofree char *rsa_err = g_strdup_printf("vmctl: %s, line 1: the RSA key has 1024 bits: at "
+                                               "least 2048 are needed (or use ed25519)\n",
+                                               short_rsa);
+    g_autofree char *two_err = g_strdup_printf(
+        "vmctl: %s, line 1: more than one key on one line: put each key on a line of its own\n",
+        two);
+    g_autofree char *huge_err =
+        g_strdup_printf("vmctl: %s is larger than 65536 bytes: not a public key\n", huge);
+    g_autofree char *private_err = g_strdup_printf(
+        "vmctl: %s holds a private key: give its public key (the .pub file)\n", private);
+    g_autofree char *missing_err =
+        g_strdup_printf("vmctl: cannot open the key file %s: No such file or directory\n", missing);
+    const struct {
+        const char *args[6];
+        const char *err; /* the start of stderr, or NULL */
+        int status;
+    } cases[] = {
+        {{"authorize", "a1", options}, options_err, 2},
+        {{"authorize", "a1", dsa}, dsa_err, 2},
+        {{"authorize", "a1", short_rsa}, rsa_err, 2},
+        {{"authorize", "a1", two}, two_err, 2},
+        {{"authorize", "a1", huge}, huge_err, 2},
+        {{"authorize", "a1", private}, private_err, 2},
+        {{"authorize", "a1", missing}, missing_err, vm_error_exit_status(VM_ERROR_IO)},
+        {{"new", "a1", "--ssh-key", options}, options_err, 2},
+        {{"new", "a1", "--ssh-key", missing}, missing_err, vm_error_exit_status(VM_ERROR_IO)},
+        {{"authorize", "a1"}, "vmctl: give one of: a public key FILE, --list, --rm FINGERPRINT", 2},
+        {{"authorize", "a1", missing, "--list"}, "vmctl: give one of", 2},
+        {{"authorize", "a1", "--list", "--rm", "SHA256:x"}, "vmctl: give one of", 2},
+        {{"authorize", "a1", "--rm", "abc"}, "vmctl: --rm takes a key's fingerprint, SHA256:", 2},
+        {{"authorize", "A1", "--list"}, "vmctl: invalid name 'A1'", 2},
+    };
+
+    vm_test_write_file(options, options_text);
+    vm_test_write_file(two, two_text);
+    vm_test_write_file(huge, huge_text);
+    vm_test_write_file(private, "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n");
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+
+        server_start(f);
+        run_vmctl_argv(f, NULL, cases[i].args, &run);
+        assert_false(f->hostd->connected);
+        if (!g_str_has_prefix(run.err, cases[i].err))
+            fail_msg("case %zu: stderr '%s' does not start with '%s'", i, run.err, cases[i].err);
+        assert_int_equal(run.status, cases[i].status);
+    }
+}
+
+static void
+test_authorize_list_rm(void **state)
+{
+    Fixture *f = *state;
+
+    {
+        g_auto(Run) run = {0};
+        reply(f, VM_OP_RESULT, ONE_KEY_RESULT);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "authorize", "a1", "--list");
+        assert_request(f, VM_OP_AGENT_AUTHORIZE_LIST);
+        assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
+        assert_string_equal(run.out,
+                            "FINGERPRINT                                         TYPE         "
+                            "BITS  COMMENT\n"
+                            "SHA256:Z0zG8m+z77Va4093TsHLE2T8lX2xBgz3n+0qJpiUxGU  ssh-ed25519  "
+                            "256   alice@laptop\n");
+    }
+    {
+        g_auto(Run) run = {0};
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply(f, VM_OP_RESULT, ONE_KEY_RESULT);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "authorize", "--json", "a1", "--list");
+        assert_non_null(strstr(run.out, "\"fingerprint\" : \"SHA256:Z0zG8m"));
+        assert_true(g_str_has_prefix(run.out, "["));
+    }
+    {
+        g_auto(Run) run = {0};
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply(f, VM_OP_RESULT, "{'keys': <@aa{sv} []>}");
+        server_start(f);
+        run_vmctl(f, NULL, &run, "authorize", "a1", "--list");
+        assert_string_equal(run.out, "a1 has no keys of yours; add one with: vmctl authorize a1 "
+                                     "~/.ssh/id_ed25519.pub\n");
+    }
+    {
+        g_auto(Run) run = {0};
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply(f, VM_OP_RESULT, "{'keys': <@aa{sv} []>}");
+        server_start(f);
+        run_vmctl(f, NULL, &run, "authorize", "a1", "--rm", "SHA256:abc");
+        assert_request(f, VM_OP_AGENT_AUTHORIZE_RM);
+        assert_string_equal(vm_message_get_string(f->hostd->request, "fingerprint", NULL),
+                            "SHA256:abc");
+        assert_string_equal(run.out, "removed key SHA256:abc from a1 (0 left)\n");
+        assert_int_equal(run.status, 0);
+    }
+    {
+        g_auto(Run) run = {0};
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply_error(f, VM_ERROR_NOT_FOUND, "agent 'a1' has no key SHA256:abc");
+        server_start(f);
+        run_vmctl(f, NULL, &run, "authorize", "a1", "--rm", "SHA256:abc");
+        assert_string_equal(run.err, "vmctl: agent 'a1' has no key SHA256:abc\n");
+        assert_int_equal(run.status, 3);
+    }
+}
+
+static void
+test_new_ssh_keys(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *ed = key_file(f, "ed25519.pub", "a.pub");
+    g_autofree char *ed_line = key_text("ed25519.pub");
+    g_autofree char *rsa_line = key_text("rsa-2048.pub");
+    g_autofree char *ecdsa_line = key_text("ecdsa-384.pub");
+    g_autofree char *both = g_build_filename(f->tmpdir, "both.pub", NULL);
+    g_autofree char *both_text = g_strdup_printf("%s\n\n# work\n%s\n", rsa_line, ecdsa_line);
+    g_auto(Run) run = {0};
+
+    vm_test_write_file(both, both_text);
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>, 'state': <'running'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "new", "a1", "--ssh-key", ed, "--ssh-key", both);
+    assert_request(f, VM_OP_AGENT_NEW);
+    g_auto(GStrv) keys = vm_message_dup_strv(f->hostd->request, "ssh_keys");
+    assert_int_equal(g_strv_length(keys), 3);
+    assert_string_equal(keys[0], ed_line);
+    assert_string_equal(keys[1], rsa_line);
+    assert_string_equal(keys[2], ecdsa_line);
+    assert_int_equal(run.status, 0);
+}
+
+static void
+test_ssh_config_identity(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *identity = g_build_filename(f->tmpdir, "id_ed25519", NULL);
+    g_autofree char *missing = g_build_filename(f->tmpdir, "nope", NULL);
+    const char *fields =
+        "{'config': <'Host vmctl-a1\\n  HostName 127.0.0.1\\n  Port 2201\\n  User agent\\n"
+        "  IdentityFile \"/var/lib/hostd/agents/a1/id_ed25519\"\\n  IdentitiesOnly yes\\n'>, "
+        "'path': <'/var/lib/hostd/agents/a1/ssh_config'>, 'host': <'vmctl-a1'>}";
+    g_autofree char *want = g_strdup_printf("Host vmctl-a1\n  HostName 127.0.0.1\n  Port 2201\n"
+                                            "  User agent\n  IdentityFile \"%s\"\n"
+                                            "  IdentitiesOnly yes\n",
+                                            identity);
+
+    vm_test_write_file(identity, "private\n");
+    {
+        g_auto(Run) run = {0};
+        reply(f, VM_OP_RESULT, fields);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "ssh-config", "a1", "--identity", identity);
+        assert_request(f, VM_OP_AGENT_SSH_CONFIG);
+        assert_string_equal(run.out, want);
+        assert_int_equal(run.status, 0);
+    }
+    {
+        /* The JSON holds the same text, and no path to hostd's file, which names hostd's key. */
+        g_auto(Run) run = {0};
+        server_start(f);
+        run_vmctl(f, NULL, &run, "--json", "ssh-config", "a1", "--identity", identity);
+        assert_non_null(strstr(run.out, identity));
+        assert_null(strstr(run.out, "\"path\""));
+        assert_non_null(strstr(run.out, "\"host\" : \"vmctl-a1\""));
+    }
+    {
+        g_auto(Run) run = {0};
+        g_autofree char *err = g_strdup_printf("vmctl: --identity %s: no such file\n", missing);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "ssh-config", "a1", "--identity", missing);
+        assert_false(f->hostd->connected);
+        assert_string_equal(run.err, err);
+        assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_IO));
+    }
+}
+
 int
 main(void)
 {
@@ -1460,6 +1712,11 @@ main(void)
         cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_usage, setup, teardown),
         cmocka_unit_test(test_parse_time),
+        cmocka_unit_test_setup_teardown(test_authorize_add, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_authorize_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_authorize_list_rm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_ssh_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssh_config_identity, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
