@@ -167,12 +167,16 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
     return TRUE;
 }
 
-/* The live part of a memory checkpoint: RAM and device state go to @memory_path while the guest
- * runs (it stops only for the last pages), the disk to a new overlay at the same instant. No
- * freeze is needed: the saved RAM holds whatever the guest had not written yet. */
+/* The live part of a memory checkpoint: RAM and device state go to @memory_path, the disk to a
+ * new overlay at the same instant. No freeze is needed: the saved RAM holds whatever the guest had
+ * not written yet. With @live the guest runs while its RAM is copied (it stops only for the last
+ * pages); without, it is paused for the whole copy. Only KVM's dirty-page tracking is trusted
+ * for the live copy: under TCG a live copy now and then restores into a guest kernel that oopses
+ * at once (a NULL current task in the idle loop: a page written during the copy was not sent
+ * again), so there the guest pauses for the second or two the copy takes. */
 static gboolean
 hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const char *memory_path,
-                                 GError **error)
+                                 gboolean live, GError **error)
 {
     g_autofree char *xml = g_markup_printf_escaped(
         "<domainsnapshot><memory snapshot='external' file='%s'/><disks>"
@@ -180,8 +184,9 @@ hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const c
         "<disk name='sda' snapshot='no'/>"
         "</disks></domainsnapshot>",
         memory_path, new_path);
-    unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_LIVE | VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
-                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
+    unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC | VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
+    if (live)
+        flags |= VIR_DOMAIN_SNAPSHOT_CREATE_LIVE;
     g_autoptr(virDomainSnapshot) snap = virDomainSnapshotCreateXML(dom, xml, flags);
     if (snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the memory checkpoint");
@@ -263,7 +268,8 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     gboolean ok;
     if (memory_path != NULL) {
         /* RAM and disk are taken at the same instant: consistent without a freeze. */
-        ok = hostd_checkpoint_snapshot_memory(dom, new_path, memory_path, error);
+        ok = hostd_checkpoint_snapshot_memory(dom, new_path, memory_path,
+                                              g_str_equal(ctx->lv->virt_type, "kvm"), error);
     } else if (running) {
         ok = hostd_checkpoint_snapshot_live(dom, active_path, new_path, r->disk_gib, &quiesced,
                                             ret_warning, error);
