@@ -6,12 +6,11 @@
 #include "vm-util.h"
 
 static const char *const hostd_config_keys[] = {
-    "state-dir",        "socket",          "connect",
-    "images-dir",       "templates-dir",   "socket-group",
-    "ssh-port-min",     "ssh-port-max",    "forward-port-min",
-    "forward-port-max", "boot-timeout",    "accel",
-    "restart-limit",    "restart-window",  "shutdown",
-    "shutdown-timeout", "shutdown-resume", NULL,
+    "state-dir",        "socket",           "connect",      "images-dir",
+    "templates-dir",    "socket-group",     "ssh-port-min", "ssh-port-max",
+    "forward-port-min", "forward-port-max", "boot-timeout", "accel",
+    "restart-limit",    "restart-window",   "shutdown",     "shutdown-timeout",
+    "shutdown-resume",  "request-timeout",  NULL,
 };
 
 char *

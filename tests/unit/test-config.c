@@ -312,6 +312,11 @@ test_limits_accepted(void **state)
     write_config(f, "[hostd]\nboot-timeout=1\n");
     g_autoptr(HostdConfig) d = load_ok(f->file, "/srv/hostd", NULL, NULL);
     assert_int_equal(d->boot_timeout_s, 1);
+
+    /* Every key hostd(8) documents is one a file may set. */
+    write_config(f, "[hostd]\nrequest-timeout=45s\n");
+    g_autoptr(HostdConfig) e = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_int_equal(e->request_timeout_s, 45);
 }
 
 static void
