@@ -34,6 +34,7 @@ typedef struct {
     struct _HostdPower *power;   /* hostd-power.c's state; NULL until hostd_power_start() */
     struct _HostdRelay *relay;   /* the public SSH ports (hostd-power.c); NULL until started */
     struct _HostdSupervisor *supervisor; /* hostd-supervise.c's; NULL until started */
+    struct _HostdGuestApi *guest_api;    /* hostd-guest-api.c's; NULL until an agent has one */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
     gboolean debug;                      /* --debug: also a trace of where each exec's time went */
 } HostdContext;

@@ -3,6 +3,7 @@
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
+#include "hostd-guest-api.h"
 #include "hostd-power.h"
 #include "hostd-supervise.h"
 
@@ -13,5 +14,6 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_checkpoint_component);
     hostd_context_add_component(ctx, &hostd_fork_component);
     hostd_context_add_component(ctx, &hostd_power_component);
+    hostd_context_add_component(ctx, &hostd_guest_api_component);
     hostd_context_add_component(ctx, &hostd_supervise_component);
 }

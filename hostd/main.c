@@ -5,6 +5,7 @@
 
 #include "hostd-modules.h"
 #include "hostd-config.h"
+#include "hostd-guest-api.h"
 #include "hostd-libvirt.h"
 #include "hostd-notify.h"
 #include "hostd-power.h"
@@ -185,6 +186,8 @@ main(int argc, char **argv)
     /* Nothing is restarted and no request starts from here on. */
     hostd_supervise_stop(ctx);
     hostd_server_stop(server);
+    /* Before the saves: no guest asks for a checkpoint or restore while they run. */
+    hostd_guest_api_stop(ctx);
     hostd_power_stop(ctx);
     if (hostd_config_shutdown_saves(ctx->config)) {
         hostd_shutdown_save(ctx);
