@@ -439,6 +439,23 @@ api_checkpoint_create(HostdContext *ctx, const char *name, const HostdGuestApiAr
                         "from inside; the host can remove some (vmctl checkpoint rm)",
                         name, g_variant_n_children(list)),
                NULL;
+    if (args->memory) {
+        guint with_memory = 0;
+
+        for (gsize i = 0; i < g_variant_n_children(list); i++) {
+            g_autoptr(GVariant) one = g_variant_get_child_value(list, i);
+            const char *kind = NULL;
+
+            if (g_variant_lookup(one, "kind", "&s", &kind) && g_str_equal(kind, "memory"))
+                with_memory++;
+        }
+        if (with_memory >= HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX)
+            return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                            "agent '%s' has %u memory checkpoints, the most it may have to make "
+                            "one from inside; a disk-only one needs no room for memory",
+                            name, with_memory),
+                   NULL;
+    }
     c = hostd_checkpoint_create(ctx, name, args->label, FALSE, args->memory, &warning, error);
     if (c == NULL)
         return NULL;

@@ -301,6 +301,38 @@ test_checkpoint(void **state)
     assert_logged("guest api: agent 'a1': POST /v1/checkpoints 201");
 }
 
+/* What a guest may make is bounded: a memory checkpoint only while the agent has fewer than
+ * HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX, any only while it has fewer than
+ * HOSTD_GUEST_API_CHECKPOINTS_MAX; only the host removes them. */
+static void
+test_checkpoint_caps(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    g_auto(Reply) memory = {0};
+    g_auto(Reply) disk = {0};
+    g_auto(Reply) full = {0};
+
+    for (int i = 0; i < HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX; i++) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *warning = NULL;
+        g_autoptr(GVariant) c = hostd_test_sink(
+            hostd_checkpoint_create(f->ctx, "a1", NULL, FALSE, TRUE, &warning, &error));
+
+        if (c == NULL)
+            fail_msg("memory checkpoint: %s", error->message);
+    }
+    call(f, "a1", "POST", "/v1/checkpoints", "{\"memory\": true}", &memory);
+    expect_error(&memory, 507, "no-resources", "memory checkpoints");
+    call(f, "a1", "POST", "/v1/checkpoints", "{}", &disk);
+    g_autoptr(JsonObject) o = expect(&disk, 201);
+
+    hostd_test_checkpoint_n(
+        f, "a1", HOSTD_GUEST_API_CHECKPOINTS_MAX - HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX - 1);
+    call(f, "a1", "POST", "/v1/checkpoints", "{}", &full);
+    expect_error(&full, 507, "no-resources", "64 checkpoints");
+}
+
 /* Paths that name another agent or a policy, methods a path does not take, bodies that are not
  * what a request takes: each a JSON error, nothing changed, and the server answers on. */
 static void
@@ -956,9 +988,10 @@ main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, hostd_test_setup, hostd_test_teardown)
     const struct CMUnitTest tests[] = {
-        T(test_info_own_agent), T(test_checkpoint),        T(test_refusals),   T(test_body_limits),
-        T(test_rate_limit),     T(test_connection_limits), T(test_keep_awake), T(test_restore),
-        T(test_real_helper),    T(test_start_stop),        T(test_component),  T(test_vmctl_guest),
+        T(test_info_own_agent), T(test_checkpoint),  T(test_checkpoint_caps),   T(test_refusals),
+        T(test_body_limits),    T(test_rate_limit),  T(test_connection_limits), T(test_keep_awake),
+        T(test_restore),        T(test_real_helper), T(test_start_stop),        T(test_component),
+        T(test_vmctl_guest),
     };
 #undef T
 
