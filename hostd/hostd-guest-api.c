@@ -917,7 +917,8 @@ api_got_chunk(SoupServerMessage *msg, GBytes *chunk, gpointer data)
     }
     if (soup_server_message_get_status(msg) == 0)
         api_refuse(msg, 413, VM_ERROR_PROTOCOL, 0, "the request body is longer than 16384 bytes");
-    if (req->received > HOSTD_GUEST_API_DISCARD_MAX && req->conn->socket != NULL)
+    if (req->received > HOSTD_GUEST_API_DISCARD_MAX && req->conn != NULL &&
+        req->conn->socket != NULL)
         (void)g_socket_shutdown(req->conn->socket, TRUE, TRUE, NULL);
 }
 
