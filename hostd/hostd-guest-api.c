@@ -702,6 +702,15 @@ api_work(gpointer data, gpointer user_data)
 /* ---------------------------------------------------------------------------------------------
  * Restores asked from inside (their own thread) */
 
+static void
+api_args_free(HostdGuestApiArgs *args)
+{
+    if (args == NULL)
+        return;
+    hostd_guest_api_args_clear(args);
+    g_free(args);
+}
+
 typedef struct {
     ApiAgent *agent;
     char *id;
@@ -831,7 +840,7 @@ api_restore_schedule(ApiRequest *req)
     run->agent = api_agent_ref(req->agent);
     run->id = g_strdup(req->restore->id);
     run->paths = g_strdupv(req->restore->paths);
-    g_clear_pointer(&req->restore, hostd_guest_api_args_clear);
+    g_clear_pointer(&req->restore, api_args_free);
     g_source_set_callback(timer, api_restore_start, run, (GDestroyNotify)api_restore_run_free);
     g_source_attach(timer, req->agent->api->context);
     g_source_unref(timer);
@@ -877,10 +886,7 @@ api_request_free(gpointer data)
 {
     ApiRequest *req = data;
 
-    if (req->restore != NULL) {
-        hostd_guest_api_args_clear(req->restore);
-        g_free(req->restore);
-    }
+    api_args_free(req->restore);
     if (req->conn != NULL)
         api_conn_unref(req->conn);
     api_agent_unref(req->agent);
