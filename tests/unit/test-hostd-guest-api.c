@@ -478,7 +478,8 @@ test_rate_limit(void **state)
         }
     }
     print_message("# %u answered, %u limited\n", ok, limited);
-    assert_true(ok >= 20 && ok <= 40);
+    /* The burst, and what the rate refills while the loop runs (a slow host: a few seconds). */
+    assert_true(ok >= 20 && ok <= 60);
     assert_int_equal(ok + limited, 100);
 
     g_autofree char *log = hostd_test_log_text();
@@ -557,11 +558,11 @@ test_keep_awake(void **state)
         hostd_test_fake_idle_cpu(name);
         set_idle(f, name, 1);
     }
-    call(f, "kept", "POST", "/v1/keep-awake", "{\"seconds\": 8}", &set);
+    call(f, "kept", "POST", "/v1/keep-awake", "{\"seconds\": 10}", &set);
     g_autoptr(JsonObject) o = expect(&set, 200);
     JsonObject *k = json_object_get_object_member(o, "keep_awake");
-    assert_true(json_object_get_int_member(k, "seconds_left") <= 8);
-    assert_true(json_object_get_int_member(k, "seconds_left") >= 7);
+    assert_true(json_object_get_int_member(k, "seconds_left") <= 10);
+    assert_true(json_object_get_int_member(k, "seconds_left") >= 9);
     assert_true(g_str_has_suffix(json_object_get_string_member(k, "until"), "Z"));
     call(f, "kept", "GET", "/v1/keep-awake", NULL, &got);
     g_autoptr(JsonObject) og = expect(&got, 200);
@@ -589,7 +590,7 @@ test_keep_awake(void **state)
     g_autofree char *events = events_text(f);
     assert_non_null(strstr(events, "\"agent\":\"kept\",\"event\":\"agent-keep-awake\","
                                    "\"state\":\"running\",\"caller\":\"guest\",\"outcome\":\"ok\","
-                                   "\"detail\":\"for 8s\"}"));
+                                   "\"detail\":\"for 10s\"}"));
 }
 
 /* ---- restore -------------------------------------------------------------------------------- */
