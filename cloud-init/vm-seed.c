@@ -8,6 +8,7 @@
 #include "vm-seed.h"
 
 #include "vm-error.h"
+#include "vm-seed-resources.h"
 #include "vm-protocol.h"
 #include "vm-spawn.h"
 #include "vm-util.h"
@@ -131,6 +132,18 @@ seed_check_private_key(const char *key, GError **error)
     return TRUE;
 }
 
+/* Whether the first @len bytes of @host are a host name or IPv4 address: letters, digits, dots
+ * and hyphens, which land unquoted in the proxy settings. */
+static gboolean
+seed_is_host(const char *host, gsize len)
+{
+    gboolean ok = len > 0 && len <= SEED_HOSTNAME_MAX;
+
+    for (gsize i = 0; ok && i < len; i++)
+        ok = g_ascii_isalnum(host[i]) || host[i] == '.' || host[i] == '-';
+    return ok;
+}
+
 /* The proxy URL lands unquoted in /etc/environment and in shell and apt syntax: only
  * "http://" HOST [":" PORT] with HOST made of letters, digits, dots and hyphens. */
 static gboolean
@@ -147,9 +160,7 @@ seed_check_proxy(const char *url, GError **error)
         host = url + strlen("http://");
         host_len = strcspn(host, ":");
     }
-    ok = ok && host_len > 0 && host_len <= SEED_HOSTNAME_MAX;
-    for (gsize i = 0; ok && i < host_len; i++)
-        ok = g_ascii_isalnum(host[i]) || host[i] == '.' || host[i] == '-';
+    ok = ok && seed_is_host(host, host_len);
     if (ok && host[host_len] == ':') {
         const char *port = host + host_len + 1;
 
@@ -199,6 +210,11 @@ seed_check_spec(const VmSeedSpec *spec, GError **error)
     }
     if (spec->egress_proxy != NULL && !seed_check_proxy(spec->egress_proxy, error))
         return FALSE;
+    if (spec->guest_api_host != NULL &&
+        !seed_is_host(spec->guest_api_host, strlen(spec->guest_api_host)))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: guest_api_host '%s' is not a host name or IPv4 address",
+                        spec->guest_api_host);
     return TRUE;
 }
 
@@ -279,10 +295,12 @@ seed_append_key_quoted(GString *out, int indent, const char *key, const char *va
  * get), shells through profile.d, and apt, which reads neither. They are always written, so a
  * policy opened later works without touching the guest. */
 static void
-seed_append_proxy(GString *out, const char *url)
+seed_append_proxy(GString *out, const char *url, const char *guest_api_host)
 {
     static const char *const names[] = {"http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"};
-    static const char no_proxy[] = "localhost,127.0.0.1,::1";
+    g_autofree char *no_proxy =
+        g_strconcat("localhost,127.0.0.1,::1", guest_api_host != NULL ? "," : "",
+                    guest_api_host != NULL ? guest_api_host : "", NULL);
     g_autoptr(GString) environment = g_string_new(NULL);
     g_autoptr(GString) profile = g_string_new(NULL);
     g_autofree char *apt = g_strdup_printf("Acquire::http::Proxy \"%s\";\n"
@@ -297,7 +315,6 @@ seed_append_proxy(GString *out, const char *url)
     g_string_append_printf(profile, "export no_proxy=\"%s\"\nexport NO_PROXY=\"%s\"\n", no_proxy,
                            no_proxy);
 
-    g_string_append(out, "write_files:\n");
     seed_append_key_quoted(out, 2, "- path", "/etc/environment");
     g_string_append(out, "    append: true\n");
     seed_append_key_quoted(out, 4, "content", environment->str);
@@ -307,6 +324,50 @@ seed_append_proxy(GString *out, const char *url)
     seed_append_key_quoted(out, 2, "- path", "/etc/apt/apt.conf.d/90vmctl-egress");
     seed_append_key_quoted(out, 4, "permissions", "0644");
     seed_append_key_quoted(out, 4, "content", apt);
+}
+
+const char *
+vm_seed_guest_tool(void)
+{
+    static gsize once = 0;
+    static const char *text = NULL;
+
+    if (g_once_init_enter(&once)) {
+        /* Built in: a lookup cannot fail, and the bytes stay for the life of the process. */
+        GBytes *bytes = g_resource_lookup_data(vm_seed_resources_get_resource(),
+                                               "/dev/vmctl/cloud-init/vmctl-guest",
+                                               G_RESOURCE_LOOKUP_FLAGS_NONE, NULL);
+        gsize len = 0;
+        const char *data = g_bytes_get_data(bytes, &len);
+
+        text = g_strndup(data, len);
+        g_bytes_unref(bytes);
+        g_once_init_leave(&once, 1);
+    }
+    return text;
+}
+
+/* The in-guest API's command, for every user (the API answers for this agent whoever calls it:
+ * anything in the guest may checkpoint it). */
+static void
+seed_append_guest_tool(GString *out)
+{
+    seed_append_key_quoted(out, 2, "- path", "/usr/local/bin/vmctl-guest");
+    seed_append_key_quoted(out, 4, "permissions", "0755");
+    seed_append_key_quoted(out, 4, "content", vm_seed_guest_tool());
+}
+
+/* Files the guest gets at its first boot: the proxy settings, vmctl-guest. */
+static void
+seed_append_write_files(GString *out, const VmSeedSpec *spec)
+{
+    if (spec->egress_proxy == NULL && !spec->guest_tool)
+        return;
+    g_string_append(out, "write_files:\n");
+    if (spec->egress_proxy != NULL)
+        seed_append_proxy(out, spec->egress_proxy, spec->guest_api_host);
+    if (spec->guest_tool)
+        seed_append_guest_tool(out);
 }
 
 /* hostd's own #cloud-config; @spec is already checked. */
@@ -346,8 +407,7 @@ seed_render_cloud_config(const VmSeedSpec *spec)
     seed_append_block(out, 2, "ed25519_private", spec->host_key_private);
     seed_append_key_quoted(out, 2, "ed25519_public", spec->host_key_public);
 
-    if (spec->egress_proxy != NULL)
-        seed_append_proxy(out, spec->egress_proxy);
+    seed_append_write_files(out, spec);
 
     if (spec->packages != NULL && spec->packages[0] != NULL) {
         g_string_append(out, "packages:\n");

@@ -21,6 +21,10 @@ typedef struct {
     const char *egress_proxy;       /* "http://HOST:PORT", the guest's only way out: written to
                                      * /etc/environment, /etc/profile.d and apt's configuration
                                      * as http(s)_proxy; NULL: none */
+    const char *guest_api_host;     /* the in-guest API's address ("10.0.2.100"): added to
+                                     * no_proxy with egress_proxy, so that HTTP clients reach it
+                                     * directly rather than through the proxy; NULL: none */
+    gboolean guest_tool;            /* write /usr/local/bin/vmctl-guest (vm_seed_guest_tool()) */
 } VmSeedSpec;
 
 /* Renders user-data. Without extra parts it is one #cloud-config document; with template or
@@ -28,7 +32,8 @@ typedef struct {
  * hostd's user, keys, host keys and proxy settings always hold. Fails with
  * VM_ERROR_INVALID_ARGUMENT when a required field is missing or a value would break the YAML
  * (newline in hostname...), there are more than VM_SSH_KEYS_MAX user keys, or egress_proxy is
- * not "http://" followed by a host name or IPv4 address and an optional port. */
+ * not "http://" followed by a host name or IPv4 address and an optional port, or guest_api_host
+ * is not a host name or IPv4 address. */
 char *vm_seed_render_user_data(const VmSeedSpec *spec, GError **error);
 
 /* Renders meta-data (instance-id, local-hostname). Can't fail for a valid spec. */
@@ -38,5 +43,9 @@ char *vm_seed_render_meta_data(const VmSeedSpec *spec, GError **error);
  * genisoimage. Fails with VM_ERROR_INVALID_ARGUMENT for an invalid spec (as the render functions)
  * and VM_ERROR_IO when writing fails. */
 gboolean vm_seed_write_iso(const VmSeedSpec *spec, const char *iso_path, GError **error);
+
+/* The text of vmctl-guest, the in-guest API's command (the source tree's cloud-init/vmctl-guest,
+ * built in), as the seed writes it with guest_tool. Static storage; can't fail. */
+const char *vm_seed_guest_tool(void);
 
 G_END_DECLS

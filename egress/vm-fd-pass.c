@@ -3,6 +3,7 @@
 #include "vm-sockaddr.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -50,4 +51,44 @@ fail:
     saved = errno;
     close(sock);
     return -saved;
+}
+
+int
+vm_fd_receive(int sock)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    char byte = 0;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = control.buf,
+                         .msg_controllen = sizeof(control.buf)};
+    struct cmsghdr *cmsg;
+    ssize_t n;
+    int fd = -1, type = 0, flags;
+    socklen_t type_len = sizeof(type);
+
+    memset(&control, 0, sizeof(control));
+    do {
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+    if (n == 0)
+        return -ECONNRESET;
+    cmsg = CMSG_FIRSTHDR(&msg);
+    if (cmsg != NULL && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
+        cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
+        memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
+    if (fd < 0 || (msg.msg_flags & MSG_CTRUNC) ||
+        getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) < 0 || type != SOCK_STREAM ||
+        (flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -EPROTO;
+    }
+    return fd;
 }

@@ -6,11 +6,28 @@
 #include "vm-util.h"
 
 static const char *const hostd_config_keys[] = {
-    "state-dir",        "socket",           "connect",      "images-dir",
-    "templates-dir",    "socket-group",     "ssh-port-min", "ssh-port-max",
-    "forward-port-min", "forward-port-max", "boot-timeout", "accel",
-    "restart-limit",    "restart-window",   "shutdown",     "shutdown-timeout",
-    "shutdown-resume",  "request-timeout",  NULL,
+    "state-dir",
+    "socket",
+    "connect",
+    "images-dir",
+    "templates-dir",
+    "socket-group",
+    "ssh-port-min",
+    "ssh-port-max",
+    "forward-port-min",
+    "forward-port-max",
+    "boot-timeout",
+    "request-timeout",
+    "accel",
+    "restart-limit",
+    "restart-window",
+    "shutdown",
+    "shutdown-timeout",
+    "shutdown-resume",
+    "guest-api",
+    "guest-api-rate",
+    "guest-api-burst",
+    NULL,
 };
 
 char *
@@ -54,6 +71,23 @@ hostd_config_get_duration(GKeyFile *kf, const char *path, const char *key, guint
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s must be a duration %s", path, key,
                         bound);
     *value = (guint)seconds;
+    return TRUE;
+}
+
+/* A whole number key in [@min, @max], left as it is when absent. */
+static gboolean
+hostd_config_get_number(GKeyFile *kf, const char *path, const char *key, gint min, gint max,
+                        guint *value, GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+
+    if (!g_key_file_has_key(kf, "hostd", key, NULL))
+        return TRUE;
+    gint v = g_key_file_get_integer(kf, "hostd", key, &local_error);
+    if (local_error != NULL || v < min || v > max)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s must be a number in %d-%d", path,
+                        key, min, max);
+    *value = (guint)v;
     return TRUE;
 }
 
@@ -161,6 +195,15 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         return FALSE;
     config->shutdown = (HostdShutdownMode)shutdown;
     config->shutdown_resume_eager = resume == 1;
+    static const char *const on_off[] = {"off", "on", NULL};
+    guint guest_api = config->guest_api ? 1 : 0;
+    if (!hostd_config_get_choice(kf, path, "guest-api", on_off, &guest_api, error) ||
+        !hostd_config_get_number(kf, path, "guest-api-rate", 1, 1000, &config->guest_api_rate,
+                                 error) ||
+        !hostd_config_get_number(kf, path, "guest-api-burst", 1, 10000, &config->guest_api_burst,
+                                 error))
+        return FALSE;
+    config->guest_api = guest_api == 1;
     if (g_key_file_has_key(kf, "hostd", "accel", NULL)) {
         g_autofree char *text = g_key_file_get_string(kf, "hostd", "accel", NULL);
         if (text == NULL || !hostd_accel_mode_parse(text, &config->accel))
@@ -186,6 +229,9 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     config->restart_window_s = 600;
     config->shutdown = HOSTD_SHUTDOWN_AUTO;
     config->shutdown_timeout_s = 90;
+    config->guest_api = TRUE;
+    config->guest_api_rate = 5;
+    config->guest_api_burst = 20;
 
     if (path != NULL && !hostd_config_load_file(config, path, error))
         return NULL;

@@ -33,13 +33,17 @@ typedef struct {
     HostdShutdownMode shutdown;
     guint shutdown_timeout_s;       /* the bound on saving every agent at shutdown */
     gboolean shutdown_resume_eager; /* agents saved by a shutdown resume at the next start */
+    gboolean guest_api;             /* each agent's in-guest API (docs/GUEST-API.md); default on */
+    guint guest_api_rate;           /* its requests per second per agent, on average */
+    guint guest_api_burst;          /* and at once, beyond the average */
 } HostdConfig;
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
  * templates-dir, socket-group, ssh-port-min, ssh-port-max, forward-port-min, forward-port-max,
  * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
- * shutdown-timeout, shutdown-resume) when not NULL, then applies the non-NULL overrides, then
- * fills defaults. Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
+ * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst) when not NULL,
+ * then applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail
+ * with VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
                                const char *uri, GError **error);
 

@@ -87,10 +87,9 @@ egress_helper_path(void)
 }
 
 char *
-hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r)
+hostd_egress_forward_command(HostdContext *ctx, const char *socket_path)
 {
     g_autofree char *helper = NULL;
-    g_autofree char *socket_path = NULL;
     g_autofree char *quoted_helper = NULL;
     g_autofree char *quoted_socket = NULL;
 
@@ -98,10 +97,17 @@ hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r)
     if (!ctx->lv->qemu_may_spawn)
         return NULL;
     helper = egress_helper_path();
-    socket_path = hostd_agent_record_path(r, HOSTD_AGENT_EGRESS_SOCKET);
     quoted_helper = g_shell_quote(helper);
     quoted_socket = g_shell_quote(socket_path);
     return g_strconcat(quoted_helper, " ", quoted_socket, NULL);
+}
+
+char *
+hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r)
+{
+    g_autofree char *socket_path = hostd_agent_record_path(r, HOSTD_AGENT_EGRESS_SOCKET);
+
+    return hostd_egress_forward_command(ctx, socket_path);
 }
 
 /* QEMU's user and group as libvirt's DAC driver labels its processes ("+64055:+64055" in the
@@ -126,6 +132,23 @@ egress_find_owner_locked(HostdContext *ctx, Egress *egress)
         egress->owner_uid = uid;
         egress->owner_gid = gid;
     }
+}
+
+gboolean
+hostd_egress_socket_owner(HostdContext *ctx, uid_t *ret_uid, gid_t *ret_gid)
+{
+    Egress *egress = egress_get(ctx, TRUE);
+    gboolean known;
+
+    g_mutex_lock(&egress->lock);
+    egress_find_owner_locked(ctx, egress);
+    known = egress->owner_chown;
+    if (known) {
+        *ret_uid = egress->owner_uid;
+        *ret_gid = egress->owner_gid;
+    }
+    g_mutex_unlock(&egress->lock);
+    return known;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -454,7 +477,9 @@ egress_wired(HostdContext *ctx, const char *name)
     }
     rules = vm_domain_read_guestfwds(xml, NULL);
     for (gsize i = 0; rules != NULL && rules[i] != NULL; i++) {
-        if (g_str_has_prefix(rules[i], "tcp:" VM_EGRESS_GUEST_ADDRESS ":"))
+        /* The in-guest API's forward shares the address: only the proxy's port counts. */
+        if (g_str_has_prefix(rules[i], "tcp:" VM_EGRESS_GUEST_ADDRESS
+                                       ":" G_STRINGIFY(VM_EGRESS_GUEST_PORT) "-"))
             return TRUE;
     }
     return FALSE;

@@ -50,6 +50,18 @@ extern const HostdComponent hostd_egress_component;
  * filter (which kills QEMU when it spawns the helper). Newly allocated; can't fail. */
 char *hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r);
 
+/* The command a guest forward runs to hand each guest connection to the Unix socket
+ * @socket_path (any hostd socket that takes handed-over connections: the proxy's, the in-guest
+ * API's): the shell-quoted helper and path. NULL where a guest forward cannot work, as for
+ * hostd_egress_command(). Newly allocated; can't fail. */
+char *hostd_egress_forward_command(HostdContext *ctx, const char *socket_path);
+
+/* QEMU's user and group, as libvirt's DAC driver labels its processes: the owner a socket for a
+ * guest forward gets, so that only QEMU (and root) can hand connections to it. FALSE when they
+ * are unknown (the test driver, a session connection): the socket then stays hostd's, which is
+ * QEMU's user too. Can't fail. */
+gboolean hostd_egress_socket_owner(HostdContext *ctx, uid_t *ret_uid, gid_t *ret_gid);
+
 /* At `new`: stores the template's rules (@allow/@deny as the template has them, "*" meaning
  * "any"; NULL or empty: none) as @r's policy and starts its proxy. A bad rule fails with
  * VM_ERROR_INVALID_ARGUMENT naming it; a proxy that cannot start fails (VM_ERROR_IO,

@@ -70,6 +70,7 @@ hostd_event_to_line(const HostdEvent *event)
         json_builder_set_member_name(b, "uid");
         json_builder_add_int_value(b, event->uid);
     }
+    hostd_event_add_string(b, "caller", event->caller, HOSTD_EVENTS_STRING_MAX);
     hostd_event_add_string(b, "outcome", event->outcome, HOSTD_EVENTS_STRING_MAX);
     hostd_event_add_string(b, "detail", event->detail, HOSTD_EVENTS_DETAIL_MAX);
     json_builder_end_object(b);

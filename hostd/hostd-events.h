@@ -23,7 +23,9 @@ typedef struct {
     const char *event;   /* what happened: a request's op name ("agent-start"), or a change
                           * hostd saw or made ("crashed", "restarted", "poweroff", "saved"...) */
     const char *state;   /* the agent's state after it */
-    gint64 uid;          /* the caller's uid; -1: hostd itself */
+    gint64 uid;          /* the caller's uid; -1: hostd itself, or a caller with none */
+    const char *caller;  /* who asked when it was no uid: "guest" for the agent itself, through
+                          * its in-guest API; NULL: the uid says (or hostd itself) */
     const char *outcome; /* requests: "ok", or "error" when it failed; NULL for what hostd saw */
     const char *detail;  /* one human-readable line: why, or the error's message */
 } HostdEvent;

@@ -5,6 +5,7 @@
 #include "hostd-egress.h"
 #include "hostd-fork.h"
 #include "hostd-forward.h"
+#include "hostd-guest-api.h"
 #include "hostd-power.h"
 #include "hostd-supervise.h"
 
@@ -16,6 +17,7 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_fork_component);
     hostd_context_add_component(ctx, &hostd_forward_component);
     hostd_context_add_component(ctx, &hostd_power_component);
+    hostd_context_add_component(ctx, &hostd_guest_api_component);
     hostd_context_add_component(ctx, &hostd_supervise_component);
     hostd_context_add_component(ctx, &hostd_authorize_component);
 }

@@ -392,6 +392,37 @@ hostd_agent_keep_awake(HostdContext *ctx, const char *name, guint seconds, gbool
     return hostd_agent_to_variant(ctx, r);
 }
 
+gint64
+hostd_power_hold_awake(HostdContext *ctx, const char *name, guint seconds)
+{
+    gint64 until;
+
+    if (ctx->power == NULL)
+        return 0;
+    g_mutex_lock(&ctx->power->lock);
+    HostdPowerAgent *a = hostd_power_agent(ctx->power, name);
+    a->keep_awake_until =
+        MAX(a->keep_awake_until, g_get_monotonic_time() + (gint64)seconds * G_USEC_PER_SEC);
+    until = a->keep_awake_until;
+    g_mutex_unlock(&ctx->power->lock);
+    return until;
+}
+
+gint64
+hostd_power_awake_until(HostdContext *ctx, const char *name)
+{
+    gint64 until = 0;
+
+    if (ctx->power == NULL)
+        return 0;
+    g_mutex_lock(&ctx->power->lock);
+    HostdPowerAgent *a = g_hash_table_lookup(ctx->power->agents, name);
+    if (a != NULL && a->keep_awake_until > g_get_monotonic_time())
+        until = a->keep_awake_until;
+    g_mutex_unlock(&ctx->power->lock);
+    return until;
+}
+
 GVariant *
 hostd_agent_set_idle(HostdContext *ctx, const char *name, gboolean never, guint pause_s,
                      guint save_s, GError **error)

@@ -44,6 +44,17 @@ GVariant *hostd_agent_resume(HostdContext *ctx, const char *name, GError **error
 GVariant *hostd_agent_keep_awake(HostdContext *ctx, const char *name, guint seconds, gboolean off,
                                  GError **error);
 
+/* Holds @name awake for at least @seconds from now, without waking it: a later deadline already
+ * in force, or a hold until released, stays as it is. Returns the deadline in force afterwards
+ * (g_get_monotonic_time() microseconds; G_MAXINT64: until released); 0 before
+ * hostd_power_start(), when nothing holds anything. Can't fail. For the in-guest API, whose
+ * caller is running. */
+gint64 hostd_power_hold_awake(HostdContext *ctx, const char *name, guint seconds);
+
+/* The keep-awake deadline of @name as hostd_power_hold_awake() returns it; 0 when none is in
+ * force (never set, released, or passed). Can't fail. */
+gint64 hostd_power_awake_until(HostdContext *ctx, const char *name);
+
 /* Sets @name's idle policy: @never, or pause after @pause_s and save after @save_s seconds of
  * idleness (0 turns a level off). Stored in the agent's record. */
 GVariant *hostd_agent_set_idle(HostdContext *ctx, const char *name, gboolean never, guint pause_s,

@@ -6,6 +6,7 @@
 #include "hostd-modules.h"
 #include "hostd-config.h"
 #include "hostd-forward.h"
+#include "hostd-guest-api.h"
 #include "hostd-libvirt.h"
 #include "hostd-notify.h"
 #include "hostd-power.h"
@@ -186,6 +187,8 @@ main(int argc, char **argv)
     /* Nothing is restarted and no request starts from here on. */
     hostd_supervise_stop(ctx);
     hostd_server_stop(server);
+    /* Before the saves: no guest asks for a checkpoint or restore while they run. */
+    hostd_guest_api_stop(ctx);
     hostd_power_stop(ctx);
     /* No connection to a forwarded port may wake an agent the shutdown is saving. */
     hostd_forward_stop(ctx);

@@ -80,7 +80,7 @@ is_well_formed(const char *xml)
  * escaped where it is used, quoting is the caller's, but a control character has no business
  * in either. */
 static gboolean
-is_egress_command(const char *command)
+is_forward_command(const char *command)
 {
     if (command[0] == '\0')
         return FALSE;
@@ -137,9 +137,12 @@ spec_validate(const VmDomainSpec *spec, GError **error)
     if (spec->metadata_xml != NULL && !is_well_formed(spec->metadata_xml))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "domain spec: metadata_xml is not well-formed XML");
-    if (spec->egress_command != NULL && !is_egress_command(spec->egress_command))
+    if (spec->egress_command != NULL && !is_forward_command(spec->egress_command))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "domain spec: egress_command is empty or holds a control character");
+    if (spec->guest_api_command != NULL && !is_forward_command(spec->guest_api_command))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "domain spec: guest_api_command is empty or holds a control character");
     return TRUE;
 }
 
@@ -213,8 +216,9 @@ append_devices(GString *xml, const VmDomainSpec *spec)
 /* libvirt has no user-mode network that can be restricted (and its passt backend is disabled
  * on Debian 12), so the NIC is passed to QEMU directly; this is also why there is no
  * <interface>. restrict=on drops everything but DHCP, the host forward and the guest forward,
- * and the host forward listens on loopback only. The guest forward runs egress_command per
- * connection (the cmd: form; a chardev would serve one connection at a time). */
+ * and the host forward listens on loopback only. The guest forwards run egress_command and
+ * guest_api_command per connection (the cmd: form; a chardev would serve one connection at a
+ * time). */
 static void
 append_network(GString *xml, const VmDomainSpec *spec)
 {
@@ -229,6 +233,12 @@ append_network(GString *xml, const VmDomainSpec *spec)
 
         g_string_append_printf(netdev, ",guestfwd=tcp:%s:%d-cmd:%s", VM_EGRESS_GUEST_ADDRESS,
                                VM_EGRESS_GUEST_PORT, command);
+    }
+    if (spec->guest_api_command != NULL) {
+        g_autofree char *command = qemu_opt_escape(spec->guest_api_command);
+
+        g_string_append_printf(netdev, ",guestfwd=tcp:%s:%d-cmd:%s", VM_GUEST_API_ADDRESS,
+                               VM_GUEST_API_PORT, command);
     }
     append(xml,
            "  <qemu:commandline>\n"

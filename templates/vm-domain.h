@@ -12,6 +12,11 @@ G_BEGIN_DECLS
 #define VM_EGRESS_GUEST_ADDRESS "10.0.2.100"
 #define VM_EGRESS_GUEST_PORT    3128
 
+/* Where the guest finds hostd's in-guest API (docs/GUEST-API.md): the same address, port 80,
+ * answered by a second guestfwd rule. */
+#define VM_GUEST_API_ADDRESS VM_EGRESS_GUEST_ADDRESS
+#define VM_GUEST_API_PORT    80
+
 /* The seccomp sandbox every domain gives QEMU itself. libvirt's own (seccomp_sandbox = 1 in
  * qemu.conf) adds spawn=deny, which kills QEMU at the guest's first connection to the egress
  * proxy, and elevateprivileges=deny, which kills the program QEMU spawns for it (libslirp calls
@@ -33,14 +38,16 @@ typedef struct {
     const char *kernel_path; /* direct kernel boot, or NULL to boot from the disk */
     const char *initrd_path;
     const char *cmdline;
-    const char *mac;            /* 52:54:00:xx:xx:xx */
-    guint ssh_port;             /* host side, bound to 127.0.0.1 */
-    const char *console_log;    /* serial console goes to this file */
-    const char *agent_socket;   /* qemu-guest-agent channel socket path */
-    const char *metadata_xml;   /* inner XML for <metadata>, or NULL */
-    const char *egress_command; /* a shell-quoted command QEMU runs for each guest connection to
-                                 * VM_EGRESS_GUEST_ADDRESS:VM_EGRESS_GUEST_PORT, the connection
-                                 * as its stdin/stdout; NULL: the guest has no way out at all */
+    const char *mac;               /* 52:54:00:xx:xx:xx */
+    guint ssh_port;                /* host side, bound to 127.0.0.1 */
+    const char *console_log;       /* serial console goes to this file */
+    const char *agent_socket;      /* qemu-guest-agent channel socket path */
+    const char *metadata_xml;      /* inner XML for <metadata>, or NULL */
+    const char *egress_command;    /* a shell-quoted command QEMU runs for each guest connection to
+                                    * VM_EGRESS_GUEST_ADDRESS:VM_EGRESS_GUEST_PORT, the connection
+                                    * as its stdin/stdout; NULL: the guest has no way out at all */
+    const char *guest_api_command; /* the same for each guest connection to VM_GUEST_API_ADDRESS:
+                                    * VM_GUEST_API_PORT (hostd's in-guest API); NULL: none */
 } VmDomainSpec;
 
 /* Returns newly allocated domain XML for @spec: q35 pinned machine type, virtio disk with
@@ -49,9 +56,9 @@ typedef struct {
  * a file, and QEMU user networking with restrict=on and a single hostfwd 127.0.0.1:ssh_port ->
  * guest :22 (through <qemu:commandline>, since libvirt has no restricted user network), and QEMU's
  * own seccomp sandbox VM_DOMAIN_SANDBOX. With egress_command, the network also gets the guestfwd to
- * it (and libvirt's sandbox must be off, see above). Strings are XML-escaped. Fails with
- * VM_ERROR_INVALID_ARGUMENT when a required field is missing or egress_command holds a control
- * character. */
+ * it, and with guest_api_command one to the in-guest API after it (and libvirt's sandbox must be
+ * off, see above). Strings are XML-escaped. Fails with VM_ERROR_INVALID_ARGUMENT when a required
+ * field is missing or a command is empty or holds a control character. */
 char *vm_domain_xml_build(const VmDomainSpec *spec, GError **error);
 
 G_END_DECLS

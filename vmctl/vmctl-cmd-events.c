@@ -27,7 +27,8 @@ format_time(JsonObject *o)
     return g_date_time_format(local, "%Y-%m-%d %H:%M:%S");
 }
 
-/* One event as a line: "TIME AGENT EVENT STATE [uid N] [OUTCOME] [DETAIL]", "-" for hostd's own
+/* One event as a line: "TIME AGENT EVENT STATE [uid N | by CALLER] [OUTCOME] [DETAIL]", "-" for
+ * hostd's own
  * events and for an unknown state. A line that is no event is shown as it is, escaped. */
 static char *
 format_event(const char *line)
@@ -45,6 +46,7 @@ format_event(const char *line)
     g_autofree char *agent = escaped_member(o, "agent", "-");
     g_autofree char *event = escaped_member(o, "event", "-");
     g_autofree char *state = escaped_member(o, "state", "-");
+    g_autofree char *caller = escaped_member(o, "caller", NULL);
     g_autofree char *outcome = escaped_member(o, "outcome", NULL);
     g_autofree char *detail = escaped_member(o, "detail", NULL);
 
@@ -52,6 +54,8 @@ format_event(const char *line)
     if (json_object_has_member(o, "uid"))
         g_string_append_printf(out, "  uid %" G_GINT64_FORMAT,
                                json_object_get_int_member_with_default(o, "uid", -1));
+    if (caller != NULL)
+        g_string_append_printf(out, "  by %s", caller);
     if (outcome != NULL)
         g_string_append_printf(out, "  %s", outcome);
     if (detail != NULL)

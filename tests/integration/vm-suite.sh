@@ -9,6 +9,8 @@ set -uo pipefail
 : "${HOSTD:?}" "${VMCTL:?}"
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=guest-api-check.sh
+. "$(dirname "$0")/guest-api-check.sh"
 suite_init vmt 43100 43199
 WEBPID=
 
@@ -384,6 +386,9 @@ for step in merge-journaled merge-committed; do
   vmctl checkpoint rm a1 "$K2" >/dev/null
 done
 
+# the in-guest API from inside the agent: checkpoint itself, refusals, rate limit
+guest_api_check a1
+
 # idle: running -> paused -> saved by itself, and any way in wakes it
 state_of() { vmctl list --json | python3 -c 'import json,sys; print([a["state"] for a in json.load(sys.stdin) if a["name"] == "a1"][0])'; }
 wait_state() { # wait_state STATE SECONDS
@@ -446,6 +451,8 @@ check "keep-awake holds the agent" vmctl keep-awake a1
 sleep 10
 check "a kept-awake agent stays running" test "$(state_of)" = running
 check "suspend --save by hand, then resume" bash -c "'$VMCTL' --socket '$SOCK' suspend --save a1 >/dev/null && '$VMCTL' --socket '$SOCK' resume a1 >/dev/null && [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- echo up)\" = up ]"
+# a keep-awake asked from inside holds the agent under the same short idle policy
+guest_api_keep_awake_check a1
 vmctl idle a1 --never >/dev/null
 
 # periodic automatic checkpoints with retention: the chain stays short however many are taken

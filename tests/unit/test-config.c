@@ -87,6 +87,27 @@ test_defaults(void **state)
     assert_int_equal(c->boot_timeout_s, 300);
     assert_int_equal(c->forward_port_min, 43000);
     assert_int_equal(c->forward_port_max, 43999);
+    assert_true(c->guest_api);
+    assert_int_equal(c->guest_api_rate, 5);
+    assert_int_equal(c->guest_api_burst, 20);
+}
+
+/* The in-guest API's keys, and request-timeout, which the file takes like every key. */
+static void
+test_guest_api_keys(void **state)
+{
+    Fixture *f = *state;
+
+    write_config(f, "[hostd]\nguest-api=off\nguest-api-rate=1\nguest-api-burst=10000\n"
+                    "request-timeout=2m\n");
+    g_autoptr(HostdConfig) c = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_false(c->guest_api);
+    assert_int_equal(c->guest_api_rate, 1);
+    assert_int_equal(c->guest_api_burst, 10000);
+    assert_int_equal(c->request_timeout_s, 120);
+    write_config(f, "[hostd]\nguest-api=on\n");
+    g_autoptr(HostdConfig) on = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_true(on->guest_api);
 }
 
 static void
@@ -264,6 +285,12 @@ test_bad_files(void **state)
         {"[hostd]\nimages-dir=\n", "images-dir"},
         {"[hostd]\ntemplates-dir=\n", "templates-dir"},
         {"[hostd]\nsocket-group=\n", "socket-group"},
+        {"[hostd]\nguest-api=yes\n", "guest-api must be one of off, on"},
+        {"[hostd]\nguest-api-rate=0\n", "guest-api-rate must be a number in 1-1000"},
+        {"[hostd]\nguest-api-rate=1001\n", "guest-api-rate"},
+        {"[hostd]\nguest-api-rate=5/s\n", "guest-api-rate"},
+        {"[hostd]\nguest-api-burst=0\n", "guest-api-burst must be a number in 1-10000"},
+        {"[hostd]\nguest-api-burst=-1\n", "guest-api-burst"},
         {"[hostd\nstate-dir=/x\n", NULL},
         {"state-dir=/x\n", NULL},
         {"[hostd]\nstate-dir\n", NULL},
@@ -340,6 +367,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_bad_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits_accepted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_guest_api_keys, setup, teardown),
         cmocka_unit_test(test_free_null),
     };
 

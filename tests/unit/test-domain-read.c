@@ -163,6 +163,22 @@ test_golden_guestfwds(void **state)
                       "-sandbox|on,obsolete=deny,resourcecontrol=deny");
 }
 
+/* A domain with the in-guest API has two forwards, the proxy's first; one without (every agent
+ * made before the API) reads as before, above. */
+static void
+test_golden_guestfwds_guest_api(void **state)
+{
+    g_autofree char *xml = read_golden("domain-guest-api.xml");
+    g_autoptr(GError) error = NULL;
+    g_auto(GStrv) rules = vm_domain_read_guestfwds(xml, &error);
+
+    assert_null(error);
+    assert_strv(rules, "tcp:10.0.2.100:3128-cmd:'/usr/libexec/vm-egress-connect' "
+                       "'/var/lib/hostd/agents/agent-tcg/egress.sock'|"
+                       "tcp:10.0.2.100:80-cmd:'/usr/libexec/vm-egress-connect' "
+                       "'/var/lib/hostd/agents/agent-tcg/api.sock'");
+}
+
 /* What the builder escapes, the reader gives back: a command with commas and quotes. */
 static void
 test_build_then_read(void **state)
@@ -514,6 +530,7 @@ main(void)
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_golden_disk_files),
         cmocka_unit_test(test_golden_guestfwds),
+        cmocka_unit_test(test_golden_guestfwds_guest_api),
         cmocka_unit_test(test_build_then_read),
         cmocka_unit_test(test_live),
         cmocka_unit_test(test_decoys),

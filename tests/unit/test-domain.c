@@ -71,6 +71,17 @@ spec_egress(void)
     return spec;
 }
 
+/* The same with the in-guest API: a second guest forward, to the API's socket. */
+static VmDomainSpec
+spec_guest_api(void)
+{
+    VmDomainSpec spec = spec_egress();
+
+    spec.guest_api_command = "'/usr/libexec/vm-egress-connect' "
+                             "'/var/lib/hostd/agents/agent-tcg/api.sock'";
+    return spec;
+}
+
 static char *
 build_ok(const VmDomainSpec *spec)
 {
@@ -157,6 +168,37 @@ test_egress_forward(void **state)
     assert_null(strstr(plain, "guestfwd"));
     assert_non_null(strstr(plain, "<qemu:arg value='-sandbox'/>\n"
                                   "    <qemu:arg value='on,obsolete=deny,resourcecontrol=deny'/>"));
+}
+
+static void
+test_golden_guest_api(void **state)
+{
+    VmDomainSpec spec = spec_guest_api();
+    g_autofree char *xml = build_ok(&spec);
+
+    vm_test_assert_golden("domain-guest-api.xml", xml);
+    assert_schema_valid(*state, xml);
+}
+
+/* The API's forward comes after the proxy's on the same restricted network, at port 80 of the
+ * same guest address, and nothing else changes; commas in its command are doubled too. */
+static void
+test_guest_api_forward(void **state)
+{
+    VmDomainSpec spec = spec_guest_api();
+    VmDomainSpec egress = spec_egress();
+    g_autofree char *xml = build_ok(&spec);
+    g_autofree char *egress_xml = build_ok(&egress);
+
+    assert_non_null(strstr(xml, "guestfwd=tcp:10.0.2.100:3128-cmd:&apos;/usr/libexec/"
+                                "vm-egress-connect&apos; &apos;/var/lib/hostd/agents/agent-tcg/"
+                                "egress.sock&apos;,guestfwd=tcp:10.0.2.100:80-cmd:&apos;/usr/"
+                                "libexec/vm-egress-connect&apos; &apos;/var/lib/hostd/agents/"
+                                "agent-tcg/api.sock&apos;'/>"));
+    assert_null(strstr(egress_xml, ":80-cmd"));
+    spec.guest_api_command = "/x/connect /state,restrict=off/api.sock";
+    g_autofree char *comma = build_ok(&spec);
+    assert_non_null(strstr(comma, "10.0.2.100:80-cmd:/x/connect /state,,restrict=off/api.sock'/>"));
 }
 
 /* A comma would end the netdev option and start a new one of the user's choosing: it is
@@ -327,6 +369,8 @@ typedef enum {
     BAD_METADATA_CLOSES,
     BAD_EGRESS_EMPTY,
     BAD_EGRESS_NEWLINE,
+    BAD_GUEST_API_EMPTY,
+    BAD_GUEST_API_TAB,
 } BadKind;
 
 typedef struct {
@@ -359,6 +403,8 @@ static const BadSpec bad_specs[] = {
     {"metadata closing its element", BAD_METADATA_CLOSES},
     {"empty egress command", BAD_EGRESS_EMPTY},
     {"egress command with a newline", BAD_EGRESS_NEWLINE},
+    {"empty guest API command", BAD_GUEST_API_EMPTY},
+    {"guest API command with a tab", BAD_GUEST_API_TAB},
 };
 
 static void
@@ -439,6 +485,12 @@ bad_spec_apply(VmDomainSpec *s, BadKind kind)
     case BAD_EGRESS_NEWLINE:
         s->egress_command = "/x/connect\n/y";
         break;
+    case BAD_GUEST_API_EMPTY:
+        s->guest_api_command = "";
+        break;
+    case BAD_GUEST_API_TAB:
+        s->guest_api_command = "/x/connect\t/y";
+        break;
     default:
         g_assert_not_reached();
     }
@@ -468,6 +520,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_golden_egress, setup, teardown),
         cmocka_unit_test(test_egress_forward),
         cmocka_unit_test(test_egress_command_comma),
+        cmocka_unit_test_setup_teardown(test_golden_guest_api, setup, teardown),
+        cmocka_unit_test(test_guest_api_forward),
         cmocka_unit_test(test_virt_type_features),
         cmocka_unit_test(test_cpu_disable),
         cmocka_unit_test(test_network_is_restricted),

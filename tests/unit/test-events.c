@@ -73,11 +73,16 @@ test_append_lines(void **state)
         g_string_append(long_detail, "é");
     append(events, &(HostdEvent){
                        .agent = "bad\xff", .event = "exec", .uid = 0, .detail = long_detail->str});
+    append(events, &(HostdEvent){.agent = "alice",
+                                 .event = "checkpoint-create",
+                                 .uid = -1,
+                                 .caller = "guest",
+                                 .outcome = "ok"});
 
     text = vm_test_read_file(path);
     lines = g_strsplit(text, "\n", -1);
-    assert_int_equal(g_strv_length(lines), 4);
-    assert_string_equal(lines[3], "");
+    assert_int_equal(g_strv_length(lines), 5);
+    assert_string_equal(lines[4], "");
     assert_int_equal(vm_test_file_mode(path), 0600);
 
     {
@@ -112,6 +117,18 @@ test_append_lines(void **state)
         assert_true(strlen(detail) <= HOSTD_EVENTS_DETAIL_MAX);
         assert_true(strlen(detail) > HOSTD_EVENTS_DETAIL_MAX - 2);
         assert_true(g_utf8_validate(detail, -1, NULL));
+    }
+    {
+        g_autoptr(JsonObject) o = parse_line(lines[3]);
+
+        assert_false(json_object_has_member(o, "uid"));
+        assert_string_equal(json_object_get_string_member(o, "caller"), "guest");
+        assert_string_equal(json_object_get_string_member(o, "outcome"), "ok");
+    }
+    {
+        g_autoptr(JsonObject) o = parse_line(lines[0]);
+
+        assert_false(json_object_has_member(o, "caller"));
     }
 }
 

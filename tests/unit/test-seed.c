@@ -351,13 +351,14 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     };
     gboolean has_packages = spec->packages != NULL && spec->packages[0] != NULL;
     gboolean has_proxy = spec->egress_proxy != NULL;
+    gboolean has_files = has_proxy || spec->guest_tool;
 
     assert_true(g_str_has_prefix(cloud_config, "#cloud-config\n"));
     g_autoptr(YamlDoc) y = yaml_load(cloud_config);
     yaml_node_t *root = yaml_document_get_root_node(&y->doc);
 
     /* No value may have smuggled in a key of its own. */
-    assert_int_equal(yaml_len(root), G_N_ELEMENTS(keys) + has_packages + has_proxy);
+    assert_int_equal(yaml_len(root), G_N_ELEMENTS(keys) + has_packages + has_files);
     for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
         if (yaml_get(y, root, keys[i]) == NULL) {
             print_error("key %s missing\n", keys[i]);
@@ -394,17 +395,21 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     assert_yaml_string(yaml_get(y, ssh_keys, "ed25519_public"), spec->host_key_public);
 
     yaml_node_t *files = yaml_get(y, root, "write_files");
+    if (has_files)
+        assert_int_equal(yaml_len(files), (has_proxy ? 3 : 0) + (spec->guest_tool ? 1 : 0));
     if (has_proxy) {
         const char *url = spec->egress_proxy;
+        g_autofree char *no_proxy =
+            g_strconcat("localhost,127.0.0.1,::1", spec->guest_api_host != NULL ? "," : "",
+                        spec->guest_api_host != NULL ? spec->guest_api_host : "", NULL);
         g_autofree char *environment =
             g_strdup_printf("http_proxy=%s\nhttps_proxy=%s\nHTTP_PROXY=%s\nHTTPS_PROXY=%s\n"
-                            "no_proxy=localhost,127.0.0.1,::1\nNO_PROXY=localhost,127.0.0.1,::1\n",
-                            url, url, url, url);
+                            "no_proxy=%s\nNO_PROXY=%s\n",
+                            url, url, url, url, no_proxy, no_proxy);
         g_autofree char *apt = g_strdup_printf(
             "Acquire::http::Proxy \"%s\";\nAcquire::https::Proxy \"%s\";\n", url, url);
         yaml_node_t *file;
 
-        assert_int_equal(yaml_len(files), 3);
         file = yaml_item(y, files, 0);
         assert_yaml_string(yaml_get(y, file, "path"), "/etc/environment");
         assert_yaml_bool(yaml_get(y, file, "append"), TRUE);
@@ -414,9 +419,16 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
         file = yaml_item(y, files, 2);
         assert_yaml_string(yaml_get(y, file, "path"), "/etc/apt/apt.conf.d/90vmctl-egress");
         assert_yaml_string(yaml_get(y, file, "content"), apt);
-    } else {
-        assert_null(files);
     }
+    if (spec->guest_tool) {
+        yaml_node_t *file = yaml_item(y, files, yaml_len(files) - 1);
+
+        assert_yaml_string(yaml_get(y, file, "path"), "/usr/local/bin/vmctl-guest");
+        assert_yaml_string(yaml_get(y, file, "permissions"), "0755");
+        assert_yaml_string(yaml_get(y, file, "content"), vm_seed_guest_tool());
+    }
+    if (!has_files)
+        assert_null(files);
 
     yaml_node_t *packages = yaml_get(y, root, "packages");
     if (!has_packages) {
@@ -540,6 +552,47 @@ test_golden_template_script(void **state)
     /* cloud-init runs user scripts sorted by file name: the template's would come first. */
     assert_true(strcmp(mime_part(parts, 1)->filename, script->filename) < 0);
     assert_true(g_str_has_suffix(script->filename, ".sh"));
+}
+
+/* vmctl-guest goes to /usr/local/bin, executable, exactly as cloud-init/vmctl-guest in the source
+ * tree (built in, not copied by hand); the API's address joins no_proxy, so clients in the guest
+ * reach it directly, and a shell reading the profile script sees it there. */
+static void
+test_guest_api(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *source =
+        g_build_filename(g_getenv("VM_SOURCE_DIR") != NULL ? g_getenv("VM_SOURCE_DIR") : ".",
+                         "cloud-init", "vmctl-guest", NULL);
+    g_autofree char *shipped = vm_test_read_file(source);
+
+    assert_string_equal(vm_seed_guest_tool(), shipped);
+    assert_true(g_str_has_prefix(shipped, "#!/bin/bash\n"));
+
+    f->spec.egress_proxy = "http://10.0.2.100:3128";
+    f->spec.guest_api_host = "10.0.2.100";
+    f->spec.guest_tool = TRUE;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
+    assert_null(error);
+    assert_cloud_config_matches(user_data, &f->spec);
+
+    g_autoptr(YamlDoc) y = yaml_load(user_data);
+    yaml_node_t *files = yaml_get(y, yaml_document_get_root_node(&y->doc), "write_files");
+    yaml_node_t *profile = yaml_get(y, yaml_item(y, files, 1), "content");
+    g_autofree char *script =
+        g_strndup((const char *)profile->data.scalar.value, profile->data.scalar.length);
+    g_autofree char *with_echo = g_strconcat(script, "echo \"$no_proxy\"\n", NULL);
+    const char *argv[] = {"sh", "-c", with_echo, NULL};
+    g_autofree char *out = NULL;
+    assert_true(vm_spawn_run(argv, NULL, &out, NULL));
+    assert_string_equal(out, "localhost,127.0.0.1,::1,10.0.2.100\n");
+
+    /* Without the proxy (a fork) the tool alone; without either, no write_files at all. */
+    f->spec.egress_proxy = NULL;
+    g_autofree char *fork = vm_seed_render_user_data(&f->spec, &error);
+    assert_null(error);
+    assert_cloud_config_matches(fork, &f->spec);
 }
 
 /* The proxy settings sit in hostd's part, before the extra parts, so they can only be added to,
@@ -702,6 +755,12 @@ static const BadCase bad_cases[] = {
      FALSE},
     {"proxy with a newline", FIELD(egress_proxy), "http://a\nruncmd: [x]", NULL,
      "egress_proxy contains a control character", FALSE},
+    {"empty API host", FIELD(guest_api_host), "", NULL, "not a host name", FALSE},
+    {"API host with a comma", FIELD(guest_api_host), "a,b", NULL, "not a host name", FALSE},
+    {"API host with a newline", FIELD(guest_api_host), "a\nruncmd: [x]", NULL, "not a host name",
+     FALSE},
+    {"API host with a port", FIELD(guest_api_host), "10.0.2.100:80", NULL, "not a host name",
+     FALSE},
 };
 
 static void
@@ -1063,6 +1122,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_golden_template_script, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_egress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_user_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_guest_api, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_part_size_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_good_inputs, setup, teardown),

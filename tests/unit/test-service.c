@@ -24,10 +24,17 @@
 
 /* Every key hostd_config_load() reads (hostd-config.h); the default file shows each one. */
 static const char *const config_keys[] = {
-    "state-dir",        "socket",           "connect",      "images-dir",       "templates-dir",
-    "socket-group",     "ssh-port-min",     "ssh-port-max", "boot-timeout",     "accel",
-    "restart-limit",    "restart-window",   "shutdown",     "shutdown-timeout", "shutdown-resume",
-    "forward-port-min", "forward-port-max",
+    "state-dir",        "socket",
+    "connect",          "images-dir",
+    "templates-dir",    "socket-group",
+    "ssh-port-min",     "ssh-port-max",
+    "boot-timeout",     "accel",
+    "restart-limit",    "restart-window",
+    "shutdown",         "shutdown-timeout",
+    "shutdown-resume",  "forward-port-min",
+    "forward-port-max", "request-timeout",
+    "guest-api",        "guest-api-rate",
+    "guest-api-burst",
 };
 
 /* ---- the stand-in for systemd ---------------------------------------------------------------- */
@@ -249,6 +256,9 @@ test_default_config_is_the_defaults(void **state)
     assert_int_equal(with->shutdown, without->shutdown);
     assert_int_equal(with->shutdown_timeout_s, without->shutdown_timeout_s);
     assert_int_equal(with->shutdown_resume_eager, without->shutdown_resume_eager);
+    assert_int_equal(with->guest_api, without->guest_api);
+    assert_int_equal(with->guest_api_rate, without->guest_api_rate);
+    assert_int_equal(with->guest_api_burst, without->guest_api_burst);
 }
 
 /* Each key is shown, and its line, uncommented, is a value hostd takes. */

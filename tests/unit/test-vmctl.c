@@ -1168,6 +1168,26 @@ test_events(void **state)
     assert_string_equal(json.out, lines);
 }
 
+/* What an agent asked from inside (its in-guest API) says so instead of a uid. */
+static void
+test_events_guest(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    g_setenv("TZ", "UTC", TRUE);
+    reply_data(f, VM_OP_STDOUT,
+               "{\"time\":\"2024-05-01T12:00:00Z\",\"agent\":\"alice\",\"event\":"
+               "\"checkpoint-create\",\"state\":\"running\",\"caller\":\"guest\","
+               "\"outcome\":\"ok\",\"detail\":\"c3 before-upgrade\"}\n");
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "events", "alice");
+    assert_int_equal(run.status, 0);
+    assert_string_equal(run.out, "2024-05-01 12:00:00  alice         checkpoint-create  running   "
+                                 "by guest  ok  c3 before-upgrade\n");
+}
+
 /* A bad T or AGENT is a usage error, and nothing is sent. */
 static void
 test_events_usage(void **state)
@@ -1708,6 +1728,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_remote_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_ssh, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events_guest, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_usage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_usage, setup, teardown),

@@ -1,0 +1,74 @@
+/* The in-guest API: from inside its VM an agent reads its own info, checkpoints itself, lists its
+ * checkpoints, asks for a restore of itself, holds itself awake and reads its egress policy,
+ * over HTTP at VM_GUEST_API_ADDRESS:VM_GUEST_API_PORT. See docs/GUEST-API.md.
+ *
+ * The agent's QEMU reaches it as it reaches the egress proxy: a guest forward whose helper
+ * (vm-egress-connect) hands each guest connection to the Unix socket agents/<name>/api.sock,
+ * which hostd listens on while the agent exists. Which agent calls is known by the socket the
+ * connection arrived on, and only by that: no request names an agent, so none can reach
+ * another, change its own policy, or see a path of the host (error messages have hostd's
+ * directories taken out).
+ *
+ * HTTP is libsoup's: one SoupServer per agent, fed the handed-over connections with
+ * soup_server_accept_iostream(), all of them on one thread of their own running its own
+ * GMainContext; the work of a request (libvirt, checkpoints) runs on a pool of threads, and a
+ * restore on a thread of its own once its 202 has gone out. Bounded per agent: request body 16
+ * KiB (libsoup's own limit on the head, 64 KiB), 10 s to send a whole request, one request per
+ * connection, HOSTD_GUEST_API_CONNECTIONS at once, guest-api-rate requests a second on average
+ * with bursts of guest-api-burst (429 past that), one checkpoint or restore at a time at
+ * HOSTD_GUEST_API_HEAVY_RATE, and at most HOSTD_GUEST_API_CHECKPOINTS_MAX checkpoints (of them
+ * HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX with memory) when it asks for one. Each
+ * call is one line of hostd's log (ctx->log); a checkpoint, restore or keep-awake is an event
+ * by the guest as well.
+ *
+ * Functions may be called from any thread but the API's own. */
+#pragma once
+
+#include "hostd-context.h"
+
+G_BEGIN_DECLS
+
+/* The API as a component of the context: the forward in a new agent's domain and vmctl-guest in
+ * its seed, the socket from `new` (before the VM boots) until `rm`, again at start and at
+ * hostd's start-up, and everything stopped when the context goes. Nothing with guest-api = off. */
+extern const HostdComponent hostd_guest_api_component;
+
+#define HOSTD_AGENT_API_SOCKET "api.sock"
+
+/* Connections of one agent served at once; more, up to twice as many, are answered 503, and
+ * beyond that closed unanswered. */
+#define HOSTD_GUEST_API_CONNECTIONS 8
+/* A connection must have sent its whole request within this time. */
+#define HOSTD_GUEST_API_REQUEST_MS (10 * 1000)
+/* Checkpoints and restores asked from inside: one at a time, at most this many a second on
+ * average, in bursts of HOSTD_GUEST_API_HEAVY_BURST. */
+#define HOSTD_GUEST_API_HEAVY_RATE  0.1
+#define HOSTD_GUEST_API_HEAVY_BURST 3
+/* A checkpoint asked from inside is refused (no-resources) once the agent has this many: only
+ * the host removes checkpoints. */
+#define HOSTD_GUEST_API_CHECKPOINTS_MAX 64
+/* Nor a memory checkpoint once it has this many: each holds the RAM the guest used. */
+#define HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX 4
+/* Between a restore's 202 and the restore itself: the answer reaches the guest first. */
+#define HOSTD_GUEST_API_RESTORE_DELAY_MS 1000
+
+/* The command the agent's guest forward to the API runs (the egress helper and @r's api.sock,
+ * shell-quoted), for VmDomainSpec.guest_api_command; NULL with guest-api = off or where no guest
+ * forward can work (hostd_egress_forward_command()). Newly allocated; can't fail. */
+char *hostd_guest_api_command(HostdContext *ctx, const HostdAgentRecord *r);
+
+/* Makes sure @r's API listens on its api.sock: starts it, or restarts it when its socket is gone
+ * (the socket goes to QEMU's user, mode 0600). Nothing to do with guest-api = off, or once
+ * hostd_guest_api_stop() ran. Fails with VM_ERROR_IO (VM_ERROR_INVALID_ARGUMENT for a path too
+ * long for a socket) and leaves nothing behind. */
+gboolean hostd_guest_api_agent_start(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+
+/* Stops serving @name: its socket is removed and its open connections closed; a restore it asked
+ * for goes on. Unknown @name: no-op; can't fail. */
+void hostd_guest_api_agent_stop(HostdContext *ctx, const char *name);
+
+/* Stops the API for every agent and waits for the work in flight (requests, restores) to end.
+ * For hostd's exit (before the agents are saved) and the context's detach; can't fail. */
+void hostd_guest_api_stop(HostdContext *ctx);
+
+G_END_DECLS
