@@ -31,7 +31,7 @@ check "meson install --destdir" install_tree
 
 check "hostd in sbindir" executable "$sbindir/hostd"
 check "vmctl in bindir" executable "$bindir/vmctl"
-check "installed vmctl runs" "$dest$bindir/vmctl" --version
+check "installed vmctl runs and names its protocol" grep -q "^vmctl .* (protocol [0-9]*)$" <("$dest$bindir/vmctl" --version)
 check "egress helper in libexecdir" executable "$libexecdir/vm-egress-connect"
 
 expected=("$sbindir/hostd" "$bindir/vmctl" "$libexecdir/vm-egress-connect")
