@@ -1,8 +1,10 @@
 #include "vm-util.h"
 
+#include "vm-config.h"
 #include "vm-error.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
@@ -198,4 +200,37 @@ vm_default_socket_path(void)
         return g_strdup(env);
     state_dir = vm_default_state_dir();
     return g_build_filename(state_dir, "hostd.sock", NULL);
+}
+
+gboolean
+vm_build_tree_decide(const char *override, const char *exe, const char *build_dir)
+{
+    char exe_real[PATH_MAX], build_real[PATH_MAX];
+
+    if (g_strcmp0(override, "1") == 0)
+        return TRUE;
+    if (g_strcmp0(override, "0") == 0)
+        return FALSE;
+    if (exe == NULL || build_dir == NULL || realpath(exe, exe_real) == NULL ||
+        realpath(build_dir, build_real) == NULL)
+        return FALSE;
+    /* "/" as the build directory would take in every program: not a build tree. */
+    if (strcmp(build_real, "/") == 0)
+        return FALSE;
+    gsize len = strlen(build_real);
+    return strncmp(exe_real, build_real, len) == 0 && exe_real[len] == '/';
+}
+
+gboolean
+vm_use_build_tree(void)
+{
+    return vm_build_tree_decide(g_getenv("VM_USE_BUILD_TREE"), "/proc/self/exe", VM_BUILD_ROOT);
+}
+
+char *
+vm_shipped_templates_dir(void)
+{
+    if (vm_use_build_tree())
+        return g_build_filename(VM_SOURCE_DIR, "templates", NULL);
+    return g_build_filename(VM_DATADIR, "templates", NULL);
 }

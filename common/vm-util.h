@@ -62,4 +62,20 @@ char *vm_default_state_dir(void);
  * allocated; can't fail. */
 char *vm_default_socket_path(void);
 
+/* Whether a program uses files from its source and build trees rather than its installed ones.
+ * @override ($VM_USE_BUILD_TREE) decides when it is "1" (yes) or "0" (no); otherwise yes only
+ * when @exe, the program's path, resolves (realpath(3)) to a file inside @build_dir. A build
+ * directory that no longer exists, or an @exe that does not resolve, means no. Can't fail. */
+gboolean vm_build_tree_decide(const char *override, const char *exe, const char *build_dir);
+
+/* vm_build_tree_decide() for this process: $VM_USE_BUILD_TREE, /proc/self/exe and the build
+ * directory this program was built in. An installed program (meson install) is not inside its
+ * build directory, so it uses only its installed files even while that tree exists. Can't fail. */
+gboolean vm_use_build_tree(void);
+
+/* The directory of the templates this program ships: <source tree>/templates when
+ * vm_use_build_tree(), else the installed <datadir>/vmctl/templates. Newly allocated; can't
+ * fail. */
+char *vm_shipped_templates_dir(void);
+
 G_END_DECLS

@@ -36,10 +36,7 @@ hostd_config_default_templates_dir(void)
     const char *env = g_getenv("VM_TEMPLATES_DIR");
     if (env != NULL && env[0] != '\0')
         return g_strdup(env);
-    g_autofree char *source = g_build_filename(VM_SOURCE_DIR, "templates", "debian-12.yaml", NULL);
-    if (g_file_test(source, G_FILE_TEST_EXISTS))
-        return g_build_filename(VM_SOURCE_DIR, "templates", NULL);
-    return g_build_filename(VM_DATADIR, "templates", NULL);
+    return vm_shipped_templates_dir();
 }
 
 static gboolean

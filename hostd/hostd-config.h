@@ -55,7 +55,8 @@ void hostd_config_free(HostdConfig *config);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdConfig, hostd_config_free)
 
 /* The directory holding the shipped templates: $VM_TEMPLATES_DIR, else the source tree's
- * templates/ when running from a build tree, else the installed data dir. Newly allocated. */
+ * templates/ when this hostd runs from its build tree (vm_use_build_tree()), else the installed
+ * data dir. Newly allocated. */
 char *hostd_config_default_templates_dir(void);
 
 G_END_DECLS

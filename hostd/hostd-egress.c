@@ -72,16 +72,16 @@ egress_get(HostdContext *ctx, gboolean create)
 /* ---------------------------------------------------------------------------------------------
  * Where the guest forward can work, and how it is spelled */
 
-/* The helper QEMU runs: $VM_EGRESS_CONNECT, else the one built next to this hostd when it runs
- * from its build tree, else the installed one. */
-static char *
-egress_helper_path(void)
+char *
+hostd_egress_helper_path(void)
 {
     const char *env = g_getenv("VM_EGRESS_CONNECT");
 
     if (env != NULL && env[0] != '\0')
         return g_strdup(env);
-    if (g_file_test(HOSTD_EGRESS_CONNECT_BUILD, G_FILE_TEST_IS_EXECUTABLE))
+    /* Never the build tree's helper for an installed hostd, even while that tree exists: QEMU
+     * would run whatever a user who can write the build tree put there. */
+    if (vm_use_build_tree())
         return g_strdup(HOSTD_EGRESS_CONNECT_BUILD);
     return g_strdup(HOSTD_EGRESS_CONNECT_INSTALLED);
 }
@@ -96,7 +96,7 @@ hostd_egress_forward_command(HostdContext *ctx, const char *socket_path)
     /* libvirt's own seccomp filter kills QEMU when the guest forward spawns its helper. */
     if (!ctx->lv->qemu_may_spawn)
         return NULL;
-    helper = egress_helper_path();
+    helper = hostd_egress_helper_path();
     quoted_helper = g_shell_quote(helper);
     quoted_socket = g_shell_quote(socket_path);
     return g_strconcat(quoted_helper, " ", quoted_socket, NULL);

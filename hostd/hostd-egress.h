@@ -50,6 +50,11 @@ extern const HostdComponent hostd_egress_component;
  * filter (which kills QEMU when it spawns the helper). Newly allocated; can't fail. */
 char *hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r);
 
+/* The helper program (vm-egress-connect) QEMU's guest forward runs: $VM_EGRESS_CONNECT when set,
+ * else the one built next to this hostd when it runs from its build tree (vm_use_build_tree()),
+ * else the installed one in libexecdir. Newly allocated; can't fail. */
+char *hostd_egress_helper_path(void);
+
 /* The command a guest forward runs to hand each guest connection to the Unix socket
  * @socket_path (any hostd socket that takes handed-over connections: the proxy's, the in-guest
  * API's): the shell-quoted helper and path. NULL where a guest forward cannot work, as for

@@ -5,6 +5,7 @@
 
 #include "hostd-modules.h"
 #include "hostd-config.h"
+#include "hostd-egress.h"
 #include "hostd-forward.h"
 #include "hostd-guest-api.h"
 #include "hostd-libvirt.h"
@@ -17,6 +18,8 @@
 #include "hostd-supervise.h"
 #include "vm-config.h"
 #include "vm-error.h"
+#include "vm-image.h"
+#include "vm-util.h"
 
 static void
 hostd_log_handler(const char *domain, GLogLevelFlags level, const char *message, gpointer data)
@@ -45,6 +48,25 @@ hostd_tell_manager(const char *state, const char *status)
 
     if (!hostd_notify(state, status, &error))
         g_warning("%s", error->message);
+}
+
+/* --print-paths: the files from outside the state directory this hostd would run or read as
+ * its own, so that an installation can be checked to use only its installed files. */
+static void
+hostd_print_paths(void)
+{
+    g_autofree char *templates = hostd_config_default_templates_dir();
+    g_autofree char *helper = hostd_egress_helper_path();
+    g_autoptr(GError) error = NULL;
+    g_autofree char *script = vm_image_find_script(&error);
+
+    printf("build-tree %s\n", vm_use_build_tree() ? "yes" : "no");
+    printf("templates %s\n", templates);
+    if (script != NULL)
+        printf("image-script %s\n", script);
+    else
+        printf("image-script none (%s)\n", error->message);
+    printf("egress-helper %s\n", helper);
 }
 
 static gboolean
@@ -86,7 +108,7 @@ main(int argc, char **argv)
 {
     g_autofree char *config_path = NULL, *state_dir = NULL, *socket_path = NULL, *uri = NULL;
     g_autofree char *accel = NULL;
-    gboolean version = FALSE, debug = FALSE;
+    gboolean version = FALSE, debug = FALSE, print_paths = FALSE;
     GOptionEntry entries[] = {
         {"config", 0, 0, G_OPTION_ARG_FILENAME, &config_path, "Configuration file", "FILE"},
         {"state-dir", 0, 0, G_OPTION_ARG_FILENAME, &state_dir, "State directory", "DIR"},
@@ -98,6 +120,8 @@ main(int argc, char **argv)
         {"debug", 0, 0, G_OPTION_ARG_NONE, &debug,
          "Also log where each exec's time goes (a trace of its phases)", NULL},
         {"version", 0, 0, G_OPTION_ARG_NONE, &version, "Print the version", NULL},
+        {"print-paths", 0, 0, G_OPTION_ARG_NONE, &print_paths,
+         "Print the templates, image script and egress helper this hostd would use", NULL},
         {NULL},
     };
     g_autoptr(GOptionContext) opts = g_option_context_new("- the vmctl host daemon");
@@ -112,6 +136,10 @@ main(int argc, char **argv)
     }
     if (version) {
         printf("hostd %s\n", VM_VERSION);
+        return 0;
+    }
+    if (print_paths) {
+        hostd_print_paths();
         return 0;
     }
 

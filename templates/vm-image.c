@@ -252,12 +252,12 @@ image_check_exit(GSubprocess *proc, const char *what, const char *output, GError
     return vm_throw(error, VM_ERROR_IMAGE, "%s failed (%s)", what, how);
 }
 
-/* $VM_TEMPLATES_DIR, then the source tree, then the installed data directory. */
-static char *
-image_find_script(GError **error)
+char *
+vm_image_find_script(GError **error)
 {
     const char *env = g_getenv("VM_TEMPLATES_DIR");
-    const char *dirs[] = {env, VM_SOURCE_DIR "/templates", VM_DATADIR "/templates"};
+    g_autofree char *shipped = vm_shipped_templates_dir();
+    const char *dirs[] = {env, shipped};
 
     for (gsize i = 0; i < G_N_ELEMENTS(dirs); i++) {
         if (dirs[i] == NULL || dirs[i][0] == '\0')
@@ -266,8 +266,8 @@ image_find_script(GError **error)
         if (g_file_test(path, G_FILE_TEST_IS_REGULAR))
             return g_steal_pointer(&path);
     }
-    vm_throw(error, VM_ERROR_NOT_FOUND, "%s not found in $VM_TEMPLATES_DIR, %s or %s",
-             VM_IMAGE_SCRIPT, VM_SOURCE_DIR "/templates", VM_DATADIR "/templates");
+    vm_throw(error, VM_ERROR_NOT_FOUND, "%s not found in $VM_TEMPLATES_DIR or %s", VM_IMAGE_SCRIPT,
+             shipped);
     return NULL;
 }
 
@@ -298,7 +298,7 @@ image_build_mmdebstrap(const VmTemplate *template_, const char *work_dir, VmProg
     g_autoptr(GError) local = NULL;
     pid_t pid;
 
-    g_autofree char *script = image_find_script(error);
+    g_autofree char *script = vm_image_find_script(error);
     if (script == NULL)
         return FALSE;
 

@@ -38,4 +38,10 @@ VmImage *vm_image_ensure(const char *images_dir, const VmTemplate *template_, gb
                          VmProgressFunc progress, gpointer progress_data, GCancellable *cancellable,
                          GError **error);
 
+/* The image build script (build-debian-image.sh) a build runs: the one in $VM_TEMPLATES_DIR when
+ * that names a directory holding it, else the shipped one (vm_shipped_templates_dir(): the source
+ * tree's only when this program runs from its build tree). Newly allocated; fails with
+ * VM_ERROR_NOT_FOUND when neither exists. */
+char *vm_image_find_script(GError **error);
+
 G_END_DECLS

@@ -135,6 +135,15 @@ test_templates_env(void **state)
     g_setenv("VM_TEMPLATES_DIR", "", TRUE);
     g_autofree char *fallback = hostd_config_default_templates_dir();
     assert_string_not_equal(fallback, "");
+
+    /* A hostd told not to use its build tree reads the installed templates, as an installed
+     * hostd does even while the source tree exists. */
+    g_unsetenv("VM_TEMPLATES_DIR");
+    g_setenv("VM_USE_BUILD_TREE", "0", TRUE);
+    g_autofree char *installed = hostd_config_default_templates_dir();
+    g_autofree char *want = g_build_filename(VM_DATADIR, "templates", NULL);
+    assert_string_equal(installed, want);
+    g_unsetenv("VM_USE_BUILD_TREE");
 }
 
 static void

@@ -1,11 +1,12 @@
 /* Small shared helpers: durations, atomic file writes, byte formatting, Unix socket addresses,
- * writes without SIGPIPE, default paths. */
+ * writes without SIGPIPE, default paths, build tree or installed files. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "vm-config.h"
 #include "vm-error.h"
 #include "vm-trace.h"
 #include "vm-util.h"
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include <glib-unix.h>
+#include <glib/gstdio.h>
 
 /* ---------------------------------------------------------------------------------------------
  * Durations */
@@ -378,6 +380,76 @@ test_trace(void **state)
     assert_true(g_ascii_strtod(strstr(text, "first ") + 6, NULL) >= 2.0);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Build tree or installed files */
+
+static void
+test_build_tree_decide(void **state)
+{
+    const char *dir = *state;
+    g_autofree char *build = g_build_filename(dir, "build", NULL);
+    g_autofree char *sub = g_build_filename(build, "hostd", NULL);
+    g_autofree char *inside = g_build_filename(sub, "hostd", NULL);
+    g_autofree char *sibling = g_build_filename(dir, "build-other", NULL);
+    g_autofree char *next_door = g_build_filename(sibling, "hostd", NULL);
+    g_autofree char *prefix = g_build_filename(dir, "prefix", NULL);
+    g_autofree char *installed = g_build_filename(prefix, "hostd", NULL);
+    g_autofree char *link_in = g_build_filename(prefix, "link-to-build", NULL);
+    g_autofree char *link_out = g_build_filename(build, "link-to-prefix", NULL);
+    g_autofree char *build_link = g_build_filename(dir, "build-link", NULL);
+    g_autofree char *gone = g_build_filename(dir, "gone", NULL);
+
+    assert_int_equal(g_mkdir_with_parents(sub, 0700), 0);
+    assert_int_equal(g_mkdir(sibling, 0700), 0);
+    assert_int_equal(g_mkdir(prefix, 0700), 0);
+    vm_test_write_file(inside, "");
+    vm_test_write_file(next_door, "");
+    vm_test_write_file(installed, "");
+    assert_int_equal(symlink(inside, link_in), 0);
+    assert_int_equal(symlink(installed, link_out), 0);
+    assert_int_equal(symlink(build, build_link), 0);
+
+    /* The program inside the build directory uses it; an installed one never does, also while
+     * the build tree exists; a directory whose name only starts like it is another one. */
+    assert_true(vm_build_tree_decide(NULL, inside, build));
+    assert_false(vm_build_tree_decide(NULL, installed, build));
+    assert_false(vm_build_tree_decide(NULL, next_door, build));
+    assert_false(vm_build_tree_decide(NULL, build, build));
+    /* Where the file really is counts, not the name it was started by. */
+    assert_true(vm_build_tree_decide(NULL, link_in, build));
+    assert_false(vm_build_tree_decide(NULL, link_out, build));
+    assert_true(vm_build_tree_decide(NULL, inside, build_link));
+    /* Nothing to compare with: installed files. */
+    assert_false(vm_build_tree_decide(NULL, inside, gone));
+    assert_false(vm_build_tree_decide(NULL, gone, build));
+    assert_false(vm_build_tree_decide(NULL, inside, "/"));
+    assert_false(vm_build_tree_decide(NULL, NULL, build));
+    /* $VM_USE_BUILD_TREE decides when it says 1 or 0, and only then. */
+    assert_true(vm_build_tree_decide("1", installed, build));
+    assert_false(vm_build_tree_decide("0", inside, build));
+    assert_true(vm_build_tree_decide("", inside, build));
+    assert_false(vm_build_tree_decide("yes", installed, build));
+}
+
+/* This test runs from the build tree, so it uses the source tree's templates unless told not to. */
+static void
+test_use_build_tree(void **state)
+{
+    g_autofree char *source = g_build_filename(VM_SOURCE_DIR, "templates", NULL);
+    g_autofree char *installed = g_build_filename(VM_DATADIR, "templates", NULL);
+
+    g_unsetenv("VM_USE_BUILD_TREE");
+    assert_true(vm_use_build_tree());
+    g_autofree char *dir = vm_shipped_templates_dir();
+    assert_string_equal(dir, source);
+
+    g_setenv("VM_USE_BUILD_TREE", "0", TRUE);
+    assert_false(vm_use_build_tree());
+    g_autofree char *forced = vm_shipped_templates_dir();
+    assert_string_equal(forced, installed);
+    g_unsetenv("VM_USE_BUILD_TREE");
+}
+
 int
 main(void)
 {
@@ -393,6 +465,8 @@ main(void)
         cmocka_unit_test(test_write_nosignal),
         cmocka_unit_test(test_default_paths),
         cmocka_unit_test(test_utf8_cut),
+        cmocka_unit_test_setup_teardown(test_build_tree_decide, setup_dir, teardown_dir),
+        cmocka_unit_test(test_use_build_tree),
     };
 
     /* So that a write that raised SIGPIPE would end the run. */
