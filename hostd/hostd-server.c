@@ -65,20 +65,79 @@ typedef struct {
     const VmMessage *req;
     HostdRequestFlags flags;
     gint64 uid;        /* the caller's; -1: unknown */
+    gint64 pid;        /* the caller's, as hostd's pid namespace sees it; -1: unknown */
     gboolean recorded; /* its event is in the log */
 } HostdRequest;
 
-/* The uid of the process at the other end of @fd, or -1 when the socket cannot say (not a Unix
- * socket). */
-static gint64
-hostd_peer_uid(int fd)
+/* The uid and pid of the process at the other end of @fd (SO_PEERCRED: what the kernel recorded
+ * when it connected, nothing the client says), or -1 for both when the socket cannot say (not a
+ * Unix socket). */
+static void
+hostd_peer_cred(int fd, gint64 *ret_uid, gint64 *ret_pid)
 {
     struct ucred cred;
     socklen_t len = sizeof(cred);
 
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred))
-        return -1;
-    return cred.uid;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred)) {
+        *ret_uid = -1;
+        *ret_pid = -1;
+        return;
+    }
+    *ret_uid = cred.uid;
+    *ret_pid = cred.pid;
+}
+
+/* " (uid U) [pid P]", the end of each log line about a request: who asked. */
+static char *
+hostd_request_caller(const HostdRequest *request)
+{
+    if (request->uid < 0)
+        return g_strdup(" (caller unknown)");
+    if (request->pid <= 0)
+        return g_strdup_printf(" (uid %" G_GINT64_FORMAT ")", request->uid);
+    return g_strdup_printf(" (uid %" G_GINT64_FORMAT ") [pid %" G_GINT64_FORMAT "]", request->uid,
+                           request->pid);
+}
+
+/* @text with control characters (newline, escape...) as \xNN: a client's name or a message that
+ * quotes it cannot start a line of its own in the log, or forge another caller's. */
+static char *
+hostd_log_safe(const char *text)
+{
+    GString *out = g_string_new(NULL);
+
+    for (const char *c = text != NULL ? text : ""; *c != '\0'; c++) {
+        if ((guchar)*c < 0x20 || *c == 0x7f)
+            g_string_append_printf(out, "\\x%02x", (guchar)*c);
+        else
+            g_string_append_c(out, *c);
+    }
+    return g_string_free(out, FALSE);
+}
+
+/* hostd's log line of a request once it ran: always for a failure and for a request that changes
+ * something (the log says who did what), for a read only with --debug, so that a busy hostd's
+ * log is not all `list` and `info`. A client that went away is no failure of the request. */
+static void
+hostd_request_log(const HostdRequest *request, const GError *failure)
+{
+    const VmMessage *req = request->req;
+    const char *raw_name = vm_message_get_string(req, "name", NULL);
+    gboolean cancelled = g_error_matches(failure, VM_ERROR, VM_ERROR_CANCELLED);
+
+    if ((failure == NULL || cancelled) && !(request->flags & HOSTD_REQUEST_CHANGES) &&
+        !request->ctx->debug)
+        return;
+    g_autofree char *who = hostd_request_caller(request);
+    g_autofree char *name = raw_name != NULL ? hostd_log_safe(raw_name) : NULL;
+    if (failure != NULL && !cancelled) {
+        g_autofree char *message = hostd_log_safe(failure->message);
+
+        g_message("%s%s%s failed: %s%s", vm_op_name(req->op), name ? " " : "", name ? name : "",
+                  message, who);
+    } else
+        g_message("%s%s%s %s%s", vm_op_name(req->op), name ? " " : "", name ? name : "",
+                  cancelled ? "cancelled, the client went away" : "ok", who);
 }
 
 /* An exec's command line as a shell would read it, cut to HOSTD_EVENT_COMMAND_MAX bytes. */
@@ -739,13 +798,16 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
         .reply = VM_STREAM_WRITER_INIT(fd),
         .ctx = ctx,
         .req = req,
-        .uid = hostd_peer_uid(fd),
     };
     gssize row;
 
+    hostd_peer_cred(fd, &request.uid, &request.pid);
     if (req == NULL) {
         if (!eof) {
-            g_message("bad request: %s", error->message);
+            g_autofree char *who = hostd_request_caller(&request);
+            g_autofree char *message = hostd_log_safe(error->message);
+
+            g_message("bad request: %s%s", message, who);
             /* A client that went away only loses its answer. */
             (void)vm_stream_writer_error(&request.reply, error, NULL);
         }
@@ -754,6 +816,7 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
     if (!vm_op_is_request(req->op)) {
         vm_throw(&error, VM_ERROR_PROTOCOL, "first message must be a request, not %s",
                  vm_op_name(req->op));
+        hostd_request_log(&request, error);
         (void)vm_stream_writer_error(&request.reply, error, NULL);
         return;
     }
@@ -761,25 +824,24 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
     row = hostd_handler_index(req->op);
     if (row < 0) {
         vm_throw(&error, VM_ERROR_PROTOCOL, "%s is not served by this hostd", vm_op_name(req->op));
+        hostd_request_log(&request, error);
         (void)vm_stream_writer_error(&request.reply, error, NULL);
         return;
     }
     request.flags = hostd_handlers[row].flags;
 
-    if (!hostd_handlers[row].handler(ctx, req, &request.reply, &error)) {
-        const char *name = hostd_req_name(req);
-        g_autofree char *who =
-            request.uid >= 0 ? g_strdup_printf(" (uid %" G_GINT64_FORMAT ")", request.uid) : NULL;
-
-        if (!g_error_matches(error, VM_ERROR, VM_ERROR_CANCELLED))
-            g_message("%s%s%s failed: %s%s", vm_op_name(req->op), name ? " " : "", name ? name : "",
-                      error->message, who != NULL ? who : "");
+    gboolean ok = hostd_handlers[row].handler(ctx, req, &request.reply, &error);
+    /* A failure is logged before the client hears it, as its event is recorded. */
+    if (!ok) {
+        hostd_request_log(&request, error);
         hostd_request_record(&request, error);
         if (!request.reply.ended)
             (void)vm_stream_writer_error(&request.reply, error, NULL);
     }
     /* A stream (exec) ended on its own: its event comes after. */
     hostd_request_record(&request, error);
+    if (ok)
+        hostd_request_log(&request, NULL);
 }
 
 static gpointer

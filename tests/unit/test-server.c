@@ -437,6 +437,75 @@ test_failure_logged(void **state)
     assert_logged_once("agent-info ghost failed: ");
 }
 
+/* The log lines so far, one a line, and forgets them. */
+static char *
+take_log(void)
+{
+    g_mutex_lock(&log_lock);
+    g_ptr_array_add(log_lines, NULL);
+    char *text = g_strjoinv("\n", (char **)log_lines->pdata);
+    g_ptr_array_set_size(log_lines, 0);
+    g_mutex_unlock(&log_lock);
+    return text;
+}
+
+/* Each request's log line names the caller's uid and pid (SO_PEERCRED; the socket pair's other end
+ * is this process): always for a change and a failure, for a read only with --debug. A name that
+ * holds a newline cannot start a forged line. */
+static void
+test_request_log(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "erin", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42326);
+    g_autofree char *who = g_strdup_printf(" (uid %u) [pid %d]", (guint)getuid(), (int)getpid());
+
+    g_autoptr(GPtrArray) info = converse(f, VM_OP_AGENT_INFO, "{'name': <'erin'>}");
+    assert_result_reply(info);
+    g_autoptr(GPtrArray) ping = converse(f, VM_OP_PING, NULL);
+    assert_result_reply(ping);
+    assert_nothing_logged();
+
+    g_autoptr(GPtrArray) start =
+        converse(f, VM_OP_AGENT_START, "{'name': <'erin'>, 'wait': <false>}");
+    assert_result_reply(start);
+    g_autofree char *started = take_log();
+    g_autofree char *want_started = g_strconcat("agent-start erin ok", who, NULL);
+    assert_string_equal(started, want_started);
+
+    g_autoptr(GPtrArray) ghost = converse(f, VM_OP_AGENT_INFO, "{'name': <'ghost'>}");
+    assert_error_reply(ghost, VM_ERROR_NOT_FOUND, NULL);
+    g_autofree char *failed = take_log();
+    assert_true(g_str_has_prefix(failed, "agent-info ghost failed: "));
+    assert_true(g_str_has_suffix(failed, who));
+
+    g_autoptr(GPtrArray) forged =
+        converse(f, VM_OP_AGENT_INFO, "{'name': <'x\\n12:00:00 hostd: agent-rm y ok'>}");
+    assert_error_reply(forged, VM_ERROR_INVALID_ARGUMENT, NULL);
+    g_autofree char *one_line = take_log();
+    assert_null(strchr(one_line, '\n'));
+    assert_non_null(strstr(one_line, "x\\x0a12:00:00"));
+    assert_true(g_str_has_suffix(one_line, who));
+
+    static const char garbage[] = "not a message at all, just bytes\n";
+    g_autoptr(GPtrArray) bad = converse_raw(f, garbage, sizeof(garbage) - 1, TRUE);
+    assert_int_equal(((VmMessage *)bad->pdata[bad->len - 1])->op, VM_OP_ERROR);
+    g_autofree char *bad_line = take_log();
+    assert_true(g_str_has_prefix(bad_line, "bad request: "));
+    assert_true(g_str_has_suffix(bad_line, who));
+
+    /* --debug: reads too. */
+    f->ctx->debug = TRUE;
+    g_autoptr(GPtrArray) ping_debug = converse(f, VM_OP_PING, NULL);
+    assert_result_reply(ping_debug);
+    g_autoptr(GPtrArray) info_debug = converse(f, VM_OP_AGENT_INFO, "{'name': <'erin'>}");
+    assert_result_reply(info_debug);
+    g_autofree char *reads = take_log();
+    g_autofree char *want_reads = g_strdup_printf("ping ok%s\nagent-info erin ok%s", who, who);
+    assert_string_equal(reads, want_reads);
+    f->ctx->debug = FALSE;
+}
+
 static const char *const bad_names[] = {
     "",
     "Alice",
@@ -1473,6 +1542,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_agent_list_empty, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_agent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_logged, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_request_log, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_names, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_unknown_template, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_no_resources, setup, teardown),
