@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -14,18 +15,99 @@
  * clocks and timeouts use. */
 #define VM_DURATION_MAX ((guint64)(G_MAXINT64 / G_USEC_PER_SEC))
 
+/* The failure vm_file_write_fault() injects: calls number fault_first to fault_last (counted
+ * from 1 since it was set) fail with fault_errno. */
+G_LOCK_DEFINE_STATIC(fault);
+static guint fault_calls, fault_first, fault_last;
+static int fault_errno;
+
+void
+vm_file_write_fault(guint first, guint count, int errnum)
+{
+    G_LOCK(fault);
+    fault_calls = 0;
+    fault_first = first;
+    fault_last = count > 0 && first > 0 ? first + count - 1 : 0;
+    fault_errno = errnum;
+    G_UNLOCK(fault);
+}
+
+guint
+vm_file_write_calls(void)
+{
+    G_LOCK(fault);
+    guint calls = fault_calls;
+    G_UNLOCK(fault);
+    return calls;
+}
+
+/* 0, or the errno this call of vm_file_write_atomic() is to fail with. */
+static int
+vm_file_write_injected(void)
+{
+    G_LOCK(fault);
+    fault_calls++;
+    int injected = fault_first > 0 && fault_calls >= fault_first && fault_calls <= fault_last
+                       ? fault_errno
+                       : 0;
+    G_UNLOCK(fault);
+    return injected;
+}
+
+/* Writes @len bytes to @fd; with @injected, half of them and then fails with that errno, as a
+ * disk filling up halfway would. Sets errno on failure. */
+static gboolean
+vm_file_write_all(int fd, const char *data, gsize len, int injected)
+{
+    gsize limit = injected != 0 ? len / 2 : len;
+    gsize done = 0;
+
+    while (done < limit) {
+        gssize n = write(fd, data + done, limit - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return FALSE;
+        done += (gsize)n;
+    }
+    if (injected != 0) {
+        errno = injected;
+        return FALSE;
+    }
+    return TRUE;
+}
+
 gboolean
 vm_file_write_atomic(const char *path, const char *contents, gssize len, int mode, GError **error)
 {
-    g_autoptr(GError) local_error = NULL;
-
     g_return_val_if_fail(path != NULL, FALSE);
     g_return_val_if_fail(contents != NULL || len == 0, FALSE);
 
-    if (!g_file_set_contents_full(path, contents != NULL ? contents : "", len,
-                                  G_FILE_SET_CONTENTS_CONSISTENT | G_FILE_SET_CONTENTS_DURABLE,
-                                  mode, &local_error))
-        return vm_throw(error, VM_ERROR_IO, "%s", local_error->message);
+    gsize size = len < 0 ? strlen(contents) : (gsize)len;
+    int injected = vm_file_write_injected();
+    g_autofree char *tmp = g_strdup_printf("%s.XXXXXX", path);
+    vm_autofd fd = g_mkstemp_full(tmp, O_WRONLY | O_CLOEXEC, mode);
+    int saved;
+
+    if (fd < 0)
+        return vm_throw_errno(error, errno, "cannot create a file next to '%s'", path);
+    /* The data is on disk before the name points at it, and the name before success is told:
+     * a crash or a full disk at any step leaves the old file or the new one, never a part. */
+    if (!vm_file_write_all(fd, contents != NULL ? contents : "", size, injected)) {
+        saved = errno;
+        unlink(tmp);
+        return vm_throw_errno(error, saved, "cannot write '%s'", path);
+    }
+    if (fsync(fd) < 0 || close(g_steal_fd(&fd)) < 0) {
+        saved = errno;
+        unlink(tmp);
+        return vm_throw_errno(error, saved, "cannot write '%s'", path);
+    }
+    if (rename(tmp, path) < 0) {
+        saved = errno;
+        unlink(tmp);
+        return vm_throw_errno(error, saved, "cannot replace '%s'", path);
+    }
     /* The rename is only durable once the directory entry is on disk too. */
     return vm_file_sync_dir(path, error);
 }

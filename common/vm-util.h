@@ -21,10 +21,22 @@ vm_close_fdp(int *fdp)
 }
 #define vm_autofd __attribute__((cleanup(vm_close_fdp))) int
 
-/* Writes @contents to @path atomically and durably: temp file in the same directory, fsync,
- * rename, fsync of the directory. @mode applies to the new file. Fails with VM_ERROR_IO. */
+/* Writes @contents to @path atomically and durably: temp file in the same directory (removed
+ * again on failure), fsync, rename, fsync of the directory. @mode applies to the new file. Fails
+ * with VM_ERROR_IO; @path then holds what it held before, or, when only the directory's sync
+ * failed, the new contents. Every file hostd's state lives in is written through here. */
 gboolean vm_file_write_atomic(const char *path, const char *contents, gssize len, int mode,
                               GError **error);
+
+/* Test seam for the disk-full and I/O-error tests: from now on, calls number @first to
+ * @first + @count - 1 (counted from 1) of vm_file_write_atomic() write half their data and fail
+ * with @errnum (ENOSPC, EIO), as a disk filling up would. @first 0 turns it off. Process-wide;
+ * nothing but tests calls it. Can't fail. */
+void vm_file_write_fault(guint first, guint count, int errnum);
+
+/* How many times vm_file_write_atomic() was called since the last vm_file_write_fault(), so a
+ * test can tell whether an operation reached the write it meant to fail. Can't fail. */
+guint vm_file_write_calls(void);
 
 /* Syncs the directory holding @path, so that an entry created, renamed or removed there is on
  * disk. Fails with VM_ERROR_IO. */

@@ -31,6 +31,35 @@ hostd_checkpoint_step(const char *step)
         raise(SIGKILL);
 }
 
+/* A step after the journal failed (@error is set, saying why): drops the journal, in memory and
+ * on disk. Clearing it on disk is tried twice; should both fail (a full disk, an I/O error), the
+ * stale journal would refuse every later operation on the agent until start-up repairs it, so
+ * the operator learns it at once: @error gets the save's failure added, and hostd's log says it
+ * on a line of its own. */
+static void
+hostd_checkpoint_abort_journal(HostdContext *ctx, const HostdAgentRecord *r, VmCheckpointSet *set,
+                               GError **error)
+{
+    g_autoptr(GError) first = NULL;
+    g_autoptr(GError) second = NULL;
+
+    vm_checkpoint_set_abort(set);
+    if (vm_checkpoint_set_save(set, &first) || vm_checkpoint_set_save(set, &second))
+        return;
+    g_autofree char *what =
+        g_strdup_printf("the checkpoint journal of agent '%s' could not be cleared (%s); it "
+                        "refuses checkpoint operations on the agent until hostd restarts and "
+                        "repairs it",
+                        r->name, second->message);
+    if (ctx->log != NULL)
+        ctx->log(what);
+    if (error != NULL && *error != NULL) {
+        char *old = (*error)->message;
+        (*error)->message = g_strdup_printf("%s; and %s", old, what);
+        g_free(old);
+    }
+}
+
 /* Refuses a checkpoint, before anything changes, when the agent's filesystem has less than
  * HOSTD_CHECKPOINT_MIN_FREE left. Test hook: HOSTD_TEST_RESERVE_BYTES=N counts N bytes fewer
  * as free, so the suite can see the refusal without filling a real disk. */
@@ -281,8 +310,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
         g_unlink(new_path);
         if (memory_path != NULL)
             g_unlink(memory_path);
-        vm_checkpoint_set_abort(set);
-        vm_checkpoint_set_save(set, NULL);
+        hostd_checkpoint_abort_journal(ctx, r, set, error);
         return NULL;
     }
     hostd_checkpoint_step("checkpoint-switched");
@@ -424,8 +452,7 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     g_autofree char *target_image = vm_checkpoint_set_path(o.set, o.checkpoint->image);
     if (!hostd_qemu_img_overlay(target_image, new_path, error)) {
         g_unlink(new_path);
-        vm_checkpoint_set_abort(o.set);
-        vm_checkpoint_set_save(o.set, NULL);
+        hostd_checkpoint_abort_journal(ctx, o.record, o.set, error);
         return NULL;
     }
     hostd_ssh_pool_forget(ctx->ssh, name);
@@ -609,8 +636,7 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                 hostd_checkpoint_step("merge-journaled");
                 if (virDomainBlockCommit(dom, "vda", own_path, child_path, 0, 0) < 0) {
                     hostd_libvirt_throw(error, "cannot merge the checkpoint");
-                    vm_checkpoint_set_abort(set);
-                    vm_checkpoint_set_save(set, NULL);
+                    hostd_checkpoint_abort_journal(ctx, r, set, error);
                     return FALSE;
                 }
                 /* Should the wait fail, the journal stays and start-up finishes the merge. */

@@ -418,7 +418,6 @@ image_write_ini(const VmTemplate *template_, const char *work_dir, const char *s
                 GError **error)
 {
     g_autoptr(GKeyFile) kf = g_key_file_new();
-    g_autoptr(GError) local = NULL;
     g_autofree char *disk = g_build_filename(work_dir, VM_IMAGE_DISK, NULL);
     gboolean is_qcow2 = FALSE;
     VmQcow2Info info = {0};
@@ -458,8 +457,37 @@ image_write_ini(const VmTemplate *template_, const char *work_dir, const char *s
     gsize len = 0;
     g_autofree char *data = g_key_file_to_data(kf, &len, NULL);
     g_autofree char *path = g_build_filename(work_dir, VM_IMAGE_INI, NULL);
-    if (!g_file_set_contents_full(path, data, len, G_FILE_SET_CONTENTS_CONSISTENT, 0644, &local))
-        return vm_throw(error, VM_ERROR_IO, "writing %s: %s", path, local->message);
+    return vm_file_write_atomic(path, data, (gssize)len, 0644, error);
+}
+
+/* Puts every file of the finished @work_dir, and the directory itself, on disk before it is
+ * renamed into place: after a crash, a directory under its final name holds a whole image, not
+ * an image.ini next to a disk whose blocks never reached the disk. */
+static gboolean
+image_sync_work_dir(const char *work_dir, GError **error)
+{
+    g_autoptr(GError) local = NULL;
+    g_autoptr(GDir) d = g_dir_open(work_dir, 0, &local);
+    const char *entry;
+
+    if (d == NULL)
+        return vm_throw(error, VM_ERROR_IO, "%s", local->message);
+    while ((entry = g_dir_read_name(d)) != NULL) {
+        g_autofree char *path = g_build_filename(work_dir, entry, NULL);
+        struct stat st;
+
+        /* Only the files the build made; anything else holds no data of the image. */
+        if (lstat(path, &st) < 0)
+            return vm_throw_errno(error, errno, "syncing %s", path);
+        if (!S_ISREG(st.st_mode))
+            continue;
+        vm_autofd fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 || fsync(fd) < 0)
+            return vm_throw_errno(error, errno, "syncing %s", path);
+    }
+    vm_autofd dir_fd = open(work_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd < 0 || fsync(dir_fd) < 0)
+        return vm_throw_errno(error, errno, "syncing %s", work_dir);
     return TRUE;
 }
 
@@ -470,16 +498,20 @@ image_install(const char *work_dir, const char *dir, GError **error)
 {
     struct stat st;
 
+    /* The images directory is synced after each rename: the new name is durable before the
+     * build says the image is ready, and before an old image is removed. */
+    if (!image_sync_work_dir(work_dir, error))
+        return FALSE;
     if (lstat(dir, &st) < 0) {
         if (errno != ENOENT)
             return vm_throw_errno(error, errno, "checking %s", dir);
         if (rename(work_dir, dir) < 0)
             return vm_throw_errno(error, errno, "moving %s to %s", work_dir, dir);
-        return TRUE;
+        return vm_file_sync_dir(dir, error);
     }
 
     if (renameat2(AT_FDCWD, work_dir, AT_FDCWD, dir, RENAME_EXCHANGE) == 0)
-        return vm_remove_tree(work_dir, error);
+        return vm_file_sync_dir(dir, error) && vm_remove_tree(work_dir, error);
     if (errno != EINVAL && errno != ENOSYS)
         return vm_throw_errno(error, errno, "replacing %s", dir);
 
@@ -494,7 +526,7 @@ image_install(const char *work_dir, const char *dir, GError **error)
         rename(old, dir);
         return vm_throw_errno(error, saved, "moving %s to %s", work_dir, dir);
     }
-    return vm_remove_tree(old, error);
+    return vm_file_sync_dir(dir, error) && vm_remove_tree(old, error);
 }
 
 /* Removes <name>.tmp-* left behind by builds that were killed. Only called under the lock. */

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <string.h>
 
 #include <glib/gstdio.h>
@@ -18,6 +19,7 @@
 #include "hostd-reconcile.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
+#include "vm-util.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
@@ -1116,6 +1118,205 @@ test_before_save_keeps_one(void **state)
     assert_string_equal(hostd_test_domain_state(f, "a1"), "paused");
 }
 
+/* ---- disk full: ENOSPC at each write ------------------------------------------------------ */
+
+/* Fails when the agent's directory holds a temporary file of an atomic write ("<name>.XXXXXX" next
+ * to a record): a failed write leaves nothing half-written behind. */
+static void
+assert_no_temp_files(HostdTestFixture *f, const char *name)
+{
+    g_autofree char *dir = hostd_agent_dir(f->ctx, name);
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    static const char *const records[] = {VM_CHECKPOINT_RECORD, HOSTD_AGENT_RECORD,
+                                          HOSTD_AGENT_DOMAIN_XML};
+    const char *entry;
+
+    assert_non_null(d);
+    while ((entry = g_dir_read_name(d)) != NULL) {
+        for (gsize i = 0; i < G_N_ELEMENTS(records); i++) {
+            if (g_str_has_prefix(entry, records[i]) && entry[strlen(records[i])] == '.')
+                fail_msg("a temporary file is left: %s", entry);
+        }
+    }
+}
+
+/* The agent's state as reloaded from disk, after the start-up repair where a journal was left:
+ * "<checkpoint ids>|<the active overlay's parent>", checked consistent on the way (no journal,
+ * the definition on the active overlay, every image there, the record loads). */
+static char *
+reloaded_state(HostdTestFixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VmCheckpointSet) journaled = hostd_test_checkpoints(f, name);
+    g_autofree char *dir = hostd_agent_dir(f->ctx, name);
+    g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, &error);
+
+    if (r == NULL)
+        fail_msg("the agent record does not load: %s", error->message);
+    if (journaled->pending != VM_CHECKPOINT_OP_NONE) {
+        g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
+        if (!hostd_checkpoint_reconcile(f->ctx, r, notes, &error))
+            fail_msg("repair: %s", error->message);
+    }
+    g_autoptr(VmCheckpointSet) set = hostd_test_checkpoints(f, name);
+    assert_int_equal(set->pending, VM_CHECKPOINT_OP_NONE);
+    g_autofree char *defined = domain_file(f, name);
+    assert_string_equal(defined, set->active);
+    assert_true(exists(f, name, set->active));
+    for (guint i = 0; i < set->checkpoints->len; i++)
+        assert_true(exists(f, name, ((VmCheckpoint *)set->checkpoints->pdata[i])->image));
+    g_autofree char *ids = hostd_test_checkpoint_ids(f, name);
+    return g_strdup_printf("%s|%s", ids, set->active_parent != NULL ? set->active_parent : "");
+}
+
+typedef enum {
+    FULL_CHECKPOINT,
+    FULL_RESTORE,
+} FullOp;
+
+/* Runs @op on agent a1 with the disk full at its @n-th atomic write; returns whether it worked and
+ * sets @ret_reached to whether it made that many writes. */
+static gboolean
+full_at(HostdTestFixture *f, FullOp op, guint n, gboolean *ret_reached)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) v = NULL;
+    g_autofree char *warning = NULL;
+    g_autofree char *undo = NULL;
+
+    vm_file_write_fault(n, 1, ENOSPC);
+    if (op == FULL_CHECKPOINT)
+        v = hostd_test_sink(
+            hostd_checkpoint_create(f->ctx, "a1", NULL, FALSE, FALSE, &warning, &error));
+    else
+        v = hostd_test_sink(
+            hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, &undo, NULL, NULL, &error));
+    *ret_reached = vm_file_write_calls() >= n;
+    vm_file_write_fault(0, 0, 0);
+    if (v == NULL && *ret_reached)
+        hostd_test_assert_error(error, VM_ERROR_IO, "No space left on device");
+    else if (v == NULL)
+        fail_msg("failed without the injected error: %s", error->message);
+    return v != NULL;
+}
+
+/* ENOSPC at each write of a checkpoint (stopped and running agent) and of a restore: the agent is
+ * left at its old state or its new one, never a third (a journal left behind is what start-up
+ * repairs, and the repair gives one of the two), with no temporary file. A restore takes an undo
+ * checkpoint first; a failure after it leaves the old disk with that checkpoint taken, which is
+ * the old state plus a checkpoint of it. */
+static void
+check_full_each_write(HostdTestFixture *f, FullOp op)
+{
+    gboolean reached = TRUE;
+
+    for (guint n = 1; reached; n++) {
+        g_autofree char *before = reloaded_state(f, "a1");
+        g_autofree char *before_ids = g_strndup(before, strcspn(before, "|"));
+        g_autoptr(VmCheckpointSet) old_set = hostd_test_checkpoints(f, "a1");
+        g_autofree char *next_id = g_strdup_printf("c%u", old_set->next_seq);
+        gboolean ok = full_at(f, op, n, &reached);
+        g_autofree char *after = reloaded_state(f, "a1");
+        g_autofree char *new_checkpoint = g_strdup_printf("%s %s|%s", before_ids, next_id, next_id);
+        g_autofree char *new_restore = g_strdup_printf("%s %s|c1", before_ids, next_id);
+        const char *new_state = op == FULL_CHECKPOINT ? new_checkpoint : new_restore;
+
+        assert_no_temp_files(f, "a1");
+        if (ok) {
+            assert_string_equal(after, new_state);
+            continue;
+        }
+        if (!g_str_equal(after, before) && !g_str_equal(after, new_state) &&
+            !(op == FULL_RESTORE && g_str_equal(after, new_checkpoint)))
+            fail_msg("ENOSPC at write %u: state '%s', neither the old '%s' nor the new '%s'", n,
+                     after, before, new_state);
+        if (n > 20)
+            fail_msg("still writing after %u writes", n);
+    }
+}
+
+static void
+test_full_checkpoint_stopped(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+
+    hostd_test_checkpoint_n(f, "a1", 1);
+    check_full_each_write(f, FULL_CHECKPOINT);
+}
+
+static void
+test_full_checkpoint_running(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_RUNNING);
+
+    hostd_test_checkpoint_n(f, "a1", 1);
+    check_full_each_write(f, FULL_CHECKPOINT);
+}
+
+static void
+test_full_restore(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+
+    hostd_test_checkpoint_n(f, "a1", 1);
+    check_full_each_write(f, FULL_RESTORE);
+}
+
+/* A checkpoint whose snapshot fails drops its journal; when clearing it fails once, the second try
+ * clears it; when both fail, the error and hostd's log say so at once, and start-up repairs it. */
+static void
+test_abort_journal_cleared_or_reported(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    hostd_test_checkpoint_n(f, "a1", 1);
+    g_autofree char *before = read_record(f, "a1");
+
+    {
+        /* Write 1 is the journal, 2 its clearing, 3 the retry. */
+        g_autoptr(GError) error = NULL;
+        hostd_test_qemu_img_fail(f, "create");
+        vm_file_write_fault(2, 1, ENOSPC);
+        g_autoptr(GVariant) v = try_checkpoint(f, "a1", FALSE, &error);
+        assert_int_equal(vm_file_write_calls(), 3);
+        vm_file_write_fault(0, 0, 0);
+        hostd_test_qemu_img_fail(f, NULL);
+        assert_null(v);
+        hostd_test_assert_error(error, VM_ERROR_IO, "injected failure");
+        assert_null(strstr(error->message, "journal"));
+        assert_no_journal(f);
+        assert_no_temp_files(f, "a1");
+        g_autofree char *after = read_record(f, "a1");
+        assert_string_equal(after, before);
+        g_autofree char *log = hostd_test_log_text();
+        assert_null(strstr(log, "journal"));
+    }
+    {
+        g_autoptr(GError) error = NULL;
+        hostd_test_qemu_img_fail(f, "create");
+        vm_file_write_fault(2, 2, EIO);
+        g_autoptr(GVariant) v = try_checkpoint(f, "a1", FALSE, &error);
+        vm_file_write_fault(0, 0, 0);
+        hostd_test_qemu_img_fail(f, NULL);
+        assert_null(v);
+        /* Both messages: what failed, and that the journal stays. */
+        hostd_test_assert_error(error, VM_ERROR_IO, "injected failure");
+        assert_non_null(strstr(error->message, "journal of agent 'a1' could not be cleared"));
+        assert_non_null(strstr(error->message, "Input/output error"));
+        g_autofree char *log = hostd_test_log_text();
+        assert_non_null(strstr(log, "journal of agent 'a1' could not be cleared"));
+        assert_no_temp_files(f, "a1");
+        g_autoptr(VmCheckpointSet) stale = hostd_test_checkpoints(f, "a1");
+        assert_int_equal(stale->pending, VM_CHECKPOINT_OP_CREATE);
+    }
+    /* The start-up repair rolls it back: the old state. */
+    g_autofree char *repaired = reloaded_state(f, "a1");
+    assert_string_equal(repaired, "c1|c1");
+}
+
 /* ---- files in checkpoints ------------------------------------------------------------------- */
 
 static void
@@ -1246,6 +1447,10 @@ main(void)
         T(test_diff_refused),
         T(test_diff_running_leaves_nothing),
         T(test_restore_paths_refused),
+        T(test_full_checkpoint_stopped),
+        T(test_full_checkpoint_running),
+        T(test_full_restore),
+        T(test_abort_journal_cleared_or_reported),
 #undef T
     };
 

@@ -17,6 +17,7 @@
 
 #include "hostd-state.h"
 #include "vm-error.h"
+#include "vm-util.h"
 #include "test-common.h"
 
 /* A fresh temporary directory per test, f->dir. */
@@ -181,6 +182,37 @@ test_record_save_fails(void **state)
 
     assert_false(hostd_agent_record_save(r, &error));
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, NULL);
+}
+
+/* A full disk or an I/O error while the record is written: the record on disk is the old one,
+ * whole, and no temporary file is left; the next save writes the new one. */
+static void
+test_record_disk_full(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = sample_record(f->dir);
+    static const int errors[] = {ENOSPC, EIO};
+
+    assert_true(hostd_agent_record_save(r, NULL));
+    g_free(r->phase);
+    r->phase = g_strdup(HOSTD_PHASE_CREATING);
+    for (gsize i = 0; i < G_N_ELEMENTS(errors); i++) {
+        g_autoptr(GError) error = NULL;
+
+        vm_file_write_fault(1, 1, errors[i]);
+        assert_false(hostd_agent_record_save(r, &error));
+        assert_int_equal(vm_file_write_calls(), 1);
+        vm_file_write_fault(0, 0, 0);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, g_strerror(errors[i]));
+        g_autofree char *listing = vm_test_dir_listing(f->dir, TRUE);
+        assert_string_equal(listing, "agent.ini");
+        g_autoptr(HostdAgentRecord) old = hostd_agent_record_load(f->dir, &error);
+        assert_non_null(old);
+        assert_string_equal(old->phase, HOSTD_PHASE_READY);
+    }
+    assert_true(hostd_agent_record_save(r, NULL));
+    g_autoptr(HostdAgentRecord) loaded = hostd_agent_record_load(f->dir, NULL);
+    assert_string_equal(loaded->phase, HOSTD_PHASE_CREATING);
 }
 
 static void
@@ -494,6 +526,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_record_round_trip_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_save_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_disk_full, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_hand_written, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_missing_key, setup, teardown),

@@ -186,6 +186,39 @@ test_write_atomic_fails(void **state)
     assert_int_equal(rmdir(subdir), 0);
 }
 
+/* The test seam: the chosen writes fail halfway with the chosen errno, the file keeps its old
+ * contents and no temporary file is left; the others work. */
+static void
+test_write_atomic_fault(void **state)
+{
+    const char *dir = *state;
+    g_autofree char *path = g_build_filename(dir, "state.ini", NULL);
+    g_autoptr(GError) error = NULL;
+
+    assert_true(vm_file_write_atomic(path, "old", -1, 0600, &error));
+    vm_file_write_fault(2, 2, ENOSPC);
+    assert_true(vm_file_write_atomic(path, "first", -1, 0600, &error));
+    assert_false(vm_file_write_atomic(path, "second, long enough to be cut", -1, 0600, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "No space left on device");
+    g_clear_error(&error);
+    assert_false(vm_file_write_atomic(path, "third", -1, 0600, &error));
+    g_clear_error(&error);
+    assert_true(vm_file_write_atomic(path, "fourth", -1, 0600, &error));
+    assert_int_equal(vm_file_write_calls(), 4);
+    vm_file_write_fault(0, 0, 0);
+    assert_int_equal(vm_test_count_entries(dir), 1);
+    g_autofree char *contents = vm_test_read_file(path);
+    assert_string_equal(contents, "fourth");
+
+    vm_file_write_fault(1, 1, EIO);
+    assert_false(vm_file_write_atomic(path, "fifth", -1, 0600, &error));
+    vm_file_write_fault(0, 0, 0);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "Input/output error");
+    g_autofree char *kept = vm_test_read_file(path);
+    assert_string_equal(kept, "fourth");
+    assert_int_equal(vm_test_count_entries(dir), 1);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Byte formatting */
 
@@ -459,6 +492,7 @@ main(void)
         cmocka_unit_test(test_duration_invalid),
         cmocka_unit_test_setup_teardown(test_write_atomic, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_write_atomic_fails, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_write_atomic_fault, setup_dir, teardown_dir),
         cmocka_unit_test(test_format_bytes),
         cmocka_unit_test(test_unix_address),
         cmocka_unit_test_setup_teardown(test_unix_address_binds, setup_dir, teardown_dir),
