@@ -323,7 +323,7 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
     }
     g_autofree char *disk = hostd_agent_record_path(r, disk_file);
     g_autofree char *seed = hostd_agent_record_path(r, HOSTD_AGENT_SEED);
-    g_autofree char *console = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE);
+    g_autofree char *console = hostd_agent_record_path(r, HOSTD_AGENT_CONSOLE_SOCK);
     g_autofree char *metadata = g_markup_printf_escaped(
         "<vmctl:agent xmlns:vmctl='https://vmctl.dev/xmlns/agent/1' name='%s' template='%s'/>",
         r->name, r->template_name);
@@ -348,7 +348,7 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
         .cmdline = cmdline != NULL ? cmdline : image->cmdline,
         .mac = r->mac,
         .ssh_port = r->backend_port != 0 ? r->backend_port : r->ssh_port,
-        .console_log = console,
+        .console_socket = console,
         .agent_socket = NULL, /* libvirt picks a path QEMU's user may create */
         .metadata_xml = metadata,
     };

@@ -37,6 +37,7 @@ typedef struct {
                                           * first used; read it with g_atomic_pointer_get() */
     struct _HostdSupervisor *supervisor; /* hostd-supervise.c's; NULL until started */
     struct _HostdGuestApi *guest_api;    /* hostd-guest-api.c's; NULL until an agent has one */
+    struct _HostdConsole *console;       /* hostd-console.c's; NULL until an agent is followed */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
     gboolean debug;                      /* --debug: also a trace of where each exec's time went */
 } HostdContext;

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "hostd-logfile.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-stream.h"
@@ -15,23 +16,42 @@
 #define HOSTD_CONSOLE_TAIL_BYTES    (64 * 1024)
 #define HOSTD_GUEST_AGENT_TIMEOUT_S 5
 #define HOSTD_CLOCK_SYNC_TRIES      20 /* half a second apart: a restored guest agent reconnects */
-/* The last HOSTD_CONSOLE_TAIL_BYTES of the console log, NUL-terminated, or NULL when it cannot
- * be read: the guest writes that file and may make it as large as it likes. */
-static char *
-hostd_console_read_end(const char *path)
+/* Appends to @out the last @max bytes of the file at @path (nothing when it cannot be read). */
+static void
+hostd_console_read_file_end(const char *path, gsize max, GString *out)
 {
     vm_autofd fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat st;
 
-    if (fd < 0 || fstat(fd, &st) < 0)
+    if (fd < 0 || fstat(fd, &st) < 0 || max == 0)
+        return;
+    off_t start = (gsize)st.st_size > max ? st.st_size - (off_t)max : 0;
+    g_autofree char *buf = g_malloc(max);
+    ssize_t n = pread(fd, buf, max, start);
+    if (n > 0)
+        g_string_append_len(out, buf, n);
+}
+
+/* The last HOSTD_CONSOLE_TAIL_BYTES of the console log, across its rotation (console.log.1, then
+ * console.log), NUL-terminated, or NULL when there is none: the guest decides what it holds. */
+static char *
+hostd_console_read_end(const char *path)
+{
+    g_autofree char *old_path = g_strconcat(path, HOSTD_LOGFILE_OLD_SUFFIX, NULL);
+    g_autoptr(GString) current = g_string_new(NULL);
+    g_autoptr(GString) text = g_string_new(NULL);
+
+    hostd_console_read_file_end(path, HOSTD_CONSOLE_TAIL_BYTES, current);
+    hostd_console_read_file_end(old_path, HOSTD_CONSOLE_TAIL_BYTES - current->len, text);
+    g_string_append_len(text, current->str, current->len);
+    if (text->len == 0 && !g_file_test(path, G_FILE_TEST_EXISTS))
         return NULL;
-    off_t start = st.st_size > HOSTD_CONSOLE_TAIL_BYTES ? st.st_size - HOSTD_CONSOLE_TAIL_BYTES : 0;
-    g_autofree char *buf = g_malloc(HOSTD_CONSOLE_TAIL_BYTES + 1);
-    ssize_t n = pread(fd, buf, HOSTD_CONSOLE_TAIL_BYTES, start);
-    if (n < 0)
-        return NULL;
-    buf[n] = '\0';
-    return g_steal_pointer(&buf);
+    /* Bytes as the guest wrote them: a NUL must not end the text early, nor anything else. */
+    for (gsize i = 0; i < text->len; i++) {
+        if (text->str[i] == '\0')
+            text->str[i] = ' ';
+    }
+    return g_string_free(g_steal_pointer(&text), FALSE);
 }
 
 static char *

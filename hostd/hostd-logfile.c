@@ -81,8 +81,9 @@ logfile_open_locked(HostdLogFile *log, GError **error)
         return vm_throw_errno(error, saved, "cannot open %s", log->path);
     }
     log->size = st.st_size;
-    /* A line cut short (a crash while it was written) must not swallow the next one. */
-    if (log->size > 0) {
+    /* A line cut short (a crash while it was written) must not swallow the next one. Bytes
+     * have no lines to keep apart. */
+    if (log->size > 0 && !(log->flags & HOSTD_LOGFILE_BYTES)) {
         char last = '\n';
 
         if (pread(log->fd, &last, 1, log->size - 1) == 1 && last != '\n' &&
@@ -145,6 +146,39 @@ hostd_logfile_append(HostdLogFile *log, const char *line, GError **error)
         ok = logfile_rotate_locked(log, error) && logfile_open_locked(log, error);
     if (ok)
         ok = logfile_write_locked(log, line, len, error);
+    g_mutex_unlock(&log->lock);
+    return ok;
+}
+
+gboolean
+hostd_logfile_append_bytes(HostdLogFile *log, const char *data, gsize len, GError **error)
+{
+    gboolean ok;
+
+    g_return_val_if_fail(log->flags & HOSTD_LOGFILE_BYTES, FALSE);
+    if ((gint64)len > log->max_bytes) {
+        data += len - (gsize)log->max_bytes;
+        len = (gsize)log->max_bytes;
+    }
+    if (len == 0)
+        return TRUE;
+    g_mutex_lock(&log->lock);
+    ok = logfile_open_locked(log, error);
+    if (ok && log->size > 0 && log->size + (gint64)len > log->max_bytes)
+        ok = logfile_rotate_locked(log, error) && logfile_open_locked(log, error);
+    while (ok && len > 0) {
+        gssize n = write(log->fd, data, len);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            ok = vm_throw_errno(error, n < 0 ? errno : ENOSPC, "cannot append to %s", log->path);
+            break;
+        }
+        log->size += n;
+        data += n;
+        len -= (gsize)n;
+    }
     g_mutex_unlock(&log->lock);
     return ok;
 }

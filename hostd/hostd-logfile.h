@@ -1,4 +1,5 @@
-/* A bounded log of lines (JSON lines in practice) in one file plus one older file: appends of
+/* A bounded log of lines (JSON lines in practice; or of bytes, HOSTD_LOGFILE_BYTES, for a guest's
+ * console) in one file plus one older file: appends of
  * whole lines, rotation to PATH.1 once the file would grow past its bound, and the reading
  * requests make of it (the last N lines across both files, then new lines as they come, across
  * rotations). hostd keeps each agent's egress log and its event log this way. A leaf: it knows
@@ -19,7 +20,8 @@ typedef struct _HostdLogFile HostdLogFile;
 
 typedef enum {
     HOSTD_LOGFILE_NONE = 0,
-    HOSTD_LOGFILE_SYNC = 1 << 0, /* each append is on disk (fdatasync) before it returns */
+    HOSTD_LOGFILE_SYNC = 1 << 0,  /* each append is on disk (fdatasync) before it returns */
+    HOSTD_LOGFILE_BYTES = 1 << 1, /* bytes, not lines: hostd_logfile_append_bytes() only */
 } HostdLogFileFlags;
 
 /* The log at @path (the older file at @path + HOSTD_LOGFILE_OLD_SUFFIX), rotated once an append
@@ -36,6 +38,13 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdLogFile, hostd_logfile_free)
  * cannot be opened, written or synced with VM_ERROR_IO (the line is lost, the next append tries
  * again). */
 gboolean hostd_logfile_append(HostdLogFile *log, const char *line, GError **error);
+
+/* Appends @len bytes of @data as they are (any bytes, no line structure: a log made with
+ * HOSTD_LOGFILE_BYTES, such as a guest's console), rotating first when they would take the file
+ * past its bound; more than the bound keeps only the last bound's worth. A write cut short keeps
+ * what was written. Safe from any thread. Fails with VM_ERROR_IO (what was not written is
+ * lost; the next append tries again). */
+gboolean hostd_logfile_append_bytes(HostdLogFile *log, const char *data, gsize len, GError **error);
 
 /* Which lines a reader wants: @line is one line without its newline, @len bytes, not
  * NUL-terminated. */

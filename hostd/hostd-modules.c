@@ -2,6 +2,7 @@
 
 #include "hostd-authorize.h"
 #include "hostd-checkpoint.h"
+#include "hostd-console.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
 #include "hostd-forward.h"
@@ -20,4 +21,5 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_guest_api_component);
     hostd_context_add_component(ctx, &hostd_supervise_component);
     hostd_context_add_component(ctx, &hostd_authorize_component);
+    hostd_context_add_component(ctx, &hostd_console_component);
 }

@@ -17,7 +17,8 @@ G_BEGIN_DECLS
 #define HOSTD_AGENT_HOST_KEY_PUB "ssh_host_ed25519_key.pub"
 #define HOSTD_AGENT_KNOWN_HOSTS  "known_hosts"
 #define HOSTD_AGENT_SSH_CONFIG   "ssh_config"
-#define HOSTD_AGENT_CONSOLE      "console.log"
+#define HOSTD_AGENT_CONSOLE      "console.log"     /* the serial console, as hostd copies it */
+#define HOSTD_AGENT_CONSOLE_SOCK "serial.sock"     /* the serial console, where QEMU serves it */
 #define HOSTD_AGENT_DOMAIN_XML   "domain.xml"      /* the definition as hostd last made it */
 #define HOSTD_AGENT_USER_KEYS    "authorized_keys" /* the users' own keys (vmctl authorize) */
 

@@ -129,8 +129,8 @@ spec_validate(const VmDomainSpec *spec, GError **error)
     if (spec->ssh_port == 0 || spec->ssh_port > 65535)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "domain spec: ssh_port %u is not in 1..65535", spec->ssh_port);
-    if (!is_set(spec->console_log))
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "domain spec: no console_log");
+    if (!is_set(spec->console_socket))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "domain spec: no console_socket");
     if (!is_set(spec->kernel_path) && (spec->initrd_path != NULL || spec->cmdline != NULL))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "domain spec: initrd_path and cmdline need a kernel_path");
@@ -188,16 +188,20 @@ append_devices(GString *xml, const VmDomainSpec *spec)
                "    </disk>\n",
                spec->seed_path);
 
+    /* Not a file: QEMU appends to a file without bound, so a guest could fill the host's disk.
+     * On a socket QEMU listens on (libvirt makes it and hands QEMU the listening descriptor),
+     * output nobody reads is dropped, never blocking QEMU; hostd reads it into a size-capped,
+     * rotated console.log (hostd-console.c). */
     append(xml,
-           "    <serial type='file'>\n"
-           "      <source path='%s'/>\n"
+           "    <serial type='unix'>\n"
+           "      <source mode='bind' path='%s'/>\n"
            "      <target port='0'/>\n"
            "    </serial>\n"
-           "    <console type='file'>\n"
-           "      <source path='%s'/>\n"
+           "    <console type='unix'>\n"
+           "      <source mode='bind' path='%s'/>\n"
            "      <target type='serial' port='0'/>\n"
            "    </console>\n",
-           spec->console_log, spec->console_log);
+           spec->console_socket, spec->console_socket);
 
     g_string_append(xml, "    <channel type='unix'>\n");
     if (is_set(spec->agent_socket))

@@ -40,7 +40,7 @@ typedef struct {
     const char *cmdline;
     const char *mac;               /* 52:54:00:xx:xx:xx */
     guint ssh_port;                /* host side, bound to 127.0.0.1 */
-    const char *console_log;       /* serial console goes to this file */
+    const char *console_socket;    /* the serial console: a Unix socket QEMU listens on */
     const char *agent_socket;      /* qemu-guest-agent channel socket path */
     const char *metadata_xml;      /* inner XML for <metadata>, or NULL */
     const char *egress_command;    /* a shell-quoted command QEMU runs for each guest connection to
@@ -52,13 +52,14 @@ typedef struct {
 
 /* Returns newly allocated domain XML for @spec: q35 pinned machine type, virtio disk with
  * discard, NoCloud cdrom, virtio-rng from /dev/urandom, TCG tb-cache 128 MiB when virt_type is
- * "qemu", the host's CPU (less cpu_disable) under KVM, qemu-guest-agent channel, serial console to
- * a file, and QEMU user networking with restrict=on and a single hostfwd 127.0.0.1:ssh_port ->
- * guest :22 (through <qemu:commandline>, since libvirt has no restricted user network), and QEMU's
- * own seccomp sandbox VM_DOMAIN_SANDBOX. With egress_command, the network also gets the guestfwd to
- * it, and with guest_api_command one to the in-guest API after it (and libvirt's sandbox must be
- * off, see above). Strings are XML-escaped. Fails with VM_ERROR_INVALID_ARGUMENT when a required
- * field is missing or a command is empty or holds a control character. */
+ * "qemu", the host's CPU (less cpu_disable) under KVM, qemu-guest-agent channel, serial console on
+ * a Unix socket QEMU listens on (nobody reading it never blocks QEMU or the guest), and QEMU user
+ * networking with restrict=on and a single hostfwd 127.0.0.1:ssh_port -> guest :22 (through
+ * <qemu:commandline>, since libvirt has no restricted user network), and QEMU's own seccomp sandbox
+ * VM_DOMAIN_SANDBOX. With egress_command, the network also gets the guestfwd to it, and with
+ * guest_api_command one to the in-guest API after it (and libvirt's sandbox must be off, see
+ * above). Strings are XML-escaped. Fails with VM_ERROR_INVALID_ARGUMENT when a required field is
+ * missing or a command is empty or holds a control character. */
 char *vm_domain_xml_build(const VmDomainSpec *spec, GError **error);
 
 G_END_DECLS

@@ -192,7 +192,7 @@ test_build_then_read(void **state)
         .disk_path = "/srv/it's <here> & there/disk.qcow2",
         .mac = "52:54:00:ab:cd:ef",
         .ssh_port = 2201,
-        .console_log = "/srv/console.log",
+        .console_socket = "/srv/console.sock",
         .egress_command = "'/x/connect' '/state,restrict=off,,/egress.sock'",
     };
     g_autoptr(GError) error = NULL;

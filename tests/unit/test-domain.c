@@ -36,7 +36,7 @@ spec_tcg_kernel(void)
         .cmdline = "root=LABEL=root rw console=ttyS0",
         .mac = "52:54:00:ab:cd:ef",
         .ssh_port = 2201,
-        .console_log = "/var/lib/hostd/agents/agent-tcg/console.log",
+        .console_socket = "/var/lib/hostd/agents/agent-tcg/console.sock",
         .agent_socket = "/var/lib/hostd/agents/agent-tcg/qga.sock",
         .metadata_xml = "<hostd:agent xmlns:hostd='https://vmctl.invalid/hostd/1'>"
                         "<hostd:template>debian-12</hostd:template></hostd:agent>",
@@ -56,7 +56,7 @@ spec_kvm_disk(void)
         .disk_path = "/srv/agents/agent-kvm.qcow2",
         .mac = "52:54:00:00:00:01",
         .ssh_port = 65535,
-        .console_log = "/srv/agents/agent-kvm.log",
+        .console_socket = "/srv/agents/agent-kvm/console.sock",
     };
 }
 
@@ -396,7 +396,7 @@ static const BadSpec bad_specs[] = {
     {"multicast mac", BAD_MULTICAST_MAC},
     {"ssh_port 0", BAD_ZERO_PORT},
     {"ssh_port 65536", BAD_BIG_PORT},
-    {"no console_log", BAD_NO_CONSOLE},
+    {"no console_socket", BAD_NO_CONSOLE},
     {"initrd without kernel", BAD_INITRD_ALONE},
     {"cmdline without kernel", BAD_CMDLINE_ALONE},
     {"malformed metadata", BAD_MALFORMED_METADATA},
@@ -463,7 +463,7 @@ bad_spec_apply(VmDomainSpec *s, BadKind kind)
         s->ssh_port = 65536;
         break;
     case BAD_NO_CONSOLE:
-        s->console_log = NULL;
+        s->console_socket = NULL;
         break;
     case BAD_INITRD_ALONE:
         s->kernel_path = NULL;
