@@ -15,6 +15,8 @@ set -uo pipefail
 . "$(dirname "$0")/authorize-check.sh"
 # shellcheck source=forward-check.sh
 . "$(dirname "$0")/forward-check.sh"
+# shellcheck source=console-check.sh
+. "$(dirname "$0")/console-check.sh"
 suite_init vml 43300 43389
 # As under the service: SIGTERM saves the running agents.
 echo "shutdown = save" >> "$CONF"
@@ -291,6 +293,9 @@ for i in $(seq 0 99); do
   fi
 done
 check "100 concurrent vmctl exec on a1: each its own output and status (${MANY_MS} ms in all)" test $bad = 0
+
+# --- the serial console's cap: a1 floods its console, the host keeps at most two capped files
+console_check a1
 
 # --- vmctl forward: a web server in a1 through the forward, running, paused, saved, restarts
 forward_check a1
