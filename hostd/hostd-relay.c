@@ -16,6 +16,8 @@
  */
 #include "hostd-relay.h"
 
+#include "hostd-pipe.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -36,13 +38,7 @@
  * stays readable, and polling it at once again would spin. */
 #define ACCEPT_BACKOFF_US (100 * G_TIME_SPAN_MILLISECOND)
 
-typedef struct {
-    char *data; /* HOSTD_RELAY_BUFFER_SIZE bytes */
-    gsize start;
-    gsize end;
-    gboolean eof;  /* the source side sent its FIN: nothing more will come */
-    gboolean shut; /* the FIN was passed on: shutdown(SHUT_WR) on the destination */
-} RelayPipe;
+typedef HostdPipe RelayPipe;
 
 typedef struct _RelayAgent RelayAgent;
 
@@ -115,33 +111,6 @@ relay_notify(HostdRelay *r)
 }
 
 static void
-relay_pipe_init(RelayPipe *p)
-{
-    p->data = g_malloc(HOSTD_RELAY_BUFFER_SIZE);
-    p->start = p->end = 0;
-    p->eof = p->shut = FALSE;
-}
-
-static gsize
-relay_pipe_len(const RelayPipe *p)
-{
-    return p->end - p->start;
-}
-
-static gsize
-relay_pipe_space(RelayPipe *p)
-{
-    if (p->start == p->end)
-        p->start = p->end = 0;
-    if (p->end == HOSTD_RELAY_BUFFER_SIZE && p->start > 0) {
-        memmove(p->data, p->data + p->start, p->end - p->start);
-        p->end -= p->start;
-        p->start = 0;
-    }
-    return HOSTD_RELAY_BUFFER_SIZE - p->end;
-}
-
-static void
 relay_conn_free(HostdRelay *r, RelayConn *c)
 {
     RelayAgent *a = c->agent;
@@ -154,8 +123,8 @@ relay_conn_free(HostdRelay *r, RelayConn *c)
         close(c->client_fd);
     if (c->backend_fd >= 0)
         close(c->backend_fd);
-    g_free(c->up.data);
-    g_free(c->down.data);
+    hostd_pipe_clear(&c->up);
+    hostd_pipe_clear(&c->down);
     g_free(c);
 }
 
@@ -301,8 +270,8 @@ relay_accept(HostdRelay *r, RelayAgent *a)
         c->agent = a;
         c->client_fd = fd;
         c->backend_fd = -1;
-        relay_pipe_init(&c->up);
-        relay_pipe_init(&c->down);
+        hostd_pipe_init(&c->up, HOSTD_RELAY_BUFFER_SIZE);
+        hostd_pipe_init(&c->down, HOSTD_RELAY_BUFFER_SIZE);
         g_hash_table_insert(r->conns, &c->id, c);
         a->conns = g_list_prepend(a->conns, c);
         a->n_conns++;
@@ -317,89 +286,35 @@ relay_accept(HostdRelay *r, RelayAgent *a)
     }
 }
 
-/* Moves bytes from @src into @p while there is room. Returns FALSE on a socket error. */
-static gboolean
-relay_pipe_fill(RelayConn *c, RelayPipe *p, int src)
-{
-    while (!p->eof) {
-        gsize space = relay_pipe_space(p);
-        ssize_t n;
-
-        if (space == 0)
-            return TRUE;
-        n = recv(src, p->data + p->end, space, MSG_DONTWAIT);
-        if (n > 0) {
-            p->end += n;
-            c->agent->last_activity = g_get_monotonic_time();
-            if ((gsize)n < space)
-                return TRUE; /* drained for now: don't pay an EAGAIN round */
-        } else if (n == 0) {
-            p->eof = TRUE;
-            c->agent->last_activity = g_get_monotonic_time();
-        } else if (errno == EINTR) {
-            continue;
-        } else {
-            return errno == EAGAIN || errno == EWOULDBLOCK;
-        }
-    }
-    return TRUE;
-}
-
-/* Moves bytes from @p to @dst while it takes them, and passes a FIN on once @p is drained.
- * Returns FALSE on a socket error (peer reset, EPIPE). */
-static gboolean
-relay_pipe_flush(RelayConn *c, RelayPipe *p, int dst)
-{
-    while (relay_pipe_len(p) > 0) {
-        ssize_t n = send(dst, p->data + p->start, relay_pipe_len(p), MSG_DONTWAIT | MSG_NOSIGNAL);
-
-        if (n > 0) {
-            p->start += n;
-            c->agent->last_activity = g_get_monotonic_time();
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return TRUE;
-        } else {
-            return FALSE;
-        }
-    }
-    if (p->eof && !p->shut) {
-        /* Half-close: the other side may still answer after this side's FIN. */
-        if (shutdown(dst, SHUT_WR) < 0 && errno != ENOTCONN)
-            return FALSE;
-        p->shut = TRUE;
-    }
-    return TRUE;
-}
-
 /* Handles one connection's poll results. Returns FALSE when the connection is over. */
 static gboolean
 relay_conn_handle(RelayConn *c)
 {
-    if (!relay_pipe_fill(c, &c->up, c->client_fd))
+    gboolean progress = FALSE;
+    gboolean ok = hostd_pipe_recv(&c->up, c->client_fd, &progress);
+
+    /* While the agent wakes there is no backend yet: the client's bytes wait in the buffer. */
+    if (ok && c->backend_fd >= 0)
+        ok = hostd_pipe_recv(&c->down, c->backend_fd, &progress) &&
+             hostd_pipe_send(&c->up, c->backend_fd, &progress) &&
+             hostd_pipe_send(&c->down, c->client_fd, &progress);
+    if (progress)
+        c->agent->last_activity = g_get_monotonic_time();
+    if (!ok)
         return FALSE;
-    if (c->backend_fd < 0)
-        return TRUE; /* still waking: client bytes wait in the buffer */
-    if (!relay_pipe_fill(c, &c->down, c->backend_fd))
-        return FALSE;
-    if (!relay_pipe_flush(c, &c->up, c->backend_fd))
-        return FALSE;
-    if (!relay_pipe_flush(c, &c->down, c->client_fd))
-        return FALSE;
-    return !(c->up.shut && c->down.shut);
+    return c->backend_fd < 0 || !(c->up.shut && c->down.shut);
 }
 
 static short
 relay_pipe_events_src(RelayPipe *p)
 {
-    return !p->eof && relay_pipe_space(p) > 0 ? POLLIN : 0;
+    return !p->eof && hostd_pipe_space(p) > 0 ? POLLIN : 0;
 }
 
 static short
 relay_pipe_events_dst(const RelayPipe *p)
 {
-    return relay_pipe_len(p) > 0 ? POLLOUT : 0;
+    return hostd_pipe_len(p) > 0 ? POLLOUT : 0;
 }
 
 static void

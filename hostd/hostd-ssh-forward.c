@@ -17,6 +17,7 @@
  */
 #include "hostd-ssh-forward.h"
 #include "hostd-ssh-private.h"
+#include "hostd-pipe.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -45,13 +46,7 @@
  * is). */
 static const char *const guest_hosts[] = {"127.0.0.1", "::1"};
 
-typedef struct {
-    char *data; /* HOSTD_SSH_FORWARD_BUFFER_SIZE bytes */
-    gsize start;
-    gsize end;
-    gboolean eof;  /* the source side ended: nothing more will come */
-    gboolean shut; /* that end was passed on to the other side */
-} FwdPipe;
+typedef HostdPipe FwdPipe;
 
 /* What the forwarder knows of one agent; lives while it has ports, or a carrier. */
 typedef struct {
@@ -287,96 +282,14 @@ fwd_conn_free(HostdSshForward *f, FwdConn *c)
     g_mutex_unlock(&f->lock);
     if (c->fd >= 0)
         fwd_close_client(c->fd);
-    g_free(c->up.data);
-    g_free(c->down.data);
+    hostd_pipe_clear(&c->up);
+    hostd_pipe_clear(&c->down);
     fwd_target_free(c->target);
     fwd_port_unref(p);
     g_free(c);
 }
 
 /* ---- the pipes ----------------------------------------------------------------------------- */
-
-static void
-fwd_pipe_init(FwdPipe *p)
-{
-    p->data = g_malloc(HOSTD_SSH_FORWARD_BUFFER_SIZE);
-    p->start = p->end = 0;
-    p->eof = p->shut = FALSE;
-}
-
-static gsize
-fwd_pipe_len(const FwdPipe *p)
-{
-    return p->end - p->start;
-}
-
-static gsize
-fwd_pipe_space(FwdPipe *p)
-{
-    if (p->start == p->end)
-        p->start = p->end = 0;
-    if (p->end == HOSTD_SSH_FORWARD_BUFFER_SIZE && p->start > 0) {
-        memmove(p->data, p->data + p->start, p->end - p->start);
-        p->end -= p->start;
-        p->start = 0;
-    }
-    return HOSTD_SSH_FORWARD_BUFFER_SIZE - p->end;
-}
-
-/* Takes what the client sent while there is room. FALSE on a socket error. */
-static gboolean
-fwd_pipe_recv(FwdPipe *p, int fd, gboolean *progress)
-{
-    while (!p->eof) {
-        gsize space = fwd_pipe_space(p);
-        ssize_t n;
-
-        if (space == 0)
-            return TRUE;
-        n = recv(fd, p->data + p->end, space, MSG_DONTWAIT);
-        if (n > 0) {
-            p->end += n;
-            *progress = TRUE;
-            if ((gsize)n < space)
-                return TRUE; /* drained for now: don't pay an EAGAIN round */
-        } else if (n == 0) {
-            p->eof = TRUE;
-            *progress = TRUE;
-        } else if (errno != EINTR) {
-            return errno == EAGAIN || errno == EWOULDBLOCK;
-        }
-    }
-    return TRUE;
-}
-
-/* Sends the client what the pipe holds while it takes it, then its FIN once the guest's side
- * ended and all is sent. FALSE on a socket error (the client reset, EPIPE). */
-static gboolean
-fwd_pipe_send(FwdPipe *p, int fd, gboolean *progress)
-{
-    while (fwd_pipe_len(p) > 0) {
-        ssize_t n = send(fd, p->data + p->start, fwd_pipe_len(p), MSG_DONTWAIT | MSG_NOSIGNAL);
-
-        if (n > 0) {
-            p->start += n;
-            *progress = TRUE;
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return TRUE;
-        } else {
-            return FALSE;
-        }
-    }
-    if (p->eof && !p->shut) {
-        /* Half-close: the client may still send after the guest's FIN. */
-        if (shutdown(fd, SHUT_WR) < 0 && errno != ENOTCONN)
-            return FALSE;
-        p->shut = TRUE;
-        *progress = TRUE;
-    }
-    return TRUE;
-}
 
 /* Writes what the pipe holds to @ch, as much as the channel's window takes, then the channel's
  * EOF once the client ended and all is written. Never waits for the window: the guest may be
@@ -387,8 +300,8 @@ fwd_pipe_to_channel(FwdPipe *p, ssh_channel ch, gboolean *progress)
 {
     if (ssh_channel_is_closed(ch))
         return TRUE;
-    if (fwd_pipe_len(p) > 0) {
-        guint32 len = (guint32)MIN(fwd_pipe_len(p), ssh_channel_window_size(ch));
+    if (hostd_pipe_len(p) > 0) {
+        guint32 len = (guint32)MIN(hostd_pipe_len(p), ssh_channel_window_size(ch));
 
         if (len > 0) {
             int n = ssh_channel_write(ch, p->data + p->start, len);
@@ -399,7 +312,7 @@ fwd_pipe_to_channel(FwdPipe *p, ssh_channel ch, gboolean *progress)
             *progress = *progress || n > 0;
         }
     }
-    if (p->eof && fwd_pipe_len(p) == 0 && !p->shut) {
+    if (p->eof && hostd_pipe_len(p) == 0 && !p->shut) {
         if (ssh_channel_send_eof(ch) == SSH_ERROR)
             return FALSE;
         p->shut = TRUE;
@@ -415,7 +328,7 @@ static gboolean
 fwd_pipe_from_channel(FwdPipe *p, ssh_channel ch, gboolean *progress)
 {
     while (!p->eof) {
-        gsize space = fwd_pipe_space(p);
+        gsize space = hostd_pipe_space(p);
         int n;
 
         if (space == 0)
@@ -445,8 +358,9 @@ fwd_conn_pump(FwdConn *c, gboolean *progress)
 {
     ssh_channel ch = c->channel;
 
-    if (!fwd_pipe_recv(&c->up, c->fd, progress) || !fwd_pipe_to_channel(&c->up, ch, progress) ||
-        !fwd_pipe_from_channel(&c->down, ch, progress) || !fwd_pipe_send(&c->down, c->fd, progress))
+    if (!hostd_pipe_recv(&c->up, c->fd, progress) || !fwd_pipe_to_channel(&c->up, ch, progress) ||
+        !fwd_pipe_from_channel(&c->down, ch, progress) ||
+        !hostd_pipe_send(&c->down, c->fd, progress))
         return FALSE;
     return !(c->down.shut && (c->up.shut || ssh_channel_is_closed(ch)));
 }
@@ -579,8 +493,8 @@ carrier_open(Carrier *c, FwdConn *conn)
         }
         switch (carrier_open_channel(c, conn, &why)) {
         case OPEN_OK:
-            fwd_pipe_init(&conn->up);
-            fwd_pipe_init(&conn->down);
+            hostd_pipe_init(&conn->up, HOSTD_SSH_FORWARD_BUFFER_SIZE);
+            hostd_pipe_init(&conn->down, HOSTD_SSH_FORWARD_BUFFER_SIZE);
             g_ptr_array_add(c->conns, conn);
             return;
         case OPEN_REFUSED:
@@ -622,9 +536,9 @@ carrier_wait(Carrier *c, int timeout_ms)
         FwdConn *conn = c->conns->pdata[i];
         short events = 0;
 
-        if (!conn->up.eof && fwd_pipe_space(&conn->up) > 0)
+        if (!conn->up.eof && hostd_pipe_space(&conn->up) > 0)
             events |= POLLIN;
-        if (fwd_pipe_len(&conn->down) > 0)
+        if (hostd_pipe_len(&conn->down) > 0)
             events |= POLLOUT;
         carrier_pollfd_add(pfds, conn->fd, events);
     }
