@@ -5,6 +5,7 @@
 
 #include "vm-error.h"
 #include "vm-spawn.h"
+#include "vm-util.h"
 
 void
 vm_qemu_img_info_free(VmQemuImgInfo *info)
@@ -16,34 +17,6 @@ vm_qemu_img_info_free(VmQemuImgInfo *info)
     g_free(info->backing_filename);
     g_free(info->backing_format);
     g_free(info);
-}
-
-/* json-glib's parser recurses once per level and has no limit of its own: a few hundred
- * thousand '[' overflow the stack. Counting the depth first keeps that from any input. */
-static gboolean
-qemu_img_depth_ok(const char *json, gsize len)
-{
-    gboolean in_string = FALSE;
-    guint depth = 0;
-
-    for (gsize i = 0; i < len; i++) {
-        char c = json[i];
-
-        if (in_string) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_string = FALSE;
-        } else if (c == '"') {
-            in_string = TRUE;
-        } else if (c == '[' || c == '{') {
-            if (++depth > VM_QEMU_IMG_DEPTH_MAX)
-                return FALSE;
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            depth--;
-        }
-    }
-    return TRUE;
 }
 
 /* Reads the string member @name of @object into @ret (left alone when the member is missing or
@@ -132,7 +105,7 @@ vm_qemu_img_info_parse(const char *json, gssize len, GError **error)
         return vm_throw(error, VM_ERROR_FAILED, "qemu-img info: more than %d bytes of output",
                         VM_QEMU_IMG_OUTPUT_MAX),
                NULL;
-    if (!qemu_img_depth_ok(json, len))
+    if (!vm_json_depth_ok(json, len, VM_QEMU_IMG_DEPTH_MAX))
         return vm_throw(error, VM_ERROR_FAILED, "qemu-img info: JSON nested deeper than %d",
                         VM_QEMU_IMG_DEPTH_MAX),
                NULL;

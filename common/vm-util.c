@@ -316,3 +316,31 @@ vm_shipped_templates_dir(void)
         return g_build_filename(VM_SOURCE_DIR, "templates", NULL);
     return g_build_filename(VM_DATADIR, "templates", NULL);
 }
+
+gboolean
+vm_json_depth_ok(const char *text, gsize len, guint max)
+{
+    gboolean in_string = FALSE, escaped = FALSE;
+    guint depth = 0;
+
+    for (gsize i = 0; i < len; i++) {
+        char c = text[i];
+
+        if (in_string) {
+            if (escaped)
+                escaped = FALSE;
+            else if (c == '\\')
+                escaped = TRUE;
+            else if (c == '"')
+                in_string = FALSE;
+        } else if (c == '"') {
+            in_string = TRUE;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max)
+                return FALSE;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            depth--;
+        }
+    }
+    return TRUE;
+}

@@ -46,6 +46,13 @@ gboolean vm_file_sync_dir(const char *path, GError **error);
  * character that fits in @max_bytes. Newly allocated; can't fail. */
 char *vm_utf8_cut(const char *text, gsize max_bytes);
 
+/* Whether the JSON text @text (@len bytes) nests arrays and objects at most @max deep, counted as
+ * a JSON reader counts (brackets inside strings, escapes included, do not count). json-glib's
+ * parser recurses once per level with no limit of its own, so a few hundred thousand '[' from
+ * untrusted input would overflow the stack: callers check this before parsing. Reads no more
+ * than @len bytes; says nothing of whether the text is valid JSON. */
+gboolean vm_json_depth_ok(const char *text, gsize len, guint max);
+
 /* Parses a duration such as "90", "90s", "5m", "2h", "1d" into seconds. "never" is not accepted
  * here (callers handle it). Fails with VM_ERROR_INVALID_ARGUMENT. */
 gboolean vm_duration_parse(const char *text, guint64 *ret_seconds, GError **error);

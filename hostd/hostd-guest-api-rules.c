@@ -102,37 +102,6 @@ hostd_guest_api_args_clear(HostdGuestApiArgs *args)
     args->seconds = 0;
 }
 
-/* Whether @body nests arrays and objects at most @max deep, read as JSON reads it (brackets in
- * strings do not count): json-glib's parser recurses once per level, so a guest's "[[[[..." is
- * refused before it. */
-static gboolean
-hostd_guest_api_depth_ok(const char *body, gsize len, guint max)
-{
-    gboolean in_string = FALSE, escaped = FALSE;
-    guint depth = 0;
-
-    for (gsize i = 0; i < len; i++) {
-        char c = body[i];
-
-        if (in_string) {
-            if (escaped)
-                escaped = FALSE;
-            else if (c == '\\')
-                escaped = TRUE;
-            else if (c == '"')
-                in_string = FALSE;
-        } else if (c == '"') {
-            in_string = TRUE;
-        } else if (c == '[' || c == '{') {
-            if (++depth > max)
-                return FALSE;
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            depth--;
-        }
-    }
-    return TRUE;
-}
-
 static gboolean
 hostd_guest_api_has_control(const char *text)
 {
@@ -286,7 +255,7 @@ hostd_guest_api_args_parse(HostdGuestApiEndpoint endpoint, const char *body, gsi
                         HOSTD_GUEST_API_BODY_MAX);
     if (memchr(body, '\0', len) != NULL || !g_utf8_validate(body, (gssize)len, NULL))
         return vm_throw(error, VM_ERROR_PROTOCOL, "the body is not UTF-8 text");
-    if (!hostd_guest_api_depth_ok(body, len, HOSTD_GUEST_API_JSON_DEPTH))
+    if (!vm_json_depth_ok(body, len, HOSTD_GUEST_API_JSON_DEPTH))
         return vm_throw(error, VM_ERROR_PROTOCOL, "the body nests deeper than %d levels",
                         HOSTD_GUEST_API_JSON_DEPTH);
     if (!json_parser_load_from_data(parser, body, (gssize)len, &local_error))

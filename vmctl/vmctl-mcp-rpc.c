@@ -1,6 +1,7 @@
 #include "vmctl-mcp-rpc.h"
 
 #include "vm-error.h"
+#include "vm-util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -306,35 +307,6 @@ vmctl_rpc_server_notify(VmctlRpcServer *server, const char *method, JsonNode *pa
     send_message(server, message);
 }
 
-/* json-glib parses recursively: a message nested deeper than VMCTL_RPC_DEPTH_MAX is refused
- * before it gets there. Strings are skipped, escapes included. */
-static gboolean
-depth_is_bounded(const char *text, gsize len)
-{
-    gboolean in_string = FALSE, escaped = FALSE;
-    int depth = 0;
-
-    for (gsize i = 0; i < len; i++) {
-        char c = text[i];
-        if (in_string) {
-            if (escaped)
-                escaped = FALSE;
-            else if (c == '\\')
-                escaped = TRUE;
-            else if (c == '"')
-                in_string = FALSE;
-        } else if (c == '"') {
-            in_string = TRUE;
-        } else if (c == '[' || c == '{') {
-            if (++depth > VMCTL_RPC_DEPTH_MAX)
-                return FALSE;
-        } else if (c == ']' || c == '}') {
-            depth--;
-        }
-    }
-    return TRUE;
-}
-
 /* Whether every number in @node is finite: json-glib reads 1e999 as infinity, which no JSON
  * text can carry back out. */
 static gboolean
@@ -376,7 +348,7 @@ parse_message(const char *line, gsize len, char **ret_why)
         *ret_why = g_strdup("the message is not UTF-8 text");
         return NULL;
     }
-    if (!depth_is_bounded(line, len)) {
+    if (!vm_json_depth_ok(line, len, VMCTL_RPC_DEPTH_MAX)) {
         *ret_why = g_strdup_printf("the message nests more than %d levels", VMCTL_RPC_DEPTH_MAX);
         return NULL;
     }

@@ -483,6 +483,25 @@ test_use_build_tree(void **state)
     g_unsetenv("VM_USE_BUILD_TREE");
 }
 
+/* JSON depth is counted as a reader counts it: brackets in strings, escaped quotes and closers
+ * past the top do not count. */
+static void
+test_json_depth(void **state)
+{
+    (void)state;
+    const char *flat = "{\"a\": [1, 2], \"b\": {}}";
+    assert_true(vm_json_depth_ok(flat, strlen(flat), 2));
+    assert_false(vm_json_depth_ok(flat, strlen(flat), 1));
+    const char *in_string = "{\"a\": \"[[[[\\\"[[[\"}";
+    assert_true(vm_json_depth_ok(in_string, strlen(in_string), 1));
+    const char *closers = "]]]][[[";
+    assert_false(vm_json_depth_ok(closers, strlen(closers), 2));
+    g_autofree char *deep = g_strnfill(200000, '[');
+    assert_false(vm_json_depth_ok(deep, strlen(deep), 64));
+    assert_true(vm_json_depth_ok(deep, 64, 64)); /* only @len bytes are read */
+    assert_true(vm_json_depth_ok("", 0, 0));
+}
+
 int
 main(void)
 {
@@ -501,6 +520,7 @@ main(void)
         cmocka_unit_test(test_utf8_cut),
         cmocka_unit_test_setup_teardown(test_build_tree_decide, setup_dir, teardown_dir),
         cmocka_unit_test(test_use_build_tree),
+        cmocka_unit_test(test_json_depth),
     };
 
     /* So that a write that raised SIGPIPE would end the run. */
