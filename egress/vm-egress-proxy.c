@@ -441,46 +441,26 @@ static gboolean
 conn_take_over(Conn *conn, guint8 *ret_byte, gsize *ret_len, const char **ret_reason, int *ret_code)
 {
     for (;;) {
-        union {
-            struct cmsghdr align;
-            char buf[CMSG_SPACE(sizeof(int))];
-        } control;
-        struct iovec iov = {.iov_base = ret_byte, .iov_len = 1};
-        struct msghdr msg = {.msg_iov = &iov,
-                             .msg_iovlen = 1,
-                             .msg_control = control.buf,
-                             .msg_controllen = sizeof(control.buf)};
-        struct cmsghdr *cmsg;
-        ssize_t n;
-        int fd = -1, type = 0, flags;
-        socklen_t type_len = sizeof(type);
+        int fd;
 
         if (!conn_wait_readable(conn, conn->fd, ret_reason, ret_code))
             return FALSE;
-        n = recvmsg(conn->fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        fd = vm_fd_receive(conn->fd, (char *)ret_byte);
+        if (fd == -EAGAIN || fd == -EINTR)
             continue;
-        if (n <= 0) {
-            *ret_reason = "incomplete-request";
-            *ret_code = 0;
-            return FALSE;
-        }
-        cmsg = CMSG_FIRSTHDR(&msg);
-        if (cmsg == NULL) {
+        if (fd == -ENOMSG) {
             *ret_len = 1;
             return TRUE;
         }
-        if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
-            cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
         /* Anything but exactly one stream socket is refused: the proxy only ever speaks to the
          * guest through what it was given, and only a socket can be that. */
-        if (fd < 0 || (msg.msg_flags & MSG_CTRUNC) ||
-            getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) < 0 || type != SOCK_STREAM ||
-            (flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-            if (fd >= 0)
-                close(fd);
+        if (fd == -EPROTO) {
             *ret_reason = "bad-request";
+            *ret_code = 0;
+            return FALSE;
+        }
+        if (fd < 0) {
+            *ret_reason = "incomplete-request";
             *ret_code = 0;
             return FALSE;
         }

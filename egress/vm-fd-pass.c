@@ -54,7 +54,7 @@ fail:
 }
 
 int
-vm_fd_receive(int sock)
+vm_fd_receive(int sock, char *ret_byte)
 {
     union {
         struct cmsghdr align;
@@ -80,6 +80,10 @@ vm_fd_receive(int sock)
     if (n == 0)
         return -ECONNRESET;
     cmsg = CMSG_FIRSTHDR(&msg);
+    if (cmsg == NULL && ret_byte != NULL) {
+        *ret_byte = byte;
+        return -ENOMSG;
+    }
     if (cmsg != NULL && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
         cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
         memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));

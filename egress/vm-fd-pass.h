@@ -14,5 +14,6 @@ int vm_fd_pass(const char *path, int fd);
  * it once @sock is readable): returns the received socket (close-on-exec, non-blocking), or a
  * negative errno: -EAGAIN when nothing has arrived yet, -ECONNRESET when the peer closed first,
  * -EPROTO for anything but one byte carrying exactly one stream socket (a descriptor that came
- * with it is closed). */
-int vm_fd_receive(int sock);
+ * with it is closed). With @ret_byte, a byte that came with no descriptor at all is stored there
+ * and -ENOMSG returned: a peer that speaks on the socket itself instead of handing one over. */
+int vm_fd_receive(int sock, char *ret_byte);

@@ -1178,7 +1178,7 @@ static gboolean
 api_pending_ready(gint fd, GIOCondition condition, gpointer data)
 {
     ApiPending *pending = data;
-    int guest = vm_fd_receive(fd);
+    int guest = vm_fd_receive(fd, NULL);
 
     if (guest == -EAGAIN && condition != 0)
         return G_SOURCE_CONTINUE;
