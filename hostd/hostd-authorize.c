@@ -133,6 +133,18 @@ authorize_store(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom, 
     return TRUE;
 }
 
+/* Locks and opens agent @name and loads the keys hostd recorded for it: what adding and
+ * removing a key start with. */
+static GPtrArray *
+authorize_open(HostdContext *ctx, const char *name, HostdNameLock **ret_lock,
+               HostdAgentRecord **ret_record, virDomainPtr *ret_dom, GError **error)
+{
+    if (!hostd_agent_lock_open(ctx, name, ret_lock, ret_record, ret_dom, error))
+        return NULL;
+    g_autofree char *path = hostd_agent_record_path(*ret_record, HOSTD_AGENT_USER_KEYS);
+    return hostd_user_keys_load(path, error);
+}
+
 GVariant *
 hostd_authorize_add(HostdContext *ctx, const char *name, const char *const *lines, guint *ret_added,
                     GError **error)
@@ -148,10 +160,7 @@ hostd_authorize_add(HostdContext *ctx, const char *name, const char *const *line
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
-    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
-        return NULL;
-    g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_USER_KEYS);
-    g_autoptr(GPtrArray) record = hostd_user_keys_load(path, error);
+    g_autoptr(GPtrArray) record = authorize_open(ctx, name, &lock, &r, &dom, error);
     if (record == NULL)
         return NULL;
     guint added = hostd_user_keys_merge(record, keys);
@@ -176,10 +185,7 @@ hostd_authorize_rm(HostdContext *ctx, const char *name, const char *fingerprint,
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
-    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
-        return NULL;
-    g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_USER_KEYS);
-    g_autoptr(GPtrArray) record = hostd_user_keys_load(path, error);
+    g_autoptr(GPtrArray) record = authorize_open(ctx, name, &lock, &r, &dom, error);
     if (record == NULL)
         return NULL;
     gint at = hostd_user_keys_find(record, fingerprint);
