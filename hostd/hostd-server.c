@@ -31,8 +31,11 @@
 #include "vm-stream.h"
 #include "vm-util.h"
 
-#define HOSTD_MAX_CLIENTS    64
-#define HOSTD_SEND_TIMEOUT_S 60
+#define HOSTD_MAX_CLIENTS 256
+/* A client past HOSTD_MAX_CLIENTS waits this long for a slot (an orchestrator's burst of execs
+ * queues rather than fails) before it is refused. */
+#define HOSTD_CLIENT_QUEUE_US (10 * G_USEC_PER_SEC)
+#define HOSTD_SEND_TIMEOUT_S  60
 /* Bytes of an exec's command line its event keeps. */
 #define HOSTD_EVENT_COMMAND_MAX 200
 
@@ -49,7 +52,9 @@ typedef struct {
     int fd;
 } HostdClient;
 
-static gint hostd_active_clients = 0;
+static gint hostd_active_clients = 0; /* under hostd_clients_lock */
+static GMutex hostd_clients_lock;
+static GCond hostd_clients_freed;
 
 typedef enum {
     HOSTD_REQUEST_READS = 0,         /* changes nothing: no event */
@@ -849,7 +854,10 @@ hostd_client_thread(gpointer data)
 {
     HostdClient *client = data;
     hostd_server_serve_fd(client->ctx, client->fd);
-    g_atomic_int_dec_and_test(&hostd_active_clients);
+    g_mutex_lock(&hostd_clients_lock);
+    hostd_active_clients--;
+    g_cond_signal(&hostd_clients_freed);
+    g_mutex_unlock(&hostd_clients_lock);
     g_free(client);
     return NULL;
 }
@@ -874,8 +882,17 @@ hostd_accept_thread(gpointer data)
         int fd = accept4(server->listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0)
             continue;
-        if (g_atomic_int_add(&hostd_active_clients, 1) >= HOSTD_MAX_CLIENTS) {
-            g_atomic_int_dec_and_test(&hostd_active_clients);
+        /* Past the limit the accept waits for a slot: later clients queue in the backlog. */
+        gint64 deadline = g_get_monotonic_time() + HOSTD_CLIENT_QUEUE_US;
+        gboolean admitted = TRUE;
+        g_mutex_lock(&hostd_clients_lock);
+        while (hostd_active_clients >= HOSTD_MAX_CLIENTS && admitted)
+            admitted = g_cond_wait_until(&hostd_clients_freed, &hostd_clients_lock, deadline) ||
+                       hostd_active_clients < HOSTD_MAX_CLIENTS;
+        if (admitted)
+            hostd_active_clients++;
+        g_mutex_unlock(&hostd_clients_lock);
+        if (!admitted) {
             g_autoptr(GError) error = NULL;
             vm_throw(&error, VM_ERROR_NO_RESOURCES, "hostd is serving too many requests");
             VmStreamWriter reply = VM_STREAM_WRITER_INIT(fd);
@@ -946,7 +963,7 @@ hostd_server_start(HostdContext *ctx, const char *socket_path, const char *group
         g_unlink(socket_path);
         return NULL;
     }
-    if (listen(fd, 64) < 0) {
+    if (listen(fd, HOSTD_MAX_CLIENTS) < 0) {
         vm_throw_errno(error, errno, "cannot listen on %s", socket_path);
         g_unlink(socket_path);
         return NULL;
