@@ -16,7 +16,8 @@ typedef struct {
 /* Starts @trace now. Can't fail. */
 void vm_trace_init(VmTrace *trace);
 
-/* Ends the phase @phase (a static string) now. @trace may be NULL. */
+/* Ends the phase @phase (a static string) now. @trace may be NULL, or one never started (all
+ * zero): then nothing happens. */
 void vm_trace_mark(VmTrace *trace, const char *phase);
 
 /* "@what: PHASE N.NN ms, ...; total N.NN ms", newly allocated; @trace is cleared. */
@@ -24,5 +25,7 @@ char *vm_trace_finish(VmTrace *trace, const char *what);
 
 /* Frees what an unfinished @trace holds. Can't fail. */
 void vm_trace_clear(VmTrace *trace);
+
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(VmTrace, vm_trace_clear)
 
 G_END_DECLS

@@ -147,13 +147,28 @@ hostd_checkpoint_prepare_overlay(const char *active_path, const char *new_path, 
     return vm_spawn_run(argv, NULL, NULL, error);
 }
 
-/* The live part: an external disk-only snapshot, atomic, with the guest's filesystems frozen.
- * A guest agent that does not answer only costs the freeze: the checkpoint is then
+/* Thaws what hostd_checkpoint_snapshot_live() froze: a guest left frozen stops writing, so a
+ * failed thaw is tried again before it is reported. TRUE once thawed. */
+static gboolean
+hostd_checkpoint_thaw(virDomainPtr dom)
+{
+    for (int i = 0; i < 3; i++) {
+        if (virDomainFSThaw(dom, NULL, 0, 0) >= 0)
+            return TRUE;
+        virResetLastError();
+    }
+    return FALSE;
+}
+
+/* The live part: an external disk-only snapshot, atomic, with the guest's filesystems frozen
+ * around the switch and thawed right after it. hostd freezes and thaws itself instead of asking
+ * libvirt's QUIESCE, which does the same three steps, so that @trace shows each of them (may be
+ * NULL). A guest agent that does not answer only costs the freeze: the checkpoint is then
  * crash-consistent, which *ret_warning says. */
 static gboolean
 hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const char *new_path,
-                               guint disk_gib, gboolean *ret_quiesced, char **ret_warning,
-                               GError **error)
+                               guint disk_gib, VmTrace *trace, gboolean *ret_quiesced,
+                               char **ret_warning, GError **error)
 {
     g_autofree char *xml = g_markup_printf_escaped(
         "<domainsnapshot><disks>"
@@ -167,32 +182,35 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
 
     if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
         return FALSE;
+    vm_trace_mark(trace, "overlay made");
     int state = 0, reason = 0;
-    if (virDomainGetState(dom, &state, &reason, 0) == 0 && state == VIR_DOMAIN_PAUSED) {
-        /* Paused vCPUs cannot freeze anything, and nothing in the guest writes meanwhile. */
-        g_autoptr(virDomainSnapshot) paused_snap = virDomainSnapshotCreateXML(dom, xml, flags);
-        if (paused_snap == NULL)
-            return hostd_libvirt_throw(error, "cannot take the checkpoint");
-        *ret_quiesced = FALSE;
-        return TRUE;
+    g_autofree char *why = NULL;
+    int frozen = -1;
+    /* Paused vCPUs cannot freeze anything, and nothing in the guest writes meanwhile. */
+    if (virDomainGetState(dom, &state, &reason, 0) < 0 || state != VIR_DOMAIN_PAUSED) {
+        hostd_guest_agent_bound(dom);
+        frozen = virDomainFSFreeze(dom, NULL, 0, 0);
+        if (frozen < 0)
+            why = hostd_libvirt_take_error("no answer", NULL);
+        vm_trace_mark(trace, "filesystems frozen");
     }
-    g_autoptr(virDomainSnapshot) snap =
-        virDomainSnapshotCreateXML(dom, xml, flags | VIR_DOMAIN_SNAPSHOT_CREATE_QUIESCE);
-    if (snap != NULL) {
-        *ret_quiesced = TRUE;
-        return TRUE;
-    }
-    g_autofree char *why = hostd_libvirt_take_error("no answer", NULL);
-    /* ATOMIC means libvirt left the chain as it was; the retry gets a fresh overlay. */
-    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
-        return FALSE;
-    g_autoptr(virDomainSnapshot) unfrozen_snap = virDomainSnapshotCreateXML(dom, xml, flags);
-    if (unfrozen_snap == NULL)
-        return hostd_libvirt_throw(error, "cannot take the checkpoint");
-    *ret_quiesced = FALSE;
-    *ret_warning = g_strdup_printf("the guest's filesystems were not frozen (%s): the checkpoint "
-                                   "is crash-consistent",
-                                   why);
+    g_autoptr(virDomainSnapshot) snap = virDomainSnapshotCreateXML(dom, xml, flags);
+    g_autofree char *failed = snap == NULL ? hostd_libvirt_take_error("unknown", NULL) : NULL;
+    vm_trace_mark(trace, "disk switched");
+    gboolean thawed = frozen < 0 || hostd_checkpoint_thaw(dom);
+    if (frozen >= 0)
+        vm_trace_mark(trace, "thawed");
+    if (snap == NULL)
+        return vm_throw(error, VM_ERROR_LIBVIRT, "cannot take the checkpoint: %s", failed);
+    *ret_quiesced = frozen > 0;
+    if (!thawed)
+        *ret_warning = g_strdup("the guest's filesystems could not be thawed after the "
+                                "checkpoint: writes in the guest wait until they are "
+                                "(vmctl restart fixes it)");
+    else if (state != VIR_DOMAIN_PAUSED && frozen <= 0)
+        *ret_warning = g_strdup_printf("the guest's filesystems were not frozen (%s): the "
+                                       "checkpoint is crash-consistent",
+                                       why != NULL ? why : "none to freeze");
     return TRUE;
 }
 
@@ -272,6 +290,11 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     const char *new_file = NULL;
     gboolean quiesced = TRUE;
     gboolean running = hostd_libvirt_is_active(dom);
+    /* With --debug, where a checkpoint's time went: one line in hostd's log. */
+    g_auto(VmTrace) trace = {0};
+
+    if (ctx->debug)
+        vm_trace_init(&trace);
 
     if (memory && !running)
         return vm_throw(error, VM_ERROR_BAD_STATE,
@@ -291,6 +314,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
         return NULL;
     }
     hostd_checkpoint_step("checkpoint-journaled");
+    vm_trace_mark(&trace, "journal");
 
     g_autofree char *new_path = vm_checkpoint_set_path(set, new_file);
     g_autofree char *active_path = vm_checkpoint_set_path(set, set->active);
@@ -300,8 +324,8 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
         ok = hostd_checkpoint_snapshot_memory(dom, new_path, memory_path,
                                               g_str_equal(ctx->lv->virt_type, "kvm"), error);
     } else if (running) {
-        ok = hostd_checkpoint_snapshot_live(dom, active_path, new_path, r->disk_gib, &quiesced,
-                                            ret_warning, error);
+        ok = hostd_checkpoint_snapshot_live(dom, active_path, new_path, r->disk_gib, &trace,
+                                            &quiesced, ret_warning, error);
     } else {
         ok = hostd_qemu_img_overlay(active_path, new_path, error) &&
              hostd_checkpoint_repoint_saved(ctx, r, dom, new_file, error);
@@ -322,6 +346,12 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
      * Should defining fail, start-up repairs it (hostd_checkpoint_reconcile()). */
     if (!vm_checkpoint_set_save(set, error) || !hostd_checkpoint_define(ctx, r, set, error))
         return NULL;
+    if (trace.phases != NULL) {
+        vm_trace_mark(&trace, "recorded");
+        g_autofree char *what = g_strdup_printf("checkpoint %s", r->name);
+        g_autofree char *text = vm_trace_finish(&trace, what);
+        hostd_context_log(ctx, "trace: %s", text);
+    }
     return c;
 }
 

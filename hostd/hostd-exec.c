@@ -33,12 +33,23 @@ hostd_agent_exec(HostdContext *ctx, const char *name, const HostdExecRequest *re
     return ok;
 }
 
+/* Waits for the guest clock a wake is setting (HostdExecRequest.before_command). */
+static void
+exec_clock_wait(gpointer data)
+{
+    HostdClockSync **clock = data;
+
+    g_clear_pointer(clock, hostd_guest_sync_clock_finish);
+}
+
 static gboolean
 hostd_agent_exec_traced(HostdContext *ctx, const char *name, const HostdExecRequest *request,
                         int client_fd, GError **error)
 {
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
+    g_autoptr(HostdClockSync) clock = NULL;
+    HostdExecRequest woken = *request;
     {
         /* An exec is a way in: it wakes a paused or saved agent, as a connection would. */
         g_autoptr(HostdNameLock) lock = NULL;
@@ -50,9 +61,11 @@ hostd_agent_exec_traced(HostdContext *ctx, const char *name, const HostdExecRequ
         const char *state = hostd_libvirt_state_name(dom);
         vm_trace_mark(request->trace, "lock and open");
         if (g_str_equal(state, "paused") || g_str_equal(state, "saved")) {
-            if (!hostd_power_wake_locked(ctx, r, dom, error))
+            if (!hostd_power_wake_traced(ctx, r, dom, request->trace, &clock, error))
                 return FALSE;
-            vm_trace_mark(request->trace, "wake");
+            /* The clock is set while the SSH connection is made, and before the command. */
+            woken.before_command = exec_clock_wait;
+            woken.before_command_data = &clock;
         }
         state = hostd_libvirt_state_name(dom);
         if (!g_str_equal(state, "running"))
@@ -64,7 +77,7 @@ hostd_agent_exec_traced(HostdContext *ctx, const char *name, const HostdExecRequ
     HostdSshTarget target;
     hostd_guest_ssh_target(&target, r, &identity, &known_hosts);
     hostd_power_session_begin(ctx, name);
-    gboolean ok = hostd_ssh_exec(ctx->ssh, &target, request, client_fd, error);
+    gboolean ok = hostd_ssh_exec(ctx->ssh, &target, &woken, client_fd, error);
     hostd_power_session_end(ctx, name);
     return ok;
 }

@@ -12,10 +12,12 @@
 #include "vm-stream.h"
 #include "vm-util.h"
 
-#define HOSTD_CONSOLE_TAIL_LINES    15
-#define HOSTD_CONSOLE_TAIL_BYTES    (64 * 1024)
-#define HOSTD_GUEST_AGENT_TIMEOUT_S 5
-#define HOSTD_CLOCK_SYNC_TRIES      20 /* half a second apart: a restored guest agent reconnects */
+#define HOSTD_CONSOLE_TAIL_LINES 15
+#define HOSTD_CONSOLE_TAIL_BYTES (64 * 1024)
+/* A restored guest agent reconnects within a second or two: asked every 100 ms for up to 10 s,
+ * the clock is set as soon as it answers, not up to half a second later. */
+#define HOSTD_CLOCK_SYNC_TRIES    100
+#define HOSTD_CLOCK_SYNC_RETRY_US (G_USEC_PER_SEC / 10)
 /* Appends to @out the last @max bytes of the file at @path (nothing when it cannot be read). */
 static void
 hostd_console_read_file_end(const char *path, gsize max, GString *out)
@@ -245,20 +247,71 @@ hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r, VmProg
 }
 
 void
-hostd_guest_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name)
+hostd_guest_agent_bound(virDomainPtr dom)
 {
     /* libvirt waits for the guest agent's answer without end by default: a guest whose agent
      * died would hold this agent's lock forever. */
     if (virDomainAgentSetResponseTimeout(dom, HOSTD_GUEST_AGENT_TIMEOUT_S, 0) < 0)
         virResetLastError();
+}
+
+void
+hostd_guest_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name)
+{
+    hostd_guest_agent_bound(dom);
     for (int i = 0; i < HOSTD_CLOCK_SYNC_TRIES; i++) {
         gint64 now = g_get_real_time();
         if (virDomainSetTime(dom, now / G_USEC_PER_SEC, (unsigned int)(now % G_USEC_PER_SEC) * 1000,
                              0) == 0)
             return;
         virResetLastError();
-        g_usleep(G_USEC_PER_SEC / 2);
+        g_usleep(HOSTD_CLOCK_SYNC_RETRY_US);
     }
     hostd_context_log(ctx, "agent '%s': could not set the guest clock (no guest agent answer)",
                       name);
+}
+
+struct _HostdClockSync {
+    HostdContext *ctx;
+    virDomainPtr dom;
+    char *name;
+    GThread *thread;
+};
+
+static gpointer
+hostd_clock_sync_thread(gpointer data)
+{
+    HostdClockSync *sync = data;
+
+    hostd_guest_sync_clock(sync->ctx, sync->dom, sync->name);
+    return NULL;
+}
+
+HostdClockSync *
+hostd_guest_sync_clock_begin(HostdContext *ctx, virDomainPtr dom, const char *name)
+{
+    HostdClockSync *sync = g_new0(HostdClockSync, 1);
+    g_autoptr(GError) error = NULL;
+
+    sync->ctx = ctx;
+    sync->dom = dom;
+    virDomainRef(dom);
+    sync->name = g_strdup(name);
+    sync->thread = g_thread_try_new("clock-sync", hostd_clock_sync_thread, sync, &error);
+    /* No thread to spare: set it here, as before. */
+    if (sync->thread == NULL)
+        hostd_guest_sync_clock(ctx, dom, name);
+    return sync;
+}
+
+void
+hostd_guest_sync_clock_finish(HostdClockSync *sync)
+{
+    if (sync == NULL)
+        return;
+    if (sync->thread != NULL)
+        g_thread_join(sync->thread);
+    virDomainFree(sync->dom);
+    g_free(sync->name);
+    g_free(sync);
 }

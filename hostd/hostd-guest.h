@@ -29,9 +29,30 @@ gboolean hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *
                                      VmProgressFunc progress, gpointer progress_data,
                                      GError **error);
 
+/* How long hostd waits for one answer of a guest agent. */
+#define HOSTD_GUEST_AGENT_TIMEOUT_S 5
+
+/* Bounds every later guest agent call on @dom by HOSTD_GUEST_AGENT_TIMEOUT_S. Can't fail (a
+ * libvirt that cannot set it keeps its own). */
+void hostd_guest_agent_bound(virDomainPtr dom);
+
 /* Sets the guest's clock to the host's through the guest agent (after a wake or a memory
  * restore the guest's clock lags by the time it slept). A few tries, each bounded; a guest whose
  * agent does not answer is logged through hostd_context_log(), not an error. */
 void hostd_guest_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name);
+
+typedef struct _HostdClockSync HostdClockSync;
+
+/* The same on a thread of its own, so that what the caller does next (an SSH connection, a
+ * channel open) overlaps with the guest agent's round trips; hostd_guest_sync_clock_finish()
+ * waits for it. @dom is referenced. Can't fail: without a thread to spare it sets the clock
+ * before it returns. */
+HostdClockSync *hostd_guest_sync_clock_begin(HostdContext *ctx, virDomainPtr dom, const char *name);
+
+/* Waits until the clock of hostd_guest_sync_clock_begin() is set (or given up), then frees
+ * @sync. NULL is accepted. */
+void hostd_guest_sync_clock_finish(HostdClockSync *sync);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdClockSync, hostd_guest_sync_clock_finish)
 
 G_END_DECLS

@@ -47,8 +47,18 @@ gboolean
 hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                         GError **error)
 {
+    g_autoptr(HostdClockSync) clock = NULL;
+
+    return hostd_power_wake_traced(ctx, r, dom, NULL, &clock, error);
+}
+
+gboolean
+hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                        VmTrace *trace, HostdClockSync **ret_clock, GError **error)
+{
     int state = 0, reason = 0;
 
+    *ret_clock = NULL;
     if (virDomainGetState(dom, &state, &reason, 0) < 0)
         return hostd_libvirt_throw(error, "cannot read the agent's state");
     if (state == VIR_DOMAIN_RUNNING || state == VIR_DOMAIN_BLOCKED)
@@ -56,6 +66,7 @@ hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
     if (state == VIR_DOMAIN_PAUSED) {
         if (virDomainResume(dom) < 0)
             return hostd_libvirt_throw(error, "cannot resume the agent");
+        vm_trace_mark(trace, "resume");
     } else if (state == VIR_DOMAIN_SHUTOFF && virDomainHasManagedSaveImage(dom, 0) > 0) {
         hostd_ssh_pool_forget(ctx->ssh, r->name);
         if (virDomainCreate(dom) < 0) {
@@ -67,6 +78,7 @@ hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
             if (virDomainManagedSaveRemove(dom, 0) < 0 || virDomainCreate(dom) < 0)
                 return hostd_libvirt_throw(error, "cannot start the agent");
         }
+        vm_trace_mark(trace, "restore saved image");
         /* An image saved while paused comes back paused. */
         if (virDomainGetState(dom, &state, &reason, 0) == 0 && state == VIR_DOMAIN_PAUSED &&
             virDomainResume(dom) < 0)
@@ -77,7 +89,7 @@ hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
                         "agent '%s' is %s; start it with: vmctl start %s", r->name,
                         hostd_libvirt_state_name(dom), r->name);
     }
-    hostd_guest_sync_clock(ctx, dom, r->name);
+    *ret_clock = hostd_guest_sync_clock_begin(ctx, dom, r->name);
     hostd_agent_set_wanted((HostdAgentRecord *)r, HOSTD_WANTED_RUNNING);
     return TRUE;
 }

@@ -4,6 +4,8 @@
 #pragma once
 
 #include "hostd-context.h"
+#include "hostd-guest.h"
+#include "vm-trace.h"
 
 G_BEGIN_DECLS
 
@@ -33,6 +35,12 @@ gboolean hostd_power_wake(HostdContext *ctx, const char *name, GError **error);
 /* Same, with the agent lock already held by the caller. */
 gboolean hostd_power_wake_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                  GError **error);
+
+/* Same, marking its phases in @trace (may be NULL); when it woke the agent, the clock is set on a
+ * thread of its own, returned in *@ret_clock for the caller to finish before the guest runs
+ * anything that reads the time (NULL there when nothing woke). */
+gboolean hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                 VmTrace *trace, HostdClockSync **ret_clock, GError **error);
 
 /* Pauses (or with @save, saves) a running agent by hand. Returns its info dictionary. */
 GVariant *hostd_agent_suspend(HostdContext *ctx, const char *name, gboolean save, GError **error);

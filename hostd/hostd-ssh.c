@@ -815,6 +815,10 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
     ssh_callbacks_init(&state.callbacks);
     ssh_set_channel_callbacks(channel, &state.callbacks);
 
+    if (request->before_command != NULL) {
+        request->before_command(request->before_command_data);
+        vm_trace_mark(request->trace, "guest clock set");
+    }
     ok = TRUE;
     if (request->tty && ssh_channel_request_pty_size(
                             channel, request->term != NULL ? request->term : "xterm-256color",

@@ -49,6 +49,10 @@ typedef struct {
     const char *term; /* with tty; NULL = "xterm-256color" */
     guint cols, rows; /* with tty; 0 = 80x24 */
     VmTrace *trace;   /* marks its phases here when not NULL */
+    /* Called once right before the command is sent, when not NULL: waits for what must hold
+     * when the command starts (the guest clock after a wake) while the connection was made. */
+    void (*before_command)(gpointer data);
+    gpointer before_command_data;
 } HostdExecRequest;
 
 /* Runs @request on @target and relays the conversation with the vmctl client on @client_fd:

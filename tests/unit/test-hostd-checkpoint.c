@@ -276,11 +276,16 @@ test_create_live(void **state)
     assert_non_null(strstr(log, "create -q -f qcow2 -F qcow2 -u -b"));
     assert_backing(f, "a1", "disk-1.qcow2", "disk.qcow2");
 
+    assert_int_equal(hostd_test_fake_snapshots_unfrozen(), 1);
+
+    /* With a guest agent, the switch happens frozen, and the guest is thawed right after it. */
     hostd_test_fake_guest_agent(TRUE);
     g_autofree char *warning2 = NULL;
     g_autoptr(GVariant) c2 = checkpoint(f, "a1", NULL, FALSE, &warning2);
     assert_null(warning2);
     assert_true(dict_bool(c2, "quiesced"));
+    assert_int_equal(hostd_test_fake_snapshots_unfrozen(), 1);
+    assert_false(hostd_test_fake_frozen());
     assert_backing(f, "a1", "disk-2.qcow2", "disk-1.qcow2");
     g_autofree char *defined = domain_file(f, "a1");
     assert_string_equal(defined, "disk-2.qcow2");

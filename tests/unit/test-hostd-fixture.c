@@ -147,6 +147,8 @@ hostd_test_qemu_img_fail(HostdTestFixture *f, const char *pattern)
 static GMutex fake_lock;
 static struct {
     gboolean guest_agent;
+    gboolean frozen;          /* between a faked freeze and its thaw */
+    guint snapshots_unfrozen; /* disk switches of a running domain while not frozen */
     guint snapshots;
     GString *block_jobs;
     char *saved_xml;
@@ -176,6 +178,8 @@ fakes_reset(void)
 {
     g_mutex_lock(&fake_lock);
     fake.guest_agent = FALSE;
+    fake.frozen = FALSE;
+    fake.snapshots_unfrozen = 0;
     fake.snapshots = 0;
     if (fake.block_jobs == NULL)
         fake.block_jobs = g_string_new(NULL);
@@ -231,6 +235,10 @@ virDomainSnapshotCreateXML(virDomainPtr domain, const char *xmlDesc, unsigned in
      * answer gives one. */
     if ((flags & VIR_DOMAIN_SNAPSHOT_CREATE_QUIESCE) && !agent)
         return REAL(virDomainSnapshotCreateXML)(domain, xmlDesc, flags);
+    g_mutex_lock(&fake_lock);
+    if (!fake.frozen && !memory)
+        fake.snapshots_unfrozen++;
+    g_mutex_unlock(&fake_lock);
 
     /* QEMU switches the disk to the new overlay, on the file it wrote to until now. */
     g_autofree char *overlay = xml_source_file(xmlDesc, "<disk name='vda'");
@@ -376,6 +384,50 @@ virDomainCreate(virDomainPtr domain)
     if (fail)
         return REAL(virDomainCreateWithFlags)(domain, 1U << 31);
     return REAL(virDomainCreate)(domain);
+}
+
+/* The guest agent's freeze and thaw: one filesystem when it answers, a real libvirt error (a flag
+ * no driver knows) when it does not. */
+int
+virDomainFSFreeze(virDomainPtr dom, const char **mountpoints, unsigned int nmountpoints,
+                  unsigned int flags)
+{
+    g_mutex_lock(&fake_lock);
+    gboolean agent = fake.guest_agent;
+    if (agent)
+        fake.frozen = TRUE;
+    g_mutex_unlock(&fake_lock);
+    return agent ? 1 : REAL(virDomainFSFreeze)(dom, mountpoints, nmountpoints, flags | 1U << 31);
+}
+
+int
+virDomainFSThaw(virDomainPtr dom, const char **mountpoints, unsigned int nmountpoints,
+                unsigned int flags)
+{
+    g_mutex_lock(&fake_lock);
+    gboolean agent = fake.guest_agent;
+    if (agent)
+        fake.frozen = FALSE;
+    g_mutex_unlock(&fake_lock);
+    return agent ? 1 : REAL(virDomainFSThaw)(dom, mountpoints, nmountpoints, flags | 1U << 31);
+}
+
+gboolean
+hostd_test_fake_frozen(void)
+{
+    g_mutex_lock(&fake_lock);
+    gboolean frozen = fake.frozen;
+    g_mutex_unlock(&fake_lock);
+    return frozen;
+}
+
+guint
+hostd_test_fake_snapshots_unfrozen(void)
+{
+    g_mutex_lock(&fake_lock);
+    guint n = fake.snapshots_unfrozen;
+    g_mutex_unlock(&fake_lock);
+    return n;
 }
 
 void

@@ -121,6 +121,12 @@ void hostd_test_fake_guest_agent(gboolean answers);
 /* How many external snapshots (disk-only or memory) were taken. */
 guint hostd_test_fake_snapshots(void);
 
+/* Whether the guest's filesystems are frozen now (a freeze without its thaw). */
+gboolean hostd_test_fake_frozen(void);
+
+/* How many disk-only snapshots of a running domain were taken with its filesystems not frozen. */
+guint hostd_test_fake_snapshots_unfrozen(void);
+
 /* The block jobs run, one line each: "pull BASE" (block rebase of the running disk) or
  * "commit BASE TOP". Newly allocated. */
 char *hostd_test_fake_block_jobs(void);
