@@ -35,7 +35,8 @@ export VMCTL_SOCKET=$S/hostd.sock
 HOSTD_PID=
 
 start_hostd() {
-  "$HOSTD" --config "$S/hostd.conf" --state-dir "$S" >> "$S/hostd.log" 2>&1 &
+  # --debug: a trace of each checkpoint's phases, the freeze among them, summed up at the end.
+  "$HOSTD" --config "$S/hostd.conf" --state-dir "$S" --debug >> "$S/hostd.log" 2>&1 &
   HOSTD_PID=$!
   for _ in $(seq 1 150); do "$VMCTL" list >/dev/null 2>&1 && return 0; sleep 0.2; done
   echo "hostd did not answer:" >&2; tail -5 "$S/hostd.log" >&2; return 1
@@ -202,3 +203,7 @@ awk -v f="$f" -v b="$b" \
   'BEGIN {printf "freeze median %.0f ms, baseline %.0f ms (goal < 100)\n", f, b}'
 echo "checkpoints taken: $total, not frozen (crash-consistent): $unfrozen;" \
   "their images hold $held GiB"
+# Where a checkpoint's time goes (hostd --debug traces): medians per phase, the freeze being
+# "filesystems frozen" (the guest agent's freeze, its sync included), "disk switched" and "thawed".
+python3 bench/trace-summary.py "checkpoint phases, freeze windows" "trace: checkpoint $A:" \
+  "$N" < "$S/hostd.log"

@@ -59,14 +59,6 @@ awk -v v="$vmctl_ms" -v c="$cold_ms" -v m="$mux_ms" 'BEGIN {
   printf "ratio vmctl/ssh-multiplexed %.2fx (goal <= 1.00)\n", v / m
 }'
 # Where hostd's part of an exec went (hostd --debug traces): the median of each phase.
-if [ -n "$S" ] && grep -q "trace: exec $A:" "$S/hostd.log"; then
-  grep "trace: exec $A:" "$S/hostd.log" | tail -n "$N" | python3 -c '
-import re, statistics, sys
-phases = {}
-for line in sys.stdin:
-    for name, ms in re.findall(r"([a-z][a-z ]*?) ([0-9.]+) ms", line.split(": ", 2)[-1]):
-        phases.setdefault(name.strip(), []).append(float(ms))
-print("hostd trace (median ms of the last %d): " % len(next(iter(phases.values()))) +
-      ", ".join("%s %.2f" % (k, statistics.median(v)) for k, v in phases.items()))
-'
+if [ -n "$S" ]; then
+  python3 bench/trace-summary.py "hostd trace" "trace: exec $A:" "$N" < "$S/hostd.log"
 fi

@@ -14,7 +14,8 @@ HOSTD=${HOSTD:-./build/hostd/hostd}
 S=$(mktemp -d -t vmw.XXXXXX); chmod 711 "$S"
 IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
 printf '[hostd]\nimages-dir=%s\nssh-port-min=43400\nssh-port-max=43499\n' "$IMAGES" > "$S/hostd.conf"
-"$HOSTD" --config "$S/hostd.conf" --state-dir "$S" > "$S/hostd.log" 2>&1 &
+# --debug: a trace of each exec's phases, the wake among them, summed up at the end.
+"$HOSTD" --config "$S/hostd.conf" --state-dir "$S" --debug > "$S/hostd.log" 2>&1 &
 HOSTD_PID=$!
 export VMCTL_SOCKET=$S/hostd.sock
 trap '"$VMCTL" rm --force wake >/dev/null 2>&1; kill $HOSTD_PID; wait $HOSTD_PID 2>/dev/null; rm -rf "$S"' EXIT
@@ -52,3 +53,6 @@ awk -v p="$p" -v s="$s" -v c="$c" 'BEGIN {
   printf "ratio saved/cold  %.3fx (goal < 0.30)\n", s / c
 }'
 echo "QEMU RSS: running $((rss_running / 1024)) MiB | paused $((rss_paused / 1024)) MiB | saved $((rss_saved / 1024)) MiB (goal 0)"
+# Where the time of a wake goes (hostd --debug traces of the waking execs): medians per phase.
+python3 bench/trace-summary.py "wake from paused" "trace: exec wake: .*, resume " < "$S/hostd.log"
+python3 bench/trace-summary.py "wake from saved" "trace: exec wake: .*restore saved image" < "$S/hostd.log"
