@@ -34,11 +34,15 @@ first_command_ms() { local t0; t0=$(now); "$VMCTL" exec wake -- true; echo $(( (
 
 "$VMCTL" exec wake -- true
 rss_running=$(rss_kib)
-paused=(); saved=(); cold=()
+paused=(); saved=(); cold=(); read_ms=()
 for _ in $(seq 1 "$N"); do
   "$VMCTL" suspend wake >/dev/null; rss_paused=$(rss_kib)
   paused+=("$(first_command_ms)")
   "$VMCTL" suspend --save wake >/dev/null; rss_saved=$(rss_kib)
+  # The disk's part of a restore: reading the saved image once, as the restore will.
+  image=$(find "$S" -name 'wake.save' -print -quit)
+  t0=$(now); cat "$image" > /dev/null; read_ms+=($(( ($(now) - t0) / 1000000 )))
+  image_mib=$(( $(stat -c %s "$image") / 1048576 ))
   saved+=("$(first_command_ms)")
   "$VMCTL" stop wake >/dev/null
   t0=$(now); "$VMCTL" -q start wake >/dev/null; "$VMCTL" exec wake -- true
@@ -52,6 +56,8 @@ awk -v p="$p" -v s="$s" -v c="$c" 'BEGIN {
   printf "ratio paused/cold %.3fx (goal < 0.05)\n", p / c
   printf "ratio saved/cold  %.3fx (goal < 0.30)\n", s / c
 }'
+r=$(printf '%s\n' "${read_ms[@]}" | median)
+echo "saved image: $image_mib MiB, read in $r ms ($(( image_mib * 1000 / (r > 0 ? r : 1) )) MiB/s; what the disk allows a restore)"
 echo "QEMU RSS: running $((rss_running / 1024)) MiB | paused $((rss_paused / 1024)) MiB | saved $((rss_saved / 1024)) MiB (goal 0)"
 # Where the time of a wake goes (hostd --debug traces of the waking execs): medians per phase.
 python3 bench/trace-summary.py "wake from paused" "trace: exec wake: .*, resume " < "$S/hostd.log"
