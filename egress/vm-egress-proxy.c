@@ -48,6 +48,7 @@ struct _VmEgressProxy {
     GMutex lock;
     GCond idle;
     VmEgressPolicy *policy;
+    VmEgressCredentials *credentials; /* NULL: none */
     guint active;
     GArray *local; /* the host's own addresses, refreshed now and then */
     gint64 local_time;
@@ -122,6 +123,10 @@ vm_egress_record_to_json(const VmEgressRecord *record)
     json_builder_add_int_value(builder, (gint64)record->bytes_down);
     json_builder_set_member_name(builder, "duration_ms");
     json_builder_add_int_value(builder, record->duration_us / 1000);
+    if (record->secret != NULL) {
+        json_builder_set_member_name(builder, "secret");
+        json_builder_add_string_value(builder, record->secret);
+    }
     json_builder_end_object(builder);
     root = json_builder_get_root(builder);
     json_generator_set_root(generator, root);
@@ -1157,7 +1162,10 @@ vm_egress_proxy_new(const VmEgressConfig *config, GError **error)
         proxy->config.connect_timeout_ms = DEFAULT_CONNECT_MS;
     proxy->policy =
         config->policy != NULL ? vm_egress_policy_ref(config->policy) : vm_egress_policy_new_none();
+    proxy->credentials =
+        config->credentials != NULL ? vm_egress_credentials_ref(config->credentials) : NULL;
     proxy->config.policy = NULL;
+    proxy->config.credentials = NULL;
 
     if (!(proxy->listen_path != NULL ? proxy_listen_unix(proxy, error)
                                      : proxy_listen(proxy, error)))
@@ -1197,6 +1205,7 @@ vm_egress_proxy_free(VmEgressProxy *proxy)
     if (proxy->wake[1] >= 0)
         close(proxy->wake[1]);
     vm_egress_policy_unref(proxy->policy);
+    g_clear_pointer(&proxy->credentials, vm_egress_credentials_unref);
     g_clear_pointer(&proxy->local, g_array_unref);
     g_mutex_clear(&proxy->log_lock);
     g_mutex_clear(&proxy->lock);
@@ -1224,6 +1233,20 @@ vm_egress_proxy_set_policy(VmEgressProxy *proxy, VmEgressPolicy *policy)
     g_mutex_unlock(&proxy->lock);
     g_atomic_int_inc(&proxy->generation);
     vm_egress_policy_unref(old);
+}
+
+void
+vm_egress_proxy_set_credentials(VmEgressProxy *proxy, VmEgressCredentials *credentials)
+{
+    VmEgressCredentials *old;
+
+    g_mutex_lock(&proxy->lock);
+    old = proxy->credentials;
+    proxy->credentials = credentials != NULL ? vm_egress_credentials_ref(credentials) : NULL;
+    g_mutex_unlock(&proxy->lock);
+    g_atomic_int_inc(&proxy->generation);
+    if (old != NULL)
+        vm_egress_credentials_unref(old);
 }
 
 gboolean

@@ -23,6 +23,7 @@
 #include <glib.h>
 #include <sys/types.h>
 
+#include "vm-egress-credential.h"
 #include "vm-egress-policy.h"
 #include "vm-egress-request.h"
 
@@ -44,6 +45,8 @@ typedef struct {
     guint64 bytes_up;    /* guest to destination, request head included */
     guint64 bytes_down;  /* destination to guest */
     gint64 duration_us;
+    const char *secret; /* allowed: the grant substituted in its requests (the last one); else
+                         * NULL. A name, never a value. */
 } VmEgressRecord;
 
 /* Called from the proxy's threads, one record at a time (calls are serialised), never after
@@ -79,6 +82,11 @@ typedef struct {
     gpointer log_data;
     VmEgressRewriteFunc rewrite; /* may be NULL */
     gpointer rewrite_data;
+    /* The credential broker (vm-egress-credential.h, docs/SECRETS.md): */
+    VmEgressCredentials *credentials; /* NULL: none, nothing intercepted; a reference is taken */
+    const char *ca_cert_pem;          /* the agent's CA (vm-egress-ca.h): signs the certificates */
+    const char *ca_key_pem;           /* of intercepted hosts; both needed to intercept */
+    const char *upstream_ca_file;     /* NULL: the system's trust store, for real hosts' certs */
 } VmEgressConfig;
 
 typedef struct _VmEgressProxy VmEgressProxy;
@@ -100,6 +108,11 @@ guint16 vm_egress_proxy_get_port(VmEgressProxy *proxy);
  * connections whose host or address it refuses are closed within a second. Can't fail. */
 void vm_egress_proxy_set_policy(VmEgressProxy *proxy, VmEgressPolicy *policy);
 
+/* Replaces the grants the proxy honours (a reference is taken; NULL: none): new requests follow
+ * them at once, an intercepted connection whose host no grant names any more is closed. Can't
+ * fail. */
+void vm_egress_proxy_set_credentials(VmEgressProxy *proxy, VmEgressCredentials *credentials);
+
 /* A new reference to the current policy. Can't fail. */
 VmEgressPolicy *vm_egress_proxy_dup_policy(VmEgressProxy *proxy);
 
@@ -113,8 +126,8 @@ guint vm_egress_proxy_get_n_connections(VmEgressProxy *proxy);
 gboolean vm_egress_proxy_pass_fd(const char *path, int fd, GError **error);
 
 /* @record as one line of JSON without the newline: time (ISO 8601, UTC), event
- * ("allowed"/"denied"), host, port, address, reason, bytes_up, bytes_down, duration_ms; absent
- * strings are null. Newly allocated; can't fail. */
+ * ("allowed"/"denied"), host, port, address, reason, bytes_up, bytes_down, duration_ms, and secret
+ * when one was substituted; absent strings are null. Newly allocated; can't fail. */
 char *vm_egress_record_to_json(const VmEgressRecord *record);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressProxy, vm_egress_proxy_free)

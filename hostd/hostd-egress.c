@@ -8,6 +8,7 @@
 #include "hostd-agent.h"
 #include "hostd-logfile.h"
 #include "vm-domain-read.h"
+#include "vm-egress-ca.h"
 #include "vm-error.h"
 #include "vm-name.h"
 #include "vm-protocol.h"
@@ -35,6 +36,7 @@ typedef struct _HostdEgress {
     gid_t owner_gid;
     VmEgressResolveFunc resolve;
     gpointer resolve_data;
+    GHashTable *credentials; /* name -> VmEgressCredentials: the grants each proxy honours */
 } Egress;
 
 static void
@@ -63,6 +65,8 @@ egress_get(HostdContext *ctx, gboolean create)
         g_mutex_init(&egress->lock);
         g_mutex_init(&egress->run_lock);
         egress->agents = g_hash_table_new(g_str_hash, g_str_equal);
+        egress->credentials = g_hash_table_new_full(g_str_hash, g_str_equal, g_free,
+                                                    (GDestroyNotify)vm_egress_credentials_unref);
         ctx->egress = egress;
     }
     g_mutex_unlock(&ctx->lock);
@@ -245,9 +249,14 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
     config.listen_gid = egress->owner_gid;
     config.resolve = egress->resolve;
     config.resolve_data = egress->resolve_data;
+    config.credentials = g_hash_table_lookup(egress->credentials, name);
+    if (config.credentials != NULL)
+        vm_egress_credentials_ref(config.credentials);
     g_mutex_unlock(&egress->lock);
     config.log_data = agent;
     agent->proxy = vm_egress_proxy_new(&config, error);
+    if (config.credentials != NULL)
+        vm_egress_credentials_unref(config.credentials);
     if (agent->proxy == NULL)
         return NULL;
     return g_steal_pointer(&agent);
@@ -441,6 +450,7 @@ hostd_egress_stop_all(HostdContext *ctx)
     while (g_hash_table_iter_next(&iter, NULL, &value))
         egress_agent_free(value);
     g_hash_table_unref(egress->agents);
+    g_hash_table_unref(egress->credentials);
     g_mutex_clear(&egress->lock);
     g_mutex_clear(&egress->run_lock);
     g_free(egress);
@@ -735,3 +745,40 @@ const HostdComponent hostd_egress_component = {
     .agent_reconcile = egress_agent_reconcile,
     .detach = hostd_egress_stop_all,
 };
+
+gboolean
+hostd_egress_set_credentials(HostdContext *ctx, const char *name, VmEgressCredentials *creds,
+                             GError **error)
+{
+    Egress *egress = egress_get(ctx, TRUE);
+    EgressAgent *agent;
+
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+
+    if (r == NULL)
+        return FALSE;
+    g_mutex_lock(&egress->lock);
+    if (creds != NULL)
+        g_hash_table_replace(egress->credentials, g_strdup(name), vm_egress_credentials_ref(creds));
+    else
+        g_hash_table_remove(egress->credentials, name);
+    agent = g_hash_table_lookup(egress->agents, name);
+    if (agent != NULL)
+        vm_egress_proxy_set_credentials(agent->proxy, creds);
+    g_mutex_unlock(&egress->lock);
+    return TRUE;
+}
+
+char *
+hostd_egress_ca_certificate(HostdContext *ctx, const char *name, GError **error)
+{
+    g_autofree char *cert = NULL;
+    g_autofree char *key = NULL;
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+
+    if (r == NULL)
+        return NULL;
+    if (!vm_egress_ca_generate(name, &cert, &key, error))
+        return NULL;
+    return g_steal_pointer(&cert);
+}

@@ -121,6 +121,19 @@ guint hostd_egress_open_connections(HostdContext *ctx, const char *name);
  * next hostd starts the proxies again). For hostd's exit; can't fail. */
 void hostd_egress_stop_all(HostdContext *ctx);
 
+/* The credential broker's side of egress (docs/SECRETS.md): gives @name's proxy the grants
+ * @creds (a reference is taken; NULL: none), live, and keeps them for the proxy's restarts while
+ * this hostd runs (the secrets component sets them again at each start-up). Fails with
+ * VM_ERROR_NOT_FOUND for an unknown agent. */
+gboolean hostd_egress_set_credentials(HostdContext *ctx, const char *name,
+                                      VmEgressCredentials *creds, GError **error);
+
+/* The PEM certificate of @name's own CA, the one its proxy signs intercepted hosts' certificates
+ * with: generated on first use, its key stored 0600 by hostd outside the agent's directory and
+ * never handed out. For the guest's trust store. Fails with VM_ERROR_NOT_FOUND for an unknown
+ * agent, VM_ERROR_IO when the CA cannot be made or stored. */
+char *hostd_egress_ca_certificate(HostdContext *ctx, const char *name, GError **error);
+
 /* For tests: proxies started from now on resolve names with @resolve (NULL: getaddrinfo()). */
 void hostd_egress_set_resolver(HostdContext *ctx, VmEgressResolveFunc resolve,
                                gpointer resolve_data);
