@@ -10,10 +10,12 @@
 
 G_BEGIN_DECLS
 
-/* Generates a new CA for the agent @agent_name (which goes into its subject): a self-signed
- * certificate valid for ten years, basicConstraints CA with path length 0, key usage certSign,
- * name-constrained to nothing wider than it needs. Both are returned PEM-encoded, newly
- * allocated. Fails with VM_ERROR_IO when GnuTLS fails. */
+/* Generates a new CA for the agent @agent_name (which goes into its subject, "CN=vmctl egress CA
+ * for NAME"): an ECDSA P-256 key and a self-signed certificate valid for ten years (from a minute
+ * back), basicConstraints CA with path length 0, key usage certSign|crlSign. No name constraints:
+ * a grant's hosts change while the CA stays installed in the guest. Both are returned
+ * PEM-encoded, newly allocated (NULL on failure). Fails with VM_ERROR_INVALID_ARGUMENT when the
+ * name holds characters other than [A-Za-z0-9._-], VM_ERROR_IO when GnuTLS fails. */
 gboolean vm_egress_ca_generate(const char *agent_name, char **ret_cert_pem, char **ret_key_pem,
                                GError **error);
 

@@ -1,0 +1,114 @@
+/* The per-agent CA: a self-signed ECDSA CA certificate a TLS client can trust (CA, path length 0,
+ * certSign, ten years, the agent in its subject) and its key; names a subject cannot hold plainly
+ * are refused. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "vm-egress-ca.h"
+#include "vm-error.h"
+
+#include <gnutls/gnutls.h>
+#include <gnutls/x509.h>
+#include <string.h>
+#include <time.h>
+
+static void
+test_ca_generated(void **state)
+{
+    (void)state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *cert_pem = NULL;
+    g_autofree char *key_pem = NULL;
+
+    assert_true(vm_egress_ca_generate("alpha-1", &cert_pem, &key_pem, &error));
+    assert_null(error);
+    assert_non_null(strstr(cert_pem, "BEGIN CERTIFICATE"));
+    assert_non_null(strstr(key_pem, "PRIVATE KEY"));
+
+    gnutls_x509_crt_t crt;
+    gnutls_datum_t datum = {(unsigned char *)cert_pem, (unsigned)strlen(cert_pem)};
+    assert_int_equal(gnutls_x509_crt_init(&crt), 0);
+    assert_int_equal(gnutls_x509_crt_import(crt, &datum, GNUTLS_X509_FMT_PEM), 0);
+
+    char dn[256];
+    size_t dn_size = sizeof dn;
+    assert_int_equal(gnutls_x509_crt_get_dn(crt, dn, &dn_size), 0);
+    assert_string_equal(dn, "CN=vmctl egress CA for alpha-1");
+
+    unsigned int critical = 0;
+    unsigned int ca = 0;
+    int pathlen = -1;
+    assert_int_equal(gnutls_x509_crt_get_basic_constraints(crt, &critical, &ca, &pathlen), 1);
+    assert_true(ca != 0);
+    assert_int_equal(pathlen, 0);
+
+    unsigned int usage = 0;
+    assert_true(gnutls_x509_crt_get_key_usage(crt, &usage, &critical) >= 0);
+    assert_true(usage & GNUTLS_KEY_KEY_CERT_SIGN);
+    assert_int_equal(gnutls_x509_crt_get_pk_algorithm(crt, NULL), GNUTLS_PK_ECDSA);
+
+    time_t now = time(NULL);
+    assert_true(gnutls_x509_crt_get_activation_time(crt) <= now);
+    assert_true(gnutls_x509_crt_get_expiration_time(crt) > now + (time_t)9 * 365 * 24 * 3600);
+
+    /* Self-signed: it verifies against itself as the one trusted CA. */
+    unsigned int verify = 1;
+    assert_int_equal(gnutls_x509_crt_verify(crt, &crt, 1, 0, &verify), 0);
+    assert_int_equal(verify, 0);
+
+    /* The key is the certificate's. */
+    gnutls_x509_privkey_t key;
+    gnutls_datum_t key_datum = {(unsigned char *)key_pem, (unsigned)strlen(key_pem)};
+    assert_int_equal(gnutls_x509_privkey_init(&key), 0);
+    assert_int_equal(gnutls_x509_privkey_import(key, &key_datum, GNUTLS_X509_FMT_PEM), 0);
+    unsigned char crt_id[64], key_id[64];
+    size_t crt_id_size = sizeof crt_id, key_id_size = sizeof key_id;
+    assert_int_equal(gnutls_x509_crt_get_key_id(crt, 0, crt_id, &crt_id_size), 0);
+    assert_int_equal(gnutls_x509_privkey_get_key_id(key, 0, key_id, &key_id_size), 0);
+    assert_int_equal(crt_id_size, key_id_size);
+    assert_memory_equal(crt_id, key_id, crt_id_size);
+
+    gnutls_x509_privkey_deinit(key);
+    gnutls_x509_crt_deinit(crt);
+}
+
+static void
+test_two_cas_differ(void **state)
+{
+    (void)state;
+    g_autofree char *cert_a = NULL, *key_a = NULL, *cert_b = NULL, *key_b = NULL;
+
+    assert_true(vm_egress_ca_generate("a", &cert_a, &key_a, NULL));
+    assert_true(vm_egress_ca_generate("a", &cert_b, &key_b, NULL));
+    assert_string_not_equal(key_a, key_b);
+    assert_string_not_equal(cert_a, cert_b);
+}
+
+static void
+test_bad_name_refused(void **state)
+{
+    (void)state;
+    g_autoptr(GError) error = NULL;
+    char *cert_pem = (char *)"x";
+    char *key_pem = (char *)"x";
+
+    assert_false(vm_egress_ca_generate("a,CN=evil", &cert_pem, &key_pem, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_null(cert_pem);
+    assert_null(key_pem);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ca_generated),
+        cmocka_unit_test(test_two_cas_differ),
+        cmocka_unit_test(test_bad_name_refused),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
