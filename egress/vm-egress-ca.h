@@ -19,4 +19,13 @@ G_BEGIN_DECLS
 gboolean vm_egress_ca_generate(const char *agent_name, char **ret_cert_pem, char **ret_key_pem,
                                GError **error);
 
+/* Mints a leaf certificate for @host (a DNS name, or an IPv4/IPv6 literal which goes into an
+ * iPAddress SAN) signed by the CA in @ca_cert_pem/@ca_key_pem: a new ECDSA P-256 key, serverAuth
+ * extended key usage, valid from a day back to a year ahead but never past the CA's own expiry.
+ * Both are returned PEM-encoded, newly allocated (NULL on failure). Fails with
+ * VM_ERROR_INVALID_ARGUMENT for an empty host or a CA that does not parse, VM_ERROR_IO when
+ * GnuTLS fails. */
+gboolean vm_egress_ca_mint(const char *ca_cert_pem, const char *ca_key_pem, const char *host,
+                           char **ret_cert_pem, char **ret_key_pem, GError **error);
+
 G_END_DECLS

@@ -101,6 +101,78 @@ test_bad_name_refused(void **state)
     assert_null(key_pem);
 }
 
+static gnutls_x509_crt_t
+crt_from_pem(const char *pem)
+{
+    gnutls_x509_crt_t crt;
+    gnutls_datum_t datum = {(unsigned char *)pem, (unsigned)strlen(pem)};
+
+    assert_int_equal(gnutls_x509_crt_init(&crt), 0);
+    assert_int_equal(gnutls_x509_crt_import(crt, &datum, GNUTLS_X509_FMT_PEM), 0);
+    return crt;
+}
+
+static void
+test_mint_verifies_for_its_host_only(void **state)
+{
+    (void)state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *ca_cert = NULL, *ca_key = NULL, *leaf_cert = NULL, *leaf_key = NULL;
+    g_autofree char *other_ca_cert = NULL, *other_ca_key = NULL;
+
+    assert_true(vm_egress_ca_generate("alpha", &ca_cert, &ca_key, NULL));
+    assert_true(vm_egress_ca_generate("beta", &other_ca_cert, &other_ca_key, NULL));
+    assert_true(
+        vm_egress_ca_mint(ca_cert, ca_key, "api.example.com", &leaf_cert, &leaf_key, &error));
+    assert_null(error);
+
+    gnutls_x509_crt_t ca = crt_from_pem(ca_cert);
+    gnutls_x509_crt_t other_ca = crt_from_pem(other_ca_cert);
+    gnutls_x509_crt_t leaf = crt_from_pem(leaf_cert);
+    unsigned int verify = 1;
+    assert_int_equal(gnutls_x509_crt_verify(leaf, &ca, 1, 0, &verify), 0);
+    assert_int_equal(verify, 0);
+    assert_int_equal(gnutls_x509_crt_verify(leaf, &other_ca, 1, 0, &verify), 0);
+    assert_int_not_equal(verify, 0);
+    assert_true(gnutls_x509_crt_check_hostname(leaf, "api.example.com"));
+    assert_false(gnutls_x509_crt_check_hostname(leaf, "evil.example.com"));
+    assert_true(gnutls_x509_crt_get_expiration_time(leaf) <=
+                gnutls_x509_crt_get_expiration_time(ca));
+    assert_true(gnutls_x509_crt_get_activation_time(leaf) < time(NULL) - 3600);
+    gnutls_x509_crt_deinit(leaf);
+
+    g_clear_pointer(&leaf_cert, g_free);
+    g_clear_pointer(&leaf_key, g_free);
+    assert_true(vm_egress_ca_mint(ca_cert, ca_key, "127.0.0.1", &leaf_cert, &leaf_key, NULL));
+    leaf = crt_from_pem(leaf_cert);
+    assert_true(gnutls_x509_crt_check_ip(leaf, (const unsigned char *)"\x7f\0\0\x01", 4, 0));
+    assert_false(gnutls_x509_crt_check_ip(leaf, (const unsigned char *)"\x7f\0\0\x02", 4, 0));
+
+    gnutls_x509_crt_deinit(leaf);
+    gnutls_x509_crt_deinit(ca);
+    gnutls_x509_crt_deinit(other_ca);
+}
+
+static void
+test_mint_refuses_bad_input(void **state)
+{
+    (void)state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *ca_cert = NULL, *ca_key = NULL;
+    char *leaf_cert = (char *)"x";
+    char *leaf_key = (char *)"x";
+
+    assert_true(vm_egress_ca_generate("alpha", &ca_cert, &ca_key, NULL));
+    assert_false(vm_egress_ca_mint(ca_cert, ca_key, "", &leaf_cert, &leaf_key, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_null(leaf_cert);
+    g_clear_error(&error);
+    assert_false(
+        vm_egress_ca_mint("not a pem", ca_key, "a.example", &leaf_cert, &leaf_key, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_null(leaf_key);
+}
+
 int
 main(void)
 {
@@ -108,6 +180,8 @@ main(void)
         cmocka_unit_test(test_ca_generated),
         cmocka_unit_test(test_two_cas_differ),
         cmocka_unit_test(test_bad_name_refused),
+        cmocka_unit_test(test_mint_verifies_for_its_host_only),
+        cmocka_unit_test(test_mint_refuses_bad_input),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
