@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "vm-egress-ca.h"
+#include "vm-egress-mint.h"
 #include "vm-error.h"
 
 #include <gnutls/gnutls.h>
@@ -173,6 +174,27 @@ test_mint_refuses_bad_input(void **state)
     assert_null(leaf_key);
 }
 
+static void
+test_mint_cache(void **state)
+{
+    (void)state;
+    g_autofree char *ca_cert = NULL, *ca_key = NULL;
+    g_autofree char *a1 = NULL, *a1_key = NULL, *a2 = NULL, *a2_key = NULL;
+    g_autofree char *b = NULL, *b_key = NULL, *a3 = NULL, *a3_key = NULL;
+
+    assert_true(vm_egress_ca_generate("alpha", &ca_cert, &ca_key, NULL));
+    g_autoptr(VmEgressMintCache) cache = vm_egress_mint_cache_new(ca_cert, ca_key, 1);
+    assert_true(vm_egress_mint_cache_get(cache, "a.example", &a1, &a1_key, NULL));
+    assert_true(vm_egress_mint_cache_get(cache, "a.example", &a2, &a2_key, NULL));
+    assert_string_equal(a1, a2);
+    assert_string_equal(a1_key, a2_key);
+    /* Past the bound the cache starts over: another host, then the first minted anew. */
+    assert_true(vm_egress_mint_cache_get(cache, "b.example", &b, &b_key, NULL));
+    assert_string_not_equal(a1, b);
+    assert_true(vm_egress_mint_cache_get(cache, "a.example", &a3, &a3_key, NULL));
+    assert_string_not_equal(a1, a3);
+}
+
 int
 main(void)
 {
@@ -182,6 +204,7 @@ main(void)
         cmocka_unit_test(test_bad_name_refused),
         cmocka_unit_test(test_mint_verifies_for_its_host_only),
         cmocka_unit_test(test_mint_refuses_bad_input),
+        cmocka_unit_test(test_mint_cache),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
