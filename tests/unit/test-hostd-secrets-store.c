@@ -1,0 +1,149 @@
+/* The credential broker's secret store (hostd-secrets-store.c): modes of the directory and of
+ * each file, save/load round trip with normalised hosts, a duplicate refused without touching the
+ * first, rotation, listing, removal, and that nothing bad is ever written. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+#include <sys/stat.h>
+
+#include "hostd-secrets-store.h"
+#include "vm-error.h"
+#include "test-common.h"
+
+static HostdSecret
+make_secret(const char *name, char *value, char **hosts)
+{
+    return (HostdSecret){
+        .name = (char *)name,
+        .value = value,
+        .hosts = hosts,
+        .header = (char *)"Authorization",
+        .format = (char *)"Bearer {}",
+        .env = (char *)"EXAMPLE_API_KEY",
+    };
+}
+
+static void
+test_round_trip_and_modes(void **state)
+{
+    VmTestTmpDir *tmp = *state;
+    g_autofree char *dir = g_build_filename(tmp->dir, "secrets", NULL);
+    g_autoptr(GError) error = NULL;
+    assert_true(hostd_secrets_store_prepare(dir, &error));
+    assert_int_equal(vm_test_file_mode(dir), 0700);
+    /* A directory left wider than 0700 is tightened. */
+    assert_int_equal(chmod(dir, 0755), 0);
+    assert_true(hostd_secrets_store_prepare(dir, &error));
+    assert_int_equal(vm_test_file_mode(dir), 0700);
+
+    char *hosts[] = {(char *)"API.example.com.", (char *)"*.Example.org", NULL};
+    HostdSecret secret = make_secret("example-api", (char *)"sk-live-1", hosts);
+    assert_true(hostd_secrets_store_save(dir, &secret, TRUE, &error));
+    vm_test_assert_no_error(error);
+    g_autofree char *path = g_build_filename(dir, "example-api", NULL);
+    assert_int_equal(vm_test_file_mode(path), 0600);
+
+    g_autoptr(HostdSecret) loaded = hostd_secrets_store_load(dir, "example-api", &error);
+    vm_test_assert_no_error(error);
+    assert_string_equal(loaded->value, "sk-live-1");
+    assert_int_equal(g_strv_length(loaded->hosts), 2);
+    assert_string_equal(loaded->hosts[0], "api.example.com");
+    assert_string_equal(loaded->hosts[1], "*.example.org");
+    assert_string_equal(loaded->header, "Authorization");
+    assert_string_equal(loaded->format, "Bearer {}");
+    assert_string_equal(loaded->env, "EXAMPLE_API_KEY");
+
+    /* A second create of the same name is refused and the first value stays. */
+    HostdSecret again = make_secret("example-api", (char *)"sk-other", hosts);
+    assert_false(hostd_secrets_store_save(dir, &again, TRUE, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_EXISTS, "already exists");
+    g_clear_error(&error);
+    g_autofree char *text = vm_test_read_file(path);
+    assert_non_null(strstr(text, "sk-live-1"));
+    assert_null(strstr(text, "sk-other"));
+
+    /* Rotation replaces it, still 0600. */
+    assert_true(hostd_secrets_store_save(dir, &again, FALSE, &error));
+    g_autoptr(HostdSecret) rotated = hostd_secrets_store_load(dir, "example-api", &error);
+    vm_test_assert_no_error(error);
+    assert_string_equal(rotated->value, "sk-other");
+    assert_int_equal(vm_test_file_mode(path), 0600);
+}
+
+static void
+test_list_remove_and_bad_input(void **state)
+{
+    VmTestTmpDir *tmp = *state;
+    g_autofree char *dir = g_build_filename(tmp->dir, "secrets", NULL);
+    g_autoptr(GError) error = NULL;
+
+    g_auto(GStrv) none = hostd_secrets_store_list(dir, &error);
+    vm_test_assert_no_error(error);
+    assert_int_equal(g_strv_length(none), 0);
+
+    assert_true(hostd_secrets_store_prepare(dir, &error));
+    char *hosts[] = {(char *)"api.example.com", NULL};
+    HostdSecret b = make_secret("b-key", (char *)"v1", hosts);
+    HostdSecret a = make_secret("a-key", (char *)"v2", hosts);
+    assert_true(hostd_secrets_store_save(dir, &b, TRUE, &error));
+    assert_true(hostd_secrets_store_save(dir, &a, TRUE, &error));
+    g_autofree char *grants = g_build_filename(dir, "grants", NULL);
+    assert_int_equal(mkdir(grants, 0700), 0);
+
+    g_auto(GStrv) names = hostd_secrets_store_list(dir, &error);
+    vm_test_assert_no_error(error);
+    assert_int_equal(g_strv_length(names), 2);
+    assert_string_equal(names[0], "a-key");
+    assert_string_equal(names[1], "b-key");
+
+    /* Bad fields: refused with the field's error and nothing new on disk. */
+    char *bad_hosts[] = {(char *)"bad_host", NULL};
+    char *no_hosts[] = {NULL};
+    HostdSecret bad[] = {
+        make_secret("c-key", (char *)"", hosts),
+        make_secret("c-key", (char *)"v", bad_hosts),
+        make_secret("c-key", (char *)"v", no_hosts),
+        make_secret("../c", (char *)"v", hosts),
+    };
+    bad[3].name = (char *)"../c";
+    HostdSecret bad_format = make_secret("c-key", (char *)"v", hosts);
+    bad_format.format = (char *)"Bearer";
+    HostdSecret bad_header = make_secret("c-key", (char *)"v", hosts);
+    bad_header.header = (char *)"Bad Header";
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        assert_false(hostd_secrets_store_save(dir, &bad[i], TRUE, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
+        g_clear_error(&error);
+    }
+    assert_false(hostd_secrets_store_save(dir, &bad_format, TRUE, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "exactly once");
+    g_clear_error(&error);
+    assert_false(hostd_secrets_store_save(dir, &bad_header, TRUE, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "header");
+    g_clear_error(&error);
+    assert_int_equal(vm_test_count_entries(dir), 3);
+
+    assert_true(hostd_secrets_store_remove(dir, "a-key", &error));
+    assert_false(hostd_secrets_store_remove(dir, "a-key", &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "no secret 'a-key'");
+    g_clear_error(&error);
+    g_autoptr(HostdSecret) gone = hostd_secrets_store_load(dir, "a-key", &error);
+    assert_null(gone);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "no secret 'a-key'");
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_round_trip_and_modes, vm_test_tmpdir_setup,
+                                        vm_test_tmpdir_teardown),
+        cmocka_unit_test_setup_teardown(test_list_remove_and_bad_input, vm_test_tmpdir_setup,
+                                        vm_test_tmpdir_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
