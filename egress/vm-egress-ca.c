@@ -32,6 +32,29 @@ datum_to_string(gnutls_datum_t *datum)
     return text;
 }
 
+/* @crt and @key as PEM into *@ret_cert_pem and *@ret_key_pem (both set, or neither); @what
+ * names them in the error. */
+static gboolean
+export_pair(gnutls_x509_crt_t crt, gnutls_x509_privkey_t key, const char *what, char **ret_cert_pem,
+            char **ret_key_pem, GError **error)
+{
+    gnutls_datum_t out = {NULL, 0};
+    int rc;
+
+    if ((rc = gnutls_x509_crt_export2(crt, GNUTLS_X509_FMT_PEM, &out)) < 0) {
+        g_autofree char *step = g_strdup_printf("write the %s certificate", what);
+        return gnutls_failed(error, rc, step);
+    }
+    g_autofree char *cert_pem = datum_to_string(&out);
+    if ((rc = gnutls_x509_privkey_export2(key, GNUTLS_X509_FMT_PEM, &out)) < 0) {
+        g_autofree char *step = g_strdup_printf("write the %s key", what);
+        return gnutls_failed(error, rc, step);
+    }
+    *ret_key_pem = datum_to_string(&out);
+    *ret_cert_pem = g_steal_pointer(&cert_pem);
+    return TRUE;
+}
+
 gboolean
 vm_egress_ca_generate(const char *agent_name, char **ret_cert_pem, char **ret_key_pem,
                       GError **error)
@@ -40,7 +63,6 @@ vm_egress_ca_generate(const char *agent_name, char **ret_cert_pem, char **ret_ke
     g_auto(gnutls_x509_crt_t) crt = NULL;
     g_autofree char *subject = NULL;
     unsigned char serial[16];
-    gnutls_datum_t out = {NULL, 0};
     time_t now = time(NULL);
     int rc;
 
@@ -78,14 +100,7 @@ vm_egress_ca_generate(const char *agent_name, char **ret_cert_pem, char **ret_ke
         (rc = gnutls_x509_crt_set_subject_key_id(crt, serial, sizeof serial)) < 0 ||
         (rc = gnutls_x509_crt_sign2(crt, crt, key, GNUTLS_DIG_SHA256, 0)) < 0)
         return gnutls_failed(error, rc, "build the CA certificate");
-    if ((rc = gnutls_x509_crt_export2(crt, GNUTLS_X509_FMT_PEM, &out)) < 0)
-        return gnutls_failed(error, rc, "write the CA certificate");
-    g_autofree char *cert_pem = datum_to_string(&out);
-    if ((rc = gnutls_x509_privkey_export2(key, GNUTLS_X509_FMT_PEM, &out)) < 0)
-        return gnutls_failed(error, rc, "write the CA key");
-    *ret_key_pem = datum_to_string(&out);
-    *ret_cert_pem = g_steal_pointer(&cert_pem);
-    return TRUE;
+    return export_pair(crt, key, "CA", ret_cert_pem, ret_key_pem, error);
 }
 
 #define LEAF_BACKDATE_SECONDS ((time_t)24 * 60 * 60)
@@ -101,7 +116,6 @@ vm_egress_ca_mint(const char *ca_cert_pem, const char *ca_key_pem, const char *h
     g_auto(gnutls_x509_crt_t) crt = NULL;
     unsigned char serial[16];
     unsigned char address[16];
-    gnutls_datum_t out = {NULL, 0};
     time_t now = time(NULL);
     int rc;
 
@@ -152,12 +166,5 @@ vm_egress_ca_mint(const char *ca_cert_pem, const char *ca_key_pem, const char *h
         return gnutls_failed(error, rc, "name the leaf certificate");
     if ((rc = gnutls_x509_crt_sign2(crt, ca_crt, ca_key, GNUTLS_DIG_SHA256, 0)) < 0)
         return gnutls_failed(error, rc, "sign the leaf certificate");
-    if ((rc = gnutls_x509_crt_export2(crt, GNUTLS_X509_FMT_PEM, &out)) < 0)
-        return gnutls_failed(error, rc, "write the leaf certificate");
-    g_autofree char *cert_pem = datum_to_string(&out);
-    if ((rc = gnutls_x509_privkey_export2(key, GNUTLS_X509_FMT_PEM, &out)) < 0)
-        return gnutls_failed(error, rc, "write the leaf key");
-    *ret_key_pem = datum_to_string(&out);
-    *ret_cert_pem = g_steal_pointer(&cert_pem);
-    return TRUE;
+    return export_pair(crt, key, "leaf", ret_cert_pem, ret_key_pem, error);
 }
