@@ -5,8 +5,10 @@
 # loopback_sshd_start DIR VMCTL: host and user keys, sshd_config and the client's ssh_config in
 # DIR; an sshd whose sessions find VMCTL first on PATH as `vmctl` (what `vmctl bridge` runs);
 # `ssh` first on this shell's PATH is a wrapper adding the client configuration, so the user's
-# ~/.ssh is not touched. Sets SSHD_PORT and SSHD_PID; returns 1 (sshd.log in DIR says why) when
-# the server does not listen within 10 s. loopback_sshd_stop ends it.
+# ~/.ssh is not touched. SHLVL=1 keeps bash from sourcing the host's ~/.bashrc for each command
+# (a top-level shell under sshd does), so its cost is not counted as the remote path's. Sets
+# SSHD_PORT and SSHD_PID; returns 1 (sshd.log in DIR says why) when the server does not listen
+# within 10 s. loopback_sshd_stop ends it.
 loopback_sshd_start() {
     local dir=$1 vmctl=$2
     SSHD_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -27,7 +29,7 @@ PermitRootLogin prohibit-password
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 AllowTcpForwarding yes
-SetEnv PATH=$dir/remote-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+SetEnv SHLVL=1 PATH=$dir/remote-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 CONF
     mkdir -p /run/sshd
     /usr/sbin/sshd -D -e -f "$dir/sshd_config" 2>"$dir/sshd.log" &

@@ -141,6 +141,10 @@ sshd_start(Fixture *f, ServerKind kind)
                              "PermitRootLogin prohibit-password\n"
                              "PasswordAuthentication no\n"
                              "KbdInteractiveAuthentication no\n"
+                             /* bash sources ~/.bashrc for a top-level command from sshd; the
+                              * host's root dotfiles (a pyenv init costs 0.5 s a command) are
+                              * not what these tests measure. */
+                             "SetEnv SHLVL=1\n"
                              "%s",
                              f->port, keys.host_key, auth_path,
                              kind == SERVER_DROPS_IDLE     ? "UnusedConnectionTimeout 1\n"
