@@ -8,12 +8,14 @@
 #include "hostd-forward.h"
 #include "hostd-guest-api.h"
 #include "hostd-power.h"
+#include "hostd-secrets-sync.h"
 #include "hostd-supervise.h"
 
 void
 hostd_modules_attach(HostdContext *ctx)
 {
     hostd_context_add_component(ctx, &hostd_egress_component);
+    hostd_context_add_component(ctx, &hostd_secrets_sync_component);
     hostd_context_add_component(ctx, &hostd_checkpoint_component);
     hostd_context_add_component(ctx, &hostd_fork_component);
     hostd_context_add_component(ctx, &hostd_forward_component);
