@@ -849,6 +849,15 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
         hostd_request_log(&request, NULL);
 }
 
+guint
+hostd_server_active_clients(void)
+{
+    g_mutex_lock(&hostd_clients_lock);
+    guint n = (guint)hostd_active_clients;
+    g_mutex_unlock(&hostd_clients_lock);
+    return n;
+}
+
 static gpointer
 hostd_client_thread(gpointer data)
 {

@@ -10,8 +10,10 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <glib/gstdio.h>
@@ -24,6 +26,7 @@
 #include "vm-config.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
+#include "vm-stream.h"
 #include "vm-template.h"
 #include "vm-util.h"
 #include "test-common.h"
@@ -1532,6 +1535,190 @@ test_request_deadline(void **state)
     assert_true(took < 3 * G_USEC_PER_SEC);
 }
 
+/* ---- the socket under load ------------------------------------------------------------------ */
+
+#define LOAD_AGENTS 10000
+
+/* @n agent records a00000, a00001, ..., as hostd_test_agent_record_new() makes them: the first
+ * by it, the others copied from it without its fsync (ten thousand would take a minute). */
+static void
+make_records(Fixture *f, guint n)
+{
+    g_autoptr(HostdAgentRecord) first = hostd_test_agent_record_new(f, "a00000");
+    g_autofree char *first_path = hostd_agent_record_path(first, HOSTD_AGENT_RECORD);
+    g_autoptr(GKeyFile) kf = g_key_file_new();
+    g_autoptr(GError) error = NULL;
+
+    assert_true(g_key_file_load_from_file(kf, first_path, G_KEY_FILE_NONE, &error));
+    for (guint i = 1; i < n; i++) {
+        char name[16];
+
+        g_snprintf(name, sizeof(name), "a%05u", i);
+        g_autofree char *dir = hostd_agent_dir(f->ctx, name);
+        g_autofree char *path = g_build_filename(dir, HOSTD_AGENT_RECORD, NULL);
+        g_autofree char *uuid = g_uuid_string_random();
+        g_autofree char *instance = g_strdup_printf("vmctl-%s", uuid);
+        g_key_file_set_string(kf, "agent", "name", name);
+        g_key_file_set_string(kf, "agent", "uuid", uuid);
+        g_key_file_set_string(kf, "agent", "instance-id", instance);
+        g_key_file_set_uint64(kf, "agent", "ssh-port", 20000 + i);
+        g_key_file_set_uint64(kf, "agent", "backend-port", 40000 + i);
+        g_autofree char *text = g_key_file_to_data(kf, NULL, NULL);
+        assert_int_equal(g_mkdir_with_parents(dir, 0711), 0);
+        vm_test_write_file(path, text);
+    }
+}
+
+static int
+connect_to(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    g_strlcpy(sa.sun_path, path, sizeof(sa.sun_path));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+        fail_msg("connect %s: %s", path, g_strerror(errno));
+    return fd;
+}
+
+/* Asks for the agent list on @fd, as vmctl does, and returns how many agents came back, after
+ * checking they are a00000, a00001, ... in order. */
+static guint
+list_over(int fd)
+{
+    g_autoptr(VmMessage) req = request(VM_OP_AGENT_LIST, NULL);
+    g_autoptr(GError) error = NULL;
+    VmStreamReader reader;
+
+    if (!vm_message_write_fd(fd, req, &error))
+        fail_msg("sending list: %s", error->message);
+    vm_stream_reader_init(&reader, fd, VM_OP_AGENT_LIST);
+    for (;;) {
+        g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, &error);
+        if (m == NULL)
+            fail_msg("list: %s", error->message);
+        if (!reader.ended)
+            continue;
+        g_autoptr(GVariant) agents = vm_message_lookup(m, "agents");
+        assert_non_null(agents);
+        gsize n = g_variant_n_children(agents);
+        for (gsize i = 0; i < n; i++) {
+            g_autoptr(GVariant) agent = g_variant_get_child_value(agents, i);
+            const char *name = NULL;
+            char want[16];
+
+            g_snprintf(want, sizeof(want), "a%05u", (guint)i);
+            assert_true(g_variant_lookup(agent, "name", "&s", &name));
+            assert_string_equal(name, want);
+        }
+        vm_stream_reader_clear(&reader);
+        return (guint)n;
+    }
+}
+
+/* A list of 10,000 agents is several MiB, past any one frame: it arrives whole, in parts. */
+static void
+test_list_many_agents(void **state)
+{
+    Fixture *f = *state;
+    GThread *thread = NULL;
+
+    gint64 start = g_get_monotonic_time();
+    make_records(f, LOAD_AGENTS);
+    print_message("# %u agent records made in %" G_GINT64_FORMAT " ms\n", LOAD_AGENTS,
+                  (g_get_monotonic_time() - start) / 1000);
+    start = g_get_monotonic_time();
+    int fd = hostd_test_serve(f, &thread);
+    assert_int_equal(list_over(fd), LOAD_AGENTS);
+    print_message("# a list of %u agents in %" G_GINT64_FORMAT " ms\n", LOAD_AGENTS,
+                  (g_get_monotonic_time() - start) / 1000);
+    g_thread_join(thread);
+    close(fd);
+}
+
+/* 64 clients that ask for the agent list and never read it, and 64 that trickle a request they
+ * never finish, do not keep the next client from its list; the tricklers are cut off at
+ * request-timeout, and the non-readers' threads end once their side closes. */
+static void
+test_clients_cannot_hold_hostd(void **state)
+{
+    enum { SLOW = 64, DEAF = 64, AGENTS = 1000 };
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *path = g_build_filename(f->dir, "load.sock", NULL);
+    g_autoptr(VmMessage) req = request(VM_OP_AGENT_LIST, NULL);
+    g_autoptr(GBytes) frame = vm_message_encode(req, NULL);
+    int slow[SLOW], deaf[DEAF];
+
+    make_records(f, AGENTS);
+    f->ctx->config->request_timeout_s = 2;
+    HostdServer *server = hostd_server_start(f->ctx, path, NULL, &error);
+    vm_test_assert_no_error(error);
+
+    /* The non-readers first: each list is made and stuck in a full socket (answer bytes wait
+     * unread) before the tricklers come, so these never get near their timeout. */
+    for (guint i = 0; i < DEAF; i++) {
+        deaf[i] = connect_to(path);
+        assert_true(vm_message_write_fd(deaf[i], req, NULL));
+    }
+    for (guint i = 0; i < DEAF; i++) {
+        int pending = 0;
+
+        for (guint j = 0; j < 3000 && pending == 0; j++) {
+            assert_int_equal(ioctl(deaf[i], FIONREAD, &pending), 0);
+            if (pending == 0)
+                g_usleep(10 * 1000);
+        }
+        assert_true(pending > 0);
+    }
+    for (guint i = 0; i < SLOW; i++) {
+        slow[i] = connect_to(path);
+        /* All of the frame but its last byte. */
+        assert_int_equal(
+            send(slow[i], g_bytes_get_data(frame, NULL), g_bytes_get_size(frame) - 1, MSG_NOSIGNAL),
+            (gssize)g_bytes_get_size(frame) - 1);
+    }
+    for (guint i = 0; i < 100 && hostd_server_active_clients() < SLOW + DEAF; i++)
+        g_usleep(10 * 1000);
+    guint held = hostd_server_active_clients();
+
+    gint64 start = g_get_monotonic_time();
+    int fd = connect_to(path);
+    guint listed = list_over(fd);
+    close(fd);
+    gint64 took_ms = (g_get_monotonic_time() - start) / 1000;
+    print_message("# with %u clients held, the next had its list of %u agents in %" G_GINT64_FORMAT
+                  " ms\n",
+                  held, listed, took_ms);
+
+    /* The tricklers are told they were too slow, within request-timeout and a second. */
+    guint timed_out = 0;
+    for (guint i = 0; i < SLOW; i++) {
+        struct timeval tv = {.tv_sec = 4};
+        setsockopt(slow[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        g_autoptr(VmMessage) m = vm_message_read_fd(slow[i], NULL, NULL);
+        if (m != NULL && m->op == VM_OP_ERROR &&
+            vm_message_get_uint(m, "code", 0) == VM_ERROR_TIMEOUT)
+            timed_out++;
+        close(slow[i]);
+    }
+    for (guint i = 0; i < DEAF; i++)
+        close(deaf[i]);
+    /* Their threads end with their connections: nothing is left holding a slot, and nothing
+     * uses the context once the test frees it. */
+    for (guint i = 0; i < 1000 && hostd_server_active_clients() > 0; i++)
+        g_usleep(10 * 1000);
+    guint left = hostd_server_active_clients();
+    hostd_server_stop(server);
+
+    assert_int_equal(left, 0);
+    assert_int_equal(held, SLOW + DEAF);
+    assert_int_equal(listed, AGENTS);
+    assert_true(took_ms < 1000);
+    assert_int_equal(timed_out, SLOW);
+}
+
 int
 main(void)
 {
@@ -1571,6 +1758,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_reconcile_redefine, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_corrupt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_keeps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_many_agents, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_clients_cannot_hold_hostd, setup, teardown),
     };
 
     log_lines = g_ptr_array_new_with_free_func(g_free);
