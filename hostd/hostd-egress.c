@@ -938,15 +938,31 @@ const HostdComponent hostd_egress_component = {
     .detach = hostd_egress_stop_all,
 };
 
+/* Whether @name is an agent with a record, in any phase: the credential broker's calls come
+ * while a new agent or fork is still being created too (its grants and seed). */
+static gboolean
+egress_agent_known(HostdContext *ctx, const char *name, GError **error)
+{
+    g_autofree char *dir = NULL;
+    g_autofree char *record = NULL;
+
+    if (!vm_name_validate(name, error))
+        return FALSE;
+    dir = hostd_agent_dir(ctx, name);
+    record = g_build_filename(dir, HOSTD_AGENT_RECORD, NULL);
+    if (!g_file_test(record, G_FILE_TEST_EXISTS))
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "no agent '%s'", name);
+    return TRUE;
+}
+
 gboolean
 hostd_egress_set_credentials(HostdContext *ctx, const char *name, VmEgressCredentials *creds,
                              GError **error)
 {
     Egress *egress = egress_get(ctx, TRUE);
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
     EgressAgent *agent;
 
-    if (r == NULL)
+    if (!egress_agent_known(ctx, name, error))
         return FALSE;
     g_mutex_lock(&egress->lock);
     if (creds != NULL)
@@ -981,9 +997,8 @@ hostd_egress_set_grant_hosts(HostdContext *ctx, const char *name, const char *co
                              GError **error)
 {
     Egress *egress = egress_get(ctx, TRUE);
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
 
-    if (r == NULL)
+    if (!egress_agent_known(ctx, name, error))
         return FALSE;
     g_mutex_lock(&egress->lock);
     if (hosts != NULL && hosts[0] != NULL)
@@ -1018,9 +1033,8 @@ hostd_egress_ca_certificate(HostdContext *ctx, const char *name, GError **error)
 {
     g_autofree char *cert = NULL;
     g_autofree char *key = NULL;
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
 
-    if (r == NULL)
+    if (!egress_agent_known(ctx, name, error))
         return NULL;
     if (!egress_ca_get(ctx, egress_get(ctx, TRUE), name, &cert, &key, error))
         return NULL;
