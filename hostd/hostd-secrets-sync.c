@@ -293,6 +293,16 @@ sync_agent_creating(HostdContext *ctx, const HostdAgentRecord *r, const VmTempla
     return sync_load_and_apply_proxy(ctx, r->name, &g, error);
 }
 
+/* The same once `new` or fork is done, whatever order the components were added in: with
+ * --no-wait there is no agent_up. */
+static gboolean
+sync_agent_ready(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    g_auto(SyncGrants) g = {0};
+
+    return sync_load_and_apply_proxy(ctx, r->name, &g, error);
+}
+
 /* A new agent trusts its CA from the first boot, and holds the placeholders of the grants it was
  * created with. A fork's disk went through its source's first boot: agent_up sets it right. */
 static void
@@ -366,6 +376,7 @@ const HostdComponent hostd_secrets_sync_component = {
     .name = "secrets",
     .agent_creating = sync_agent_creating,
     .agent_seed = sync_agent_seed,
+    .agent_ready = sync_agent_ready,
     .agent_up = sync_agent_up,
     .agent_removed = sync_agent_removed,
     .agent_reconcile = sync_agent_reconcile,

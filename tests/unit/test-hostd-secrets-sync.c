@@ -536,6 +536,15 @@ test_creating(void **state)
     vm_test_assert_no_error(error);
     assert_int_equal(n_credentials(f, "a1"), 1);
     assert_true(allows(f, "a1", "api.example.com", 443));
+
+    /* Grants made after this component's agent_creating reach the proxy when the agent is
+     * ready. */
+    store_secret(f, "github", "GH_TOKEN", "*.github.com");
+    g_free(grant(f, "a1", "github"));
+    assert_int_equal(n_credentials(f, "a1"), 1);
+    assert_true(hostd_secrets_sync_component.agent_ready(f->ctx, r, &error));
+    assert_int_equal(n_credentials(f, "a1"), 2);
+    assert_true(allows(f, "a1", "api.github.com", 443));
 }
 
 /* A new hostd: its proxies start bare, and reconcile gives each its agent's grants again. */
