@@ -174,6 +174,57 @@ seed_check_proxy(const char *url, GError **error)
     return TRUE;
 }
 
+/* The most a CA certificate or the environment block may take: far more than they need. */
+#define SEED_BLOCK_MAX (16 * 1024)
+
+/* One PEM certificate and nothing else: a key must never reach a guest, whoever made the
+ * spec. */
+static gboolean
+seed_check_ca(const char *pem, GError **error)
+{
+    const char *begin = "-----BEGIN CERTIFICATE-----\n";
+    const char *end = "-----END CERTIFICATE-----\n";
+
+    if (strlen(pem) > SEED_BLOCK_MAX || !g_utf8_validate(pem, -1, NULL) ||
+        !g_str_has_prefix(pem, begin) || !g_str_has_suffix(pem, end) ||
+        strstr(pem + strlen(begin), "-----BEGIN") != NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: egress_ca_pem is not one PEM certificate");
+    return TRUE;
+}
+
+/* Lines pam_env reads as they are: comments and NAME=VALUE, VALUE without control characters. */
+static gboolean
+seed_check_environment(const char *block, GError **error)
+{
+    g_auto(GStrv) lines = NULL;
+
+    if (strlen(block) > SEED_BLOCK_MAX || !g_utf8_validate(block, -1, NULL) ||
+        !g_str_has_suffix(block, "\n"))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: environment_block is not whole lines of text");
+    lines = g_strsplit(block, "\n", -1);
+    for (char **line = lines; line[1] != NULL; line++) {
+        const char *p = *line;
+        gboolean ok = p[0] == '#';
+
+        if (!ok) {
+            gsize name_len = 0;
+
+            while (g_ascii_isalnum(p[name_len]) || p[name_len] == '_')
+                name_len++;
+            ok = name_len > 0 && !g_ascii_isdigit(p[0]) && p[name_len] == '=';
+        }
+        for (const char *q = p; ok && *q != '\0'; q = g_utf8_next_char(q))
+            ok = !g_unichar_iscntrl(g_utf8_get_char(q));
+        if (!ok)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "seed: environment_block line %u is neither a comment nor NAME=VALUE",
+                            (guint)(line - lines) + 1);
+    }
+    return TRUE;
+}
+
 static gboolean
 seed_check_meta(const VmSeedSpec *spec, GError **error)
 {
@@ -215,6 +266,10 @@ seed_check_spec(const VmSeedSpec *spec, GError **error)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "seed: guest_api_host '%s' is not a host name or IPv4 address",
                         spec->guest_api_host);
+    if (spec->egress_ca_pem != NULL && !seed_check_ca(spec->egress_ca_pem, error))
+        return FALSE;
+    if (spec->environment_block != NULL && !seed_check_environment(spec->environment_block, error))
+        return FALSE;
     return TRUE;
 }
 
@@ -357,15 +412,28 @@ seed_append_guest_tool(GString *out)
     seed_append_key_quoted(out, 4, "content", vm_seed_guest_tool());
 }
 
-/* Files the guest gets at its first boot: the proxy settings, vmctl-guest. */
+/* Files the guest gets at its first boot: the proxy settings, the egress CA (trusted by the
+ * runcmd of seed_render_cloud_config()), the credential broker's environment block after the
+ * proxy's lines, vmctl-guest. */
 static void
 seed_append_write_files(GString *out, const VmSeedSpec *spec)
 {
-    if (spec->egress_proxy == NULL && !spec->guest_tool)
+    if (spec->egress_proxy == NULL && !spec->guest_tool && spec->egress_ca_pem == NULL &&
+        spec->environment_block == NULL)
         return;
     g_string_append(out, "write_files:\n");
     if (spec->egress_proxy != NULL)
         seed_append_proxy(out, spec->egress_proxy, spec->guest_api_host);
+    if (spec->egress_ca_pem != NULL) {
+        seed_append_key_quoted(out, 2, "- path", VM_SEED_EGRESS_CA_PATH);
+        seed_append_key_quoted(out, 4, "permissions", "0644");
+        seed_append_key_quoted(out, 4, "content", spec->egress_ca_pem);
+    }
+    if (spec->environment_block != NULL) {
+        seed_append_key_quoted(out, 2, "- path", "/etc/environment");
+        g_string_append(out, "    append: true\n");
+        seed_append_key_quoted(out, 4, "content", spec->environment_block);
+    }
     if (spec->guest_tool)
         seed_append_guest_tool(out);
 }
@@ -408,6 +476,9 @@ seed_render_cloud_config(const VmSeedSpec *spec)
     seed_append_key_quoted(out, 2, "ed25519_public", spec->host_key_public);
 
     seed_append_write_files(out, spec);
+    /* write_files runs before runcmd: the certificate is in place when the store is rebuilt. */
+    if (spec->egress_ca_pem != NULL)
+        g_string_append(out, "runcmd:\n  - [\"update-ca-certificates\"]\n");
 
     if (spec->packages != NULL && spec->packages[0] != NULL) {
         g_string_append(out, "packages:\n");

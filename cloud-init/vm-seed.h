@@ -25,7 +25,16 @@ typedef struct {
                                      * no_proxy with egress_proxy, so that HTTP clients reach it
                                      * directly rather than through the proxy; NULL: none */
     gboolean guest_tool;            /* write /usr/local/bin/vmctl-guest (vm_seed_guest_tool()) */
+    const char *egress_ca_pem;      /* the PEM certificate (never a key) of the agent's egress CA
+                                     * (the credential broker): written to VM_SEED_EGRESS_CA_PATH
+                                     * and trusted (update-ca-certificates); NULL: none */
+    const char *environment_block;  /* whole lines appended to /etc/environment (the credential
+                                     * broker's block of placeholders): each "# comment" or
+                                     * NAME=VALUE, ending with a newline; NULL: none */
 } VmSeedSpec;
+
+/* Where egress_ca_pem goes in the guest: Debian's directory of local CAs. */
+#define VM_SEED_EGRESS_CA_PATH "/usr/local/share/ca-certificates/vmctl-egress.crt"
 
 /* Renders user-data. Without extra parts it is one #cloud-config document; with template or
  * user parts it is a MIME multipart whose extra parts merge into hostd's (lists appended), so
@@ -33,7 +42,8 @@ typedef struct {
  * VM_ERROR_INVALID_ARGUMENT when a required field is missing or a value would break the YAML
  * (newline in hostname...), there are more than VM_SSH_KEYS_MAX user keys, or egress_proxy is
  * not "http://" followed by a host name or IPv4 address and an optional port, or guest_api_host
- * is not a host name or IPv4 address. */
+ * is not a host name or IPv4 address, egress_ca_pem is not one PEM certificate, or
+ * environment_block has a line that is neither a comment nor NAME=VALUE. */
 char *vm_seed_render_user_data(const VmSeedSpec *spec, GError **error);
 
 /* Renders meta-data (instance-id, local-hostname). Can't fail for a valid spec. */

@@ -27,6 +27,7 @@ static const char *const hostd_config_keys[] = {
     "guest-api",
     "guest-api-rate",
     "guest-api-burst",
+    "egress-upstream-ca-file",
     NULL,
 };
 
@@ -201,6 +202,17 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
                                  error))
         return FALSE;
     config->guest_api = guest_api == 1;
+    if (g_key_file_has_key(kf, "hostd", "egress-upstream-ca-file", NULL)) {
+        g_autofree char *ca_file =
+            g_key_file_get_string(kf, "hostd", "egress-upstream-ca-file", NULL);
+        g_autoptr(GError) ca_error = NULL;
+
+        if (ca_file == NULL || ca_file[0] == '\0')
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "%s: egress-upstream-ca-file must not be empty", path);
+        if (!hostd_config_set_egress_upstream_ca_file(config, ca_file, &ca_error))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path, ca_error->message);
+    }
     if (g_key_file_has_key(kf, "hostd", "accel", NULL)) {
         g_autofree char *text = g_key_file_get_string(kf, "hostd", "accel", NULL);
         if (text == NULL || !hostd_accel_mode_parse(text, &config->accel))
@@ -266,6 +278,34 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
 }
 
 gboolean
+hostd_config_set_egress_upstream_ca_file(HostdConfig *config, const char *path, GError **error)
+{
+    g_autofree char *absolute = NULL;
+    g_autofree char *contents = NULL;
+    g_autoptr(GError) local_error = NULL;
+
+    if (!g_path_is_absolute(path)) {
+        g_autofree char *cwd = g_get_current_dir();
+
+        absolute = g_build_filename(cwd, path, NULL);
+    } else {
+        absolute = g_strdup(path);
+    }
+    /* Read once, as the proxies will: a directory, a missing file or one hostd may not read is
+     * refused now rather than at the first intercepted request. */
+    if (!g_file_test(absolute, G_FILE_TEST_IS_REGULAR))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "egress-upstream-ca-file %s is not a readable file", absolute);
+    if (!g_file_get_contents(absolute, &contents, NULL, &local_error))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "egress-upstream-ca-file %s cannot be read: %s", absolute,
+                        local_error->message);
+    g_free(config->egress_upstream_ca_file);
+    config->egress_upstream_ca_file = g_steal_pointer(&absolute);
+    return TRUE;
+}
+
+gboolean
 hostd_config_shutdown_saves(const HostdConfig *config)
 {
     /* A service manager stops hostd when the host goes down; a person's Ctrl-C must not cost a
@@ -286,5 +326,6 @@ hostd_config_free(HostdConfig *config)
     g_free(config->images_dir);
     g_free(config->templates_dir);
     g_free(config->socket_group);
+    g_free(config->egress_upstream_ca_file);
     g_free(config);
 }

@@ -36,16 +36,26 @@ typedef struct {
     gboolean guest_api;             /* each agent's in-guest API (docs/GUEST-API.md); default on */
     guint guest_api_rate;           /* its requests per second per agent, on average */
     guint guest_api_burst;          /* and at once, beyond the average */
+    char *egress_upstream_ca_file;  /* the CA file proxies verify real hosts against when they
+                                     * intercept (the credential broker); NULL: the system's */
 } HostdConfig;
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
  * templates-dir, socket-group, ssh-port-min, ssh-port-max, forward-port-min, forward-port-max,
  * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
- * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst) when not NULL,
+ * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
+ * egress-upstream-ca-file) when not NULL,
  * then applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail
  * with VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
                                const char *uri, GError **error);
+
+/* Sets @config's egress-upstream-ca-file to @path (made absolute), which must be a readable
+ * regular file: a CA file that cannot be read would make every intercepted request fail much
+ * later, so it is refused at start. Fails with VM_ERROR_INVALID_ARGUMENT naming the path and
+ * why. */
+gboolean hostd_config_set_egress_upstream_ca_file(HostdConfig *config, const char *path,
+                                                  GError **error);
 
 /* Whether SIGTERM saves the running agents: shutdown = save, or auto with a service manager
  * ($NOTIFY_SOCKET set). */

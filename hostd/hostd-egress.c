@@ -5,6 +5,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <glib/gstdio.h>
+
 #include "hostd-agent.h"
 #include "hostd-logfile.h"
 #include "vm-domain-read.h"
@@ -17,11 +19,20 @@
 
 #define EGRESS_GROUP "egress"
 
+/* Under the state directory: the agents' CAs, NAME.crt and NAME.key. Outside every agent's
+ * directory, so that nothing an agent's files are copied into (a checkpoint, a fork, an export)
+ * carries a CA key. */
+#define EGRESS_CA_DIR "egress-ca"
+
+/* The port a grant opens on its secret's hosts: interception is for HTTPS only. */
+#define EGRESS_GRANT_PORT "443"
+
 typedef struct {
     char *name;
     char *socket_path;
     HostdLogFile *log;
     VmEgressProxy *proxy;
+    VmEgressPolicy *user_policy; /* the stored rules; the proxy's adds the grants' hosts */
 } EgressAgent;
 
 /* hostd's egress state for one context (ctx->egress): its agents' proxies and what they
@@ -37,6 +48,8 @@ typedef struct _HostdEgress {
     VmEgressResolveFunc resolve;
     gpointer resolve_data;
     GHashTable *credentials; /* name -> VmEgressCredentials: the grants each proxy honours */
+    GHashTable *grant_hosts; /* name -> GStrv: the hosts its grants open on port 443 */
+    GMutex ca_lock;          /* one CA made or removed at a time */
 } Egress;
 
 static void
@@ -46,6 +59,7 @@ egress_agent_free(EgressAgent *agent)
         return;
     /* The proxy first: its threads log until it returns. */
     vm_egress_proxy_free(agent->proxy);
+    g_clear_pointer(&agent->user_policy, vm_egress_policy_unref);
     hostd_logfile_free(agent->log);
     g_free(agent->name);
     g_free(agent->socket_path);
@@ -64,9 +78,12 @@ egress_get(HostdContext *ctx, gboolean create)
         egress = g_new0(Egress, 1);
         g_mutex_init(&egress->lock);
         g_mutex_init(&egress->run_lock);
+        g_mutex_init(&egress->ca_lock);
         egress->agents = g_hash_table_new(g_str_hash, g_str_equal);
         egress->credentials = g_hash_table_new_full(g_str_hash, g_str_equal, g_free,
                                                     (GDestroyNotify)vm_egress_credentials_unref);
+        egress->grant_hosts =
+            g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_strfreev);
         ctx->egress = egress;
     }
     g_mutex_unlock(&ctx->lock);
@@ -218,6 +235,136 @@ egress_log_record(const VmEgressRecord *record, gpointer user_data)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The policy a proxy runs with: the user's rules and the grants' hosts */
+
+/* @user with each of @hosts allowed on port 443, or a new reference to @user when that adds
+ * nothing (no hosts, or "any" allowed already). The user's deny rules still win: a host the
+ * user denies stays closed whatever is granted. The stored policy never holds these rules, so
+ * `vmctl egress` shows the user's own and a revoke closes the host again. */
+static VmEgressPolicy *
+egress_effective_policy(VmEgressPolicy *user, const char *const *hosts)
+{
+    g_auto(GStrv) allow = vm_egress_policy_dup_allow(user);
+    g_auto(GStrv) deny = vm_egress_policy_dup_deny(user);
+    g_autoptr(GPtrArray) rules = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GPtrArray) deny_rules = g_ptr_array_new_with_free_func(g_free);
+    VmEgressPolicy *policy;
+
+    if (hosts == NULL || hosts[0] == NULL || g_strv_contains((const char *const *)allow, "any"))
+        return vm_egress_policy_ref(user);
+    for (char **rule = allow; *rule != NULL; rule++) {
+        if (!g_str_equal(*rule, "none"))
+            g_ptr_array_add(rules, g_strdup(*rule));
+    }
+    for (const char *const *host = hosts; *host != NULL; host++) {
+        g_autofree char *rule = g_strconcat(*host, ":" EGRESS_GRANT_PORT, NULL);
+
+        if (!g_ptr_array_find_with_equal_func(rules, rule, g_str_equal, NULL))
+            g_ptr_array_add(rules, g_steal_pointer(&rule));
+    }
+    for (char **rule = deny; *rule != NULL; rule++) {
+        if (!g_str_equal(*rule, "none"))
+            g_ptr_array_add(deny_rules, g_strdup(*rule));
+    }
+    g_ptr_array_add(rules, NULL);
+    g_ptr_array_add(deny_rules, NULL);
+    policy = vm_egress_policy_new((const char *const *)rules->pdata,
+                                  (const char *const *)deny_rules->pdata, NULL);
+    /* The secret store checks every host pattern as an egress rule; should one still not parse,
+     * the grant's hosts stay closed rather than the user's rules being lost. */
+    return policy != NULL ? policy : vm_egress_policy_ref(user);
+}
+
+/* What @name's proxy must run with for @user: the user's rules and its grants' hosts. */
+static VmEgressPolicy *
+egress_effective_locked(Egress *egress, const char *name, VmEgressPolicy *user)
+{
+    return egress_effective_policy(user, g_hash_table_lookup(egress->grant_hosts, name));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The agents' CAs */
+
+static char *
+egress_ca_dir(HostdContext *ctx)
+{
+    return g_build_filename(ctx->config->state_dir, EGRESS_CA_DIR, NULL);
+}
+
+static char *
+egress_ca_path(HostdContext *ctx, const char *name, const char *suffix)
+{
+    g_autofree char *dir = egress_ca_dir(ctx);
+    g_autofree char *file = g_strconcat(name, suffix, NULL);
+
+    return g_build_filename(dir, file, NULL);
+}
+
+/* @name's CA as PEM (certificate and key), made and stored on first use: the key first, so
+ * that a certificate on disk always has its key beside it; a pair found incomplete (a crash
+ * between the two writes) is made anew. With ca_lock held. */
+static gboolean
+egress_ca_get_locked(HostdContext *ctx, const char *name, char **ret_cert, char **ret_key,
+                     GError **error)
+{
+    g_autofree char *dir = egress_ca_dir(ctx);
+    g_autofree char *cert_path = egress_ca_path(ctx, name, ".crt");
+    g_autofree char *key_path = egress_ca_path(ctx, name, ".key");
+    g_autofree char *cert = NULL;
+    g_autofree char *key = NULL;
+
+    if (!vm_name_validate(name, error))
+        return FALSE;
+    if (g_file_get_contents(cert_path, &cert, NULL, NULL) &&
+        g_file_get_contents(key_path, &key, NULL, NULL)) {
+        *ret_cert = g_steal_pointer(&cert);
+        *ret_key = g_steal_pointer(&key);
+        return TRUE;
+    }
+    g_clear_pointer(&cert, g_free);
+    g_clear_pointer(&key, g_free);
+    if (g_mkdir_with_parents(dir, 0700) < 0)
+        return vm_throw(error, VM_ERROR_IO, "cannot create %s: %s", dir, g_strerror(errno));
+    /* A directory made by an older hostd or by hand is narrowed: it holds keys. */
+    if (g_chmod(dir, 0700) < 0)
+        return vm_throw(error, VM_ERROR_IO, "cannot restrict %s: %s", dir, g_strerror(errno));
+    if (!vm_egress_ca_generate(name, &cert, &key, error))
+        return FALSE;
+    /* The key's bytes are never put into an error message: only the path. */
+    if (!vm_file_write_atomic(key_path, key, -1, 0600, error) ||
+        !vm_file_write_atomic(cert_path, cert, -1, 0644, error))
+        return FALSE;
+    *ret_cert = g_steal_pointer(&cert);
+    *ret_key = g_steal_pointer(&key);
+    return TRUE;
+}
+
+static gboolean
+egress_ca_get(HostdContext *ctx, Egress *egress, const char *name, char **ret_cert, char **ret_key,
+              GError **error)
+{
+    gboolean ok;
+
+    g_mutex_lock(&egress->ca_lock);
+    ok = egress_ca_get_locked(ctx, name, ret_cert, ret_key, error);
+    g_mutex_unlock(&egress->ca_lock);
+    return ok;
+}
+
+/* Removes @name's CA files (rm, and a new agent that finds an old one under its name). */
+static void
+egress_ca_remove(HostdContext *ctx, Egress *egress, const char *name)
+{
+    g_autofree char *cert_path = egress_ca_path(ctx, name, ".crt");
+    g_autofree char *key_path = egress_ca_path(ctx, name, ".key");
+
+    g_mutex_lock(&egress->ca_lock);
+    (void)g_unlink(cert_path);
+    (void)g_unlink(key_path);
+    g_mutex_unlock(&egress->ca_lock);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Proxies */
 
 static EgressAgent *
@@ -227,16 +374,26 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
     g_autoptr(EgressAgent) agent = g_new0(EgressAgent, 1);
     g_autofree char *dir = hostd_agent_dir(ctx, name);
     g_autofree char *log_path = NULL;
+    g_autofree char *ca_cert = NULL;
+    g_autofree char *ca_key = NULL;
+    g_autoptr(VmEgressPolicy) effective = NULL;
     VmEgressConfig config = {
-        .policy = policy,
         .max_connections = HOSTD_EGRESS_MAX_CONNECTIONS,
         .handshake_timeout_ms = HOSTD_EGRESS_HANDSHAKE_MS,
         .idle_timeout_ms = HOSTD_EGRESS_IDLE_MS,
         .connect_timeout_ms = HOSTD_EGRESS_CONNECT_MS,
         .log = egress_log_record,
+        .upstream_ca_file = ctx->config->egress_upstream_ca_file,
     };
 
+    /* Every proxy holds its agent's CA from the start, so that a grant made while it runs can be
+     * intercepted at once: the CA cannot be handed over later. */
+    if (!egress_ca_get(ctx, egress, name, &ca_cert, &ca_key, error))
+        return NULL;
+    config.ca_cert_pem = ca_cert;
+    config.ca_key_pem = ca_key;
     agent->name = g_strdup(name);
+    agent->user_policy = vm_egress_policy_ref(policy);
     agent->socket_path = g_build_filename(dir, HOSTD_AGENT_EGRESS_SOCKET, NULL);
     log_path = g_build_filename(dir, HOSTD_AGENT_EGRESS_LOG, NULL);
     agent->log = hostd_logfile_new(log_path, HOSTD_EGRESS_LOG_MAX, HOSTD_LOGFILE_NONE);
@@ -252,11 +409,16 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
     config.credentials = g_hash_table_lookup(egress->credentials, name);
     if (config.credentials != NULL)
         vm_egress_credentials_ref(config.credentials);
+    effective = egress_effective_locked(egress, name, policy);
+    config.policy = effective;
     g_mutex_unlock(&egress->lock);
     config.log_data = agent;
     agent->proxy = vm_egress_proxy_new(&config, error);
     if (config.credentials != NULL)
         vm_egress_credentials_unref(config.credentials);
+    /* The key's copy in this process's heap goes as soon as the proxy has its own. */
+    if (ca_key != NULL)
+        memset(ca_key, 0, strlen(ca_key));
     if (agent->proxy == NULL)
         return NULL;
     return g_steal_pointer(&agent);
@@ -297,7 +459,8 @@ egress_agent_run(HostdContext *ctx, const char *name, VmEgressPolicy *policy, GE
     return agent != NULL;
 }
 
-/* A new reference to the policy @name's proxy runs with, or NULL when none runs. */
+/* A new reference to the user's policy @name's proxy runs with (without its grants' hosts), or
+ * NULL when none runs. */
 static VmEgressPolicy *
 egress_running_policy(HostdContext *ctx, const char *name, guint *ret_connections)
 {
@@ -312,7 +475,7 @@ egress_running_policy(HostdContext *ctx, const char *name, guint *ret_connection
     g_mutex_lock(&egress->lock);
     agent = g_hash_table_lookup(egress->agents, name);
     if (agent != NULL) {
-        policy = vm_egress_proxy_dup_policy(agent->proxy);
+        policy = vm_egress_policy_ref(agent->user_policy);
         if (ret_connections != NULL)
             *ret_connections = vm_egress_proxy_get_n_connections(agent->proxy);
     }
@@ -320,7 +483,8 @@ egress_running_policy(HostdContext *ctx, const char *name, guint *ret_connection
     return policy;
 }
 
-/* Applies @policy to @name's running proxy; FALSE when none runs. */
+/* Applies the user's @policy (NULL: the one it has) with its grants' hosts to @name's running
+ * proxy; FALSE when none runs. */
 static gboolean
 egress_apply(HostdContext *ctx, const char *name, VmEgressPolicy *policy)
 {
@@ -331,8 +495,17 @@ egress_apply(HostdContext *ctx, const char *name, VmEgressPolicy *policy)
         return FALSE;
     g_mutex_lock(&egress->lock);
     agent = g_hash_table_lookup(egress->agents, name);
-    if (agent != NULL)
-        vm_egress_proxy_set_policy(agent->proxy, policy);
+    if (agent != NULL) {
+        g_autoptr(VmEgressPolicy) effective = NULL;
+
+        if (policy != NULL) {
+            vm_egress_policy_ref(policy);
+            g_clear_pointer(&agent->user_policy, vm_egress_policy_unref);
+            agent->user_policy = policy;
+        }
+        effective = egress_effective_locked(egress, name, agent->user_policy);
+        vm_egress_proxy_set_policy(agent->proxy, effective);
+    }
     g_mutex_unlock(&egress->lock);
     return agent != NULL;
 }
@@ -451,8 +624,10 @@ hostd_egress_stop_all(HostdContext *ctx)
         egress_agent_free(value);
     g_hash_table_unref(egress->agents);
     g_hash_table_unref(egress->credentials);
+    g_hash_table_unref(egress->grant_hosts);
     g_mutex_clear(&egress->lock);
     g_mutex_clear(&egress->run_lock);
+    g_mutex_clear(&egress->ca_lock);
     g_free(egress);
 }
 
@@ -698,6 +873,9 @@ static gboolean
 egress_agent_creating(HostdContext *ctx, const HostdAgentRecord *r, const VmTemplate *tpl,
                       GError **error)
 {
+    /* A new agent (a fork too) gets a CA of its own: one left under its name by an agent of the
+     * same name that went without its files being removed is not reused. */
+    egress_ca_remove(ctx, egress_get(ctx, TRUE), r->name);
     if (r->forked_from == NULL)
         return hostd_egress_agent_init(ctx, r, (const char *const *)tpl->egress_allow,
                                        (const char *const *)tpl->egress_deny, error);
@@ -735,16 +913,47 @@ egress_agent_reconcile(HostdContext *ctx, const HostdAgentRecord *r, virDomainPt
                                                local_error->message));
 }
 
+/* The agent is gone: its proxy, its grants' state and its CA with it. */
+static void
+egress_agent_removed(HostdContext *ctx, const char *name)
+{
+    Egress *egress = egress_get(ctx, TRUE);
+
+    hostd_egress_agent_stop(ctx, name);
+    g_mutex_lock(&egress->lock);
+    g_hash_table_remove(egress->credentials, name);
+    g_hash_table_remove(egress->grant_hosts, name);
+    g_mutex_unlock(&egress->lock);
+    egress_ca_remove(ctx, egress, name);
+}
+
 const HostdComponent hostd_egress_component = {
     .name = "egress",
     .agent_creating = egress_agent_creating,
     .agent_seed = egress_agent_seed,
     .agent_domain = egress_agent_domain,
     .agent_starting = hostd_egress_agent_start,
-    .agent_removed = hostd_egress_agent_stop,
+    .agent_removed = egress_agent_removed,
     .agent_reconcile = egress_agent_reconcile,
     .detach = hostd_egress_stop_all,
 };
+
+/* Whether @name is an agent with a record, in any phase: the credential broker's calls come
+ * while a new agent or fork is still being created too (its grants and seed). */
+static gboolean
+egress_agent_known(HostdContext *ctx, const char *name, GError **error)
+{
+    g_autofree char *dir = NULL;
+    g_autofree char *record = NULL;
+
+    if (!vm_name_validate(name, error))
+        return FALSE;
+    dir = hostd_agent_dir(ctx, name);
+    record = g_build_filename(dir, HOSTD_AGENT_RECORD, NULL);
+    if (!g_file_test(record, G_FILE_TEST_EXISTS))
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "no agent '%s'", name);
+    return TRUE;
+}
 
 gboolean
 hostd_egress_set_credentials(HostdContext *ctx, const char *name, VmEgressCredentials *creds,
@@ -753,9 +962,7 @@ hostd_egress_set_credentials(HostdContext *ctx, const char *name, VmEgressCreden
     Egress *egress = egress_get(ctx, TRUE);
     EgressAgent *agent;
 
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
-
-    if (r == NULL)
+    if (!egress_agent_known(ctx, name, error))
         return FALSE;
     g_mutex_lock(&egress->lock);
     if (creds != NULL)
@@ -769,16 +976,68 @@ hostd_egress_set_credentials(HostdContext *ctx, const char *name, VmEgressCreden
     return TRUE;
 }
 
+VmEgressCredentials *
+hostd_egress_dup_credentials(HostdContext *ctx, const char *name)
+{
+    Egress *egress = egress_get(ctx, FALSE);
+    VmEgressCredentials *creds = NULL;
+
+    if (egress == NULL)
+        return NULL;
+    g_mutex_lock(&egress->lock);
+    creds = g_hash_table_lookup(egress->credentials, name);
+    if (creds != NULL)
+        vm_egress_credentials_ref(creds);
+    g_mutex_unlock(&egress->lock);
+    return creds;
+}
+
+gboolean
+hostd_egress_set_grant_hosts(HostdContext *ctx, const char *name, const char *const *hosts,
+                             GError **error)
+{
+    Egress *egress = egress_get(ctx, TRUE);
+
+    if (!egress_agent_known(ctx, name, error))
+        return FALSE;
+    g_mutex_lock(&egress->lock);
+    if (hosts != NULL && hosts[0] != NULL)
+        g_hash_table_replace(egress->grant_hosts, g_strdup(name), g_strdupv((char **)hosts));
+    else
+        g_hash_table_remove(egress->grant_hosts, name);
+    g_mutex_unlock(&egress->lock);
+    /* A proxy that does not run picks them up when it starts. */
+    (void)egress_apply(ctx, name, NULL);
+    return TRUE;
+}
+
+VmEgressPolicy *
+hostd_egress_dup_effective_policy(HostdContext *ctx, const char *name)
+{
+    Egress *egress = egress_get(ctx, FALSE);
+    VmEgressPolicy *policy = NULL;
+    EgressAgent *agent;
+
+    if (egress == NULL)
+        return NULL;
+    g_mutex_lock(&egress->lock);
+    agent = g_hash_table_lookup(egress->agents, name);
+    if (agent != NULL)
+        policy = vm_egress_proxy_dup_policy(agent->proxy);
+    g_mutex_unlock(&egress->lock);
+    return policy;
+}
+
 char *
 hostd_egress_ca_certificate(HostdContext *ctx, const char *name, GError **error)
 {
     g_autofree char *cert = NULL;
     g_autofree char *key = NULL;
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
 
-    if (r == NULL)
+    if (!egress_agent_known(ctx, name, error))
         return NULL;
-    if (!vm_egress_ca_generate(name, &cert, &key, error))
+    if (!egress_ca_get(ctx, egress_get(ctx, TRUE), name, &cert, &key, error))
         return NULL;
+    memset(key, 0, strlen(key));
     return g_steal_pointer(&cert);
 }

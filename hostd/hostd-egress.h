@@ -128,10 +128,30 @@ void hostd_egress_stop_all(HostdContext *ctx);
 gboolean hostd_egress_set_credentials(HostdContext *ctx, const char *name,
                                       VmEgressCredentials *creds, GError **error);
 
+/* A new reference to the credentials hostd_egress_set_credentials() last gave @name (what its
+ * proxy honours now and after a restart), or NULL for none. Can't fail. */
+VmEgressCredentials *hostd_egress_dup_credentials(HostdContext *ctx, const char *name);
+
+/* Opens @hosts (a grant's host patterns, exact names or "*.suffix", normalised as egress rules
+ * are; NULL or empty: none) on port 443 for @name's proxy, live and across its restarts while
+ * this hostd runs, on top of the user's rules. The stored policy (egress.ini, and what
+ * hostd_egress_get() and `vmctl egress` show) stays the user's own, so setting fewer hosts
+ * closes the others again; the user's deny rules still win. Fails with VM_ERROR_NOT_FOUND for
+ * an unknown agent. */
+gboolean hostd_egress_set_grant_hosts(HostdContext *ctx, const char *name, const char *const *hosts,
+                                      GError **error);
+
+/* A new reference to the policy @name's proxy enforces now (the user's rules and its grants'
+ * hosts), or NULL when no proxy runs. Can't fail. */
+VmEgressPolicy *hostd_egress_dup_effective_policy(HostdContext *ctx, const char *name);
+
 /* The PEM certificate of @name's own CA, the one its proxy signs intercepted hosts' certificates
- * with: generated on first use, its key stored 0600 by hostd outside the agent's directory and
- * never handed out. For the guest's trust store. Fails with VM_ERROR_NOT_FOUND for an unknown
- * agent, VM_ERROR_IO when the CA cannot be made or stored. */
+ * with: generated on first use (vm_egress_ca_generate()) and stored as $STATE/egress-ca/NAME.crt
+ * and NAME.key (the directory 0700, the key 0600, each written atomically), never under the
+ * agent's own directory; the key is never handed out or logged. Every proxy starts with its
+ * agent's CA; a new agent or fork gets a new one, and `rm` removes it. For the guest's trust
+ * store. Fails with VM_ERROR_NOT_FOUND for an unknown agent, VM_ERROR_IO when the CA cannot be
+ * made or stored. */
 char *hostd_egress_ca_certificate(HostdContext *ctx, const char *name, GError **error);
 
 /* For tests: proxies started from now on resolve names with @resolve (NULL: getaddrinfo()). */

@@ -162,6 +162,8 @@ typedef struct {
     int fd;
     int status;       /* -1 until EXIT */
     GString *stderr_; /* the first few KiB of the command's stderr */
+    GString *stdout_; /* the first max_stdout bytes of its stdout, or NULL: none kept */
+    gsize max_stdout;
 } HostdRunDrain;
 
 /* Reader thread: takes the frames hostd_ssh_exec() writes (so it never blocks on a full socket)
@@ -185,6 +187,11 @@ hostd_run_drain_thread(gpointer data)
         const guint8 *bytes = vm_message_get_data(m, "data", &len);
         if (m->op == VM_OP_STDERR && bytes != NULL && drain->stderr_->len < 4096)
             g_string_append_len(drain->stderr_, (const char *)bytes, (gssize)MIN(len, 4096));
+        /* The guest may send any amount: what is past the bound is read and dropped. */
+        if (m->op == VM_OP_STDOUT && bytes != NULL && drain->stdout_ != NULL &&
+            drain->stdout_->len < drain->max_stdout)
+            g_string_append_len(drain->stdout_, (const char *)bytes,
+                                (gssize)MIN(len, drain->max_stdout - drain->stdout_->len));
     }
     return NULL;
 }
@@ -193,6 +200,14 @@ gboolean
 hostd_agent_run(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int stdin_fd,
                 int *ret_status, char **ret_stderr, GError **error)
 {
+    return hostd_agent_run_output(ctx, r, argv, stdin_fd, 0, ret_status, NULL, ret_stderr, error);
+}
+
+gboolean
+hostd_agent_run_output(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int stdin_fd,
+                       gsize max_stdout, int *ret_status, GBytes **ret_stdout, char **ret_stderr,
+                       GError **error)
+{
     int fds[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) < 0)
         return vm_throw_errno(error, errno, "socketpair");
@@ -200,7 +215,13 @@ hostd_agent_run(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int s
     vm_autofd theirs = fds[1];
 
     HostdRunFeed feed = {.fd = ours, .stdin_fd = stdin_fd};
-    HostdRunDrain drain = {.fd = ours, .status = -1, .stderr_ = g_string_new(NULL)};
+    HostdRunDrain drain = {
+        .fd = ours,
+        .status = -1,
+        .stderr_ = g_string_new(NULL),
+        .stdout_ = ret_stdout != NULL ? g_string_new(NULL) : NULL,
+        .max_stdout = max_stdout,
+    };
     GThread *feeder = g_thread_new("hostd-run-in", hostd_run_feed_thread, &feed);
     GThread *drainer = g_thread_new("hostd-run-out", hostd_run_drain_thread, &drain);
 
@@ -216,11 +237,15 @@ hostd_agent_run(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int s
     shutdown(ours, SHUT_RDWR);
     g_thread_join(feeder);
     g_autofree char *err_text = g_string_free(drain.stderr_, FALSE);
+    g_autoptr(GBytes) out_bytes =
+        drain.stdout_ != NULL ? g_string_free_to_bytes(drain.stdout_) : NULL;
     if (!ok)
         return FALSE;
     if (drain.status < 0)
         return vm_throw(error, VM_ERROR_SSH, "no exit status from the guest");
     *ret_status = drain.status;
+    if (ret_stdout != NULL)
+        *ret_stdout = g_steal_pointer(&out_bytes);
     if (ret_stderr != NULL)
         *ret_stderr = g_steal_pointer(&err_text);
     return TRUE;

@@ -24,6 +24,12 @@ gboolean hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmPr
 gboolean hostd_agent_run(HostdContext *ctx, const HostdAgentRecord *r, char **argv, int stdin_fd,
                          int *ret_status, char **ret_stderr, GError **error);
 
+/* The same, keeping the first @max_stdout bytes of its stdout in *ret_stdout when not NULL
+ * (newly allocated; the rest is read and dropped: the guest may send any amount). */
+gboolean hostd_agent_run_output(HostdContext *ctx, const HostdAgentRecord *r, char **argv,
+                                int stdin_fd, gsize max_stdout, int *ret_status,
+                                GBytes **ret_stdout, char **ret_stderr, GError **error);
+
 /* After the first boot: waits until cloud-init has finished inside the agent. */
 gboolean hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *r,
                                      VmProgressFunc progress, gpointer progress_data,

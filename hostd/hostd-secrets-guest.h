@@ -19,4 +19,38 @@ G_BEGIN_DECLS
  * outside the block are kept as they were. Can't fail. */
 char *hostd_secrets_guest_environment(const char *environment, GHashTable *env_to_placeholder);
 
+/* Where hostd_secrets_guest_update() reads and writes the block, and the most of it it reads: the
+ * guest is untrusted, a larger file is refused rather than read. */
+#define HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH "/etc/environment"
+#define HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX  (64 * 1024)
+
+/* The program that rebuilds the guest's trust store after the CA certificate changed. */
+#define HOSTD_SECRETS_GUEST_CA_REFRESH "update-ca-certificates"
+
+/* How hostd_secrets_guest_update() runs one command in the guest (hostd: over SSH as the agent's
+ * user; tests: a fake guest): @argv with @input (NULL: none) as its stdin. Returns the exit
+ * status in *@ret_status, the first @max_output bytes of its stdout in *@ret_output when that is
+ * not NULL and the first few KiB of its stderr in *@ret_stderr (both newly allocated). FALSE
+ * with VM_ERROR_SSH or VM_ERROR_IO when it could not be run. */
+typedef gboolean (*HostdSecretsGuestRunFunc)(char **argv, GBytes *input, gsize max_output,
+                                             int *ret_status, GBytes **ret_output,
+                                             char **ret_stderr, gpointer user_data, GError **error);
+
+/* Brings a running guest up to date with its grants @env_to_placeholder (env var ->
+ * placeholder; NULL or empty: none), as root through sudo:
+ * - with grants and @ca_cert_pem: installs the certificate as HOSTD_SECRETS_GUEST_CA_PATH and
+ *   runs HOSTD_SECRETS_GUEST_CA_REFRESH, only when it is missing or different (first, so that
+ *   the variables naming it never point at a file that is not there yet);
+ * - reads /etc/environment (at most HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX bytes: a larger file, or
+ *   one holding a NUL byte, fails with VM_ERROR_IO and is left alone) and, when
+ *   hostd_secrets_guest_environment() changes it, writes the result back atomically (a
+ *   temporary file renamed over it, mode 0644).
+ * Nothing but placeholders and the certificate is sent. *@ret_changed (may be NULL) says
+ * whether /etc/environment was rewritten: SSH sessions opened before then keep the old
+ * environment (sshd's pam_env reads it once per connection). Fails with the runner's error, or
+ * VM_ERROR_IO with the guest's stderr when a command failed in the guest. */
+gboolean hostd_secrets_guest_update(HostdSecretsGuestRunFunc run, gpointer user_data,
+                                    GHashTable *env_to_placeholder, const char *ca_cert_pem,
+                                    gboolean *ret_changed, GError **error);
+
 G_END_DECLS

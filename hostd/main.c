@@ -107,7 +107,7 @@ int
 main(int argc, char **argv)
 {
     g_autofree char *config_path = NULL, *state_dir = NULL, *socket_path = NULL, *uri = NULL;
-    g_autofree char *accel = NULL;
+    g_autofree char *accel = NULL, *upstream_ca_file = NULL;
     gboolean version = FALSE, debug = FALSE, print_paths = FALSE;
     GOptionEntry entries[] = {
         {"config", 0, 0, G_OPTION_ARG_FILENAME, &config_path, "Configuration file", "FILE"},
@@ -117,6 +117,10 @@ main(int argc, char **argv)
          "libvirt URI (default: the embedded driver under the state dir)", "URI"},
         {"accel", 0, 0, G_OPTION_ARG_STRING, &accel,
          "auto (default): KVM when it works and beats TCG; kvm; tcg", "MODE"},
+        {"egress-upstream-ca-file", 0, 0, G_OPTION_ARG_FILENAME, &upstream_ca_file,
+         "CA file the egress proxies verify real hosts against when they intercept (default: the "
+         "system's trust store)",
+         "PATH"},
         {"debug", 0, 0, G_OPTION_ARG_NONE, &debug,
          "Also log read-only requests, and where each exec's time goes (a trace of its phases)",
          NULL},
@@ -153,6 +157,11 @@ main(int argc, char **argv)
     if (accel != NULL && !hostd_accel_mode_parse(accel, &config->accel)) {
         fprintf(stderr, "hostd: --accel must be auto, kvm or tcg\n");
         return 2;
+    }
+    if (upstream_ca_file != NULL &&
+        !hostd_config_set_egress_upstream_ca_file(config, upstream_ca_file, &error)) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
     }
     g_autoptr(HostdState) state = hostd_state_open(config->state_dir, &error);
     if (state == NULL) {

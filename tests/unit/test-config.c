@@ -300,6 +300,9 @@ test_bad_files(void **state)
         {"[hostd]\nguest-api-rate=5/s\n", "guest-api-rate"},
         {"[hostd]\nguest-api-burst=0\n", "guest-api-burst must be a number in 1-10000"},
         {"[hostd]\nguest-api-burst=-1\n", "guest-api-burst"},
+        {"[hostd]\negress-upstream-ca-file=\n", "egress-upstream-ca-file must not be empty"},
+        {"[hostd]\negress-upstream-ca-file=/nonexistent/ca.pem\n", "/nonexistent/ca.pem"},
+        {"[hostd]\negress-upstream-ca-file=/\n", "egress-upstream-ca-file / is not a readable"},
         {"[hostd\nstate-dir=/x\n", NULL},
         {"state-dir=/x\n", NULL},
         {"[hostd]\nstate-dir\n", NULL},
@@ -320,6 +323,60 @@ test_bad_files(void **state)
             fail_msg("'%s': '%s' does not start with the file name", shown, error->message);
         if (cases[i].needle != NULL && strstr(error->message, cases[i].needle) == NULL)
             fail_msg("'%s': '%s' does not mention '%s'", shown, error->message, cases[i].needle);
+    }
+}
+
+/* The upstream CA file (the credential broker's tests point proxies at their own CA): taken from
+ * the file, made absolute, overridden by the option's setter, and a file hostd cannot read is
+ * refused with its path, so that hostd stops at start rather than failing every intercepted
+ * request later. */
+static void
+test_egress_upstream_ca_file(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *ca = g_build_filename(f->dir, "ca.pem", NULL);
+    g_autofree char *other = g_build_filename(f->dir, "other.pem", NULL);
+    g_autofree char *unreadable = g_build_filename(f->dir, "unreadable.pem", NULL);
+    g_autofree char *text = NULL;
+    g_autoptr(GError) error = NULL;
+
+    write_config(f, "[hostd]\n");
+    g_autoptr(HostdConfig) none = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_null(none->egress_upstream_ca_file);
+
+    assert_true(g_file_set_contents(ca, "-----BEGIN CERTIFICATE-----\n", -1, NULL));
+    assert_true(g_file_set_contents(other, "-----BEGIN CERTIFICATE-----\n", -1, NULL));
+    text = g_strdup_printf("[hostd]\negress-upstream-ca-file=%s\n", ca);
+    write_config(f, text);
+    g_autoptr(HostdConfig) c = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_string_equal(c->egress_upstream_ca_file, ca);
+
+    /* The option wins over the file. */
+    assert_true(hostd_config_set_egress_upstream_ca_file(c, other, &error));
+    assert_string_equal(c->egress_upstream_ca_file, other);
+
+    /* A relative path is made absolute: hostd's directory may change, the proxies' may not. */
+    g_autofree char *cwd = g_get_current_dir();
+    assert_int_equal(chdir(f->dir), 0);
+    gboolean relative_ok = hostd_config_set_egress_upstream_ca_file(c, "ca.pem", &error);
+    assert_int_equal(chdir(cwd), 0);
+    assert_true(relative_ok);
+    assert_string_equal(c->egress_upstream_ca_file, ca);
+
+    /* Missing, a directory, unreadable: refused, the path in the message, the old value kept. */
+    assert_false(hostd_config_set_egress_upstream_ca_file(c, "/nonexistent/ca.pem", &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_non_null(strstr(error->message, "/nonexistent/ca.pem"));
+    g_clear_error(&error);
+    assert_false(hostd_config_set_egress_upstream_ca_file(c, f->dir, &error));
+    g_clear_error(&error);
+    assert_string_equal(c->egress_upstream_ca_file, ca);
+    if (geteuid() != 0) {
+        assert_true(g_file_set_contents(unreadable, "x", -1, NULL));
+        assert_int_equal(g_chmod(unreadable, 0), 0);
+        assert_false(hostd_config_set_egress_upstream_ca_file(c, unreadable, &error));
+        assert_non_null(strstr(error->message, unreadable));
+        g_clear_error(&error);
     }
 }
 
@@ -377,6 +434,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_missing_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits_accepted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_api_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_egress_upstream_ca_file, setup, teardown),
         cmocka_unit_test(test_free_null),
     };
 

@@ -23,6 +23,7 @@
 
 #include "hostd-agent.h"
 #include "hostd-egress.h"
+#include "vm-egress-ca.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-util.h"
@@ -794,6 +795,283 @@ test_log_rotation(void **state)
     assert_non_null(strstr(got->str, "new.test"));
 }
 
+/* ---- the credential broker's side ----------------------------------------------------------- */
+
+static char *
+ca_file(Fixture *f, const char *name, const char *suffix)
+{
+    g_autofree char *file = g_strconcat(name, suffix, NULL);
+
+    return g_build_filename(f->ctx->config->state_dir, "egress-ca", file, NULL);
+}
+
+/* Whether the file at @path holds exactly @text. */
+static gboolean
+file_is(const char *path, const char *text)
+{
+    g_autofree char *contents = vm_test_read_file(path);
+
+    return g_str_equal(contents, text);
+}
+
+/* Whether the file at @path contains @needle. */
+static gboolean
+file_has(const char *path, const char *needle)
+{
+    g_autofree char *contents = vm_test_read_file(path);
+
+    return strstr(contents, needle) != NULL;
+}
+
+/* Whether `vmctl egress` would show @name's rules as @text. */
+static gboolean
+egress_text_is(Fixture *f, const char *name, const char *text)
+{
+    g_autofree char *got = hostd_test_egress_text(f->hostd, name);
+
+    return g_str_equal(got, text);
+}
+
+static guint
+file_mode(const char *path)
+{
+    struct stat st;
+
+    if (stat(path, &st) < 0)
+        fail_msg("stat %s: %s", path, g_strerror(errno));
+    return st.st_mode & 07777;
+}
+
+/* The agent's CA: made with its proxy, kept in $STATE/egress-ca (0700, key 0600) and nowhere
+ * under the agent's directory, the same on every later call and proxy restart (the guest trusts
+ * it), a usable CA (it mints), its own per agent, and gone with the agent. */
+static void
+test_ca_stored(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *dir = g_build_filename(f->ctx->config->state_dir, "egress-ca", NULL);
+    g_autofree char *crt = ca_file(f, "a1", ".crt");
+    g_autofree char *key = ca_file(f, "a1", ".key");
+    g_autofree char *agent_dir = hostd_test_agent_file(f->hostd, "a1", "");
+    g_autoptr(GError) error = NULL;
+    g_autofree char *first = NULL;
+    g_autofree char *second = NULL;
+    g_autofree char *other = NULL;
+    g_autofree char *key_pem = NULL;
+    g_autofree char *leaf = NULL;
+    g_autofree char *leaf_key = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(GDir) listing = NULL;
+
+    init_agent(f, "a1", NULL, NULL);
+    /* The proxy got it at its start, before anyone asked for the certificate. */
+    assert_true(g_file_test(crt, G_FILE_TEST_IS_REGULAR));
+    assert_true(g_file_test(key, G_FILE_TEST_IS_REGULAR));
+    assert_int_equal(file_mode(dir), 0700);
+    assert_int_equal(file_mode(key), 0600);
+    first = hostd_egress_ca_certificate(f->ctx, "a1", &error);
+    assert_non_null(first);
+    assert_non_null(strstr(first, "-----BEGIN CERTIFICATE-----"));
+    assert_null(strstr(first, "PRIVATE KEY"));
+    assert_true(file_is(crt, first));
+    key_pem = vm_test_read_file(key);
+    assert_non_null(strstr(key_pem, "PRIVATE KEY"));
+    assert_true(vm_egress_ca_mint(first, key_pem, "api.example.com", &leaf, &leaf_key, &error));
+
+    /* Nothing of it under the agent's own directory. */
+    listing = g_dir_open(agent_dir, 0, NULL);
+    assert_non_null(listing);
+    for (const char *entry; (entry = g_dir_read_name(listing)) != NULL;) {
+        g_autofree char *path = g_build_filename(agent_dir, entry, NULL);
+        g_autofree char *text = NULL;
+
+        if (g_file_get_contents(path, &text, NULL, NULL) && text != NULL)
+            assert_null(strstr(text, "PRIVATE KEY"));
+    }
+
+    /* Stable across calls and proxy restarts. */
+    hostd_egress_agent_stop(f->ctx, "a1");
+    r = hostd_agent_load(f->ctx, "a1", &error);
+    assert_non_null(r);
+    assert_true(hostd_egress_agent_start(f->ctx, r, &error));
+    second = hostd_egress_ca_certificate(f->ctx, "a1", &error);
+    assert_string_equal(first, second);
+
+    /* Another agent (a fork has a name of its own) gets another CA. */
+    init_agent(f, "a2", NULL, NULL);
+    other = hostd_egress_ca_certificate(f->ctx, "a2", &error);
+    assert_non_null(other);
+    assert_string_not_equal(first, other);
+
+    /* rm: the proxy and the CA go. */
+    hostd_egress_component.agent_removed(f->ctx, "a1");
+    assert_false(g_file_test(crt, G_FILE_TEST_EXISTS));
+    assert_false(g_file_test(key, G_FILE_TEST_EXISTS));
+    g_autofree char *a2_key = ca_file(f, "a2", ".key");
+    assert_true(g_file_test(a2_key, G_FILE_TEST_EXISTS));
+
+    /* Unknown agents have none, and get none made. */
+    g_clear_error(&error);
+    assert_null(hostd_egress_ca_certificate(f->ctx, "nosuch", &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+    g_autofree char *nosuch_crt = ca_file(f, "nosuch", ".crt");
+    assert_false(g_file_test(nosuch_crt, G_FILE_TEST_EXISTS));
+}
+
+/* A key left behind without its certificate (a crash between the writes) makes a new pair. */
+static void
+test_ca_incomplete_made_anew(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *crt = ca_file(f, "a1", ".crt");
+    g_autoptr(GError) error = NULL;
+    g_autofree char *first = NULL;
+    g_autofree char *second = NULL;
+
+    init_agent(f, "a1", NULL, NULL);
+    first = hostd_egress_ca_certificate(f->ctx, "a1", &error);
+    assert_int_equal(g_unlink(crt), 0);
+    second = hostd_egress_ca_certificate(f->ctx, "a1", &error);
+    assert_non_null(second);
+    assert_string_not_equal(first, second);
+    assert_true(file_is(crt, second));
+}
+
+static VmEgressCredentials *
+one_credential(const char *placeholder)
+{
+    g_autoptr(VmEgressCredentials) creds = vm_egress_credentials_new();
+    const char *const hosts[] = {"api.example.com", NULL};
+    g_autoptr(GError) error = NULL;
+
+    if (!vm_egress_credentials_add(creds, "example", placeholder, "real-value", hosts, NULL,
+                                   "Bearer {}", &error))
+        fail_msg("credentials: %s", error->message);
+    return g_steal_pointer(&creds);
+}
+
+/* Credentials are kept for the proxy's restarts (stop and start, a lost socket) and replaced or
+ * dropped as a whole. */
+static void
+test_credentials_kept(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(VmEgressCredentials) creds = one_credential("vmph_one");
+    g_autoptr(VmEgressCredentials) got = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(GError) error = NULL;
+
+    init_agent(f, "a1", NULL, NULL);
+    assert_null(hostd_egress_dup_credentials(f->ctx, "a1"));
+    assert_true(hostd_egress_set_credentials(f->ctx, "a1", creds, &error));
+    got = hostd_egress_dup_credentials(f->ctx, "a1");
+    assert_ptr_equal(got, creds);
+    g_clear_pointer(&got, vm_egress_credentials_unref);
+
+    hostd_egress_agent_stop(f->ctx, "a1");
+    r = hostd_agent_load(f->ctx, "a1", &error);
+    assert_true(hostd_egress_agent_start(f->ctx, r, &error));
+    got = hostd_egress_dup_credentials(f->ctx, "a1");
+    assert_ptr_equal(got, creds);
+    g_clear_pointer(&got, vm_egress_credentials_unref);
+
+    assert_true(hostd_egress_set_credentials(f->ctx, "a1", NULL, &error));
+    assert_null(hostd_egress_dup_credentials(f->ctx, "a1"));
+
+    assert_false(hostd_egress_set_credentials(f->ctx, "nosuch", creds, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+    assert_null(hostd_egress_dup_credentials(f->ctx, "nosuch"));
+
+    /* rm forgets them: an agent made again under the name starts with none. */
+    assert_true(hostd_egress_set_credentials(f->ctx, "a1", creds, &error));
+    hostd_egress_component.agent_removed(f->ctx, "a1");
+    assert_null(hostd_egress_dup_credentials(f->ctx, "a1"));
+}
+
+static gboolean
+allows(Fixture *f, const char *name, const char *host, guint16 port)
+{
+    g_autoptr(VmEgressPolicy) policy = hostd_egress_dup_effective_policy(f->ctx, name);
+
+    assert_non_null(policy);
+    return vm_egress_policy_check_host(policy, host, port, NULL) == VM_EGRESS_ALLOW;
+}
+
+/* A grant's hosts are open on 443 for as long as it holds, on top of the user's rules and
+ * across proxy restarts, while egress.ini and `vmctl egress` keep the user's own rules; fewer
+ * hosts close the others again. A user's deny still wins. */
+static void
+test_grant_hosts(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *ini = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_POLICY);
+    g_autofree char *ini_before = NULL;
+    g_autofree char *text_before = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(GError) error = NULL;
+    const char *const hosts[] = {"api.example.com", "*.example.org", "blocked.example", NULL};
+    const char *const fewer[] = {"*.example.org", NULL};
+
+    init_agent(f, "a1", "pypi.org", "blocked.example");
+    ini_before = vm_test_read_file(ini);
+    text_before = hostd_test_egress_text(f->hostd, "a1");
+    assert_false(allows(f, "a1", "api.example.com", 443));
+
+    assert_true(hostd_egress_set_grant_hosts(f->ctx, "a1", hosts, &error));
+    assert_true(allows(f, "a1", "api.example.com", 443));
+    assert_false(allows(f, "a1", "api.example.com", 80));
+    assert_true(allows(f, "a1", "eu.example.org", 443));
+    assert_false(allows(f, "a1", "example.org", 443));
+    assert_false(allows(f, "a1", "blocked.example", 443));
+    assert_true(allows(f, "a1", "pypi.org", 443));
+    assert_true(file_is(ini, ini_before));
+    assert_true(egress_text_is(f, "a1", text_before));
+
+    /* A change of the user's rules keeps the grants' hosts open, and stores only the user's. */
+    set_ok(f, "a1", "files.example", NULL, NULL, FALSE);
+    assert_true(allows(f, "a1", "files.example", 443));
+    assert_true(allows(f, "a1", "api.example.com", 443));
+    assert_false(file_has(ini, "api.example.com"));
+    assert_true(egress_text_is(f, "a1", "pypi.org files.example|blocked.example"));
+
+    /* Across a restart of the proxy. */
+    hostd_egress_agent_stop(f->ctx, "a1");
+    r = hostd_agent_load(f->ctx, "a1", &error);
+    assert_true(hostd_egress_agent_start(f->ctx, r, &error));
+    assert_true(allows(f, "a1", "api.example.com", 443));
+
+    /* Revoke: the host closes again, the user's rules stay. */
+    assert_true(hostd_egress_set_grant_hosts(f->ctx, "a1", fewer, &error));
+    assert_false(allows(f, "a1", "api.example.com", 443));
+    assert_true(allows(f, "a1", "eu.example.org", 443));
+    assert_true(hostd_egress_set_grant_hosts(f->ctx, "a1", NULL, &error));
+    assert_false(allows(f, "a1", "eu.example.org", 443));
+    assert_true(allows(f, "a1", "files.example", 443));
+    assert_true(allows(f, "a1", "pypi.org", 443));
+
+    assert_false(hostd_egress_set_grant_hosts(f->ctx, "nosuch", hosts, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+}
+
+/* An agent whose policy is "none" gets exactly its grants' hosts; a fork copies the user's
+ * rules, never its source's grants' hosts. */
+static void
+test_grant_hosts_none_and_fork(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    const char *const hosts[] = {"api.example.com", NULL};
+
+    init_agent(f, "a1", NULL, NULL);
+    init_agent(f, "a2", NULL, NULL);
+    assert_true(hostd_egress_set_grant_hosts(f->ctx, "a1", hosts, &error));
+    assert_true(allows(f, "a1", "api.example.com", 443));
+    assert_false(allows(f, "a1", "other.example.com", 443));
+    assert_true(egress_text_is(f, "a1", "none|"));
+    assert_true(hostd_egress_copy_policy(f->ctx, "a1", "a2", &error));
+    assert_false(allows(f, "a2", "api.example.com", 443));
+}
+
 int
 main(void)
 {
@@ -814,6 +1092,11 @@ main(void)
         cmocka_unit_test_setup_teardown(test_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_rotation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ca_stored, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ca_incomplete_made_anew, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_credentials_kept, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_grant_hosts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_grant_hosts_none_and_fork, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -351,14 +351,16 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     };
     gboolean has_packages = spec->packages != NULL && spec->packages[0] != NULL;
     gboolean has_proxy = spec->egress_proxy != NULL;
-    gboolean has_files = has_proxy || spec->guest_tool;
+    gboolean has_ca = spec->egress_ca_pem != NULL;
+    gboolean has_env = spec->environment_block != NULL;
+    gboolean has_files = has_proxy || spec->guest_tool || has_ca || has_env;
 
     assert_true(g_str_has_prefix(cloud_config, "#cloud-config\n"));
     g_autoptr(YamlDoc) y = yaml_load(cloud_config);
     yaml_node_t *root = yaml_document_get_root_node(&y->doc);
 
     /* No value may have smuggled in a key of its own. */
-    assert_int_equal(yaml_len(root), G_N_ELEMENTS(keys) + has_packages + has_files);
+    assert_int_equal(yaml_len(root), G_N_ELEMENTS(keys) + has_packages + has_files + has_ca);
     for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
         if (yaml_get(y, root, keys[i]) == NULL) {
             print_error("key %s missing\n", keys[i]);
@@ -396,7 +398,8 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
 
     yaml_node_t *files = yaml_get(y, root, "write_files");
     if (has_files)
-        assert_int_equal(yaml_len(files), (has_proxy ? 3 : 0) + (spec->guest_tool ? 1 : 0));
+        assert_int_equal(yaml_len(files),
+                         (has_proxy ? 3 : 0) + has_ca + has_env + (spec->guest_tool ? 1 : 0));
     if (has_proxy) {
         const char *url = spec->egress_proxy;
         g_autofree char *no_proxy =
@@ -419,6 +422,26 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
         file = yaml_item(y, files, 2);
         assert_yaml_string(yaml_get(y, file, "path"), "/etc/apt/apt.conf.d/90vmctl-egress");
         assert_yaml_string(yaml_get(y, file, "content"), apt);
+    }
+    if (has_ca) {
+        yaml_node_t *file = yaml_item(y, files, has_proxy ? 3 : 0);
+        yaml_node_t *runcmd = yaml_get(y, root, "runcmd");
+
+        assert_yaml_string(yaml_get(y, file, "path"), VM_SEED_EGRESS_CA_PATH);
+        assert_yaml_string(yaml_get(y, file, "permissions"), "0644");
+        assert_yaml_string(yaml_get(y, file, "content"), spec->egress_ca_pem);
+        assert_int_equal(yaml_len(runcmd), 1);
+        assert_int_equal(yaml_len(yaml_item(y, runcmd, 0)), 1);
+        assert_yaml_string(yaml_item(y, yaml_item(y, runcmd, 0), 0), "update-ca-certificates");
+    } else {
+        assert_null(yaml_get(y, root, "runcmd"));
+    }
+    if (has_env) {
+        yaml_node_t *file = yaml_item(y, files, (has_proxy ? 3 : 0) + has_ca);
+
+        assert_yaml_string(yaml_get(y, file, "path"), "/etc/environment");
+        assert_yaml_bool(yaml_get(y, file, "append"), TRUE);
+        assert_yaml_string(yaml_get(y, file, "content"), spec->environment_block);
     }
     if (spec->guest_tool) {
         yaml_node_t *file = yaml_item(y, files, yaml_len(files) - 1);
@@ -593,6 +616,73 @@ test_guest_api(void **state)
     g_autofree char *fork = vm_seed_render_user_data(&f->spec, &error);
     assert_null(error);
     assert_cloud_config_matches(fork, &f->spec);
+}
+
+/* The credential broker's part: the agent's CA certificate in Debian's local CA directory,
+ * trusted by update-ca-certificates after write_files, and the block of placeholders appended
+ * to /etc/environment after the proxy's lines; with a user's part merged in, hostd's stay. */
+static void
+test_credential_broker(void **state)
+{
+    Fixture *f = *state;
+    const char *ca =
+        "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n";
+    const char *block = "# BEGIN vmctl secrets\nEXAMPLE_API_KEY=vmph_abc\n"
+                        "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt\n# END vmctl secrets\n";
+    g_autoptr(GError) error = NULL;
+
+    f->spec.egress_proxy = "http://10.0.2.100:3128";
+    f->spec.guest_tool = TRUE;
+    f->spec.egress_ca_pem = ca;
+    f->spec.environment_block = block;
+    g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
+    assert_null(error);
+    assert_cloud_config_matches(user_data, &f->spec);
+
+    /* Either alone. */
+    f->spec.egress_proxy = NULL;
+    f->spec.guest_tool = FALSE;
+    f->spec.environment_block = NULL;
+    g_autofree char *ca_only = vm_seed_render_user_data(&f->spec, &error);
+    assert_null(error);
+    assert_cloud_config_matches(ca_only, &f->spec);
+    f->spec.egress_ca_pem = NULL;
+    f->spec.environment_block = block;
+    g_autofree char *env_only = vm_seed_render_user_data(&f->spec, &error);
+    assert_null(error);
+    assert_cloud_config_matches(env_only, &f->spec);
+
+    /* A key, two PEM objects, or anything but a certificate never reaches the guest. */
+    static const char *const bad_ca[] = {
+        "-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n",
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+        "-----BEGIN EC PRIVATE KEY-----\nMHc\n-----END EC PRIVATE KEY-----\n",
+        "-----BEGIN CERTIFICATE-----\nMIIB\n",
+        "",
+    };
+    f->spec.environment_block = NULL;
+    for (gsize i = 0; i < G_N_ELEMENTS(bad_ca); i++) {
+        g_autoptr(GError) bad_error = NULL;
+
+        f->spec.egress_ca_pem = bad_ca[i];
+        assert_null(vm_seed_render_user_data(&f->spec, &bad_error));
+        assert_true(g_error_matches(bad_error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        assert_non_null(strstr(bad_error->message, "egress_ca_pem"));
+    }
+
+    /* Lines pam_env would misread, or that are not whole lines. */
+    static const char *const bad_env[] = {
+        "EXAMPLE=1", "=x\n", "1X=y\n", "X y=z\n", "X=a\rb\n", "X=1\n\n", "just text\n",
+    };
+    f->spec.egress_ca_pem = NULL;
+    for (gsize i = 0; i < G_N_ELEMENTS(bad_env); i++) {
+        g_autoptr(GError) bad_error = NULL;
+
+        f->spec.environment_block = bad_env[i];
+        assert_null(vm_seed_render_user_data(&f->spec, &bad_error));
+        assert_true(g_error_matches(bad_error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        assert_non_null(strstr(bad_error->message, "environment_block"));
+    }
 }
 
 /* The proxy settings sit in hostd's part, before the extra parts, so they can only be added to,
@@ -1121,6 +1211,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_golden_packages_template, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_template_script, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_egress, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_credential_broker, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_user_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_api, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs, setup, teardown),
