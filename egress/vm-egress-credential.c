@@ -503,3 +503,9 @@ vm_egress_leak_scanner_feed(VmEgressLeakScanner *scanner, const guint8 *data, gs
                         scanner->found);
     return TRUE;
 }
+
+gsize
+vm_egress_leak_scanner_get_keep(const VmEgressLeakScanner *scanner)
+{
+    return scanner->keep;
+}

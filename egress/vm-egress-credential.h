@@ -83,6 +83,11 @@ void vm_egress_leak_scanner_free(VmEgressLeakScanner *scanner);
 gboolean vm_egress_leak_scanner_feed(VmEgressLeakScanner *scanner, const guint8 *data, gsize len,
                                      GError **error);
 
+/* How many of the last bytes fed could be the start of a placeholder that the next piece
+ * completes (the longest placeholder's length - 1; 0 without grants): a relay that sends a body
+ * on before its end holds that many back. Can't fail. */
+gsize vm_egress_leak_scanner_get_keep(const VmEgressLeakScanner *scanner);
+
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressCredentials, vm_egress_credentials_unref)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressLeakScanner, vm_egress_leak_scanner_free)
 
