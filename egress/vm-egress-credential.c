@@ -386,6 +386,8 @@ vm_egress_credentials_apply(VmEgressCredentials *creds, VmEgressRequest *request
         (grant = find_in_string(creds, request->host)) != NULL)
         return leak(error, grant, "in URL");
     where = g_strdup_printf("sent to %s", host);
+    if ((grant = find_in_string(creds, request->method)) != NULL)
+        return leak(error, grant, where);
     /* First every check, so that a refused request is left as it came. */
     for (guint i = 0; i < request->headers->len; i++) {
         const VmEgressHeader *header = g_ptr_array_index(request->headers, i);
@@ -418,7 +420,8 @@ vm_egress_credentials_check_plain(VmEgressCredentials *creds, const VmEgressRequ
     if (creds == NULL)
         return TRUE;
     if ((grant = find_in_target(creds, request->path)) != NULL ||
-        (grant = find_in_string(creds, request->host)) != NULL)
+        (grant = find_in_string(creds, request->host)) != NULL ||
+        (grant = find_in_string(creds, request->method)) != NULL)
         return leak(error, grant, "over plain HTTP");
     for (guint i = 0; i < request->headers->len; i++) {
         const VmEgressHeader *header = g_ptr_array_index(request->headers, i);

@@ -20,9 +20,7 @@
 /* A request (head and body) is held back until all of it was checked, up to this size; a larger
  * body goes up as it comes, less the bytes that could begin a placeholder. */
 #define REQUEST_HOLD_MAX (256 * 1024)
-/* Guest bytes read past the current request (a pipelined next one), kept for its turn. */
-#define GUEST_NEXT_MAX (2 * BUFFER_SIZE)
-#define MINT_CACHE_MAX 256
+#define MINT_CACHE_MAX   256
 
 static const gnutls_datum_t alpn_http11 = {(unsigned char *)"http/1.1", 8};
 
