@@ -326,6 +326,38 @@ side_send(VmEgressIntercept *ic, Side *side, const guint8 *data, gsize len, cons
     return TRUE;
 }
 
+/* Sends a large piece as one write of many records: corked, GnuTLS encrypts it all into its
+ * buffer, then one uncork pushes it (again after a wait while the socket is full). */
+static gboolean
+side_send_corked(VmEgressIntercept *ic, Side *side, const guint8 *data, gsize len,
+                 const char **ret_reason)
+{
+    gnutls_record_cork(side->session);
+    while (len > 0) {
+        ssize_t n = gnutls_record_send(side->session, data, len);
+
+        if (n <= 0) {
+            (void)gnutls_record_uncork(side->session, 0);
+            *ret_reason = "reset";
+            return FALSE;
+        }
+        data += n;
+        len -= n;
+    }
+    for (;;) {
+        int rc = gnutls_record_uncork(side->session, 0);
+
+        if (rc >= 0)
+            return TRUE;
+        if (rc != GNUTLS_E_AGAIN && rc != GNUTLS_E_INTERRUPTED) {
+            *ret_reason = "reset";
+            return FALSE;
+        }
+        if (!side_wait(ic, side, POLLOUT, idle_deadline(ic), "idle", ret_reason))
+            return FALSE;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Upstream */
 
@@ -736,7 +768,8 @@ send_down(VmEgressIntercept *ic, const guint8 *data, gsize len, guint64 *bytes_d
 {
     if (len == 0)
         return TRUE;
-    if (!side_send(ic, &ic->guest, data, len, ret_reason))
+    if (!(len > 16 * 1024 ? side_send_corked(ic, &ic->guest, data, len, ret_reason)
+                          : side_send(ic, &ic->guest, data, len, ret_reason)))
         return FALSE;
     *bytes_down += len;
     return TRUE;
