@@ -671,6 +671,96 @@ test_streamed_response(void **state)
     wait_idle(f);
 }
 
+/* Bodies go up whole: one held until checked, one past the hold that streams, one after the
+ * proxy's own "100 Continue"; each request substituted, and the connection kept. */
+static void
+test_request_bodies(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    gsize sizes[] = {1000, 600 * 1024};
+    g_autofree char *received = NULL;
+    g_autoptr(GString) response = NULL;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(sizes); i++) {
+        g_autofree char *body = g_malloc(sizes[i] + 1);
+        g_autofree char *head = g_strdup_printf(
+            "POST /upload HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API
+            "\r\nContent-Length: %zu\r\n\r\n",
+            sizes[i]);
+        g_autoptr(GString) answer = NULL;
+
+        for (gsize j = 0; j < sizes[i]; j++)
+            body[j] = (char)('A' + j % 23);
+        body[sizes[i]] = '\0';
+        client_send(c, head);
+        client_send(c, body);
+        answer = client_read_until(c, "\r\n\r\nok", NULL);
+        assert_true(g_str_has_prefix(answer->str, "HTTP/1.1 200 OK\r\n"));
+        received = upstream_dup_received(f->upstream);
+        assert_non_null(strstr(received, body));
+        g_clear_pointer(&received, g_free);
+    }
+    client_send(c, "PUT /x HTTP/1.1\r\nHost: api.test\r\nX-Api-Key: " PH_KEY
+                   "\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\n", NULL);
+    assert_string_equal(response->str, "HTTP/1.1 100 Continue\r\n\r\n");
+    client_send(c, "hello");
+    g_string_free(response, TRUE);
+    response = client_read_until(c, "\r\n\r\nok", NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 OK\r\n"));
+    client_close(c);
+    received = upstream_dup_received(f->upstream);
+    assert_non_null(strstr(received, "X-Api-Key: real-key\r\nContent-Length: 5\r\n\r\nhello"));
+    assert_null(strstr(received, "Expect"));
+    assert_null(strstr(received, "vmph_"));
+    for (guint i = 0; i < 3; i++)
+        assert_string_equal(log_wait(&f->log, i)->reason, "completed");
+    assert_true(log_wait(&f->log, 1)->bytes_up > 600 * 1024);
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->connections, 1);
+    g_mutex_unlock(&f->upstream->lock);
+    wait_idle(f);
+}
+
+/* A guest that does not trust the agent's CA: its handshake fails, logged, nothing goes up. */
+static void
+test_guest_distrusts(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GString) response = NULL;
+    g_autofree char *other_cert = NULL;
+    g_autofree char *other_key = NULL;
+    gnutls_certificate_credentials_t creds;
+    gnutls_session_t session;
+    gnutls_datum_t ca;
+    int fd = proxy_connect(f, f->upstream->port, &response);
+    Record *record;
+
+    assert_true(vm_egress_ca_generate("stranger", &other_cert, &other_key, NULL));
+    ca = (gnutls_datum_t){(unsigned char *)other_cert, (unsigned)strlen(other_cert)};
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 "));
+    assert_int_equal(gnutls_certificate_allocate_credentials(&creds), 0);
+    assert_int_equal(gnutls_certificate_set_x509_trust_mem(creds, &ca, GNUTLS_X509_FMT_PEM), 1);
+    assert_int_equal(gnutls_init(&session, GNUTLS_CLIENT), 0);
+    assert_int_equal(gnutls_set_default_priority(session), 0);
+    assert_int_equal(gnutls_credentials_set(session, GNUTLS_CRD_CERTIFICATE, creds), 0);
+    assert_int_equal(gnutls_server_name_set(session, GNUTLS_NAME_DNS, "api.test", 8), 0);
+    gnutls_session_set_verify_cert(session, "api.test", 0);
+    gnutls_transport_set_int(session, fd);
+    assert_true(gnutls_handshake(session) < 0);
+    gnutls_deinit(session);
+    gnutls_certificate_free_credentials(creds);
+    close(fd);
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+    assert_true(g_str_has_prefix(record->reason, "guest-tls: "));
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->received->len, 0);
+    g_mutex_unlock(&f->upstream->lock);
+    wait_idle(f);
+}
+
 /* An upstream whose certificate the proxy does not trust: the request fails before the guest's
  * TLS starts, and the upstream receives no request byte. */
 static void
@@ -847,6 +937,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_substituted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rotation_and_revoke, setup, teardown),
         cmocka_unit_test_setup_teardown(test_streamed_response, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_request_bodies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_guest_distrusts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_untrusted_upstream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_leaks_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plain_http_leak, setup, teardown),
