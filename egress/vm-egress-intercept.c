@@ -491,6 +491,39 @@ refused_head_reason(VmEgressCredentials *creds, const GByteArray *raw, const GEr
                         : "bad-request");
 }
 
+/* Between requests: waits until the guest sends (TRUE), or the destination closes its side
+ * (FALSE), so that the guest sees the close of an idle kept-alive connection as it would without
+ * the proxy, and opens a new one instead of sending its next request into a dead one. FALSE too
+ * after the idle timeout or an interruption. */
+static gboolean
+wait_next_request(VmEgressIntercept *ic)
+{
+    gint64 deadline = idle_deadline(ic);
+
+    for (;;) {
+        struct pollfd pfd[2] = {{.fd = ic->guest.fd, .events = POLLIN},
+                                {.fd = ic->up.fd, .events = POLLIN}};
+        gint64 left = deadline - g_get_monotonic_time();
+        guint8 byte;
+
+        if (side_buffered(&ic->guest))
+            return TRUE;
+        if (left <= 0 || ic->conn->interrupted(ic->conn->data) != NULL)
+            return FALSE;
+        if (poll(pfd, 2, (int)MIN(left / 1000 + 1, TICK_MS)) < 0 && errno != EINTR)
+            return FALSE;
+        if (pfd[0].revents != 0)
+            return TRUE;
+        if (pfd[1].revents != 0) {
+            /* a TLS 1.3 ticket is consumed quietly; the end, an error or stray bytes end it */
+            ssize_t n = gnutls_record_recv(ic->up.session, &byte, 1);
+
+            if (n != GNUTLS_E_AGAIN && n != GNUTLS_E_INTERRUPTED)
+                return FALSE;
+        }
+    }
+}
+
 /* Reads the next request head from the guest. NULL at a quiet end (the guest closed or stayed
  * idle between requests: *@ret_reason NULL) or on refusal (*@ret_reason set, newly allocated; the
  * guest was answered). */
@@ -518,6 +551,8 @@ read_request(VmEgressIntercept *ic, VmEgressCredentials *creds, char **ret_reaso
             g_byte_array_remove_range(ic->guest_next, 0, len);
             n = (gssize)len;
         } else {
+            if (!began && !wait_next_request(ic))
+                return NULL;
             n = side_recv(ic, &ic->guest, ic->buf, BUFFER_SIZE, deadline, "timeout", &why);
             if (n <= 0) {
                 /* between requests, an end, silence or a stop is no refusal */

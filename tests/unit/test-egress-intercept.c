@@ -162,6 +162,11 @@ upstream_worker(gpointer data)
             for (int sent = 0; sent < BULK_SIZE; sent += BULK_BLOCK)
                 if (!upstream_send_len(session, block, BULK_BLOCK))
                     break;
+        } else if (g_str_has_prefix(head->str, "GET /bye ")) {
+            /* a keep-alive answer, then the server closes the idle connection */
+            upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+            (void)gnutls_bye(session, GNUTLS_SHUT_WR);
+            break;
         } else {
             upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
         }
@@ -645,6 +650,31 @@ test_rotation_and_revoke(void **state)
     wait_idle(f);
 }
 
+/* The destination closing an idle kept-alive connection closes the guest's, which then opens a
+ * new one (intercepted afresh) instead of sending into a dead one. */
+static void
+test_upstream_closes_idle(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(GString) response = NULL;
+    g_autoptr(GString) rest = NULL;
+    gboolean eof = FALSE;
+
+    client_send(c, "GET /bye HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\nok", NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 OK\r\n"));
+    rest = client_read_until(c, NULL, &eof);
+    assert_true(eof);
+    assert_int_equal(rest->len, 0);
+    client_close(c);
+    c = client_open(f);
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    client_close(c);
+    assert_string_equal(log_wait(&f->log, 1)->secret, "api");
+    wait_idle(f);
+}
+
 /* A chunked, streamed answer reaches the client piece by piece: the client reads the first piece
  * while the upstream still holds back the second. */
 static void
@@ -957,6 +987,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_rotation_and_revoke, setup, teardown),
         cmocka_unit_test_setup_teardown(test_streamed_response, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_bodies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upstream_closes_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_distrusts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_untrusted_upstream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_leaks_refused, setup, teardown),
