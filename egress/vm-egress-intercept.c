@@ -597,6 +597,22 @@ send_up(VmEgressIntercept *ic, const guint8 *data, gsize len, guint64 *bytes_up,
     return TRUE;
 }
 
+/* What the payload scanner found, and where it looks. */
+typedef struct {
+    VmEgressLeakScanner *scanner;
+    char *leak; /* the reason, once found */
+} PayloadScan;
+
+static void
+payload_scan(const guint8 *data, gsize len, gpointer user_data)
+{
+    PayloadScan *scan = user_data;
+    g_autoptr(GError) error = NULL;
+
+    if (scan->leak == NULL && !vm_egress_leak_scanner_feed(scan->scanner, data, len, &error))
+        scan->leak = g_strdup(error->message);
+}
+
 /* Relays the request: its head (already rewritten) and its body through the leak scanner. The
  * whole request is held until checked when it fits REQUEST_HOLD_MAX; past that the body goes up
  * as it comes, less the bytes that could begin a placeholder. FALSE with *@ret_reason (newly
@@ -608,13 +624,18 @@ relay_request(VmEgressIntercept *ic, VmEgressCredentials *creds, VmEgressRequest
     g_autoptr(GString) head = vm_egress_request_build_origin_head(request);
     g_autoptr(VmEgressBodyFramer) framer = vm_egress_body_framer_new(request);
     g_autoptr(VmEgressLeakScanner) scanner = vm_egress_leak_scanner_new(creds);
+    g_autoptr(VmEgressLeakScanner) payload_scanner = vm_egress_leak_scanner_new(creds);
     g_autoptr(GByteArray) held = g_byte_array_new();
     gsize keep = vm_egress_leak_scanner_get_keep(scanner);
+    PayloadScan payload = {payload_scanner, NULL};
     gboolean streaming = FALSE;
     gboolean done = FALSE;
     gint64 deadline;
     const char *why = NULL;
 
+    /* The bytes as sent (chunk lines and trailers included), and the payload as the destination
+     * decodes it (a placeholder split between chunks is whole there): both scanned. */
+    vm_egress_body_framer_set_payload_func(framer, payload_scan, &payload);
     g_byte_array_append(held, (const guint8 *)head->str, head->len);
     explicit_bzero(head->str, head->len);
     while (!done) {
@@ -651,9 +672,10 @@ relay_request(VmEgressIntercept *ic, VmEgressCredentials *creds, VmEgressRequest
             guest_respond(ic, 400, "Bad Request", error->message);
             goto fail;
         }
-        if (!vm_egress_leak_scanner_feed(scanner, ic->buf, consumed, &error)) {
-            *ret_reason = g_strdup(error->message);
-            guest_respond(ic, 403, "Forbidden", error->message);
+        if (!vm_egress_leak_scanner_feed(scanner, ic->buf, consumed, &error) ||
+            payload.leak != NULL) {
+            *ret_reason = g_strdup(payload.leak != NULL ? payload.leak : error->message);
+            guest_respond(ic, 403, "Forbidden", *ret_reason);
             goto fail;
         }
         g_byte_array_append(held, ic->buf, consumed);
@@ -678,6 +700,7 @@ relay_request(VmEgressIntercept *ic, VmEgressCredentials *creds, VmEgressRequest
     return TRUE;
 fail:
     explicit_bzero(held->data, held->len);
+    g_free(payload.leak);
     return FALSE;
 }
 

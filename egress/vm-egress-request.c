@@ -629,7 +629,19 @@ struct _VmEgressBodyFramer {
     guint64 left;
     GByteArray *line; /* the chunk-size or trailer line being read */
     gsize trailer_len;
+    void (*payload)(const guint8 *data, gsize len, gpointer user_data);
+    gpointer payload_data;
 };
+
+void
+vm_egress_body_framer_set_payload_func(VmEgressBodyFramer *framer,
+                                       void (*func)(const guint8 *data, gsize len,
+                                                    gpointer user_data),
+                                       gpointer user_data)
+{
+    framer->payload = func;
+    framer->payload_data = user_data;
+}
 
 VmEgressBodyFramer *
 vm_egress_body_framer_new(const VmEgressRequest *request)
@@ -766,6 +778,8 @@ vm_egress_body_framer_feed(VmEgressBodyFramer *framer, const guint8 *data, gsize
         case BODY_LENGTH:
         case BODY_CHUNK_DATA:
             take = (gsize)MIN((guint64)(len - i), framer->left);
+            if (framer->payload != NULL && take > 0)
+                framer->payload(data + i, take, framer->payload_data);
             framer->left -= take;
             i += take;
             if (framer->left == 0) {

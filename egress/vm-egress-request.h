@@ -119,6 +119,15 @@ VmEgressBodyFramer *vm_egress_body_framer_new(const VmEgressRequest *request);
 VmEgressBodyFramer *vm_egress_body_framer_new_response(gboolean chunked, guint64 length);
 void vm_egress_body_framer_free(VmEgressBodyFramer *framer);
 
+/* Calls @func with each piece of the body's payload as it is fed: the Content-Length bytes, or
+ * the data of each chunk without the chunked framing, so that a reader sees the body as the
+ * destination will after decoding it (a string split between chunks is whole there). Can't
+ * fail. */
+void vm_egress_body_framer_set_payload_func(VmEgressBodyFramer *framer,
+                                            void (*func)(const guint8 *data, gsize len,
+                                                         gpointer user_data),
+                                            gpointer user_data);
+
 /* Feeds @len bytes that follow the head (or earlier body bytes). VM_EGRESS_PARSE_MORE: all of
  * them belong to the body and it goes on; VM_EGRESS_PARSE_DONE: the body ended, after
  * *@ret_consumed of them (the rest is the next request); VM_EGRESS_PARSE_ERROR with

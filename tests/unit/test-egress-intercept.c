@@ -829,6 +829,10 @@ test_leaks_refused(void **state)
         {"POST /v1 HTTP/1.1\r\nHost: api.test\r\nContent-Length: "
          "59\r\n\r\n{\"k\":\"vmph_AAAAAAAAAAAA",
          "AAAAAAAAAAAAAAAAAAAAAAAAAAAA\",\"x\":1}", "leak: placeholder of api in body"},
+        /* split between two chunks: whole only once the chunked framing is taken off */
+        {"POST /v1 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "10\r\nvmph_AAAAAAAAAAA\r\n",
+         "1d\r\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n0\r\n\r\n", "leak: placeholder of api in body"},
         {"GET / HTTP/1.1\r\nHost: api.test\r\nX-Other: " PH_API "\r\n\r\n", NULL,
          "leak: placeholder of api sent to api.test"},
         {"GET / HTTP/1.1\r\nHost: other.test\r\nAuthorization: Bearer " PH_API "\r\n\r\n", NULL,
