@@ -453,8 +453,8 @@ proxy_connect(Fixture *f, guint16 port, GString **ret_response)
     return proxy_connect_to(f, "api.test", port, ret_response);
 }
 
-/* A client of api.test through a CONNECT to @connect_host: "api.test" is intercepted (the
- * client trusts the agent's CA), "127.0.0.1" is a plain tunnel (it trusts the upstream's CA). */
+/* A client of api.test through a CONNECT to @connect_host that trusts the CA @trust: the agent's
+ * for an intercepted host, the upstream's for a tunnel (where the upstream picks h2). */
 static Client *
 client_open_to(Fixture *f, const char *connect_host, const char *trust)
 {
@@ -484,7 +484,7 @@ client_open_to(Fixture *f, const char *connect_host, const char *trust)
     /* the proxy offers http/1.1 only, even to a client that asks for h2 first (through a
      * tunnel the upstream itself answers, and picks h2) */
     assert_int_equal(gnutls_alpn_get_selected_protocol(c->session, &alpn), 0);
-    if (strcmp(connect_host, "api.test") == 0) {
+    if (trust == f->agent_cert) {
         assert_int_equal(alpn.size, 8);
         assert_memory_equal(alpn.data, "http/1.1", 8);
     } else {
@@ -672,6 +672,54 @@ test_upstream_closes_idle(void **state)
     client_get_ok(c, "Authorization: Bearer " PH_API);
     client_close(c);
     assert_string_equal(log_wait(&f->log, 1)->secret, "api");
+    wait_idle(f);
+}
+
+/* A host that no grant names keeps the plain tunnel: the client talks TLS with the upstream
+ * itself, and what it sends arrives as sent. */
+static void
+test_no_grant_tunnels(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(VmEgressCredentials) elsewhere = vm_egress_credentials_new();
+    const char *hosts[] = {"other.test", NULL};
+    g_autofree char *upstream_ca = vm_test_read_file(f->upstream_ca);
+    g_autofree char *received = NULL;
+    Client *c;
+
+    assert_true(vm_egress_credentials_add(elsewhere, "api", PH_API, "sk-real-1", hosts, NULL,
+                                          "Bearer {}", NULL));
+    vm_egress_proxy_set_credentials(f->proxy, elsewhere);
+    c = client_open_to(f, "api.test", upstream_ca); /* the upstream's own certificate */
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    client_close(c);
+    received = upstream_dup_received(f->upstream);
+    assert_non_null(strstr(received, "Authorization: Bearer " PH_API "\r\n"));
+    Record *record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_null(record->secret);
+    assert_string_equal(record->reason, "closed");
+    wait_idle(f);
+}
+
+/* A policy change that refuses the host closes an intercepted connection, as it does a tunnel. */
+static void
+test_policy_change_closes(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(VmEgressPolicy) none = vm_test_egress_policy(NULL, NULL);
+    g_autoptr(GString) rest = NULL;
+    gboolean eof = FALSE;
+    gint64 start;
+
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    start = g_get_monotonic_time();
+    vm_egress_proxy_set_policy(f->proxy, none);
+    rest = client_read_until(c, NULL, &eof);
+    assert_true(eof);
+    assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
+    client_close(c);
     wait_idle(f);
 }
 
@@ -992,6 +1040,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_streamed_response, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_bodies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upstream_closes_idle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_grant_tunnels, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_policy_change_closes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_distrusts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_untrusted_upstream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_leaks_refused, setup, teardown),
