@@ -881,7 +881,9 @@ relay_response(VmEgressIntercept *ic, const VmEgressRequest *request, gboolean *
         if (!read_response_head(ic, &head_len, ret_reason))
             return FALSE;
         text = g_strndup((const char *)ic->up_head->data, head_len - 4);
-        if (!response_head_parse(text, &head) || head.status == 101) {
+        /* a NUL would hide the fields after it from this parse, not from the guest's */
+        if (memchr(ic->up_head->data, '\0', head_len) != NULL ||
+            !response_head_parse(text, &head) || head.status == 101) {
             *ret_reason = "bad-response";
             return FALSE;
         }
@@ -895,6 +897,8 @@ relay_response(VmEgressIntercept *ic, const VmEgressRequest *request, gboolean *
     if (g_ascii_strcasecmp(request->method, "HEAD") == 0 || head.status == 204 ||
         head.status == 304) {
         done = TRUE;
+        if (ic->up_head->len > 0)
+            *ret_close = TRUE; /* bytes no request asked for */
     } else if (head.chunked || head.has_length) {
         framer = vm_egress_body_framer_new_response(head.chunked, head.length);
         if (vm_egress_body_framer_feed(framer, NULL, 0, NULL, NULL) == VM_EGRESS_PARSE_DONE)
