@@ -162,6 +162,22 @@ upstream_worker(gpointer data)
             for (int sent = 0; sent < BULK_SIZE; sent += BULK_BLOCK)
                 if (!upstream_send_len(session, block, BULK_BLOCK))
                     break;
+        } else if (g_str_has_prefix(head->str, "HEAD ")) {
+            /* the length of the body a GET would get, and no body */
+            upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n");
+        } else if (g_str_has_prefix(head->str, "GET /204 ")) {
+            upstream_send(session, "HTTP/1.1 204 No Content\r\n\r\n");
+        } else if (g_str_has_prefix(head->str, "GET /304 ")) {
+            upstream_send(session, "HTTP/1.1 304 Not Modified\r\nContent-Length: 1000\r\n\r\n");
+        } else if (g_str_has_prefix(head->str, "GET /early ")) {
+            upstream_send(session, "HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+                                   "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        } else if (g_str_has_prefix(head->str, "GET /until-close ")) {
+            /* no length: the body ends with the connection */
+            upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
+                                   "all of it, then the close");
+            (void)gnutls_bye(session, GNUTLS_SHUT_WR);
+            break;
         } else if (g_str_has_prefix(head->str, "GET /bye ")) {
             /* a keep-alive answer, then the server closes the idle connection */
             upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
@@ -723,6 +739,50 @@ test_policy_change_closes(void **state)
     wait_idle(f);
 }
 
+/* Responses without a body (HEAD, 204, 304) leave the connection ready for the next request, an
+ * interim 103 comes before its final answer, and a body delimited by the close arrives whole,
+ * then the connection closes. */
+static void
+test_response_framings(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(GString) response = NULL;
+    gboolean eof = FALSE;
+
+    client_send(c, "HEAD /v1 HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\n", NULL);
+    assert_string_equal(response->str, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n");
+    client_get_ok(c, "X-Api-Key: " PH_KEY);
+    g_string_free(response, TRUE);
+    client_send(c, "GET /204 HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\n", NULL);
+    assert_string_equal(response->str, "HTTP/1.1 204 No Content\r\n\r\n");
+    g_string_free(response, TRUE);
+    client_send(c, "GET /304 HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\n", NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 304 Not Modified\r\n"));
+    g_string_free(response, TRUE);
+    client_send(c, "GET /early HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\nok", NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 103 Early Hints\r\n"));
+    assert_non_null(strstr(response->str, "\r\n\r\nHTTP/1.1 200 OK\r\n"));
+    g_string_free(response, TRUE);
+    client_send(c, "GET /until-close HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, NULL, &eof);
+    assert_true(eof);
+    assert_true(g_str_has_suffix(response->str, "\r\n\r\nall of it, then the close"));
+    client_close(c);
+    const char *reasons[] = {"completed", "completed", "completed",
+                             "completed", "completed", "closed"};
+    for (guint i = 0; i < G_N_ELEMENTS(reasons); i++)
+        assert_string_equal(log_wait(&f->log, i)->reason, reasons[i]);
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->connections, 1);
+    g_mutex_unlock(&f->upstream->lock);
+    wait_idle(f);
+}
+
 /* A chunked, streamed answer reaches the client piece by piece: the client reads the first piece
  * while the upstream still holds back the second. */
 static void
@@ -1073,6 +1133,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_streamed_response, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_bodies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upstream_closes_idle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_response_framings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_grant_tunnels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policy_change_closes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_distrusts, setup, teardown),
