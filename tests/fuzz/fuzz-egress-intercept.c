@@ -4,7 +4,8 @@
  * with a "leak: placeholder of NAME ..." reason, or the head that would go up holds no
  * placeholder of any grant and the substituted grant is one of the set. The bytes after the head
  * go through the body scanner whole, a byte at a time and in pieces of 13: each finds a
- * placeholder exactly when one is in them. */
+ * placeholder exactly when one is in them; and through the request's body framer, whose payload
+ * (chunked framing taken off) is the same however the bytes come, and scanned as such. */
 #include <glib.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +72,46 @@ scan(VmEgressCredentials *creds, const guint8 *data, gsize len, gsize step)
     return FALSE;
 }
 
+typedef struct {
+    GByteArray *payload;
+    VmEgressLeakScanner *scanner;
+    gboolean found;
+} Payload;
+
+static void
+payload_piece(const guint8 *data, gsize len, gpointer user_data)
+{
+    Payload *p = user_data;
+
+    g_byte_array_append(p->payload, data, len);
+    if (!vm_egress_leak_scanner_feed(p->scanner, data, len, NULL))
+        p->found = TRUE;
+}
+
+/* The body's payload as the framer hands it out, fed in pieces of @step: the same bytes whatever
+ * the pieces, and the scanner finds a placeholder in it exactly when one is there. */
+static GByteArray *
+frame_payload(VmEgressCredentials *creds, const VmEgressRequest *request, const guint8 *data,
+              gsize len, gsize step)
+{
+    g_autoptr(VmEgressBodyFramer) framer = vm_egress_body_framer_new(request);
+    g_autoptr(VmEgressLeakScanner) scanner = vm_egress_leak_scanner_new(creds);
+    Payload p = {g_byte_array_new(), scanner, FALSE};
+
+    vm_egress_body_framer_set_payload_func(framer, payload_piece, &p);
+    for (gsize off = 0; off < len; off += step) {
+        gsize consumed = 0;
+        VmEgressParseStatus status =
+            vm_egress_body_framer_feed(framer, data + off, MIN(step, len - off), &consumed, NULL);
+
+        if (status != VM_EGRESS_PARSE_MORE)
+            break;
+    }
+    if (p.found != has_placeholder(p.payload->data, p.payload->len))
+        abort();
+    return p.payload;
+}
+
 static void
 check_apply(VmEgressCredentials *creds, VmEgressRequest *request)
 {
@@ -130,6 +171,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (request == NULL || g_strcmp0(request->scheme, "https") != 0 || request->path == NULL)
             abort();
         check_apply(creds, request);
+        g_autoptr(GByteArray) whole_payload =
+            frame_payload(creds, request, data + consumed, size - consumed, G_MAXSIZE);
+        g_autoptr(GByteArray) piece_payload =
+            frame_payload(creds, request, data + consumed, size - consumed, 1);
+        if (whole_payload->len != piece_payload->len ||
+            (whole_payload->len > 0 &&
+             memcmp(whole_payload->data, piece_payload->data, whole_payload->len) != 0))
+            abort();
     }
 
     gboolean expected = has_placeholder(data + consumed, size - consumed);
