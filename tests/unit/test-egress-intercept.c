@@ -783,6 +783,31 @@ test_response_framings(void **state)
     wait_idle(f);
 }
 
+/* Freeing the proxy ends open intercepted connections promptly, mid-response included. */
+static void
+test_free_with_open_connections(void **state)
+{
+    Fixture *f = *state;
+    Client *idle = client_open(f);
+    Client *streaming = client_open(f);
+    g_autoptr(GString) first = NULL;
+    g_autoptr(GString) rest = NULL;
+    gboolean eof = FALSE;
+    gint64 start;
+
+    client_get_ok(idle, "Authorization: Bearer " PH_API);
+    client_send(streaming, "GET /stream HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    first = client_read_until(streaming, "first\n", NULL);
+    start = g_get_monotonic_time();
+    g_clear_pointer(&f->proxy, vm_egress_proxy_free);
+    assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
+    rest = client_read_until(idle, NULL, &eof);
+    assert_true(eof);
+    upstream_release(f->upstream);
+    client_close(idle);
+    client_close(streaming);
+}
+
 /* A chunked, streamed answer reaches the client piece by piece: the client reads the first piece
  * while the upstream still holds back the second. */
 static void
@@ -1136,6 +1161,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_response_framings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_grant_tunnels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policy_change_closes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_free_with_open_connections, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_distrusts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_untrusted_upstream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_leaks_refused, setup, teardown),
