@@ -21,6 +21,10 @@
  * body goes up as it comes, less the bytes that could begin a placeholder. */
 #define REQUEST_HOLD_MAX (256 * 1024)
 #define MINT_CACHE_MAX   256
+/* A response body past this size is relayed by two threads: this one decrypts what the
+ * destination sends while a writer encrypts and sends the previous piece to the guest. */
+#define PIPELINE_AFTER   (1024 * 1024)
+#define PIPELINE_BUFFERS 2
 
 static const gnutls_datum_t alpn_http11 = {(unsigned char *)"http/1.1", 8};
 
@@ -863,6 +867,206 @@ relay_body_bytes(VmEgressIntercept *ic, VmEgressBodyFramer *framer, const guint8
     return send_down(ic, data, consumed, bytes_down, ret_reason);
 }
 
+/* The writer of a pipelined response body: pieces go from the reading thread to it through
+ * @full and come back through @free, so at most PIPELINE_BUFFERS pieces are in flight. Only the
+ * writer touches the guest's session until it is joined. */
+typedef struct {
+    guint8 *data;
+    gsize len;
+} Piece;
+
+typedef struct {
+    VmEgressIntercept *ic;
+    GThread *thread;
+    GAsyncQueue *full;
+    GAsyncQueue *free;
+    gint failed; /* atomic: the guest went away or stopped reading */
+    gint stop;   /* atomic: the reader gave up */
+    guint64 sent;
+    Piece pieces[PIPELINE_BUFFERS];
+    Piece end; /* pushed last */
+} Writer;
+
+static gboolean
+writer_wait_writable(Writer *w)
+{
+    gint64 deadline = idle_deadline(w->ic);
+
+    for (;;) {
+        struct pollfd pfd = {.fd = w->ic->guest.fd, .events = POLLOUT};
+        gint64 left = deadline - g_get_monotonic_time();
+        int rc;
+
+        if (g_atomic_int_get(&w->stop) || left <= 0)
+            return FALSE;
+        rc = poll(&pfd, 1, (int)MIN(left / 1000 + 1, TICK_MS));
+        if (rc > 0)
+            return TRUE;
+        if (rc < 0 && errno != EINTR)
+            return FALSE;
+    }
+}
+
+/* side_send_corked() without the proxy's interruption callback, which is the reader's. */
+static gboolean
+writer_send(Writer *w, const guint8 *data, gsize len)
+{
+    gnutls_session_t session = w->ic->guest.session;
+
+    gnutls_record_cork(session);
+    while (len > 0) {
+        ssize_t n = gnutls_record_send(session, data, len);
+
+        if (n <= 0) {
+            (void)gnutls_record_uncork(session, 0);
+            return FALSE;
+        }
+        data += n;
+        len -= n;
+    }
+    for (;;) {
+        int rc = gnutls_record_uncork(session, 0);
+
+        if (rc >= 0)
+            return TRUE;
+        if ((rc != GNUTLS_E_AGAIN && rc != GNUTLS_E_INTERRUPTED) || !writer_wait_writable(w))
+            return FALSE;
+    }
+}
+
+static gpointer
+writer_thread(gpointer data)
+{
+    Writer *w = data;
+
+    for (;;) {
+        Piece *piece = g_async_queue_pop(w->full);
+
+        if (piece == &w->end)
+            return NULL;
+        if (!g_atomic_int_get(&w->failed)) {
+            if (writer_send(w, piece->data, piece->len))
+                w->sent += piece->len;
+            else
+                g_atomic_int_set(&w->failed, 1);
+        }
+        g_async_queue_push(w->free, piece);
+    }
+}
+
+/* A writer, or NULL when no thread can be had (the caller then writes itself). */
+static Writer *
+writer_start(VmEgressIntercept *ic)
+{
+    Writer *w = g_new0(Writer, 1);
+
+    w->ic = ic;
+    w->full = g_async_queue_new();
+    w->free = g_async_queue_new();
+    for (guint i = 0; i < PIPELINE_BUFFERS; i++) {
+        w->pieces[i].data = g_malloc(BUFFER_SIZE);
+        g_async_queue_push(w->free, &w->pieces[i]);
+    }
+    w->thread = g_thread_try_new("egress-writer", writer_thread, w, NULL);
+    if (w->thread != NULL)
+        return w;
+    for (guint i = 0; i < PIPELINE_BUFFERS; i++)
+        g_free(w->pieces[i].data);
+    g_async_queue_unref(w->full);
+    g_async_queue_unref(w->free);
+    g_free(w);
+    return NULL;
+}
+
+/* Lets the writer send what it holds (or drop it, after @stop) and joins it. FALSE when it
+ * failed. */
+static gboolean
+writer_finish(Writer *w, gboolean stop, guint64 *bytes_down)
+{
+    gboolean ok;
+
+    if (stop)
+        g_atomic_int_set(&w->stop, 1);
+    g_async_queue_push(w->full, &w->end);
+    g_thread_join(w->thread);
+    ok = !g_atomic_int_get(&w->failed);
+    *bytes_down += w->sent;
+    for (guint i = 0; i < PIPELINE_BUFFERS; i++)
+        g_free(w->pieces[i].data);
+    g_async_queue_unref(w->full);
+    g_async_queue_unref(w->free);
+    g_free(w);
+    return ok;
+}
+
+/* A free piece for the reader, waiting for the writer to hand one back; NULL with *@ret_reason
+ * when the writer failed or the connection must end. */
+static Piece *
+writer_get_piece(Writer *w, const char **ret_reason)
+{
+    for (;;) {
+        Piece *piece;
+        const char *why;
+
+        if (g_atomic_int_get(&w->failed)) {
+            *ret_reason = "reset";
+            return NULL;
+        }
+        piece = g_async_queue_timeout_pop(w->free, TICK_MS * 1000);
+        if (piece != NULL)
+            return piece;
+        if ((why = w->ic->conn->interrupted(w->ic->conn->data)) != NULL) {
+            *ret_reason = why;
+            return NULL;
+        }
+    }
+}
+
+/* Reads the body from the destination into pieces the writer sends, until it ended. */
+static gboolean
+relay_body_pipelined(VmEgressIntercept *ic, Writer *w, VmEgressBodyFramer *framer,
+                     gboolean *ret_close, const char **ret_reason)
+{
+    for (gboolean done = FALSE; !done;) {
+        g_autoptr(GError) error = NULL;
+        Piece *piece = writer_get_piece(w, ret_reason);
+        gsize consumed;
+        gssize n;
+
+        if (piece == NULL)
+            return FALSE;
+        n = side_recv(ic, &ic->up, piece->data, BUFFER_SIZE, idle_deadline(ic), "idle", ret_reason);
+        if (n <= 0) {
+            g_async_queue_push(w->free, piece);
+            if (n == 0 && framer != NULL)
+                *ret_reason = "closed"; /* cut short */
+            return n == 0 && framer == NULL;
+        }
+        n = (gssize)side_fill(&ic->up, piece->data, (gsize)n, BUFFER_SIZE);
+        consumed = (gsize)n;
+        if (framer != NULL) {
+            switch (vm_egress_body_framer_feed(framer, piece->data, n, &consumed, &error)) {
+            case VM_EGRESS_PARSE_MORE:
+                consumed = (gsize)n;
+                break;
+            case VM_EGRESS_PARSE_DONE:
+                done = TRUE;
+                if (consumed < (gsize)n)
+                    *ret_close = TRUE;
+                break;
+            case VM_EGRESS_PARSE_ERROR:
+            default:
+                g_async_queue_push(w->free, piece);
+                *ret_reason = "bad-response";
+                return FALSE;
+            }
+        }
+        piece->len = consumed;
+        g_async_queue_push(consumed > 0 ? w->full : w->free, piece);
+    }
+    return TRUE;
+}
+
 /* Relays the response to @request as it arrives: interim 1xx heads, the final head, then the
  * body by its framing. *@ret_close when the connection cannot carry another request. */
 static gboolean
@@ -912,8 +1116,22 @@ relay_response(VmEgressIntercept *ic, const VmEgressRequest *request, gboolean *
         return FALSE;
     g_byte_array_set_size(ic->up_head, 0);
     while (!done) {
-        gssize n =
-            side_recv(ic, &ic->up, ic->buf, BUFFER_SIZE, idle_deadline(ic), "idle", ret_reason);
+        gssize n;
+
+        if (*bytes_down > PIPELINE_AFTER) {
+            Writer *w = writer_start(ic);
+
+            if (w != NULL) {
+                gboolean ok = relay_body_pipelined(ic, w, framer, ret_close, ret_reason);
+
+                if (!writer_finish(w, !ok, bytes_down) && ok) {
+                    *ret_reason = "reset";
+                    ok = FALSE;
+                }
+                return ok;
+            }
+        }
+        n = side_recv(ic, &ic->up, ic->buf, BUFFER_SIZE, idle_deadline(ic), "idle", ret_reason);
 
         if (n < 0)
             return FALSE;
