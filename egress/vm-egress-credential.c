@@ -1,5 +1,6 @@
-/* The set of grants one agent's proxy honours. */
+/* The set of grants one agent's proxy honours, and the checks and substitutions made with it. */
 #include "vm-egress-credential.h"
+#include "vm-egress-policy.h"
 #include "vm-error.h"
 
 #include <string.h>
@@ -18,18 +19,82 @@ struct _VmEgressCredentials {
     GPtrArray *grants; /* Grant */
 };
 
+/* Overwrites a string that held (or may hold) a secret before it goes back to the allocator. */
+static void
+wipe_free(char *text)
+{
+    if (text != NULL)
+        explicit_bzero(text, strlen(text));
+    g_free(text);
+}
+
 static void
 grant_free(Grant *grant)
 {
     g_free(grant->secret_name);
     g_free(grant->placeholder);
-    if (grant->value != NULL)
-        memset(grant->value, 0, strlen(grant->value));
-    g_free(grant->value);
+    wipe_free(grant->value);
     g_strfreev(grant->hosts);
     g_free(grant->header);
     g_free(grant->format);
     g_free(grant);
+}
+
+static gboolean
+header_name_valid(const char *name)
+{
+    if (*name == '\0')
+        return FALSE;
+    for (const char *p = name; *p != '\0'; p++)
+        if (!g_ascii_isalnum(*p) && strchr("!#$%&'*+-.^_`|~", *p) == NULL)
+            return FALSE;
+    return TRUE;
+}
+
+static gboolean
+format_valid(const char *format)
+{
+    const char *slot = strstr(format, "{}");
+
+    if (slot == NULL || strstr(slot + 2, "{}") != NULL)
+        return FALSE;
+    for (const char *p = format; *p != '\0'; p++)
+        if ((guchar)*p < 0x20 || (guchar)*p == 0x7f)
+            return FALSE;
+    return TRUE;
+}
+
+/* A grant's host pattern as egress rules write it ("*.suffix" or a normalised host), or NULL. */
+static char *
+host_pattern_normalise(const char *pattern)
+{
+    g_autofree char *host = NULL;
+
+    if (g_str_has_prefix(pattern, "*.")) {
+        host = vm_egress_host_normalise(pattern + 2, NULL);
+        return host != NULL ? g_strconcat("*.", host, NULL) : NULL;
+    }
+    return vm_egress_host_normalise(pattern, NULL);
+}
+
+static gboolean
+pattern_matches(const char *pattern, const char *host)
+{
+    if (g_str_has_prefix(pattern, "*.")) {
+        gsize host_len = strlen(host), suffix_len = strlen(pattern + 1); /* ".suffix" */
+        return host_len > suffix_len &&
+               g_ascii_strcasecmp(host + host_len - suffix_len, pattern + 1) == 0;
+    }
+    return g_ascii_strcasecmp(pattern, host) == 0;
+}
+
+static gboolean
+grant_names_host(const Grant *grant, const char *host)
+{
+    for (char **it = grant->hosts; *it != NULL; it++)
+        if (pattern_matches(*it, host))
+            return TRUE;
+    return FALSE;
 }
 
 VmEgressCredentials *
@@ -77,11 +142,32 @@ vm_egress_credentials_add(VmEgressCredentials *creds, const char *secret_name,
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "placeholder of '%s' given twice",
                             secret_name);
     }
+    if (strpbrk(value, "\r\n") != NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "secret '%s' has a line break in its value", secret_name);
+    if (!header_name_valid(header != NULL ? header : "Authorization"))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "secret '%s': bad header name '%s'",
+                        secret_name, header);
+    if (!format_valid(format != NULL ? format : "{}"))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "secret '%s': the format must hold one '{}' and no line break",
+                        secret_name);
+    g_autoptr(GPtrArray) patterns = g_ptr_array_new_with_free_func(g_free);
+    for (const char *const *it = hosts; it != NULL && *it != NULL; it++) {
+        char *pattern = host_pattern_normalise(*it);
+        if (pattern == NULL)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "secret '%s': bad host pattern '%s'",
+                            secret_name, *it);
+        g_ptr_array_add(patterns, pattern);
+    }
+    if (patterns->len == 0)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "secret '%s' names no host", secret_name);
+    g_ptr_array_add(patterns, NULL);
     grant = g_new0(Grant, 1);
     grant->secret_name = g_strdup(secret_name);
     grant->placeholder = g_strdup(placeholder);
     grant->value = g_strdup(value);
-    grant->hosts = g_strdupv((char **)hosts);
+    grant->hosts = (char **)g_ptr_array_free(g_steal_pointer(&patterns), FALSE);
     grant->header = g_strdup(header != NULL ? header : "Authorization");
     grant->format = g_strdup(format != NULL ? format : "{}");
     g_ptr_array_add(creds->grants, grant);
@@ -92,4 +178,337 @@ guint
 vm_egress_credentials_size(VmEgressCredentials *creds)
 {
     return creds->grants->len;
+}
+
+gboolean
+vm_egress_credentials_intercepts(VmEgressCredentials *creds, const char *host)
+{
+    if (creds == NULL || host == NULL)
+        return FALSE;
+    for (guint i = 0; i < creds->grants->len; i++)
+        if (grant_names_host(g_ptr_array_index(creds->grants, i), host))
+            return TRUE;
+    return FALSE;
+}
+
+/* The first grant whose placeholder occurs in the @len bytes at @data, or NULL. */
+static const Grant *
+find_placeholder(VmEgressCredentials *creds, const char *data, gsize len)
+{
+    for (guint i = 0; i < creds->grants->len; i++) {
+        const Grant *grant = g_ptr_array_index(creds->grants, i);
+
+        if (memmem(data, len, grant->placeholder, strlen(grant->placeholder)) != NULL)
+            return grant;
+    }
+    return NULL;
+}
+
+static const Grant *
+find_in_string(VmEgressCredentials *creds, const char *text)
+{
+    return text != NULL ? find_placeholder(creds, text, strlen(text)) : NULL;
+}
+
+/* The decoded pair of "Basic <base64>" credentials (newly allocated, to be wiped), or NULL when
+ * @value is not that. */
+static char *
+basic_decode(const char *value)
+{
+    const char *token;
+    gsize len = 0;
+    guchar *decoded;
+
+    if (g_ascii_strncasecmp(value, "Basic ", 6) != 0)
+        return NULL;
+    token = value + 6;
+    while (*token == ' ')
+        token++;
+    if (*token == '\0')
+        return NULL;
+    decoded = g_base64_decode(token, &len);
+    if (decoded == NULL)
+        return NULL;
+    /* A pair with a NUL in it is not text: keep what precedes it, as a server reading it would */
+    char *text = g_strndup((const char *)decoded, len);
+    explicit_bzero(decoded, len);
+    g_free(decoded);
+    return text;
+}
+
+/* The grant of a placeholder in @value, as sent or inside Basic credentials, or NULL. */
+static const Grant *
+find_in_value(VmEgressCredentials *creds, const char *value)
+{
+    const Grant *grant = find_in_string(creds, value);
+    g_autofree char *pair = NULL;
+
+    if (grant != NULL)
+        return grant;
+    pair = basic_decode(value);
+    grant = find_in_string(creds, pair);
+    if (pair != NULL)
+        explicit_bzero(pair, strlen(pair));
+    return grant;
+}
+
+/* The request target, and the same percent-decoded: a placeholder is found in either. */
+static const Grant *
+find_in_target(VmEgressCredentials *creds, const char *target)
+{
+    const Grant *grant = find_in_string(creds, target);
+    g_autofree char *decoded = NULL;
+
+    if (grant != NULL || target == NULL)
+        return grant;
+    decoded = g_uri_unescape_string(target, NULL);
+    return find_in_string(creds, decoded);
+}
+
+static gboolean
+leak(GError **error, const Grant *grant, const char *where)
+{
+    return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "leak: placeholder of %s %s",
+                    grant->secret_name, where);
+}
+
+/* Replaces every occurrence of @grant's placeholder in @text by its value; newly allocated. */
+static char *
+replace_placeholder(const char *text, const Grant *grant)
+{
+    GString *out = g_string_new(NULL);
+    gsize plen = strlen(grant->placeholder);
+    const char *p = text;
+    const char *hit;
+
+    while ((hit = strstr(p, grant->placeholder)) != NULL) {
+        g_string_append_len(out, p, hit - p);
+        g_string_append(out, grant->value);
+        p = hit + plen;
+    }
+    g_string_append(out, p);
+    return g_string_free(out, FALSE);
+}
+
+/* The format with its "{}" replaced by @value; newly allocated. */
+static char *
+format_with(const char *format, const char *value)
+{
+    const char *slot = strstr(format, "{}");
+
+    return g_strdup_printf("%.*s%s%s", (int)(slot - format), format, value, slot + 2);
+}
+
+static gboolean
+is_basic_format(const Grant *grant)
+{
+    return g_ascii_strncasecmp(grant->format, "Basic ", 6) == 0;
+}
+
+/* The new value of @header for @grant, whose placeholder it holds: through the format, or the
+ * Basic pair with the placeholder replaced. Newly allocated, to be wiped. */
+static char *
+substitute(VmEgressCredentials *creds, const Grant *grant, const char *value)
+{
+    if (is_basic_format(grant)) {
+        char *pair = basic_decode(value);
+        char *replaced;
+        char *encoded;
+        char *out;
+
+        if (pair == NULL || strstr(pair, grant->placeholder) == NULL) {
+            /* the placeholder as sent, not encoded: it stands for the whole pair */
+            wipe_free(pair);
+            encoded = g_base64_encode((const guchar *)grant->value, strlen(grant->value));
+        } else {
+            /* every grant's placeholder in the pair: user and password may both be ones */
+            replaced = replace_placeholder(pair, grant);
+            wipe_free(pair);
+            for (guint i = 0; i < creds->grants->len; i++) {
+                const Grant *other = g_ptr_array_index(creds->grants, i);
+                if (other != grant && strstr(replaced, other->placeholder) != NULL) {
+                    char *again = replace_placeholder(replaced, other);
+                    wipe_free(replaced);
+                    replaced = again;
+                }
+            }
+            encoded = g_base64_encode((const guchar *)replaced, strlen(replaced));
+            wipe_free(replaced);
+        }
+        out = format_with(grant->format, encoded);
+        wipe_free(encoded);
+        return out;
+    }
+    return format_with(grant->format, grant->value);
+}
+
+/* Whether @grant may be substituted into the header @name of a request to @host. */
+static gboolean
+grant_fits(const Grant *grant, const char *name, const char *host)
+{
+    return g_ascii_strcasecmp(grant->header, name) == 0 && grant_names_host(grant, host);
+}
+
+/* Every grant whose placeholder @value holds (as sent, or in a Basic pair) must fit @name and
+ * @host; the first that does not, or NULL. */
+static const Grant *
+misplaced_in_value(VmEgressCredentials *creds, const char *name, const char *value,
+                   const char *host)
+{
+    g_autofree char *pair = basic_decode(value);
+    const Grant *bad = NULL;
+
+    for (guint i = 0; i < creds->grants->len && bad == NULL; i++) {
+        const Grant *grant = g_ptr_array_index(creds->grants, i);
+        gboolean present = strstr(value, grant->placeholder) != NULL ||
+                           (pair != NULL && strstr(pair, grant->placeholder) != NULL);
+
+        if (present && !grant_fits(grant, name, host))
+            bad = grant;
+    }
+    if (pair != NULL)
+        explicit_bzero(pair, strlen(pair));
+    return bad;
+}
+
+gboolean
+vm_egress_credentials_apply(VmEgressCredentials *creds, VmEgressRequest *request, const char *host,
+                            char **ret_secret, GError **error)
+{
+    const Grant *grant;
+    const char *substituted = NULL;
+    g_autofree char *where = NULL;
+
+    *ret_secret = NULL;
+    if (creds == NULL)
+        return TRUE;
+    if ((grant = find_in_target(creds, request->path)) != NULL ||
+        (grant = find_in_string(creds, request->host)) != NULL)
+        return leak(error, grant, "in URL");
+    where = g_strdup_printf("sent to %s", host);
+    if ((grant = find_in_string(creds, request->method)) != NULL)
+        return leak(error, grant, where);
+    /* First every check, so that a refused request is left as it came. */
+    for (guint i = 0; i < request->headers->len; i++) {
+        const VmEgressHeader *header = g_ptr_array_index(request->headers, i);
+
+        if ((grant = find_in_string(creds, header->name)) != NULL ||
+            (grant = misplaced_in_value(creds, header->name, header->value, host)) != NULL)
+            return leak(error, grant, where);
+    }
+    for (guint i = 0; i < request->headers->len; i++) {
+        VmEgressHeader *header = g_ptr_array_index(request->headers, i);
+
+        grant = find_in_value(creds, header->value);
+        if (grant == NULL)
+            continue;
+        char *value = substitute(creds, grant, header->value);
+        wipe_free(header->value);
+        header->value = value;
+        substituted = grant->secret_name;
+    }
+    *ret_secret = g_strdup(substituted);
+    return TRUE;
+}
+
+gboolean
+vm_egress_credentials_check_plain(VmEgressCredentials *creds, const VmEgressRequest *request,
+                                  GError **error)
+{
+    const Grant *grant;
+
+    if (creds == NULL)
+        return TRUE;
+    if ((grant = find_in_target(creds, request->path)) != NULL ||
+        (grant = find_in_string(creds, request->host)) != NULL ||
+        (grant = find_in_string(creds, request->method)) != NULL)
+        return leak(error, grant, "over plain HTTP");
+    for (guint i = 0; i < request->headers->len; i++) {
+        const VmEgressHeader *header = g_ptr_array_index(request->headers, i);
+
+        if ((grant = find_in_string(creds, header->name)) != NULL ||
+            (grant = find_in_value(creds, header->value)) != NULL)
+            return leak(error, grant, "over plain HTTP");
+    }
+    return TRUE;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Body scanner */
+
+struct _VmEgressLeakScanner {
+    VmEgressCredentials *creds;
+    gsize keep;       /* longest placeholder - 1: what a split placeholder can leave behind */
+    GByteArray *tail; /* the last @keep bytes fed so far */
+    char *found;      /* the secret name once a placeholder was seen */
+};
+
+VmEgressLeakScanner *
+vm_egress_leak_scanner_new(VmEgressCredentials *creds)
+{
+    VmEgressLeakScanner *scanner = g_new0(VmEgressLeakScanner, 1);
+
+    scanner->tail = g_byte_array_new();
+    if (creds == NULL)
+        return scanner;
+    scanner->creds = vm_egress_credentials_ref(creds);
+    for (guint i = 0; i < creds->grants->len; i++) {
+        const Grant *grant = g_ptr_array_index(creds->grants, i);
+        scanner->keep = MAX(scanner->keep, strlen(grant->placeholder) - 1);
+    }
+    return scanner;
+}
+
+void
+vm_egress_leak_scanner_free(VmEgressLeakScanner *scanner)
+{
+    if (scanner == NULL)
+        return;
+    if (scanner->creds != NULL)
+        vm_egress_credentials_unref(scanner->creds);
+    g_byte_array_unref(scanner->tail);
+    g_free(scanner->found);
+    g_free(scanner);
+}
+
+gboolean
+vm_egress_leak_scanner_feed(VmEgressLeakScanner *scanner, const guint8 *data, gsize len,
+                            GError **error)
+{
+    const Grant *grant = NULL;
+
+    if (scanner->found == NULL && scanner->creds != NULL && len > 0) {
+        /* The seam first: the kept tail and as much of the new bytes as a placeholder can
+         * reach into, so no large piece is ever copied. */
+        if (scanner->tail->len > 0) {
+            gsize reach = MIN(len, scanner->keep);
+            g_autoptr(GByteArray) seam = g_byte_array_sized_new(scanner->tail->len + reach);
+
+            g_byte_array_append(seam, scanner->tail->data, scanner->tail->len);
+            g_byte_array_append(seam, data, reach);
+            grant = find_placeholder(scanner->creds, (const char *)seam->data, seam->len);
+        }
+        if (grant == NULL)
+            grant = find_placeholder(scanner->creds, (const char *)data, len);
+        if (grant != NULL) {
+            scanner->found = g_strdup(grant->secret_name);
+        } else if (len >= scanner->keep) {
+            g_byte_array_set_size(scanner->tail, 0);
+            g_byte_array_append(scanner->tail, data + len - scanner->keep, scanner->keep);
+        } else {
+            g_byte_array_append(scanner->tail, data, len);
+            if (scanner->tail->len > scanner->keep)
+                g_byte_array_remove_range(scanner->tail, 0, scanner->tail->len - scanner->keep);
+        }
+    }
+    if (scanner->found != NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "leak: placeholder of %s in body",
+                        scanner->found);
+    return TRUE;
+}
+
+gsize
+vm_egress_leak_scanner_get_keep(const VmEgressLeakScanner *scanner)
+{
+    return scanner->keep;
 }

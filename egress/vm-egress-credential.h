@@ -15,6 +15,8 @@
 
 #include <glib.h>
 
+#include "vm-egress-request.h"
+
 G_BEGIN_DECLS
 
 typedef struct _VmEgressCredentials VmEgressCredentials;
@@ -41,6 +43,52 @@ gboolean vm_egress_credentials_add(VmEgressCredentials *creds, const char *secre
 /* How many grants @creds holds. Can't fail. */
 guint vm_egress_credentials_size(VmEgressCredentials *creds);
 
+/* Whether connections to @host (a normalised host, vm_egress_host_normalise()) are intercepted:
+ * some grant's host patterns match it (an exact name, or "*.suffix" for the names below suffix).
+ * NULL @creds intercepts nothing. Can't fail. */
+gboolean vm_egress_credentials_intercepts(VmEgressCredentials *creds, const char *host);
+
+/* Applies the grants to @request, one origin-form request head read on an intercepted connection
+ * to @host (normalised). A header named by a grant that names @host, whose value holds that
+ * grant's placeholder, is rewritten through the grant's format: "Bearer {}" gives "Bearer VALUE";
+ * with "Basic {}" the base64 pair after "Basic " is decoded, the placeholder replaced where it
+ * stands (user or password), and the pair encoded again. A placeholder anywhere else refuses the
+ * request before anything changes, with VM_ERROR_INVALID_ARGUMENT and a message that is the log
+ * reason: "leak: placeholder of NAME in URL" (the request target, also percent-decoded), or
+ * "leak: placeholder of NAME sent to HOST" (another header, a grant that does not name @host).
+ * Placeholders are also looked for inside any "Basic" credentials. Tokens that are no
+ * placeholder of @creds (unknown, revoked) pass unchanged. On success *@ret_secret is the name of
+ * the grant substituted last (newly allocated), or NULL when none was. */
+gboolean vm_egress_credentials_apply(VmEgressCredentials *creds, VmEgressRequest *request,
+                                     const char *host, char **ret_secret, GError **error);
+
+/* Checks a request head that goes out unencrypted (a plain HTTP request through the proxy): any
+ * placeholder of @creds in its target or its header fields fails with VM_ERROR_INVALID_ARGUMENT
+ * and the reason "leak: placeholder of NAME over plain HTTP". NULL @creds passes everything. */
+gboolean vm_egress_credentials_check_plain(VmEgressCredentials *creds,
+                                           const VmEgressRequest *request, GError **error);
+
+/* Looks for placeholders in a request body that arrives in pieces of any size: a placeholder
+ * split between pieces is found too. Keeps only the last (longest placeholder - 1) bytes between
+ * calls. The scanner holds its own reference to the grants it was made with. */
+typedef struct _VmEgressLeakScanner VmEgressLeakScanner;
+
+/* A scanner for the placeholders of @creds (NULL: none, every feed passes). Can't fail. */
+VmEgressLeakScanner *vm_egress_leak_scanner_new(VmEgressCredentials *creds);
+void vm_egress_leak_scanner_free(VmEgressLeakScanner *scanner);
+
+/* Feeds the next @len bytes of the body. Fails with VM_ERROR_INVALID_ARGUMENT and the reason
+ * "leak: placeholder of NAME in body" once a placeholder has been seen; it keeps failing after
+ * that. */
+gboolean vm_egress_leak_scanner_feed(VmEgressLeakScanner *scanner, const guint8 *data, gsize len,
+                                     GError **error);
+
+/* How many of the last bytes fed could be the start of a placeholder that the next piece
+ * completes (the longest placeholder's length - 1; 0 without grants): a relay that sends a body
+ * on before its end holds that many back. Can't fail. */
+gsize vm_egress_leak_scanner_get_keep(const VmEgressLeakScanner *scanner);
+
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressCredentials, vm_egress_credentials_unref)
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressLeakScanner, vm_egress_leak_scanner_free)
 
 G_END_DECLS

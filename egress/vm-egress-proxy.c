@@ -1,5 +1,6 @@
 /* The egress proxy: an accept thread and one thread per guest connection. */
 #include "vm-egress-proxy.h"
+#include "vm-egress-intercept.h"
 #include "vm-egress-tls.h"
 #include "vm-error.h"
 #include "vm-util.h"
@@ -49,6 +50,7 @@ struct _VmEgressProxy {
     GCond idle;
     VmEgressPolicy *policy;
     VmEgressCredentials *credentials; /* NULL: none */
+    VmEgressInterceptor *interceptor; /* NULL: the proxy has no CA, intercepts nothing */
     guint active;
     GArray *local; /* the host's own addresses, refreshed now and then */
     gint64 local_time;
@@ -77,6 +79,7 @@ typedef struct {
     guint64 bytes_up;
     guint64 bytes_down;
     GByteArray *pending_up; /* guest bytes after the head, not yet sent */
+    const char *secret;     /* the grant substituted in an intercepted request, for its record */
 } Conn;
 
 /* ---------------------------------------------------------------------------------------------
@@ -145,6 +148,7 @@ conn_log(Conn *conn, VmEgressRecordKind kind, const char *reason)
         .bytes_up = conn->bytes_up,
         .bytes_down = conn->bytes_down,
         .duration_us = g_get_monotonic_time() - conn->start_mono,
+        .secret = conn->secret,
     };
 
     if (proxy->config.log == NULL)
@@ -854,6 +858,124 @@ conn_relay(Conn *conn, gboolean *ret_more)
     return ended;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Interception (vm-egress-intercept.h) */
+
+static VmEgressCredentials *
+proxy_dup_credentials(VmEgressProxy *proxy)
+{
+    VmEgressCredentials *creds;
+
+    g_mutex_lock(&proxy->lock);
+    creds = proxy->credentials != NULL ? vm_egress_credentials_ref(proxy->credentials) : NULL;
+    g_mutex_unlock(&proxy->lock);
+    return creds;
+}
+
+static VmEgressCredentials *
+intercept_dup_credentials(gpointer data)
+{
+    Conn *conn = data;
+
+    return proxy_dup_credentials(conn->proxy);
+}
+
+/* Whether an intercepted connection must end now: shutdown, a policy that refuses it, or grants
+ * that no longer name its host. Looked at only when the generation moved. */
+static const char *
+intercept_interrupted(gpointer data)
+{
+    Conn *conn = data;
+    gint generation = g_atomic_int_get(&conn->proxy->generation);
+
+    if (stopping(conn->proxy))
+        return "shutdown";
+    if (generation != conn->generation) {
+        g_autoptr(VmEgressCredentials) creds = proxy_dup_credentials(conn->proxy);
+
+        conn->generation = generation;
+        if (!conn_still_allowed(conn))
+            return "policy-changed";
+        if (!vm_egress_credentials_intercepts(creds, conn->host))
+            return "credentials-changed";
+    }
+    return NULL;
+}
+
+/* A record per intercepted request: its own bytes and time, the CONNECT's host and address. */
+static void
+intercept_log(gpointer data, VmEgressRecordKind kind, const char *reason, const char *secret,
+              guint64 bytes_up, guint64 bytes_down)
+{
+    Conn *conn = data;
+
+    conn->bytes_up = bytes_up;
+    conn->bytes_down = bytes_down;
+    conn->secret = secret;
+    conn_log(conn, kind, reason);
+    conn->secret = NULL;
+    conn->start_time = g_get_real_time();
+    conn->start_mono = g_get_monotonic_time();
+}
+
+/* Whether this allowed CONNECT is intercepted: the proxy has a CA and a grant names its host. */
+static gboolean
+conn_intercepts(Conn *conn)
+{
+    g_autoptr(VmEgressCredentials) creds = NULL;
+
+    if (conn->request->kind != VM_EGRESS_REQUEST_CONNECT || conn->proxy->interceptor == NULL)
+        return FALSE;
+    creds = proxy_dup_credentials(conn->proxy);
+    return vm_egress_credentials_intercepts(creds, conn->host);
+}
+
+/* An intercepted CONNECT once connected: TLS to the destination, verified, before the guest
+ * hears 200; then the guest's SNI as for a tunnel, then the requests (each logged on its own).
+ */
+static void
+conn_intercept(Conn *conn)
+{
+    VmEgressProxy *proxy = conn->proxy;
+    g_autoptr(GError) error = NULL;
+    static const char established[] = "HTTP/1.1 200 Connection established\r\n\r\n";
+    const char *reason = NULL;
+    VmEgressInterceptConn ic_conn = {
+        .guest_fd = conn->fd,
+        .up_fd = conn->up_fd,
+        .host = conn->host,
+        .connect_host = conn->request->host,
+        .port = conn->request->port,
+        .host_is_literal = conn->host_is_literal,
+        .guest_pending = conn->pending_up,
+        .handshake_timeout_ms = proxy->config.handshake_timeout_ms,
+        .idle_timeout_ms = proxy->config.idle_timeout_ms,
+        .dup_credentials = intercept_dup_credentials,
+        .interrupted = intercept_interrupted,
+        .log = intercept_log,
+        .data = conn,
+    };
+    g_autoptr(VmEgressIntercept) ic = vm_egress_intercept_new(proxy->interceptor, &ic_conn);
+
+    if (!vm_egress_intercept_upstream(ic, proxy->config.connect_timeout_ms, &error)) {
+        g_autofree char *text = g_strdup_printf("egress to %s:%u refused: %s", conn->request->host,
+                                                conn->request->port, error->message);
+
+        respond(conn->fd, 502, "Bad Gateway", text);
+        conn_log(conn, VM_EGRESS_RECORD_DENIED, error->message);
+        return;
+    }
+    if (!send_all(conn->fd, (const guint8 *)established, strlen(established), 1000)) {
+        conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
+        return;
+    }
+    if (!conn->host_is_literal && !conn_check_sni(conn, &reason)) {
+        conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
+        return;
+    }
+    vm_egress_intercept_serve(ic);
+}
+
 /* Serves one request of the connection: head, decisions, connection, relay, record. TRUE when
  * another request follows on the same connection. */
 static gboolean
@@ -878,6 +1000,17 @@ conn_serve_one(Conn *conn, gboolean first)
             conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
         return FALSE;
     }
+    /* A placeholder goes nowhere unencrypted, whatever the policy says of the host. */
+    if (conn->request->kind == VM_EGRESS_REQUEST_HTTP) {
+        g_autoptr(VmEgressCredentials) creds = proxy_dup_credentials(proxy);
+        g_autoptr(GError) error = NULL;
+
+        if (!vm_egress_credentials_check_plain(creds, conn->request, &error)) {
+            respond(conn->fd, 403, "Forbidden", error->message);
+            conn_log(conn, VM_EGRESS_RECORD_DENIED, error->message);
+            return FALSE;
+        }
+    }
     if (!conn_decide(conn, &addresses, &reason, &code)) {
         g_autofree char *text = g_strdup_printf("egress to %s:%u refused: %s", conn->request->host,
                                                 conn->request->port, reason);
@@ -899,6 +1032,10 @@ conn_serve_one(Conn *conn, gboolean first)
     if (conn->up_fd < 0) {
         respond(conn->fd, 502, "Bad Gateway", "cannot connect");
         conn_log(conn, VM_EGRESS_RECORD_DENIED, "connect-failed");
+        return FALSE;
+    }
+    if (conn_intercepts(conn)) {
+        conn_intercept(conn);
         return FALSE;
     }
     if (conn->request->kind == VM_EGRESS_REQUEST_CONNECT) {
@@ -1166,6 +1303,16 @@ vm_egress_proxy_new(const VmEgressConfig *config, GError **error)
         config->credentials != NULL ? vm_egress_credentials_ref(config->credentials) : NULL;
     proxy->config.policy = NULL;
     proxy->config.credentials = NULL;
+    /* The PEM strings and the file name are read here and not kept. */
+    if (config->ca_cert_pem != NULL && config->ca_key_pem != NULL) {
+        proxy->interceptor = vm_egress_interceptor_new(config->ca_cert_pem, config->ca_key_pem,
+                                                       config->upstream_ca_file, error);
+        if (proxy->interceptor == NULL)
+            return NULL;
+    }
+    proxy->config.ca_cert_pem = NULL;
+    proxy->config.ca_key_pem = NULL;
+    proxy->config.upstream_ca_file = NULL;
 
     if (!(proxy->listen_path != NULL ? proxy_listen_unix(proxy, error)
                                      : proxy_listen(proxy, error)))
@@ -1206,6 +1353,7 @@ vm_egress_proxy_free(VmEgressProxy *proxy)
         close(proxy->wake[1]);
     vm_egress_policy_unref(proxy->policy);
     g_clear_pointer(&proxy->credentials, vm_egress_credentials_unref);
+    g_clear_pointer(&proxy->interceptor, vm_egress_interceptor_free);
     g_clear_pointer(&proxy->local, g_array_unref);
     g_mutex_clear(&proxy->log_lock);
     g_mutex_clear(&proxy->lock);

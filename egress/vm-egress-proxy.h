@@ -12,6 +12,13 @@
  * relayed up, and a request after it is read once the destination closed, and served on a
  * connection of its own after its own decisions.
  *
+ * With a CA (ca_cert_pem/ca_key_pem) and grants (credentials), a CONNECT to a host that a grant
+ * names is intercepted instead of tunnelled (vm-egress-intercept.h): the proxy verifies the
+ * destination's certificate, terminates the guest's TLS with a certificate its CA signs, puts the
+ * grants' values in place of their placeholders request by request, and refuses a placeholder
+ * anywhere else. A plain HTTP request with a placeholder in its head is refused, whatever its
+ * host (docs/EGRESS.md).
+ *
  * Instead of TCP the proxy can listen on a Unix stream socket (listen_path). A client of that
  * socket either speaks HTTP on it, or hands the guest's connection over: its first message is one
  * byte carrying a connected stream socket as SCM_RIGHTS (vm_egress_proxy_pass_fd()); the proxy
@@ -92,7 +99,8 @@ typedef struct {
 typedef struct _VmEgressProxy VmEgressProxy;
 
 /* Binds the listening socket and starts serving. Fails with VM_ERROR_INVALID_ARGUMENT for a bad
- * listen address or a path too long for a Unix socket, VM_ERROR_NO_RESOURCES when the port is
+ * listen address, a path too long for a Unix socket, a CA that does not parse or an
+ * upstream_ca_file without certificates, VM_ERROR_NO_RESOURCES when the port is
  * taken, VM_ERROR_IO otherwise. */
 VmEgressProxy *vm_egress_proxy_new(const VmEgressConfig *config, GError **error);
 

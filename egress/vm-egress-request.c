@@ -12,6 +12,8 @@ struct _VmEgressParser {
     gboolean in_method;
     gboolean finished;
     VmEgressRequest *request;
+    char *origin_host; /* non-NULL: origin-form requests of an intercepted connection */
+    guint16 origin_port;
 };
 
 /* Fields that describe one hop, not the request: never forwarded. */
@@ -26,6 +28,8 @@ header_free(gpointer data)
     VmEgressHeader *header = data;
 
     g_free(header->name);
+    /* a credential may have been substituted into it */
+    explicit_bzero(header->value, strlen(header->value));
     g_free(header->value);
     g_free(header);
 }
@@ -53,11 +57,22 @@ vm_egress_parser_new(void)
     return parser;
 }
 
+VmEgressParser *
+vm_egress_parser_new_origin(const char *host, guint16 port)
+{
+    VmEgressParser *parser = vm_egress_parser_new();
+
+    parser->origin_host = g_strdup(host);
+    parser->origin_port = port;
+    return parser;
+}
+
 void
 vm_egress_parser_free(VmEgressParser *parser)
 {
     if (parser == NULL)
         return;
+    g_free(parser->origin_host);
     g_byte_array_unref(parser->head);
     vm_egress_request_free(parser->request);
     g_free(parser);
@@ -150,7 +165,25 @@ parse_authority(const char *text, char **ret_host, guint16 *ret_port, GError **e
 }
 
 static gboolean
-parse_target(VmEgressRequest *request, const char *target, GError **error)
+parse_origin_target(VmEgressRequest *request, const char *target, const char *host, guint16 port,
+                    GError **error)
+{
+    if (strcmp(request->method, "CONNECT") == 0 || !(target[0] == '/' || strcmp(target, "*") == 0))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "only origin-form requests inside an intercepted connection");
+    if (strchr(target, '#') != NULL)
+        return vm_throw(error, VM_ERROR_PROTOCOL, "fragment in the request target");
+    request->kind = VM_EGRESS_REQUEST_HTTP;
+    request->scheme = g_strdup("https");
+    request->host = g_strdup(host);
+    request->port = port;
+    request->path = g_strdup(target);
+    return TRUE;
+}
+
+static gboolean
+parse_target(VmEgressRequest *request, const char *target, const VmEgressParser *parser,
+             GError **error)
 {
     const char *rest;
     const char *path;
@@ -159,6 +192,9 @@ parse_target(VmEgressRequest *request, const char *target, GError **error)
     for (const char *p = target; *p != '\0'; p++)
         if ((guchar)*p <= 0x20 || (guchar)*p >= 0x7f)
             return vm_throw(error, VM_ERROR_PROTOCOL, "invalid byte in the request target");
+    if (parser->origin_host != NULL)
+        return parse_origin_target(request, target, parser->origin_host, parser->origin_port,
+                                   error);
     if (strcmp(request->method, "CONNECT") == 0) {
         request->kind = VM_EGRESS_REQUEST_CONNECT;
         if (!parse_authority(target, &request->host, &request->port, error))
@@ -195,7 +231,8 @@ parse_target(VmEgressRequest *request, const char *target, GError **error)
 }
 
 static gboolean
-parse_request_line(VmEgressRequest *request, const char *line, GError **error)
+parse_request_line(VmEgressRequest *request, const char *line, const VmEgressParser *parser,
+                   GError **error)
 {
     g_auto(GStrv) parts = g_strsplit(line, " ", 0);
 
@@ -211,7 +248,7 @@ parse_request_line(VmEgressRequest *request, const char *line, GError **error)
     else
         return vm_throw(error, VM_ERROR_PROTOCOL, "only HTTP/1.0 and HTTP/1.1");
     request->method = g_strdup(parts[0]);
-    return parse_target(request, parts[1], error);
+    return parse_target(request, parts[1], parser, error);
 }
 
 static gboolean
@@ -315,7 +352,9 @@ check_host(const VmEgressRequest *request, GError **error)
         return FALSE;
     }
     if (port == 0)
-        port = request->kind == VM_EGRESS_REQUEST_HTTP ? 80 : request->port;
+        port = request->kind != VM_EGRESS_REQUEST_HTTP    ? request->port
+               : g_strcmp0(request->scheme, "https") == 0 ? 443
+                                                          : 80;
     if (g_ascii_strcasecmp(host, request->host) != 0 || port != request->port)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "Host '%s' does not match the request target", host_header->value);
@@ -326,7 +365,9 @@ static gboolean
 strip_hop_by_hop(VmEgressRequest *request, GError **error)
 {
     g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
+    gboolean keep_alive = FALSE;
 
+    request->close = FALSE;
     for (gsize i = 0; i < G_N_ELEMENTS(hop_by_hop); i++)
         g_ptr_array_add(names, g_strdup(hop_by_hop[i]));
     for (guint i = 0; i < request->headers->len; i++) {
@@ -341,12 +382,18 @@ strip_hop_by_hop(VmEgressRequest *request, GError **error)
 
             if (*name == '\0')
                 continue;
+            if (strcmp(name, "close") == 0)
+                request->close = TRUE;
+            if (strcmp(name, "keep-alive") == 0)
+                keep_alive = TRUE;
             if (strcmp(name, "host") == 0 || strcmp(name, "content-length") == 0 ||
                 strcmp(name, "transfer-encoding") == 0)
                 return vm_throw(error, VM_ERROR_PROTOCOL, "Connection names '%s'", name);
             g_ptr_array_add(names, g_steal_pointer(&name));
         }
     }
+    if (request->minor == 0 && !keep_alive)
+        request->close = TRUE;
     for (guint i = 0; i < request->headers->len;) {
         const VmEgressHeader *header = g_ptr_array_index(request->headers, i);
         gboolean drop = FALSE;
@@ -364,7 +411,7 @@ strip_hop_by_hop(VmEgressRequest *request, GError **error)
 /* Parses a complete head: lines separated by CRLF, already checked for NUL, bare CR/LF, obs-fold
  * and the size limits; @len excludes the final empty line's CRLF. */
 static VmEgressRequest *
-parse_head(const char *head, gsize len, GError **error)
+parse_head(const char *head, gsize len, const VmEgressParser *parser, GError **error)
 {
     g_autoptr(VmEgressRequest) request = g_new0(VmEgressRequest, 1);
     g_autofree char *text = g_strndup(head, len);
@@ -372,7 +419,7 @@ parse_head(const char *head, gsize len, GError **error)
 
     request->headers = g_ptr_array_new_with_free_func(header_free);
     lines = g_strsplit(text, "\r\n", 0);
-    if (lines[0] == NULL || !parse_request_line(request, lines[0], error))
+    if (lines[0] == NULL || !parse_request_line(request, lines[0], parser, error))
         return NULL;
     for (char **line = lines + 1; *line != NULL; line++)
         if (**line != '\0' && !parse_field(request, *line, error))
@@ -434,8 +481,8 @@ vm_egress_parser_feed(VmEgressParser *parser, const guint8 *data, gsize len, gsi
             if (parser->lines == 0)
                 return vm_throw(error, VM_ERROR_PROTOCOL, "empty request line"),
                        VM_EGRESS_PARSE_ERROR;
-            parser->request =
-                parse_head((const char *)parser->head->data, parser->line_start - 2, &local);
+            parser->request = parse_head((const char *)parser->head->data, parser->line_start - 2,
+                                         parser, &local);
             if (parser->request == NULL) {
                 g_propagate_error(error, g_steal_pointer(&local));
                 return VM_EGRESS_PARSE_ERROR;
@@ -513,7 +560,9 @@ char *
 vm_egress_request_dup_authority(const VmEgressRequest *request)
 {
     gboolean v6 = strchr(request->host, ':') != NULL;
-    gboolean default_port = request->kind == VM_EGRESS_REQUEST_HTTP && request->port == 80;
+    gboolean https = g_strcmp0(request->scheme, "https") == 0;
+    gboolean default_port =
+        request->kind == VM_EGRESS_REQUEST_HTTP && request->port == (https ? 443 : 80);
 
     if (default_port)
         return v6 ? g_strdup_printf("[%s]", request->host) : g_strdup(request->host);
@@ -540,6 +589,24 @@ vm_egress_request_build_head(const VmEgressRequest *request)
     return g_string_free_to_bytes(out);
 }
 
+GString *
+vm_egress_request_build_origin_head(const VmEgressRequest *request)
+{
+    GString *out = g_string_sized_new(1024);
+    g_autofree char *authority = vm_egress_request_dup_authority(request);
+
+    g_string_append_printf(out, "%s %s HTTP/1.%u\r\nHost: %s\r\n", request->method, request->path,
+                           request->minor, authority);
+    for (guint i = 0; i < request->headers->len; i++) {
+        const VmEgressHeader *header = g_ptr_array_index(request->headers, i);
+
+        if (g_ascii_strcasecmp(header->name, "host") != 0)
+            g_string_append_printf(out, "%s: %s\r\n", header->name, header->value);
+    }
+    g_string_append(out, request->close ? "Connection: close\r\n\r\n" : "\r\n");
+    return out;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Body framing */
 
@@ -562,7 +629,19 @@ struct _VmEgressBodyFramer {
     guint64 left;
     GByteArray *line; /* the chunk-size or trailer line being read */
     gsize trailer_len;
+    void (*payload)(const guint8 *data, gsize len, gpointer user_data);
+    gpointer payload_data;
 };
+
+void
+vm_egress_body_framer_set_payload_func(VmEgressBodyFramer *framer,
+                                       void (*func)(const guint8 *data, gsize len,
+                                                    gpointer user_data),
+                                       gpointer user_data)
+{
+    framer->payload = func;
+    framer->payload_data = user_data;
+}
 
 VmEgressBodyFramer *
 vm_egress_body_framer_new(const VmEgressRequest *request)
@@ -581,6 +660,17 @@ vm_egress_body_framer_new(const VmEgressRequest *request)
     } else {
         framer->state = BODY_DONE;
     }
+    return framer;
+}
+
+VmEgressBodyFramer *
+vm_egress_body_framer_new_response(gboolean chunked, guint64 length)
+{
+    VmEgressBodyFramer *framer = g_new0(VmEgressBodyFramer, 1);
+
+    framer->line = g_byte_array_new();
+    framer->state = chunked ? BODY_CHUNK_SIZE : length > 0 ? BODY_LENGTH : BODY_DONE;
+    framer->left = chunked ? 0 : length;
     return framer;
 }
 
@@ -688,6 +778,8 @@ vm_egress_body_framer_feed(VmEgressBodyFramer *framer, const guint8 *data, gsize
         case BODY_LENGTH:
         case BODY_CHUNK_DATA:
             take = (gsize)MIN((guint64)(len - i), framer->left);
+            if (framer->payload != NULL && take > 0)
+                framer->payload(data + i, take, framer->payload_data);
             framer->left -= take;
             i += take;
             if (framer->left == 0) {

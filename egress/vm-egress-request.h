@@ -36,12 +36,15 @@ typedef struct {
 typedef struct {
     VmEgressRequestKind kind;
     char *method;       /* as sent ("GET", "CONNECT") */
-    char *scheme;       /* "http" for VM_EGRESS_REQUEST_HTTP, NULL for CONNECT */
+    char *scheme;       /* "http" for VM_EGRESS_REQUEST_HTTP ("https" from an origin parser),
+                         * NULL for CONNECT */
     char *host;         /* as sent, IPv6 brackets removed; not yet normalised */
     guint16 port;       /* explicit or the scheme's default */
     char *path;         /* origin-form target ("/x?y"), NULL for CONNECT */
     guint minor;        /* HTTP/1.<minor> */
     GPtrArray *headers; /* of VmEgressHeader, in order; hop-by-hop fields already removed */
+    gboolean close;     /* the client asked to close after this request (Connection: close, or
+                         * HTTP/1.0 without keep-alive) */
 } VmEgressRequest;
 
 typedef enum {
@@ -55,6 +58,13 @@ typedef struct _VmEgressParser VmEgressParser;
 /* A new incremental parser. Can't fail. */
 VmEgressParser *vm_egress_parser_new(void);
 void vm_egress_parser_free(VmEgressParser *parser);
+
+/* A parser for the requests inside an intercepted TLS connection to @host:@port (as the CONNECT
+ * named them): only origin-form targets ("/path?query", or "*" for OPTIONS), whose Host header
+ * must name @host (and @port, 443 when it has none); CONNECT and absolute forms are refused with
+ * VM_ERROR_INVALID_ARGUMENT. The request gets kind VM_EGRESS_REQUEST_HTTP, scheme "https", and
+ * @host and @port. Same strictness and limits as vm_egress_parser_new(). Can't fail. */
+VmEgressParser *vm_egress_parser_new_origin(const char *host, guint16 port);
 
 /* Feeds @len bytes. Returns VM_EGRESS_PARSE_MORE while the head is incomplete,
  * VM_EGRESS_PARSE_DONE once it is complete (then @ret_consumed tells how many of these @len
@@ -91,6 +101,11 @@ char *vm_egress_request_dup_authority(const VmEgressRequest *request);
  * remaining fields (Host first) and "Connection: close". Only for VM_EGRESS_REQUEST_HTTP. */
 GBytes *vm_egress_request_build_head(const VmEgressRequest *request);
 
+/* The head to send to an intercepted connection's destination: the origin-form request line, Host
+ * first, the remaining fields, and "Connection: close" when @request->close; keep-alive
+ * otherwise. Newly allocated; the caller wipes it once sent (it may hold a credential). */
+GString *vm_egress_request_build_origin_head(const VmEgressRequest *request);
+
 /* Where a request's body ends, so that the bytes after it are read as the next request head and
  * checked on their own instead of being relayed. Content-Length counts bytes; chunked is followed
  * chunk by chunk, strictly (hex sizes without signs or spaces, CRLF line ends, chunk lines and
@@ -99,7 +114,19 @@ typedef struct _VmEgressBodyFramer VmEgressBodyFramer;
 
 /* The framer of @request's body (a plain HTTP request whose head parsed). Can't fail. */
 VmEgressBodyFramer *vm_egress_body_framer_new(const VmEgressRequest *request);
+/* A framer of a response body: chunked, or @length bytes (G_MAXUINT64: until the connection
+ * closes, which the caller sees itself). Can't fail. */
+VmEgressBodyFramer *vm_egress_body_framer_new_response(gboolean chunked, guint64 length);
 void vm_egress_body_framer_free(VmEgressBodyFramer *framer);
+
+/* Calls @func with each piece of the body's payload as it is fed: the Content-Length bytes, or
+ * the data of each chunk without the chunked framing, so that a reader sees the body as the
+ * destination will after decoding it (a string split between chunks is whole there). Can't
+ * fail. */
+void vm_egress_body_framer_set_payload_func(VmEgressBodyFramer *framer,
+                                            void (*func)(const guint8 *data, gsize len,
+                                                         gpointer user_data),
+                                            gpointer user_data);
 
 /* Feeds @len bytes that follow the head (or earlier body bytes). VM_EGRESS_PARSE_MORE: all of
  * them belong to the body and it goes on; VM_EGRESS_PARSE_DONE: the body ended, after

@@ -1,0 +1,345 @@
+/* The credential broker's pure logic: which hosts are intercepted, the header substitution table
+ * (Bearer, a custom header, token, Basic on either side of the pair), the leak reasons of a
+ * placeholder anywhere else, and the body scanner fed in pieces of every size. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "vm-egress-credential.h"
+#include "vm-error.h"
+#include "test-common.h"
+
+#include <string.h>
+
+#define PH_API  "vmph_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+#define PH_GH   "vmph_BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
+#define PH_KEY  "vmph_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC"
+#define PH_USER "vmph_DDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDD"
+#define PH_GONE "vmph_ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ"
+
+/* api: Bearer on api.example.com; gh: "token {}" on *.github.test; key: a custom header with the
+ * bare value; reg: Basic on registry.test. */
+static VmEgressCredentials *
+make_creds(void)
+{
+    g_autoptr(VmEgressCredentials) creds = vm_egress_credentials_new();
+    g_autoptr(GError) error = NULL;
+    const char *api_hosts[] = {"API.Example.com.", NULL};
+    const char *gh_hosts[] = {"*.github.test", NULL};
+    const char *key_hosts[] = {"keys.test", NULL};
+    const char *reg_hosts[] = {"registry.test", NULL};
+
+    assert_true(vm_egress_credentials_add(creds, "api", PH_API, "sk-real-api", api_hosts, NULL,
+                                          "Bearer {}", &error));
+    assert_true(vm_egress_credentials_add(creds, "gh", PH_GH, "ghp_real", gh_hosts, "Authorization",
+                                          "token {}", &error));
+    assert_true(vm_egress_credentials_add(creds, "key", PH_KEY, "real-key", key_hosts, "X-Api-Key",
+                                          NULL, &error));
+    assert_true(vm_egress_credentials_add(creds, "reg", PH_USER, "real-pass", reg_hosts, NULL,
+                                          "Basic {}", &error));
+    assert_null(error);
+    assert_int_equal(vm_egress_credentials_size(creds), 4);
+    return g_steal_pointer(&creds);
+}
+
+static VmEgressRequest *
+parse_origin(const char *host, const char *head)
+{
+    g_autoptr(VmEgressParser) parser = vm_egress_parser_new_origin(host, 443);
+    g_autoptr(GError) error = NULL;
+    gsize consumed = 0;
+
+    assert_int_equal(
+        vm_egress_parser_feed(parser, (const guint8 *)head, strlen(head), &consumed, &error),
+        VM_EGRESS_PARSE_DONE);
+    return vm_egress_parser_steal_request(parser);
+}
+
+static void
+test_add_refused(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressCredentials) creds = vm_egress_credentials_new();
+    const char *hosts[] = {"api.example.com", NULL};
+    const char *bad_hosts[] = {"http://x", NULL};
+    const char *no_hosts[] = {NULL};
+    struct {
+        const char *placeholder, *value;
+        const char *const *hosts;
+        const char *header, *format;
+    } cases[] = {
+        {"vmph_1", "", hosts, NULL, NULL},          {"", "v", hosts, NULL, NULL},
+        {"vmph_1", "v", bad_hosts, NULL, NULL},     {"vmph_1", "v", no_hosts, NULL, NULL},
+        {"vmph_1", "v", hosts, "Bad Header", NULL}, {"vmph_1", "v", hosts, NULL, "Bearer"},
+        {"vmph_1", "v", hosts, NULL, "{} {}"},      {"vmph_1", "v\r\nX: y", hosts, NULL, NULL},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) error = NULL;
+
+        assert_false(vm_egress_credentials_add(creds, "s", cases[i].placeholder, cases[i].value,
+                                               cases[i].hosts, cases[i].header, cases[i].format,
+                                               &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
+    }
+    assert_int_equal(vm_egress_credentials_size(creds), 0);
+    assert_true(vm_egress_credentials_add(creds, "s", "vmph_1", "v", hosts, NULL, NULL, NULL));
+    g_autoptr(GError) error = NULL;
+    assert_false(vm_egress_credentials_add(creds, "t", "vmph_1", "w", hosts, NULL, NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "twice");
+}
+
+static void
+test_intercepts(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressCredentials) creds = make_creds();
+
+    assert_true(vm_egress_credentials_intercepts(creds, "api.example.com"));
+    assert_true(vm_egress_credentials_intercepts(creds, "api.github.test"));
+    assert_true(vm_egress_credentials_intercepts(creds, "a.b.github.test"));
+    assert_false(vm_egress_credentials_intercepts(creds, "github.test")); /* the apex: no */
+    assert_false(vm_egress_credentials_intercepts(creds, "xgithub.test"));
+    assert_false(vm_egress_credentials_intercepts(creds, "example.com"));
+    assert_false(vm_egress_credentials_intercepts(creds, "pypi.org"));
+    assert_false(vm_egress_credentials_intercepts(NULL, "api.example.com"));
+}
+
+/* The substitution table: what the guest sends -> what the upstream gets. */
+static void
+test_substitution_table(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressCredentials) creds = make_creds();
+    g_autofree char *basic_in = g_base64_encode((const guchar *)"alice:" PH_USER, 51);
+    g_autofree char *basic_user_in = g_base64_encode((const guchar *)PH_USER ":x-oauth", 53);
+    g_autofree char *basic_out = g_base64_encode((const guchar *)"alice:real-pass", 15);
+    g_autofree char *basic_user_out = g_base64_encode((const guchar *)"real-pass:x-oauth", 17);
+    g_autofree char *basic_raw_out = g_base64_encode((const guchar *)"real-pass", 9);
+    struct {
+        const char *host, *name, *in, *out, *secret;
+    } cases[] = {
+        {"api.example.com", "Authorization", "Bearer " PH_API, "Bearer sk-real-api", "api"},
+        {"api.example.com", "authorization", PH_API, "Bearer sk-real-api", "api"},
+        {"api.github.test", "Authorization", "token " PH_GH, "token ghp_real", "gh"},
+        {"api.github.test", "Authorization", "Bearer " PH_GH, "token ghp_real", "gh"},
+        {"keys.test", "X-Api-Key", PH_KEY, "real-key", "key"},
+        {"registry.test", "Authorization", NULL, NULL, "reg"}, /* Basic, password side */
+        {"registry.test", "Authorization", NULL, NULL, "reg"}, /* Basic, user side */
+        {"registry.test", "Authorization", "Basic " PH_USER, NULL, "reg"}, /* not encoded */
+        {"api.example.com", "Authorization", "Bearer " PH_GONE, "Bearer " PH_GONE, NULL},
+        {"api.example.com", "Authorization", "Bearer sk-own", "Bearer sk-own", NULL},
+    };
+    g_autofree char *in5 = g_strconcat("Basic ", basic_in, NULL);
+    g_autofree char *out5 = g_strconcat("Basic ", basic_out, NULL);
+    g_autofree char *in6 = g_strconcat("Basic ", basic_user_in, NULL);
+    g_autofree char *out6 = g_strconcat("Basic ", basic_user_out, NULL);
+    g_autofree char *out7 = g_strconcat("Basic ", basic_raw_out, NULL);
+
+    cases[5].in = in5, cases[5].out = out5;
+    cases[6].in = in6, cases[6].out = out6;
+    cases[7].out = out7;
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *head =
+            g_strdup_printf("GET /v1/x?y=1 HTTP/1.1\r\nHost: %s\r\nAccept: */*\r\n%s: %s\r\n\r\n",
+                            cases[i].host, cases[i].name, cases[i].in);
+        g_autoptr(VmEgressRequest) request = parse_origin(cases[i].host, head);
+        g_autoptr(GError) error = NULL;
+        g_autofree char *secret = NULL;
+
+        if (!vm_egress_credentials_apply(creds, request, cases[i].host, &secret, &error))
+            fail_msg("case %zu: %s", i, error->message);
+        assert_string_equal(vm_egress_request_get_header(request, cases[i].name), cases[i].out);
+        assert_string_equal(vm_egress_request_get_header(request, "Accept"), "*/*");
+        assert_string_equal(request->path, "/v1/x?y=1");
+        if (cases[i].secret != NULL)
+            assert_string_equal(secret, cases[i].secret);
+        else
+            assert_null(secret);
+
+        /* The forwarded head carries the value, keep-alive (no Connection: close) */
+        g_autoptr(GString) forwarded = vm_egress_request_build_origin_head(request);
+        g_autofree char *expected = g_strdup_printf("%s: %s\r\n", cases[i].name, cases[i].out);
+        assert_non_null(strstr(forwarded->str, expected));
+        assert_null(strstr(forwarded->str, "Connection"));
+        assert_true(g_str_has_prefix(forwarded->str, "GET /v1/x?y=1 HTTP/1.1\r\nHost: "));
+    }
+}
+
+/* Every misplaced placeholder refuses the request with its reason and leaves it unchanged. */
+static void
+test_leaks(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressCredentials) creds = make_creds();
+    g_autofree char *basic_elsewhere = g_base64_encode((const guchar *)"u:" PH_API, 47);
+    g_autofree char *basic_header = g_strconcat("X-Creds: Basic ", basic_elsewhere, NULL);
+    struct {
+        const char *host, *target, *header, *reason;
+    } cases[] = {
+        {"api.example.com", "/v1?key=" PH_API, "Accept: x", "leak: placeholder of api in URL"},
+        {"api.example.com", "/v1/%76mph_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "Accept: x",
+         "leak: placeholder of api in URL"},
+        /* the right host, the wrong header */
+        {"api.example.com", "/", "X-Other: Bearer " PH_API,
+         "leak: placeholder of api sent to api.example.com"},
+        /* the right header, a host the grant does not name */
+        {"keys.test", "/", "Authorization: Bearer " PH_API,
+         "leak: placeholder of api sent to keys.test"},
+        {"api.github.test", "/", "Authorization: token " PH_KEY,
+         "leak: placeholder of key sent to api.github.test"},
+        /* hidden in Basic credentials of the wrong grant */
+        {"api.example.com", "/", basic_header, "leak: placeholder of api sent to api.example.com"},
+        /* a header name */
+        {"api.example.com", "/", "X-" PH_API ": 1",
+         "leak: placeholder of api sent to api.example.com"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *head = g_strdup_printf(
+            "POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer " PH_API "\r\n%s\r\n\r\n",
+            cases[i].target, cases[i].host, cases[i].header);
+        g_autoptr(VmEgressRequest) request = NULL;
+        g_autoptr(GError) error = NULL;
+        g_autofree char *secret = NULL;
+
+        /* the api grant's own header is fine on its own host: the other part is the leak */
+        if (strcmp(cases[i].host, "api.example.com") != 0) {
+            g_free(head);
+            head = g_strdup_printf("POST %s HTTP/1.1\r\nHost: %s\r\n%s\r\n\r\n", cases[i].target,
+                                   cases[i].host, cases[i].header);
+        }
+        request = parse_origin(cases[i].host, head);
+        if (vm_egress_credentials_apply(creds, request, cases[i].host, &secret, &error))
+            fail_msg("case %zu: not refused", i);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
+        assert_string_equal(error->message, cases[i].reason);
+        assert_null(secret);
+        /* nothing was substituted before the refusal */
+        const char *auth = vm_egress_request_get_header(request, "Authorization");
+        if (auth != NULL)
+            assert_null(strstr(auth, "sk-real-api"));
+    }
+}
+
+static void
+test_plain_http(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressCredentials) creds = make_creds();
+    const char *leaking[] = {
+        "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n"
+        "Authorization: Bearer " PH_API "\r\n\r\n",
+        "GET http://pypi.test/?k=" PH_API " HTTP/1.1\r\nHost: pypi.test\r\n\r\n",
+        "GET http://pypi.test/ HTTP/1.1\r\nHost: pypi.test\r\nCookie: a=" PH_API "\r\n\r\n",
+    };
+    const char *clean = "GET http://pypi.test/ HTTP/1.1\r\nHost: pypi.test\r\n"
+                        "Authorization: Bearer " PH_GONE "\r\n\r\n";
+
+    for (gsize i = 0; i < G_N_ELEMENTS(leaking); i++) {
+        g_autoptr(VmEgressRequest) request =
+            vm_egress_request_parse((const guint8 *)leaking[i], strlen(leaking[i]), NULL);
+        g_autoptr(GError) error = NULL;
+
+        assert_non_null(request);
+        assert_false(vm_egress_credentials_check_plain(creds, request, &error));
+        assert_string_equal(error->message, "leak: placeholder of api over plain HTTP");
+    }
+    g_autoptr(VmEgressRequest) request =
+        vm_egress_request_parse((const guint8 *)clean, strlen(clean), NULL);
+    assert_true(vm_egress_credentials_check_plain(creds, request, NULL));
+    assert_true(vm_egress_credentials_check_plain(NULL, request, NULL));
+}
+
+/* A body with a placeholder at every offset, fed in pieces of every size: always found, and a
+ * body without one never is. */
+static void
+test_body_scanner(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressCredentials) creds = make_creds();
+    g_autoptr(GString) body = g_string_new(NULL);
+
+    for (int i = 0; i < 300; i++)
+        g_string_append_c(body, "abcdefghij{}\":,"[i % 15]);
+    for (gsize at = 0; at <= body->len; at += 7) {
+        g_autoptr(GString) leaking = g_string_new_len(body->str, body->len);
+
+        g_string_insert(leaking, at, PH_KEY);
+        for (gsize step = 1; step <= leaking->len; step = step < 8 ? step + 1 : step * 3) {
+            g_autoptr(VmEgressLeakScanner) scanner = vm_egress_leak_scanner_new(creds);
+            g_autoptr(GError) error = NULL;
+            gboolean ok = TRUE;
+
+            for (gsize off = 0; off < leaking->len && ok; off += step)
+                ok = vm_egress_leak_scanner_feed(scanner, (const guint8 *)leaking->str + off,
+                                                 MIN(step, leaking->len - off), &error);
+            if (ok)
+                fail_msg("placeholder at %zu, pieces of %zu: not found", at, step);
+            assert_string_equal(error->message, "leak: placeholder of key in body");
+            /* it keeps failing */
+            g_clear_error(&error);
+            assert_false(vm_egress_leak_scanner_feed(scanner, (const guint8 *)"x", 1, &error));
+        }
+    }
+    for (gsize step = 1; step <= body->len; step *= 2) {
+        g_autoptr(VmEgressLeakScanner) scanner = vm_egress_leak_scanner_new(creds);
+
+        for (gsize off = 0; off < body->len; off += step)
+            assert_true(vm_egress_leak_scanner_feed(scanner, (const guint8 *)body->str + off,
+                                                    MIN(step, body->len - off), NULL));
+    }
+    /* an unknown placeholder is no leak; no grants, nothing to find */
+    g_autoptr(VmEgressLeakScanner) scanner = vm_egress_leak_scanner_new(creds);
+    assert_true(vm_egress_leak_scanner_feed(scanner, (const guint8 *)PH_GONE, 45, NULL));
+    g_autoptr(VmEgressLeakScanner) none = vm_egress_leak_scanner_new(NULL);
+    assert_true(vm_egress_leak_scanner_feed(none, (const guint8 *)PH_API, 45, NULL));
+}
+
+/* The origin parser: the CONNECT host only, origin form only. */
+static void
+test_origin_parser(void **state)
+{
+    (void)state;
+    const char *refused[] = {
+        "GET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: api.example.com:444\r\n\r\n",
+        "GET https://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+        "CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+        "GET / HTTP/1.1\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 1\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(refused); i++) {
+        g_autoptr(VmEgressParser) parser = vm_egress_parser_new_origin("api.example.com", 443);
+        g_autoptr(GError) error = NULL;
+
+        assert_int_equal(vm_egress_parser_feed(parser, (const guint8 *)refused[i],
+                                               strlen(refused[i]), NULL, &error),
+                         VM_EGRESS_PARSE_ERROR);
+    }
+    g_autoptr(VmEgressRequest) request =
+        parse_origin("api.example.com",
+                     "GET /a HTTP/1.1\r\nHost: api.example.com:443\r\nConnection: close\r\n\r\n");
+    assert_string_equal(request->scheme, "https");
+    assert_true(request->close);
+    g_autoptr(GString) head = vm_egress_request_build_origin_head(request);
+    assert_string_equal(head->str,
+                        "GET /a HTTP/1.1\r\nHost: api.example.com\r\nConnection: close\r\n\r\n");
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_add_refused),        cmocka_unit_test(test_intercepts),
+        cmocka_unit_test(test_substitution_table), cmocka_unit_test(test_leaks),
+        cmocka_unit_test(test_plain_http),         cmocka_unit_test(test_body_scanner),
+        cmocka_unit_test(test_origin_parser),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

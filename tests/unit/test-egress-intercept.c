@@ -1,0 +1,1170 @@
+/* The credential broker's interception end to end on 127.0.0.1: a real GnuTLS upstream whose
+ * certificate a test CA signs (the proxy's upstream_ca_file), the proxy with an agent CA, and a
+ * GnuTLS client that trusts the agent CA and goes through CONNECT. The upstream keeps every
+ * plaintext byte it receives, so each case asserts what reached it: the real value where a grant
+ * allows it, nothing of a refused request. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "vm-egress-ca.h"
+#include "vm-egress-proxy.h"
+#include "vm-error.h"
+#include "vm-util.h"
+#include "test-common.h"
+#include "test-egress-fixture.h"
+#include "test-sink.h"
+
+#include <errno.h>
+#include <gnutls/gnutls.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#define IO_TIMEOUT_MS 5000
+/* The bulk download: a body of BULK_SIZE bytes, blocks of 'a'..'z' repeated. */
+#define BULK_SIZE  (64 * 1024 * 1024)
+#define BULK_BLOCK (256 * 1024)
+
+#define PH_API   "vmph_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+#define PH_KEY   "vmph_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC"
+#define PH_BASIC "vmph_DDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDD"
+
+/* ---------------------------------------------------------------------------------------------
+ * The upstream: a GnuTLS HTTP/1.1 server, a thread per connection */
+
+typedef struct {
+    int listen_fd;
+    guint16 port;
+    gnutls_certificate_credentials_t creds;
+    GThread *thread;
+    gint stop;
+    GMutex lock;
+    GCond cond;
+    GString *received; /* every plaintext byte received, all connections */
+    guint connections; /* TCP connections accepted */
+    guint handshakes;  /* TLS handshakes completed */
+    char *alpn;        /* what the last handshake negotiated */
+    gboolean release;  /* the streaming answer may send its second piece */
+    GPtrArray *workers;
+} Upstream;
+
+typedef struct {
+    Upstream *up;
+    int fd;
+} Worker;
+
+/* Reads one request (head, and a Content-Length body) from @session; FALSE at the end. */
+static gboolean
+upstream_read_request(Upstream *up, gnutls_session_t session, GString *head)
+{
+    char buf[4096];
+    gsize body = 0;
+    char *end;
+
+    g_string_truncate(head, 0);
+    while ((end = strstr(head->str, "\r\n\r\n")) == NULL) {
+        ssize_t n = gnutls_record_recv(session, buf, sizeof(buf));
+
+        if (n <= 0)
+            return FALSE;
+        g_string_append_len(head, buf, n);
+        g_mutex_lock(&up->lock);
+        g_string_append_len(up->received, buf, n);
+        g_mutex_unlock(&up->lock);
+    }
+    const char *cl = strstr(head->str, "Content-Length: ");
+    if (cl != NULL && cl < end)
+        body = g_ascii_strtoull(cl + 16, NULL, 10);
+    for (gsize have = head->len - (end + 4 - head->str); have < body;) {
+        ssize_t n = gnutls_record_recv(session, buf, MIN(sizeof(buf), body - have));
+
+        if (n <= 0)
+            return FALSE;
+        have += n;
+        g_mutex_lock(&up->lock);
+        g_string_append_len(up->received, buf, n);
+        g_mutex_unlock(&up->lock);
+    }
+    return TRUE;
+}
+
+static gboolean
+upstream_send_len(gnutls_session_t session, const char *data, gsize len)
+{
+    while (len > 0) {
+        ssize_t n = gnutls_record_send(session, data, len);
+        if (n <= 0)
+            return FALSE;
+        data += n;
+        len -= n;
+    }
+    return TRUE;
+}
+
+static void
+upstream_send(gnutls_session_t session, const char *text)
+{
+    (void)upstream_send_len(session, text, strlen(text));
+}
+
+static gpointer
+upstream_worker(gpointer data)
+{
+    Worker *worker = data;
+    Upstream *up = worker->up;
+    gnutls_session_t session = NULL;
+    const gnutls_datum_t protocols[] = {{(unsigned char *)"h2", 2},
+                                        {(unsigned char *)"http/1.1", 8}};
+    gnutls_datum_t alpn = {NULL, 0};
+    g_autoptr(GString) head = g_string_new(NULL);
+    struct timeval tv = {.tv_sec = 5};
+
+    (void)setsockopt(worker->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (gnutls_init(&session, GNUTLS_SERVER) < 0 || gnutls_set_default_priority(session) < 0 ||
+        gnutls_credentials_set(session, GNUTLS_CRD_CERTIFICATE, up->creds) < 0 ||
+        /* h2 first and the server's choice: http/1.1 comes out only when h2 was not offered */
+        gnutls_alpn_set_protocols(session, protocols, 2, GNUTLS_ALPN_SERVER_PRECEDENCE) < 0)
+        goto out;
+    gnutls_transport_set_int(session, worker->fd);
+    if (gnutls_handshake(session) < 0)
+        goto out;
+    g_mutex_lock(&up->lock);
+    up->handshakes++;
+    g_free(up->alpn);
+    up->alpn = gnutls_alpn_get_selected_protocol(session, &alpn) == 0
+                   ? g_strndup((const char *)alpn.data, alpn.size)
+                   : g_strdup("");
+    g_mutex_unlock(&up->lock);
+    while (upstream_read_request(up, session, head)) {
+        if (g_str_has_prefix(head->str, "GET /stream ")) {
+            gint64 deadline = g_get_monotonic_time() + IO_TIMEOUT_MS * 1000;
+
+            upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                   "Transfer-Encoding: chunked\r\n\r\n6\r\nfirst\n\r\n");
+            g_mutex_lock(&up->lock);
+            while (!up->release && g_cond_wait_until(&up->cond, &up->lock, deadline))
+                ;
+            up->release = FALSE;
+            g_mutex_unlock(&up->lock);
+            upstream_send(session, "7\r\nsecond\n\r\n0\r\n\r\n");
+        } else if (g_str_has_prefix(head->str, "GET /bulk ")) {
+            g_autofree char *block = g_malloc(BULK_BLOCK);
+            g_autofree char *start =
+                g_strdup_printf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", BULK_SIZE);
+
+            for (int i = 0; i < BULK_BLOCK; i++)
+                block[i] = (char)('a' + i % 26);
+            upstream_send(session, start);
+            for (int sent = 0; sent < BULK_SIZE; sent += BULK_BLOCK)
+                if (!upstream_send_len(session, block, BULK_BLOCK))
+                    break;
+        } else if (g_str_has_prefix(head->str, "HEAD ")) {
+            /* the length of the body a GET would get, and no body */
+            upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n");
+        } else if (g_str_has_prefix(head->str, "GET /204 ")) {
+            upstream_send(session, "HTTP/1.1 204 No Content\r\n\r\n");
+        } else if (g_str_has_prefix(head->str, "GET /304 ")) {
+            upstream_send(session, "HTTP/1.1 304 Not Modified\r\nContent-Length: 1000\r\n\r\n");
+        } else if (g_str_has_prefix(head->str, "GET /early ")) {
+            upstream_send(session, "HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+                                   "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        } else if (g_str_has_prefix(head->str, "GET /until-close ")) {
+            /* no length: the body ends with the connection */
+            upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
+                                   "all of it, then the close");
+            (void)gnutls_bye(session, GNUTLS_SHUT_WR);
+            break;
+        } else if (g_str_has_prefix(head->str, "GET /bye ")) {
+            /* a keep-alive answer, then the server closes the idle connection */
+            upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+            (void)gnutls_bye(session, GNUTLS_SHUT_WR);
+            break;
+        } else {
+            upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        }
+    }
+out:
+    if (session != NULL)
+        gnutls_deinit(session);
+    close(worker->fd);
+    g_free(worker);
+    return NULL;
+}
+
+static gpointer
+upstream_accept(gpointer data)
+{
+    Upstream *up = data;
+
+    while (!g_atomic_int_get(&up->stop)) {
+        struct pollfd pfd = {.fd = up->listen_fd, .events = POLLIN};
+        Worker *worker;
+
+        if (poll(&pfd, 1, 50) <= 0)
+            continue;
+        int fd = accept4(up->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        g_mutex_lock(&up->lock);
+        up->connections++;
+        g_mutex_unlock(&up->lock);
+        worker = g_new0(Worker, 1);
+        worker->up = up;
+        worker->fd = fd;
+        g_ptr_array_add(up->workers, g_thread_new("upstream", upstream_worker, worker));
+    }
+    return NULL;
+}
+
+/* An upstream for "api.test" whose certificate @ca signs. */
+static Upstream *
+upstream_new(const char *ca_cert, const char *ca_key)
+{
+    Upstream *up = g_new0(Upstream, 1);
+    g_autofree char *cert = NULL;
+    g_autofree char *key = NULL;
+
+    if (!vm_egress_ca_mint(ca_cert, ca_key, "api.test", &cert, &key, NULL))
+        fail_msg("cannot mint the upstream's certificate");
+    gnutls_datum_t cert_datum = {(unsigned char *)cert, (unsigned)strlen(cert)};
+    gnutls_datum_t key_datum = {(unsigned char *)key, (unsigned)strlen(key)};
+    assert_int_equal(gnutls_certificate_allocate_credentials(&up->creds), 0);
+    assert_int_equal(gnutls_certificate_set_x509_key_mem(up->creds, &cert_datum, &key_datum,
+                                                         GNUTLS_X509_FMT_PEM),
+                     0);
+    g_mutex_init(&up->lock);
+    g_cond_init(&up->cond);
+    up->received = g_string_new(NULL);
+    up->workers = g_ptr_array_new();
+    up->listen_fd = vm_test_listen_loopback(&up->port);
+    up->thread = g_thread_new("upstream-accept", upstream_accept, up);
+    return up;
+}
+
+static void
+upstream_free(Upstream *up)
+{
+    g_atomic_int_set(&up->stop, 1);
+    g_thread_join(up->thread);
+    for (guint i = 0; i < up->workers->len; i++)
+        g_thread_join(g_ptr_array_index(up->workers, i));
+    g_ptr_array_unref(up->workers);
+    close(up->listen_fd);
+    gnutls_certificate_free_credentials(up->creds);
+    g_string_free(up->received, TRUE);
+    g_free(up->alpn);
+    g_mutex_clear(&up->lock);
+    g_cond_clear(&up->cond);
+    g_free(up);
+}
+
+static char *
+upstream_dup_received(Upstream *up)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&up->lock);
+    return g_strndup(up->received->str, up->received->len);
+}
+
+static void
+upstream_release(Upstream *up)
+{
+    g_mutex_lock(&up->lock);
+    up->release = TRUE;
+    g_cond_broadcast(&up->cond);
+    g_mutex_unlock(&up->lock);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Log collector */
+
+typedef struct {
+    VmEgressRecordKind kind;
+    char *host;
+    char *reason;
+    char *secret;
+    guint64 bytes_up;
+} Record;
+
+typedef struct {
+    GMutex lock;
+    GCond cond;
+    GPtrArray *records;
+} Log;
+
+static void
+record_free(gpointer data)
+{
+    Record *record = data;
+
+    g_free(record->host);
+    g_free(record->reason);
+    g_free(record->secret);
+    g_free(record);
+}
+
+static void
+log_func(const VmEgressRecord *in, gpointer user_data)
+{
+    Log *log = user_data;
+    Record *record = g_new0(Record, 1);
+    g_autofree char *json = vm_egress_record_to_json(in);
+
+    /* no record ever carries a real value */
+    assert_null(strstr(json, "sk-real"));
+    assert_null(strstr(json, "real-key"));
+    record->kind = in->kind;
+    record->host = g_strdup(in->host);
+    record->reason = g_strdup(in->reason);
+    record->secret = g_strdup(in->secret);
+    record->bytes_up = in->bytes_up;
+    g_mutex_lock(&log->lock);
+    g_ptr_array_add(log->records, record);
+    g_cond_broadcast(&log->cond);
+    g_mutex_unlock(&log->lock);
+}
+
+static Record *
+log_wait(Log *log, guint n)
+{
+    gint64 deadline = g_get_monotonic_time() + IO_TIMEOUT_MS * 1000;
+    Record *record = NULL;
+
+    g_mutex_lock(&log->lock);
+    while (log->records->len <= n)
+        if (!g_cond_wait_until(&log->cond, &log->lock, deadline))
+            break;
+    if (log->records->len > n)
+        record = g_ptr_array_index(log->records, n);
+    g_mutex_unlock(&log->lock);
+    if (record == NULL)
+        fail_msg("no log record #%u", n);
+    return record;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Fixture */
+
+typedef struct {
+    char *dir;
+    char *agent_cert;
+    char *agent_key;
+    char *upstream_ca;   /* its file */
+    Upstream *upstream;  /* trusted through upstream_ca */
+    Upstream *untrusted; /* signed by another CA */
+    Log log;
+    VmEgressProxy *proxy;
+} Fixture;
+
+static VmEgressCredentials *
+make_creds(const char *api_value, gboolean with_api)
+{
+    VmEgressCredentials *creds = vm_egress_credentials_new();
+    const char *hosts[] = {"api.test", NULL};
+
+    if (with_api)
+        assert_true(vm_egress_credentials_add(creds, "api", PH_API, api_value, hosts, NULL,
+                                              "Bearer {}", NULL));
+    assert_true(vm_egress_credentials_add(creds, "key", PH_KEY, "real-key", hosts, "X-Api-Key",
+                                          NULL, NULL));
+    assert_true(vm_egress_credentials_add(creds, "basic", PH_BASIC, "real-pass", hosts, NULL,
+                                          "Basic {}", NULL));
+    return creds;
+}
+
+static int
+setup(void **state)
+{
+    Fixture *f = g_new0(Fixture, 1);
+    g_autofree char *ca_cert = NULL;
+    g_autofree char *ca_key = NULL;
+    g_autofree char *other_cert = NULL;
+    g_autofree char *other_key = NULL;
+    g_autofree char *allow = NULL;
+    g_autoptr(VmEgressPolicy) policy = NULL;
+    g_autoptr(VmEgressCredentials) creds = make_creds("sk-real-1", TRUE);
+    g_autoptr(GError) error = NULL;
+    VmEgressConfig config = {0};
+
+    f->dir = vm_test_make_tmpdir("test-egress-intercept-XXXXXX");
+    assert_true(vm_egress_ca_generate("upstream", &ca_cert, &ca_key, NULL));
+    assert_true(vm_egress_ca_generate("other", &other_cert, &other_key, NULL));
+    assert_true(vm_egress_ca_generate("agent", &f->agent_cert, &f->agent_key, NULL));
+    f->upstream_ca = g_build_filename(f->dir, "upstream-ca.pem", NULL);
+    vm_test_write_file(f->upstream_ca, ca_cert);
+    f->upstream = upstream_new(ca_cert, ca_key);
+    f->untrusted = upstream_new(other_cert, other_key);
+    g_mutex_init(&f->log.lock);
+    g_cond_init(&f->log.cond);
+    f->log.records = g_ptr_array_new_with_free_func(record_free);
+
+    allow = g_strdup_printf("api.test:%u api.test:%u 127.0.0.1/32:%u 127.0.0.1/32:%u",
+                            f->upstream->port, f->untrusted->port, f->upstream->port,
+                            f->untrusted->port);
+    policy = vm_test_egress_policy(allow, NULL);
+    config.policy = policy;
+    config.resolve = vm_test_egress_resolve;
+    config.log = log_func;
+    config.log_data = &f->log;
+    config.handshake_timeout_ms = 3000;
+    config.credentials = creds;
+    config.ca_cert_pem = f->agent_cert;
+    config.ca_key_pem = f->agent_key;
+    config.upstream_ca_file = f->upstream_ca;
+    f->proxy = vm_egress_proxy_new(&config, &error);
+    if (f->proxy == NULL)
+        fail_msg("proxy: %s", error->message);
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+
+    vm_egress_proxy_free(f->proxy);
+    upstream_free(f->upstream);
+    upstream_free(f->untrusted);
+    g_ptr_array_unref(f->log.records);
+    g_mutex_clear(&f->log.lock);
+    g_cond_clear(&f->log.cond);
+    vm_test_remove_tree(f->dir);
+    g_free(f->dir);
+    g_free(f->upstream_ca);
+    g_free(f->agent_cert);
+    g_free(f->agent_key);
+    g_free(f);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The client: CONNECT, then TLS trusting the agent's CA */
+
+typedef struct {
+    int fd;
+    gnutls_session_t session;
+    gnutls_certificate_credentials_t creds;
+    guint16 port; /* the upstream's: "Host: api.test" in a request gets it */
+} Client;
+
+static int
+proxy_connect_to(Fixture *f, const char *host, guint16 port, GString **ret_response)
+{
+    int fd = vm_test_connect_loopback(vm_egress_proxy_get_port(f->proxy), 5);
+    g_autofree char *connect =
+        g_strdup_printf("CONNECT %s:%u HTTP/1.1\r\nHost: %s:%u\r\n\r\n", host, port, host, port);
+
+    vm_test_send_text(fd, connect);
+    *ret_response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    return fd;
+}
+
+static int
+proxy_connect(Fixture *f, guint16 port, GString **ret_response)
+{
+    return proxy_connect_to(f, "api.test", port, ret_response);
+}
+
+/* A client of api.test through a CONNECT to @connect_host that trusts the CA @trust: the agent's
+ * for an intercepted host, the upstream's for a tunnel (where the upstream picks h2). */
+static Client *
+client_open_to(Fixture *f, const char *connect_host, const char *trust)
+{
+    Client *c = g_new0(Client, 1);
+    g_autoptr(GString) response = NULL;
+    const gnutls_datum_t protocols[] = {{(unsigned char *)"h2", 2},
+                                        {(unsigned char *)"http/1.1", 8}};
+    gnutls_datum_t ca = {(unsigned char *)trust, (unsigned)strlen(trust)};
+    gnutls_datum_t alpn = {NULL, 0};
+    int rc;
+
+    c->port = f->upstream->port;
+    c->fd = proxy_connect_to(f, connect_host, f->upstream->port, &response);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 "));
+    assert_int_equal(gnutls_certificate_allocate_credentials(&c->creds), 0);
+    assert_int_equal(gnutls_certificate_set_x509_trust_mem(c->creds, &ca, GNUTLS_X509_FMT_PEM), 1);
+    assert_int_equal(gnutls_init(&c->session, GNUTLS_CLIENT), 0);
+    assert_int_equal(gnutls_set_default_priority(c->session), 0);
+    assert_int_equal(gnutls_credentials_set(c->session, GNUTLS_CRD_CERTIFICATE, c->creds), 0);
+    assert_int_equal(gnutls_server_name_set(c->session, GNUTLS_NAME_DNS, "api.test", 8), 0);
+    assert_int_equal(gnutls_alpn_set_protocols(c->session, protocols, 2, 0), 0);
+    gnutls_session_set_verify_cert(c->session, "api.test", 0);
+    gnutls_transport_set_int(c->session, c->fd);
+    rc = gnutls_handshake(c->session);
+    if (rc < 0)
+        fail_msg("client handshake: %s", gnutls_strerror(rc));
+    /* the proxy offers http/1.1 only, even to a client that asks for h2 first (through a
+     * tunnel the upstream itself answers, and picks h2) */
+    assert_int_equal(gnutls_alpn_get_selected_protocol(c->session, &alpn), 0);
+    if (trust == f->agent_cert) {
+        assert_int_equal(alpn.size, 8);
+        assert_memory_equal(alpn.data, "http/1.1", 8);
+    } else {
+        assert_int_equal(alpn.size, 2);
+    }
+    return c;
+}
+
+static Client *
+client_open(Fixture *f)
+{
+    return client_open_to(f, "api.test", f->agent_cert);
+}
+
+static void
+client_close(Client *c)
+{
+    gnutls_deinit(c->session);
+    gnutls_certificate_free_credentials(c->creds);
+    close(c->fd);
+    g_free(c);
+}
+
+static void
+client_send(Client *c, const char *request)
+{
+    g_autoptr(GString) with_port = g_string_new(request);
+    g_autofree char *host = g_strdup_printf("Host: api.test:%u\r\n", c->port);
+    const char *text = with_port->str;
+    gsize len;
+
+    g_string_replace(with_port, "Host: api.test\r\n", host, 0);
+    text = with_port->str;
+    len = with_port->len;
+    while (len > 0) {
+        ssize_t n = gnutls_record_send(c->session, text, len);
+        if (n <= 0)
+            fail_msg("client send: %s", gnutls_strerror((int)n));
+        text += n;
+        len -= n;
+    }
+}
+
+/* Reads until @needle arrived (NULL: until the end); *@ret_eof when the connection ended. */
+static GString *
+client_read_until(Client *c, const char *needle, gboolean *ret_eof)
+{
+    GString *out = g_string_new(NULL);
+    char buf[4096];
+
+    if (ret_eof != NULL)
+        *ret_eof = FALSE;
+    while (needle == NULL || strstr(out->str, needle) == NULL) {
+        ssize_t n = gnutls_record_recv(c->session, buf, sizeof(buf));
+
+        if (n <= 0) {
+            if (ret_eof != NULL)
+                *ret_eof =
+                    n == 0 || n == GNUTLS_E_PREMATURE_TERMINATION || n == GNUTLS_E_PULL_ERROR;
+            break;
+        }
+        g_string_append_len(out, buf, n);
+    }
+    return out;
+}
+
+/* Sends a GET with @header and reads its "ok" response. */
+static void
+client_get_ok(Client *c, const char *header)
+{
+    g_autofree char *request =
+        g_strdup_printf("GET /v1/models HTTP/1.1\r\nHost: api.test\r\n%s\r\n\r\n", header);
+    g_autoptr(GString) response = NULL;
+
+    client_send(c, request);
+    response = client_read_until(c, "\r\n\r\nok", NULL);
+    if (!g_str_has_prefix(response->str, "HTTP/1.1 200 OK\r\n"))
+        fail_msg("response: %s", response->str);
+}
+
+static void
+wait_idle(Fixture *f)
+{
+    for (int i = 0; i < 500 && vm_egress_proxy_get_n_connections(f->proxy) > 0; i++)
+        g_usleep(10 * 1000);
+    assert_int_equal(vm_egress_proxy_get_n_connections(f->proxy), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tests */
+
+/* Bearer, a custom header and Basic, one after the other on one kept-alive connection: the
+ * upstream gets the real values, never a placeholder, over one connection of its own. */
+static void
+test_substituted(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autofree char *basic_in = g_base64_encode((const guchar *)"alice:" PH_BASIC, 51);
+    g_autofree char *basic_out = g_base64_encode((const guchar *)"alice:real-pass", 15);
+    g_autofree char *basic_header = g_strconcat("Authorization: Basic ", basic_in, NULL);
+    g_autofree char *basic_expected = g_strconcat("Authorization: Basic ", basic_out, NULL);
+    g_autofree char *received = NULL;
+
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    client_get_ok(c, "X-Api-Key: " PH_KEY);
+    client_get_ok(c, basic_header);
+    client_close(c);
+    received = upstream_dup_received(f->upstream);
+    assert_non_null(strstr(received, "GET /v1/models HTTP/1.1\r\nHost: api.test:"));
+    assert_non_null(strstr(received, "Authorization: Bearer sk-real-1\r\n"));
+    assert_non_null(strstr(received, "X-Api-Key: real-key\r\n"));
+    assert_non_null(strstr(received, basic_expected));
+    assert_null(strstr(received, "vmph_"));
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->connections, 1);
+    assert_string_equal(f->upstream->alpn, "http/1.1"); /* the proxy offered no h2 upstream */
+    g_mutex_unlock(&f->upstream->lock);
+
+    const char *secrets[] = {"api", "key", "basic"};
+    for (guint i = 0; i < 3; i++) {
+        Record *record = log_wait(&f->log, i);
+
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+        assert_string_equal(record->host, "api.test");
+        assert_string_equal(record->secret, secrets[i]);
+        assert_string_equal(record->reason, "completed");
+        assert_true(record->bytes_up > 0);
+    }
+    wait_idle(f);
+}
+
+/* set_credentials() takes effect at the next request of an open connection: a rotated value, a
+ * revoked placeholder passed unchanged, and no grant for the host at all closes it. */
+static void
+test_rotation_and_revoke(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(VmEgressCredentials) rotated = make_creds("sk-real-2", TRUE);
+    g_autoptr(VmEgressCredentials) revoked = make_creds(NULL, FALSE);
+    g_autoptr(GString) rest = NULL;
+    g_autofree char *received = NULL;
+    gboolean eof = FALSE;
+
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    vm_egress_proxy_set_credentials(f->proxy, rotated);
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    vm_egress_proxy_set_credentials(f->proxy, revoked);
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    received = upstream_dup_received(f->upstream);
+    assert_non_null(strstr(received, "Authorization: Bearer sk-real-1\r\n"));
+    assert_non_null(strstr(received, "Authorization: Bearer sk-real-2\r\n"));
+    /* revoked: never substituted, it goes as the guest wrote it */
+    assert_non_null(strstr(received, "Authorization: Bearer " PH_API "\r\n"));
+    assert_null(log_wait(&f->log, 2)->secret);
+
+    /* no grant names the host any more: the open connection closes */
+    vm_egress_proxy_set_credentials(f->proxy, NULL);
+    rest = client_read_until(c, NULL, &eof);
+    assert_true(eof);
+    client_close(c);
+    wait_idle(f);
+}
+
+/* The destination closing an idle kept-alive connection closes the guest's, which then opens a
+ * new one (intercepted afresh) instead of sending into a dead one. */
+static void
+test_upstream_closes_idle(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(GString) response = NULL;
+    g_autoptr(GString) rest = NULL;
+    gboolean eof = FALSE;
+
+    client_send(c, "GET /bye HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\nok", NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 OK\r\n"));
+    rest = client_read_until(c, NULL, &eof);
+    assert_true(eof);
+    assert_int_equal(rest->len, 0);
+    client_close(c);
+    c = client_open(f);
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    client_close(c);
+    assert_string_equal(log_wait(&f->log, 1)->secret, "api");
+    wait_idle(f);
+}
+
+/* A host that no grant names keeps the plain tunnel: the client talks TLS with the upstream
+ * itself, and what it sends arrives as sent. */
+static void
+test_no_grant_tunnels(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(VmEgressCredentials) elsewhere = vm_egress_credentials_new();
+    const char *hosts[] = {"other.test", NULL};
+    g_autofree char *upstream_ca = vm_test_read_file(f->upstream_ca);
+    g_autofree char *received = NULL;
+    Client *c;
+
+    assert_true(vm_egress_credentials_add(elsewhere, "api", PH_API, "sk-real-1", hosts, NULL,
+                                          "Bearer {}", NULL));
+    vm_egress_proxy_set_credentials(f->proxy, elsewhere);
+    c = client_open_to(f, "api.test", upstream_ca); /* the upstream's own certificate */
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    client_close(c);
+    received = upstream_dup_received(f->upstream);
+    assert_non_null(strstr(received, "Authorization: Bearer " PH_API "\r\n"));
+    Record *record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_null(record->secret);
+    assert_string_equal(record->reason, "closed");
+    wait_idle(f);
+}
+
+/* A policy change that refuses the host closes an intercepted connection, as it does a tunnel. */
+static void
+test_policy_change_closes(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(VmEgressPolicy) none = vm_test_egress_policy(NULL, NULL);
+    g_autoptr(GString) rest = NULL;
+    gboolean eof = FALSE;
+    gint64 start;
+
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    start = g_get_monotonic_time();
+    vm_egress_proxy_set_policy(f->proxy, none);
+    rest = client_read_until(c, NULL, &eof);
+    assert_true(eof);
+    assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
+    client_close(c);
+    wait_idle(f);
+}
+
+/* Responses without a body (HEAD, 204, 304) leave the connection ready for the next request, an
+ * interim 103 comes before its final answer, and a body delimited by the close arrives whole,
+ * then the connection closes. */
+static void
+test_response_framings(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(GString) response = NULL;
+    gboolean eof = FALSE;
+
+    client_send(c, "HEAD /v1 HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\n", NULL);
+    assert_string_equal(response->str, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n");
+    client_get_ok(c, "X-Api-Key: " PH_KEY);
+    g_string_free(response, TRUE);
+    client_send(c, "GET /204 HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\n", NULL);
+    assert_string_equal(response->str, "HTTP/1.1 204 No Content\r\n\r\n");
+    g_string_free(response, TRUE);
+    client_send(c, "GET /304 HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\n", NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 304 Not Modified\r\n"));
+    g_string_free(response, TRUE);
+    client_send(c, "GET /early HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\nok", NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 103 Early Hints\r\n"));
+    assert_non_null(strstr(response->str, "\r\n\r\nHTTP/1.1 200 OK\r\n"));
+    g_string_free(response, TRUE);
+    client_send(c, "GET /until-close HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, NULL, &eof);
+    assert_true(eof);
+    assert_true(g_str_has_suffix(response->str, "\r\n\r\nall of it, then the close"));
+    client_close(c);
+    const char *reasons[] = {"completed", "completed", "completed",
+                             "completed", "completed", "closed"};
+    for (guint i = 0; i < G_N_ELEMENTS(reasons); i++)
+        assert_string_equal(log_wait(&f->log, i)->reason, reasons[i]);
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->connections, 1);
+    g_mutex_unlock(&f->upstream->lock);
+    wait_idle(f);
+}
+
+/* Freeing the proxy ends open intercepted connections promptly, mid-response included. */
+static void
+test_free_with_open_connections(void **state)
+{
+    Fixture *f = *state;
+    Client *idle = client_open(f);
+    Client *streaming = client_open(f);
+    g_autoptr(GString) first = NULL;
+    g_autoptr(GString) rest = NULL;
+    gboolean eof = FALSE;
+    gint64 start;
+
+    client_get_ok(idle, "Authorization: Bearer " PH_API);
+    client_send(streaming, "GET /stream HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    first = client_read_until(streaming, "first\n", NULL);
+    start = g_get_monotonic_time();
+    g_clear_pointer(&f->proxy, vm_egress_proxy_free);
+    assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
+    rest = client_read_until(idle, NULL, &eof);
+    assert_true(eof);
+    upstream_release(f->upstream);
+    client_close(idle);
+    client_close(streaming);
+}
+
+/* A chunked, streamed answer reaches the client piece by piece: the client reads the first piece
+ * while the upstream still holds back the second. */
+static void
+test_streamed_response(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(GString) first = NULL;
+    g_autoptr(GString) second = NULL;
+
+    client_send(c, "GET /stream HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API
+                   "\r\n\r\n");
+    first = client_read_until(c, "first\n", NULL);
+    assert_non_null(strstr(first->str, "Transfer-Encoding: chunked\r\n"));
+    assert_non_null(strstr(first->str, "6\r\nfirst\n"));
+    assert_null(strstr(first->str, "second"));
+    upstream_release(f->upstream);
+    second = client_read_until(c, "0\r\n\r\n", NULL);
+    assert_non_null(strstr(second->str, "7\r\nsecond\n\r\n0\r\n\r\n"));
+    /* and the connection carries the next request */
+    client_get_ok(c, "X-Api-Key: " PH_KEY);
+    client_close(c);
+    assert_string_equal(log_wait(&f->log, 0)->secret, "api");
+    wait_idle(f);
+}
+
+/* Bodies go up whole: one held until checked, one past the hold that streams, one after the
+ * proxy's own "100 Continue"; each request substituted, and the connection kept. */
+static void
+test_request_bodies(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    gsize sizes[] = {1000, 600 * 1024};
+    g_autofree char *received = NULL;
+    g_autoptr(GString) response = NULL;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(sizes); i++) {
+        g_autofree char *body = g_malloc(sizes[i] + 1);
+        g_autofree char *head = g_strdup_printf(
+            "POST /upload HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API
+            "\r\nContent-Length: %zu\r\n\r\n",
+            sizes[i]);
+        g_autoptr(GString) answer = NULL;
+
+        for (gsize j = 0; j < sizes[i]; j++)
+            body[j] = (char)('A' + j % 23);
+        body[sizes[i]] = '\0';
+        client_send(c, head);
+        client_send(c, body);
+        answer = client_read_until(c, "\r\n\r\nok", NULL);
+        assert_true(g_str_has_prefix(answer->str, "HTTP/1.1 200 OK\r\n"));
+        received = upstream_dup_received(f->upstream);
+        assert_non_null(strstr(received, body));
+        g_clear_pointer(&received, g_free);
+    }
+    client_send(c, "PUT /x HTTP/1.1\r\nHost: api.test\r\nX-Api-Key: " PH_KEY
+                   "\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+    response = client_read_until(c, "\r\n\r\n", NULL);
+    assert_string_equal(response->str, "HTTP/1.1 100 Continue\r\n\r\n");
+    client_send(c, "hello");
+    g_string_free(response, TRUE);
+    response = client_read_until(c, "\r\n\r\nok", NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 OK\r\n"));
+    client_close(c);
+    received = upstream_dup_received(f->upstream);
+    assert_non_null(strstr(received, "X-Api-Key: real-key\r\nContent-Length: 5\r\n\r\nhello"));
+    assert_null(strstr(received, "Expect"));
+    assert_null(strstr(received, "vmph_"));
+    for (guint i = 0; i < 3; i++)
+        assert_string_equal(log_wait(&f->log, i)->reason, "completed");
+    assert_true(log_wait(&f->log, 1)->bytes_up > 600 * 1024);
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->connections, 1);
+    g_mutex_unlock(&f->upstream->lock);
+    wait_idle(f);
+}
+
+/* A guest that does not trust the agent's CA: its handshake fails, logged, nothing goes up. */
+static void
+test_guest_distrusts(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GString) response = NULL;
+    g_autofree char *other_cert = NULL;
+    g_autofree char *other_key = NULL;
+    gnutls_certificate_credentials_t creds;
+    gnutls_session_t session;
+    gnutls_datum_t ca;
+    int fd = proxy_connect(f, f->upstream->port, &response);
+    Record *record;
+
+    assert_true(vm_egress_ca_generate("stranger", &other_cert, &other_key, NULL));
+    ca = (gnutls_datum_t){(unsigned char *)other_cert, (unsigned)strlen(other_cert)};
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 "));
+    assert_int_equal(gnutls_certificate_allocate_credentials(&creds), 0);
+    assert_int_equal(gnutls_certificate_set_x509_trust_mem(creds, &ca, GNUTLS_X509_FMT_PEM), 1);
+    assert_int_equal(gnutls_init(&session, GNUTLS_CLIENT), 0);
+    assert_int_equal(gnutls_set_default_priority(session), 0);
+    assert_int_equal(gnutls_credentials_set(session, GNUTLS_CRD_CERTIFICATE, creds), 0);
+    assert_int_equal(gnutls_server_name_set(session, GNUTLS_NAME_DNS, "api.test", 8), 0);
+    gnutls_session_set_verify_cert(session, "api.test", 0);
+    gnutls_transport_set_int(session, fd);
+    assert_true(gnutls_handshake(session) < 0);
+    gnutls_deinit(session);
+    gnutls_certificate_free_credentials(creds);
+    close(fd);
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+    assert_true(g_str_has_prefix(record->reason, "guest-tls: "));
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->received->len, 0);
+    g_mutex_unlock(&f->upstream->lock);
+    wait_idle(f);
+}
+
+/* An upstream whose certificate the proxy does not trust: the request fails before the guest's
+ * TLS starts, and the upstream receives no request byte. */
+static void
+test_untrusted_upstream(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GString) response = NULL;
+    int fd = proxy_connect(f, f->untrusted->port, &response);
+    Record *record;
+
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 502 "));
+    assert_non_null(strstr(response->str, "certificate"));
+    close(fd);
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+    assert_non_null(strstr(record->reason, "certificate"));
+    assert_int_equal(record->bytes_up, 0);
+    g_mutex_lock(&f->untrusted->lock);
+    assert_int_equal(f->untrusted->received->len, 0);
+    assert_int_equal(f->untrusted->handshakes, 0);
+    g_mutex_unlock(&f->untrusted->lock);
+    wait_idle(f);
+}
+
+/* Each leak on a connection that first carried a good request: refused, logged with its
+ * reason, the connection closed, and nothing of it reaches the upstream. */
+static void
+test_leaks_refused(void **state)
+{
+    Fixture *f = *state;
+    struct {
+        const char *first, *second, *reason;
+    } cases[] = {
+        {"GET /v1?key=" PH_API " HTTP/1.1\r\nHost: api.test\r\n\r\n", NULL,
+         "leak: placeholder of api in URL"},
+        {"POST /v1 HTTP/1.1\r\nHost: api.test\r\nContent-Length: "
+         "59\r\n\r\n{\"k\":\"vmph_AAAAAAAAAAAA",
+         "AAAAAAAAAAAAAAAAAAAAAAAAAAAA\",\"x\":1}", "leak: placeholder of api in body"},
+        /* split between two chunks: whole only once the chunked framing is taken off */
+        {"POST /v1 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "10\r\nvmph_AAAAAAAAAAA\r\n",
+         "1d\r\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n0\r\n\r\n", "leak: placeholder of api in body"},
+        {"GET / HTTP/1.1\r\nHost: api.test\r\nX-Other: " PH_API "\r\n\r\n", NULL,
+         "leak: placeholder of api sent to api.test"},
+        {"GET / HTTP/1.1\r\nHost: other.test\r\nAuthorization: Bearer " PH_API "\r\n\r\n", NULL,
+         "leak: placeholder of api sent to other.test"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        Client *c = client_open(f);
+        g_autoptr(GString) response = NULL;
+        g_autofree char *before = NULL;
+        g_autofree char *after = NULL;
+        gboolean eof = FALSE;
+        Record *record;
+
+        client_get_ok(c, "Authorization: Bearer " PH_API);
+        record = log_wait(&f->log, 2 * i);
+        assert_string_equal(record->secret, "api");
+        before = upstream_dup_received(f->upstream);
+        client_send(c, cases[i].first);
+        if (cases[i].second != NULL) {
+            g_usleep(100 * 1000); /* two writes, two TLS records */
+            client_send(c, cases[i].second);
+        }
+        response = client_read_until(c, NULL, &eof);
+        assert_true(eof);
+        assert_true(g_str_has_prefix(response->str, "HTTP/1.1 403 "));
+        record = log_wait(&f->log, 2 * i + 1);
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+        assert_string_equal(record->reason, cases[i].reason);
+        assert_int_equal(record->bytes_up, 0);
+        client_close(c);
+        wait_idle(f);
+        after = upstream_dup_received(f->upstream);
+        assert_string_equal(before, after);
+    }
+}
+
+/* A placeholder in a plain HTTP request goes nowhere, whatever the host. */
+static void
+test_plain_http_leak(void **state)
+{
+    Fixture *f = *state;
+    int fd = vm_test_connect_loopback(vm_egress_proxy_get_port(f->proxy), 5);
+    g_autofree char *request = g_strdup_printf(
+        "GET http://api.test:%u/ HTTP/1.1\r\nHost: api.test:%u\r\nAuthorization: Bearer " PH_API
+        "\r\n\r\n",
+        f->upstream->port, f->upstream->port);
+    g_autoptr(GString) response = NULL;
+    Record *record;
+
+    vm_test_send_text(fd, request);
+    response = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 403 "));
+    close(fd);
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+    assert_string_equal(record->reason, "leak: placeholder of api over plain HTTP");
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->connections, 0);
+    g_mutex_unlock(&f->upstream->lock);
+    wait_idle(f);
+}
+
+/* Whether the @len bytes at @data are the bulk body's from offset @at. */
+static gboolean
+bulk_matches(const char *expected, const char *data, gsize len, gsize at)
+{
+    while (len > 0) {
+        gsize in_block = at % BULK_BLOCK;
+        gsize n = MIN(len, (gsize)BULK_BLOCK - in_block);
+
+        if (memcmp(data, expected + in_block, n) != 0)
+            return FALSE;
+        data += n;
+        at += n;
+        len -= n;
+    }
+    return TRUE;
+}
+
+/* Downloads the bulk body on @c; returns the seconds it took. Every byte must be right. */
+static double
+download_bulk(Client *c)
+{
+    g_autoptr(GString) head = NULL;
+    g_autofree char *buf = g_malloc(BULK_BLOCK);
+    g_autofree char *expected = g_malloc(BULK_BLOCK);
+    gint64 start = g_get_monotonic_time();
+    gsize got;
+    char *end;
+
+    for (int i = 0; i < BULK_BLOCK; i++)
+        expected[i] = (char)('a' + i % 26);
+    client_send(c, "GET /bulk HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    head = client_read_until(c, "\r\n\r\n", NULL);
+    assert_true(g_str_has_prefix(head->str, "HTTP/1.1 200 OK\r\n"));
+    end = strstr(head->str, "\r\n\r\n") + 4;
+    got = head->len - (gsize)(end - head->str);
+    assert_true(bulk_matches(expected, end, got, 0));
+    while (got < BULK_SIZE) {
+        ssize_t n = gnutls_record_recv(c->session, buf, BULK_BLOCK);
+
+        if (n <= 0)
+            fail_msg("bulk body cut at %zu: %s", got, gnutls_strerror((int)n));
+        if (!bulk_matches(expected, buf, (gsize)n, got))
+            fail_msg("bulk body wrong after %zu", got);
+        got += n;
+    }
+    return (g_get_monotonic_time() - start) / 1e6;
+}
+
+/* CPU time of the whole test process (client, upstream and proxy threads). */
+static double
+cpu_seconds(void)
+{
+    struct rusage usage;
+
+    getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+           (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+/* A large download through interception arrives whole, and at a rate comparable to a plain
+ * tunnel to the same upstream (both printed; the goal is 0.8x or more). */
+static void
+test_bulk_download(void **state)
+{
+    Fixture *f = *state;
+    Client *intercepted = client_open(f);
+    Client *tunnel = NULL;
+    g_autofree char *upstream_ca = vm_test_read_file(f->upstream_ca);
+    double cpu0 = cpu_seconds();
+    double t_intercepted = download_bulk(intercepted);
+    double cpu1 = cpu_seconds();
+    double t_tunnel;
+
+    client_close(intercepted);
+    wait_idle(f);
+    tunnel = client_open_to(f, "127.0.0.1", upstream_ca);
+    double cpu2 = cpu_seconds();
+    t_tunnel = download_bulk(tunnel);
+    double cpu3 = cpu_seconds();
+    client_close(tunnel);
+    print_message("bulk %d MiB: interception %.0f MiB/s (CPU %.2f s), tunnel %.0f MiB/s (CPU "
+                  "%.2f s): %.2fx\n",
+                  BULK_SIZE >> 20, (BULK_SIZE >> 20) / t_intercepted, cpu1 - cpu0,
+                  (BULK_SIZE >> 20) / t_tunnel, cpu3 - cpu2, t_tunnel / t_intercepted);
+    assert_string_equal(log_wait(&f->log, 0)->reason, "completed");
+    wait_idle(f);
+}
+
+/* A guest that goes away in the middle of a large download: the proxy stops, logs how it ended,
+ * and lets go of the connection. */
+static void
+test_bulk_abandoned(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autofree char *buf = g_malloc(BULK_BLOCK);
+    gsize got = 0;
+    Record *record;
+
+    client_send(c,
+                "GET /bulk HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API "\r\n\r\n");
+    while (got < 4 * 1024 * 1024) {
+        ssize_t n = gnutls_record_recv(c->session, buf, BULK_BLOCK);
+
+        if (n <= 0)
+            fail_msg("download cut at %zu", got);
+        got += n;
+    }
+    client_close(c);
+    record = log_wait(&f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_string_equal(record->secret, "api");
+    assert_string_equal(record->reason, "reset");
+    wait_idle(f);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_substituted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rotation_and_revoke, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_streamed_response, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_request_bodies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upstream_closes_idle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_response_framings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_grant_tunnels, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_policy_change_closes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_free_with_open_connections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_guest_distrusts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_untrusted_upstream, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_leaks_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plain_http_leak, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bulk_download, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bulk_abandoned, setup, teardown),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
