@@ -1109,7 +1109,7 @@ test_bulk_download(void **state)
     t_tunnel = download_bulk(tunnel);
     double cpu3 = cpu_seconds();
     client_close(tunnel);
-    print_message("bulk %d MiB: interception %.0f MiB/s (CPU %.2f s), tunnel %.0f MiB/s (CPU "
+    print_message("# bulk %d MiB: interception %.0f MiB/s (CPU %.2f s), tunnel %.0f MiB/s (CPU "
                   "%.2f s): %.2fx\n",
                   BULK_SIZE >> 20, (BULK_SIZE >> 20) / t_intercepted, cpu1 - cpu0,
                   (BULK_SIZE >> 20) / t_tunnel, cpu3 - cpu2, t_tunnel / t_intercepted);
