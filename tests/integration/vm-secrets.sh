@@ -43,6 +43,8 @@ AGENTS=()
 PIDS=()
 
 guest() { vmctl exec "${2:-a1}" -- bash -c "$1"; }
+# oneline TEXT: TEXT on one line, at most 160 characters, for a TAP description
+oneline() { tr '\n' ' ' <<< "$1" | cut -c 1-160; }
 
 cleanup() {
   if [ -n "$HOSTD_PID" ] && kill -0 "$HOSTD_PID" 2>/dev/null; then
@@ -233,7 +235,7 @@ bad_input() {
   before=$(vmctl secret list --json 2>&1)
   out=$(printf '%s' "$input" | vmctl "$@" 2>&1); rc=$?
   after=$(vmctl secret list --json 2>&1)
-  check "bad input: $desc: exit $want (got $rc), one line ($out), nothing stored" \
+  check "bad input: $desc: exit $want (got $rc), one line ($(oneline "$out")), nothing stored" \
     bash -c "[ $rc = $want ] && [ \$(printf '%s\n' \"\$1\" | wc -l) = 1 ] && [ -n \"\$1\" ] &&
              [ \"\$2\" = \"\$3\" ] && ! grep -qF -e '$VALUE' -e '$VALUE2' <<< \"\$1\"" _ \
     "$out" "$before" "$after"
@@ -253,8 +255,9 @@ bad_input "rm of an unknown secret" 3 "" secret rm no-such-secret
 code=$(guest "curl -s -o /dev/null -w '%{http_connect}' -m 20 https://$API/echo")
 check "before a grant, $API is closed to the agent (CONNECT $code)" test "$code" = 403
 out=$(vmctl secret grant a1 "$SECRET" 2>&1); rc=$?
-check "secret grant a1 $SECRET ($out)" test "$rc" = 0
+check "secret grant a1 $SECRET ($(oneline "$out"))" test "$rc" = 0
 PH=$(vmctl exec a1 -- printenv "$ENV_VAR")
+PH=${PH:-vmph_missing} # never empty: an empty string would match every line below
 check "the guest's env has a placeholder in $ENV_VAR, live, not the value ($PH)" \
   bash -c "[[ '$PH' =~ ^vmph_[A-Za-z0-9]{40}$ ]] && [ '$PH' != '$VALUE' ]"
 # shellcheck disable=SC2016 # expanded in the guest
@@ -282,7 +285,7 @@ client_check() {
   local before out
   before=$(count "$VALUE" "$S/api.jsonl")
   out=$(guest "$2" 2>&1)
-  check "$1: 200 from $API, which got 'Bearer <value>' ($out)" \
+  check "$1: 200 from $API, which got 'Bearer <value>' ($(oneline "$out"))" \
     bash -c "[[ \"\$1\" == *200* ]] && [ \$(grep -a -c -F '$VALUE' '$S/api.jsonl') = $((before + 1)) ] &&
              [ \"\$2\" = 'Bearer $VALUE' ]" _ "$out" "$(last_auth api)"
 }
@@ -341,7 +344,7 @@ leak_check() {
   logged=$(leak_records "$reason")
   out=$(guest "$4" 2>&1)
   sleep 0.5
-  check "leak blocked: $desc ($out)" \
+  check "leak blocked: $desc ($(oneline "$out"))" \
     bash -c "[[ \"\$1\" != *200* ]] && [ \$(grep -a -c -F '$PH' '$S/$up.raw') = $ph_before ] &&
              [ \$(cat '$S/$up.raw' | grep -a -c -F -e '$VALUE' -e '$VALUE2' -e '$OTHER_VALUE') = $val_before ]" _ "$out"
   check "leak logged: $desc: denied, 'leak: placeholder of $SECRET ...$reason'" \
@@ -371,10 +374,10 @@ diag "$OTHER (tunnelled, -k): HTTP $out; placeholder seen there $(count "$PH" "$
 
 # a host another grant names is intercepted: this secret's placeholder sent there is a leak
 out=$(vmctl secret grant a1 "$OTHER_SECRET" 2>&1); rc=$?
-check "secret grant a1 $OTHER_SECRET ($out)" test "$rc" = 0
+check "secret grant a1 $OTHER_SECRET ($(oneline "$out"))" test "$rc" = 0
 before=$(count "$OTHER_VALUE" "$S/other.jsonl")
 out=$(guest "curl -sS -m 30 -w ' %{http_code}' -H \"Authorization: Bearer \$OTHER_KEY\" https://$OTHER/echo" 2>&1)
-check "the second grant substitutes its own value at its own host ($out)" \
+check "the second grant substitutes its own value at its own host ($(oneline "$out"))" \
   bash -c "[[ \"\$1\" == *200* ]] && [ \$(grep -a -c -F '$OTHER_VALUE' '$S/other.jsonl') = $((before + 1)) ]" _ "$out"
 leak_check "sent to $OTHER, which only $OTHER_SECRET's grant names" other "sent to $OTHER" \
   "$CURL -H \"Authorization: Bearer \$$ENV_VAR\" https://$OTHER/echo"
@@ -383,7 +386,7 @@ leak_check "sent to $OTHER, which only $OTHER_SECRET's grant names" other "sent 
 before=$(grep -c tls-failed "$S/rogue.jsonl")
 out=$(guest "$CURL -H \"Authorization: Bearer \$$ENV_VAR\" https://$ROGUE/echo" 2>&1)
 sleep 0.5
-check "untrusted upstream $ROGUE (its CA is not hostd's): the request fails ($out)" \
+check "untrusted upstream $ROGUE (its CA is not hostd's): the request fails ($(oneline "$out"))" \
   bash -c "[[ \"\$1\" != *200* ]]" _ "$out"
 check "untrusted upstream: hostd refused its certificate in the handshake, sent no request" \
   bash -c "[ \$(grep -c tls-failed '$S/rogue.jsonl') -gt $before ] && [ \$(grep -c '\"method\"' '$S/rogue.jsonl') = 0 ] &&
@@ -396,25 +399,26 @@ out=$(printf '%s\n' "$VALUE2" | vmctl secret set "$SECRET" 2>&1); rc=$?
 check "secret set $SECRET (rotation) prints nothing" test "$rc" = 0 -a -z "$out"
 before=$(count "$VALUE" "$S/api.jsonl")
 out=$(guest "curl -sS -m 30 -w ' %{http_code}' -H \"Authorization: Bearer \$$ENV_VAR\" https://$API/echo" 2>&1)
-check "after rotation the next request carries the new value, same placeholder ($out)" \
+check "after rotation the next request carries the new value, same placeholder ($(oneline "$out"))" \
   bash -c "[[ \"\$1\" == *200* ]] && [ \"\$2\" = 'Bearer $VALUE2' ] && [ \$(grep -a -c -F '$VALUE' '$S/api.jsonl') = $before ] &&
            [ \"\$3\" = '$PH' ]" _ "$out" "$(last_auth api)" "$(vmctl exec a1 -- printenv "$ENV_VAR")"
 
 out=$(vmctl secret revoke a1 "$SECRET" 2>&1); rc=$?
-check "secret revoke a1 $SECRET ($out)" test "$rc" = 0
+check "secret revoke a1 $SECRET ($(oneline "$out"))" test "$rc" = 0
 check "after revoke the guest's env has no $ENV_VAR" \
   bash -c "! '$VMCTL' --socket '$SOCK' exec a1 -- printenv $ENV_VAR"
 before=$(values "$S/api.raw")
 out=$(guest "$CURL -H 'Authorization: Bearer $PH' https://$API/echo" 2>&1)
-check "after revoke the old placeholder gets no value anywhere (HTTP $out)" \
+check "after revoke the old placeholder gets no value anywhere (HTTP $(oneline "$out"))" \
   bash -c "[[ \"\$1\" != *200* ]] && [ \$(cat '$S/api.raw' | grep -a -c -F -e '$VALUE' -e '$VALUE2') = $before ]" _ "$out"
 out=$(vmctl secret grant a1 "$SECRET" 2>&1); rc=$?
 PH=$(vmctl exec a1 -- printenv "$ENV_VAR")
+PH=${PH:-vmph_missing} # never empty: an empty string would match every line below
 client_check_value() { # like client_check, for the rotated value
   local before out
   before=$(count "$VALUE2" "$S/api.jsonl")
   out=$(guest "curl -sS -m 30 -w ' %{http_code}' -H \"Authorization: Bearer \$$ENV_VAR\" https://$API/echo" 2>&1)
-  check "$1 ($out)" \
+  check "$1 ($(oneline "$out"))" \
     bash -c "[[ \"\$1\" == *200* ]] && [ \$(grep -a -c -F '$VALUE2' '$S/api.jsonl') = $((before + 1)) ] &&
              [ \"\$2\" = 'Bearer $VALUE2' ]" _ "$out" "$(last_auth api)"
 }
@@ -434,11 +438,11 @@ if [ "$rc" = 0 ]; then
              '$VMCTL' --socket '$SOCK' --json info f1 | grep -q '\"$SECRET\"'"
   before=$(count "$VALUE2" "$S/api.jsonl")
   out=$(guest "curl -sS -m 30 -w ' %{http_code}' -H \"Authorization: Bearer \$$ENV_VAR\" https://$API/echo" f1 2>&1)
-  check "f1's requests get the value ($out)" \
+  check "f1's requests get the value ($(oneline "$out"))" \
     bash -c "[[ \"\$1\" == *200* ]] && [ \$(grep -a -c -F '$VALUE2' '$S/api.jsonl') = $((before + 1)) ]" _ "$out"
   before=$(values "$S/api.raw")
   out=$(guest "$CURL -H 'Authorization: Bearer $PH' https://$API/echo" f1 2>&1)
-  check "a1's placeholder sent from f1 gets no value (HTTP $out)" \
+  check "a1's placeholder sent from f1 gets no value (HTTP $(oneline "$out"))" \
     test "$(values "$S/api.raw")" = "$before"
   vmctl rm --force f1 > /dev/null 2>&1 && unset 'AGENTS[-1]'
 fi
@@ -453,7 +457,7 @@ if [ "$rc" = 0 ]; then
              '$VMCTL' --socket '$SOCK' --json info f2 | python3 -c 'import json,sys; assert not json.load(sys.stdin).get(\"secrets\")'"
   before=$(values "$S/api.raw")
   out=$(guest "$CURL -H 'Authorization: Bearer $PH' https://$API/echo" f2 2>&1)
-  check "f2's requests with a1's placeholder carry no value (HTTP $out)" \
+  check "f2's requests with a1's placeholder carry no value (HTTP $(oneline "$out"))" \
     bash -c "[[ \"\$1\" != *200* ]] && [ \$(cat '$S/api.raw' | grep -a -c -F -e '$VALUE' -e '$VALUE2') = $before ]" _ "$out"
   vmctl rm --force f2 > /dev/null 2>&1 && unset 'AGENTS[-1]'
 fi
@@ -487,7 +491,7 @@ nowhere "hostd's log (--debug)" "$(values "$LOG")" "[ -s '$LOG' ]"
 nowhere "the egress log" "$(values "$S/agents/a1/egress.log"*)" \
   "grep -q '\"secret\":\"$SECRET\"' '$S/agents/a1/egress.log'"
 mapfile -t STATE_FILES < <(find "$S" -path "$S/secrets" -prune -o -type f \
-  ! -name '*.raw' ! -name '*.jsonl' ! -name 'list.*' -print)
+  ! -name '*.raw' ! -name '*.jsonl' -print)
 nowhere "any file of hostd's state outside its secret store (${#STATE_FILES[@]} files)" \
   "$(values "${STATE_FILES[@]}")"
 
@@ -497,7 +501,7 @@ out=$(vmctl secret rm "$SECRET" 2>&1); rc=$?
 check "secret rm of a granted secret is refused (exit 5: $out), nothing changes" \
   bash -c "[ $rc = 5 ] && [ \"\$1\" = \"\$('$VMCTL' --socket '$SOCK' secret list --json)\" ]" _ "$before"
 out=$(vmctl secret rm "$SECRET" --force 2>&1); rc=$?
-check "secret rm --force revokes and removes it ($out)" \
+check "secret rm --force revokes and removes it ($(oneline "$out"))" \
   bash -c "[ $rc = 0 ] && ! '$VMCTL' --socket '$SOCK' secret list | grep -q '$SECRET' &&
            ! '$VMCTL' --socket '$SOCK' exec a1 -- printenv $ENV_VAR"
 check "after rm --force the value is gone from the host's disk" \
