@@ -25,6 +25,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
   meson test -C build --suite vm --print-errorlogs --verbose
   HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-egress.sh
+  HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-secrets.sh
   HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-lifecycle.sh
 fi
 echo "test suite took $(( $(date +%s) - start )) s"

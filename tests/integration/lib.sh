@@ -13,6 +13,7 @@ suite_init() {
   CONF=$S/hostd.conf
   LOG=$S/hostd.log
   HOSTD_PID=
+  HOSTD_WRAPPER=()
   N=0
   FAILED=0
   cat > "$CONF" <<CONF
@@ -29,9 +30,12 @@ CONF
 vmctl() { "$VMCTL" --socket "$SOCK" "$@"; }
 
 # Starts hostd in the background (HOSTD_PID) and waits until it answers; fails when it dies or
-# does not answer within 20 s.
+# does not answer within 20 s. Arguments are added to hostd's command line. HOSTD_WRAPPER (an
+# array, empty after suite_init) is a command hostd runs under, e.g. hosts_file_wrapper's; it
+# must exec hostd in the same process, so that HOSTD_PID is hostd's.
 start_hostd() {
-  "$HOSTD" --config "$CONF" --state-dir "$S" --socket "$SOCK" >> "$LOG" 2>&1 &
+  "${HOSTD_WRAPPER[@]}" "$HOSTD" --config "$CONF" --state-dir "$S" --socket "$SOCK" "$@" \
+    >> "$LOG" 2>&1 &
   HOSTD_PID=$!
   for _ in $(seq 1 100); do
     [ -S "$SOCK" ] && vmctl list >/dev/null 2>&1 && return 0
@@ -39,6 +43,16 @@ start_hostd() {
     sleep 0.2
   done
   return 1
+}
+
+# hosts_file_wrapper FILE: sets HOSTD_WRAPPER so that hostd (and only hostd: the host keeps its
+# own) sees FILE as /etc/hosts, bind-mounted in a mount namespace of its own (unshare's default
+# propagation is private, so the mount never reaches the host's namespace). This is how a suite
+# gives test names to the egress proxy, which resolves names itself with getaddrinfo().
+hosts_file_wrapper() {
+  # shellcheck disable=SC2016 # expanded by the inner sh
+  HOSTD_WRAPPER=(unshare --mount --propagation private
+    sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$1")
 }
 
 stop_hostd() {
