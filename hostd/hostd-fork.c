@@ -4,6 +4,8 @@
 
 #include "hostd-agent.h"
 #include "hostd-resources.h"
+#include "hostd-secrets-sync.h"
+#include "hostd-secrets.h"
 #include "hostd-template.h"
 #include "hostd-checkpoint.h"
 #include "vm-error.h"
@@ -142,12 +144,26 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
             hostd_checkpoint_rm_locked(ctx, source, source_dom, set, c, NULL);
         return NULL;
     }
+    /* Copied while the source is locked, so that it is the source's grants as of the fork; made
+     * before the seed, which carries their placeholders. */
+    if (req->grants && !hostd_secrets_fork_grants(ctx, req->source, req->name, error)) {
+        hostd_agent_rollback(ctx, r->name, r->dir);
+        if (taken != NULL)
+            hostd_checkpoint_rm_locked(ctx, source, source_dom, set, c, NULL);
+        return NULL;
+    }
     g_clear_pointer(&source_lock, hostd_name_unlock);
 
     hostd_progress(progress, progress_data, "creating the fork's disk and seed", -1);
     g_autofree char *user_data = hostd_fork_user_data(source);
     if (!hostd_agent_create(ctx, r, tpl, image, user_data, req->wait, progress, progress_data,
                             error)) {
+        if (taken != NULL)
+            hostd_fork_drop_checkpoint(ctx, req->source, taken);
+        return NULL;
+    }
+    if (req->grants && !hostd_secrets_sync(ctx, req->name, error)) {
+        hostd_agent_rollback(ctx, r->name, r->dir);
         if (taken != NULL)
             hostd_fork_drop_checkpoint(ctx, req->source, taken);
         return NULL;
