@@ -150,7 +150,9 @@ hostd_secrets_sync_all(HostdContext *ctx, char **agents, const char *what, GErro
     g_autoptr(GError) first = NULL;
     for (char **agent = agents; agent != NULL && *agent != NULL; agent++) {
         g_autoptr(GError) local = NULL;
-        if (!hostd_secrets_sync_locked(ctx, *agent, &local) && first == NULL)
+        /* Grants of an agent that is gone (a removal cut short) have nothing to update. */
+        if (!hostd_secrets_sync_locked(ctx, *agent, &local) && first == NULL &&
+            !g_error_matches(local, VM_ERROR, VM_ERROR_NOT_FOUND))
             first = g_steal_pointer(&local);
     }
     if (first == NULL)
@@ -247,7 +249,8 @@ hostd_secret_rm(HostdContext *ctx, const char *name, gboolean force, GError **er
                 return NULL;
             }
             g_ptr_array_add(revoked, g_strdup(*agent));
-            if (!hostd_secrets_sync(ctx, *agent, &local) && sync_error == NULL)
+            if (!hostd_secrets_sync(ctx, *agent, &local) && sync_error == NULL &&
+                !g_error_matches(local, VM_ERROR, VM_ERROR_NOT_FOUND))
                 sync_error = g_steal_pointer(&local);
         }
     }
