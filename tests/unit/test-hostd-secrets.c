@@ -357,6 +357,59 @@ test_new_and_rm(void **state)
     assert_false(g_file_test(a1_file, G_FILE_TEST_EXISTS));
 }
 
+/* Sets `secrets: [NAMES]` in the fixture's debian-12 template, in place of any before. */
+static void
+template_grants(HostdTestFixture *f, const char *names)
+{
+    g_autofree char *path = g_build_filename(f->templates_dir, "debian-12.yaml", NULL);
+    g_autofree char *text = vm_test_read_file(path);
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    g_autoptr(GString) out = g_string_new(NULL);
+
+    for (char **line = lines; *line != NULL; line++) {
+        if (**line != '\0' && !g_str_has_prefix(*line, "secrets:"))
+            g_string_append_printf(out, "%s\n", *line);
+    }
+    g_string_append_printf(out, "secrets: [%s]\n", names);
+    vm_test_write_file(path, out->str);
+}
+
+/* The template's secrets: granted at new with --secret's, once each; a template secret hostd
+ * does not have fails the new; a fork gets none of them (only --grants gives a fork secrets). */
+static void
+test_template_secrets(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    create_ok(f, "s");
+    create_ok(f, "t");
+    template_grants(f, "s");
+    char *more[] = {"t", "s", NULL};
+    g_autoptr(GVariant) info = new_agent(f, "a1", more, &error);
+    if (info == NULL)
+        fail_msg("new: %s", error->message);
+    g_autofree char *text = grants_text(f, "a1");
+    assert_string_equal(text, "s=S t=T");
+
+    g_autoptr(HostdAgentRecord) src = hostd_test_agent_new(f, "src", HOSTD_TEST_STOPPED);
+    HostdForkRequest req = {.name = "b1", .source = "src"};
+    g_autoptr(GVariant) b1 = hostd_test_sink(hostd_fork(f->ctx, &req, NULL, NULL, NULL, &error));
+    if (b1 == NULL)
+        fail_msg("fork: %s", error->message);
+    g_autofree char *fork_text = grants_text(f, "b1");
+    assert_string_equal(fork_text, "");
+
+    template_grants(f, "gone");
+    g_autoptr(GVariant) none = new_agent(f, "a2", NULL, &error);
+    assert_null(none);
+    hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "no secret 'gone'");
+    g_autofree char *dir = g_build_filename(f->agents_dir, "a2", NULL);
+    assert_false(g_file_test(dir, G_FILE_TEST_EXISTS));
+    g_autofree char *a2_text = grants_text(f, "a2");
+    assert_string_equal(a2_text, "");
+}
+
 /* fork --grants: the source's secrets under new placeholders; without it, none. */
 static void
 test_fork_grants(void **state)
@@ -400,6 +453,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_set, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_new_and_rm, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_fork_grants, hostd_test_setup, hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_template_secrets, hostd_test_setup,
+                                        hostd_test_teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
