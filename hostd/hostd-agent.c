@@ -375,11 +375,12 @@ static void
 hostd_agent_add_secrets(VmTemplate *tpl, char **names)
 {
     g_autoptr(GPtrArray) all = g_ptr_array_new();
-    for (char **name = tpl->secrets; name != NULL && *name != NULL; name++)
-        g_ptr_array_add(all, *name);
-    for (char **name = names; name != NULL && *name != NULL; name++) {
-        if (!g_ptr_array_find_with_equal_func(all, *name, g_str_equal, NULL))
-            g_ptr_array_add(all, *name);
+    char **lists[] = {tpl->secrets, names};
+    for (gsize i = 0; i < G_N_ELEMENTS(lists); i++) {
+        for (char **name = lists[i]; name != NULL && *name != NULL; name++) {
+            if (!g_ptr_array_find_with_equal_func(all, *name, g_str_equal, NULL))
+                g_ptr_array_add(all, *name);
+        }
     }
     g_ptr_array_add(all, NULL);
     char **merged = g_strdupv((char **)all->pdata);

@@ -308,20 +308,48 @@ hostd_secrets_lock_agent(HostdContext *ctx, const char *agent, const char *name,
     return lock;
 }
 
+/* With @agent's name lock held: grants it secret @name, which must exist, and whose env var no
+ * other secret the agent holds has (the guest would see one of the two). Returns the
+ * placeholder. */
+static char *
+hostd_secrets_grant_one(HostdContext *ctx, const char *agent, const char *name, GError **error)
+{
+    g_autofree char *dir = hostd_secrets_dir(ctx);
+    g_autofree char *grants_dir = hostd_secrets_grants_dir(ctx);
+    char *placeholder = NULL;
+
+    g_mutex_lock(&hostd_secrets_lock);
+    g_autoptr(HostdSecret) secret = hostd_secrets_store_load(dir, name, error);
+    g_autoptr(GHashTable) held =
+        secret != NULL ? hostd_grants_load(grants_dir, agent, error) : NULL;
+    gboolean ok = held != NULL;
+    GHashTableIter iter;
+    gpointer other_name;
+    if (ok)
+        g_hash_table_iter_init(&iter, held);
+    while (ok && g_hash_table_iter_next(&iter, &other_name, NULL)) {
+        g_autoptr(HostdSecret) other = hostd_secrets_store_load(dir, other_name, NULL);
+        if (other != NULL && !g_str_equal(other->name, name) &&
+            g_str_equal(other->env, secret->env))
+            ok = vm_throw(error, VM_ERROR_EXISTS,
+                          "agent '%s' holds secret '%s' under the same env %s already", agent,
+                          (const char *)other_name, secret->env);
+    }
+    if (ok)
+        placeholder = hostd_grants_add(grants_dir, agent, name, error);
+    g_mutex_unlock(&hostd_secrets_lock);
+    return placeholder;
+}
+
 GVariant *
 hostd_secret_grant(HostdContext *ctx, const char *agent, const char *name, GError **error)
 {
-    g_autofree char *dir = hostd_secrets_dir(ctx);
     g_autofree char *grants_dir = hostd_secrets_grants_dir(ctx);
     g_autoptr(HostdNameLock) lock = hostd_secrets_lock_agent(ctx, agent, name, error);
     if (lock == NULL)
         return NULL;
 
-    g_mutex_lock(&hostd_secrets_lock);
-    g_autoptr(HostdSecret) secret = hostd_secrets_store_load(dir, name, error);
-    g_autofree char *placeholder =
-        secret != NULL ? hostd_grants_add(grants_dir, agent, name, error) : NULL;
-    g_mutex_unlock(&hostd_secrets_lock);
+    g_autofree char *placeholder = hostd_secrets_grant_one(ctx, agent, name, error);
     if (placeholder == NULL)
         return NULL;
 
@@ -371,24 +399,17 @@ static gboolean
 hostd_secrets_agent_creating(HostdContext *ctx, const HostdAgentRecord *r, const VmTemplate *tpl,
                              GError **error)
 {
-    if (r->forked_from != NULL || tpl->secrets == NULL || tpl->secrets[0] == NULL)
+    if (r->forked_from != NULL)
         return TRUE;
-    g_autofree char *dir = hostd_secrets_dir(ctx);
+    /* A grant file left by an earlier agent of this name (a removal cut short) is not this
+     * one's. */
     g_autofree char *grants_dir = hostd_secrets_grants_dir(ctx);
-    for (char **name = tpl->secrets; *name != NULL; name++) {
-        g_autoptr(GError) local = NULL;
-        g_mutex_lock(&hostd_secrets_lock);
-        g_autoptr(HostdSecret) secret = hostd_secrets_store_load(dir, *name, error);
-        g_autofree char *placeholder =
-            secret != NULL ? hostd_grants_add(grants_dir, r->name, *name, &local) : NULL;
-        g_mutex_unlock(&hostd_secrets_lock);
-        if (secret == NULL)
+    if (!hostd_grants_remove_agent(grants_dir, r->name, error))
+        return FALSE;
+    for (char **name = tpl->secrets; name != NULL && *name != NULL; name++) {
+        g_autofree char *placeholder = hostd_secrets_grant_one(ctx, r->name, *name, error);
+        if (placeholder == NULL)
             return FALSE;
-        /* Named twice (template and --secret): one grant. */
-        if (placeholder == NULL && !g_error_matches(local, VM_ERROR, VM_ERROR_EXISTS)) {
-            g_propagate_error(error, g_steal_pointer(&local));
-            return FALSE;
-        }
     }
     return TRUE;
 }

@@ -58,7 +58,8 @@ GVariant *hostd_secret_rm(HostdContext *ctx, const char *name, gboolean force, G
 /* Grants secret @name to @agent under a new placeholder and puts it into effect
  * (hostd_secrets_sync()); when that fails the grant is taken back and the error returned, so no
  * grant is left half made. Fails with VM_ERROR_INVALID_ARGUMENT (bad names), VM_ERROR_NOT_FOUND
- * (unknown agent or secret), VM_ERROR_EXISTS (held already). Returns the agent's grants now
+ * (unknown agent or secret), VM_ERROR_EXISTS (held already, or another secret the agent holds
+ * has the same env var: the guest would see only one). Returns the agent's grants now
  * (hostd_secrets_agent_grants()). */
 GVariant *hostd_secret_grant(HostdContext *ctx, const char *agent, const char *name,
                              GError **error);

@@ -222,6 +222,16 @@ test_grant_and_revoke(void **state)
     g_clear_error(&error);
     assert_null(hostd_secret_grant(f->ctx, "A1!", "example-api", &error));
     hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, NULL);
+    /* Two secrets under one env var: the guest could see only one. */
+    const char *const other_hosts[] = {"other.example.com", NULL};
+    g_clear_error(&error);
+    g_autoptr(GVariant) same_env =
+        create(f, "other", other_hosts, NULL, NULL, "EXAMPLE_API", VALUE, &error);
+    assert_non_null(same_env);
+    assert_null(hostd_secret_grant(f->ctx, "a1", "other", &error));
+    hostd_test_assert_error(error, VM_ERROR_EXISTS, "same env EXAMPLE_API");
+    g_autofree char *not_granted = placeholder_of(f, "a1", "other");
+    assert_null(not_granted);
 
     g_clear_error(&error);
     g_autoptr(GVariant) after =
@@ -333,12 +343,17 @@ test_new_and_rm(void **state)
 
     create_ok(f, "s");
     create_ok(f, "t");
+    /* A grant file an earlier a1 left (its removal cut short) is not the new a1's. */
+    g_autofree char *stale = hostd_grants_add(grants_dir, "a1", "s", &error);
+    assert_non_null(stale);
     char *twice[] = {"t", "s", "t", NULL};
     g_autoptr(GVariant) info = new_agent(f, "a1", twice, &error);
     if (info == NULL)
         fail_msg("new: %s", error->message);
     g_autofree char *text = grants_text(f, "a1");
     assert_string_equal(text, "s=S t=T");
+    g_autofree char *fresh = placeholder_of(f, "a1", "s");
+    assert_string_not_equal(fresh, stale);
 
     char *unknown[] = {"s", "missing", NULL};
     g_autoptr(GVariant) none = new_agent(f, "a2", unknown, &error);
