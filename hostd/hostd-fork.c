@@ -4,7 +4,6 @@
 
 #include "hostd-agent.h"
 #include "hostd-resources.h"
-#include "hostd-secrets-sync.h"
 #include "hostd-secrets.h"
 #include "hostd-template.h"
 #include "hostd-checkpoint.h"
@@ -145,7 +144,9 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
         return NULL;
     }
     /* Copied while the source is locked, so that it is the source's grants as of the fork; made
-     * before the seed, which carries their placeholders. */
+     * before hostd_agent_create(), whose hooks put them into effect as for `new --secret` (the
+     * proxy from the first boot, the placeholders in the seed): no sync of a guest still
+     * booting. */
     if (req->grants && !hostd_secrets_fork_grants(ctx, req->source, req->name, error)) {
         hostd_agent_rollback(ctx, r->name, r->dir);
         if (taken != NULL)
@@ -158,12 +159,6 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
     g_autofree char *user_data = hostd_fork_user_data(source);
     if (!hostd_agent_create(ctx, r, tpl, image, user_data, req->wait, progress, progress_data,
                             error)) {
-        if (taken != NULL)
-            hostd_fork_drop_checkpoint(ctx, req->source, taken);
-        return NULL;
-    }
-    if (req->grants && !hostd_secrets_sync(ctx, req->name, error)) {
-        hostd_agent_rollback(ctx, r->name, r->dir);
         if (taken != NULL)
             hostd_fork_drop_checkpoint(ctx, req->source, taken);
         return NULL;
