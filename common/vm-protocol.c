@@ -36,6 +36,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"user_data", "s", 0, 0, VM_USER_DATA_MAX},
         {"wait", "b"},
         {"ssh_keys", "as", 0, 1, VM_SSH_KEYS_MAX},
+        {"secrets", "as", 0, 1, VM_SECRETS_MAX},
         {NULL}}},
     {VM_OP_AGENT_LIST, "agent-list", VM_OP_RESULT, FALSE, {{NULL}}},
     {VM_OP_AGENT_INFO, "agent-info", VM_OP_RESULT, FALSE, {
@@ -118,6 +119,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"cpus", "u"},
         {"memory_mib", "u"},
         {"wait", "b"},
+        {"grants", "b"},
         {NULL}}},
     {VM_OP_CHECKPOINT_DIFF, "checkpoint-diff", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
@@ -175,6 +177,31 @@ static const VmOpSpec vm_op_specs[] = {
         {NULL}}},
     {VM_OP_AGENT_AUTHORIZE_LIST, "agent-authorize-list", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},
+        {NULL}}},
+    {VM_OP_SECRET_CREATE, "secret-create", VM_OP_RESULT, FALSE, {
+        {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
+        {"hosts", "as", REQ, 1, VM_SECRET_HOSTS_MAX},
+        {"header", "s", 0, 1, 64},
+        {"format", "s", 0, 1, 256},
+        {"env", "s", 0, 1, 128},
+        {"value", "ay", REQ, 0, VM_SECRET_VALUE_MAX},
+        {NULL}}},
+    {VM_OP_SECRET_LIST, "secret-list", VM_OP_RESULT, FALSE, {{NULL}}},
+    {VM_OP_SECRET_SET, "secret-set", VM_OP_RESULT, FALSE, {
+        {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
+        {"value", "ay", REQ, 0, VM_SECRET_VALUE_MAX},
+        {NULL}}},
+    {VM_OP_SECRET_RM, "secret-rm", VM_OP_RESULT, FALSE, {
+        {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
+        {"force", "b"},
+        {NULL}}},
+    {VM_OP_SECRET_GRANT, "secret-grant", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
+        {NULL}}},
+    {VM_OP_SECRET_REVOKE, "secret-revoke", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
         {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {

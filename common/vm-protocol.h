@@ -21,13 +21,17 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  5
+#define VM_PROTOCOL_VERSION  6
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
 #define VM_RULES_MAX         256                 /* egress rules in one request */
 #define VM_SSH_KEYS_MAX      32 /* users' public keys in one request, and authorized in one agent */
-#define VM_FINGERPRINT_MAX   128 /* bytes of a key fingerprint ("SHA256:...") */
+#define VM_FINGERPRINT_MAX   128  /* bytes of a key fingerprint ("SHA256:...") */
+#define VM_SECRET_NAME_MAX   64   /* bytes of a secret's name */
+#define VM_SECRET_VALUE_MAX  8192 /* bytes of a secret's value */
+#define VM_SECRET_HOSTS_MAX  32   /* host patterns of one secret */
+#define VM_SECRETS_MAX       64   /* secrets granted by one agent-new */
 
 /* Values are part of the wire protocol: append only, never renumber. The fields each op may
  * carry are in one place, the schema table in vm-protocol.c; docs/PROTOCOL.md describes them
@@ -71,6 +75,14 @@ typedef enum {
     VM_OP_AGENT_AUTHORIZE_ADD = 32, /* -> RESULT {keys, added} */
     VM_OP_AGENT_AUTHORIZE_RM,       /* -> RESULT {keys} */
     VM_OP_AGENT_AUTHORIZE_LIST,     /* -> RESULT {keys} */
+
+    /* The credential broker's secrets (docs/SECRETS.md); values travel only to hostd. */
+    VM_OP_SECRET_CREATE = 35, /* -> RESULT {secret} */
+    VM_OP_SECRET_LIST,        /* -> RESULT {secrets} */
+    VM_OP_SECRET_SET,         /* -> RESULT {secret} */
+    VM_OP_SECRET_RM,          /* -> RESULT {revoked} */
+    VM_OP_SECRET_GRANT,       /* -> RESULT {secrets} */
+    VM_OP_SECRET_REVOKE,      /* -> RESULT {secrets} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

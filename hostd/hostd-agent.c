@@ -370,6 +370,24 @@ hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
     vm_remove_tree(dir, NULL);
 }
 
+/* Adds @names (NULL: none) to @tpl's secrets, each once. */
+static void
+hostd_agent_add_secrets(VmTemplate *tpl, char **names)
+{
+    g_autoptr(GPtrArray) all = g_ptr_array_new();
+    char **lists[] = {tpl->secrets, names};
+    for (gsize i = 0; i < G_N_ELEMENTS(lists); i++) {
+        for (char **name = lists[i]; name != NULL && *name != NULL; name++) {
+            if (!g_ptr_array_find_with_equal_func(all, *name, g_str_equal, NULL))
+                g_ptr_array_add(all, *name);
+        }
+    }
+    g_ptr_array_add(all, NULL);
+    char **merged = g_strdupv((char **)all->pdata);
+    g_strfreev(tpl->secrets);
+    tpl->secrets = merged;
+}
+
 static gboolean
 hostd_domain_define_and_start(HostdContext *ctx, const char *xml, GError **error)
 {
@@ -408,6 +426,8 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, template_name, error);
     if (tpl == NULL)
         return NULL;
+    /* The components grant the template's secrets at creation: --secret adds to them. */
+    hostd_agent_add_secrets(tpl, req->secrets);
     guint cpus = req->cpus != 0 ? req->cpus : tpl->cpus;
     guint memory_mib = req->memory_mib != 0 ? req->memory_mib : tpl->memory_mib;
     guint disk_gib = req->disk_gib != 0 ? req->disk_gib : tpl->disk_gib;

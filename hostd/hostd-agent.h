@@ -27,6 +27,7 @@ typedef struct {
     const char *user_data;     /* the user's extra user-data, or NULL */
     gboolean wait;             /* return only once SSH answers */
     char **ssh_keys;           /* the user's own public key lines to authorize, or NULL */
+    char **secrets;            /* secrets to grant besides the template's, or NULL */
 } HostdNewRequest;
 
 /* Creates and boots an agent; with @request->wait returns once SSH answers. Builds the
@@ -35,7 +36,9 @@ typedef struct {
  * VM_ERROR_EXISTS, VM_ERROR_NOT_FOUND (template), VM_ERROR_TEMPLATE, VM_ERROR_NO_RESOURCES,
  * VM_ERROR_TIMEOUT (with the console's last lines), VM_ERROR_LIBVIRT, VM_ERROR_IO. Returns the
  * agent's info dictionary (a{sv}). The ssh_keys are checked (hostd_user_keys_check()) before
- * anything is made, then recorded in the agent's dir, where its seed takes them from. */
+ * anything is made, then recorded in the agent's dir, where its seed takes them from. The
+ * @request->secrets join the template's `secrets:`; the components grant them before the seed is
+ * made (hostd-secrets.h), and an unknown one fails with VM_ERROR_NOT_FOUND, nothing made. */
 GVariant *hostd_agent_new(HostdContext *ctx, const HostdNewRequest *request,
                           VmProgressFunc progress, gpointer progress_data, GError **error);
 

@@ -4,6 +4,7 @@
 
 #include "hostd-agent.h"
 #include "hostd-resources.h"
+#include "hostd-secrets.h"
 #include "hostd-template.h"
 #include "hostd-checkpoint.h"
 #include "vm-error.h"
@@ -138,6 +139,16 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
     r->cpus = cpus;
     r->memory_mib = memory_mib;
     if (!hostd_agent_reserve(ctx, r, error)) {
+        if (taken != NULL)
+            hostd_checkpoint_rm_locked(ctx, source, source_dom, set, c, NULL);
+        return NULL;
+    }
+    /* Copied while the source is locked, so that it is the source's grants as of the fork; made
+     * before hostd_agent_create(), whose hooks put them into effect as for `new --secret` (the
+     * proxy from the first boot, the placeholders in the seed): no sync of a guest still
+     * booting. */
+    if (req->grants && !hostd_secrets_fork_grants(ctx, req->source, req->name, error)) {
+        hostd_agent_rollback(ctx, r->name, r->dir);
         if (taken != NULL)
             hostd_checkpoint_rm_locked(ctx, source, source_dom, set, c, NULL);
         return NULL;

@@ -19,15 +19,18 @@ typedef struct {
     guint cpus;             /* 0: the source's */
     guint memory_mib;       /* 0: the source's */
     gboolean wait;          /* return only once SSH answers and cloud-init is done */
+    gboolean grants;        /* give the fork the source's grants, under new placeholders */
 } HostdForkRequest;
 
 /* Creates agent @request->name on a checkpoint of @request->source (taken now, live, when
  * @request->checkpoint is NULL) and boots it with a new identity; the first boot resets what
  * identifies the machine and nothing else (the source's users and files stay). The checkpoint
  * the fork stands on is returned in *ret_checkpoint. On failure nothing is left: no agent, and no
- * checkpoint taken for it. Fails with VM_ERROR_INVALID_ARGUMENT (bad name), VM_ERROR_EXISTS,
- * VM_ERROR_NOT_FOUND (source or checkpoint), VM_ERROR_NO_RESOURCES, and whatever
- * hostd_agent_new() fails with. Returns the new agent's info dictionary. */
+ * checkpoint taken for it. With @request->grants the fork holds every secret its source holds,
+ * each under a new placeholder, from its seed on; without, none (not even its template's). Fails
+ * with VM_ERROR_INVALID_ARGUMENT (bad name), VM_ERROR_EXISTS, VM_ERROR_NOT_FOUND (source or
+ * checkpoint), VM_ERROR_NO_RESOURCES, and whatever hostd_agent_new() fails with. Returns the new
+ * agent's info dictionary. */
 GVariant *hostd_fork(HostdContext *ctx, const HostdForkRequest *request, char **ret_checkpoint,
                      VmProgressFunc progress, gpointer progress_data, GError **error);
 

@@ -9,12 +9,15 @@
 #include "hostd-guest-api.h"
 #include "hostd-power.h"
 #include "hostd-secrets-sync.h"
+#include "hostd-secrets.h"
 #include "hostd-supervise.h"
 
 void
 hostd_modules_attach(HostdContext *ctx)
 {
     hostd_context_add_component(ctx, &hostd_egress_component);
+    /* Grants made at `new` before the sync component puts them into the seed. */
+    hostd_context_add_component(ctx, &hostd_secrets_component);
     hostd_context_add_component(ctx, &hostd_secrets_sync_component);
     hostd_context_add_component(ctx, &hostd_checkpoint_component);
     hostd_context_add_component(ctx, &hostd_fork_component);

@@ -164,8 +164,12 @@ hostd_secret_normalise_host(const char *pattern, GError **error)
     g_autoptr(GError) local = NULL;
     g_autofree char *normal = vm_egress_host_normalise(host, &local);
     if (normal == NULL) {
-        vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "invalid host '%s': %s", pattern,
-                 local->message);
+        /* The normaliser's message names the host already ("host 'X': why"). */
+        if (!wildcard && g_str_has_prefix(local->message, "host '"))
+            vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "invalid %s", local->message);
+        else
+            vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "invalid host '%s': %s", pattern,
+                     local->message);
         return NULL;
     }
     return wildcard ? g_strconcat("*.", normal, NULL) : g_steal_pointer(&normal);

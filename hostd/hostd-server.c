@@ -9,6 +9,7 @@
 #include "hostd-fork.h"
 #include "hostd-forward.h"
 #include "hostd-exec.h"
+#include "hostd-secrets.h"
 #include "hostd-power.h"
 #include "hostd-shutdown.h"
 #include "hostd-supervise.h"
@@ -128,13 +129,24 @@ hostd_request_log(const HostdRequest *request, const GError *failure)
 {
     const VmMessage *req = request->req;
     const char *raw_name = vm_message_get_string(req, "name", NULL);
+    /* The secret's name, never anything else of its request: its value is in there. */
+    const char *raw_secret = vm_message_get_string(req, "secret", NULL);
     gboolean cancelled = g_error_matches(failure, VM_ERROR, VM_ERROR_CANCELLED);
 
     if ((failure == NULL || cancelled) && !(request->flags & HOSTD_REQUEST_CHANGES) &&
         !request->ctx->debug)
         return;
     g_autofree char *who = hostd_request_caller(request);
-    g_autofree char *name = raw_name != NULL ? hostd_log_safe(raw_name) : NULL;
+    g_autofree char *name = NULL;
+    if (raw_name != NULL && raw_secret != NULL)
+        name = g_strdup_printf("%s secret %s", raw_name, raw_secret);
+    else if (raw_name != NULL || raw_secret != NULL)
+        name = g_strdup(raw_name != NULL ? raw_name : raw_secret);
+    if (name != NULL) {
+        char *safe = hostd_log_safe(name);
+        g_free(name);
+        name = safe;
+    }
     if (failure != NULL && !cancelled) {
         g_autofree char *message = hostd_log_safe(failure->message);
 
@@ -213,6 +225,8 @@ hostd_request_event(HostdContext *ctx, const VmMessage *req, HostdRequestFlags f
         what = g_strdup_printf("guest port %u", vm_message_get_uint(req, "guest_port", 0));
     else if (req->op == VM_OP_AGENT_AUTHORIZE_ADD || req->op == VM_OP_AGENT_AUTHORIZE_RM)
         what = hostd_authorize_keys_named(req);
+    else if (vm_message_get_string(req, "secret", NULL) != NULL)
+        what = g_strdup_printf("secret %s", vm_message_get_string(req, "secret", NULL));
     else if ((flags & HOSTD_REQUEST_TEMPLATE) && name != NULL)
         what = g_strdup_printf("template %s", name);
     if (failure != NULL && what != NULL)
@@ -322,6 +336,7 @@ hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *
                        GError **error)
 {
     g_auto(GStrv) ssh_keys = vm_message_dup_strv(req, "ssh_keys");
+    g_auto(GStrv) secrets = vm_message_dup_strv(req, "secrets");
     HostdNewRequest nr = {
         .name = hostd_req_name(req),
         .template_name = vm_message_get_string(req, "template", NULL),
@@ -331,6 +346,7 @@ hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *
         .user_data = vm_message_get_string(req, "user_data", NULL),
         .wait = vm_message_get_bool(req, "wait", TRUE),
         .ssh_keys = ssh_keys,
+        .secrets = secrets,
     };
 
     return hostd_reply1(reply, "agent",
@@ -349,7 +365,14 @@ static gboolean
 hostd_handle_agent_info(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
                         GError **error)
 {
-    return hostd_reply1(reply, "agent", hostd_agent_info(ctx, hostd_req_name(req), error), error);
+    g_autoptr(GVariant) agent = hostd_agent_info(ctx, hostd_req_name(req), error);
+    if (agent == NULL)
+        return FALSE;
+    /* The agent's grants: names and env vars only, never a placeholder (vmctl info is shown). */
+    g_autoptr(GVariantDict) info = g_variant_dict_new(agent);
+    g_variant_dict_insert_value(info, "secrets",
+                                hostd_secrets_agent_grants(ctx, hostd_req_name(req)));
+    return hostd_reply1(reply, "agent", g_variant_dict_end(info), error);
 }
 
 static gboolean
@@ -549,6 +572,7 @@ hostd_handle_agent_fork(HostdContext *ctx, const VmMessage *req, VmStreamWriter 
         .cpus = vm_message_get_uint(req, "cpus", 0),
         .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
         .wait = vm_message_get_bool(req, "wait", TRUE),
+        .grants = vm_message_get_bool(req, "grants", FALSE),
     };
     g_autofree char *checkpoint = NULL;
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
@@ -716,6 +740,75 @@ hostd_handle_agent_authorize_list(HostdContext *ctx, const VmMessage *req, VmStr
                         error);
 }
 
+static gboolean
+hostd_handle_secret_create(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                           GError **error)
+{
+    g_auto(GStrv) hosts = vm_message_dup_strv(req, "hosts");
+    gsize value_len = 0;
+    HostdSecretRequest sr = {
+        .name = vm_message_get_string(req, "secret", NULL),
+        .hosts = (const char *const *)hosts,
+        .header = vm_message_get_string(req, "header", NULL),
+        .format = vm_message_get_string(req, "format", NULL),
+        .env = vm_message_get_string(req, "env", NULL),
+        .value = vm_message_get_data(req, "value", &value_len),
+    };
+
+    sr.value_len = value_len;
+    return hostd_reply1(reply, "secret", hostd_secret_create(ctx, &sr, error), error);
+}
+
+static gboolean
+hostd_handle_secret_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                         GError **error)
+{
+    return hostd_reply1(reply, "secrets", hostd_secret_list(ctx, error), error);
+}
+
+static gboolean
+hostd_handle_secret_set(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    gsize value_len = 0;
+    const guint8 *value = vm_message_get_data(req, "value", &value_len);
+
+    return hostd_reply1(
+        reply, "secret",
+        hostd_secret_set(ctx, vm_message_get_string(req, "secret", NULL), value, value_len, error),
+        error);
+}
+
+static gboolean
+hostd_handle_secret_rm(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                       GError **error)
+{
+    return hostd_reply1(reply, "revoked",
+                        hostd_secret_rm(ctx, vm_message_get_string(req, "secret", NULL),
+                                        vm_message_get_bool(req, "force", FALSE), error),
+                        error);
+}
+
+static gboolean
+hostd_handle_secret_grant(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                          GError **error)
+{
+    return hostd_reply1(reply, "secrets",
+                        hostd_secret_grant(ctx, hostd_req_name(req),
+                                           vm_message_get_string(req, "secret", NULL), error),
+                        error);
+}
+
+static gboolean
+hostd_handle_secret_revoke(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                           GError **error)
+{
+    return hostd_reply1(reply, "secrets",
+                        hostd_secret_revoke(ctx, hostd_req_name(req),
+                                            vm_message_get_string(req, "secret", NULL), error),
+                        error);
+}
+
 /* Which function serves each request, and whether it changes something. The fields a request may
  * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
  * before a handler runs. */
@@ -759,6 +852,12 @@ static const struct {
     {VM_OP_AGENT_AUTHORIZE_ADD, hostd_handle_agent_authorize_add, HOSTD_REQUEST_CHANGES},
     {VM_OP_AGENT_AUTHORIZE_RM, hostd_handle_agent_authorize_rm, HOSTD_REQUEST_CHANGES},
     {VM_OP_AGENT_AUTHORIZE_LIST, hostd_handle_agent_authorize_list, HOSTD_REQUEST_READS},
+    {VM_OP_SECRET_CREATE, hostd_handle_secret_create, HOSTD_REQUEST_CHANGES},
+    {VM_OP_SECRET_LIST, hostd_handle_secret_list, HOSTD_REQUEST_READS},
+    {VM_OP_SECRET_SET, hostd_handle_secret_set, HOSTD_REQUEST_CHANGES},
+    {VM_OP_SECRET_RM, hostd_handle_secret_rm, HOSTD_REQUEST_CHANGES},
+    {VM_OP_SECRET_GRANT, hostd_handle_secret_grant, HOSTD_REQUEST_CHANGES},
+    {VM_OP_SECRET_REVOKE, hostd_handle_secret_revoke, HOSTD_REQUEST_CHANGES},
 };
 
 /* The row of @op in hostd_handlers, or -1. */

@@ -457,6 +457,22 @@ get_string_list(const Node *node, const char *key, ItemCheck check, const char *
 
 /* ---- value checks ---- */
 
+/* A secret's name as hostd's store takes it (hostd-secrets-check.h): 1-64 characters of
+ * [a-z0-9-], a letter or digit first. Whether the secret exists is hostd's to say at `new`. */
+static gboolean
+is_secret_name(const char *name)
+{
+    gsize len = strlen(name);
+
+    if (len < 1 || len > 64 || !(g_ascii_islower(name[0]) || g_ascii_isdigit(name[0])))
+        return FALSE;
+    for (gsize i = 1; i < len; i++) {
+        if (!(g_ascii_islower(name[i]) || g_ascii_isdigit(name[i]) || name[i] == '-'))
+            return FALSE;
+    }
+    return TRUE;
+}
+
 /* Debian policy: lower case, digits, + - .; at least two characters, alphanumeric first. */
 static gboolean
 is_package_name(const char *name)
@@ -798,7 +814,7 @@ parse_root(const Node *root, TemplatePrivate *priv, const char *display, GError 
 {
     static const char *const keys[] = {"name", "description", "image",     "resources",
                                        "user", "packages",    "user-data", "checkpoints",
-                                       "idle", "egress",      NULL};
+                                       "idle", "egress",      "secrets",   NULL};
     VmTemplate *t = &priv->pub;
     const Node *value;
 
@@ -853,6 +869,10 @@ parse_root(const Node *root, TemplatePrivate *priv, const char *display, GError 
         return FALSE;
     if ((value = map_get(root, "egress")) != NULL && !parse_egress(value, t, display, error))
         return FALSE;
+    if ((value = map_get(root, "secrets")) != NULL &&
+        !get_string_list(value, "secrets", is_secret_name, "a secret's name", &t->secrets, display,
+                         error))
+        return FALSE;
     return TRUE;
 }
 
@@ -877,6 +897,7 @@ template_new_defaults(const char *display)
     t->idle_save_after_s = DEFAULT_IDLE_SAVE_S;
     t->egress_allow = g_new0(char *, 1);
     t->egress_deny = g_new0(char *, 1);
+    t->secrets = g_new0(char *, 1);
     return priv;
 }
 
@@ -1032,6 +1053,7 @@ vm_template_free(VmTemplate *template_)
     g_free(template_->user_data);
     g_strfreev(template_->egress_allow);
     g_strfreev(template_->egress_deny);
+    g_strfreev(template_->secrets);
     /* allocated as a TemplatePrivate, whose first member this is */
     g_free(template_);
 }

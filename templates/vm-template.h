@@ -18,6 +18,7 @@
  *   checkpoints: {every: 30m, keep: 10, hourly: 24, daily: 7}     # or: never
  *   idle: {pause_after: 5m, save_after: 30m} # or: never
  *   egress: {allow: [...], deny: [...]}     # default: none
+ *   secrets: [example-api]       # secrets granted to every agent made from it (not to forks)
  *
  * Unknown keys, wrong types and out-of-range values are VM_ERROR_TEMPLATE errors whose message
  * starts with "FILE:LINE:COLUMN: ".
@@ -63,6 +64,8 @@ typedef struct {
 
     char **egress_allow; /* NULL-terminated, never NULL; empty = no way out */
     char **egress_deny;  /* NULL-terminated, never NULL */
+
+    char **secrets; /* names of hostd secrets granted at `new`; NULL-terminated, never NULL */
 } VmTemplate;
 
 /* Loads and validates one template file. Fails with VM_ERROR_TEMPLATE ("FILE:L:C: reason") for

@@ -22,6 +22,7 @@ if [ -n "\${FAKE_HOSTD_DOWN:-}" ] && [[ \$args == *" --json "* ]]; then
 fi
 case \$args in
 *" template list --json "*) cat "$tmp/templates.json" ;;
+*" secret list --json "*) cat "$tmp/secrets.json" ;;
 *" list --json "*) cat "$tmp/agents.json" ;;
 *" checkpoints a1 --json "*) cat "$tmp/checkpoints-a1.json" ;;
 *" checkpoints web-2 --json "*) cat "$tmp/checkpoints-web-2.json" ;;
@@ -62,6 +63,27 @@ cat >"$tmp/checkpoints-a1.json" <<'EOF'
 ]
 EOF
 printf '[\n  {\n    "id" : "c9"\n  }\n]\n' >"$tmp/checkpoints-web-2.json"
+# A secret's agents and hosts are no secret names.
+cat >"$tmp/secrets.json" <<'EOF'
+[
+  {
+    "name" : "example-api",
+    "hosts" : [
+      "api.example.com"
+    ],
+    "env" : "EXAMPLE_API",
+    "agents" : [
+      "a1"
+    ]
+  },
+  {
+    "name" : "gh",
+    "hosts" : [],
+    "env" : "GH",
+    "agents" : []
+  }
+]
+EOF
 printf '[\n  {\n    "name" : "debian-12"\n  },\n  {\n    "name" : "ubuntu-24.04"\n  }\n]\n' \
     >"$tmp/templates.json"
 
@@ -134,6 +156,7 @@ expect "--force" vmctl stop a1 --f
 # ---- what the first argument of each command is: agents, templates or nothing. A command
 # missing here fails, so a new one gets its completion decided.
 agents="a1 web-2"
+secrets="example-api gh"
 declare -A first=(
     [new]="" [list]="" [info]=$agents [exec]=$agents [ssh]=$agents [ssh-config]=$agents
     [start]=$agents [stop]=$agents [rm]=$agents [suspend]=$agents [resume]=$agents
@@ -144,6 +167,8 @@ declare -A first=(
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
     [bridge]="" [mcp]="" [authorize]=$agents
+    ["secret create"]="" ["secret list"]="" ["secret set"]=$secrets ["secret rm"]=$secrets
+    ["secret grant"]=$agents ["secret revoke"]=$agents
 )
 for command in "${commands[@]}"; do
     if [ -z "${first[$command]+set}" ]; then
@@ -155,6 +180,17 @@ for command in "${commands[@]}"; do
 done
 expect "a1" vmctl info a
 expect "web-2" vmctl ssh-config w
+
+# ---- secrets: the subcommands, secret names after an agent, --secret, --from-file
+expect "create grant list revoke rm set" vmctl secret ""
+expect "$secrets" vmctl secret grant a1 ""
+expect "gh" vmctl secret revoke web-2 g
+expect "" vmctl secret grant a1 gh ""
+expect "$secrets" vmctl new x --secret ""
+expect "$secrets" vmctl new x --secret a1 --secret ""
+expect "--grants" vmctl fork a1 b1 --gr
+touch "$tmp/value.txt"
+expect "$tmp/value.txt" vmctl secret set gh --from-file "$tmp/val"
 
 # ---- checkpoints: of the agent named before them
 expect "c1 c2" vmctl restore a1 ""

@@ -21,7 +21,45 @@ static const VmctlField agent_details[] = {
     {"restart", "restart", VMCTL_FORMAT_TEXT},
     {"crashes", "crashes", VMCTL_FORMAT_TEXT},
     {"crash reason", "crash_reason", VMCTL_FORMAT_TEXT},
+    {"secrets", "secrets", VMCTL_FORMAT_TEXT},
 };
+
+/* The agent's grants in words: "NAME (env VAR), ...", or "none". */
+static char *
+format_secrets(GVariant *grants)
+{
+    g_autoptr(GString) text = g_string_new(NULL);
+
+    for (gsize i = 0; i < g_variant_n_children(grants); i++) {
+        g_autoptr(GVariant) grant = g_variant_get_child_value(grants, i);
+        const char *name = NULL, *env = NULL;
+
+        if (!g_variant_lookup(grant, "name", "&s", &name))
+            continue;
+        if (text->len > 0)
+            g_string_append(text, ", ");
+        if (g_variant_lookup(grant, "env", "&s", &env))
+            g_string_append_printf(text, "%s (env %s)", name, env);
+        else
+            g_string_append(text, name);
+    }
+    return text->len > 0 ? g_string_free(g_steal_pointer(&text), FALSE) : g_strdup("none");
+}
+
+/* @agent with its "secrets" list in words, for the text form. */
+static GVariant *
+with_secrets_in_words(GVariant *agent)
+{
+    g_autoptr(GVariantDict) dict = g_variant_dict_new(agent);
+    g_autoptr(GVariant) grants =
+        g_variant_dict_lookup_value(dict, "secrets", G_VARIANT_TYPE("aa{sv}"));
+
+    if (grants != NULL) {
+        g_autofree char *words = format_secrets(grants);
+        g_variant_dict_insert(dict, "secrets", "s", words);
+    }
+    return g_variant_ref_sink(g_variant_dict_end(dict));
+}
 
 gboolean
 vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error)
@@ -38,7 +76,8 @@ vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error)
         vmctl_print_result(ctx, result, "agent", NULL);
         return TRUE;
     }
-    g_autofree char *text = vmctl_format_details(agent, agent_details, G_N_ELEMENTS(agent_details),
+    g_autoptr(GVariant) shown = with_secrets_in_words(agent);
+    g_autofree char *text = vmctl_format_details(shown, agent_details, G_N_ELEMENTS(agent_details),
                                                  g_get_real_time() / G_USEC_PER_SEC);
     fputs(text, stdout);
     return TRUE;

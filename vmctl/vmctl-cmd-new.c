@@ -52,6 +52,7 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autofree char *template_name = NULL, *cpus = NULL, *memory = NULL, *disk = NULL;
     g_autofree char *user_data_path = NULL;
     g_auto(GStrv) key_files = NULL;
+    g_auto(GStrv) secrets = NULL;
     gboolean no_wait = FALSE;
     const GOptionEntry entries[] = {
         {"template", 0, 0, G_OPTION_ARG_STRING, &template_name, "Create the agent from TEMPLATE",
@@ -65,6 +66,8 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
          "Return once the VM is started, without waiting for SSH", NULL},
         {"ssh-key", 0, 0, G_OPTION_ARG_FILENAME_ARRAY, &key_files,
          "Let the SSH public key(s) in FILE log in too, from the first boot (repeatable)", "FILE"},
+        {"secret", 0, 0, G_OPTION_ARG_STRING_ARRAY, &secrets,
+         "Grant the agent the secret NAME from the start (see 'vmctl secret'; repeatable)", "NAME"},
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(VmMessage) result = NULL;
@@ -85,6 +88,8 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
             return FALSE;
         g_variant_dict_insert(fields, "ssh_keys", "^as", keys);
     }
+    if (secrets != NULL)
+        g_variant_dict_insert(fields, "secrets", "^as", secrets);
     if (user_data_path != NULL) {
         g_autofree char *user_data = read_user_data(user_data_path, error);
         if (user_data == NULL)

@@ -12,8 +12,11 @@
 #include <string.h>
 #include <unistd.h>
 
-void
-vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx)
+/* The global options, less those whose long name one of @verb_entries (may be NULL) takes: a
+ * verb's own meaning wins after the verb (secret create --host HOST), and the global one is
+ * still there before it (vmctl --host URL secret create ...). */
+static void
+add_global_options(GOptionContext *options, VmctlContext *ctx, const GOptionEntry *verb_entries)
 {
     const GOptionEntry entries[] = {
         {"socket", 0, 0, G_OPTION_ARG_FILENAME, &ctx->socket_path,
@@ -28,7 +31,24 @@ vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx)
         G_OPTION_ENTRY_NULL,
     };
 
-    g_option_context_add_main_entries(options, entries, NULL);
+    GOptionEntry kept[G_N_ELEMENTS(entries)];
+    gsize n = 0;
+
+    for (gsize i = 0; entries[i].long_name != NULL; i++) {
+        gboolean taken = FALSE;
+        for (const GOptionEntry *e = verb_entries; e != NULL && e->long_name != NULL; e++)
+            taken = taken || strcmp(e->long_name, entries[i].long_name) == 0;
+        if (!taken)
+            kept[n++] = entries[i];
+    }
+    kept[n] = (GOptionEntry)G_OPTION_ENTRY_NULL;
+    g_option_context_add_main_entries(options, kept, NULL);
+}
+
+void
+vmctl_add_global_options(GOptionContext *options, VmctlContext *ctx)
+{
+    add_global_options(options, ctx, NULL);
 }
 
 gboolean
@@ -60,7 +80,7 @@ verb_options_new(VmctlContext *ctx, const GOptionEntry *entries, gboolean *help)
     g_option_context_set_help_enabled(options, FALSE);
     if (entries != NULL)
         g_option_context_add_main_entries(options, entries, NULL);
-    vmctl_add_global_options(options, ctx);
+    add_global_options(options, ctx, entries);
     g_option_context_add_main_entries(options, help_entries, NULL);
     return options;
 }

@@ -178,5 +178,11 @@ gboolean vmctl_cmd_forward(VmctlContext *ctx, int argc, char **argv, GError **er
 gboolean vmctl_cmd_bridge(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_mcp(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_authorize(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_secret_create(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_secret_list(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_secret_set(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_secret_rm(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_secret_grant(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_secret_revoke(VmctlContext *ctx, int argc, char **argv, GError **error);
 
 G_END_DECLS

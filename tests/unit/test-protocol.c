@@ -57,6 +57,12 @@ static const struct {
     {VM_OP_AGENT_AUTHORIZE_ADD, TRUE},
     {VM_OP_AGENT_AUTHORIZE_RM, TRUE},
     {VM_OP_AGENT_AUTHORIZE_LIST, TRUE},
+    {VM_OP_SECRET_CREATE, TRUE},
+    {VM_OP_SECRET_LIST, TRUE},
+    {VM_OP_SECRET_SET, TRUE},
+    {VM_OP_SECRET_RM, TRUE},
+    {VM_OP_SECRET_GRANT, TRUE},
+    {VM_OP_SECRET_REVOKE, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -109,6 +115,17 @@ static const struct {
                                 "'ssh-rsa AAAA b']>}"},
     {VM_OP_AGENT_AUTHORIZE_RM, "{'name': <'alice'>, 'fingerprint': <'SHA256:abc'>}"},
     {VM_OP_AGENT_AUTHORIZE_LIST, "{'name': <'alice'>}"},
+    {VM_OP_AGENT_NEW, "{'name': <'alice'>, 'secrets': <['example-api', 'gh']>}"},
+    {VM_OP_AGENT_FORK, "{'name': <'bob'>, 'source': <'alice'>, 'grants': <true>}"},
+    {VM_OP_SECRET_CREATE, "{'secret': <'example-api'>, 'hosts': <['api.example.com', "
+                          "'*.example.com']>, 'header': <'Authorization'>, "
+                          "'format': <'Bearer {}'>, 'env': <'EXAMPLE_API_KEY'>, "
+                          "'value': <b'sk-test'>}"},
+    {VM_OP_SECRET_LIST, "@a{sv} {}"},
+    {VM_OP_SECRET_SET, "{'secret': <'example-api'>, 'value': <b'sk-new'>}"},
+    {VM_OP_SECRET_RM, "{'secret': <'example-api'>, 'force': <true>}"},
+    {VM_OP_SECRET_GRANT, "{'name': <'alice'>, 'secret': <'example-api'>}"},
+    {VM_OP_SECRET_REVOKE, "{'name': <'alice'>, 'secret': <'example-api'>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -255,6 +272,12 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_AGENT_AUTHORIZE_ADD, 32);
     assert_int_equal(VM_OP_AGENT_AUTHORIZE_RM, 33);
     assert_int_equal(VM_OP_AGENT_AUTHORIZE_LIST, 34);
+    assert_int_equal(VM_OP_SECRET_CREATE, 35);
+    assert_int_equal(VM_OP_SECRET_LIST, 36);
+    assert_int_equal(VM_OP_SECRET_SET, 37);
+    assert_int_equal(VM_OP_SECRET_RM, 38);
+    assert_int_equal(VM_OP_SECRET_GRANT, 39);
+    assert_int_equal(VM_OP_SECRET_REVOKE, 40);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);
@@ -597,6 +620,22 @@ non_utf8_string(void)
                            0xff, "string");
 }
 
+/* A secret's value one byte over VM_SECRET_VALUE_MAX. */
+static GVariant *
+too_long_secret(void)
+{
+    g_autofree guint8 *bytes = g_malloc0(VM_SECRET_VALUE_MAX + 1);
+    GVariantBuilder b;
+
+    memset(bytes, 'x', VM_SECRET_VALUE_MAX + 1);
+    g_variant_builder_init(&b, G_VARIANT_TYPE_VARDICT);
+    g_variant_builder_add(&b, "{sv}", "secret", g_variant_new_string("a"));
+    g_variant_builder_add(
+        &b, "{sv}", "value",
+        g_variant_new_fixed_array(G_VARIANT_TYPE_BYTE, bytes, VM_SECRET_VALUE_MAX + 1, 1));
+    return g_variant_builder_end(&b);
+}
+
 static const BadCase bad_cases[] = {
     {"wrong top-level type", BAD_WIRE, 0, NULL, NULL, wrong_top_type},
     {"empty payload", BAD_WIRE, 0, NULL, NULL, empty_payload},
@@ -641,6 +680,16 @@ static const BadCase bad_cases[] = {
     {"window too wide", BAD_SCHEMA, VM_OP_WINDOW_SIZE, NULL,
      "{'cols': <uint32 65536>, 'rows': <uint32 1>}"},
     {"window without rows", BAD_SCHEMA, VM_OP_WINDOW_SIZE, NULL, "{'cols': <uint32 80>}"},
+    /* A secret's value is bytes, not a string (no UTF-8 rule on a credential); hostd itself
+     * refuses an empty one, with a better message than a protocol error. */
+    {"secret without value", BAD_SCHEMA, VM_OP_SECRET_CREATE, NULL,
+     "{'secret': <'a'>, 'hosts': <['h']>}"},
+    {"oversized secret value", BAD_SCHEMA, VM_OP_SECRET_SET, too_long_secret},
+    {"secret value as string", BAD_SCHEMA, VM_OP_SECRET_SET, NULL,
+     "{'secret': <'a'>, 'value': <'x'>}"},
+    {"secret without hosts", BAD_SCHEMA, VM_OP_SECRET_CREATE, NULL,
+     "{'secret': <'a'>, 'hosts': <@as []>, 'value': <b'x'>}"},
+    {"grant without agent", BAD_SCHEMA, VM_OP_SECRET_GRANT, NULL, "{'secret': <'a'>}"},
     {"exit status as uint", BAD_SCHEMA, VM_OP_EXIT, NULL, "{'status': <uint32 0>}"},
 };
 

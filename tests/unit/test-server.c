@@ -1173,6 +1173,76 @@ test_event_authorize(void **state)
     assert_int_equal(events->len, 2);
 }
 
+/* @text as a GVariant text "ay" without the NUL a bytestring literal (b'...') would add. */
+static char *
+bytes_text(const char *text)
+{
+    GString *out = g_string_new("[byte ");
+
+    for (const char *c = text; *c != '\0'; c++)
+        g_string_append_printf(out, "%s0x%02x", c == text ? "" : ", ", (guchar)*c);
+    g_string_append_c(out, ']');
+    return g_string_free(out, FALSE);
+}
+
+/* Nothing hostd logs or records about a secret carries its value: the request log and the event
+ * name the operation and the secret (and the agent of a grant), and a duplicate's failure names
+ * it too; info lists the grant by name. */
+static void
+test_secret_never_logged(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r =
+        make_agent(f, "ivan", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42327);
+    g_autofree char *live = bytes_text("sk-live-Q7xWz2");
+    g_autofree char *rotated = bytes_text("sk-rotated-P3kV9");
+    g_autofree char *create = g_strdup_printf(
+        "{'secret': <'example-api'>, 'hosts': <['api.example.com']>, 'value': <%s>}", live);
+    g_autofree char *set_fields =
+        g_strdup_printf("{'secret': <'example-api'>, 'value': <%s>}", rotated);
+
+    f->ctx->debug = TRUE;
+    g_autoptr(GPtrArray) created = converse(f, VM_OP_SECRET_CREATE, create);
+    assert_result_reply(created);
+    g_autoptr(JsonObject) event = one_new_event(f, 0);
+    assert_string_equal(member(event, "event"), "secret-create");
+    assert_string_equal(member(event, "detail"), "secret example-api");
+    g_autoptr(GPtrArray) again = converse(f, VM_OP_SECRET_CREATE, create);
+    assert_error_reply(again, VM_ERROR_EXISTS, "secret 'example-api' already exists");
+    g_autoptr(GPtrArray) granted =
+        converse(f, VM_OP_SECRET_GRANT, "{'name': <'ivan'>, 'secret': <'example-api'>}");
+    assert_result_reply(granted);
+    g_autoptr(JsonObject) grant_event = one_new_event(f, 2);
+    assert_string_equal(member(grant_event, "agent"), "ivan");
+    assert_string_equal(member(grant_event, "detail"), "secret example-api");
+    g_autoptr(GPtrArray) set = converse(f, VM_OP_SECRET_SET, set_fields);
+    assert_result_reply(set);
+    g_autoptr(GPtrArray) empty =
+        converse(f, VM_OP_SECRET_SET, "{'secret': <'example-api'>, 'value': <@ay []>}");
+    assert_error_reply(empty, VM_ERROR_INVALID_ARGUMENT, "empty secret value");
+
+    g_autoptr(GPtrArray) info = converse(f, VM_OP_AGENT_INFO, "{'name': <'ivan'>}");
+    g_autoptr(GVariant) agent = vm_message_lookup(assert_result_reply(info), "agent");
+    g_autofree char *agent_text = g_variant_print(agent, FALSE);
+    assert_non_null(strstr(agent_text, "'secrets': <[{'name': <'example-api'>, 'env': "
+                                       "<'EXAMPLE_API'>}]>"));
+    assert_null(strstr(agent_text, "vmph_"));
+
+    g_autofree char *events = events_text(f);
+    assert_null(strstr(events, "sk-live"));
+    assert_null(strstr(events, "sk-rotated"));
+    g_mutex_lock(&log_lock);
+    gboolean named = FALSE;
+    for (guint i = 0; i < log_lines->len; i++) {
+        const char *line = log_lines->pdata[i];
+        assert_null(strstr(line, "sk-live"));
+        assert_null(strstr(line, "sk-rotated"));
+        named = named || strstr(line, "secret-grant ivan secret example-api ok") != NULL;
+    }
+    g_mutex_unlock(&log_lock);
+    assert_true(named);
+}
+
 /* Requests that only read leave no event. */
 static void
 test_event_read_only(void **state)
@@ -1750,6 +1820,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_event_forward, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_read_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_authorize, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_secret_never_logged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_follow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_empty, setup, teardown),

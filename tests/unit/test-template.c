@@ -77,6 +77,7 @@ assert_defaults_except_image(const VmTemplate *t)
     assert_int_equal(t->idle_save_after_s, 1800);
     assert_strv(t->egress_allow, (const char *const[]){NULL});
     assert_strv(t->egress_deny, (const char *const[]){NULL});
+    assert_strv(t->secrets, (const char *const[]){NULL});
 }
 
 /* ---- good fixtures: each with what a user relies on it meaning ---- */
@@ -119,6 +120,7 @@ check_full(const VmTemplate *t)
     assert_strv(t->egress_allow, (const char *const[]){"deb.debian.org", "*.pypi.org:443",
                                                        "10.0.0.0/8", "[::1]:8080", NULL});
     assert_strv(t->egress_deny, (const char *const[]){"evil.example", NULL});
+    assert_strv(t->secrets, (const char *const[]){"example-api", "gh-token2", NULL});
 }
 
 static void
@@ -255,6 +257,7 @@ static const BadCase bad_cases[] = {
     {"bad-package-nested.yaml", 3, 17, "packages[1]: expected a Debian package name, got a list"},
     {"bad-root-list.yaml", 1, 1, "template: expected a mapping, got a list"},
     {"bad-root-scalar.yaml", 1, 1, "template: expected a mapping, got a scalar"},
+    {"bad-secret-name.yaml", 5, 5, "secrets[1]: 'Example_Key' is not a secret's name"},
     {"bad-sha256-not-hex.yaml", 5, 11, "image.sha256: expected 64 hex digits"},
     {"bad-sha256-short.yaml", 5, 11, "image.sha256: expected 64 hex digits"},
     {"bad-suite.yaml", 4, 10, "image.suite: 'bookworm main' is not a suite name"},

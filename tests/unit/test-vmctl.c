@@ -370,8 +370,264 @@ test_info(void **state)
                                  "virt type:       -\n"
                                  "restart:         on-crash\n"
                                  "crashes:         4\n"
-                                 "crash reason:    its QEMU died\n");
+                                 "crash reason:    its QEMU died\n"
+                                 "secrets:         -\n");
     assert_int_equal(run.status, 0);
+}
+
+/* @json without its layout (spaces and newlines outside strings that have none), newly
+ * allocated: what a test compares. */
+static char *
+json_squeezed(const char *json)
+{
+    GString *out = g_string_new(NULL);
+
+    for (const char *c = json; *c != '\0'; c++) {
+        if (*c != ' ' && *c != '\n')
+            g_string_append_c(out, *c);
+    }
+    return g_string_free(out, FALSE);
+}
+
+/* info names the agent's grants and their env vars, in one line. */
+static void
+test_info_secrets(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) json = {0};
+    const char *agent = "{'agent': <{'name': <'a1'>, 'secrets': <[{'name': <'example-api'>, "
+                        "'env': <'EXAMPLE_API_KEY'>}, {'name': <'gh'>, 'env': <'GH_TOKEN'>}]>}>}";
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, agent);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "info", "a1");
+    assert_non_null(strstr(
+        run.out, "\nsecrets:         example-api (env EXAMPLE_API_KEY), gh (env GH_TOKEN)\n"));
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, agent);
+    server_start(f);
+    run_vmctl(f, NULL, &json, "--json", "info", "a1");
+    g_autofree char *squeezed = json_squeezed(json.out);
+    assert_non_null(strstr(squeezed,
+                           "\"secrets\":[{\"name\":\"example-api\",\"env\":"
+                           "\"EXAMPLE_API_KEY\"},{\"name\":\"gh\",\"env\":\"GH_TOKEN\"}]"));
+    assert_int_equal(json.status, 0);
+}
+
+/* The usage errors of `secret`: exit 2, nothing sent, and never the value in a message. */
+static void
+test_secret_usage_errors(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *input;
+        const char *args[7];
+        const char *err;
+    } cases[] = {
+        {"",
+         {"secret"},
+         "vmctl: 'secret' needs a subcommand: create, list, set, rm, grant, revoke; see 'vmctl "
+         "help'\n"},
+        {"v\n",
+         {"secret", "create", "s"},
+         "vmctl: missing --host: where may the secret go?; see 'vmctl secret create --help'\n"},
+        {"", {"secret", "create", "s", "--host", "api.example.com"}, "vmctl: empty secret value\n"},
+        {"\n",
+         {"secret", "create", "s", "--host", "api.example.com"},
+         "vmctl: empty secret value\n"},
+        {"\r\n", {"secret", "set", "s"}, "vmctl: empty secret value\n"},
+        {"sk-1\n",
+         {"secret", "create", "s", "sk-1", "--host", "h"},
+         "vmctl: unexpected argument 'sk-1'; see 'vmctl secret create --help'\n"},
+        {"",
+         {"secret", "grant", "a1"},
+         "vmctl: missing AGENT NAME; see 'vmctl secret grant --help'\n"},
+        {"",
+         {"secret", "revoke", "A1", "s"},
+         "vmctl: invalid name 'A1': must start with a lower-case letter a-z\n"},
+        {"", {"secret", "rm"}, "vmctl: missing NAME; see 'vmctl secret rm --help'\n"},
+        {"",
+         {"secret", "list", "x"},
+         "vmctl: unexpected argument 'x'; see 'vmctl secret list --help'\n"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+        run_vmctl_argv(f, cases[i].input, cases[i].args, &run);
+        assert_string_equal(run.err, cases[i].err);
+        assert_string_equal(run.out, "");
+        assert_int_equal(run.status, 2);
+    }
+    /* Too long: refused before anything is sent. */
+    g_autofree char *big = g_strnfill(VM_SECRET_VALUE_MAX + 1, 'x');
+    g_auto(Run) run = {0};
+    run_vmctl(f, big, &run, "secret", "set", "s");
+    assert_int_equal(run.status, 2);
+    assert_null(strstr(run.err, "xxxx"));
+}
+
+/* create sends the value in the request's body, one trailing newline less, and prints nothing. */
+static void
+test_secret_create(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_autofree char *path = g_build_filename(f->tmpdir, "value", NULL);
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'secret': <{'name': <'example-api'>}>}");
+    server_start(f);
+    run_vmctl(f, "sk-live-1\n", &run, "secret", "create", "example-api", "--host",
+              "api.example.com", "--host", "*.example.com", "--header", "X-Api-Key", "--format",
+              "{}", "--env", "EXAMPLE_API_KEY");
+    assert_request(f, VM_OP_SECRET_CREATE);
+    VmMessage *request = f->hostd->request;
+    gsize len = 0;
+    const guint8 *value = vm_message_get_data(request, "value", &len);
+    assert_int_equal(len, strlen("sk-live-1"));
+    assert_memory_equal(value, "sk-live-1", len);
+    g_auto(GStrv) hosts = vm_message_dup_strv(request, "hosts");
+    assert_int_equal(g_strv_length(hosts), 2);
+    assert_string_equal(hosts[1], "*.example.com");
+    assert_string_equal(vm_message_get_string(request, "secret", NULL), "example-api");
+    assert_string_equal(vm_message_get_string(request, "header", NULL), "X-Api-Key");
+    assert_string_equal(vm_message_get_string(request, "format", NULL), "{}");
+    assert_string_equal(vm_message_get_string(request, "env", NULL), "EXAMPLE_API_KEY");
+    assert_string_equal(run.out, "");
+    assert_string_equal(run.err, "");
+    assert_int_equal(run.status, 0);
+
+    /* --from-file, defaults left to hostd; only one newline goes. */
+    g_auto(Run) set = {0};
+    assert_true(g_file_set_contents(path, "sk-2\n\n", -1, NULL));
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'secret': <{'name': <'example-api'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &set, "secret", "set", "example-api", "--from-file", path);
+    assert_request(f, VM_OP_SECRET_SET);
+    value = vm_message_get_data(f->hostd->request, "value", &len);
+    assert_int_equal(len, strlen("sk-2\n"));
+    assert_memory_equal(value, "sk-2\n", len);
+    assert_int_equal(set.status, 0);
+    assert_string_equal(set.out, "");
+}
+
+/* list: a table with the lists in words, or the JSON of the contract; never a value. */
+static void
+test_secret_list(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) json = {0};
+    const char *secrets =
+        "{'secrets': <[{'name': <'example-api'>, 'hosts': <['api.example.com', '*.example.com']>,"
+        " 'header': <'Authorization'>, 'format': <'Bearer {}'>, 'env': <'EXAMPLE_API'>,"
+        " 'agents': <['a1', 'a2']>}, {'name': <'gh'>, 'hosts': <['api.github.com']>,"
+        " 'header': <'Authorization'>, 'format': <'token {}'>, 'env': <'GH'>,"
+        " 'agents': <@as []>}]>}";
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, secrets);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "secret", "list");
+    assert_request(f, VM_OP_SECRET_LIST);
+    assert_non_null(strstr(run.out, "NAME"));
+    assert_non_null(strstr(run.out, "api.example.com, *.example.com"));
+    assert_non_null(strstr(run.out, "a1, a2"));
+    assert_int_equal(run.status, 0);
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, secrets);
+    server_start(f);
+    run_vmctl(f, NULL, &json, "secret", "list", "--json");
+    g_autofree char *squeezed = json_squeezed(json.out);
+    assert_non_null(strstr(squeezed, "\"agents\":[\"a1\",\"a2\"]"));
+    assert_non_null(strstr(squeezed, "\"hosts\":[\"api.example.com\",\"*.example.com\"]"));
+    assert_non_null(strstr(squeezed, "\"agents\":[]"));
+    assert_null(strstr(squeezed, "value"));
+}
+
+/* grant, revoke and rm send what they name; hostd's refusals keep their exit statuses. */
+static void
+test_secret_grant_rm(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        VmErrorCode code;
+        int status;
+    } refusals[] = {
+        {VM_ERROR_INVALID_ARGUMENT, 2},
+        {VM_ERROR_NOT_FOUND, 3},
+        {VM_ERROR_EXISTS, 4},
+        {VM_ERROR_BAD_STATE, 5},
+    };
+    g_auto(Run) grant = {0};
+    g_auto(Run) rm = {0};
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'secrets': <[{'name': <'s'>, 'env': <'S'>}]>}");
+    server_start(f);
+    run_vmctl(f, NULL, &grant, "secret", "grant", "a1", "s");
+    assert_request(f, VM_OP_SECRET_GRANT);
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", NULL), "a1");
+    assert_string_equal(vm_message_get_string(f->hostd->request, "secret", NULL), "s");
+    assert_string_equal(grant.out, "");
+    assert_int_equal(grant.status, 0);
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'revoked': <['a1']>}");
+    server_start(f);
+    run_vmctl(f, NULL, &rm, "secret", "rm", "--force", "s");
+    assert_request(f, VM_OP_SECRET_RM);
+    assert_true(vm_message_get_bool(f->hostd->request, "force", FALSE));
+    assert_int_equal(rm.status, 0);
+
+    for (gsize i = 0; i < G_N_ELEMENTS(refusals); i++) {
+        g_auto(Run) run = {0};
+        g_ptr_array_set_size(f->hostd->replies, 0);
+        reply_error(f, refusals[i].code, "refused");
+        server_start(f);
+        run_vmctl(f, NULL, &run, "secret", "revoke", "a1", "s");
+        assert_string_equal(run.err, "vmctl: refused\n");
+        assert_int_equal(run.status, refusals[i].status);
+    }
+}
+
+/* new --secret (repeatable) and fork --grants reach hostd; without --grants a fork asks none. */
+static void
+test_new_fork_secrets(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) fork = {0};
+    g_auto(Run) plain = {0};
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>, 'state': <'running'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "new", "a1", "--secret", "example-api", "--secret", "gh");
+    assert_request(f, VM_OP_AGENT_NEW);
+    g_auto(GStrv) secrets = vm_message_dup_strv(f->hostd->request, "secrets");
+    assert_int_equal(g_strv_length(secrets), 2);
+    assert_string_equal(secrets[0], "example-api");
+    assert_string_equal(secrets[1], "gh");
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'b1'>}>, 'checkpoint': <'c1'>}");
+    server_start(f);
+    run_vmctl(f, NULL, &fork, "fork", "a1", "b1", "--grants");
+    assert_request(f, VM_OP_AGENT_FORK);
+    assert_true(vm_message_get_bool(f->hostd->request, "grants", FALSE));
+    assert_int_equal(fork.status, 0);
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'b2'>}>, 'checkpoint': <'c1'>}");
+    server_start(f);
+    run_vmctl(f, NULL, &plain, "fork", "a1", "b2");
+    assert_request(f, VM_OP_AGENT_FORK);
+    assert_null(vm_message_lookup(f->hostd->request, "grants"));
 }
 
 static void
@@ -1695,6 +1951,12 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_not_running, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_info_secrets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_secret_usage_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_secret_create, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_secret_list, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_secret_grant_rm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_fork_secrets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_many, setup, teardown),
