@@ -18,12 +18,16 @@
 /* Handshakes under way to one agent at once: the guest's sshd drops unauthenticated
  * connections past its MaxStartups (10 by default) at random, so many concurrent execs queue
  * for a slot instead of failing. */
-#define POOL_CONNECTING_MAX     4
-#define POOL_CONNECTING_WAIT_S  120 /* the longest an exec waits for a slot */
-#define EXEC_CONNECT_ATTEMPTS   3   /* a fresh connection for an exec dropped early is retried */
-#define READY_ATTEMPT_TIMEOUT_S 5   /* one readiness attempt: TCP connect, banner, kex, auth */
-#define EXEC_CONNECT_TIMEOUT_S  15  /* a fresh connection for an exec, guest already up */
-#define SESSION_TIMEOUT_S       30  /* blocking calls on an established session */
+#define POOL_CONNECTING_MAX 4
+/* An exec waits for a slot as long as handshakes to the agent keep ending, at most
+ * POOL_CONNECTING_IDLE_S without one ending (a guest that stopped answering) and
+ * POOL_CONNECTING_WAIT_S in all: a slow guest with many execs queued is slow, not broken. */
+#define POOL_CONNECTING_IDLE_S  120
+#define POOL_CONNECTING_WAIT_S  600
+#define EXEC_CONNECT_ATTEMPTS   3  /* a fresh connection for an exec dropped early is retried */
+#define READY_ATTEMPT_TIMEOUT_S 5  /* one readiness attempt: TCP connect, banner, kex, auth */
+#define EXEC_CONNECT_TIMEOUT_S  15 /* a fresh connection for an exec, guest already up */
+#define SESSION_TIMEOUT_S       30 /* blocking calls on an established session */
 #define READY_RETRY_USEC        G_USEC_PER_SEC
 #define RELAY_POLL_MS           50
 #define RELAY_BURST_CHUNKS      16 /* output chunks per stream before looking at the client */
@@ -57,6 +61,7 @@ struct HostdSshPool {
     GCond slot_freed;
     GHashTable *entries;    /* agent -> PoolEntry */
     GHashTable *connecting; /* agent -> handshakes under way (GUINT_TO_POINTER); not forgotten */
+    GHashTable *handshakes_ended; /* agent -> how many ended (GUINT_TO_POINTER): progress */
     guint64 last_generation;
     gint connections_opened;
 };
@@ -87,6 +92,7 @@ hostd_ssh_pool_new(void)
     g_mutex_init(&pool->lock);
     pool->entries = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, pool_entry_free);
     pool->connecting = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    pool->handshakes_ended = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     g_cond_init(&pool->slot_freed);
     return pool;
 }
@@ -98,6 +104,7 @@ hostd_ssh_pool_free(HostdSshPool *pool)
         return;
     g_hash_table_unref(pool->entries);
     g_hash_table_unref(pool->connecting);
+    g_hash_table_unref(pool->handshakes_ended);
     g_cond_clear(&pool->slot_freed);
     g_mutex_clear(&pool->lock);
     g_free(pool);
@@ -199,17 +206,25 @@ hostd_ssh_pool_get_idle_count(HostdSshPool *pool, const char *agent)
     return entry != NULL ? g_queue_get_length(&entry->idle) : 0;
 }
 
-/* Waits for one of @agent's POOL_CONNECTING_MAX handshake slots; FALSE when none came free in
- * POOL_CONNECTING_WAIT_S. */
+/* Waits for one of @agent's POOL_CONNECTING_MAX handshake slots; FALSE when none came free and
+ * no handshake to the agent ended for POOL_CONNECTING_IDLE_S, or after POOL_CONNECTING_WAIT_S. */
 static gboolean
 pool_slot_take(HostdSshPool *pool, const char *agent)
 {
     g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
-    gint64 deadline = g_get_monotonic_time() + POOL_CONNECTING_WAIT_S * G_USEC_PER_SEC;
+    gint64 now = g_get_monotonic_time();
+    gint64 give_up = now + POOL_CONNECTING_WAIT_S * G_USEC_PER_SEC;
+    gint64 deadline = now + POOL_CONNECTING_IDLE_S * G_USEC_PER_SEC;
+    gpointer ended = g_hash_table_lookup(pool->handshakes_ended, agent);
 
     while (GPOINTER_TO_UINT(g_hash_table_lookup(pool->connecting, agent)) >= POOL_CONNECTING_MAX) {
-        if (!g_cond_wait_until(&pool->slot_freed, &pool->lock, deadline))
+        if (!g_cond_wait_until(&pool->slot_freed, &pool->lock, MIN(deadline, give_up)))
             return FALSE;
+        gpointer now_ended = g_hash_table_lookup(pool->handshakes_ended, agent);
+        if (now_ended != ended) {
+            ended = now_ended;
+            deadline = g_get_monotonic_time() + POOL_CONNECTING_IDLE_S * G_USEC_PER_SEC;
+        }
     }
     guint n = GPOINTER_TO_UINT(g_hash_table_lookup(pool->connecting, agent));
     g_hash_table_insert(pool->connecting, g_strdup(agent), GUINT_TO_POINTER(n + 1));
@@ -222,10 +237,14 @@ pool_slot_give(HostdSshPool *pool, const char *agent)
     g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
     guint n = GPOINTER_TO_UINT(g_hash_table_lookup(pool->connecting, agent));
 
+    guint ended = GPOINTER_TO_UINT(g_hash_table_lookup(pool->handshakes_ended, agent));
+
     if (n <= 1)
         g_hash_table_remove(pool->connecting, agent);
     else
         g_hash_table_insert(pool->connecting, g_strdup(agent), GUINT_TO_POINTER(n - 1));
+    /* Wraps after 2^32 handshakes: only a change is looked at. */
+    g_hash_table_insert(pool->handshakes_ended, g_strdup(agent), GUINT_TO_POINTER(ended + 1));
     g_cond_broadcast(&pool->slot_freed);
 }
 
@@ -712,8 +731,9 @@ exec_connect(HostdSshPool *pool, const HostdSshTarget *target, GError **error)
 {
     if (!pool_slot_take(pool, target->agent))
         return vm_throw(error, VM_ERROR_BUSY,
-                        "agent '%s': no SSH connection slot came free within %d s", target->agent,
-                        POOL_CONNECTING_WAIT_S),
+                        "agent '%s': no SSH connection slot came free (no handshake ended "
+                        "for %d s, or %d s in all)",
+                        target->agent, POOL_CONNECTING_IDLE_S, POOL_CONNECTING_WAIT_S),
                NULL;
     ssh_session fresh = NULL;
     for (guint attempt = 1;; attempt++) {
