@@ -298,8 +298,8 @@ static guint64
 client_get(Client *c, const char *target)
 {
     g_autofree char *req =
-        g_strdup_printf("GET %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", target,
-                        c->host, c->token);
+        g_strdup_printf("GET %s HTTP/1.1\r\nHost: %s:%u\r\nAuthorization: Bearer %s\r\n\r\n",
+                        target, c->host, upstream_port, c->token);
     g_autofree char *chunk = g_malloc(CHUNK);
     g_autofree char *head = NULL;
     g_autofree char *length = NULL;
