@@ -195,6 +195,9 @@ vm_egress_credentials_intercepts(VmEgressCredentials *creds, const char *host)
 static const Grant *
 find_placeholder(VmEgressCredentials *creds, const char *data, gsize len)
 {
+    /* No bytes may come as a NULL pointer, which memmem() must not get. */
+    if (len == 0)
+        return NULL;
     for (guint i = 0; i < creds->grants->len; i++) {
         const Grant *grant = g_ptr_array_index(creds->grants, i);
 

@@ -47,6 +47,9 @@ make_creds(void)
 static gboolean
 has_placeholder(const guint8 *data, gsize len)
 {
+    /* An empty GByteArray's data is NULL, which memmem() must not get. */
+    if (len == 0)
+        return FALSE;
     for (gsize i = 0; i < G_N_ELEMENTS(placeholders); i++)
         if (memmem(data, len, placeholders[i], strlen(placeholders[i])) != NULL)
             return TRUE;
