@@ -23,6 +23,7 @@
 #include "vm-egress-credential.h"
 #include "vm-egress-proxy.h"
 #include "vm-error.h"
+#include "bench-net.h"
 
 #include <gnutls/gnutls.h>
 
@@ -197,15 +198,11 @@ upstream_thread(gpointer data)
 static guint16
 upstream_start(void)
 {
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    guint16 port;
+    int fd = bench_listen_loopback(&port);
 
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sin, len) < 0 || listen(fd, 128) < 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) < 0)
-        g_error("cannot start the loopback upstream");
     g_thread_unref(g_thread_new("upstream-accept", upstream_thread, GINT_TO_POINTER(fd)));
-    return ntohs(sin.sin_port);
+    return port;
 }
 
 /* --- the client --------------------------------------------------------------------------------
@@ -218,20 +215,6 @@ typedef struct {
     const char *token; /* what it sends in Authorization */
     GString *buf;      /* bytes read past the last response */
 } Client;
-
-static int
-dial(guint16 port)
-{
-    struct sockaddr_in sin = {
-        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0)
-        g_error("cannot connect to 127.0.0.1:%u", port);
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-}
 
 /* Sends CONNECT @host to the proxy on @fd and reads its answer, which must be a 200. The answer
  * is read a byte at a time: nothing past it may be taken from the TLS that follows. */
@@ -266,7 +249,7 @@ client_open(Path path)
     c->host = path == PATH_INTERCEPTED ? HOST_INTERCEPTED : HOST_TUNNEL;
     c->token = path == PATH_INTERCEPTED ? PLACEHOLDER : SECRET_VALUE;
     c->buf = g_string_new(NULL);
-    c->fd = dial(path == PATH_DIRECT ? upstream_port : proxy_port);
+    c->fd = bench_dial_loopback(path == PATH_DIRECT ? upstream_port : proxy_port);
     if (path != PATH_DIRECT)
         proxy_connect(c->fd, c->host);
     gnutls_init(&c->session, GNUTLS_CLIENT);

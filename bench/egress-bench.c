@@ -11,6 +11,7 @@
  * Usage: egress-bench [MIB] [CONNECTIONS] [HELPER]   (defaults 512, 200, and the helper next to
  * this program in the build tree); prints one line per figure. Everything stays on 127.0.0.1. */
 #include "vm-egress-proxy.h"
+#include "bench-net.h"
 
 #include <glib/gstdio.h>
 
@@ -94,31 +95,9 @@ server_thread(gpointer data)
 static void
 server_start(Server *server, gboolean echo)
 {
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-
     server->echo = echo;
-    server->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (server->listen_fd < 0 || bind(server->listen_fd, (struct sockaddr *)&sin, len) < 0 ||
-        listen(server->listen_fd, 128) < 0 ||
-        getsockname(server->listen_fd, (struct sockaddr *)&sin, &len) < 0)
-        g_error("cannot start a loopback server");
-    server->port = ntohs(sin.sin_port);
+    server->listen_fd = bench_listen_loopback(&server->port);
     g_thread_unref(g_thread_new("server", server_thread, server));
-}
-
-static int
-dial(guint16 port)
-{
-    struct sockaddr_in sin = {
-        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0)
-        g_error("cannot connect to 127.0.0.1:%u", port);
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
 }
 
 /* The guest's end of a new connection whose other end the helper (when @helper is set) or this
@@ -164,8 +143,8 @@ open_to(Path path, guint16 port, const char *helper)
     int fd;
 
     if (path == PATH_DIRECT)
-        return dial(port);
-    fd = path == PATH_TCP ? dial(tcp_port) : guest_connection(helper);
+        return bench_dial_loopback(port);
+    fd = path == PATH_TCP ? bench_dial_loopback(tcp_port) : guest_connection(helper);
     req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", port);
     if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req))
         g_error("send failed");
