@@ -23,7 +23,7 @@
 #include "vm-egress-credential.h"
 #include "vm-egress-proxy.h"
 #include "vm-error.h"
-#include "bench-net.h"
+#include "bench-common.h"
 
 #include <gnutls/gnutls.h>
 
@@ -318,21 +318,6 @@ client_get(Client *c, const char *target)
 /* --- figures -----------------------------------------------------------------------------------
  */
 
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static double
-median(double *values, guint n)
-{
-    qsort(values, n, sizeof(double), cmp_double);
-    return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 /* Downloads @mib MiB on a new connection; MiB/s from the request to the last byte. */
 static double
 download(Path path, guint mib)
@@ -509,28 +494,28 @@ main(int argc, char **argv)
     printf("download of %u MiB (median of %d):\n", mib, ROUNDS);
     for (int p = 0; p < N_PATHS; p++)
         printf("  %-15s %7.0f MiB/s  ratio to the tunnel %.2fx\n", path_names[p],
-               median(mibs[p], ROUNDS), median(mib_ratio[p], ROUNDS));
+               bench_median(mibs[p], ROUNDS), bench_median(mib_ratio[p], ROUNDS));
     printf("ratio intercepted/tunnel download %.2fx (goal >= 0.80)\n",
-           median(mib_ratio[PATH_INTERCEPTED], ROUNDS));
+           bench_median(mib_ratio[PATH_INTERCEPTED], ROUNDS));
     printf("keep-alive requests (%u per round on one connection, median of %d rounds):\n",
            per_round, ROUNDS);
     {
-        double direct = median(req_us[PATH_DIRECT], per_round * ROUNDS);
+        double direct = bench_median(req_us[PATH_DIRECT], per_round * ROUNDS);
 
         for (int p = 0; p < N_PATHS; p++) {
-            double us = median(req_us[p], per_round * ROUNDS);
+            double us = bench_median(req_us[p], per_round * ROUNDS);
 
             printf("  %-15s %7.0f requests/s  ratio to direct %.2fx  %5.0f us per request "
                    "(+%.0f us)\n",
-                   path_names[p], median(rps[p], ROUNDS), median(rps_ratio[p], ROUNDS), us,
-                   us - direct);
+                   path_names[p], bench_median(rps[p], ROUNDS), bench_median(rps_ratio[p], ROUNDS),
+                   us, us - direct);
         }
     }
     printf("new connection to its first answer (median of %u):\n", conns);
     {
-        double direct = median(conn_us[PATH_DIRECT], conns);
-        double tunnel = median(conn_us[PATH_TUNNEL], conns);
-        double intercepted = median(conn_us[PATH_INTERCEPTED], conns);
+        double direct = bench_median(conn_us[PATH_DIRECT], conns);
+        double tunnel = bench_median(conn_us[PATH_TUNNEL], conns);
+        double intercepted = bench_median(conn_us[PATH_INTERCEPTED], conns);
 
         printf("  direct %.0f us | tunnel %.0f us | intercepted %.0f us\n", direct, tunnel,
                intercepted);

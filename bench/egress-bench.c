@@ -11,7 +11,7 @@
  * Usage: egress-bench [MIB] [CONNECTIONS] [HELPER]   (defaults 512, 200, and the helper next to
  * this program in the build tree); prints one line per figure. Everything stays on 127.0.0.1. */
 #include "vm-egress-proxy.h"
-#include "bench-net.h"
+#include "bench-common.h"
 
 #include <glib/gstdio.h>
 
@@ -204,21 +204,6 @@ throughput(Path path, guint mib, double *ret_cpu)
     return mib / ((g_get_monotonic_time() - start) / 1e6);
 }
 
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static double
-median(double *values, guint n)
-{
-    qsort(values, n, sizeof(double), cmp_double);
-    return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 /* Microseconds for connect (+ hand-over + CONNECT) + one byte echoed. */
 static double
 latency_once(Path path, guint16 echo_port, const char *helper)
@@ -311,15 +296,16 @@ main(int argc, char **argv)
     printf("egress throughput (%u MiB in %d rounds, medians):\n", round_mib * ROUNDS, ROUNDS);
     for (int p = 0; p < N_PATHS; p++)
         printf("  %-20s %6.0f MiB/s  cpu %.2f s/GiB  ratio %.2fx\n", path_names[p],
-               median(mibs[p], ROUNDS), median(cpu[p], ROUNDS), median(ratio[p], ROUNDS));
+               bench_median(mibs[p], ROUNDS), bench_median(cpu[p], ROUNDS),
+               bench_median(ratio[p], ROUNDS));
     printf("ratio proxy/direct throughput %.2fx (guest path; goal >= 0.80)\n",
-           median(ratio[PATH_GUEST], ROUNDS));
+           bench_median(ratio[PATH_GUEST], ROUNDS));
     printf("connection latency (median of %u, connect + CONNECT + 1-byte echo):\n", conns);
     {
-        double direct = median(lat[PATH_DIRECT], conns);
-        double guest = median(lat[PATH_GUEST], conns);
-        double tcp = median(lat[PATH_TCP], conns);
-        double spawned = median(lat[N_PATHS], conns);
+        double direct = bench_median(lat[PATH_DIRECT], conns);
+        double guest = bench_median(lat[PATH_GUEST], conns);
+        double tcp = bench_median(lat[PATH_TCP], conns);
+        double spawned = bench_median(lat[N_PATHS], conns);
 
         printf("  direct %.0f us | proxy (TCP) %.0f us | proxy (hand-over) %.0f us | "
                "proxy (helper spawned, as QEMU does) %.0f us\n",

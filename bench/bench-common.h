@@ -1,5 +1,5 @@
-/* Loopback sockets of the benchmarks. A bench that cannot get one has nothing to measure, so
- * these abort it (g_error) instead of returning an error. */
+/* What the benchmarks share: loopback sockets, which abort the bench (g_error) when it cannot
+ * get one, as it then has nothing to measure, and the median of its figures. */
 #pragma once
 
 #include <glib.h>
@@ -11,5 +11,8 @@ int bench_listen_loopback(guint16 *ret_port);
 
 /* A TCP connection to 127.0.0.1:@port, with Nagle off: the benches time small requests. */
 int bench_dial_loopback(guint16 port);
+
+/* The median of the @n (> 0) @values, which it sorts in place. */
+double bench_median(double *values, guint n);
 
 G_END_DECLS

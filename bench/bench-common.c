@@ -1,9 +1,10 @@
-/* Loopback sockets of the benchmarks; see bench-net.h. */
-#include "bench-net.h"
+/* What the benchmarks share; see bench-common.h. */
+#include "bench-common.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 
 int
@@ -32,4 +33,19 @@ bench_dial_loopback(guint16 port)
         g_error("cannot connect to 127.0.0.1:%u", port);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
+}
+
+static int
+cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+double
+bench_median(double *values, guint n)
+{
+    qsort(values, n, sizeof(double), cmp_double);
+    return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
