@@ -89,6 +89,14 @@ vm_test_tls_client_hello(const char *server_name)
     return g_byte_array_free_to_bytes(sent);
 }
 
+void
+vm_test_egress_wait_idle(VmEgressProxy *proxy)
+{
+    for (int i = 0; i < 500 && vm_egress_proxy_get_n_connections(proxy) > 0; i++)
+        g_usleep(10 * 1000);
+    assert_int_equal(vm_egress_proxy_get_n_connections(proxy), 0);
+}
+
 struct VmTestEgressLog {
     GMutex lock;
     GCond cond;

@@ -25,6 +25,9 @@ GArray *vm_test_egress_resolve(const char *host, gpointer counter, GError **erro
  * Fails the test when GnuTLS cannot make one. */
 GBytes *vm_test_tls_client_hello(const char *server_name);
 
+/* Waits up to 5 s for @proxy to have no connection left; fails the test when one stays. */
+void vm_test_egress_wait_idle(VmEgressProxy *proxy);
+
 /* One record of a VmTestEgressLog: copies of the VmEgressRecord fields the tests look at. */
 typedef struct {
     VmEgressRecordKind kind;

@@ -521,14 +521,6 @@ client_get_ok(Client *c, const char *header)
         fail_msg("response: %s", response->str);
 }
 
-static void
-wait_idle(Fixture *f)
-{
-    for (int i = 0; i < 500 && vm_egress_proxy_get_n_connections(f->proxy) > 0; i++)
-        g_usleep(10 * 1000);
-    assert_int_equal(vm_egress_proxy_get_n_connections(f->proxy), 0);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Tests */
 
@@ -570,7 +562,7 @@ test_substituted(void **state)
         assert_string_equal(record->reason, "completed");
         assert_true(record->bytes_up > 0);
     }
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* set_credentials() takes effect at the next request of an open connection: a rotated value, a
@@ -603,7 +595,7 @@ test_rotation_and_revoke(void **state)
     rest = client_read_until(c, NULL, &eof);
     assert_true(eof);
     client_close(c);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* The destination closing an idle kept-alive connection closes the guest's, which then opens a
@@ -628,7 +620,7 @@ test_upstream_closes_idle(void **state)
     client_get_ok(c, "Authorization: Bearer " PH_API);
     client_close(c);
     assert_string_equal(vm_test_egress_log_wait(f->log, 1)->secret, "api");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* A host that no grant names keeps the plain tunnel: the client talks TLS with the upstream
@@ -655,7 +647,7 @@ test_no_grant_tunnels(void **state)
     assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
     assert_null(record->secret);
     assert_string_equal(record->reason, "closed");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* A policy change that refuses the host closes an intercepted connection, as it does a tunnel. */
@@ -676,7 +668,7 @@ test_policy_change_closes(void **state)
     assert_true(eof);
     assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
     client_close(c);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Responses without a body (HEAD, 204, 304) leave the connection ready for the next request, an
@@ -720,7 +712,7 @@ test_response_framings(void **state)
     g_mutex_lock(&f->upstream->lock);
     assert_int_equal(f->upstream->connections, 1);
     g_mutex_unlock(&f->upstream->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Freeing the proxy ends open intercepted connections promptly, mid-response included. */
@@ -771,7 +763,7 @@ test_streamed_response(void **state)
     client_get_ok(c, "X-Api-Key: " PH_KEY);
     client_close(c);
     assert_string_equal(vm_test_egress_log_wait(f->log, 0)->secret, "api");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Bodies go up whole: one held until checked, one past the hold that streams, one after the
@@ -823,7 +815,7 @@ test_request_bodies(void **state)
     g_mutex_lock(&f->upstream->lock);
     assert_int_equal(f->upstream->connections, 1);
     g_mutex_unlock(&f->upstream->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* A guest that does not trust the agent's CA: its handshake fails, logged, nothing goes up. */
@@ -861,7 +853,7 @@ test_guest_distrusts(void **state)
     g_mutex_lock(&f->upstream->lock);
     assert_int_equal(f->upstream->received->len, 0);
     g_mutex_unlock(&f->upstream->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* An upstream whose certificate the proxy does not trust: the request fails before the guest's
@@ -885,7 +877,7 @@ test_untrusted_upstream(void **state)
     assert_int_equal(f->untrusted->received->len, 0);
     assert_int_equal(f->untrusted->handshakes, 0);
     g_mutex_unlock(&f->untrusted->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Each leak on a connection that first carried a good request: refused, logged with its
@@ -937,7 +929,7 @@ test_leaks_refused(void **state)
         assert_string_equal(record->reason, cases[i].reason);
         assert_int_equal(record->bytes_up, 0);
         client_close(c);
-        wait_idle(f);
+        vm_test_egress_wait_idle(f->proxy);
         after = upstream_dup_received(f->upstream);
         assert_string_equal(before, after);
     }
@@ -966,7 +958,7 @@ test_plain_http_leak(void **state)
     g_mutex_lock(&f->upstream->lock);
     assert_int_equal(f->upstream->connections, 0);
     g_mutex_unlock(&f->upstream->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Whether the @len bytes at @data are the bulk body's from offset @at. */
@@ -1043,7 +1035,7 @@ test_bulk_download(void **state)
     double t_tunnel;
 
     client_close(intercepted);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     tunnel = client_open_to(f, "127.0.0.1", upstream_ca);
     double cpu2 = cpu_seconds();
     t_tunnel = download_bulk(tunnel);
@@ -1054,7 +1046,7 @@ test_bulk_download(void **state)
                   BULK_SIZE >> 20, (BULK_SIZE >> 20) / t_intercepted, cpu1 - cpu0,
                   (BULK_SIZE >> 20) / t_tunnel, cpu3 - cpu2, t_tunnel / t_intercepted);
     assert_string_equal(vm_test_egress_log_wait(f->log, 0)->reason, "completed");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* A guest that goes away in the middle of a large download: the proxy stops, logs how it ended,
@@ -1082,7 +1074,7 @@ test_bulk_abandoned(void **state)
     assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
     assert_string_equal(record->secret, "api");
     assert_string_equal(record->reason, "reset");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 int

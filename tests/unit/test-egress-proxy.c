@@ -165,14 +165,6 @@ assert_echo(int fd, GBytes *data)
     assert_memory_equal(back, bytes, len);
 }
 
-static void
-wait_idle(Fixture *f)
-{
-    for (int i = 0; i < 500 && vm_egress_proxy_get_n_connections(f->proxy) > 0; i++)
-        g_usleep(10 * 1000);
-    assert_int_equal(vm_egress_proxy_get_n_connections(f->proxy), 0);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Allowed */
 
@@ -478,7 +470,7 @@ test_pipelined_other_host_refused(void **state)
         assert_int_equal(g_atomic_int_get(&other->connections), 0);
         assert_int_equal(g_atomic_int_get(&other->bytes), 0);
     }
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     vm_test_sink_free(other);
 }
 
@@ -518,7 +510,7 @@ test_pipelined_allowed(void **state)
         assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
         assert_string_equal(record->host, i < 2 ? "sink.test" : "127.0.0.1");
     }
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     vm_test_sink_free(other);
 }
 
@@ -589,7 +581,7 @@ test_bad_chunked_body(void **state)
     assert_null(strstr(back->str, "other.test"));
     assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
     assert_string_equal(record->reason, "bad-request");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     /* one record: the bytes after the broken chunk were never read as a request */
     assert_int_equal(vm_test_egress_log_count(f->log), 1);
 }
@@ -777,7 +769,7 @@ test_ports(void **state)
             fail_msg("case %zu (%s): status %d, %s", i, req, status, record->reason);
     }
     assert_int_equal(g_atomic_int_get(&other->connections), 0);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     vm_test_sink_free(other);
 }
 
@@ -893,7 +885,7 @@ test_too_many_connections(void **state)
     close(a);
     close(b);
     close(c);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
     assert_int_equal(request_status(f, req), 200);
 }
@@ -969,7 +961,7 @@ test_never_hangs(void **state)
         vm_test_send_text(fd, "CONNECT sink.te");
         close(fd);
     }
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     assert_int_equal(g_atomic_int_get(&f->sink->connections), 0);
 }
 
@@ -1190,7 +1182,7 @@ test_unix_handover(void **state)
     assert_string_equal(response->str, "HTTP/1.1 200 Connection established\r\n\r\n");
     assert_bulk_echo(sv[0], 3 * 1024 * 1024);
     close(sv[0]);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     assert_int_equal(vm_test_egress_log_wait(f->log, 0)->kind, VM_EGRESS_RECORD_ALLOWED);
     unix_fixture_end(f, g_steal_pointer(&dir), path);
 }
@@ -1214,7 +1206,7 @@ test_unix_plain(void **state)
     echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, NULL);
     assert_string_equal(echo->str, "ping");
     close(fd);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     unix_fixture_end(f, g_steal_pointer(&dir), path);
 }
 
@@ -1262,7 +1254,7 @@ test_unix_bad_handover(void **state)
     close(dg[0]);
     close(dg[1]);
     assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     unix_fixture_end(f, g_steal_pointer(&dir), path);
 }
 
