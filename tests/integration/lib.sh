@@ -96,3 +96,18 @@ netns_del() {
   ip netns del "$1" 2>/dev/null
   ip link del "$2" 2>/dev/null
 }
+
+# netns_suite_cleanup: the end of the cleanup of a suite with a test network, once its agents are
+# removed and hostd stopped: no domain, process of PIDS or test network (NS, VH) outlives the
+# suite; after a failure, or when no test ran, the tail of hostd's log; then the state dir goes.
+netns_suite_cleanup() {
+  local p
+  destroy_leftover_domains
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  netns_del "$NS" "$VH"
+  if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
+    diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"
+  fi
+  rm -rf "$S"
+}

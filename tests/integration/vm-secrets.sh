@@ -55,14 +55,7 @@ cleanup() {
     done
     stop_hostd
   fi
-  destroy_leftover_domains
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  netns_del "$NS" "$VH"
-  if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
-    diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"
-  fi
-  rm -rf "$S"
+  netns_suite_cleanup
 }
 trap cleanup EXIT
 
