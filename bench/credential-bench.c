@@ -23,6 +23,7 @@
 #include "vm-egress-credential.h"
 #include "vm-egress-proxy.h"
 #include "vm-error.h"
+#include "bench-common.h"
 
 #include <gnutls/gnutls.h>
 
@@ -197,15 +198,11 @@ upstream_thread(gpointer data)
 static guint16
 upstream_start(void)
 {
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    guint16 port;
+    int fd = bench_listen_loopback(&port);
 
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sin, len) < 0 || listen(fd, 128) < 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) < 0)
-        g_error("cannot start the loopback upstream");
     g_thread_unref(g_thread_new("upstream-accept", upstream_thread, GINT_TO_POINTER(fd)));
-    return ntohs(sin.sin_port);
+    return port;
 }
 
 /* --- the client --------------------------------------------------------------------------------
@@ -218,20 +215,6 @@ typedef struct {
     const char *token; /* what it sends in Authorization */
     GString *buf;      /* bytes read past the last response */
 } Client;
-
-static int
-dial(guint16 port)
-{
-    struct sockaddr_in sin = {
-        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0)
-        g_error("cannot connect to 127.0.0.1:%u", port);
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-}
 
 /* Sends CONNECT @host to the proxy on @fd and reads its answer, which must be a 200. The answer
  * is read a byte at a time: nothing past it may be taken from the TLS that follows. */
@@ -266,7 +249,7 @@ client_open(Path path)
     c->host = path == PATH_INTERCEPTED ? HOST_INTERCEPTED : HOST_TUNNEL;
     c->token = path == PATH_INTERCEPTED ? PLACEHOLDER : SECRET_VALUE;
     c->buf = g_string_new(NULL);
-    c->fd = dial(path == PATH_DIRECT ? upstream_port : proxy_port);
+    c->fd = bench_dial_loopback(path == PATH_DIRECT ? upstream_port : proxy_port);
     if (path != PATH_DIRECT)
         proxy_connect(c->fd, c->host);
     gnutls_init(&c->session, GNUTLS_CLIENT);
@@ -334,21 +317,6 @@ client_get(Client *c, const char *target)
 
 /* --- figures -----------------------------------------------------------------------------------
  */
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static double
-median(double *values, guint n)
-{
-    qsort(values, n, sizeof(double), cmp_double);
-    return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 /* Downloads @mib MiB on a new connection; MiB/s from the request to the last byte. */
 static double
@@ -526,28 +494,28 @@ main(int argc, char **argv)
     printf("download of %u MiB (median of %d):\n", mib, ROUNDS);
     for (int p = 0; p < N_PATHS; p++)
         printf("  %-15s %7.0f MiB/s  ratio to the tunnel %.2fx\n", path_names[p],
-               median(mibs[p], ROUNDS), median(mib_ratio[p], ROUNDS));
+               bench_median(mibs[p], ROUNDS), bench_median(mib_ratio[p], ROUNDS));
     printf("ratio intercepted/tunnel download %.2fx (goal >= 0.80)\n",
-           median(mib_ratio[PATH_INTERCEPTED], ROUNDS));
+           bench_median(mib_ratio[PATH_INTERCEPTED], ROUNDS));
     printf("keep-alive requests (%u per round on one connection, median of %d rounds):\n",
            per_round, ROUNDS);
     {
-        double direct = median(req_us[PATH_DIRECT], per_round * ROUNDS);
+        double direct = bench_median(req_us[PATH_DIRECT], per_round * ROUNDS);
 
         for (int p = 0; p < N_PATHS; p++) {
-            double us = median(req_us[p], per_round * ROUNDS);
+            double us = bench_median(req_us[p], per_round * ROUNDS);
 
             printf("  %-15s %7.0f requests/s  ratio to direct %.2fx  %5.0f us per request "
                    "(+%.0f us)\n",
-                   path_names[p], median(rps[p], ROUNDS), median(rps_ratio[p], ROUNDS), us,
-                   us - direct);
+                   path_names[p], bench_median(rps[p], ROUNDS), bench_median(rps_ratio[p], ROUNDS),
+                   us, us - direct);
         }
     }
     printf("new connection to its first answer (median of %u):\n", conns);
     {
-        double direct = median(conn_us[PATH_DIRECT], conns);
-        double tunnel = median(conn_us[PATH_TUNNEL], conns);
-        double intercepted = median(conn_us[PATH_INTERCEPTED], conns);
+        double direct = bench_median(conn_us[PATH_DIRECT], conns);
+        double tunnel = bench_median(conn_us[PATH_TUNNEL], conns);
+        double intercepted = bench_median(conn_us[PATH_INTERCEPTED], conns);
 
         printf("  direct %.0f us | tunnel %.0f us | intercepted %.0f us\n", direct, tunnel,
                intercepted);

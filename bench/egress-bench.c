@@ -11,6 +11,7 @@
  * Usage: egress-bench [MIB] [CONNECTIONS] [HELPER]   (defaults 512, 200, and the helper next to
  * this program in the build tree); prints one line per figure. Everything stays on 127.0.0.1. */
 #include "vm-egress-proxy.h"
+#include "bench-common.h"
 
 #include <glib/gstdio.h>
 
@@ -94,31 +95,9 @@ server_thread(gpointer data)
 static void
 server_start(Server *server, gboolean echo)
 {
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-
     server->echo = echo;
-    server->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (server->listen_fd < 0 || bind(server->listen_fd, (struct sockaddr *)&sin, len) < 0 ||
-        listen(server->listen_fd, 128) < 0 ||
-        getsockname(server->listen_fd, (struct sockaddr *)&sin, &len) < 0)
-        g_error("cannot start a loopback server");
-    server->port = ntohs(sin.sin_port);
+    server->listen_fd = bench_listen_loopback(&server->port);
     g_thread_unref(g_thread_new("server", server_thread, server));
-}
-
-static int
-dial(guint16 port)
-{
-    struct sockaddr_in sin = {
-        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0)
-        g_error("cannot connect to 127.0.0.1:%u", port);
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
 }
 
 /* The guest's end of a new connection whose other end the helper (when @helper is set) or this
@@ -164,8 +143,8 @@ open_to(Path path, guint16 port, const char *helper)
     int fd;
 
     if (path == PATH_DIRECT)
-        return dial(port);
-    fd = path == PATH_TCP ? dial(tcp_port) : guest_connection(helper);
+        return bench_dial_loopback(port);
+    fd = path == PATH_TCP ? bench_dial_loopback(tcp_port) : guest_connection(helper);
     req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", port);
     if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req))
         g_error("send failed");
@@ -223,21 +202,6 @@ throughput(Path path, guint mib, double *ret_cpu)
     if (ret_cpu != NULL)
         *ret_cpu = (cpu_seconds() - cpu) / mib * 1024;
     return mib / ((g_get_monotonic_time() - start) / 1e6);
-}
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static double
-median(double *values, guint n)
-{
-    qsort(values, n, sizeof(double), cmp_double);
-    return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 /* Microseconds for connect (+ hand-over + CONNECT) + one byte echoed. */
@@ -332,15 +296,16 @@ main(int argc, char **argv)
     printf("egress throughput (%u MiB in %d rounds, medians):\n", round_mib * ROUNDS, ROUNDS);
     for (int p = 0; p < N_PATHS; p++)
         printf("  %-20s %6.0f MiB/s  cpu %.2f s/GiB  ratio %.2fx\n", path_names[p],
-               median(mibs[p], ROUNDS), median(cpu[p], ROUNDS), median(ratio[p], ROUNDS));
+               bench_median(mibs[p], ROUNDS), bench_median(cpu[p], ROUNDS),
+               bench_median(ratio[p], ROUNDS));
     printf("ratio proxy/direct throughput %.2fx (guest path; goal >= 0.80)\n",
-           median(ratio[PATH_GUEST], ROUNDS));
+           bench_median(ratio[PATH_GUEST], ROUNDS));
     printf("connection latency (median of %u, connect + CONNECT + 1-byte echo):\n", conns);
     {
-        double direct = median(lat[PATH_DIRECT], conns);
-        double guest = median(lat[PATH_GUEST], conns);
-        double tcp = median(lat[PATH_TCP], conns);
-        double spawned = median(lat[N_PATHS], conns);
+        double direct = bench_median(lat[PATH_DIRECT], conns);
+        double guest = bench_median(lat[PATH_GUEST], conns);
+        double tcp = bench_median(lat[PATH_TCP], conns);
+        double spawned = bench_median(lat[N_PATHS], conns);
 
         printf("  direct %.0f us | proxy (TCP) %.0f us | proxy (hand-over) %.0f us | "
                "proxy (helper spawned, as QEMU does) %.0f us\n",

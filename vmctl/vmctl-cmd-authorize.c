@@ -31,9 +31,7 @@ authorize_list(VmctlContext *ctx, const char *name, GError **error)
     if (!vmctl_request(ctx, VM_OP_AGENT_AUTHORIZE_LIST,
                        g_variant_new_parsed("{'name': <%s>}", name), &result, error))
         return FALSE;
-    g_autoptr(GVariant) keys = vmctl_result_get(result, "keys", G_VARIANT_TYPE("aa{sv}"));
-    if (keys == NULL)
-        keys = g_variant_ref_sink(g_variant_new_array(G_VARIANT_TYPE_VARDICT, NULL, 0));
+    g_autoptr(GVariant) keys = vmctl_result_rows(result, "keys");
     if (ctx->json) {
         g_autofree char *json = vmctl_format_json(keys);
         fputs(json, stdout);

@@ -157,9 +157,7 @@ vmctl_cmd_secret_list(VmctlContext *ctx, int argc, char **argv, GError **error)
     if (!vmctl_parse(ctx, argc, argv, NULL, 0, 0, &args, error) ||
         !vmctl_request(ctx, VM_OP_SECRET_LIST, NULL, &result, error))
         return FALSE;
-    g_autoptr(GVariant) secrets = vmctl_result_get(result, "secrets", G_VARIANT_TYPE("aa{sv}"));
-    if (secrets == NULL)
-        secrets = g_variant_ref_sink(g_variant_new_array(G_VARIANT_TYPE_VARDICT, NULL, 0));
+    g_autoptr(GVariant) secrets = vmctl_result_rows(result, "secrets");
     if (ctx->json) {
         g_autofree char *json = vmctl_format_json(secrets);
         fputs(json, stdout);

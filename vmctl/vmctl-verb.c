@@ -335,6 +335,16 @@ vmctl_result_get(const VmMessage *result, const char *key, const GVariantType *t
     return g_steal_pointer(&value);
 }
 
+GVariant *
+vmctl_result_rows(const VmMessage *result, const char *key)
+{
+    GVariant *rows = vmctl_result_get(result, key, G_VARIANT_TYPE("aa{sv}"));
+
+    if (rows == NULL)
+        rows = g_variant_ref_sink(g_variant_new_array(G_VARIANT_TYPE_VARDICT, NULL, 0));
+    return rows;
+}
+
 void
 vmctl_print_result(VmctlContext *ctx, const VmMessage *result, const char *key, const char *text)
 {
@@ -355,9 +365,7 @@ vmctl_print_list(VmctlContext *ctx, VmOp op, GVariant *fields, const char *key,
 
     if (!vmctl_request(ctx, op, fields, &result, error))
         return FALSE;
-    g_autoptr(GVariant) rows = vmctl_result_get(result, key, G_VARIANT_TYPE("aa{sv}"));
-    if (rows == NULL)
-        rows = g_variant_ref_sink(g_variant_new_array(G_VARIANT_TYPE_VARDICT, NULL, 0));
+    g_autoptr(GVariant) rows = vmctl_result_rows(result, key);
     g_autofree char *text = ctx->json ? vmctl_format_json(rows)
                                       : vmctl_format_table(rows, columns, n_columns,
                                                            g_get_real_time() / G_USEC_PER_SEC);

@@ -114,6 +114,10 @@ gboolean vmctl_request(VmctlContext *ctx, VmOp op, GVariant *fields, VmMessage *
  * NULL. New reference. */
 GVariant *vmctl_result_get(const VmMessage *result, const char *key, const GVariantType *type);
 
+/* Returns the list of records (aa{sv}) in field @key of @result; an empty list when it has none,
+ * as hostd leaves out an empty list. Never NULL. New reference. */
+GVariant *vmctl_result_rows(const VmMessage *result, const char *key);
+
 /* Prints a RESULT: with --json the value of @key in it (or all its fields when @key is NULL or
  * absent) as JSON; otherwise @text followed by a newline. Can't fail. */
 void vmctl_print_result(VmctlContext *ctx, const VmMessage *result, const char *key,

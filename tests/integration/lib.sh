@@ -1,6 +1,7 @@
 # The harness the VM suites share; sourced, not run. suite_init makes the state dir and hostd's
 # config; then TAP output (ok, not_ok, check, diag), vmctl against this suite's hostd,
-# start_hostd/stop_hostd, and destroy_leftover_domains for the cleanup.
+# start_hostd/stop_hostd, destroy_leftover_domains for the cleanup, and netns_add/netns_del for
+# a suite's test network.
 
 # suite_init PREFIX PORT_MIN PORT_MAX: sets S (a short path: the embedded libvirt root and Unix
 # sockets live below it), IMAGES (the state dir's, or $VM_TEST_IMAGE_CACHE kept between runs),
@@ -69,4 +70,44 @@ destroy_leftover_domains() {
   for d in $(virsh -c "qemu:///embed?root=$S/libvirt" list --name 2>/dev/null); do
     virsh -c "qemu:///embed?root=$S/libvirt" destroy "$d" >/dev/null 2>&1
   done
+}
+
+# netns_add NS VH VN HOST_IP ADDRESS...: a network namespace NS joined to the host by a veth
+# pair, VH on the host with HOST_IP/29 and VN in NS with every ADDRESS/29, both ends and NS's
+# loopback up. The suite's test network, which reaches nothing but itself; netns_del removes it.
+netns_add() {
+  local ns=$1 vh=$2 vn=$3 host_ip=$4 a
+  shift 4
+  ip netns add "$ns" &&
+    ip link add "$vh" type veth peer name "$vn" &&
+    ip link set "$vn" netns "$ns" &&
+    ip addr add "$host_ip/29" dev "$vh" &&
+    ip link set "$vh" up || return 1
+  for a in "$@"; do
+    ip -n "$ns" addr add "$a/29" dev "$vn" || return 1
+  done
+  ip -n "$ns" link set "$vn" up &&
+    ip -n "$ns" link set lo up
+}
+
+# netns_del NS VH: removes what netns_add made (deleting the host end removes its peer too);
+# quiet when none of it is there, for the cleanup.
+netns_del() {
+  ip netns del "$1" 2>/dev/null
+  ip link del "$2" 2>/dev/null
+}
+
+# netns_suite_cleanup: the end of the cleanup of a suite with a test network, once its agents are
+# removed and hostd stopped: no domain, process of PIDS or test network (NS, VH) outlives the
+# suite; after a failure, or when no test ran, the tail of hostd's log; then the state dir goes.
+netns_suite_cleanup() {
+  local p
+  destroy_leftover_domains
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  netns_del "$NS" "$VH"
+  if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
+    diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"
+  fi
+  rm -rf "$S"
 }

@@ -28,15 +28,7 @@ cleanup() {
     vmctl rm --force a1 >/dev/null 2>&1
     stop_hostd
   fi
-  destroy_leftover_domains
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  ip netns del "$NS" 2>/dev/null
-  ip link del "$VH" 2>/dev/null
-  if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
-    diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"
-  fi
-  rm -rf "$S"
+  netns_suite_cleanup
 }
 trap cleanup EXIT
 
@@ -93,15 +85,7 @@ while True:
 PY
 
 setup_namespace() {
-  ip netns add "$NS" &&
-    ip link add "$VH" type veth peer name "$VN" &&
-    ip link set "$VN" netns "$NS" &&
-    ip addr add "$HOST_IP/29" dev "$VH" &&
-    ip link set "$VH" up &&
-    ip -n "$NS" addr add "$ALLOWED/29" dev "$VN" &&
-    ip -n "$NS" addr add "$DENIED/29" dev "$VN" &&
-    ip -n "$NS" link set "$VN" up &&
-    ip -n "$NS" link set lo up || return 1
+  netns_add "$NS" "$VH" "$VN" "$HOST_IP" "$ALLOWED" "$DENIED" || return 1
   mkdir -p "$S/www" && echo "hello from the test host" > "$S/www/hello.txt"
   ip netns exec "$NS" python3 -m http.server "$WEB_PORT" --bind "$ALLOWED" --directory "$S/www" \
     > "$S/web.log" 2>&1 &

@@ -55,15 +55,7 @@ cleanup() {
     done
     stop_hostd
   fi
-  destroy_leftover_domains
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  ip netns del "$NS" 2>/dev/null
-  ip link del "$VH" 2>/dev/null
-  if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
-    diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"
-  fi
-  rm -rf "$S"
+  netns_suite_cleanup
 }
 trap cleanup EXIT
 
@@ -110,16 +102,7 @@ make_certs() {
 }
 
 setup_namespace() {
-  ip netns add "$NS" &&
-    ip link add "$VH" type veth peer name "$VN" &&
-    ip link set "$VN" netns "$NS" &&
-    ip addr add "$HOST_IP/29" dev "$VH" &&
-    ip link set "$VH" up &&
-    for a in "$API_IP" "$OTHER_IP" "$ROGUE_IP" "$SINK_IP"; do
-      ip -n "$NS" addr add "$a/29" dev "$VN" || return 1
-    done &&
-    ip -n "$NS" link set "$VN" up &&
-    ip -n "$NS" link set lo up || return 1
+  netns_add "$NS" "$VH" "$VN" "$HOST_IP" "$API_IP" "$OTHER_IP" "$ROGUE_IP" "$SINK_IP" || return 1
   # recorder NAME ADDRESS PORT [CERT]: one upstream in the namespace, recording into $S/NAME.*
   recorder() {
     local tls=()

@@ -88,3 +88,110 @@ vm_test_tls_client_hello(const char *server_name)
     gnutls_certificate_free_credentials(credentials);
     return g_byte_array_free_to_bytes(sent);
 }
+
+void
+vm_test_egress_wait_idle(VmEgressProxy *proxy)
+{
+    for (int i = 0; i < 500 && vm_egress_proxy_get_n_connections(proxy) > 0; i++)
+        g_usleep(10 * 1000);
+    assert_int_equal(vm_egress_proxy_get_n_connections(proxy), 0);
+}
+
+struct VmTestEgressLog {
+    GMutex lock;
+    GCond cond;
+    GPtrArray *records; /* of VmTestEgressRecord */
+    VmTestEgressCheck check;
+};
+
+/* Long enough for a record that follows a TLS handshake on a busy machine. */
+#define LOG_WAIT_MS 5000
+
+static void
+record_free(gpointer data)
+{
+    VmTestEgressRecord *record = data;
+
+    g_free(record->host);
+    g_free(record->address);
+    g_free(record->reason);
+    g_free(record->secret);
+    g_free(record);
+}
+
+VmTestEgressLog *
+vm_test_egress_log_new(VmTestEgressCheck check)
+{
+    VmTestEgressLog *log = g_new0(VmTestEgressLog, 1);
+
+    g_mutex_init(&log->lock);
+    g_cond_init(&log->cond);
+    log->records = g_ptr_array_new_with_free_func(record_free);
+    log->check = check;
+    return log;
+}
+
+void
+vm_test_egress_log_free(VmTestEgressLog *log)
+{
+    if (log == NULL)
+        return;
+    g_ptr_array_unref(log->records);
+    g_mutex_clear(&log->lock);
+    g_cond_clear(&log->cond);
+    g_free(log);
+}
+
+void
+vm_test_egress_log_func(const VmEgressRecord *in, gpointer user_data)
+{
+    VmTestEgressLog *log = user_data;
+    VmTestEgressRecord *record = g_new0(VmTestEgressRecord, 1);
+
+    if (log->check != NULL) {
+        g_autofree char *json = vm_egress_record_to_json(in);
+
+        log->check(json);
+    }
+    record->kind = in->kind;
+    record->host = g_strdup(in->host);
+    record->address = g_strdup(in->address);
+    record->port = in->port;
+    record->reason = g_strdup(in->reason);
+    record->secret = g_strdup(in->secret);
+    record->bytes_up = in->bytes_up;
+    record->bytes_down = in->bytes_down;
+    g_mutex_lock(&log->lock);
+    g_ptr_array_add(log->records, record);
+    g_cond_broadcast(&log->cond);
+    g_mutex_unlock(&log->lock);
+}
+
+const VmTestEgressRecord *
+vm_test_egress_log_wait(VmTestEgressLog *log, guint n)
+{
+    gint64 deadline = g_get_monotonic_time() + LOG_WAIT_MS * G_TIME_SPAN_MILLISECOND;
+    const VmTestEgressRecord *record = NULL;
+
+    g_mutex_lock(&log->lock);
+    while (log->records->len <= n)
+        if (!g_cond_wait_until(&log->cond, &log->lock, deadline))
+            break;
+    if (log->records->len > n)
+        record = g_ptr_array_index(log->records, n);
+    g_mutex_unlock(&log->lock);
+    if (record == NULL)
+        fail_msg("no log record #%u", n);
+    return record;
+}
+
+guint
+vm_test_egress_log_count(VmTestEgressLog *log)
+{
+    guint n;
+
+    g_mutex_lock(&log->lock);
+    n = log->records->len;
+    g_mutex_unlock(&log->lock);
+    return n;
+}

@@ -988,15 +988,6 @@ test_credentials_kept(void **state)
     assert_null(hostd_egress_dup_credentials(f->ctx, "a1"));
 }
 
-static gboolean
-allows(Fixture *f, const char *name, const char *host, guint16 port)
-{
-    g_autoptr(VmEgressPolicy) policy = hostd_egress_dup_effective_policy(f->ctx, name);
-
-    assert_non_null(policy);
-    return vm_egress_policy_check_host(policy, host, port, NULL) == VM_EGRESS_ALLOW;
-}
-
 /* A grant's hosts are open on 443 for as long as it holds, on top of the user's rules and
  * across proxy restarts, while egress.ini and `vmctl egress` keep the user's own rules; fewer
  * hosts close the others again. A user's deny still wins. */
@@ -1015,22 +1006,22 @@ test_grant_hosts(void **state)
     init_agent(f, "a1", "pypi.org", "blocked.example");
     ini_before = vm_test_read_file(ini);
     text_before = hostd_test_egress_text(f->hostd, "a1");
-    assert_false(allows(f, "a1", "api.example.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
 
     assert_true(hostd_egress_set_grant_hosts(f->ctx, "a1", hosts, &error));
-    assert_true(allows(f, "a1", "api.example.com", 443));
-    assert_false(allows(f, "a1", "api.example.com", 80));
-    assert_true(allows(f, "a1", "eu.example.org", 443));
-    assert_false(allows(f, "a1", "example.org", 443));
-    assert_false(allows(f, "a1", "blocked.example", 443));
-    assert_true(allows(f, "a1", "pypi.org", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 80));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "eu.example.org", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "example.org", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "blocked.example", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "pypi.org", 443));
     assert_true(file_is(ini, ini_before));
     assert_true(egress_text_is(f, "a1", text_before));
 
     /* A change of the user's rules keeps the grants' hosts open, and stores only the user's. */
     set_ok(f, "a1", "files.example", NULL, NULL, FALSE);
-    assert_true(allows(f, "a1", "files.example", 443));
-    assert_true(allows(f, "a1", "api.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "files.example", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
     assert_false(file_has(ini, "api.example.com"));
     assert_true(egress_text_is(f, "a1", "pypi.org files.example|blocked.example"));
 
@@ -1038,16 +1029,16 @@ test_grant_hosts(void **state)
     hostd_egress_agent_stop(f->ctx, "a1");
     r = hostd_agent_load(f->ctx, "a1", &error);
     assert_true(hostd_egress_agent_start(f->ctx, r, &error));
-    assert_true(allows(f, "a1", "api.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
 
     /* Revoke: the host closes again, the user's rules stay. */
     assert_true(hostd_egress_set_grant_hosts(f->ctx, "a1", fewer, &error));
-    assert_false(allows(f, "a1", "api.example.com", 443));
-    assert_true(allows(f, "a1", "eu.example.org", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "eu.example.org", 443));
     assert_true(hostd_egress_set_grant_hosts(f->ctx, "a1", NULL, &error));
-    assert_false(allows(f, "a1", "eu.example.org", 443));
-    assert_true(allows(f, "a1", "files.example", 443));
-    assert_true(allows(f, "a1", "pypi.org", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "eu.example.org", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "files.example", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "pypi.org", 443));
 
     assert_false(hostd_egress_set_grant_hosts(f->ctx, "nosuch", hosts, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
@@ -1065,11 +1056,11 @@ test_grant_hosts_none_and_fork(void **state)
     init_agent(f, "a1", NULL, NULL);
     init_agent(f, "a2", NULL, NULL);
     assert_true(hostd_egress_set_grant_hosts(f->ctx, "a1", hosts, &error));
-    assert_true(allows(f, "a1", "api.example.com", 443));
-    assert_false(allows(f, "a1", "other.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "other.example.com", 443));
     assert_true(egress_text_is(f, "a1", "none|"));
     assert_true(hostd_egress_copy_policy(f->ctx, "a1", "a2", &error));
-    assert_false(allows(f, "a2", "api.example.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a2", "api.example.com", 443));
 }
 
 int

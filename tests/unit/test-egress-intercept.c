@@ -279,70 +279,14 @@ upstream_release(Upstream *up)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Log collector */
+ * Log check */
 
-typedef struct {
-    VmEgressRecordKind kind;
-    char *host;
-    char *reason;
-    char *secret;
-    guint64 bytes_up;
-} Record;
-
-typedef struct {
-    GMutex lock;
-    GCond cond;
-    GPtrArray *records;
-} Log;
-
+/* No record ever carries a real value. */
 static void
-record_free(gpointer data)
+check_record(const char *json)
 {
-    Record *record = data;
-
-    g_free(record->host);
-    g_free(record->reason);
-    g_free(record->secret);
-    g_free(record);
-}
-
-static void
-log_func(const VmEgressRecord *in, gpointer user_data)
-{
-    Log *log = user_data;
-    Record *record = g_new0(Record, 1);
-    g_autofree char *json = vm_egress_record_to_json(in);
-
-    /* no record ever carries a real value */
     assert_null(strstr(json, "sk-real"));
     assert_null(strstr(json, "real-key"));
-    record->kind = in->kind;
-    record->host = g_strdup(in->host);
-    record->reason = g_strdup(in->reason);
-    record->secret = g_strdup(in->secret);
-    record->bytes_up = in->bytes_up;
-    g_mutex_lock(&log->lock);
-    g_ptr_array_add(log->records, record);
-    g_cond_broadcast(&log->cond);
-    g_mutex_unlock(&log->lock);
-}
-
-static Record *
-log_wait(Log *log, guint n)
-{
-    gint64 deadline = g_get_monotonic_time() + IO_TIMEOUT_MS * 1000;
-    Record *record = NULL;
-
-    g_mutex_lock(&log->lock);
-    while (log->records->len <= n)
-        if (!g_cond_wait_until(&log->cond, &log->lock, deadline))
-            break;
-    if (log->records->len > n)
-        record = g_ptr_array_index(log->records, n);
-    g_mutex_unlock(&log->lock);
-    if (record == NULL)
-        fail_msg("no log record #%u", n);
-    return record;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -355,7 +299,7 @@ typedef struct {
     char *upstream_ca;   /* its file */
     Upstream *upstream;  /* trusted through upstream_ca */
     Upstream *untrusted; /* signed by another CA */
-    Log log;
+    VmTestEgressLog *log;
     VmEgressProxy *proxy;
 } Fixture;
 
@@ -397,9 +341,7 @@ setup(void **state)
     vm_test_write_file(f->upstream_ca, ca_cert);
     f->upstream = upstream_new(ca_cert, ca_key);
     f->untrusted = upstream_new(other_cert, other_key);
-    g_mutex_init(&f->log.lock);
-    g_cond_init(&f->log.cond);
-    f->log.records = g_ptr_array_new_with_free_func(record_free);
+    f->log = vm_test_egress_log_new(check_record);
 
     allow = g_strdup_printf("api.test:%u api.test:%u 127.0.0.1/32:%u 127.0.0.1/32:%u",
                             f->upstream->port, f->untrusted->port, f->upstream->port,
@@ -407,8 +349,8 @@ setup(void **state)
     policy = vm_test_egress_policy(allow, NULL);
     config.policy = policy;
     config.resolve = vm_test_egress_resolve;
-    config.log = log_func;
-    config.log_data = &f->log;
+    config.log = vm_test_egress_log_func;
+    config.log_data = f->log;
     config.handshake_timeout_ms = 3000;
     config.credentials = creds;
     config.ca_cert_pem = f->agent_cert;
@@ -429,9 +371,7 @@ teardown(void **state)
     vm_egress_proxy_free(f->proxy);
     upstream_free(f->upstream);
     upstream_free(f->untrusted);
-    g_ptr_array_unref(f->log.records);
-    g_mutex_clear(&f->log.lock);
-    g_cond_clear(&f->log.cond);
+    vm_test_egress_log_free(f->log);
     vm_test_remove_tree(f->dir);
     g_free(f->dir);
     g_free(f->upstream_ca);
@@ -581,14 +521,6 @@ client_get_ok(Client *c, const char *header)
         fail_msg("response: %s", response->str);
 }
 
-static void
-wait_idle(Fixture *f)
-{
-    for (int i = 0; i < 500 && vm_egress_proxy_get_n_connections(f->proxy) > 0; i++)
-        g_usleep(10 * 1000);
-    assert_int_equal(vm_egress_proxy_get_n_connections(f->proxy), 0);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Tests */
 
@@ -622,7 +554,7 @@ test_substituted(void **state)
 
     const char *secrets[] = {"api", "key", "basic"};
     for (guint i = 0; i < 3; i++) {
-        Record *record = log_wait(&f->log, i);
+        const VmTestEgressRecord *record = vm_test_egress_log_wait(f->log, i);
 
         assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
         assert_string_equal(record->host, "api.test");
@@ -630,7 +562,7 @@ test_substituted(void **state)
         assert_string_equal(record->reason, "completed");
         assert_true(record->bytes_up > 0);
     }
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* set_credentials() takes effect at the next request of an open connection: a rotated value, a
@@ -656,14 +588,14 @@ test_rotation_and_revoke(void **state)
     assert_non_null(strstr(received, "Authorization: Bearer sk-real-2\r\n"));
     /* revoked: never substituted, it goes as the guest wrote it */
     assert_non_null(strstr(received, "Authorization: Bearer " PH_API "\r\n"));
-    assert_null(log_wait(&f->log, 2)->secret);
+    assert_null(vm_test_egress_log_wait(f->log, 2)->secret);
 
     /* no grant names the host any more: the open connection closes */
     vm_egress_proxy_set_credentials(f->proxy, NULL);
     rest = client_read_until(c, NULL, &eof);
     assert_true(eof);
     client_close(c);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* The destination closing an idle kept-alive connection closes the guest's, which then opens a
@@ -687,8 +619,8 @@ test_upstream_closes_idle(void **state)
     c = client_open(f);
     client_get_ok(c, "Authorization: Bearer " PH_API);
     client_close(c);
-    assert_string_equal(log_wait(&f->log, 1)->secret, "api");
-    wait_idle(f);
+    assert_string_equal(vm_test_egress_log_wait(f->log, 1)->secret, "api");
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* A host that no grant names keeps the plain tunnel: the client talks TLS with the upstream
@@ -711,11 +643,11 @@ test_no_grant_tunnels(void **state)
     client_close(c);
     received = upstream_dup_received(f->upstream);
     assert_non_null(strstr(received, "Authorization: Bearer " PH_API "\r\n"));
-    Record *record = log_wait(&f->log, 0);
+    const VmTestEgressRecord *record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
     assert_null(record->secret);
     assert_string_equal(record->reason, "closed");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* A policy change that refuses the host closes an intercepted connection, as it does a tunnel. */
@@ -736,7 +668,7 @@ test_policy_change_closes(void **state)
     assert_true(eof);
     assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
     client_close(c);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Responses without a body (HEAD, 204, 304) leave the connection ready for the next request, an
@@ -776,11 +708,11 @@ test_response_framings(void **state)
     const char *reasons[] = {"completed", "completed", "completed",
                              "completed", "completed", "closed"};
     for (guint i = 0; i < G_N_ELEMENTS(reasons); i++)
-        assert_string_equal(log_wait(&f->log, i)->reason, reasons[i]);
+        assert_string_equal(vm_test_egress_log_wait(f->log, i)->reason, reasons[i]);
     g_mutex_lock(&f->upstream->lock);
     assert_int_equal(f->upstream->connections, 1);
     g_mutex_unlock(&f->upstream->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Freeing the proxy ends open intercepted connections promptly, mid-response included. */
@@ -830,8 +762,8 @@ test_streamed_response(void **state)
     /* and the connection carries the next request */
     client_get_ok(c, "X-Api-Key: " PH_KEY);
     client_close(c);
-    assert_string_equal(log_wait(&f->log, 0)->secret, "api");
-    wait_idle(f);
+    assert_string_equal(vm_test_egress_log_wait(f->log, 0)->secret, "api");
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Bodies go up whole: one held until checked, one past the hold that streams, one after the
@@ -878,12 +810,12 @@ test_request_bodies(void **state)
     assert_null(strstr(received, "Expect"));
     assert_null(strstr(received, "vmph_"));
     for (guint i = 0; i < 3; i++)
-        assert_string_equal(log_wait(&f->log, i)->reason, "completed");
-    assert_true(log_wait(&f->log, 1)->bytes_up > 600 * 1024);
+        assert_string_equal(vm_test_egress_log_wait(f->log, i)->reason, "completed");
+    assert_true(vm_test_egress_log_wait(f->log, 1)->bytes_up > 600 * 1024);
     g_mutex_lock(&f->upstream->lock);
     assert_int_equal(f->upstream->connections, 1);
     g_mutex_unlock(&f->upstream->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* A guest that does not trust the agent's CA: its handshake fails, logged, nothing goes up. */
@@ -898,7 +830,7 @@ test_guest_distrusts(void **state)
     gnutls_session_t session;
     gnutls_datum_t ca;
     int fd = proxy_connect(f, f->upstream->port, &response);
-    Record *record;
+    const VmTestEgressRecord *record;
 
     assert_true(vm_egress_ca_generate("stranger", &other_cert, &other_key, NULL));
     ca = (gnutls_datum_t){(unsigned char *)other_cert, (unsigned)strlen(other_cert)};
@@ -915,13 +847,13 @@ test_guest_distrusts(void **state)
     gnutls_deinit(session);
     gnutls_certificate_free_credentials(creds);
     close(fd);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
     assert_true(g_str_has_prefix(record->reason, "guest-tls: "));
     g_mutex_lock(&f->upstream->lock);
     assert_int_equal(f->upstream->received->len, 0);
     g_mutex_unlock(&f->upstream->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* An upstream whose certificate the proxy does not trust: the request fails before the guest's
@@ -932,12 +864,12 @@ test_untrusted_upstream(void **state)
     Fixture *f = *state;
     g_autoptr(GString) response = NULL;
     int fd = proxy_connect(f, f->untrusted->port, &response);
-    Record *record;
+    const VmTestEgressRecord *record;
 
     assert_true(g_str_has_prefix(response->str, "HTTP/1.1 502 "));
     assert_non_null(strstr(response->str, "certificate"));
     close(fd);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
     assert_non_null(strstr(record->reason, "certificate"));
     assert_int_equal(record->bytes_up, 0);
@@ -945,7 +877,7 @@ test_untrusted_upstream(void **state)
     assert_int_equal(f->untrusted->received->len, 0);
     assert_int_equal(f->untrusted->handshakes, 0);
     g_mutex_unlock(&f->untrusted->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Each leak on a connection that first carried a good request: refused, logged with its
@@ -978,10 +910,10 @@ test_leaks_refused(void **state)
         g_autofree char *before = NULL;
         g_autofree char *after = NULL;
         gboolean eof = FALSE;
-        Record *record;
+        const VmTestEgressRecord *record;
 
         client_get_ok(c, "Authorization: Bearer " PH_API);
-        record = log_wait(&f->log, 2 * i);
+        record = vm_test_egress_log_wait(f->log, 2 * i);
         assert_string_equal(record->secret, "api");
         before = upstream_dup_received(f->upstream);
         client_send(c, cases[i].first);
@@ -992,12 +924,12 @@ test_leaks_refused(void **state)
         response = client_read_until(c, NULL, &eof);
         assert_true(eof);
         assert_true(g_str_has_prefix(response->str, "HTTP/1.1 403 "));
-        record = log_wait(&f->log, 2 * i + 1);
+        record = vm_test_egress_log_wait(f->log, 2 * i + 1);
         assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
         assert_string_equal(record->reason, cases[i].reason);
         assert_int_equal(record->bytes_up, 0);
         client_close(c);
-        wait_idle(f);
+        vm_test_egress_wait_idle(f->proxy);
         after = upstream_dup_received(f->upstream);
         assert_string_equal(before, after);
     }
@@ -1014,19 +946,19 @@ test_plain_http_leak(void **state)
         "\r\n\r\n",
         f->upstream->port, f->upstream->port);
     g_autoptr(GString) response = NULL;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     vm_test_send_text(fd, request);
     response = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, NULL);
     assert_true(g_str_has_prefix(response->str, "HTTP/1.1 403 "));
     close(fd);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
     assert_string_equal(record->reason, "leak: placeholder of api over plain HTTP");
     g_mutex_lock(&f->upstream->lock);
     assert_int_equal(f->upstream->connections, 0);
     g_mutex_unlock(&f->upstream->lock);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* Whether the @len bytes at @data are the bulk body's from offset @at. */
@@ -1103,7 +1035,7 @@ test_bulk_download(void **state)
     double t_tunnel;
 
     client_close(intercepted);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     tunnel = client_open_to(f, "127.0.0.1", upstream_ca);
     double cpu2 = cpu_seconds();
     t_tunnel = download_bulk(tunnel);
@@ -1113,8 +1045,8 @@ test_bulk_download(void **state)
                   "%.2f s): %.2fx\n",
                   BULK_SIZE >> 20, (BULK_SIZE >> 20) / t_intercepted, cpu1 - cpu0,
                   (BULK_SIZE >> 20) / t_tunnel, cpu3 - cpu2, t_tunnel / t_intercepted);
-    assert_string_equal(log_wait(&f->log, 0)->reason, "completed");
-    wait_idle(f);
+    assert_string_equal(vm_test_egress_log_wait(f->log, 0)->reason, "completed");
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 /* A guest that goes away in the middle of a large download: the proxy stops, logs how it ended,
@@ -1126,7 +1058,7 @@ test_bulk_abandoned(void **state)
     Client *c = client_open(f);
     g_autofree char *buf = g_malloc(BULK_BLOCK);
     gsize got = 0;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     client_send(c,
                 "GET /bulk HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API "\r\n\r\n");
@@ -1138,11 +1070,11 @@ test_bulk_abandoned(void **state)
         got += n;
     }
     client_close(c);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
     assert_string_equal(record->secret, "api");
     assert_string_equal(record->reason, "reset");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
 }
 
 int

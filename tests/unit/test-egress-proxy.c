@@ -28,74 +28,13 @@
 #define IO_TIMEOUT_MS 5000
 
 /* ---------------------------------------------------------------------------------------------
- * Log collector */
+ * Log check */
 
-typedef struct {
-    VmEgressRecordKind kind;
-    char *host;
-    char *address;
-    char *reason;
-    guint16 port;
-    guint64 bytes_up;
-    guint64 bytes_down;
-} Record;
-
-typedef struct {
-    GMutex lock;
-    GCond cond;
-    GPtrArray *records;
-} Log;
-
+/* Every record must format. */
 static void
-record_free(gpointer data)
+check_record(const char *json)
 {
-    Record *record = data;
-
-    g_free(record->host);
-    g_free(record->address);
-    g_free(record->reason);
-    g_free(record);
-}
-
-static void
-log_func(const VmEgressRecord *in, gpointer user_data)
-{
-    Log *log = user_data;
-    Record *record = g_new0(Record, 1);
-    g_autofree char *json = vm_egress_record_to_json(in);
-
-    /* every record must format */
     g_assert_true(g_str_has_prefix(json, "{\"time\":"));
-    record->kind = in->kind;
-    record->host = g_strdup(in->host);
-    record->address = g_strdup(in->address);
-    record->reason = g_strdup(in->reason);
-    record->port = in->port;
-    record->bytes_up = in->bytes_up;
-    record->bytes_down = in->bytes_down;
-    g_mutex_lock(&log->lock);
-    g_ptr_array_add(log->records, record);
-    g_cond_broadcast(&log->cond);
-    g_mutex_unlock(&log->lock);
-}
-
-/* Waits for record number @n (0-based) and returns a copy of its fields' owner (the log). */
-static Record *
-log_wait(Log *log, guint n)
-{
-    gint64 deadline = g_get_monotonic_time() + IO_TIMEOUT_MS * 1000;
-    Record *record = NULL;
-
-    g_mutex_lock(&log->lock);
-    while (log->records->len <= n)
-        if (!g_cond_wait_until(&log->cond, &log->lock, deadline))
-            break;
-    if (log->records->len > n)
-        record = g_ptr_array_index(log->records, n);
-    g_mutex_unlock(&log->lock);
-    if (record == NULL)
-        fail_msg("no log record #%u", n);
-    return record;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -103,7 +42,7 @@ log_wait(Log *log, guint n)
 
 typedef struct {
     VmTestSink *sink;
-    Log log;
+    VmTestEgressLog *log;
     VmEgressProxy *proxy;
     gint resolves; /* the resolver's calls */
 } Fixture;
@@ -135,8 +74,8 @@ fixture_start(Fixture *f, const VmEgressConfig *extra, const char *allow, const 
     config.policy = policy;
     config.resolve = vm_test_egress_resolve;
     config.resolve_data = &f->resolves;
-    config.log = log_func;
-    config.log_data = &f->log;
+    config.log = vm_test_egress_log_func;
+    config.log_data = f->log;
     if (config.handshake_timeout_ms == 0)
         config.handshake_timeout_ms = 3000;
     vm_egress_proxy_free(f->proxy);
@@ -151,9 +90,7 @@ setup(void **state)
     Fixture *f = g_new0(Fixture, 1);
 
     f->sink = vm_test_sink_new();
-    g_mutex_init(&f->log.lock);
-    g_cond_init(&f->log.cond);
-    f->log.records = g_ptr_array_new_with_free_func(record_free);
+    f->log = vm_test_egress_log_new(check_record);
     fixture_start(f, NULL, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     *state = f;
     return 0;
@@ -166,9 +103,7 @@ teardown(void **state)
 
     vm_egress_proxy_free(f->proxy);
     vm_test_sink_free(f->sink);
-    g_ptr_array_unref(f->log.records);
-    g_mutex_clear(&f->log.lock);
-    g_cond_clear(&f->log.cond);
+    vm_test_egress_log_free(f->log);
     g_free(f);
     return 0;
 }
@@ -230,14 +165,6 @@ assert_echo(int fd, GBytes *data)
     assert_memory_equal(back, bytes, len);
 }
 
-static void
-wait_idle(Fixture *f)
-{
-    for (int i = 0; i < 500 && vm_egress_proxy_get_n_connections(f->proxy) > 0; i++)
-        g_usleep(10 * 1000);
-    assert_int_equal(vm_egress_proxy_get_n_connections(f->proxy), 0);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Allowed */
 
@@ -253,7 +180,7 @@ test_connect_allowed(void **state)
     /* a tunnel to a name carries TLS for that name */
     g_autoptr(GBytes) hello = vm_test_tls_client_hello("sink.test");
     gsize len = g_bytes_get_size(hello);
-    Record *record;
+    const VmTestEgressRecord *record;
 
     vm_test_send_text(fd, req);
     response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
@@ -261,7 +188,7 @@ test_connect_allowed(void **state)
     assert_echo(fd, hello);
     close(fd);
 
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
     assert_string_equal(record->host, "sink.test");
     assert_int_equal(record->port, f->sink->port);
@@ -289,13 +216,13 @@ test_http_allowed(void **state)
                                               f->sink->port);
     int fd = client_connect(f);
     g_autoptr(GString) echo = NULL;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     vm_test_send_text(fd, req);
     echo = vm_test_read_until(fd, "hello", IO_TIMEOUT_MS, NULL);
     assert_string_equal(echo->str, expect);
     close(fd);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
     assert_int_equal(record->bytes_up, strlen(expect));
     assert_int_equal(g_atomic_int_get(&f->sink->bytes), strlen(expect));
@@ -391,14 +318,14 @@ test_denied_table(void **state)
         g_autoptr(GString) text = g_string_new(cases[i].request);
         g_autofree char *port = g_strdup_printf("%u", f->sink->port);
         const char *req;
-        Record *record;
+        const VmTestEgressRecord *record;
         int status;
 
         g_string_replace(text, "PORT", port, 0);
         req = text->str;
         vm_egress_proxy_set_policy(f->proxy, policy);
         status = request_status(f, req);
-        record = log_wait(&f->log, i);
+        record = vm_test_egress_log_wait(f->log, i);
         if (status != cases[i].status || record->kind != VM_EGRESS_RECORD_DENIED ||
             g_strcmp0(record->reason, cases[i].reason) != 0)
             fail_msg("case %zu (%s): status %d, record %s %s", i, req, status,
@@ -416,11 +343,11 @@ test_denied_record_fields(void **state)
     Fixture *f = *state;
     g_autoptr(VmEgressPolicy) policy = sink_policy(f, "sink.test:PORT", NULL);
     g_autofree char *req = g_strdup_printf("CONNECT Sink.Test:%u HTTP/1.1\r\n\r\n", f->sink->port);
-    Record *record;
+    const VmTestEgressRecord *record;
 
     vm_egress_proxy_set_policy(f->proxy, policy);
     assert_int_equal(request_status(f, req), 403);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_string_equal(record->host, "Sink.Test");
     assert_int_equal(record->port, f->sink->port);
     /* the refused address is named */
@@ -521,7 +448,7 @@ test_pipelined_other_host_refused(void **state)
         g_autofree char *echo = with_ports(f, other, cases[i].echo);
         g_autofree char *both = g_strconcat(first, second, NULL);
         g_autoptr(GString) back = NULL;
-        Record *allowed, *denied;
+        const VmTestEgressRecord *allowed, *denied;
 
         g_atomic_int_set(&f->sink->bytes, 0);
         g_atomic_int_set(&f->sink->connections, 0);
@@ -530,8 +457,8 @@ test_pipelined_other_host_refused(void **state)
             status_of(&(GString){.str = back->str + strlen(echo),
                                  .len = back->len - strlen(echo)}) != cases[i].status)
             fail_msg("case %zu: got '%s'", i, back->str);
-        allowed = log_wait(&f->log, n_records++);
-        denied = log_wait(&f->log, n_records++);
+        allowed = vm_test_egress_log_wait(f->log, n_records++);
+        denied = vm_test_egress_log_wait(f->log, n_records++);
         assert_int_equal(allowed->kind, VM_EGRESS_RECORD_ALLOWED);
         assert_int_equal(allowed->bytes_up, strlen(echo));
         assert_int_equal(denied->kind, VM_EGRESS_RECORD_DENIED);
@@ -543,7 +470,7 @@ test_pipelined_other_host_refused(void **state)
         assert_int_equal(g_atomic_int_get(&other->connections), 0);
         assert_int_equal(g_atomic_int_get(&other->bytes), 0);
     }
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     vm_test_sink_free(other);
 }
 
@@ -578,12 +505,12 @@ test_pipelined_allowed(void **state)
     assert_int_equal(g_atomic_int_get(&f->sink->connections), 2);
     assert_int_equal(g_atomic_int_get(&other->connections), 1);
     for (guint i = 0; i < 3; i++) {
-        Record *record = log_wait(&f->log, i);
+        const VmTestEgressRecord *record = vm_test_egress_log_wait(f->log, i);
 
         assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
         assert_string_equal(record->host, i < 2 ? "sink.test" : "127.0.0.1");
     }
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     vm_test_sink_free(other);
 }
 
@@ -622,14 +549,14 @@ test_smuggling_refused(void **state)
     for (gsize i = 0; i < G_N_ELEMENTS(heads); i++) {
         g_autoptr(GString) text = g_string_new(heads[i]);
         g_autofree char *port = g_strdup_printf("%u", f->sink->port);
-        Record *record;
+        const VmTestEgressRecord *record;
         int status;
 
         g_string_replace(text, "PORT", port, 0);
         status = request_status(f, text->str);
         if (status != 400)
             fail_msg("case %zu: status %d", i, status);
-        record = log_wait(&f->log, i);
+        record = vm_test_egress_log_wait(f->log, i);
         assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
         assert_string_equal(record->reason, "bad-request");
     }
@@ -649,14 +576,14 @@ test_bad_chunked_body(void **state)
                         "GET http://other.test:%1$u/ HTTP/1.1\r\nHost: other.test:%1$u\r\n\r\n",
                         f->sink->port);
     g_autoptr(GString) back = exchange_all(f, text);
-    Record *record = log_wait(&f->log, 0);
+    const VmTestEgressRecord *record = vm_test_egress_log_wait(f->log, 0);
 
     assert_null(strstr(back->str, "other.test"));
     assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
     assert_string_equal(record->reason, "bad-request");
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     /* one record: the bytes after the broken chunk were never read as a request */
-    assert_int_equal(f->log.records->len, 1);
+    assert_int_equal(vm_test_egress_log_count(f->log), 1);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -695,13 +622,13 @@ test_sni_matches(void **state)
         gsize len = g_bytes_get_size(hello);
         int fd = tunnel_send(f, pairs[i][1], hello);
         g_autoptr(GString) echo = vm_test_read_until(fd, NULL, 300, NULL);
-        Record *record;
+        const VmTestEgressRecord *record;
 
         /* forwarded unchanged */
         assert_int_equal(echo->len, len);
         assert_memory_equal(echo->str, g_bytes_get_data(hello, NULL), len);
         close(fd);
-        record = log_wait(&f->log, i);
+        record = vm_test_egress_log_wait(f->log, i);
         assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
         assert_int_equal(record->bytes_up, len);
     }
@@ -730,12 +657,12 @@ test_sni_refused(void **state)
         int fd = tunnel_send(f, "sink.test", cases[i].first);
         gboolean eof = FALSE;
         g_autoptr(GString) rest = vm_test_read_until(fd, NULL, IO_TIMEOUT_MS, &eof);
-        Record *record;
+        const VmTestEgressRecord *record;
 
         assert_true(eof);
         assert_int_equal(rest->len, 0);
         close(fd);
-        record = log_wait(&f->log, i);
+        record = vm_test_egress_log_wait(f->log, i);
         if (record->kind != VM_EGRESS_RECORD_DENIED ||
             g_strcmp0(record->reason, cases[i].reason) != 0)
             fail_msg("case %zu: %s", i, record->reason);
@@ -764,7 +691,7 @@ test_sni_timeout(void **state)
     rest = vm_test_read_until(fd, NULL, 2000, &eof);
     assert_true(eof);
     close(fd);
-    assert_string_equal(log_wait(&f->log, 0)->reason, "timeout");
+    assert_string_equal(vm_test_egress_log_wait(f->log, 0)->reason, "timeout");
     assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
 }
 
@@ -780,12 +707,12 @@ test_cidr_connect_without_sni(void **state)
 
     assert_string_equal(echo->str, "ping");
     close(fd);
-    assert_int_equal(log_wait(&f->log, 0)->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_int_equal(vm_test_egress_log_wait(f->log, 0)->kind, VM_EGRESS_RECORD_ALLOWED);
     fd = tunnel_send(f, "127.0.0.1", none);
     g_string_free(vm_test_read_until(fd, NULL, 300, NULL), TRUE);
     close(fd);
-    assert_int_equal(log_wait(&f->log, 1)->kind, VM_EGRESS_RECORD_ALLOWED);
-    assert_int_equal(log_wait(&f->log, 1)->bytes_up, g_bytes_get_size(none));
+    assert_int_equal(vm_test_egress_log_wait(f->log, 1)->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_int_equal(vm_test_egress_log_wait(f->log, 1)->bytes_up, g_bytes_get_size(none));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -832,17 +759,17 @@ test_ports(void **state)
         g_autofree char *req = with_ports(f, other, cases[i].request);
         g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(allow, deny);
         int status;
-        Record *record;
+        const VmTestEgressRecord *record;
 
         vm_egress_proxy_set_policy(f->proxy, policy);
         status = request_status(f, req);
-        record = log_wait(&f->log, i);
+        record = vm_test_egress_log_wait(f->log, i);
         if (status != cases[i].status ||
             (cases[i].reason != NULL && g_strcmp0(record->reason, cases[i].reason) != 0))
             fail_msg("case %zu (%s): status %d, %s", i, req, status, record->reason);
     }
     assert_int_equal(g_atomic_int_get(&other->connections), 0);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     vm_test_sink_free(other);
 }
 
@@ -867,7 +794,7 @@ test_policy_change_closes_tunnel(void **state)
     g_autoptr(GString) echo = NULL;
     gboolean eof = FALSE;
     gint64 start;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     vm_test_send_text(a, by_name);
     vm_test_send_text(b, by_address);
@@ -882,7 +809,7 @@ test_policy_change_closes_tunnel(void **state)
     tail = vm_test_read_until(a, NULL, 2000, &eof);
     assert_true(eof);
     assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_string_equal(record->host, "sink.test");
     assert_string_equal(record->reason, "policy-changed");
 
@@ -911,7 +838,7 @@ test_handshake_timeout(void **state)
     g_autoptr(GString) response = NULL;
     gboolean eof = FALSE;
     gint64 start;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     /* slow-loris: a byte every 100 ms does not extend the deadline */
@@ -925,7 +852,7 @@ test_handshake_timeout(void **state)
     response = vm_test_read_until(fd, NULL, 2000, &eof);
     assert_true(eof);
     assert_int_equal(status_of(response), 408);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
     assert_string_equal(record->reason, "timeout");
     assert_int_equal(g_atomic_int_get(&f->sink->connections), 0);
@@ -941,7 +868,7 @@ test_too_many_connections(void **state)
     int a, b, c;
     g_autoptr(GString) response = NULL;
     gboolean eof = FALSE;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     a = client_connect(f);
@@ -953,12 +880,12 @@ test_too_many_connections(void **state)
     response = vm_test_read_until(c, NULL, IO_TIMEOUT_MS, &eof);
     assert_true(eof);
     assert_int_equal(status_of(response), 503);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_string_equal(record->reason, "too-many-connections");
     close(a);
     close(b);
     close(c);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     req = g_strdup_printf("CONNECT sink.test:%u HTTP/1.1\r\n\r\n", f->sink->port);
     assert_int_equal(request_status(f, req), 200);
 }
@@ -973,7 +900,7 @@ test_idle_timeout(void **state)
     g_autoptr(GString) response = NULL;
     g_autoptr(GString) rest = NULL;
     gboolean eof = FALSE;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
@@ -983,7 +910,7 @@ test_idle_timeout(void **state)
     assert_int_equal(status_of(response), 200);
     rest = vm_test_read_until(fd, NULL, 2000, &eof);
     assert_true(eof);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_string_equal(record->reason, "idle");
     close(fd);
 }
@@ -1034,7 +961,7 @@ test_never_hangs(void **state)
         vm_test_send_text(fd, "CONNECT sink.te");
         close(fd);
     }
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     assert_int_equal(g_atomic_int_get(&f->sink->connections), 0);
 }
 
@@ -1087,7 +1014,7 @@ test_rewrite_hook(void **state)
     g_autofree char *refused = NULL;
     int fd;
     g_autoptr(GString) echo = NULL;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     fixture_start(f, &config, "sink.test:PORT 127.0.0.1/32:PORT", NULL);
     req = g_strdup_printf("GET http://sink.test:%1$u/ HTTP/1.1\r\nHost: sink.test:%1$u\r\n"
@@ -1099,14 +1026,14 @@ test_rewrite_hook(void **state)
     assert_non_null(strstr(echo->str, "\r\nAuthorization: Bearer real\r\n"));
     assert_null(strstr(echo->str, "PLACEHOLDER"));
     close(fd);
-    (void)log_wait(&f->log, 0);
+    (void)vm_test_egress_log_wait(f->log, 0);
 
     refused = g_strdup_printf("GET http://sink.test:%1$u/ HTTP/1.1\r\nHost: sink.test:%1$u\r\n"
                               "Authorization: REFUSE\r\n\r\n",
                               f->sink->port);
     g_atomic_int_set(&f->sink->bytes, 0);
     assert_int_equal(request_status(f, refused), 403);
-    record = log_wait(&f->log, 1);
+    record = vm_test_egress_log_wait(f->log, 1);
     assert_string_equal(record->reason, "rewrite-refused");
     g_usleep(50 * 1000);
     assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
@@ -1151,14 +1078,14 @@ test_relay_bulk(void **state)
     g_autofree char *req = g_strdup_printf("CONNECT 127.0.0.1:%u HTTP/1.1\r\n\r\n", f->sink->port);
     int fd = client_connect(f);
     g_autoptr(GString) response = NULL;
-    Record *record;
+    const VmTestEgressRecord *record;
 
     vm_test_send_text(fd, req);
     response = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
     assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200"));
     assert_bulk_echo(fd, 6 * 1024 * 1024 + 7);
     close(fd);
-    record = log_wait(&f->log, 0);
+    record = vm_test_egress_log_wait(f->log, 0);
     assert_int_equal(record->bytes_up, 6 * 1024 * 1024 + 7);
     assert_int_equal(record->bytes_down, 6 * 1024 * 1024 + 7);
 }
@@ -1255,8 +1182,8 @@ test_unix_handover(void **state)
     assert_string_equal(response->str, "HTTP/1.1 200 Connection established\r\n\r\n");
     assert_bulk_echo(sv[0], 3 * 1024 * 1024);
     close(sv[0]);
-    wait_idle(f);
-    assert_int_equal(log_wait(&f->log, 0)->kind, VM_EGRESS_RECORD_ALLOWED);
+    vm_test_egress_wait_idle(f->proxy);
+    assert_int_equal(vm_test_egress_log_wait(f->log, 0)->kind, VM_EGRESS_RECORD_ALLOWED);
     unix_fixture_end(f, g_steal_pointer(&dir), path);
 }
 
@@ -1279,7 +1206,7 @@ test_unix_plain(void **state)
     echo = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, NULL);
     assert_string_equal(echo->str, "ping");
     close(fd);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     unix_fixture_end(f, g_steal_pointer(&dir), path);
 }
 
@@ -1311,7 +1238,7 @@ test_unix_bad_handover(void **state)
         assert_true(eof);
         assert_int_equal(rest->len, 0);
         close(fd);
-        assert_string_equal(log_wait(&f->log, i)->reason, "bad-request");
+        assert_string_equal(vm_test_egress_log_wait(f->log, i)->reason, "bad-request");
     }
     /* the handed sockets were not used: the other ends see nothing */
     {
@@ -1327,7 +1254,7 @@ test_unix_bad_handover(void **state)
     close(dg[0]);
     close(dg[1]);
     assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
-    wait_idle(f);
+    vm_test_egress_wait_idle(f->proxy);
     unix_fixture_end(f, g_steal_pointer(&dir), path);
 }
 

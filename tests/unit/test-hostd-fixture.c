@@ -888,3 +888,12 @@ hostd_test_wait_state(HostdTestFixture *f, const char *name, const char *state, 
         g_usleep(50 * 1000);
     }
 }
+
+gboolean
+hostd_test_egress_allows(HostdContext *ctx, const char *name, const char *host, guint16 port)
+{
+    g_autoptr(VmEgressPolicy) policy = hostd_egress_dup_effective_policy(ctx, name);
+
+    assert_non_null(policy);
+    return vm_egress_policy_check_host(policy, host, port, NULL) == VM_EGRESS_ALLOW;
+}

@@ -113,6 +113,11 @@ char *hostd_test_qemu_img_log(HostdTestFixture *f);
  * @pattern fail from now on, as an error of qemu-img; NULL: none fails. */
 void hostd_test_qemu_img_fail(HostdTestFixture *f, const char *pattern);
 
+/* Whether the egress policy agent @name's proxy applies now (the user's rules and its grants'
+ * hosts) lets a connection to @host:@port through; fails the test when @name has no proxy. */
+gboolean hostd_test_egress_allows(HostdContext *ctx, const char *name, const char *host,
+                                  guint16 port);
+
 /* ---- fakes for what the test driver lacks ---- */
 
 /* Whether the guest agent answers a freeze (default: no). */

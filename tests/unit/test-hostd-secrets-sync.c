@@ -354,15 +354,6 @@ agent_with_proxy(Fixture *f, const char *name)
     return r;
 }
 
-static gboolean
-allows(Fixture *f, const char *name, const char *host, guint16 port)
-{
-    g_autoptr(VmEgressPolicy) policy = hostd_egress_dup_effective_policy(f->ctx, name);
-
-    assert_non_null(policy);
-    return vm_egress_policy_check_host(policy, host, port, NULL) == VM_EGRESS_ALLOW;
-}
-
 static guint
 n_credentials(Fixture *f, const char *name)
 {
@@ -399,28 +390,28 @@ test_sync_proxy(void **state)
     store_secret(f, "github", "GH_TOKEN", "*.github.com");
     assert_true(hostd_secrets_sync(f->ctx, "a1", &error));
     assert_int_equal(n_credentials(f, "a1"), 0);
-    assert_false(allows(f, "a1", "api.example.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
 
     g_free(grant(f, "a1", "example"));
     g_free(grant(f, "a1", "github"));
     assert_true(hostd_secrets_sync(f->ctx, "a1", &error));
     vm_test_assert_no_error(error);
     assert_int_equal(n_credentials(f, "a1"), 2);
-    assert_true(allows(f, "a1", "api.example.com", 443));
-    assert_true(allows(f, "a1", "api.github.com", 443));
-    assert_false(allows(f, "a1", "api.example.com", 80));
-    assert_true(allows(f, "a1", "pypi.org", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.github.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 80));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "pypi.org", 443));
     assert_true(file_is(ini, ini_before));
 
     assert_true(hostd_grants_revoke(f->grants_dir, "a1", "example", &error));
     assert_true(hostd_secrets_sync(f->ctx, "a1", &error));
     assert_int_equal(n_credentials(f, "a1"), 1);
-    assert_false(allows(f, "a1", "api.example.com", 443));
-    assert_true(allows(f, "a1", "api.github.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.github.com", 443));
     assert_true(hostd_grants_revoke(f->grants_dir, "a1", "github", &error));
     assert_true(hostd_secrets_sync(f->ctx, "a1", &error));
     assert_int_equal(n_credentials(f, "a1"), 0);
-    assert_false(allows(f, "a1", "api.github.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.github.com", 443));
     assert_true(file_is(ini, ini_before));
 
     assert_false(hostd_secrets_sync(f->ctx, "nosuch", &error));
@@ -443,7 +434,7 @@ test_sync_secret_gone(void **state)
     assert_false(hostd_secrets_sync(f->ctx, "a1", &error));
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, NULL);
     assert_int_equal(n_credentials(f, "a1"), 0);
-    assert_false(allows(f, "a1", "api.example.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
 }
 
 /* A new agent's seed: its CA certificate and the block of the grants it was created with, and
@@ -535,7 +526,7 @@ test_creating(void **state)
     assert_true(hostd_secrets_sync_component.agent_creating(f->ctx, r, NULL, &error));
     vm_test_assert_no_error(error);
     assert_int_equal(n_credentials(f, "a1"), 1);
-    assert_true(allows(f, "a1", "api.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
 
     /* Grants made after this component's agent_creating reach the proxy when the agent is
      * ready. */
@@ -544,7 +535,7 @@ test_creating(void **state)
     assert_int_equal(n_credentials(f, "a1"), 1);
     assert_true(hostd_secrets_sync_component.agent_ready(f->ctx, r, &error));
     assert_int_equal(n_credentials(f, "a1"), 2);
-    assert_true(allows(f, "a1", "api.github.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.github.com", 443));
 }
 
 /* A new hostd: its proxies start bare, and reconcile gives each its agent's grants again. */
@@ -562,11 +553,11 @@ test_reconcile(void **state)
     hostd_egress_stop_all(f->ctx);
     assert_true(hostd_egress_agent_start(f->ctx, r, &error));
     assert_int_equal(n_credentials(f, "a1"), 0);
-    assert_false(allows(f, "a1", "api.example.com", 443));
+    assert_false(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
     hostd_secrets_sync_component.agent_reconcile(f->ctx, r, NULL, notes);
     assert_int_equal(notes->len, 0);
     assert_int_equal(n_credentials(f, "a1"), 1);
-    assert_true(allows(f, "a1", "api.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
 }
 
 /* rm: the agent's grants go (and with the egress component, its CA); others' stay. */
@@ -614,7 +605,7 @@ test_sync_running_unreachable(void **state)
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_SSH) ||
                 g_error_matches(error, VM_ERROR, VM_ERROR_IO));
     assert_int_equal(n_credentials(f, "a1"), 1);
-    assert_true(allows(f, "a1", "api.example.com", 443));
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.example.com", 443));
 }
 
 int
