@@ -232,11 +232,36 @@ seed_check_meta(const VmSeedSpec *spec, GError **error)
            seed_check_line("instance_id", spec->instance_id, error);
 }
 
+/* What a warm and an agent's seed share: packages, proxy, API host, CA, environment. */
+static gboolean
+seed_check_optional(const VmSeedSpec *spec, GError **error)
+{
+    for (const char *const *pkg = spec->packages; pkg != NULL && *pkg != NULL; pkg++) {
+        if (!seed_check_line("package name", *pkg, error))
+            return FALSE;
+    }
+    if (spec->egress_proxy != NULL && !seed_check_proxy(spec->egress_proxy, error))
+        return FALSE;
+    if (spec->guest_api_host != NULL &&
+        !seed_is_host(spec->guest_api_host, strlen(spec->guest_api_host)))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: guest_api_host '%s' is not a host name or IPv4 address",
+                        spec->guest_api_host);
+    if (spec->egress_ca_pem != NULL && !seed_check_ca(spec->egress_ca_pem, error))
+        return FALSE;
+    if (spec->environment_block != NULL && !seed_check_environment(spec->environment_block, error))
+        return FALSE;
+    return TRUE;
+}
+
 static gboolean
 seed_check_spec(const VmSeedSpec *spec, GError **error)
 {
-    if (!seed_check_meta(spec, error) || !seed_check_user(spec->user, error) ||
-        !seed_check_line("authorized_key", spec->authorized_key, error) ||
+    if (!seed_check_meta(spec, error) || !seed_check_user(spec->user, error))
+        return FALSE;
+    if (spec->warm)
+        return seed_check_optional(spec, error);
+    if (!seed_check_line("authorized_key", spec->authorized_key, error) ||
         !seed_check_private_key(spec->host_key_private, error) ||
         !seed_check_line("host_key_public", spec->host_key_public, error))
         return FALSE;
@@ -255,22 +280,7 @@ seed_check_spec(const VmSeedSpec *spec, GError **error)
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "seed: more than %d user keys",
                             VM_SSH_KEYS_MAX);
     }
-    for (const char *const *pkg = spec->packages; pkg != NULL && *pkg != NULL; pkg++) {
-        if (!seed_check_line("package name", *pkg, error))
-            return FALSE;
-    }
-    if (spec->egress_proxy != NULL && !seed_check_proxy(spec->egress_proxy, error))
-        return FALSE;
-    if (spec->guest_api_host != NULL &&
-        !seed_is_host(spec->guest_api_host, strlen(spec->guest_api_host)))
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "seed: guest_api_host '%s' is not a host name or IPv4 address",
-                        spec->guest_api_host);
-    if (spec->egress_ca_pem != NULL && !seed_check_ca(spec->egress_ca_pem, error))
-        return FALSE;
-    if (spec->environment_block != NULL && !seed_check_environment(spec->environment_block, error))
-        return FALSE;
-    return TRUE;
+    return seed_check_optional(spec, error);
 }
 
 /* Appends @value as a YAML double-quoted scalar, so that no character of it (':', '#', '"',
@@ -438,6 +448,44 @@ seed_append_write_files(GString *out, const VmSeedSpec *spec)
         seed_append_guest_tool(out);
 }
 
+/* The keys of an agent's seed: hostd's and the user's authorized, and exactly the host key hostd
+ * generated, so hostd can pin it. */
+static void
+seed_append_keys(GString *out, const VmSeedSpec *spec)
+{
+    g_string_append(out, "    ssh_authorized_keys:\n");
+    g_string_append(out, "      - ");
+    seed_append_quoted(out, spec->authorized_key);
+    g_string_append_c(out, '\n');
+    for (const char *const *key = spec->user_keys; key != NULL && *key != NULL; key++) {
+        g_string_append(out, "      - ");
+        seed_append_quoted(out, *key);
+        g_string_append_c(out, '\n');
+    }
+    g_string_append(out, "disable_root: true\n");
+    g_string_append(out, "ssh_pwauth: false\n");
+    g_string_append(out, "ssh_deletekeys: true\n");
+    g_string_append(out, "ssh_genkeytypes: []\n");
+    g_string_append(out, "ssh_keys:\n");
+    seed_append_block(out, 2, "ed25519_private", spec->host_key_private);
+    seed_append_key_quoted(out, 2, "ed25519_public", spec->host_key_public);
+}
+
+/* A warm image's machine holds no key: the image's host keys go, none is made, and sshd is
+ * masked in /run (for this boot only: a later cold boot of an agent starts it) until hostd
+ * applies an agent's identity and starts it. */
+static void
+seed_append_warm(GString *out)
+{
+    g_string_append(out, "disable_root: true\n");
+    g_string_append(out, "ssh_pwauth: false\n");
+    g_string_append(out, "ssh_deletekeys: true\n");
+    g_string_append(out, "ssh_genkeytypes: []\n");
+    g_string_append(out, "bootcmd:\n");
+    g_string_append(out, "  - [\"systemctl\", \"mask\", \"--runtime\", \"--now\", \"ssh.service\", "
+                         "\"ssh.socket\"]\n");
+}
+
 /* hostd's own #cloud-config; @spec is already checked. */
 static char *
 seed_render_cloud_config(const VmSeedSpec *spec)
@@ -456,24 +504,11 @@ seed_render_cloud_config(const VmSeedSpec *spec)
     seed_append_key_quoted(out, 4, "sudo", "ALL=(ALL) NOPASSWD:ALL");
     seed_append_key_quoted(out, 4, "shell", "/bin/bash");
     g_string_append(out, "    lock_passwd: true\n");
-    g_string_append(out, "    ssh_authorized_keys:\n");
-    g_string_append(out, "      - ");
-    seed_append_quoted(out, spec->authorized_key);
-    g_string_append_c(out, '\n');
-    for (const char *const *key = spec->user_keys; key != NULL && *key != NULL; key++) {
-        g_string_append(out, "      - ");
-        seed_append_quoted(out, *key);
-        g_string_append_c(out, '\n');
+    if (spec->warm) {
+        seed_append_warm(out);
+    } else {
+        seed_append_keys(out, spec);
     }
-    g_string_append(out, "disable_root: true\n");
-    g_string_append(out, "ssh_pwauth: false\n");
-
-    /* The guest's sshd gets exactly the host key hostd generated, so hostd can pin it. */
-    g_string_append(out, "ssh_deletekeys: true\n");
-    g_string_append(out, "ssh_genkeytypes: []\n");
-    g_string_append(out, "ssh_keys:\n");
-    seed_append_block(out, 2, "ed25519_private", spec->host_key_private);
-    seed_append_key_quoted(out, 2, "ed25519_public", spec->host_key_public);
 
     seed_append_write_files(out, spec);
     /* write_files runs before runcmd: the certificate is in place when the store is rebuilt. */

@@ -8,6 +8,11 @@ G_BEGIN_DECLS
 typedef struct {
     const char *hostname;
     const char *instance_id;
+    gboolean warm;                  /* the generic machine of a warm image (docs/INSTANT.md): no
+                                     * key of any kind (authorized_key, user_keys and the host
+                                     * key are not used), the old host keys deleted, and sshd kept
+                                     * from starting during this boot (masked in /run), so nothing
+                                     * answers until hostd gives a restored agent its identity */
     const char *user;               /* default user, gets passwordless sudo */
     const char *authorized_key;     /* "ssh-ed25519 AAAA... comment" */
     const char *const *user_keys;   /* NULL-terminated, or NULL: the user's own public key lines

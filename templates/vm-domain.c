@@ -113,6 +113,9 @@ spec_validate(const VmDomainSpec *spec, GError **error)
     if (spec->uuid == NULL || !is_uuid(spec->uuid))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "domain spec: uuid missing or not in 8-4-4-4-12 form");
+    if (spec->genid != NULL && !is_uuid(spec->genid))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "domain spec: genid not in 8-4-4-4-12 form");
     if (spec->virt_type == NULL ||
         !(g_str_equal(spec->virt_type, "kvm") || g_str_equal(spec->virt_type, "qemu")))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
@@ -273,6 +276,8 @@ vm_domain_xml_build(const VmDomainSpec *spec, GError **error)
            "  <name>%s</name>\n"
            "  <uuid>%s</uuid>\n",
            spec->virt_type, spec->name, spec->uuid);
+    if (spec->genid != NULL)
+        append(xml, "  <genid>%s</genid>\n", spec->genid);
     if (spec->metadata_xml != NULL)
         g_string_append_printf(xml, "  <metadata>\n    %s\n  </metadata>\n", spec->metadata_xml);
     append(xml,

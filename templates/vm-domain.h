@@ -28,6 +28,9 @@ G_BEGIN_DECLS
 typedef struct {
     const char *name;
     const char *uuid;               /* canonical 36-char form */
+    const char *genid;              /* the VM generation ID (36-char form), or NULL: none. Linux
+                                     * reseeds its RNG when it changes, which a restore of a warm
+                                     * image into a new agent does */
     const char *virt_type;          /* "kvm" or "qemu" */
     const char *const *cpu_disable; /* KVM: host CPU features hidden from the guest; or NULL */
     const char *emulator;           /* NULL: libvirt's default */

@@ -496,6 +496,29 @@ bad_spec_apply(VmDomainSpec *s, BadKind kind)
     }
 }
 
+/* A warm agent's generation ID: in the XML libvirt accepts, once; none without one; a value that
+ * is not a UUID refused. */
+static void
+test_genid(void **state)
+{
+    VmDomainSpec spec = spec_tcg_kernel();
+    g_autofree char *plain = build_ok(&spec);
+    assert_null(strstr(plain, "<genid"));
+
+    spec.genid = "0f4f4b5e-9a57-4d49-9a36-2f1d2f6a7c11";
+    g_autofree char *xml = build_ok(&spec);
+    const char *at = strstr(xml, "<genid>0f4f4b5e-9a57-4d49-9a36-2f1d2f6a7c11</genid>");
+    assert_non_null(at);
+    assert_null(strstr(at + 1, "<genid"));
+    assert_schema_valid(*state, xml);
+
+    g_autoptr(GError) error = NULL;
+    spec.genid = "0f4f4b5e'/><x";
+    g_autofree char *bad = vm_domain_xml_build(&spec, &error);
+    assert_null(bad);
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+}
+
 static void
 test_bad_spec(void **state)
 {
@@ -527,6 +550,7 @@ main(void)
         cmocka_unit_test(test_network_is_restricted),
         cmocka_unit_test(test_optional_parts_omitted),
         cmocka_unit_test_setup_teardown(test_escaping, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_genid, setup, teardown),
     };
     g_autoptr(GArray) tests = g_array_new(FALSE, FALSE, sizeof(struct CMUnitTest));
 

@@ -513,6 +513,57 @@ test_golden_plain(void **state)
     assert_string_equal(again, user_data);
 }
 
+/* The warm image's seed: the template's user, no key of any kind (hostd's, the user's, a host
+ * key), host keys deleted and none made, sshd masked for the boot; the rest as an agent's. */
+static void
+test_warm(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    f->spec.warm = TRUE;
+    f->spec.authorized_key = NULL;
+    f->spec.host_key_private = NULL;
+    f->spec.host_key_public = NULL;
+    f->spec.egress_proxy = "http://10.0.2.100:3128";
+    g_autofree char *user_data = vm_seed_render_user_data(&f->spec, &error);
+    assert_null(error);
+    assert_non_null(user_data);
+    assert_null(strstr(user_data, "ssh-ed25519"));
+    assert_null(strstr(user_data, "PRIVATE KEY"));
+    assert_null(strstr(user_data, "ssh_authorized_keys"));
+    assert_null(strstr(user_data, "ssh_keys"));
+
+    g_autoptr(YamlDoc) y = yaml_load(user_data);
+    yaml_node_t *root = yaml_document_get_root_node(&y->doc);
+    assert_string_equal((const char *)yaml_get(y, root, "ssh_deletekeys")->data.scalar.value,
+                        "true");
+    assert_int_equal(yaml_len(yaml_get(y, root, "ssh_genkeytypes")), 0);
+    yaml_node_t *bootcmd = yaml_get(y, root, "bootcmd");
+    assert_int_equal(yaml_len(bootcmd), 1);
+    yaml_node_t *mask = yaml_item(y, bootcmd, 0);
+    const char *want[] = {"systemctl", "mask", "--runtime", "--now", "ssh.service", "ssh.socket"};
+    assert_int_equal(yaml_len(mask), G_N_ELEMENTS(want));
+    for (guint i = 0; i < G_N_ELEMENTS(want); i++)
+        assert_yaml_string(yaml_item(y, mask, i), want[i]);
+    yaml_node_t *users = yaml_get(y, root, "users");
+    assert_yaml_string(yaml_get(y, yaml_item(y, users, 0), "name"), f->spec.user);
+    assert_non_null(strstr(user_data, "/etc/environment"));
+
+    /* Keys given anyway are not used. */
+    const char *const keys[] = {"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIUSERKEY user@laptop", NULL};
+    f->spec.authorized_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHOSTD hostd";
+    f->spec.user_keys = keys;
+    g_autofree char *again = vm_seed_render_user_data(&f->spec, &error);
+    assert_string_equal(again, user_data);
+
+    /* An agent's seed without its keys is still refused. */
+    f->spec.warm = FALSE;
+    g_autofree char *refused = vm_seed_render_user_data(&f->spec, &error);
+    assert_null(refused);
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+}
+
 static void
 test_golden_packages_template(void **state)
 {
@@ -1208,6 +1259,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_golden_plain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_warm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_packages_template, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_template_script, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_egress, setup, teardown),
