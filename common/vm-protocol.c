@@ -37,6 +37,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"wait", "b"},
         {"ssh_keys", "as", 0, 1, VM_SSH_KEYS_MAX},
         {"secrets", "as", 0, 1, VM_SECRETS_MAX},
+        {"cold", "b"},
         {NULL}}},
     {VM_OP_AGENT_LIST, "agent-list", VM_OP_RESULT, FALSE, {{NULL}}},
     {VM_OP_AGENT_INFO, "agent-info", VM_OP_RESULT, FALSE, {

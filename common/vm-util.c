@@ -113,6 +113,18 @@ vm_file_write_atomic(const char *path, const char *contents, gssize len, int mod
 }
 
 gboolean
+vm_file_sync(const char *path, GError **error)
+{
+    vm_autofd fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+
+    if (fd < 0)
+        return vm_throw_errno(error, errno, "cannot open '%s'", path);
+    if (fsync(fd) < 0)
+        return vm_throw_errno(error, errno, "cannot sync '%s'", path);
+    return TRUE;
+}
+
+gboolean
 vm_file_sync_dir(const char *path, GError **error)
 {
     g_autofree char *dir = g_path_get_dirname(path);

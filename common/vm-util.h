@@ -38,6 +38,10 @@ void vm_file_write_fault(guint first, guint count, int errnum);
  * test can tell whether an operation reached the write it meant to fail. Can't fail. */
 guint vm_file_write_calls(void);
 
+/* Syncs the file or directory @path itself (its data, or its entries), so that what was written
+ * there is on disk. Fails with VM_ERROR_IO. */
+gboolean vm_file_sync(const char *path, GError **error);
+
 /* Syncs the directory holding @path, so that an entry created, renamed or removed there is on
  * disk. Fails with VM_ERROR_IO. */
 gboolean vm_file_sync_dir(const char *path, GError **error);

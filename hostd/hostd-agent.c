@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <glib/gstdio.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "hostd-guest.h"
@@ -225,18 +226,65 @@ hostd_agent_ssh_stanza(const HostdAgentRecord *r)
                            r->name, r->ssh_port, r->user, identity, known_hosts);
 }
 
+/* What a warm agent's identity needs of the keys `new` made (hostd keeps the private host key
+ * only in the seed otherwise): held in memory until the identity is applied. */
+typedef struct {
+    char *agent_key;
+    char *host_private;
+    char *host_public;
+} HostdAgentKeys;
+
+static void
+hostd_agent_keys_clear(HostdAgentKeys *keys)
+{
+    g_free(keys->agent_key);
+    if (keys->host_private != NULL)
+        memset(keys->host_private, 0, strlen(keys->host_private));
+    g_free(keys->host_private);
+    g_free(keys->host_public);
+}
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(HostdAgentKeys, hostd_agent_keys_clear)
+
+/* The agent's first disk, an overlay of r->disk_gib: a fork's stands on its source's
+ * checkpoint, a warm agent's on the warm image's disk layer, anyone else's on the template's
+ * image. An existing one is replaced. */
+static gboolean
+hostd_agent_make_disk(const HostdAgentRecord *r, const VmImage *image, GError **error)
+{
+    g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
+    const char *backing = r->fork_base != NULL   ? r->fork_base
+                          : r->warm_base != NULL ? r->warm_base
+                                                 : image->disk_path;
+    g_autofree char *size = g_strdup_printf("%uG", r->disk_gib);
+    const char *qemu_img[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
+                              "qcow2",    "-b",     backing, disk, size,    NULL};
+    g_unlink(disk);
+    return vm_spawn_run(qemu_img, NULL, NULL, error);
+}
+
+/* A VM generation ID of its own for an agent made from a warm image, the same at each of its
+ * definitions (so its saves and checkpoints restore), and not the warm image's: derived from its
+ * UUID. */
+static char *
+hostd_agent_genid(const HostdAgentRecord *r)
+{
+    g_autofree char *hex = g_compute_checksum_for_string(G_CHECKSUM_SHA256, r->uuid, -1);
+    return g_strdup_printf("%.8s-%.4s-4%.3s-8%.3s-%.12s", hex, hex + 8, hex + 12, hex + 15,
+                           hex + 18);
+}
+
 /* Everything `new` makes before the domain starts: keys, known_hosts, ssh_config, overlay,
  * seed, domain XML. */
 static char *
 hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const VmTemplate *tpl,
-                          const VmImage *image, const char *user_data, GError **error)
+                          const VmImage *image, const char *user_data, HostdAgentKeys *ret_keys,
+                          GError **error)
 {
     g_autofree char *key_path = hostd_agent_record_path(r, HOSTD_AGENT_KEY);
     g_autofree char *key_pub_path = hostd_agent_record_path(r, HOSTD_AGENT_KEY_PUB);
     g_autofree char *host_pub_path = hostd_agent_record_path(r, HOSTD_AGENT_HOST_KEY_PUB);
     g_autofree char *known_hosts_path = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
     g_autofree char *ssh_config_path = hostd_agent_record_path(r, HOSTD_AGENT_SSH_CONFIG);
-    g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
     g_autofree char *seed = hostd_agent_record_path(r, HOSTD_AGENT_SEED);
     g_autofree char *comment = g_strdup_printf("vmctl-%s", r->name);
 
@@ -260,12 +308,7 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         !vm_file_write_atomic(ssh_config_path, stanza, -1, 0644, error))
         return NULL;
 
-    /* A fork's disk stands on its source's checkpoint, anyone else's on the template's image. */
-    const char *backing = r->fork_base != NULL ? r->fork_base : image->disk_path;
-    g_autofree char *size = g_strdup_printf("%uG", r->disk_gib);
-    const char *qemu_img[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
-                              "qcow2",    "-b",     backing, disk, size,    NULL};
-    if (!vm_spawn_run(qemu_img, NULL, NULL, error))
+    if (!hostd_agent_make_disk(r, image, error))
         return NULL;
 
     VmSeedSpec seed_spec = {
@@ -296,6 +339,11 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
     if (chmod(seed, 0600) < 0) {
         vm_throw_errno(error, errno, "cannot protect %s", seed);
         return NULL;
+    }
+    if (ret_keys != NULL) {
+        ret_keys->agent_key = g_strdup(user_key->public_line);
+        ret_keys->host_private = g_strdup(host_key->private_pem);
+        ret_keys->host_public = g_strdup(host_key->public_line);
     }
 
     return hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
@@ -334,9 +382,11 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
         g_autofree char *machine_id = hostd_agent_machine_id(r);
         cmdline = g_strdup_printf("%s systemd.machine_id=%s", image->cmdline, machine_id);
     }
+    g_autofree char *genid = r->warm_base != NULL ? hostd_agent_genid(r) : NULL;
     VmDomainSpec spec = {
         .name = r->name,
         .uuid = r->uuid,
+        .genid = genid,
         .virt_type = ctx->lv->virt_type,
         .cpu_disable = (const char *const *)ctx->lv->cpu_disable,
         .cpus = r->cpus,
@@ -444,6 +494,21 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         return NULL;
     }
 
+    /* A warm image when one fits, else the first boot, said once in the log and to the user. */
+    g_autoptr(HostdWarmImage) warm = NULL;
+    g_autofree char *cold_why = NULL;
+    if (req->cold)
+        cold_why = g_strdup("--cold");
+    else if (req->user_data != NULL)
+        cold_why = g_strdup("--user-data runs at a first boot");
+    else
+        warm = hostd_warm_lookup(ctx, tpl, image, cpus, memory_mib, disk_gib, &cold_why);
+    if (warm == NULL) {
+        hostd_context_log(ctx, "agent '%s': booting cold: %s", req->name, cold_why);
+        g_autofree char *note = g_strdup_printf("booting cold: %s", cold_why);
+        hostd_progress(progress, progress_data, note, -1);
+    }
+
     hostd_progress(progress, progress_data, "creating the agent's disk and seed", -1);
     g_autoptr(HostdAgentRecord) r = g_new0(HostdAgentRecord, 1);
     r->dir = g_strdup(dir);
@@ -454,9 +519,13 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->cpus = cpus;
     r->memory_mib = memory_mib;
     r->disk_gib = disk_gib;
-    r->mac = hostd_random_mac();
+    r->mac = warm != NULL ? g_strdup(warm->mac) : hostd_random_mac();
     r->user = g_strdup(tpl->user);
-    r->instance_id = g_strdup_printf("vmctl-%s", r->uuid);
+    /* A warm agent's cloud-init already ran as the warm image's instance: the same id keeps a
+     * later reboot from running the first boot's modules again. */
+    r->instance_id =
+        warm != NULL ? g_strdup(warm->instance_id) : g_strdup_printf("vmctl-%s", r->uuid);
+    r->warm_base = warm != NULL ? g_strdup(warm->disk_path) : NULL;
     r->created = g_get_real_time() / G_USEC_PER_SEC;
     r->state_since = r->created;
     r->idle_never = tpl->idle_never;
@@ -476,8 +545,8 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         hostd_agent_rollback(ctx, r->name, r->dir);
         return NULL;
     }
-    if (!hostd_agent_create(ctx, r, tpl, image, req->user_data, req->wait, progress, progress_data,
-                            error))
+    if (!hostd_agent_create(ctx, r, tpl, image, warm, req->user_data, req->wait, progress,
+                            progress_data, error))
         return NULL;
     return hostd_agent_to_variant(ctx, r);
 }
@@ -501,25 +570,82 @@ hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error)
     return ok;
 }
 
+/* Restores @warm into the new agent @r defined as @xml and gives it its identity; when that
+ * fails, logs why and boots the agent from a disk made again on the template's image. */
+static gboolean
+hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *image,
+                       const HostdWarmImage *warm, const char *xml, const HostdAgentKeys *keys,
+                       VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    hostd_progress(progress, progress_data, "restoring the warm image", -1);
+    g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
+    if (dom == NULL)
+        return hostd_libvirt_throw(error, "cannot define the domain");
+    g_autofree char *machine_id = hostd_agent_machine_id(r);
+    HostdWarmIdentity id = {
+        .hostname = r->name,
+        .machine_id = machine_id,
+        .user = r->user,
+        .agent_key = keys->agent_key,
+        .host_key_private = keys->host_private,
+        .host_key_public = keys->host_public,
+    };
+    g_autofree char *scratch = hostd_agent_record_path(r, "warm.save");
+    g_autofree char *trace = NULL;
+    g_autoptr(GError) warm_error = NULL;
+    gint64 start = g_get_monotonic_time();
+    if (hostd_warm_restore(ctx, dom, warm->memory_path, xml, scratch, &id, &trace, &warm_error)) {
+        hostd_context_log(ctx,
+                          "agent '%s': made from the warm image %s in %" G_GINT64_FORMAT " ms (%s)",
+                          r->name, warm->dir, (g_get_monotonic_time() - start) / 1000, trace);
+        return TRUE;
+    }
+
+    hostd_context_log(ctx, "agent '%s': the warm image did not start (%s); booting cold", r->name,
+                      warm_error->message);
+    g_autofree char *note =
+        g_strdup_printf("the warm image did not start (%s); booting cold", warm_error->message);
+    hostd_progress(progress, progress_data, note, -1);
+    if (hostd_libvirt_is_active(dom) && virDomainDestroy(dom) < 0)
+        virResetLastError();
+    hostd_ssh_pool_forget(ctx->ssh, r->name);
+    g_clear_pointer(&r->warm_base, g_free);
+    if (!hostd_agent_record_save(r, error) || !hostd_agent_make_disk(r, image, error))
+        return FALSE;
+    g_autofree char *cold_xml = hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
+    g_autofree char *xml_path = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
+    return cold_xml != NULL && vm_file_write_atomic(xml_path, cold_xml, -1, 0600, error) &&
+           hostd_domain_define_and_start(ctx, cold_xml, error);
+}
+
 gboolean
 hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
-                   const VmImage *image, const char *user_data, gboolean wait,
-                   VmProgressFunc progress, gpointer progress_data, GError **error)
+                   const VmImage *image, const HostdWarmImage *warm, const char *user_data,
+                   gboolean wait, VmProgressFunc progress, gpointer progress_data, GError **error)
 {
     /* What the VM needs from its first instant (its way out) comes before the VM. */
     if (!hostd_agent_emit_creating(ctx, r, tpl, error)) {
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }
-    g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, user_data, error);
+    g_auto(HostdAgentKeys) keys = {0};
+    g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, user_data,
+                                                     warm != NULL ? &keys : NULL, error);
     g_autofree char *xml_path = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
     if (xml == NULL || !vm_file_write_atomic(xml_path, xml, -1, 0600, error)) {
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }
 
-    hostd_progress(progress, progress_data, "starting the VM", -1);
-    if (!hostd_domain_define_and_start(ctx, xml, error)) {
+    gboolean started;
+    if (warm != NULL) {
+        started =
+            hostd_agent_start_warm(ctx, r, image, warm, xml, &keys, progress, progress_data, error);
+    } else {
+        hostd_progress(progress, progress_data, "starting the VM", -1);
+        started = hostd_domain_define_and_start(ctx, xml, error);
+    }
+    if (!started) {
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }

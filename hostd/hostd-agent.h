@@ -13,6 +13,7 @@
 #include <gio/gio.h>
 
 #include "hostd-context.h"
+#include "hostd-warm.h"
 #include "vm-image.h"
 #include "vm-template.h"
 
@@ -28,6 +29,7 @@ typedef struct {
     gboolean wait;             /* return only once SSH answers */
     char **ssh_keys;           /* the user's own public key lines to authorize, or NULL */
     char **secrets;            /* secrets to grant besides the template's, or NULL */
+    gboolean cold;             /* boot, even when the template has a warm image */
 } HostdNewRequest;
 
 /* Creates and boots an agent; with @request->wait returns once SSH answers. Builds the
@@ -118,13 +120,16 @@ char *hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const
 gboolean hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error);
 
 /* With the name lock held, after hostd_agent_reserve(): runs the components' agent_creating
- * hooks, makes keys, disk (on the template's image, or on r->fork_base for a fork), seed and
- * domain, boots it and (with @wait) waits for SSH and cloud-init, runs the agent_up then the
- * agent_ready hooks, then marks the record ready. On failure everything made is removed, record
- * included. */
+ * hooks, makes keys, disk (on the template's image, on r->warm_base for an agent made from a
+ * warm image, or on r->fork_base for a fork), seed and domain, boots it, or with @warm restores
+ * @warm's memory and gives it its identity (docs/INSTANT.md; when that fails, logged, the disk is
+ * made again on the template's image and the agent boots), and (with @wait) waits for SSH and
+ * cloud-init, runs the agent_up then the agent_ready hooks, then marks the record ready. On
+ * failure everything made is removed, record included. */
 gboolean hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
-                            const VmImage *image, const char *user_data, gboolean wait,
-                            VmProgressFunc progress, gpointer progress_data, GError **error);
+                            const VmImage *image, const HostdWarmImage *warm, const char *user_data,
+                            gboolean wait, VmProgressFunc progress, gpointer progress_data,
+                            GError **error);
 
 /* With @r's lock held, once its guest answers SSH after hostd booted, restored or resumed it:
  * runs the components' agent_up hooks. Can't fail. */

@@ -110,6 +110,8 @@ hostd_checkpoint_backing_path(HostdContext *ctx, const HostdAgentRecord *r,
     }
     if (r->fork_base != NULL)
         return g_strdup(r->fork_base);
+    if (r->warm_base != NULL)
+        return g_strdup(r->warm_base);
     g_autoptr(VmImage) image = hostd_agent_image(ctx, r, error);
     return image != NULL ? g_strdup(image->disk_path) : NULL;
 }

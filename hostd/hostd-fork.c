@@ -157,7 +157,7 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
 
     hostd_progress(progress, progress_data, "creating the fork's disk and seed", -1);
     g_autofree char *user_data = hostd_fork_user_data(source);
-    if (!hostd_agent_create(ctx, r, tpl, image, user_data, req->wait, progress, progress_data,
+    if (!hostd_agent_create(ctx, r, tpl, image, NULL, user_data, req->wait, progress, progress_data,
                             error)) {
         if (taken != NULL)
             hostd_fork_drop_checkpoint(ctx, req->source, taken);

@@ -328,6 +328,8 @@ hostd_handle_template_build(HostdContext *ctx, const VmMessage *req, VmStreamWri
         return FALSE;
     g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(name));
     g_variant_builder_add(&b, "{sv}", "image", g_variant_new_string(image));
+    g_autofree char *warm = hostd_template_warm_state(ctx, name);
+    g_variant_builder_add(&b, "{sv}", "warm", g_variant_new_string(warm));
     return hostd_reply(reply, g_variant_builder_end(&b), error);
 }
 
@@ -345,6 +347,7 @@ hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *
         .disk_gib = vm_message_get_uint(req, "disk_gib", 0),
         .user_data = vm_message_get_string(req, "user_data", NULL),
         .wait = vm_message_get_bool(req, "wait", TRUE),
+        .cold = vm_message_get_bool(req, "cold", FALSE),
         .ssh_keys = ssh_keys,
         .secrets = secrets,
     };

@@ -91,6 +91,7 @@ hostd_agent_record_load(const char *dir, GError **error)
              NULL ||
          (r->fork_base = hostd_record_get_string(kf, "fork-base", TRUE, path, error)) == NULL))
         return NULL;
+    r->warm_base = hostd_record_get_string(kf, "warm-base", FALSE, path, NULL);
 
     gint64 cpus, memory_mib, disk_gib, ssh_port;
     if (!hostd_record_get_number(kf, "cpus", 1, G_MAXUINT, &cpus, path, error) ||
@@ -182,6 +183,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
         g_key_file_set_string(kf, RECORD_GROUP, "fork-checkpoint", r->fork_checkpoint);
         g_key_file_set_string(kf, RECORD_GROUP, "fork-base", r->fork_base);
     }
+    if (r->warm_base != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "warm-base", r->warm_base);
     g_key_file_set_int64(kf, RECORD_GROUP, "created", r->created);
     g_key_file_set_int64(kf, RECORD_GROUP, "state-since", r->state_since);
     if (r->backend_port != 0)
@@ -224,6 +227,7 @@ hostd_agent_record_copy(const HostdAgentRecord *r)
     c->forked_from = g_strdup(r->forked_from);
     c->fork_checkpoint = g_strdup(r->fork_checkpoint);
     c->fork_base = g_strdup(r->fork_base);
+    c->warm_base = g_strdup(r->warm_base);
     c->wanted = g_strdup(r->wanted);
     c->restart = g_strdup(r->restart);
     c->crashed = g_strdup(r->crashed);
@@ -246,6 +250,7 @@ hostd_agent_record_free(HostdAgentRecord *r)
     g_free(r->forked_from);
     g_free(r->fork_checkpoint);
     g_free(r->fork_base);
+    g_free(r->warm_base);
     g_free(r->wanted);
     g_free(r->restart);
     g_free(r->crashed);

@@ -63,6 +63,8 @@ typedef struct {
     char *forked_from;       /* NULL unless forked: the source agent's name */
     char *fork_checkpoint;   /* with forked_from: the source's checkpoint the disk stands on */
     char *fork_base;         /* with forked_from: that checkpoint's image (absolute path) */
+    char *warm_base;         /* made from a warm image: its disk layer, which the agent's first
+                              * disk stands on instead of the template's image; or NULL */
     gint64 created;          /* unix seconds */
     gint64 state_since;      /* unix seconds of the last state change hostd made */
     char *wanted;            /* HOSTD_WANTED_*; NULL in records older than the supervisor */

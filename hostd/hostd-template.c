@@ -1,5 +1,6 @@
 #include "hostd-template.h"
 
+#include "hostd-warm.h"
 #include "vm-error.h"
 #include "vm-image.h"
 #include "vm-name.h"
@@ -36,6 +37,8 @@ hostd_template_list(HostdContext *ctx, GError **error)
             &e, "{sv}", "source",
             g_variant_new_string(t->source == VM_IMAGE_SOURCE_URL ? "url" : "mmdebstrap"));
         g_variant_builder_add(&e, "{sv}", "ready", g_variant_new_boolean(image != NULL));
+        g_autofree char *warm = hostd_warm_state(ctx, t, image);
+        g_variant_builder_add(&e, "{sv}", "warm", g_variant_new_string(warm));
         g_variant_builder_add(&e, "{sv}", "cpus", g_variant_new_uint32(t->cpus));
         g_variant_builder_add(&e, "{sv}", "memory_mib", g_variant_new_uint32(t->memory_mib));
         g_variant_builder_add(&e, "{sv}", "disk_gib", g_variant_new_uint32(t->disk_gib));
@@ -78,5 +81,28 @@ hostd_template_build(HostdContext *ctx, const char *name, gboolean force, VmProg
         vm_image_ensure(ctx->config->images_dir, tpl, force, progress, progress_data, NULL, error);
     if (image == NULL)
         return NULL;
+
+    /* The warm image: made again when forced or no longer current. A template that cannot be
+     * warm, or a warm boot that fails, leaves the base image built: agents then boot. */
+    g_autofree char *warm = hostd_warm_state(ctx, tpl, image);
+    if (force || !g_str_equal(warm, "yes")) {
+        g_autoptr(GError) warm_error = NULL;
+        if (!hostd_warm_build(ctx, tpl, image, progress, progress_data, &warm_error)) {
+            hostd_context_log(ctx, "template %s: no warm image: %s", tpl->name,
+                              warm_error->message);
+            g_autofree char *note = g_strdup_printf("no warm image: %s", warm_error->message);
+            hostd_progress(progress, progress_data, note, -1);
+        }
+    }
     return g_strdup(image->dir);
+}
+
+char *
+hostd_template_warm_state(HostdContext *ctx, const char *name)
+{
+    g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, name, NULL);
+    if (tpl == NULL)
+        return g_strdup("no template");
+    g_autoptr(VmImage) image = vm_image_lookup(ctx->config->images_dir, tpl, NULL);
+    return hostd_warm_state(ctx, tpl, image);
 }

@@ -17,4 +17,8 @@ GVariant *hostd_template_list(HostdContext *ctx, GError **error);
 char *hostd_template_build(HostdContext *ctx, const char *name, gboolean force,
                            VmProgressFunc progress, gpointer progress_data, GError **error);
 
+/* Whether template @name has a current warm image: "yes", or why not (hostd_warm_state()).
+ * Newly allocated; can't fail. */
+char *hostd_template_warm_state(HostdContext *ctx, const char *name);
+
 G_END_DECLS

@@ -54,6 +54,7 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_auto(GStrv) key_files = NULL;
     g_auto(GStrv) secrets = NULL;
     gboolean no_wait = FALSE;
+    gboolean cold = FALSE;
     const GOptionEntry entries[] = {
         {"template", 0, 0, G_OPTION_ARG_STRING, &template_name, "Create the agent from TEMPLATE",
          "TEMPLATE"},
@@ -68,6 +69,8 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
          "Let the SSH public key(s) in FILE log in too, from the first boot (repeatable)", "FILE"},
         {"secret", 0, 0, G_OPTION_ARG_STRING_ARRAY, &secrets,
          "Grant the agent the secret NAME from the start (see 'vmctl secret'; repeatable)", "NAME"},
+        {"cold", 0, 0, G_OPTION_ARG_NONE, &cold,
+         "Boot the VM even when the template has a warm image", NULL},
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(VmMessage) result = NULL;
@@ -76,6 +79,8 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
     if (fields == NULL)
         return FALSE;
     g_variant_dict_insert(fields, "wait", "b", !no_wait);
+    if (cold)
+        g_variant_dict_insert(fields, "cold", "b", TRUE);
     if (template_name != NULL)
         g_variant_dict_insert(fields, "template", "s", template_name);
     if (!vmctl_dict_add_uint(ctx, fields, "--cpus", cpus, "cpus", error) ||

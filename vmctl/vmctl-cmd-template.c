@@ -7,6 +7,7 @@
 static const VmctlField template_columns[] = {
     {"NAME", "name", VMCTL_FORMAT_TEXT},
     {"READY", "ready", VMCTL_FORMAT_YESNO},
+    {"WARM", "warm", VMCTL_FORMAT_TEXT},
     {"CPUS", "cpus", VMCTL_FORMAT_TEXT},
     {"MEMORY", "memory_mib", VMCTL_FORMAT_MIB},
     {"DISK", "disk_gib", VMCTL_FORMAT_GIB},
@@ -41,9 +42,9 @@ vmctl_cmd_template_build(VmctlContext *ctx, int argc, char **argv, GError **erro
     g_variant_dict_insert(fields, "force", "b", force);
     if (!vmctl_request(ctx, VM_OP_TEMPLATE_BUILD, g_variant_dict_end(fields), &result, error))
         return FALSE;
-    g_autofree char *text =
-        g_strdup_printf("built template %s: %s", vm_message_get_string(result, "name", "-"),
-                        vm_message_get_string(result, "image", "-"));
+    g_autofree char *text = g_strdup_printf(
+        "built template %s: %s (warm: %s)", vm_message_get_string(result, "name", "-"),
+        vm_message_get_string(result, "image", "-"), vm_message_get_string(result, "warm", "-"));
     vmctl_print_result(ctx, result, NULL, text);
     return TRUE;
 }

@@ -332,13 +332,14 @@ test_template_list(void **state)
 
     reply(f, VM_OP_RESULT,
           "{'templates': <[{'name': <'debian-12'>, 'description': <'Debian 12 with tools'>,"
-          " 'source': <'mmdebstrap'>, 'ready': <false>, 'cpus': <uint32 2>,"
+          " 'source': <'mmdebstrap'>, 'ready': <false>, 'warm': <'no image'>, 'cpus': <uint32 2>,"
           " 'memory_mib': <uint32 1024>, 'disk_gib': <uint32 8>}]>}");
     server_start(f);
     run_vmctl(f, NULL, &run, "template", "list");
     assert_request(f, VM_OP_TEMPLATE_LIST);
-    assert_string_equal(run.out, "NAME       READY  CPUS  MEMORY  DISK   DESCRIPTION\n"
-                                 "debian-12  no     2     1 GiB   8 GiB  Debian 12 with tools\n");
+    assert_string_equal(run.out,
+                        "NAME       READY  WARM      CPUS  MEMORY  DISK   DESCRIPTION\n"
+                        "debian-12  no     no image  2     1 GiB   8 GiB  Debian 12 with tools\n");
     assert_int_equal(run.status, 0);
 }
 
@@ -724,13 +725,14 @@ test_progress_lines(void **state)
     reply(f, VM_OP_PROGRESS, "{'message': <'debootstrap'>, 'fraction': <0.1>}");
     reply(f, VM_OP_PROGRESS, "{'message': <'debootstrap'>, 'fraction': <0.5>}");
     reply(f, VM_OP_PROGRESS, "{'message': <'converting image'>}");
-    reply(f, VM_OP_RESULT, "{'name': <'debian-12'>, 'image': <'/images/debian-12.qcow2'>}");
+    reply(f, VM_OP_RESULT,
+          "{'name': <'debian-12'>, 'image': <'/images/debian-12.qcow2'>, 'warm': <'yes'>}");
     server_start(f);
     run_vmctl(f, NULL, &run, "template", "build", "debian-12", "--force");
     assert_request(f, VM_OP_TEMPLATE_BUILD);
     assert_true(vm_message_get_bool(f->hostd->request, "force", FALSE));
     assert_string_equal(run.err, "debootstrap\nconverting image\n");
-    assert_string_equal(run.out, "built template debian-12: /images/debian-12.qcow2\n");
+    assert_string_equal(run.out, "built template debian-12: /images/debian-12.qcow2 (warm: yes)\n");
     assert_int_equal(run.status, 0);
 
     server_start(f);

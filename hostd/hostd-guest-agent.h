@@ -1,0 +1,36 @@
+/* Running a program in a guest through its qemu-guest-agent (guest-exec), for the moments when
+ * there is no SSH to run it over: a warm image's machine before it has an identity, and a
+ * restored agent while hostd gives it one (docs/INSTANT.md).
+ *
+ * The guest agent is the guest's: every answer is untrusted. Answers are capped in size before
+ * json-glib parses them, a field of the wrong type fails the call, output is bounded, and every
+ * wait has a deadline. Library code: returns a GError in VM_ERROR, never logs.
+ */
+#pragma once
+
+#include <libvirt/libvirt.h>
+
+#include "vm-error.h"
+
+G_BEGIN_DECLS
+
+/* The most of a guest agent's answer hostd parses, and of a program's output it keeps. */
+#define HOSTD_GUEST_AGENT_REPLY_MAX  (1024 * 1024)
+#define HOSTD_GUEST_AGENT_OUTPUT_MAX (64 * 1024)
+
+/* Waits until the guest agent of the running @dom answers (guest-ping), asking every 50 ms, for
+ * at most @timeout_ms. VM_ERROR_TIMEOUT when it never did. */
+gboolean hostd_guest_agent_wait(virDomainPtr dom, guint timeout_ms, GError **error);
+
+/* Runs @argv (argv[0] an absolute path in the guest) in the guest as root through guest-exec,
+ * with @input (NULL: none) as its stdin, and waits for it to exit, for at most @timeout_ms.
+ * Returns its exit status in *ret_status (a signal's death as 128 + the signal) and, when
+ * @ret_output is not NULL, the first HOSTD_GUEST_AGENT_OUTPUT_MAX bytes of its stderr then its
+ * stdout (newly allocated, NUL-terminated). Fails with VM_ERROR_LIBVIRT when the agent cannot
+ * be asked, VM_ERROR_TIMEOUT when the program did not exit in time, VM_ERROR_PROTOCOL for an
+ * answer that is too big or not what the protocol says. */
+gboolean hostd_guest_agent_exec(virDomainPtr dom, const char *const *argv, GBytes *input,
+                                guint timeout_ms, int *ret_status, char **ret_output,
+                                GError **error);
+
+G_END_DECLS
