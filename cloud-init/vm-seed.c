@@ -471,9 +471,10 @@ seed_append_keys(GString *out, const VmSeedSpec *spec)
     seed_append_key_quoted(out, 2, "ed25519_public", spec->host_key_public);
 }
 
-/* A warm image's machine holds no key: the image's host keys go, none is made, and sshd is
- * masked in /run (for this boot only: a later cold boot of an agent starts it) until hostd
- * applies an agent's identity and starts it. */
+/* A warm image's machine holds no key: the image's host keys go, none is made, and sshd waits
+ * for VM_SEED_WARM_IDENTITY_FLAG, which hostd creates once it has given a restored agent its
+ * identity (a condition in /run, so for this boot only: a later cold boot of an agent starts sshd
+ * as usual, and starting it later needs no daemon-reload). */
 static void
 seed_append_warm(GString *out)
 {
@@ -482,8 +483,10 @@ seed_append_warm(GString *out)
     g_string_append(out, "ssh_deletekeys: true\n");
     g_string_append(out, "ssh_genkeytypes: []\n");
     g_string_append(out, "bootcmd:\n");
-    g_string_append(out, "  - [\"systemctl\", \"mask\", \"--runtime\", \"--now\", \"ssh.service\", "
-                         "\"ssh.socket\"]\n");
+    g_string_append(out, "  - [\"sh\", \"-c\", \"mkdir -p /run/systemd/system/ssh.service.d && printf "
+                         "'[Unit]\\\\nConditionPathExists=" VM_SEED_WARM_IDENTITY_FLAG
+                         "\\\\n' > /run/systemd/system/ssh.service.d/vmctl-warm.conf && "
+                         "systemctl daemon-reload\"]\n");
 }
 
 /* hostd's own #cloud-config; @spec is already checked. */

@@ -11,7 +11,8 @@ typedef struct {
     gboolean warm;                  /* the generic machine of a warm image (docs/INSTANT.md): no
                                      * key of any kind (authorized_key, user_keys and the host
                                      * key are not used), the old host keys deleted, and sshd kept
-                                     * from starting during this boot (masked in /run), so nothing
+                                     * from starting during this boot (until
+                                     * VM_SEED_WARM_IDENTITY_FLAG exists), so nothing
                                      * answers until hostd gives a restored agent its identity */
     const char *user;               /* default user, gets passwordless sudo */
     const char *authorized_key;     /* "ssh-ed25519 AAAA... comment" */
@@ -37,6 +38,9 @@ typedef struct {
                                      * broker's block of placeholders): each "# comment" or
                                      * NAME=VALUE, ending with a newline; NULL: none */
 } VmSeedSpec;
+
+/* In a warm image's machine, sshd starts only once this file exists. */
+#define VM_SEED_WARM_IDENTITY_FLAG "/run/vmctl-identity"
 
 /* Where egress_ca_pem goes in the guest: Debian's directory of local CAs. */
 #define VM_SEED_EGRESS_CA_PATH "/usr/local/share/ca-certificates/vmctl-egress.crt"

@@ -649,8 +649,10 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }
+    /* A warm agent's cloud-init finished before its image was saved. */
     if (wait && (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error) ||
-                 !hostd_agent_wait_first_boot(ctx, r, progress, progress_data, error))) {
+                 (r->warm_base == NULL &&
+                  !hostd_agent_wait_first_boot(ctx, r, progress, progress_data, error)))) {
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }

@@ -152,7 +152,7 @@ hostd_warm_lookup(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image
     g_autofree char *current = g_build_filename(root, WARM_CURRENT, NULL);
     g_autofree char *build = g_file_read_link(current, NULL);
     if (build == NULL || strchr(build, '/') != NULL) {
-        *ret_why = g_strdup("no warm image (vmctl template build makes one)");
+        *ret_why = g_strdup("no warm image built");
         return NULL;
     }
     g_autofree char *dir = g_build_filename(root, build, NULL);
@@ -266,12 +266,21 @@ warm_domain_xml(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image, 
 }
 
 /* In the warm machine: waits for cloud-init, checks that no sshd runs and no host key exists,
- * and drops the page cache so the saved RAM is what the system uses, not what it read. */
+ * drops the page cache and fills the free memory with zeros once: QEMU saves a zero page as a
+ * flag, so the saved RAM (and each agent's restore, which reads all of it) is what the system
+ * uses, not what it once read. */
 static const char warm_settle_script[] =
     "cloud-init status --wait >/dev/null 2>&1; s=$?\n"
     "if systemctl is-active --quiet ssh.service; then echo 'sshd is running'; exit 90; fi\n"
     "if ls /etc/ssh/ssh_host_* >/dev/null 2>&1; then echo 'host keys exist'; exit 91; fi\n"
     "sync; echo 3 > /proc/sys/vm/drop_caches\n"
+    "n=$(awk '/^MemAvailable:/ { print int($2 / 1024) - 96 }' /proc/meminfo)\n"
+    "d=$(mktemp -d)\n"
+    "if [ \"$n\" -gt 0 ] && mount -t tmpfs -o size=${n}m vmctl-zero \"$d\"; then\n"
+    "  dd if=/dev/zero of=\"$d/zero\" bs=1M count=$n >/dev/null 2>&1\n"
+    "  umount \"$d\"\n"
+    "fi\n"
+    "rmdir \"$d\"\n"
     "case $s in 0|2) exit 0;; *) echo \"cloud-init status $s\"; cloud-init status --long; "
     "exit $s;; esac\n";
 
@@ -314,7 +323,9 @@ gboolean
 hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
                  VmProgressFunc progress, gpointer progress_data, GError **error)
 {
-    if (tpl->packages != NULL && tpl->packages[0] != NULL)
+    /* An mmdebstrap image has its packages built in; a downloaded one installs them at the
+     * first boot. */
+    if (tpl->source == VM_IMAGE_SOURCE_URL && tpl->packages != NULL && tpl->packages[0] != NULL)
         return vm_throw(error, VM_ERROR_BAD_STATE,
                         "template %s installs packages at first boot, which needs the network: "
                         "its agents boot cold",
@@ -411,29 +422,46 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
  * input: a line of fresh entropy (hex), then the host private key. sshd starts last, so nothing
  * answers before the identity is whole. */
 static const char warm_identity_script[] =
+    /* Shell builtins wherever they do: under emulation each program started costs tens of ms. */
     "set -e\n"
     "umask 022\n"
     "printf '%s\\n' \"$1\" > /etc/hostname\n"
-    "hostname \"$1\"\n"
-    "if grep -q '^127\\.0\\.1\\.1[[:space:]]' /etc/hosts; then\n"
-    "  sed -i \"s/^127\\.0\\.1\\.1[[:space:]].*/127.0.1.1 $1/\" /etc/hosts\n"
-    "else printf '127.0.1.1 %s\\n' \"$1\" >> /etc/hosts; fi\n"
+    "printf '%s' \"$1\" > /proc/sys/kernel/hostname\n"
+    "hosts= found=\n"
+    "while IFS= read -r line || [ -n \"$line\" ]; do\n"
+    "  case $line in 127.0.1.1[[:space:]]*) line=\"127.0.1.1 $1\" found=1;; esac\n"
+    "  hosts=\"$hosts$line\n\"\n"
+    "done < /etc/hosts\n"
+    "[ -n \"$found\" ] || hosts=\"${hosts}127.0.1.1 $1\n\"\n"
+    "printf '%s' \"$hosts\" > /etc/hosts\n"
     "printf '%s\\n' \"$2\" > /etc/machine-id\n"
     "read -r entropy\n"
     "printf '%s' \"$entropy\" > /dev/urandom\n"
-    "rm -f /etc/ssh/ssh_host_*\n"
+    "for f in /etc/ssh/ssh_host_*; do if [ -e \"$f\" ]; then rm -f /etc/ssh/ssh_host_*; fi; "
+    "break; done\n"
     "umask 077\n"
-    "cat > /etc/ssh/ssh_host_ed25519_key\n"
+    "key=\n"
+    "while IFS= read -r line || [ -n \"$line\" ]; do key=\"$key$line\n\"; done\n"
+    "printf '%s' \"$key\" > /etc/ssh/ssh_host_ed25519_key\n"
+    "umask 022\n"
     "printf '%s\\n' \"$5\" > /etc/ssh/ssh_host_ed25519_key.pub\n"
-    "chmod 644 /etc/ssh/ssh_host_ed25519_key.pub\n"
-    "home=$(getent passwd \"$3\" | cut -d: -f6)\n"
-    "install -d -m 700 -o \"$3\" -g \"$(id -gn \"$3\")\" \"$home/.ssh\"\n"
-    "f=\"$home/.ssh/authorized_keys\"\n"
-    "touch \"$f\"\n"
-    "if [ -n \"$6\" ]; then sed -i \"/ $6\\$/d\" \"$f\"; fi\n"
-    "printf '%s\\n' \"$4\" >> \"$f\"\n"
-    "chown \"$3:\" \"$f\"; chmod 600 \"$f\"\n"
-    "systemctl unmask --runtime ssh.service ssh.socket >/dev/null 2>&1 || true\n"
+    "home=\n"
+    "while IFS=: read -r n x u g gecos h sh; do\n"
+    "  if [ \"$n\" = \"$3\" ]; then home=$h uid=$u gid=$g; break; fi\n"
+    "done < /etc/passwd\n"
+    "[ -n \"$home\" ]\n"
+    "[ -d \"$home/.ssh\" ] || mkdir -m 700 \"$home/.ssh\"\n"
+    "f=\"$home/.ssh/authorized_keys\" keys=\n"
+    "if [ -f \"$f\" ]; then\n"
+    "  while IFS= read -r line || [ -n \"$line\" ]; do\n"
+    "    if [ -n \"$6\" ]; then case $line in *\" $6\") continue;; esac; fi\n"
+    "    keys=\"$keys$line\n\"\n"
+    "  done < \"$f\"\n"
+    "fi\n"
+    "umask 077\n"
+    "printf '%s%s\\n' \"$keys\" \"$4\" > \"$f\"\n"
+    "chown \"$uid:$gid\" \"$home/.ssh\" \"$f\"\n"
+    ": > " VM_SEED_WARM_IDENTITY_FLAG "\n"
     "systemctl restart ssh.service\n";
 
 static gboolean
