@@ -121,6 +121,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"memory_mib", "u"},
         {"wait", "b"},
         {"grants", "b"},
+        {"live", "b"},
         {NULL}}},
     {VM_OP_CHECKPOINT_DIFF, "checkpoint-diff", VM_OP_RESULT, FALSE, {
         {"name", "s", REQ},

@@ -575,14 +575,20 @@ hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error)
 static gboolean
 hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *image,
                        const HostdWarmImage *warm, const char *xml, const HostdAgentKeys *keys,
-                       VmProgressFunc progress, gpointer progress_data, GError **error)
+                       gboolean *ret_restored, VmProgressFunc progress, gpointer progress_data,
+                       GError **error)
 {
-    hostd_progress(progress, progress_data, "restoring the warm image", -1);
+    hostd_progress(
+        progress, progress_data,
+        r->forked_from != NULL ? "restoring the source's memory" : "restoring the warm image", -1);
     g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
     if (dom == NULL)
         return hostd_libvirt_throw(error, "cannot define the domain");
     g_autofree char *machine_id = hostd_agent_machine_id(r);
+    g_autofree char *source_comment =
+        r->forked_from != NULL ? g_strdup_printf("vmctl-%s", r->forked_from) : NULL;
     HostdWarmIdentity id = {
+        .drop_comment = source_comment,
         .hostname = r->name,
         .machine_id = machine_id,
         .user = r->user,
@@ -595,16 +601,17 @@ hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *im
     g_autoptr(GError) warm_error = NULL;
     gint64 start = g_get_monotonic_time();
     if (hostd_warm_restore(ctx, dom, warm->memory_path, xml, scratch, &id, &trace, &warm_error)) {
-        hostd_context_log(ctx,
-                          "agent '%s': made from the warm image %s in %" G_GINT64_FORMAT " ms (%s)",
-                          r->name, warm->dir, (g_get_monotonic_time() - start) / 1000, trace);
+        hostd_context_log(ctx, "agent '%s': restored from %s in %" G_GINT64_FORMAT " ms (%s)",
+                          r->name, warm->memory_path, (g_get_monotonic_time() - start) / 1000,
+                          trace);
+        *ret_restored = TRUE;
         return TRUE;
     }
 
-    hostd_context_log(ctx, "agent '%s': the warm image did not start (%s); booting cold", r->name,
-                      warm_error->message);
+    hostd_context_log(ctx, "agent '%s': %s did not start (%s); booting cold", r->name,
+                      warm->memory_path, warm_error->message);
     g_autofree char *note =
-        g_strdup_printf("the warm image did not start (%s); booting cold", warm_error->message);
+        g_strdup_printf("the saved machine did not start (%s); booting cold", warm_error->message);
     hostd_progress(progress, progress_data, note, -1);
     if (hostd_libvirt_is_active(dom) && virDomainDestroy(dom) < 0)
         virResetLastError();
@@ -638,9 +645,10 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
     }
 
     gboolean started;
+    gboolean restored = FALSE;
     if (warm != NULL) {
-        started =
-            hostd_agent_start_warm(ctx, r, image, warm, xml, &keys, progress, progress_data, error);
+        started = hostd_agent_start_warm(ctx, r, image, warm, xml, &keys, &restored, progress,
+                                         progress_data, error);
     } else {
         hostd_progress(progress, progress_data, "starting the VM", -1);
         started = hostd_domain_define_and_start(ctx, xml, error);
@@ -649,10 +657,10 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }
-    /* A warm agent's cloud-init finished before its image was saved. */
-    if (wait && (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error) ||
-                 (r->warm_base == NULL &&
-                  !hostd_agent_wait_first_boot(ctx, r, progress, progress_data, error)))) {
+    /* A restored agent's cloud-init finished before its memory was saved. */
+    if (wait &&
+        (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error) ||
+         (!restored && !hostd_agent_wait_first_boot(ctx, r, progress, progress_data, error)))) {
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }

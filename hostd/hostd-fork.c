@@ -6,6 +6,7 @@
 #include "hostd-resources.h"
 #include "hostd-secrets.h"
 #include "hostd-template.h"
+#include "hostd-warm.h"
 #include "hostd-checkpoint.h"
 #include "vm-error.h"
 #include "vm-image.h"
@@ -110,6 +111,23 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
     if (!hostd_check_resources(ctx, cpus, memory_mib, source->disk_gib, error))
         return NULL;
 
+    /* A live fork runs the source's saved devices: the same machine, and a running source. */
+    gboolean live = req->live;
+    if (live) {
+        const char *why = NULL;
+        if (!hostd_libvirt_is_active(source_dom))
+            why = "the source is not running";
+        else if (cpus != source->cpus || memory_mib != source->memory_mib)
+            why = "another CPU count or memory size was asked for";
+        if (why != NULL) {
+            live = FALSE;
+            hostd_context_log(ctx, "fork '%s' of '%s': booting cold: %s", req->name, req->source,
+                              why);
+            g_autofree char *note = g_strdup_printf("booting cold: %s", why);
+            hostd_progress(progress, progress_data, note, -1);
+        }
+    }
+
     g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(source->dir, error);
     if (set == NULL)
         return NULL;
@@ -125,19 +143,34 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
         hostd_progress(progress, progress_data, "checkpointing the source", -1);
         g_autofree char *label = g_strdup_printf("fork %s", req->name);
         g_autofree char *warning = NULL;
-        c = hostd_checkpoint_create_locked(ctx, source, source_dom, set, label, TRUE, FALSE,
+        c = hostd_checkpoint_create_locked(ctx, source, source_dom, set, label, TRUE, live,
                                            &warning, error);
         if (c == NULL)
             return NULL;
         taken = g_strdup(c->id);
     }
     g_autofree char *checkpoint_id = g_strdup(c->id);
+    /* What the fork restores: the checkpoint's memory, on its disk (r->fork_base). */
+    g_autoptr(HostdWarmImage) memory = NULL;
+    if (live && c->memory != NULL) {
+        memory = g_new0(HostdWarmImage, 1);
+        memory->memory_path = vm_checkpoint_set_path(set, c->memory);
+    } else if (live) {
+        hostd_context_log(ctx, "fork '%s' of '%s': booting cold: checkpoint %s has no memory",
+                          req->name, req->source, c->id);
+    }
 
     /* Once the record is on disk the checkpoint is pinned (hostd_checkpoint_fork_on()), so the
      * source may go on with other work while the fork boots. */
     g_autoptr(HostdAgentRecord) r = hostd_fork_record_new(ctx, req, source, set, c);
     r->cpus = cpus;
     r->memory_mib = memory_mib;
+    if (memory != NULL) {
+        /* The saved NIC carries the source's MAC; with user networking each VM has a network of
+         * its own, so two may share it. */
+        g_free(r->mac);
+        r->mac = g_strdup(source->mac);
+    }
     if (!hostd_agent_reserve(ctx, r, error)) {
         if (taken != NULL)
             hostd_checkpoint_rm_locked(ctx, source, source_dom, set, c, NULL);
@@ -157,8 +190,8 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
 
     hostd_progress(progress, progress_data, "creating the fork's disk and seed", -1);
     g_autofree char *user_data = hostd_fork_user_data(source);
-    if (!hostd_agent_create(ctx, r, tpl, image, NULL, user_data, req->wait, progress, progress_data,
-                            error)) {
+    if (!hostd_agent_create(ctx, r, tpl, image, memory, user_data, req->wait, progress,
+                            progress_data, error)) {
         if (taken != NULL)
             hostd_fork_drop_checkpoint(ctx, req->source, taken);
         return NULL;

@@ -20,10 +20,15 @@ typedef struct {
     guint memory_mib;       /* 0: the source's */
     gboolean wait;          /* return only once SSH answers and cloud-init is done */
     gboolean grants;        /* give the fork the source's grants, under new placeholders */
+    gboolean live;          /* restore the source's memory checkpoint into the fork */
 } HostdForkRequest;
 
 /* Creates agent @request->name on a checkpoint of @request->source (taken now, live, when
- * @request->checkpoint is NULL) and boots it with a new identity; the first boot resets what
+ * @request->checkpoint is NULL) and boots it with a new identity; with @request->live, the
+ * checkpoint (taken now) holds the source's memory too, which is restored into the fork, its
+ * identity applied through the guest agent (hostd_warm_restore()); a live fork that cannot be
+ * (source not running, other CPUs or memory asked, a restore that fails) boots instead, logged.
+ * Otherwise the first boot resets what
  * identifies the machine and nothing else (the source's users and files stay). The checkpoint
  * the fork stands on is returned in *ret_checkpoint. On failure nothing is left: no agent, and no
  * checkpoint taken for it. With @request->grants the fork holds every secret its source holds,

@@ -576,6 +576,7 @@ hostd_handle_agent_fork(HostdContext *ctx, const VmMessage *req, VmStreamWriter 
         .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
         .wait = vm_message_get_bool(req, "wait", TRUE),
         .grants = vm_message_get_bool(req, "grants", FALSE),
+        .live = vm_message_get_bool(req, "live", FALSE),
     };
     g_autofree char *checkpoint = NULL;
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);

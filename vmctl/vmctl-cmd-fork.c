@@ -6,7 +6,7 @@ gboolean
 vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
     g_autofree char *from = NULL, *cpus = NULL, *memory = NULL;
-    gboolean no_wait = FALSE, grants = FALSE;
+    gboolean no_wait = FALSE, grants = FALSE, live = FALSE;
     const GOptionEntry entries[] = {
         {"from", 0, 0, G_OPTION_ARG_STRING, &from,
          "Fork from the source's CHECKPOINT instead of a checkpoint taken now", "CHECKPOINT"},
@@ -16,6 +16,9 @@ vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error)
          "Return once the VM is started, without waiting for SSH", NULL},
         {"grants", 0, 0, G_OPTION_ARG_NONE, &grants,
          "Give the fork the source's secrets, each under a new placeholder (default: none)", NULL},
+        {"live", 0, 0, G_OPTION_ARG_NONE, &live,
+         "Fork the running source with its processes (a memory checkpoint), not a fresh boot",
+         NULL},
         G_OPTION_ENTRY_NULL,
     };
     g_auto(GStrv) args = NULL;
@@ -32,6 +35,8 @@ vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error)
         g_variant_dict_insert(&fields, "checkpoint", "s", from);
     if (grants)
         g_variant_dict_insert(&fields, "grants", "b", TRUE);
+    if (live)
+        g_variant_dict_insert(&fields, "live", "b", TRUE);
     if (!vmctl_dict_add_uint(ctx, &fields, "--cpus", cpus, "cpus", error) ||
         !vmctl_dict_add_uint(ctx, &fields, "--memory", memory, "memory_mib", error))
         return FALSE;
