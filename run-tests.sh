@@ -27,5 +27,6 @@ if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
   HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-egress.sh
   HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-secrets.sh
   HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-lifecycle.sh
+  HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-warm.sh
 fi
 echo "test suite took $(( $(date +%s) - start )) s"
