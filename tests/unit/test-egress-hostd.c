@@ -1154,6 +1154,25 @@ test_worker_confined(void **state)
     assert_int_equal(status, 403);
 }
 
+/* Without hostd's resolver the worker resolves names itself, as the egress user under its
+ * seccomp filter (the C library's resolver reads /etc/hosts here: localhost is loopback, which
+ * only the CIDR rules open). */
+static void
+test_worker_resolves_itself(void **state)
+{
+    Fixture *f = *state;
+    int status = 0;
+    int fd;
+
+    hostd_egress_set_resolver(f->ctx, NULL, NULL);
+    init_agent(f, "a1", "localhost:PORT 127.0.0.1/32:PORT [::1]:PORT", NULL);
+    fd = tunnel(f, "a1", "localhost", &status);
+    assert_int_equal(status, 200);
+    close(fd);
+    assert_int_equal(tunnel(f, "a1", "unknown.invalid", &status), -1);
+    assert_int_equal(status, 403);
+}
+
 /* Waits up to @ms for @name's worker to run again with another pid than @old. */
 static GPid
 wait_new_worker(Fixture *f, const char *name, GPid old, guint ms)
@@ -1245,6 +1264,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_grant_hosts_none_and_fork, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_confined, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_killed_restarts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_resolves_itself, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
