@@ -375,6 +375,10 @@ worker_watch(gpointer data)
         worker->pid = pid;
         if (worker->stopping && pid > 0)
             (void)kill(pid, SIGKILL);
+        /* A change made while it started (after its start message was made, before its channel
+         * was known) reaches it now; both messages may be repeated harmlessly. */
+        worker_send(worker, fd, "policy", policy_variant(worker->policy));
+        worker_send(worker, fd, "credentials", vm_egress_wire_credentials(worker->credentials));
         g_mutex_unlock(&worker->lock);
         if (pid > 0)
             g_message("egress worker of '%s' restarted (pid %d)", worker->name, (int)pid);
