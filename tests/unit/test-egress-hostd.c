@@ -1173,6 +1173,43 @@ test_worker_resolves_itself(void **state)
     assert_int_equal(status, 403);
 }
 
+/* egress-worker = off keeps the proxy inside hostd: no worker, the same service. */
+static void
+test_worker_off(void **state)
+{
+    Fixture *f = *state;
+    int status = 0;
+    int fd;
+
+    f->ctx->config->egress_in_process = TRUE;
+    init_agent(f, "a1", "127.0.0.1/32:PORT", NULL);
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a1"), 0);
+    fd = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    assert_echo(fd);
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 1);
+    close(fd);
+}
+
+/* A root hostd whose egress-user does not exist starts no proxy rather than one as root. */
+static void
+test_worker_unknown_user(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, "a1");
+    g_autoptr(GError) error = NULL;
+    const char *const allow[] = {"any", NULL};
+
+    if (geteuid() != 0)
+        skip();
+    g_free(f->ctx->config->egress_user);
+    f->ctx->config->egress_user = g_strdup("no-such-egress-user");
+    assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_non_null(strstr(error->message, "no-such-egress-user"));
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a1"), 0);
+}
+
 /* Waits up to @ms for @name's worker to run again with another pid than @old. */
 static GPid
 wait_new_worker(Fixture *f, const char *name, GPid old, guint ms)
@@ -1265,6 +1302,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_worker_confined, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_killed_restarts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_resolves_itself, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_off, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_unknown_user, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
