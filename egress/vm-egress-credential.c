@@ -174,6 +174,21 @@ vm_egress_credentials_add(VmEgressCredentials *creds, const char *secret_name,
     return TRUE;
 }
 
+GVariant *
+vm_egress_credentials_to_variant(VmEgressCredentials *creds)
+{
+    GVariantBuilder b;
+
+    g_variant_builder_init(&b, G_VARIANT_TYPE("a(sssasss)"));
+    for (guint i = 0; creds != NULL && i < creds->grants->len; i++) {
+        const Grant *grant = creds->grants->pdata[i];
+
+        g_variant_builder_add(&b, "(sss^asss)", grant->secret_name, grant->placeholder,
+                              grant->value, grant->hosts, grant->header, grant->format);
+    }
+    return g_variant_builder_end(&b);
+}
+
 guint
 vm_egress_credentials_size(VmEgressCredentials *creds)
 {

@@ -40,6 +40,11 @@ gboolean vm_egress_credentials_add(VmEgressCredentials *creds, const char *secre
                                    const char *const *hosts, const char *header, const char *format,
                                    GError **error);
 
+/* Every grant of @creds as a(sssasss): secret name, placeholder, value, hosts, header, format;
+ * what vm_egress_credentials_add() takes again (for the worker process that runs the proxy).
+ * Holds the values: drop it soon. A new floating reference; can't fail. */
+GVariant *vm_egress_credentials_to_variant(VmEgressCredentials *creds);
+
 /* How many grants @creds holds. Can't fail. */
 guint vm_egress_credentials_size(VmEgressCredentials *creds);
 

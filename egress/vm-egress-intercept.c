@@ -64,7 +64,7 @@ tls_failed(GError **error, int rc, const char *what)
 
 VmEgressInterceptor *
 vm_egress_interceptor_new(const char *ca_cert_pem, const char *ca_key_pem,
-                          const char *upstream_ca_file, GError **error)
+                          const char *upstream_ca_file, const char *upstream_ca_pem, GError **error)
 {
     g_autoptr(VmEgressInterceptor) interceptor = g_new0(VmEgressInterceptor, 1);
     gnutls_x509_crt_t crt = NULL;
@@ -85,7 +85,18 @@ vm_egress_interceptor_new(const char *ca_cert_pem, const char *ca_key_pem,
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "the egress CA does not parse"), NULL;
     if ((rc = gnutls_certificate_allocate_credentials(&interceptor->upstream)) < 0)
         return tls_failed(error, rc, "make TLS credentials"), NULL;
-    if (upstream_ca_file != NULL) {
+    if (upstream_ca_pem != NULL) {
+        gnutls_datum_t datum = {(unsigned char *)upstream_ca_pem,
+                                (unsigned)strlen(upstream_ca_pem)};
+
+        rc = gnutls_certificate_set_x509_trust_mem(interceptor->upstream, &datum,
+                                                   GNUTLS_X509_FMT_PEM);
+        if (rc <= 0)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "cannot read the upstream CA certificates: %s",
+                            rc < 0 ? gnutls_strerror(rc) : "none found"),
+                   NULL;
+    } else if (upstream_ca_file != NULL) {
         rc = gnutls_certificate_set_x509_trust_file(interceptor->upstream, upstream_ca_file,
                                                     GNUTLS_X509_FMT_PEM);
         if (rc <= 0)

@@ -26,11 +26,13 @@ G_BEGIN_DECLS
 typedef struct _VmEgressInterceptor VmEgressInterceptor;
 
 /* What one proxy's interceptions share: certificates minted with the CA @ca_cert_pem/@ca_key_pem
- * (copied; cached per host), and the trust for real hosts: @upstream_ca_file (PEM), or the
- * system's trust store when NULL. Fails with VM_ERROR_INVALID_ARGUMENT when the CA does not parse
- * or the CA file cannot be read, VM_ERROR_IO when GnuTLS fails. Safe to share between threads. */
+ * (copied; cached per host), and the trust for real hosts: @upstream_ca_pem (PEM text) when not
+ * NULL, else @upstream_ca_file (PEM), else the system's trust store. Fails with
+ * VM_ERROR_INVALID_ARGUMENT when the CA does not parse or the upstream certificates cannot be
+ * read, VM_ERROR_IO when GnuTLS fails. Safe to share between threads. */
 VmEgressInterceptor *vm_egress_interceptor_new(const char *ca_cert_pem, const char *ca_key_pem,
-                                               const char *upstream_ca_file, GError **error);
+                                               const char *upstream_ca_file,
+                                               const char *upstream_ca_pem, GError **error);
 void vm_egress_interceptor_free(VmEgressInterceptor *interceptor);
 
 /* One intercepted connection, as the proxy's connection thread hands it over. The descriptors

@@ -37,7 +37,8 @@
 struct _VmEgressProxy {
     VmEgressConfig config;
     char *listen_address;
-    char *listen_path; /* NULL: TCP */
+    char *listen_path; /* NULL: TCP or the caller's socket */
+    gboolean on_unix;  /* guest connections are handed over on a Unix socket */
     int listen_fd;
     int wake[2];
     guint16 port;
@@ -1163,12 +1164,12 @@ proxy_accept_one(VmEgressProxy *proxy)
         conn_free(conn);
         return;
     }
-    if (proxy->listen_path == NULL) {
+    if (!proxy->on_unix) {
         int one = 1;
 
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
-    conn->on_unix = proxy->listen_path != NULL;
+    conn->on_unix = proxy->on_unix;
     conn->fd = g_steal_fd(&fd);
     thread = g_thread_try_new("egress-conn", conn_thread, conn, NULL);
     if (thread == NULL) {
@@ -1204,38 +1205,58 @@ proxy_accept_thread(gpointer data)
 /* ---------------------------------------------------------------------------------------------
  * Life cycle */
 
+int
+vm_egress_proxy_listen_unix(const char *path, gboolean do_chown, uid_t uid, gid_t gid,
+                            GError **error)
+{
+    struct sockaddr_un sun;
+    socklen_t sun_len;
+    vm_autofd fd = -1;
+
+    if (!vm_unix_address(path, &sun, &sun_len, error))
+        return -1;
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return vm_throw_errno(error, errno, "cannot create the egress proxy socket"), -1;
+    if (unlink(path) < 0 && errno != ENOENT)
+        return vm_throw_errno(error, errno, "cannot replace %s", path), -1;
+    if (bind(fd, (struct sockaddr *)&sun, sun_len) < 0)
+        return vm_throw_errno(error, errno, "cannot bind the egress proxy to %s", path), -1;
+    if (chmod(path, 0600) < 0 || (do_chown && chown(path, uid, gid) < 0)) {
+        int saved = errno;
+
+        (void)unlink(path);
+        return vm_throw_errno(error, saved, "cannot set the owner and mode of %s", path), -1;
+    }
+    if (listen(fd, 128) < 0) {
+        int saved = errno;
+
+        (void)unlink(path);
+        return vm_throw_errno(error, saved, "cannot listen on %s", path), -1;
+    }
+    return g_steal_fd(&fd);
+}
+
 /* Binds the Unix socket, gives it its owner and mode, and only then listens: nobody can connect
  * through a wider mode in between. */
 static gboolean
 proxy_listen_unix(VmEgressProxy *proxy, GError **error)
 {
-    struct sockaddr_un sun;
-    socklen_t sun_len;
-    const char *path = proxy->listen_path;
+    proxy->listen_fd =
+        vm_egress_proxy_listen_unix(proxy->listen_path, proxy->config.listen_chown,
+                                    proxy->config.listen_uid, proxy->config.listen_gid, error);
+    return proxy->listen_fd >= 0;
+}
 
-    if (!vm_unix_address(path, &sun, &sun_len, error))
-        return FALSE;
-    proxy->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+/* Serves the caller's listening socket: a duplicate, so that both close their own. */
+static gboolean
+proxy_listen_fd(VmEgressProxy *proxy, GError **error)
+{
+    proxy->listen_fd = fcntl(proxy->config.listen_fd, F_DUPFD_CLOEXEC, 3);
     if (proxy->listen_fd < 0)
-        return vm_throw_errno(error, errno, "cannot create the egress proxy socket");
-    if (unlink(path) < 0 && errno != ENOENT)
-        return vm_throw_errno(error, errno, "cannot replace %s", path);
-    if (bind(proxy->listen_fd, (struct sockaddr *)&sun, sun_len) < 0)
-        return vm_throw_errno(error, errno, "cannot bind the egress proxy to %s", path);
-    if (chmod(path, 0600) < 0 ||
-        (proxy->config.listen_chown &&
-         chown(path, proxy->config.listen_uid, proxy->config.listen_gid) < 0)) {
-        int saved = errno;
-
-        (void)unlink(path);
-        return vm_throw_errno(error, saved, "cannot set the owner and mode of %s", path);
-    }
-    if (listen(proxy->listen_fd, 128) < 0) {
-        int saved = errno;
-
-        (void)unlink(path);
-        return vm_throw_errno(error, saved, "cannot listen on %s", path);
-    }
+        return vm_throw_errno(error, errno, "cannot take the egress proxy socket");
+    if (fcntl(proxy->listen_fd, F_SETFL, O_NONBLOCK) < 0)
+        return vm_throw_errno(error, errno, "cannot make the egress proxy socket non-blocking");
     return TRUE;
 }
 
@@ -1288,6 +1309,7 @@ vm_egress_proxy_new(const VmEgressConfig *config, GError **error)
         g_strdup(config->listen_address != NULL ? config->listen_address : "127.0.0.1");
     proxy->config.listen_address = proxy->listen_address;
     proxy->listen_path = g_strdup(config->listen_path);
+    proxy->on_unix = config->use_listen_fd || config->listen_path != NULL;
     proxy->config.listen_path = proxy->listen_path;
     if (proxy->config.max_connections == 0)
         proxy->config.max_connections = DEFAULT_MAX_CONNECTIONS;
@@ -1305,17 +1327,20 @@ vm_egress_proxy_new(const VmEgressConfig *config, GError **error)
     proxy->config.credentials = NULL;
     /* The PEM strings and the file name are read here and not kept. */
     if (config->ca_cert_pem != NULL && config->ca_key_pem != NULL) {
-        proxy->interceptor = vm_egress_interceptor_new(config->ca_cert_pem, config->ca_key_pem,
-                                                       config->upstream_ca_file, error);
+        proxy->interceptor =
+            vm_egress_interceptor_new(config->ca_cert_pem, config->ca_key_pem,
+                                      config->upstream_ca_file, config->upstream_ca_pem, error);
         if (proxy->interceptor == NULL)
             return NULL;
     }
     proxy->config.ca_cert_pem = NULL;
     proxy->config.ca_key_pem = NULL;
     proxy->config.upstream_ca_file = NULL;
+    proxy->config.upstream_ca_pem = NULL;
 
-    if (!(proxy->listen_path != NULL ? proxy_listen_unix(proxy, error)
-                                     : proxy_listen(proxy, error)))
+    if (!(config->use_listen_fd        ? proxy_listen_fd(proxy, error)
+          : proxy->listen_path != NULL ? proxy_listen_unix(proxy, error)
+                                       : proxy_listen(proxy, error)))
         return NULL;
     if (pipe2(proxy->wake, O_CLOEXEC | O_NONBLOCK) < 0)
         return vm_throw_errno(error, errno, "cannot create the egress proxy's wake pipe"), NULL;
@@ -1343,7 +1368,7 @@ vm_egress_proxy_free(VmEgressProxy *proxy)
 
     if (proxy->listen_fd >= 0) {
         /* Gone at once, so a guest's next connection fails instead of waiting on a dead socket. */
-        if (proxy->listen_path != NULL)
+        if (proxy->listen_path != NULL && !proxy->config.use_listen_fd)
             (void)unlink(proxy->listen_path);
         close(proxy->listen_fd);
     }

@@ -78,6 +78,10 @@ typedef struct {
                                  * before anyone can connect */
     uid_t listen_uid;
     gid_t listen_gid;
+    gboolean use_listen_fd;      /* serve listen_fd instead of binding anything: a listening */
+    int listen_fd;               /* Unix stream socket (vm_egress_proxy_listen_unix()) that takes
+                                  * handed-over connections; duplicated, the caller keeps its own
+                                  * and its path (nothing is unlinked) */
     VmEgressPolicy *policy;      /* NULL: nothing allowed; the proxy takes its own reference */
     guint max_connections;       /* 0: 64; more are answered 503 and closed */
     guint handshake_timeout_ms;  /* 0: 10 s for the whole request head to arrive */
@@ -94,6 +98,7 @@ typedef struct {
     const char *ca_cert_pem;          /* the agent's CA (vm-egress-ca.h): signs the certificates */
     const char *ca_key_pem;           /* of intercepted hosts; both needed to intercept */
     const char *upstream_ca_file;     /* NULL: the system's trust store, for real hosts' certs */
+    const char *upstream_ca_pem;      /* instead of upstream_ca_file: the certificates as PEM */
 } VmEgressConfig;
 
 typedef struct _VmEgressProxy VmEgressProxy;
@@ -103,6 +108,14 @@ typedef struct _VmEgressProxy VmEgressProxy;
  * upstream_ca_file without certificates, VM_ERROR_NO_RESOURCES when the port is
  * taken, VM_ERROR_IO otherwise. */
 VmEgressProxy *vm_egress_proxy_new(const VmEgressConfig *config, GError **error);
+
+/* Binds a Unix stream socket at @path (a socket file already there is replaced), gives it mode
+ * 0600 and, with @chown, the owner @uid:@gid, and only then listens, so nobody connects through a
+ * wider mode in between. Returns the listening socket (close-on-exec, non-blocking), for
+ * VmEgressConfig.listen_fd; -1 with VM_ERROR_INVALID_ARGUMENT for a path too long, VM_ERROR_IO
+ * otherwise (nothing left at @path). */
+int vm_egress_proxy_listen_unix(const char *path, gboolean chown, uid_t uid, gid_t gid,
+                                GError **error);
 
 /* Stops accepting, closes every connection and returns once all threads are gone (at most about
  * the resolver's own timeout, since a running getaddrinfo() cannot be interrupted). NULL is

@@ -28,6 +28,8 @@ static const char *const hostd_config_keys[] = {
     "guest-api-rate",
     "guest-api-burst",
     "egress-upstream-ca-file",
+    "egress-worker",
+    "egress-user",
     NULL,
 };
 
@@ -202,6 +204,21 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
                                  error))
         return FALSE;
     config->guest_api = guest_api == 1;
+    guint egress_worker = config->egress_in_process ? 0 : 1;
+    if (!hostd_config_get_choice(kf, path, "egress-worker", on_off, &egress_worker, error))
+        return FALSE;
+    config->egress_in_process = egress_worker == 0;
+    if (g_key_file_has_key(kf, "hostd", "egress-user", NULL)) {
+        g_autofree char *user = g_key_file_get_string(kf, "hostd", "egress-user", NULL);
+
+        /* Resolved (getpwnam()) when a worker starts: the user may come after hostd's
+         * configuration, and a worker that cannot have it does not start. */
+        if (user == NULL || user[0] == '\0' || strchr(user, ':') != NULL)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: egress-user must be a user name",
+                            path);
+        g_free(config->egress_user);
+        config->egress_user = g_steal_pointer(&user);
+    }
     if (g_key_file_has_key(kf, "hostd", "egress-upstream-ca-file", NULL)) {
         g_autofree char *ca_file =
             g_key_file_get_string(kf, "hostd", "egress-upstream-ca-file", NULL);
@@ -327,5 +344,6 @@ hostd_config_free(HostdConfig *config)
     g_free(config->templates_dir);
     g_free(config->socket_group);
     g_free(config->egress_upstream_ca_file);
+    g_free(config->egress_user);
     g_free(config);
 }

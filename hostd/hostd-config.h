@@ -38,13 +38,16 @@ typedef struct {
     guint guest_api_burst;          /* and at once, beyond the average */
     char *egress_upstream_ca_file;  /* the CA file proxies verify real hosts against when they
                                      * intercept (the credential broker); NULL: the system's */
+    gboolean egress_in_process;     /* egress-worker = off: proxies run inside hostd (default:
+                                     * each in a confined vm-egress-worker process) */
+    char *egress_user;              /* the user egress workers run as; NULL: "nobody" */
 } HostdConfig;
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
  * templates-dir, socket-group, ssh-port-min, ssh-port-max, forward-port-min, forward-port-max,
  * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
- * egress-upstream-ca-file) when not NULL,
+ * egress-upstream-ca-file, egress-worker, egress-user) when not NULL,
  * then applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail
  * with VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,

@@ -2,12 +2,15 @@
 #include "hostd-egress.h"
 
 #include <errno.h>
+#include <pwd.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <glib/gstdio.h>
 
 #include "hostd-agent.h"
+#include "hostd-egress-worker.h"
 #include "hostd-logfile.h"
 #include "vm-domain-read.h"
 #include "vm-egress-ca.h"
@@ -31,7 +34,9 @@ typedef struct {
     char *name;
     char *socket_path;
     HostdLogFile *log;
-    VmEgressProxy *proxy;
+    VmEgressProxy *proxy;        /* egress-worker = off: the proxy in this process */
+    HostdEgressWorker *worker;   /* else: the proxy in a worker process */
+    int listen_fd;               /* with a worker: the socket it serves, hostd's own */
     VmEgressPolicy *user_policy; /* the stored rules; the proxy's adds the grants' hosts */
 } EgressAgent;
 
@@ -59,6 +64,13 @@ egress_agent_free(EgressAgent *agent)
         return;
     /* The proxy first: its threads log until it returns. */
     vm_egress_proxy_free(agent->proxy);
+    hostd_egress_worker_free(agent->worker);
+    if (agent->listen_fd >= 0) {
+        /* Gone at once, so a guest's next connection fails instead of waiting on a socket
+         * nobody serves. */
+        (void)g_unlink(agent->socket_path);
+        close(agent->listen_fd);
+    }
     g_clear_pointer(&agent->user_policy, vm_egress_policy_unref);
     hostd_logfile_free(agent->log);
     g_free(agent->name);
@@ -105,6 +117,19 @@ hostd_egress_helper_path(void)
     if (vm_use_build_tree())
         return g_strdup(HOSTD_EGRESS_CONNECT_BUILD);
     return g_strdup(HOSTD_EGRESS_CONNECT_INSTALLED);
+}
+
+char *
+hostd_egress_worker_path(void)
+{
+    const char *env = g_getenv("VM_EGRESS_WORKER");
+
+    if (env != NULL && env[0] != '\0')
+        return g_strdup(env);
+    /* As for the helper: an installed hostd (root) never runs the build tree's worker. */
+    if (vm_use_build_tree())
+        return g_strdup(HOSTD_EGRESS_WORKER_BUILD);
+    return g_strdup(HOSTD_EGRESS_WORKER_INSTALLED);
 }
 
 char *
@@ -232,6 +257,44 @@ egress_log_record(const VmEgressRecord *record, gpointer user_data)
     g_autofree char *json = vm_egress_record_to_json(record);
 
     (void)hostd_logfile_append(agent->log, json, NULL);
+}
+
+/* The same for a worker's records, which hostd_egress_worker checked to be one JSON object. */
+static void
+egress_log_line(const char *json, gpointer user_data)
+{
+    EgressAgent *agent = user_data;
+
+    (void)hostd_logfile_append(agent->log, json, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One agent's proxy, in this process or in its worker */
+
+static void
+egress_agent_set_policy(EgressAgent *agent, VmEgressPolicy *policy)
+{
+    if (agent->worker != NULL)
+        hostd_egress_worker_set_policy(agent->worker, policy);
+    else
+        vm_egress_proxy_set_policy(agent->proxy, policy);
+}
+
+static void
+egress_agent_set_credentials(EgressAgent *agent, VmEgressCredentials *creds)
+{
+    if (agent->worker != NULL)
+        hostd_egress_worker_set_credentials(agent->worker, creds);
+    else
+        vm_egress_proxy_set_credentials(agent->proxy, creds);
+}
+
+static VmEgressPolicy *
+egress_agent_dup_policy(EgressAgent *agent)
+{
+    if (agent->worker != NULL)
+        return hostd_egress_worker_dup_policy(agent->worker);
+    return vm_egress_proxy_dup_policy(agent->proxy);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -367,12 +430,43 @@ egress_ca_remove(HostdContext *ctx, Egress *egress, const char *name)
 /* ---------------------------------------------------------------------------------------------
  * Proxies */
 
+/* Who a worker runs as: egress-user when hostd is root; hostd's own user otherwise (it cannot
+ * change it, and confines the worker all the same). */
+static gboolean
+egress_worker_user(HostdContext *ctx, gboolean *ret_change, uid_t *ret_uid, gid_t *ret_gid,
+                   GError **error)
+{
+    const char *user = ctx->config->egress_user != NULL ? ctx->config->egress_user : "nobody";
+    struct passwd pwd;
+    struct passwd *found = NULL;
+    char buf[4096];
+    int rc;
+
+    *ret_change = FALSE;
+    *ret_uid = 0;
+    *ret_gid = 0;
+    if (geteuid() != 0)
+        return TRUE;
+    rc = getpwnam_r(user, &pwd, buf, sizeof(buf), &found);
+    if (found == NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "egress-user '%s' is unknown%s%s", user,
+                        rc != 0 ? ": " : "", rc != 0 ? g_strerror(rc) : "");
+    if (pwd.pw_uid == 0 || pwd.pw_gid == 0)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "egress-user '%s' is root or in root's group", user);
+    *ret_change = TRUE;
+    *ret_uid = pwd.pw_uid;
+    *ret_gid = pwd.pw_gid;
+    return TRUE;
+}
+
 static EgressAgent *
 egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPolicy *policy,
                  GError **error)
 {
     g_autoptr(EgressAgent) agent = g_new0(EgressAgent, 1);
     g_autofree char *dir = hostd_agent_dir(ctx, name);
+    g_autofree char *worker_program = NULL;
     g_autofree char *log_path = NULL;
     g_autofree char *ca_cert = NULL;
     g_autofree char *ca_key = NULL;
@@ -386,6 +480,7 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
         .upstream_ca_file = ctx->config->egress_upstream_ca_file,
     };
 
+    agent->listen_fd = -1;
     /* Every proxy holds its agent's CA from the start, so that a grant made while it runs can be
      * intercepted at once: the CA cannot be handed over later. */
     if (!egress_ca_get(ctx, egress, name, &ca_cert, &ca_key, error))
@@ -413,13 +508,45 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
     config.policy = effective;
     g_mutex_unlock(&egress->lock);
     config.log_data = agent;
-    agent->proxy = vm_egress_proxy_new(&config, error);
+    if (ctx->config->egress_in_process) {
+        agent->proxy = vm_egress_proxy_new(&config, error);
+    } else {
+        HostdEgressWorkerConfig wconfig = {
+            .name = name,
+            .policy = config.policy,
+            .credentials = config.credentials,
+            .ca_cert_pem = config.ca_cert_pem,
+            .ca_key_pem = config.ca_key_pem,
+            .upstream_ca_file = config.upstream_ca_file,
+            .max_connections = config.max_connections,
+            .handshake_timeout_ms = config.handshake_timeout_ms,
+            .idle_timeout_ms = config.idle_timeout_ms,
+            .connect_timeout_ms = config.connect_timeout_ms,
+            .log = egress_log_line,
+            .log_data = agent,
+            .resolve = config.resolve,
+            .resolve_data = config.resolve_data,
+        };
+
+        worker_program = hostd_egress_worker_path();
+        wconfig.program = worker_program;
+        /* hostd owns the socket; each worker run serves it, and connections a guest makes
+         * while one restarts wait in its backlog. */
+        if (egress_worker_user(ctx, &wconfig.change_user, &wconfig.uid, &wconfig.gid, error)) {
+            agent->listen_fd =
+                vm_egress_proxy_listen_unix(agent->socket_path, config.listen_chown,
+                                            config.listen_uid, config.listen_gid, error);
+            wconfig.listen_fd = agent->listen_fd;
+            if (agent->listen_fd >= 0)
+                agent->worker = hostd_egress_worker_new(&wconfig, error);
+        }
+    }
     if (config.credentials != NULL)
         vm_egress_credentials_unref(config.credentials);
     /* The key's copy in this process's heap goes as soon as the proxy has its own. */
     if (ca_key != NULL)
         memset(ca_key, 0, strlen(ca_key));
-    if (agent->proxy == NULL)
+    if (agent->proxy == NULL && agent->worker == NULL)
         return NULL;
     return g_steal_pointer(&agent);
 }
@@ -467,6 +594,7 @@ egress_running_policy(HostdContext *ctx, const char *name, guint *ret_connection
     Egress *egress = egress_get(ctx, FALSE);
     VmEgressPolicy *policy = NULL;
     EgressAgent *agent;
+    HostdEgressWorker *worker = NULL;
 
     if (ret_connections != NULL)
         *ret_connections = 0;
@@ -476,10 +604,17 @@ egress_running_policy(HostdContext *ctx, const char *name, guint *ret_connection
     agent = g_hash_table_lookup(egress->agents, name);
     if (agent != NULL) {
         policy = vm_egress_policy_ref(agent->user_policy);
-        if (ret_connections != NULL)
+        if (ret_connections != NULL && agent->worker != NULL)
+            worker = hostd_egress_worker_ref(agent->worker);
+        else if (ret_connections != NULL)
             *ret_connections = vm_egress_proxy_get_n_connections(agent->proxy);
     }
     g_mutex_unlock(&egress->lock);
+    /* A worker's answer is awaited without the lock: it may take its time. */
+    if (worker != NULL) {
+        *ret_connections = hostd_egress_worker_get_n_connections(worker);
+        hostd_egress_worker_unref(worker);
+    }
     return policy;
 }
 
@@ -504,7 +639,7 @@ egress_apply(HostdContext *ctx, const char *name, VmEgressPolicy *policy)
             agent->user_policy = policy;
         }
         effective = egress_effective_locked(egress, name, agent->user_policy);
-        vm_egress_proxy_set_policy(agent->proxy, effective);
+        egress_agent_set_policy(agent, effective);
     }
     g_mutex_unlock(&egress->lock);
     return agent != NULL;
@@ -971,7 +1106,7 @@ hostd_egress_set_credentials(HostdContext *ctx, const char *name, VmEgressCreden
         g_hash_table_remove(egress->credentials, name);
     agent = g_hash_table_lookup(egress->agents, name);
     if (agent != NULL)
-        vm_egress_proxy_set_credentials(agent->proxy, creds);
+        egress_agent_set_credentials(agent, creds);
     g_mutex_unlock(&egress->lock);
     return TRUE;
 }
@@ -1023,7 +1158,7 @@ hostd_egress_dup_effective_policy(HostdContext *ctx, const char *name)
     g_mutex_lock(&egress->lock);
     agent = g_hash_table_lookup(egress->agents, name);
     if (agent != NULL)
-        policy = vm_egress_proxy_dup_policy(agent->proxy);
+        policy = egress_agent_dup_policy(agent);
     g_mutex_unlock(&egress->lock);
     return policy;
 }
@@ -1040,4 +1175,21 @@ hostd_egress_ca_certificate(HostdContext *ctx, const char *name, GError **error)
         return NULL;
     memset(key, 0, strlen(key));
     return g_steal_pointer(&cert);
+}
+
+GPid
+hostd_egress_worker_pid(HostdContext *ctx, const char *name)
+{
+    Egress *egress = egress_get(ctx, FALSE);
+    EgressAgent *agent;
+    GPid pid = 0;
+
+    if (egress == NULL)
+        return 0;
+    g_mutex_lock(&egress->lock);
+    agent = g_hash_table_lookup(egress->agents, name);
+    if (agent != NULL && agent->worker != NULL)
+        pid = hostd_egress_worker_get_pid(agent->worker);
+    g_mutex_unlock(&egress->lock);
+    return pid;
 }

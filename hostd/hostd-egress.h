@@ -55,6 +55,12 @@ char *hostd_egress_command(HostdContext *ctx, const HostdAgentRecord *r);
  * else the installed one in libexecdir. Newly allocated; can't fail. */
 char *hostd_egress_helper_path(void);
 
+/* The worker program (vm-egress-worker) each agent's proxy runs in (egress-worker = on):
+ * $VM_EGRESS_WORKER when set, else the one built next to this hostd when it runs from its build
+ * tree (vm_use_build_tree()), else the installed one in libexecdir. Newly allocated; can't
+ * fail. */
+char *hostd_egress_worker_path(void);
+
 /* The command a guest forward runs to hand each guest connection to the Unix socket
  * @socket_path (any hostd socket that takes handed-over connections: the proxy's, the in-guest
  * API's): the shell-quoted helper and path. NULL where a guest forward cannot work, as for
@@ -153,6 +159,11 @@ VmEgressPolicy *hostd_egress_dup_effective_policy(HostdContext *ctx, const char 
  * store. Fails with VM_ERROR_NOT_FOUND for an unknown agent, VM_ERROR_IO when the CA cannot be
  * made or stored. */
 char *hostd_egress_ca_certificate(HostdContext *ctx, const char *name, GError **error);
+
+/* The process id of @name's egress worker now; 0 when its proxy runs inside hostd
+ * (egress-worker = off), when none runs, or between a worker's death and its restart. Can't
+ * fail. */
+GPid hostd_egress_worker_pid(HostdContext *ctx, const char *name);
 
 /* For tests: proxies started from now on resolve names with @resolve (NULL: getaddrinfo()). */
 void hostd_egress_set_resolver(HostdContext *ctx, VmEgressResolveFunc resolve,

@@ -33,6 +33,7 @@ check "hostd in sbindir" executable "$sbindir/hostd"
 check "vmctl in bindir" executable "$bindir/vmctl"
 check "installed vmctl runs and names its protocol" grep -q "^vmctl .* (protocol [0-9]*)$" <("$dest$bindir/vmctl" --version)
 check "egress helper in libexecdir" executable "$libexecdir/vm-egress-connect"
+check "egress worker in libexecdir" executable "$libexecdir/vm-egress-worker"
 
 # The installed hostd names only installed paths, though the source and build trees it was made
 # from are still here; the same binary run from the build tree uses them. --print-paths, with
@@ -59,7 +60,8 @@ build_paths() {
 }
 check "hostd run from the build tree uses its trees" build_paths
 
-expected=("$sbindir/hostd" "$bindir/vmctl" "$libexecdir/vm-egress-connect")
+expected=("$sbindir/hostd" "$bindir/vmctl" "$libexecdir/vm-egress-connect"
+    "$libexecdir/vm-egress-worker")
 for f in "$source"/templates/*.yaml "$source/templates/build-debian-image.sh"; do
     check "template file $(basename "$f")" same "$f" "$templates/$(basename "$f")"
     expected+=("$templates/$(basename "$f")")

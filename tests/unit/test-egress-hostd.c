@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1063,6 +1064,216 @@ test_grant_hosts_none_and_fork(void **state)
     assert_false(hostd_test_egress_allows(f->ctx, "a2", "api.example.com", 443));
 }
 
+/* ---- the worker process --------------------------------------------------------------------- */
+
+/* The value of @key in /proc/@pid/status, newly allocated. */
+static char *
+proc_status(GPid pid, const char *key)
+{
+    g_autofree char *path = g_strdup_printf("/proc/%d/status", (int)pid);
+    g_autofree char *text = NULL;
+    g_auto(GStrv) lines = NULL;
+    g_autofree char *prefix = g_strconcat(key, ":", NULL);
+
+    if (!g_file_get_contents(path, &text, NULL, NULL))
+        fail_msg("cannot read %s", path);
+    lines = g_strsplit(text, "\n", 0);
+    for (char **line = lines; *line != NULL; line++) {
+        if (g_str_has_prefix(*line, prefix))
+            return g_strstrip(g_strdup(*line + strlen(prefix)));
+    }
+    fail_msg("no %s in %s", key, path);
+    return NULL;
+}
+
+/* Bytes through an open tunnel come back from the echo sink. */
+static void
+assert_echo(int fd)
+{
+    g_autoptr(GString) back = NULL;
+    gboolean eof;
+
+    vm_test_send_text(fd, "ping");
+    back = vm_test_read_until(fd, "ping", IO_TIMEOUT_MS, &eof);
+    assert_string_equal(back->str, "ping");
+}
+
+/* The proxy runs in a worker process of its own, confined before a guest byte arrives: another
+ * uid than root's when hostd is root, no capabilities, no_new_privs, seccomp filter mode. */
+static void
+test_worker_confined(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *uid = NULL;
+    g_autofree char *gid = NULL;
+    g_autofree char *nnp = NULL;
+    g_autofree char *seccomp = NULL;
+    g_autofree char *cap_eff = NULL;
+    g_autofree char *cap_prm = NULL;
+    g_autofree char *cap_bnd = NULL;
+    int status = 0;
+    int fd;
+    GPid pid;
+
+    init_agent(f, "a1", "127.0.0.1/32:PORT", NULL);
+    pid = hostd_egress_worker_pid(f->ctx, "a1");
+    assert_true(pid > 0);
+    assert_int_not_equal(pid, getpid());
+    uid = proc_status(pid, "Uid");
+    gid = proc_status(pid, "Gid");
+    nnp = proc_status(pid, "NoNewPrivs");
+    seccomp = proc_status(pid, "Seccomp");
+    cap_eff = proc_status(pid, "CapEff");
+    cap_prm = proc_status(pid, "CapPrm");
+    cap_bnd = proc_status(pid, "CapBnd");
+    if (geteuid() == 0) {
+        /* real, effective, saved and file system uid: all the egress user's (nobody) */
+        g_auto(GStrv) ids = g_regex_split_simple("\\s+", uid, 0, 0);
+        g_auto(GStrv) gids = g_regex_split_simple("\\s+", gid, 0, 0);
+
+        assert_int_equal(g_strv_length(ids), 4);
+        for (guint i = 0; i < 4; i++) {
+            assert_string_not_equal(ids[i], "0");
+            assert_string_equal(ids[i], ids[0]);
+            assert_string_not_equal(gids[i], "0");
+        }
+    }
+    assert_string_equal(nnp, "1");
+    assert_string_equal(seccomp, "2");
+    assert_string_equal(cap_eff, "0000000000000000");
+    assert_string_equal(cap_prm, "0000000000000000");
+    if (geteuid() == 0)
+        assert_string_equal(cap_bnd, "0000000000000000");
+
+    /* and it still serves: an allowed tunnel relays, a denied host is refused */
+    fd = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    assert_echo(fd);
+    close(fd);
+    assert_int_equal(tunnel(f, "a1", "127.0.0.2", &status), -1);
+    assert_int_equal(status, 403);
+}
+
+/* Without hostd's resolver the worker resolves names itself, as the egress user under its
+ * seccomp filter (the C library's resolver reads /etc/hosts here: localhost is loopback, which
+ * only the CIDR rules open). */
+static void
+test_worker_resolves_itself(void **state)
+{
+    Fixture *f = *state;
+    int status = 0;
+    int fd;
+
+    hostd_egress_set_resolver(f->ctx, NULL, NULL);
+    init_agent(f, "a1", "localhost:PORT 127.0.0.1/32:PORT [::1]:PORT", NULL);
+    fd = tunnel(f, "a1", "localhost", &status);
+    assert_int_equal(status, 200);
+    close(fd);
+    assert_int_equal(tunnel(f, "a1", "unknown.invalid", &status), -1);
+    assert_int_equal(status, 403);
+}
+
+/* egress-worker = off keeps the proxy inside hostd: no worker, the same service. */
+static void
+test_worker_off(void **state)
+{
+    Fixture *f = *state;
+    int status = 0;
+    int fd;
+
+    f->ctx->config->egress_in_process = TRUE;
+    init_agent(f, "a1", "127.0.0.1/32:PORT", NULL);
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a1"), 0);
+    fd = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    assert_echo(fd);
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 1);
+    close(fd);
+}
+
+/* A root hostd whose egress-user does not exist starts no proxy rather than one as root. */
+static void
+test_worker_unknown_user(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, "a1");
+    g_autoptr(GError) error = NULL;
+    const char *const allow[] = {"any", NULL};
+
+    if (geteuid() != 0)
+        skip();
+    g_free(f->ctx->config->egress_user);
+    f->ctx->config->egress_user = g_strdup("no-such-egress-user");
+    assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    assert_non_null(strstr(error->message, "no-such-egress-user"));
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a1"), 0);
+}
+
+/* Waits up to @ms for @name's worker to run again with another pid than @old. */
+static GPid
+wait_new_worker(Fixture *f, const char *name, GPid old, guint ms)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)ms * 1000;
+
+    while (g_get_monotonic_time() < deadline) {
+        GPid pid = hostd_egress_worker_pid(f->ctx, name);
+
+        if (pid > 0 && pid != old)
+            return pid;
+        g_usleep(10 * 1000);
+    }
+    return 0;
+}
+
+/* A killed worker takes its agent's connections with it and no other's; hostd starts another at
+ * once that serves the next request with the same policy. */
+static void
+test_worker_killed_restarts(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GString) rest = NULL;
+    gboolean eof;
+    int status = 0;
+    int fd1, fd2;
+    GPid pid1, pid2, again;
+    gint64 start;
+
+    init_agent(f, "a1", "127.0.0.1/32:PORT", NULL);
+    init_agent(f, "a2", "127.0.0.1/32:PORT", NULL);
+    pid1 = hostd_egress_worker_pid(f->ctx, "a1");
+    pid2 = hostd_egress_worker_pid(f->ctx, "a2");
+    assert_true(pid1 > 0 && pid2 > 0 && pid1 != pid2);
+    fd1 = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    fd2 = tunnel(f, "a2", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 1);
+
+    start = g_get_monotonic_time();
+    assert_int_equal(kill(pid1, SIGKILL), 0);
+    rest = vm_test_read_until(fd1, NULL, 3000, &eof);
+    assert_true(eof);
+    close(fd1);
+    again = wait_new_worker(f, "a1", pid1, 2000);
+    assert_true(again > 0);
+    assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
+
+    /* the other agent's worker and its tunnel are untouched */
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a2"), pid2);
+    assert_echo(fd2);
+    close(fd2);
+
+    /* the new worker serves with the old policy */
+    fd1 = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    assert_echo(fd1);
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 1);
+    close(fd1);
+    assert_int_equal(tunnel(f, "a1", "127.0.0.2", &status), -1);
+    assert_int_equal(status, 403);
+}
+
 int
 main(void)
 {
@@ -1088,6 +1299,11 @@ main(void)
         cmocka_unit_test_setup_teardown(test_credentials_kept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_grant_hosts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_grant_hosts_none_and_fork, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_confined, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_killed_restarts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_resolves_itself, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_off, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_unknown_user, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,64 @@
+/* The messages between hostd and an agent's egress worker (vm-egress-worker): docs/EGRESS.md.
+ *
+ * hostd starts one worker per agent with a socketpair as its fd VM_EGRESS_WORKER_CONTROL_FD and
+ * the agent's listening egress.sock as VM_EGRESS_WORKER_LISTEN_FD. Each message is one frame: a
+ * 4-byte big-endian length, then that many bytes of a serialised GVariant of type (sv), a kind
+ * and its payload. hostd is trusted by the worker; the worker is not trusted by hostd, which
+ * reads its frames with a small bound (VM_EGRESS_WIRE_FROM_WORKER_MAX), takes only messages in
+ * normal form whose payload has the exact type its kind names, and bounds every string again.
+ *
+ * hostd to worker:
+ *   "start"       a{sv}: allow as, deny as, ca-cert s, ca-key s, upstream-ca s (PEM; absent: the
+ *                 system's trust), credentials a(sssasss), max-connections u, handshake-ms u,
+ *                 idle-ms u, connect-ms u, resolve-by-parent b, uid u, gid u, change-user b
+ *   "policy"      (asas): allow, deny (replaces; tunnels it refuses close)
+ *   "credentials" a(sssasss): name, placeholder, value, hosts, header, format
+ *   "stats"       u: a serial, answered by "stats"
+ *   "resolved"    (ubsas): serial, ok, error message, addresses
+ * worker to hostd:
+ *   "ready"       (): serving
+ *   "failed"      s: could not start (then it exits)
+ *   "log"         s: one record as a JSON line (vm_egress_record_to_json())
+ *   "stats"       (uu): the serial asked, open connections
+ *   "resolve"     (us): serial, host (only with resolve-by-parent)
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "vm-egress-credential.h"
+
+G_BEGIN_DECLS
+
+#define VM_EGRESS_WORKER_CONTROL_FD 3
+#define VM_EGRESS_WORKER_LISTEN_FD  4
+
+/* Bounds on one frame's payload: hostd's messages carry a CA and credentials; the worker's
+ * are log lines and counters. */
+#define VM_EGRESS_WIRE_TO_WORKER_MAX   (4 * 1024 * 1024)
+#define VM_EGRESS_WIRE_FROM_WORKER_MAX (64 * 1024)
+/* The longest log line and host name hostd takes from a worker, and the most addresses it sends
+ * in one answer. */
+#define VM_EGRESS_WIRE_LINE_MAX      (16 * 1024)
+#define VM_EGRESS_WIRE_HOST_MAX      255
+#define VM_EGRESS_WIRE_ADDRESSES_MAX 64
+
+/* Sends one frame: @kind and @payload (floating references are sunk). Blocking, whole or not at
+ * all as far as the caller can tell; callers serialise their writes to one fd. Fails with
+ * VM_ERROR_IO when the peer is gone. */
+gboolean vm_egress_wire_send(int fd, const char *kind, GVariant *payload, GError **error);
+
+/* Reads one frame of at most @max bytes (blocking) and returns its payload in normal form, the
+ * kind in @ret_kind. Fails with VM_ERROR_NOT_RUNNING at end of file before a frame begins,
+ * VM_ERROR_PROTOCOL for a frame that is too long, cut short or not a (sv) message. */
+GVariant *vm_egress_wire_recv(int fd, gsize max, char **ret_kind, GError **error);
+
+/* @creds (NULL: none) as the "credentials" payload, a(sssasss); secret values included, so the
+ * caller wipes nothing but drops the variant soon. Can't fail. */
+GVariant *vm_egress_wire_credentials(VmEgressCredentials *creds);
+
+/* The credentials a "credentials" payload carries; NULL with VM_ERROR_INVALID_ARGUMENT when one
+ * grant is refused by vm_egress_credentials_add(), VM_ERROR_PROTOCOL for a wrong type. */
+VmEgressCredentials *vm_egress_wire_credentials_parse(GVariant *payload, GError **error);
+
+G_END_DECLS

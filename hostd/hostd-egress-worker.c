@@ -1,0 +1,534 @@
+/* One agent's egress proxy in a worker process: start, watch, restart, talk. */
+#include "hostd-egress-worker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <json-glib/json-glib.h>
+
+#include "vm-egress-wire.h"
+#include "vm-error.h"
+#include "vm-util.h"
+
+/* How long a stats question may take before it counts as no answer. */
+#define STATS_TIMEOUT_US (G_USEC_PER_SEC / 2)
+/* A worker that served this long before it died is restarted at once. */
+#define HEALTHY_US     (5 * G_USEC_PER_SEC)
+#define BACKOFF_MIN_MS 50
+/* How long a worker may take to start, and to take one message. */
+#define START_TIMEOUT_S 10
+#define IO_TIMEOUT_S    2
+
+struct _HostdEgressWorker {
+    char *program;
+    char *name;
+    int listen_fd;
+    gboolean change_user;
+    uid_t uid;
+    gid_t gid;
+    char *ca_cert;
+    char *ca_key;
+    char *upstream_ca;
+    guint max_connections, handshake_timeout_ms, idle_timeout_ms, connect_timeout_ms;
+    HostdEgressWorkerLogFunc log;
+    gpointer log_data;
+    VmEgressResolveFunc resolve;
+    gpointer resolve_data;
+
+    GMutex send_lock; /* one frame at a time to the worker */
+    GMutex lock;      /* the fields below */
+    GCond cond;
+    VmEgressPolicy *policy;
+    VmEgressCredentials *credentials;
+    int fd;   /* the channel to the running worker, -1 when none */
+    GPid pid; /* the running worker, 0 when none */
+    gboolean stopping;
+    guint32 serial;       /* of the last stats question */
+    guint32 stats_serial; /* of the last answer */
+    guint connections;
+    GThread *watcher;
+};
+
+static void
+wipe_free(char *text)
+{
+    if (text != NULL)
+        explicit_bzero(text, strlen(text));
+    g_free(text);
+}
+
+static void
+worker_release(HostdEgressWorker *worker)
+{
+    g_free(worker->program);
+    g_free(worker->name);
+    if (worker->listen_fd >= 0)
+        close(worker->listen_fd);
+    g_free(worker->ca_cert);
+    wipe_free(worker->ca_key);
+    g_free(worker->upstream_ca);
+    g_clear_pointer(&worker->policy, vm_egress_policy_unref);
+    g_clear_pointer(&worker->credentials, vm_egress_credentials_unref);
+    g_mutex_clear(&worker->send_lock);
+    g_mutex_clear(&worker->lock);
+    g_cond_clear(&worker->cond);
+}
+
+HostdEgressWorker *
+hostd_egress_worker_ref(HostdEgressWorker *worker)
+{
+    return g_atomic_rc_box_acquire(worker);
+}
+
+void
+hostd_egress_worker_unref(HostdEgressWorker *worker)
+{
+    g_atomic_rc_box_release_full(worker, (GDestroyNotify)worker_release);
+}
+
+/* Sends one message on @fd (the channel of one worker run); a worker that is gone is noticed by
+ * the watcher. */
+static void
+worker_send(HostdEgressWorker *worker, int fd, const char *kind, GVariant *payload)
+{
+    g_autoptr(GVariant) sunk = g_variant_ref_sink(payload);
+
+    if (fd < 0)
+        return;
+    g_mutex_lock(&worker->send_lock);
+    /* A worker that stops reading (the send timed out) is ended: the watcher sees its channel
+     * close and starts another. */
+    if (!vm_egress_wire_send(fd, kind, sunk, NULL))
+        (void)shutdown(fd, SHUT_RDWR);
+    g_mutex_unlock(&worker->send_lock);
+}
+
+static GVariant *
+policy_variant(VmEgressPolicy *policy)
+{
+    g_auto(GStrv) allow = vm_egress_policy_dup_allow(policy);
+    g_auto(GStrv) deny = vm_egress_policy_dup_deny(policy);
+
+    /* "none" stands alone in an allow list the policy prints, and is read back as nothing. */
+    return g_variant_new("(^as^as)", allow, deny);
+}
+
+/* The "start" message: everything a new worker needs, from the state now. */
+static GVariant *
+worker_start_message(HostdEgressWorker *worker)
+{
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_autoptr(GVariant) policy = NULL;
+
+    g_mutex_lock(&worker->lock);
+    policy = g_variant_ref_sink(policy_variant(worker->policy));
+    g_variant_builder_add(&b, "{sv}", "allow", g_variant_get_child_value(policy, 0));
+    g_variant_builder_add(&b, "{sv}", "deny", g_variant_get_child_value(policy, 1));
+    if (worker->credentials != NULL)
+        g_variant_builder_add(&b, "{sv}", "credentials",
+                              vm_egress_wire_credentials(worker->credentials));
+    g_mutex_unlock(&worker->lock);
+    if (worker->ca_cert != NULL && worker->ca_key != NULL) {
+        g_variant_builder_add(&b, "{sv}", "ca-cert", g_variant_new_string(worker->ca_cert));
+        g_variant_builder_add(&b, "{sv}", "ca-key", g_variant_new_string(worker->ca_key));
+    }
+    if (worker->upstream_ca != NULL)
+        g_variant_builder_add(&b, "{sv}", "upstream-ca", g_variant_new_string(worker->upstream_ca));
+    g_variant_builder_add(&b, "{sv}", "max-connections",
+                          g_variant_new_uint32(worker->max_connections));
+    g_variant_builder_add(&b, "{sv}", "handshake-ms",
+                          g_variant_new_uint32(worker->handshake_timeout_ms));
+    g_variant_builder_add(&b, "{sv}", "idle-ms", g_variant_new_uint32(worker->idle_timeout_ms));
+    g_variant_builder_add(&b, "{sv}", "connect-ms",
+                          g_variant_new_uint32(worker->connect_timeout_ms));
+    g_variant_builder_add(&b, "{sv}", "resolve-by-parent",
+                          g_variant_new_boolean(worker->resolve != NULL));
+    g_variant_builder_add(&b, "{sv}", "change-user", g_variant_new_boolean(worker->change_user));
+    g_variant_builder_add(&b, "{sv}", "uid", g_variant_new_uint32(worker->uid));
+    g_variant_builder_add(&b, "{sv}", "gid", g_variant_new_uint32(worker->gid));
+    return g_variant_builder_end(&b);
+}
+
+/* Reaps @pid (killed first: a worker that broke the protocol may still run). */
+static void
+worker_reap(GPid pid)
+{
+    (void)kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+}
+
+/* Runs a new worker and waits for its "ready": the channel and pid on success. */
+static gboolean
+worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **error)
+{
+    int pair[2];
+    vm_autofd parent = -1;
+    vm_autofd child = -1;
+    const char *argv[] = {worker->program, worker->name, NULL};
+    int source_fds[2];
+    int target_fds[2] = {VM_EGRESS_WORKER_CONTROL_FD, VM_EGRESS_WORKER_LISTEN_FD};
+    g_autoptr(GError) local_error = NULL;
+    g_autofree char *kind = NULL;
+    g_autoptr(GVariant) reply = NULL;
+    GPid pid = 0;
+    const struct timeval io_timeout = {.tv_sec = IO_TIMEOUT_S};
+    const struct timeval start_timeout = {.tv_sec = START_TIMEOUT_S};
+    const struct timeval no_timeout = {0};
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return vm_throw_errno(error, errno, "cannot make the egress worker's channel");
+    parent = pair[0];
+    child = pair[1];
+    source_fds[0] = child;
+    source_fds[1] = worker->listen_fd;
+    if (!g_spawn_async_with_pipes_and_fds(
+            "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
+            -1, -1, -1, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
+        return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", worker->program,
+                        local_error->message);
+    close(g_steal_fd(&child));
+    /* Neither side of hostd waits on a worker for long: a start, a send. */
+    (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &io_timeout, sizeof(io_timeout));
+    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &start_timeout, sizeof(start_timeout));
+    worker_send(worker, parent, "start", worker_start_message(worker));
+    reply = vm_egress_wire_recv(parent, VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &local_error);
+    if (reply == NULL || !g_str_equal(kind, "ready")) {
+        const char *why = local_error != NULL ? local_error->message : kind;
+
+        if (reply != NULL && g_str_equal(kind, "failed") &&
+            g_variant_is_of_type(reply, G_VARIANT_TYPE_STRING))
+            why = g_variant_get_string(reply, NULL);
+        vm_throw(error, VM_ERROR_IO, "the egress worker of '%s' did not start: %.400s",
+                 worker->name, why);
+        worker_reap(pid);
+        return FALSE;
+    }
+    /* From now on the watcher waits for its messages as long as it runs. */
+    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &no_timeout, sizeof(no_timeout));
+    *ret_fd = g_steal_fd(&parent);
+    *ret_pid = pid;
+    return TRUE;
+}
+
+/* Whether @line is what a log record looks like: one JSON object of bounded size and depth, on
+ * one line. The worker is not trusted with hostd's log file beyond that. */
+static gboolean
+worker_log_line_ok(const char *line, gsize len)
+{
+    g_autoptr(JsonParser) parser = NULL;
+    JsonNode *root;
+
+    if (len == 0 || len > VM_EGRESS_WIRE_LINE_MAX || !g_utf8_validate(line, (gssize)len, NULL) ||
+        memchr(line, '\n', len) != NULL || memchr(line, '\r', len) != NULL ||
+        !vm_json_depth_ok(line, len, 2))
+        return FALSE;
+    parser = json_parser_new();
+    if (!json_parser_load_from_data(parser, line, (gssize)len, NULL))
+        return FALSE;
+    root = json_parser_get_root(parser);
+    return root != NULL && JSON_NODE_HOLDS_OBJECT(root);
+}
+
+static void
+worker_answer_resolve(HostdEgressWorker *worker, int fd, GVariant *payload)
+{
+    guint32 serial;
+    const char *host;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GArray) addresses = NULL;
+    g_autoptr(GStrvBuilder) texts = g_strv_builder_new();
+    g_auto(GStrv) list = NULL;
+
+    if (!g_variant_is_of_type(payload, G_VARIANT_TYPE("(us)")))
+        return;
+    g_variant_get(payload, "(u&s)", &serial, &host);
+    if (strlen(host) > VM_EGRESS_WIRE_HOST_MAX)
+        return;
+    addresses = worker->resolve(host, worker->resolve_data, &error);
+    for (guint i = 0; addresses != NULL && i < addresses->len && i < VM_EGRESS_WIRE_ADDRESSES_MAX;
+         i++) {
+        g_autofree char *text =
+            vm_egress_address_to_string(&g_array_index(addresses, VmEgressAddress, i));
+
+        g_strv_builder_add(texts, text);
+    }
+    list = g_strv_builder_end(texts);
+    worker_send(worker, fd, "resolved",
+                g_variant_new("(ubs^as)", serial, addresses != NULL,
+                              error != NULL ? error->message : "", list));
+}
+
+/* Reads one worker run's messages until its channel ends or it breaks the protocol. */
+static void
+worker_serve(HostdEgressWorker *worker, int fd)
+{
+    for (;;) {
+        g_autoptr(GError) error = NULL;
+        g_autofree char *kind = NULL;
+        g_autoptr(GVariant) payload =
+            vm_egress_wire_recv(fd, VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error);
+
+        if (payload == NULL) {
+            if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))
+                g_warning("egress worker of '%s': %s", worker->name, error->message);
+            return;
+        }
+        if (g_str_equal(kind, "log") && g_variant_is_of_type(payload, G_VARIANT_TYPE_STRING)) {
+            gsize len;
+            const char *line = g_variant_get_string(payload, &len);
+
+            if (!worker_log_line_ok(line, len)) {
+                g_warning("egress worker of '%s': a log line that is not a record", worker->name);
+                return;
+            }
+            if (worker->log != NULL)
+                worker->log(line, worker->log_data);
+        } else if (g_str_equal(kind, "stats") &&
+                   g_variant_is_of_type(payload, G_VARIANT_TYPE("(uu)"))) {
+            guint32 serial, connections;
+
+            g_variant_get(payload, "(uu)", &serial, &connections);
+            g_mutex_lock(&worker->lock);
+            /* Bounded by what the proxy allows: a larger number is a lie. */
+            worker->connections = MIN(connections, MAX(worker->max_connections, 1));
+            worker->stats_serial = serial;
+            g_cond_broadcast(&worker->cond);
+            g_mutex_unlock(&worker->lock);
+        } else if (g_str_equal(kind, "resolve") && worker->resolve != NULL) {
+            worker_answer_resolve(worker, fd, payload);
+        } else {
+            g_warning("egress worker of '%s': unexpected message '%.64s'", worker->name, kind);
+            return;
+        }
+    }
+}
+
+/* The watcher: serves the running worker, and when it dies starts another until stopped. */
+static gpointer
+worker_watch(gpointer data)
+{
+    HostdEgressWorker *worker = data;
+    guint backoff_ms = 0;
+
+    for (;;) {
+        gint64 started = g_get_monotonic_time();
+        int fd;
+        GPid pid;
+
+        g_mutex_lock(&worker->lock);
+        fd = worker->fd;
+        pid = worker->pid;
+        g_mutex_unlock(&worker->lock);
+        if (fd >= 0)
+            worker_serve(worker, fd);
+
+        g_mutex_lock(&worker->lock);
+        worker->fd = -1;
+        worker->pid = 0;
+        worker->connections = 0;
+        g_cond_broadcast(&worker->cond);
+        g_mutex_unlock(&worker->lock);
+        /* Only now: sends that took the old fd are done with it once send_lock is free. */
+        g_mutex_lock(&worker->send_lock);
+        if (fd >= 0)
+            close(fd);
+        g_mutex_unlock(&worker->send_lock);
+        if (pid > 0)
+            worker_reap(pid);
+
+        /* Dying young again and again slows the restarts down; a worker that served a while
+         * is replaced at once. */
+        if (g_get_monotonic_time() - started >= HEALTHY_US)
+            backoff_ms = 0;
+        g_mutex_lock(&worker->lock);
+        if (backoff_ms > 0) {
+            gint64 until = g_get_monotonic_time() + (gint64)backoff_ms * 1000;
+
+            while (!worker->stopping && g_cond_wait_until(&worker->cond, &worker->lock, until))
+                ;
+        }
+        backoff_ms = MIN(MAX(backoff_ms * 2, BACKOFF_MIN_MS), HOSTD_EGRESS_WORKER_BACKOFF_MAX_MS);
+        if (worker->stopping) {
+            g_mutex_unlock(&worker->lock);
+            return NULL;
+        }
+        g_mutex_unlock(&worker->lock);
+
+        {
+            g_autoptr(GError) error = NULL;
+
+            if (!worker_launch(worker, &fd, &pid, &error)) {
+                g_warning("%s", error->message);
+                fd = -1;
+                pid = 0;
+            }
+        }
+        g_mutex_lock(&worker->lock);
+        worker->fd = fd;
+        worker->pid = pid;
+        if (worker->stopping && pid > 0)
+            (void)kill(pid, SIGKILL);
+        /* A change made while it started (after its start message was made, before its channel
+         * was known) reaches it now; both messages may be repeated harmlessly. */
+        worker_send(worker, fd, "policy", policy_variant(worker->policy));
+        worker_send(worker, fd, "credentials", vm_egress_wire_credentials(worker->credentials));
+        g_mutex_unlock(&worker->lock);
+        if (pid > 0)
+            g_message("egress worker of '%s' restarted (pid %d)", worker->name, (int)pid);
+    }
+}
+
+HostdEgressWorker *
+hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
+{
+    HostdEgressWorker *worker = g_atomic_rc_box_new0(HostdEgressWorker);
+    g_autoptr(GError) local_error = NULL;
+    int fd;
+    GPid pid;
+
+    g_mutex_init(&worker->send_lock);
+    g_mutex_init(&worker->lock);
+    g_cond_init(&worker->cond);
+    worker->fd = -1;
+    worker->program = g_strdup(config->program);
+    worker->name = g_strdup(config->name);
+    worker->listen_fd = fcntl(config->listen_fd, F_DUPFD_CLOEXEC, 3);
+    worker->change_user = config->change_user;
+    worker->uid = config->uid;
+    worker->gid = config->gid;
+    worker->ca_cert = g_strdup(config->ca_cert_pem);
+    worker->ca_key = g_strdup(config->ca_key_pem);
+    worker->max_connections = config->max_connections;
+    worker->handshake_timeout_ms = config->handshake_timeout_ms;
+    worker->idle_timeout_ms = config->idle_timeout_ms;
+    worker->connect_timeout_ms = config->connect_timeout_ms;
+    worker->log = config->log;
+    worker->log_data = config->log_data;
+    worker->resolve = config->resolve;
+    worker->resolve_data = config->resolve_data;
+    worker->policy =
+        config->policy != NULL ? vm_egress_policy_ref(config->policy) : vm_egress_policy_new_none();
+    if (config->credentials != NULL)
+        worker->credentials = vm_egress_credentials_ref(config->credentials);
+    if (worker->listen_fd < 0) {
+        vm_throw_errno(error, errno, "cannot pass the egress socket of '%s'", config->name);
+        hostd_egress_worker_unref(worker);
+        return NULL;
+    }
+    /* The worker cannot read a file that only root may: it gets the certificates themselves. */
+    if (config->upstream_ca_file != NULL &&
+        !g_file_get_contents(config->upstream_ca_file, &worker->upstream_ca, NULL, &local_error)) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s", local_error->message);
+        hostd_egress_worker_unref(worker);
+        return NULL;
+    }
+    if (!worker_launch(worker, &fd, &pid, error)) {
+        hostd_egress_worker_unref(worker);
+        return NULL;
+    }
+    worker->fd = fd;
+    worker->pid = pid;
+    /* The watcher holds a reference of its own: it may outlive the caller's by a moment. */
+    worker->watcher = g_thread_new("egress-worker", worker_watch, hostd_egress_worker_ref(worker));
+    return worker;
+}
+
+void
+hostd_egress_worker_free(HostdEgressWorker *worker)
+{
+    GThread *watcher;
+
+    if (worker == NULL)
+        return;
+    g_mutex_lock(&worker->lock);
+    worker->stopping = TRUE;
+    if (worker->pid > 0)
+        (void)kill(worker->pid, SIGKILL);
+    watcher = g_steal_pointer(&worker->watcher);
+    g_cond_broadcast(&worker->cond);
+    g_mutex_unlock(&worker->lock);
+    if (watcher != NULL)
+        g_thread_join(watcher);
+    hostd_egress_worker_unref(worker); /* the watcher's */
+    hostd_egress_worker_unref(worker);
+}
+
+void
+hostd_egress_worker_set_policy(HostdEgressWorker *worker, VmEgressPolicy *policy)
+{
+    int fd;
+
+    g_mutex_lock(&worker->lock);
+    vm_egress_policy_ref(policy);
+    g_clear_pointer(&worker->policy, vm_egress_policy_unref);
+    worker->policy = policy;
+    fd = worker->fd;
+    /* Sent under the lock, so two changes reach the worker in the order they were made. */
+    worker_send(worker, fd, "policy", policy_variant(policy));
+    g_mutex_unlock(&worker->lock);
+}
+
+void
+hostd_egress_worker_set_credentials(HostdEgressWorker *worker, VmEgressCredentials *creds)
+{
+    g_mutex_lock(&worker->lock);
+    if (creds != NULL)
+        vm_egress_credentials_ref(creds);
+    g_clear_pointer(&worker->credentials, vm_egress_credentials_unref);
+    worker->credentials = creds;
+    worker_send(worker, worker->fd, "credentials", vm_egress_wire_credentials(creds));
+    g_mutex_unlock(&worker->lock);
+}
+
+VmEgressPolicy *
+hostd_egress_worker_dup_policy(HostdEgressWorker *worker)
+{
+    VmEgressPolicy *policy;
+
+    g_mutex_lock(&worker->lock);
+    policy = vm_egress_policy_ref(worker->policy);
+    g_mutex_unlock(&worker->lock);
+    return policy;
+}
+
+guint
+hostd_egress_worker_get_n_connections(HostdEgressWorker *worker)
+{
+    gint64 deadline = g_get_monotonic_time() + STATS_TIMEOUT_US;
+    guint32 serial;
+    guint connections = 0;
+
+    g_mutex_lock(&worker->lock);
+    if (worker->fd < 0) {
+        g_mutex_unlock(&worker->lock);
+        return 0;
+    }
+    serial = ++worker->serial;
+    worker_send(worker, worker->fd, "stats", g_variant_new_uint32(serial));
+    while (worker->fd >= 0 && (gint32)(worker->stats_serial - serial) < 0) {
+        if (!g_cond_wait_until(&worker->cond, &worker->lock, deadline))
+            break;
+    }
+    if (worker->fd >= 0 && worker->stats_serial == serial)
+        connections = worker->connections;
+    g_mutex_unlock(&worker->lock);
+    return connections;
+}
+
+GPid
+hostd_egress_worker_get_pid(HostdEgressWorker *worker)
+{
+    GPid pid;
+
+    g_mutex_lock(&worker->lock);
+    pid = worker->pid;
+    g_mutex_unlock(&worker->lock);
+    return pid;
+}
