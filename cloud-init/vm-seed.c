@@ -474,7 +474,9 @@ seed_append_keys(GString *out, const VmSeedSpec *spec)
 /* A warm image's machine holds no key: the image's host keys go, none is made, and sshd waits
  * for VM_SEED_WARM_IDENTITY_FLAG, which hostd creates once it has given a restored agent its
  * identity (a condition in /run, so for this boot only: a later cold boot of an agent starts sshd
- * as usual, and starting it later needs no daemon-reload). */
+ * as usual, and starting it later needs no daemon-reload). The same drop-in skips the unit's
+ * `sshd -t` before the start, a second parse of config and keys that a restored agent waits for
+ * (sshd itself refuses a bad configuration all the same). */
 static void
 seed_append_warm(GString *out)
 {
@@ -483,10 +485,12 @@ seed_append_warm(GString *out)
     g_string_append(out, "ssh_deletekeys: true\n");
     g_string_append(out, "ssh_genkeytypes: []\n");
     g_string_append(out, "bootcmd:\n");
-    g_string_append(out, "  - [\"sh\", \"-c\", \"mkdir -p /run/systemd/system/ssh.service.d && printf "
-                         "'[Unit]\\\\nConditionPathExists=" VM_SEED_WARM_IDENTITY_FLAG
-                         "\\\\n' > /run/systemd/system/ssh.service.d/vmctl-warm.conf && "
-                         "systemctl daemon-reload\"]\n");
+    g_string_append(out,
+                    "  - [\"sh\", \"-c\", \"mkdir -p /run/systemd/system/ssh.service.d && printf "
+                    "'[Unit]\\\\nConditionPathExists=" VM_SEED_WARM_IDENTITY_FLAG
+                    "\\\\n[Service]\\\\nExecStartPre=\\\\n' > "
+                    "/run/systemd/system/ssh.service.d/vmctl-warm.conf && "
+                    "systemctl daemon-reload\"]\n");
 }
 
 /* hostd's own #cloud-config; @spec is already checked. */

@@ -608,10 +608,12 @@ hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *im
         return TRUE;
     }
 
+    /* QEMU's own words, some of them the guest's: one line in the log. */
+    g_autofree char *why = g_strdelimit(vm_utf8_cut(warm_error->message, 1024), "\r\n", ' ');
     hostd_context_log(ctx, "agent '%s': %s did not start (%s); booting cold", r->name,
-                      warm->memory_path, warm_error->message);
+                      warm->memory_path, why);
     g_autofree char *note =
-        g_strdup_printf("the saved machine did not start (%s); booting cold", warm_error->message);
+        g_strdup_printf("the saved machine did not start (%s); booting cold", why);
     hostd_progress(progress, progress_data, note, -1);
     if (hostd_libvirt_is_active(dom) && virDomainDestroy(dom) < 0)
         virResetLastError();

@@ -548,8 +548,8 @@ test_warm(void **state)
     assert_yaml_string(yaml_item(y, cmd, 0), "sh");
     assert_yaml_string(yaml_item(y, cmd, 1), "-c");
     yaml_node_t *script = yaml_item(y, cmd, 2);
-    g_autofree char *text = g_strndup((const char *)script->data.scalar.value,
-                                      script->data.scalar.length);
+    g_autofree char *text =
+        g_strndup((const char *)script->data.scalar.value, script->data.scalar.length);
     assert_non_null(strstr(text, "systemctl daemon-reload"));
     const char *printf_at = strstr(text, "printf '");
     assert_non_null(printf_at);
@@ -559,7 +559,8 @@ test_warm(void **state)
     g_autofree char *dropin = NULL;
     assert_true(g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &dropin,
                              NULL, NULL, NULL));
-    assert_string_equal(dropin, "[Unit]\nConditionPathExists=" VM_SEED_WARM_IDENTITY_FLAG "\n");
+    assert_string_equal(dropin, "[Unit]\nConditionPathExists=" VM_SEED_WARM_IDENTITY_FLAG
+                                "\n[Service]\nExecStartPre=\n");
     yaml_node_t *users = yaml_get(y, root, "users");
     assert_yaml_string(yaml_get(y, yaml_item(y, users, 0), "name"), f->spec.user);
     assert_non_null(strstr(user_data, "/etc/environment"));
