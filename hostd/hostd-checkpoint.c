@@ -60,6 +60,29 @@ hostd_checkpoint_abort_journal(HostdContext *ctx, const HostdAgentRecord *r, VmC
     }
 }
 
+/* Saves the record of a committed operation whose switch has already happened. A failed save is
+ * tried once more, as a full disk may have room again once the failed temporary file is gone;
+ * when both fail, the journal stays on disk and the error says so at once (start-up repairs it
+ * from which file the domain uses). */
+static gboolean
+hostd_checkpoint_commit_save(HostdContext *ctx, const HostdAgentRecord *r, VmCheckpointSet *set,
+                             GError **error)
+{
+    g_autoptr(GError) first = NULL;
+    g_autoptr(GError) second = NULL;
+
+    if (vm_checkpoint_set_save(set, &first) || vm_checkpoint_set_save(set, &second))
+        return TRUE;
+    g_autofree char *what =
+        g_strdup_printf("the checkpoint record of agent '%s' could not be saved (%s); its "
+                        "journal refuses checkpoint operations on the agent until hostd restarts "
+                        "and repairs it",
+                        r->name, second->message);
+    if (ctx->log != NULL)
+        ctx->log(what);
+    return vm_throw(error, VM_ERROR_IO, "%s", what);
+}
+
 /* Refuses a checkpoint, before anything changes, when the agent's filesystem has less than
  * HOSTD_CHECKPOINT_MIN_FREE left. Test hook: HOSTD_TEST_RESERVE_BYTES=N counts N bytes fewer
  * as free, so the suite can see the refusal without filling a real disk. */
@@ -344,7 +367,8 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
      * later operation. A stopped domain only changes through the definition; a running one
      * already writes to the new overlay, and the definition makes the next boot use it too.
      * Should defining fail, start-up repairs it (hostd_checkpoint_reconcile()). */
-    if (!vm_checkpoint_set_save(set, error) || !hostd_checkpoint_define(ctx, r, set, error))
+    if (!hostd_checkpoint_commit_save(ctx, r, set, error) ||
+        !hostd_checkpoint_define(ctx, r, set, error))
         return NULL;
     if (trace.phases != NULL) {
         vm_trace_mark(&trace, "recorded");
