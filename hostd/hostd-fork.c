@@ -150,6 +150,12 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
         taken = g_strdup(c->id);
     }
     g_autofree char *checkpoint_id = g_strdup(c->id);
+    /* The fork's disk is made by qemu-img on the checkpoint, which opens its chain. */
+    if (!hostd_checkpoint_chain_check(ctx, source, set, checkpoint_id, error)) {
+        if (taken != NULL)
+            hostd_checkpoint_rm_locked(ctx, source, source_dom, set, c, NULL);
+        return NULL;
+    }
 
     /* Once the record is on disk the checkpoint is pinned (hostd_checkpoint_fork_on()), so the
      * source may go on with other work while the fork boots. */
