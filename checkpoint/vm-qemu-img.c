@@ -16,6 +16,7 @@ vm_qemu_img_info_free(VmQemuImgInfo *info)
     g_free(info->format);
     g_free(info->backing_filename);
     g_free(info->backing_format);
+    g_free(info->data_file);
     g_free(info);
 }
 
@@ -79,6 +80,14 @@ qemu_img_info_from_node(JsonNode *node, GError **error)
         !qemu_img_get_size(object, "actual-size", &info->actual_size, error) ||
         !qemu_img_get_bool(object, "dirty-flag", &info->dirty, error))
         return NULL;
+    /* A qcow2 image's external data file is told among the format's own fields. */
+    JsonNode *specific = json_object_get_member(object, "format-specific");
+    if (specific != NULL && JSON_NODE_HOLDS_OBJECT(specific)) {
+        JsonNode *data = json_object_get_member(json_node_get_object(specific), "data");
+        if (data != NULL && JSON_NODE_HOLDS_OBJECT(data) &&
+            !qemu_img_get_string(json_node_get_object(data), "data-file", &info->data_file, error))
+            return NULL;
+    }
     /* Older qemu-img wrote only the name as the header holds it, which may be relative. */
     if (info->backing_filename == NULL &&
         !qemu_img_get_string(object, "backing-filename", &info->backing_filename, error))
@@ -141,7 +150,7 @@ vm_qemu_img_info_parse(const char *json, gssize len, GError **error)
 GPtrArray *
 vm_qemu_img_info(const char *path, VmQemuImgInfoFlags flags, GError **error)
 {
-    const char *argv[8];
+    const char *argv[10];
     g_autofree char *out = NULL;
     /* Its output describes guest-written images: bounded before anything parses it. */
     const VmSpawnOptions options = {.stdout_max = VM_QEMU_IMG_OUTPUT_MAX};
@@ -156,6 +165,10 @@ vm_qemu_img_info(const char *path, VmQemuImgInfoFlags flags, GError **error)
         argv[n++] = "-U";
     if (flags & VM_QEMU_IMG_INFO_BACKING_CHAIN)
         argv[n++] = "--backing-chain";
+    if (flags & VM_QEMU_IMG_INFO_QCOW2) {
+        argv[n++] = "-f";
+        argv[n++] = "qcow2";
+    }
     /* A path starting with '-' is still a file name. */
     argv[n++] = "--";
     argv[n++] = path;
@@ -176,4 +189,41 @@ vm_qemu_img_chain_holds(const GPtrArray *chain, const char *filename)
             return TRUE;
     }
     return FALSE;
+}
+
+gboolean
+vm_qemu_img_info_check(const VmQemuImgInfo *info, const char *path, const char *backing,
+                       GError **error)
+{
+    g_return_val_if_fail(info != NULL && path != NULL, FALSE);
+
+    if (g_strcmp0(info->format, "qcow2") != 0)
+        return vm_throw(error, VM_ERROR_BAD_STATE, "image '%s' is not qcow2 (its header says %s)",
+                        path, info->format != NULL ? info->format : "no format");
+    if (info->data_file != NULL)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "image '%s' names an external data file ('%s'): refused", path,
+                        info->data_file);
+    if (g_strcmp0(info->backing_filename, backing) != 0)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "image '%s' names '%s' as its backing file where hostd's record has '%s': "
+                        "refused",
+                        path, info->backing_filename != NULL ? info->backing_filename : "none",
+                        backing != NULL ? backing : "none");
+    if (info->backing_format != NULL && !g_str_equal(info->backing_format, "qcow2"))
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "image '%s' names its backing file as %s, not qcow2: refused", path,
+                        info->backing_format);
+    return TRUE;
+}
+
+gboolean
+vm_qemu_img_check(const char *path, const char *backing, GError **error)
+{
+    g_autoptr(GPtrArray) chain =
+        vm_qemu_img_info(path, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_QCOW2, error);
+
+    if (chain == NULL)
+        return FALSE;
+    return vm_qemu_img_info_check(g_ptr_array_index(chain, 0), path, backing, error);
 }

@@ -25,6 +25,8 @@ typedef struct {
     guint64 virtual_size;   /* bytes the guest sees; 0 when not said */
     guint64 actual_size;    /* bytes the file takes on the host; 0 when not said */
     gboolean dirty;         /* "dirty-flag": the image was not closed cleanly */
+    char *data_file;        /* a qcow2 image's external data file, as the header names it; or
+                             * NULL (the data is in the image itself) */
 } VmQemuImgInfo;
 
 void vm_qemu_img_info_free(VmQemuImgInfo *info);
@@ -34,6 +36,7 @@ typedef enum {
     VM_QEMU_IMG_INFO_NONE = 0,
     VM_QEMU_IMG_INFO_SHARED = 1 << 0,        /* -U: read an image another process holds open */
     VM_QEMU_IMG_INFO_BACKING_CHAIN = 1 << 1, /* --backing-chain: every image below too */
+    VM_QEMU_IMG_INFO_QCOW2 = 1 << 2,         /* -f qcow2: no format probing */
 } VmQemuImgInfoFlags;
 
 /* Parses @len bytes of `qemu-img info --output=json` output (@len -1: @json is NUL-terminated):
@@ -55,5 +58,20 @@ GPtrArray *vm_qemu_img_info(const char *path, VmQemuImgInfoFlags flags, GError *
 /* Whether an image of @chain (from the two functions above) has @filename as its filename,
  * compared byte for byte. Can't fail. */
 gboolean vm_qemu_img_chain_holds(const GPtrArray *chain, const char *filename);
+
+/* Whether @info, what `qemu-img info` said of the image at @path alone, is what hostd made: a
+ * qcow2 image without an external data file, standing on @backing (NULL: on nothing), which its
+ * header names byte for byte as its full backing name, in format qcow2 where it names a format.
+ * An image a guest could rewrite is checked so before any tool opens its backing chain or writes
+ * it: a header naming another file (a host file, as raw) would have that tool, running as root,
+ * read or write it. Fails with VM_ERROR_BAD_STATE, naming @path and what its header says. Pure. */
+gboolean vm_qemu_img_info_check(const VmQemuImgInfo *info, const char *path, const char *backing,
+                                GError **error);
+
+/* vm_qemu_img_info_check() of the image at @path, read with `qemu-img info -f qcow2 -U` without
+ * --backing-chain: qemu-img then opens @path alone, neither its backing file nor its data file,
+ * whatever the header names. Fails as vm_qemu_img_info() and vm_qemu_img_info_check(). Blocks
+ * until qemu-img exits. */
+gboolean vm_qemu_img_check(const char *path, const char *backing, GError **error);
 
 G_END_DECLS

@@ -60,6 +60,29 @@ hostd_checkpoint_abort_journal(HostdContext *ctx, const HostdAgentRecord *r, VmC
     }
 }
 
+/* Saves the record of a committed operation whose switch has already happened. A failed save is
+ * tried once more, as a full disk may have room again once the failed temporary file is gone;
+ * when both fail, the journal stays on disk and the error says so at once (start-up repairs it
+ * from which file the domain uses). */
+static gboolean
+hostd_checkpoint_commit_save(HostdContext *ctx, const HostdAgentRecord *r, VmCheckpointSet *set,
+                             GError **error)
+{
+    g_autoptr(GError) first = NULL;
+    g_autoptr(GError) second = NULL;
+
+    if (vm_checkpoint_set_save(set, &first) || vm_checkpoint_set_save(set, &second))
+        return TRUE;
+    g_autofree char *what =
+        g_strdup_printf("the checkpoint record of agent '%s' could not be saved (%s); its "
+                        "journal refuses checkpoint operations on the agent until hostd restarts "
+                        "and repairs it",
+                        r->name, second->message);
+    if (ctx->log != NULL)
+        ctx->log(what);
+    return vm_throw(error, VM_ERROR_IO, "%s", what);
+}
+
 /* Refuses a checkpoint, before anything changes, when the agent's filesystem has less than
  * HOSTD_CHECKPOINT_MIN_FREE left. Test hook: HOSTD_TEST_RESERVE_BYTES=N counts N bytes fewer
  * as free, so the suite can see the refusal without filling a real disk. */
@@ -114,6 +137,62 @@ hostd_checkpoint_backing_path(HostdContext *ctx, const HostdAgentRecord *r,
         return g_strdup(r->warm_base);
     g_autoptr(VmImage) image = hostd_agent_image(ctx, r, error);
     return image != NULL ? g_strdup(image->disk_path) : NULL;
+}
+
+/* A fork's chain is checked down through its sources: a chain deeper than this is refused. */
+#define HOSTD_CHAIN_FORKS_MAX 64
+
+gboolean
+hostd_checkpoint_chain_check(HostdContext *ctx, const HostdAgentRecord *r,
+                             const VmCheckpointSet *set, const char *id, GError **error)
+{
+    g_autoptr(HostdAgentRecord) source = NULL;
+    g_autoptr(VmCheckpointSet) source_set = NULL;
+    const VmCheckpoint *c = id != NULL ? vm_checkpoint_set_find(set, id) : NULL;
+    g_autofree char *path = vm_checkpoint_set_path(set, c != NULL ? c->image : set->active);
+    const char *parent = id != NULL ? (c != NULL ? c->parent : NULL) : set->active_parent;
+
+    if (id != NULL && c == NULL)
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", r->name,
+                        id);
+    for (guint forks = 0;;) {
+        g_autofree char *below = hostd_checkpoint_backing_path(ctx, r, set, parent, error);
+        if (below == NULL || !vm_qemu_img_check(path, below, error))
+            return FALSE;
+        g_free(path);
+        path = g_steal_pointer(&below);
+        if (parent != NULL) {
+            parent = vm_checkpoint_set_find(set, parent)->parent;
+            continue;
+        }
+        if (r->fork_base == NULL)
+            return TRUE;
+        /* The fork's first disk stands on its source's checkpoint image, whose own chain is in
+         * the source's record. */
+        if (++forks > HOSTD_CHAIN_FORKS_MAX)
+            return vm_throw(error, VM_ERROR_BAD_STATE, "the chain of '%s' is forked too deep",
+                            path);
+        g_autofree char *source_dir = hostd_agent_dir(ctx, r->forked_from);
+        g_autoptr(HostdAgentRecord) next = hostd_agent_record_load(source_dir, error);
+        if (next == NULL)
+            return FALSE;
+        g_autoptr(VmCheckpointSet) next_set = vm_checkpoint_set_load(source_dir, error);
+        if (next_set == NULL)
+            return FALSE;
+        const VmCheckpoint *on = vm_checkpoint_set_find(next_set, r->fork_checkpoint);
+        g_autofree char *on_path = on != NULL ? vm_checkpoint_set_path(next_set, on->image) : NULL;
+        if (on_path == NULL || !g_str_equal(on_path, path))
+            return vm_throw(error, VM_ERROR_BAD_STATE,
+                            "agent '%s' stands on '%s', which is no checkpoint of '%s'", r->name,
+                            path, r->forked_from);
+        parent = on->parent;
+        g_clear_pointer(&source, hostd_agent_record_free);
+        g_clear_pointer(&source_set, vm_checkpoint_set_free);
+        source = g_steal_pointer(&next);
+        source_set = g_steal_pointer(&next_set);
+        r = source;
+        set = source_set;
+    }
 }
 
 static gboolean
@@ -304,7 +383,9 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
                         "(a disk-only checkpoint works on a stopped agent)",
                         r->name),
                NULL;
+    /* A stopped agent's new overlay is made by qemu-img, which opens the active chain. */
     if (!hostd_checkpoint_check_room(set, error) ||
+        (!running && !hostd_checkpoint_chain_check(ctx, r, set, NULL, error)) ||
         !vm_checkpoint_set_begin_create(set, label, automatic, &new_file, error))
         return NULL;
     g_autofree char *memory_path =
@@ -346,7 +427,8 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
      * later operation. A stopped domain only changes through the definition; a running one
      * already writes to the new overlay, and the definition makes the next boot use it too.
      * Should defining fail, start-up repairs it (hostd_checkpoint_reconcile()). */
-    if (!vm_checkpoint_set_save(set, error) || !hostd_checkpoint_define(ctx, r, set, error))
+    if (!hostd_checkpoint_commit_save(ctx, r, set, error) ||
+        !hostd_checkpoint_define(ctx, r, set, error))
         return NULL;
     if (trace.phases != NULL) {
         vm_trace_mark(&trace, "recorded");
@@ -462,6 +544,9 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
         return NULL;
     g_autofree char *target_id = g_strdup(o.checkpoint->id);
     g_autofree char *target_memory = g_strdup(o.checkpoint->memory);
+    /* The new overlay is made by qemu-img, which opens the target's chain. */
+    if (!hostd_checkpoint_chain_check(ctx, o.record, o.set, target_id, error))
+        return NULL;
 
     /* The state being thrown away is kept first, so the restore itself can be undone. */
     hostd_progress(progress, progress_data, "checkpointing the current state", -1);
@@ -677,7 +762,10 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                 hostd_checkpoint_step("merge-committed");
                 return hostd_checkpoint_finish_merge(set, memory_path, error);
             }
-            if (!hostd_qemu_img_rebase(base, child_path, error))
+            /* The rebase opens the child's chain and writes the child: its headers first. */
+            if (!hostd_checkpoint_chain_check(ctx, r, set, child != NULL ? child->id : NULL,
+                                              error) ||
+                !hostd_qemu_img_rebase(base, child_path, error))
                 return FALSE;
         }
     }
@@ -719,15 +807,46 @@ hostd_domain_uses(virDomainPtr dom, const char *path)
            (inactive != NULL && hostd_domain_xml_uses(inactive, path));
 }
 
-/* Whether the backing chain of @top, as its qcow2 headers say, holds @path. */
+/* Whether @path is in the backing chain of @set's active overlay as the images' headers say now
+ * (a merge hostd died in may or may not have rewritten them). The headers are read one at a
+ * time, never a chain, and followed only through @r's own files: its checkpoint images and what
+ * its first disk stands on; an image naming any other file, or with a data file, is refused. */
 static gboolean
-hostd_chain_holds(const char *top, const char *path, gboolean *ret_holds, GError **error)
+hostd_chain_holds(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpointSet *set,
+                  const char *path, gboolean *ret_holds, GError **error)
 {
-    g_autoptr(GPtrArray) chain =
-        vm_qemu_img_info(top, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_BACKING_CHAIN, error);
-    if (chain == NULL)
+    g_autofree char *bottom = hostd_checkpoint_backing_path(ctx, r, set, NULL, error);
+    g_autoptr(GPtrArray) known = g_ptr_array_new_with_free_func(g_free);
+    g_autofree char *p = vm_checkpoint_set_path(set, set->active);
+
+    if (bottom == NULL)
         return FALSE;
-    *ret_holds = vm_qemu_img_chain_holds(chain, path);
+    for (guint i = 0; i < set->checkpoints->len; i++) {
+        const VmCheckpoint *c = set->checkpoints->pdata[i];
+        g_ptr_array_add(known, vm_checkpoint_set_path(set, c->image));
+    }
+    for (guint depth = 0; depth <= known->len; depth++) {
+        if (g_str_equal(p, path)) {
+            *ret_holds = TRUE;
+            return TRUE;
+        }
+        g_autoptr(GPtrArray) info =
+            vm_qemu_img_info(p, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_QCOW2, error);
+        if (info == NULL)
+            return FALSE;
+        const VmQemuImgInfo *top = info->pdata[0];
+        const char *next = top->backing_filename;
+        gboolean ours =
+            next != NULL && (g_str_equal(next, bottom) ||
+                             g_ptr_array_find_with_equal_func(known, next, g_str_equal, NULL));
+        if (!vm_qemu_img_info_check(top, p, ours ? next : bottom, error))
+            return FALSE;
+        if (g_str_equal(next, bottom))
+            break;
+        g_free(p);
+        p = g_strdup(next);
+    }
+    *ret_holds = FALSE;
     return TRUE;
 }
 
@@ -756,7 +875,7 @@ hostd_checkpoint_reconcile_merge(HostdContext *ctx, const HostdAgentRecord *r, v
 
     if (running && !hostd_checkpoint_wait_job(dom, error))
         return FALSE;
-    if (!hostd_chain_holds(active_path, child_path, &holds, error))
+    if (!hostd_chain_holds(ctx, r, set, child_path, &holds, error))
         return FALSE;
     if (holds && running) {
         if (virDomainBlockCommit(dom, "vda", merged_path, child_path, 0, 0) < 0)
@@ -765,9 +884,8 @@ hostd_checkpoint_reconcile_merge(HostdContext *ctx, const HostdAgentRecord *r, v
             return FALSE;
     } else if (holds) {
         g_autofree char *base = hostd_checkpoint_backing_path(ctx, r, set, merged->parent, error);
-        if (base == NULL)
-            return FALSE;
-        if (!hostd_qemu_img_rebase(base, child_path, error))
+        if (base == NULL || !hostd_checkpoint_chain_check(ctx, r, set, child->id, error) ||
+            !hostd_qemu_img_rebase(base, child_path, error))
             return FALSE;
         g_autofree char *id = g_strdup(merged->id);
         vm_checkpoint_set_abort(set);

@@ -65,6 +65,18 @@ G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(HostdCheckpointOpen, hostd_checkpoint_open_clea
 gboolean hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id,
                                HostdCheckpointOpen *ret_open, GError **error);
 
+/* Checks each image of the backing chain hostd's record says lies under checkpoint @id's image
+ * (NULL: under the active overlay) of @r, whose record is @set, down to the template's base
+ * image: each must be qcow2, without an external data file, and name as its backing file the
+ * image the record puts under it (a fork's chain goes on in its source's record). Each header
+ * is read alone (vm_qemu_img_check()), so no backing or data file a header names is opened. A
+ * guest can rewrite its images' headers: hostd runs nothing that opens a backing chain or
+ * writes an image (qemu-img create on it, rebase) before this passed. Fails with
+ * VM_ERROR_BAD_STATE naming the image that differs, VM_ERROR_IO when qemu-img fails,
+ * VM_ERROR_NOT_FOUND when a fork's source is gone. */
+gboolean hostd_checkpoint_chain_check(HostdContext *ctx, const HostdAgentRecord *r,
+                                      const VmCheckpointSet *set, const char *id, GError **error);
+
 /* Removes checkpoint @c of @set with the agent lock held (see hostd_checkpoint_rm()). */
 gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                     VmCheckpointSet *set, const VmCheckpoint *c, GError **error);

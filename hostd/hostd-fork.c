@@ -78,6 +78,21 @@ hostd_fork_drop_checkpoint(HostdContext *ctx, const char *source, const char *id
         hostd_checkpoint_rm_locked(ctx, r, dom, set, c, NULL);
 }
 
+/* Best effort, on the failure path of the fork's checkpoint: a checkpoint can fail after its
+ * record was saved (the domain's definition could not be written), and that checkpoint is the
+ * fork's, so it goes with it. A journal left on disk is start-up's to repair. */
+static void
+hostd_fork_drop_recorded(HostdContext *ctx, const HostdAgentRecord *source, virDomainPtr dom,
+                         const char *id)
+{
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(source->dir, NULL);
+    if (set == NULL || set->pending != VM_CHECKPOINT_OP_NONE)
+        return;
+    const VmCheckpoint *c = vm_checkpoint_set_find(set, id);
+    if (c != NULL)
+        hostd_checkpoint_rm_locked(ctx, source, dom, set, c, NULL);
+}
+
 GVariant *
 hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint,
            VmProgressFunc progress, gpointer progress_data, GError **error)
@@ -143,13 +158,22 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
         hostd_progress(progress, progress_data, "checkpointing the source", -1);
         g_autofree char *label = g_strdup_printf("fork %s", req->name);
         g_autofree char *warning = NULL;
+        g_autofree char *next_id = g_strdup_printf("c%u", set->next_seq);
         c = hostd_checkpoint_create_locked(ctx, source, source_dom, set, label, TRUE, live,
                                            &warning, error);
-        if (c == NULL)
+        if (c == NULL) {
+            hostd_fork_drop_recorded(ctx, source, source_dom, next_id);
             return NULL;
+        }
         taken = g_strdup(c->id);
     }
     g_autofree char *checkpoint_id = g_strdup(c->id);
+    /* The fork's disk is made by qemu-img on the checkpoint, which opens its chain. */
+    if (!hostd_checkpoint_chain_check(ctx, source, set, checkpoint_id, error)) {
+        if (taken != NULL)
+            hostd_checkpoint_rm_locked(ctx, source, source_dom, set, c, NULL);
+        return NULL;
+    }
     /* What the fork restores: the checkpoint's memory, on its disk (r->fork_base). */
     g_autoptr(HostdWarmImage) memory = NULL;
     if (live && c->memory != NULL) {

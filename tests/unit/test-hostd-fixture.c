@@ -25,7 +25,9 @@
 /* ---- the fake qemu-img ---------------------------------------------------------------------- */
 
 /* Follows "dir=<the fixture's dir>". A call whose arguments contain what qemu-img.fail holds
- * fails. Options hostd passes are skipped; the first other argument
+ * fails. Every file a call would open, as the real one does (the image, and for a chain each
+ * backing file and data file its header names: a line "data-file=PATH"), is added to
+ * qemu-img.opened. Options hostd passes are skipped; the first other argument
  * is the image. A safe rebase needs both the old and the new backing chain readable, as the
  * real one does. */
 static const char fake_qemu_img_body[] =
@@ -40,26 +42,41 @@ static const char fake_qemu_img_body[] =
     "shift\n"
     "backing=\n"
     "unsafe=\n"
+    "chain=\n"
     "path=\n"
     "while [ $# -gt 0 ]; do\n"
     "    case $1 in\n"
     "    -b) backing=$2; shift 2 ;;\n"
     "    -f|-F|-o) shift 2 ;;\n"
     "    -u) unsafe=1; shift ;;\n"
+    "    --backing-chain) chain=1; shift ;;\n"
     "    -*) shift ;;\n"
     "    *) [ -n \"$path\" ] || path=$1; shift ;;\n"
     "    esac\n"
     "done\n"
-    "fake() { [ -f \"$1\" ] && [ \"$(head -n 1 \"$1\")\" = " FAKE_IMAGE_MAGIC " ]; }\n"
+    "fake() { [ -f \"$1\" ] && IFS= read -r first < \"$1\" && [ \"$first\" = " FAKE_IMAGE_MAGIC
+    " ]; }\n"
     "backing_of() { sed -n 's/^backing=//p' \"$1\"; }\n"
     "fail() { echo \"qemu-img: $1\" >&2; exit 1; }\n"
+    "walk() {\n"
+    "    p=$1\n"
+    "    while [ -n \"$p\" ]; do\n"
+    "        echo \"$p\" >> \"$dir/qemu-img.opened\"\n"
+    "        fake \"$p\" || return 0\n"
+    "        sed -n 's/^data-file=//p' \"$p\" >> \"$dir/qemu-img.opened\"\n"
+    "        p=$(backing_of \"$p\")\n"
+    "    done\n"
+    "}\n"
     "case $cmd in\n"
     "create)\n"
+    "    [ -z \"$backing\" ] || [ -n \"$unsafe\" ] || walk \"$backing\"\n"
     "    if [ -n \"$backing\" ] && [ -z \"$unsafe\" ] && ! fake \"$backing\"; then\n"
     "        fail \"$path: Could not open backing file $backing\"\n"
     "    fi\n"
     "    printf '" FAKE_IMAGE_MAGIC "\\nbacking=%s\\n' \"$backing\" > \"$path\" ;;\n"
     "rebase)\n"
+    "    walk \"$path\"\n"
+    "    [ -z \"$backing\" ] || walk \"$backing\"\n"
     "    fake \"$path\" || fail \"Could not open $path\"\n"
     "    old=$(backing_of \"$path\")\n"
     "    if [ -z \"$unsafe\" ] && [ -n \"$old\" ] && ! fake \"$old\"; then\n"
@@ -70,6 +87,26 @@ static const char fake_qemu_img_body[] =
     "    fi\n"
     "    printf '" FAKE_IMAGE_MAGIC "\\nbacking=%s\\n' \"$backing\" > \"$path\" ;;\n"
     "info)\n"
+    "    if [ -z \"$chain\" ]; then\n"
+    "        echo \"$path\" >> \"$dir/qemu-img.opened\"\n"
+    "        fake \"$path\" || fail \"Could not open $path\"\n"
+    "        b= d= bf=qcow2\n"
+    "        while IFS= read -r line; do\n"
+    "            case $line in\n"
+    "            backing=*) b=${line#backing=} ;;\n"
+    "            backing-format=*) bf=${line#backing-format=} ;;\n"
+    "            data-file=*) d=${line#data-file=} ;;\n"
+    "            esac\n"
+    "        done < \"$path\"\n"
+    "        printf '{\"filename\": \"%s\", \"format\": \"qcow2\"' \"$path\"\n"
+    "        [ -z \"$b\" ] || printf ', \"full-backing-filename\": \"%s\", "
+    "\"backing-filename-format\": \"%s\"' \"$b\" \"$bf\"\n"
+    "        [ -z \"$d\" ] || printf ', \"format-specific\": {\"type\": \"qcow2\", "
+    "\"data\": {\"data-file\": \"%s\"}}' \"$d\"\n"
+    "        echo '}'\n"
+    "        exit 0\n"
+    "    fi\n"
+    "    walk \"$path\"\n"
     "    p=$path\n"
     "    sep='['\n"
     "    while [ -n \"$p\" ]; do\n"
@@ -122,6 +159,17 @@ char *
 hostd_test_qemu_img_log(HostdTestFixture *f)
 {
     g_autofree char *path = g_build_filename(f->dir, "qemu-img.log", NULL);
+    char *text = NULL;
+
+    if (!g_file_get_contents(path, &text, NULL, NULL))
+        return g_strdup("");
+    return text;
+}
+
+char *
+hostd_test_qemu_img_opened(HostdTestFixture *f)
+{
+    g_autofree char *path = g_build_filename(f->dir, "qemu-img.opened", NULL);
     char *text = NULL;
 
     if (!g_file_get_contents(path, &text, NULL, NULL))

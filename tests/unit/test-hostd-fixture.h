@@ -109,6 +109,10 @@ char *hostd_test_image_backing(const char *path);
 /* Every qemu-img call so far, one line each (its arguments). Newly allocated. */
 char *hostd_test_qemu_img_log(HostdTestFixture *f);
 
+/* Every file qemu-img calls so far opened (or would have, as the real qemu-img does: each image
+ * of a chain it reads, and each data file a header names), one line each. Newly allocated. */
+char *hostd_test_qemu_img_opened(HostdTestFixture *f);
+
 /* Makes every qemu-img call whose arguments (subcommand first: "create -q ...") contain
  * @pattern fail from now on, as an error of qemu-img; NULL: none fails. */
 void hostd_test_qemu_img_fail(HostdTestFixture *f, const char *pattern);

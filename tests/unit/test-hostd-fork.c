@@ -15,6 +15,7 @@
 #include "hostd-fork.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
+#include "vm-util.h"
 
 static GVariant *
 fork_agent(HostdTestFixture *f, const HostdForkRequest *req, char **ret_checkpoint, GError **error)
@@ -398,13 +399,197 @@ test_fork_failure_rolls_back(void **state)
     assert_string_equal(hostd_test_domain_state(f, "b1"), "running");
 }
 
+/* ---- a full disk or an I/O error at each write ---------------------------------------------- */
+
+static int
+compare_names(gconstpointer a, gconstpointer b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Everything in the source's directory, each file's name and contents, sorted by name: what a
+ * failed fork must leave as it was. */
+static char *
+dir_snapshot(HostdTestFixture *f, const char *name)
+{
+    g_autofree char *dir = hostd_agent_dir(f->ctx, name);
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GString) text = g_string_new(NULL);
+    const char *entry;
+
+    assert_non_null(d);
+    while ((entry = g_dir_read_name(d)) != NULL)
+        g_ptr_array_add(names, g_strdup(entry));
+    g_ptr_array_sort(names, compare_names);
+    for (guint i = 0; i < names->len; i++) {
+        g_autofree char *path = g_build_filename(dir, names->pdata[i], NULL);
+        g_autofree char *contents = NULL;
+
+        if (g_file_test(path, G_FILE_TEST_IS_REGULAR) &&
+            !g_file_get_contents(path, &contents, NULL, NULL))
+            fail_msg("cannot read %s", path);
+        g_string_append_printf(text, "== %s\n%s\n", (char *)names->pdata[i],
+                               contents != NULL ? contents : "(not a file)");
+    }
+    return g_string_free(g_steal_pointer(&text), FALSE);
+}
+
+/* What of the source a fork that took (and then dropped) a checkpoint may change: nothing a user
+ * sees. Its record, its checkpoint ids and what its disk stands on, each as it was. */
+static char *
+source_state(HostdTestFixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *dir = hostd_agent_dir(f->ctx, name);
+    g_autofree char *record = read_agent_file(f, name, HOSTD_AGENT_RECORD);
+    g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, &error);
+    g_autoptr(VmCheckpointSet) set = hostd_test_checkpoints(f, name);
+    g_autofree char *ids = hostd_test_checkpoint_ids(f, name);
+    g_autofree char *active = vm_checkpoint_set_path(set, set->active);
+    g_autofree char *backing = hostd_test_image_backing(active);
+
+    if (r == NULL)
+        fail_msg("the record of '%s' does not load: %s", name, error->message);
+    assert_int_equal(set->pending, VM_CHECKPOINT_OP_NONE);
+    return g_strdup_printf("%s|%s|%s|%s|%s", record, ids,
+                           set->active_parent != NULL ? set->active_parent : "", backing,
+                           hostd_test_domain_state(f, name));
+}
+
+/* No temporary file of an atomic write in the agents' directories. */
+static void
+assert_no_temp_files(HostdTestFixture *f)
+{
+    g_autoptr(GDir) d = g_dir_open(f->agents_dir, 0, NULL);
+    const char *entry;
+
+    assert_non_null(d);
+    while ((entry = g_dir_read_name(d)) != NULL) {
+        g_autofree char *sub = g_build_filename(f->agents_dir, entry, NULL);
+        g_autoptr(GDir) sd = g_dir_open(sub, 0, NULL);
+        const char *file;
+
+        while (sd != NULL && (file = g_dir_read_name(sd)) != NULL) {
+            const char *dot = strrchr(file, '.');
+            if (dot != NULL && strlen(dot) == 7)
+                fail_msg("a temporary file is left: %s/%s", entry, file);
+        }
+    }
+}
+
+/* Removes fork b1 made by a fork that worked, and the checkpoint it took of a1 (with @from
+ * NULL), so that the next try starts from the same source. */
+static void
+fork_undo(HostdTestFixture *f, const char *from)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, "b1");
+
+    assert_string_equal(r->phase, HOSTD_PHASE_READY);
+    assert_string_equal(hostd_test_domain_state(f, "b1"), "running");
+    if (!hostd_agent_rm(f->ctx, "b1", TRUE, &error))
+        fail_msg("rm b1: %s", error->message);
+    if (from == NULL && !hostd_checkpoint_rm(f->ctx, "a1", r->fork_checkpoint, &error))
+        fail_msg("rm the fork's checkpoint: %s", error->message);
+}
+
+/* Forks a1 into b1 (from checkpoint @from, or from a checkpoint the fork takes) with @errnum at
+ * write @n and, with @stays, every write after it too (a disk that stays full). A fork that
+ * fails fails with that error; a1 is then as it was (byte for byte with @from; a checkpoint the
+ * fork took is dropped again, which a1's record shows only in its next id) and nothing of b1 is
+ * left. A fork may also work when the write that failed was tried again. Returns whether the
+ * fork reached write @n: once it does not, it must have worked. */
+static gboolean
+fork_fails_at(HostdTestFixture *f, const char *from, int errnum, guint n, gboolean stays)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *files_before = dir_snapshot(f, "a1");
+    g_autofree char *before = source_state(f, "a1");
+    g_autofree char *ids_before = hostd_test_checkpoint_ids(f, "a1");
+    HostdForkRequest req = {.name = "b1", .source = "a1", .checkpoint = from};
+    g_autofree char *taken = NULL;
+
+    vm_file_write_fault(n, stays ? G_MAXUINT / 2 : 1, errnum);
+    g_autoptr(GVariant) v = fork_agent(f, &req, &taken, &error);
+    gboolean reached = vm_file_write_calls() >= n;
+    vm_file_write_fault(0, 0, 0);
+
+    if (v == NULL && !reached)
+        fail_msg("fork failed without the injected error: %s", error->message);
+    if (v != NULL) {
+        fork_undo(f, from);
+        return reached;
+    }
+    assert_null(taken);
+    hostd_test_assert_error(error, VM_ERROR_IO, g_strerror(errnum));
+    assert_no_fork(f, "b1", ids_before);
+    g_autofree char *fork_grants =
+        g_build_filename(f->ctx->config->state_dir, "secrets", "grants", "b1", NULL);
+    assert_false(g_file_test(fork_grants, G_FILE_TEST_EXISTS));
+    assert_no_temp_files(f);
+    g_autofree char *after = source_state(f, "a1");
+    assert_string_equal(after, before);
+    if (from != NULL) {
+        g_autofree char *files_after = dir_snapshot(f, "a1");
+        assert_string_equal(files_after, files_before);
+    }
+    return TRUE;
+}
+
+/* ENOSPC and EIO at each write step of a fork (from then on too, with @stays): the fork fails
+ * with the error, the source is untouched and no part of the fork is left; with no fault it
+ * then works. */
+static void
+check_fork_each_write(HostdTestFixture *f, const char *from, gboolean stays)
+{
+    static const int errors[] = {ENOSPC, EIO};
+
+    for (gsize e = 0; e < G_N_ELEMENTS(errors); e++) {
+        guint n = 1;
+        while (fork_fails_at(f, from, errors[e], n, stays))
+            n++;
+        /* A fork writes its record (twice), keys, SSH files, policy and definition. */
+        assert_true(n > 6);
+    }
+}
+
+static void
+test_fork_full_from_checkpoint(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) src = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+    const char *const allow[] = {"pypi.org", NULL};
+
+    assert_true(hostd_egress_agent_init(f->ctx, src, allow, NULL, &error));
+    hostd_test_checkpoint_n(f, "a1", 1);
+    check_fork_each_write(f, "c1", FALSE);
+    check_fork_each_write(f, "c1", TRUE);
+}
+
+static void
+test_fork_full_taking_checkpoint(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) src = hostd_test_agent_new(f, "a1", HOSTD_TEST_RUNNING);
+
+    hostd_test_checkpoint_n(f, "a1", 1);
+    check_fork_each_write(f, NULL, FALSE);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
 #define T(name) cmocka_unit_test_setup_teardown(name, hostd_test_setup, hostd_test_teardown)
-        T(test_fork_identity), T(test_fork_from_checkpoint),    T(test_fork_pins_source),
-        T(test_fork_refused),  T(test_fork_failure_rolls_back),
+        T(test_fork_identity),
+        T(test_fork_from_checkpoint),
+        T(test_fork_pins_source),
+        T(test_fork_refused),
+        T(test_fork_failure_rolls_back),
+        T(test_fork_full_from_checkpoint),
+        T(test_fork_full_taking_checkpoint),
 #undef T
     };
 

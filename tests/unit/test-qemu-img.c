@@ -467,6 +467,130 @@ test_no_qemu_img(void **state)
     g_setenv("PATH", old_path, TRUE);
 }
 
+/* ---- hostile headers ------------------------------------------------------------------------ */
+
+/* Wraps the real qemu-img in a script first on PATH that records, with strace, every file it
+ * opens into @log; returns the old PATH, or NULL when strace cannot trace here. */
+static char *
+traced_qemu_img(const char *dir, const char *log)
+{
+    g_autofree char *strace = g_find_program_in_path("strace");
+    g_autofree char *real = g_find_program_in_path("qemu-img");
+    const char *probe[] = {"strace", "-f",        "-qq",  "-e", "trace=open,openat",
+                           "-o",     "/dev/null", "true", NULL};
+    int status = 0;
+
+    if (strace == NULL || real == NULL ||
+        !g_spawn_sync(NULL, (char **)probe, NULL, G_SPAWN_SEARCH_PATH | G_SPAWN_STDERR_TO_DEV_NULL,
+                      NULL, NULL, NULL, NULL, &status, NULL) ||
+        !g_spawn_check_wait_status(status, NULL))
+        return NULL;
+    g_autofree char *q_strace = g_shell_quote(strace);
+    g_autofree char *q_real = g_shell_quote(real);
+    g_autofree char *q_log = g_shell_quote(log);
+    g_autofree char *script = g_strdup_printf(
+        "exec %s -f -qq -e trace=open,openat -o %s %s \"$@\"\n", q_strace, q_log, q_real);
+    return fake_qemu_img(dir, script);
+}
+
+/* Whether the strace log at @log shows @path opened. */
+static gboolean
+log_opens(const char *log, const char *path)
+{
+    g_autofree char *text = vm_test_read_file(log);
+    g_autofree char *quoted = g_strdup_printf("\"%s\"", path);
+
+    return strstr(text, quoted) != NULL;
+}
+
+/* Real images whose headers name a host file: as backing file (as raw), or as external data file
+ * (made so at create, and renamed to it later with qemu-img amend). vm_qemu_img_check() refuses
+ * each, naming the image and the file, and, where strace can tell, qemu-img never opened that file;
+ * the same qemu-img reading the chain does open it (what the check keeps hostd from doing). An
+ * image as hostd makes it passes, and only on the backing file hostd recorded. */
+static void
+test_real_hostile_headers(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *base = g_build_filename(f->dir, "base.qcow2", NULL);
+    g_autofree char *good = g_build_filename(f->dir, "good.qcow2", NULL);
+    g_autofree char *host = g_build_filename(f->dir, "host-secret", NULL);
+    g_autofree char *host_data = g_build_filename(f->dir, "host-data", NULL);
+    g_autofree char *backed = g_build_filename(f->dir, "backing-host.qcow2", NULL);
+    g_autofree char *data = g_build_filename(f->dir, "data-host.qcow2", NULL);
+    g_autofree char *amended = g_build_filename(f->dir, "amended.qcow2", NULL);
+    g_autofree char *data_opt = g_strdup_printf("data_file=%s,data_file_raw=on", host_data);
+    g_autofree char *amend_opt = g_strdup_printf("data_file=%s", host);
+    g_autofree char *benign = g_build_filename(f->dir, "benign-data", NULL);
+    g_autofree char *benign_opt = g_strdup_printf("data_file=%s", benign);
+    g_autofree char *log = g_build_filename(f->dir, "strace.log", NULL);
+
+    if (!have_qemu_img())
+        skip();
+    vm_test_write_file(host, "host secret marker 7f3a\n");
+    make_qcow2(base, NULL, 4);
+    make_qcow2(good, base, 0);
+    const char *backing_host[] = {"qemu-img", "create", "-q", "-f",   "qcow2", "-F",
+                                  "raw",      "-b",     host, backed, NULL};
+    const char *data_host[] = {"qemu-img", "create", "-q", "-f", "qcow2",
+                               "-o",       data_opt, data, "4M", NULL};
+    const char *amend[] = {"qemu-img", "amend",   "-q",    "-f", "qcow2",
+                           "-o",       amend_opt, amended, NULL};
+    run_or_fail(backing_host, NULL);
+    run_or_fail(data_host, NULL);
+    /* amend renames a data file; it cannot add one to an image without. */
+    const char *amended_first[] = {"qemu-img", "create",   "-q",    "-f", "qcow2",
+                                   "-o",       benign_opt, amended, "4M", NULL};
+    run_or_fail(amended_first, NULL);
+    run_or_fail(amend, NULL);
+
+    assert_true(vm_qemu_img_check(good, base, &error));
+    assert_false(vm_qemu_img_check(good, host, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, good);
+    g_clear_error(&error);
+    assert_false(vm_qemu_img_check(base, base, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, "none");
+    g_clear_error(&error);
+
+    g_autofree char *old_path = traced_qemu_img(f->dir, log);
+    const struct {
+        const char *image;
+        const char *backing; /* what hostd's record would say */
+        const char *names;   /* the host file its header names */
+    } cases[] = {
+        {backed, base, host},
+        {backed, host, host}, /* even when the record were to say so: raw is refused */
+        {data, NULL, host_data},
+        {amended, NULL, host},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GError) case_error = NULL;
+
+        assert_false(vm_qemu_img_check(cases[i].image, cases[i].backing, &case_error));
+        vm_test_assert_error(case_error, VM_ERROR, VM_ERROR_BAD_STATE, cases[i].image);
+        if (!g_str_equal(cases[i].backing != NULL ? cases[i].backing : "", cases[i].names))
+            assert_non_null(strstr(case_error->message, cases[i].names));
+        else
+            assert_non_null(strstr(case_error->message, "raw"));
+        if (old_path != NULL) {
+            assert_true(log_opens(log, cases[i].image));
+            if (log_opens(log, cases[i].names))
+                fail_msg("qemu-img opened %s checking %s", cases[i].names, cases[i].image);
+        }
+    }
+    if (old_path == NULL) {
+        print_message("strace cannot trace here: what qemu-img opened is not checked\n");
+        return;
+    }
+    /* The detector: reading the chain, qemu-img opens the host file. */
+    g_autoptr(GPtrArray) chain =
+        vm_qemu_img_info(backed, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_BACKING_CHAIN, &error);
+    assert_non_null(chain);
+    assert_true(log_opens(log, host));
+    g_setenv("PATH", old_path, TRUE);
+}
+
 int
 main(void)
 {
@@ -474,6 +598,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_real_chain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_raw, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_missing_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_real_hostile_headers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_captured_and_truncated, setup, teardown),
         cmocka_unit_test(test_parse_cases),
         cmocka_unit_test(test_parse_defaults),

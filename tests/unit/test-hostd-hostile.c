@@ -1,0 +1,309 @@
+/* Guest-written image headers (hostd-checkpoint.c, hostd-fork.c): an agent's checkpoint image or
+ * active overlay whose header names a host file as its backing file (as raw) or as an external
+ * data file, as an escaped QEMU could write it. Checkpoint rm and merge, checkpoint and restore
+ * of a stopped agent, fork and start-up repair must refuse it, naming the image, before any
+ * qemu-img opens the chain: the fixture's qemu-img records every file it opens as the real one
+ * would (tests/unit/test-qemu-img.c shows, with the real qemu-img, that reading one header alone
+ * opens nothing else). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "hostd-checkpoint.h"
+#include "hostd-fork.h"
+#include "hostd-reconcile.h"
+#include "test-common.h"
+#include "test-hostd-fixture.h"
+
+#define HOST_BACKING   "/etc/shadow"
+#define HOST_DATA_FILE "/etc/passwd"
+
+typedef enum {
+    HOSTILE_BACKING,   /* backing file a host file, as raw */
+    HOSTILE_DATA_FILE, /* the right backing file, and a host file as external data file */
+} Hostile;
+
+/* The file of checkpoint @id of @name (NULL: its active overlay). Newly allocated. */
+static char *
+image_of(HostdTestFixture *f, const char *name, const char *id)
+{
+    g_autoptr(VmCheckpointSet) set = hostd_test_checkpoints(f, name);
+    const VmCheckpoint *c = id != NULL ? vm_checkpoint_set_find(set, id) : NULL;
+
+    if (id != NULL && c == NULL)
+        fail_msg("%s has no checkpoint %s", name, id);
+    return vm_checkpoint_set_path(set, c != NULL ? c->image : set->active);
+}
+
+/* Rewrites the header of checkpoint @id's image of @name (NULL: the active overlay) as @how, and
+ * starts qemu-img's records afresh. Returns the image's path. */
+static char *
+make_hostile(HostdTestFixture *f, const char *name, const char *id, Hostile how)
+{
+    g_autofree char *path = image_of(f, name, id);
+    g_autofree char *backing = hostd_test_image_backing(path);
+    g_autofree char *text =
+        how == HOSTILE_BACKING
+            ? g_strdup("fake-qcow2\nbacking=" HOST_BACKING "\nbacking-format=raw\n")
+            : g_strdup_printf("fake-qcow2\nbacking=%s\ndata-file=" HOST_DATA_FILE "\n", backing);
+
+    vm_test_write_file(path, text);
+    /* What qemu-img did before the header was rewritten does not count. */
+    g_autofree char *log = g_build_filename(f->dir, "qemu-img.log", NULL);
+    g_autofree char *opened = g_build_filename(f->dir, "qemu-img.opened", NULL);
+    vm_test_write_file(log, "");
+    vm_test_write_file(opened, "");
+    return g_steal_pointer(&path);
+}
+
+/* No qemu-img call opened a host file the headers name, and every call that named @image read
+ * its header alone: `info` with -f qcow2 and -U, no chain. */
+static void
+assert_host_files_unopened(HostdTestFixture *f, const char *image)
+{
+    g_autofree char *opened = hostd_test_qemu_img_opened(f);
+    g_autofree char *log = hostd_test_qemu_img_log(f);
+    g_auto(GStrv) calls = g_strsplit(log, "\n", -1);
+
+    if (strstr(opened, HOST_BACKING) != NULL || strstr(opened, HOST_DATA_FILE) != NULL)
+        fail_msg("qemu-img opened a host file:\n%s", opened);
+    for (char **call = calls; *call != NULL; call++) {
+        if (strstr(*call, image) == NULL)
+            continue;
+        if (!g_str_has_prefix(*call, "info ") || strstr(*call, "-f qcow2") == NULL ||
+            strstr(*call, "-U") == NULL || strstr(*call, "--backing-chain") != NULL)
+            fail_msg("qemu-img ran on the hostile image: %s", *call);
+    }
+}
+
+/* @error refuses @image, and says what its header names. */
+static void
+assert_refused(const GError *error, const char *image, Hostile how)
+{
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, image);
+    assert_non_null(strstr(error->message, how == HOSTILE_BACKING ? HOST_BACKING : HOST_DATA_FILE));
+}
+
+/* The detector itself: a qemu-img that reads the chain is seen opening the host file. */
+static void
+test_detector_sees_chain_reads(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autofree char *image = make_hostile(f, "a1", NULL, HOSTILE_DATA_FILE);
+    const char *argv[] = {"qemu-img", "info", "--backing-chain", image, NULL};
+    g_autofree char *opened = NULL;
+
+    assert_true(g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, NULL, NULL,
+                             NULL, NULL));
+    opened = hostd_test_qemu_img_opened(f);
+    assert_non_null(strstr(opened, HOST_DATA_FILE));
+}
+
+/* Removing a checkpoint rebases what stands on it (a stopped agent): refused when that image,
+ * or one below it, names a file hostd did not put there. The record is unchanged. */
+static void
+check_rm_refused(HostdTestFixture *f, const char *hostile_id, const char *rm_id, Hostile how)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *image = make_hostile(f, "a1", hostile_id, how);
+
+    assert_false(hostd_checkpoint_rm(f->ctx, "a1", rm_id, &error));
+    assert_refused(error, image, how);
+    assert_host_files_unopened(f, image);
+    g_autofree char *ids = hostd_test_checkpoint_ids(f, "a1");
+    assert_string_equal(ids, "c1 c2");
+}
+
+static void
+test_rm_child_backing(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    check_rm_refused(f, "c2", "c1", HOSTILE_BACKING);
+}
+
+static void
+test_rm_child_data_file(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    check_rm_refused(f, "c2", "c1", HOSTILE_DATA_FILE);
+}
+
+static void
+test_rm_active_overlay(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    check_rm_refused(f, NULL, "c2", HOSTILE_BACKING);
+}
+
+/* An image below the one rebased is checked too. */
+static void
+test_rm_deeper_image(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    check_rm_refused(f, "c1", "c2", HOSTILE_DATA_FILE);
+}
+
+/* A stopped agent's checkpoint and a restore make a new overlay with qemu-img on the chain. */
+static void
+test_checkpoint_and_restore_refused(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    g_autofree char *active = make_hostile(f, "a1", NULL, HOSTILE_BACKING);
+    g_autofree char *warning = NULL;
+    g_autoptr(GVariant) v = hostd_test_sink(
+        hostd_checkpoint_create(f->ctx, "a1", NULL, FALSE, FALSE, &warning, &error));
+    assert_null(v);
+    assert_refused(error, active, HOSTILE_BACKING);
+    g_clear_error(&error);
+
+    g_autofree char *c1 = make_hostile(f, "a1", "c1", HOSTILE_DATA_FILE);
+    g_autoptr(GVariant) restored = hostd_test_sink(
+        hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, NULL, NULL, NULL, &error));
+    assert_null(restored);
+    assert_refused(error, c1, HOSTILE_DATA_FILE);
+    assert_host_files_unopened(f, active);
+    assert_host_files_unopened(f, c1);
+    /* Refused before anything: no undo checkpoint, no journal. */
+    g_autofree char *ids = hostd_test_checkpoint_ids(f, "a1");
+    assert_string_equal(ids, "c1 c2");
+    g_autoptr(VmCheckpointSet) set = hostd_test_checkpoints(f, "a1");
+    assert_int_equal(set->pending, VM_CHECKPOINT_OP_NONE);
+}
+
+/* A fork's disk is made on its source's checkpoint: a hostile one (or one under it) is refused,
+ * and nothing of the fork is left. */
+static void
+test_fork_refused(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    g_autofree char *c1 = make_hostile(f, "a1", "c1", HOSTILE_BACKING);
+    HostdForkRequest req = {.name = "b1", .source = "a1", .checkpoint = "c2"};
+    g_autoptr(GVariant) v = hostd_test_sink(hostd_fork(f->ctx, &req, NULL, NULL, NULL, &error));
+    assert_null(v);
+    assert_refused(error, c1, HOSTILE_BACKING);
+    assert_host_files_unopened(f, c1);
+    g_autofree char *dir = hostd_test_agent_file(f, "b1", "");
+    assert_false(g_file_test(dir, G_FILE_TEST_EXISTS));
+    assert_string_equal(hostd_test_domain_state(f, "b1"), "missing");
+}
+
+/* A fork's own chain goes on in its source's images: a hostile source image under the fork's
+ * checkpoint is refused when the fork's checkpoint is removed. */
+static void
+test_fork_chain_checked_through_source(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    HostdForkRequest req = {.name = "b1", .source = "a1", .checkpoint = "c2"};
+    g_autoptr(GVariant) v = hostd_test_sink(hostd_fork(f->ctx, &req, NULL, NULL, NULL, &error));
+    if (v == NULL)
+        fail_msg("fork: %s", error->message);
+    g_autoptr(HostdAgentRecord) b1 = hostd_test_agent_record(f, "b1");
+    g_autoptr(GVariant) stopped =
+        hostd_test_sink(hostd_agent_stop(f->ctx, "b1", TRUE, 0, NULL, NULL, &error));
+    if (stopped == NULL)
+        fail_msg("stop b1: %s", error->message);
+    hostd_test_checkpoint_n(f, "b1", 1);
+    g_autofree char *c1 = make_hostile(f, "a1", "c1", HOSTILE_DATA_FILE);
+    assert_false(hostd_checkpoint_rm(f->ctx, "b1", "c1", &error));
+    assert_refused(error, c1, HOSTILE_DATA_FILE);
+    assert_host_files_unopened(f, c1);
+    g_autofree char *ids = hostd_test_checkpoint_ids(f, "b1");
+    assert_string_equal(ids, "c1");
+}
+
+/* Start-up finishing a merge hostd died in: the chain is walked one header at a time through the
+ * agent's own images, and a header naming anything else is refused (a note of start-up); the
+ * journal stays, and once the header is as hostd wrote it the same repair finishes the merge. */
+static void
+check_reconcile_merge_refused(HostdTestFixture *f, Hostile how)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    g_autoptr(VmCheckpointSet) set = hostd_test_checkpoints(f, "a1");
+    g_autofree char *c2 = image_of(f, "a1", "c2");
+    g_autofree char *saved = vm_test_read_file(c2);
+    if (vm_checkpoint_set_begin_merge(set, "c1", &error) == NULL ||
+        !vm_checkpoint_set_save(set, &error))
+        fail_msg("journal: %s", error->message);
+    g_autofree char *image = make_hostile(f, "a1", "c2", how);
+
+    g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
+    assert_true(hostd_reconcile(f->ctx, notes, &error));
+    g_ptr_array_add(notes, NULL);
+    g_autofree char *text = g_strjoinv("\n", (char **)notes->pdata);
+    assert_non_null(strstr(text, image));
+    assert_non_null(strstr(text, how == HOSTILE_BACKING ? HOST_BACKING : HOST_DATA_FILE));
+    assert_host_files_unopened(f, image);
+    g_autoptr(VmCheckpointSet) after = hostd_test_checkpoints(f, "a1");
+    assert_int_equal(after->pending, VM_CHECKPOINT_OP_MERGE);
+
+    vm_test_write_file(image, saved);
+    g_autoptr(GPtrArray) notes2 = g_ptr_array_new_with_free_func(g_free);
+    assert_true(hostd_reconcile(f->ctx, notes2, &error));
+    g_autofree char *ids = hostd_test_checkpoint_ids(f, "a1");
+    assert_string_equal(ids, "c2");
+}
+
+static void
+test_reconcile_merge_backing(void **state)
+{
+    check_reconcile_merge_refused(*state, HOSTILE_BACKING);
+}
+
+static void
+test_reconcile_merge_data_file(void **state)
+{
+    check_reconcile_merge_refused(*state, HOSTILE_DATA_FILE);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+#define T(name) cmocka_unit_test_setup_teardown(name, hostd_test_setup, hostd_test_teardown)
+        T(test_detector_sees_chain_reads),
+        T(test_rm_child_backing),
+        T(test_rm_child_data_file),
+        T(test_rm_active_overlay),
+        T(test_rm_deeper_image),
+        T(test_checkpoint_and_restore_refused),
+        T(test_fork_refused),
+        T(test_fork_chain_checked_through_source),
+        T(test_reconcile_merge_backing),
+        T(test_reconcile_merge_data_file),
+#undef T
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
