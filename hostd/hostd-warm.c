@@ -196,18 +196,6 @@ hostd_warm_state(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image)
     return warm != NULL ? g_strdup("yes") : why;
 }
 
-gboolean
-hostd_warm_is_layer(HostdContext *ctx, const char *path)
-{
-    g_autofree char *prefix = g_build_filename(ctx->config->images_dir, "", NULL);
-    if (path == NULL || !g_str_has_prefix(path, prefix))
-        return FALSE;
-    g_autofree char *dir = g_path_get_dirname(path);
-    g_autofree char *parent = g_path_get_dirname(dir);
-    g_autofree char *base = g_path_get_basename(parent);
-    return g_str_equal(base, WARM_DIR);
-}
-
 /* ---- Build */
 
 /* Removes builds under @root that are not @keep and that no agent's disk stands on. */

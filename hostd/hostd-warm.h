@@ -51,10 +51,6 @@ HostdWarmImage *hostd_warm_lookup(HostdContext *ctx, const VmTemplate *tpl, cons
 /* "yes", or why not (as hostd_warm_lookup() with the template's own sizes), newly allocated. */
 char *hostd_warm_state(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image);
 
-/* Whether @path is the disk layer of a warm build of some template (so, read-only to agents and
- * kept while they stand on it). */
-gboolean hostd_warm_is_layer(HostdContext *ctx, const char *path);
-
 typedef struct {
     const char *hostname;
     const char *machine_id;       /* 32 hex digits */
