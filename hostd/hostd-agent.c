@@ -362,6 +362,14 @@ char *
 hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
                        const char *disk_file, GError **error)
 {
+    g_autofree char *genid = r->warm_base != NULL ? hostd_agent_genid(r) : NULL;
+    return hostd_agent_domain_xml_genid(ctx, r, image, disk_file, genid, error);
+}
+
+char *
+hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
+                             const char *disk_file, const char *genid, GError **error)
+{
     g_autoptr(VmImage) looked_up = NULL;
     if (image == NULL) {
         looked_up = hostd_agent_image(ctx, r, error);
@@ -382,7 +390,6 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
         g_autofree char *machine_id = hostd_agent_machine_id(r);
         cmdline = g_strdup_printf("%s systemd.machine_id=%s", image->cmdline, machine_id);
     }
-    g_autofree char *genid = r->warm_base != NULL ? hostd_agent_genid(r) : NULL;
     VmDomainSpec spec = {
         .name = r->name,
         .uuid = r->uuid,

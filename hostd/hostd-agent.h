@@ -115,6 +115,12 @@ VmImage *hostd_agent_image(HostdContext *ctx, const HostdAgentRecord *r, GError 
 char *hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
                              const char *disk_file, GError **error);
 
+/* The same, with @genid (NULL: none) as its VM generation ID: a definition given with a saved
+ * state must carry the saved one, which libvirt checks and made new when it last restored. */
+char *hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r,
+                                   const VmImage *image, const char *disk_file, const char *genid,
+                                   GError **error);
+
 /* With the new agent's name lock held: allocates its two ports and writes its record (phase
  * "creating") in a new directory r->dir, so a crash from here on is rolled back at start-up. */
 gboolean hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error);

@@ -15,6 +15,7 @@
 #include "vm-retention.h"
 #include "vm-error.h"
 #include "vm-name.h"
+#include "vm-save-image.h"
 #include "vm-spawn.h"
 #include "vm-util.h"
 
@@ -355,7 +356,13 @@ hostd_checkpoint_repoint_saved(HostdContext *ctx, const HostdAgentRecord *r, vir
         virResetLastError();
         return TRUE;
     }
-    g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, new_file, error);
+    /* libvirt checks the generation ID too: the saved one (made new at each restore). A
+     * libvirt that cannot show the saved definition gets none, and says so if it matters. */
+    g_autofree char *saved = virDomainManagedSaveGetXMLDesc(dom, 0);
+    if (saved == NULL)
+        virResetLastError();
+    g_autofree char *genid = saved != NULL ? vm_domain_read_genid(saved, NULL) : NULL;
+    g_autofree char *xml = hostd_agent_domain_xml_genid(ctx, r, NULL, new_file, genid, error);
     if (xml == NULL)
         return FALSE;
     if (virDomainManagedSaveDefineXML(dom, xml, 0) < 0)
@@ -515,7 +522,11 @@ hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, vi
         g_autofree char *memory_path = vm_checkpoint_set_path(set, memory);
         /* The saved definition names the disk of that time: ours names the new overlay (and no
          * stale <backingStore>, which libvirt would otherwise trust). */
-        g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, set->active, error);
+        /* libvirt checks the generation ID too: the saved one (made new at each restore). */
+        g_autofree char *saved = vm_save_image_read_xml(memory_path, NULL);
+        g_autofree char *genid = saved != NULL ? vm_domain_read_genid(saved, NULL) : NULL;
+        g_autofree char *xml =
+            hostd_agent_domain_xml_genid(ctx, r, NULL, set->active, genid, error);
         if (xml == NULL)
             return FALSE;
         if (virDomainRestoreFlags(ctx->lv->conn, memory_path, xml, VIR_DOMAIN_SAVE_RUNNING) == 0) {

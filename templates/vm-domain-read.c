@@ -129,6 +129,18 @@ vm_domain_read_disk_files(const char *xml, GError **error)
     return domain_read_strv(domain_read_select(doc, "/domain/devices/disk/source/@file"));
 }
 
+char *
+vm_domain_read_genid(const char *xml, GError **error)
+{
+    g_return_val_if_fail(xml != NULL, NULL);
+
+    g_autoptr(xmlDoc) doc = domain_read_parse(xml, "domain", error);
+    if (doc == NULL)
+        return NULL;
+    g_autoptr(GPtrArray) values = domain_read_select(doc, "/domain/genid");
+    return values->len > 0 ? g_strdup(values->pdata[0]) : NULL;
+}
+
 GStrv
 vm_domain_read_qemu_args(const char *xml, GError **error)
 {

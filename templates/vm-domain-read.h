@@ -35,6 +35,11 @@ GStrv vm_domain_read_qemu_args(const char *xml, GError **error);
  * NULL-terminated array, possibly empty. Fails as vm_domain_read_disk_files(). */
 GStrv vm_domain_read_guestfwds(const char *xml, GError **error);
 
+/* The VM generation ID of domain XML @xml (<genid>, as libvirt writes it: it makes a new one at
+ * each restore of a saved state), newly allocated; NULL with no error when it has none. Fails as
+ * vm_domain_read_disk_files(). */
+char *vm_domain_read_genid(const char *xml, GError **error);
+
 /* Splits a QEMU option string ("user,id=n0,guestfwd=...") at its commas, where ",," stands for
  * one comma inside an option. Returns a NULL-terminated array of at least one string (empty
  * strings where commas meet the ends). Pure, can't fail. */

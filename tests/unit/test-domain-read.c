@@ -207,6 +207,21 @@ test_build_then_read(void **state)
     rules = vm_domain_read_guestfwds(xml, &error);
     assert_null(error);
     assert_strv(rules, "tcp:10.0.2.100:3128-cmd:'/x/connect' '/state,restrict=off,,/egress.sock'");
+
+    /* No generation ID: none read, and no error. */
+    g_autofree char *none = vm_domain_read_genid(xml, &error);
+    assert_null(none);
+    assert_null(error);
+    /* With one: the value written, which a saved state's definition must carry again. */
+    spec.genid = "0f4f4b5e-9a57-4d49-9a36-2f1d2f6a7c11";
+    g_autofree char *with = vm_domain_xml_build(&spec, &error);
+    g_autofree char *genid = vm_domain_read_genid(with, &error);
+    assert_null(error);
+    assert_string_equal(genid, spec.genid);
+    /* A document that is not a domain: an error, not a guess. */
+    g_autofree char *bad = vm_domain_read_genid("<capabilities/>", &error);
+    assert_null(bad);
+    assert_non_null(error);
 }
 
 /* Live XML as libvirt returns it after a snapshot: the top image of each disk only, not its
