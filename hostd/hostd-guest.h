@@ -43,7 +43,8 @@ gboolean hostd_agent_wait_first_boot(HostdContext *ctx, const HostdAgentRecord *
 void hostd_guest_agent_bound(virDomainPtr dom);
 
 /* Sets the guest's clock to the host's through the guest agent (after a wake or a memory
- * restore the guest's clock lags by the time it slept). A few tries, each bounded; a guest whose
+ * restore the guest's clock lags by the time it slept): `date -s` through guest-exec, else
+ * guest-set-time. Asked again until the agent answers, for at most 10 s in all; a guest whose
  * agent does not answer is logged through hostd_context_log(), not an error. */
 void hostd_guest_sync_clock(HostdContext *ctx, virDomainPtr dom, const char *name);
 

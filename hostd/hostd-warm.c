@@ -104,6 +104,7 @@ warm_facts_now(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image)
         {"qemu", g_strdup_printf("%lu", qemu), "QEMU"},
         {"libvirt", g_strdup_printf("%lu", libvirt), "libvirt"},
         {"machine", g_strdup(VM_MACHINE_TYPE), "the machine type"},
+        {"devices", g_strdup(VM_DOMAIN_DEVICES_VERSION), "the VM's devices"},
         {"virt-type", g_strdup(ctx->lv->virt_type), "the accelerator"},
         {"cpu-disable", g_strdup(cpu), "the guest CPU"},
         {"template", warm_template_digest(tpl), "the template"},

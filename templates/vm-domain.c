@@ -212,11 +212,14 @@ append_devices(GString *xml, const VmDomainSpec *spec)
     g_string_append(xml, "      <target type='virtio' name='org.qemu.guest_agent.0'/>\n"
                          "    </channel>\n");
 
-    /* without an entropy source early getrandom() callers stall for minutes under TCG */
+    /* Without an entropy source early getrandom() callers stall for minutes under TCG. Free
+     * page reporting: the guest hands the pages it frees back to QEMU, which drops them, so an
+     * agent's RSS follows what its guest uses, and a saved or checkpointed memory image carries
+     * them as zero pages (a smaller image, read faster at a wake). */
     g_string_append(xml, "    <rng model='virtio'>\n"
                          "      <backend model='random'>/dev/urandom</backend>\n"
                          "    </rng>\n"
-                         "    <memballoon model='virtio'/>\n"
+                         "    <memballoon model='virtio' freePageReporting='on'/>\n"
                          "  </devices>\n");
 }
 

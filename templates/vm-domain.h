@@ -6,6 +6,10 @@
 G_BEGIN_DECLS
 
 #define VM_MACHINE_TYPE "pc-q35-7.2" /* pinned, so saved state and checkpoints stay loadable */
+/* The devices' guest-visible features, which a saved memory image was made with and a restore
+ * must match: raised with each change of them (2: the balloon's free page reporting). A warm
+ * image made with another is stale. */
+#define VM_DOMAIN_DEVICES_VERSION "2"
 
 /* Where the guest finds its egress proxy: an address inside QEMU's user network (10.0.2.0/24)
  * that no host owns, answered by the guestfwd rule below. */
