@@ -451,7 +451,13 @@ static const char warm_identity_script[] =
     "printf '%s%s\\n' \"$keys\" \"$4\" > \"$f\"\n"
     "chown \"$uid:$gid\" \"$home/.ssh\" \"$f\"\n"
     ": > " VM_SEED_WARM_IDENTITY_FLAG "\n"
-    "systemctl restart ssh.service\n";
+    "systemctl restart ssh.service\n"
+    /* The login message's dynamic part is written once a boot (the image's vmctl-motd.service),
+     * and this boot's named the warm machine: written again, after sshd, in the background. */
+    "if [ -d /etc/update-motd.d ]; then\n"
+    "  (umask 022; run-parts --lsbsysinit /etc/update-motd.d > /run/motd.dynamic.new &&\n"
+    "   mv /run/motd.dynamic.new /run/motd.dynamic) < /dev/null > /dev/null 2>&1 &\n"
+    "fi\n";
 
 static gboolean
 warm_apply_identity(virDomainPtr dom, const HostdWarmIdentity *id, GError **error)

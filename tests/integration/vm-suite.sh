@@ -138,6 +138,13 @@ check "guest hostname is the agent name" test "$(vmctl exec a1 -- hostname)" = a
 vmctl ssh-config a1 > "$S/ssh_config"
 check "ssh-config + ssh -F: plain OpenSSH works with strict host key checking" \
   test "$(ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 echo hi)" = hi
+# A new SSH session runs no per-login scripts (update-motd's, three process starts each under
+# TCG): the motd's dynamic part was written once at boot and a connection leaves it alone.
+motd_before=$(vmctl exec a1 -- stat -c %Y.%s /run/motd.dynamic 2>&1)
+sleep 1.1
+ssh -F "$S/ssh_config" -o BatchMode=yes vmctl-a1 true
+check "a new SSH session leaves the boot's motd alone ($motd_before)" \
+  test "$(vmctl exec a1 -- stat -c %Y.%s /run/motd.dynamic 2>&1)" = "$motd_before"
 echo "payload $RANDOM" > "$S/in.txt"
 if scp -q -F "$S/ssh_config" "$S/in.txt" vmctl-a1:in.txt > "$S/scp.log" 2>&1 &&
    scp -q -F "$S/ssh_config" vmctl-a1:in.txt "$S/back.txt" >> "$S/scp.log" 2>&1 &&

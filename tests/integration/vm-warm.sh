@@ -77,6 +77,10 @@ ida=$(vmctl exec a -- sh -c 'hostname; cat /etc/machine-id; head -c 32 /dev/uran
 idb=$(vmctl exec b -- sh -c 'hostname; cat /etc/machine-id; head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n"')
 check "agent a answers exec with its own hostname" test "$(sed -n 1p <<< "$ida")" = a
 check "agent b answers exec with its own hostname" test "$(sed -n 1p <<< "$idb")" = b
+# The login message's uname line is written again for the agent (in the background: a few
+# seconds at most), not the warm machine's.
+check "agent a's login message names it, not the warm machine" vmctl exec a -- sh -c \
+  'for i in $(seq 1 30); do grep -q "^Linux a " /run/motd.dynamic && exit 0; sleep 1; done; exit 1'
 check "each has its own machine-id" test "$(sed -n 2p <<< "$ida")" != "$(sed -n 2p <<< "$idb")"
 check "a's machine-id is the one hostd chose (its UUID)" \
   test "$(sed -n 2p <<< "$ida")" = "$(vmctl info a --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["uuid"].replace("-",""))')"
