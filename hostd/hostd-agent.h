@@ -101,6 +101,11 @@ void hostd_agent_mark_state_change(HostdAgentRecord *r);
  * (best effort, as hostd_agent_mark_state_change()); anything but saved clears shutdown_saved. */
 void hostd_agent_set_wanted(HostdAgentRecord *r, const char *wanted);
 
+/* The same, strictly: a failed write of the record is @error (its VM_ERROR code, the message
+ * naming the agent and the errno's text), and the record on disk stays as it was. Use it before
+ * the change it announces, so that a failure leaves both as they were. */
+gboolean hostd_agent_save_wanted(HostdAgentRecord *r, const char *wanted, GError **error);
+
 /* With @r's lock held: runs the components' agent_starting hooks and boots the stopped domain
  * @dom (a saved one restores). Fails with the hook's error or VM_ERROR_LIBVIRT. */
 gboolean hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
