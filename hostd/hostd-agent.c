@@ -149,6 +149,9 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_variant_builder_add(&b, "{sv}", "cpus", g_variant_new_uint32(r->cpus));
     g_variant_builder_add(&b, "{sv}", "memory_mib", g_variant_new_uint32(r->memory_mib));
     g_variant_builder_add(&b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        g_variant_builder_add(&b, "{sv}", vm_disk_limit_field(i),
+                              g_variant_new_uint32(r->disk_limits[i]));
     g_variant_builder_add(&b, "{sv}", "disk_bytes",
                           g_variant_new_uint64(hostd_agent_disk_bytes(r)));
     g_variant_builder_add(&b, "{sv}", "ssh_port", g_variant_new_uint32(r->ssh_port));
@@ -443,6 +446,7 @@ hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const
         .agent_socket = NULL, /* libvirt picks a path QEMU's user may create */
         .metadata_xml = metadata,
     };
+    memcpy(spec.disk_limits, r->disk_limits, sizeof(spec.disk_limits));
     g_autoptr(GPtrArray) keep = g_ptr_array_new_with_free_func(g_free);
     for (guint i = 0; i < ctx->components->len; i++) {
         const HostdComponent *c = ctx->components->pdata[i];
@@ -524,6 +528,17 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     guint disk_gib = req->disk_gib != 0 ? req->disk_gib : tpl->disk_gib;
     if (!hostd_check_resources(ctx, cpus, memory_mib, disk_gib, error))
         return NULL;
+    guint disk_limits[VM_DISK_LIMITS];
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        disk_limits[i] = req->disk_limits_set[i]   ? req->disk_limits[i]
+                         : tpl->disk_limits_set[i] ? tpl->disk_limits[i]
+                                                   : ctx->config->disk_limits[i];
+        if (disk_limits[i] > VM_DISK_LIMIT_MAX) {
+            vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "a disk limit of %u is over %u",
+                     disk_limits[i], VM_DISK_LIMIT_MAX);
+            return NULL;
+        }
+    }
 
     g_autoptr(VmImage) image =
         vm_image_ensure(ctx->config->images_dir, tpl, FALSE, progress, progress_data, NULL, error);
@@ -560,6 +575,7 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->cpus = cpus;
     r->memory_mib = memory_mib;
     r->disk_gib = disk_gib;
+    memcpy(r->disk_limits, disk_limits, sizeof(r->disk_limits));
     r->mac = warm != NULL ? g_strdup(warm->mac) : hostd_random_mac();
     r->user = g_strdup(tpl->user);
     /* A warm agent's cloud-init already ran as the warm image's instance: the same id keeps a

@@ -21,15 +21,17 @@ G_BEGIN_DECLS
 
 typedef struct {
     const char *name;
-    const char *template_name; /* NULL: "debian-12" */
-    guint cpus;                /* 0: the template's */
-    guint memory_mib;          /* 0: the template's */
-    guint disk_gib;            /* 0: the template's */
-    const char *user_data;     /* the user's extra user-data, or NULL */
-    gboolean wait;             /* return only once SSH answers */
-    char **ssh_keys;           /* the user's own public key lines to authorize, or NULL */
-    char **secrets;            /* secrets to grant besides the template's, or NULL */
-    gboolean cold;             /* boot, even when the template has a warm image */
+    const char *template_name;         /* NULL: "debian-12" */
+    guint cpus;                        /* 0: the template's */
+    guint memory_mib;                  /* 0: the template's */
+    guint disk_gib;                    /* 0: the template's */
+    const char *user_data;             /* the user's extra user-data, or NULL */
+    gboolean wait;                     /* return only once SSH answers */
+    char **ssh_keys;                   /* the user's own public key lines to authorize, or NULL */
+    char **secrets;                    /* secrets to grant besides the template's, or NULL */
+    gboolean cold;                     /* boot, even when the template has a warm image */
+    guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit, 0: no limit */
+    gboolean disk_limits_set[VM_DISK_LIMITS]; /* FALSE: the template's, else hostd.conf's */
 } HostdNewRequest;
 
 /* Creates and boots an agent; with @request->wait returns once SSH answers. Builds the
