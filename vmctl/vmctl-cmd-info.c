@@ -92,8 +92,12 @@ with_words(GVariant *agent)
         g_autofree char *words = format_secrets(grants);
         g_variant_dict_insert(dict, "secrets", "s", words);
     }
-    if (disk_limits != NULL)
+    if (disk_limits != NULL) {
         g_variant_dict_insert(dict, "disk_limits", "s", disk_limits);
+        /* The one line says it all: not each number again. */
+        for (guint i = 0; i < VM_DISK_LIMITS; i++)
+            g_variant_dict_remove(dict, vm_disk_limit_field(i));
+    }
     return g_variant_ref_sink(g_variant_dict_end(dict));
 }
 

@@ -811,6 +811,7 @@ test_info_disk_limits(void **state)
     run_vmctl(f, NULL, &run, "info", "a1");
     assert_non_null(
         strstr(run.out, "\ndisk limits:     read 200 MiB/s, 2000 IOPS; write 1000 IOPS\n"));
+    assert_null(strstr(run.out, "disk_"));
     assert_int_equal(run.status, 0);
 
     g_auto(Run) none = {0};
