@@ -38,6 +38,10 @@ static const VmOpSpec vm_op_specs[] = {
         {"ssh_keys", "as", 0, 1, VM_SSH_KEYS_MAX},
         {"secrets", "as", 0, 1, VM_SECRETS_MAX},
         {"cold", "b"},
+        {"disk_read_mib", "u"},
+        {"disk_write_mib", "u"},
+        {"disk_read_iops", "u"},
+        {"disk_write_iops", "u"},
         {NULL}}},
     {VM_OP_AGENT_LIST, "agent-list", VM_OP_RESULT, FALSE, {{NULL}}},
     {VM_OP_AGENT_INFO, "agent-info", VM_OP_RESULT, FALSE, {
@@ -256,6 +260,20 @@ vm_op_spec(VmOp op)
             return &vm_op_specs[i];
     }
     return NULL;
+}
+
+const char *
+vm_disk_limit_field(VmDiskLimit limit)
+{
+    static const char *const fields[VM_DISK_LIMITS] = {
+        [VM_DISK_READ_MIB] = "disk_read_mib",
+        [VM_DISK_WRITE_MIB] = "disk_write_mib",
+        [VM_DISK_READ_IOPS] = "disk_read_iops",
+        [VM_DISK_WRITE_IOPS] = "disk_write_iops",
+    };
+
+    g_return_val_if_fail(limit < VM_DISK_LIMITS, NULL);
+    return fields[limit];
 }
 
 const char *

@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  7
+#define VM_PROTOCOL_VERSION  8
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
@@ -32,6 +32,23 @@ G_BEGIN_DECLS
 #define VM_SECRET_VALUE_MAX  8192 /* bytes of a secret's value */
 #define VM_SECRET_HOSTS_MAX  32   /* host patterns of one secret */
 #define VM_SECRETS_MAX       64   /* secrets granted by one agent-new */
+
+/* An agent's disk I/O limits (agent-new fields, agent info), applied by QEMU's block throttling
+ * (<iotune> on its disk), which needs no cgroups. Each is a rate per second; 0 is no limit. */
+typedef enum {
+    VM_DISK_READ_MIB,   /* MiB read per second */
+    VM_DISK_WRITE_MIB,  /* MiB written per second */
+    VM_DISK_READ_IOPS,  /* read requests per second */
+    VM_DISK_WRITE_IOPS, /* write requests per second */
+    VM_DISK_LIMITS,
+} VmDiskLimit;
+
+/* The largest value of each limit (1 TiB/s, 1M requests/s): anything above is a mistake. */
+#define VM_DISK_LIMIT_MAX 1000000
+
+/* The field of @limit in agent-new and in an agent's info: "disk_read_mib", "disk_write_mib",
+ * "disk_read_iops", "disk_write_iops". Static; can't fail. */
+const char *vm_disk_limit_field(VmDiskLimit limit);
 
 /* Values are part of the wire protocol: append only, never renumber. The fields each op may
  * carry are in one place, the schema table in vm-protocol.c; docs/PROTOCOL.md describes them

@@ -149,6 +149,9 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_variant_builder_add(&b, "{sv}", "cpus", g_variant_new_uint32(r->cpus));
     g_variant_builder_add(&b, "{sv}", "memory_mib", g_variant_new_uint32(r->memory_mib));
     g_variant_builder_add(&b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        g_variant_builder_add(&b, "{sv}", vm_disk_limit_field(i),
+                              g_variant_new_uint32(r->disk_limits[i]));
     g_variant_builder_add(&b, "{sv}", "disk_bytes",
                           g_variant_new_uint64(hostd_agent_disk_bytes(r)));
     g_variant_builder_add(&b, "{sv}", "ssh_port", g_variant_new_uint32(r->ssh_port));
@@ -192,14 +195,48 @@ hostd_agent_mark_state_change(HostdAgentRecord *r)
     hostd_agent_record_save(r, NULL);
 }
 
-void
-hostd_agent_set_wanted(HostdAgentRecord *r, const char *wanted)
+/* Sets @r's wanted state and the time of the change, in memory only. */
+static void
+hostd_agent_put_wanted(HostdAgentRecord *r, const char *wanted)
 {
     g_free(r->wanted);
     r->wanted = g_strdup(wanted);
     if (!g_str_equal(wanted, HOSTD_WANTED_SAVED))
         r->shutdown_saved = FALSE;
-    hostd_agent_mark_state_change(r);
+    r->state_since = g_get_real_time() / G_USEC_PER_SEC;
+}
+
+void
+hostd_agent_set_wanted(HostdAgentRecord *r, const char *wanted)
+{
+    hostd_agent_put_wanted(r, wanted);
+    /* A failed write loses only the timestamp; the operation itself already happened. */
+    hostd_agent_record_save(r, NULL);
+}
+
+gboolean
+hostd_agent_save_wanted(HostdAgentRecord *r, const char *wanted, GError **error)
+{
+    g_autoptr(GError) local = NULL;
+
+    hostd_agent_put_wanted(r, wanted);
+    if (hostd_agent_record_save(r, &local))
+        return TRUE;
+    return vm_throw(error, vm_error_code(local), "cannot record agent '%s' as wanted %s: %s",
+                    r->name, wanted, local->message);
+}
+
+/* Puts back @old, the record as it was before a change that did not happen, and tells @error
+ * (the change's) so if that write fails too: the record then says what hostd could not do. */
+static void
+hostd_agent_save_back(const HostdAgentRecord *old, GError **error)
+{
+    g_autoptr(GError) local = NULL;
+
+    if (hostd_agent_record_save(old, &local) || error == NULL || *error == NULL)
+        return;
+    g_prefix_error(error, "agent '%s': its record still says wanted %s (%s); ", old->name,
+                   old->wanted != NULL ? old->wanted : "(none)", local->message);
 }
 
 static char *
@@ -409,6 +446,7 @@ hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const
         .agent_socket = NULL, /* libvirt picks a path QEMU's user may create */
         .metadata_xml = metadata,
     };
+    memcpy(spec.disk_limits, r->disk_limits, sizeof(spec.disk_limits));
     g_autoptr(GPtrArray) keep = g_ptr_array_new_with_free_func(g_free);
     for (guint i = 0; i < ctx->components->len; i++) {
         const HostdComponent *c = ctx->components->pdata[i];
@@ -490,6 +528,17 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     guint disk_gib = req->disk_gib != 0 ? req->disk_gib : tpl->disk_gib;
     if (!hostd_check_resources(ctx, cpus, memory_mib, disk_gib, error))
         return NULL;
+    guint disk_limits[VM_DISK_LIMITS];
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        disk_limits[i] = req->disk_limits_set[i]   ? req->disk_limits[i]
+                         : tpl->disk_limits_set[i] ? tpl->disk_limits[i]
+                                                   : ctx->config->disk_limits[i];
+        if (disk_limits[i] > VM_DISK_LIMIT_MAX) {
+            vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "a disk limit of %u is over %u",
+                     disk_limits[i], VM_DISK_LIMIT_MAX);
+            return NULL;
+        }
+    }
 
     g_autoptr(VmImage) image =
         vm_image_ensure(ctx->config->images_dir, tpl, FALSE, progress, progress_data, NULL, error);
@@ -526,6 +575,7 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->cpus = cpus;
     r->memory_mib = memory_mib;
     r->disk_gib = disk_gib;
+    memcpy(r->disk_limits, disk_limits, sizeof(r->disk_limits));
     r->mac = warm != NULL ? g_strdup(warm->mac) : hostd_random_mac();
     r->user = g_strdup(tpl->user);
     /* A warm agent's cloud-init already ran as the warm image's instance: the same id keeps a
@@ -750,20 +800,28 @@ hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgress
     if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
         return NULL;
 
+    /* The record first, and strictly: a VM booted while its record says stopped would be one
+     * that hostd believes stopped. A boot that fails puts the old record back. The user asked
+     * for it running: a crashed agent is given a fresh count of restarts. */
+    g_autoptr(HostdAgentRecord) old = hostd_agent_record_copy(r);
+    g_clear_pointer(&r->crashed, g_free);
+    r->crash_count = 0;
+    if (!hostd_agent_save_wanted(r, HOSTD_WANTED_RUNNING, error))
+        return NULL;
     if (virDomainIsActive(dom) == 1) {
-        if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error))
+        if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error)) {
+            hostd_agent_save_back(old, error);
             return NULL;
+        }
         if (virDomainResume(dom) < 0)
             virResetLastError(); /* not paused: nothing to do */
     } else {
         hostd_progress(progress, progress_data, "starting the VM", -1);
-        if (!hostd_agent_boot_locked(ctx, r, dom, error))
+        if (!hostd_agent_boot_locked(ctx, r, dom, error)) {
+            hostd_agent_save_back(old, error);
             return NULL;
+        }
     }
-    /* The user asked for it running: a crashed agent is given a fresh count of restarts. */
-    g_clear_pointer(&r->crashed, g_free);
-    r->crash_count = 0;
-    hostd_agent_set_wanted(r, HOSTD_WANTED_RUNNING);
     if (wait) {
         if (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error))
             return NULL;
@@ -782,24 +840,31 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
     if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
         return NULL;
 
-    /* Wanted first: the supervisor, seeing the domain stop, must take it for this stop and not
-     * for a poweroff or a crash. */
+    /* Wanted first, and strictly: the supervisor, seeing the domain stop, must take it for this
+     * stop and not for a poweroff or a crash; a record that cannot say so leaves the VM as it
+     * is. A stop that fails puts the old record back. */
+    g_autoptr(HostdAgentRecord) old = hostd_agent_record_copy(r);
     g_clear_pointer(&r->crashed, g_free);
-    r->shutdown_saved = FALSE;
-    hostd_agent_set_wanted(r, HOSTD_WANTED_STOPPED);
+    if (!hostd_agent_save_wanted(r, HOSTD_WANTED_STOPPED, error))
+        return NULL;
     if (hostd_libvirt_is_active(dom)) {
         hostd_progress(progress, progress_data,
                        force ? "stopping the VM" : "shutting the guest down", -1);
         hostd_ssh_pool_forget(ctx->ssh, name);
         if (!hostd_libvirt_stop(ctx->lv, dom, force,
-                                timeout_s != 0 ? timeout_s : HOSTD_STOP_TIMEOUT_S, error))
+                                timeout_s != 0 ? timeout_s : HOSTD_STOP_TIMEOUT_S, error)) {
+            hostd_agent_save_back(old, error);
             return NULL;
+        }
         hostd_agent_mark_state_change(r);
     } else if (virDomainHasManagedSaveImage(dom, 0) > 0) {
         /* Stopping a saved agent drops its RAM image: the next start boots from the disk,
          * which holds everything the guest had written. */
-        if (virDomainManagedSaveRemove(dom, 0) < 0)
-            return hostd_libvirt_throw(error, "cannot drop the saved state"), NULL;
+        if (virDomainManagedSaveRemove(dom, 0) < 0) {
+            hostd_libvirt_throw(error, "cannot drop the saved state");
+            hostd_agent_save_back(old, error);
+            return NULL;
+        }
         hostd_agent_mark_state_change(r);
     }
     virResetLastError();

@@ -21,15 +21,17 @@ G_BEGIN_DECLS
 
 typedef struct {
     const char *name;
-    const char *template_name; /* NULL: "debian-12" */
-    guint cpus;                /* 0: the template's */
-    guint memory_mib;          /* 0: the template's */
-    guint disk_gib;            /* 0: the template's */
-    const char *user_data;     /* the user's extra user-data, or NULL */
-    gboolean wait;             /* return only once SSH answers */
-    char **ssh_keys;           /* the user's own public key lines to authorize, or NULL */
-    char **secrets;            /* secrets to grant besides the template's, or NULL */
-    gboolean cold;             /* boot, even when the template has a warm image */
+    const char *template_name;         /* NULL: "debian-12" */
+    guint cpus;                        /* 0: the template's */
+    guint memory_mib;                  /* 0: the template's */
+    guint disk_gib;                    /* 0: the template's */
+    const char *user_data;             /* the user's extra user-data, or NULL */
+    gboolean wait;                     /* return only once SSH answers */
+    char **ssh_keys;                   /* the user's own public key lines to authorize, or NULL */
+    char **secrets;                    /* secrets to grant besides the template's, or NULL */
+    gboolean cold;                     /* boot, even when the template has a warm image */
+    guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit, 0: no limit */
+    gboolean disk_limits_set[VM_DISK_LIMITS]; /* FALSE: the template's, else hostd.conf's */
 } HostdNewRequest;
 
 /* Creates and boots an agent; with @request->wait returns once SSH answers. Builds the
@@ -100,6 +102,11 @@ void hostd_agent_mark_state_change(HostdAgentRecord *r);
 /* Sets what the user wants @r to be (HOSTD_WANTED_*) and records it with the state change
  * (best effort, as hostd_agent_mark_state_change()); anything but saved clears shutdown_saved. */
 void hostd_agent_set_wanted(HostdAgentRecord *r, const char *wanted);
+
+/* The same, strictly: a failed write of the record is @error (its VM_ERROR code, the message
+ * naming the agent and the errno's text), and the record on disk stays as it was. Use it before
+ * the change it announces, so that a failure leaves both as they were. */
+gboolean hostd_agent_save_wanted(HostdAgentRecord *r, const char *wanted, GError **error);
 
 /* With @r's lock held: runs the components' agent_starting hooks and boots the stopped domain
  * @dom (a saved one restores). Fails with the hook's error or VM_ERROR_LIBVIRT. */

@@ -30,7 +30,19 @@ static const char *const hostd_config_keys[] = {
     "egress-upstream-ca-file",
     "egress-worker",
     "egress-user",
+    "disk-read",
+    "disk-write",
+    "disk-read-iops",
+    "disk-write-iops",
     NULL,
+};
+
+/* The config keys of VmDiskLimit, in its order. */
+static const char *const hostd_config_disk_keys[VM_DISK_LIMITS] = {
+    [VM_DISK_READ_MIB] = "disk-read",
+    [VM_DISK_WRITE_MIB] = "disk-write",
+    [VM_DISK_READ_IOPS] = "disk-read-iops",
+    [VM_DISK_WRITE_IOPS] = "disk-write-iops",
 };
 
 char *
@@ -204,6 +216,11 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
                                  error))
         return FALSE;
     config->guest_api = guest_api == 1;
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        if (!hostd_config_get_number(kf, path, hostd_config_disk_keys[i], 0, VM_DISK_LIMIT_MAX,
+                                     &config->disk_limits[i], error))
+            return FALSE;
+    }
     guint egress_worker = config->egress_in_process ? 0 : 1;
     if (!hostd_config_get_choice(kf, path, "egress-worker", on_off, &egress_worker, error))
         return FALSE;
@@ -258,6 +275,12 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     config->guest_api = TRUE;
     config->guest_api_rate = 5;
     config->guest_api_burst = 20;
+    /* Enough for a guest's own work, and a share of a host's disk that leaves the rest of it to
+     * the other agents and hostd (an SSD does several times this). */
+    config->disk_limits[VM_DISK_READ_MIB] = HOSTD_DISK_READ_MIB_DEFAULT;
+    config->disk_limits[VM_DISK_WRITE_MIB] = HOSTD_DISK_WRITE_MIB_DEFAULT;
+    config->disk_limits[VM_DISK_READ_IOPS] = HOSTD_DISK_READ_IOPS_DEFAULT;
+    config->disk_limits[VM_DISK_WRITE_IOPS] = HOSTD_DISK_WRITE_IOPS_DEFAULT;
 
     if (path != NULL && !hostd_config_load_file(config, path, error))
         return NULL;

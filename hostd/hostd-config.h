@@ -4,6 +4,7 @@
 #include <glib.h>
 
 #include "hostd-accel.h"
+#include "vm-domain.h"
 
 G_BEGIN_DECLS
 
@@ -13,6 +14,12 @@ typedef enum {
     HOSTD_SHUTDOWN_KEEP, /* leave them running: the next hostd reconnects to them */
     HOSTD_SHUTDOWN_SAVE, /* save each to disk (processes and all) before exiting */
 } HostdShutdownMode;
+
+/* The default disk I/O limits of an agent (hostd.conf disk-read...). */
+#define HOSTD_DISK_READ_MIB_DEFAULT   200
+#define HOSTD_DISK_WRITE_MIB_DEFAULT  100
+#define HOSTD_DISK_READ_IOPS_DEFAULT  2000
+#define HOSTD_DISK_WRITE_IOPS_DEFAULT 1000
 
 typedef struct {
     char *state_dir;     /* agents/, images/, libvirt/ live here */
@@ -41,13 +48,16 @@ typedef struct {
     gboolean egress_in_process;     /* egress-worker = off: proxies run inside hostd (default:
                                      * each in a confined vm-egress-worker process) */
     char *egress_user;              /* the user egress workers run as; NULL: "nobody" */
+    guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit: an agent's disk I/O limits where neither
+                                        * `new` nor its template sets one; 0: no limit */
 } HostdConfig;
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
  * templates-dir, socket-group, ssh-port-min, ssh-port-max, forward-port-min, forward-port-max,
  * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
- * egress-upstream-ca-file, egress-worker, egress-user) when not NULL,
+ * egress-upstream-ca-file, egress-worker, egress-user, disk-read, disk-write, disk-read-iops,
+ * disk-write-iops) when not NULL,
  * then applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail
  * with VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,

@@ -351,6 +351,13 @@ hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *
         .ssh_keys = ssh_keys,
         .secrets = secrets,
     };
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        /* Given or not: 0 is a value here (no limit). */
+        guint limit = vm_message_get_uint(req, vm_disk_limit_field(i), G_MAXUINT);
+
+        nr.disk_limits_set[i] = limit != G_MAXUINT;
+        nr.disk_limits[i] = nr.disk_limits_set[i] ? limit : 0;
+    }
 
     return hostd_reply1(reply, "agent",
                         hostd_agent_new(ctx, &nr, vm_stream_writer_progress_func, reply, error),

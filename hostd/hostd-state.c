@@ -63,6 +63,14 @@ hostd_restart_policy_is_valid(const char *policy)
                            policy);
 }
 
+/* The record's keys of VmDiskLimit, in its order. */
+static const char *const hostd_record_disk_keys[VM_DISK_LIMITS] = {
+    [VM_DISK_READ_MIB] = "disk-read",
+    [VM_DISK_WRITE_MIB] = "disk-write",
+    [VM_DISK_READ_IOPS] = "disk-read-iops",
+    [VM_DISK_WRITE_IOPS] = "disk-write-iops",
+};
+
 HostdAgentRecord *
 hostd_agent_record_load(const char *dir, GError **error)
 {
@@ -131,6 +139,15 @@ hostd_agent_record_load(const char *dir, GError **error)
         (g_key_file_has_key(kf, RECORD_GROUP, "idle-save-s", NULL) &&
          !hostd_record_get_number(kf, "idle-save-s", 0, G_MAXUINT, &idle_save, path, error)))
         return NULL;
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        gint64 limit = 0;
+
+        if (g_key_file_has_key(kf, RECORD_GROUP, hostd_record_disk_keys[i], NULL) &&
+            !hostd_record_get_number(kf, hostd_record_disk_keys[i], 0, VM_DISK_LIMIT_MAX, &limit,
+                                     path, error))
+            return NULL;
+        r->disk_limits[i] = (guint)limit;
+    }
     r->backend_port = (guint)backend_port;
     r->idle_pause_s = (guint)idle_pause;
     r->idle_save_s = (guint)idle_save;
@@ -174,6 +191,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
     g_key_file_set_uint64(kf, RECORD_GROUP, "cpus", r->cpus);
     g_key_file_set_uint64(kf, RECORD_GROUP, "memory-mib", r->memory_mib);
     g_key_file_set_uint64(kf, RECORD_GROUP, "disk-gib", r->disk_gib);
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        g_key_file_set_uint64(kf, RECORD_GROUP, hostd_record_disk_keys[i], r->disk_limits[i]);
     g_key_file_set_uint64(kf, RECORD_GROUP, "ssh-port", r->ssh_port);
     g_key_file_set_string(kf, RECORD_GROUP, "mac", r->mac);
     g_key_file_set_string(kf, RECORD_GROUP, "user", r->user);

@@ -4,6 +4,7 @@
 
 #include <glib.h>
 
+#include "vm-domain.h"
 #include "vm-fs.h"
 
 G_BEGIN_DECLS
@@ -48,6 +49,8 @@ typedef struct {
     guint cpus;
     guint memory_mib;
     guint disk_gib;
+    guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit, 0: no limit (and in records made before
+                                        * there were limits) */
     guint ssh_port;           /* public: hostd's relay listens here (QEMU itself for old agents) */
     guint backend_port;       /* QEMU's forward to the guest's sshd, behind the relay; 0: none */
     gboolean idle_never;      /* idle policy: never suspended automatically */

@@ -126,6 +126,12 @@ spec_validate(const VmDomainSpec *spec, GError **error)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "domain spec: memory_mib is 0");
     if (!is_set(spec->disk_path))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "domain spec: no disk_path");
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        if (spec->disk_limits[i] > VM_DISK_LIMIT_MAX)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "domain spec: disk limit %u is over %u", spec->disk_limits[i],
+                            VM_DISK_LIMIT_MAX);
+    }
     if (spec->mac == NULL || !is_mac(spec->mac))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "domain spec: mac missing or not a unicast xx:xx:xx:xx:xx:xx address");
@@ -165,6 +171,37 @@ append_os(GString *xml, const VmDomainSpec *spec)
     g_string_append(xml, "  </os>\n");
 }
 
+/* QEMU's throttling of the guest's own I/O on the disk; block jobs (checkpoint commits and
+ * pulls) have a device of their own and are not slowed by it. */
+static void
+append_iotune(GString *xml, const guint *limits)
+{
+    static const char *const elements[VM_DISK_LIMITS] = {
+        [VM_DISK_READ_MIB] = "read_bytes_sec",
+        [VM_DISK_WRITE_MIB] = "write_bytes_sec",
+        [VM_DISK_READ_IOPS] = "read_iops_sec",
+        [VM_DISK_WRITE_IOPS] = "write_iops_sec",
+    };
+    gboolean any = FALSE;
+
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        any = any || limits[i] != 0;
+    if (!any)
+        return;
+    g_string_append(xml, "      <iotune>\n");
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        guint64 value = limits[i];
+
+        if (value == 0)
+            continue;
+        if (i == VM_DISK_READ_MIB || i == VM_DISK_WRITE_MIB)
+            value <<= 20;
+        g_string_append_printf(xml, "        <%s>%" G_GUINT64_FORMAT "</%s>\n", elements[i], value,
+                               elements[i]);
+    }
+    g_string_append(xml, "      </iotune>\n");
+}
+
 static void
 append_devices(GString *xml, const VmDomainSpec *spec)
 {
@@ -178,9 +215,10 @@ append_devices(GString *xml, const VmDomainSpec *spec)
            "    <disk type='file' device='disk'>\n"
            "      <driver name='qemu' type='qcow2' cache='none' io='native' discard='unmap'/>\n"
            "      <source file='%s'/>\n"
-           "      <target dev='vda' bus='virtio'/>\n"
-           "    </disk>\n",
+           "      <target dev='vda' bus='virtio'/>\n",
            spec->disk_path);
+    append_iotune(xml, spec->disk_limits);
+    g_string_append(xml, "    </disk>\n");
     if (is_set(spec->seed_path))
         append(xml,
                "    <disk type='file' device='cdrom'>\n"

@@ -3,6 +3,8 @@
 
 #include <glib.h>
 
+#include "vm-protocol.h" /* VmDiskLimit */
+
 G_BEGIN_DECLS
 
 #define VM_MACHINE_TYPE "pc-q35-7.2" /* pinned, so saved state and checkpoints stay loadable */
@@ -40,9 +42,10 @@ typedef struct {
     const char *emulator;           /* NULL: libvirt's default */
     guint cpus;
     guint memory_mib;
-    const char *disk_path;   /* qcow2 overlay, discard=unmap */
-    const char *seed_path;   /* NoCloud ISO (cdrom, read-only), or NULL */
-    const char *kernel_path; /* direct kernel boot, or NULL to boot from the disk */
+    const char *disk_path;             /* qcow2 overlay, discard=unmap */
+    guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit; all 0: no <iotune> */
+    const char *seed_path;             /* NoCloud ISO (cdrom, read-only), or NULL */
+    const char *kernel_path;           /* direct kernel boot, or NULL to boot from the disk */
     const char *initrd_path;
     const char *cmdline;
     const char *mac;               /* 52:54:00:xx:xx:xx */
@@ -58,15 +61,16 @@ typedef struct {
 } VmDomainSpec;
 
 /* Returns newly allocated domain XML for @spec: q35 pinned machine type, virtio disk with
- * discard, NoCloud cdrom, virtio-rng from /dev/urandom, TCG tb-cache 128 MiB when virt_type is
- * "qemu", the host's CPU (less cpu_disable) under KVM, qemu-guest-agent channel, serial console on
- * a Unix socket QEMU listens on (nobody reading it never blocks QEMU or the guest), and QEMU user
- * networking with restrict=on and a single hostfwd 127.0.0.1:ssh_port -> guest :22 (through
- * <qemu:commandline>, since libvirt has no restricted user network), and QEMU's own seccomp sandbox
- * VM_DOMAIN_SANDBOX. With egress_command, the network also gets the guestfwd to it, and with
- * guest_api_command one to the in-guest API after it (and libvirt's sandbox must be off, see
- * above). Strings are XML-escaped. Fails with VM_ERROR_INVALID_ARGUMENT when a required field is
- * missing or a command is empty or holds a control character. */
+ * discard and the disk_limits that are set (<iotune>), NoCloud cdrom, virtio-rng from /dev/urandom,
+ * TCG tb-cache 128 MiB when virt_type is "qemu", the host's CPU (less cpu_disable) under KVM,
+ * qemu-guest-agent channel, serial console on a Unix socket QEMU listens on (nobody reading it
+ * never blocks QEMU or the guest), and QEMU user networking with restrict=on and a single hostfwd
+ * 127.0.0.1:ssh_port -> guest :22 (through <qemu:commandline>, since libvirt has no restricted user
+ * network), and QEMU's own seccomp sandbox VM_DOMAIN_SANDBOX. With egress_command, the network also
+ * gets the guestfwd to it, and with guest_api_command one to the in-guest API after it (and
+ * libvirt's sandbox must be off, see above). Strings are XML-escaped. Fails with
+ * VM_ERROR_INVALID_ARGUMENT when a required field is missing, a command is empty or holds a control
+ * character, or a disk limit is over VM_DISK_LIMIT_MAX. */
 char *vm_domain_xml_build(const VmDomainSpec *spec, GError **error);
 
 G_END_DECLS

@@ -658,7 +658,15 @@ parse_image(const Node *node, VmTemplate *t, const char *display, GError **error
 static gboolean
 parse_resources(const Node *node, VmTemplate *t, const char *display, GError **error)
 {
-    static const char *const keys[] = {"cpus", "memory", "disk", NULL};
+    static const char *const keys[] = {
+        "cpus",           "memory",          "disk", "disk_read", "disk_write",
+        "disk_read_iops", "disk_write_iops", NULL};
+    static const char *const limit_keys[VM_DISK_LIMITS] = {
+        [VM_DISK_READ_MIB] = "disk_read",
+        [VM_DISK_WRITE_MIB] = "disk_write",
+        [VM_DISK_READ_IOPS] = "disk_read_iops",
+        [VM_DISK_WRITE_IOPS] = "disk_write_iops",
+    };
     const Node *value;
     guint64 n;
 
@@ -680,6 +688,18 @@ parse_resources(const Node *node, VmTemplate *t, const char *display, GError **e
         if (!get_uint(value, "resources.disk", 1, 16384, "GiB", &n, display, error))
             return FALSE;
         t->disk_gib = (guint)n;
+    }
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        g_autofree char *key = g_strconcat("resources.", limit_keys[i], NULL);
+
+        if ((value = map_get(node, limit_keys[i])) == NULL)
+            continue;
+        if (!get_uint(value, key, 0, VM_DISK_LIMIT_MAX,
+                      i == VM_DISK_READ_MIB || i == VM_DISK_WRITE_MIB ? "MiB/s" : "", &n, display,
+                      error))
+            return FALSE;
+        t->disk_limits[i] = (guint)n;
+        t->disk_limits_set[i] = TRUE;
     }
     return TRUE;
 }

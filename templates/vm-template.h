@@ -11,6 +11,7 @@
  *     url: https://...           # url only
  *     sha256: <64 hex>           # url only, required with url
  *   resources: {cpus: 2, memory: 1024, disk: 8}   # memory in MiB, disk in GiB
+ *     # and optionally disk_read, disk_write (MiB/s), disk_read_iops, disk_write_iops; 0: none
  *   user: agent
  *   packages: [git, curl]        # mmdebstrap: baked into the image; url: installed by cloud-init
  *   user-data: |                 # extra #cloud-config merged into every agent's seed
@@ -26,6 +27,8 @@
 #pragma once
 
 #include <glib.h>
+
+#include "vm-domain.h"
 
 G_BEGIN_DECLS
 
@@ -48,6 +51,8 @@ typedef struct {
     guint cpus;
     guint memory_mib;
     guint disk_gib;
+    guint disk_limits[VM_DISK_LIMITS];        /* VmDiskLimit, 0: no limit */
+    gboolean disk_limits_set[VM_DISK_LIMITS]; /* FALSE: hostd's default (hostd.conf) */
     char *user;
     char **packages; /* NULL-terminated, never NULL */
     char *user_data; /* extra cloud-config text, or NULL */

@@ -22,6 +22,7 @@ static const VmctlField agent_details[] = {
     {"crashes", "crashes", VMCTL_FORMAT_TEXT},
     {"crash reason", "crash_reason", VMCTL_FORMAT_TEXT},
     {"secrets", "secrets", VMCTL_FORMAT_TEXT},
+    {"disk limits", "disk_limits", VMCTL_FORMAT_TEXT},
 };
 
 /* The agent's grants in words: "NAME (env VAR), ...", or "none". */
@@ -46,17 +47,56 @@ format_secrets(GVariant *grants)
     return text->len > 0 ? g_string_free(g_steal_pointer(&text), FALSE) : g_strdup("none");
 }
 
-/* @agent with its "secrets" list in words, for the text form. */
+/* One direction of the disk limits in words: "read 200 MiB/s, 2000 IOPS", "write no limit". */
+static void
+format_disk_direction(GString *text, const char *what, guint32 mib, guint32 iops)
+{
+    g_string_append(text, what);
+    if (mib == 0 && iops == 0) {
+        g_string_append(text, " no limit");
+        return;
+    }
+    if (mib != 0)
+        g_string_append_printf(text, " %u MiB/s", mib);
+    if (iops != 0)
+        g_string_append_printf(text, "%s %u IOPS", mib != 0 ? "," : "", iops);
+}
+
+/* The disk limits of @dict in words, or NULL when hostd sent none (older than protocol 8). */
+static char *
+format_disk_limits(GVariantDict *dict)
+{
+    guint32 limits[VM_DISK_LIMITS];
+    g_autoptr(GString) text = g_string_new(NULL);
+
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        if (!g_variant_dict_lookup(dict, vm_disk_limit_field(i), "u", &limits[i]))
+            return NULL;
+    }
+    format_disk_direction(text, "read", limits[VM_DISK_READ_MIB], limits[VM_DISK_READ_IOPS]);
+    g_string_append(text, "; ");
+    format_disk_direction(text, "write", limits[VM_DISK_WRITE_MIB], limits[VM_DISK_WRITE_IOPS]);
+    return g_string_free(g_steal_pointer(&text), FALSE);
+}
+
+/* @agent with its "secrets" list and its disk limits in words, for the text form. */
 static GVariant *
-with_secrets_in_words(GVariant *agent)
+with_words(GVariant *agent)
 {
     g_autoptr(GVariantDict) dict = g_variant_dict_new(agent);
     g_autoptr(GVariant) grants =
         g_variant_dict_lookup_value(dict, "secrets", G_VARIANT_TYPE("aa{sv}"));
+    g_autofree char *disk_limits = format_disk_limits(dict);
 
     if (grants != NULL) {
         g_autofree char *words = format_secrets(grants);
         g_variant_dict_insert(dict, "secrets", "s", words);
+    }
+    if (disk_limits != NULL) {
+        g_variant_dict_insert(dict, "disk_limits", "s", disk_limits);
+        /* The one line says it all: not each number again. */
+        for (guint i = 0; i < VM_DISK_LIMITS; i++)
+            g_variant_dict_remove(dict, vm_disk_limit_field(i));
     }
     return g_variant_ref_sink(g_variant_dict_end(dict));
 }
@@ -76,7 +116,7 @@ vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error)
         vmctl_print_result(ctx, result, "agent", NULL);
         return TRUE;
     }
-    g_autoptr(GVariant) shown = with_secrets_in_words(agent);
+    g_autoptr(GVariant) shown = with_words(agent);
     g_autofree char *text = vmctl_format_details(shown, agent_details, G_N_ELEMENTS(agent_details),
                                                  g_get_real_time() / G_USEC_PER_SEC);
     fputs(text, stdout);

@@ -51,6 +51,7 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
     g_autofree char *template_name = NULL, *cpus = NULL, *memory = NULL, *disk = NULL;
     g_autofree char *user_data_path = NULL;
+    g_autofree char *disk_read = NULL, *disk_write = NULL, *read_iops = NULL, *write_iops = NULL;
     g_auto(GStrv) key_files = NULL;
     g_auto(GStrv) secrets = NULL;
     gboolean no_wait = FALSE;
@@ -61,6 +62,14 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
         {"cpus", 0, 0, G_OPTION_ARG_STRING, &cpus, "Give the VM N virtual CPUs", "N"},
         {"memory", 0, 0, G_OPTION_ARG_STRING, &memory, "Give the VM MIB MiB of memory", "MIB"},
         {"disk", 0, 0, G_OPTION_ARG_STRING, &disk, "Give the VM a disk of GIB GiB", "GIB"},
+        {"disk-read", 0, 0, G_OPTION_ARG_STRING, &disk_read,
+         "Let the VM read at most MIB MiB per second from its disk (0: no limit)", "MIB"},
+        {"disk-write", 0, 0, G_OPTION_ARG_STRING, &disk_write,
+         "Let the VM write at most MIB MiB per second to its disk (0: no limit)", "MIB"},
+        {"disk-read-iops", 0, 0, G_OPTION_ARG_STRING, &read_iops,
+         "Let the VM make at most N disk reads per second (0: no limit)", "N"},
+        {"disk-write-iops", 0, 0, G_OPTION_ARG_STRING, &write_iops,
+         "Let the VM make at most N disk writes per second (0: no limit)", "N"},
         {"user-data", 0, 0, G_OPTION_ARG_FILENAME, &user_data_path,
          "Pass the cloud-init user data in FILE ('-' reads stdin)", "FILE"},
         {"no-wait", 0, 0, G_OPTION_ARG_NONE, &no_wait,
@@ -87,6 +96,28 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
         !vmctl_dict_add_uint(ctx, fields, "--memory", memory, "memory_mib", error) ||
         !vmctl_dict_add_uint(ctx, fields, "--disk", disk, "disk_gib", error))
         return FALSE;
+    for (guint i = 0; i < VM_DISK_LIMITS; i++) {
+        static const char *const options[VM_DISK_LIMITS] = {
+            [VM_DISK_READ_MIB] = "--disk-read",
+            [VM_DISK_WRITE_MIB] = "--disk-write",
+            [VM_DISK_READ_IOPS] = "--disk-read-iops",
+            [VM_DISK_WRITE_IOPS] = "--disk-write-iops",
+        };
+        const char *const texts[VM_DISK_LIMITS] = {
+            [VM_DISK_READ_MIB] = disk_read,
+            [VM_DISK_WRITE_MIB] = disk_write,
+            [VM_DISK_READ_IOPS] = read_iops,
+            [VM_DISK_WRITE_IOPS] = write_iops,
+        };
+        guint32 value;
+
+        if (texts[i] == NULL)
+            continue;
+        /* 0 is a value here: no limit, where the template or hostd.conf set one. */
+        if (!vmctl_parse_uint(ctx, options[i], texts[i], 0, VM_DISK_LIMIT_MAX, &value, error))
+            return FALSE;
+        g_variant_dict_insert(fields, vm_disk_limit_field(i), "u", value);
+    }
     if (key_files != NULL) {
         g_auto(GStrv) keys = vmctl_read_ssh_keys((const char *const *)key_files, error);
         if (keys == NULL)

@@ -47,7 +47,7 @@ struct VmctlMcpTool {
     gboolean open_world;
     ToolFunc func;
     const char *output_schema; /* JSON with ' for " (schemas hold no apostrophe) */
-    ToolArg args[12];
+    ToolArg args[16];
 };
 
 /* ---- Output schemas: what hostd sends (docs/PROTOCOL.md, "Objects in results"). Objects may
@@ -506,6 +506,8 @@ tool_new_agent(JsonObject *args, const VmctlMcpContext *context, GError **error)
     dict_add_uint(&fields, args, "cpus", "cpus");
     dict_add_uint(&fields, args, "memory_mib", "memory_mib");
     dict_add_uint(&fields, args, "disk_gib", "disk_gib");
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        dict_add_uint(&fields, args, vm_disk_limit_field(i), vm_disk_limit_field(i));
     dict_add_string(&fields, args, "user_data", "user_data");
     g_variant_dict_insert(&fields, "wait", "b", arg_boolean(args, "wait", TRUE));
     /* Checked here as vmctl new --ssh-key checks a key file, and again by hostd. */
@@ -849,6 +851,16 @@ static const VmctlMcpTool tools[] = {
       {"cpus", ARG_INTEGER, FALSE, 1, G_MAXUINT32, "Virtual CPUs (default: the template's)"},
       {"memory_mib", ARG_INTEGER, FALSE, 1, G_MAXUINT32, "Memory in MiB (default: the template's)"},
       {"disk_gib", ARG_INTEGER, FALSE, 1, G_MAXUINT32, "Disk in GiB (default: the template's)"},
+      {"disk_read_mib", ARG_INTEGER, FALSE, 0, VM_DISK_LIMIT_MAX,
+       "MiB per second it may read from its disk, 0: no limit (default: the template's, else "
+       "hostd's)"},
+      {"disk_write_mib", ARG_INTEGER, FALSE, 0, VM_DISK_LIMIT_MAX,
+       "MiB per second it may write to its disk, 0: no limit (default: the template's, else "
+       "hostd's)"},
+      {"disk_read_iops", ARG_INTEGER, FALSE, 0, VM_DISK_LIMIT_MAX,
+       "Disk reads per second, 0: no limit (default: the template's, else hostd's)"},
+      {"disk_write_iops", ARG_INTEGER, FALSE, 0, VM_DISK_LIMIT_MAX,
+       "Disk writes per second, 0: no limit (default: the template's, else hostd's)"},
       {"user_data", ARG_STRING, FALSE, 0, VM_USER_DATA_MAX, "Extra cloud-init user data"},
       {"wait", ARG_BOOLEAN, FALSE, 0, 0, "Wait until it answers on SSH", "true"},
       {"ssh_keys", ARG_STRINGS, FALSE, 1, VM_SSH_KEYS_MAX,

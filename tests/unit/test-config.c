@@ -110,6 +110,29 @@ test_guest_api_keys(void **state)
     assert_true(on->guest_api);
 }
 
+/* The default disk limits, and each one set or turned off in the file. */
+static void
+test_disk_limit_keys(void **state)
+{
+    Fixture *f = *state;
+
+    g_autoptr(HostdConfig) d = load_ok(NULL, "/srv/hostd", NULL, NULL);
+    assert_int_equal(d->disk_limits[VM_DISK_READ_MIB], HOSTD_DISK_READ_MIB_DEFAULT);
+    assert_int_equal(d->disk_limits[VM_DISK_WRITE_MIB], HOSTD_DISK_WRITE_MIB_DEFAULT);
+    assert_int_equal(d->disk_limits[VM_DISK_READ_IOPS], HOSTD_DISK_READ_IOPS_DEFAULT);
+    assert_int_equal(d->disk_limits[VM_DISK_WRITE_IOPS], HOSTD_DISK_WRITE_IOPS_DEFAULT);
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        assert_true(d->disk_limits[i] > 0);
+
+    write_config(f, "[hostd]\ndisk-read=0\ndisk-write=1\ndisk-read-iops=1000000\n"
+                    "disk-write-iops=7\n");
+    g_autoptr(HostdConfig) c = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_int_equal(c->disk_limits[VM_DISK_READ_MIB], 0);
+    assert_int_equal(c->disk_limits[VM_DISK_WRITE_MIB], 1);
+    assert_int_equal(c->disk_limits[VM_DISK_READ_IOPS], 1000000);
+    assert_int_equal(c->disk_limits[VM_DISK_WRITE_IOPS], 7);
+}
+
 static void
 test_default_state_dir(void **state)
 {
@@ -300,6 +323,10 @@ test_bad_files(void **state)
         {"[hostd]\nguest-api-rate=5/s\n", "guest-api-rate"},
         {"[hostd]\nguest-api-burst=0\n", "guest-api-burst must be a number in 1-10000"},
         {"[hostd]\nguest-api-burst=-1\n", "guest-api-burst"},
+        {"[hostd]\ndisk-read=-1\n", "disk-read must be a number in 0-1000000"},
+        {"[hostd]\ndisk-write=1000001\n", "disk-write must be a number in 0-1000000"},
+        {"[hostd]\ndisk-read-iops=fast\n", "disk-read-iops"},
+        {"[hostd]\ndisk-write-iops=\n", "disk-write-iops"},
         {"[hostd]\negress-upstream-ca-file=\n", "egress-upstream-ca-file must not be empty"},
         {"[hostd]\negress-upstream-ca-file=/nonexistent/ca.pem\n", "/nonexistent/ca.pem"},
         {"[hostd]\negress-upstream-ca-file=/\n", "egress-upstream-ca-file / is not a readable"},
@@ -434,6 +461,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_missing_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits_accepted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_api_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_disk_limit_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_egress_upstream_ca_file, setup, teardown),
         cmocka_unit_test(test_free_null),
     };

@@ -34,6 +34,7 @@ spec_tcg_kernel(void)
         .kernel_path = "/var/lib/hostd/images/debian-12/vmlinuz",
         .initrd_path = "/var/lib/hostd/images/debian-12/initrd.img",
         .cmdline = "root=LABEL=root rw console=ttyS0",
+        .disk_limits = {200, 100, 4000, 2000},
         .mac = "52:54:00:ab:cd:ef",
         .ssh_port = 2201,
         .console_socket = "/var/lib/hostd/agents/agent-tcg/console.sock",
@@ -284,6 +285,44 @@ test_optional_parts_omitted(void **state)
                                 "      <target type='virtio' name='org.qemu.guest_agent.0'/>"));
 }
 
+/* The disk limits as QEMU's throttling wants them (bytes, not MiB), only those that are set,
+ * on the agent's disk and not on its seed; none at all without limits. */
+static void
+test_disk_limits(void **state)
+{
+    VmDomainSpec spec = spec_tcg_kernel();
+    g_autofree char *xml = build_ok(&spec);
+    const char *disk = strstr(xml, "<target dev='vda'");
+    const char *iotune = strstr(xml, "<iotune>");
+
+    assert_non_null(disk);
+    assert_non_null(iotune);
+    assert_true(iotune > disk && iotune < strstr(disk, "</disk>"));
+    assert_null(strstr(iotune + 1, "<iotune>"));
+    assert_non_null(strstr(xml, "<read_bytes_sec>209715200</read_bytes_sec>"));
+    assert_non_null(strstr(xml, "<write_bytes_sec>104857600</write_bytes_sec>"));
+    assert_non_null(strstr(xml, "<read_iops_sec>4000</read_iops_sec>"));
+    assert_non_null(strstr(xml, "<write_iops_sec>2000</write_iops_sec>"));
+
+    spec.disk_limits[VM_DISK_READ_MIB] = 0;
+    spec.disk_limits[VM_DISK_READ_IOPS] = 0;
+    spec.disk_limits[VM_DISK_WRITE_IOPS] = 0;
+    g_autofree char *write_only = build_ok(&spec);
+    assert_non_null(strstr(write_only, "<iotune>\n"
+                                       "        <write_bytes_sec>104857600</write_bytes_sec>\n"
+                                       "      </iotune>"));
+    assert_null(strstr(write_only, "read_"));
+
+    spec.disk_limits[VM_DISK_WRITE_MIB] = VM_DISK_LIMIT_MAX;
+    g_autofree char *max = build_ok(&spec);
+    assert_non_null(strstr(max, "<write_bytes_sec>1048576000000</write_bytes_sec>"));
+    assert_schema_valid(*state, max);
+
+    VmDomainSpec none = spec_kvm_disk();
+    g_autofree char *unlimited = build_ok(&none);
+    assert_null(strstr(unlimited, "iotune"));
+}
+
 typedef struct {
     GHashTable *sources; /* element name -> text or 'file'/'path' attribute, as parsed */
 } Collected;
@@ -371,6 +410,7 @@ typedef enum {
     BAD_EGRESS_NEWLINE,
     BAD_GUEST_API_EMPTY,
     BAD_GUEST_API_TAB,
+    BAD_DISK_LIMIT,
 } BadKind;
 
 typedef struct {
@@ -405,6 +445,7 @@ static const BadSpec bad_specs[] = {
     {"egress command with a newline", BAD_EGRESS_NEWLINE},
     {"empty guest API command", BAD_GUEST_API_EMPTY},
     {"guest API command with a tab", BAD_GUEST_API_TAB},
+    {"disk limit over the maximum", BAD_DISK_LIMIT},
 };
 
 static void
@@ -491,6 +532,9 @@ bad_spec_apply(VmDomainSpec *s, BadKind kind)
     case BAD_GUEST_API_TAB:
         s->guest_api_command = "/x/connect\t/y";
         break;
+    case BAD_DISK_LIMIT:
+        s->disk_limits[VM_DISK_WRITE_IOPS] = VM_DISK_LIMIT_MAX + 1;
+        break;
     default:
         g_assert_not_reached();
     }
@@ -549,6 +593,7 @@ main(void)
         cmocka_unit_test(test_cpu_disable),
         cmocka_unit_test(test_network_is_restricted),
         cmocka_unit_test(test_optional_parts_omitted),
+        cmocka_unit_test_setup_teardown(test_disk_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_escaping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_genid, setup, teardown),
     };

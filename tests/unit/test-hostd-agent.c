@@ -7,6 +7,8 @@
 
 #include <cmocka.h>
 
+#include <string.h>
+
 #include "hostd-agent.h"
 #include "hostd-reconcile.h"
 #include "test-common.h"
@@ -207,6 +209,88 @@ test_failing_start_hook_keeps_it_stopped(void **state)
     assert_null(started);
     hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "the recorder refuses starting");
     assert_string_equal(hostd_test_domain_state(f, "a1"), "stopped");
+    /* start records wanted running before it boots: a boot refused puts the record back */
+    g_autoptr(HostdAgentRecord) after = hostd_test_agent_record(f, "a1");
+    vm_test_assert_nullable_string_equal(after->wanted, r->wanted);
+}
+
+/* The disk limits `new` gives an agent, in its record, its info and its domain: hostd.conf's,
+ * unless its template sets one, unless `new` does (0: no limit, over a default). */
+static void
+test_new_disk_limits(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *tpl_path = g_build_filename(f->templates_dir, "debian-12.yaml", NULL);
+    g_autofree char *tpl = vm_test_read_file(tpl_path);
+
+    f->ctx->config->disk_limits[VM_DISK_READ_MIB] = 11;
+    f->ctx->config->disk_limits[VM_DISK_WRITE_MIB] = 22;
+    f->ctx->config->disk_limits[VM_DISK_READ_IOPS] = 33;
+    f->ctx->config->disk_limits[VM_DISK_WRITE_IOPS] = 44;
+    g_autoptr(GVariant) a1 = new_agent(f, "a1", &error);
+    if (a1 == NULL)
+        fail_msg("new: %s", error->message);
+    g_autoptr(HostdAgentRecord) r1 = hostd_test_agent_record(f, "a1");
+    assert_int_equal(r1->disk_limits[VM_DISK_READ_MIB], 11);
+    assert_int_equal(r1->disk_limits[VM_DISK_WRITE_IOPS], 44);
+    guint32 value = 0;
+    assert_true(g_variant_lookup(a1, "disk_write_mib", "u", &value));
+    assert_int_equal(value, 22);
+    g_autofree char *xml1_path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *xml1 = vm_test_read_file(xml1_path);
+    assert_non_null(strstr(xml1, "<read_bytes_sec>11534336</read_bytes_sec>"));
+    assert_non_null(strstr(xml1, "<write_iops_sec>44</write_iops_sec>"));
+    /* and libvirt took them */
+    g_autoptr(virDomain) dom = virDomainLookupByName(f->ctx->lv->conn, "a1");
+    assert_non_null(dom);
+    g_autofree char *live = virDomainGetXMLDesc(dom, 0);
+    assert_non_null(strstr(live, "<write_bytes_sec>23068672</write_bytes_sec>"));
+
+    /* the template's, over hostd.conf's */
+    g_autofree char *limited = g_strconcat(tpl, "\n", NULL);
+    g_autofree char *edited = NULL;
+    {
+        g_auto(GStrv) parts = g_strsplit(limited, "resources:\n", 2);
+        assert_int_equal(g_strv_length(parts), 2);
+        edited = g_strconcat(parts[0], "resources:\n  disk_read: 0\n  disk_write_iops: 5\n",
+                             parts[1], NULL);
+    }
+    vm_test_write_file(tpl_path, edited);
+    g_autoptr(GVariant) a2 = new_agent(f, "a2", &error);
+    if (a2 == NULL)
+        fail_msg("new from the template: %s", error->message);
+    g_autoptr(HostdAgentRecord) r2 = hostd_test_agent_record(f, "a2");
+    assert_int_equal(r2->disk_limits[VM_DISK_READ_MIB], 0);
+    assert_int_equal(r2->disk_limits[VM_DISK_WRITE_MIB], 22);
+    assert_int_equal(r2->disk_limits[VM_DISK_READ_IOPS], 33);
+    assert_int_equal(r2->disk_limits[VM_DISK_WRITE_IOPS], 5);
+    g_autofree char *xml2_path = hostd_test_agent_file(f, "a2", HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *xml2 = vm_test_read_file(xml2_path);
+    assert_null(strstr(xml2, "read_bytes_sec"));
+
+    /* `new`'s, over both; all 0: no <iotune> at all */
+    HostdNewRequest req = {.name = "a3", .cpus = 1, .memory_mib = 128};
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        req.disk_limits_set[i] = TRUE;
+    g_autoptr(GVariant) a3 = hostd_test_sink(hostd_agent_new(f->ctx, &req, NULL, NULL, &error));
+    if (a3 == NULL)
+        fail_msg("new with limits: %s", error->message);
+    g_autoptr(HostdAgentRecord) r3 = hostd_test_agent_record(f, "a3");
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        assert_int_equal(r3->disk_limits[i], 0);
+    g_autofree char *xml3_path = hostd_test_agent_file(f, "a3", HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *xml3 = vm_test_read_file(xml3_path);
+    assert_null(strstr(xml3, "<iotune>"));
+
+    /* over the maximum: refused, nothing made */
+    HostdNewRequest big = {.name = "a4", .cpus = 1, .memory_mib = 128};
+    big.disk_limits_set[VM_DISK_READ_IOPS] = TRUE;
+    big.disk_limits[VM_DISK_READ_IOPS] = VM_DISK_LIMIT_MAX + 1;
+    g_autoptr(GVariant) a4 = hostd_test_sink(hostd_agent_new(f->ctx, &big, NULL, NULL, &error));
+    assert_null(a4);
+    hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, "disk limit");
+    assert_string_equal(hostd_test_domain_state(f, "a4"), "missing");
 }
 
 /* Start-up: every ready agent reaches the component, a lost domain once it is redefined. */
@@ -239,6 +323,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_start_and_rm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_start_hook_keeps_it_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_reaches_components, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_disk_limits, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

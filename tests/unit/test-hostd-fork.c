@@ -73,6 +73,8 @@ test_fork_identity(void **state)
     src->idle_save_s = 1800;
     src->checkpoint_every_s = 1800;
     src->checkpoint_keep = 4;
+    src->disk_limits[VM_DISK_WRITE_MIB] = 40;
+    src->disk_limits[VM_DISK_READ_IOPS] = 400;
     assert_true(hostd_agent_record_save(src, &error));
     assert_true(hostd_egress_agent_init(f->ctx, src, allow, deny, &error));
     vm_test_write_file(src_key, "ssh-ed25519 AAAAsourcekey vmctl-a1\n");
@@ -104,6 +106,14 @@ test_fork_identity(void **state)
     /* A new identity: nothing that names the machine is the source's. */
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, "b1");
     assert_string_equal(r->phase, HOSTD_PHASE_READY);
+    /* its source's disk limits, in its definition too */
+    assert_int_equal(r->disk_limits[VM_DISK_WRITE_MIB], 40);
+    assert_int_equal(r->disk_limits[VM_DISK_READ_IOPS], 400);
+    assert_int_equal(r->disk_limits[VM_DISK_READ_MIB], 0);
+    g_autofree char *b1_xml_path = hostd_test_agent_file(f, "b1", HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *b1_xml = vm_test_read_file(b1_xml_path);
+    assert_non_null(strstr(b1_xml, "<write_bytes_sec>41943040</write_bytes_sec>"));
+    assert_non_null(strstr(b1_xml, "<read_iops_sec>400</read_iops_sec>"));
     assert_string_equal(r->name, "b1");
     assert_string_not_equal(r->uuid, src->uuid);
     assert_string_not_equal(r->mac, src->mac);

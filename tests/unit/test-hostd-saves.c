@@ -1,8 +1,8 @@
 /* A full disk or an I/O error at each write of hostd's state saves: the agent record (policies,
- * `new`), the egress policy, forwards.ini, the users' authorized_keys record and the secret
- * store. Each change is made with ENOSPC, then EIO, at its first
- * write, its second, ... until it makes no more writes; after each, what hostd loads from disk
- * is the old state or the new one, never a part (the change may only fail with the error and
+ * `new`, `start`, `stop`), the egress policy, forwards.ini, the users' authorized_keys record,
+ * the secret store and the grants (grant, revoke). Each change is made with ENOSPC, then EIO, at
+ * its first write, its second, ... until it makes no more writes; after each, what hostd loads from
+ * disk is the old state or the new one, never a part (the change may only fail with the error and
  * leave the old one, or work because a write was retried), the agent still loads, and no
  * temporary file is left. Writes go through vm_file_write_atomic(), whose test seam
  * vm_file_write_fault() makes them fail halfway, as a disk filling up would. */
@@ -18,6 +18,7 @@
 #include "hostd-egress.h"
 #include "hostd-forward.h"
 #include "hostd-keys.h"
+#include "hostd-secrets-grants.h"
 #include "hostd-secrets-store.h"
 #include "hostd-secrets.h"
 #include "test-common.h"
@@ -278,6 +279,153 @@ secret_state(HostdTestFixture *f)
     return g_strdup(secret->value);
 }
 
+/* ---- start and stop ----------------------------------------------------------------------- */
+
+static void
+agent_stop(HostdTestFixture *f)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_stop(f->ctx, "a1", TRUE, 0, NULL, NULL, &error));
+    ok_or_fail(v != NULL, "stop", error);
+}
+
+static void
+agent_start(HostdTestFixture *f)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
+    ok_or_fail(v != NULL, "start", error);
+}
+
+static gboolean
+start_change(HostdTestFixture *f, GError **error)
+{
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, error));
+    return v != NULL;
+}
+
+static gboolean
+stop_change(HostdTestFixture *f, GError **error)
+{
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_stop(f->ctx, "a1", TRUE, 0, NULL, NULL, error));
+    return v != NULL;
+}
+
+/* What hostd's record says the user wants, and what the VM is: the two must go together (a VM
+ * running that the record says stopped is neither the old state nor the new one). */
+static char *
+power_state(HostdTestFixture *f)
+{
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(GError) error = NULL;
+
+    r = hostd_agent_load(f->ctx, "a1", &error);
+    ok_or_fail(r != NULL, "a1 does not load", error);
+    return g_strdup_printf("wanted %s, domain %s", r->wanted, hostd_test_domain_state(f, "a1"));
+}
+
+/* ---- grants ------------------------------------------------------------------------------- */
+
+#define SECRET_2 "other-token"
+
+/* Grants are put into effect in a running guest over SSH, which the test driver has not: the
+ * grants are made on a stopped agent (its proxy is still given them). */
+static void
+grant_stopped(HostdTestFixture *f)
+{
+    if (!g_str_equal(hostd_test_domain_state(f, "a1"), "stopped"))
+        agent_stop(f);
+}
+
+static gboolean
+grant_holds(HostdTestFixture *f, const char *secret)
+{
+    g_autofree char *grants_dir = hostd_secrets_grants_dir(f->ctx);
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GHashTable) grants = hostd_grants_load(grants_dir, "a1", &error);
+
+    ok_or_fail(grants != NULL, "the grants do not load", error);
+    return g_hash_table_contains(grants, secret);
+}
+
+static gboolean
+grant_one(HostdTestFixture *f, const char *secret, GError **error)
+{
+    g_autoptr(GVariant) v = hostd_test_sink(hostd_secret_grant(f->ctx, "a1", secret, error));
+    return v != NULL;
+}
+
+static gboolean
+revoke_one(HostdTestFixture *f, const char *secret, GError **error)
+{
+    g_autoptr(GVariant) v = hostd_test_sink(hostd_secret_revoke(f->ctx, "a1", secret, error));
+    return v != NULL;
+}
+
+/* Old: a1 holds SECRET_2 alone. */
+static void
+grant_reset(HostdTestFixture *f)
+{
+    g_autoptr(GError) error = NULL;
+
+    grant_stopped(f);
+    if (!grant_holds(f, SECRET_2))
+        ok_or_fail(grant_one(f, SECRET_2, &error), "grant " SECRET_2, error);
+    if (grant_holds(f, SECRET))
+        ok_or_fail(revoke_one(f, SECRET, &error), "revoke " SECRET, error);
+}
+
+static gboolean
+grant_change(HostdTestFixture *f, GError **error)
+{
+    return grant_one(f, SECRET, error);
+}
+
+/* Old: a1 holds both; revoking one of two rewrites the grants file (the last one removes it). */
+static void
+revoke_reset(HostdTestFixture *f)
+{
+    g_autoptr(GError) error = NULL;
+
+    grant_stopped(f);
+    if (!grant_holds(f, SECRET_2))
+        ok_or_fail(grant_one(f, SECRET_2, &error), "grant " SECRET_2, error);
+    if (!grant_holds(f, SECRET))
+        ok_or_fail(grant_one(f, SECRET, &error), "grant " SECRET, error);
+}
+
+static gboolean
+revoke_change(HostdTestFixture *f, GError **error)
+{
+    return revoke_one(f, SECRET, error);
+}
+
+/* The grants on disk, and what a1's proxy honours: each secret's host is opened on 443 while
+ * it is granted. The two must agree. */
+static char *
+grant_state(HostdTestFixture *f)
+{
+    const char *secrets[] = {SECRET, SECRET_2};
+    const char *hosts[] = {"api.example.com", "other.example.com"};
+    g_autoptr(GString) text = g_string_new(NULL);
+
+    assert_agent_loads(f);
+    for (guint i = 0; i < G_N_ELEMENTS(secrets); i++) {
+        gboolean held = grant_holds(f, secrets[i]);
+        gboolean open = hostd_test_egress_allows(f->ctx, "a1", hosts[i], 443);
+
+        if (held != open)
+            fail_msg("%s is %sgranted, but its host is %sopen", secrets[i], held ? "" : "not ",
+                     open ? "" : "not ");
+        g_string_append_printf(text, "%s %s; ", secrets[i], held ? "granted" : "not granted");
+    }
+    return g_string_free(g_steal_pointer(&text), FALSE);
+}
+
 /* ---- the runner --------------------------------------------------------------------------- */
 
 /* No temporary file of an atomic write anywhere under the state directory. */
@@ -375,6 +523,15 @@ setup(void **state)
     ok_or_fail(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error), "egress", error);
     g_autoptr(GVariant) v = hostd_test_sink(hostd_secret_create(f->ctx, &req, &error));
     ok_or_fail(v != NULL, "secret create", error);
+    const char *const hosts_2[] = {"other.example.com", NULL};
+    HostdSecretRequest req_2 = {
+        .name = SECRET_2,
+        .hosts = hosts_2,
+        .value = (const guint8 *)value,
+        .value_len = strlen(value),
+    };
+    g_autoptr(GVariant) v_2 = hostd_test_sink(hostd_secret_create(f->ctx, &req_2, &error));
+    ok_or_fail(v_2 != NULL, "secret create", error);
     for (guint i = 0; i < G_N_ELEMENTS(user_keys); i++) {
         g_autofree char *comment = g_strdup_printf("user%u@example", i);
         g_autoptr(HostdKeyPair) pair = hostd_keypair_generate(comment, &error);
@@ -406,13 +563,18 @@ CASE(egress_policy, egress_reset, egress_change, egress_state)
 CASE(forwards, forward_reset, forward_change, forward_state)
 CASE(authorized_keys, keys_reset, keys_change, keys_state)
 CASE(secret_store, secret_reset, secret_change, secret_state)
+CASE(start, agent_stop, start_change, power_state)
+CASE(stop, agent_start, stop_change, power_state)
+CASE(grant, grant_reset, grant_change, grant_state)
+CASE(revoke, revoke_reset, revoke_change, grant_state)
 
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
 #define T(name) cmocka_unit_test_setup_teardown(test_##name, setup, teardown)
-        T(record), T(new), T(egress_policy), T(forwards), T(authorized_keys), T(secret_store),
+        T(record),       T(new),   T(egress_policy), T(forwards), T(authorized_keys),
+        T(secret_store), T(start), T(stop),          T(grant),    T(revoke),
 #undef T
     };
 

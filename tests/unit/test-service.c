@@ -34,7 +34,9 @@ static const char *const config_keys[] = {
     "shutdown-resume",  "forward-port-min",
     "forward-port-max", "request-timeout",
     "guest-api",        "guest-api-rate",
-    "guest-api-burst",
+    "guest-api-burst",  "disk-read",
+    "disk-write",       "disk-read-iops",
+    "disk-write-iops",
 };
 
 /* ---- the stand-in for systemd ---------------------------------------------------------------- */
@@ -259,6 +261,8 @@ test_default_config_is_the_defaults(void **state)
     assert_int_equal(with->guest_api, without->guest_api);
     assert_int_equal(with->guest_api_rate, without->guest_api_rate);
     assert_int_equal(with->guest_api_burst, without->guest_api_burst);
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        assert_int_equal(with->disk_limits[i], without->disk_limits[i]);
 }
 
 /* Each key is shown, and its line, uncommented, is a value hostd takes. */

@@ -40,6 +40,10 @@ sample_record(const char *dir)
     r->cpus = 2;
     r->memory_mib = 1536;
     r->disk_gib = 20;
+    r->disk_limits[VM_DISK_READ_MIB] = 300;
+    r->disk_limits[VM_DISK_WRITE_MIB] = 0;
+    r->disk_limits[VM_DISK_READ_IOPS] = 1000000;
+    r->disk_limits[VM_DISK_WRITE_IOPS] = 9;
     r->ssh_port = 42217;
     r->mac = g_strdup("52:54:00:12:ab:ef");
     r->user = g_strdup("agent");
@@ -61,6 +65,8 @@ assert_records_equal(const HostdAgentRecord *a, const HostdAgentRecord *b)
     assert_int_equal(a->cpus, b->cpus);
     assert_int_equal(a->memory_mib, b->memory_mib);
     assert_int_equal(a->disk_gib, b->disk_gib);
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        assert_int_equal(a->disk_limits[i], b->disk_limits[i]);
     assert_int_equal(a->ssh_port, b->ssh_port);
     assert_string_equal(a->mac, b->mac);
     assert_string_equal(a->user, b->user);
@@ -277,6 +283,9 @@ test_record_hand_written(void **state)
     assert_int_equal(r->cpus, 2);
     assert_int_equal(r->memory_mib, 1024);
     assert_int_equal(r->disk_gib, 8);
+    /* made before there were disk limits: none, as its VM was made */
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        assert_int_equal(r->disk_limits[i], 0);
     assert_int_equal(r->ssh_port, 42200);
     assert_string_equal(r->forked_from, "bob");
     assert_string_equal(r->fork_checkpoint, "c4");
@@ -326,6 +335,8 @@ test_record_bad_values(void **state)
         {"created", "created=yesterday"},
         {"created", "created=99999999999999999999"},
         {"state-since", "state-since=1.5"},
+        {"disk-read", "disk-read=1000001"},
+        {"disk-write-iops", "disk-write-iops=-1"},
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {

@@ -64,6 +64,8 @@ assert_defaults_except_image(const VmTemplate *t)
     assert_int_equal(t->cpus, 2);
     assert_int_equal(t->memory_mib, 1024);
     assert_int_equal(t->disk_gib, 8);
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        assert_false(t->disk_limits_set[i]);
     assert_string_equal(t->user, "agent");
     assert_strv(t->packages, (const char *const[]){NULL});
     assert_null(t->user_data);
@@ -105,6 +107,12 @@ check_full(const VmTemplate *t)
     assert_int_equal(t->cpus, 256);
     assert_int_equal(t->memory_mib, 1048576);
     assert_int_equal(t->disk_gib, 16384);
+    assert_int_equal(t->disk_limits[VM_DISK_READ_MIB], 1000000);
+    assert_int_equal(t->disk_limits[VM_DISK_WRITE_MIB], 0);
+    assert_int_equal(t->disk_limits[VM_DISK_READ_IOPS], 1);
+    assert_int_equal(t->disk_limits[VM_DISK_WRITE_IOPS], 250);
+    for (guint i = 0; i < VM_DISK_LIMITS; i++)
+        assert_true(t->disk_limits_set[i]);
     assert_string_equal(t->user, "dev_user-1");
     assert_strv(t->packages, (const char *const[]){"git", "g++", "libc6.1-dev", NULL});
     assert_string_equal(t->user_data, "#cloud-config\nwrite_files:\n  - path: /etc/motd\n"
@@ -217,6 +225,10 @@ static const BadCase bad_cases[] = {
     {"bad-deep-nesting.yaml", 3, 23, "nested deeper than 8 levels"},
     {"bad-disk-large.yaml", 4, 9, "resources.disk: must be between 1 and 16384 GiB, got 16385"},
     {"bad-disk-zero.yaml", 4, 9, "resources.disk: must be between 1 and 16384 GiB, got 0"},
+    {"bad-disk-read-large.yaml", 4, 14,
+     "resources.disk_read: must be between 0 and 1000000 MiB/s, got 1000001"},
+    {"bad-disk-iops-word.yaml", 4, 20,
+     "resources.disk_write_iops: expected an integer, got 'fast'"},
     {"bad-duplicate-key.yaml", 3, 1, "duplicate key 'name'"},
     {"bad-duration-huge.yaml", 3, 22, "checkpoints.every: must be at most 365d, got 366d"},
     {"bad-duration-negative.yaml", 4, 15,

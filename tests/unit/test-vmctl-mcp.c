@@ -1423,6 +1423,15 @@ test_mcp_agent_tools(void **state)
                        "'memory_mib': <uint32 1024>, 'disk_gib': <uint32 8>, "
                        "'user_data': <'#cloud-config\\n'>, 'wait': <false>}");
 
+    /* The disk limits, 0 (no limit) too; over the maximum refused before hostd hears of it. */
+    g_autoptr(JsonObject) limited = tool_ok(
+        f, "new_agent", "{\"name\":\"a4\",\"disk_read_mib\":0,\"disk_write_iops\":1000000}");
+    g_autoptr(GVariant) limits = last_request(f, VM_OP_AGENT_NEW);
+    assert_fields(limits, "{'name': <'a4'>, 'disk_read_mib': <uint32 0>, "
+                          "'disk_write_iops': <uint32 1000000>, 'wait': <true>}");
+    tool_fails(f, "new_agent", "{\"name\":\"a5\",\"disk_write_mib\":1000001}", "invalid-argument",
+               "disk_write_mib");
+
     /* Keys are checked as vmctl new --ssh-key checks them: what hostd gets is the key, trimmed. */
     g_autofree char *key_path = vm_test_data_path("ssh-keys", "ed25519.pub", NULL);
     g_autofree char *key_text = vm_test_read_file(key_path);

@@ -216,6 +216,12 @@ test_usage_errors(void **state)
          "vmctl: --cpus needs a number from 1 to 4294967295, not 'two'; see 'vmctl new --help'\n"},
         {{"new", "a1", "--memory", "0"},
          "vmctl: --memory needs a number from 1 to 4294967295, not '0'; see 'vmctl new --help'\n"},
+        {{"new", "a1", "--disk-read", "1000001"},
+         "vmctl: --disk-read needs a number from 0 to 1000000, not '1000001'; see 'vmctl new "
+         "--help'\n"},
+        {{"new", "a1", "--disk-write-iops", "-1"},
+         "vmctl: --disk-write-iops needs a number from 0 to 1000000, not '-1'; see 'vmctl new "
+         "--help'\n"},
         {{"new", "A1"}, "vmctl: invalid name 'A1': must start with a lower-case letter a-z\n"},
         {{"info", "../x"}, "vmctl: invalid name '../x': must start with a lower-case letter a-z\n"},
     };
@@ -375,7 +381,8 @@ test_info(void **state)
                                  "restart:         on-crash\n"
                                  "crashes:         4\n"
                                  "crash reason:    its QEMU died\n"
-                                 "secrets:         -\n");
+                                 "secrets:         -\n"
+                                 "disk limits:     -\n");
     assert_int_equal(run.status, 0);
 }
 
@@ -768,6 +775,53 @@ test_new(void **state)
     assert_string_equal(run.out,
                         "agent a1 is running: ssh port 2201; try: vmctl exec a1 -- uname -a\n");
     assert_int_equal(run.status, 0);
+}
+
+/* The disk limits: each option sent as its field, 0 (no limit) too; unset ones left to hostd. */
+static void
+test_new_disk_limits(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>, 'state': <'starting'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "new", "a1", "--no-wait", "--disk-read", "0", "--disk-write", "50",
+              "--disk-write-iops", "1000000");
+    assert_request(f, VM_OP_AGENT_NEW);
+    VmMessage *request = f->hostd->request;
+    assert_int_equal(vm_message_get_uint(request, "disk_read_mib", 7), 0);
+    assert_int_equal(vm_message_get_uint(request, "disk_write_mib", 7), 50);
+    assert_null(vm_message_lookup(request, "disk_read_iops"));
+    assert_int_equal(vm_message_get_uint(request, "disk_write_iops", 7), 1000000);
+    assert_int_equal(run.status, 0);
+}
+
+/* The limits in words, each direction on its own; no line from a hostd that sends none. */
+static void
+test_info_disk_limits(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'agent': <{'name': <'a1'>, 'disk_read_mib': <uint32 200>, 'disk_write_mib': "
+          "<uint32 0>, 'disk_read_iops': <uint32 2000>, 'disk_write_iops': <uint32 1000>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "info", "a1");
+    assert_non_null(
+        strstr(run.out, "\ndisk limits:     read 200 MiB/s, 2000 IOPS; write 1000 IOPS\n"));
+    assert_null(strstr(run.out, "disk_"));
+    assert_int_equal(run.status, 0);
+
+    g_auto(Run) none = {0};
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT,
+          "{'agent': <{'name': <'a1'>, 'disk_read_mib': <uint32 0>, 'disk_write_mib': "
+          "<uint32 0>, 'disk_read_iops': <uint32 0>, 'disk_write_iops': <uint32 0>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &none, "info", "a1");
+    assert_non_null(strstr(none.out, "\ndisk limits:     read no limit; write no limit\n"));
 }
 
 static void
@@ -1957,6 +2011,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_not_running, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info_secrets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_info_disk_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_disk_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_usage_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_create, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_list, setup, teardown),
