@@ -17,8 +17,8 @@
 #define CONFINE_TRAVERSE    1  /* and traverse */
 #define CONFINE_FORKS_MAX   64 /* as hostd_checkpoint_chain_check(): deeper chains are refused */
 
-/* Makes every file under @dir root's and read-only to all (directories traversable): images
- * are shared by every agent, and an owner could make them writable again. */
+/* Makes every file under @dir root's and writable by nobody else: images are shared by every
+ * agent, and an owner could make them writable again. */
 static void
 confine_shared_tree(HostdContext *ctx, const char *dir, guint depth)
 {
@@ -31,7 +31,9 @@ confine_shared_tree(HostdContext *ctx, const char *dir, guint depth)
         if (lstat(path, &st) < 0 || S_ISLNK(st.st_mode) ||
             !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)))
             continue;
-        mode_t mode = (st.st_mode & 07777 & ~(mode_t)022) | (S_ISDIR(st.st_mode) ? 0555 : 0444);
+        /* Write bits go; read bits stay as they were made (a warm image's memory is root's
+         * alone: libvirt reads it as root). */
+        mode_t mode = st.st_mode & 07777 & ~(mode_t)022;
         /* The files of a build in progress are its machine's until it is done. */
         if (S_ISDIR(st.st_mode) && g_str_has_suffix(entry, ".tmp"))
             continue;

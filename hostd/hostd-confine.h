@@ -7,7 +7,7 @@
  * - checkpoint images (read-only backing files): root, group the agent's id, 0440 (0460 while
  *   a merge writes into them), plus a read ACL entry for each fork whose chain they are in;
  * - its egress and in-guest API sockets: the agent's id, 0600 (hostd-egress, hostd-guest-api);
- * - everything under images-dir (template images, warm images): root's, read-only to all.
+ * - everything under images-dir (template images, warm images): root's, writable by root alone.
  * Agents without an id (hostd not root, a driver without DAC, agent-ids = off, a record from
  * before ids that has not booted since) are left as they were. */
 #pragma once
@@ -19,7 +19,7 @@ G_BEGIN_DECLS
 /* At start-up: whether agents get ids of their own (sets ctx->agent_ids): agent-ids is not off,
  * hostd runs as root, and the driver runs QEMU as an unprivileged user (the DAC label of its
  * capabilities, not root). When they do, every file under images-dir is made root's and
- * read-only to all. Returns a line for hostd's log saying which and why. Can't fail. */
+ * writable by root alone. Returns a line for hostd's log saying which and why. Can't fail. */
 char *hostd_confine_start(HostdContext *ctx);
 
 /* With ctx->lock held: gives @r an id when agent ids are on and it has none (r->agent_id; the

@@ -339,6 +339,44 @@ test_fork_acl(void **state)
     assert_owned(f, "src", ".", 0, src->agent_id, 0710);
 }
 
+/* An agent made before agent ids gets one when it next boots from its disk: recorded, in its
+ * definition (libvirt's and hostd's copy), and its files given to it; one resuming a saved state
+ * keeps its old user until then. */
+static void
+test_adopt_at_start(void **state)
+{
+    if (geteuid() != 0)
+        skip();
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(HostdAgentRecord) before = hostd_test_agent_new(f, "old", HOSTD_TEST_STOPPED);
+    g_autoptr(HostdAgentRecord) saved = hostd_test_agent_new(f, "sav", HOSTD_TEST_SAVED);
+    assert_int_equal(before->agent_id, 0);
+    fixture_with_ids(state, 4);
+
+    g_autoptr(GVariant) info =
+        hostd_test_sink(hostd_agent_start(f->ctx, "old", FALSE, NULL, NULL, &error));
+    if (info == NULL)
+        fail_msg("start: %s", error->message);
+    g_autoptr(HostdAgentRecord) after = hostd_test_agent_record(f, "old");
+    assert_int_equal(after->agent_id, ID0);
+    g_autofree char *xml_path = hostd_test_agent_file(f, "old", HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *xml = vm_test_read_file(xml_path);
+    assert_non_null(strstr(xml, "<label>+1879048192:+1879048192</label>"));
+    g_autoptr(virDomain) dom = virDomainLookupByName(f->ctx->lv->conn, "old");
+    g_autofree char *defined = virDomainGetXMLDesc(dom, VIR_DOMAIN_XML_INACTIVE);
+    assert_non_null(strstr(defined, "+1879048192:+1879048192"));
+    assert_owned(f, "old", HOSTD_AGENT_DISK, ID0, ID0, 0600);
+    assert_owned(f, "old", ".", 0, ID0, 0710);
+
+    g_autoptr(GVariant) woken =
+        hostd_test_sink(hostd_agent_start(f->ctx, "sav", FALSE, NULL, NULL, &error));
+    if (woken == NULL)
+        fail_msg("start of the saved agent: %s", error->message);
+    g_autoptr(HostdAgentRecord) sav = hostd_test_agent_record(f, "sav");
+    assert_int_equal(sav->agent_id, 0);
+}
+
 int
 main(void)
 {
@@ -353,6 +391,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_acl, vm_test_tmpdir_setup, vm_test_tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_new_rm, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_fork_acl, hostd_test_setup, hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_adopt_at_start, hostd_test_setup, hostd_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
