@@ -5,10 +5,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "hostd-confine.h"
 #include "hostd-guest.h"
 #include "hostd-keys.h"
 #include "hostd-resources.h"
 #include "hostd-template.h"
+#include "vm-checkpoint.h"
 #include "vm-domain.h"
 #include "vm-error.h"
 #include "vm-fs.h"
@@ -445,6 +447,7 @@ hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const
         .console_socket = console,
         .agent_socket = NULL, /* libvirt picks a path QEMU's user may create */
         .metadata_xml = metadata,
+        .qemu_id = ctx->agent_ids ? r->agent_id : 0,
     };
     memcpy(spec.disk_limits, r->disk_limits, sizeof(spec.disk_limits));
     g_autoptr(GPtrArray) keep = g_ptr_array_new_with_free_func(g_free);
@@ -459,6 +462,10 @@ hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const
 void
 hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
 {
+    /* Its id goes with its record: what the id was given outside its dir is taken back. */
+    g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
+    if (r != NULL)
+        hostd_confine_release(ctx, r);
     hostd_agent_emit_removed(ctx, name);
     hostd_ssh_pool_forget(ctx->ssh, name);
     hostd_libvirt_remove(ctx->lv, name, NULL);
@@ -616,7 +623,8 @@ hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error)
      * recorded under the context lock so two concurrent `new`s never share one. */
     g_mutex_lock(&ctx->lock);
     gboolean ok = hostd_allocate_port(ctx, 0, &r->ssh_port, error) &&
-                  hostd_allocate_port(ctx, r->ssh_port, &r->backend_port, error);
+                  hostd_allocate_port(ctx, r->ssh_port, &r->backend_port, error) &&
+                  hostd_confine_pick_locked(ctx, r, error);
     if (ok && g_mkdir_with_parents(r->dir, 0711) < 0)
         ok = vm_throw_errno(error, errno, "cannot create %s", r->dir);
     if (ok && !hostd_agent_record_save(r, error)) {
@@ -676,7 +684,8 @@ hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *im
         virResetLastError();
     hostd_ssh_pool_forget(ctx->ssh, r->name);
     g_clear_pointer(&r->warm_base, g_free);
-    if (!hostd_agent_record_save(r, error) || !hostd_agent_make_disk(r, image, error))
+    if (!hostd_agent_record_save(r, error) || !hostd_agent_make_disk(r, image, error) ||
+        !hostd_confine_agent(ctx, r, error))
         return FALSE;
     g_autofree char *cold_xml = hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
     g_autofree char *xml_path = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
@@ -698,7 +707,8 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
     g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, user_data,
                                                      warm != NULL ? &keys : NULL, error);
     g_autofree char *xml_path = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
-    if (xml == NULL || !vm_file_write_atomic(xml_path, xml, -1, 0600, error)) {
+    if (xml == NULL || !vm_file_write_atomic(xml_path, xml, -1, 0600, error) ||
+        !hostd_confine_agent(ctx, r, error)) {
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }
@@ -778,11 +788,46 @@ hostd_agent_lock_open(HostdContext *ctx, const char *name, GMutex **ret_lock,
     return TRUE;
 }
 
+/* An agent from before agent ids gets one at its first boot from its disk: recorded, then in
+ * its definition. One that resumes a saved state keeps the user its state was saved with until
+ * it next boots. */
+static gboolean
+hostd_agent_adopt_id(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom, GError **error)
+{
+    if (!ctx->agent_ids || r->agent_id != 0)
+        return TRUE;
+    if (virDomainHasManagedSaveImage(dom, 0) != 0) {
+        virResetLastError();
+        return TRUE;
+    }
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    /* The caller's record is the one it goes on with: it gets the id too. */
+    HostdAgentRecord *w = (HostdAgentRecord *)r;
+    g_mutex_lock(&ctx->lock);
+    gboolean ok = hostd_confine_pick_locked(ctx, w, error) && hostd_agent_record_save(w, error);
+    g_mutex_unlock(&ctx->lock);
+    if (!ok) {
+        w->agent_id = 0;
+        return FALSE;
+    }
+    g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, set->active, error);
+    if (xml == NULL)
+        return FALSE;
+    g_autoptr(virDomain) defined = virDomainDefineXML(ctx->lv->conn, xml);
+    if (defined == NULL)
+        return hostd_libvirt_throw(error, "cannot give the agent its id");
+    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
+    return vm_file_write_atomic(saved, xml, -1, 0600, error);
+}
+
 gboolean
 hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                         GError **error)
 {
-    if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error))
+    if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error) ||
+        !hostd_agent_adopt_id(ctx, r, dom, error) || !hostd_confine_agent(ctx, r, error))
         return FALSE;
     hostd_ssh_pool_forget(ctx->ssh, r->name);
     if (virDomainCreate(dom) < 0)
@@ -891,6 +936,9 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
     hostd_agent_emit_removed(ctx, name);
     if (!hostd_libvirt_remove(ctx->lv, name, error))
         return FALSE;
+    /* Its QEMU is gone: the read access its id had to a source's images goes too, and the id
+     * is free again once the record is. */
+    hostd_confine_release(ctx, r);
     /* The record goes first so that a crash halfway leaves no half-agent that looks whole. */
     g_autofree char *record = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
     if (g_unlink(record) < 0 && errno != ENOENT)

@@ -7,6 +7,7 @@
 #include <sys/statvfs.h>
 
 #include "hostd-agent.h"
+#include "hostd-confine.h"
 #include "hostd-guest-agent.h"
 #include "hostd-guest.h"
 #include "hostd-resources.h"
@@ -252,9 +253,9 @@ hostd_checkpoint_thaw(virDomainPtr dom)
  * NULL). A guest agent that does not answer only costs the freeze: the checkpoint is then
  * crash-consistent, which *ret_warning says. */
 static gboolean
-hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const char *new_path,
-                               guint disk_gib, VmTrace *trace, gboolean *ret_quiesced,
-                               char **ret_warning, GError **error)
+hostd_checkpoint_snapshot_live(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                               const char *active_path, const char *new_path, VmTrace *trace,
+                               gboolean *ret_quiesced, char **ret_warning, GError **error)
 {
     g_autofree char *xml = g_markup_printf_escaped(
         "<domainsnapshot><disks>"
@@ -266,7 +267,8 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
                          VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA |
                          VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT;
 
-    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, disk_gib, error))
+    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, r->disk_gib, error) ||
+        !hostd_confine_overlay(ctx, r, new_path, error))
         return FALSE;
     vm_trace_mark(trace, "overlay made");
     int state = 0, reason = 0;
@@ -317,8 +319,9 @@ hostd_checkpoint_snapshot_live(virDomainPtr dom, const char *active_path, const 
  * at once (a NULL current task in the idle loop: a page written during the copy was not sent
  * again), so there the guest pauses for the second or two the copy takes. */
 static gboolean
-hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const char *memory_path,
-                                 gboolean live, GError **error)
+hostd_checkpoint_snapshot_memory(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                 const char *active_path, const char *new_path,
+                                 const char *memory_path, gboolean live, GError **error)
 {
     g_autofree char *xml = g_markup_printf_escaped(
         "<domainsnapshot><memory snapshot='external' file='%s'/><disks>"
@@ -326,9 +329,16 @@ hostd_checkpoint_snapshot_memory(virDomainPtr dom, const char *new_path, const c
         "<disk name='sda' snapshot='no'/>"
         "</disks></domainsnapshot>",
         memory_path, new_path);
-    unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC | VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA;
+    /* hostd makes the overlay (REUSE_EXT), as for a disk-only checkpoint: libvirt would make it
+     * as root, and with agent ids it gives no file to QEMU's user itself. */
+    unsigned int flags = VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC |
+                         VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA |
+                         VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT;
     if (live)
         flags |= VIR_DOMAIN_SNAPSHOT_CREATE_LIVE;
+    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, r->disk_gib, error) ||
+        !hostd_confine_overlay(ctx, r, new_path, error))
+        return FALSE;
     g_autoptr(virDomainSnapshot) snap = virDomainSnapshotCreateXML(dom, xml, flags);
     if (snap == NULL)
         return hostd_libvirt_throw(error, "cannot take the memory checkpoint");
@@ -424,11 +434,11 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     gboolean ok;
     if (memory_path != NULL) {
         /* RAM and disk are taken at the same instant: consistent without a freeze. */
-        ok = hostd_checkpoint_snapshot_memory(dom, new_path, memory_path,
+        ok = hostd_checkpoint_snapshot_memory(ctx, r, dom, active_path, new_path, memory_path,
                                               g_str_equal(ctx->lv->virt_type, "kvm"), error);
     } else if (running) {
-        ok = hostd_checkpoint_snapshot_live(dom, active_path, new_path, r->disk_gib, &trace,
-                                            &quiesced, ret_warning, error);
+        ok = hostd_checkpoint_snapshot_live(ctx, r, dom, active_path, new_path, &trace, &quiesced,
+                                            ret_warning, error);
     } else {
         ok = hostd_qemu_img_overlay(active_path, new_path, error) &&
              hostd_checkpoint_repoint_saved(ctx, r, dom, new_file, error);
@@ -450,6 +460,11 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
     if (!hostd_checkpoint_commit_save(ctx, r, set, error) ||
         !hostd_checkpoint_define(ctx, r, set, error))
         return NULL;
+    /* The frozen image is read-only to the agent from now on (a running QEMU reopened it so),
+     * and the new overlay is the agent's: a saved agent wakes on it without a boot. */
+    g_autoptr(GError) confine_error = NULL;
+    if (!hostd_confine_agent(ctx, r, &confine_error))
+        hostd_context_log(ctx, "agent '%s': %s", r->name, confine_error->message);
     if (trace.phases != NULL) {
         vm_trace_mark(&trace, "recorded");
         g_autofree char *what = g_strdup_printf("checkpoint %s", r->name);
@@ -530,6 +545,8 @@ hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, vi
                                 const VmCheckpointSet *set, const char *memory,
                                 VmProgressFunc progress, gpointer progress_data, GError **error)
 {
+    if (!hostd_confine_agent(ctx, r, error))
+        return FALSE;
     if (memory != NULL) {
         hostd_progress(progress, progress_data, "resuming the saved processes", -1);
         g_autofree char *memory_path = vm_checkpoint_set_path(set, memory);
@@ -775,13 +792,20 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                     return FALSE;
                 }
                 hostd_checkpoint_step("merge-journaled");
+                /* QEMU writes @id's image and rewrites the header of the one above the child. */
+                if (!hostd_confine_merging(ctx, r, TRUE, error)) {
+                    hostd_checkpoint_abort_journal(ctx, r, set, error);
+                    return FALSE;
+                }
                 if (virDomainBlockCommit(dom, "vda", own_path, child_path, 0, 0) < 0) {
                     hostd_libvirt_throw(error, "cannot merge the checkpoint");
+                    hostd_confine_merging(ctx, r, FALSE, NULL);
                     hostd_checkpoint_abort_journal(ctx, r, set, error);
                     return FALSE;
                 }
                 /* Should the wait fail, the journal stays and start-up finishes the merge. */
-                if (!hostd_checkpoint_wait_job(dom, error))
+                gboolean waited = hostd_checkpoint_wait_job(dom, error);
+                if (!hostd_confine_merging(ctx, r, FALSE, waited ? error : NULL) || !waited)
                     return FALSE;
                 hostd_checkpoint_step("merge-committed");
                 return hostd_checkpoint_finish_merge(set, memory_path, error);
@@ -902,9 +926,14 @@ hostd_checkpoint_reconcile_merge(HostdContext *ctx, const HostdAgentRecord *r, v
     if (!hostd_chain_holds(ctx, r, set, child_path, &holds, error))
         return FALSE;
     if (holds && running) {
-        if (virDomainBlockCommit(dom, "vda", merged_path, child_path, 0, 0) < 0)
+        if (!hostd_confine_merging(ctx, r, TRUE, error))
+            return FALSE;
+        if (virDomainBlockCommit(dom, "vda", merged_path, child_path, 0, 0) < 0) {
+            hostd_confine_merging(ctx, r, FALSE, NULL);
             return hostd_libvirt_throw(error, "cannot merge the checkpoint");
-        if (!hostd_checkpoint_wait_job(dom, error))
+        }
+        gboolean waited = hostd_checkpoint_wait_job(dom, error);
+        if (!hostd_confine_merging(ctx, r, FALSE, waited ? error : NULL) || !waited)
             return FALSE;
     } else if (holds) {
         g_autofree char *base = hostd_checkpoint_backing_path(ctx, r, set, merged->parent, error);

@@ -34,6 +34,7 @@ static const char *const hostd_config_keys[] = {
     "disk-write",
     "disk-read-iops",
     "disk-write-iops",
+    "agent-ids",
     NULL,
 };
 
@@ -236,6 +237,16 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         g_free(config->egress_user);
         config->egress_user = g_steal_pointer(&user);
     }
+    if (g_key_file_has_key(kf, "hostd", "agent-ids", NULL)) {
+        g_autofree char *ids = g_key_file_get_string(kf, "hostd", "agent-ids", NULL);
+        g_autoptr(GError) ids_error = NULL;
+
+        if (ids == NULL || !hostd_config_parse_agent_ids(g_strstrip(ids), &config->agent_id_min,
+                                                         &config->agent_id_max, &ids_error))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path,
+                            ids_error != NULL ? ids_error->message
+                                              : "agent-ids must be MIN-MAX or off");
+    }
     if (g_key_file_has_key(kf, "hostd", "egress-upstream-ca-file", NULL)) {
         g_autofree char *ca_file =
             g_key_file_get_string(kf, "hostd", "egress-upstream-ca-file", NULL);
@@ -281,6 +292,8 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     config->disk_limits[VM_DISK_WRITE_MIB] = HOSTD_DISK_WRITE_MIB_DEFAULT;
     config->disk_limits[VM_DISK_READ_IOPS] = HOSTD_DISK_READ_IOPS_DEFAULT;
     config->disk_limits[VM_DISK_WRITE_IOPS] = HOSTD_DISK_WRITE_IOPS_DEFAULT;
+    config->agent_id_min = HOSTD_AGENT_ID_MIN;
+    config->agent_id_max = HOSTD_AGENT_ID_MAX;
 
     if (path != NULL && !hostd_config_load_file(config, path, error))
         return NULL;
@@ -315,6 +328,31 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     if (config->templates_dir == NULL)
         config->templates_dir = hostd_config_default_templates_dir();
     return g_steal_pointer(&config);
+}
+
+gboolean
+hostd_config_parse_agent_ids(const char *text, guint *ret_min, guint *ret_max, GError **error)
+{
+    g_auto(GStrv) parts = NULL;
+    guint64 min = 0, max = 0;
+
+    if (g_str_equal(text, "off")) {
+        *ret_min = 0;
+        *ret_max = 0;
+        return TRUE;
+    }
+    /* Ids below 1000 are the system's own users; 2^31 and above read as negative in places. */
+    parts = g_strsplit(text, "-", -1);
+    if (g_strv_length(parts) != 2 ||
+        !g_ascii_string_to_unsigned(parts[0], 10, 1000, G_MAXINT32, &min, NULL) ||
+        !g_ascii_string_to_unsigned(parts[1], 10, 1000, G_MAXINT32, &max, NULL) || min > max)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "agent-ids must be MIN-MAX (ids from 1000 to %d, MIN not above MAX) or "
+                        "off, not '%s'",
+                        G_MAXINT32, text);
+    *ret_min = (guint)min;
+    *ret_max = (guint)max;
+    return TRUE;
 }
 
 gboolean

@@ -50,14 +50,22 @@ typedef struct {
     char *egress_user;              /* the user egress workers run as; NULL: "nobody" */
     guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit: an agent's disk I/O limits where neither
                                         * `new` nor its template sets one; 0: no limit */
+    guint agent_id_min;                /* agent-ids: each agent's QEMU runs as a uid (and gid) of */
+    guint agent_id_max;                /* its own from this range; both 0: agent-ids = off */
 } HostdConfig;
+
+/* The default agent-ids range: above the ranges systemd gives to containers (524288-1879048191)
+ * and to subordinate ids (useradd's /etc/subuid ends at 600100000), below 2^31, so no user or
+ * container of the host has any of these ids. */
+#define HOSTD_AGENT_ID_MIN 1879048192u
+#define HOSTD_AGENT_ID_MAX 1879113727u
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
  * templates-dir, socket-group, ssh-port-min, ssh-port-max, forward-port-min, forward-port-max,
  * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
  * egress-upstream-ca-file, egress-worker, egress-user, disk-read, disk-write, disk-read-iops,
- * disk-write-iops) when not NULL,
+ * disk-write-iops, agent-ids) when not NULL,
  * then applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail
  * with VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
@@ -69,6 +77,11 @@ HostdConfig *hostd_config_load(const char *path, const char *state_dir, const ch
  * why. */
 gboolean hostd_config_set_egress_upstream_ca_file(HostdConfig *config, const char *path,
                                                   GError **error);
+
+/* Parses an agent-ids value: "MIN-MAX" (decimal ids, 1000 <= MIN <= MAX < 2^31) or "off" (both
+ * 0). Fails with VM_ERROR_INVALID_ARGUMENT saying what is accepted. */
+gboolean hostd_config_parse_agent_ids(const char *text, guint *ret_min, guint *ret_max,
+                                      GError **error);
 
 /* Whether SIGTERM saves the running agents: shutdown = save, or auto with a service manager
  * ($NOTIFY_SOCKET set). */

@@ -15,6 +15,7 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     g_mutex_init(&ctx->lock);
     ctx->name_locks = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->components = g_ptr_array_new();
+    ctx->ids_held = g_hash_table_new(g_direct_hash, g_direct_equal);
     return ctx;
 }
 
@@ -36,6 +37,7 @@ hostd_context_free(HostdContext *ctx)
             c->detach(ctx);
     }
     g_ptr_array_free(ctx->components, TRUE);
+    g_hash_table_unref(ctx->ids_held);
     hostd_ssh_pool_free(ctx->ssh);
     hostd_events_free(ctx->events);
     hostd_libvirt_close(ctx->lv);

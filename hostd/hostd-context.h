@@ -40,6 +40,9 @@ typedef struct {
     struct _HostdConsole *console;       /* hostd-console.c's; NULL until an agent is followed */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
     gboolean debug;                      /* --debug: also a trace of where each exec's time went */
+    gboolean agent_ids;   /* each agent's QEMU runs as an id of its own (hostd-confine.h) */
+    GHashTable *ids_held; /* ids held by machines without a record (a warm image's build), as
+                           * GUINT_TO_POINTER; guarded by lock */
 } HostdContext;
 
 /* What a component does at each step of an agent's life. Every hook is optional; hooks run in

@@ -181,11 +181,20 @@ egress_find_owner_locked(HostdContext *ctx, Egress *egress)
 }
 
 gboolean
-hostd_egress_socket_owner(HostdContext *ctx, uid_t *ret_uid, gid_t *ret_gid)
+hostd_egress_socket_owner(HostdContext *ctx, const char *name, uid_t *ret_uid, gid_t *ret_gid)
 {
     Egress *egress = egress_get(ctx, TRUE);
     gboolean known;
 
+    if (ctx->agent_ids) {
+        g_autofree char *dir = hostd_agent_dir(ctx, name);
+        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
+        if (r != NULL && r->agent_id != 0) {
+            *ret_uid = r->agent_id;
+            *ret_gid = r->agent_id;
+            return TRUE;
+        }
+    }
     g_mutex_lock(&egress->lock);
     egress_find_owner_locked(ctx, egress);
     known = egress->owner_chown;
@@ -493,12 +502,14 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
     log_path = g_build_filename(dir, HOSTD_AGENT_EGRESS_LOG, NULL);
     agent->log = hostd_logfile_new(log_path, HOSTD_EGRESS_LOG_MAX, HOSTD_LOGFILE_NONE);
 
+    uid_t owner_uid = 0;
+    gid_t owner_gid = 0;
+    gboolean owner_known = hostd_egress_socket_owner(ctx, name, &owner_uid, &owner_gid);
     g_mutex_lock(&egress->lock);
-    egress_find_owner_locked(ctx, egress);
     config.listen_path = agent->socket_path;
-    config.listen_chown = egress->owner_chown;
-    config.listen_uid = egress->owner_uid;
-    config.listen_gid = egress->owner_gid;
+    config.listen_chown = owner_known;
+    config.listen_uid = owner_uid;
+    config.listen_gid = owner_gid;
     config.resolve = egress->resolve;
     config.resolve_data = egress->resolve_data;
     config.credentials = g_hash_table_lookup(egress->credentials, name);

@@ -67,11 +67,13 @@ char *hostd_egress_worker_path(void);
  * hostd_egress_command(). Newly allocated; can't fail. */
 char *hostd_egress_forward_command(HostdContext *ctx, const char *socket_path);
 
-/* QEMU's user and group, as libvirt's DAC driver labels its processes: the owner a socket for a
- * guest forward gets, so that only QEMU (and root) can hand connections to it. FALSE when they
- * are unknown (the test driver, a session connection): the socket then stays hostd's, which is
- * QEMU's user too. Can't fail. */
-gboolean hostd_egress_socket_owner(HostdContext *ctx, uid_t *ret_uid, gid_t *ret_gid);
+/* The user and group agent @name's QEMU runs as: the owner a socket for its guest forwards gets,
+ * so that only its QEMU (and root) can hand connections to it. The agent's own id when it has
+ * one (hostd-confine.h), else QEMU's user as libvirt's DAC driver labels its processes. FALSE
+ * when neither is known (the test driver, a session connection): the socket then stays hostd's,
+ * which is QEMU's user too. Can't fail. */
+gboolean hostd_egress_socket_owner(HostdContext *ctx, const char *name, uid_t *ret_uid,
+                                   gid_t *ret_gid);
 
 /* At `new`: stores the template's rules (@allow/@deny as the template has them, "*" meaning
  * "any"; NULL or empty: none) as @r's policy and starts its proxy. A bad rule fails with

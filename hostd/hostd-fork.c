@@ -58,6 +58,9 @@ hostd_fork_record_new(HostdContext *ctx, const HostdForkRequest *req,
         r->memory_mib = req->memory_mib;
     r->ssh_port = 0;
     r->backend_port = 0;
+    /* An id of its own (hostd_agent_reserve()): never its source's, whose files it must not
+     * reach but for the images it stands on. */
+    r->agent_id = 0;
     r->created = g_get_real_time() / G_USEC_PER_SEC;
     r->state_since = r->created;
     return g_steal_pointer(&r);

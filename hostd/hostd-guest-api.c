@@ -1225,15 +1225,16 @@ api_accept(gint listen_fd, GIOCondition condition, gpointer data)
 /* ---------------------------------------------------------------------------------------------
  * Agents: start and stop */
 
-/* Binds @path, gives it to QEMU's user with mode 0600 before anyone may connect, and listens. */
+/* Binds @path, gives it to agent @name's QEMU user with mode 0600 before anyone may connect, and
+ * listens. */
 static int
-api_listen(HostdContext *ctx, const char *path, GError **error)
+api_listen(HostdContext *ctx, const char *name, const char *path, GError **error)
 {
     struct sockaddr_un sun;
     socklen_t sun_len;
     uid_t uid;
     gid_t gid;
-    gboolean chown_it = hostd_egress_socket_owner(ctx, &uid, &gid);
+    gboolean chown_it = hostd_egress_socket_owner(ctx, name, &uid, &gid);
     vm_autofd fd = -1;
     int saved;
 
@@ -1362,7 +1363,7 @@ hostd_guest_api_agent_start(HostdContext *ctx, const HostdAgentRecord *r, GError
     agent->socket_path = hostd_agent_record_path(r, HOSTD_AGENT_API_SOCKET);
     agent->conns = g_ptr_array_new();
     g_mutex_init(&agent->status_lock);
-    fd = api_listen(ctx, agent->socket_path, error);
+    fd = api_listen(ctx, r->name, agent->socket_path, error);
     if (fd < 0) {
         agent->listen_fd = -1;
         api_agent_unref(agent);

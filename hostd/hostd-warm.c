@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hostd-confine.h"
 #include "hostd-guest-agent.h"
+#include "hostd-ids.h"
 #include "hostd-guest.h"
 #include "hostd-libvirt.h"
 #include "hostd-resources.h"
@@ -227,7 +229,7 @@ warm_remove_unused(HostdContext *ctx, const char *root, const char *keep)
  * ways out and its API, which are host-side only and come with each agent's definition. */
 static char *
 warm_domain_xml(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image, const char *dir,
-                const char *name, const char *mac, guint port, GError **error)
+                const char *name, const char *mac, guint port, guint id, GError **error)
 {
     g_autofree char *uuid = g_uuid_string_random();
     g_autofree char *genid = g_uuid_string_random();
@@ -250,6 +252,7 @@ warm_domain_xml(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image, 
         .mac = mac,
         .ssh_port = port,
         .console_socket = console,
+        .qemu_id = id,
     };
     return vm_domain_xml_build(&spec, error);
 }
@@ -355,10 +358,17 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
     gboolean have_port = hostd_allocate_port(ctx, 0, &port, error);
     g_mutex_unlock(&ctx->lock);
     g_autofree char *xml = NULL;
-    gboolean ok = have_port && vm_spawn_run(qemu_img, NULL, NULL, error) &&
-                  vm_seed_write_iso(&seed_spec, seed, error) &&
-                  (xml = warm_domain_xml(ctx, tpl, image, tmp, name, mac, port, error)) != NULL &&
-                  warm_boot_and_save(ctx, xml, memory, progress, progress_data, error);
+    /* The build machine's QEMU runs as an id of its own too, held while it runs; its disk and
+     * seed are that id's until the disk becomes a shared image, root's and read-only. */
+    guint id = 0;
+    gboolean ok =
+        have_port && hostd_confine_hold(ctx, &id, error) &&
+        vm_spawn_run(qemu_img, NULL, NULL, error) && vm_seed_write_iso(&seed_spec, seed, error) &&
+        (id == 0 || (hostd_ids_own(disk, id, id, 0600, NULL, 0, 0, error) &&
+                     hostd_ids_own(seed, id, id, 0400, NULL, 0, 0, error))) &&
+        (xml = warm_domain_xml(ctx, tpl, image, tmp, name, mac, port, id, error)) != NULL &&
+        warm_boot_and_save(ctx, xml, memory, progress, progress_data, error);
+    hostd_confine_unhold(ctx, id);
 
     if (ok) {
         g_autoptr(GArray) facts = warm_facts_now(ctx, tpl, image);
@@ -387,6 +397,8 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
              vm_file_sync(disk, error) && vm_file_sync(memory, error);
         if (ok && (chmod(disk, 0444) < 0 || chmod(memory, 0400) < 0))
             ok = vm_throw_errno(error, errno, "cannot make %s read-only", tmp);
+        if (ok && id != 0)
+            ok = hostd_ids_own(disk, 0, 0, 0444, NULL, 0, 0, error);
         if (ok && g_rename(tmp, dir) < 0)
             ok = vm_throw_errno(error, errno, "cannot rename %s", tmp);
         if (ok && (symlink(build, current_tmp) < 0 || g_rename(current_tmp, current) < 0))

@@ -5,6 +5,7 @@
 
 #include "hostd-modules.h"
 #include "hostd-config.h"
+#include "hostd-confine.h"
 #include "hostd-egress.h"
 #include "hostd-forward.h"
 #include "hostd-guest-api.h"
@@ -180,6 +181,9 @@ main(int argc, char **argv)
 
     g_autoptr(HostdContext) ctx =
         hostd_context_new(g_steal_pointer(&config), g_steal_pointer(&state), g_steal_pointer(&lv));
+    /* Before anything defines a domain: whether its QEMU gets an id of its own. */
+    g_autofree char *confinement = hostd_confine_start(ctx);
+    g_message("%s", confinement);
     hostd_modules_attach(ctx);
     hostd_tell_manager(NULL, "reconciling agents");
     g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);

@@ -349,6 +349,17 @@ vm_domain_xml_build(const VmDomainSpec *spec, GError **error)
                          "  <on_reboot>restart</on_reboot>\n"
                          "  <on_crash>destroy</on_crash>\n");
     append_devices(xml, spec);
+    /* QEMU runs as the agent's own id. relabel='no': libvirt's DAC driver would give every
+     * file the domain names to that id, the shared ones included (the template's kernel and
+     * initrd, and each image of the disk's backing chain, base image and warm image too), and
+     * an id that owns a file can make it writable. hostd gives each file its owner itself
+     * (hostd/hostd-confine.h). */
+    if (spec->qemu_id != 0)
+        g_string_append_printf(xml,
+                               "  <seclabel type='static' model='dac' relabel='no'>\n"
+                               "    <label>+%u:+%u</label>\n"
+                               "  </seclabel>\n",
+                               spec->qemu_id, spec->qemu_id);
     append_network(xml, spec);
     g_string_append(xml, "</domain>\n");
     return g_string_free(g_steal_pointer(&xml), FALSE);

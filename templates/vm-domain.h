@@ -58,6 +58,9 @@ typedef struct {
                                     * as its stdin/stdout; NULL: the guest has no way out at all */
     const char *guest_api_command; /* the same for each guest connection to VM_GUEST_API_ADDRESS:
                                     * VM_GUEST_API_PORT (hostd's in-guest API); NULL: none */
+    guint qemu_id; /* the uid and gid QEMU runs as (libvirt's static DAC label, files not
+                    * relabelled: their owners are the caller's to set); 0: the driver's user,
+                    * files relabelled by libvirt as it does by default */
 } VmDomainSpec;
 
 /* Returns newly allocated domain XML for @spec: q35 pinned machine type, virtio disk with
@@ -66,11 +69,12 @@ typedef struct {
  * qemu-guest-agent channel, serial console on a Unix socket QEMU listens on (nobody reading it
  * never blocks QEMU or the guest), and QEMU user networking with restrict=on and a single hostfwd
  * 127.0.0.1:ssh_port -> guest :22 (through <qemu:commandline>, since libvirt has no restricted user
- * network), and QEMU's own seccomp sandbox VM_DOMAIN_SANDBOX. With egress_command, the network also
- * gets the guestfwd to it, and with guest_api_command one to the in-guest API after it (and
- * libvirt's sandbox must be off, see above). Strings are XML-escaped. Fails with
- * VM_ERROR_INVALID_ARGUMENT when a required field is missing, a command is empty or holds a control
- * character, or a disk limit is over VM_DISK_LIMIT_MAX. */
+ * network), and QEMU's own seccomp sandbox VM_DOMAIN_SANDBOX; with qemu_id, QEMU runs as that uid
+ * and gid and libvirt changes no file's owner. With egress_command, the network also gets the
+ * guestfwd to it, and with guest_api_command one to the in-guest API after it (and libvirt's
+ * sandbox must be off, see above). Strings are XML-escaped. Fails with VM_ERROR_INVALID_ARGUMENT
+ * when a required field is missing, a command is empty or holds a control character, or a disk
+ * limit is over VM_DISK_LIMIT_MAX. */
 char *vm_domain_xml_build(const VmDomainSpec *spec, GError **error);
 
 G_END_DECLS

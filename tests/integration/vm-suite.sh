@@ -11,6 +11,8 @@ set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 # shellcheck source=guest-api-check.sh
 . "$(dirname "$0")/guest-api-check.sh"
+# shellcheck source=confine-check.sh
+. "$(dirname "$0")/confine-check.sh"
 suite_init vmt 43100 43199
 # Under TCG a guest gets about 5 calls a second through its API forward (a helper spawned per
 # connection), which the default rate refills: the suite's hostd allows 2 a second, bursts of
@@ -538,6 +540,8 @@ check "plain OpenSSH with strict host key checking reaches the fork" \
   ssh -F "$S/ssh_config_f1" -o BatchMode=yes vmctl-f1 true
 check "the source's agent key is no longer authorized in the fork" \
   bash -c "! '$VMCTL' --socket '$SOCK' exec f1 -- cat .ssh/authorized_keys | grep -q ' vmctl-a1\$'"
+# Two agents' QEMUs, each under its own id: neither reaches the other.
+confine_check a1 f1
 agents_before=$(ls "$S/agents")
 out=$(vmctl fork a1 f1 2>&1); rc=$?
 check "fork onto an existing name: exit 4" test "$rc" = 4

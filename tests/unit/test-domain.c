@@ -181,6 +181,30 @@ test_golden_guest_api(void **state)
     assert_schema_valid(*state, xml);
 }
 
+/* An agent with an id of its own: QEMU runs as that uid and gid through libvirt's static DAC
+ * label, and libvirt gives no file away (relabel='no'): the kernel, the initrd and every image of
+ * the disk's backing chain are shared by agents. The label is the only difference. */
+static void
+test_golden_confined(void **state)
+{
+    VmDomainSpec spec = spec_guest_api();
+    spec.qemu_id = 1879048193;
+    g_autofree char *xml = build_ok(&spec);
+    VmDomainSpec plain = spec_guest_api();
+    g_autofree char *plain_xml = build_ok(&plain);
+    const char *label = "  <seclabel type='static' model='dac' relabel='no'>\n"
+                        "    <label>+1879048193:+1879048193</label>\n"
+                        "  </seclabel>\n";
+
+    vm_test_assert_golden("domain-confined.xml", xml);
+    assert_schema_valid(*state, xml);
+    assert_non_null(strstr(xml, label));
+    assert_null(strstr(plain_xml, "<seclabel"));
+    g_autoptr(GString) stripped = g_string_new(xml);
+    assert_int_equal(g_string_replace(stripped, label, "", 0), 1);
+    assert_string_equal(stripped->str, plain_xml);
+}
+
 /* The API's forward comes after the proxy's on the same restricted network, at port 80 of the
  * same guest address, and nothing else changes; commas in its command are doubled too. */
 static void
@@ -588,6 +612,7 @@ main(void)
         cmocka_unit_test(test_egress_forward),
         cmocka_unit_test(test_egress_command_comma),
         cmocka_unit_test_setup_teardown(test_golden_guest_api, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_golden_confined, setup, teardown),
         cmocka_unit_test(test_guest_api_forward),
         cmocka_unit_test(test_virt_type_features),
         cmocka_unit_test(test_cpu_disable),

@@ -1,0 +1,30 @@
+/* Agent ids: the uid (gid equal) each agent's QEMU runs as, picked from the configured range
+ * (agent-ids in hostd.conf), and the file modes and POSIX ACLs that give one id, and no other,
+ * its files. A leaf: it knows records, not agents' lifecycles (hostd-confine.h does). */
+#pragma once
+
+#include <glib.h>
+#include <sys/types.h>
+
+G_BEGIN_DECLS
+
+/* The lowest id in [@min, @max] that no record in @records (HostdAgentRecord*) has as its
+ * agent_id, that is not in @held (a set of GUINT_TO_POINTER ids, or NULL) and that names no
+ * user or group of the host. Fails with VM_ERROR_NO_RESOURCES, naming the range, when every id
+ * is taken. */
+gboolean hostd_ids_pick(const GPtrArray *records, GHashTable *held, guint min, guint max,
+                        guint *ret_id, GError **error);
+
+/* Gives @path (never followed when it is a symbolic link) owner @uid, group @gid and mode @mode,
+ * and, when @n_readers > 0, an access ACL that adds each of @readers (uids, any order, duplicates
+ * allowed) with the permissions @reader_perm (an octal digit: 4 read, 1 traverse) besides the
+ * owner, the group and the rest as @mode has them. With no readers any ACL is removed. Fails
+ * with VM_ERROR_IO naming the path. */
+gboolean hostd_ids_own(const char *path, uid_t uid, gid_t gid, mode_t mode, const guint *readers,
+                       guint n_readers, guint reader_perm, GError **error);
+
+/* The users @path's access ACL names (uids, ascending), into @ret_readers; none when it has no
+ * ACL. For tests and checks. Fails with VM_ERROR_IO. */
+gboolean hostd_ids_read_acl(const char *path, GArray *ret_readers, GError **error);
+
+G_END_DECLS

@@ -1,0 +1,122 @@
+# shellcheck shell=bash disable=SC2016 # the inner bash -c expands its own arguments
+# One agent's QEMU cannot reach another agent (docs/SECURITY.md, "one agent's QEMU -> another
+# agent"). Sourced, not run, after lib.sh (check, ok, not_ok, diag, $S); vm-suite.sh calls it
+# with two running agents (a source and its fork: the fork may read the checkpoint images it
+# stands on, and nothing else of its source's):
+#
+#   confine_check A B   from /proc of the real QEMUs: each runs as its agent's own id (as
+#                       recorded), with no capabilities, no_new_privs and a seccomp filter; as
+#                       A's id, B's disk, seed, console log, sockets and directory listing are
+#                       refused, ptrace of B's QEMU and a read of its memory too, and the other
+#                       way round; as A's id its own disk opens and its own socket answers (the
+#                       checks can pass only because the other agent's files are shut), its
+#                       QEMU's memory reads and a process of its id can be traced
+
+# The system's Python: run as an agent's id, it must be a path that id can execute (not a shim
+# under root's home).
+CONFINE_PYTHON=/usr/bin/python3
+export CONFINE_PYTHON
+
+# The agent-id of agent $1's record.
+confine_id() { sed -n 's/^agent-id=//p' "$S/agents/$1/agent.ini"; }
+
+# The PID of agent $1's QEMU, from the embedded driver's pid file.
+confine_pid() { cat "$S/libvirt/run/qemu/$1.pid" 2>/dev/null; }
+
+# The active overlay of agent $1.
+confine_active() {
+  local a
+  a=$(sed -n 's/^active=//p' "$S/agents/$1/checkpoints.ini" 2>/dev/null)
+  echo "$S/agents/$1/${a:-disk.qcow2}"
+}
+
+# Runs "$@" as id $1 (uid and gid, no supplementary groups).
+confine_as() { local id=$1; shift; setpriv --reuid="$id" --regid="$id" --clear-groups "$@"; }
+
+# Field $2 of /proc/$1/status.
+confine_status() { awk -v k="$2:" '$1 == k { $1 = ""; print substr($0, 2) }' "/proc/$1/status"; }
+
+# As id $1: opens file $2 for reading (exit 0 when it could).
+confine_open() { confine_as "$1" "$CONFINE_PYTHON" -c 'import sys; open(sys.argv[1], "rb").read(1)' "$2" 2>/dev/null; }
+
+# As id $1: connects to Unix socket $2 (exit 0 when it could).
+confine_connect() {
+  confine_as "$1" "$CONFINE_PYTHON" -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])' "$2" 2>/dev/null
+}
+
+# As id $1: PTRACE_ATTACH to PID $2 (exit 0 when it attached).
+confine_ptrace() {
+  confine_as "$1" "$CONFINE_PYTHON" -c '
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pid = int(sys.argv[1])
+if libc.ptrace(16, pid, None, None) != 0:
+    sys.exit(1)
+os.waitpid(pid, 0)
+libc.ptrace(17, pid, None, None)' "$2" 2>/dev/null
+}
+
+# As id $1: reads a page of /proc/$2/mem at the first mapping (exit 0 when it could).
+confine_mem() {
+  confine_as "$1" "$CONFINE_PYTHON" -c '
+import sys
+pid = sys.argv[1]
+start = int(open("/proc/%s/maps" % pid).readline().split("-")[0], 16)
+with open("/proc/%s/mem" % pid, "rb") as f:
+    f.seek(start)
+    f.read(4096)' "$2" 2>/dev/null
+}
+
+confine_check() {
+  local a=$1 b=$2 ida idb pida pidb x y idx pidy f
+  ida=$(confine_id "$a"); idb=$(confine_id "$b")
+  pida=$(confine_pid "$a"); pidb=$(confine_pid "$b")
+  check "agents $a and $b have ids of their own from agent-ids ($ida, $idb)" \
+    bash -c "[ -n '$ida' ] && [ -n '$idb' ] && [ '$ida' != '$idb' ] && [ '$ida' -ge 1879048192 ] && [ '$idb' -ge 1879048192 ]"
+  for x in "$a:$ida:$pida" "$b:$idb:$pidb"; do
+    IFS=: read -r y idx pidy <<< "$x"
+    check "$y's QEMU (pid $pidy) runs as its id: real, effective, saved and fs uid and gid" \
+      bash -c "[ -n '$pidy' ] && [ \"\$(awk '\$1 == \"Uid:\" || \$1 == \"Gid:\" { print \$2, \$3, \$4, \$5 }' /proc/$pidy/status | sort -u)\" = '$idx $idx $idx $idx' ]"
+    check "$y's QEMU has no capabilities, no_new_privs and a seccomp filter" \
+      bash -c "[ '$(confine_status "$pidy" CapEff)' = 0000000000000000 ] &&
+               [ '$(confine_status "$pidy" CapPrm)' = 0000000000000000 ] &&
+               [ '$(confine_status "$pidy" NoNewPrivs)' = 1 ] && [ '$(confine_status "$pidy" Seccomp)' = 2 ]"
+  done
+
+  export -f confine_as confine_open confine_connect confine_ptrace confine_mem
+  # What shows that the checks below can pass: as its own id an agent's QEMU reaches its own.
+  check "as $a's id, its own disk opens and its own egress socket answers" \
+    bash -c 'confine_open "$1" "$2" && confine_connect "$1" "$3"' _ "$ida" "$(confine_active "$a")" "$S/agents/$a/egress.sock"
+  check "as $a's id, its own QEMU's memory can be read (the memory check can fail)" \
+    confine_mem "$ida" "$pida"
+  setpriv --reuid="$ida" --regid="$ida" --clear-groups sleep 60 &
+  local sleeper=$!
+  sleep 0.5
+  check "as $a's id, ptrace of a process of that id works (the ptrace check can fail)" \
+    confine_ptrace "$ida" "$sleeper"
+  kill "$sleeper" 2>/dev/null; wait "$sleeper" 2>/dev/null
+
+  for x in "$a:$ida:$b:$pidb" "$b:$idb:$a:$pida"; do
+    local from to id pid
+    IFS=: read -r from id to pid <<< "$x"
+    for f in "$(confine_active "$to")" "$S/agents/$to/seed.iso" "$S/agents/$to/console.log" \
+             "$S/agents/$to/id_ed25519" "$S/agents/$to/agent.ini"; do
+      check "as $from's id, $to's ${f##*/} does not open" \
+        bash -c '[ -e "$2" ] && ! confine_open "$1" "$2"' _ "$id" "$f"
+    done
+    for f in egress.sock api.sock serial.sock; do
+      check "as $from's id, $to's $f refuses the connection" \
+        bash -c '[ -S "$2" ] && ! confine_connect "$1" "$2"' _ "$id" "$S/agents/$to/$f"
+    done
+    check "as $from's id, $to's directory cannot be listed" \
+      bash -c "! setpriv --reuid='$id' --regid='$id' --clear-groups ls '$S/agents/$to' >/dev/null 2>&1"
+    check "as $from's id, ptrace of $to's QEMU fails" \
+      bash -c '[ -n "$2" ] && ! confine_ptrace "$1" "$2"' _ "$id" "$pid"
+    check "as $from's id, $to's QEMU memory cannot be read" \
+      bash -c '[ -n "$2" ] && ! confine_mem "$1" "$2"' _ "$id" "$pid"
+    check "as $from's id, $to's QEMU still runs" kill -0 "$pid"
+  done
+}
