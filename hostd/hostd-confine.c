@@ -294,22 +294,36 @@ confine_own_files(const HostdAgentRecord *r, GHashTable *readers, GError **error
     return TRUE;
 }
 
-gboolean
-hostd_confine_agent(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+/* Every agent's record into *ret_all, @r's first and in its form here (a new agent's may not be
+ * on disk yet in its latest form): *ret_all points into the returned array, which owns the
+ * records read, and at @r. NULL when the records cannot be read. */
+static GPtrArray *
+confine_records_with(HostdContext *ctx, const HostdAgentRecord *r, GPtrArray **ret_all,
+                     GError **error)
 {
-    if (!ctx->agent_ids || r->agent_id == 0)
-        return TRUE;
     g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, error);
     if (records == NULL)
-        return FALSE;
-    /* A new agent's record may not be among them yet in its latest form. */
-    g_autoptr(GPtrArray) all = g_ptr_array_new();
+        return NULL;
+    GPtrArray *all = g_ptr_array_new();
     g_ptr_array_add(all, (gpointer)r);
     for (guint i = 0; i < records->len; i++) {
         const HostdAgentRecord *o = records->pdata[i];
         if (!g_str_equal(o->name, r->name))
             g_ptr_array_add(all, (gpointer)o);
     }
+    *ret_all = all;
+    return g_steal_pointer(&records);
+}
+
+gboolean
+hostd_confine_agent(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    if (!ctx->agent_ids || r->agent_id == 0)
+        return TRUE;
+    g_autoptr(GPtrArray) all = NULL;
+    g_autoptr(GPtrArray) records = confine_records_with(ctx, r, &all, error);
+    if (records == NULL)
+        return FALSE;
     g_autoptr(GHashTable) readers = confine_readers(all, NULL);
     if (!confine_own_files(r, readers, error))
         return FALSE;
@@ -355,15 +369,9 @@ hostd_confine_release(HostdContext *ctx, const HostdAgentRecord *r)
     if (!ctx->agent_ids || r->agent_id == 0 || r->forked_from == NULL)
         return;
     g_autoptr(GError) error = NULL;
-    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, &error);
+    g_autoptr(GPtrArray) all = NULL;
+    g_autoptr(GPtrArray) records = confine_records_with(ctx, r, &all, &error);
     if (records != NULL) {
-        g_autoptr(GPtrArray) all = g_ptr_array_new();
-        g_ptr_array_add(all, (gpointer)r);
-        for (guint i = 0; i < records->len; i++) {
-            const HostdAgentRecord *o = records->pdata[i];
-            if (!g_str_equal(o->name, r->name))
-                g_ptr_array_add(all, (gpointer)o);
-        }
         g_autoptr(GHashTable) readers = confine_readers(all, r->name);
         ConfineApply apply = {readers, &error, TRUE};
         confine_walk_sources(all, r, confine_apply_each, &apply);
