@@ -1,11 +1,14 @@
 #include "vm-guestfs.h"
 
 #include "vm-error.h"
+#include "vm-spawn.h"
+#include "vm-util.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <glib/gstdio.h>
@@ -90,6 +93,71 @@ vm_guest_change_free(VmGuestChange *change)
         return;
     g_free(change->path);
     g_free(change);
+}
+
+/* ---- a list of changes between processes ----------------------------------------------------- */
+
+#define VM_GUEST_CHANGES_TYPE "(ba(yay))"
+
+GBytes *
+vm_guest_changes_encode(GPtrArray *changes, gsize max_bytes)
+{
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("a(yay)"));
+    gboolean truncated = FALSE;
+    gsize bytes = 0;
+
+    for (guint i = 0; i < changes->len; i++) {
+        const VmGuestChange *change = changes->pdata[i];
+        gsize len = strlen(change->path);
+
+        /* The path, its kind and the framing GVariant adds to each entry, generously. */
+        bytes += len + 16;
+        if (max_bytes > 0 && bytes > max_bytes) {
+            truncated = TRUE;
+            break;
+        }
+        g_variant_builder_add(&b, "(y@ay)", (guchar)change->kind,
+                              g_variant_new_fixed_array(G_VARIANT_TYPE_BYTE, change->path, len, 1));
+    }
+    g_autoptr(GVariant) v =
+        g_variant_ref_sink(g_variant_new("(b@a(yay))", truncated, g_variant_builder_end(&b)));
+    return g_variant_get_data_as_bytes(v);
+}
+
+GPtrArray *
+vm_guest_changes_decode(const void *data, gsize len, gboolean *ret_truncated, GError **error)
+{
+    g_autoptr(GBytes) bytes = g_bytes_new(data, len);
+    g_autoptr(GVariant) v = g_variant_ref_sink(
+        g_variant_new_from_bytes(G_VARIANT_TYPE(VM_GUEST_CHANGES_TYPE), bytes, FALSE));
+    g_autoptr(GPtrArray) changes =
+        g_ptr_array_new_with_free_func((GDestroyNotify)vm_guest_change_free);
+    g_autoptr(GVariant) list = NULL;
+    gboolean truncated = FALSE;
+
+    /* Only the normal form: any other serialisation is not what the helper writes. */
+    if (!g_variant_is_normal_form(v))
+        return vm_throw(error, VM_ERROR_IO, "the list of changes is malformed"), NULL;
+    g_variant_get(v, "(b@a(yay))", &truncated, &list);
+    gsize n = g_variant_n_children(list);
+    for (gsize i = 0; i < n; i++) {
+        g_autoptr(GVariant) path = NULL;
+        guchar kind = 0;
+        gsize path_len = 0;
+
+        g_variant_get_child(list, i, "(y@ay)", &kind, &path);
+        const char *p = g_variant_get_fixed_array(path, &path_len, 1);
+        if ((kind != 'A' && kind != 'D' && kind != 'M') || path_len == 0 || p[0] != '/' ||
+            path_len > VM_GUEST_PATH_MAX || memchr(p, '\0', path_len) != NULL)
+            return vm_throw(error, VM_ERROR_IO, "the list of changes has a bad entry"), NULL;
+        VmGuestChange *change = g_new0(VmGuestChange, 1);
+        change->kind = (char)kind;
+        change->path = g_strndup(p, path_len);
+        g_ptr_array_add(changes, change);
+    }
+    if (ret_truncated != NULL)
+        *ret_truncated = truncated;
+    return g_steal_pointer(&changes);
 }
 
 #ifdef VM_HAVE_GUESTFS
@@ -198,7 +266,8 @@ path_join(const char *dir, const char *name)
 
 /* A quiet handle, not yet started, with @images added read-only; under TCG when @tcg. */
 static guestfs_h *
-create_handle(const char *const *images, guint n_images, gboolean tcg, GError **error)
+create_handle(const char *const *images, guint n_images, const char *appliance, gboolean tcg,
+              GError **error)
 {
     /* No environment: LIBGUESTFS_DEBUG and friends would make the library print. */
     g_autoptr(guestfs_h) g =
@@ -215,6 +284,7 @@ create_handle(const char *const *images, guint n_images, gboolean tcg, GError **
                                        GUESTFS_EVENT_APPLIANCE | GUESTFS_EVENT_TRACE,
                                    0, NULL) == -1 ||
         guestfs_set_backend(g, "direct") == -1 || guestfs_set_network(g, 0) == -1 ||
+        (appliance != NULL && guestfs_set_path(g, appliance) == -1) ||
         guestfs_set_autosync(g, 0) == -1 ||
         (tcg && guestfs_set_backend_settings(g, tcg_settings) == -1)) {
         throw_guestfs(g, error, "cannot configure libguestfs");
@@ -240,13 +310,13 @@ static gint kvm_appliance_broken;
  * with "-cpu host" under KVM, which some nested hosts cannot give (QEMU aborts setting MSRs): when
  * a KVM start fails, it is tried once more under TCG, slower but working. */
 static guestfs_h *
-launch_appliance(const char *const *images, guint n_images, GError **error)
+launch_appliance(const char *const *images, guint n_images, const char *appliance, GError **error)
 {
     gboolean tcg = g_atomic_int_get(&kvm_appliance_broken);
 
     for (;;) {
         g_autoptr(GError) launch_error = NULL;
-        g_autoptr(guestfs_h) g = create_handle(images, n_images, tcg, &launch_error);
+        g_autoptr(guestfs_h) g = create_handle(images, n_images, appliance, tcg, &launch_error);
         if (g == NULL) {
             g_propagate_error(error, g_steal_pointer(&launch_error));
             return NULL;
@@ -264,7 +334,7 @@ launch_appliance(const char *const *images, guint n_images, GError **error)
 }
 
 VmGuestfs *
-vm_guestfs_open(const char *const *images, GError **error)
+vm_guestfs_open(const char *const *images, const char *appliance, GError **error)
 {
     g_autoptr(VmGuestfs) fs = NULL;
     g_auto(GStrv) devices = NULL;
@@ -282,7 +352,7 @@ vm_guestfs_open(const char *const *images, GError **error)
         }
     }
 
-    fs->g = g = launch_appliance(images, fs->n_images, error);
+    fs->g = g = launch_appliance(images, fs->n_images, appliance, error);
     if (g == NULL)
         return NULL;
 
@@ -871,6 +941,59 @@ vm_guestfs_export_at(VmGuestfs *fs, guint index, const char *const *paths, const
     return TRUE;
 }
 
+gboolean
+vm_guestfs_appliance_build(const char *dir, GError **error)
+{
+    g_autoptr(guestfs_h) g = guestfs_create_flags(GUESTFS_CREATE_NO_ENVIRONMENT);
+    if (g == NULL)
+        return vm_throw_errno(error, errno, "cannot create a libguestfs handle");
+    guestfs_set_error_handler(g, NULL, NULL);
+
+    /* libguestfs's own path: where its package put the supermin description of the appliance. */
+    g_autofree char *path = g_strdup(guestfs_get_path(g));
+    if (path == NULL)
+        return throw_guestfs(g, error, "cannot find libguestfs's appliance");
+    g_autofree char *supermin_d = NULL;
+    g_auto(GStrv) dirs = g_strsplit(path, ":", -1);
+    for (gsize i = 0; dirs[i] != NULL && supermin_d == NULL; i++) {
+        g_autofree char *candidate = g_build_filename(dirs[i], "supermin.d", NULL);
+        if (g_file_test(candidate, G_FILE_TEST_IS_DIR))
+            supermin_d = g_steal_pointer(&candidate);
+    }
+    if (supermin_d == NULL)
+        return vm_throw(error, VM_ERROR_IO, "no supermin.d in libguestfs's path %s", path);
+
+    struct utsname host;
+    if (uname(&host) < 0)
+        return vm_throw_errno(error, errno, "cannot tell the host's CPU");
+    g_autofree char *lock = g_strconcat(dir, ".lock", NULL);
+    /* As libguestfs builds its own cache: only when the host's packages are newer than the
+     * appliance, the new one put in place with a rename. */
+    const char *const argv[] = {
+        "supermin", "--build",    "--if-newer", "--lock", lock, "--copy-kernel", "--format",
+        "ext2",     "--host-cpu", host.machine, "-o",     dir,  supermin_d,      NULL};
+    const VmSpawnOptions options = {.timeout_ms = 10 * 60 * 1000};
+    if (!vm_spawn_run(argv, &options, NULL, error))
+        return FALSE;
+
+    /* A "fixed" appliance to libguestfs: these four files, used as they are by any user. The
+     * kernel is the distribution's, copied from the host. */
+    static const char *const files[] = {"kernel", "initrd", "root"};
+    for (gsize i = 0; i < G_N_ELEMENTS(files); i++) {
+        g_autofree char *file = g_build_filename(dir, files[i], NULL);
+        if (chmod(file, 0644) < 0)
+            return vm_throw_errno(error, errno, "cannot make %s readable", file);
+    }
+    g_autofree char *readme = g_build_filename(dir, "README.fixed", NULL);
+    if (!g_file_test(readme, G_FILE_TEST_EXISTS) &&
+        !vm_file_write_atomic(readme, "The appliance vm-guestfs-helper runs, built by hostd.\n", -1,
+                              0644, error))
+        return FALSE;
+    if (chmod(dir, 0755) < 0)
+        return vm_throw_errno(error, errno, "cannot make %s readable", dir);
+    return TRUE;
+}
+
 #else /* !VM_HAVE_GUESTFS */
 
 struct _VmGuestfs {
@@ -878,7 +1001,7 @@ struct _VmGuestfs {
 };
 
 VmGuestfs *
-vm_guestfs_open(const char *const *images, GError **error)
+vm_guestfs_open(const char *const *images, const char *appliance, GError **error)
 {
     g_return_val_if_fail(images != NULL && images[0] != NULL, NULL);
     vm_throw(error, VM_ERROR_FAILED, "this build has no libguestfs: cannot read image files");
@@ -905,10 +1028,18 @@ vm_guestfs_export_at(VmGuestfs *fs, guint index, const char *const *paths, const
     g_return_val_if_reached(FALSE);
 }
 
+gboolean
+vm_guestfs_appliance_build(const char *dir, GError **error)
+{
+    return vm_throw(error, VM_ERROR_FAILED,
+                    "this build has no libguestfs: cannot read image files");
+}
+
 #endif /* VM_HAVE_GUESTFS */
 
 GPtrArray *
-vm_guestfs_diff(const char *old_image, const char *new_image, const char *under, GError **error)
+vm_guestfs_diff(const char *old_image, const char *new_image, const char *under,
+                const char *appliance, GError **error)
 {
     const char *images[] = {old_image, new_image, NULL};
     g_autoptr(VmGuestfs) fs = NULL;
@@ -919,14 +1050,15 @@ vm_guestfs_diff(const char *old_image, const char *new_image, const char *under,
     /* A bad filter fails before the launch. */
     if (under != NULL && !vm_guest_path_check(under, &root, error))
         return NULL;
-    fs = vm_guestfs_open(images, error);
+    fs = vm_guestfs_open(images, appliance, error);
     if (fs == NULL)
         return NULL;
     return vm_guestfs_diff_at(fs, 0, 1, root, error);
 }
 
 gboolean
-vm_guestfs_export(const char *image, const char *const *paths, const char *tar_path, GError **error)
+vm_guestfs_export(const char *image, const char *const *paths, const char *tar_path,
+                  const char *appliance, GError **error)
 {
     const char *images[] = {image, NULL};
     g_autoptr(VmGuestfs) fs = NULL;
@@ -940,7 +1072,7 @@ vm_guestfs_export(const char *image, const char *const *paths, const char *tar_p
         if (!vm_guest_path_check(paths[i], NULL, error))
             return FALSE;
     }
-    fs = vm_guestfs_open(images, error);
+    fs = vm_guestfs_open(images, appliance, error);
     if (fs == NULL)
         return FALSE;
     return vm_guestfs_export_at(fs, 0, paths, tar_path, error);

@@ -13,6 +13,10 @@
  * in a main loop. A session belongs to one thread at a time. The appliance runs without network
  * through the "direct" backend and nothing is printed: libguestfs errors come back as GErrors.
  *
+ * The appliance's QEMU parses the images, which a guest wrote: hostd never calls this in its own
+ * process but runs vm-guestfs-helper (vm-guestfs-helper.c) as the agent's own unprivileged id,
+ * with a "fixed" appliance (vm_guestfs_appliance_build()) that any user can start.
+ *
  * Guest paths are byte strings as the guest filesystem holds them: they may be non-UTF-8 and,
  * for paths found by a diff, may contain a newline.
  */
@@ -43,10 +47,12 @@ typedef struct _VmGuestfs VmGuestfs;
 
 /* Launches one appliance with @images (a NULL-terminated list of qcow2 files, at least one) and
  * mounts the filesystem of each read-only; later calls name an image by its index in @images.
+ * @appliance is the directory of a fixed appliance, or NULL for libguestfs's own (built in a
+ * cache of the user's on first use).
  * Fails with VM_ERROR_NOT_FOUND when an image file does not exist, VM_ERROR_IO when libguestfs
  * cannot launch or an image holds no mountable filesystem, VM_ERROR_FAILED in a build without
  * libguestfs. Close with vm_guestfs_close(). */
-VmGuestfs *vm_guestfs_open(const char *const *images, GError **error);
+VmGuestfs *vm_guestfs_open(const char *const *images, const char *appliance, GError **error);
 
 /* Shuts the appliance down; its overlays vanish. Accepts NULL. */
 void vm_guestfs_close(VmGuestfs *fs);
@@ -86,10 +92,29 @@ gboolean vm_guestfs_export_at(VmGuestfs *fs, guint index, const char *const *pat
 /* One launch: vm_guestfs_diff_at() between the two images. Errors as there and as
  * vm_guestfs_open(). */
 GPtrArray *vm_guestfs_diff(const char *old_image, const char *new_image, const char *under,
-                           GError **error);
+                           const char *appliance, GError **error);
 
 /* One launch: vm_guestfs_export_at() from @image. Errors as there and as vm_guestfs_open(). */
 gboolean vm_guestfs_export(const char *image, const char *const *paths, const char *tar_path,
-                           GError **error);
+                           const char *appliance, GError **error);
+
+/* Makes (or brings up to date) in @dir a fixed appliance that libguestfs starts as any user:
+ * supermin builds it from the host's own packages (only when they are newer than what @dir
+ * holds; a new one replaces the old with a rename), and its kernel, initrd and root are made
+ * readable to all. Runs as root: it reads host files only, never an image. Takes seconds, and
+ * ~700 MiB (a sparse 4 GiB root). Fails with VM_ERROR_IO (supermin failed, or cannot write
+ * @dir), VM_ERROR_TIMEOUT after 10 minutes, VM_ERROR_FAILED in a build without libguestfs. */
+gboolean vm_guestfs_appliance_build(const char *dir, GError **error);
+
+/* The changes of a diff as bytes another process can read back: at most about @max_bytes of
+ * paths (0: all), the rest dropped and marked as truncated. Can't fail. */
+GBytes *vm_guest_changes_encode(GPtrArray *changes, gsize max_bytes);
+
+/* Reads back what vm_guest_changes_encode() made, as untrusted input (the helper that wrote it
+ * runs as an agent's id): only the normal form, kinds A, D or M, absolute paths of at most
+ * VM_GUEST_PATH_MAX bytes without NUL. Returns VmGuestChange* as vm_guestfs_diff_at() does and
+ * whether the list was cut in @ret_truncated (may be NULL). Fails with VM_ERROR_IO. */
+GPtrArray *vm_guest_changes_decode(const void *data, gsize len, gboolean *ret_truncated,
+                                   GError **error);
 
 G_END_DECLS

@@ -150,10 +150,17 @@ vm_qemu_img_info_parse(const char *json, gssize len, GError **error)
 GPtrArray *
 vm_qemu_img_info(const char *path, VmQemuImgInfoFlags flags, GError **error)
 {
+    return vm_qemu_img_info_as(path, flags, 0, error);
+}
+
+GPtrArray *
+vm_qemu_img_info_as(const char *path, VmQemuImgInfoFlags flags, guint uid, GError **error)
+{
     const char *argv[10];
     g_autofree char *out = NULL;
     /* Its output describes guest-written images: bounded before anything parses it. */
-    const VmSpawnOptions options = {.stdout_max = VM_QEMU_IMG_OUTPUT_MAX};
+    const VmSpawnOptions options = {
+        .stdout_max = VM_QEMU_IMG_OUTPUT_MAX, .run_as = uid != 0, .uid = uid, .gid = uid};
     gsize n = 0;
 
     g_return_val_if_fail(path != NULL, NULL);
@@ -218,10 +225,10 @@ vm_qemu_img_info_check(const VmQemuImgInfo *info, const char *path, const char *
 }
 
 gboolean
-vm_qemu_img_check(const char *path, const char *backing, GError **error)
+vm_qemu_img_check(const char *path, const char *backing, guint uid, GError **error)
 {
     g_autoptr(GPtrArray) chain =
-        vm_qemu_img_info(path, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_QCOW2, error);
+        vm_qemu_img_info_as(path, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_QCOW2, uid, error);
 
     if (chain == NULL)
         return FALSE;

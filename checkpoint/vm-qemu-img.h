@@ -55,6 +55,13 @@ GPtrArray *vm_qemu_img_info_parse(const char *json, gssize len, GError **error);
  * until qemu-img exits. */
 GPtrArray *vm_qemu_img_info(const char *path, VmQemuImgInfoFlags flags, GError **error);
 
+/* vm_qemu_img_info() with qemu-img run as @uid (and the gid of the same number, no
+ * supplementary group, no_new_privs): an agent's own id, so that qemu-img's parser of the
+ * guest-written header holds no more than the agent's QEMU already does. 0: as this process.
+ * Only root can give another @uid (VM_ERROR_IO otherwise). */
+GPtrArray *vm_qemu_img_info_as(const char *path, VmQemuImgInfoFlags flags, guint uid,
+                               GError **error);
+
 /* Whether an image of @chain (from the two functions above) has @filename as its filename,
  * compared byte for byte. Can't fail. */
 gboolean vm_qemu_img_chain_holds(const GPtrArray *chain, const char *filename);
@@ -69,9 +76,9 @@ gboolean vm_qemu_img_info_check(const VmQemuImgInfo *info, const char *path, con
                                 GError **error);
 
 /* vm_qemu_img_info_check() of the image at @path, read with `qemu-img info -f qcow2 -U` without
- * --backing-chain: qemu-img then opens @path alone, neither its backing file nor its data file,
- * whatever the header names. Fails as vm_qemu_img_info() and vm_qemu_img_info_check(). Blocks
- * until qemu-img exits. */
-gboolean vm_qemu_img_check(const char *path, const char *backing, GError **error);
+ * --backing-chain, as @uid (vm_qemu_img_info_as(); 0: as this process): qemu-img then opens
+ * @path alone, neither its backing file nor its data file, whatever the header names. Fails as
+ * vm_qemu_img_info() and vm_qemu_img_info_check(). Blocks until qemu-img exits. */
+gboolean vm_qemu_img_check(const char *path, const char *backing, guint uid, GError **error);
 
 G_END_DECLS

@@ -6,7 +6,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <grp.h>
 #include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,11 +20,28 @@
  * two looks. */
 #define VM_SPAWN_REAP_POLL_MAX_US (50 * 1000)
 
+/* Exit status of a child that could not become the user it was asked to run as: it never
+ * reaches exec, so it is told from the program's own statuses by its stderr line. */
+#define VM_SPAWN_RUN_AS_FAILED 127
+#define VM_SPAWN_RUN_AS_LINE   "vm-spawn: cannot change to the user asked for\n"
+
 static void
 vm_spawn_child_setup(gpointer data)
 {
+    const VmSpawnOptions *options = data;
+
     /* A process group of its own, so that a timeout or a cancel also stops what it started. */
     setpgid(0, 0);
+    if (!options->run_as)
+        return;
+    /* Between fork and exec: system calls only. Groups first, while still allowed to. */
+    if (setgroups(0, NULL) < 0 || setresgid(options->gid, options->gid, options->gid) < 0 ||
+        setresuid(options->uid, options->uid, options->uid) < 0 ||
+        prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || getuid() != options->uid ||
+        geteuid() != options->uid || getgid() != options->gid || getegid() != options->gid) {
+        (void)!write(STDERR_FILENO, VM_SPAWN_RUN_AS_LINE, sizeof(VM_SPAWN_RUN_AS_LINE) - 1);
+        _exit(VM_SPAWN_RUN_AS_FAILED);
+    }
 }
 
 static void
@@ -168,11 +188,12 @@ vm_spawn_run(const char *const *argv, const VmSpawnOptions *options, char **ret_
         deadline = g_get_monotonic_time() + (gint64)options->timeout_ms * 1000;
 
     GSpawnFlags flags = G_SPAWN_SEARCH_PATH | G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_CLOEXEC_PIPES;
-    if (ret_stdout == NULL)
+    int stdout_fd = ret_stdout == NULL && options->stdout_fd > 0 ? options->stdout_fd : -1;
+    if (ret_stdout == NULL && stdout_fd < 0)
         flags |= G_SPAWN_STDOUT_TO_DEV_NULL;
     if (!g_spawn_async_with_pipes_and_fds(
-            NULL, argv, NULL, flags, vm_spawn_child_setup, NULL, -1, -1, -1, NULL, NULL, 0,
-            &child.pid, options->input != NULL ? &child.in_fd : NULL,
+            NULL, argv, NULL, flags, vm_spawn_child_setup, (gpointer)options, -1, stdout_fd, -1,
+            NULL, NULL, 0, &child.pid, options->input != NULL ? &child.in_fd : NULL,
             ret_stdout != NULL ? &child.out_fd : NULL, &child.err_fd, &local_error))
         return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", argv[0], local_error->message);
     /* Also from this side, so that a kill right after the spawn cannot miss the group. */
@@ -246,8 +267,15 @@ vm_spawn_run(const char *const *argv, const VmSpawnOptions *options, char **ret_
     if (!WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0) {
         g_autofree char *text =
             err->len > 0 ? g_utf8_make_valid((const char *)err->data, err->len) : g_strdup("");
+        int status = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
 
+        if (options->run_as && status == VM_SPAWN_RUN_AS_FAILED &&
+            strcmp(text, VM_SPAWN_RUN_AS_LINE) == 0)
+            return vm_throw(error, VM_ERROR_IO, "cannot run %s as uid %u", argv[0],
+                            (guint)options->uid);
         g_strstrip(text);
+        if (options->exit_is_code && status >= 1 && status <= VM_ERROR_LAST && text[0] != '\0')
+            return vm_throw(error, (VmErrorCode)status, "%s", text);
         if (text[0] == '\0') {
             g_free(text);
             text = vm_spawn_describe_status(wait_status);
@@ -255,6 +283,8 @@ vm_spawn_run(const char *const *argv, const VmSpawnOptions *options, char **ret_
         return vm_throw(error, VM_ERROR_IO, "%s failed: %s", argv[0], text);
     }
     if (ret_stdout != NULL) {
+        if (options->ret_stdout_len != NULL)
+            *options->ret_stdout_len = out->len;
         g_byte_array_append(out, (const guint8 *)"", 1);
         *ret_stdout = (char *)g_byte_array_free(g_steal_pointer(&out), FALSE);
     }

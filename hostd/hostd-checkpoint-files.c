@@ -9,6 +9,7 @@
 #include "hostd-agent.h"
 #include "hostd-checkpoint.h"
 #include "hostd-guest.h"
+#include "hostd-guestfs.h"
 #include "vm-checkpoint.h"
 #include "vm-error.h"
 #include "vm-guestfs.h"
@@ -57,7 +58,10 @@ hostd_checkpoint_diff(HostdContext *ctx, const char *name, const char *id, const
 
     hostd_progress(progress, progress_data, "comparing the files (a helper appliance starts)", -1);
     g_autoptr(GError) diff_error = NULL;
-    g_autoptr(GPtrArray) changes = vm_guestfs_diff(old_image, new_image, normalized, &diff_error);
+    gboolean helper_truncated = FALSE;
+    g_autoptr(GPtrArray) changes =
+        hostd_guestfs_diff(ctx, o.record, old_image, new_image, normalized, HOSTD_DIFF_MAX_BYTES,
+                           &helper_truncated, &diff_error);
     if (temporary != NULL) {
         const VmCheckpoint *t = vm_checkpoint_set_find(o.set, temporary);
         if (t != NULL)
@@ -70,7 +74,7 @@ hostd_checkpoint_diff(HostdContext *ctx, const char *name, const char *id, const
 
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("a(ss)"));
     gsize bytes = 0;
-    *ret_truncated = FALSE;
+    *ret_truncated = helper_truncated;
     for (guint i = 0; i < changes->len; i++) {
         const VmGuestChange *change = changes->pdata[i];
         /* Guest paths are bytes; the wire carries UTF-8. */
@@ -112,8 +116,14 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
     hostd_progress(progress, progress_data, "reading the paths from the checkpoint", -1);
     g_autofree char *image = vm_checkpoint_set_path(o.set, o.checkpoint->image);
     g_autofree char *tar = hostd_agent_record_path(o.record, "restore-paths.tar");
+    /* hostd's own file, gone from the directory at once: the helper only writes into it. */
+    vm_autofd tar_fd = open(tar, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (tar_fd < 0)
+        return vm_throw_errno(error, errno, "cannot make %s", tar), NULL;
+    g_unlink(tar);
     g_autoptr(GError) export_error = NULL;
-    if (!vm_guestfs_export(image, (const char *const *)checked->pdata, tar, &export_error)) {
+    if (!hostd_guestfs_export(ctx, o.record, image, (const char *const *)checked->pdata, tar_fd,
+                              &export_error)) {
         /* Users know checkpoints by id, not by file. */
         g_autoptr(GString) message = g_string_new(export_error->message);
         g_autofree char *quoted = g_strdup_printf("'%s'", image);
@@ -122,10 +132,8 @@ hostd_checkpoint_restore_paths(HostdContext *ctx, const char *name, const char *
         vm_throw(error, export_error->code, "%s", message->str);
         return NULL;
     }
-    vm_autofd tar_fd = open(tar, O_RDONLY | O_CLOEXEC);
-    g_unlink(tar);
-    if (tar_fd < 0)
-        return vm_throw_errno(error, errno, "cannot open %s", tar), NULL;
+    if (lseek(tar_fd, 0, SEEK_SET) < 0)
+        return vm_throw_errno(error, errno, "cannot read %s", tar), NULL;
 
     hostd_progress(progress, progress_data, "checkpointing the current state", -1);
     g_autofree char *undo_label = g_strdup_printf("before restore of paths from %s", id);

@@ -4,7 +4,9 @@
 #include <glib/gstdio.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "hostd-agent.h"
 #include "hostd-confine.h"
@@ -145,6 +147,20 @@ hostd_checkpoint_backing_path(HostdContext *ctx, const HostdAgentRecord *r,
     return image != NULL ? g_strdup(image->disk_path) : NULL;
 }
 
+/* Who reads the header of @path, an image of @r's: @r's own id where agents have ids and the
+ * file is that id's (an active overlay) or its group's (a checkpoint image), as every image the
+ * agent's QEMU ever wrote is, so the reader holds no more than that QEMU does; 0, hostd itself,
+ * for a file hostd made that no QEMU of the agent ever had (the agent's id cannot make one). */
+static guint
+hostd_checkpoint_reader(HostdContext *ctx, const HostdAgentRecord *r, const char *path)
+{
+    struct stat st;
+
+    if (!ctx->agent_ids || geteuid() != 0 || r->agent_id == 0 || stat(path, &st) < 0)
+        return 0;
+    return st.st_uid == r->agent_id || st.st_gid == r->agent_id ? r->agent_id : 0;
+}
+
 /* A fork's chain is checked down through its sources: a chain deeper than this is refused. */
 #define HOSTD_CHAIN_FORKS_MAX 64
 
@@ -163,7 +179,8 @@ hostd_checkpoint_chain_check(HostdContext *ctx, const HostdAgentRecord *r,
                         id);
     for (guint forks = 0;;) {
         g_autofree char *below = hostd_checkpoint_backing_path(ctx, r, set, parent, error);
-        if (below == NULL || !vm_qemu_img_check(path, below, error))
+        if (below == NULL ||
+            !vm_qemu_img_check(path, below, hostd_checkpoint_reader(ctx, r, path), error))
             return FALSE;
         g_free(path);
         path = g_steal_pointer(&below);
@@ -879,7 +896,8 @@ hostd_chain_holds(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpoi
             return TRUE;
         }
         g_autoptr(GPtrArray) info =
-            vm_qemu_img_info(p, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_QCOW2, error);
+            vm_qemu_img_info_as(p, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_QCOW2,
+                                hostd_checkpoint_reader(ctx, r, p), error);
         if (info == NULL)
             return FALSE;
         const VmQemuImgInfo *top = info->pdata[0];

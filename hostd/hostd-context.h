@@ -43,6 +43,8 @@ typedef struct {
     gboolean agent_ids;   /* each agent's QEMU runs as an id of its own (hostd-confine.h) */
     GHashTable *ids_held; /* ids held by machines without a record (a warm image's build), as
                            * GUINT_TO_POINTER; guarded by lock */
+    gboolean guestfs_appliance_checked; /* hostd-guestfs.c: the appliance was brought up to date
+                                         * by this hostd; guarded by lock */
 } HostdContext;
 
 /* What a component does at each step of an agent's life. Every hook is optional; hooks run in

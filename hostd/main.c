@@ -7,6 +7,7 @@
 #include "hostd-config.h"
 #include "hostd-confine.h"
 #include "hostd-egress.h"
+#include "hostd-guestfs.h"
 #include "hostd-forward.h"
 #include "hostd-guest-api.h"
 #include "hostd-libvirt.h"
@@ -68,6 +69,8 @@ hostd_print_paths(void)
     else
         printf("image-script none (%s)\n", error->message);
     printf("egress-helper %s\n", helper);
+    g_autofree char *guestfs_helper = hostd_guestfs_helper_path();
+    printf("guestfs-helper %s\n", guestfs_helper);
 }
 
 static gboolean

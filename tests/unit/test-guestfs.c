@@ -272,7 +272,7 @@ group_setup(void **state)
     /* The one launch of the whole test. */
     const char *images[] = {g_images.old_image, g_images.new_image, g_images.same_image, NULL};
     gint64 start = g_get_monotonic_time();
-    g_images.fs = vm_guestfs_open(images, &error);
+    g_images.fs = vm_guestfs_open(images, NULL, &error);
     if (g_images.fs == NULL)
         g_images.skip = g_strdup_printf("libguestfs cannot run here: %s", error->message);
     else
@@ -508,23 +508,23 @@ test_bad_requests_fail_early(void **state)
     const char *fine[] = {"/etc", NULL};
     g_autoptr(GError) error = NULL;
 
-    assert_null(vm_guestfs_diff(missing, missing, "a/../b", &error));
+    assert_null(vm_guestfs_diff(missing, missing, "a/../b", NULL, &error));
     assert_one_line_error(error, VM_ERROR_INVALID_ARGUMENT, "a/../b");
     g_clear_error(&error);
 
-    assert_false(vm_guestfs_export(missing, relative, tar, &error));
+    assert_false(vm_guestfs_export(missing, relative, tar, NULL, &error));
     assert_one_line_error(error, VM_ERROR_INVALID_ARGUMENT, "home/u");
     g_clear_error(&error);
 
-    assert_false(vm_guestfs_export(missing, none, tar, &error));
+    assert_false(vm_guestfs_export(missing, none, tar, NULL, &error));
     assert_one_line_error(error, VM_ERROR_INVALID_ARGUMENT, NULL);
     g_clear_error(&error);
 
-    assert_null(vm_guestfs_diff(missing, missing, NULL, &error));
+    assert_null(vm_guestfs_diff(missing, missing, NULL, NULL, &error));
     assert_one_line_error(error, VM_ERROR_NOT_FOUND, "missing.qcow2");
     g_clear_error(&error);
 
-    assert_false(vm_guestfs_export(missing, fine, tar, &error));
+    assert_false(vm_guestfs_export(missing, fine, tar, NULL, &error));
     assert_one_line_error(error, VM_ERROR_NOT_FOUND, "missing.qcow2");
     assert_int_equal(vm_test_count_entries(f->dir), 0);
 }
@@ -706,6 +706,136 @@ test_export_failures_leave_no_tar(void **state)
     assert_int_equal(vm_test_count_entries(f->dir), 1);
 }
 
+/* ---- the helper, run as an unprivileged user ------------------------------------------------ */
+
+/* The list of changes crosses from the helper (an agent's uid) to hostd as untrusted bytes: it
+ * comes back as it went, cut where asked and said so, and anything else is refused. */
+static void
+test_changes_encoding(void **state)
+{
+    g_autoptr(GPtrArray) changes =
+        g_ptr_array_new_with_free_func((GDestroyNotify)vm_guest_change_free);
+    static const char *const paths[] = {"/a", "/b\nc", "/\xff\xfe odd", "/d/e"};
+    for (gsize i = 0; i < G_N_ELEMENTS(paths); i++) {
+        VmGuestChange *c = g_new0(VmGuestChange, 1);
+        c->kind = "ADMM"[i];
+        c->path = g_strdup(paths[i]);
+        g_ptr_array_add(changes, c);
+    }
+    g_autoptr(GError) error = NULL;
+    gboolean truncated = TRUE;
+
+    g_autoptr(GBytes) all = vm_guest_changes_encode(changes, 0);
+    gsize len = 0;
+    const guint8 *data = g_bytes_get_data(all, &len);
+    g_autoptr(GPtrArray) back = vm_guest_changes_decode(data, len, &truncated, &error);
+    assert_non_null(back);
+    assert_false(truncated);
+    g_autofree char *sent = changes_text(changes);
+    g_autofree char *got = changes_text(back);
+    assert_string_equal(got, sent);
+
+    /* Room for two entries only. */
+    g_autoptr(GBytes) cut = vm_guest_changes_encode(changes, 40);
+    data = g_bytes_get_data(cut, &len);
+    g_autoptr(GPtrArray) part = vm_guest_changes_decode(data, len, &truncated, &error);
+    assert_non_null(part);
+    assert_true(truncated);
+    assert_int_equal(part->len, 2);
+
+    /* A hostile helper: garbage, a kind that is none, a relative path, a NUL in a path. */
+    static const guint8 garbage[] = {0xff, 0x00, 0x13, 0x37, 0x01};
+    assert_null(vm_guest_changes_decode(garbage, sizeof(garbage), NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "malformed");
+    g_clear_error(&error);
+    static const struct {
+        guchar kind;
+        const char *path;
+        gsize len;
+    } bad[] = {{'X', "/a", 2}, {'A', "a", 1}, {'A', "/a\0b", 4}, {'M', "", 0}};
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("a(yay)"));
+        g_variant_builder_add(
+            &b, "(y@ay)", bad[i].kind,
+            g_variant_new_fixed_array(G_VARIANT_TYPE_BYTE, bad[i].path, bad[i].len, 1));
+        g_autoptr(GVariant) v =
+            g_variant_ref_sink(g_variant_new("(b@a(yay))", FALSE, g_variant_builder_end(&b)));
+        assert_null(
+            vm_guest_changes_decode(g_variant_get_data(v), g_variant_get_size(v), NULL, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "bad entry");
+        g_clear_error(&error);
+    }
+}
+
+/* hostd runs the helper as the agent's uid with a fixed appliance: it reads images that uid
+ * owns, with the same answers as the library in-process, and cannot read another uid's. */
+static void
+test_helper_unprivileged(void **state)
+{
+    Fixture *f = *state;
+    NEEDS_APPLIANCE();
+    const char *helper = g_getenv("VM_GUESTFS_HELPER");
+    assert_non_null(helper);
+    const guint owner = 1879113011, other = 1879113012;
+    g_autoptr(GError) error = NULL;
+
+    g_autofree char *appliance = g_build_filename(f->dir, "appliance", NULL);
+    gint64 start = g_get_monotonic_time();
+    if (!vm_guestfs_appliance_build(appliance, &error))
+        fail_msg("cannot build the appliance: %s", error->message);
+    fprintf(stderr, "# vm_guestfs_appliance_build: %.1f s\n",
+            (g_get_monotonic_time() - start) / 1e6);
+    assert_int_equal(chmod(f->dir, 0711), 0);
+    assert_int_equal(chmod(g_images.dir, 0711), 0);
+    const char *mine[] = {g_images.old_image, g_images.new_image};
+    for (gsize i = 0; i < G_N_ELEMENTS(mine); i++) {
+        assert_int_equal(chown(mine[i], owner, owner), 0);
+        assert_int_equal(chmod(mine[i], 0600), 0);
+    }
+
+    /* The diff, as the library gives it in-process. */
+    g_autofree char *out = NULL;
+    gsize len = 0;
+    VmSpawnOptions as_owner = {
+        .run_as = TRUE, .uid = owner, .gid = owner, .exit_is_code = TRUE, .ret_stdout_len = &len};
+    const char *diff_argv[] = {
+        helper, "diff", appliance, "1000000", g_images.old_image, g_images.new_image, NULL};
+    start = g_get_monotonic_time();
+    if (!vm_spawn_run(diff_argv, &as_owner, &out, &error))
+        fail_msg("the helper's diff failed: %s", error->message);
+    fprintf(stderr, "# vm-guestfs-helper diff as uid %u: %.1f s\n", owner,
+            (g_get_monotonic_time() - start) / 1e6);
+    gboolean truncated = TRUE;
+    g_autoptr(GPtrArray) changes = vm_guest_changes_decode(out, len, &truncated, &error);
+    assert_non_null(changes);
+    assert_false(truncated);
+    g_autofree char *text = changes_text(changes);
+    assert_string_equal(text, full_diff);
+
+    /* An export into a file only root may open: the helper writes where it was pointed. */
+    g_autofree char *tar = g_build_filename(f->dir, "paths.tar", NULL);
+    int fd = open(tar, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    VmSpawnOptions to_file = {
+        .run_as = TRUE, .uid = owner, .gid = owner, .exit_is_code = TRUE, .stdout_fd = fd};
+    const char *export_argv[] = {helper,          "export", appliance, g_images.new_image,
+                                 "/etc/hostname", NULL};
+    gboolean exported = vm_spawn_run(export_argv, &to_file, NULL, &error);
+    close(fd);
+    if (!exported)
+        fail_msg("the helper's export failed: %s", error->message);
+    const char *list_argv[] = {"tar", "-tf", tar, NULL};
+    g_autofree char *members = NULL;
+    assert_true(vm_spawn_run(list_argv, NULL, &members, &error));
+    assert_string_equal(members, "./\n./etc/\n./etc/hostname\n");
+
+    /* Another uid reads none of it: the appliance cannot open the images. */
+    VmSpawnOptions as_other = {.run_as = TRUE, .uid = other, .gid = other, .exit_is_code = TRUE};
+    g_clear_pointer(&out, g_free);
+    assert_false(vm_spawn_run(diff_argv, &as_other, &out, &error));
+    assert_one_line_error(error, VM_ERROR_IO, "Permission denied");
+}
+
 int
 main(void)
 {
@@ -720,6 +850,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_export_deleted_tree_and_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_single_file_replaces_tar, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_failures_leave_no_tar, setup, teardown),
+        cmocka_unit_test(test_changes_encoding),
+        cmocka_unit_test_setup_teardown(test_helper_unprivileged, setup, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <pwd.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -208,6 +209,19 @@ fixture_with_ids(void **state, guint n)
     f->ctx->agent_ids = TRUE;
     f->ctx->config->agent_id_min = ID0;
     f->ctx->config->agent_id_max = ID0 + n - 1;
+    /* hostd reads an agent's image headers as the agent's id: as in a real state directory
+     * (0711), that id must reach them; and the fake qemu-img it then runs logs as that id. */
+    if (geteuid() == 0) {
+        assert_int_equal(chmod(f->dir, 0711), 0);
+        static const char *const logs[] = {"qemu-img.log", "qemu-img.opened"};
+        for (gsize i = 0; i < G_N_ELEMENTS(logs); i++) {
+            g_autofree char *log = g_build_filename(f->dir, logs[i], NULL);
+            int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+            assert_true(fd >= 0);
+            assert_int_equal(fchmod(fd, 0666), 0);
+            close(fd);
+        }
+    }
     return f;
 }
 

@@ -545,11 +545,11 @@ test_real_hostile_headers(void **state)
     run_or_fail(amended_first, NULL);
     run_or_fail(amend, NULL);
 
-    assert_true(vm_qemu_img_check(good, base, &error));
-    assert_false(vm_qemu_img_check(good, host, &error));
+    assert_true(vm_qemu_img_check(good, base, 0, &error));
+    assert_false(vm_qemu_img_check(good, host, 0, &error));
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, good);
     g_clear_error(&error);
-    assert_false(vm_qemu_img_check(base, base, &error));
+    assert_false(vm_qemu_img_check(base, base, 0, &error));
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, "none");
     g_clear_error(&error);
 
@@ -567,7 +567,7 @@ test_real_hostile_headers(void **state)
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(GError) case_error = NULL;
 
-        assert_false(vm_qemu_img_check(cases[i].image, cases[i].backing, &case_error));
+        assert_false(vm_qemu_img_check(cases[i].image, cases[i].backing, 0, &case_error));
         vm_test_assert_error(case_error, VM_ERROR, VM_ERROR_BAD_STATE, cases[i].image);
         if (!g_str_equal(cases[i].backing != NULL ? cases[i].backing : "", cases[i].names))
             assert_non_null(strstr(case_error->message, cases[i].names));
@@ -591,11 +591,50 @@ test_real_hostile_headers(void **state)
     g_setenv("PATH", old_path, TRUE);
 }
 
+/* The check as an agent's uid: its own image reads, one only root may open does not (so
+ * qemu-img did not run as root), and a checked header is judged the same way. */
+static void
+test_check_as_agent(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *base = g_build_filename(f->dir, "base.qcow2", NULL);
+    g_autofree char *mine = g_build_filename(f->dir, "mine.qcow2", NULL);
+    g_autofree char *roots = g_build_filename(f->dir, "roots.qcow2", NULL);
+    const guint agent = 1879113021;
+
+    if (!have_qemu_img())
+        skip();
+    make_qcow2(base, NULL, 4);
+    make_qcow2(mine, base, 0);
+    make_qcow2(roots, base, 0);
+    if (geteuid() != 0) {
+        assert_false(vm_qemu_img_check(mine, base, agent, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "as uid");
+        skip();
+    }
+    assert_int_equal(chmod(f->dir, 0711), 0);
+    assert_int_equal(chown(mine, agent, agent), 0);
+    assert_int_equal(chmod(mine, 0600), 0);
+    assert_int_equal(chmod(roots, 0600), 0);
+
+    assert_true(vm_qemu_img_check(mine, base, agent, &error));
+    assert_null(error);
+    assert_false(vm_qemu_img_check(mine, roots, agent, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_BAD_STATE, mine);
+    g_clear_error(&error);
+    assert_false(vm_qemu_img_check(roots, base, agent, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "Permission denied");
+    g_clear_error(&error);
+    assert_true(vm_qemu_img_check(roots, base, 0, &error));
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_real_chain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_check_as_agent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_raw, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_missing_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_hostile_headers, setup, teardown),

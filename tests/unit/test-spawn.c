@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -184,6 +185,77 @@ test_spawn_cancel(void **state)
     assert_false(g_file_test(marker, G_FILE_TEST_EXISTS));
 }
 
+/* Output with NUL bytes keeps its length; stdout into a descriptor the caller opened. */
+static void
+test_spawn_binary_and_fd(void **state)
+{
+    Fixture *f = *state;
+    const char *const nul[] = {"printf", "a\\0b", NULL};
+    g_autoptr(GError) error = NULL;
+    g_autofree char *out = NULL;
+    gsize len = 0;
+
+    VmSpawnOptions options = {.ret_stdout_len = &len};
+    assert_true(vm_spawn_run(nul, &options, &out, &error));
+    assert_int_equal(len, 3);
+    assert_memory_equal(out, "a\0b", 3);
+
+    g_autofree char *path = g_build_filename(f->dir, "out", NULL);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    const char *const echo[] = {"echo", "into the file", NULL};
+    VmSpawnOptions to_fd = {.stdout_fd = fd};
+    assert_true(vm_spawn_run(echo, &to_fd, NULL, &error));
+    close(fd);
+    g_autofree char *text = vm_test_read_file(path);
+    assert_string_equal(text, "into the file\n");
+}
+
+/* A program of ours names its error's code by its exit status; others do not. */
+static void
+test_spawn_exit_is_code(void **state)
+{
+    const char *const not_found[] = {"sh", "-c", "echo 'no such path' >&2; exit 3", NULL};
+    const char *const silent[] = {"sh", "-c", "exit 3", NULL};
+    g_autoptr(GError) error = NULL;
+
+    VmSpawnOptions options = {.exit_is_code = TRUE};
+    assert_false(vm_spawn_run(not_found, &options, NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "no such path");
+    assert_string_equal(error->message, "no such path");
+    g_clear_error(&error);
+    /* No message: how it ended, as for any program. */
+    assert_false(vm_spawn_run(silent, &options, NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "sh failed: exit status 3");
+    g_clear_error(&error);
+    assert_false(vm_spawn_run(not_found, NULL, NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "sh failed: no such path");
+}
+
+/* run_as: the program runs as the uid and gid given, no supplementary group, no_new_privs, no
+ * capability; as root only. */
+static void
+test_spawn_run_as(void **state)
+{
+    const char *const ids[] = {
+        "sh", "-c", "id -u; id -g; id -G; grep -E '^(NoNewPrivs|CapEff|CapPrm):' /proc/self/status",
+        NULL};
+    g_autoptr(GError) error = NULL;
+    g_autofree char *out = NULL;
+
+    if (geteuid() != 0) {
+        VmSpawnOptions options = {.run_as = TRUE, .uid = 65534, .gid = 65534};
+        assert_false(vm_spawn_run(ids, &options, &out, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "cannot run sh as uid 65534");
+        skip();
+    }
+    VmSpawnOptions options = {.run_as = TRUE, .uid = 1879113001, .gid = 1879113002};
+    assert_true(vm_spawn_run(ids, &options, &out, &error));
+    assert_string_equal(out, "1879113001\n1879113002\n1879113002\n"
+                             "CapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n"
+                             "NoNewPrivs:\t1\n");
+}
+
 int
 main(void)
 {
@@ -193,6 +265,9 @@ main(void)
         cmocka_unit_test(test_spawn_failure),
         cmocka_unit_test_setup_teardown(test_spawn_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_spawn_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_spawn_binary_and_fd, setup, teardown),
+        cmocka_unit_test(test_spawn_exit_is_code),
+        cmocka_unit_test(test_spawn_run_as),
     };
 
     /* A run that feeds a program which stopped reading must not die of SIGPIPE. */
