@@ -318,7 +318,19 @@ vm_build_tree_decide(const char *override, const char *exe, const char *build_di
 gboolean
 vm_use_build_tree(void)
 {
-    return vm_build_tree_decide(g_getenv("VM_USE_BUILD_TREE"), "/proc/self/exe", VM_BUILD_ROOT);
+    static gsize from_exe = 0; /* 0: not decided yet, 1: no, 2: yes */
+    const char *override = g_getenv("VM_USE_BUILD_TREE");
+
+    if (g_strcmp0(override, "1") == 0 || g_strcmp0(override, "0") == 0)
+        return vm_build_tree_decide(override, NULL, NULL);
+    /* Once per process: where this program was started from does not change, but its file may
+     * be replaced while it runs (a rebuild, a package upgrade), and /proc/self/exe then names a
+     * deleted file. */
+    if (g_once_init_enter(&from_exe)) {
+        gboolean inside = vm_build_tree_decide(NULL, "/proc/self/exe", VM_BUILD_ROOT);
+        g_once_init_leave(&from_exe, inside ? 2 : 1);
+    }
+    return from_exe == 2;
 }
 
 char *

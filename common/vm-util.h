@@ -92,7 +92,8 @@ char *vm_default_socket_path(void);
 gboolean vm_build_tree_decide(const char *override, const char *exe, const char *build_dir);
 
 /* vm_build_tree_decide() for this process: $VM_USE_BUILD_TREE, /proc/self/exe and the build
- * directory this program was built in. An installed program (meson install) is not inside its
+ * directory this program was built in, the last two looked at once per process (the program's
+ * file may be replaced while it runs). An installed program (meson install) is not inside its
  * build directory, so it uses only its installed files even while that tree exists. Can't fail. */
 gboolean vm_use_build_tree(void);
 

@@ -7,7 +7,8 @@
 #define SUPERVISE_TICK_US       (5 * G_USEC_PER_SEC)
 #define SUPERVISE_RETRY_US      (1 * G_USEC_PER_SEC) /* an agent whose lock an operation holds */
 #define SUPERVISE_BACKOFF_MAX_S 60
-#define SUPERVISE_RESUME_JOBS   4 /* agents resumed at once at start-up (shutdown-resume eager) */
+#define SUPERVISE_RESUME_JOBS                                                                      \
+    4 /* agents resumed (shutdown-resume eager) or stopped at once at start-up */
 /* One reboot from inside resets the machine more than once (the kernel, then the firmware):
  * resets this close to the last one are the same reboot. */
 #define SUPERVISE_REBOOT_SAME_US (20 * G_USEC_PER_SEC)
@@ -407,10 +408,34 @@ supervise_thread(gpointer data)
     }
 }
 
-/* Start-up, one agent: what was running or paused and is down lost its QEMU while hostd was
- * away; boot it. */
+/* Work start-up leaves to a pool, so that one slow agent does not hold the others back. */
+typedef struct {
+    char *name;
+    gboolean stop; /* finish a stop (else: resume a saved agent) */
+} SuperviseStartJob;
+
+static SuperviseStartJob *
+supervise_start_job_new(const char *name, gboolean stop)
+{
+    SuperviseStartJob *job = g_new0(SuperviseStartJob, 1);
+    job->name = g_strdup(name);
+    job->stop = stop;
+    return job;
+}
+
 static void
-supervise_recover(HostdContext *ctx, const char *name, GPtrArray *resume)
+supervise_start_job_free(SuperviseStartJob *job)
+{
+    g_free(job->name);
+    g_free(job);
+}
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(SuperviseStartJob, supervise_start_job_free)
+
+/* Start-up, one agent: what was running or paused and is down lost its QEMU while hostd was
+ * away; boot it. One whose record says stopped but whose VM runs was being stopped when hostd
+ * ended (stop writes the record first): the stop is finished (@jobs). */
+static void
+supervise_recover(HostdContext *ctx, const char *name, GPtrArray *jobs)
 {
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
@@ -422,7 +447,12 @@ supervise_recover(HostdContext *ctx, const char *name, GPtrArray *resume)
     if (r->wanted == NULL)
         supervise_adopt(r, state);
     if (g_str_equal(state, "saved") && r->shutdown_saved && ctx->config->shutdown_resume_eager) {
-        g_ptr_array_add(resume, g_strdup(name));
+        g_ptr_array_add(jobs, supervise_start_job_new(name, FALSE));
+        return;
+    }
+    if (g_str_equal(r->wanted, HOSTD_WANTED_STOPPED) &&
+        (g_str_equal(state, "running") || g_str_equal(state, "paused"))) {
+        g_ptr_array_add(jobs, supervise_start_job_new(name, TRUE));
         return;
     }
     if (!supervise_state_is_down(state) || !supervise_wants_up(r))
@@ -437,12 +467,27 @@ supervise_recover(HostdContext *ctx, const char *name, GPtrArray *resume)
                     "from its disk; what was in its RAM is lost");
 }
 
+/* Start-up, one agent whose stop hostd's end cut short: the same stop again, as the user asked
+ * it (a shutdown, then the VM destroyed if the guest does not go down in time). */
+static void
+supervise_finish_stop(HostdContext *ctx, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) info = hostd_agent_stop(ctx, name, FALSE, 0, NULL, NULL, &error);
+    if (info == NULL) {
+        hostd_context_log(ctx, "agent '%s': cannot finish its stop: %s", name, error->message);
+        return;
+    }
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, NULL);
+    if (r != NULL)
+        supervise_event(ctx, r, "stopped", "stopped",
+                        "its stop was cut short when hostd ended: finished at start-up");
+}
+
 /* Start-up, one agent saved by the last shutdown, with shutdown-resume = eager. */
 static void
-supervise_resume(gpointer data, gpointer user_data)
+supervise_resume(HostdContext *ctx, const char *name)
 {
-    g_autofree char *name = data;
-    HostdContext *ctx = user_data;
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
@@ -460,6 +505,17 @@ supervise_resume(gpointer data, gpointer user_data)
         g_strdup_printf("resumed as saved at the last shutdown (shutdown-resume = eager) in %.1f s",
                         (g_get_monotonic_time() - start) / 1e6);
     supervise_event(ctx, r, "resumed", "running", detail);
+}
+
+static void
+supervise_run_job(gpointer data, gpointer user_data)
+{
+    g_autoptr(SuperviseStartJob) job = data;
+
+    if (job->stop)
+        supervise_finish_stop(user_data, job->name);
+    else
+        supervise_resume(user_data, job->name);
 }
 
 GVariant *
@@ -486,7 +542,7 @@ gboolean
 hostd_supervise_start(HostdContext *ctx, GError **error)
 {
     struct _HostdSupervisor *sv = g_new0(struct _HostdSupervisor, 1);
-    sv->jobs = g_async_queue_new_full((GDestroyNotify)supervise_job_free);
+    sv->jobs = g_async_queue_new_full((GDestroyNotify)supervise_start_job_free);
     sv->deferred = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     sv->down = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     sv->rebooted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
@@ -506,14 +562,14 @@ hostd_supervise_start(HostdContext *ctx, GError **error)
     }
 
     g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, NULL);
-    g_autoptr(GPtrArray) resume = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GPtrArray) jobs = g_ptr_array_new();
     for (guint i = 0; names != NULL && i < names->len; i++)
-        supervise_recover(ctx, names->pdata[i], resume);
-    if (resume->len > 0) {
+        supervise_recover(ctx, names->pdata[i], jobs);
+    if (jobs->len > 0) {
         GThreadPool *pool =
-            g_thread_pool_new(supervise_resume, ctx, SUPERVISE_RESUME_JOBS, FALSE, NULL);
-        for (guint i = 0; i < resume->len; i++)
-            g_thread_pool_push(pool, g_strdup(resume->pdata[i]), NULL);
+            g_thread_pool_new(supervise_run_job, ctx, SUPERVISE_RESUME_JOBS, FALSE, NULL);
+        for (guint i = 0; i < jobs->len; i++)
+            g_thread_pool_push(pool, jobs->pdata[i], NULL);
         g_thread_pool_free(pool, FALSE, TRUE);
     }
     sv->thread = g_thread_new("hostd-supervise", supervise_thread, ctx);
@@ -532,7 +588,7 @@ hostd_supervise_stop(HostdContext *ctx)
     if (sv->reboot_id >= 0)
         virConnectDomainEventDeregisterAny(ctx->lv->conn, sv->reboot_id);
     if (sv->thread != NULL) {
-        g_async_queue_push(sv->jobs, g_new0(SuperviseJob, 1));
+        g_async_queue_push(sv->jobs, g_new0(SuperviseStartJob, 1));
         g_thread_join(sv->thread);
     }
     ctx->supervisor = NULL;

@@ -312,7 +312,27 @@ DCK=$(vmctl checkpoint a1 --label diff-base)
 vmctl exec a1 -- sh -c 'echo 2 > ~/dt/changed; rm ~/dt/deleted; rm -rf ~/dt/tree; echo new > ~/dt/added; touch ~/dt/touched; sync'
 printf '%s\n' "A $H/dt/added" "M $H/dt/changed" "D $H/dt/deleted" "D $H/dt/tree" "D $H/dt/tree/sub" "D $H/dt/tree/sub/f" > "$S/diff.expected"
 t0=$(date +%s)
+# Who reads the images: the helper and its appliance's QEMU, sampled from /proc while the diff
+# runs (uid, no_new_privs, program).
+(
+  while :; do
+    for p in /proc/[0-9]*; do
+      c=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null) || continue
+      case $c in
+        *vm-guestfs-helper\ diff*|*qemu-system*guestfs*)
+          echo "$(awk '$1 == "Uid:" { print $2 }' "$p/status") $(awk '$1 == "NoNewPrivs:" { print $2 }' "$p/status") ${c%% *}" ;;
+      esac
+    done
+    sleep 0.5
+  done > "$S/diff-readers" 2>/dev/null
+) &
+sampler=$!
 vmctl diff a1 "$DCK" --path "$H/dt" > "$S/diff.out" 2> "$S/diff.err"; rc=$?
+kill "$sampler"; wait "$sampler" 2>/dev/null
+A1_ID=$(confine_id a1)
+check "diff's helper and its appliance ran as a1's own id ($A1_ID) with no_new_privs, never as root" \
+  bash -c "grep -q vm-guestfs-helper '$S/diff-readers' && grep -q '^[0-9]* [01] .*qemu-system' '$S/diff-readers' &&
+           ! awk '\$1 != \"$A1_ID\" || \$2 != 1' '$S/diff-readers' | grep -q ." || diag "$(sort -u "$S/diff-readers")"
 check "diff against the running agent lists exactly what was added, changed and deleted ($(( $(date +%s) - t0 )) s)" \
   bash -c "[ $rc = 0 ] && diff -u '$S/diff.expected' '$S/diff.out'" || diag "$(cat "$S/diff.out" "$S/diff.err")"
 check "diff of the running agent left no checkpoint behind" \

@@ -288,6 +288,30 @@ test_start_up_recovers(void **state)
     assert_non_null(strstr(log, "what was in its RAM is lost"));
 }
 
+/* A stop cut short by hostd's end (the record says stopped, the VM still runs or is paused) is
+ * finished at the next start, and says so; it is not taken for a crash. */
+static void
+test_start_up_finishes_a_stop(void **state)
+{
+    HostdTestFixture *f = *state;
+
+    agent_new(f, "halfway", HOSTD_TEST_RUNNING, HOSTD_WANTED_STOPPED);
+    agent_new(f, "halfway-paused", HOSTD_TEST_PAUSED, HOSTD_WANTED_STOPPED);
+    agent_new(f, "up", HOSTD_TEST_RUNNING, HOSTD_WANTED_RUNNING);
+    supervise_start(f);
+
+    assert_string_equal(hostd_test_domain_state(f, "halfway"), "stopped");
+    assert_string_equal(hostd_test_domain_state(f, "halfway-paused"), "stopped");
+    assert_string_equal(hostd_test_domain_state(f, "up"), "running");
+    assert_int_equal(events_count(f, "halfway", "stopped"), 1);
+    assert_int_equal(events_count(f, "halfway-paused", "stopped"), 1);
+    assert_int_equal(events_count(f, "up", "stopped"), 0);
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, "halfway");
+    assert_string_equal(r->wanted, HOSTD_WANTED_STOPPED);
+    assert_int_equal(r->crash_count, 0);
+    assert_null(r->crashed);
+}
+
 /* Every running and paused agent saved, in parallel, recorded as saved by a shutdown; then with
  * shutdown-resume = eager they resume at the next start, and the others stay saved. */
 static void
@@ -362,6 +386,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_stop_is_no_crash, hostd_test_setup,
                                         hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_start_up_recovers, hostd_test_setup,
+                                        hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_start_up_finishes_a_stop, hostd_test_setup,
                                         hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_save_all_then_resume_eager, hostd_test_setup,
                                         hostd_test_teardown),
