@@ -1,5 +1,6 @@
 #include "vm-qemu-img.h"
 
+#include <glib/gstdio.h>
 #include <json-glib/json-glib.h>
 #include <string.h>
 
@@ -233,4 +234,29 @@ vm_qemu_img_check(const char *path, const char *backing, guint uid, GError **err
     if (chain == NULL)
         return FALSE;
     return vm_qemu_img_info_check(g_ptr_array_index(chain, 0), path, backing, error);
+}
+
+gboolean
+vm_qemu_img_overlay(const char *backing, const char *path, guint size_gib, GError **error)
+{
+    g_autofree char *size = g_strdup_printf("%uG", size_gib);
+    const char *argv[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F", "qcow2",
+                          "-u",       "-b",     backing, "--", path,    size, NULL};
+
+    g_return_val_if_fail(backing != NULL && path != NULL, FALSE);
+
+    g_unlink(path);
+    return vm_spawn_run(argv, NULL, NULL, error);
+}
+
+gboolean
+vm_qemu_img_rebase(const char *base, const char *path, guint uid, GError **error)
+{
+    const char *argv[] = {"qemu-img", "rebase", "-q", "-f", "qcow2", "-F",
+                          "qcow2",    "-b",     base, "--", path,    NULL};
+    const VmSpawnOptions options = {.run_as = uid != 0, .uid = uid, .gid = uid};
+
+    g_return_val_if_fail(base != NULL && path != NULL, FALSE);
+
+    return vm_spawn_run(argv, &options, NULL, error);
 }

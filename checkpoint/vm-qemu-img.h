@@ -81,4 +81,19 @@ gboolean vm_qemu_img_info_check(const VmQemuImgInfo *info, const char *path, con
  * vm_qemu_img_info() and vm_qemu_img_info_check(). Blocks until qemu-img exits. */
 gboolean vm_qemu_img_check(const char *path, const char *backing, guint uid, GError **error);
 
+/* Makes @path (replaced when it exists) a new empty qcow2 overlay of @size_gib GiB on @backing,
+ * in format qcow2, without opening @backing (`qemu-img create -u`): the backing image may be one
+ * a guest wrote, and creating an overlay needs nothing from its header. Fails with VM_ERROR_IO
+ * and qemu-img's message. Blocks until qemu-img exits. */
+gboolean vm_qemu_img_overlay(const char *backing, const char *path, guint size_gib, GError **error);
+
+/* A safe rebase of @path onto @base (`qemu-img rebase -f qcow2 -F qcow2`): what @path read
+ * through its old backing chain and @base lacks is copied into @path first, so it reads the same
+ * afterwards. qemu-img opens @path's chain as its header names it and writes @path: the caller
+ * checks those headers first (vm_qemu_img_check()) and gives the agent's @uid (0: this process)
+ * so that qemu-img's parser of guest-written images runs with no more than that agent's QEMU
+ * holds. No running QEMU may have @path open. Fails with VM_ERROR_IO and qemu-img's message.
+ * Blocks until qemu-img exits. */
+gboolean vm_qemu_img_rebase(const char *base, const char *path, guint uid, GError **error);
+
 G_END_DECLS

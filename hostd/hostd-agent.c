@@ -15,8 +15,8 @@
 #include "vm-error.h"
 #include "vm-fs.h"
 #include "vm-name.h"
+#include "vm-qemu-img.h"
 #include "vm-seed.h"
-#include "vm-spawn.h"
 #include "vm-util.h"
 
 #define HOSTD_DEFAULT_TEMPLATE "debian-12"
@@ -294,11 +294,11 @@ hostd_agent_make_disk(const HostdAgentRecord *r, const VmImage *image, GError **
     const char *backing = r->fork_base != NULL   ? r->fork_base
                           : r->warm_base != NULL ? r->warm_base
                                                  : image->disk_path;
-    g_autofree char *size = g_strdup_printf("%uG", r->disk_gib);
-    const char *qemu_img[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
-                              "qcow2",    "-b",     backing, disk, size,    NULL};
-    g_unlink(disk);
-    return vm_spawn_run(qemu_img, NULL, NULL, error);
+    /* The overlay is made without opening its backing image (for a fork, its source's
+     * checkpoint, which a guest wrote): that the file is there is checked here. */
+    if (!g_file_test(backing, G_FILE_TEST_IS_REGULAR))
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "image '%s' not found", backing);
+    return vm_qemu_img_overlay(backing, disk, r->disk_gib, error);
 }
 
 /* A VM generation ID of its own for an agent made from a warm image, the same at each of its

@@ -218,37 +218,22 @@ hostd_checkpoint_chain_check(HostdContext *ctx, const HostdAgentRecord *r,
     }
 }
 
+/* A safe rebase of @r's image at @path onto @base, for a stopped agent, as @r's own id where
+ * agents have ids: the rebase reads the guest-written chain and writes @path, which is the
+ * agent's active overlay (its id's) or one of its checkpoint images (its group's, writable by
+ * that group only for the rebase's time, as for a merge). The caller checks the headers first. */
 static gboolean
-hostd_qemu_img_overlay(const char *backing, const char *path, GError **error)
+hostd_checkpoint_rebase(HostdContext *ctx, const HostdAgentRecord *r, const char *base,
+                        const char *path, GError **error)
 {
-    const char *argv[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-F",
-                          "qcow2",    "-b",     backing, path, NULL};
-    return vm_spawn_run(argv, NULL, NULL, error);
-}
+    guint uid = hostd_checkpoint_reader(ctx, r, path);
 
-/* A safe rebase of @path onto @base: what @path read through its old backing chain and @base
- * lacks is copied into @path first, so it reads the same afterwards. No running QEMU may have
- * @path open. */
-static gboolean
-hostd_qemu_img_rebase(const char *base, const char *path, GError **error)
-{
-    const char *argv[] = {"qemu-img", "rebase", "-q", "-f", "qcow2", "-F",
-                          "qcow2",    "-b",     base, path, NULL};
-    return vm_spawn_run(argv, NULL, NULL, error);
-}
-
-/* Makes the new empty overlay ahead of the switch, so that libvirt only has to point QEMU at it
- * (REUSE_EXT) while the guest's filesystems are frozen, instead of having QEMU create it then.
- * The backing file is not opened (-u): QEMU holds it for writing. */
-static gboolean
-hostd_checkpoint_prepare_overlay(const char *active_path, const char *new_path, guint disk_gib,
-                                 GError **error)
-{
-    g_autofree char *size = g_strdup_printf("%uG", disk_gib);
-    const char *argv[] = {"qemu-img", "create", "-q",        "-f",     "qcow2", "-F", "qcow2",
-                          "-u",       "-b",     active_path, new_path, size,    NULL};
-    g_unlink(new_path);
-    return vm_spawn_run(argv, NULL, NULL, error);
+    if (uid != 0 && !hostd_confine_merging(ctx, r, TRUE, error))
+        return FALSE;
+    gboolean ok = vm_qemu_img_rebase(base, path, uid, error);
+    if (uid != 0 && !hostd_confine_merging(ctx, r, FALSE, ok ? error : NULL))
+        return FALSE;
+    return ok;
 }
 
 /* Thaws what hostd_checkpoint_snapshot_live() froze: a guest left frozen stops writing, so a
@@ -284,7 +269,7 @@ hostd_checkpoint_snapshot_live(HostdContext *ctx, const HostdAgentRecord *r, vir
                          VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA |
                          VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT;
 
-    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, r->disk_gib, error) ||
+    if (!vm_qemu_img_overlay(active_path, new_path, r->disk_gib, error) ||
         !hostd_confine_overlay(ctx, r, new_path, error))
         return FALSE;
     vm_trace_mark(trace, "overlay made");
@@ -353,7 +338,7 @@ hostd_checkpoint_snapshot_memory(HostdContext *ctx, const HostdAgentRecord *r, v
                          VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT;
     if (live)
         flags |= VIR_DOMAIN_SNAPSHOT_CREATE_LIVE;
-    if (!hostd_checkpoint_prepare_overlay(active_path, new_path, r->disk_gib, error) ||
+    if (!vm_qemu_img_overlay(active_path, new_path, r->disk_gib, error) ||
         !hostd_confine_overlay(ctx, r, new_path, error))
         return FALSE;
     g_autoptr(virDomainSnapshot) snap = virDomainSnapshotCreateXML(dom, xml, flags);
@@ -457,7 +442,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
         ok = hostd_checkpoint_snapshot_live(ctx, r, dom, active_path, new_path, &trace, &quiesced,
                                             ret_warning, error);
     } else {
-        ok = hostd_qemu_img_overlay(active_path, new_path, error) &&
+        ok = vm_qemu_img_overlay(active_path, new_path, r->disk_gib, error) &&
              hostd_checkpoint_repoint_saved(ctx, r, dom, new_file, error);
     }
     if (!ok) {
@@ -625,7 +610,7 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     hostd_progress(progress, progress_data, "restoring the disk", -1);
     g_autofree char *new_path = vm_checkpoint_set_path(o.set, new_file);
     g_autofree char *target_image = vm_checkpoint_set_path(o.set, o.checkpoint->image);
-    if (!hostd_qemu_img_overlay(target_image, new_path, error)) {
+    if (!vm_qemu_img_overlay(target_image, new_path, o.record->disk_gib, error)) {
         g_unlink(new_path);
         hostd_checkpoint_abort_journal(ctx, o.record, o.set, error);
         return NULL;
@@ -830,7 +815,7 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
             /* The rebase opens the child's chain and writes the child: its headers first. */
             if (!hostd_checkpoint_chain_check(ctx, r, set, child != NULL ? child->id : NULL,
                                               error) ||
-                !hostd_qemu_img_rebase(base, child_path, error))
+                !hostd_checkpoint_rebase(ctx, r, base, child_path, error))
                 return FALSE;
         }
     }
@@ -956,7 +941,7 @@ hostd_checkpoint_reconcile_merge(HostdContext *ctx, const HostdAgentRecord *r, v
     } else if (holds) {
         g_autofree char *base = hostd_checkpoint_backing_path(ctx, r, set, merged->parent, error);
         if (base == NULL || !hostd_checkpoint_chain_check(ctx, r, set, child->id, error) ||
-            !hostd_qemu_img_rebase(base, child_path, error))
+            !hostd_checkpoint_rebase(ctx, r, base, child_path, error))
             return FALSE;
         g_autofree char *id = g_strdup(merged->id);
         vm_checkpoint_set_abort(set);

@@ -14,9 +14,9 @@
 #include "vm-domain.h"
 #include "vm-error.h"
 #include "vm-fs.h"
+#include "vm-qemu-img.h"
 #include "vm-save-image.h"
 #include "vm-seed.h"
-#include "vm-spawn.h"
 #include "vm-util.h"
 
 #define WARM_DIR      "warm"
@@ -335,12 +335,9 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
     g_autofree char *disk = g_build_filename(tmp, WARM_DISK, NULL);
     g_autofree char *seed = g_build_filename(tmp, WARM_SEED, NULL);
     g_autofree char *memory = g_build_filename(tmp, WARM_MEMORY, NULL);
-    g_autofree char *size = g_strdup_printf("%uG", tpl->disk_gib);
     g_autofree char *instance_id = g_strdup_printf("vmctl-warm-%s-%s", tpl->name, build);
     g_autofree char *mac = hostd_random_mac();
     g_autofree char *name = g_strdup_printf("vmctl.warm.%s", tpl->name);
-    const char *qemu_img[] = {"qemu-img", "create",         "-q", "-f", "qcow2", "-F", "qcow2",
-                              "-b",       image->disk_path, disk, size, NULL};
     VmSeedSpec seed_spec = {
         .hostname = WARM_HOSTNAME,
         .instance_id = instance_id,
@@ -363,7 +360,8 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
     guint id = 0;
     gboolean ok =
         have_port && hostd_confine_hold(ctx, &id, error) &&
-        vm_spawn_run(qemu_img, NULL, NULL, error) && vm_seed_write_iso(&seed_spec, seed, error) &&
+        vm_qemu_img_overlay(image->disk_path, disk, tpl->disk_gib, error) &&
+        vm_seed_write_iso(&seed_spec, seed, error) &&
         (id == 0 || (hostd_ids_own(disk, id, id, 0600, NULL, 0, 0, error) &&
                      hostd_ids_own(seed, id, id, 0400, NULL, 0, 0, error))) &&
         (xml = warm_domain_xml(ctx, tpl, image, tmp, name, mac, port, id, error)) != NULL &&

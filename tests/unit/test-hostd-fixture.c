@@ -29,9 +29,10 @@
  * backing file and data file its header names: a line "data-file=PATH"), is added to
  * qemu-img.opened. Options hostd passes are skipped; the first other argument
  * is the image. A safe rebase needs both the old and the new backing chain readable, as the
- * real one does. */
+ * real one does. Who ran each call is in qemu-img.uids ("UID SUBCOMMAND"). */
 static const char fake_qemu_img_body[] =
     "echo \"$*\" >> \"$dir/qemu-img.log\"\n"
+    "echo \"$(id -u) $1\" >> \"$dir/qemu-img.uids\"\n"
     "if [ -f \"$dir/qemu-img.fail\" ]; then\n"
     "    case \"$*\" in *\"$(cat \"$dir/qemu-img.fail\")\"*)\n"
     "        echo \"qemu-img: $1: injected failure\" >&2\n"

@@ -98,8 +98,9 @@ test_detector_sees_chain_reads(void **state)
     const char *argv[] = {"qemu-img", "info", "--backing-chain", image, NULL};
     g_autofree char *opened = NULL;
 
-    assert_true(g_spawn_sync(NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, NULL, NULL,
-                             NULL, NULL));
+    assert_true(g_spawn_sync(NULL, (char **)argv, NULL,
+                             G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL, NULL, NULL, NULL,
+                             NULL, NULL, NULL));
     opened = hostd_test_qemu_img_opened(f);
     assert_non_null(strstr(opened, HOST_DATA_FILE));
 }

@@ -213,7 +213,7 @@ fixture_with_ids(void **state, guint n)
      * (0711), that id must reach them; and the fake qemu-img it then runs logs as that id. */
     if (geteuid() == 0) {
         assert_int_equal(chmod(f->dir, 0711), 0);
-        static const char *const logs[] = {"qemu-img.log", "qemu-img.opened"};
+        static const char *const logs[] = {"qemu-img.log", "qemu-img.opened", "qemu-img.uids"};
         for (gsize i = 0; i < G_N_ELEMENTS(logs); i++) {
             g_autofree char *log = g_build_filename(f->dir, logs[i], NULL);
             int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
@@ -353,6 +353,51 @@ test_fork_acl(void **state)
     assert_owned(f, "src", ".", 0, src->agent_id, 0710);
 }
 
+/* Removing a stopped agent's checkpoint rebases the image above it: qemu-img, which reads the
+ * guest-written chain and writes that image, runs as the agent's id, which may write its
+ * checkpoint images only for the rebase's time; overlays are made without reading any image, so
+ * they may run as hostd. */
+static void
+test_rebase_as_agent(void **state)
+{
+    if (geteuid() != 0)
+        skip();
+    HostdTestFixture *f = fixture_with_ids(state, 2);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *warning = NULL;
+
+    new_ok(f, "a1");
+    for (int i = 0; i < 2; i++) {
+        g_autoptr(GVariant) c = hostd_test_sink(
+            hostd_checkpoint_create(f->ctx, "a1", NULL, FALSE, FALSE, &warning, &error));
+        if (c == NULL)
+            fail_msg("checkpoint: %s", error->message);
+    }
+    g_autoptr(GVariant) stopped =
+        hostd_test_sink(hostd_agent_stop(f->ctx, "a1", TRUE, 0, NULL, NULL, &error));
+    if (stopped == NULL)
+        fail_msg("stop: %s", error->message);
+    g_autoptr(VmCheckpointSet) before = hostd_test_checkpoints(f, "a1");
+    const VmCheckpoint *c2 = vm_checkpoint_set_find(before, "c2");
+    g_autofree char *uids_path = g_build_filename(f->dir, "qemu-img.uids", NULL);
+    assert_int_equal(truncate(uids_path, 0), 0);
+
+    if (!hostd_checkpoint_rm(f->ctx, "a1", "c1", &error))
+        fail_msg("rm c1: %s", error->message);
+    g_autofree char *uids = vm_test_read_file(uids_path);
+    g_autofree char *as_agent = g_strdup_printf("%u rebase\n", ID0);
+    if (strstr(uids, as_agent) == NULL)
+        fail_msg("no rebase as the agent's id in:\n%s", uids);
+    assert_null(strstr(uids, "\n0 rebase"));
+    assert_null(strstr(uids, "\n0 info"));
+    assert_false(g_str_has_prefix(uids, "0 "));
+    /* The checkpoint image it wrote is read-only to the agent again. */
+    assert_owned(f, "a1", c2->image, 0, ID0, 0440);
+    g_autoptr(VmCheckpointSet) after = hostd_test_checkpoints(f, "a1");
+    assert_null(vm_checkpoint_set_find(after, "c1"));
+    assert_non_null(vm_checkpoint_set_find(after, "c2"));
+}
+
 /* An agent made before agent ids gets one when it next boots from its disk: recorded, in its
  * definition (libvirt's and hostd's copy), and its files given to it; one resuming a saved state
  * keeps its old user until then. */
@@ -405,6 +450,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_acl, vm_test_tmpdir_setup, vm_test_tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_new_rm, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_fork_acl, hostd_test_setup, hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_rebase_as_agent, hostd_test_setup,
+                                        hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_adopt_at_start, hostd_test_setup, hostd_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -629,6 +629,85 @@ test_check_as_agent(void **state)
     assert_true(vm_qemu_img_check(roots, base, 0, &error));
 }
 
+/* An overlay is made without opening its backing image: on an image whose header names a host
+ * file, neither is opened, and the new header names the backing image as asked, in qcow2. */
+static void
+test_real_overlay_opens_nothing(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *host = g_build_filename(f->dir, "host-secret", NULL);
+    g_autofree char *backed = g_build_filename(f->dir, "backing-host.qcow2", NULL);
+    g_autofree char *overlay = g_build_filename(f->dir, "overlay.qcow2", NULL);
+    g_autofree char *log = g_build_filename(f->dir, "strace.log", NULL);
+
+    if (!have_qemu_img())
+        skip();
+    vm_test_write_file(host, "host secret marker 7f3a\n");
+    const char *backing_host[] = {"qemu-img", "create", "-q", "-f",   "qcow2", "-F",
+                                  "raw",      "-b",     host, backed, NULL};
+    run_or_fail(backing_host, NULL);
+    vm_test_write_file(overlay, "an older file, replaced\n");
+
+    g_autofree char *old_path = traced_qemu_img(f->dir, log);
+    assert_true(vm_qemu_img_overlay(backed, overlay, 2, &error));
+    assert_null(error);
+    if (old_path != NULL) {
+        assert_true(log_opens(log, overlay));
+        assert_false(log_opens(log, backed));
+        assert_false(log_opens(log, host));
+        g_setenv("PATH", old_path, TRUE);
+    }
+    g_autoptr(GPtrArray) info =
+        vm_qemu_img_info(overlay, VM_QEMU_IMG_INFO_SHARED | VM_QEMU_IMG_INFO_QCOW2, &error);
+    assert_non_null(info);
+    const VmQemuImgInfo *top = info->pdata[0];
+    assert_true(vm_qemu_img_info_check(top, overlay, backed, &error));
+    assert_int_equal(top->virtual_size, 2ull * 1024 * MIB);
+}
+
+/* A safe rebase as an agent's uid: what the image read through the image it leaves is copied
+ * into it first, so it reads the same; an image only root may write is refused to that uid. */
+static void
+test_real_rebase_as_agent(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_auto(GStrv) chain = g_new0(char *, 4);
+    const guint agent = 1879113022;
+
+    if (!have_qemu_img())
+        skip();
+    make_chain(f->dir, chain);
+    const char *write[] = {"qemu-io", "-f", "qcow2", "-c", "write -q -P 0xab 0 64k",
+                           chain[1],  NULL};
+    const char *read[] = {"qemu-io", "-f", "qcow2", "-c", "read -q -P 0xab 0 64k", chain[2], NULL};
+    run_or_fail(write, NULL);
+    if (geteuid() != 0) {
+        assert_false(vm_qemu_img_rebase(chain[0], chain[2], agent, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "as uid");
+        skip();
+    }
+    /* As hostd leaves them: the agent's own image its id's, the one below readable to its group,
+     * the base readable to all. */
+    assert_int_equal(chmod(f->dir, 0711), 0);
+    assert_int_equal(chown(chain[2], agent, agent), 0);
+    assert_int_equal(chmod(chain[2], 0600), 0);
+    assert_int_equal(chown(chain[1], 0, agent), 0);
+    assert_int_equal(chmod(chain[1], 0440), 0);
+    assert_int_equal(chmod(chain[0], 0444), 0);
+
+    assert_false(vm_qemu_img_rebase(chain[0], chain[1], agent, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "Permission denied");
+    g_clear_error(&error);
+    assert_true(vm_qemu_img_rebase(chain[0], chain[2], agent, &error));
+    assert_null(error);
+    assert_true(vm_qemu_img_check(chain[2], chain[0], agent, &error));
+    /* Reads the same without the image it left. */
+    assert_int_equal(g_unlink(chain[1]), 0);
+    run_or_fail(read, NULL);
+}
+
 int
 main(void)
 {
@@ -638,6 +717,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_real_raw, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_missing_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_hostile_headers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_real_overlay_opens_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_real_rebase_as_agent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_captured_and_truncated, setup, teardown),
         cmocka_unit_test(test_parse_cases),
         cmocka_unit_test(test_parse_defaults),
