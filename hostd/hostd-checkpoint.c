@@ -1125,7 +1125,28 @@ hostd_checkpoint_agent_reconcile(HostdContext *ctx, const HostdAgentRecord *r, v
         g_ptr_array_add(notes, g_strdup_printf("agent '%s': %s", r->name, local_error->message));
 }
 
+gboolean
+hostd_checkpoint_boot_check(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+
+    return set != NULL && hostd_checkpoint_chain_check(ctx, r, set, NULL, error);
+}
+
+/* Before a stopped agent boots: no QEMU of it runs, so the headers checked stay as they are
+ * until libvirt reads them. A running one (resumed by start) is left alone. */
+static gboolean
+hostd_checkpoint_agent_starting(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
+
+    if (dom != NULL && hostd_libvirt_is_active(dom))
+        return TRUE;
+    return hostd_checkpoint_boot_check(ctx, r, error);
+}
+
 const HostdComponent hostd_checkpoint_component = {
     .name = "checkpoint",
+    .agent_starting = hostd_checkpoint_agent_starting,
     .agent_reconcile = hostd_checkpoint_agent_reconcile,
 };

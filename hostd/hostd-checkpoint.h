@@ -86,6 +86,14 @@ gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r
 gboolean hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArray *notes,
                                     GError **error);
 
+/* Before libvirt starts @r's stopped domain, from its disk or from a saved state: libvirt reads
+ * the headers of the disk's backing chain itself, as hostd's user (root), to find each image's
+ * backing file and format. hostd_checkpoint_chain_check() of the active overlay first, as the
+ * agent's id, so that libvirt only reads headers that name what hostd's record does. Fails as
+ * that, and with VM_ERROR_IO when the record cannot be read. The checkpoint component runs it
+ * as its agent_starting hook; a wake from a saved state calls it. */
+gboolean hostd_checkpoint_boot_check(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+
 #define HOSTD_BEFORE_SAVE_LABEL "before idle save"
 
 /* With the agent lock held, before the idle loop saves a paused agent: takes an automatic

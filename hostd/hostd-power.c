@@ -69,6 +69,9 @@ hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
         vm_trace_mark(trace, "resume");
     } else if (state == VIR_DOMAIN_SHUTOFF && virDomainHasManagedSaveImage(dom, 0) > 0) {
         hostd_ssh_pool_forget(ctx->ssh, r->name);
+        if (!hostd_checkpoint_boot_check(ctx, r, error))
+            return FALSE;
+        vm_trace_mark(trace, "disk chain checked");
         if (virDomainCreate(dom) < 0) {
             /* The saved image may no longer load (QEMU changed underneath): the disk is intact,
              * so a cold boot loses only what was in RAM. */

@@ -15,6 +15,7 @@
 
 #include "hostd-checkpoint.h"
 #include "hostd-fork.h"
+#include "hostd-power.h"
 #include "hostd-reconcile.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
@@ -241,6 +242,66 @@ test_fork_chain_checked_through_source(void **state)
     assert_string_equal(ids, "c1");
 }
 
+/* libvirt reads the headers of the disk's chain itself, as root, when it starts a domain: a
+ * stopped agent's start and a saved agent's wake check them first as hostd_checkpoint_chain_check()
+ * does, and refuse a hostile one with the domain left as it was; once the header is as hostd
+ * wrote it, the agent starts. */
+static void
+check_boot_refused(HostdTestFixture *f, HostdTestState state, const char *id, Hostile how)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", state);
+    g_autoptr(GError) error = NULL;
+    const char *before = state == HOSTD_TEST_SAVED ? "saved" : "stopped";
+
+    if (id != NULL)
+        hostd_test_checkpoint_n(f, "a1", 1);
+    g_autofree char *path = image_of(f, "a1", id);
+    g_autofree char *saved = vm_test_read_file(path);
+    g_autofree char *image = make_hostile(f, "a1", id, how);
+
+    if (state == HOSTD_TEST_SAVED) {
+        assert_false(hostd_power_wake(f->ctx, "a1", &error));
+    } else {
+        g_autoptr(GVariant) v =
+            hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
+        assert_null(v);
+    }
+    assert_refused(error, image, how);
+    assert_host_files_unopened(f, image);
+    assert_string_equal(hostd_test_domain_state(f, "a1"), before);
+    g_clear_error(&error);
+
+    vm_test_write_file(image, saved);
+    if (state == HOSTD_TEST_SAVED) {
+        if (!hostd_power_wake(f->ctx, "a1", &error))
+            fail_msg("wake: %s", error->message);
+    } else {
+        g_autoptr(GVariant) v =
+            hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
+        if (v == NULL)
+            fail_msg("start: %s", error->message);
+    }
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
+}
+
+static void
+test_start_refused(void **state)
+{
+    check_boot_refused(*state, HOSTD_TEST_STOPPED, NULL, HOSTILE_DATA_FILE);
+}
+
+static void
+test_start_refused_deeper(void **state)
+{
+    check_boot_refused(*state, HOSTD_TEST_STOPPED, "c1", HOSTILE_BACKING);
+}
+
+static void
+test_saved_wake_refused(void **state)
+{
+    check_boot_refused(*state, HOSTD_TEST_SAVED, NULL, HOSTILE_BACKING);
+}
+
 /* Start-up finishing a merge hostd died in: the chain is walked one header at a time through the
  * agent's own images, and a header naming anything else is refused (a note of start-up); the
  * journal stays, and once the header is as hostd wrote it the same repair finishes the merge. */
@@ -298,6 +359,9 @@ main(void)
         T(test_rm_child_data_file),
         T(test_rm_active_overlay),
         T(test_rm_deeper_image),
+        T(test_start_refused),
+        T(test_start_refused_deeper),
+        T(test_saved_wake_refused),
         T(test_checkpoint_and_restore_refused),
         T(test_fork_refused),
         T(test_fork_chain_checked_through_source),

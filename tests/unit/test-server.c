@@ -109,13 +109,26 @@ virDomainUndefineFlags(virDomainPtr domain, unsigned int flags)
 /* No image is ready: assert_nothing_created() finds the images dir as empty as `new` must leave
  * it. */
 static int
-setup(void **state)
+setup_flags(void **state, HostdTestFixtureFlags flags)
 {
-    *state = hostd_test_fixture_new_full(HOSTD_TEST_NO_IMAGE);
+    *state = hostd_test_fixture_new_full(flags);
     g_mutex_lock(&log_lock);
     g_ptr_array_set_size(log_lines, 0);
     g_mutex_unlock(&log_lock);
     return 0;
+}
+
+static int
+setup(void **state)
+{
+    return setup_flags(state, HOSTD_TEST_NO_IMAGE);
+}
+
+/* debian-12's image ready: for agents that boot (start checks the disk's chain down to it). */
+static int
+setup_image(void **state)
+{
+    return setup_flags(state, 0);
 }
 
 /* The template tests need the YAML loader; skip them, saying why, while it cannot load the
@@ -321,8 +334,9 @@ typedef enum {
     MAKE_XML = 1 << 3,     /* domain.xml saved in the agent's directory */
 } MakeFlags;
 
-/* Makes an agent as `new` leaves it, with no disk or keys: a directory with agent.ini in
- * @phase, and optionally the domain and its saved XML. Returns the record. */
+/* Makes an agent as `new` leaves it, without keys: a directory with agent.ini in @phase, its disk
+ * on the base image where the fixture has one, and optionally the domain and its saved XML.
+ * Returns the record. */
 static HostdAgentRecord *
 make_agent(Fixture *f, const char *name, const char *phase, MakeFlags flags, guint port)
 {
@@ -345,6 +359,10 @@ make_agent(Fixture *f, const char *name, const char *phase, MakeFlags flags, gui
     r->state_since = 1700000000;
 
     assert_int_equal(g_mkdir_with_parents(r->dir, 0711), 0);
+    if (f->base_image != NULL && g_file_test(f->base_image, G_FILE_TEST_IS_REGULAR)) {
+        g_autofree char *disk = hostd_agent_record_path(r, HOSTD_AGENT_DISK);
+        hostd_test_image_write(disk, f->base_image);
+    }
     if (flags & MAKE_RECORD && !hostd_agent_record_save(r, &error))
         fail_msg("cannot save the record: %s", error->message);
     if (flags & MAKE_XML) {
@@ -1799,7 +1817,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_agent_list_empty, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_agent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_logged, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_request_log, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_request_log, setup_image, teardown),
         cmocka_unit_test_setup_teardown(test_bad_names, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_unknown_template, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_no_resources, setup, teardown),
@@ -1811,10 +1829,10 @@ main(void)
         cmocka_unit_test_setup_teardown(test_template_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_template_list_broken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_info, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_agent_lifecycle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_lifecycle, setup_image, teardown),
         cmocka_unit_test_setup_teardown(test_agent_rm_force, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_event_ok, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_event_before_answer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_ok, setup_image, teardown),
+        cmocka_unit_test_setup_teardown(test_event_before_answer, setup_image, teardown),
         cmocka_unit_test_setup_teardown(test_event_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_exec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_forward, setup, teardown),
@@ -1822,7 +1840,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_event_authorize, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_never_logged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_request, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_events_follow, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events_follow, setup_image, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_empty, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_creating, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_no_record, setup, teardown),
