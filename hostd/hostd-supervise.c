@@ -7,8 +7,8 @@
 #define SUPERVISE_TICK_US       (5 * G_USEC_PER_SEC)
 #define SUPERVISE_RETRY_US      (1 * G_USEC_PER_SEC) /* an agent whose lock an operation holds */
 #define SUPERVISE_BACKOFF_MAX_S 60
-#define SUPERVISE_RESUME_JOBS                                                                      \
-    4 /* agents resumed (shutdown-resume eager) or stopped at once at start-up */
+/* Agents resumed (shutdown-resume eager) or stopped at once at start-up. */
+#define SUPERVISE_RESUME_JOBS 4
 /* One reboot from inside resets the machine more than once (the kernel, then the firmware):
  * resets this close to the last one are the same reboot. */
 #define SUPERVISE_REBOOT_SAME_US (20 * G_USEC_PER_SEC)
@@ -542,7 +542,7 @@ gboolean
 hostd_supervise_start(HostdContext *ctx, GError **error)
 {
     struct _HostdSupervisor *sv = g_new0(struct _HostdSupervisor, 1);
-    sv->jobs = g_async_queue_new_full((GDestroyNotify)supervise_start_job_free);
+    sv->jobs = g_async_queue_new_full((GDestroyNotify)supervise_job_free);
     sv->deferred = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     sv->down = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     sv->rebooted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
@@ -588,7 +588,7 @@ hostd_supervise_stop(HostdContext *ctx)
     if (sv->reboot_id >= 0)
         virConnectDomainEventDeregisterAny(ctx->lv->conn, sv->reboot_id);
     if (sv->thread != NULL) {
-        g_async_queue_push(sv->jobs, g_new0(SuperviseStartJob, 1));
+        g_async_queue_push(sv->jobs, g_new0(SuperviseJob, 1));
         g_thread_join(sv->thread);
     }
     ctx->supervisor = NULL;

@@ -364,15 +364,9 @@ test_rebase_as_agent(void **state)
         skip();
     HostdTestFixture *f = fixture_with_ids(state, 2);
     g_autoptr(GError) error = NULL;
-    g_autofree char *warning = NULL;
 
     new_ok(f, "a1");
-    for (int i = 0; i < 2; i++) {
-        g_autoptr(GVariant) c = hostd_test_sink(
-            hostd_checkpoint_create(f->ctx, "a1", NULL, FALSE, FALSE, &warning, &error));
-        if (c == NULL)
-            fail_msg("checkpoint: %s", error->message);
-    }
+    hostd_test_checkpoint_n(f, "a1", 2);
     g_autoptr(GVariant) stopped =
         hostd_test_sink(hostd_agent_stop(f->ctx, "a1", TRUE, 0, NULL, NULL, &error));
     if (stopped == NULL)

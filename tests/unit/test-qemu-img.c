@@ -50,6 +50,17 @@ make_qcow2(const char *path, const char *backing, guint mib)
     run_or_fail(backing != NULL ? overlay : plain, NULL);
 }
 
+/* Makes @path a qcow2 image whose header names the host file @host as its backing file, in
+ * format raw, as an escaped QEMU could write it. */
+static void
+make_backed_by_host(const char *path, const char *host)
+{
+    const char *argv[] = {"qemu-img", "create", "-q", "-f", "qcow2", "-F",
+                          "raw",      "-b",     host, path, NULL};
+
+    run_or_fail(argv, NULL);
+}
+
 static gboolean
 have_qemu_img(void)
 {
@@ -531,13 +542,11 @@ test_real_hostile_headers(void **state)
     vm_test_write_file(host, "host secret marker 7f3a\n");
     make_qcow2(base, NULL, 4);
     make_qcow2(good, base, 0);
-    const char *backing_host[] = {"qemu-img", "create", "-q", "-f",   "qcow2", "-F",
-                                  "raw",      "-b",     host, backed, NULL};
     const char *data_host[] = {"qemu-img", "create", "-q", "-f", "qcow2",
                                "-o",       data_opt, data, "4M", NULL};
     const char *amend[] = {"qemu-img", "amend",   "-q",    "-f", "qcow2",
                            "-o",       amend_opt, amended, NULL};
-    run_or_fail(backing_host, NULL);
+    make_backed_by_host(backed, host);
     run_or_fail(data_host, NULL);
     /* amend renames a data file; it cannot add one to an image without. */
     const char *amended_first[] = {"qemu-img", "create",   "-q",    "-f", "qcow2",
@@ -644,9 +653,7 @@ test_real_overlay_opens_nothing(void **state)
     if (!have_qemu_img())
         skip();
     vm_test_write_file(host, "host secret marker 7f3a\n");
-    const char *backing_host[] = {"qemu-img", "create", "-q", "-f",   "qcow2", "-F",
-                                  "raw",      "-b",     host, backed, NULL};
-    run_or_fail(backing_host, NULL);
+    make_backed_by_host(backed, host);
     vm_test_write_file(overlay, "an older file, replaced\n");
 
     g_autofree char *old_path = traced_qemu_img(f->dir, log);
