@@ -301,10 +301,7 @@ hostd_agent_make_disk(const HostdAgentRecord *r, const VmImage *image, GError **
     return vm_qemu_img_overlay(backing, disk, r->disk_gib, error);
 }
 
-/* A VM generation ID of its own for an agent made from a warm image, the same at each of its
- * definitions (so its saves and checkpoints restore), and not the warm image's: derived from its
- * UUID. */
-static char *
+char *
 hostd_agent_genid(const HostdAgentRecord *r)
 {
     g_autofree char *hex = g_compute_checksum_for_string(G_CHECKSUM_SHA256, r->uuid, -1);
@@ -402,12 +399,13 @@ hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmIma
                        const char *disk_file, GError **error)
 {
     g_autofree char *genid = r->warm_base != NULL ? hostd_agent_genid(r) : NULL;
-    return hostd_agent_domain_xml_genid(ctx, r, image, disk_file, genid, error);
+    return hostd_agent_domain_xml_genid(ctx, r, image, disk_file, genid, NULL, error);
 }
 
 char *
 hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
-                             const char *disk_file, const char *genid, GError **error)
+                             const char *disk_file, const char *genid,
+                             const char *const *backing_chain, GError **error)
 {
     g_autoptr(VmImage) looked_up = NULL;
     if (image == NULL) {
@@ -438,6 +436,7 @@ hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const
         .cpus = r->cpus,
         .memory_mib = r->memory_mib,
         .disk_path = disk,
+        .backing_chain = backing_chain,
         .seed_path = seed,
         .kernel_path = image->kernel_path,
         .initrd_path = image->initrd_path,
@@ -826,8 +825,10 @@ gboolean
 hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                         GError **error)
 {
-    if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error) ||
-        !hostd_agent_adopt_id(ctx, r, dom, error) || !hostd_confine_agent(ctx, r, error))
+    /* The id first: the definition it makes is the one the agent_starting hooks see. */
+    if (!hostd_agent_adopt_id(ctx, r, dom, error) ||
+        !hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error) ||
+        !hostd_confine_agent(ctx, r, error))
         return FALSE;
     hostd_ssh_pool_forget(ctx->ssh, r->name);
     if (virDomainCreate(dom) < 0)

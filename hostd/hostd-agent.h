@@ -123,10 +123,18 @@ char *hostd_agent_domain_xml(HostdContext *ctx, const HostdAgentRecord *r, const
                              const char *disk_file, GError **error);
 
 /* The same, with @genid (NULL: none) as its VM generation ID: a definition given with a saved
- * state must carry the saved one, which libvirt checks and made new when it last restored. */
+ * state must carry the saved one, which libvirt checks and made new when it last restored. With
+ * @backing_chain (VmDomainSpec's: the images below the disk, top-down, from hostd's records),
+ * libvirt reads no header of those images; NULL: the components' agent_domain hooks may give it
+ * (the checkpoint component's does for the record's active overlay). */
 char *hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r,
                                    const VmImage *image, const char *disk_file, const char *genid,
-                                   GError **error);
+                                   const char *const *backing_chain, GError **error);
+
+/* A VM generation ID of @r's own, for an agent made from a warm image: the same at each of its
+ * definitions (so its saves and checkpoints restore), and not the warm image's; derived from its
+ * UUID. Newly allocated. */
+char *hostd_agent_genid(const HostdAgentRecord *r);
 
 /* With the new agent's name lock held: allocates its two ports and writes its record (phase
  * "creating") in a new directory r->dir, so a crash from here on is rolled back at start-up. */

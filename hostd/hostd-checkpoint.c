@@ -115,21 +115,6 @@ hostd_checkpoint_check_room(const VmCheckpointSet *set, GError **error)
     return TRUE;
 }
 
-/* Makes libvirt's persistent definition and hostd's saved copy use the set's active overlay. */
-static gboolean
-hostd_checkpoint_define(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpointSet *set,
-                        GError **error)
-{
-    g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, set->active, error);
-    if (xml == NULL)
-        return FALSE;
-    g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
-    if (dom == NULL)
-        return hostd_libvirt_throw(error, "cannot update the domain");
-    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
-    return vm_file_write_atomic(saved, xml, -1, 0600, error);
-}
-
 /* The file a checkpoint image (or, for NULL, the agent's first disk) stands on. */
 static char *
 hostd_checkpoint_backing_path(HostdContext *ctx, const HostdAgentRecord *r,
@@ -161,53 +146,90 @@ hostd_checkpoint_reader(HostdContext *ctx, const HostdAgentRecord *r, const char
     return st.st_uid == r->agent_id || st.st_gid == r->agent_id ? r->agent_id : 0;
 }
 
-/* A fork's chain is checked down through its sources: a chain deeper than this is refused. */
+/* A fork's chain is followed down through its sources: a chain deeper than this is refused. */
 #define HOSTD_CHAIN_FORKS_MAX 64
 
-gboolean
-hostd_checkpoint_chain_check(HostdContext *ctx, const HostdAgentRecord *r,
-                             const VmCheckpointSet *set, const char *id, GError **error)
+/* One image of an agent's disk chain: its file, and who reads its header. */
+typedef struct {
+    char *path;
+    guint reader; /* hostd_checkpoint_reader() */
+} HostdChainImage;
+
+static void
+hostd_chain_image_free(gpointer data)
+{
+    HostdChainImage *image = data;
+
+    g_free(image->path);
+    g_free(image);
+}
+
+static void
+hostd_chain_add(GPtrArray *chain, const char *path, guint reader)
+{
+    HostdChainImage *image = g_new0(HostdChainImage, 1);
+
+    image->path = g_strdup(path);
+    image->reader = reader;
+    g_ptr_array_add(chain, image);
+}
+
+/* The disk chain of checkpoint @id of @r (NULL: of the active overlay), whose record is @set, as
+ * hostd's records have it, top-down: that image first, then what each stands on (a fork's chain
+ * goes on in its source's record), the last one hostd's own (the template's base image or a warm
+ * image), never a file an agent wrote. Reads no image. Fails with VM_ERROR_NOT_FOUND for an
+ * unknown @id or a fork's source that is gone, VM_ERROR_BAD_STATE when a fork stands on no
+ * checkpoint of its source or is forked too deep, or as the records' loads. */
+static GPtrArray *
+hostd_checkpoint_chain(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpointSet *set,
+                       const char *id, GError **error)
 {
     g_autoptr(HostdAgentRecord) source = NULL;
     g_autoptr(VmCheckpointSet) source_set = NULL;
+    g_autoptr(GPtrArray) chain = g_ptr_array_new_with_free_func(hostd_chain_image_free);
     const VmCheckpoint *c = id != NULL ? vm_checkpoint_set_find(set, id) : NULL;
     g_autofree char *path = vm_checkpoint_set_path(set, c != NULL ? c->image : set->active);
     const char *parent = id != NULL ? (c != NULL ? c->parent : NULL) : set->active_parent;
 
     if (id != NULL && c == NULL)
         return vm_throw(error, VM_ERROR_NOT_FOUND, "agent '%s' has no checkpoint '%s'", r->name,
-                        id);
+                        id),
+               NULL;
     for (guint forks = 0;;) {
+        hostd_chain_add(chain, path, hostd_checkpoint_reader(ctx, r, path));
         g_autofree char *below = hostd_checkpoint_backing_path(ctx, r, set, parent, error);
-        if (below == NULL ||
-            !vm_qemu_img_check(path, below, hostd_checkpoint_reader(ctx, r, path), error))
-            return FALSE;
+        if (below == NULL)
+            return NULL;
         g_free(path);
         path = g_steal_pointer(&below);
         if (parent != NULL) {
             parent = vm_checkpoint_set_find(set, parent)->parent;
             continue;
         }
-        if (r->fork_base == NULL)
-            return TRUE;
+        if (r->fork_base == NULL) {
+            hostd_chain_add(chain, path, 0);
+            return g_steal_pointer(&chain);
+        }
         /* The fork's first disk stands on its source's checkpoint image, whose own chain is in
          * the source's record. */
         if (++forks > HOSTD_CHAIN_FORKS_MAX)
             return vm_throw(error, VM_ERROR_BAD_STATE, "the chain of '%s' is forked too deep",
-                            path);
+                            path),
+                   NULL;
         g_autofree char *source_dir = hostd_agent_dir(ctx, r->forked_from);
         g_autoptr(HostdAgentRecord) next = hostd_agent_record_load(source_dir, error);
         if (next == NULL)
-            return FALSE;
+            return NULL;
         g_autoptr(VmCheckpointSet) next_set = vm_checkpoint_set_load(source_dir, error);
         if (next_set == NULL)
-            return FALSE;
+            return NULL;
         const VmCheckpoint *on = vm_checkpoint_set_find(next_set, r->fork_checkpoint);
         g_autofree char *on_path = on != NULL ? vm_checkpoint_set_path(next_set, on->image) : NULL;
         if (on_path == NULL || !g_str_equal(on_path, path))
             return vm_throw(error, VM_ERROR_BAD_STATE,
                             "agent '%s' stands on '%s', which is no checkpoint of '%s'", r->name,
-                            path, r->forked_from);
+                            path, r->forked_from),
+                   NULL;
         parent = on->parent;
         g_clear_pointer(&source, hostd_agent_record_free);
         g_clear_pointer(&source_set, vm_checkpoint_set_free);
@@ -216,6 +238,76 @@ hostd_checkpoint_chain_check(HostdContext *ctx, const HostdAgentRecord *r,
         r = source;
         set = source_set;
     }
+}
+
+/* The files of @chain from its @from'th image on, as a NULL-terminated array (free with
+ * g_strfreev()). */
+static char **
+hostd_chain_paths(const GPtrArray *chain, guint from)
+{
+    g_autoptr(GPtrArray) paths = g_ptr_array_new_with_free_func(g_free);
+
+    for (guint i = from; i < chain->len; i++)
+        g_ptr_array_add(paths, g_strdup(((HostdChainImage *)chain->pdata[i])->path));
+    g_ptr_array_add(paths, NULL);
+    return (char **)g_ptr_array_free(g_steal_pointer(&paths), FALSE);
+}
+
+/* Checks each header of @chain but the bottom one, hostd's own, against the image the record
+ * puts under it (vm_qemu_img_check()). */
+static gboolean
+hostd_chain_check(const GPtrArray *chain, GError **error)
+{
+    for (guint i = 0; i + 1 < chain->len; i++) {
+        const HostdChainImage *image = chain->pdata[i];
+        const HostdChainImage *below = chain->pdata[i + 1];
+        if (!vm_qemu_img_check(image->path, below->path, image->reader, error))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+gboolean
+hostd_checkpoint_chain_check(HostdContext *ctx, const HostdAgentRecord *r,
+                             const VmCheckpointSet *set, const char *id, GError **error)
+{
+    g_autoptr(GPtrArray) chain = hostd_checkpoint_chain(ctx, r, set, id, error);
+
+    return chain != NULL && hostd_chain_check(chain, error);
+}
+
+/* @r's domain XML for @set's active overlay with the chain under it from the records
+ * (hostd_checkpoint_chain()), so that libvirt reads none of those headers; with @on_top, a new
+ * overlay standing on the active one, for that overlay. @genid as hostd_agent_domain_xml_genid().
+ */
+static char *
+hostd_checkpoint_domain_xml(HostdContext *ctx, const HostdAgentRecord *r,
+                            const VmCheckpointSet *set, const char *on_top, const char *genid,
+                            GError **error)
+{
+    g_autoptr(GPtrArray) chain = hostd_checkpoint_chain(ctx, r, set, NULL, error);
+    if (chain == NULL)
+        return NULL;
+    g_auto(GStrv) below = hostd_chain_paths(chain, on_top != NULL ? 0 : 1);
+    return hostd_agent_domain_xml_genid(ctx, r, NULL, on_top != NULL ? on_top : set->active, genid,
+                                        (const char *const *)below, error);
+}
+
+/* Makes libvirt's persistent definition and hostd's saved copy use the set's active overlay
+ * and the chain under it. */
+static gboolean
+hostd_checkpoint_define(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpointSet *set,
+                        GError **error)
+{
+    g_autofree char *genid = r->warm_base != NULL ? hostd_agent_genid(r) : NULL;
+    g_autofree char *xml = hostd_checkpoint_domain_xml(ctx, r, set, NULL, genid, error);
+    if (xml == NULL)
+        return FALSE;
+    g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
+    if (dom == NULL)
+        return hostd_libvirt_throw(error, "cannot update the domain");
+    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
+    return vm_file_write_atomic(saved, xml, -1, 0600, error);
 }
 
 /* A safe rebase of @r's image at @path onto @base, for a stopped agent, as @r's own id where
@@ -375,7 +467,7 @@ hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
  * the wake would write into the checkpoint. Nothing to do for an agent without saved state. */
 static gboolean
 hostd_checkpoint_repoint_saved(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
-                               const char *new_file, GError **error)
+                               const VmCheckpointSet *set, const char *new_file, GError **error)
 {
     if (virDomainHasManagedSaveImage(dom, 0) <= 0) {
         virResetLastError();
@@ -387,7 +479,7 @@ hostd_checkpoint_repoint_saved(HostdContext *ctx, const HostdAgentRecord *r, vir
     if (saved == NULL)
         virResetLastError();
     g_autofree char *genid = saved != NULL ? vm_domain_read_genid(saved, NULL) : NULL;
-    g_autofree char *xml = hostd_agent_domain_xml_genid(ctx, r, NULL, new_file, genid, error);
+    g_autofree char *xml = hostd_checkpoint_domain_xml(ctx, r, set, new_file, genid, error);
     if (xml == NULL)
         return FALSE;
     if (virDomainManagedSaveDefineXML(dom, xml, 0) < 0)
@@ -443,7 +535,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
                                             ret_warning, error);
     } else {
         ok = vm_qemu_img_overlay(active_path, new_path, r->disk_gib, error) &&
-             hostd_checkpoint_repoint_saved(ctx, r, dom, new_file, error);
+             hostd_checkpoint_repoint_saved(ctx, r, dom, set, new_file, error);
     }
     if (!ok) {
         g_unlink(new_path);
@@ -557,8 +649,7 @@ hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, vi
         /* libvirt checks the generation ID too: the saved one (made new at each restore). */
         g_autofree char *saved = vm_save_image_read_xml(memory_path, NULL);
         g_autofree char *genid = saved != NULL ? vm_domain_read_genid(saved, NULL) : NULL;
-        g_autofree char *xml =
-            hostd_agent_domain_xml_genid(ctx, r, NULL, set->active, genid, error);
+        g_autofree char *xml = hostd_checkpoint_domain_xml(ctx, r, set, NULL, genid, error);
         if (xml == NULL)
             return FALSE;
         if (virDomainRestoreFlags(ctx->lv->conn, memory_path, xml, VIR_DOMAIN_SAVE_RUNNING) == 0) {
@@ -1125,16 +1216,73 @@ hostd_checkpoint_agent_reconcile(HostdContext *ctx, const HostdAgentRecord *r, v
         g_ptr_array_add(notes, g_strdup_printf("agent '%s': %s", r->name, local_error->message));
 }
 
+/* Whether @named, the chain a definition gives libvirt (vm_domain_read_disk_chain()), is
+ * @chain's: the same images in the same order. libvirt may list more below the bottom one, which
+ * it read from hostd's own image. */
+static gboolean
+hostd_chain_named(const GPtrArray *chain, const char *const *named)
+{
+    guint n = g_strv_length((char **)named);
+
+    if (n < chain->len)
+        return FALSE;
+    for (guint i = 0; i < chain->len; i++) {
+        if (!g_str_equal(((HostdChainImage *)chain->pdata[i])->path, named[i]))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+/* Makes the definition libvirt will start @dom from (a saved state's, or the persistent one)
+ * name @chain, the record's, when it does not: defined before this chain was known to it (an
+ * older hostd, a checkpoint removed while stopped or saved, an agent given its id). A saved
+ * state whose definition libvirt cannot show is left as it is. */
+static gboolean
+hostd_checkpoint_define_chain(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                              const VmCheckpointSet *set, const GPtrArray *chain, GError **error)
+{
+    gboolean saved = virDomainHasManagedSaveImage(dom, 0) > 0;
+    g_autofree char *xml = saved ? virDomainManagedSaveGetXMLDesc(dom, 0)
+                                 : virDomainGetXMLDesc(dom, VIR_DOMAIN_XML_INACTIVE);
+    if (xml == NULL) {
+        if (saved) {
+            virResetLastError();
+            return TRUE;
+        }
+        return hostd_libvirt_throw(error, "cannot read the domain's definition");
+    }
+    g_auto(GStrv) named = vm_domain_read_disk_chain(xml, error);
+    if (named == NULL)
+        return FALSE;
+    if (hostd_chain_named(chain, (const char *const *)named))
+        return TRUE;
+    if (!saved)
+        return hostd_checkpoint_define(ctx, r, set, error);
+    /* libvirt checks the generation ID too: the saved one. */
+    g_autofree char *genid = vm_domain_read_genid(xml, NULL);
+    g_autofree char *fixed = hostd_checkpoint_domain_xml(ctx, r, set, NULL, genid, error);
+    if (fixed == NULL)
+        return FALSE;
+    if (virDomainManagedSaveDefineXML(dom, fixed, 0) < 0)
+        return hostd_libvirt_throw(error, "cannot give the saved state its disk chain");
+    return TRUE;
+}
+
 gboolean
-hostd_checkpoint_boot_check(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+hostd_checkpoint_boot_check(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                            GError **error)
 {
     g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
-
-    return set != NULL && hostd_checkpoint_chain_check(ctx, r, set, NULL, error);
+    if (set == NULL)
+        return FALSE;
+    g_autoptr(GPtrArray) chain = hostd_checkpoint_chain(ctx, r, set, NULL, error);
+    return chain != NULL && hostd_chain_check(chain, error) &&
+           (dom == NULL || hostd_checkpoint_define_chain(ctx, r, dom, set, chain, error));
 }
 
 /* Before a stopped agent boots: no QEMU of it runs, so the headers checked stay as they are
- * until libvirt reads them. A running one (resumed by start) is left alone. */
+ * until QEMU, as the agent's id, opens the images. A running one (resumed by start) is left
+ * alone. */
 static gboolean
 hostd_checkpoint_agent_starting(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
 {
@@ -1142,11 +1290,36 @@ hostd_checkpoint_agent_starting(HostdContext *ctx, const HostdAgentRecord *r, GE
 
     if (dom != NULL && hostd_libvirt_is_active(dom))
         return TRUE;
-    return hostd_checkpoint_boot_check(ctx, r, error);
+    return hostd_checkpoint_boot_check(ctx, r, dom, error);
+}
+
+/* Every definition of the agent's domain built for the record's active overlay names the chain
+ * under it (a new agent's, a fork's, one given an id); a caller that gave one keeps its own. A
+ * record that cannot be read gives none: libvirt then reads the headers, which
+ * hostd_checkpoint_boot_check() checks before each start. */
+static void
+hostd_checkpoint_agent_domain(HostdContext *ctx, const HostdAgentRecord *r, VmDomainSpec *spec,
+                              GPtrArray *keep)
+{
+    if (spec->backing_chain != NULL)
+        return;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, NULL);
+    g_autofree char *active = set != NULL ? vm_checkpoint_set_path(set, set->active) : NULL;
+    if (active == NULL || !g_str_equal(active, spec->disk_path))
+        return;
+    g_autoptr(GPtrArray) chain = hostd_checkpoint_chain(ctx, r, set, NULL, NULL);
+    if (chain == NULL)
+        return;
+    char **below = hostd_chain_paths(chain, 1);
+    for (char **p = below; *p != NULL; p++)
+        g_ptr_array_add(keep, *p);
+    g_ptr_array_add(keep, below);
+    spec->backing_chain = (const char *const *)below;
 }
 
 const HostdComponent hostd_checkpoint_component = {
     .name = "checkpoint",
+    .agent_domain = hostd_checkpoint_agent_domain,
     .agent_starting = hostd_checkpoint_agent_starting,
     .agent_reconcile = hostd_checkpoint_agent_reconcile,
 };

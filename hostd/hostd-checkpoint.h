@@ -86,13 +86,17 @@ gboolean hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r
 gboolean hostd_checkpoint_reconcile(HostdContext *ctx, const HostdAgentRecord *r, GPtrArray *notes,
                                     GError **error);
 
-/* Before libvirt starts @r's stopped domain, from its disk or from a saved state: libvirt reads
- * the headers of the disk's backing chain itself, as hostd's user (root), to find each image's
- * backing file and format. hostd_checkpoint_chain_check() of the active overlay first, as the
- * agent's id, so that libvirt only reads headers that name what hostd's record does. Fails as
- * that, and with VM_ERROR_IO when the record cannot be read. The checkpoint component runs it
- * as its agent_starting hook; a wake from a saved state calls it. */
-gboolean hostd_checkpoint_boot_check(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
+/* Before libvirt starts @r's stopped domain @dom, from its disk or from a saved state:
+ * hostd_checkpoint_chain_check() of the active overlay, as the agent's id, then the definition
+ * libvirt starts from (the saved state's, or the persistent one) made to name the whole chain
+ * from hostd's records where it does not (<backingStore>, VmDomainSpec's backing_chain), so that
+ * libvirt reads none of the headers a guest wrote (it would, as hostd's user: root) and QEMU is
+ * given that chain, not the one the headers name. @dom NULL: the check alone. Fails as the
+ * check, with VM_ERROR_IO when the record cannot be read, VM_ERROR_LIBVIRT when the definition
+ * cannot be read or made. The checkpoint component runs it as its agent_starting hook; a wake
+ * from a saved state calls it. */
+gboolean hostd_checkpoint_boot_check(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                                     GError **error);
 
 #define HOSTD_BEFORE_SAVE_LABEL "before idle save"
 

@@ -69,7 +69,7 @@ hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
         vm_trace_mark(trace, "resume");
     } else if (state == VIR_DOMAIN_SHUTOFF && virDomainHasManagedSaveImage(dom, 0) > 0) {
         hostd_ssh_pool_forget(ctx->ssh, r->name);
-        if (!hostd_checkpoint_boot_check(ctx, r, error))
+        if (!hostd_checkpoint_boot_check(ctx, r, dom, error))
             return FALSE;
         vm_trace_mark(trace, "disk chain checked");
         if (virDomainCreate(dom) < 0) {

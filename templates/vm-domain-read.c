@@ -129,6 +129,23 @@ vm_domain_read_disk_files(const char *xml, GError **error)
     return domain_read_strv(domain_read_select(doc, "/domain/devices/disk/source/@file"));
 }
 
+GStrv
+vm_domain_read_disk_chain(const char *xml, GError **error)
+{
+    g_autoptr(xmlDoc) doc = NULL;
+
+    g_return_val_if_fail(xml != NULL, NULL);
+
+    doc = domain_read_parse(xml, "domain", error);
+    if (doc == NULL)
+        return NULL;
+    /* A union comes back in document order, which is the chain's order: each <backingStore>
+     * is inside the one above it. */
+    return domain_read_strv(domain_read_select(
+        doc, "/domain/devices/disk[target/@dev='vda']/source/@file | "
+             "/domain/devices/disk[target/@dev='vda']//backingStore/source/@file"));
+}
+
 char *
 vm_domain_read_genid(const char *xml, GError **error)
 {

@@ -25,6 +25,12 @@ G_BEGIN_DECLS
  * bytes, is not well-formed, has a document type declaration, or its root is not <domain>. */
 GStrv vm_domain_read_disk_files(const char *xml, GError **error);
 
+/* The image chain of domain XML @xml's disk vda, top-down: its <source>'s file, then that of
+ * each <backingStore> nested in it, as far as the XML names them (libvirt's live XML lists what
+ * it read from the headers too). Returns a NULL-terminated array, empty when there is no such
+ * disk. Fails as vm_domain_read_disk_files(). */
+GStrv vm_domain_read_disk_chain(const char *xml, GError **error);
+
 /* The values of the <qemu:arg> elements of domain XML @xml's <qemu:commandline>
  * (VM_DOMAIN_QEMU_NS), in order. Returns a NULL-terminated array, possibly empty. Fails as
  * vm_domain_read_disk_files(). */

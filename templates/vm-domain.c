@@ -126,6 +126,11 @@ spec_validate(const VmDomainSpec *spec, GError **error)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "domain spec: memory_mib is 0");
     if (!is_set(spec->disk_path))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "domain spec: no disk_path");
+    for (const char *const *b = spec->backing_chain; b != NULL && *b != NULL; b++) {
+        if (!g_path_is_absolute(*b))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "domain spec: backing image '%s' is not an absolute path", *b);
+    }
     for (guint i = 0; i < VM_DISK_LIMITS; i++) {
         if (spec->disk_limits[i] > VM_DISK_LIMIT_MAX)
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
@@ -202,6 +207,28 @@ append_iotune(GString *xml, const guint *limits)
     g_string_append(xml, "      </iotune>\n");
 }
 
+/* One <backingStore> per image of @chain, each inside the one above it. The last is left open
+ * (no empty <backingStore/> inside it): the bottom image is the caller's own (a base image),
+ * whose own backing file, if any, libvirt may read from its header. */
+static void
+append_backing_chain(GString *xml, const char *const *chain)
+{
+    guint n = chain != NULL ? g_strv_length((char **)chain) : 0;
+
+    for (guint i = 0; i < n; i++) {
+        g_autofree char *indent = g_strnfill(6 + 2 * i, ' ');
+        append(xml,
+               "%s<backingStore type='file'>\n"
+               "%s  <format type='qcow2'/>\n"
+               "%s  <source file='%s'/>\n",
+               indent, indent, indent, chain[i]);
+    }
+    for (guint i = n; i > 0; i--) {
+        g_autofree char *indent = g_strnfill(6 + 2 * (i - 1), ' ');
+        append(xml, "%s</backingStore>\n", indent);
+    }
+}
+
 static void
 append_devices(GString *xml, const VmDomainSpec *spec)
 {
@@ -214,9 +241,10 @@ append_devices(GString *xml, const VmDomainSpec *spec)
     append(xml,
            "    <disk type='file' device='disk'>\n"
            "      <driver name='qemu' type='qcow2' cache='none' io='native' discard='unmap'/>\n"
-           "      <source file='%s'/>\n"
-           "      <target dev='vda' bus='virtio'/>\n",
+           "      <source file='%s'/>\n",
            spec->disk_path);
+    append_backing_chain(xml, spec->backing_chain);
+    g_string_append(xml, "      <target dev='vda' bus='virtio'/>\n");
     append_iotune(xml, spec->disk_limits);
     g_string_append(xml, "    </disk>\n");
     if (is_set(spec->seed_path))

@@ -43,6 +43,9 @@ typedef struct {
     guint cpus;
     guint memory_mib;
     const char *disk_path;             /* qcow2 overlay, discard=unmap */
+    const char *const *backing_chain;  /* the qcow2 images below disk_path, top-down, as the
+                                        * caller's record has them; or NULL: libvirt reads the
+                                        * chain from the images' headers */
     guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit; all 0: no <iotune> */
     const char *seed_path;             /* NoCloud ISO (cdrom, read-only), or NULL */
     const char *kernel_path;           /* direct kernel boot, or NULL to boot from the disk */
@@ -70,7 +73,10 @@ typedef struct {
  * never blocks QEMU or the guest), and QEMU user networking with restrict=on and a single hostfwd
  * 127.0.0.1:ssh_port -> guest :22 (through <qemu:commandline>, since libvirt has no restricted user
  * network), and QEMU's own seccomp sandbox VM_DOMAIN_SANDBOX; with qemu_id, QEMU runs as that uid
- * and gid and libvirt changes no file's owner. With egress_command, the network also gets the
+ * and gid and libvirt changes no file's owner. With backing_chain, the disk's <backingStore>
+ * elements name each image of it (format qcow2): libvirt then reads no header of those images,
+ * only of the last one's own backing file, if it has one, and QEMU is given the same chain
+ * rather than the one the headers name. With egress_command, the network also gets the
  * guestfwd to it, and with guest_api_command one to the in-guest API after it (and libvirt's
  * sandbox must be off, see above). Strings are XML-escaped. Fails with VM_ERROR_INVALID_ARGUMENT
  * when a required field is missing, a command is empty or holds a control character, or a disk

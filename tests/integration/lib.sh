@@ -46,6 +46,47 @@ start_hostd() {
   return 1
 }
 
+# wait_ssh AGENT SECONDS: until exec answers.
+wait_ssh() {
+  local deadline=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    vmctl exec "$1" -- true >/dev/null 2>&1 && return 0
+    sleep 2
+  done
+  return 1
+}
+
+# trace_hostd FILE COMMAND...: runs COMMAND with strace following hostd and every process it
+# starts, each openat and execve written to FILE; the trace ends with the command (keep it
+# short: a QEMU it starts is traced too, and slowed).
+trace_hostd() {
+  local out=$1 tracer rc
+  shift
+  strace -f -qq -e trace=openat,execve -o "$out" -p "$HOSTD_PID" 2>/dev/null &
+  tracer=$!
+  sleep 1 # attached to every thread before the command starts
+  "$@"
+  rc=$?
+  kill "$tracer" 2>/dev/null
+  wait "$tracer" 2>/dev/null
+  return $rc
+}
+
+# hostd_opened FILE: the files hostd's own threads opened in trace_hostd's FILE, one a line: not
+# those of the programs it started (QEMU, qemu-img), which run as the agent's id; each of those
+# processes execs, and what it did before is left out with it.
+hostd_opened() {
+  awk '/ execve\(/ { child[$1] = 1 }
+       { pid[NR] = $1; line[NR] = $0 }
+       END {
+         for (i = 1; i <= NR; i++) {
+           if (pid[i] in child || !match(line[i], /openat\([^"]*"[^"]*"/)) continue
+           s = substr(line[i], RSTART, RLENGTH); sub(/^openat\([^"]*"/, "", s); sub(/"$/, "", s)
+           print s
+         }
+       }' "$1"
+}
+
 # hosts_file_wrapper FILE: sets HOSTD_WRAPPER so that hostd (and only hostd: the host keeps its
 # own) sees FILE as /etc/hosts, bind-mounted in a mount namespace of its own (unshare's default
 # propagation is private, so the mount never reaches the host's namespace). This is how a suite

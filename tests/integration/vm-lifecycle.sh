@@ -54,16 +54,6 @@ wait_state() {
   return 1
 }
 
-# wait_ssh AGENT SECONDS: until exec answers.
-wait_ssh() {
-  local deadline=$(( $(date +%s) + $2 ))
-  while [ "$(date +%s)" -lt "$deadline" ]; do
-    vmctl exec "$1" -- true >/dev/null 2>&1 && return 0
-    sleep 2
-  done
-  return 1
-}
-
 # The PID of AGENT's QEMU, from the pid file the embedded driver keeps for it.
 qemu_pid() {
   local f

@@ -594,8 +594,16 @@ check "list shows a1 stopped ($(( $(date +%s) - t0 )) s)" bash -c "'$VMCTL' --so
 out=$(vmctl exec a1 -- true 2>&1); rc=$?
 check "exec on a stopped agent: 125 and a hint" bash -c "[ $rc = 125 ] && grep -q 'vmctl start a1' <<< '$out'"
 t0=$(date +%s)
-check "start a1" vmctl start a1
+# libvirt runs in hostd, as root: it is given a1's whole chain (checkpoints included) from
+# hostd's records, so none of hostd's own threads opens an image a1's guest wrote; QEMU and the
+# header check do, as a1's id.
+check "start a1" trace_hostd "$S/start.trace" vmctl start --no-wait a1
+check "a1 answers after its start" wait_ssh a1 360
 diag "start-to-ssh seconds: $(( $(date +%s) - t0 ))"
+check "the trace of the start saw QEMU open a1's disk" grep -q "openat(.*$S/agents/a1/disk.*qcow2" "$S/start.trace"
+opened=$(hostd_opened "$S/start.trace" | grep "^$S/agents/a1/.*\.qcow2")
+check "no image of a1 opened by hostd itself during its start" test -z "$opened" ||
+  diag "opened by hostd: $opened"
 check "a file written before stop survives" test "$(vmctl exec a1 -- cat kept.txt)" = keep-me
 check "new with an existing name: exit 4" bash -c "'$VMCTL' --socket '$SOCK' new a1 >/dev/null 2>&1; [ \$? = 4 ]"
 

@@ -204,6 +204,19 @@ test_build_then_read(void **state)
     files = vm_domain_read_disk_files(xml, &error);
     assert_null(error);
     assert_strv(files, "/srv/it's <here> & there/disk.qcow2");
+    /* No chain given: the top image alone, as libvirt's definition would list it. */
+    g_auto(GStrv) top = vm_domain_read_disk_chain(xml, &error);
+    assert_null(error);
+    assert_strv(top, "/srv/it's <here> & there/disk.qcow2");
+    /* A chain given is read back as given. */
+    const char *const chain[] = {"/srv/c & 1.qcow2", "/srv/<base>.qcow2", NULL};
+    spec.backing_chain = chain;
+    g_autofree char *chained = vm_domain_xml_build(&spec, &error);
+    assert_null(error);
+    g_auto(GStrv) read = vm_domain_read_disk_chain(chained, &error);
+    assert_null(error);
+    assert_strv(read, "/srv/it's <here> & there/disk.qcow2|/srv/c & 1.qcow2|/srv/<base>.qcow2");
+    spec.backing_chain = NULL;
     rules = vm_domain_read_guestfwds(xml, &error);
     assert_null(error);
     assert_strv(rules, "tcp:10.0.2.100:3128-cmd:'/x/connect' '/state,restrict=off,,/egress.sock'");
@@ -237,6 +250,12 @@ test_live(void **state)
     assert_null(error);
     assert_strv(
         files, "/var/lib/hostd/agents/agent-a/disk-2.qcow2|/var/lib/hostd/agents/agent-a/seed.iso");
+    /* The chain of vda, top-down, and nothing of the cdrom, the comment or <metadata>. */
+    g_auto(GStrv) chain = vm_domain_read_disk_chain(xml, &error);
+    assert_null(error);
+    assert_strv(chain, "/var/lib/hostd/agents/agent-a/disk-2.qcow2|"
+                       "/var/lib/hostd/agents/agent-a/disk.qcow2|"
+                       "/var/lib/hostd/images/debian-12/base.qcow2");
     rules = vm_domain_read_guestfwds(xml, &error);
     assert_null(error);
     assert_strv(rules, "tcp:10.0.2.100:3128-cmd:'/usr/libexec/vm-egress-connect' "

@@ -184,6 +184,43 @@ test_golden_guest_api(void **state)
 /* An agent with an id of its own: QEMU runs as that uid and gid through libvirt's static DAC
  * label, and libvirt gives no file away (relabel='no'): the kernel, the initrd and every image of
  * the disk's backing chain are shared by agents. The label is the only difference. */
+/* A confined agent's disk with the chain from hostd's record: each image below the top named in
+ * a <backingStore> inside the one above, format qcow2, the bottom left open; libvirt's schema
+ * takes it, and the rest of the domain is the same as without it. A relative path is refused. */
+static void
+test_golden_backing_chain(void **state)
+{
+    VmDomainSpec spec = spec_guest_api();
+    spec.qemu_id = 1879048193;
+    const char *const chain[] = {"/var/lib/hostd/agents/agent-tcg/checkpoints/2.qcow2",
+                                 "/var/lib/hostd/agents/agent-tcg/checkpoints/1.qcow2",
+                                 "/var/lib/hostd/images/debian-12/base.qcow2", NULL};
+    spec.backing_chain = chain;
+    g_autofree char *xml = build_ok(&spec);
+
+    vm_test_assert_golden("domain-backing-chain.xml", xml);
+    assert_schema_valid(*state, xml);
+    const char *open = strstr(xml, "      <backingStore type='file'>");
+    const char *close = strstr(xml, "</disk>");
+    assert_non_null(open);
+    assert_null(strstr(xml, "<backingStore/>"));
+    assert_true(open < close);
+    /* Without the <backingStore> elements, between the disk's source and its target, it is the
+     * domain without a chain. */
+    g_autoptr(GString) stripped = g_string_new(xml);
+    g_string_erase(stripped, open - xml, strstr(xml, "      <target dev='vda'") - open);
+    VmDomainSpec plain = spec_guest_api();
+    plain.qemu_id = 1879048193;
+    g_autofree char *plain_xml = build_ok(&plain);
+    assert_string_equal(stripped->str, plain_xml);
+
+    const char *const relative[] = {"checkpoints/1.qcow2", NULL};
+    spec.backing_chain = relative;
+    g_autoptr(GError) error = NULL;
+    assert_null(vm_domain_xml_build(&spec, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+}
+
 static void
 test_golden_confined(void **state)
 {
@@ -613,6 +650,7 @@ main(void)
         cmocka_unit_test(test_egress_command_comma),
         cmocka_unit_test_setup_teardown(test_golden_guest_api, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_confined, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_golden_backing_chain, setup, teardown),
         cmocka_unit_test(test_guest_api_forward),
         cmocka_unit_test(test_virt_type_features),
         cmocka_unit_test(test_cpu_disable),

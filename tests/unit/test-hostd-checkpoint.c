@@ -19,6 +19,7 @@
 #include "hostd-reconcile.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
+#include "vm-domain-read.h"
 #include "vm-util.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -326,7 +327,8 @@ test_create_memory(void **state)
 }
 
 /* A saved agent resumes from a state that names the disk it wrote to: after a checkpoint that
- * state must name the new overlay, or the wake would write into the checkpoint. */
+ * state must name the new overlay, or the wake would write into the checkpoint, and the chain
+ * under it. */
 static void
 test_create_saved_repoints_state(void **state)
 {
@@ -336,11 +338,16 @@ test_create_saved_repoints_state(void **state)
     g_autofree char *saved = hostd_test_fake_saved_xml();
     g_autofree char *overlay = path_of(f, "a1", "disk-1.qcow2");
     g_autofree char *frozen = path_of(f, "a1", "disk.qcow2");
-    g_autofree char *frozen_attr = g_strdup_printf("file='%s'", frozen);
 
     assert_non_null(saved);
-    assert_non_null(strstr(saved, overlay));
-    assert_null(strstr(saved, frozen_attr));
+    /* The new overlay on top, the frozen image under it as a <backingStore> from hostd's record
+     * (libvirt reads neither header), then the template's base image. */
+    g_auto(GStrv) chain = vm_domain_read_disk_chain(saved, NULL);
+    assert_non_null(chain);
+    assert_int_equal(g_strv_length(chain), 3);
+    assert_string_equal(chain[0], overlay);
+    assert_string_equal(chain[1], frozen);
+    assert_true(g_str_has_suffix(chain[2], "/base.qcow2"));
     assert_string_equal(hostd_test_domain_state(f, "a1"), "saved");
 }
 

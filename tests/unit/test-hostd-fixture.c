@@ -385,6 +385,17 @@ virDomainManagedSaveDefineXML(virDomainPtr domain, const char *dxml, unsigned in
     return 0;
 }
 
+/* The definition a saved state holds: the one last given to it, where the test driver keeps
+ * none of its own. */
+char *
+virDomainManagedSaveGetXMLDesc(virDomainPtr domain, unsigned int flags)
+{
+    g_mutex_lock(&fake_lock);
+    char *xml = virDomainHasManagedSaveImage(domain, 0) == 1 ? g_strdup(fake.saved_xml) : NULL;
+    g_mutex_unlock(&fake_lock);
+    return xml != NULL ? xml : REAL(virDomainManagedSaveGetXMLDesc)(domain, flags);
+}
+
 int
 virDomainGetInfo(virDomainPtr domain, virDomainInfoPtr info)
 {

@@ -19,6 +19,7 @@
 #include "hostd-reconcile.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
+#include "vm-domain-read.h"
 
 #define HOST_BACKING   "/etc/shadow"
 #define HOST_DATA_FILE "/etc/passwd"
@@ -302,6 +303,132 @@ test_saved_wake_refused(void **state)
     check_boot_refused(*state, HOSTD_TEST_SAVED, NULL, HOSTILE_BACKING);
 }
 
+/* The chain libvirt's definition of @name names (the saved state's with @saved), top-down. */
+static char *
+named_chain(HostdTestFixture *f, const char *name, gboolean saved)
+{
+    g_autoptr(virDomain) dom = virDomainLookupByName(f->ctx->lv->conn, name);
+    assert_non_null(dom);
+    g_autofree char *xml =
+        saved ? hostd_test_fake_saved_xml() : virDomainGetXMLDesc(dom, VIR_DOMAIN_XML_INACTIVE);
+    assert_non_null(xml);
+    g_auto(GStrv) chain = vm_domain_read_disk_chain(xml, NULL);
+    assert_non_null(chain);
+    return g_strjoinv("|", chain);
+}
+
+/* The chain hostd's record gives @name's active overlay, down to the template's base image. */
+static char *
+record_chain(HostdTestFixture *f, const char *name, const char *const *ids)
+{
+    g_autoptr(GPtrArray) files = g_ptr_array_new_with_free_func(g_free);
+    g_ptr_array_add(files, image_of(f, name, NULL));
+    for (const char *const *id = ids; *id != NULL; id++)
+        g_ptr_array_add(files, image_of(f, name, *id));
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, name);
+    g_autoptr(VmImage) image = hostd_agent_image(f->ctx, r, NULL);
+    assert_non_null(image);
+    g_ptr_array_add(files, g_strdup(image->disk_path));
+    g_ptr_array_add(files, NULL);
+    return g_strjoinv("|", (char **)files->pdata);
+}
+
+/* A definition as an older hostd made it: the disk's top image alone, its chain left to libvirt
+ * to read from the headers. */
+static char *
+without_chain(const char *xml)
+{
+    g_autoptr(GRegex) re =
+        g_regex_new("\\s*<backingStore.*</backingStore>", G_REGEX_DOTALL, 0, NULL);
+    return g_regex_replace_literal(re, xml, -1, 0, "", 0, NULL);
+}
+
+/* libvirt is given the whole chain from hostd's records, so that it reads none of the headers a
+ * guest wrote: a stopped agent's definition names it from the start and after each checkpoint;
+ * one that does not (made by an older hostd, or left behind by a checkpoint removed while the
+ * agent was stopped) names it again before libvirt starts the agent. */
+static void
+test_start_names_chain(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+    const char *const none[] = {NULL};
+    const char *const both[] = {"c2", "c1", NULL};
+    const char *const c2[] = {"c2", NULL};
+
+    g_autofree char *first = record_chain(f, "a1", none);
+    g_autofree char *named_first = named_chain(f, "a1", FALSE);
+    assert_string_equal(named_first, first);
+    hostd_test_checkpoint_n(f, "a1", 2);
+    g_autofree char *two = record_chain(f, "a1", both);
+    g_autofree char *named_two = named_chain(f, "a1", FALSE);
+    assert_string_equal(named_two, two);
+
+    g_autoptr(virDomain) dom = virDomainLookupByName(f->ctx->lv->conn, "a1");
+    g_autofree char *xml = virDomainGetXMLDesc(dom, VIR_DOMAIN_XML_INACTIVE);
+    g_autofree char *old = without_chain(xml);
+    g_autoptr(virDomain) redefined = virDomainDefineXML(f->ctx->lv->conn, old);
+    assert_non_null(redefined);
+    g_autofree char *top = named_chain(f, "a1", FALSE);
+    g_autofree char *active = image_of(f, "a1", NULL);
+    assert_string_equal(top, active);
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
+    if (v == NULL)
+        fail_msg("start: %s", error->message);
+    g_autofree char *named_start = named_chain(f, "a1", FALSE);
+    assert_string_equal(named_start, two);
+
+    g_autoptr(GVariant) stopped =
+        hostd_test_sink(hostd_agent_stop(f->ctx, "a1", TRUE, 0, NULL, NULL, &error));
+    if (stopped == NULL)
+        fail_msg("stop: %s", error->message);
+    if (!hostd_checkpoint_rm(f->ctx, "a1", "c1", &error))
+        fail_msg("rm c1: %s", error->message);
+    g_autofree char *one = record_chain(f, "a1", c2);
+    g_autoptr(GVariant) again =
+        hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
+    if (again == NULL)
+        fail_msg("start again: %s", error->message);
+    g_autofree char *named_again = named_chain(f, "a1", FALSE);
+    assert_string_equal(named_again, one);
+}
+
+/* The same for a saved agent: the wake gives the saved state's definition the chain it lacks
+ * (a state saved by an older hostd), keeping its generation ID. */
+static void
+test_saved_wake_names_chain(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_SAVED);
+    g_autoptr(GError) error = NULL;
+    const char *const c1[] = {"c1", NULL};
+
+    hostd_test_checkpoint_n(f, "a1", 1);
+    g_autofree char *chain = record_chain(f, "a1", c1);
+    g_autofree char *named = named_chain(f, "a1", TRUE);
+    assert_string_equal(named, chain);
+
+    g_autoptr(virDomain) dom = virDomainLookupByName(f->ctx->lv->conn, "a1");
+    g_autofree char *saved = hostd_test_fake_saved_xml();
+    g_autofree char *old = without_chain(saved);
+    assert_int_equal(virDomainManagedSaveDefineXML(dom, old, 0), 0);
+    g_autofree char *top = named_chain(f, "a1", TRUE);
+    g_autofree char *active = image_of(f, "a1", NULL);
+    assert_string_equal(top, active);
+    if (!hostd_power_wake(f->ctx, "a1", &error))
+        fail_msg("wake: %s", error->message);
+    g_autofree char *woken = named_chain(f, "a1", TRUE);
+    assert_string_equal(woken, chain);
+    g_autofree char *after = hostd_test_fake_saved_xml();
+    g_autofree char *genid_before = vm_domain_read_genid(saved, NULL);
+    g_autofree char *genid_after = vm_domain_read_genid(after, NULL);
+    assert_string_equal(genid_after != NULL ? genid_after : "",
+                        genid_before != NULL ? genid_before : "");
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
+}
+
 /* Start-up finishing a merge hostd died in: the chain is walked one header at a time through the
  * agent's own images, and a header naming anything else is refused (a note of start-up); the
  * journal stays, and once the header is as hostd wrote it the same repair finishes the merge. */
@@ -362,6 +489,8 @@ main(void)
         T(test_start_refused),
         T(test_start_refused_deeper),
         T(test_saved_wake_refused),
+        T(test_start_names_chain),
+        T(test_saved_wake_names_chain),
         T(test_checkpoint_and_restore_refused),
         T(test_fork_refused),
         T(test_fork_chain_checked_through_source),
