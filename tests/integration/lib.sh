@@ -56,29 +56,35 @@ wait_ssh() {
   return 1
 }
 
-# trace_hostd FILE COMMAND...: runs COMMAND with strace following hostd and every process it
-# starts, each openat and execve written to FILE; the trace ends with the command (keep it
-# short: a QEMU it starts is traced too, and slowed).
+# trace_hostd FILE COMMAND...: runs COMMAND (its output dropped) with strace following hostd and
+# every process it starts, each openat, execve and clone written to FILE; the trace ends with the
+# command (keep it short: a QEMU it starts is traced too, and slowed).
 trace_hostd() {
   local out=$1 tracer rc
   shift
-  strace -f -qq -e trace=openat,execve -o "$out" -p "$HOSTD_PID" 2>/dev/null &
+  strace -f -qq -e trace=openat,execve,clone,clone3 -o "$out" -p "$HOSTD_PID" 2>/dev/null &
   tracer=$!
   sleep 1 # attached to every thread before the command starts
-  "$@"
+  "$@" >/dev/null
   rc=$?
   kill "$tracer" 2>/dev/null
   wait "$tracer" 2>/dev/null
   return $rc
 }
 
-# hostd_opened FILE: the files hostd's own threads opened in trace_hostd's FILE, one a line: not
-# those of the programs it started (QEMU, qemu-img), which run as the agent's id; each of those
-# processes execs, and what it did before is left out with it.
+# hostd_opened FILE: the files hostd's own threads opened in trace_hostd's FILE, one a line; not
+# those of the programs it started (QEMU, qemu-img), which run as the agent's id: each of them
+# execs, and is left out from its start, with every thread it makes after.
 hostd_opened() {
-  awk '/ execve\(/ { child[$1] = 1 }
-       { pid[NR] = $1; line[NR] = $0 }
+  awk '{ pid[NR] = $1; line[NR] = $0 }
+       / execve\(/ { child[$1] = 1 }
+       /(clone3?\(|<\.\.\. clone3? resumed>).* = [0-9]+$/ { n++; from[n] = $1; to[n] = $NF }
        END {
+         do {
+           grew = 0
+           for (k = 1; k <= n; k++)
+             if ((from[k] in child) && !(to[k] in child)) { child[to[k]] = 1; grew = 1 }
+         } while (grew)
          for (i = 1; i <= NR; i++) {
            if (pid[i] in child || !match(line[i], /openat\([^"]*"[^"]*"/)) continue
            s = substr(line[i], RSTART, RLENGTH); sub(/^openat\([^"]*"/, "", s); sub(/"$/, "", s)

@@ -485,7 +485,12 @@ vmctl checkpoint rm a1 "$SCK" >/dev/null
 check "keep-awake holds the agent" vmctl keep-awake a1
 sleep 10
 check "a kept-awake agent stays running" test "$(state_of)" = running
-check "suspend --save by hand, then resume" bash -c "'$VMCTL' --socket '$SOCK' suspend --save a1 >/dev/null && '$VMCTL' --socket '$SOCK' resume a1 >/dev/null && [ \"\$('$VMCTL' --socket '$SOCK' exec a1 -- echo up)\" = up ]"
+check "suspend --save by hand" bash -c "'$VMCTL' --socket '$SOCK' suspend --save a1 >/dev/null"
+check "then resume" trace_hostd "$S/wake.trace" vmctl resume a1
+check "it answers after the resume" test "$(vmctl exec a1 -- echo up)" = up
+opened=$(hostd_opened "$S/wake.trace" | grep "^$S/agents/a1/.*\.qcow2")
+check "no image of a1 opened by hostd itself while libvirt restored it" test -z "$opened" ||
+  diag "opened by hostd: $opened"
 # a keep-awake asked from inside holds the agent under the same short idle policy
 guest_api_keep_awake_check a1
 vmctl idle a1 --never >/dev/null
