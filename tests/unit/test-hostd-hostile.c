@@ -395,6 +395,30 @@ test_start_names_chain(void **state)
     assert_string_equal(named_again, one);
 }
 
+/* A fork's definition names its chain down through its source's checkpoint images, which the
+ * source's guest wrote, to the template's base image. */
+static void
+test_fork_names_chain(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+
+    hostd_test_checkpoint_n(f, "a1", 2);
+    HostdForkRequest req = {.name = "b1", .source = "a1", .checkpoint = "c2"};
+    g_autoptr(GVariant) v = hostd_test_sink(hostd_fork(f->ctx, &req, NULL, NULL, NULL, &error));
+    if (v == NULL)
+        fail_msg("fork: %s", error->message);
+    const char *const source[] = {"c2", "c1", NULL};
+    g_autofree char *below = record_chain(f, "a1", source);
+    g_autofree char *active = image_of(f, "b1", NULL);
+    g_autofree char *a1_active = image_of(f, "a1", NULL);
+    /* a1's chain with b1's first disk in place of a1's active overlay. */
+    g_autofree char *expected = g_strconcat(active, below + strlen(a1_active), NULL);
+    g_autofree char *named = named_chain(f, "b1", FALSE);
+    assert_string_equal(named, expected);
+}
+
 /* The same for a saved agent: the wake gives the saved state's definition the chain it lacks
  * (a state saved by an older hostd), keeping its generation ID. */
 static void
@@ -490,6 +514,7 @@ main(void)
         T(test_start_refused_deeper),
         T(test_saved_wake_refused),
         T(test_start_names_chain),
+        T(test_fork_names_chain),
         T(test_saved_wake_names_chain),
         T(test_checkpoint_and_restore_refused),
         T(test_fork_refused),
