@@ -458,6 +458,17 @@ hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const
     return vm_domain_xml_build(&spec, error);
 }
 
+gboolean
+hostd_agent_define(HostdContext *ctx, const HostdAgentRecord *r, const char *xml, const char *what,
+                   GError **error)
+{
+    g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
+    if (dom == NULL)
+        return hostd_libvirt_throw(error, what);
+    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
+    return vm_file_write_atomic(saved, xml, -1, 0600, error);
+}
+
 void
 hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
 {
@@ -812,13 +823,7 @@ hostd_agent_adopt_id(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr 
         return FALSE;
     }
     g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, set->active, error);
-    if (xml == NULL)
-        return FALSE;
-    g_autoptr(virDomain) defined = virDomainDefineXML(ctx->lv->conn, xml);
-    if (defined == NULL)
-        return hostd_libvirt_throw(error, "cannot give the agent its id");
-    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
-    return vm_file_write_atomic(saved, xml, -1, 0600, error);
+    return xml != NULL && hostd_agent_define(ctx, r, xml, "cannot give the agent its id", error);
 }
 
 gboolean

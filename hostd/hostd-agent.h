@@ -131,6 +131,12 @@ char *hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r,
                                    const VmImage *image, const char *disk_file, const char *genid,
                                    const char *const *backing_chain, GError **error);
 
+/* Defines @r's domain as @xml in libvirt and keeps it as hostd's copy (HOSTD_AGENT_DOMAIN_XML,
+ * what start-up defines again should libvirt lose it). Fails with VM_ERROR_LIBVIRT, its message
+ * led by @what, or as vm_file_write_atomic(). */
+gboolean hostd_agent_define(HostdContext *ctx, const HostdAgentRecord *r, const char *xml,
+                            const char *what, GError **error);
+
 /* A VM generation ID of @r's own, for an agent made from a warm image: the same at each of its
  * definitions (so its saves and checkpoints restore), and not the warm image's; derived from its
  * UUID. Newly allocated. */

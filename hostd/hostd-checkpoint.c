@@ -301,13 +301,7 @@ hostd_checkpoint_define(HostdContext *ctx, const HostdAgentRecord *r, const VmCh
 {
     g_autofree char *genid = r->warm_base != NULL ? hostd_agent_genid(r) : NULL;
     g_autofree char *xml = hostd_checkpoint_domain_xml(ctx, r, set, NULL, genid, error);
-    if (xml == NULL)
-        return FALSE;
-    g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
-    if (dom == NULL)
-        return hostd_libvirt_throw(error, "cannot update the domain");
-    g_autofree char *saved = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
-    return vm_file_write_atomic(saved, xml, -1, 0600, error);
+    return xml != NULL && hostd_agent_define(ctx, r, xml, "cannot update the domain", error);
 }
 
 /* A safe rebase of @r's image at @path onto @base, for a stopped agent, as @r's own id where
@@ -463,8 +457,10 @@ hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
 }
 
 /* A saved agent (idle save, `suspend --save`) resumes from a state file that names the disk it
- * was writing to. When a checkpoint freezes that file, the state must name the new overlay, or
- * the wake would write into the checkpoint. Nothing to do for an agent without saved state. */
+ * was writing to and the chain under it. When a checkpoint freezes that file, the state must
+ * name @new_file, the new overlay, or the wake would write into the checkpoint; with @new_file
+ * NULL, it is made to name the set's active overlay and its chain as the record has them now.
+ * Nothing to do for an agent without saved state. */
 static gboolean
 hostd_checkpoint_repoint_saved(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                const VmCheckpointSet *set, const char *new_file, GError **error)
@@ -483,7 +479,9 @@ hostd_checkpoint_repoint_saved(HostdContext *ctx, const HostdAgentRecord *r, vir
     if (xml == NULL)
         return FALSE;
     if (virDomainManagedSaveDefineXML(dom, xml, 0) < 0)
-        return hostd_libvirt_throw(error, "cannot point the saved state at the new overlay");
+        return hostd_libvirt_throw(error, new_file != NULL
+                                              ? "cannot point the saved state at the new overlay"
+                                              : "cannot give the saved state its disk chain");
     return TRUE;
 }
 
@@ -1256,16 +1254,8 @@ hostd_checkpoint_define_chain(HostdContext *ctx, const HostdAgentRecord *r, virD
         return FALSE;
     if (hostd_chain_named(chain, (const char *const *)named))
         return TRUE;
-    if (!saved)
-        return hostd_checkpoint_define(ctx, r, set, error);
-    /* libvirt checks the generation ID too: the saved one. */
-    g_autofree char *genid = vm_domain_read_genid(xml, NULL);
-    g_autofree char *fixed = hostd_checkpoint_domain_xml(ctx, r, set, NULL, genid, error);
-    if (fixed == NULL)
-        return FALSE;
-    if (virDomainManagedSaveDefineXML(dom, fixed, 0) < 0)
-        return hostd_libvirt_throw(error, "cannot give the saved state its disk chain");
-    return TRUE;
+    return saved ? hostd_checkpoint_repoint_saved(ctx, r, dom, set, NULL, error)
+                 : hostd_checkpoint_define(ctx, r, set, error);
 }
 
 gboolean

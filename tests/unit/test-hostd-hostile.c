@@ -41,6 +41,28 @@ image_of(HostdTestFixture *f, const char *name, const char *id)
     return vm_checkpoint_set_path(set, c != NULL ? c->image : set->active);
 }
 
+/* Starts agent @name (without waiting for its guest), failing the test when it does not. */
+static void
+start_ok(HostdTestFixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_start(f->ctx, name, FALSE, NULL, NULL, &error));
+    if (v == NULL)
+        fail_msg("start %s: %s", name, error->message);
+}
+
+/* Stops agent @name at once, failing the test when it does not. */
+static void
+stop_ok(HostdTestFixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) v =
+        hostd_test_sink(hostd_agent_stop(f->ctx, name, TRUE, 0, NULL, NULL, &error));
+    if (v == NULL)
+        fail_msg("stop %s: %s", name, error->message);
+}
+
 /* Rewrites the header of checkpoint @id's image of @name (NULL: the active overlay) as @how, and
  * starts qemu-img's records afresh. Returns the image's path. */
 static char *
@@ -230,10 +252,7 @@ test_fork_chain_checked_through_source(void **state)
     if (v == NULL)
         fail_msg("fork: %s", error->message);
     g_autoptr(HostdAgentRecord) b1 = hostd_test_agent_record(f, "b1");
-    g_autoptr(GVariant) stopped =
-        hostd_test_sink(hostd_agent_stop(f->ctx, "b1", TRUE, 0, NULL, NULL, &error));
-    if (stopped == NULL)
-        fail_msg("stop b1: %s", error->message);
+    stop_ok(f, "b1");
     hostd_test_checkpoint_n(f, "b1", 1);
     g_autofree char *c1 = make_hostile(f, "a1", "c1", HOSTILE_DATA_FILE);
     assert_false(hostd_checkpoint_rm(f->ctx, "b1", "c1", &error));
@@ -277,10 +296,7 @@ check_boot_refused(HostdTestFixture *f, HostdTestState state, const char *id, Ho
         if (!hostd_power_wake(f->ctx, "a1", &error))
             fail_msg("wake: %s", error->message);
     } else {
-        g_autoptr(GVariant) v =
-            hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
-        if (v == NULL)
-            fail_msg("start: %s", error->message);
+        start_ok(f, "a1");
     }
     assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
 }
@@ -373,24 +389,15 @@ test_start_names_chain(void **state)
     g_autofree char *top = named_chain(f, "a1", FALSE);
     g_autofree char *active = image_of(f, "a1", NULL);
     assert_string_equal(top, active);
-    g_autoptr(GVariant) v =
-        hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
-    if (v == NULL)
-        fail_msg("start: %s", error->message);
+    start_ok(f, "a1");
     g_autofree char *named_start = named_chain(f, "a1", FALSE);
     assert_string_equal(named_start, two);
 
-    g_autoptr(GVariant) stopped =
-        hostd_test_sink(hostd_agent_stop(f->ctx, "a1", TRUE, 0, NULL, NULL, &error));
-    if (stopped == NULL)
-        fail_msg("stop: %s", error->message);
+    stop_ok(f, "a1");
     if (!hostd_checkpoint_rm(f->ctx, "a1", "c1", &error))
         fail_msg("rm c1: %s", error->message);
     g_autofree char *one = record_chain(f, "a1", c2);
-    g_autoptr(GVariant) again =
-        hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
-    if (again == NULL)
-        fail_msg("start again: %s", error->message);
+    start_ok(f, "a1");
     g_autofree char *named_again = named_chain(f, "a1", FALSE);
     assert_string_equal(named_again, one);
 }
