@@ -15,6 +15,17 @@ guint hostd_ssh_pool_get_connections_opened(HostdSshPool *pool);
 /* Number of idle sessions @pool holds for @agent. Can't fail. */
 guint hostd_ssh_pool_get_idle_count(HostdSshPool *pool, const char *agent);
 
+/* Number of execs @pool ran on a spare shell (hostd-ssh.c's SPARE_SCRIPT) since it was
+ * created. Can't fail. */
+guint hostd_ssh_pool_get_spares_used(HostdSshPool *pool);
+
+/* Number of @agent's idle sessions that hold a spare shell. Can't fail. */
+guint hostd_ssh_pool_get_spare_count(HostdSshPool *pool, const char *agent);
+
+/* Replaces the script a spare runs (tests: one a login shell refuses, as a shell other than
+ * bash would). @script must outlive @pool. Can't fail. */
+void hostd_ssh_pool_set_spare_script(HostdSshPool *pool, const char *script);
+
 /* The exit status hostd reports for a command killed by the signal named @name as SSH names it
  * ("TERM", "KILL", without "SIG"): 128 + the Linux signal number, or 255 for a name it does
  * not know. Can't fail. */

@@ -33,6 +33,26 @@
 #define RELAY_BURST_CHUNKS      16 /* output chunks per stream before looking at the client */
 #define STDIN_PENDING_MAX       (4 * VM_STREAM_CHUNK_MAX)
 
+/* Spares: a shell the agent's sshd started on a pooled session before any exec asked for it,
+ * waiting for its command on stdin. An exec that finds one skips the channel open, the exec
+ * request and sshd's work for a new session (its fork, the login shell's start): those ran
+ * while nobody waited, right after the exec before it. The spare says it is ready with
+ * SPARE_READY on stdout, then reads the command up to a NUL byte, a byte at a time as bash reads
+ * a pipe, so what follows is the command's stdin; and it runs it in that same shell with eval.
+ * The command is what an exec request would carry, with the last program run by exec where
+ * `bash -c` can run it that way (spare_append_argv()): the same program, arguments,
+ * environment, stdin, output, exit status and signals as an exec request's `bash -c`. (That
+ * bash execs its last program or forks for it depending on what precedes it, and after a fork
+ * adds a "Terminated" line when the program is killed; a spare always execs it.) A login shell
+ * that is not bash never says ready: then the agent's execs go the ordinary way. Terminals,
+ * and commands over SPARE_COMMAND_MAX, always do. */
+#define SPARE_READY "vmctl-spare-ready\n"
+#define SPARE_SCRIPT                                                                               \
+    "[ -n \"${BASH_VERSION-}\" ] && printf 'vmctl-spare-ready\\n' && "                             \
+    "IFS= read -r -d '' __vmctl_command && eval \"unset __vmctl_command; $__vmctl_command\""
+#define SPARE_COMMAND_MAX 4096 /* bytes; read a byte at a time by the spare */
+#define SPARE_NOISE_MAX   4096 /* output of the login shell's start-up files, before SPARE_READY */
+
 /* The one translator from libssh errors: "@fmt: <libssh's last error>" in VM_ERROR_SSH. */
 static gboolean G_GNUC_PRINTF(3, 4)
     ssh_throw(GError **error, ssh_session session, const char *fmt, ...)
@@ -51,29 +71,48 @@ static gboolean G_GNUC_PRINTF(3, 4)
 
 /* ---- Pool ---------------------------------------------------------------------------------- */
 
+/* An idle session and the spare shell waiting on it (see "Spares" below). */
 typedef struct {
-    GQueue idle;        /* ssh_session, most recently used first */
+    ssh_session session;
+    ssh_channel spare; /* or NULL */
+} PooledSession;
+
+typedef struct {
+    GQueue idle;        /* PooledSession *, most recently used first */
     guint64 generation; /* sessions taken under another generation are not taken back */
+    guint refilling;    /* sessions out only while they get a spare: back within a round trip */
+    gboolean spares_refused; /* a spare never said it was ready: the login shell is not bash */
 } PoolEntry;
 
 struct HostdSshPool {
     GMutex lock;
     GCond slot_freed;
+    GCond session_returned; /* an idle session was put back, or a refill ended */
     GHashTable *entries;    /* agent -> PoolEntry */
     GHashTable *connecting; /* agent -> handshakes under way (GUINT_TO_POINTER); not forgotten */
     GHashTable *handshakes_ended; /* agent -> how many ended (GUINT_TO_POINTER): progress */
     guint64 last_generation;
     gint connections_opened;
+    gint spares_used;
+    const char *spare_script; /* SPARE_SCRIPT, or a test's */
 };
+
+static void
+pooled_session_free(PooledSession *pooled)
+{
+    /* The spare's channel goes with its session. */
+    hostd_ssh_session_close(pooled->session);
+    g_free(pooled);
+}
 
 static void
 pool_entry_free(gpointer data)
 {
     PoolEntry *entry = data;
-    ssh_session session;
+    PooledSession *pooled;
 
-    while ((session = g_queue_pop_head(&entry->idle)) != NULL)
-        hostd_ssh_session_close(session);
+    while ((pooled = g_queue_pop_head(&entry->idle)) != NULL)
+        pooled_session_free(pooled);
     g_free(entry);
 }
 
@@ -94,6 +133,8 @@ hostd_ssh_pool_new(void)
     pool->connecting = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     pool->handshakes_ended = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     g_cond_init(&pool->slot_freed);
+    g_cond_init(&pool->session_returned);
+    pool->spare_script = SPARE_SCRIPT;
     return pool;
 }
 
@@ -106,6 +147,7 @@ hostd_ssh_pool_free(HostdSshPool *pool)
     g_hash_table_unref(pool->connecting);
     g_hash_table_unref(pool->handshakes_ended);
     g_cond_clear(&pool->slot_freed);
+    g_cond_clear(&pool->session_returned);
     g_mutex_clear(&pool->lock);
     g_free(pool);
 }
@@ -133,44 +175,96 @@ pool_get_generation(HostdSshPool *pool, const char *agent)
     return pool_ensure_entry(pool, agent)->generation;
 }
 
-/* Takes an idle session of @agent that still looks connected, or returns NULL. */
+/* Takes an idle session of @agent that still looks connected, and its spare (or NULL) in
+ * *@ret_spare; NULL when there is none. A session of @agent out only for its spare is waited
+ * for: it is back within a round trip or two, a new connection takes a handshake. */
 static ssh_session
-pool_take(HostdSshPool *pool, const char *agent, guint64 *ret_generation)
+pool_take(HostdSshPool *pool, const char *agent, guint64 *ret_generation, ssh_channel *ret_spare)
 {
+    gint64 deadline = g_get_monotonic_time() + SESSION_TIMEOUT_S * G_USEC_PER_SEC;
+
     for (;;) {
-        ssh_session session;
+        PooledSession *pooled;
 
         g_mutex_lock(&pool->lock);
         PoolEntry *entry = pool_ensure_entry(pool, agent);
+        while (g_queue_is_empty(&entry->idle) && entry->refilling > 0 &&
+               g_cond_wait_until(&pool->session_returned, &pool->lock, deadline))
+            entry = pool_ensure_entry(pool, agent); /* it may have been forgotten meanwhile */
         *ret_generation = entry->generation;
-        session = g_queue_pop_head(&entry->idle);
+        pooled = g_queue_pop_head(&entry->idle);
         g_mutex_unlock(&pool->lock);
 
-        if (session == NULL || ssh_is_connected(session))
+        *ret_spare = NULL;
+        if (pooled == NULL)
+            return NULL;
+        ssh_session session = pooled->session;
+        ssh_channel spare = pooled->spare;
+        g_free(pooled);
+        if (ssh_is_connected(session)) {
+            *ret_spare = spare;
             return session;
+        }
         hostd_ssh_session_close(session);
     }
 }
 
-/* Gives @session back to the pool, or closes it when it is dead, surplus, or belongs to sessions
- * forgotten since it was taken (e.g. the agent's port changed meanwhile). */
+/* Gives @session (with @spare, or NULL) back to the pool, or closes it when it is dead, surplus,
+ * or belongs to sessions forgotten since it was taken (e.g. the agent's port changed
+ * meanwhile). @refilled: it was out for its spare since pool_refill_begin(). */
 static void
-pool_put(HostdSshPool *pool, const char *agent, guint64 generation, ssh_session session)
+pool_put(HostdSshPool *pool, const char *agent, guint64 generation, ssh_session session,
+         ssh_channel spare, gboolean refilled)
 {
     ssh_session surplus = session;
 
-    if (ssh_is_connected(session)) {
+    {
         g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
         PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+        gboolean current = entry != NULL && entry->generation == generation;
 
-        if (entry != NULL && entry->generation == generation &&
+        if (current && refilled && entry->refilling > 0)
+            entry->refilling--;
+        if (current && ssh_is_connected(session) &&
             g_queue_get_length(&entry->idle) < POOL_IDLE_MAX) {
-            g_queue_push_head(&entry->idle, session);
+            PooledSession *pooled = g_new0(PooledSession, 1);
+
+            pooled->session = session;
+            pooled->spare = spare;
+            g_queue_push_head(&entry->idle, pooled);
             surplus = NULL;
         }
+        g_cond_broadcast(&pool->session_returned);
     }
     /* Outside the lock: a disconnect writes to the network. */
     hostd_ssh_session_close(surplus);
+}
+
+/* Whether a session of @agent's @generation, about to be given back, should get a spare first;
+ * when TRUE, pool_take() waits for it until pool_put(..., TRUE). FALSE when the pool would not
+ * keep it or the agent's shell refused spares. */
+static gboolean
+pool_refill_begin(HostdSshPool *pool, const char *agent, guint64 generation)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+    PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+
+    if (entry == NULL || entry->generation != generation || entry->spares_refused ||
+        g_queue_get_length(&entry->idle) + entry->refilling >= POOL_IDLE_MAX)
+        return FALSE;
+    entry->refilling++;
+    return TRUE;
+}
+
+/* No more spares for @agent's @generation: its login shell did not run the spare script. */
+static void
+pool_refuse_spares(HostdSshPool *pool, const char *agent, guint64 generation)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+    PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+
+    if (entry != NULL && entry->generation == generation)
+        entry->spares_refused = TRUE;
 }
 
 void
@@ -184,6 +278,8 @@ hostd_ssh_pool_forget(HostdSshPool *pool, const char *agent)
 
     g_mutex_lock(&pool->lock);
     found = g_hash_table_steal_extended(pool->entries, agent, &key, &entry);
+    /* Waiters for a refill look again: it will not come back to them. */
+    g_cond_broadcast(&pool->session_returned);
     g_mutex_unlock(&pool->lock);
     if (found) {
         g_free(key);
@@ -195,6 +291,30 @@ guint
 hostd_ssh_pool_get_connections_opened(HostdSshPool *pool)
 {
     return (guint)g_atomic_int_get(&pool->connections_opened);
+}
+
+guint
+hostd_ssh_pool_get_spares_used(HostdSshPool *pool)
+{
+    return (guint)g_atomic_int_get(&pool->spares_used);
+}
+
+guint
+hostd_ssh_pool_get_spare_count(HostdSshPool *pool, const char *agent)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+    PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+    guint n = 0;
+
+    for (GList *l = entry != NULL ? entry->idle.head : NULL; l != NULL; l = l->next)
+        n += ((PooledSession *)l->data)->spare != NULL;
+    return n;
+}
+
+void
+hostd_ssh_pool_set_spare_script(HostdSshPool *pool, const char *script)
+{
+    pool->spare_script = script;
 }
 
 guint
@@ -356,6 +476,59 @@ sleep_cancellable(GCancellable *cancellable, gint64 usec)
     }
 }
 
+/* ---- Spares (see SPARE_SCRIPT) ------------------------------------------------------------- */
+
+/* Starts a spare on @session: NULL when the session could not, never an error (the next exec
+ * then goes the ordinary way, and finds out whether the session still works). */
+static ssh_channel
+spare_start(HostdSshPool *pool, ssh_session session)
+{
+    ssh_channel channel = ssh_channel_new(session);
+
+    if (channel == NULL)
+        return NULL;
+    if (ssh_channel_open_session(channel) != SSH_OK ||
+        ssh_channel_request_exec(channel, pool->spare_script) != SSH_OK) {
+        ssh_channel_free(channel);
+        return NULL;
+    }
+    return channel;
+}
+
+typedef enum {
+    SPARE_OK,      /* ready: the command goes to it */
+    SPARE_REFUSED, /* it ended without saying it was ready: the login shell is not bash */
+    SPARE_UNUSED,  /* no answer in time, or too much before it: the ordinary way this once */
+    SPARE_LOST,    /* the connection is gone */
+} SpareClaim;
+
+/* Waits for @spare's SPARE_READY. What the shell's start-up files printed before it is
+ * dropped: `bash -c` runs them again for the command, whose output they are part of. */
+static SpareClaim
+spare_claim(ssh_session session, ssh_channel spare)
+{
+    const gsize ready_len = strlen(SPARE_READY);
+    g_autoptr(GByteArray) seen = g_byte_array_new();
+    char buf[512];
+
+    for (;;) {
+        if (seen->len >= ready_len && memmem(seen->data, seen->len, SPARE_READY, ready_len))
+            return SPARE_OK; /* nothing follows it: the spare waits for its command */
+        if (seen->len > SPARE_NOISE_MAX)
+            return SPARE_UNUSED;
+        int n = ssh_channel_read_timeout(spare, buf, sizeof(buf), 0, SESSION_TIMEOUT_S * 1000);
+        if (n > 0) {
+            g_byte_array_append(seen, (const guint8 *)buf, (guint)n);
+            continue;
+        }
+        if (!ssh_is_connected(session))
+            return SPARE_LOST;
+        if (n == 0 && ssh_channel_is_eof(spare))
+            return SPARE_REFUSED;
+        return SPARE_UNUSED;
+    }
+}
+
 gboolean
 hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint timeout_s,
                      GCancellable *cancellable, GError **error)
@@ -384,7 +557,8 @@ hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint tim
         g_clear_error(&last_error);
         switch (session_connect(pool, target, attempt_s, &session, &last_error)) {
         case CONNECT_OK:
-            pool_put(pool, target->agent, generation, session);
+            /* The agent's first exec finds its spare ready, as later ones do. */
+            pool_put(pool, target->agent, generation, session, spare_start(pool, session), FALSE);
             return TRUE;
         case CONNECT_FATAL:
             g_propagate_error(error, g_steal_pointer(&last_error));
@@ -456,10 +630,64 @@ env_name_is_valid(const char *name, gsize len)
     return TRUE;
 }
 
-/* The remote command line. The environment goes into it because sshd's AcceptEnv refuses
- * almost every variable sent as an "env" request. */
+/* bash's builtins and reserved words (bash 5.2): a command named by one runs in the shell
+ * itself under `bash -c`, never by exec. */
+static gboolean
+bash_runs_itself(const char *name)
+{
+    static const char *const names[] = {
+        ".",      ":",       "[",         "alias",    "bg",       "bind",    "break",    "builtin",
+        "caller", "cd",      "command",   "compgen",  "complete", "compopt", "continue", "declare",
+        "dirs",   "disown",  "echo",      "enable",   "eval",     "exec",    "exit",     "export",
+        "false",  "fc",      "fg",        "getopts",  "hash",     "help",    "history",  "jobs",
+        "kill",   "let",     "local",     "logout",   "mapfile",  "popd",    "printf",   "pushd",
+        "pwd",    "read",    "readarray", "readonly", "return",   "set",     "shift",    "shopt",
+        "source", "suspend", "test",      "times",    "trap",     "true",    "type",     "typeset",
+        "ulimit", "umask",   "unalias",   "unset",    "wait",     "if",      "then",     "else",
+        "elif",   "fi",      "case",      "esac",     "for",      "select",  "while",    "until",
+        "do",     "done",    "in",        "function", "time",     "{",       "}",        "!",
+        "[[",     "]]",      "coproc",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(names); i++) {
+        if (strcmp(name, names[i]) == 0)
+            return TRUE;
+    }
+    return FALSE;
+}
+
+/* Appends @argv (@quoted: it quoted) as a spare runs it: by exec where `bash -c` would exec it
+ * as its last command, a program found in PATH or an executable file, so that the program
+ * replaces the shell, its signals reach sshd and bash adds no message of its own; run by the
+ * shell otherwise (a builtin, a function of the guest's start-up files, a name not found:
+ * bash's own error). A name of other characters is left to the shell. */
+static void
+spare_append_argv(GString *command, char *const *argv, const char *quoted)
+{
+    const char *name = argv[0];
+    g_autofree char *word = hostd_shell_quote_argv((char *const[]){(char *)name, NULL});
+
+    if (bash_runs_itself(name)) {
+        g_string_append(command, quoted);
+    } else if (strchr(name, '/') != NULL) {
+        g_string_append_printf(command, "if [ -f %s ] && [ -x %s ]; then exec %s; else %s; fi",
+                               word, word, quoted, quoted);
+    } else if (strspn(name,
+                      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:+-") ==
+               strlen(name)) {
+        g_string_append_printf(command,
+                               "if declare -F -- %s >/dev/null || ! hash -- %s 2>/dev/null; "
+                               "then %s; else exec %s; fi",
+                               word, word, quoted, quoted);
+    } else {
+        g_string_append(command, quoted);
+    }
+}
+
+/* The remote command line; @for_spare: as a spare runs it. The environment goes into it because
+ * sshd's AcceptEnv refuses almost every variable sent as an "env" request. */
 static char *
-exec_build_command(const HostdExecRequest *request, GError **error)
+exec_build_command(const HostdExecRequest *request, gboolean for_spare, GError **error)
 {
     g_autoptr(GString) command = g_string_new(NULL);
     g_autofree char *quoted = NULL;
@@ -490,7 +718,10 @@ exec_build_command(const HostdExecRequest *request, GError **error)
         g_string_append(command, " && ");
     }
     quoted = hostd_shell_quote_argv(request->argv);
-    g_string_append(command, quoted);
+    if (for_spare)
+        spare_append_argv(command, request->argv, quoted);
+    else
+        g_string_append(command, quoted);
     return g_string_free(g_steal_pointer(&command), FALSE);
 }
 
@@ -617,16 +848,17 @@ relay_stdin(ssh_session session, ssh_channel channel, StdinState *in, GError **e
     return TRUE;
 }
 
-/* Relays until the channel is closed and drained; then *ret_status holds the exit status.
+/* Relays until the channel is closed and drained, @first_input (a spare's command) going to
+ * the command's stdin ahead of the client's; then *ret_status holds the exit status.
  * @event holds @session: reading the channel stops feeding libssh from the socket once the
  * remote EOF is in, yet the exit status and the close come after it. */
 static gboolean
 exec_relay(ssh_session session, ssh_event event, ssh_channel channel,
-           const HostdExecRequest *request, ExecState *state, VmStreamWriter *reply,
-           int *ret_status, GError **error)
+           const HostdExecRequest *request, GByteArray *first_input, ExecState *state,
+           VmStreamWriter *reply, int *ret_status, GError **error)
 {
     int client_fd = reply->fd;
-    g_autoptr(GByteArray) pending = g_byte_array_new();
+    g_autoptr(GByteArray) pending = g_byte_array_ref(first_input);
     g_autofree guint8 *buf = g_malloc(VM_STREAM_CHUNK_MAX);
     StdinState in = {.pending = pending};
     int status;
@@ -769,14 +1001,18 @@ hostd_ssh_session_take(HostdSshPool *pool, const HostdSshTarget *target, gboolea
                        guint64 *ret_generation, GError **error)
 {
     ssh_session session = NULL;
+    ssh_channel spare = NULL;
     guint64 generation;
 
     g_return_val_if_fail(pool != NULL && target != NULL && ret_generation != NULL, NULL);
     g_return_val_if_fail(error == NULL || *error == NULL, NULL);
 
-    if (!fresh)
-        session = pool_take(pool, target->agent, &generation);
-    else
+    if (!fresh) {
+        session = pool_take(pool, target->agent, &generation, &spare);
+        /* The caller gets a session with no channel of anyone else's. */
+        if (spare != NULL)
+            ssh_channel_free(spare);
+    } else
         generation = pool_get_generation(pool, target->agent);
     if (session == NULL)
         session = exec_connect(pool, target, error);
@@ -792,7 +1028,62 @@ hostd_ssh_session_give(HostdSshPool *pool, const char *agent, guint64 generation
     g_return_if_fail(pool != NULL && agent != NULL);
 
     if (session != NULL)
-        pool_put(pool, agent, generation, session);
+        pool_put(pool, agent, generation, session, NULL, FALSE);
+}
+
+/* Where an exec's command goes: a spare of the pooled session (ready), else a new channel on a
+ * pooled or fresh session. */
+static gboolean
+exec_channel(HostdSshPool *pool, const HostdSshTarget *target, const HostdExecRequest *request,
+             gsize command_len, ssh_session *ret_session, guint64 *ret_generation,
+             ssh_channel *ret_channel, gboolean *ret_spare, GError **error)
+{
+    ssh_channel spare = NULL;
+    ssh_session session = pool_take(pool, target->agent, ret_generation, &spare);
+
+    vm_trace_mark(request->trace, "pooled session");
+    *ret_spare = FALSE;
+    if (spare != NULL && !request->tty && command_len < SPARE_COMMAND_MAX) {
+        switch (spare_claim(session, spare)) {
+        case SPARE_OK:
+            g_atomic_int_inc(&pool->spares_used);
+            vm_trace_mark(request->trace, "spare ready");
+            *ret_session = session;
+            *ret_channel = spare;
+            *ret_spare = TRUE;
+            return TRUE;
+        case SPARE_REFUSED:
+            pool_refuse_spares(pool, target->agent, *ret_generation);
+            break;
+        case SPARE_LOST:
+            g_clear_pointer(&session, hostd_ssh_session_close); /* the spare with it */
+            spare = NULL;
+            break;
+        case SPARE_UNUSED:
+        default:
+            break;
+        }
+    }
+    if (spare != NULL)
+        ssh_channel_free(spare);
+
+    if (session != NULL && !channel_open(session, target->agent, ret_channel, NULL)) {
+        /* The guest may have rebooted under a pooled session: one fresh try. */
+        g_clear_pointer(&session, hostd_ssh_session_close);
+    }
+    if (session == NULL) {
+        session = exec_connect(pool, target, error);
+        vm_trace_mark(request->trace, "connect");
+        if (session == NULL)
+            return FALSE;
+        if (!channel_open(session, target->agent, ret_channel, error)) {
+            hostd_ssh_session_close(session);
+            return FALSE;
+        }
+    }
+    vm_trace_mark(request->trace, "channel open");
+    *ret_session = session;
+    return TRUE;
 }
 
 gboolean
@@ -800,11 +1091,15 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
                int client_fd, GError **error)
 {
     g_autofree char *command = NULL;
+    g_autofree char *spare_command = NULL;
     g_autoptr(HostdSshSession) session = NULL;
     g_autoptr(GError) local_error = NULL;
+    g_autoptr(GByteArray) first_input = g_byte_array_new();
     VmStreamWriter reply = VM_STREAM_WRITER_INIT(client_fd);
     ExecState state = {{0}};
     ssh_channel channel = NULL;
+    gboolean from_spare = FALSE;
+    gboolean refill = FALSE;
     guint64 generation;
     int status = 0;
     gboolean ok;
@@ -812,23 +1107,17 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
     g_return_val_if_fail(pool != NULL && target != NULL && request != NULL, FALSE);
     g_return_val_if_fail(error == NULL || *error == NULL, FALSE);
 
-    command = exec_build_command(request, error);
+    command = exec_build_command(request, FALSE, error);
     if (command == NULL)
         return FALSE;
-
-    session = pool_take(pool, target->agent, &generation);
-    vm_trace_mark(request->trace, "pooled session");
-    if (session != NULL && !channel_open(session, target->agent, &channel, NULL)) {
-        /* The guest may have rebooted under a pooled session: one fresh try. */
-        g_clear_pointer(&session, hostd_ssh_session_close);
-    }
-    if (session == NULL) {
-        session = exec_connect(pool, target, error);
-        vm_trace_mark(request->trace, "connect");
-        if (session == NULL || !channel_open(session, target->agent, &channel, error))
+    spare_command = exec_build_command(request, TRUE, NULL);
+    {
+        ssh_session got = NULL;
+        if (!exec_channel(pool, target, request, strlen(spare_command), &got, &generation, &channel,
+                          &from_spare, error))
             return FALSE;
+        session = got;
     }
-    vm_trace_mark(request->trace, "channel open");
 
     state.callbacks.userdata = &state;
     state.callbacks.channel_exit_signal_function = on_exit_signal;
@@ -840,16 +1129,22 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
         vm_trace_mark(request->trace, "guest clock set");
     }
     ok = TRUE;
-    if (request->tty && ssh_channel_request_pty_size(
-                            channel, request->term != NULL ? request->term : "xterm-256color",
-                            request->cols != 0 ? (int)request->cols : 80,
-                            request->rows != 0 ? (int)request->rows : 24) != SSH_OK)
-        ok = ssh_throw(&local_error, session, "cannot allocate a terminal on agent '%s'",
-                       target->agent);
-    if (ok && ssh_channel_request_exec(channel, command) != SSH_OK)
-        ok =
-            ssh_throw(&local_error, session, "cannot run the command on agent '%s'", target->agent);
-    vm_trace_mark(request->trace, "exec request");
+    if (from_spare) {
+        /* The command with its NUL, sent by the relay ahead of the client's stdin. */
+        g_byte_array_append(first_input, (const guint8 *)spare_command,
+                            (guint)strlen(spare_command) + 1);
+    } else {
+        if (request->tty && ssh_channel_request_pty_size(
+                                channel, request->term != NULL ? request->term : "xterm-256color",
+                                request->cols != 0 ? (int)request->cols : 80,
+                                request->rows != 0 ? (int)request->rows : 24) != SSH_OK)
+            ok = ssh_throw(&local_error, session, "cannot allocate a terminal on agent '%s'",
+                           target->agent);
+        if (ok && ssh_channel_request_exec(channel, command) != SSH_OK)
+            ok = ssh_throw(&local_error, session, "cannot run the command on agent '%s'",
+                           target->agent);
+        vm_trace_mark(request->trace, "exec request");
+    }
     if (ok) {
         ssh_event event = ssh_event_new();
 
@@ -857,8 +1152,8 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
             ok = ssh_throw(&local_error, session, "cannot watch the connection to agent '%s'",
                            target->agent);
         } else {
-            ok =
-                exec_relay(session, event, channel, request, &state, &reply, &status, &local_error);
+            ok = exec_relay(session, event, channel, request, first_input, &state, &reply, &status,
+                            &local_error);
             ssh_event_remove_session(event, session);
         }
         if (event != NULL)
@@ -868,15 +1163,23 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
     vm_trace_mark(request->trace, "command ran");
     channel_finish(channel, &state);
     g_free(state.exit_signal);
-    /* Back into the pool before the EXIT frame, so the client's next exec finds it. A
-     * session that failed at the SSH level is not trusted again. */
-    if (ok || !g_error_matches(local_error, VM_ERROR, VM_ERROR_SSH))
-        pool_put(pool, target->agent, generation, g_steal_pointer(&session));
-    if (!ok) {
-        g_propagate_error(error, g_steal_pointer(&local_error));
-        return FALSE;
+    /* A session that failed at the SSH level is not trusted again. Else it goes back to the
+     * pool before the EXIT frame, so the client's next exec finds it; or, when it gets a spare
+     * first, the next exec waits for that (a round trip or two) while this one's EXIT goes
+     * out at once. */
+    if (ok || !g_error_matches(local_error, VM_ERROR, VM_ERROR_SSH)) {
+        refill = pool_refill_begin(pool, target->agent, generation);
+        if (!refill)
+            pool_put(pool, target->agent, generation, g_steal_pointer(&session), NULL, FALSE);
     }
-    gboolean sent = vm_stream_writer_exit(&reply, (gint32)status, error);
+    if (!ok)
+        g_propagate_error(error, g_steal_pointer(&local_error));
+    else
+        ok = vm_stream_writer_exit(&reply, (gint32)status, error);
     vm_trace_mark(request->trace, "exit sent");
-    return sent;
+    if (refill) {
+        ssh_channel spare = spare_start(pool, session);
+        pool_put(pool, target->agent, generation, g_steal_pointer(&session), spare, TRUE);
+    }
+    return ok;
 }

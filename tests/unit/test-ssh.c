@@ -43,7 +43,6 @@ static struct {
 typedef enum {
     SERVER_DEFAULT,
     SERVER_REFUSES_KEY,  /* our key is not in authorized_keys */
-    SERVER_DROPS_IDLE,   /* closes connections without channels after 1 s */
     SERVER_FEW_STARTUPS, /* drops every connection past 5 unauthenticated ones */
 } ServerKind;
 
@@ -147,9 +146,7 @@ sshd_start(Fixture *f, ServerKind kind)
                              "SetEnv SHLVL=1\n"
                              "%s",
                              f->port, keys.host_key, auth_path,
-                             kind == SERVER_DROPS_IDLE     ? "UnusedConnectionTimeout 1\n"
-                             : kind == SERVER_FEW_STARTUPS ? "MaxStartups 5:100:5\n"
-                                                           : "");
+                             kind == SERVER_FEW_STARTUPS ? "MaxStartups 5:100:5\n" : "");
     assert_true(g_file_set_contents(config_path, config, -1, NULL));
 
     /* sshd's privilege separation directory. */
@@ -219,15 +216,34 @@ setup_refuses_key(void **state)
 }
 
 static int
-setup_drops_idle(void **state)
-{
-    return setup_kind(state, SERVER_DROPS_IDLE);
-}
-
-static int
 setup_few_startups(void **state)
 {
     return setup_kind(state, SERVER_FEW_STARTUPS);
+}
+
+/* Ends every connection the server holds, as a guest that restarts does: kills its
+ * per-connection processes (the children of the sshd this test started) and waits until the
+ * server has reaped them. */
+static void
+server_drop_connections(Fixture *f)
+{
+    g_autofree char *path = g_strdup_printf("/proc/%d/task/%d/children", f->sshd_pid, f->sshd_pid);
+    g_autofree char *children = NULL;
+    g_auto(GStrv) pids = NULL;
+
+    assert_true(g_file_get_contents(path, &children, NULL, NULL));
+    pids = g_strsplit(g_strstrip(children), " ", -1);
+    assert_true(pids[0] != NULL && *pids[0] != '\0');
+    for (char **pid = pids; *pid != NULL; pid++)
+        assert_int_equal(kill((pid_t)g_ascii_strtoll(*pid, NULL, 10), SIGKILL), 0);
+    for (guint i = 0; i < 100; i++) {
+        g_clear_pointer(&children, g_free);
+        assert_true(g_file_get_contents(path, &children, NULL, NULL));
+        if (*g_strstrip(children) == '\0')
+            return;
+        g_usleep(50 * 1000);
+    }
+    fail_msg("sshd did not reap its connections: %s", children);
 }
 
 static int
@@ -430,6 +446,19 @@ assert_exec_ok(const ExecRun *run, int status)
     assert_true(run->ok);
     assert_true(run->exited);
     assert_int_equal(run->status, status);
+}
+
+/* Runs @argv (no stdin frames) and checks its exit status and stdout. */
+static void
+exec_check(Fixture *f, char **argv, int status, const char *want_out)
+{
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, status);
+    assert_string_equal(run.out->str, want_out);
+    exec_run_clear(&run);
 }
 
 /* ---- tests --------------------------------------------------------------------------------- */
@@ -716,6 +745,170 @@ test_exec_client_goes_away(void **state)
     exec_run_clear(&again);
 }
 
+/* An exec runs on the spare shell its pooled session holds: no channel open, no exec request,
+ * and what the command sees and gives back is what an exec request gives: arguments,
+ * environment, working directory, stdin byte for byte (a NUL and the ready line in it
+ * included), stdout, stderr, the exit status, a signal's status with nothing added to stderr.
+ * Each exec leaves a new spare behind; a terminal goes the ordinary way. */
+static void
+test_exec_spare(void **state)
+{
+    static const char input[] = "one\0vmctl-spare-ready\n\0tail";
+    Fixture *f = *state;
+    char *argv[] = {"sh",  "-c", "echo \"$0|$1|$FOO|$PWD\"; cat; echo err >&2; exit 3",
+                    "a b", "c",  NULL};
+    char *env[] = {"FOO=x y", NULL};
+    char *killed[] = {"sh", "-c", "kill -TERM $$", NULL};
+    char *tty[] = {"tty", NULL};
+    g_autoptr(GString) want = g_string_new("a b|c|x y|/usr/share\n");
+    ExecRun run;
+
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
+
+    exec_run_init(&run, f, argv);
+    run.request.env = env;
+    run.request.cwd = "/usr/share";
+    run.input = g_bytes_new(input, sizeof(input) - 1);
+    run.input_eof = TRUE;
+    exec_run(&run);
+    assert_exec_ok(&run, 3);
+    g_string_append_len(want, input, sizeof(input) - 1);
+    assert_int_equal(run.out->len, want->len);
+    assert_memory_equal(run.out->str, want->str, want->len);
+    assert_string_equal(run.err->str, "err\n");
+    exec_run_clear(&run);
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 1);
+    assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
+
+    exec_run_init(&run, f, killed);
+    exec_run(&run);
+    assert_exec_ok(&run, 143);
+    assert_string_equal(run.err->str, "");
+    exec_run_clear(&run);
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 2);
+
+    exec_run_init(&run, f, tty);
+    run.request.tty = TRUE;
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_true(g_str_has_prefix(run.out->str, "/dev/pts/"));
+    exec_run_clear(&run);
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 2);
+    assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+}
+
+/* A login shell that does not run the spare script (not bash): the exec goes the ordinary
+ * way, with its output, and the agent gets no more spares. */
+static void
+test_exec_spare_refused(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"echo", "ordinary", NULL};
+
+    hostd_ssh_pool_set_spare_script(f->pool, "echo 'not ready'; exit 0");
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    for (guint i = 0; i < 2; i++) {
+        exec_check(f, argv, 0, "ordinary\n");
+        assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 0);
+    }
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 0);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+}
+
+/* What the shell's start-up files print before the spare is ready is not the command's (bash
+ * -c prints it again for the command); more than a few KiB of it, and the exec goes the
+ * ordinary way once. A command too long for the spare goes the ordinary way too. */
+static void
+test_exec_spare_noise(void **state)
+{
+    static const char noisy[] = "echo from-startup-files; printf 'vmctl-spare-ready\\n'; "
+                                "IFS= read -r -d '' c && exec bash -c \"$c\"";
+    static const char flood[] =
+        "head -c 8192 /dev/zero | tr '\\0' x; printf 'vmctl-spare-ready\\n'; "
+        "IFS= read -r -d '' c && exec bash -c \"$c\"";
+    Fixture *f = *state;
+    g_autofree char *long_word = g_strnfill(5000, 'y');
+    char *argv[] = {"echo", "hi", NULL};
+    char *long_argv[] = {"echo", long_word, NULL};
+    g_autofree char *long_want = g_strdup_printf("%s\n", long_word);
+
+    hostd_ssh_pool_set_spare_script(f->pool, noisy);
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    exec_check(f, argv, 0, "hi\n");
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 1);
+    exec_check(f, long_argv, 0, long_want);
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 1);
+
+    hostd_ssh_pool_forget(f->pool, "alpha");
+    hostd_ssh_pool_set_spare_script(f->pool, flood);
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    exec_check(f, argv, 0, "hi\n");
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 1);
+    /* Not refused: the next exec finds a spare again. */
+    assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
+}
+
+/* A spare runs each command as an exec request's `bash -c` does: output, error messages and
+ * status the same, run by run, for builtins, programs, names not found, files not executable,
+ * signals, with and without environment and working directory. One difference: whether bash
+ * forks for the last program or execs it, which `bash -c` decides by what precedes the command
+ * (and so prints its own "Terminated" line for a command killed by a signal, or not); a spare
+ * always execs it (the program replaces the shell, no such line). */
+static void
+test_exec_spare_same_as_ordinary(void **state)
+{
+    static const struct {
+        char *argv[6];
+        gboolean killed;
+    } cases[] = {
+        {{"true"}},
+        {{"exit", "3"}},
+        {{"echo", "hi", "--help"}},
+        {{"sh", "-c", "echo \"$0|$1\"; echo err >&2; exit 4", "a b", "c"}},
+        {{"sh", "-c", "kill -TERM $$"}, TRUE},
+        {{"/bin/sh", "-c", "kill -KILL $$"}, TRUE},
+        {{"no-such-command", "a"}},
+        {{"/no/such/file"}},
+        {{"./passwd"}}, /* in /etc: a file, not executable */
+        {{"A=b"}},
+        {{"pwd"}},
+    };
+    Fixture *f = *state;
+    HostdSshPool *spares = f->pool;
+    g_autoptr(HostdSshPool) ordinary = hostd_ssh_pool_new();
+    char *env[] = {"FOO=x y", NULL};
+
+    hostd_ssh_pool_set_spare_script(ordinary, "exit 0");
+    for (guint with_env = 0; with_env < 2; with_env++) {
+        for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+            ExecRun runs[2];
+
+            for (guint k = 0; k < 2; k++) {
+                f->pool = k == 0 ? ordinary : spares;
+                assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+                exec_run_init(&runs[k], f, (char **)cases[i].argv);
+                runs[k].request.cwd = "/etc";
+                runs[k].request.env = with_env ? env : NULL;
+                exec_run(&runs[k]);
+                assert_exec_ok(&runs[k], runs[k].status);
+            }
+            f->pool = spares;
+            if (runs[0].status != runs[1].status || !g_string_equal(runs[0].out, runs[1].out) ||
+                (cases[i].killed ? runs[1].err->len != 0
+                                 : !g_string_equal(runs[0].err, runs[1].err)))
+                fail_msg("%s: ordinary %d [%s] [%s], spare %d [%s] [%s]", cases[i].argv[0],
+                         runs[0].status, runs[0].out->str, runs[0].err->str, runs[1].status,
+                         runs[1].out->str, runs[1].err->str);
+            exec_run_clear(&runs[0]);
+            exec_run_clear(&runs[1]);
+        }
+    }
+    assert_int_equal(hostd_ssh_pool_get_spares_used(ordinary), 0);
+    assert_int_equal(hostd_ssh_pool_get_spares_used(spares), 2 * G_N_ELEMENTS(cases));
+}
+
 static void
 test_pool_reuse(void **state)
 {
@@ -844,8 +1037,7 @@ test_pool_stale_session(void **state)
 
     assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
     assert_int_equal(hostd_ssh_pool_get_idle_count(f->pool, "alpha"), 1);
-    /* The server closes connections without channels after 1 s. */
-    g_usleep(2500 * 1000);
+    server_drop_connections(f);
 
     exec_run_init(&run, f, argv);
     exec_run(&run);
@@ -1603,8 +1795,7 @@ test_forward_stale_session(void **state)
     int fd;
 
     assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
-    /* The server closes connections without channels after 1 s. */
-    g_usleep(2500 * 1000);
+    server_drop_connections(f);
     forward_init(&fw, f);
     port = forward_add(&fw, sink->port);
     fd = vm_test_connect_loopback(port, 10);
@@ -1661,11 +1852,15 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec_window_size, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_signal_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_client_goes_away, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_spare, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_spare_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_spare_noise, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_spare_same_as_ordinary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pool_reuse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_concurrent, setup_few_startups, teardown),
         cmocka_unit_test_setup_teardown(test_pool_forget_during_exec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pool_concurrent, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_pool_stale_session, setup_drops_idle, teardown),
+        cmocka_unit_test_setup_teardown(test_pool_stale_session, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_ready_ok, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_ready_host_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_ready_key_refused, setup_refuses_key, teardown),
@@ -1682,7 +1877,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_forward_backpressure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_remove, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_add_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_forward_stale_session, setup_drops_idle, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_stale_session, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_free_open, setup, teardown),
     };
 
