@@ -2,6 +2,10 @@
 # bench/exec-latency: `vmctl exec A true` against OpenSSH `ssh true` to the same VM, cold (a new
 # connection each time) and multiplexed (ControlMaster), medians of N runs, as ratios measured
 # in the same run. Goals: <= 0.1x cold OpenSSH, <= 0.8x multiplexed OpenSSH.
+# Each is measured twice: commands $PAUSE s apart (0.4 by default), as an agent's commands come
+# (each one finds the spare shell the one before left ready), and back to back (each waits for
+# the spare the one before started: sshd's fork and bash's start in the guest). `/bin/true` is
+# measured too: `true` is a bash builtin, so a spare runs it without starting any program.
 #
 # Usage: bench/exec-latency.sh [N]   (as root, after `meson setup build && ninja -C build`)
 # Uses an existing hostd when $VMCTL_SOCKET answers and $BENCH_AGENT names a running agent;
@@ -9,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20}
+PAUSE=${PAUSE:-0.4}
 VMCTL=${VMCTL:-./build/vmctl/vmctl}
 HOSTD=${HOSTD:-./build/hostd/hostd}
 OWN=
@@ -36,9 +41,11 @@ CFG=$(mktemp); CTL=$(mktemp -u -t vmb-ctl.XXXXXX)
 HOST=vmctl-$A
 
 now() { date +%s%N; }
-measure() { # measure LABEL COMMAND... -> prints N durations in ms
-  local t0 t1
+measure() { # measure PAUSE COMMAND... -> prints N durations in us, PAUSE s before each
+  local t0 t1 pause=$1
+  shift
   for _ in $(seq 1 "$N"); do
+    sleep "$pause"
     t0=$(now); "$@" >/dev/null; t1=$(now)
     echo $(( (t1 - t0) / 1000 ))
   done
@@ -46,19 +53,29 @@ measure() { # measure LABEL COMMAND... -> prints N durations in ms
 median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m/1000}'; }
 
 "$VMCTL" exec "$A" true  # warm hostd's pooled session, as a long-running hostd has it
-vmctl_ms=$(measure "$VMCTL" exec "$A" true | median)
-cold_ms=$(measure ssh -F "$CFG" -o BatchMode=yes -o ControlPath=none "$HOST" true | median)
+vmctl_ms=$(measure "$PAUSE" "$VMCTL" exec "$A" true | median)
+vmctl_prog_ms=$(measure "$PAUSE" "$VMCTL" exec "$A" /bin/true | median)
+vmctl_b2b_ms=$(measure 0 "$VMCTL" exec "$A" true | median)
+cold_ms=$(measure "$PAUSE" ssh -F "$CFG" -o BatchMode=yes -o ControlPath=none "$HOST" true | median)
 ssh -F "$CFG" -o BatchMode=yes -o ControlMaster=yes -o ControlPath="$CTL" -o ControlPersist=60 -fN "$HOST"
-mux_ms=$(measure ssh -F "$CFG" -o BatchMode=yes -o ControlPath="$CTL" "$HOST" true | median)
+mux=(ssh -F "$CFG" -o BatchMode=yes -o ControlPath="$CTL" "$HOST")
+mux_ms=$(measure "$PAUSE" "${mux[@]}" true | median)
+mux_prog_ms=$(measure "$PAUSE" "${mux[@]}" /bin/true | median)
+mux_b2b_ms=$(measure 0 "${mux[@]}" true | median)
 ssh -F "$CFG" -o ControlPath="$CTL" -O exit "$HOST" 2>/dev/null || true
 rm -f "$CFG"
 
-echo "exec-latency (median of $N, ms): vmctl exec $vmctl_ms | ssh cold $cold_ms | ssh multiplexed $mux_ms"
-awk -v v="$vmctl_ms" -v c="$cold_ms" -v m="$mux_ms" 'BEGIN {
-  printf "ratio vmctl/ssh-cold        %.2fx (goal <= 0.10)\n", v / c
-  printf "ratio vmctl/ssh-multiplexed %.2fx (goal <= 0.80)\n", v / m
+echo "exec-latency (median of $N, ms, $PAUSE s apart): vmctl exec $vmctl_ms | ssh cold $cold_ms | ssh multiplexed $mux_ms"
+echo "  /bin/true: vmctl exec $vmctl_prog_ms | ssh multiplexed $mux_prog_ms"
+echo "  back to back: vmctl exec $vmctl_b2b_ms | ssh multiplexed $mux_b2b_ms"
+awk -v v="$vmctl_ms" -v c="$cold_ms" -v m="$mux_ms" -v vp="$vmctl_prog_ms" -v mp="$mux_prog_ms" \
+    -v vb="$vmctl_b2b_ms" -v mb="$mux_b2b_ms" 'BEGIN {
+  printf "ratio vmctl/ssh-cold        %.2fx (goal <= 0.10); back to back %.2fx\n", v / c, vb / c
+  printf "ratio vmctl/ssh-multiplexed %.2fx (goal <= 0.80); back to back %.2fx; /bin/true %.2fx\n", v / m, vb / mb, vp / mp
 }'
 # Where hostd's part of an exec went (hostd --debug traces): the median of each phase.
 if [ -n "$S" ]; then
-  python3 bench/trace-summary.py "hostd trace" "trace: exec $A:" "$N" < "$S/hostd.log"
+  # The first N traces are the `true` runs $PAUSE s apart, the last N those back to back.
+  python3 bench/trace-summary.py "hostd trace, $PAUSE s apart" "trace: exec $A:" "$N" < <(grep "trace: exec $A:" "$S/hostd.log" | head -n $((N + 1)) | tail -n "$N")
+  python3 bench/trace-summary.py "hostd trace, back to back" "trace: exec $A:" "$N" < <(grep "trace: exec $A:" "$S/hostd.log" | tail -n "$N")
 fi
