@@ -498,7 +498,7 @@ spare_start(HostdSshPool *pool, ssh_session session)
 typedef enum {
     SPARE_OK,      /* ready: the command goes to it */
     SPARE_REFUSED, /* it ended without saying it was ready: the login shell is not bash */
-    SPARE_UNUSED,  /* no answer in time, or too much before it: the ordinary way this once */
+    SPARE_UNUSED,  /* no answer in time, too much before it, or ended since: the ordinary way */
     SPARE_LOST,    /* the connection is gone */
 } SpareClaim;
 
@@ -512,8 +512,16 @@ spare_claim(ssh_session session, ssh_channel spare)
     char buf[512];
 
     for (;;) {
-        if (seen->len >= ready_len && memmem(seen->data, seen->len, SPARE_READY, ready_len))
+        if (seen->len >= ready_len && memmem(seen->data, seen->len, SPARE_READY, ready_len)) {
+            /* It said ready, maybe long ago: a spare killed since (the agent's pkill, the OOM
+             * killer) has its end in the packets that came meanwhile, and would take the
+             * command with it. */
+            if (ssh_channel_poll_timeout(spare, 0, 0) == SSH_ERROR)
+                return ssh_is_connected(session) ? SPARE_UNUSED : SPARE_LOST;
+            if (ssh_channel_is_eof(spare) || ssh_channel_is_closed(spare))
+                return SPARE_UNUSED;
             return SPARE_OK; /* nothing follows it: the spare waits for its command */
+        }
         if (seen->len > SPARE_NOISE_MAX)
             return SPARE_UNUSED;
         int n = ssh_channel_read_timeout(spare, buf, sizeof(buf), 0, SESSION_TIMEOUT_S * 1000);

@@ -856,6 +856,52 @@ test_exec_spare_noise(void **state)
  * forks for the last program or execs it, which `bash -c` decides by what precedes the command
  * (and so prints its own "Terminated" line for a command killed by a signal, or not); a spare
  * always execs it (the program replaces the shell, no such line). */
+/* A spare that said it was ready and was killed since (an agent's pkill, the OOM killer) does
+ * not take the next command with it: that exec goes the ordinary way and runs. */
+static void
+test_exec_spare_killed(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"echo", "ran", NULL};
+    gint64 deadline;
+
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
+    assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
+    /* The spare's shell: a process of this test's sshd whose command line holds its script.
+     * It said ready before wait_ready returned only if it started: wait for it. */
+    deadline = g_get_monotonic_time() + 10 * G_USEC_PER_SEC;
+    for (;;) {
+        g_autoptr(GDir) proc = g_dir_open("/proc", 0, NULL);
+        const char *entry;
+        guint killed = 0;
+
+        while ((entry = g_dir_read_name(proc)) != NULL) {
+            g_autofree char *path = g_strdup_printf("/proc/%s/cmdline", entry);
+            g_autofree char *cmdline = NULL;
+            gsize len = 0;
+
+            if (!g_ascii_isdigit(*entry) || !g_file_get_contents(path, &cmdline, &len, NULL) ||
+                memmem(cmdline, len, "vmctl-spare-ready", strlen("vmctl-spare-ready")) == NULL)
+                continue;
+            assert_int_equal(kill((pid_t)g_ascii_strtoll(entry, NULL, 10), SIGKILL), 0);
+            killed++;
+        }
+        if (killed > 0)
+            break;
+        assert_true(g_get_monotonic_time() < deadline);
+        g_usleep(20 * 1000);
+    }
+    /* Its end reaches hostd's socket meanwhile, as it does for a spare killed in the past. */
+    g_usleep(300 * 1000);
+    exec_check(f, argv, 0, "ran\n");
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 0);
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+    /* Not refused: the next exec has a spare again. */
+    assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
+    exec_check(f, argv, 0, "ran\n");
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 1);
+}
+
 static void
 test_exec_spare_same_as_ordinary(void **state)
 {
@@ -1855,6 +1901,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec_spare, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_spare_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_spare_noise, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_spare_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_spare_same_as_ordinary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pool_reuse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_concurrent, setup_few_startups, teardown),
