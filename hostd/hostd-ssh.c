@@ -43,13 +43,15 @@
  * `bash -c` can run it that way (spare_append_argv()): the same program, arguments,
  * environment, stdin, output, exit status and signals as an exec request's `bash -c`. (That
  * bash execs its last program or forks for it depending on what precedes it, and after a fork
- * adds a "Terminated" line when the program is killed; a spare always execs it.) A login shell
+ * adds a "Terminated" line when the program is killed; a spare always execs it. The shell's
+ * start-up files ran when the spare started, after the exec before.) A login shell
  * that is not bash never says ready: then the agent's execs go the ordinary way. Terminals,
  * and commands over SPARE_COMMAND_MAX, always do. */
 #define SPARE_READY "vmctl-spare-ready\n"
 #define SPARE_SCRIPT                                                                               \
     "[ -n \"${BASH_VERSION-}\" ] && printf 'vmctl-spare-ready\\n' && "                             \
-    "IFS= read -r -d '' __vmctl_command && eval \"unset __vmctl_command; $__vmctl_command\""
+    "IFS= read -r -d '' __vmctl_command && "                                                       \
+    "eval \"unset __vmctl_command; SECONDS=0; $__vmctl_command\""
 #define SPARE_COMMAND_MAX 4096 /* bytes; read a byte at a time by the spare */
 #define SPARE_NOISE_MAX   4096 /* output of the login shell's start-up files, before SPARE_READY */
 

@@ -760,6 +760,7 @@ test_exec_spare(void **state)
     char *env[] = {"FOO=x y", NULL};
     char *killed[] = {"sh", "-c", "kill -TERM $$", NULL};
     char *tty[] = {"tty", NULL};
+    char *seconds[] = {"eval", "echo $SECONDS", NULL};
     g_autoptr(GString) want = g_string_new("a b|c|x y|/usr/share\n");
     ExecRun run;
 
@@ -788,13 +789,18 @@ test_exec_spare(void **state)
     exec_run_clear(&run);
     assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 2);
 
+    /* bash's clock of the shell's age starts with the command, not with the spare. */
+    g_usleep(1200 * 1000);
+    exec_check(f, seconds, 0, "0\n");
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 3);
+
     exec_run_init(&run, f, tty);
     run.request.tty = TRUE;
     exec_run(&run);
     assert_exec_ok(&run, 0);
     assert_true(g_str_has_prefix(run.out->str, "/dev/pts/"));
     exec_run_clear(&run);
-    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 2);
+    assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 3);
     assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
     assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
 }
