@@ -499,7 +499,7 @@ spare_start(HostdSshPool *pool, ssh_session session)
 
 typedef enum {
     SPARE_OK,      /* ready: the command goes to it */
-    SPARE_REFUSED, /* it ended without saying it was ready: the login shell is not bash */
+    SPARE_REFUSED, /* it exited without saying it was ready: the login shell is not bash */
     SPARE_UNUSED,  /* no answer in time, too much before it, or ended since: the ordinary way */
     SPARE_LOST,    /* the connection is gone */
 } SpareClaim;
@@ -533,7 +533,9 @@ spare_claim(ssh_session session, ssh_channel spare)
         }
         if (!ssh_is_connected(session))
             return SPARE_LOST;
-        if (n == 0 && ssh_channel_is_eof(spare))
+        /* Ended by itself without saying ready: not bash. Killed (no exit status, a signal):
+         * that says nothing of the shell. */
+        if (n == 0 && ssh_channel_is_eof(spare) && ssh_channel_get_exit_status(spare) >= 0)
             return SPARE_REFUSED;
         return SPARE_UNUSED;
     }

@@ -873,8 +873,8 @@ test_exec_spare_killed(void **state)
 
     assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, NULL));
     assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
-    /* The spare's shell: a process of this test's sshd whose command line holds its script.
-     * It said ready before wait_ready returned only if it started: wait for it. */
+    /* The spare's shell: a process of this test's sshd whose command line holds its script;
+     * wait_ready may return before sshd has started it. */
     deadline = g_get_monotonic_time() + 10 * G_USEC_PER_SEC;
     for (;;) {
         g_autoptr(GDir) proc = g_dir_open("/proc", 0, NULL);
@@ -889,6 +889,8 @@ test_exec_spare_killed(void **state)
             if (!g_ascii_isdigit(*entry) || !g_file_get_contents(path, &cmdline, &len, NULL) ||
                 memmem(cmdline, len, "vmctl-spare-ready", strlen("vmctl-spare-ready")) == NULL)
                 continue;
+            /* Ready: it printed so at once, and waits on its stdin. */
+            g_usleep(300 * 1000);
             assert_int_equal(kill((pid_t)g_ascii_strtoll(entry, NULL, 10), SIGKILL), 0);
             killed++;
         }
