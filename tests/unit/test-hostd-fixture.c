@@ -19,6 +19,7 @@
 #include "vm-config.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
+#include "test-sink.h"
 
 #define FAKE_IMAGE_MAGIC "fake-qcow2"
 
@@ -729,8 +730,6 @@ hostd_test_teardown(void **state)
 HostdAgentRecord *
 hostd_test_agent_record_new(HostdTestFixture *f, const char *name)
 {
-    /* Recorded, never bound: the relay only binds ports of agents it is given. */
-    static guint next_port = 47100;
     g_autoptr(GError) error = NULL;
     HostdAgentRecord *r = g_new0(HostdAgentRecord, 1);
 
@@ -742,8 +741,12 @@ hostd_test_agent_record_new(HostdTestFixture *f, const char *name)
     r->cpus = 1;
     r->memory_mib = 128;
     r->disk_gib = 8;
-    r->ssh_port = next_port++;
-    r->backend_port = next_port++;
+    /* Free ones: the relay binds the SSH port of every ready agent when hostd_power_start()
+     * attaches them, while other test programs bind ports of their own. */
+    r->ssh_port = vm_test_free_port();
+    do
+        r->backend_port = vm_test_free_port();
+    while (r->backend_port == r->ssh_port);
     r->mac = hostd_random_mac();
     r->user = g_strdup("agent");
     r->instance_id = g_strdup_printf("vmctl-%s", r->uuid);
