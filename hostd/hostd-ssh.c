@@ -47,9 +47,10 @@
  * start-up files ran when the spare started, after the exec before.) A login shell
  * that is not bash never says ready: then the agent's execs go the ordinary way. Terminals,
  * and commands over SPARE_COMMAND_MAX, always do. */
-#define SPARE_READY "vmctl-spare-ready\n"
+#define SPARE_READY_WORD "vmctl-spare-ready"
+#define SPARE_READY      SPARE_READY_WORD "\n"
 #define SPARE_SCRIPT                                                                               \
-    "[ -n \"${BASH_VERSION-}\" ] && printf 'vmctl-spare-ready\\n' && "                             \
+    "[ -n \"${BASH_VERSION-}\" ] && printf '" SPARE_READY_WORD "\\n' && "                          \
     "IFS= read -r -d '' __vmctl_command && "                                                       \
     "eval \"unset __vmctl_command; SECONDS=0; $__vmctl_command\""
 #define SPARE_COMMAND_MAX 4096 /* bytes; read a byte at a time by the spare */
@@ -504,12 +505,14 @@ typedef enum {
     SPARE_LOST,    /* the connection is gone */
 } SpareClaim;
 
-/* Waits for @spare's SPARE_READY. What the shell's start-up files printed before it is
- * dropped: `bash -c` runs them again for the command, whose output they are part of. */
+/* Waits for @spare's SPARE_READY, SESSION_TIMEOUT_S in all however the guest trickles its
+ * bytes. What the shell's start-up files printed before it is dropped: `bash -c` runs them
+ * again for the command, whose output they are part of. */
 static SpareClaim
 spare_claim(ssh_session session, ssh_channel spare)
 {
     const gsize ready_len = strlen(SPARE_READY);
+    const gint64 deadline = g_get_monotonic_time() + SESSION_TIMEOUT_S * G_USEC_PER_SEC;
     g_autoptr(GByteArray) seen = g_byte_array_new();
     char buf[512];
 
@@ -524,9 +527,10 @@ spare_claim(ssh_session session, ssh_channel spare)
                 return SPARE_UNUSED;
             return SPARE_OK; /* nothing follows it: the spare waits for its command */
         }
-        if (seen->len > SPARE_NOISE_MAX)
+        gint64 left_ms = (deadline - g_get_monotonic_time()) / 1000;
+        if (seen->len > SPARE_NOISE_MAX || left_ms <= 0)
             return SPARE_UNUSED;
-        int n = ssh_channel_read_timeout(spare, buf, sizeof(buf), 0, SESSION_TIMEOUT_S * 1000);
+        int n = ssh_channel_read_timeout(spare, buf, sizeof(buf), 0, (int)left_ms);
         if (n > 0) {
             g_byte_array_append(seen, (const guint8 *)buf, (guint)n);
             continue;
@@ -1123,13 +1127,9 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
     if (command == NULL)
         return FALSE;
     spare_command = exec_build_command(request, TRUE, NULL);
-    {
-        ssh_session got = NULL;
-        if (!exec_channel(pool, target, request, strlen(spare_command), &got, &generation, &channel,
-                          &from_spare, error))
-            return FALSE;
-        session = got;
-    }
+    if (!exec_channel(pool, target, request, strlen(spare_command), &session, &generation, &channel,
+                      &from_spare, error))
+        return FALSE;
 
     state.callbacks.userdata = &state;
     state.callbacks.channel_exit_signal_function = on_exit_signal;

@@ -856,12 +856,6 @@ test_exec_spare_noise(void **state)
     assert_int_equal(hostd_ssh_pool_get_spare_count(f->pool, "alpha"), 1);
 }
 
-/* A spare runs each command as an exec request's `bash -c` does: output, error messages and
- * status the same, run by run, for builtins, programs, names not found, files not executable,
- * signals, with and without environment and working directory. One difference: whether bash
- * forks for the last program or execs it, which `bash -c` decides by what precedes the command
- * (and so prints its own "Terminated" line for a command killed by a signal, or not); a spare
- * always execs it (the program replaces the shell, no such line). */
 /* A spare that said it was ready and was killed since (an agent's pkill, the OOM killer) does
  * not take the next command with it: that exec goes the ordinary way and runs. */
 static void
@@ -910,6 +904,12 @@ test_exec_spare_killed(void **state)
     assert_int_equal(hostd_ssh_pool_get_spares_used(f->pool), 1);
 }
 
+/* A spare runs each command as an exec request's `bash -c` does: output, error messages and
+ * status the same, run by run, for builtins, programs, names not found, files not executable,
+ * signals, with and without environment and working directory. One difference: whether bash
+ * forks for the last program or execs it, which `bash -c` decides by what precedes the command
+ * (and so prints its own "Terminated" line for a command killed by a signal, or not); a spare
+ * always execs it (the program replaces the shell, no such line). */
 static void
 test_exec_spare_same_as_ordinary(void **state)
 {
