@@ -154,7 +154,7 @@ netns_suite_cleanup() {
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
   netns_del "$NS" "$VH"
   if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
-    diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"
+    diag_err "hostd log:"; diag_err "$(tail -n 40 "$LOG" 2>/dev/null)"
   fi
   rm -rf "$S"
 }

@@ -29,7 +29,7 @@ cleanup() {
   fi
   destroy_leftover_domains
   if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
-    diag "hostd log:"; diag "$(tail -n 60 "$LOG" 2>/dev/null)"
+    diag_err "hostd log:"; diag_err "$(tail -n 60 "$LOG" 2>/dev/null)"
   fi
   rm -rf "$S"
 }

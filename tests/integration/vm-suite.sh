@@ -31,7 +31,7 @@ cleanup() {
   destroy_leftover_domains
   [ -n "$WEBPID" ] && kill "$WEBPID" 2>/dev/null
   if [ "$FAILED" -ne 0 ] || [ "$N" -eq 0 ]; then
-    diag "hostd log:"; diag "$(tail -n 40 "$LOG" 2>/dev/null)"
+    diag_err "hostd log:"; diag_err "$(tail -n 40 "$LOG" 2>/dev/null)"
   fi
   rm -rf "$S"
 }

@@ -167,6 +167,6 @@ check "that agent answers exec, on the template's image" \
   bash -c "[ \"\$(\"$VMCTL\" --socket '$SOCK' exec e -- hostname)\" = e ] && ! grep -q '^warm-base' '$S/agents/e/agent.ini'"
 mv "$S/memory.save.good" "$WARM/$NEWBUILD/memory.save"
 
-[ "$FAILED" = 0 ] || diag "hostd log: $(tail -30 "$LOG")"
+[ "$FAILED" = 0 ] || diag_err "hostd log: $(tail -30 "$LOG")"
 echo "1..$N"
 exit $((FAILED > 0))
