@@ -26,6 +26,18 @@
 /* How long a checkpoint waits for the guest's sync before it freezes anyway. */
 #define HOSTD_CHECKPOINT_SYNC_TIMEOUT_MS 10000
 
+/* Run in the guest before its filesystems are frozen: syncs, and turns on expedited RCU grace
+ * periods, printing what the setting was. FIFREEZE waits for three grace periods (one per level
+ * of the freeze) and the guest's writes wait through the last two: under TCG a normal grace
+ * period takes ~15 ms, an expedited one well under a millisecond (measured: FIFREEZE of an idle,
+ * synced root 50-56 ms, and 3-7 ms expedited). An expedited grace period interrupts each vCPU
+ * rather than waiting for it; what the freeze does is the same. Put back after the thaw. */
+#define HOSTD_RCU_EXPEDITED "/sys/kernel/rcu_expedited"
+#define HOSTD_CHECKPOINT_PREPARE_SCRIPT                                                            \
+    "f=" HOSTD_RCU_EXPEDITED                                                                       \
+    "; read v 2>/dev/null < $f && echo $v && { echo 1 > $f; } 2>/dev/null; "                       \
+    "exec /bin/sync"
+
 #define HOSTD_CHECKPOINT_MIN_FREE (256ULL * 1024 * 1024)
 #define HOSTD_BLOCK_JOB_TIMEOUT_S 600
 
@@ -362,16 +374,17 @@ hostd_checkpoint_snapshot_live(HostdContext *ctx, const HostdAgentRecord *r, vir
     int state = 0, reason = 0;
     g_autofree char *why = NULL;
     int frozen = -1;
+    g_autofree char *expedited_before = NULL;
     /* Paused vCPUs cannot freeze anything, and nothing in the guest writes meanwhile. */
     if (virDomainGetState(dom, &state, &reason, 0) < 0 || state != VIR_DOMAIN_PAUSED) {
         hostd_guest_agent_bound(dom);
         /* The freeze flushes what the guest has not written yet, and its writes wait all that
          * time: a sync just before leaves it little to flush (after a build, up to the guest's
          * dirty limit, seconds under TCG). Best effort: the freeze flushes whatever is left. */
-        const char *const sync_argv[] = {"/bin/sync", NULL};
+        const char *const sync_argv[] = {"/bin/sh", "-c", HOSTD_CHECKPOINT_PREPARE_SCRIPT, NULL};
         int sync_status = 0;
         if (!hostd_guest_agent_exec(dom, sync_argv, NULL, HOSTD_CHECKPOINT_SYNC_TIMEOUT_MS,
-                                    &sync_status, NULL, NULL))
+                                    &sync_status, &expedited_before, NULL))
             virResetLastError();
         vm_trace_mark(trace, "synced");
         frozen = virDomainFSFreeze(dom, NULL, 0, 0);
@@ -385,6 +398,13 @@ hostd_checkpoint_snapshot_live(HostdContext *ctx, const HostdAgentRecord *r, vir
     gboolean thawed = frozen < 0 || hostd_checkpoint_thaw(dom);
     if (frozen >= 0)
         vm_trace_mark(trace, "thawed");
+    /* What the script saw is put back (a guest that had them on keeps them), and the kernel's
+     * default when it may have run but did not say (its sync outlasted the wait). */
+    if (frozen >= 0 && (expedited_before == NULL || g_str_equal(expedited_before, "0\n"))) {
+        if (!hostd_guest_agent_write_file(dom, HOSTD_RCU_EXPEDITED, "0\n", NULL))
+            virResetLastError();
+        vm_trace_mark(trace, "grace periods back");
+    }
     if (snap == NULL)
         return vm_throw(error, VM_ERROR_LIBVIRT, "cannot take the checkpoint: %s", failed);
     *ret_quiesced = frozen > 0;

@@ -41,6 +41,7 @@ guest_agent_ask(virDomainPtr dom, JsonNode *command, GError **error)
     return json_node_copy(ret);
 }
 
+/* The command @execute with @arguments (taken, may be NULL). */
 static JsonNode *
 guest_agent_command(const char *execute, JsonObject *arguments)
 {
@@ -51,7 +52,7 @@ guest_agent_command(const char *execute, JsonObject *arguments)
     if (arguments != NULL) {
         json_builder_set_member_name(b, "arguments");
         JsonNode *args = json_node_new(JSON_NODE_OBJECT);
-        json_node_set_object(args, arguments);
+        json_node_take_object(args, arguments);
         json_builder_add_value(b, args);
     }
     json_builder_end_object(b);
@@ -171,4 +172,46 @@ hostd_guest_agent_exec(virDomainPtr dom, const char *const *argv, GBytes *input,
     if (ret_output != NULL)
         *ret_output = g_string_free(g_steal_pointer(&output), FALSE);
     return TRUE;
+}
+
+/* The answer of @command that must be a handle (an integer >= 0), or -1 with @error set. */
+static gint64
+guest_agent_ask_handle(virDomainPtr dom, JsonNode *command, GError **error)
+{
+    g_autoptr(JsonNode) ret = guest_agent_ask(dom, command, error);
+    if (ret == NULL)
+        return -1;
+    if (json_node_get_value_type(ret) != G_TYPE_INT64 || json_node_get_int(ret) < 0) {
+        vm_throw(error, VM_ERROR_PROTOCOL, "the guest agent's answer is not a handle");
+        return -1;
+    }
+    return json_node_get_int(ret);
+}
+
+gboolean
+hostd_guest_agent_write_file(virDomainPtr dom, const char *path, const char *text, GError **error)
+{
+    JsonObject *args = json_object_new();
+    json_object_set_string_member(args, "path", path);
+    json_object_set_string_member(args, "mode", "w");
+    g_autoptr(JsonNode) open_cmd = guest_agent_command("guest-file-open", args);
+    gint64 handle = guest_agent_ask_handle(dom, open_cmd, error);
+    if (handle < 0)
+        return FALSE;
+
+    args = json_object_new();
+    json_object_set_int_member(args, "handle", handle);
+    g_autofree char *b64 = g_base64_encode((const guchar *)text, strlen(text));
+    json_object_set_string_member(args, "buf-b64", b64);
+    g_autoptr(JsonNode) write_cmd = guest_agent_command("guest-file-write", args);
+    g_autoptr(JsonNode) written = guest_agent_ask(dom, write_cmd, error);
+
+    /* Closed whatever the write did: the guest agent keeps an open handle until then. */
+    args = json_object_new();
+    json_object_set_int_member(args, "handle", handle);
+    g_autoptr(JsonNode) close_cmd = guest_agent_command("guest-file-close", args);
+    g_autoptr(JsonNode) closed = guest_agent_ask(dom, close_cmd, written != NULL ? error : NULL);
+    if (closed == NULL && written != NULL)
+        return FALSE;
+    return written != NULL;
 }

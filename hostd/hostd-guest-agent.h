@@ -33,4 +33,10 @@ gboolean hostd_guest_agent_exec(virDomainPtr dom, const char *const *argv, GByte
                                 guint timeout_ms, int *ret_status, char **ret_output,
                                 GError **error);
 
+/* Writes @text to the guest's file @path (created or truncated) as root through guest-file-open,
+ * -write and -close: three round trips and no process started in the guest. Fails as
+ * hostd_guest_agent_exec() does. */
+gboolean hostd_guest_agent_write_file(virDomainPtr dom, const char *path, const char *text,
+                                      GError **error);
+
 G_END_DECLS

@@ -193,6 +193,9 @@ check "checkpoint of the running agent prints its id (${CK_MS} ms)" \
   bash -c "[ $rc = 0 ] && [ '$CK' = c1 ] && [ ! -s '$S/ck.err' ]"
 echo "# checkpoint-ms: $CK_MS"
 check "the agent kept running through the checkpoint" test "$(vmctl exec a1 -- cat /proc/sys/kernel/random/boot_id)" = "$BOOT_ID"
+# The checkpoint turns expedited RCU grace periods on for its freeze only.
+check "the guest's RCU grace periods are back to normal after it" \
+  test "$(vmctl exec a1 -- cat /sys/kernel/rcu_expedited)" = 0
 check "checkpoints lists it, frozen (quiesced), with its label" \
   bash -c "'$VMCTL' --socket '$SOCK' --json checkpoints a1 | python3 -c '
 import json, sys
