@@ -211,7 +211,5 @@ hostd_guest_agent_write_file(virDomainPtr dom, const char *path, const char *tex
     json_object_set_int_member(args, "handle", handle);
     g_autoptr(JsonNode) close_cmd = guest_agent_command("guest-file-close", args);
     g_autoptr(JsonNode) closed = guest_agent_ask(dom, close_cmd, written != NULL ? error : NULL);
-    if (closed == NULL && written != NULL)
-        return FALSE;
-    return written != NULL;
+    return written != NULL && closed != NULL;
 }
