@@ -1,9 +1,8 @@
 /* The messages between hostd and an agent's egress worker (vm-egress-worker): docs/EGRESS.md.
  *
  * hostd starts one worker per agent with a socketpair as its fd VM_EGRESS_WORKER_CONTROL_FD and
- * the agent's listening egress.sock as VM_EGRESS_WORKER_LISTEN_FD. Each message is one frame: a
- * 4-byte big-endian length, then that many bytes of a serialised GVariant of type (sv), a kind
- * and its payload. hostd is trusted by the worker; the worker is not trusted by hostd, which
+ * the agent's listening egress.sock as VM_EGRESS_WORKER_LISTEN_FD. Each message is one frame of
+ * vm-wire.h (a kind and its payload). hostd is trusted by the worker; the worker is not trusted by hostd, which
  * reads its frames with a small bound (VM_EGRESS_WIRE_FROM_WORKER_MAX), takes only messages in
  * normal form whose payload has the exact type its kind names, and bounds every string again.
  *
@@ -27,6 +26,7 @@
 #include <glib.h>
 
 #include "vm-egress-credential.h"
+#include "vm-wire.h"
 
 G_BEGIN_DECLS
 
@@ -42,16 +42,6 @@ G_BEGIN_DECLS
 #define VM_EGRESS_WIRE_LINE_MAX      (16 * 1024)
 #define VM_EGRESS_WIRE_HOST_MAX      255
 #define VM_EGRESS_WIRE_ADDRESSES_MAX 64
-
-/* Sends one frame: @kind and @payload (floating references are sunk). Blocking, whole or not at
- * all as far as the caller can tell; callers serialise their writes to one fd. Fails with
- * VM_ERROR_IO when the peer is gone. */
-gboolean vm_egress_wire_send(int fd, const char *kind, GVariant *payload, GError **error);
-
-/* Reads one frame of at most @max bytes (blocking) and returns its payload in normal form, the
- * kind in @ret_kind. Fails with VM_ERROR_NOT_RUNNING at end of file before a frame begins,
- * VM_ERROR_PROTOCOL for a frame that is too long, cut short or not a (sv) message. */
-GVariant *vm_egress_wire_recv(int fd, gsize max, char **ret_kind, GError **error);
 
 /* @creds (NULL: none) as the "credentials" payload, a(sssasss); secret values included, so the
  * caller wipes nothing but drops the variant soon. Can't fail. */

@@ -45,7 +45,7 @@ worker_send(const char *kind, GVariant *payload)
 {
     g_mutex_lock(&worker.send_lock);
     /* A channel hostd closed is noticed by the reader, which then ends the process. */
-    (void)vm_egress_wire_send(worker.fd, kind, payload, NULL);
+    (void)vm_wire_send(worker.fd, kind, payload, NULL);
     g_mutex_unlock(&worker.send_lock);
 }
 
@@ -163,7 +163,7 @@ worker_start(void)
     };
     VmEgressProxy *proxy;
 
-    start = vm_egress_wire_recv(worker.fd, VM_EGRESS_WIRE_TO_WORKER_MAX, &kind, &error);
+    start = vm_wire_recv(worker.fd, VM_EGRESS_WIRE_TO_WORKER_MAX, &kind, &error);
     if (start == NULL)
         return fail("no start message", error), NULL;
     if (!g_str_equal(kind, "start") || !g_variant_is_of_type(start, G_VARIANT_TYPE_VARDICT)) {
@@ -244,7 +244,7 @@ main(int argc, char **argv)
         g_autoptr(GError) error = NULL;
         g_autofree char *kind = NULL;
         g_autoptr(GVariant) payload =
-            vm_egress_wire_recv(worker.fd, VM_EGRESS_WIRE_TO_WORKER_MAX, &kind, &error);
+            vm_wire_recv(worker.fd, VM_EGRESS_WIRE_TO_WORKER_MAX, &kind, &error);
 
         if (payload == NULL)
             break; /* hostd is gone or asks it to stop: so is the proxy */

@@ -104,7 +104,7 @@ worker_send(HostdEgressWorker *worker, int fd, const char *kind, GVariant *paylo
     g_mutex_lock(&worker->send_lock);
     /* A worker that stops reading (the send timed out) is ended: the watcher sees its channel
      * close and starts another. */
-    if (!vm_egress_wire_send(fd, kind, sunk, NULL))
+    if (!vm_wire_send(fd, kind, sunk, NULL))
         (void)shutdown(fd, SHUT_RDWR);
     g_mutex_unlock(&worker->send_lock);
 }
@@ -198,7 +198,7 @@ worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **er
     (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &io_timeout, sizeof(io_timeout));
     (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &start_timeout, sizeof(start_timeout));
     worker_send(worker, parent, "start", worker_start_message(worker));
-    reply = vm_egress_wire_recv(parent, VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &local_error);
+    reply = vm_wire_recv(parent, VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &local_error);
     if (reply == NULL || !g_str_equal(kind, "ready")) {
         const char *why = local_error != NULL ? local_error->message : kind;
 
@@ -273,7 +273,7 @@ worker_serve(HostdEgressWorker *worker, int fd)
         g_autoptr(GError) error = NULL;
         g_autofree char *kind = NULL;
         g_autoptr(GVariant) payload =
-            vm_egress_wire_recv(fd, VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error);
+            vm_wire_recv(fd, VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error);
 
         if (payload == NULL) {
             if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))

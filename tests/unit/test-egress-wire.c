@@ -58,8 +58,8 @@ test_round_trip(void **state)
     g_autoptr(GVariant) payload = NULL;
     guint32 serial, connections;
 
-    assert_true(vm_egress_wire_send(p->fds[0], "stats", g_variant_new("(uu)", 7, 3), &error));
-    payload = vm_egress_wire_recv(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error);
+    assert_true(vm_wire_send(p->fds[0], "stats", g_variant_new("(uu)", 7, 3), &error));
+    payload = vm_wire_recv(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error);
     assert_non_null(payload);
     assert_string_equal(kind, "stats");
     assert_true(g_variant_is_of_type(payload, G_VARIANT_TYPE("(uu)")));
@@ -77,7 +77,7 @@ test_too_long(void **state)
     g_autofree char *kind = NULL;
 
     send_raw(p->fds[0], VM_EGRESS_WIRE_FROM_WORKER_MAX + 1, NULL, 0);
-    assert_null(vm_egress_wire_recv(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error));
+    assert_null(vm_wire_recv(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
 }
 
@@ -95,12 +95,12 @@ test_cut_short_and_end(void **state)
     send_raw(p->fds[0], 100, "abc", 3);
     close(p->fds[0]);
     p->fds[0] = -1;
-    assert_null(vm_egress_wire_recv(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error));
+    assert_null(vm_wire_recv(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
 
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
     close(fds[0]);
-    assert_null(vm_egress_wire_recv(fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind2, &end));
+    assert_null(vm_wire_recv(fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind2, &end));
     assert_true(g_error_matches(end, VM_ERROR, VM_ERROR_NOT_RUNNING));
     close(fds[1]);
     p->fds[0] = dup(p->fds[1]); /* for teardown */
@@ -122,7 +122,7 @@ test_not_a_message(void **state)
         gsize len = i == 0 ? sizeof(garbage) : sizeof(bad_type);
 
         send_raw(p->fds[0], (guint32)len, data, len);
-        assert_null(vm_egress_wire_recv(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error));
+        assert_null(vm_wire_recv(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error));
         assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
     }
 }

@@ -1,0 +1,114 @@
+/* Framed GVariant messages between hostd and its worker processes. */
+#include "vm-wire.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "vm-error.h"
+
+static gboolean
+wire_write_all(int fd, const guint8 *data, gsize len, GError **error)
+{
+    while (len > 0) {
+        gssize n = send(fd, data, len, MSG_NOSIGNAL);
+
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return vm_throw(error, VM_ERROR_IO, "cannot write to the worker channel: %s",
+                            g_strerror(errno));
+        }
+        data += n;
+        len -= (gsize)n;
+    }
+    return TRUE;
+}
+
+/* Reads exactly @len bytes; *ret_eof when the channel ended before the first one. */
+static gboolean
+wire_read_all(int fd, guint8 *data, gsize len, gboolean *ret_eof, GError **error)
+{
+    gsize done = 0;
+
+    *ret_eof = FALSE;
+    while (done < len) {
+        gssize n = read(fd, data + done, len - done);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        /* A peer that died with bytes unread resets the channel: an end like any other. */
+        if (n < 0 && errno == ECONNRESET)
+            n = 0;
+        if (n < 0)
+            return vm_throw(error, VM_ERROR_IO, "cannot read the worker channel: %s",
+                            g_strerror(errno));
+        if (n == 0) {
+            if (done == 0)
+                *ret_eof = TRUE;
+            return vm_throw(error, done == 0 ? VM_ERROR_NOT_RUNNING : VM_ERROR_PROTOCOL,
+                            done == 0 ? "the worker channel closed"
+                                      : "the worker channel closed inside a frame");
+        }
+        done += (gsize)n;
+    }
+    return TRUE;
+}
+
+gboolean
+vm_wire_send(int fd, const char *kind, GVariant *payload, GError **error)
+{
+    g_autoptr(GVariant) message = g_variant_ref_sink(g_variant_new("(sv)", kind, payload));
+    gsize size = g_variant_get_size(message);
+    g_autofree guint8 *frame = g_malloc(size + 4);
+    gboolean ok;
+
+    frame[0] = (guint8)(size >> 24);
+    frame[1] = (guint8)(size >> 16);
+    frame[2] = (guint8)(size >> 8);
+    frame[3] = (guint8)size;
+    /* Copied, not stored in place: frame + 4 lacks the alignment a variant needs. */
+    memcpy(frame + 4, g_variant_get_data(message), size);
+    ok = wire_write_all(fd, frame, size + 4, error);
+    /* Frames to a worker may carry secrets: they do not stay in freed memory. */
+    explicit_bzero(frame, size + 4);
+    return ok;
+}
+
+GVariant *
+vm_wire_recv(int fd, gsize max, char **ret_kind, GError **error)
+{
+    guint8 header[4];
+    gsize size;
+    g_autoptr(GBytes) bytes = NULL;
+    g_autoptr(GVariant) message = NULL;
+    guint8 *data;
+    gboolean eof;
+    const char *kind = NULL;
+    GVariant *payload = NULL;
+
+    if (!wire_read_all(fd, header, sizeof(header), &eof, error))
+        return NULL;
+    size = (gsize)header[0] << 24 | (gsize)header[1] << 16 | (gsize)header[2] << 8 | header[3];
+    if (size > max)
+        return vm_throw(error, VM_ERROR_PROTOCOL,
+                        "worker frame of %" G_GSIZE_FORMAT
+                        " bytes, more than %" G_GSIZE_FORMAT,
+                        size, max),
+               NULL;
+    data = g_malloc(size);
+    if (!wire_read_all(fd, data, size, &eof, NULL)) {
+        g_free(data);
+        return vm_throw(error, VM_ERROR_PROTOCOL, "worker frame cut short"), NULL;
+    }
+    bytes = g_bytes_new_take(data, size);
+    message = g_variant_ref_sink(g_variant_new_from_bytes(G_VARIANT_TYPE("(sv)"), bytes, FALSE));
+    /* Normal form is checked, not assumed: a peer's bytes in another form could read
+     * differently than they were meant (GVariant's own rule for untrusted data). */
+    if (!g_variant_is_normal_form(message))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "worker frame not in normal form"), NULL;
+    g_variant_get(message, "(&sv)", &kind, &payload);
+    *ret_kind = g_strdup(kind);
+    return payload;
+}
