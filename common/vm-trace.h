@@ -8,9 +8,15 @@
 G_BEGIN_DECLS
 
 typedef struct {
+    const char *phase; /* static */
+    gint64 when;       /* monotonic us */
+} VmTraceMark;
+
+typedef struct {
     gint64 start; /* monotonic us */
     gint64 last;
     GString *phases;
+    GArray *marks; /* VmTraceMark, in order: what another process replays (vm_trace_mark_at) */
 } VmTrace;
 
 /* Starts @trace now. Can't fail. */
@@ -19,6 +25,11 @@ void vm_trace_init(VmTrace *trace);
 /* Ends the phase @phase (a static string) now. @trace may be NULL, or one never started (all
  * zero): then nothing happens. */
 void vm_trace_mark(VmTrace *trace, const char *phase);
+
+/* Ends the phase @phase (copied) at @when, a g_get_monotonic_time() of this or another process
+ * of this machine (a mark another process took), kept between the last mark and now: a time
+ * out of order is not believed. Else as vm_trace_mark(). */
+void vm_trace_mark_at(VmTrace *trace, const char *phase, gint64 when);
 
 /* "@what: PHASE N.NN ms, ...; total N.NN ms", newly allocated; @trace is cleared. */
 char *vm_trace_finish(VmTrace *trace, const char *what);

@@ -93,8 +93,7 @@ vm_wire_recv(int fd, gsize max, char **ret_kind, GError **error)
     size = (gsize)header[0] << 24 | (gsize)header[1] << 16 | (gsize)header[2] << 8 | header[3];
     if (size > max)
         return vm_throw(error, VM_ERROR_PROTOCOL,
-                        "worker frame of %" G_GSIZE_FORMAT
-                        " bytes, more than %" G_GSIZE_FORMAT,
+                        "worker frame of %" G_GSIZE_FORMAT " bytes, more than %" G_GSIZE_FORMAT,
                         size, max),
                NULL;
     data = g_malloc(size);

@@ -2,9 +2,10 @@
  *
  * hostd starts one worker per agent with a socketpair as its fd VM_EGRESS_WORKER_CONTROL_FD and
  * the agent's listening egress.sock as VM_EGRESS_WORKER_LISTEN_FD. Each message is one frame of
- * vm-wire.h (a kind and its payload). hostd is trusted by the worker; the worker is not trusted by hostd, which
- * reads its frames with a small bound (VM_EGRESS_WIRE_FROM_WORKER_MAX), takes only messages in
- * normal form whose payload has the exact type its kind names, and bounds every string again.
+ * vm-wire.h (a kind and its payload). hostd is trusted by the worker; the worker is not trusted by
+ * hostd, which reads its frames with a small bound (VM_EGRESS_WIRE_FROM_WORKER_MAX), takes only
+ * messages in normal form whose payload has the exact type its kind names, and bounds every string
+ * again.
  *
  * hostd to worker:
  *   "start"       a{sv}: allow as, deny as, ca-cert s, ca-key s, upstream-ca s (PEM; absent: the

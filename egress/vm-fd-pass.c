@@ -10,10 +10,8 @@
 #include <unistd.h>
 
 int
-vm_fd_pass(const char *path, int fd)
+vm_fd_send(int sock, int fd)
 {
-    struct sockaddr_un sun;
-    socklen_t sun_len;
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
@@ -25,15 +23,7 @@ vm_fd_pass(const char *path, int fd)
                          .msg_control = control.buf,
                          .msg_controllen = sizeof(control.buf)};
     struct cmsghdr *cmsg;
-    int sock, saved;
 
-    if (vm_sockaddr_un_fill(path, &sun, &sun_len) < 0)
-        return -ENAMETOOLONG;
-    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (sock < 0)
-        return -errno;
-    if (connect(sock, (struct sockaddr *)&sun, sun_len) < 0)
-        goto fail;
     memset(&control, 0, sizeof(control));
     cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
@@ -42,15 +32,29 @@ vm_fd_pass(const char *path, int fd)
     memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
     while (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) {
         if (errno != EINTR)
-            goto fail;
+            return -errno;
     }
-    close(sock);
     return 0;
+}
 
-fail:
-    saved = errno;
+int
+vm_fd_pass(const char *path, int fd)
+{
+    struct sockaddr_un sun;
+    socklen_t sun_len;
+    int sock, rc;
+
+    if (vm_sockaddr_un_fill(path, &sun, &sun_len) < 0)
+        return -ENAMETOOLONG;
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return -errno;
+    if (connect(sock, (struct sockaddr *)&sun, sun_len) < 0)
+        rc = -errno;
+    else
+        rc = vm_fd_send(sock, fd);
     close(sock);
-    return -saved;
+    return rc;
 }
 
 int

@@ -4,6 +4,11 @@
  * nothing else. */
 #pragma once
 
+/* Sends @fd over the connected Unix stream socket @sock as SCM_RIGHTS with one byte ('F'), as
+ * vm_fd_pass() does after its connect. Returns 0 once the kernel holds it, or the negative errno
+ * of sendmsg(). */
+int vm_fd_send(int sock, int fd);
+
 /* Connects to the Unix stream socket @path and sends it @fd as SCM_RIGHTS with one byte ('F');
  * returns once the kernel holds it, so the caller may close @fd and exit. Returns 0, or a
  * negative errno: -ENAMETOOLONG when @path does not fit a sockaddr_un, else that of the

@@ -1,5 +1,8 @@
 #include "hostd-config.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include "hostd-libvirt.h"
 #include "vm-config.h"
 #include "vm-error.h"
@@ -30,6 +33,7 @@ static const char *const hostd_config_keys[] = {
     "egress-upstream-ca-file",
     "egress-worker",
     "egress-user",
+    "ssh-worker",
     "disk-read",
     "disk-write",
     "disk-read-iops",
@@ -226,6 +230,10 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
     if (!hostd_config_get_choice(kf, path, "egress-worker", on_off, &egress_worker, error))
         return FALSE;
     config->egress_in_process = egress_worker == 0;
+    guint ssh_worker = config->ssh_in_process ? 0 : 1;
+    if (!hostd_config_get_choice(kf, path, "ssh-worker", on_off, &ssh_worker, error))
+        return FALSE;
+    config->ssh_in_process = ssh_worker == 0;
     if (g_key_file_has_key(kf, "hostd", "egress-user", NULL)) {
         g_autofree char *user = g_key_file_get_string(kf, "hostd", "egress-user", NULL);
 
@@ -407,4 +415,32 @@ hostd_config_free(HostdConfig *config)
     g_free(config->egress_upstream_ca_file);
     g_free(config->egress_user);
     g_free(config);
+}
+
+gboolean
+hostd_config_worker_user(const HostdConfig *config, gboolean *ret_change, uid_t *ret_uid,
+                         gid_t *ret_gid, GError **error)
+{
+    const char *user = config->egress_user != NULL ? config->egress_user : "nobody";
+    struct passwd pwd;
+    struct passwd *found = NULL;
+    char buf[4096];
+    int rc;
+
+    *ret_change = FALSE;
+    *ret_uid = 0;
+    *ret_gid = 0;
+    if (geteuid() != 0)
+        return TRUE;
+    rc = getpwnam_r(user, &pwd, buf, sizeof(buf), &found);
+    if (found == NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "egress-user '%s' is unknown%s%s", user,
+                        rc != 0 ? ": " : "", rc != 0 ? g_strerror(rc) : "");
+    if (pwd.pw_uid == 0 || pwd.pw_gid == 0)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "egress-user '%s' is root or in root's group", user);
+    *ret_change = TRUE;
+    *ret_uid = pwd.pw_uid;
+    *ret_gid = pwd.pw_gid;
+    return TRUE;
 }

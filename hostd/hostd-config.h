@@ -48,6 +48,8 @@ typedef struct {
     gboolean egress_in_process;     /* egress-worker = off: proxies run inside hostd (default:
                                      * each in a confined vm-egress-worker process) */
     char *egress_user;              /* the user egress workers run as; NULL: "nobody" */
+    gboolean ssh_in_process;        /* ssh-worker = off: hostd's SSH client runs inside hostd
+                                     * (default: each agent's in a confined vm-ssh-worker) */
     guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit: an agent's disk I/O limits where neither
                                         * `new` nor its template sets one; 0: no limit */
     guint agent_id_min;                /* agent-ids: each agent's QEMU runs as a uid (and gid) of */
@@ -94,5 +96,12 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdConfig, hostd_config_free)
  * templates/ when this hostd runs from its build tree (vm_use_build_tree()), else the installed
  * data dir. Newly allocated. */
 char *hostd_config_default_templates_dir(void);
+
+/* Whom a worker process (an egress worker, the SSH worker of an agent without an id of its own)
+ * runs as: egress-user ("nobody" by default) when hostd is root, *@ret_change then TRUE; hostd's
+ * own user otherwise (it cannot change it, and confines the worker all the same). Fails with
+ * VM_ERROR_INVALID_ARGUMENT for a user that is unknown, root or in root's group. */
+gboolean hostd_config_worker_user(const HostdConfig *config, gboolean *ret_change, uid_t *ret_uid,
+                                  gid_t *ret_gid, GError **error);
 
 G_END_DECLS

@@ -1,5 +1,7 @@
 #include "hostd-context.h"
 
+#include "vm-error.h"
+
 G_LOCK_DEFINE_STATIC(hostd_retired);
 static GPtrArray *hostd_retired_name_locks = NULL;
 
@@ -17,6 +19,27 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->components = g_ptr_array_new();
     ctx->ids_held = g_hash_table_new(g_direct_hash, g_direct_equal);
     return ctx;
+}
+
+gboolean
+hostd_context_use_ssh_workers(HostdContext *ctx, GError **error)
+{
+    g_autofree char *program = hostd_ssh_worker_path();
+    HostdSshWorkersConfig config = {.program = program};
+    uid_t uid;
+    gid_t gid;
+
+    if (!g_file_test(program, G_FILE_TEST_IS_EXECUTABLE))
+        return vm_throw(error, VM_ERROR_NOT_FOUND,
+                        "the SSH worker %s is not there (ssh-worker = off runs SSH in hostd)",
+                        program);
+    if (!hostd_config_worker_user(ctx->config, &config.change_user, &uid, &gid, error))
+        return FALSE;
+    config.uid = uid;
+    config.gid = gid;
+    ctx->ssh_workers = hostd_ssh_workers_new(&config);
+    hostd_ssh_pool_set_delegate(ctx->ssh, &hostd_ssh_workers_delegate, ctx->ssh_workers);
+    return TRUE;
 }
 
 void
@@ -39,6 +62,7 @@ hostd_context_free(HostdContext *ctx)
     g_ptr_array_free(ctx->components, TRUE);
     g_hash_table_unref(ctx->ids_held);
     hostd_ssh_pool_free(ctx->ssh);
+    hostd_ssh_workers_free(ctx->ssh_workers);
     hostd_events_free(ctx->events);
     hostd_libvirt_close(ctx->lv);
     hostd_state_close(ctx->state);

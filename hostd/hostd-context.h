@@ -11,6 +11,7 @@
 #include "hostd-events.h"
 #include "hostd-libvirt.h"
 #include "hostd-ssh.h"
+#include "hostd-ssh-worker.h"
 #include "hostd-state.h"
 #include "vm-domain.h"
 #include "vm-progress.h"
@@ -26,13 +27,14 @@ typedef struct {
     HostdState *state;
     HostdLibvirt *lv;
     HostdSshPool *ssh;
-    HostdEvents *events;         /* the event log (<state dir>/events.log) */
-    GMutex lock;                 /* guards name_locks and port allocation */
-    GHashTable *name_locks;      /* agent name -> GMutex*, for the life of hostd */
-    GPtrArray *components;       /* const HostdComponent*, in the order they were added */
-    struct _HostdEgress *egress; /* hostd-egress.c's state; NULL until it is attached */
-    struct _HostdPower *power;   /* hostd-power.c's state; NULL until hostd_power_start() */
-    struct _HostdRelay *relay;   /* the public SSH ports (hostd-power.c); NULL until started */
+    HostdSshWorkers *ssh_workers; /* where ssh's waits and execs run; NULL: in hostd */
+    HostdEvents *events;          /* the event log (<state dir>/events.log) */
+    GMutex lock;                  /* guards name_locks and port allocation */
+    GHashTable *name_locks;       /* agent name -> GMutex*, for the life of hostd */
+    GPtrArray *components;        /* const HostdComponent*, in the order they were added */
+    struct _HostdEgress *egress;  /* hostd-egress.c's state; NULL until it is attached */
+    struct _HostdPower *power;    /* hostd-power.c's state; NULL until hostd_power_start() */
+    struct _HostdRelay *relay;    /* the public SSH ports (hostd-power.c); NULL until started */
     struct _HostdSshForward *forwards;   /* forwarded guest ports (hostd-forward.c); NULL until
                                           * first used; read it with g_atomic_pointer_get() */
     struct _HostdSupervisor *supervisor; /* hostd-supervise.c's; NULL until started */
@@ -88,6 +90,12 @@ struct _HostdComponent {
 /* Builds the context around already-opened parts (ownership passes to it), with no component
  * attached. Can't fail. */
 HostdContext *hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv);
+
+/* Runs ctx->ssh's waits and execs in a confined SSH worker per agent (hostd-ssh-worker.h) from
+ * now on: as the agent's id where it has one, else as hostd_config_worker_user(). Call before
+ * any use of ctx->ssh. Fails with VM_ERROR_INVALID_ARGUMENT for a worker user that cannot be,
+ * VM_ERROR_NOT_FOUND when the worker program is not where hostd looks for it. */
+gboolean hostd_context_use_ssh_workers(HostdContext *ctx, GError **error);
 
 /* Detaches every component (in reverse order), then frees the parts. Accepts NULL. */
 void hostd_context_free(HostdContext *ctx);

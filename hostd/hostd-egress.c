@@ -2,7 +2,6 @@
 #include "hostd-egress.h"
 
 #include <errno.h>
-#include <pwd.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -439,36 +438,6 @@ egress_ca_remove(HostdContext *ctx, Egress *egress, const char *name)
 /* ---------------------------------------------------------------------------------------------
  * Proxies */
 
-/* Who a worker runs as: egress-user when hostd is root; hostd's own user otherwise (it cannot
- * change it, and confines the worker all the same). */
-static gboolean
-egress_worker_user(HostdContext *ctx, gboolean *ret_change, uid_t *ret_uid, gid_t *ret_gid,
-                   GError **error)
-{
-    const char *user = ctx->config->egress_user != NULL ? ctx->config->egress_user : "nobody";
-    struct passwd pwd;
-    struct passwd *found = NULL;
-    char buf[4096];
-    int rc;
-
-    *ret_change = FALSE;
-    *ret_uid = 0;
-    *ret_gid = 0;
-    if (geteuid() != 0)
-        return TRUE;
-    rc = getpwnam_r(user, &pwd, buf, sizeof(buf), &found);
-    if (found == NULL)
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "egress-user '%s' is unknown%s%s", user,
-                        rc != 0 ? ": " : "", rc != 0 ? g_strerror(rc) : "");
-    if (pwd.pw_uid == 0 || pwd.pw_gid == 0)
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "egress-user '%s' is root or in root's group", user);
-    *ret_change = TRUE;
-    *ret_uid = pwd.pw_uid;
-    *ret_gid = pwd.pw_gid;
-    return TRUE;
-}
-
 static EgressAgent *
 egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPolicy *policy,
                  GError **error)
@@ -543,7 +512,8 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
         wconfig.program = worker_program;
         /* hostd owns the socket; each worker run serves it, and connections a guest makes
          * while one restarts wait in its backlog. */
-        if (egress_worker_user(ctx, &wconfig.change_user, &wconfig.uid, &wconfig.gid, error)) {
+        if (hostd_config_worker_user(ctx->config, &wconfig.change_user, &wconfig.uid, &wconfig.gid,
+                                     error)) {
             agent->listen_fd =
                 vm_egress_proxy_listen_unix(agent->socket_path, config.listen_chown,
                                             config.listen_uid, config.listen_gid, error);

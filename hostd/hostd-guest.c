@@ -94,6 +94,9 @@ hostd_guest_ssh_target(HostdSshTarget *t, const HostdAgentRecord *r, char **iden
     t->user = r->user;
     t->identity_path = *identity;
     t->known_hosts_path = *known_hosts;
+    t->identity_pem = NULL;
+    t->host_key = NULL;
+    t->agent_id = r->agent_id;
 }
 
 /* Waits for SSH, reporting progress every few seconds; on timeout the error carries the

@@ -97,7 +97,9 @@ struct HostdSshPool {
     guint64 last_generation;
     gint connections_opened;
     gint spares_used;
-    const char *spare_script; /* SPARE_SCRIPT, or a test's */
+    const char *spare_script;         /* SPARE_SCRIPT, or a test's */
+    const HostdSshDelegate *delegate; /* or NULL: waits and execs run here */
+    gpointer delegate_data;
 };
 
 static void
@@ -271,6 +273,13 @@ pool_refuse_spares(HostdSshPool *pool, const char *agent, guint64 generation)
 }
 
 void
+hostd_ssh_pool_set_delegate(HostdSshPool *pool, const HostdSshDelegate *delegate, gpointer data)
+{
+    pool->delegate = delegate;
+    pool->delegate_data = data;
+}
+
+void
 hostd_ssh_pool_forget(HostdSshPool *pool, const char *agent)
 {
     gpointer key = NULL;
@@ -278,6 +287,9 @@ hostd_ssh_pool_forget(HostdSshPool *pool, const char *agent)
     gboolean found;
 
     g_return_if_fail(pool != NULL && agent != NULL);
+
+    if (pool->delegate != NULL)
+        pool->delegate->forget(pool->delegate_data, agent);
 
     g_mutex_lock(&pool->lock);
     found = g_hash_table_steal_extended(pool->entries, agent, &key, &entry);
@@ -379,6 +391,24 @@ typedef enum {
     CONNECT_FATAL, /* retrying cannot help */
 } ConnectResult;
 
+/* The guest's host key against @pinned ("ssh-ed25519 BASE64", the key part of the known_hosts
+ * line hostd wrote): the answer ssh_session_is_known_server() gives for a known_hosts file. */
+static enum ssh_known_hosts_e
+host_key_check(ssh_session session, const char *pinned)
+{
+    g_auto(GStrv) fields = g_strsplit(pinned, " ", 3);
+    g_autoptr(HostdSshKey) want = NULL;
+    g_autoptr(HostdSshKey) got = NULL;
+
+    if (g_strv_length(fields) < 2 ||
+        ssh_pki_import_pubkey_base64(fields[1], ssh_key_type_from_name(fields[0]), &want) != SSH_OK)
+        return SSH_KNOWN_HOSTS_UNKNOWN;
+    if (ssh_get_server_publickey(session, &got) != SSH_OK)
+        return SSH_KNOWN_HOSTS_ERROR;
+    return ssh_key_cmp(got, want, SSH_KEY_CMP_PUBLIC) == 0 ? SSH_KNOWN_HOSTS_OK
+                                                           : SSH_KNOWN_HOSTS_CHANGED;
+}
+
 static ConnectResult
 session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s,
                 ssh_session *ret_session, GError **error)
@@ -399,7 +429,8 @@ session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s
         ssh_options_set(session, SSH_OPTIONS_HOST, target->host) < 0 ||
         ssh_options_set(session, SSH_OPTIONS_PORT, &port) < 0 ||
         ssh_options_set(session, SSH_OPTIONS_USER, target->user) < 0 ||
-        ssh_options_set(session, SSH_OPTIONS_KNOWNHOSTS, target->known_hosts_path) < 0 ||
+        ssh_options_set(session, SSH_OPTIONS_KNOWNHOSTS,
+                        target->host_key != NULL ? "/dev/null" : target->known_hosts_path) < 0 ||
         ssh_options_set(session, SSH_OPTIONS_GLOBAL_KNOWNHOSTS, "/dev/null") < 0 ||
         ssh_options_set(session, SSH_OPTIONS_HOSTKEYS, "ssh-ed25519") < 0 ||
         ssh_options_set(session, SSH_OPTIONS_COMPRESSION, "no") < 0 ||
@@ -411,10 +442,14 @@ session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s
         return CONNECT_FATAL;
     }
 
-    /* A bad key file is a local problem: find it before touching the network. */
-    if (ssh_pki_import_privkey_file(target->identity_path, NULL, NULL, NULL, &key) != SSH_OK) {
-        vm_throw(error, VM_ERROR_SSH, "cannot read the SSH key of agent '%s' from %s",
-                 target->agent, target->identity_path);
+    /* A bad key is a local problem: find it before touching the network. */
+    if (target->identity_pem != NULL
+            ? ssh_pki_import_privkey_base64(target->identity_pem, NULL, NULL, NULL, &key) != SSH_OK
+            : ssh_pki_import_privkey_file(target->identity_path, NULL, NULL, NULL, &key) !=
+                  SSH_OK) {
+        vm_throw(error, VM_ERROR_SSH, "cannot read the SSH key of agent '%s'%s%s", target->agent,
+                 target->identity_pem != NULL ? "" : " from ",
+                 target->identity_pem != NULL ? "" : target->identity_path);
         return CONNECT_FATAL;
     }
 
@@ -425,7 +460,8 @@ session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s
     }
     g_atomic_int_inc(&pool->connections_opened);
 
-    switch (ssh_session_is_known_server(session)) {
+    switch (target->host_key != NULL ? host_key_check(session, target->host_key)
+                                     : ssh_session_is_known_server(session)) {
     case SSH_KNOWN_HOSTS_OK:
         break;
     case SSH_KNOWN_HOSTS_CHANGED:
@@ -436,7 +472,8 @@ session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s
     case SSH_KNOWN_HOSTS_UNKNOWN:
     case SSH_KNOWN_HOSTS_NOT_FOUND:
         vm_throw(error, VM_ERROR_SSH, "no host key of %s pinned in %s", target->agent,
-                 target->known_hosts_path);
+                 target->host_key != NULL ? "the worker's start message"
+                                          : target->known_hosts_path);
         return CONNECT_FATAL;
     case SSH_KNOWN_HOSTS_ERROR:
     default:
@@ -452,7 +489,7 @@ session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s
     if (rc != SSH_AUTH_SUCCESS) {
         /* Early in a first boot cloud-init may not have installed the key yet. */
         vm_throw(error, VM_ERROR_SSH, "agent '%s' refused the key %s for user '%s'", target->agent,
-                 target->identity_path, target->user);
+                 target->identity_pem != NULL ? "of hostd" : target->identity_path, target->user);
         return CONNECT_RETRY;
     }
 
@@ -554,6 +591,9 @@ hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint tim
     guint64 generation;
 
     g_return_val_if_fail(pool != NULL && target != NULL, FALSE);
+    if (pool->delegate != NULL)
+        return pool->delegate->wait_ready(pool->delegate_data, target, timeout_s, cancellable,
+                                          error);
     g_return_val_if_fail(error == NULL || *error == NULL, FALSE);
 
     generation = pool_get_generation(pool, target->agent);
@@ -1122,6 +1162,8 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
 
     g_return_val_if_fail(pool != NULL && target != NULL && request != NULL, FALSE);
     g_return_val_if_fail(error == NULL || *error == NULL, FALSE);
+    if (pool->delegate != NULL)
+        return pool->delegate->exec(pool->delegate_data, target, request, client_fd, error);
 
     command = exec_build_command(request, FALSE, error);
     if (command == NULL)

@@ -20,6 +20,11 @@ typedef struct {
     const char *user;
     const char *identity_path;    /* private key, OpenSSH format */
     const char *known_hosts_path; /* one line: "[127.0.0.1]:PORT ssh-ed25519 AAAA..." */
+    /* In place of the files above where set (an SSH worker, which may read no file of hostd's):
+     * the private key's text, and the pinned host key as "ssh-ed25519 AAAA...". */
+    const char *identity_pem;
+    const char *host_key;
+    guint agent_id; /* the uid and gid the agent's SSH worker runs as; 0: the agent has none */
 } HostdSshTarget;
 
 typedef struct HostdSshPool HostdSshPool;
@@ -54,6 +59,23 @@ typedef struct {
     void (*before_command)(gpointer data);
     gpointer before_command_data;
 } HostdExecRequest;
+
+/* Where the sessions of hostd_ssh_wait_ready() and hostd_ssh_exec() live when not in @pool
+ * itself: each call is handed to the delegate with the same arguments and contract, and
+ * hostd_ssh_pool_forget() tells it too. hostd's delegate runs them in a confined worker process
+ * per agent (hostd-ssh-worker.h), so that libssh parses no guest byte in hostd. */
+typedef struct {
+    gboolean (*wait_ready)(gpointer data, const HostdSshTarget *target, guint timeout_s,
+                           GCancellable *cancellable, GError **error);
+    gboolean (*exec)(gpointer data, const HostdSshTarget *target, const HostdExecRequest *request,
+                     int client_fd, GError **error);
+    void (*forget)(gpointer data, const char *agent);
+} HostdSshDelegate;
+
+/* Hands @pool's waits and execs to @delegate (static) with @data, which must outlive @pool;
+ * NULL: @pool runs them itself again. Call before any use of @pool. Can't fail. */
+void hostd_ssh_pool_set_delegate(HostdSshPool *pool, const HostdSshDelegate *delegate,
+                                 gpointer data);
 
 /* Runs @request on @target and relays the conversation with the vmctl client on @client_fd:
  * reads STDIN / STDIN_EOF / WINDOW_SIZE frames from it and writes STDOUT / STDERR frames as

@@ -71,6 +71,8 @@ hostd_print_paths(void)
     printf("egress-helper %s\n", helper);
     g_autofree char *guestfs_helper = hostd_guestfs_helper_path();
     printf("guestfs-helper %s\n", guestfs_helper);
+    g_autofree char *ssh_worker = hostd_ssh_worker_path();
+    printf("ssh-worker %s\n", ssh_worker);
 }
 
 static gboolean
@@ -184,6 +186,10 @@ main(int argc, char **argv)
 
     g_autoptr(HostdContext) ctx =
         hostd_context_new(g_steal_pointer(&config), g_steal_pointer(&state), g_steal_pointer(&lv));
+    if (!ctx->config->ssh_in_process && !hostd_context_use_ssh_workers(ctx, &error)) {
+        fprintf(stderr, "hostd: %s\n", error->message);
+        return vm_error_exit_status(vm_error_code(error));
+    }
     /* Before anything defines a domain: whether its QEMU gets an id of its own. */
     g_autofree char *confinement = hostd_confine_start(ctx);
     g_message("%s", confinement);

@@ -22,6 +22,7 @@
 
 #include "hostd-ssh-forward.h"
 #include "hostd-ssh-private.h"
+#include "hostd-ssh-worker.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-spawn.h"
@@ -53,6 +54,7 @@ typedef struct {
     char *log_path;
     char *known_hosts_path;
     HostdSshPool *pool;
+    HostdSshWorkers *workers; /* the pool's delegate, or NULL */
     HostdSshTarget target;
 } Fixture;
 
@@ -209,6 +211,22 @@ setup(void **state)
     return setup_kind(state, SERVER_DEFAULT);
 }
 
+/* The same server, with the pool's waits and execs run by SSH workers (vm-ssh-worker of this
+ * build, as this test's own user: no agent id). */
+static int
+setup_worker(void **state)
+{
+    Fixture *f;
+    g_autofree char *program = hostd_ssh_worker_path();
+    HostdSshWorkersConfig config = {.program = program};
+
+    setup_kind(state, SERVER_DEFAULT);
+    f = *state;
+    f->workers = hostd_ssh_workers_new(&config);
+    hostd_ssh_pool_set_delegate(f->pool, &hostd_ssh_workers_delegate, f->workers);
+    return 0;
+}
+
 static int
 setup_refuses_key(void **state)
 {
@@ -251,8 +269,9 @@ teardown(void **state)
 {
     Fixture *f = *state;
 
-    /* First the pool: its sessions end the server's per-connection processes. */
+    /* First the pool and workers: their sessions end the server's per-connection processes. */
     hostd_ssh_pool_free(f->pool);
+    hostd_ssh_workers_free(f->workers);
     if (f->sshd_pid > 0) {
         kill(f->sshd_pid, SIGTERM);
         waitpid(f->sshd_pid, NULL, 0);
@@ -1325,6 +1344,258 @@ test_pool_free_null(void **state)
     hostd_ssh_pool_free(NULL);
 }
 
+/* ---- the SSH worker (hostd-ssh-worker.h) ---------------------------------------------------- */
+
+/* The value of "@key:" in /proc/@pid/status, its first field. */
+static char *
+proc_status_field(GPid pid, const char *key)
+{
+    g_autofree char *path = g_strdup_printf("/proc/%d/status", (int)pid);
+    g_autofree char *status = NULL;
+    g_auto(GStrv) lines = NULL;
+
+    assert_true(g_file_get_contents(path, &status, NULL, NULL));
+    lines = g_strsplit(status, "\n", -1);
+    for (char **line = lines; *line != NULL; line++) {
+        gsize len = strlen(key);
+
+        if (strncmp(*line, key, len) == 0 && (*line)[len] == ':') {
+            g_auto(GStrv) fields = g_strsplit_set(*line + len + 1, " \t", -1);
+
+            for (char **field = fields; *field != NULL; field++) {
+                if (**field != '\0')
+                    return g_strdup(*field);
+            }
+        }
+    }
+    fail_msg("no %s in %s", key, path);
+    return NULL;
+}
+
+/* Waits up to 10 s until alpha's worker is no longer running (@pid reaped, or replaced). */
+static void
+worker_wait_gone(Fixture *f, GPid pid)
+{
+    for (guint i = 0; i < 1000; i++) {
+        g_autofree char *path = g_strdup_printf("/proc/%d", (int)pid);
+
+        if (hostd_ssh_workers_get_pid(f->workers, "alpha") != pid &&
+            !g_file_test(path, G_FILE_TEST_EXISTS))
+            return;
+        g_usleep(10 * 1000);
+    }
+    fail_msg("the SSH worker %d is still there", (int)pid);
+}
+
+/* The exec runs in a worker process, not in the caller: confined (no capabilities,
+ * no_new_privs, seccomp filter mode 2), as the agent's id when the caller is root, with no
+ * session of the caller's own pool. */
+static void
+test_worker_confined(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "echo \"$0\"", "worker", NULL};
+    g_autofree char *cap_eff = NULL, *nnp = NULL, *seccomp = NULL, *uid = NULL, *gid = NULL;
+    GPid pid;
+
+    if (geteuid() == 0)
+        f->target.agent_id = 64123;
+    exec_check(f, argv, 0, "worker\n");
+    pid = hostd_ssh_workers_get_pid(f->workers, "alpha");
+    assert_true(pid > 0 && pid != getpid());
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 0);
+    cap_eff = proc_status_field(pid, "CapEff");
+    nnp = proc_status_field(pid, "NoNewPrivs");
+    seccomp = proc_status_field(pid, "Seccomp");
+    assert_string_equal(cap_eff, "0000000000000000");
+    assert_string_equal(nnp, "1");
+    assert_string_equal(seccomp, "2");
+    if (geteuid() == 0) {
+        uid = proc_status_field(pid, "Uid");
+        gid = proc_status_field(pid, "Gid");
+        assert_string_equal(uid, "64123");
+        assert_string_equal(gid, "64123");
+    }
+    /* The same worker serves the next exec, on its pooled session. */
+    exec_check(f, argv, 0, "worker\n");
+    assert_int_equal(hostd_ssh_workers_get_pid(f->workers, "alpha"), pid);
+}
+
+/* Output, status, stdin and a terminal pass between the client and the worker as they do
+ * without one. */
+static void
+test_worker_exec(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "cat; echo err >&2; exit 3", NULL};
+    char *tty_argv[] = {"sh", "-c", "test -t 0 && stty size", NULL};
+    char *env[] = {"FOO=x y", NULL};
+    char *env_argv[] = {"sh", "-c", "echo \"$FOO|$PWD\"", NULL};
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    run.input = g_bytes_new_static("one\ntwo\n", 8);
+    run.input_eof = TRUE;
+    exec_run(&run);
+    assert_exec_ok(&run, 3);
+    assert_string_equal(run.out->str, "one\ntwo\n");
+    assert_string_equal(run.err->str, "err\n");
+    exec_run_clear(&run);
+
+    exec_run_init(&run, f, tty_argv);
+    run.request.tty = TRUE;
+    run.request.cols = 100;
+    run.request.rows = 30;
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "30 100\r\n");
+    exec_run_clear(&run);
+
+    exec_run_init(&run, f, env_argv);
+    run.request.env = env;
+    run.request.cwd = "/tmp";
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "x y|/tmp\n");
+    exec_run_clear(&run);
+}
+
+static void
+note_before_command(gpointer data)
+{
+    g_atomic_int_inc((gint *)data);
+}
+
+/* The caller's before_command runs once, before the command, though the command is sent by the
+ * worker; the worker's phases reach the caller's trace. */
+static void
+test_worker_before_command_and_trace(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"true", NULL};
+    g_autofree char *text = NULL;
+    gint before = 0;
+    VmTrace trace;
+    ExecRun run;
+
+    vm_trace_init(&trace);
+    exec_run_init(&run, f, argv);
+    run.request.before_command = note_before_command;
+    run.request.before_command_data = &before;
+    run.request.trace = &trace;
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    exec_run_clear(&run);
+    assert_int_equal(g_atomic_int_get(&before), 1);
+    text = vm_trace_finish(&trace, "exec");
+    assert_non_null(strstr(text, "ssh worker "));
+    assert_non_null(strstr(text, "command ran "));
+    assert_non_null(strstr(text, "exit sent "));
+}
+
+/* A worker killed between execs is reaped and replaced by the next one; one killed during an
+ * exec fails that exec at once (no EXIT frame), and the next runs on a new worker. */
+static void
+test_worker_killed(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"echo", "up", NULL};
+    char *sleep_argv[] = {"sh", "-c", "echo started; sleep 30", NULL};
+    g_autoptr(VmMessage) first = NULL;
+    GPid pid, again;
+    gint64 start;
+    ExecRun run;
+
+    exec_check(f, argv, 0, "up\n");
+    pid = hostd_ssh_workers_get_pid(f->workers, "alpha");
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    worker_wait_gone(f, pid);
+    exec_check(f, argv, 0, "up\n");
+    again = hostd_ssh_workers_get_pid(f->workers, "alpha");
+    assert_true(again > 0 && again != pid);
+
+    exec_run_init(&run, f, sleep_argv);
+    exec_run_start(&run);
+    first = vm_message_read_fd(run.fds[1], NULL, NULL);
+    assert_non_null(first);
+    assert_int_equal(first->op, VM_OP_STDOUT);
+    start = g_get_monotonic_time();
+    assert_int_equal(kill(again, SIGKILL), 0);
+    exec_run_finish(&run);
+    assert_true(g_get_monotonic_time() - start < 5 * G_USEC_PER_SEC);
+    assert_false(run.ok);
+    vm_test_assert_error(run.error, VM_ERROR, VM_ERROR_SSH, NULL);
+    assert_non_null(strstr(run.error->message, "SSH worker"));
+    exec_run_clear(&run);
+    worker_wait_gone(f, again);
+    exec_check(f, argv, 0, "up\n");
+}
+
+/* Forgetting the agent (stop, a new port) lets an exec under way finish on its worker, which
+ * then exits; the next exec gets a new worker. */
+static void
+test_worker_forget(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "echo started; sleep 0.5; echo done", NULL};
+    char *argv2[] = {"echo", "next", NULL};
+    g_autoptr(VmMessage) first = NULL;
+    GPid pid;
+    ExecRun run;
+
+    exec_run_init(&run, f, argv);
+    exec_run_start(&run);
+    first = vm_message_read_fd(run.fds[1], NULL, NULL);
+    assert_non_null(first);
+    pid = hostd_ssh_workers_get_pid(f->workers, "alpha");
+    hostd_ssh_pool_forget(f->pool, "alpha");
+    assert_int_equal(hostd_ssh_workers_get_pid(f->workers, "alpha"), 0);
+    exec_run_finish(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "done\n");
+    exec_run_clear(&run);
+    worker_wait_gone(f, pid);
+    exec_check(f, argv2, 0, "next\n");
+    assert_true(hostd_ssh_workers_get_pid(f->workers, "alpha") != pid);
+}
+
+/* Waits through a worker: ready, a pinned key that does not match (at once, the worker's
+ * message kept), a port where nothing listens (the timeout), a key hostd cannot read. */
+static void
+test_worker_wait_ready(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *missing = g_build_filename(f->dir, "no-such-key", NULL);
+    gint64 start;
+
+    assert_true(hostd_ssh_wait_ready(f->pool, &f->target, 10, NULL, &error));
+    vm_test_assert_no_error(error);
+
+    write_known_hosts(f, keys.other_pub_line);
+    start = g_get_monotonic_time();
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 20, NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_SSH, NULL);
+    assert_non_null(strstr(error->message, "does not match the key hostd pinned"));
+    assert_true(g_get_monotonic_time() - start < 10 * G_USEC_PER_SEC);
+    g_clear_error(&error);
+    write_known_hosts(f, keys.host_pub_line);
+
+    f->target.port = vm_test_free_port();
+    write_known_hosts(f, keys.host_pub_line);
+    start = g_get_monotonic_time();
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 2, NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_TIMEOUT, NULL);
+    assert_true(g_get_monotonic_time() - start < 5 * G_USEC_PER_SEC);
+    g_clear_error(&error);
+
+    f->target.identity_path = missing;
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 2, NULL, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_SSH, NULL);
+    assert_non_null(strstr(error->message, "cannot read the SSH key"));
+    f->target.identity_path = keys.user_key;
+}
+
 /* ---- forwarded guest ports (hostd-ssh-forward.h) ------------------------------------------- */
 
 /* The forwarder of the tests: its wake hands out the fixture's target (or refuses), its log is
@@ -1923,6 +2194,17 @@ main(void)
         cmocka_unit_test_setup_teardown(test_wait_ready_nothing_listens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_ready_silent_port, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_ready_cancelled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_confined, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_exec, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_before_command_and_trace, setup_worker,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_worker_killed, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_forget, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_wait_ready, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_concurrent, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_signal_status, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_stdin_large, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_large_output, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_forward_echo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_guest_closes, setup, teardown),

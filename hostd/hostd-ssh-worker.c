@@ -1,0 +1,478 @@
+/* Each agent's SSH client in a confined worker process: start, reap, hand requests over. */
+#include "hostd-ssh-worker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hostd-ssh-wire.h"
+#include "vm-error.h"
+#include "vm-fd-pass.h"
+#include "vm-util.h"
+#include "vm-wire.h"
+
+/* How long a worker may take to start (read its key, confine itself), and to take a frame. */
+#define START_TIMEOUT_S 10
+#define SEND_TIMEOUT_S  5
+/* A wait's answer may come this long after the wait itself timed out. */
+#define READY_GRACE_S 10
+
+typedef struct {
+    char *agent;
+    char *started_for; /* the target it holds: another one replaces it */
+    GMutex lock;       /* control, pid */
+    int control;       /* -1 once forgotten or gone */
+    GPid pid;          /* 0 once it exited */
+} Worker;
+
+struct _HostdSshWorkers {
+    char *program;
+    gboolean change_user;
+    guint uid, gid;
+    GMutex lock;
+    GHashTable *workers; /* agent -> Worker (a reference) */
+};
+
+static void
+worker_release(Worker *worker)
+{
+    g_free(worker->agent);
+    g_free(worker->started_for);
+    if (worker->control >= 0)
+        close(worker->control);
+    g_mutex_clear(&worker->lock);
+}
+
+static Worker *
+worker_ref(Worker *worker)
+{
+    return g_atomic_rc_box_acquire(worker);
+}
+
+static void
+worker_unref(gpointer worker)
+{
+    g_atomic_rc_box_release_full(worker, (GDestroyNotify)worker_release);
+}
+
+/* Closes the worker's control socket: it takes no new request and exits once the running ones
+ * end (they are the callers', who still wait on them). */
+static void
+worker_retire(Worker *worker)
+{
+    g_mutex_lock(&worker->lock);
+    if (worker->control >= 0)
+        close(g_steal_fd(&worker->control));
+    g_mutex_unlock(&worker->lock);
+}
+
+/* Ends a worker at once: one that broke the protocol, or at hostd's end. */
+static void
+worker_kill(Worker *worker)
+{
+    g_mutex_lock(&worker->lock);
+    if (worker->pid > 0)
+        (void)kill(worker->pid, SIGKILL);
+    g_mutex_unlock(&worker->lock);
+    worker_retire(worker);
+}
+
+/* The reaper: waits for the worker to exit, however it does, so that none is left a zombie and a
+ * dead one is replaced on the next request. */
+static gpointer
+worker_reap(gpointer data)
+{
+    Worker *worker = data;
+    siginfo_t info;
+    GPid pid;
+
+    g_mutex_lock(&worker->lock);
+    pid = worker->pid;
+    g_mutex_unlock(&worker->lock);
+    /* Waited for without reaping, so that its pid stays its own until nobody can kill() it. */
+    while (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) < 0 && errno == EINTR)
+        ;
+    g_mutex_lock(&worker->lock);
+    worker->pid = 0;
+    g_mutex_unlock(&worker->lock);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    worker_retire(worker);
+    worker_unref(worker);
+    return NULL;
+}
+
+/* The pinned key out of the known_hosts line hostd wrote: "[HOST]:PORT TYPE BASE64". */
+static char *
+read_host_key(const char *path, GError **error)
+{
+    g_autofree char *contents = NULL;
+    g_autoptr(GError) local_error = NULL;
+    g_auto(GStrv) fields = NULL;
+    char *eol;
+
+    if (!g_file_get_contents(path, &contents, NULL, &local_error))
+        return vm_throw(error, VM_ERROR_SSH, "no host key pinned: %s", local_error->message), NULL;
+    eol = strchr(contents, '\n');
+    if (eol != NULL)
+        *eol = '\0';
+    fields = g_strsplit(contents, " ", 4);
+    if (g_strv_length(fields) < 3)
+        return vm_throw(error, VM_ERROR_SSH, "no host key pinned in %s", path), NULL;
+    return g_strdup_printf("%s %s", fields[1], fields[2]);
+}
+
+static void
+wipe_free(char *text)
+{
+    if (text != NULL)
+        explicit_bzero(text, strlen(text));
+    g_free(text);
+}
+
+/* What a worker is started for: a target that differs in any of it (a new port, user, id, key
+ * or pinned host key) needs another worker. */
+static char *
+target_key(const HostdSshTarget *target, const char *identity, const char *host_key)
+{
+    g_autofree char *digest = g_compute_checksum_for_string(G_CHECKSUM_SHA256, identity, -1);
+
+    return g_strdup_printf("%s:%u %s %u %s %s", target->host, target->port, target->user,
+                           target->agent_id, digest, host_key);
+}
+
+/* Reads the key and the pinned key of @target: what its worker gets (it may read no file of
+ * hostd's), and what tells whether the running worker still fits. */
+static gboolean
+target_read_keys(const HostdSshTarget *target, char **ret_identity, char **ret_host_key,
+                 GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+
+    *ret_host_key = read_host_key(target->known_hosts_path, error);
+    if (*ret_host_key == NULL)
+        return FALSE;
+    if (!g_file_get_contents(target->identity_path, ret_identity, NULL, &local_error)) {
+        g_clear_pointer(ret_host_key, g_free);
+        return vm_throw(error, VM_ERROR_SSH, "cannot read the SSH key of agent '%s': %s",
+                        target->agent, local_error->message);
+    }
+    return TRUE;
+}
+
+/* Runs a worker for @target and waits for its "ready". */
+static Worker *
+worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char *identity,
+              const char *host_key, const char *started_for, GError **error)
+{
+    int pair[2];
+    vm_autofd parent = -1;
+    vm_autofd child = -1;
+    const char *argv[] = {workers->program, target->agent, NULL};
+    int target_fds[1] = {HOSTD_SSH_WORKER_CONTROL_FD};
+    g_autoptr(GError) local_error = NULL;
+    g_autofree char *kind = NULL;
+    g_autoptr(GVariant) reply = NULL;
+    gboolean change_user = workers->change_user;
+    guint uid = workers->uid, gid = workers->gid;
+    gboolean sent;
+    GPid pid = 0;
+    Worker *worker;
+    const struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
+    const struct timeval start_timeout = {.tv_sec = START_TIMEOUT_S};
+    const struct timeval no_timeout = {0};
+
+    if (target->agent_id != 0 && geteuid() == 0) {
+        change_user = TRUE;
+        uid = gid = target->agent_id;
+    }
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return vm_throw_errno(error, errno, "cannot make the SSH worker's channel"), NULL;
+    parent = pair[0];
+    child = pair[1];
+    if (!g_spawn_async_with_pipes_and_fds(
+            "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
+            -1, -1, -1, &child, target_fds, 1, &pid, NULL, NULL, NULL, &local_error))
+        return vm_throw(error, VM_ERROR_SSH, "cannot run %s: %s", workers->program,
+                        local_error->message),
+               NULL;
+    close(g_steal_fd(&child));
+
+    worker = g_atomic_rc_box_new0(Worker);
+    g_mutex_init(&worker->lock);
+    worker->agent = g_strdup(target->agent);
+    worker->started_for = g_strdup(started_for);
+    worker->pid = pid;
+    worker->control = -1;
+    /* From here the reaper owns the pid: whatever happens below, the process is reaped. */
+    g_thread_unref(g_thread_new("ssh-worker-reap", worker_reap, worker_ref(worker)));
+
+    (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &start_timeout, sizeof(start_timeout));
+    sent = vm_wire_send(parent, "start",
+                        hostd_ssh_wire_start_new(target, identity, host_key, change_user, uid, gid),
+                        &local_error);
+    if (sent)
+        reply = vm_wire_recv(parent, HOSTD_SSH_WIRE_FROM_WORKER_MAX, &kind, &local_error);
+    if (reply == NULL || !g_str_equal(kind, "ready")) {
+        g_autofree char *why = NULL;
+
+        if (reply != NULL && g_str_equal(kind, "failed") &&
+            g_variant_is_of_type(reply, G_VARIANT_TYPE_STRING))
+            why = g_strndup(g_variant_get_string(reply, NULL), HOSTD_SSH_WIRE_MESSAGE_MAX);
+        else
+            why = g_strdup(local_error != NULL ? local_error->message : "an unexpected message");
+        g_strcanon(why, G_CSET_A_2_Z G_CSET_a_2_z G_CSET_DIGITS " .,:;'()/_=+-", '?');
+        vm_throw(error, VM_ERROR_SSH, "the SSH worker of '%s' did not start: %s", target->agent,
+                 why);
+        worker_kill(worker);
+        worker_unref(worker);
+        return NULL;
+    }
+    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &no_timeout, sizeof(no_timeout));
+    worker->control = g_steal_fd(&parent);
+    return worker;
+}
+
+/* The running worker for @target, started (or restarted) as needed. */
+static Worker *
+workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **error)
+{
+    g_autoptr(GMutexLocker) locker = NULL;
+    g_autofree char *host_key = NULL;
+    g_autofree char *key = NULL;
+    char *identity = NULL;
+    Worker *worker;
+
+    if (!target_read_keys(target, &identity, &host_key, error))
+        return NULL;
+    key = target_key(target, identity, host_key);
+    locker = g_mutex_locker_new(&workers->lock);
+    worker = g_hash_table_lookup(workers->workers, target->agent);
+
+    if (worker != NULL) {
+        gboolean alive;
+
+        g_mutex_lock(&worker->lock);
+        alive = worker->control >= 0 && worker->pid > 0;
+        g_mutex_unlock(&worker->lock);
+        if (alive && g_str_equal(worker->started_for, key)) {
+            wipe_free(identity);
+            return worker_ref(worker);
+        }
+        worker_retire(worker);
+        g_hash_table_remove(workers->workers, target->agent);
+    }
+    worker = worker_launch(workers, target, identity, host_key, key, error);
+    wipe_free(identity);
+    if (worker == NULL)
+        return NULL;
+    g_hash_table_insert(workers->workers, g_strdup(target->agent), worker_ref(worker));
+    return worker;
+}
+
+/* A new request's socket, handed to @target's worker. */
+static int
+workers_request(HostdSshWorkers *workers, const HostdSshTarget *target, GError **error)
+{
+    const struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
+
+    /* A worker that died since its last request is found out by the handover and replaced. */
+    for (guint attempt = 0; attempt < 2; attempt++) {
+        Worker *worker = workers_get(workers, target, error);
+        int pair[2];
+        int rc;
+
+        if (worker == NULL)
+            return -1;
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) {
+            worker_unref(worker);
+            return vm_throw_errno(error, errno, "cannot make a request's channel"), -1;
+        }
+        g_mutex_lock(&worker->lock);
+        rc = worker->control >= 0 ? vm_fd_send(worker->control, pair[1]) : -EPIPE;
+        g_mutex_unlock(&worker->lock);
+        close(pair[1]);
+        if (rc == 0) {
+            worker_unref(worker);
+            (void)setsockopt(pair[0], SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+            return pair[0];
+        }
+        close(pair[0]);
+        worker_kill(worker);
+        worker_unref(worker);
+    }
+    return vm_throw(error, VM_ERROR_SSH, "the SSH worker of '%s' takes no request", target->agent),
+           -1;
+}
+
+/* Waits for the answer on @sock until @cancellable (may be NULL) is cancelled. */
+static gboolean
+request_wait(int sock, GCancellable *cancellable, GError **error)
+{
+    GPollFD fds[2] = {{.fd = sock, .events = G_IO_IN}};
+    guint n = 1;
+
+    if (cancellable != NULL && g_cancellable_make_pollfd(cancellable, &fds[1]))
+        n = 2;
+    while (g_poll(fds, n, -1) < 0 && errno == EINTR)
+        ;
+    if (n == 2)
+        g_cancellable_release_fd(cancellable);
+    return !g_cancellable_set_error_if_cancelled(cancellable, error);
+}
+
+/* Reads the request's frames until "done": answers "before" with @before (may be NULL). */
+static gboolean
+request_finish(int sock, const HostdSshTarget *target, VmTrace *trace,
+               void (*before)(gpointer data), gpointer before_data, GError **error)
+{
+    gboolean before_seen = FALSE;
+
+    for (;;) {
+        g_autoptr(GError) local_error = NULL;
+        g_autofree char *kind = NULL;
+        g_autoptr(GVariant) payload =
+            vm_wire_recv(sock, HOSTD_SSH_WIRE_FROM_WORKER_MAX, &kind, &local_error);
+
+        if (payload == NULL)
+            return vm_throw(error, VM_ERROR_SSH,
+                            "the SSH worker of '%s' ended before answering: %s", target->agent,
+                            local_error->message);
+        if (g_str_equal(kind, "done"))
+            return hostd_ssh_wire_done_parse(payload, trace, error);
+        if (!g_str_equal(kind, "before") || before == NULL || before_seen)
+            return vm_throw(error, VM_ERROR_PROTOCOL,
+                            "the SSH worker of '%s' sent an unexpected message", target->agent);
+        before_seen = TRUE;
+        before(before_data);
+        if (!vm_wire_send(sock, "go", g_variant_new("()"), error))
+            return FALSE;
+    }
+}
+
+static gboolean
+workers_wait_ready(gpointer data, const HostdSshTarget *target, guint timeout_s,
+                   GCancellable *cancellable, GError **error)
+{
+    HostdSshWorkers *workers = data;
+    vm_autofd sock = workers_request(workers, target, error);
+    const struct timeval answer_timeout = {.tv_sec = timeout_s + READY_GRACE_S};
+
+    if (sock < 0)
+        return FALSE;
+    (void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &answer_timeout, sizeof(answer_timeout));
+    if (!vm_wire_send(sock, "ready", g_variant_new_uint32(timeout_s), error) ||
+        !request_wait(sock, cancellable, error))
+        return FALSE;
+    return request_finish(sock, target, NULL, NULL, NULL, error);
+}
+
+static gboolean
+workers_exec(gpointer data, const HostdSshTarget *target, const HostdExecRequest *request,
+             int client_fd, GError **error)
+{
+    HostdSshWorkers *workers = data;
+    vm_autofd sock = workers_request(workers, target, error);
+    int rc;
+
+    if (sock < 0)
+        return FALSE;
+    vm_trace_mark(request->trace, "ssh worker");
+    if (!vm_wire_send(sock, "exec", hostd_ssh_wire_exec_new(request), error))
+        return FALSE;
+    rc = vm_fd_send(sock, client_fd);
+    if (rc < 0)
+        return vm_throw_errno(error, -rc, "cannot hand the client to the SSH worker of '%s'",
+                              target->agent);
+    return request_finish(sock, target, request->trace, request->before_command,
+                          request->before_command_data, error);
+}
+
+static void
+workers_forget(gpointer data, const char *agent)
+{
+    HostdSshWorkers *workers = data;
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&workers->lock);
+    Worker *worker = g_hash_table_lookup(workers->workers, agent);
+
+    if (worker != NULL) {
+        worker_retire(worker);
+        g_hash_table_remove(workers->workers, agent);
+    }
+}
+
+const HostdSshDelegate hostd_ssh_workers_delegate = {
+    .wait_ready = workers_wait_ready,
+    .exec = workers_exec,
+    .forget = workers_forget,
+};
+
+HostdSshWorkers *
+hostd_ssh_workers_new(const HostdSshWorkersConfig *config)
+{
+    HostdSshWorkers *workers = g_new0(HostdSshWorkers, 1);
+
+    workers->program = g_strdup(config->program);
+    workers->change_user = config->change_user;
+    workers->uid = config->uid;
+    workers->gid = config->gid;
+    g_mutex_init(&workers->lock);
+    workers->workers = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, worker_unref);
+    return workers;
+}
+
+void
+hostd_ssh_workers_free(HostdSshWorkers *workers)
+{
+    GHashTableIter iter;
+    gpointer worker;
+
+    if (workers == NULL)
+        return;
+    g_mutex_lock(&workers->lock);
+    g_hash_table_iter_init(&iter, workers->workers);
+    while (g_hash_table_iter_next(&iter, NULL, &worker))
+        worker_kill(worker);
+    g_hash_table_remove_all(workers->workers);
+    g_mutex_unlock(&workers->lock);
+    g_hash_table_unref(workers->workers);
+    g_mutex_clear(&workers->lock);
+    g_free(workers->program);
+    g_free(workers);
+}
+
+GPid
+hostd_ssh_workers_get_pid(HostdSshWorkers *workers, const char *agent)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&workers->lock);
+    Worker *worker = g_hash_table_lookup(workers->workers, agent);
+    GPid pid = 0;
+
+    if (worker != NULL) {
+        g_mutex_lock(&worker->lock);
+        pid = worker->control >= 0 ? worker->pid : 0;
+        g_mutex_unlock(&worker->lock);
+    }
+    return pid;
+}
+
+char *
+hostd_ssh_worker_path(void)
+{
+    const char *env = g_getenv("VM_SSH_WORKER");
+
+    if (env != NULL && env[0] != '\0')
+        return g_strdup(env);
+    /* As for the egress worker: an installed hostd (root) never runs the build tree's. */
+    if (vm_use_build_tree())
+        return g_strdup(HOSTD_SSH_WORKER_BUILD);
+    return g_strdup(HOSTD_SSH_WORKER_INSTALLED);
+}

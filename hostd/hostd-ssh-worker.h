@@ -1,0 +1,48 @@
+/* Each agent's SSH client in a worker process of its own (vm-ssh-worker, hostd-ssh-wire.h), so
+ * that libssh parses no byte a guest sent inside hostd: the worker runs as the agent's own id
+ * (or, for an agent without one, the user configured for that), with no capabilities,
+ * no_new_privs and a seccomp filter, and holds only that agent's key, pinned host key and
+ * sessions. hostd hands it each request with the vmctl client's socket, so an exec's bytes pass
+ * between the client and the worker without hostd.
+ *
+ * A worker starts on its agent's first wait or exec and serves it until hostd_ssh_pool_forget()
+ * (stop, rm, a new port) or until the target it was started for changes; one that died is
+ * reaped at once and replaced on the next request. Requests of one agent run side by side. */
+#pragma once
+
+#include <glib.h>
+
+#include "hostd-ssh.h"
+
+G_BEGIN_DECLS
+
+typedef struct {
+    const char *program; /* vm-ssh-worker */
+    /* Whom the worker of an agent without an id runs as: with @change_user (hostd is root),
+     * @uid and @gid; else hostd's own user, confined all the same. */
+    gboolean change_user;
+    guint uid, gid;
+} HostdSshWorkersConfig;
+
+typedef struct _HostdSshWorkers HostdSshWorkers;
+
+/* Makes the set of workers, none running yet. Can't fail. */
+HostdSshWorkers *hostd_ssh_workers_new(const HostdSshWorkersConfig *config);
+
+/* Ends every worker (their requests fail) and frees @workers. NULL: no-op. */
+void hostd_ssh_workers_free(HostdSshWorkers *workers);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdSshWorkers, hostd_ssh_workers_free)
+
+/* The delegate (hostd-ssh.h) that runs a pool's waits and execs in the workers of the
+ * HostdSshWorkers given as its data. Besides the contract of hostd_ssh_exec(), an exec fails
+ * with VM_ERROR_SSH when the worker could not start or ended before it answered. */
+extern const HostdSshDelegate hostd_ssh_workers_delegate;
+
+/* The pid of @agent's running worker, 0 when none runs. Can't fail. */
+GPid hostd_ssh_workers_get_pid(HostdSshWorkers *workers, const char *agent);
+
+/* Where hostd finds vm-ssh-worker: $VM_SSH_WORKER, else next to hostd in its build tree when
+ * run from there, else the installed one. Can't fail. */
+char *hostd_ssh_worker_path(void);
+
+G_END_DECLS

@@ -1,0 +1,189 @@
+/* vm-ssh-worker: one agent's SSH client in a process of its own (hostd-ssh-wire.h).
+ *
+ * hostd starts it per agent with the control socketpair on fd HOSTD_SSH_WORKER_CONTROL_FD. It
+ * reads the "start" message (the agent's target, key and pinned host key), confines itself
+ * (vm-egress-sandbox.h: the agent's own id, no capabilities, no_new_privs, seccomp) and only
+ * then connects to the guest, so libssh parses no guest byte with privileges. Then it serves the
+ * requests hostd hands over, each on a thread of its own, with the same pool code hostd would
+ * run (hostd-ssh.c), and exits once hostd closes the control socket and its requests ended. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hostd-ssh-wire.h"
+#include "vm-egress-sandbox.h"
+#include "vm-error.h"
+#include "vm-fd-pass.h"
+#include "vm-wire.h"
+
+/* How long hostd has to hand over the client's socket after an exec's message. */
+#define CLIENT_TIMEOUT_MS 10000
+
+static HostdSshPool *pool;
+static HostdSshTarget target;
+static GMutex running_lock;
+static GCond running_done;
+static guint running;
+
+/* Asks hostd for its go before the command is sent (the guest clock after a wake), and waits
+ * for it; a hostd that is gone ends the command through the client's socket. */
+static void
+ask_before_command(gpointer data)
+{
+    int sock = GPOINTER_TO_INT(data);
+    g_autofree char *kind = NULL;
+    g_autoptr(GVariant) go = NULL;
+
+    if (vm_wire_send(sock, "before", g_variant_new("()"), NULL))
+        go = vm_wire_recv(sock, HOSTD_SSH_WIRE_TO_WORKER_MAX, &kind, NULL);
+}
+
+/* The client's socket, handed over after the exec's message. */
+static int
+receive_client(int sock, GError **error)
+{
+    struct pollfd pfd = {.fd = sock, .events = POLLIN};
+    int fd, flags;
+
+    if (poll(&pfd, 1, CLIENT_TIMEOUT_MS) <= 0)
+        return vm_throw(error, VM_ERROR_PROTOCOL, "no client socket came with the exec"), -1;
+    fd = vm_fd_receive(sock, NULL);
+    if (fd < 0)
+        return vm_throw_errno(error, -fd, "cannot take the client socket"), -1;
+    /* hostd's end of the same socket is blocking, and so is what hostd_ssh_exec() expects (the
+     * flag belongs to the open file both hold). */
+    flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+        close(fd);
+        return vm_throw_errno(error, errno, "cannot use the client socket"), -1;
+    }
+    return fd;
+}
+
+static void
+serve_exec(int sock, GVariant *payload)
+{
+    g_autoptr(GError) error = NULL;
+    HostdSshWireExec exec;
+    g_auto(VmTrace) trace = {0};
+    int client = -1;
+
+    if (hostd_ssh_wire_exec_parse(payload, &exec, &error)) {
+        if (exec.traced) {
+            vm_trace_init(&trace);
+            exec.request.trace = &trace;
+        }
+        if (exec.before_command) {
+            exec.request.before_command = ask_before_command;
+            exec.request.before_command_data = GINT_TO_POINTER(sock);
+        }
+        client = receive_client(sock, &error);
+    }
+    if (client >= 0) {
+        (void)hostd_ssh_exec(pool, &target, &exec.request, client, &error);
+        close(client);
+    }
+    hostd_ssh_wire_exec_clear(&exec);
+    (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, &trace), NULL);
+}
+
+static void
+serve_ready(int sock, GVariant *payload)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!g_variant_is_of_type(payload, G_VARIANT_TYPE_UINT32))
+        vm_throw(&error, VM_ERROR_PROTOCOL, "a ready message of type %s",
+                 g_variant_get_type_string(payload));
+    else
+        (void)hostd_ssh_wait_ready(pool, &target, g_variant_get_uint32(payload), NULL, &error);
+    (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, NULL), NULL);
+}
+
+/* One request: its message, the work, the answer. */
+static gpointer
+serve_request(gpointer data)
+{
+    int sock = GPOINTER_TO_INT(data);
+    g_autofree char *kind = NULL;
+    g_autoptr(GVariant) payload = NULL;
+    int flags = fcntl(sock, F_GETFL);
+
+    if (flags >= 0 && fcntl(sock, F_SETFL, flags & ~O_NONBLOCK) == 0)
+        payload = vm_wire_recv(sock, HOSTD_SSH_WIRE_TO_WORKER_MAX, &kind, NULL);
+    if (payload != NULL && g_str_equal(kind, "exec"))
+        serve_exec(sock, payload);
+    else if (payload != NULL && g_str_equal(kind, "ready"))
+        serve_ready(sock, payload);
+    close(sock);
+
+    g_mutex_lock(&running_lock);
+    running--;
+    g_cond_broadcast(&running_done);
+    g_mutex_unlock(&running_lock);
+    return NULL;
+}
+
+static void
+fail(int control, const char *agent, const char *message)
+{
+    (void)vm_wire_send(control, "failed", g_variant_new_string(message), NULL);
+    fprintf(stderr, "vm-ssh-worker %s: %s\n", agent, message);
+    _exit(1);
+}
+
+int
+main(int argc, char **argv)
+{
+    const int control = HOSTD_SSH_WORKER_CONTROL_FD;
+    const char *agent = argc > 1 ? argv[1] : "?";
+    g_autoptr(GError) error = NULL;
+    g_autofree char *kind = NULL;
+    g_autoptr(GVariant) payload = NULL;
+    HostdSshWireStart start;
+
+    payload = vm_wire_recv(control, HOSTD_SSH_WIRE_TO_WORKER_MAX, &kind, &error);
+    if (payload == NULL || !g_str_equal(kind, "start"))
+        fail(control, agent, error != NULL ? error->message : "the first message was not start");
+    if (!hostd_ssh_wire_start_parse(payload, &start, &error))
+        fail(control, agent, error->message);
+    g_clear_pointer(&payload, g_variant_unref);
+
+    /* libssh and its crypto start before the filter: they may read what it would refuse. */
+    pool = hostd_ssh_pool_new();
+    if (!vm_egress_sandbox_enter(start.change_user, start.uid, start.gid, &error))
+        fail(control, agent, error->message);
+    hostd_ssh_wire_start_target(&start, &target);
+    if (!vm_wire_send(control, "ready", g_variant_new("()"), NULL))
+        return 1;
+
+    for (;;) {
+        struct pollfd pfd = {.fd = control, .events = POLLIN};
+        int sock;
+
+        if (poll(&pfd, 1, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        sock = vm_fd_receive(control, NULL);
+        if (sock == -EAGAIN || sock == -EPROTO)
+            continue;
+        if (sock < 0)
+            break; /* hostd closed the channel: no more requests */
+        g_mutex_lock(&running_lock);
+        running++;
+        g_mutex_unlock(&running_lock);
+        g_thread_unref(g_thread_new("request", serve_request, GINT_TO_POINTER(sock)));
+    }
+
+    /* The requests under way end as they would have. */
+    g_mutex_lock(&running_lock);
+    while (running > 0)
+        g_cond_wait(&running_done, &running_lock);
+    g_mutex_unlock(&running_lock);
+    return 0;
+}
