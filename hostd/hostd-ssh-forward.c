@@ -80,14 +80,19 @@ typedef struct {
     char *user;
     char *identity_path;
     char *known_hosts_path;
+    char *identity_pem;
+    char *host_key;
 } FwdTarget;
 
 typedef struct {
     FwdPort *port; /* a reference */
     int fd;        /* the client's socket, non-blocking */
     guint client_port;
-    FwdTarget *target; /* what its wake said, until the carrier takes it */
-    gboolean closing;  /* its port was removed (the carrier's copy of the flag) */
+    FwdTarget *target;            /* what its wake said, until the carrier takes it */
+    gboolean closing;             /* its port was removed (the carrier's copy of the flag) */
+    char *why;                    /* why it could not be carried, once that is known */
+    HostdSshForwardDoneFunc done; /* hostd_ssh_forward_carry()'s, or NULL */
+    gpointer done_data;
     /* The carrier's alone: */
     ssh_channel channel;
     FwdPipe up;   /* client -> guest */
@@ -226,6 +231,10 @@ fwd_target_free(FwdTarget *t)
     g_free(t->user);
     g_free(t->identity_path);
     g_free(t->known_hosts_path);
+    if (t->identity_pem != NULL)
+        explicit_bzero(t->identity_pem, strlen(t->identity_pem));
+    g_free(t->identity_pem);
+    g_free(t->host_key);
     g_free(t);
 }
 
@@ -239,6 +248,8 @@ fwd_target_new(const HostdSshTarget *from)
     t->user = g_strdup(from->user);
     t->identity_path = g_strdup(from->identity_path);
     t->known_hosts_path = g_strdup(from->known_hosts_path);
+    t->identity_pem = g_strdup(from->identity_pem);
+    t->host_key = g_strdup(from->host_key);
     t->target = (HostdSshTarget){
         .agent = t->agent,
         .host = t->host,
@@ -246,6 +257,9 @@ fwd_target_new(const HostdSshTarget *from)
         .user = t->user,
         .identity_path = t->identity_path,
         .known_hosts_path = t->known_hosts_path,
+        .identity_pem = t->identity_pem,
+        .host_key = t->host_key,
+        .agent_id = from->agent_id,
     };
     return t;
 }
@@ -282,11 +296,29 @@ fwd_conn_free(HostdSshForward *f, FwdConn *c)
     g_mutex_unlock(&f->lock);
     if (c->fd >= 0)
         fwd_close_client(c->fd);
+    if (c->done != NULL)
+        c->done(c->why, c->done_data);
     hostd_pipe_clear(&c->up);
     hostd_pipe_clear(&c->down);
     fwd_target_free(c->target);
     fwd_port_unref(p);
+    g_free(c->why);
     g_free(c);
+}
+
+/* Logs why @c could not be carried, keeps it for its done callback, and frees @c. Takes the
+ * lock. */
+static void G_GNUC_PRINTF(3, 4) fwd_conn_fail(HostdSshForward *f, FwdConn *c, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    g_free(c->why);
+    c->why = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    if (f->log != NULL)
+        f->log(c->port->agent->name, c->port->guest_port, c->why, f->user_data);
+    fwd_conn_free(f, c);
 }
 
 /* ---- the pipes ----------------------------------------------------------------------------- */
@@ -473,7 +505,6 @@ carrier_open_channel(Carrier *c, FwdConn *conn, char **ret_why)
 static void
 carrier_open(Carrier *c, FwdConn *conn)
 {
-    const char *agent = c->agent->name;
     guint port = conn->port->guest_port;
     g_autofree char *why = NULL;
 
@@ -487,8 +518,7 @@ carrier_open(Carrier *c, FwdConn *conn)
 
         g_clear_pointer(&why, g_free);
         if (!carrier_session(c, attempt > 0, &error)) {
-            fwd_log(c->f, agent, port, "cannot reach the agent over SSH: %s", error->message);
-            fwd_conn_free(c->f, conn);
+            fwd_conn_fail(c->f, conn, "cannot reach the agent over SSH: %s", error->message);
             return;
         }
         switch (carrier_open_channel(c, conn, &why)) {
@@ -498,9 +528,8 @@ carrier_open(Carrier *c, FwdConn *conn)
             g_ptr_array_add(c->conns, conn);
             return;
         case OPEN_REFUSED:
-            fwd_log(c->f, agent, port, "nothing took the connection on port %u in the guest: %s",
-                    port, why);
-            fwd_conn_free(c->f, conn);
+            fwd_conn_fail(c->f, conn, "nothing took the connection on port %u in the guest: %s",
+                          port, why);
             return;
         case OPEN_LOST:
         default:
@@ -508,8 +537,7 @@ carrier_open(Carrier *c, FwdConn *conn)
             break;
         }
     }
-    fwd_log(c->f, agent, port, "cannot open a channel to the agent: %s", why);
-    fwd_conn_free(c->f, conn);
+    fwd_conn_fail(c->f, conn, "cannot open a channel to the agent: %s", why);
 }
 
 static void
@@ -653,6 +681,42 @@ fwd_carry(HostdSshForward *f, FwdConn *conn)
 
 /* ---- accepting and waking ------------------------------------------------------------------ */
 
+typedef struct {
+    HostdSshForward *f;
+    FwdAgent *agent;
+} FwdActivity;
+
+static void
+fwd_note_activity(gpointer data)
+{
+    FwdActivity *activity = data;
+
+    g_mutex_lock(&activity->f->lock);
+    activity->agent->last_activity = g_get_monotonic_time();
+    g_mutex_unlock(&activity->f->lock);
+}
+
+/* Carries @conn through the pool's delegate (an SSH worker): blocks until it ended, the
+ * connection staying among its port's waking ones so that a removal shuts its socket down. */
+static void
+fwd_delegate(HostdSshForward *f, FwdConn *conn, const HostdSshDelegate *delegate, gpointer data)
+{
+    FwdPort *p = conn->port;
+    FwdActivity activity = {f, p->agent};
+    g_autoptr(GError) error = NULL;
+    gboolean ok;
+
+    ok = delegate->forward(data, &conn->target->target, p->guest_port, conn->fd, fwd_note_activity,
+                           &activity, &error);
+    g_mutex_lock(&f->lock);
+    p->waking = g_list_remove(p->waking, conn);
+    g_mutex_unlock(&f->lock);
+    if (!ok)
+        fwd_conn_fail(f, conn, "%s", error->message);
+    else
+        fwd_conn_free(f, conn);
+}
+
 static void
 fwd_wake_worker(gpointer data, gpointer user_data)
 {
@@ -661,6 +725,8 @@ fwd_wake_worker(gpointer data, gpointer user_data)
     FwdPort *p = conn->port;
     FwdAgent *a = p->agent;
     g_autoptr(GError) error = NULL;
+    gpointer delegate_data = NULL;
+    const HostdSshDelegate *delegate = hostd_ssh_pool_get_delegate(f->pool, &delegate_data);
     gboolean gone;
     gboolean ok = FALSE;
 
@@ -677,9 +743,14 @@ fwd_wake_worker(gpointer data, gpointer user_data)
     }
 
     g_mutex_lock(&f->lock);
-    p->waking = g_list_remove(p->waking, conn);
     /* A port removed meanwhile (its agent's rm, which the wake waited for) refuses quietly. */
     gone = p->removing || a->stopping || f->stopping;
+    if (ok && !gone && delegate != NULL && delegate->forward != NULL) {
+        g_mutex_unlock(&f->lock);
+        fwd_delegate(f, conn, delegate, delegate_data);
+        return;
+    }
+    p->waking = g_list_remove(p->waking, conn);
     if (ok && !gone) {
         fwd_carry(f, conn);
         g_mutex_unlock(&f->lock);
@@ -687,9 +758,29 @@ fwd_wake_worker(gpointer data, gpointer user_data)
     }
     g_mutex_unlock(&f->lock);
     if (!gone && !ok)
-        fwd_log(f, a->name, p->guest_port, "connection refused: %s",
-                error != NULL ? error->message : "the agent cannot be woken");
-    fwd_conn_free(f, conn);
+        fwd_conn_fail(f, conn, "connection refused: %s",
+                      error != NULL ? error->message : "the agent cannot be woken");
+    else
+        fwd_conn_free(f, conn);
+}
+
+/* A new connection of @p on @fd (its client's port @client_port): counted, and woken by a
+ * worker of the pool. Call with the lock held. */
+static FwdConn *
+fwd_conn_start(HostdSshForward *f, FwdPort *p, int fd, guint client_port)
+{
+    FwdConn *conn = g_new0(FwdConn, 1);
+
+    conn->port = fwd_port_ref(p);
+    conn->fd = fd;
+    conn->client_port = client_port;
+    p->n_conns++;
+    p->agent->n_conns++;
+    p->agent->last_activity = g_get_monotonic_time();
+    p->waking = g_list_prepend(p->waking, conn);
+    /* Unlimited non-exclusive pool: cannot fail, and no wake waits for another. */
+    g_thread_pool_push(f->wakers, conn, NULL);
+    return conn;
 }
 
 /* Accepts what waits on @p's listener. Call with the lock held. */
@@ -702,7 +793,6 @@ fwd_accept(HostdSshForward *f, FwdPort *p)
         int fd =
             accept4(p->listen_fd, (struct sockaddr *)&peer, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         int one = 1;
-        FwdConn *conn;
 
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
@@ -718,16 +808,7 @@ fwd_accept(HostdSshForward *f, FwdPort *p)
         }
         /* Interactive traffic (a dev server's websocket) sends small packets. */
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        conn = g_new0(FwdConn, 1);
-        conn->port = fwd_port_ref(p);
-        conn->fd = fd;
-        conn->client_port = ntohs(peer.sin_port);
-        p->n_conns++;
-        p->agent->n_conns++;
-        p->agent->last_activity = g_get_monotonic_time();
-        p->waking = g_list_prepend(p->waking, conn);
-        /* Unlimited non-exclusive pool: cannot fail, and no wake waits for another. */
-        g_thread_pool_push(f->wakers, conn, NULL);
+        fwd_conn_start(f, p, fd, ntohs(peer.sin_port));
     }
 }
 
@@ -755,6 +836,8 @@ fwd_accept_thread(gpointer data)
         while (g_hash_table_iter_next(&iter, NULL, &value)) {
             FwdPort *p = value;
 
+            if (p->listen_fd < 0)
+                continue; /* hostd_ssh_forward_carry()'s: no listener */
             if (p->accept_paused_until > now) {
                 wake_at = MIN(wake_at, p->accept_paused_until);
                 continue;
@@ -820,6 +903,29 @@ fwd_retire_ports(HostdSshForward *f, GPtrArray *ports)
     }
 }
 
+/* A new port of @agent in the table (the caller checked there is none), @key taken. Call with
+ * the lock held. */
+static FwdPort *
+fwd_port_add(HostdSshForward *f, char *key, const char *agent, guint guest_port, guint host_port,
+             int listen_fd)
+{
+    FwdAgent *a = g_hash_table_lookup(f->agents, agent);
+    FwdPort *p;
+
+    if (a == NULL) {
+        a = fwd_agent_new(agent);
+        g_hash_table_insert(f->agents, a->name, a);
+    }
+    p = g_new0(FwdPort, 1);
+    p->ref = 1;
+    p->agent = fwd_agent_ref(a);
+    p->guest_port = guest_port;
+    p->host_port = host_port;
+    p->listen_fd = listen_fd;
+    g_hash_table_insert(f->ports, key, p);
+    return p;
+}
+
 /* ---- public API ---------------------------------------------------------------------------- */
 
 HostdSshForward *
@@ -853,8 +959,6 @@ hostd_ssh_forward_add(HostdSshForward *f, const char *agent, guint guest_port, g
 {
     g_autofree char *key = NULL;
     g_autoptr(GMutexLocker) locker = NULL;
-    FwdAgent *a;
-    FwdPort *p;
     int fd = -1;
 
     g_return_val_if_fail(f != NULL && agent != NULL, FALSE);
@@ -870,19 +974,41 @@ hostd_ssh_forward_add(HostdSshForward *f, const char *agent, guint guest_port, g
     if (!hostd_relay_listen(host_port, &fd, error))
         return FALSE;
 
-    a = g_hash_table_lookup(f->agents, agent);
-    if (a == NULL) {
-        a = fwd_agent_new(agent);
-        g_hash_table_insert(f->agents, a->name, a);
-    }
-    p = g_new0(FwdPort, 1);
-    p->ref = 1;
-    p->agent = fwd_agent_ref(a);
-    p->guest_port = guest_port;
-    p->host_port = host_port;
-    p->listen_fd = fd;
-    g_hash_table_insert(f->ports, g_steal_pointer(&key), p);
+    fwd_port_add(f, g_steal_pointer(&key), agent, guest_port, host_port, fd);
     fwd_nudge(f->event_fd);
+    return TRUE;
+}
+
+gboolean
+hostd_ssh_forward_carry(HostdSshForward *f, const char *agent, guint guest_port, int fd,
+                        HostdSshForwardDoneFunc done, gpointer done_data, GError **error)
+{
+    g_autofree char *key = NULL;
+    g_autoptr(GMutexLocker) locker = NULL;
+    struct sockaddr_in peer = {0};
+    socklen_t len = sizeof(peer);
+    FwdConn *conn;
+    FwdPort *p;
+
+    g_return_val_if_fail(f != NULL && agent != NULL && fd >= 0, FALSE);
+    g_return_val_if_fail(guest_port > 0 && guest_port <= 65535, FALSE);
+
+    key = fwd_port_key(agent, guest_port);
+    locker = g_mutex_locker_new(&f->lock);
+    p = g_hash_table_lookup(f->ports, key);
+    if (p == NULL)
+        p = fwd_port_add(f, g_steal_pointer(&key), agent, guest_port, 0, -1);
+    if (p->agent->n_conns >= HOSTD_SSH_FORWARD_MAX_CONNECTIONS) {
+        close(fd);
+        return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                        "agent '%s' holds %u forwarded connections already", agent,
+                        HOSTD_SSH_FORWARD_MAX_CONNECTIONS);
+    }
+    if (getpeername(fd, (struct sockaddr *)&peer, &len) < 0 || peer.sin_family != AF_INET)
+        peer.sin_port = 0;
+    conn = fwd_conn_start(f, p, fd, ntohs(peer.sin_port));
+    conn->done = done;
+    conn->done_data = done_data;
     return TRUE;
 }
 

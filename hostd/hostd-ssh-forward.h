@@ -65,6 +65,18 @@ gboolean hostd_ssh_forward_add(HostdSshForward *f, const char *agent, guint gues
  * thread that carries them; one still being woken when its wake returns). Unknown: no-op. */
 void hostd_ssh_forward_remove(HostdSshForward *f, const char *agent, guint guest_port);
 
+/* Called once when a connection given to hostd_ssh_forward_carry() has ended: @why is NULL when
+ * it was carried, else the line the log got for it. */
+typedef void (*HostdSshForwardDoneFunc)(const char *why, gpointer data);
+
+/* Carries @fd, a connected socket that is now the forwarder's, to @guest_port of @agent as a
+ * connection accepted on a served port would be (the wake included), without a listener of the
+ * forwarder's own: the SSH worker's side of a port whose listener is hostd's. @done (may be
+ * NULL) is called with @done_data once it ended. Fails with VM_ERROR_NO_RESOURCES when @agent
+ * holds HOSTD_SSH_FORWARD_MAX_CONNECTIONS already: then @fd is closed and @done not called. */
+gboolean hostd_ssh_forward_carry(HostdSshForward *f, const char *agent, guint guest_port, int fd,
+                                 HostdSshForwardDoneFunc done, gpointer done_data, GError **error);
+
 /* hostd_ssh_forward_remove() of every port of @agent, and its SSH session goes too. Unknown
  * @agent: no-op. Can't fail. */
 void hostd_ssh_forward_remove_agent(HostdSshForward *f, const char *agent);

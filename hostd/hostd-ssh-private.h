@@ -48,4 +48,8 @@ ssh_session hostd_ssh_session_take(HostdSshPool *pool, const HostdSshTarget *tar
 void hostd_ssh_session_give(HostdSshPool *pool, const char *agent, guint64 generation,
                             ssh_session session);
 
+/* @pool's delegate (hostd_ssh_pool_set_delegate()) and its data in *@ret_data; NULL when it
+ * has none. Can't fail. */
+const HostdSshDelegate *hostd_ssh_pool_get_delegate(HostdSshPool *pool, gpointer *ret_data);
+
 G_END_DECLS

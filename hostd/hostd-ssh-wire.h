@@ -11,8 +11,10 @@
  *   hostd:  "ready"  u: the seconds hostd_ssh_wait_ready() may take
  *           "exec"   (asassbsuubb): argv, env, cwd ("": none), tty, term ("": default), cols,
  *                    rows, traced, before-command; then the vmctl client's socket, handed over
+ *           "forward" u: a guest port; then the forwarded connection's socket, handed over
  *           "go"     (): the answer to "before"
  *   worker: "before" (): the command is about to be sent; it waits for "go"
+ *           "activity" (): bytes moved on the forwarded connection (at most once a second)
  *           "done"   (busa(sx)): ok, the VM_ERROR code and message when not, and the phases the
  *                    worker marked (name, g_get_monotonic_time()) when traced
  *

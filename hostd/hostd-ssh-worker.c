@@ -329,10 +329,12 @@ request_wait(int sock, GCancellable *cancellable, GError **error)
     return !g_cancellable_set_error_if_cancelled(cancellable, error);
 }
 
-/* Reads the request's frames until "done": answers "before" with @before (may be NULL). */
+/* Reads the request's frames until "done": answers "before" with @before (may be NULL), and
+ * passes each "activity" to @activity (may be NULL). */
 static gboolean
 request_finish(int sock, const HostdSshTarget *target, VmTrace *trace,
-               void (*before)(gpointer data), gpointer before_data, GError **error)
+               void (*before)(gpointer data), gpointer before_data, void (*activity)(gpointer data),
+               gpointer activity_data, GError **error)
 {
     gboolean before_seen = FALSE;
 
@@ -348,6 +350,10 @@ request_finish(int sock, const HostdSshTarget *target, VmTrace *trace,
                             local_error->message);
         if (g_str_equal(kind, "done"))
             return hostd_ssh_wire_done_parse(payload, trace, error);
+        if (g_str_equal(kind, "activity") && activity != NULL) {
+            activity(activity_data);
+            continue;
+        }
         if (!g_str_equal(kind, "before") || before == NULL || before_seen)
             return vm_throw(error, VM_ERROR_PROTOCOL,
                             "the SSH worker of '%s' sent an unexpected message", target->agent);
@@ -372,7 +378,7 @@ workers_wait_ready(gpointer data, const HostdSshTarget *target, guint timeout_s,
     if (!vm_wire_send(sock, "ready", g_variant_new_uint32(timeout_s), error) ||
         !request_wait(sock, cancellable, error))
         return FALSE;
-    return request_finish(sock, target, NULL, NULL, NULL, error);
+    return request_finish(sock, target, NULL, NULL, NULL, NULL, NULL, error);
 }
 
 static gboolean
@@ -393,7 +399,26 @@ workers_exec(gpointer data, const HostdSshTarget *target, const HostdExecRequest
         return vm_throw_errno(error, -rc, "cannot hand the client to the SSH worker of '%s'",
                               target->agent);
     return request_finish(sock, target, request->trace, request->before_command,
-                          request->before_command_data, error);
+                          request->before_command_data, NULL, NULL, error);
+}
+
+static gboolean
+workers_forward(gpointer data, const HostdSshTarget *target, guint guest_port, int fd,
+                void (*activity)(gpointer activity_data), gpointer activity_data, GError **error)
+{
+    HostdSshWorkers *workers = data;
+    vm_autofd sock = workers_request(workers, target, error);
+    int rc;
+
+    if (sock < 0)
+        return FALSE;
+    if (!vm_wire_send(sock, "forward", g_variant_new_uint32(guest_port), error))
+        return FALSE;
+    rc = vm_fd_send(sock, fd);
+    if (rc < 0)
+        return vm_throw_errno(error, -rc, "cannot hand the connection to the SSH worker of '%s'",
+                              target->agent);
+    return request_finish(sock, target, NULL, NULL, NULL, activity, activity_data, error);
 }
 
 static void
@@ -413,6 +438,7 @@ const HostdSshDelegate hostd_ssh_workers_delegate = {
     .wait_ready = workers_wait_ready,
     .exec = workers_exec,
     .forget = workers_forget,
+    .forward = workers_forward,
 };
 
 HostdSshWorkers *

@@ -2,12 +2,13 @@
  * that libssh parses no byte a guest sent inside hostd: the worker runs as the agent's own id
  * (or, for an agent without one, the user configured for that), with no capabilities,
  * no_new_privs and a seccomp filter, and holds only that agent's key, pinned host key and
- * sessions. hostd hands it each request with the vmctl client's socket, so an exec's bytes pass
- * between the client and the worker without hostd.
+ * sessions. hostd hands it each request with the vmctl client's socket (or a forwarded port's
+ * connection), so an exec's bytes pass between the client and the worker without hostd.
  *
- * A worker starts on its agent's first wait or exec and serves it until hostd_ssh_pool_forget()
- * (stop, rm, a new port) or until the target it was started for changes; one that died is
- * reaped at once and replaced on the next request. Requests of one agent run side by side. */
+ * A worker starts on its agent's first wait, exec or forwarded connection and serves it until
+ * hostd_ssh_pool_forget() (stop, rm, a new port) or until the target it was started for changes;
+ * one that died is reaped at once and replaced on the next request. Requests of one agent run side
+ * by side. */
 #pragma once
 
 #include <glib.h>

@@ -279,6 +279,13 @@ hostd_ssh_pool_set_delegate(HostdSshPool *pool, const HostdSshDelegate *delegate
     pool->delegate_data = data;
 }
 
+const HostdSshDelegate *
+hostd_ssh_pool_get_delegate(HostdSshPool *pool, gpointer *ret_data)
+{
+    *ret_data = pool->delegate_data;
+    return pool->delegate;
+}
+
 void
 hostd_ssh_pool_forget(HostdSshPool *pool, const char *agent)
 {

@@ -70,6 +70,13 @@ typedef struct {
     gboolean (*exec)(gpointer data, const HostdSshTarget *target, const HostdExecRequest *request,
                      int client_fd, GError **error);
     void (*forget)(gpointer data, const char *agent);
+    /* Carries the connected socket @fd (the caller's still; the delegate uses its own copy) to
+     * @guest_port on the guest's loopback until either side ends it, calling @activity (with
+     * @activity_data) now and then while bytes move; FALSE with why it could not be carried.
+     * NULL: forwarded ports are carried by the pool's own sessions (hostd-ssh-forward.h). */
+    gboolean (*forward)(gpointer data, const HostdSshTarget *target, guint guest_port, int fd,
+                        void (*activity)(gpointer activity_data), gpointer activity_data,
+                        GError **error);
 } HostdSshDelegate;
 
 /* Hands @pool's waits and execs to @delegate (static) with @data, which must outlive @pool;

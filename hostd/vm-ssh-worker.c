@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hostd-ssh-forward.h"
 #include "hostd-ssh-wire.h"
 #include "vm-egress-sandbox.h"
 #include "vm-error.h"
@@ -21,8 +22,11 @@
 
 /* How long hostd has to hand over the client's socket after an exec's message. */
 #define CLIENT_TIMEOUT_MS 10000
+/* How often a forwarded connection's activity is told to hostd, at most. */
+#define ACTIVITY_INTERVAL_US G_USEC_PER_SEC
 
 static HostdSshPool *pool;
+static HostdSshForward *forwards; /* the agent's forwarded connections, over pooled sessions */
 static HostdSshTarget target;
 static GMutex running_lock;
 static GCond running_done;
@@ -41,9 +45,9 @@ ask_before_command(gpointer data)
         go = vm_wire_recv(sock, HOSTD_SSH_WIRE_TO_WORKER_MAX, &kind, NULL);
 }
 
-/* The client's socket, handed over after the exec's message. */
+/* The client's socket, handed over after the request's message; blocking for an exec. */
 static int
-receive_client(int sock, GError **error)
+receive_client(int sock, gboolean blocking, GError **error)
 {
     struct pollfd pfd = {.fd = sock, .events = POLLIN};
     int fd, flags;
@@ -53,8 +57,10 @@ receive_client(int sock, GError **error)
     fd = vm_fd_receive(sock, NULL);
     if (fd < 0)
         return vm_throw_errno(error, -fd, "cannot take the client socket"), -1;
-    /* hostd's end of the same socket is blocking, and so is what hostd_ssh_exec() expects (the
-     * flag belongs to the open file both hold). */
+    /* As hostd's end of the same socket is (the flag belongs to the open file both hold):
+     * blocking for an exec, as hostd_ssh_exec() expects, not for a forwarded connection. */
+    if (!blocking)
+        return fd;
     flags = fcntl(fd, F_GETFL);
     if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
         close(fd);
@@ -80,7 +86,7 @@ serve_exec(int sock, GVariant *payload)
             exec.request.before_command = ask_before_command;
             exec.request.before_command_data = GINT_TO_POINTER(sock);
         }
-        client = receive_client(sock, &error);
+        client = receive_client(sock, TRUE, &error);
     }
     if (client >= 0) {
         (void)hostd_ssh_exec(pool, &target, &exec.request, client, &error);
@@ -103,6 +109,79 @@ serve_ready(int sock, GVariant *payload)
     (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, NULL), NULL);
 }
 
+typedef struct {
+    GMutex lock;
+    GCond cond;
+    gboolean done;
+    char *why;
+} ForwardEnd;
+
+static void
+forward_done(const char *why, gpointer data)
+{
+    ForwardEnd *end = data;
+
+    g_mutex_lock(&end->lock);
+    end->done = TRUE;
+    end->why = g_strdup(why);
+    g_cond_broadcast(&end->cond);
+    g_mutex_unlock(&end->lock);
+}
+
+/* The guest's sshd for every forwarded connection: the worker's own target. */
+static gboolean
+forward_wake(const char *agent, gpointer user_data, HostdSshTarget *ret_target, GPtrArray *keep,
+             GError **error)
+{
+    *ret_target = target;
+    return TRUE;
+}
+
+/* Carries the client's connection until it ends, telling hostd of its activity (hostd counts it
+ * against idling the agent). */
+static void
+serve_forward(int sock, GVariant *payload)
+{
+    g_autoptr(GError) error = NULL;
+    ForwardEnd end = {0};
+    gint64 told = 0;
+    int client;
+
+    if (!g_variant_is_of_type(payload, G_VARIANT_TYPE_UINT32) ||
+        g_variant_get_uint32(payload) == 0 || g_variant_get_uint32(payload) > 65535) {
+        vm_throw(&error, VM_ERROR_PROTOCOL, "a forward message that names no port");
+        (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, NULL), NULL);
+        return;
+    }
+    client = receive_client(sock, FALSE, &error);
+    g_mutex_init(&end.lock);
+    g_cond_init(&end.cond);
+    if (client >= 0 &&
+        hostd_ssh_forward_carry(forwards, target.agent, g_variant_get_uint32(payload), client,
+                                forward_done, &end, &error)) {
+        g_mutex_lock(&end.lock);
+        while (!end.done) {
+            gint64 last;
+
+            g_cond_wait_until(&end.cond, &end.lock, g_get_monotonic_time() + ACTIVITY_INTERVAL_US);
+            last = hostd_ssh_forward_last_activity(forwards, target.agent);
+            if (!end.done && last != told) {
+                told = last;
+                g_mutex_unlock(&end.lock);
+                (void)vm_wire_send(sock, "activity", g_variant_new("()"), NULL);
+                g_mutex_lock(&end.lock);
+            }
+        }
+        g_mutex_unlock(&end.lock);
+        if (end.why != NULL)
+            vm_throw(&error, VM_ERROR_SSH, "%s", end.why);
+    }
+    (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, NULL), NULL);
+    g_free(end.why);
+    g_cond_clear(&end.cond);
+    g_mutex_clear(&end.lock);
+}
+
 /* One request: its message, the work, the answer. */
 static gpointer
 serve_request(gpointer data)
@@ -118,6 +197,8 @@ serve_request(gpointer data)
         serve_exec(sock, payload);
     else if (payload != NULL && g_str_equal(kind, "ready"))
         serve_ready(sock, payload);
+    else if (payload != NULL && g_str_equal(kind, "forward"))
+        serve_forward(sock, payload);
     close(sock);
 
     g_mutex_lock(&running_lock);
@@ -157,6 +238,7 @@ main(int argc, char **argv)
     if (!vm_egress_sandbox_enter(start.change_user, start.uid, start.gid, &error))
         fail(control, agent, error->message);
     hostd_ssh_wire_start_target(&start, &target);
+    forwards = hostd_ssh_forward_new(pool, forward_wake, NULL, NULL);
     if (!vm_wire_send(control, "ready", g_variant_new("()"), NULL))
         return 1;
 

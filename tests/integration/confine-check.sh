@@ -10,7 +10,10 @@
 #                       refused, ptrace of B's QEMU and a read of its memory too, and the other
 #                       way round; as A's id its own disk opens and its own socket answers (the
 #                       checks can pass only because the other agent's files are shut), its
-#                       QEMU's memory reads and a process of its id can be traced
+#                       QEMU's memory reads and a process of its id can be traced; each agent's
+#                       SSH worker (hostd's SSH client to its guest) runs as its id, confined
+#                       as its QEMU is, cannot be traced even by that id, and holds the SSH
+#                       connection to the guest where hostd holds none
 
 # The system's Python: run as an agent's id, it must be a path that id can execute (not a shim
 # under root's home).
@@ -35,6 +38,12 @@ confine_as() { local id=$1; shift; setpriv --reuid="$id" --regid="$id" --clear-g
 
 # Field $2 of /proc/$1/status.
 confine_status() { awk -v k="$2:" '$1 == k { $1 = ""; print substr($0, 2) }' "/proc/$1/status"; }
+
+# The PID of agent $1's SSH worker: the child of hostd that runs vm-ssh-worker for it.
+confine_ssh_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-ssh-worker $1" | head -n 1; }
+
+# The peers (ADDRESS:PORT) of the established TCP connections of PID $1.
+confine_tcp_peers() { ss -tnpH state established | awk -v p="pid=$1," 'index($0, p) { print $4 }' | sort -u; }
 
 # As id $1: opens file $2 for reading (exit 0 when it could).
 confine_open() { confine_as "$1" "$CONFINE_PYTHON" -c 'import sys; open(sys.argv[1], "rb").read(1)' "$2" 2>/dev/null; }
@@ -86,6 +95,20 @@ confine_check() {
                [ '$(confine_status "$pidy" NoNewPrivs)' = 1 ] && [ '$(confine_status "$pidy" Seccomp)' = 2 ]"
   done
 
+  for x in "$a:$ida" "$b:$idb"; do
+    local wpid peers
+    IFS=: read -r y idx <<< "$x"
+    vmctl exec "$y" true >/dev/null
+    wpid=$(confine_ssh_worker "$y")
+    check "$y's SSH worker (pid $wpid) runs as its id, with no capabilities, no_new_privs and a seccomp filter" \
+      bash -c "[ -n '$wpid' ] && [ \"\$(awk '\$1 == \"Uid:\" || \$1 == \"Gid:\" { print \$2, \$3, \$4, \$5 }' /proc/$wpid/status | sort -u)\" = '$idx $idx $idx $idx' ] &&
+               [ '$(confine_status "$wpid" CapEff)' = 0000000000000000 ] &&
+               [ '$(confine_status "$wpid" NoNewPrivs)' = 1 ] && [ '$(confine_status "$wpid" Seccomp)' = 2 ]"
+    peers=$(confine_tcp_peers "$wpid")
+    check "$y's SSH worker holds the SSH connection to its guest, and hostd holds none to it" \
+      bash -c '[ -n "$1" ] && ! grep -qxF -f <(printf "%s\n" $1) <(printf "%s\n" $2)' _ "$peers" "$(confine_tcp_peers "$HOSTD_PID")"
+  done
+
   export -f confine_as confine_open confine_connect confine_ptrace confine_mem
   # What shows that the checks below can pass: as its own id an agent's QEMU reaches its own.
   check "as $a's id, its own disk opens and its own egress socket answers" \
@@ -118,5 +141,7 @@ confine_check() {
     check "as $from's id, $to's QEMU memory cannot be read" \
       bash -c '[ -n "$2" ] && ! confine_mem "$1" "$2"' _ "$id" "$pid"
     check "as $from's id, $to's QEMU still runs" kill -0 "$pid"
+    check "as $from's id, neither its own SSH worker nor $to's can be traced" \
+      bash -c '[ -n "$2" ] && [ -n "$3" ] && ! confine_ptrace "$1" "$2" && ! confine_ptrace "$1" "$3"' _ "$id" "$(confine_ssh_worker "$from")" "$(confine_ssh_worker "$to")"
   done
 }

@@ -1598,6 +1598,14 @@ test_worker_wait_ready(void **state)
 
 /* ---- forwarded guest ports (hostd-ssh-forward.h) ------------------------------------------- */
 
+/* That the connections to the server were @n, made by the pool itself; with workers, that the
+ * caller made none (the worker's are its own). */
+static void
+assert_own_connections(Fixture *f, guint n)
+{
+    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), f->workers != NULL ? 0 : n);
+}
+
 /* The forwarder of the tests: its wake hands out the fixture's target (or refuses), its log is
  * kept. Guest ports are on this host's loopback, where the fixture's sshd connects. */
 typedef struct {
@@ -1675,8 +1683,10 @@ static void
 forward_wait(Forward *fw, guint n, gboolean idle)
 {
     for (guint i = 0; i < 1000; i++) {
+        /* With workers the sessions are theirs: the pool here holds none. */
         if (hostd_ssh_forward_open_connections(fw->fwd, "alpha") == n &&
-            (!idle || hostd_ssh_pool_get_idle_count(fw->f->pool, "alpha") > 0))
+            (!idle || fw->f->workers != NULL ||
+             hostd_ssh_pool_get_idle_count(fw->f->pool, "alpha") > 0))
             return;
         g_usleep(10 * 1000);
     }
@@ -1750,7 +1760,7 @@ test_forward_echo(void **state)
     forward_wait(&fw, 0, TRUE);
     assert_int_equal(g_atomic_int_get(&fw.wakes), 1);
     assert_int_equal(g_atomic_int_get(&sink->connections), 1);
-    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+    assert_own_connections(f, 1);
     log = forward_log_text(&fw);
     assert_string_equal(log, "");
 
@@ -1760,7 +1770,7 @@ test_forward_echo(void **state)
     close(fd);
     forward_wait(&fw, 0, TRUE);
     assert_int_equal(g_atomic_int_get(&fw.wakes), 2);
-    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+    assert_own_connections(f, 1);
 
     forward_clear(&fw);
     vm_test_sink_free(sink);
@@ -1909,7 +1919,7 @@ test_forward_no_listener(void **state)
     assert_echo(fd, "still here\n");
     close(fd);
     forward_wait(&fw, 0, FALSE);
-    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+    assert_own_connections(f, 1);
 
     forward_clear(&fw);
     vm_test_sink_free(sink);
@@ -1940,7 +1950,7 @@ test_forward_wake_refused(void **state)
     log = forward_log_text(&fw);
     want = g_strdup_printf("alpha %u: connection refused: agent 'alpha' is stopped\n", sink->port);
     assert_string_equal(log, want);
-    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 0);
+    assert_own_connections(f, 0);
     assert_int_equal(g_atomic_int_get(&sink->connections), 0);
 
     forward_clear(&fw);
@@ -1971,7 +1981,7 @@ test_forward_many(void **state)
     for (guint i = 0; i < N; i++)
         close(fds[i]);
     forward_wait(&fw, 0, TRUE);
-    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 1);
+    assert_own_connections(f, 1);
 
     forward_clear(&fw);
     vm_test_sink_free(sink);
@@ -2127,7 +2137,7 @@ test_forward_stale_session(void **state)
     assert_echo(fd, "fresh\n");
     close(fd);
     forward_wait(&fw, 0, FALSE);
-    assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 2);
+    assert_own_connections(f, 2);
 
     forward_clear(&fw);
     vm_test_sink_free(sink);
@@ -2153,6 +2163,35 @@ test_forward_free_open(void **state)
     assert_int_equal(got->len, 0);
     close(fd);
     hostd_ssh_forward_free(NULL);
+    vm_test_sink_free(sink);
+}
+
+/* Bytes moving on a connection a worker carries count as the agent's activity in hostd (what
+ * keeps it from idling), while the connection stays open. */
+static void
+test_worker_forward_activity(void **state)
+{
+    Fixture *f = *state;
+    VmTestSink *sink = vm_test_sink_new();
+    Forward fw;
+    gint64 before;
+    guint port;
+    int fd;
+
+    forward_init(&fw, f);
+    port = forward_add(&fw, sink->port);
+    fd = vm_test_connect_loopback(port, 10);
+    assert_echo(fd, "one\n");
+    g_usleep(1200 * 1000);
+    before = g_get_monotonic_time();
+    assert_echo(fd, "two\n");
+    for (guint i = 0; i < 300 && hostd_ssh_forward_last_activity(fw.fwd, "alpha") < before; i++)
+        g_usleep(10 * 1000);
+    assert_true(hostd_ssh_forward_last_activity(fw.fwd, "alpha") >= before);
+    assert_int_equal(hostd_ssh_forward_open_connections(fw.fwd, "alpha"), 1);
+    close(fd);
+    forward_wait(&fw, 0, FALSE);
+    forward_clear(&fw);
     vm_test_sink_free(sink);
 }
 
@@ -2216,6 +2255,17 @@ main(void)
         cmocka_unit_test_setup_teardown(test_forward_add_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_stale_session, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_free_open, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_echo, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_forward_activity, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_large, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_guest_closes, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_no_listener, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_wake_refused, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_many, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_backpressure, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_remove, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_stale_session, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_free_open, setup_worker, teardown),
     };
 
     /* TEST_FILTER=test_exec_* runs a subset while debugging. */
