@@ -344,6 +344,14 @@ DCK2=$(vmctl checkpoint a1 --label diff-after)
 check "diff --json between two checkpoints gives the same list" bash -c "
   '$VMCTL' --socket '$SOCK' --json diff a1 '$DCK' '$DCK2' --path '$H/dt' |
   python3 -c 'import json,sys; [print(c[\"kind\"], c[\"path\"]) for c in json.load(sys.stdin)]' | diff -u '$S/diff.expected' -"
+# A file named by the guest with an escape sequence and a newline: the name reaches the terminal
+# escaped, one line, no raw control byte.
+vmctl exec a1 -- sh -c 'touch "$HOME/dt/$(printf "evil\033[2J\nforged")"; sync'
+vmctl diff a1 "$DCK2" --path "$H/dt" > "$S/diff-escaped.out" 2> "$S/diff-escaped.err"
+check "diff shows a guest file named with an escape sequence and a newline escaped, on one line" \
+  bash -c "grep -qxF 'A $H/dt/evil\\x1b[2J\\nforged' '$S/diff-escaped.out' && [ \$(wc -l < '$S/diff-escaped.out') = 1 ] &&
+           ! LC_ALL=C grep -q \$'\\033' '$S/diff-escaped.out'" || diag "$(cat -v "$S/diff-escaped.out" "$S/diff-escaped.err")"
+vmctl exec a1 -- sh -c 'rm -f "$HOME"/dt/evil*; sync'
 n_before=$(vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 out=$(vmctl restore a1 "$DCK" --path "$H/../etc" 2>&1); rc=$?
 check "restore --path with '..': exit 2, one line" bash -c "[ $rc = 2 ] && [ \$(wc -l <<< \"\$1\") = 1 ]" _ "$out"
