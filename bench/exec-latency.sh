@@ -8,6 +8,8 @@
 # measured too: `true` is a bash builtin, so a spare runs it without starting any program.
 #
 # Usage: bench/exec-latency.sh [N]   (as root, after `meson setup build && ninja -C build`)
+# SSH_WORKER=off runs the hostd it starts with its SSH client inside hostd (ssh-worker = off), to
+# compare against the default, each agent's client in its confined worker.
 # Uses an existing hostd when $VMCTL_SOCKET answers and $BENCH_AGENT names a running agent;
 # otherwise starts its own hostd in a temp state dir and boots an agent (about a minute).
 set -euo pipefail
@@ -24,7 +26,8 @@ if [ -n "${BENCH_AGENT:-}" ] && "$VMCTL" info "$BENCH_AGENT" >/dev/null 2>&1; th
 else
   S=$(mktemp -d -t vmb.XXXXXX); chmod 711 "$S"
   IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
-  printf '[hostd]\nimages-dir=%s\nssh-port-min=43300\nssh-port-max=43399\n' "$IMAGES" > "$S/hostd.conf"
+  printf '[hostd]\nimages-dir=%s\nssh-port-min=43300\nssh-port-max=43399\nssh-worker=%s\n' \
+    "$IMAGES" "${SSH_WORKER:-on}" > "$S/hostd.conf"
   # --debug: one trace line per exec, summed up below.
   "$HOSTD" --config "$S/hostd.conf" --state-dir "$S" --debug > "$S/hostd.log" 2>&1 &
   OWN=$!
