@@ -108,24 +108,31 @@ worker_reap(gpointer data)
     return NULL;
 }
 
-/* The pinned key out of the known_hosts line hostd wrote: "[HOST]:PORT TYPE BASE64". */
+/* The pinned key of @target out of the known_hosts file hostd wrote, "TYPE BASE64" from its
+ * line "[HOST]:PORT TYPE BASE64" for the target's host and port: what libssh would take from
+ * the file in hostd. */
 static char *
-read_host_key(const char *path, GError **error)
+read_host_key(const HostdSshTarget *target, GError **error)
 {
     g_autofree char *contents = NULL;
+    g_autofree char *host = g_strdup_printf("[%s]:%u", target->host, target->port);
     g_autoptr(GError) local_error = NULL;
-    g_auto(GStrv) fields = NULL;
-    char *eol;
+    g_auto(GStrv) lines = NULL;
 
-    if (!g_file_get_contents(path, &contents, NULL, &local_error))
-        return vm_throw(error, VM_ERROR_SSH, "no host key pinned: %s", local_error->message), NULL;
-    eol = strchr(contents, '\n');
-    if (eol != NULL)
-        *eol = '\0';
-    fields = g_strsplit(contents, " ", 4);
-    if (g_strv_length(fields) < 3)
-        return vm_throw(error, VM_ERROR_SSH, "no host key pinned in %s", path), NULL;
-    return g_strdup_printf("%s %s", fields[1], fields[2]);
+    if (!g_file_get_contents(target->known_hosts_path, &contents, NULL, &local_error))
+        return vm_throw(error, VM_ERROR_SSH, "no host key of %s pinned: %s", target->agent,
+                        local_error->message),
+               NULL;
+    lines = g_strsplit(contents, "\n", -1);
+    for (char **line = lines; *line != NULL; line++) {
+        g_auto(GStrv) fields = g_strsplit(*line, " ", 4);
+
+        if (g_strv_length(fields) >= 3 && g_str_equal(fields[0], host))
+            return g_strdup_printf("%s %s", fields[1], fields[2]);
+    }
+    return vm_throw(error, VM_ERROR_SSH, "no host key of %s pinned in %s", target->agent,
+                    target->known_hosts_path),
+           NULL;
 }
 
 static void
@@ -155,7 +162,7 @@ target_read_keys(const HostdSshTarget *target, char **ret_identity, char **ret_h
 {
     g_autoptr(GError) local_error = NULL;
 
-    *ret_host_key = read_host_key(target->known_hosts_path, error);
+    *ret_host_key = read_host_key(target, error);
     if (*ret_host_key == NULL)
         return FALSE;
     if (!g_file_get_contents(target->identity_path, ret_identity, NULL, &local_error)) {

@@ -1581,7 +1581,23 @@ test_worker_wait_ready(void **state)
     g_clear_error(&error);
     write_known_hosts(f, keys.host_pub_line);
 
-    f->target.port = vm_test_free_port();
+    /* Pinned for another port only, or not at all: nothing to check the key against. */
+    {
+        g_autofree char *line =
+            g_strdup_printf("[127.0.0.1]:%u %s\n", f->port + 1, keys.host_pub_line);
+
+        assert_true(g_file_set_contents(f->known_hosts_path, line, -1, NULL));
+        assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 20, NULL, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_SSH, "no host key");
+        g_clear_error(&error);
+        assert_true(g_file_set_contents(f->known_hosts_path, "", -1, NULL));
+        assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 20, NULL, &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_SSH, "no host key");
+        g_clear_error(&error);
+    }
+
+    /* A port where nothing listens (pinned for it): the wait times out. */
+    f->port = f->target.port = vm_test_free_port();
     write_known_hosts(f, keys.host_pub_line);
     start = g_get_monotonic_time();
     assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 2, NULL, &error));
