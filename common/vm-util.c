@@ -334,6 +334,16 @@ vm_use_build_tree(void)
 }
 
 char *
+vm_program_path(const char *env_var, const char *build_path, const char *installed_path)
+{
+    const char *env = g_getenv(env_var);
+
+    if (env != NULL && env[0] != '\0')
+        return g_strdup(env);
+    return g_strdup(vm_use_build_tree() ? build_path : installed_path);
+}
+
+char *
 vm_shipped_templates_dir(void)
 {
     if (vm_use_build_tree())

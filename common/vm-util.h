@@ -97,6 +97,12 @@ gboolean vm_build_tree_decide(const char *override, const char *exe, const char 
  * build directory, so it uses only its installed files even while that tree exists. Can't fail. */
 gboolean vm_use_build_tree(void);
 
+/* Where a program of this project that hostd runs is: $@env_var when set and not empty, else
+ * @build_path when vm_use_build_tree(), else @installed_path. An installed hostd (root) never
+ * runs the build tree's programs, even while that tree exists: whoever can write it could put
+ * anything there. Newly allocated; can't fail. */
+char *vm_program_path(const char *env_var, const char *build_path, const char *installed_path);
+
 /* The directory of the templates this program ships: <source tree>/templates when
  * vm_use_build_tree(), else the installed <datadir>/vmctl/templates. Newly allocated; can't
  * fail. */

@@ -107,28 +107,15 @@ egress_get(HostdContext *ctx, gboolean create)
 char *
 hostd_egress_helper_path(void)
 {
-    const char *env = g_getenv("VM_EGRESS_CONNECT");
-
-    if (env != NULL && env[0] != '\0')
-        return g_strdup(env);
-    /* Never the build tree's helper for an installed hostd, even while that tree exists: QEMU
-     * would run whatever a user who can write the build tree put there. */
-    if (vm_use_build_tree())
-        return g_strdup(HOSTD_EGRESS_CONNECT_BUILD);
-    return g_strdup(HOSTD_EGRESS_CONNECT_INSTALLED);
+    return vm_program_path("VM_EGRESS_CONNECT", HOSTD_EGRESS_CONNECT_BUILD,
+                           HOSTD_EGRESS_CONNECT_INSTALLED);
 }
 
 char *
 hostd_egress_worker_path(void)
 {
-    const char *env = g_getenv("VM_EGRESS_WORKER");
-
-    if (env != NULL && env[0] != '\0')
-        return g_strdup(env);
-    /* As for the helper: an installed hostd (root) never runs the build tree's worker. */
-    if (vm_use_build_tree())
-        return g_strdup(HOSTD_EGRESS_WORKER_BUILD);
-    return g_strdup(HOSTD_EGRESS_WORKER_INSTALLED);
+    return vm_program_path("VM_EGRESS_WORKER", HOSTD_EGRESS_WORKER_BUILD,
+                           HOSTD_EGRESS_WORKER_INSTALLED);
 }
 
 char *

@@ -14,14 +14,8 @@
 char *
 hostd_guestfs_helper_path(void)
 {
-    const char *env = g_getenv("VM_GUESTFS_HELPER");
-
-    if (env != NULL && env[0] != '\0')
-        return g_strdup(env);
-    /* As for the egress helpers: an installed hostd never runs the build tree's. */
-    if (vm_use_build_tree())
-        return g_strdup(HOSTD_GUESTFS_HELPER_BUILD);
-    return g_strdup(HOSTD_GUESTFS_HELPER_INSTALLED);
+    return vm_program_path("VM_GUESTFS_HELPER", HOSTD_GUESTFS_HELPER_BUILD,
+                           HOSTD_GUESTFS_HELPER_INSTALLED);
 }
 
 /* The fixed appliance's directory, brought up to date once per hostd (supermin rebuilds it only

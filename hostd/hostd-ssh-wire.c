@@ -125,11 +125,21 @@ phase_ok(const char *phase)
     return TRUE;
 }
 
+char *
+hostd_ssh_wire_text(const char *text)
+{
+    GString *safe = g_string_new(NULL);
+
+    for (const char *p = text; *p != '\0' && safe->len < HOSTD_SSH_WIRE_MESSAGE_MAX; p++)
+        g_string_append_c(safe, g_ascii_isprint(*p) ? *p : '?');
+    return g_string_free(safe, FALSE);
+}
+
 gboolean
 hostd_ssh_wire_done_parse(GVariant *payload, VmTrace *trace, GError **error)
 {
     g_autoptr(GVariant) marks = NULL;
-    g_autoptr(GString) message = NULL;
+    g_autofree char *message = NULL;
     const char *text;
     gboolean ok;
     guint32 code;
@@ -154,12 +164,9 @@ hostd_ssh_wire_done_parse(GVariant *payload, VmTrace *trace, GError **error)
     }
     if (ok)
         return TRUE;
-    /* One line of printable text: it reaches a log and an operator's terminal. */
-    message = g_string_new(NULL);
-    for (const char *p = text; *p != '\0' && message->len < HOSTD_SSH_WIRE_MESSAGE_MAX; p++)
-        g_string_append_c(message, g_ascii_isprint(*p) ? *p : '?');
+    /* It reaches a log and an operator's terminal. */
+    message = hostd_ssh_wire_text(text);
     if (code < VM_ERROR_FAILED || code > VM_ERROR_LAST)
         code = VM_ERROR_SSH;
-    return vm_throw(error, (int)code, "%s",
-                    message->len > 0 ? message->str : "the SSH worker failed");
+    return vm_throw(error, (int)code, "%s", *message != '\0' ? message : "the SSH worker failed");
 }

@@ -88,6 +88,10 @@ void hostd_ssh_wire_exec_clear(HostdSshWireExec *exec);
  * the marks of @trace (may be NULL). Can't fail. */
 GVariant *hostd_ssh_wire_done_new(const GError *error, const VmTrace *trace);
 
+/* @text, which a worker sent, as hostd may log and show it: one line of printable ASCII (every
+ * other byte '?'), at most HOSTD_SSH_WIRE_MESSAGE_MAX bytes. Newly allocated; can't fail. */
+char *hostd_ssh_wire_text(const char *text);
+
 /* Takes a worker's "done" payload: replays its marks on @trace (may be NULL), each within the
  * time the request took, and returns TRUE for success; FALSE with the worker's error (its
  * message bounded and made one line of printable text, its code kept when it is one of

@@ -233,10 +233,9 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char
 
         if (reply != NULL && g_str_equal(kind, "failed") &&
             g_variant_is_of_type(reply, G_VARIANT_TYPE_STRING))
-            why = g_strndup(g_variant_get_string(reply, NULL), HOSTD_SSH_WIRE_MESSAGE_MAX);
+            why = hostd_ssh_wire_text(g_variant_get_string(reply, NULL));
         else
             why = g_strdup(local_error != NULL ? local_error->message : "an unexpected message");
-        g_strcanon(why, G_CSET_A_2_Z G_CSET_a_2_z G_CSET_DIGITS " .,:;'()/_=+-", '?');
         vm_throw(error, VM_ERROR_SSH, "the SSH worker of '%s' did not start: %s", target->agent,
                  why);
         worker_kill(worker);
@@ -500,12 +499,5 @@ hostd_ssh_workers_get_pid(HostdSshWorkers *workers, const char *agent)
 char *
 hostd_ssh_worker_path(void)
 {
-    const char *env = g_getenv("VM_SSH_WORKER");
-
-    if (env != NULL && env[0] != '\0')
-        return g_strdup(env);
-    /* As for the egress worker: an installed hostd (root) never runs the build tree's. */
-    if (vm_use_build_tree())
-        return g_strdup(HOSTD_SSH_WORKER_BUILD);
-    return g_strdup(HOSTD_SSH_WORKER_INSTALLED);
+    return vm_program_path("VM_SSH_WORKER", HOSTD_SSH_WORKER_BUILD, HOSTD_SSH_WORKER_INSTALLED);
 }

@@ -160,6 +160,25 @@ vm_test_assert_nullable_string_equal(const char *a, const char *b)
         assert_string_equal(a, b);
 }
 
+char *
+vm_test_proc_status(pid_t pid, const char *key)
+{
+    g_autofree char *path = g_strdup_printf("/proc/%d/status", (int)pid);
+    g_autofree char *text = NULL;
+    g_auto(GStrv) lines = NULL;
+    g_autofree char *prefix = g_strconcat(key, ":", NULL);
+
+    if (!g_file_get_contents(path, &text, NULL, NULL))
+        fail_msg("cannot read %s", path);
+    lines = g_strsplit(text, "\n", 0);
+    for (char **line = lines; *line != NULL; line++) {
+        if (g_str_has_prefix(*line, prefix))
+            return g_strstrip(g_strdup(*line + strlen(prefix)));
+    }
+    fail_msg("no %s in %s", key, path);
+    return NULL;
+}
+
 void
 vm_test_assert_process_gone(pid_t pid, guint timeout_ms)
 {

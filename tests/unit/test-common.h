@@ -54,6 +54,10 @@ void vm_test_assert_no_error(const GError *error);
 /* Fails the running test unless @a and @b are both NULL or equal strings. */
 void vm_test_assert_nullable_string_equal(const char *a, const char *b);
 
+/* The value of @key in /proc/@pid/status, spaces around it stripped ("0 0 0 0" for Uid), newly
+ * allocated; fails the running test when there is none. */
+char *vm_test_proc_status(pid_t pid, const char *key);
+
 /* Fails the running test unless process @pid is gone within @timeout_ms, or a zombie waiting for
  * init (killed and reparented away from the test). */
 void vm_test_assert_process_gone(pid_t pid, guint timeout_ms);

@@ -1066,26 +1066,6 @@ test_grant_hosts_none_and_fork(void **state)
 
 /* ---- the worker process --------------------------------------------------------------------- */
 
-/* The value of @key in /proc/@pid/status, newly allocated. */
-static char *
-proc_status(GPid pid, const char *key)
-{
-    g_autofree char *path = g_strdup_printf("/proc/%d/status", (int)pid);
-    g_autofree char *text = NULL;
-    g_auto(GStrv) lines = NULL;
-    g_autofree char *prefix = g_strconcat(key, ":", NULL);
-
-    if (!g_file_get_contents(path, &text, NULL, NULL))
-        fail_msg("cannot read %s", path);
-    lines = g_strsplit(text, "\n", 0);
-    for (char **line = lines; *line != NULL; line++) {
-        if (g_str_has_prefix(*line, prefix))
-            return g_strstrip(g_strdup(*line + strlen(prefix)));
-    }
-    fail_msg("no %s in %s", key, path);
-    return NULL;
-}
-
 /* Bytes through an open tunnel come back from the echo sink. */
 static void
 assert_echo(int fd)
@@ -1119,13 +1099,13 @@ test_worker_confined(void **state)
     pid = hostd_egress_worker_pid(f->ctx, "a1");
     assert_true(pid > 0);
     assert_int_not_equal(pid, getpid());
-    uid = proc_status(pid, "Uid");
-    gid = proc_status(pid, "Gid");
-    nnp = proc_status(pid, "NoNewPrivs");
-    seccomp = proc_status(pid, "Seccomp");
-    cap_eff = proc_status(pid, "CapEff");
-    cap_prm = proc_status(pid, "CapPrm");
-    cap_bnd = proc_status(pid, "CapBnd");
+    uid = vm_test_proc_status(pid, "Uid");
+    gid = vm_test_proc_status(pid, "Gid");
+    nnp = vm_test_proc_status(pid, "NoNewPrivs");
+    seccomp = vm_test_proc_status(pid, "Seccomp");
+    cap_eff = vm_test_proc_status(pid, "CapEff");
+    cap_prm = vm_test_proc_status(pid, "CapPrm");
+    cap_bnd = vm_test_proc_status(pid, "CapBnd");
     if (geteuid() == 0) {
         /* real, effective, saved and file system uid: all the egress user's (nobody) */
         g_auto(GStrv) ids = g_regex_split_simple("\\s+", uid, 0, 0);

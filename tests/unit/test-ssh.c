@@ -1346,32 +1346,6 @@ test_pool_free_null(void **state)
 
 /* ---- the SSH worker (hostd-ssh-worker.h) ---------------------------------------------------- */
 
-/* The value of "@key:" in /proc/@pid/status, its first field. */
-static char *
-proc_status_field(GPid pid, const char *key)
-{
-    g_autofree char *path = g_strdup_printf("/proc/%d/status", (int)pid);
-    g_autofree char *status = NULL;
-    g_auto(GStrv) lines = NULL;
-
-    assert_true(g_file_get_contents(path, &status, NULL, NULL));
-    lines = g_strsplit(status, "\n", -1);
-    for (char **line = lines; *line != NULL; line++) {
-        gsize len = strlen(key);
-
-        if (strncmp(*line, key, len) == 0 && (*line)[len] == ':') {
-            g_auto(GStrv) fields = g_strsplit_set(*line + len + 1, " \t", -1);
-
-            for (char **field = fields; *field != NULL; field++) {
-                if (**field != '\0')
-                    return g_strdup(*field);
-            }
-        }
-    }
-    fail_msg("no %s in %s", key, path);
-    return NULL;
-}
-
 /* Waits up to 10 s until alpha's worker is no longer running (@pid reaped, or replaced). */
 static void
 worker_wait_gone(Fixture *f, GPid pid)
@@ -1404,17 +1378,21 @@ test_worker_confined(void **state)
     pid = hostd_ssh_workers_get_pid(f->workers, "alpha");
     assert_true(pid > 0 && pid != getpid());
     assert_int_equal(hostd_ssh_pool_get_connections_opened(f->pool), 0);
-    cap_eff = proc_status_field(pid, "CapEff");
-    nnp = proc_status_field(pid, "NoNewPrivs");
-    seccomp = proc_status_field(pid, "Seccomp");
+    cap_eff = vm_test_proc_status(pid, "CapEff");
+    nnp = vm_test_proc_status(pid, "NoNewPrivs");
+    seccomp = vm_test_proc_status(pid, "Seccomp");
     assert_string_equal(cap_eff, "0000000000000000");
     assert_string_equal(nnp, "1");
     assert_string_equal(seccomp, "2");
     if (geteuid() == 0) {
-        uid = proc_status_field(pid, "Uid");
-        gid = proc_status_field(pid, "Gid");
-        assert_string_equal(uid, "64123");
-        assert_string_equal(gid, "64123");
+        g_auto(GStrv) uids = NULL, gids = NULL;
+
+        uid = vm_test_proc_status(pid, "Uid");
+        gid = vm_test_proc_status(pid, "Gid");
+        uids = g_regex_split_simple("\\s+", uid, 0, 0);
+        gids = g_regex_split_simple("\\s+", gid, 0, 0);
+        assert_string_equal(uids[0], "64123");
+        assert_string_equal(gids[0], "64123");
     }
     /* The same worker serves the next exec, on its pooled session. */
     exec_check(f, argv, 0, "worker\n");
