@@ -112,7 +112,7 @@ done
 check "no agent's key or host key is in the warm image's memory or disk" test "$leaks" = 0
 
 # ---- a live fork
-vmctl exec a -- sh -c 'echo from-a > ~/mark; nohup sh -c "while sleep 1; do date +%s > /tmp/tick; done" >/dev/null 2>&1 &'
+vmctl exec a -- sh -c 'echo from-a > ~/mark; nohup sh -c "while sleep 1; do date +%s > /tmp/tick.new && mv /tmp/tick.new /tmp/tick; done" >/dev/null 2>&1 &'
 pid_a=$(vmctl exec a -- pgrep -f "while sleep 1")
 t0=$(ms)
 out=$(vmctl fork a f --live 2>&1)
