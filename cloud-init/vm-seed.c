@@ -391,25 +391,50 @@ seed_append_proxy(GString *out, const char *url, const char *guest_api_host)
     seed_append_key_quoted(out, 4, "content", apt);
 }
 
+/* The built-in file @name (vm-seed.gresource.xml) as text, kept for the life of the process. */
+static const char *
+seed_resource_text(const char *name)
+{
+    static GMutex lock;
+    static GHashTable *texts;
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&lock);
+    const char *text;
+
+    if (texts == NULL)
+        texts = g_hash_table_new(g_str_hash, g_str_equal);
+    text = g_hash_table_lookup(texts, name);
+    if (text == NULL) {
+        g_autofree char *path = g_strconcat("/dev/vmctl/cloud-init/", name, NULL);
+        /* Built in: a lookup cannot fail, and the bytes stay for the life of the process. */
+        g_autoptr(GBytes) bytes = g_resource_lookup_data(vm_seed_resources_get_resource(), path,
+                                                         G_RESOURCE_LOOKUP_FLAGS_NONE, NULL);
+        gsize len = 0;
+        const char *data = g_bytes_get_data(bytes, &len);
+        char *copy = g_strndup(data, len);
+
+        g_hash_table_insert(texts, (gpointer)g_intern_string(name), copy);
+        text = copy;
+    }
+    return text;
+}
+
 const char *
 vm_seed_guest_tool(void)
 {
-    static gsize once = 0;
-    static const char *text = NULL;
+    return seed_resource_text("vmctl-guest");
+}
 
-    if (g_once_init_enter(&once)) {
-        /* Built in: a lookup cannot fail, and the bytes stay for the life of the process. */
-        GBytes *bytes = g_resource_lookup_data(vm_seed_resources_get_resource(),
-                                               "/dev/vmctl/cloud-init/vmctl-guest",
-                                               G_RESOURCE_LOOKUP_FLAGS_NONE, NULL);
-        gsize len = 0;
-        const char *data = g_bytes_get_data(bytes, &len);
-
-        text = g_strndup(data, len);
-        g_bytes_unref(bytes);
-        g_once_init_leave(&once, 1);
-    }
-    return text;
+/* hostd's sshd on the virtio port (hostd/hostd-ssh-serial.h): the script and its unit, which
+ * the seed's runcmd enables. */
+static void
+seed_append_ssh_serial(GString *out)
+{
+    seed_append_key_quoted(out, 2, "- path", "/usr/local/libexec/vmctl-ssh-serial");
+    seed_append_key_quoted(out, 4, "permissions", "0755");
+    seed_append_key_quoted(out, 4, "content", seed_resource_text("vmctl-ssh-serial"));
+    seed_append_key_quoted(out, 2, "- path", "/etc/systemd/system/vmctl-ssh-serial.service");
+    seed_append_key_quoted(out, 4, "permissions", "0644");
+    seed_append_key_quoted(out, 4, "content", seed_resource_text("vmctl-ssh-serial.service"));
 }
 
 /* The in-guest API's command, for every user (the API answers for this agent whoever calls it:
@@ -424,13 +449,10 @@ seed_append_guest_tool(GString *out)
 
 /* Files the guest gets at its first boot: the proxy settings, the egress CA (trusted by the
  * runcmd of seed_render_cloud_config()), the credential broker's environment block after the
- * proxy's lines, vmctl-guest. */
+ * proxy's lines, vmctl-guest, hostd's sshd on the virtio port. */
 static void
 seed_append_write_files(GString *out, const VmSeedSpec *spec)
 {
-    if (spec->egress_proxy == NULL && !spec->guest_tool && spec->egress_ca_pem == NULL &&
-        spec->environment_block == NULL)
-        return;
     g_string_append(out, "write_files:\n");
     if (spec->egress_proxy != NULL)
         seed_append_proxy(out, spec->egress_proxy, spec->guest_api_host);
@@ -446,6 +468,7 @@ seed_append_write_files(GString *out, const VmSeedSpec *spec)
     }
     if (spec->guest_tool)
         seed_append_guest_tool(out);
+    seed_append_ssh_serial(out);
 }
 
 /* The keys of an agent's seed: hostd's and the user's authorized, and exactly the host key hostd
@@ -519,8 +542,11 @@ seed_render_cloud_config(const VmSeedSpec *spec)
 
     seed_append_write_files(out, spec);
     /* write_files runs before runcmd: the certificate is in place when the store is rebuilt. */
+    g_string_append(out, "runcmd:\n");
     if (spec->egress_ca_pem != NULL)
-        g_string_append(out, "runcmd:\n  - [\"update-ca-certificates\"]\n");
+        g_string_append(out, "  - [\"update-ca-certificates\"]\n");
+    g_string_append(out,
+                    "  - [\"systemctl\", \"enable\", \"--now\", \"vmctl-ssh-serial.service\"]\n");
 
     if (spec->packages != NULL && spec->packages[0] != NULL) {
         g_string_append(out, "packages:\n");

@@ -219,6 +219,14 @@ vm_egress_sandbox_filter_load(GError **error)
             goto out;
         }
     }
+    /* A connected pair of Unix sockets reaches nothing outside the process: the SSH worker's
+     * relay of the session over the virtio port (hostd-ssh-serial.c). */
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socketpair), 1,
+                          SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)AF_UNIX));
+    if (rc < 0) {
+        vm_throw(error, VM_ERROR_IO, "seccomp rule for socketpair: %s", g_strerror(-rc));
+        goto out;
+    }
     /* clone() for threads only; a new process (no CLONE_THREAD) kills it. clone3() passes its
      * flags in memory a filter cannot read: ENOSYS makes the C library use clone(). */
     rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone), 1,

@@ -3,6 +3,7 @@
 #include "hostd-agent.h"
 #include "hostd-guest.h"
 #include "hostd-power.h"
+#include "hostd-serial.h"
 #include "vm-error.h"
 #include "vm-name.h"
 
@@ -79,5 +80,10 @@ hostd_agent_exec_traced(HostdContext *ctx, const char *name, const HostdExecRequ
     hostd_power_session_begin(ctx, name);
     gboolean ok = hostd_ssh_exec(ctx->ssh, &target, &woken, client_fd, error);
     hostd_power_session_end(ctx, name);
+    /* After the command, not before: under emulation the session's handshake takes the guest's
+     * CPU. An agent running since before hostd started, or whose session did not carry over a
+     * wake, gets one here. */
+    if (ok)
+        hostd_serial_ensure(ctx, &target, dom);
     return ok;
 }

@@ -6,6 +6,7 @@
 #include "hostd-guest.h"
 #include "hostd-idle.h"
 #include "hostd-relay.h"
+#include "hostd-serial.h"
 #include "hostd-ssh-forward.h"
 #include "vm-error.h"
 #include "vm-name.h"
@@ -68,21 +69,35 @@ hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
             return hostd_libvirt_throw(error, "cannot resume the agent");
         vm_trace_mark(trace, "resume");
     } else if (state == VIR_DOMAIN_SHUTOFF && virDomainHasManagedSaveImage(dom, 0) > 0) {
-        hostd_ssh_pool_forget(ctx->ssh, r->name);
+        gboolean restored = TRUE;
+
+        /* The session over the virtio port stays: it lives on in the saved memory. */
+        hostd_ssh_pool_sleep(ctx->ssh, r->name);
         if (!hostd_checkpoint_boot_check(ctx, r, dom, error))
             return FALSE;
         vm_trace_mark(trace, "disk chain checked");
-        if (virDomainCreate(dom) < 0) {
+        /* Paused, so that the new QEMU's port of hostd's sshd is connected before the guest
+         * runs: the guest then never sees hostd gone, and its session goes on. */
+        if (virDomainCreateWithFlags(dom, VIR_DOMAIN_START_PAUSED) < 0) {
             /* The saved image may no longer load (QEMU changed underneath): the disk is intact,
              * so a cold boot loses only what was in RAM. */
             g_autofree char *why = hostd_libvirt_take_error("?", NULL);
             hostd_context_log(ctx, "agent '%s': saved state did not restore (%s); booting instead",
                               r->name, why);
+            hostd_ssh_pool_forget(ctx->ssh, r->name);
             if (virDomainManagedSaveRemove(dom, 0) < 0 || virDomainCreate(dom) < 0)
                 return hostd_libvirt_throw(error, "cannot start the agent");
+            restored = FALSE;
         }
         vm_trace_mark(trace, "restore saved image");
-        /* An image saved while paused comes back paused. */
+        if (restored) {
+            g_autofree char *identity = NULL, *known_hosts = NULL;
+            HostdSshTarget target;
+
+            hostd_guest_ssh_target(&target, r, &identity, &known_hosts);
+            if (hostd_serial_resume(ctx, &target, dom))
+                vm_trace_mark(trace, "ssh session carried over");
+        }
         if (virDomainGetState(dom, &state, &reason, 0) == 0 && state == VIR_DOMAIN_PAUSED &&
             virDomainResume(dom) < 0)
             return hostd_libvirt_throw(error, "cannot resume the restored agent");
@@ -219,7 +234,7 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
         if (!hostd_checkpoint_before_save(ctx, r, dom, &checkpoint_error))
             hostd_context_log(ctx, "agent '%s': no checkpoint before saving: %s", name,
                               checkpoint_error->message);
-        hostd_ssh_pool_forget(ctx->ssh, name);
+        hostd_ssh_pool_sleep(ctx->ssh, name);
         if (virDomainManagedSave(dom, VIR_DOMAIN_SAVE_RUNNING) < 0) {
             g_autofree char *why = hostd_libvirt_take_error("?", NULL);
             hostd_context_log(ctx, "agent '%s': cannot save: %s", name, why);
@@ -367,7 +382,7 @@ hostd_agent_suspend(HostdContext *ctx, const char *name, gboolean save, GError *
                         hostd_libvirt_state_name(dom)),
                NULL;
     if (save) {
-        hostd_ssh_pool_forget(ctx->ssh, name);
+        hostd_ssh_pool_sleep(ctx->ssh, name);
         if (virDomainManagedSave(dom, VIR_DOMAIN_SAVE_RUNNING) < 0)
             return hostd_libvirt_throw(error, "cannot save the agent"), NULL;
     } else if (virDomainSuspend(dom) < 0) {

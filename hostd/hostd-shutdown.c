@@ -66,7 +66,7 @@ save_all_agent(SaveAll *all, guint index, const char *name)
         virResetLastError();
         return; /* gone, or stopped meanwhile: nothing to save */
     }
-    hostd_ssh_pool_forget(ctx->ssh, name);
+    hostd_ssh_pool_sleep(ctx->ssh, name);
     g_mutex_lock(&all->lock);
     g_hash_table_insert(all->busy, g_strdup(name), dom);
     g_mutex_unlock(&all->lock);

@@ -48,6 +48,13 @@ ssh_session hostd_ssh_session_take(HostdSshPool *pool, const HostdSshTarget *tar
 void hostd_ssh_session_give(HostdSshPool *pool, const char *agent, guint64 generation,
                             ssh_session session);
 
+/* Connects to @target over @fd (taken over: a socket whose peer carries the bytes to the guest's
+ * sshd, hostd-ssh-serial.h) within @timeout_s, and keeps the session as @target's held one: never
+ * closed as surplus, kept by hostd_ssh_pool_sleep(), given a spare. Fails as a connection does
+ * (VM_ERROR_SSH, the host key checked as always). */
+gboolean hostd_ssh_pool_hold(HostdSshPool *pool, const HostdSshTarget *target, int fd,
+                             guint timeout_s, GError **error);
+
 /* @pool's delegate (hostd_ssh_pool_set_delegate()) and its data in *@ret_data; NULL when it
  * has none. Can't fail. */
 const HostdSshDelegate *hostd_ssh_pool_get_delegate(HostdSshPool *pool, gpointer *ret_data);

@@ -284,39 +284,66 @@ workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **err
     return worker;
 }
 
+/* Hands @worker a new request's socket, ours in *@ret_sock: 1; 0 when the worker takes none
+ * (it died); -1 when the socket could not be made. */
+static int
+worker_request(Worker *worker, int *ret_sock, GError **error)
+{
+    const struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
+    int pair[2];
+    int rc;
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return vm_throw_errno(error, errno, "cannot make a request's channel"), -1;
+    g_mutex_lock(&worker->lock);
+    rc = worker->control >= 0 ? vm_fd_send(worker->control, pair[1]) : -EPIPE;
+    g_mutex_unlock(&worker->lock);
+    close(pair[1]);
+    if (rc < 0) {
+        close(pair[0]);
+        return 0;
+    }
+    (void)setsockopt(pair[0], SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    *ret_sock = pair[0];
+    return 1;
+}
+
 /* A new request's socket, handed to @target's worker. */
 static int
 workers_request(HostdSshWorkers *workers, const HostdSshTarget *target, GError **error)
 {
-    const struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
-
     /* A worker that died since its last request is found out by the handover and replaced. */
     for (guint attempt = 0; attempt < 2; attempt++) {
         Worker *worker = workers_get(workers, target, error);
-        int pair[2];
+        int sock = -1;
         int rc;
 
         if (worker == NULL)
             return -1;
-        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) {
+        rc = worker_request(worker, &sock, error);
+        if (rc != 0) {
             worker_unref(worker);
-            return vm_throw_errno(error, errno, "cannot make a request's channel"), -1;
+            return sock;
         }
-        g_mutex_lock(&worker->lock);
-        rc = worker->control >= 0 ? vm_fd_send(worker->control, pair[1]) : -EPIPE;
-        g_mutex_unlock(&worker->lock);
-        close(pair[1]);
-        if (rc == 0) {
-            worker_unref(worker);
-            (void)setsockopt(pair[0], SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-            return pair[0];
-        }
-        close(pair[0]);
         worker_kill(worker);
         worker_unref(worker);
     }
     return vm_throw(error, VM_ERROR_SSH, "the SSH worker of '%s' takes no request", target->agent),
            -1;
+}
+
+/* A new request's socket handed to @agent's running worker; -1 when none runs (none is
+ * started). */
+static int
+workers_request_running(HostdSshWorkers *workers, const char *agent)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&workers->lock);
+    Worker *worker = g_hash_table_lookup(workers->workers, agent);
+    int sock = -1;
+
+    if (worker == NULL || worker_request(worker, &sock, NULL) <= 0)
+        return -1;
+    return sock;
 }
 
 /* Waits for the answer on @sock until @cancellable (may be NULL) is cancelled. */
@@ -427,6 +454,41 @@ workers_forward(gpointer data, const HostdSshTarget *target, guint guest_port, i
     return request_finish(sock, target, NULL, NULL, NULL, activity, activity_data, error);
 }
 
+static gboolean
+workers_serial(gpointer data, const HostdSshTarget *target, int fd, gboolean resume, GError **error)
+{
+    HostdSshWorkers *workers = data;
+    vm_autofd chan = fd;
+    /* A resume is for the session a running worker holds: a new worker holds none. */
+    vm_autofd sock = resume ? workers_request_running(workers, target->agent)
+                            : workers_request(workers, target, error);
+    int rc;
+
+    if (sock < 0)
+        return resume ? vm_throw(error, VM_ERROR_SSH, "no SSH worker of '%s' holds a session",
+                                 target->agent)
+                      : FALSE;
+    if (!vm_wire_send(sock, "serial", g_variant_new_boolean(resume), error))
+        return FALSE;
+    rc = vm_fd_send(sock, chan);
+    if (rc < 0)
+        return vm_throw_errno(error, -rc, "cannot hand the virtio port to the SSH worker of '%s'",
+                              target->agent);
+    return request_finish(sock, target, NULL, NULL, NULL, NULL, NULL, error);
+}
+
+static void
+workers_sleep(gpointer data, const char *agent)
+{
+    HostdSshWorkers *workers = data;
+    vm_autofd sock = workers_request_running(workers, agent);
+    HostdSshTarget target = {.agent = agent};
+
+    /* No worker: no session to keep or drop. */
+    if (sock >= 0 && vm_wire_send(sock, "sleep", g_variant_new("()"), NULL))
+        (void)request_finish(sock, &target, NULL, NULL, NULL, NULL, NULL, NULL);
+}
+
 static void
 workers_forget(gpointer data, const char *agent)
 {
@@ -445,6 +507,8 @@ const HostdSshDelegate hostd_ssh_workers_delegate = {
     .exec = workers_exec,
     .forget = workers_forget,
     .forward = workers_forward,
+    .serial = workers_serial,
+    .sleep = workers_sleep,
 };
 
 HostdSshWorkers *

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <libssh/libssh.h>
 #include <libssh/callbacks.h>
@@ -82,6 +83,7 @@ typedef struct {
 
 typedef struct {
     GQueue idle;        /* PooledSession *, most recently used first */
+    ssh_session held;   /* the session over the virtio port (hostd_ssh_pool_hold()), or NULL */
     guint64 generation; /* sessions taken under another generation are not taken back */
     guint refilling;    /* sessions out only while they get a spare: back within a round trip */
     gboolean spares_refused; /* a spare never said it was ready: the login shell is not bash */
@@ -180,6 +182,17 @@ pool_get_generation(HostdSshPool *pool, const char *agent)
     return pool_ensure_entry(pool, agent)->generation;
 }
 
+/* @session, about to be closed, is no longer @agent's held one. */
+static void
+pool_unhold(HostdSshPool *pool, const char *agent, ssh_session session)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+    PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+
+    if (entry != NULL && entry->held == session)
+        entry->held = NULL;
+}
+
 /* Takes an idle session of @agent that still looks connected, and its spare (or NULL) in
  * *@ret_spare; NULL when there is none. A session of @agent out only for its spare is waited
  * for: it is back within a round trip or two, a new connection takes a handshake. */
@@ -210,6 +223,7 @@ pool_take(HostdSshPool *pool, const char *agent, guint64 *ret_generation, ssh_ch
             *ret_spare = spare;
             return session;
         }
+        pool_unhold(pool, agent, session);
         hostd_ssh_session_close(session);
     }
 }
@@ -230,14 +244,17 @@ pool_put(HostdSshPool *pool, const char *agent, guint64 generation, ssh_session 
 
         if (current && refilled && entry->refilling > 0)
             entry->refilling--;
+        /* The held session is kept whatever else is idle: it outlives a save, the others not. */
         if (current && ssh_is_connected(session) &&
-            g_queue_get_length(&entry->idle) < POOL_IDLE_MAX) {
+            (session == entry->held || g_queue_get_length(&entry->idle) < POOL_IDLE_MAX)) {
             PooledSession *pooled = g_new0(PooledSession, 1);
 
             pooled->session = session;
             pooled->spare = spare;
             g_queue_push_head(&entry->idle, pooled);
             surplus = NULL;
+        } else if (entry != NULL && entry->held == session) {
+            entry->held = NULL;
         }
         g_cond_broadcast(&pool->session_returned);
     }
@@ -249,13 +266,14 @@ pool_put(HostdSshPool *pool, const char *agent, guint64 generation, ssh_session 
  * when TRUE, pool_take() waits for it until pool_put(..., TRUE). FALSE when the pool would not
  * keep it or the agent's shell refused spares. */
 static gboolean
-pool_refill_begin(HostdSshPool *pool, const char *agent, guint64 generation)
+pool_refill_begin(HostdSshPool *pool, const char *agent, guint64 generation, ssh_session session)
 {
     g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
     PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
 
     if (entry == NULL || entry->generation != generation || entry->spares_refused ||
-        g_queue_get_length(&entry->idle) + entry->refilling >= POOL_IDLE_MAX)
+        (session != entry->held &&
+         g_queue_get_length(&entry->idle) + entry->refilling >= POOL_IDLE_MAX))
         return FALSE;
     entry->refilling++;
     return TRUE;
@@ -416,8 +434,9 @@ host_key_check(ssh_session session, const char *pinned)
                                                            : SSH_KNOWN_HOSTS_CHANGED;
 }
 
+/* A session to @target over TCP, or over @fd (taken over) when it is not -1. */
 static ConnectResult
-session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s,
+session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s, int fd,
                 ssh_session *ret_session, GError **error)
 {
     g_autoptr(HostdSshSession) session = ssh_new();
@@ -429,7 +448,15 @@ session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s
     int rc;
 
     if (session == NULL) {
+        if (fd >= 0)
+            close(fd);
         vm_throw(error, VM_ERROR_SSH, "cannot allocate an SSH session");
+        return CONNECT_FATAL;
+    }
+    /* libssh closes it from here on. */
+    if (fd >= 0 && ssh_options_set(session, SSH_OPTIONS_FD, &fd) < 0) {
+        close(fd);
+        ssh_throw(error, session, "cannot set SSH options for agent '%s'", target->agent);
         return CONNECT_FATAL;
     }
     if (ssh_options_set(session, SSH_OPTIONS_PROCESS_CONFIG, &process_config) < 0 ||
@@ -618,7 +645,7 @@ hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint tim
         attempt_s = (long)CLAMP((remaining + G_USEC_PER_SEC - 1) / G_USEC_PER_SEC, 1,
                                 READY_ATTEMPT_TIMEOUT_S);
         g_clear_error(&last_error);
-        switch (session_connect(pool, target, attempt_s, &session, &last_error)) {
+        switch (session_connect(pool, target, attempt_s, -1, &session, &last_error)) {
         case CONNECT_OK:
             /* The agent's first exec finds its spare ready, as later ones do. */
             pool_put(pool, target->agent, generation, session, spare_start(pool, session), FALSE);
@@ -635,6 +662,77 @@ hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint tim
     return vm_throw(error, VM_ERROR_TIMEOUT, "agent '%s' did not answer on SSH within %u s%s%s",
                     target->agent, timeout_s, last_error != NULL ? ": " : "",
                     last_error != NULL ? last_error->message : "");
+}
+
+gboolean
+hostd_ssh_pool_hold(HostdSshPool *pool, const HostdSshTarget *target, int fd, guint timeout_s,
+                    GError **error)
+{
+    ssh_session session = NULL;
+    guint64 generation = pool_get_generation(pool, target->agent);
+
+    if (session_connect(pool, target, (long)timeout_s, fd, &session, error) != CONNECT_OK)
+        return FALSE;
+    {
+        g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+        PoolEntry *entry = pool_ensure_entry(pool, target->agent);
+
+        if (entry->generation == generation)
+            entry->held = session;
+    }
+    pool_put(pool, target->agent, generation, session, spare_start(pool, session), FALSE);
+    return TRUE;
+}
+
+void
+hostd_ssh_pool_sleep(HostdSshPool *pool, const char *agent)
+{
+    GQueue dropped = G_QUEUE_INIT;
+    PooledSession *pooled;
+
+    g_return_if_fail(pool != NULL && agent != NULL);
+    if (pool->delegate != NULL) {
+        if (pool->delegate->sleep != NULL)
+            pool->delegate->sleep(pool->delegate_data, agent);
+        else
+            pool->delegate->forget(pool->delegate_data, agent);
+        return;
+    }
+    {
+        g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
+        PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+
+        if (entry == NULL)
+            return;
+        for (GList *l = entry->idle.head; l != NULL;) {
+            GList *next = l->next;
+
+            if (((PooledSession *)l->data)->session != entry->held) {
+                g_queue_push_tail(&dropped, l->data);
+                g_queue_delete_link(&entry->idle, l);
+            }
+            l = next;
+        }
+        /* Sessions out now are not taken back: their connections end with the QEMU. */
+        if (entry->held == NULL) {
+            entry->generation = ++pool->last_generation;
+            entry->spares_refused = FALSE;
+        }
+    }
+    while ((pooled = g_queue_pop_head(&dropped)) != NULL)
+        pooled_session_free(pooled);
+}
+
+gboolean
+hostd_ssh_pool_serial(HostdSshPool *pool, const HostdSshTarget *target, int fd, gboolean resume,
+                      GError **error)
+{
+    g_return_val_if_fail(pool != NULL && target != NULL && fd >= 0, FALSE);
+    if (pool->delegate == NULL || pool->delegate->serial == NULL) {
+        close(fd);
+        return vm_throw(error, VM_ERROR_SSH, "a session over the virtio port needs the SSH worker");
+    }
+    return pool->delegate->serial(pool->delegate_data, target, fd, resume, error);
 }
 
 /* ---- Commands ------------------------------------------------------------------------------ */
@@ -1035,7 +1133,7 @@ exec_connect(HostdSshPool *pool, const HostdSshTarget *target, GError **error)
         g_autoptr(GError) local_error = NULL;
         gint64 start = g_get_monotonic_time();
         ConnectResult result =
-            session_connect(pool, target, EXEC_CONNECT_TIMEOUT_S, &fresh, &local_error);
+            session_connect(pool, target, EXEC_CONNECT_TIMEOUT_S, -1, &fresh, &local_error);
         if (result == CONNECT_OK)
             break;
         /* Only an early drop is worth another try; a guest that let a try time out would
@@ -1229,7 +1327,7 @@ hostd_ssh_exec(HostdSshPool *pool, const HostdSshTarget *target, const HostdExec
      * first, the next exec waits for that (a round trip or two) while this one's EXIT goes
      * out at once. */
     if (ok || !g_error_matches(local_error, VM_ERROR, VM_ERROR_SSH)) {
-        refill = pool_refill_begin(pool, target->agent, generation);
+        refill = pool_refill_begin(pool, target->agent, generation, session);
         if (!refill)
             pool_put(pool, target->agent, generation, g_steal_pointer(&session), NULL, FALSE);
     }

@@ -38,6 +38,18 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdSshPool, hostd_ssh_pool_free)
 /* Drops every pooled session of @agent (after stop, rm, port change). Can't fail. */
 void hostd_ssh_pool_forget(HostdSshPool *pool, const char *agent);
 
+/* Before @agent's QEMU ends for a save: drops its sessions but the one over its virtio port
+ * (hostd-ssh-serial.h), which the guest's memory keeps; with none held, as forget. Can't fail. */
+void hostd_ssh_pool_sleep(HostdSshPool *pool, const char *agent);
+
+/* Hands @fd (taken over), hostd's connection to @target's virtio port of sshd, to the SSH
+ * worker: with @resume, a restored QEMU's port for the session the worker holds (at once; fails
+ * with VM_ERROR_SSH when it holds none); else a new session is made over it and held (as long as
+ * the guest takes to start its sshd on the port, at most a few minutes). Fails with VM_ERROR_SSH
+ * without a worker, or when the session could not be made. */
+gboolean hostd_ssh_pool_serial(HostdSshPool *pool, const HostdSshTarget *target, int fd,
+                               gboolean resume, GError **error);
+
 /* Polls until an authenticated session to @target succeeds (each attempt with a short connect
  * and banner timeout, since the forwarded port accepts TCP before sshd listens), then keeps that
  * session in the pool. Fails with VM_ERROR_TIMEOUT after @timeout_s, VM_ERROR_SSH when the host
@@ -77,6 +89,10 @@ typedef struct {
     gboolean (*forward)(gpointer data, const HostdSshTarget *target, guint guest_port, int fd,
                         void (*activity)(gpointer activity_data), gpointer activity_data,
                         GError **error);
+    /* hostd_ssh_pool_serial() and hostd_ssh_pool_sleep() (NULL: not done; forget for sleep). */
+    gboolean (*serial)(gpointer data, const HostdSshTarget *target, int fd, gboolean resume,
+                       GError **error);
+    void (*sleep)(gpointer data, const char *agent);
 } HostdSshDelegate;
 
 /* Hands @pool's waits and execs to @delegate (static) with @data, which must outlive @pool;

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "hostd-ssh-forward.h"
+#include "hostd-ssh-private.h"
+#include "hostd-ssh-serial.h"
 #include "hostd-ssh-wire.h"
 #include "vm-egress-sandbox.h"
 #include "vm-error.h"
@@ -25,7 +27,13 @@
 /* How often a forwarded connection's activity is told to hostd, at most. */
 #define ACTIVITY_INTERVAL_US G_USEC_PER_SEC
 
+/* A session over the virtio port: as long as the guest may take to start sshd on it (a first
+ * boot's cloud-init enables the service that does). */
+#define SERIAL_CONNECT_TIMEOUT_S 300
+
 static HostdSshPool *pool;
+static GMutex serial_lock;
+static HostdSshSerial *serial;    /* the relay of the held session over the virtio port, or NULL */
 static HostdSshForward *forwards; /* the agent's forwarded connections, over pooled sessions */
 static HostdSshTarget target;
 static GMutex running_lock;
@@ -106,6 +114,52 @@ serve_ready(int sock, GVariant *payload)
                  g_variant_get_type_string(payload));
     else
         (void)hostd_ssh_wait_ready(pool, &target, g_variant_get_uint32(payload), NULL, &error);
+    (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, NULL), NULL);
+}
+
+/* The agent's virtio port: a new QEMU's for the held session (resume), or one to make the held
+ * session over. */
+static void
+serve_serial(int sock, GVariant *payload)
+{
+    g_autoptr(GError) error = NULL;
+    HostdSshSerial *old = NULL;
+    HostdSshSerial *made = NULL;
+    gboolean resume;
+    int chan, session_fd = -1;
+
+    if (!g_variant_is_of_type(payload, G_VARIANT_TYPE_BOOLEAN)) {
+        vm_throw(&error, VM_ERROR_PROTOCOL, "a serial message of type %s",
+                 g_variant_get_type_string(payload));
+        (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, NULL), NULL);
+        return;
+    }
+    resume = g_variant_get_boolean(payload);
+    chan = receive_client(sock, FALSE, &error);
+    if (chan >= 0 && resume) {
+        g_mutex_lock(&serial_lock);
+        if (serial == NULL || !hostd_ssh_serial_is_alive(serial)) {
+            close(chan);
+            vm_throw(&error, VM_ERROR_SSH, "the SSH worker holds no session over the virtio port");
+        } else if (!hostd_ssh_serial_adopt(serial, chan)) {
+            vm_throw(&error, VM_ERROR_SSH, "the session over the virtio port has ended");
+        }
+        g_mutex_unlock(&serial_lock);
+    } else if (chan >= 0) {
+        g_mutex_lock(&serial_lock);
+        old = g_steal_pointer(&serial);
+        g_mutex_unlock(&serial_lock);
+        hostd_ssh_serial_free(old);
+        made = hostd_ssh_serial_start(chan, &session_fd, &error);
+        if (made != NULL &&
+            !hostd_ssh_pool_hold(pool, &target, session_fd, SERIAL_CONNECT_TIMEOUT_S, &error))
+            g_clear_pointer(&made, hostd_ssh_serial_free);
+        g_mutex_lock(&serial_lock);
+        old = g_steal_pointer(&serial); /* another request's, made meanwhile */
+        serial = made;
+        g_mutex_unlock(&serial_lock);
+        hostd_ssh_serial_free(old);
+    }
     (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, NULL), NULL);
 }
 
@@ -199,6 +253,12 @@ serve_request(gpointer data)
         serve_ready(sock, payload);
     else if (payload != NULL && g_str_equal(kind, "forward"))
         serve_forward(sock, payload);
+    else if (payload != NULL && g_str_equal(kind, "serial"))
+        serve_serial(sock, payload);
+    else if (payload != NULL && g_str_equal(kind, "sleep")) {
+        hostd_ssh_pool_sleep(pool, target.agent);
+        (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(NULL, NULL), NULL);
+    }
     close(sock);
 
     g_mutex_lock(&running_lock);

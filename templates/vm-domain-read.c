@@ -1,5 +1,6 @@
 #include "vm-domain-read.h"
 
+#include "vm-domain.h"
 #include "vm-error.h"
 
 #include <libxml/parser.h>
@@ -155,6 +156,20 @@ vm_domain_read_genid(const char *xml, GError **error)
     if (doc == NULL)
         return NULL;
     g_autoptr(GPtrArray) values = domain_read_select(doc, "/domain/genid");
+    return values->len > 0 ? g_strdup(values->pdata[0]) : NULL;
+}
+
+char *
+vm_domain_read_ssh_channel(const char *xml, GError **error)
+{
+    g_return_val_if_fail(xml != NULL, NULL);
+
+    g_autoptr(xmlDoc) doc = domain_read_parse(xml, "domain", error);
+    if (doc == NULL)
+        return NULL;
+    g_autoptr(GPtrArray) values = domain_read_select(
+        doc, "/domain/devices/channel[@type='unix']"
+             "[target/@type='virtio' and target/@name='" VM_DOMAIN_SSH_CHANNEL "']/source/@path");
     return values->len > 0 ? g_strdup(values->pdata[0]) : NULL;
 }
 

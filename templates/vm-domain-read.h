@@ -46,6 +46,11 @@ GStrv vm_domain_read_guestfwds(const char *xml, GError **error);
  * vm_domain_read_disk_files(). */
 char *vm_domain_read_genid(const char *xml, GError **error);
 
+/* The path of the Unix socket that QEMU listens on for the virtio port VM_DOMAIN_SSH_CHANNEL in
+ * live domain XML @xml (libvirt names it at each start), newly allocated; NULL with no error
+ * when the domain has no such port. Fails as vm_domain_read_disk_files(). */
+char *vm_domain_read_ssh_channel(const char *xml, GError **error);
+
 /* Splits a QEMU option string ("user,id=n0,guestfwd=...") at its commas, where ",," stands for
  * one comma inside an option. Returns a NULL-terminated array of at least one string (empty
  * strings where commas meet the ends). Pure, can't fail. */

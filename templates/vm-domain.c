@@ -277,6 +277,12 @@ append_devices(GString *xml, const VmDomainSpec *spec)
         append(xml, "      <source mode='bind' path='%s'/>\n", spec->agent_socket);
     g_string_append(xml, "      <target type='virtio' name='org.qemu.guest_agent.0'/>\n"
                          "    </channel>\n");
+    /* An sshd for hostd alone, whose session outlives a save (hostd/hostd-ssh-serial.h);
+     * libvirt names the socket. */
+    g_string_append(xml, "    <channel type='unix'>\n"
+                         "      <source mode='bind'/>\n"
+                         "      <target type='virtio' name='" VM_DOMAIN_SSH_CHANNEL "'/>\n"
+                         "    </channel>\n");
 
     /* Without an entropy source early getrandom() callers stall for minutes under TCG. Free
      * page reporting: the guest hands the pages it frees back to QEMU, which drops them, so an

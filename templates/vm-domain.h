@@ -11,7 +11,9 @@ G_BEGIN_DECLS
 /* The devices' guest-visible features, which a saved memory image was made with and a restore
  * must match: raised with each change of them (2: the balloon's free page reporting). A warm
  * image made with another is stale. */
-#define VM_DOMAIN_DEVICES_VERSION "2"
+#define VM_DOMAIN_DEVICES_VERSION "3" /* 3: the virtio port of hostd's sshd */
+/* The virtio port on which the guest runs an sshd for hostd alone (hostd/hostd-ssh-serial.h). */
+#define VM_DOMAIN_SSH_CHANNEL "org.vmctl.ssh.0"
 
 /* Where the guest finds its egress proxy: an address inside QEMU's user network (10.0.2.0/24)
  * that no host owns, answered by the guestfwd rule below. */

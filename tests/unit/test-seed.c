@@ -353,14 +353,14 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     gboolean has_proxy = spec->egress_proxy != NULL;
     gboolean has_ca = spec->egress_ca_pem != NULL;
     gboolean has_env = spec->environment_block != NULL;
-    gboolean has_files = has_proxy || spec->guest_tool || has_ca || has_env;
 
     assert_true(g_str_has_prefix(cloud_config, "#cloud-config\n"));
     g_autoptr(YamlDoc) y = yaml_load(cloud_config);
     yaml_node_t *root = yaml_document_get_root_node(&y->doc);
 
     /* No value may have smuggled in a key of its own. */
-    assert_int_equal(yaml_len(root), G_N_ELEMENTS(keys) + has_packages + has_files + has_ca);
+    /* write_files and runcmd always: hostd's sshd on the virtio port. */
+    assert_int_equal(yaml_len(root), G_N_ELEMENTS(keys) + has_packages + 2);
     for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
         if (yaml_get(y, root, keys[i]) == NULL) {
             print_error("key %s missing\n", keys[i]);
@@ -397,9 +397,9 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     assert_yaml_string(yaml_get(y, ssh_keys, "ed25519_public"), spec->host_key_public);
 
     yaml_node_t *files = yaml_get(y, root, "write_files");
-    if (has_files)
-        assert_int_equal(yaml_len(files),
-                         (has_proxy ? 3 : 0) + has_ca + has_env + (spec->guest_tool ? 1 : 0));
+    yaml_node_t *runcmd = yaml_get(y, root, "runcmd");
+    assert_int_equal(yaml_len(files),
+                     (has_proxy ? 3 : 0) + has_ca + has_env + (spec->guest_tool ? 1 : 0) + 2);
     if (has_proxy) {
         const char *url = spec->egress_proxy;
         g_autofree char *no_proxy =
@@ -425,16 +425,30 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     }
     if (has_ca) {
         yaml_node_t *file = yaml_item(y, files, has_proxy ? 3 : 0);
-        yaml_node_t *runcmd = yaml_get(y, root, "runcmd");
 
         assert_yaml_string(yaml_get(y, file, "path"), VM_SEED_EGRESS_CA_PATH);
         assert_yaml_string(yaml_get(y, file, "permissions"), "0644");
         assert_yaml_string(yaml_get(y, file, "content"), spec->egress_ca_pem);
-        assert_int_equal(yaml_len(runcmd), 1);
         assert_int_equal(yaml_len(yaml_item(y, runcmd, 0)), 1);
         assert_yaml_string(yaml_item(y, yaml_item(y, runcmd, 0), 0), "update-ca-certificates");
-    } else {
-        assert_null(yaml_get(y, root, "runcmd"));
+    }
+    /* Last: the sshd on the virtio port, written and enabled (hostd/hostd-ssh-serial.h). */
+    {
+        static const char *const enable[] = {"systemctl", "enable", "--now",
+                                             "vmctl-ssh-serial.service"};
+        yaml_node_t *script = yaml_item(y, files, yaml_len(files) - 2);
+        yaml_node_t *unit = yaml_item(y, files, yaml_len(files) - 1);
+        yaml_node_t *command = yaml_item(y, runcmd, yaml_len(runcmd) - 1);
+
+        assert_int_equal(yaml_len(runcmd), 1 + has_ca);
+        assert_yaml_string(yaml_get(y, script, "path"), "/usr/local/libexec/vmctl-ssh-serial");
+        assert_yaml_string(yaml_get(y, script, "permissions"), "0755");
+        assert_yaml_string(yaml_get(y, unit, "path"),
+                           "/etc/systemd/system/vmctl-ssh-serial.service");
+        assert_yaml_string(yaml_get(y, unit, "permissions"), "0644");
+        assert_int_equal(yaml_len(command), G_N_ELEMENTS(enable));
+        for (guint i = 0; i < G_N_ELEMENTS(enable); i++)
+            assert_yaml_string(yaml_item(y, command, i), enable[i]);
     }
     if (has_env) {
         yaml_node_t *file = yaml_item(y, files, (has_proxy ? 3 : 0) + has_ca);
@@ -444,15 +458,12 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
         assert_yaml_string(yaml_get(y, file, "content"), spec->environment_block);
     }
     if (spec->guest_tool) {
-        yaml_node_t *file = yaml_item(y, files, yaml_len(files) - 1);
+        yaml_node_t *file = yaml_item(y, files, yaml_len(files) - 3);
 
         assert_yaml_string(yaml_get(y, file, "path"), "/usr/local/bin/vmctl-guest");
         assert_yaml_string(yaml_get(y, file, "permissions"), "0755");
         assert_yaml_string(yaml_get(y, file, "content"), vm_seed_guest_tool());
     }
-    if (!has_files)
-        assert_null(files);
-
     yaml_node_t *packages = yaml_get(y, root, "packages");
     if (!has_packages) {
         assert_null(packages);

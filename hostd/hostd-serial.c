@@ -1,0 +1,163 @@
+/* hostd's side of the session over each agent's virtio port (hostd-serial.h). */
+#include "hostd-serial.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "hostd-libvirt.h"
+#include "vm-domain-read.h"
+#include "vm-error.h"
+#include "vm-util.h"
+
+/* The QEMU run (domain id) each agent's held session was made or carried over for, keyed by
+ * context and name: a session is made once per run. */
+static GMutex serial_lock;
+static GHashTable *serial_runs;
+
+static char *
+serial_key(HostdContext *ctx, const char *name)
+{
+    return g_strdup_printf("%p/%s", (void *)ctx, name);
+}
+
+/* Marks @dom's run as having (or getting) its session; FALSE when it already was. */
+static gboolean
+serial_claim_run(HostdContext *ctx, const char *name, guint id)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&serial_lock);
+    g_autofree char *key = serial_key(ctx, name);
+
+    if (serial_runs == NULL)
+        serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    if (GPOINTER_TO_UINT(g_hash_table_lookup(serial_runs, key)) == id)
+        return FALSE;
+    g_hash_table_insert(serial_runs, g_steal_pointer(&key), GUINT_TO_POINTER(id));
+    return TRUE;
+}
+
+/* A failed attempt: the next hostd_serial_ensure() of the same run tries again. */
+static void
+serial_release_run(HostdContext *ctx, const char *name, guint id)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&serial_lock);
+    g_autofree char *key = serial_key(ctx, name);
+
+    if (serial_runs != NULL && GPOINTER_TO_UINT(g_hash_table_lookup(serial_runs, key)) == id)
+        g_hash_table_remove(serial_runs, key);
+}
+
+/* A connection to @dom's port of hostd's sshd; -1 with an error when it has none or it cannot
+ * be reached. */
+static int
+serial_connect(virDomainPtr dom, GError **error)
+{
+    g_autofree char *xml = virDomainGetXMLDesc(dom, 0);
+    g_autofree char *path = NULL;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    vm_autofd fd = -1;
+
+    if (xml == NULL)
+        return hostd_libvirt_throw(error, "cannot read the agent's definition"), -1;
+    path = vm_domain_read_ssh_channel(xml, error);
+    if (path == NULL)
+        return (error != NULL && *error == NULL
+                    ? vm_throw(error, VM_ERROR_SSH, "the VM has no virtio port for SSH")
+                    : FALSE),
+               -1;
+    if (strlen(path) >= sizeof(addr.sun_path))
+        return vm_throw(error, VM_ERROR_SSH, "the SSH port's socket path is too long"), -1;
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+        return vm_throw_errno(error, errno, "cannot connect to the SSH port %s", path), -1;
+    return g_steal_fd(&fd);
+}
+
+typedef struct {
+    HostdContext *ctx;
+    HostdSshTarget target; /* its strings are the fields below */
+    char *agent, *host, *user, *identity_path, *known_hosts_path;
+    guint id;
+    int fd;
+} SerialAttach;
+
+static gpointer
+serial_attach_thread(gpointer data)
+{
+    SerialAttach *a = data;
+    g_autoptr(GError) error = NULL;
+
+    if (hostd_ssh_pool_serial(a->ctx->ssh, &a->target, a->fd, FALSE, &error)) {
+        if (a->ctx->debug)
+            hostd_context_log(a->ctx, "agent '%s': SSH session over the virtio port held",
+                              a->agent);
+    } else {
+        serial_release_run(a->ctx, a->agent, a->id);
+        hostd_context_log(a->ctx, "agent '%s': no SSH session over the virtio port (%s)", a->agent,
+                          error->message);
+    }
+    g_free(a->agent);
+    g_free(a->host);
+    g_free(a->user);
+    g_free(a->identity_path);
+    g_free(a->known_hosts_path);
+    g_free(a);
+    return NULL;
+}
+
+void
+hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPtr dom)
+{
+    g_autoptr(GError) error = NULL;
+    guint id = virDomainGetID(dom);
+    SerialAttach *a;
+    int fd;
+
+    if (ctx->ssh_workers == NULL || id == (guint)-1 || !serial_claim_run(ctx, target->agent, id))
+        return;
+    fd = serial_connect(dom, &error);
+    if (fd < 0) {
+        /* A VM defined before the port existed: its next definition has it. */
+        if (ctx->debug)
+            hostd_context_log(ctx, "agent '%s': no SSH session over the virtio port (%s)",
+                              target->agent, error->message);
+        return;
+    }
+    a = g_new0(SerialAttach, 1);
+    a->ctx = ctx;
+    a->target = *target;
+    a->target.agent = a->agent = g_strdup(target->agent);
+    a->target.host = a->host = g_strdup(target->host);
+    a->target.user = a->user = g_strdup(target->user);
+    a->target.identity_path = a->identity_path = g_strdup(target->identity_path);
+    a->target.known_hosts_path = a->known_hosts_path = g_strdup(target->known_hosts_path);
+    a->target.identity_pem = a->target.host_key = NULL;
+    a->id = id;
+    a->fd = fd;
+    g_thread_unref(g_thread_new("ssh-serial-attach", serial_attach_thread, a));
+}
+
+gboolean
+hostd_serial_resume(HostdContext *ctx, const HostdSshTarget *target, virDomainPtr dom)
+{
+    g_autoptr(GError) error = NULL;
+    guint id = virDomainGetID(dom);
+    int fd;
+
+    if (ctx->ssh_workers == NULL)
+        return FALSE;
+    fd = serial_connect(dom, &error);
+    if (fd < 0 || !hostd_ssh_pool_serial(ctx->ssh, target, fd, TRUE, &error)) {
+        if (ctx->debug)
+            hostd_context_log(ctx,
+                              "agent '%s': the SSH session over the virtio port did not carry "
+                              "over (%s)",
+                              target->agent, error->message);
+        return FALSE;
+    }
+    serial_claim_run(ctx, target->agent, id);
+    return TRUE;
+}
