@@ -7,10 +7,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "hostd-guest-agent.h"
 #include "hostd-libvirt.h"
 #include "vm-domain-read.h"
 #include "vm-error.h"
 #include "vm-util.h"
+
+/* Restarting the guest's service ends an sshd of an earlier session still on the port (one whose
+ * hostd went away): a process start or two, and the ending of the old ones. */
+#define SERIAL_RESTART_TIMEOUT_MS 30000
 
 /* The QEMU run (domain id) each agent's held session was made or carried over for, keyed by
  * context and name: a session is made once per run. */
@@ -49,24 +54,35 @@ serial_release_run(HostdContext *ctx, const char *name, guint id)
         g_hash_table_remove(serial_runs, key);
 }
 
+/* The path of @dom's port of hostd's sshd; NULL with an error when it has none. */
+static char *
+serial_path(virDomainPtr dom, GError **error)
+{
+    g_autofree char *xml = virDomainGetXMLDesc(dom, 0);
+    g_autoptr(GError) local_error = NULL;
+    char *path;
+
+    if (xml == NULL)
+        return hostd_libvirt_throw(error, "cannot read the agent's definition"), NULL;
+    path = vm_domain_read_ssh_channel(xml, &local_error);
+    if (path == NULL && local_error != NULL)
+        g_propagate_error(error, g_steal_pointer(&local_error));
+    else if (path == NULL)
+        vm_throw(error, VM_ERROR_SSH, "the VM has no virtio port for SSH");
+    return path;
+}
+
 /* A connection to @dom's port of hostd's sshd; -1 with an error when it has none or it cannot
  * be reached. */
 static int
 serial_connect(virDomainPtr dom, GError **error)
 {
-    g_autofree char *xml = virDomainGetXMLDesc(dom, 0);
-    g_autofree char *path = NULL;
+    g_autofree char *path = serial_path(dom, error);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     vm_autofd fd = -1;
 
-    if (xml == NULL)
-        return hostd_libvirt_throw(error, "cannot read the agent's definition"), -1;
-    path = vm_domain_read_ssh_channel(xml, error);
     if (path == NULL)
-        return (error != NULL && *error == NULL
-                    ? vm_throw(error, VM_ERROR_SSH, "the VM has no virtio port for SSH")
-                    : FALSE),
-               -1;
+        return -1;
     if (strlen(path) >= sizeof(addr.sun_path))
         return vm_throw(error, VM_ERROR_SSH, "the SSH port's socket path is too long"), -1;
     strcpy(addr.sun_path, path);
@@ -81,8 +97,28 @@ typedef struct {
     HostdSshTarget target; /* its strings are the fields below */
     char *agent, *host, *user, *identity_path, *known_hosts_path;
     guint id;
-    int fd;
+    virDomainPtr dom;
 } SerialAttach;
+
+/* In the guest: the service that starts sshd on the port, started again so that no sshd of an
+ * earlier session holds the port; then the new session. */
+static gboolean
+serial_attach(SerialAttach *a, GError **error)
+{
+    static const char *const restart[] = {"/bin/systemctl", "restart", "vmctl-ssh-serial.service",
+                                          NULL};
+    int status = 0;
+    int fd;
+
+    if (!hostd_guest_agent_exec(a->dom, restart, NULL, SERIAL_RESTART_TIMEOUT_MS, &status, NULL,
+                                error))
+        return FALSE;
+    if (status != 0)
+        return vm_throw(error, VM_ERROR_SSH,
+                        "the guest has no vmctl-ssh-serial service (exit status %d)", status);
+    fd = serial_connect(a->dom, error);
+    return fd >= 0 && hostd_ssh_pool_serial(a->ctx->ssh, &a->target, fd, FALSE, error);
+}
 
 static gpointer
 serial_attach_thread(gpointer data)
@@ -90,7 +126,7 @@ serial_attach_thread(gpointer data)
     SerialAttach *a = data;
     g_autoptr(GError) error = NULL;
 
-    if (hostd_ssh_pool_serial(a->ctx->ssh, &a->target, a->fd, FALSE, &error)) {
+    if (serial_attach(a, &error)) {
         if (a->ctx->debug)
             hostd_context_log(a->ctx, "agent '%s': SSH session over the virtio port held",
                               a->agent);
@@ -104,6 +140,7 @@ serial_attach_thread(gpointer data)
     g_free(a->user);
     g_free(a->identity_path);
     g_free(a->known_hosts_path);
+    virDomainFree(a->dom);
     g_free(a);
     return NULL;
 }
@@ -112,14 +149,14 @@ void
 hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPtr dom)
 {
     g_autoptr(GError) error = NULL;
+    g_autofree char *path = NULL;
     guint id = virDomainGetID(dom);
     SerialAttach *a;
-    int fd;
 
     if (ctx->ssh_workers == NULL || id == (guint)-1 || !serial_claim_run(ctx, target->agent, id))
         return;
-    fd = serial_connect(dom, &error);
-    if (fd < 0) {
+    path = serial_path(dom, &error);
+    if (path == NULL) {
         /* A VM defined before the port existed: its next definition has it. */
         if (ctx->debug)
             hostd_context_log(ctx, "agent '%s': no SSH session over the virtio port (%s)",
@@ -136,7 +173,8 @@ hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
     a->target.known_hosts_path = a->known_hosts_path = g_strdup(target->known_hosts_path);
     a->target.identity_pem = a->target.host_key = NULL;
     a->id = id;
-    a->fd = fd;
+    a->dom = dom;
+    virDomainRef(dom);
     g_thread_unref(g_thread_new("ssh-serial-attach", serial_attach_thread, a));
 }
 

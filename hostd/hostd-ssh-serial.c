@@ -21,7 +21,10 @@
  * first may have gone to an sshd that was still on the port, which it ended. */
 #define HELLO_INTERVAL_MS     2000
 #define HELLO_INTERVAL_MAX_MS 8000
-#define RELAY_CHUNK           (16 * 1024)
+/* How long sshd has to send its banner after the guest said it starts it: then a start line
+ * again. */
+#define STARTING_WAIT_MS 30000
+#define RELAY_CHUNK      (16 * 1024)
 
 struct _HostdSshSerial {
     GMutex lock;
@@ -52,41 +55,35 @@ hostd_ssh_serial_find_banner(const guint8 *data, gsize len)
     return -1;
 }
 
-/* Looks for the banner in what the guest sent; once found, what follows it goes to libssh and
- * the relay carries bytes both ways. */
+/* Looks at what the guest sent before its banner, a line at a time: the wrapper's
+ * HOSTD_SSH_SERIAL_STARTING says sshd is on its way (no more start lines for a while, the next
+ * would reach sshd), and once the banner comes what follows it goes to libssh and the relay
+ * carries bytes both ways. Anything else is dropped. */
 static void
 relay_scan(HostdSshSerial *serial)
 {
     GByteArray *scan = serial->scan;
-    gssize at = hostd_ssh_serial_find_banner(scan->data, scan->len);
+    const gsize starting_len = strlen(HOSTD_SSH_SERIAL_STARTING);
 
-    if (at == 0 && serial->mid_line)
-        at = -1;
-    if (at < 0 && serial->mid_line) {
-        /* Only "SSH-" right after a newline counts now. */
+    for (;;) {
         const guint8 *nl = memchr(scan->data, '\n', scan->len);
-        if (nl != NULL) {
-            g_byte_array_remove_range(scan, 0, (guint)(nl - scan->data) + 1);
-            serial->mid_line = FALSE;
-            at = hostd_ssh_serial_find_banner(scan->data, scan->len);
+        gsize line_len = nl != NULL ? (gsize)(nl - scan->data) + 1 : scan->len;
+
+        if (!serial->mid_line && hostd_ssh_serial_find_banner(scan->data, MIN(line_len, 4)) == 0) {
+            g_byte_array_append(serial->to_ssh, scan->data, scan->len);
+            g_byte_array_set_size(scan, 0);
+            serial->synced = TRUE;
+            return;
         }
-    }
-    if (at >= 0) {
-        g_byte_array_append(serial->to_ssh, scan->data + at, scan->len - (guint)at);
-        g_byte_array_set_size(scan, 0);
-        serial->synced = TRUE;
-        return;
-    }
-    /* Keep the last line's start only, and not much of it. */
-    const guint8 *last_nl = NULL;
-    for (guint i = scan->len; i > 0; i--) {
-        if (scan->data[i - 1] == '\n') {
-            last_nl = scan->data + i - 1;
+        if (nl == NULL)
             break;
-        }
+        if (!serial->mid_line && line_len == starting_len &&
+            memcmp(scan->data, HOSTD_SSH_SERIAL_STARTING, starting_len) == 0)
+            serial->hello_at = g_get_monotonic_time() + STARTING_WAIT_MS * 1000;
+        g_byte_array_remove_range(scan, 0, (guint)line_len);
+        serial->mid_line = FALSE;
     }
-    if (last_nl != NULL)
-        g_byte_array_remove_range(scan, 0, (guint)(last_nl - scan->data) + 1);
+    /* What remains is a line's start, "SSH-" maybe not whole yet: kept, but not much of it. */
     if (scan->len > BANNER_SCAN_MAX) {
         g_byte_array_set_size(scan, 0);
         serial->mid_line = TRUE;

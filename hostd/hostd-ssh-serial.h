@@ -9,16 +9,19 @@
  * before it ended is read to its end and kept; what libssh writes meanwhile waits.
  *
  * In the guest, vmctl-ssh-serial (cloud-init/vm-seed.c) holds the port and starts `sshd -i` on
- * it when a line HOSTD_SSH_SERIAL_START comes. A fresh relay sends that line, again every few
- * seconds, until the guest's banner ("SSH-" at the start of a line) comes, and drops what came
- * before it: the end of an sshd of an earlier session still on the port, which that line ends. */
+ * it when a line HOSTD_SSH_SERIAL_START comes, answering HOSTD_SSH_SERIAL_STARTING first. A
+ * fresh relay sends that line, again every few seconds until the answer comes (the first may
+ * reach an sshd of an earlier session still on the port, which it ends, or nobody yet), then
+ * waits for the guest's banner ("SSH-" at the start of a line), dropping whatever came before
+ * it. */
 #pragma once
 
 #include <glib.h>
 
 G_BEGIN_DECLS
 
-#define HOSTD_SSH_SERIAL_START "vmctl-ssh-start\n"
+#define HOSTD_SSH_SERIAL_START    "vmctl-ssh-start\n"
+#define HOSTD_SSH_SERIAL_STARTING "vmctl-ssh-starting\n"
 
 typedef struct _HostdSshSerial HostdSshSerial;
 

@@ -701,7 +701,13 @@ hostd_ssh_pool_sleep(HostdSshPool *pool, const char *agent)
     {
         g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&pool->lock);
         PoolEntry *entry = g_hash_table_lookup(pool->entries, agent);
+        gint64 deadline = g_get_monotonic_time() + SESSION_TIMEOUT_S * G_USEC_PER_SEC;
 
+        /* A spare on its way is a conversation with the guest, which must end before the QEMU
+         * does: what is sent to a QEMU that exits is lost, and the held session with it. */
+        while (entry != NULL && entry->held != NULL && entry->refilling > 0 &&
+               g_cond_wait_until(&pool->session_returned, &pool->lock, deadline))
+            entry = g_hash_table_lookup(pool->entries, agent);
         if (entry == NULL)
             return;
         for (GList *l = entry->idle.head; l != NULL;) {

@@ -146,19 +146,26 @@ serve_serial(int sock, GVariant *payload)
         }
         g_mutex_unlock(&serial_lock);
     } else if (chan >= 0) {
+        made = hostd_ssh_serial_start(chan, &session_fd, &error);
+        /* Published before the handshake: a save and wake meanwhile carry it over too. */
         g_mutex_lock(&serial_lock);
         old = g_steal_pointer(&serial);
-        g_mutex_unlock(&serial_lock);
-        hostd_ssh_serial_free(old);
-        made = hostd_ssh_serial_start(chan, &session_fd, &error);
-        if (made != NULL &&
-            !hostd_ssh_pool_hold(pool, &target, session_fd, SERIAL_CONNECT_TIMEOUT_S, &error))
-            g_clear_pointer(&made, hostd_ssh_serial_free);
-        g_mutex_lock(&serial_lock);
-        old = g_steal_pointer(&serial); /* another request's, made meanwhile */
         serial = made;
         g_mutex_unlock(&serial_lock);
         hostd_ssh_serial_free(old);
+        if (made != NULL &&
+            !hostd_ssh_pool_hold(pool, &target, session_fd, SERIAL_CONNECT_TIMEOUT_S, &error)) {
+            gboolean ours;
+
+            /* Unless a later request replaced (and freed) it meanwhile. */
+            g_mutex_lock(&serial_lock);
+            ours = serial == made;
+            if (ours)
+                serial = NULL;
+            g_mutex_unlock(&serial_lock);
+            if (ours)
+                hostd_ssh_serial_free(made);
+        }
     }
     (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(error, NULL), NULL);
 }
