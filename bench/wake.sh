@@ -36,8 +36,12 @@ first_command_ms() { local t0; t0=$(now); "$VMCTL" exec wake -- true; echo $(( (
 rss_running=$(rss_kib)
 paused=(); saved=(); cold=(); read_ms=(); direct_ms=()
 for _ in $(seq 1 "$N"); do
+  # An agent is paused or saved once idle: what the exec before started in it (the spare shell
+  # of its session) has long settled.
+  sleep 2
   "$VMCTL" suspend wake >/dev/null; rss_paused=$(rss_kib)
   paused+=("$(first_command_ms)")
+  sleep 2
   "$VMCTL" suspend --save wake >/dev/null; rss_saved=$(rss_kib)
   # The disk's part of a restore: reading the saved image once, as the restore will.
   image=$(find "$S" -name 'wake.save' -print -quit)

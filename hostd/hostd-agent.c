@@ -9,6 +9,7 @@
 #include "hostd-guest.h"
 #include "hostd-keys.h"
 #include "hostd-resources.h"
+#include "hostd-serial.h"
 #include "hostd-template.h"
 #include "vm-checkpoint.h"
 #include "vm-domain.h"
@@ -55,11 +56,21 @@ hostd_agent_emit(HostdContext *ctx, const HostdAgentRecord *r, gsize offset, GEr
 void
 hostd_agent_emit_up(HostdContext *ctx, const HostdAgentRecord *r)
 {
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
+    g_autofree char *identity = NULL, *known_hosts = NULL;
+    HostdSshTarget target;
+
     for (guint i = 0; i < ctx->components->len; i++) {
         const HostdComponent *c = ctx->components->pdata[i];
         if (c->agent_up != NULL)
             c->agent_up(ctx, r);
     }
+    /* It answers SSH: its session over the virtio port can be made, before its first save. */
+    hostd_guest_ssh_target(&target, r, &identity, &known_hosts);
+    if (dom != NULL)
+        hostd_serial_ensure(ctx, &target, dom);
+    else
+        virResetLastError();
 }
 
 static void

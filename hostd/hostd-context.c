@@ -18,6 +18,7 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->name_locks = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->components = g_ptr_array_new();
     ctx->ids_held = g_hash_table_new(g_direct_hash, g_direct_equal);
+    ctx->serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     return ctx;
 }
 
@@ -61,6 +62,7 @@ hostd_context_free(HostdContext *ctx)
     }
     g_ptr_array_free(ctx->components, TRUE);
     g_hash_table_unref(ctx->ids_held);
+    g_hash_table_unref(ctx->serial_runs);
     hostd_ssh_pool_free(ctx->ssh);
     hostd_ssh_workers_free(ctx->ssh_workers);
     hostd_events_free(ctx->events);

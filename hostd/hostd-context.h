@@ -47,6 +47,8 @@ typedef struct {
                            * GUINT_TO_POINTER; guarded by lock */
     gboolean guestfs_appliance_checked; /* hostd-guestfs.c: the appliance was brought up to date
                                          * by this hostd; guarded by lock */
+    GHashTable *serial_runs; /* hostd-serial.c: agent -> the domain id its session over the
+                              * virtio port was made or carried over for; guarded by lock */
 } HostdContext;
 
 /* What a component does at each step of an agent's life. Every hook is optional; hooks run in

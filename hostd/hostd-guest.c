@@ -8,7 +8,6 @@
 
 #include "hostd-guest-agent.h"
 #include "hostd-logfile.h"
-#include "hostd-serial.h"
 #include "vm-error.h"
 #include "vm-protocol.h"
 #include "vm-stream.h"
@@ -125,10 +124,8 @@ hostd_agent_wait_ssh(HostdContext *ctx, const HostdAgentRecord *r, VmProgressFun
             return vm_throw(error, VM_ERROR_BAD_STATE, "%s stopped while booting%s", r->name, tail);
         }
         hostd_progress(progress, progress_data, message, -1);
-        if (hostd_ssh_wait_ready(ctx->ssh, &target, 5, NULL, &local_error)) {
-            hostd_serial_ensure(ctx, &target, dom);
+        if (hostd_ssh_wait_ready(ctx->ssh, &target, 5, NULL, &local_error))
             return TRUE;
-        }
         if (!g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT)) {
             g_propagate_error(error, g_steal_pointer(&local_error));
             return FALSE;

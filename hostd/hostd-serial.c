@@ -17,29 +17,15 @@
  * hostd went away): a process start or two, and the ending of the old ones. */
 #define SERIAL_RESTART_TIMEOUT_MS 30000
 
-/* The QEMU run (domain id) each agent's held session was made or carried over for, keyed by
- * context and name: a session is made once per run. */
-static GMutex serial_lock;
-static GHashTable *serial_runs;
-
-static char *
-serial_key(HostdContext *ctx, const char *name)
-{
-    return g_strdup_printf("%p/%s", (void *)ctx, name);
-}
-
 /* Marks @dom's run as having (or getting) its session; FALSE when it already was. */
 static gboolean
 serial_claim_run(HostdContext *ctx, const char *name, guint id)
 {
-    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&serial_lock);
-    g_autofree char *key = serial_key(ctx, name);
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
 
-    if (serial_runs == NULL)
-        serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-    if (GPOINTER_TO_UINT(g_hash_table_lookup(serial_runs, key)) == id)
+    if (GPOINTER_TO_UINT(g_hash_table_lookup(ctx->serial_runs, name)) == id)
         return FALSE;
-    g_hash_table_insert(serial_runs, g_steal_pointer(&key), GUINT_TO_POINTER(id));
+    g_hash_table_insert(ctx->serial_runs, g_strdup(name), GUINT_TO_POINTER(id));
     return TRUE;
 }
 
@@ -47,11 +33,10 @@ serial_claim_run(HostdContext *ctx, const char *name, guint id)
 static void
 serial_release_run(HostdContext *ctx, const char *name, guint id)
 {
-    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&serial_lock);
-    g_autofree char *key = serial_key(ctx, name);
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
 
-    if (serial_runs != NULL && GPOINTER_TO_UINT(g_hash_table_lookup(serial_runs, key)) == id)
-        g_hash_table_remove(serial_runs, key);
+    if (GPOINTER_TO_UINT(g_hash_table_lookup(ctx->serial_runs, name)) == id)
+        g_hash_table_remove(ctx->serial_runs, name);
 }
 
 /* The path of @dom's port of hostd's sshd; NULL with an error when it has none. */

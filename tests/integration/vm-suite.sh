@@ -442,6 +442,15 @@ clock_skew() { # seconds between the guest's clock and the host's, read through 
   local g; g=$("$@" date +%s); echo $(( g > $(date +%s) ? g - $(date +%s) : $(date +%s) - g ))
 }
 vmctl exec a1 -- sh -c 'nohup sleep 100000 >/dev/null 2>&1 & echo $! > ~/bg.pid'
+# The guest's sshd processes of hostd's session over the virtio port (joined to sshd over
+# loopback in the guest): what a command after a saved wake runs under when the session carried
+# over.
+held_session_pids() {
+  vmctl exec a1 -- sudo ss -Htnp state established '( sport = :22 )' |
+    grep -F ' 127.0.0.1:' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u
+}
+for _ in $(seq 1 60); do HELD_PIDS=$(held_session_pids); [ -n "$HELD_PIDS" ] && break; sleep 1; done
+check "hostd holds an SSH session over the virtio port" test -n "$HELD_PIDS"
 check "idle policy set per agent" vmctl idle a1 --pause-after 6s --save-after 20s
 vmctl exec a1 -- sleep 14 < /dev/null &
 EXEC_PID=$!
@@ -467,6 +476,9 @@ WAKE_SAVED_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "vmctl exec wakes a saved agent (${WAKE_SAVED_MS} ms), clock right within 2 s" \
   test -n "$skew" -a "${skew:-9}" -le 2
 check "a background process survived the save" vmctl exec a1 -- sh -c 'kill -0 $(cat ~/bg.pid)'
+AFTER_PPID=$(vmctl exec a1 -- sh -c 'echo $PPID')
+check "commands after the saved wake run on the session held across the save (no handshake)" \
+  grep -qx "$AFTER_PPID" <<< "$HELD_PIDS" || diag "ran under $AFTER_PPID, held: $HELD_PIDS"
 echo "# wake-ms paused: $WAKE_PAUSED_MS saved: $WAKE_SAVED_MS"
 before_save_count() {
   vmctl --json checkpoints a1 | python3 -c 'import json,sys; print(sum(1 for c in json.load(sys.stdin) if c.get("label") == "before idle save" and c["automatic"]))'
