@@ -1401,6 +1401,228 @@ test_worker_confined(void **state)
 
 /* Output, status, stdin and a terminal pass between the client and the worker as they do
  * without one. */
+/* ---- the session over a virtio port, carried across a save ------------------------------- */
+
+/* Plays QEMU's port and the guest's vmctl-ssh-serial: answers hostd's start line, joins the port
+ * to the test's sshd over TCP (the guest's own sshd over loopback), and carries bytes between
+ * them; the port's connection can end and another take its place (a save and the wake) while
+ * the TCP connection, the guest's side of the session, stays. */
+typedef struct {
+    GMutex lock;
+    int port;      /* the current QEMU's end of the port, -1 between QEMUs */
+    int next_port; /* handed in by the test */
+    int tcp;
+    int wake[2];
+    gboolean stop;
+    GThread *thread;
+} GuestPort;
+
+static void
+guest_port_copy(int from, int to, gboolean *ended)
+{
+    char buf[16384];
+    ssize_t n = read(from, buf, sizeof buf);
+
+    if (n <= 0) {
+        *ended = TRUE;
+        return;
+    }
+    for (ssize_t done = 0; done < n;) {
+        ssize_t w = write(to, buf + done, (size_t)(n - done));
+        if (w <= 0) {
+            *ended = TRUE;
+            return;
+        }
+        done += w;
+    }
+}
+
+static gpointer
+guest_port_thread(gpointer data)
+{
+    GuestPort *g = data;
+
+    for (;;) {
+        struct pollfd fds[3] = {{.fd = g->wake[0], .events = POLLIN},
+                                {.fd = g->tcp, .events = POLLIN},
+                                {.fd = -1, .events = POLLIN}};
+        gboolean ended = FALSE;
+
+        g_mutex_lock(&g->lock);
+        if (g->stop) {
+            g_mutex_unlock(&g->lock);
+            return NULL;
+        }
+        if (g->port < 0 && g->next_port >= 0)
+            g->port = g_steal_fd(&g->next_port);
+        fds[2].fd = g->port;
+        g_mutex_unlock(&g->lock);
+        /* No QEMU: what sshd sends waits in the TCP connection, as it would in the guest. */
+        if (fds[2].fd < 0)
+            fds[1].fd = -1;
+        assert_true(poll(fds, 3, -1) > 0);
+        if (fds[0].revents & POLLIN) {
+            char c;
+            assert_int_equal(read(g->wake[0], &c, 1), 1);
+        }
+        if (fds[1].revents & (POLLIN | POLLHUP))
+            guest_port_copy(g->tcp, fds[2].fd, &ended);
+        if (ended)
+            return NULL; /* the session ended */
+        if (fds[2].revents & (POLLIN | POLLHUP)) {
+            guest_port_copy(fds[2].fd, g->tcp, &ended);
+            if (ended) {
+                g_mutex_lock(&g->lock);
+                close(g_steal_fd(&g->port));
+                g_mutex_unlock(&g->lock);
+            }
+        }
+    }
+}
+
+/* Waits for hostd's start line on @port, answers it and joins the port to the test's sshd. */
+static GuestPort *
+guest_port_start(Fixture *f, int port)
+{
+    GuestPort *g = g_new0(GuestPort, 1);
+    struct sockaddr_in addr = {.sin_family = AF_INET,
+                               .sin_port = htons((uint16_t)f->port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    GString *line = g_string_new(NULL);
+    char c;
+
+    while (read(port, &c, 1) == 1 && c != '\n')
+        g_string_append_c(line, c);
+    assert_string_equal(line->str, "vmctl-ssh-start");
+    g_string_free(line, TRUE);
+    assert_int_equal(write(port, "vmctl-ssh-starting\n", 19), 19);
+    g->tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(g->tcp, (struct sockaddr *)&addr, sizeof addr), 0);
+    g_mutex_init(&g->lock);
+    g->port = port;
+    g->next_port = -1;
+    assert_int_equal(pipe2(g->wake, O_CLOEXEC), 0);
+    g->thread = g_thread_new("guest-port", guest_port_thread, g);
+    return g;
+}
+
+static void
+guest_port_plug(GuestPort *g, int port)
+{
+    g_mutex_lock(&g->lock);
+    g->next_port = port;
+    g_mutex_unlock(&g->lock);
+    assert_int_equal(write(g->wake[1], "", 1), 1);
+}
+
+/* The QEMU exits: its end of the port closes (what it read was delivered). */
+static void
+guest_port_unplug(GuestPort *g)
+{
+    g_mutex_lock(&g->lock);
+    if (g->port >= 0)
+        shutdown(g->port, SHUT_RDWR);
+    g_mutex_unlock(&g->lock);
+}
+
+static void
+guest_port_free(GuestPort *g)
+{
+    g_mutex_lock(&g->lock);
+    g->stop = TRUE;
+    g_mutex_unlock(&g->lock);
+    assert_int_equal(write(g->wake[1], "", 1), 1);
+    g_thread_join(g->thread);
+    close(g->tcp);
+    if (g->port >= 0)
+        close(g->port);
+    if (g->next_port >= 0)
+        close(g->next_port);
+    close(g->wake[0]);
+    close(g->wake[1]);
+    g_mutex_clear(&g->lock);
+    g_free(g);
+}
+
+typedef struct {
+    Fixture *f;
+    int fd;
+    gboolean ok;
+    GError *error;
+} SerialCall;
+
+static gpointer
+serial_call_thread(gpointer data)
+{
+    SerialCall *call = data;
+
+    call->ok =
+        hostd_ssh_pool_serial(call->f->pool, &call->f->target, call->fd, FALSE, &call->error);
+    return NULL;
+}
+
+/* The sshd process an exec's command ran under, as $PPID says. */
+static char *
+exec_ppid(Fixture *f)
+{
+    char *argv[] = {"sh", "-c", "echo $PPID", NULL};
+    ExecRun run;
+    char *ppid;
+
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    ppid = g_strdup(g_strstrip(run.out->str));
+    exec_run_clear(&run);
+    return ppid;
+}
+
+static void
+test_worker_serial_carried(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *before = NULL;
+    g_autofree char *after = NULL;
+    SerialCall call = {.f = f};
+    GuestPort *guest;
+    GThread *thread;
+    int qemu1[2], qemu2[2], qemu3[2];
+
+    /* A new session over the port: hostd's call returns once it is held. */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qemu1), 0);
+    call.fd = qemu1[0];
+    thread = g_thread_new("serial", serial_call_thread, &call);
+    guest = guest_port_start(f, qemu1[1]);
+    g_thread_join(thread);
+    vm_test_assert_no_error(call.error);
+    assert_true(call.ok);
+    before = exec_ppid(f);
+
+    /* The save: hostd lets the pool sleep, the QEMU ends; the wake: a new QEMU's port, handed
+     * over before anything is sent. The commands after it run on the same session: no
+     * handshake, the same sshd process. */
+    hostd_ssh_pool_sleep(f->pool, f->target.agent);
+    guest_port_unplug(guest);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qemu2), 0);
+    guest_port_plug(guest, qemu2[1]);
+    assert_true(hostd_ssh_pool_serial(f->pool, &f->target, qemu2[0], TRUE, &error));
+    vm_test_assert_no_error(error);
+    after = exec_ppid(f);
+    assert_string_equal(after, before);
+    g_clear_pointer(&after, g_free);
+    after = exec_ppid(f);
+    assert_string_equal(after, before);
+
+    /* A worker started since holds no session: a resume is refused at once. */
+    hostd_ssh_pool_forget(f->pool, f->target.agent);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qemu3), 0);
+    assert_false(hostd_ssh_pool_serial(f->pool, &f->target, qemu3[0], TRUE, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_SSH));
+    close(qemu3[1]);
+    guest_port_free(guest);
+}
+
 static void
 test_worker_exec(void **state)
 {
@@ -2229,6 +2451,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_wait_ready_cancelled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_confined, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_worker_exec, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_serial_carried, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_worker_before_command_and_trace, setup_worker,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_worker_killed, setup_worker, teardown),
