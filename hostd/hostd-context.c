@@ -19,6 +19,7 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->components = g_ptr_array_new();
     ctx->ids_held = g_hash_table_new(g_direct_hash, g_direct_equal);
     ctx->serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_cond_init(&ctx->serial_attached);
     return ctx;
 }
 
@@ -62,6 +63,15 @@ hostd_context_free(HostdContext *ctx)
     }
     g_ptr_array_free(ctx->components, TRUE);
     g_hash_table_unref(ctx->ids_held);
+    /* The workers closed first: a session over a virtio port still being made then fails at
+     * once, and its thread, which uses the context, ends (after a guest command under way, 30 s
+     * at most). */
+    hostd_ssh_workers_close(ctx->ssh_workers);
+    g_mutex_lock(&ctx->lock);
+    while (ctx->serial_attaching > 0)
+        g_cond_wait(&ctx->serial_attached, &ctx->lock);
+    g_mutex_unlock(&ctx->lock);
+    g_cond_clear(&ctx->serial_attached);
     g_hash_table_unref(ctx->serial_runs);
     hostd_ssh_pool_free(ctx->ssh);
     hostd_ssh_workers_free(ctx->ssh_workers);

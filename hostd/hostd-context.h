@@ -49,6 +49,8 @@ typedef struct {
                                          * by this hostd; guarded by lock */
     GHashTable *serial_runs; /* hostd-serial.c: agent -> the domain id its session over the
                               * virtio port was made or carried over for; guarded by lock */
+    guint serial_attaching;  /* hostd-serial.c's threads making one; guarded by lock */
+    GCond serial_attached;   /* signalled as each of them ends */
 } HostdContext;
 
 /* What a component does at each step of an agent's life. Every hook is optional; hooks run in

@@ -126,6 +126,11 @@ serial_attach_thread(gpointer data)
     g_free(a->identity_path);
     g_free(a->known_hosts_path);
     virDomainFree(a->dom);
+    /* The last use of the context: hostd_context_free() waits for it. */
+    g_mutex_lock(&a->ctx->lock);
+    a->ctx->serial_attaching--;
+    g_cond_broadcast(&a->ctx->serial_attached);
+    g_mutex_unlock(&a->ctx->lock);
     g_free(a);
     return NULL;
 }
@@ -160,6 +165,9 @@ hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
     a->id = id;
     a->dom = dom;
     virDomainRef(dom);
+    g_mutex_lock(&ctx->lock);
+    ctx->serial_attaching++;
+    g_mutex_unlock(&ctx->lock);
     g_thread_unref(g_thread_new("ssh-serial-attach", serial_attach_thread, a));
 }
 

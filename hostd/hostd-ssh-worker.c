@@ -37,6 +37,7 @@ struct _HostdSshWorkers {
     guint uid, gid;
     GMutex lock;
     GHashTable *workers; /* agent -> Worker (a reference) */
+    gboolean closed;     /* hostd_ssh_workers_close(): none starts any more */
 };
 
 static void
@@ -261,6 +262,10 @@ workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **err
         return NULL;
     key = target_key(target, identity, host_key);
     locker = g_mutex_locker_new(&workers->lock);
+    if (workers->closed) {
+        wipe_free(identity);
+        return vm_throw(error, VM_ERROR_SSH, "the SSH workers are closed"), NULL;
+    }
     worker = g_hash_table_lookup(workers->workers, target->agent);
 
     if (worker != NULL) {
@@ -526,7 +531,7 @@ hostd_ssh_workers_new(const HostdSshWorkersConfig *config)
 }
 
 void
-hostd_ssh_workers_free(HostdSshWorkers *workers)
+hostd_ssh_workers_close(HostdSshWorkers *workers)
 {
     GHashTableIter iter;
     gpointer worker;
@@ -534,11 +539,20 @@ hostd_ssh_workers_free(HostdSshWorkers *workers)
     if (workers == NULL)
         return;
     g_mutex_lock(&workers->lock);
+    workers->closed = TRUE;
     g_hash_table_iter_init(&iter, workers->workers);
     while (g_hash_table_iter_next(&iter, NULL, &worker))
         worker_kill(worker);
     g_hash_table_remove_all(workers->workers);
     g_mutex_unlock(&workers->lock);
+}
+
+void
+hostd_ssh_workers_free(HostdSshWorkers *workers)
+{
+    if (workers == NULL)
+        return;
+    hostd_ssh_workers_close(workers);
     g_hash_table_unref(workers->workers);
     g_mutex_clear(&workers->lock);
     g_free(workers->program);

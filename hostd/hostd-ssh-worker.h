@@ -30,6 +30,10 @@ typedef struct _HostdSshWorkers HostdSshWorkers;
 /* Makes the set of workers, none running yet. Can't fail. */
 HostdSshWorkers *hostd_ssh_workers_new(const HostdSshWorkersConfig *config);
 
+/* Ends every worker (their requests fail) and starts none any more: a request then fails at
+ * once with VM_ERROR_SSH. NULL: no-op. */
+void hostd_ssh_workers_close(HostdSshWorkers *workers);
+
 /* Ends every worker (their requests fail) and frees @workers. NULL: no-op. */
 void hostd_ssh_workers_free(HostdSshWorkers *workers);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdSshWorkers, hostd_ssh_workers_free)
