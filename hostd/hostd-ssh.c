@@ -182,6 +182,23 @@ pool_get_generation(HostdSshPool *pool, const char *agent)
     return pool_ensure_entry(pool, agent)->generation;
 }
 
+/* The idle session an exec takes: the most recently used one not held over the virtio port
+ * (TCP, a shorter path in the guest), else the held one (after a saved wake it is the only
+ * one); NULL when none is idle. Call with the lock held. */
+static PooledSession *
+pool_pop_preferred(PoolEntry *entry)
+{
+    for (GList *l = entry->idle.head; l != NULL; l = l->next) {
+        PooledSession *pooled = l->data;
+
+        if (pooled->session != entry->held) {
+            g_queue_delete_link(&entry->idle, l);
+            return pooled;
+        }
+    }
+    return g_queue_pop_head(&entry->idle);
+}
+
 /* @session, about to be closed, is no longer @agent's held one. */
 static void
 pool_unhold(HostdSshPool *pool, const char *agent, ssh_session session)
@@ -210,7 +227,7 @@ pool_take(HostdSshPool *pool, const char *agent, guint64 *ret_generation, ssh_ch
                g_cond_wait_until(&pool->session_returned, &pool->lock, deadline))
             entry = pool_ensure_entry(pool, agent); /* it may have been forgotten meanwhile */
         *ret_generation = entry->generation;
-        pooled = g_queue_pop_head(&entry->idle);
+        pooled = pool_pop_preferred(entry);
         g_mutex_unlock(&pool->lock);
 
         *ret_spare = NULL;
