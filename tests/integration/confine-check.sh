@@ -45,6 +45,16 @@ confine_ssh_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-ssh-worker $1" | head -n
 # The peers (ADDRESS:PORT) of the established TCP connections of PID $1.
 confine_tcp_peers() { ss -tnpH state established | awk -v p="pid=$1," 'index($0, p) { print $4 }' | sort -u; }
 
+# The inodes of the sockets connected to the Unix socket at path $1 (QEMU's ends name the path).
+confine_unix_peers() { ss -xH state established | awk -v p="$1" '$4 == p { print $7 }' | sort -u; }
+
+# The inodes of the sockets process $1 holds.
+confine_socket_inodes() { ls -l "/proc/$1/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\]$/\1/p' | sort -u; }
+
+# Whether the lines of $1 and $2 (sorted, unique) have none in common.
+confine_none_shared() { ! comm -12 <(printf '%s\n' "$1" | sed '/^$/d') <(printf '%s\n' "$2" | sed '/^$/d') | grep -q .; }
+export -f confine_none_shared
+
 # As id $1: opens file $2 for reading (exit 0 when it could).
 confine_open() { confine_as "$1" "$CONFINE_PYTHON" -c 'import sys; open(sys.argv[1], "rb").read(1)' "$2" 2>/dev/null; }
 
@@ -96,7 +106,7 @@ confine_check() {
   done
 
   for x in "$a:$ida" "$b:$idb"; do
-    local wpid peers
+    local wpid peers port held
     IFS=: read -r y idx <<< "$x"
     vmctl exec "$y" true >/dev/null
     wpid=$(confine_ssh_worker "$y")
@@ -105,8 +115,12 @@ confine_check() {
                [ '$(confine_status "$wpid" CapEff)' = 0000000000000000 ] &&
                [ '$(confine_status "$wpid" NoNewPrivs)' = 1 ] && [ '$(confine_status "$wpid" Seccomp)' = 2 ]"
     peers=$(confine_tcp_peers "$wpid")
-    check "$y's SSH worker holds the SSH connection to its guest, and hostd holds none to it" \
-      bash -c '[ -n "$1" ] && ! grep -qxF -f <(printf "%s\n" $1) <(printf "%s\n" $2)' _ "$peers" "$(confine_tcp_peers "$HOSTD_PID")"
+    # Its session over the virtio port: the worker's end of a connection to QEMU's socket.
+    port=$(ls "$S"/libvirt/lib/qemu/channel/target/domain-*-"$y"/org.vmctl.ssh.0 2>/dev/null | head -1)
+    held=$(comm -12 <(confine_unix_peers "$port") <(confine_socket_inodes "$wpid"))
+    check "$y's SSH worker holds the SSH connections to its guest (TCP or its virtio port), and hostd holds none of them" \
+      bash -c '[ -n "$1$3" ] && confine_none_shared "$1" "$2" && confine_none_shared "$3" "$4"' _ \
+      "$peers" "$(confine_tcp_peers "$HOSTD_PID")" "$held" "$(confine_socket_inodes "$HOSTD_PID")"
   done
 
   export -f confine_as confine_open confine_connect confine_ptrace confine_mem
