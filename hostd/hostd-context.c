@@ -18,7 +18,7 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->name_locks = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->components = g_ptr_array_new();
     ctx->ids_held = g_hash_table_new(g_direct_hash, g_direct_equal);
-    ctx->serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    ctx->serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     g_cond_init(&ctx->serial_attached);
     return ctx;
 }

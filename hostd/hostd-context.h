@@ -47,8 +47,9 @@ typedef struct {
                            * GUINT_TO_POINTER; guarded by lock */
     gboolean guestfs_appliance_checked; /* hostd-guestfs.c: the appliance was brought up to date
                                          * by this hostd; guarded by lock */
-    GHashTable *serial_runs; /* hostd-serial.c: agent -> the domain id its session over the
-                              * virtio port was made or carried over for; guarded by lock */
+    GHashTable *serial_runs; /* hostd-serial.c: agent -> the run ("domain id/worker pid") its
+                              * session over the virtio port was made or carried over for;
+                              * guarded by lock */
     guint serial_attaching;  /* hostd-serial.c's threads making one; guarded by lock */
     GCond serial_attached;   /* signalled as each of them ends */
 } HostdContext;

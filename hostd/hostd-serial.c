@@ -9,6 +9,7 @@
 
 #include "hostd-guest-agent.h"
 #include "hostd-libvirt.h"
+#include "hostd-ssh-worker.h"
 #include "vm-domain-read.h"
 #include "vm-error.h"
 #include "vm-util.h"
@@ -17,25 +18,34 @@
  * hostd went away): a process start or two, and the ending of the old ones. */
 #define SERIAL_RESTART_TIMEOUT_MS 30000
 
-/* Marks @dom's run as having (or getting) its session; FALSE when it already was. */
+/* What a held session is made for: this run of the agent's QEMU (its domain id) with this run
+ * of its SSH worker (its pid: a worker replaced, after a forget or a crash, holds none). */
+static char *
+serial_run_key(HostdContext *ctx, const char *name, virDomainPtr dom)
+{
+    return g_strdup_printf("%u/%d", virDomainGetID(dom),
+                           (int)hostd_ssh_workers_get_pid(ctx->ssh_workers, name));
+}
+
+/* Marks @run as having (or getting) its session; FALSE when it already was. */
 static gboolean
-serial_claim_run(HostdContext *ctx, const char *name, guint id)
+serial_claim_run(HostdContext *ctx, const char *name, const char *run)
 {
     g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
 
-    if (GPOINTER_TO_UINT(g_hash_table_lookup(ctx->serial_runs, name)) == id)
+    if (g_strcmp0(g_hash_table_lookup(ctx->serial_runs, name), run) == 0)
         return FALSE;
-    g_hash_table_insert(ctx->serial_runs, g_strdup(name), GUINT_TO_POINTER(id));
+    g_hash_table_insert(ctx->serial_runs, g_strdup(name), g_strdup(run));
     return TRUE;
 }
 
 /* A failed attempt: the next hostd_serial_ensure() of the same run tries again. */
 static void
-serial_release_run(HostdContext *ctx, const char *name, guint id)
+serial_release_run(HostdContext *ctx, const char *name, const char *run)
 {
     g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
 
-    if (GPOINTER_TO_UINT(g_hash_table_lookup(ctx->serial_runs, name)) == id)
+    if (g_strcmp0(g_hash_table_lookup(ctx->serial_runs, name), run) == 0)
         g_hash_table_remove(ctx->serial_runs, name);
 }
 
@@ -81,7 +91,7 @@ typedef struct {
     HostdContext *ctx;
     HostdSshTarget target; /* its strings are the fields below */
     char *agent, *host, *user, *identity_path, *known_hosts_path;
-    guint id;
+    char *run;
     virDomainPtr dom;
 } SerialAttach;
 
@@ -116,7 +126,7 @@ serial_attach_thread(gpointer data)
             hostd_context_log(a->ctx, "agent '%s': SSH session over the virtio port held",
                               a->agent);
     } else {
-        serial_release_run(a->ctx, a->agent, a->id);
+        serial_release_run(a->ctx, a->agent, a->run);
         hostd_context_log(a->ctx, "agent '%s': no SSH session over the virtio port (%s)", a->agent,
                           error->message);
     }
@@ -126,6 +136,7 @@ serial_attach_thread(gpointer data)
     g_free(a->identity_path);
     g_free(a->known_hosts_path);
     virDomainFree(a->dom);
+    g_free(a->run);
     /* The last use of the context: hostd_context_free() waits for it. */
     g_mutex_lock(&a->ctx->lock);
     a->ctx->serial_attaching--;
@@ -140,10 +151,13 @@ hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
 {
     g_autoptr(GError) error = NULL;
     g_autofree char *path = NULL;
-    guint id = virDomainGetID(dom);
+    g_autofree char *run = NULL;
     SerialAttach *a;
 
-    if (ctx->ssh_workers == NULL || id == (guint)-1 || !serial_claim_run(ctx, target->agent, id))
+    if (ctx->ssh_workers == NULL || virDomainGetID(dom) == (unsigned int)-1)
+        return;
+    run = serial_run_key(ctx, target->agent, dom);
+    if (!serial_claim_run(ctx, target->agent, run))
         return;
     path = serial_path(dom, &error);
     if (path == NULL) {
@@ -162,7 +176,7 @@ hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
     a->target.identity_path = a->identity_path = g_strdup(target->identity_path);
     a->target.known_hosts_path = a->known_hosts_path = g_strdup(target->known_hosts_path);
     a->target.identity_pem = a->target.host_key = NULL;
-    a->id = id;
+    a->run = g_steal_pointer(&run);
     a->dom = dom;
     virDomainRef(dom);
     g_mutex_lock(&ctx->lock);
@@ -175,7 +189,7 @@ gboolean
 hostd_serial_resume(HostdContext *ctx, const HostdSshTarget *target, virDomainPtr dom)
 {
     g_autoptr(GError) error = NULL;
-    guint id = virDomainGetID(dom);
+    g_autofree char *run = NULL;
     int fd;
 
     if (ctx->ssh_workers == NULL)
@@ -189,6 +203,7 @@ hostd_serial_resume(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
                               target->agent, error->message);
         return FALSE;
     }
-    serial_claim_run(ctx, target->agent, id);
+    run = serial_run_key(ctx, target->agent, dom);
+    serial_claim_run(ctx, target->agent, run);
     return TRUE;
 }
