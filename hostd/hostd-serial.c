@@ -2,7 +2,6 @@
 #include "hostd-serial.h"
 
 #include <errno.h>
-#include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -73,16 +72,14 @@ static int
 serial_connect(virDomainPtr dom, GError **error)
 {
     g_autofree char *path = serial_path(dom, error);
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    struct sockaddr_un addr;
+    socklen_t addr_len;
     vm_autofd fd = -1;
 
-    if (path == NULL)
+    if (path == NULL || !vm_unix_address(path, &addr, &addr_len, error))
         return -1;
-    if (strlen(path) >= sizeof(addr.sun_path))
-        return vm_throw(error, VM_ERROR_SSH, "the SSH port's socket path is too long"), -1;
-    strcpy(addr.sun_path, path);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, addr_len) < 0)
         return vm_throw_errno(error, errno, "cannot connect to the SSH port %s", path), -1;
     return g_steal_fd(&fd);
 }
