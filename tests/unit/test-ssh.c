@@ -1409,8 +1409,9 @@ test_worker_confined(void **state)
  * the TCP connection, the guest's side of the session, stays. */
 typedef struct {
     GMutex lock;
-    int port;      /* the current QEMU's end of the port, -1 between QEMUs */
-    int next_port; /* handed in by the test */
+    int port;        /* the current QEMU's end of the port, -1 between QEMUs */
+    int next_port;   /* handed in by the test */
+    gboolean unplug; /* the test ends the current QEMU */
     int tcp;
     int wake[2];
     gboolean stop;
@@ -1428,7 +1429,7 @@ guest_port_copy(int from, int to, gboolean *ended)
         return;
     }
     for (ssize_t done = 0; done < n;) {
-        ssize_t w = write(to, buf + done, (size_t)(n - done));
+        ssize_t w = send(to, buf + done, (size_t)(n - done), MSG_NOSIGNAL);
         if (w <= 0) {
             *ended = TRUE;
             return;
@@ -1453,6 +1454,11 @@ guest_port_thread(gpointer data)
             g_mutex_unlock(&g->lock);
             return NULL;
         }
+        /* The QEMU ends between two reads: what sshd sends after it waits in the TCP
+         * connection, as it waits in the guest. */
+        if (g->unplug && g->port >= 0)
+            close(g_steal_fd(&g->port));
+        g->unplug = FALSE;
         if (g->port < 0 && g->next_port >= 0)
             g->port = g_steal_fd(&g->next_port);
         fds[2].fd = g->port;
@@ -1495,7 +1501,7 @@ guest_port_start(Fixture *f, int port)
         g_string_append_c(line, c);
     assert_string_equal(line->str, "vmctl-ssh-start");
     g_string_free(line, TRUE);
-    assert_int_equal(write(port, "vmctl-ssh-starting\n", 19), 19);
+    assert_int_equal(send(port, "vmctl-ssh-starting\n", 19, MSG_NOSIGNAL), 19);
     g->tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_int_equal(connect(g->tcp, (struct sockaddr *)&addr, sizeof addr), 0);
     g_mutex_init(&g->lock);
@@ -1520,9 +1526,9 @@ static void
 guest_port_unplug(GuestPort *g)
 {
     g_mutex_lock(&g->lock);
-    if (g->port >= 0)
-        shutdown(g->port, SHUT_RDWR);
+    g->unplug = TRUE;
     g_mutex_unlock(&g->lock);
+    assert_int_equal(write(g->wake[1], "", 1), 1);
 }
 
 static void
