@@ -271,6 +271,10 @@ supervise_agent_locked(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom,
         struct _HostdSupervisor *sv = ctx->supervisor;
         gint64 now = g_get_monotonic_time();
         gpointer last = NULL;
+        /* The same QEMU, a new guest: every session to the old one is gone, and the one over
+         * the virtio port would not say so (its host end stays connected), so a command sent on
+         * it would wait for ever. Requests under way fail; the next exec connects anew. */
+        hostd_ssh_pool_forget(ctx->ssh, r->name);
         if (g_hash_table_lookup_extended(sv->rebooted, r->name, NULL, &last) &&
             now - *(gint64 *)last < SUPERVISE_REBOOT_SAME_US)
             return;
