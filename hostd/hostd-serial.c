@@ -66,17 +66,15 @@ serial_path(virDomainPtr dom, GError **error)
     return path;
 }
 
-/* A connection to @dom's port of hostd's sshd; -1 with an error when it has none or it cannot
- * be reached. */
+/* A connection to the port's socket at @path; -1 with an error when it cannot be reached. */
 static int
-serial_connect(virDomainPtr dom, GError **error)
+serial_connect(const char *path, GError **error)
 {
-    g_autofree char *path = serial_path(dom, error);
     struct sockaddr_un addr;
     socklen_t addr_len;
     vm_autofd fd = -1;
 
-    if (path == NULL || !vm_unix_address(path, &addr, &addr_len, error))
+    if (!vm_unix_address(path, &addr, &addr_len, error))
         return -1;
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&addr, addr_len) < 0)
@@ -89,6 +87,7 @@ typedef struct {
     HostdSshTarget target; /* its strings are the fields below */
     char *agent, *host, *user, *identity_path, *known_hosts_path;
     char *run;
+    char *path; /* the port's socket, read from the domain by hostd_serial_ensure() */
     virDomainPtr dom;
 } SerialAttach;
 
@@ -108,7 +107,7 @@ serial_attach(SerialAttach *a, GError **error)
     if (status != 0)
         return vm_throw(error, VM_ERROR_SSH,
                         "the guest has no vmctl-ssh-serial service (exit status %d)", status);
-    fd = serial_connect(a->dom, error);
+    fd = serial_connect(a->path, error);
     return fd >= 0 && hostd_ssh_pool_serial(a->ctx->ssh, &a->target, fd, FALSE, error);
 }
 
@@ -134,6 +133,7 @@ serial_attach_thread(gpointer data)
     g_free(a->known_hosts_path);
     virDomainFree(a->dom);
     g_free(a->run);
+    g_free(a->path);
     /* The last use of the context: hostd_context_free() waits for it. */
     g_mutex_lock(&a->ctx->lock);
     a->ctx->serial_attaching--;
@@ -174,6 +174,7 @@ hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
     a->target.known_hosts_path = a->known_hosts_path = g_strdup(target->known_hosts_path);
     a->target.identity_pem = a->target.host_key = NULL;
     a->run = g_steal_pointer(&run);
+    a->path = g_steal_pointer(&path);
     a->dom = dom;
     virDomainRef(dom);
     g_mutex_lock(&ctx->lock);
@@ -187,11 +188,14 @@ hostd_serial_resume(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
 {
     g_autoptr(GError) error = NULL;
     g_autofree char *run = NULL;
-    int fd;
+    g_autofree char *path = NULL;
+    int fd = -1;
 
     if (ctx->ssh_workers == NULL)
         return FALSE;
-    fd = serial_connect(dom, &error);
+    path = serial_path(dom, &error);
+    if (path != NULL)
+        fd = serial_connect(path, &error);
     if (fd < 0 || !hostd_ssh_pool_serial(ctx->ssh, target, fd, TRUE, &error)) {
         if (ctx->debug)
             hostd_context_log(ctx,
