@@ -1,20 +1,25 @@
-/* The egress worker's confinement: user, capabilities, no_new_privs, seccomp. */
+/* The workers' confinement: user, capabilities, no_new_privs, Landlock, seccomp. */
 #include "vm-egress-sandbox.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/landlock.h>
+#include <linux/netlink.h>
 #include <sched.h>
 #include <seccomp.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "vm-error.h"
 
-/* What a proxy does: sockets in and out, poll, threads, memory, time, reading the resolver's
- * and the trust store's files. */
+/* What both workers do: I/O on the sockets they have, poll, threads, memory, time, reading the
+ * resolver's and the trust store's files. */
 static const char *const allowed[] = {
     /* I/O on descriptors it has */
     "read",
@@ -44,10 +49,7 @@ static const char *const allowed[] = {
     "epoll_wait",
     "epoll_pwait",
     "epoll_pwait2",
-    /* the network: socket() is narrowed to IPv4, IPv6 and netlink below */
-    "connect",
-    "accept",
-    "accept4",
+    /* sockets it has (those it may make: per profile, below) */
     "sendto",
     "recvfrom",
     "sendmsg",
@@ -55,7 +57,6 @@ static const char *const allowed[] = {
     "sendmmsg",
     "recvmmsg",
     "shutdown",
-    "bind",
     "getsockname",
     "getpeername",
     "setsockopt",
@@ -103,7 +104,6 @@ static const char *const allowed[] = {
     "getresuid",
     "getresgid",
     "getgroups",
-    "prlimit64",
     "getrlimit",
     "arch_prctl",
     /* time and randomness */
@@ -122,12 +122,22 @@ static const char *const allowed[] = {
     "rt_sigpending",
     "sigaltstack",
     "restart_syscall",
-    "tgkill",
     "exit",
     "exit_group",
 };
 
-/* Kill the process at once: what only an attacker who runs code in the worker would call. */
+/* The egress worker's own: connections out to the destinations, and its proxy's listening
+ * socket (handed over by hostd) to accept on. The SSH worker gets EPERM for all of them. */
+static const char *const allowed_egress[] = {
+    "connect",
+    "accept",
+    "accept4",
+    "bind",
+};
+
+/* Kill the process at once: what only an attacker who runs code in the worker would call. A
+ * signal to itself goes through tgkill() (raise(), abort()), so kill() and tkill() have no
+ * use. */
 static const char *const killed[] = {
     "execve",
     "execveat",
@@ -191,11 +201,78 @@ add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name, GError **error)
     return TRUE;
 }
 
+/* One rule with its argument comparisons (ANDed); -errno from libseccomp. */
+#define RULE(ctx, action, name, ...)                                                               \
+    seccomp_rule_add((ctx), (action), SCMP_SYS(name),                                              \
+                     sizeof((struct scmp_arg_cmp[]){__VA_ARGS__}) / sizeof(struct scmp_arg_cmp),   \
+                     __VA_ARGS__)
+
+/* The calls allowed only with some arguments. @pid is the process's own. */
+static int
+add_argument_rules(scmp_filter_ctx ctx, VmSandboxProfile profile, pid_t pid)
+{
+    /* socket() and socketpair() take SOCK_CLOEXEC and SOCK_NONBLOCK in their type: compared
+     * without them, on the low 32 bits the kernel reads of an int. */
+    const scmp_datum_t type_mask = (scmp_datum_t)(guint32) ~(SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int rc;
+
+    /* Signals to its own threads only (the C library's raise() and abort()); another process's
+     * pid fails with EPERM. */
+    rc = RULE(ctx, SCMP_ACT_ALLOW, tgkill, SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)pid));
+    /* Its own limits, read only: never another process's (a worker throttling another agent's),
+     * never set. */
+    rc = rc < 0 ? rc
+                : RULE(ctx, SCMP_ACT_ALLOW, prlimit64, SCMP_A0(SCMP_CMP_EQ, 0),
+                       SCMP_A2(SCMP_CMP_EQ, 0));
+    rc = rc < 0 ? rc
+                : RULE(ctx, SCMP_ACT_ALLOW, prlimit64, SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)pid),
+                       SCMP_A2(SCMP_CMP_EQ, 0));
+    /* clone() for threads only; a new process (no CLONE_THREAD) kills it. clone3() passes its
+     * flags in memory a filter cannot read: ENOSYS makes the C library use clone(). */
+    rc = rc < 0 ? rc
+                : RULE(ctx, SCMP_ACT_ALLOW, clone,
+                       SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD));
+    rc = rc < 0 ? rc
+                : RULE(ctx, SCMP_ACT_KILL_PROCESS, clone,
+                       SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
+    if (rc >= 0 && seccomp_syscall_resolve_name("clone3") != __NR_SCMP_ERROR)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), seccomp_syscall_resolve_name("clone3"),
+                              0);
+    /* prctl only to read or name things, never to change the process's limits. */
+    rc = rc < 0 ? rc : RULE(ctx, SCMP_ACT_ALLOW, prctl, SCMP_A0(SCMP_CMP_EQ, PR_SET_NAME));
+    rc = rc < 0 ? rc : RULE(ctx, SCMP_ACT_ALLOW, prctl, SCMP_A0(SCMP_CMP_EQ, PR_GET_NAME));
+    if (rc < 0)
+        return rc;
+
+    switch (profile) {
+    case VM_SANDBOX_EGRESS:
+        /* Sockets for the destinations and DNS, and getifaddrs()'s netlink route socket: no
+         * Unix sockets (the host's own services, /dev/log), no other netlink family
+         * (NETLINK_SOCK_DIAG lists the host's sockets), no raw or packet sockets (those need
+         * capabilities it lacks anyway). */
+        rc = RULE(ctx, SCMP_ACT_ALLOW, socket, SCMP_A0(SCMP_CMP_EQ, AF_INET));
+        rc = rc < 0 ? rc : RULE(ctx, SCMP_ACT_ALLOW, socket, SCMP_A0(SCMP_CMP_EQ, AF_INET6));
+        rc = rc < 0 ? rc
+                    : RULE(ctx, SCMP_ACT_ALLOW, socket, SCMP_A0(SCMP_CMP_EQ, AF_NETLINK),
+                           SCMP_A2(SCMP_CMP_EQ, NETLINK_ROUTE));
+        break;
+    case VM_SANDBOX_SSH:
+        /* No socket of its own: a connected pair of Unix stream sockets reaches nothing outside
+         * the process (its relay of the session over the virtio port, hostd-ssh-serial.c). A
+         * datagram pair could carry descriptors without a connection; it has no use for one. */
+        rc = RULE(ctx, SCMP_ACT_ALLOW, socketpair, SCMP_A0(SCMP_CMP_EQ, AF_UNIX),
+                  SCMP_A1(SCMP_CMP_MASKED_EQ, type_mask, SOCK_STREAM));
+        break;
+    default:
+        g_assert_not_reached();
+    }
+    return rc;
+}
+
 gboolean
-vm_egress_sandbox_filter_load(GError **error)
+vm_egress_sandbox_filter_load(VmSandboxProfile profile, GError **error)
 {
     scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
-    static const int domains[] = {AF_INET, AF_INET6, AF_NETLINK};
     gboolean ok = FALSE;
     int rc;
 
@@ -205,45 +282,15 @@ vm_egress_sandbox_filter_load(GError **error)
         if (!add_rule(ctx, SCMP_ACT_ALLOW, allowed[i], error))
             goto out;
     }
+    for (gsize i = 0; profile == VM_SANDBOX_EGRESS && i < G_N_ELEMENTS(allowed_egress); i++) {
+        if (!add_rule(ctx, SCMP_ACT_ALLOW, allowed_egress[i], error))
+            goto out;
+    }
     for (gsize i = 0; i < G_N_ELEMENTS(killed); i++) {
         if (!add_rule(ctx, SCMP_ACT_KILL_PROCESS, killed[i], error))
             goto out;
     }
-    /* Sockets for the destinations, DNS and getifaddrs() only: no Unix sockets (the host's own
-     * services), no raw or packet sockets (those need capabilities it lacks anyway). */
-    for (gsize i = 0; i < G_N_ELEMENTS(domains); i++) {
-        rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socket), 1,
-                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)domains[i]));
-        if (rc < 0) {
-            vm_throw(error, VM_ERROR_IO, "seccomp rule for socket: %s", g_strerror(-rc));
-            goto out;
-        }
-    }
-    /* A connected pair of Unix sockets reaches nothing outside the process: the SSH worker's
-     * relay of the session over the virtio port (hostd-ssh-serial.c). */
-    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socketpair), 1,
-                          SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)AF_UNIX));
-    if (rc < 0) {
-        vm_throw(error, VM_ERROR_IO, "seccomp rule for socketpair: %s", g_strerror(-rc));
-        goto out;
-    }
-    /* clone() for threads only; a new process (no CLONE_THREAD) kills it. clone3() passes its
-     * flags in memory a filter cannot read: ENOSYS makes the C library use clone(). */
-    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone), 1,
-                          SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD));
-    if (rc >= 0)
-        rc = seccomp_rule_add(ctx, SCMP_ACT_KILL_PROCESS, SCMP_SYS(clone), 1,
-                              SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
-    if (rc >= 0 && seccomp_syscall_resolve_name("clone3") != __NR_SCMP_ERROR)
-        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), seccomp_syscall_resolve_name("clone3"),
-                              0);
-    /* prctl only to read or name things, never to change the process's limits. */
-    if (rc >= 0)
-        rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
-                              SCMP_A0(SCMP_CMP_EQ, PR_SET_NAME));
-    if (rc >= 0)
-        rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
-                              SCMP_A0(SCMP_CMP_EQ, PR_GET_NAME));
+    rc = add_argument_rules(ctx, profile, getpid());
     if (rc < 0) {
         vm_throw(error, VM_ERROR_IO, "seccomp rule: %s", g_strerror(-rc));
         goto out;
@@ -257,6 +304,145 @@ vm_egress_sandbox_filter_load(GError **error)
 out:
     seccomp_release(ctx);
     return ok;
+}
+
+/* ---- Landlock ------------------------------------------------------------------------------ */
+
+/* Read beneath these (a path the host lacks is skipped): the libraries and their data, what the
+ * C library's resolver and NSS read, OpenSSL's, GnuTLS's and the trust store's configuration. */
+static const char *const readable[] = {
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/resolv.conf",
+    "/etc/gai.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/ssl",
+    "/etc/gnutls",
+    "/etc/crypto-policies",
+    "/etc/pki",
+    "/etc/ca-certificates",
+    "/dev/null",
+    "/dev/urandom",
+    "/dev/random",
+};
+
+/* What the header of this build knows of each ABI; a kernel with an older one is given only
+ * what it has. */
+#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
+#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
+#endif
+#ifndef LANDLOCK_ACCESS_FS_IOCTL_DEV
+#define LANDLOCK_ACCESS_FS_IOCTL_DEV (1ULL << 15)
+#endif
+
+#define FS_ABI1 ((LANDLOCK_ACCESS_FS_MAKE_SYM << 1) - 1)
+#define FS_READ (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR)
+
+/* The ruleset attribute as the kernel's ABI @abi takes it: its size, 0 when too old. */
+typedef struct {
+    guint64 handled_access_fs;
+    guint64 handled_access_net;
+    guint64 scoped;
+} RulesetAttr;
+
+static gsize
+ruleset_attr_for(int abi, VmSandboxProfile profile, RulesetAttr *attr)
+{
+    gsize size = sizeof(attr->handled_access_fs);
+
+    memset(attr, 0, sizeof(*attr));
+    attr->handled_access_fs = FS_ABI1;
+    if (abi >= 2)
+        attr->handled_access_fs |= LANDLOCK_ACCESS_FS_REFER;
+    if (abi >= 3)
+        attr->handled_access_fs |= LANDLOCK_ACCESS_FS_TRUNCATE;
+    if (abi >= 5)
+        attr->handled_access_fs |= LANDLOCK_ACCESS_FS_IOCTL_DEV;
+    if (abi >= 4) {
+        /* TCP ports: none bound; the SSH worker connects nowhere (hostd connects for it). */
+        attr->handled_access_net = 1ULL << 0; /* LANDLOCK_ACCESS_NET_BIND_TCP */
+        if (profile == VM_SANDBOX_SSH)
+            attr->handled_access_net |= 1ULL << 1; /* LANDLOCK_ACCESS_NET_CONNECT_TCP */
+        size = 2 * sizeof(guint64);
+    }
+    if (abi >= 6) {
+        /* LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL */
+        attr->scoped = (1ULL << 0) | (1ULL << 1);
+        size = 3 * sizeof(guint64);
+    }
+    return size;
+}
+
+/* Read access beneath @path for @ruleset; a path the host lacks is skipped. */
+static gboolean
+allow_read(int ruleset, const char *path, GError **error)
+{
+    struct landlock_path_beneath_attr rule = {0};
+    struct stat st;
+    int fd = open(path, O_PATH | O_CLOEXEC);
+    int rc;
+
+    if (fd < 0)
+        return errno == ENOENT || errno == ENOTDIR || errno == EACCES
+                   ? TRUE
+                   : vm_throw_errno(error, errno, "Landlock: cannot open %s", path);
+    if (fstat(fd, &st) < 0) {
+        close(fd);
+        return vm_throw_errno(error, errno, "Landlock: cannot stat %s", path);
+    }
+    /* A directory's right only on a directory: the kernel refuses it on a file. */
+    rule.allowed_access = S_ISDIR(st.st_mode) ? FS_READ : LANDLOCK_ACCESS_FS_READ_FILE;
+    rule.parent_fd = fd;
+    rc = (int)syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0);
+    close(fd);
+    if (rc < 0)
+        return vm_throw_errno(error, errno, "Landlock: cannot add a rule for %s", path);
+    return TRUE;
+}
+
+gboolean
+vm_egress_sandbox_landlock(VmSandboxProfile profile, gboolean *ret_enforced, GError **error)
+{
+    int abi = (int)syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    RulesetAttr attr;
+    gsize size;
+    int ruleset;
+
+    if (abi < 0) {
+        /* ENOSYS: not built in; EOPNOTSUPP: not enabled at boot (lsm=). */
+        if (errno != ENOSYS && errno != EOPNOTSUPP)
+            return vm_throw_errno(error, errno, "Landlock: cannot read its ABI version");
+        *ret_enforced = FALSE;
+        return TRUE;
+    }
+    size = ruleset_attr_for(abi, profile, &attr);
+    ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
+    if (ruleset < 0)
+        return vm_throw_errno(error, errno, "Landlock: cannot make the ruleset (ABI %d)", abi);
+    for (gsize i = 0; i < G_N_ELEMENTS(readable); i++) {
+        if (!allow_read(ruleset, readable[i], error)) {
+            close(ruleset);
+            return FALSE;
+        }
+    }
+    if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) {
+        int saved = errno;
+
+        close(ruleset);
+        return vm_throw_errno(error, saved, "Landlock: cannot enforce the ruleset");
+    }
+    close(ruleset);
+    *ret_enforced = TRUE;
+    return TRUE;
 }
 
 /* Every capability out of the bounding set (while it still has CAP_SETPCAP), so that nothing
@@ -289,8 +475,11 @@ clear_capabilities(GError **error)
 }
 
 gboolean
-vm_egress_sandbox_enter(gboolean change_user, uid_t uid, gid_t gid, GError **error)
+vm_egress_sandbox_enter(VmSandboxProfile profile, gboolean change_user, uid_t uid, gid_t gid,
+                        char **ret_note, GError **error)
 {
+    gboolean landlocked = FALSE;
+
     if (change_user) {
         if (geteuid() != 0)
             return vm_throw(error, VM_ERROR_IO, "changing to uid %u needs root", (guint)uid);
@@ -314,5 +503,12 @@ vm_egress_sandbox_enter(gboolean change_user, uid_t uid, gid_t gid, GError **err
         return vm_throw(error, VM_ERROR_IO, "no_new_privs: %s", g_strerror(errno));
     /* The process cannot be dumped or ptraced by its new uid's other processes. */
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    return vm_egress_sandbox_filter_load(error);
+    if (!vm_egress_sandbox_landlock(profile, &landlocked, error) ||
+        !vm_egress_sandbox_filter_load(profile, error))
+        return FALSE;
+    if (ret_note != NULL)
+        *ret_note = landlocked ? NULL
+                               : g_strdup("no Landlock in this kernel: the worker's files are "
+                                          "closed to it by its uid only");
+    return TRUE;
 }

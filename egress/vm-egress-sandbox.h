@@ -1,5 +1,5 @@
-/* The egress worker's confinement (docs/SECURITY.md): what it gives up before it reads a byte a
- * guest sent. */
+/* The workers' confinement (docs/SECURITY.md): what the egress worker and the SSH worker give up
+ * before they read a byte a guest sent. */
 #pragma once
 
 #include <glib.h>
@@ -7,17 +7,47 @@
 
 G_BEGIN_DECLS
 
+/* What the confined process does, which sets its seccomp filter and its Landlock rules. */
+typedef enum {
+    /* A proxy (vm-egress-worker): IPv4 and IPv6 sockets to any destination, a netlink route
+     * socket (getifaddrs()), the resolver's and the trust store's files. */
+    VM_SANDBOX_EGRESS,
+    /* An SSH client that makes no connection of its own (vm-ssh-worker): every socket it uses
+     * was handed over by hostd, so no socket(), connect(), bind(), listen() or accept(); a
+     * socketpair only of Unix stream sockets (its relay of the session over the virtio port). */
+    VM_SANDBOX_SSH,
+} VmSandboxProfile;
+
 /* Confines the calling process for good, all threads (call it before any thread starts): with
  * @change_user (only as root) every supplementary group dropped and the real, effective and
  * saved ids set to @uid/@gid; every capability dropped from the bounding, inheritable, ambient,
- * permitted and effective sets; no_new_privs; then the seccomp filter
- * (vm_egress_sandbox_filter_load()). Fails with VM_ERROR_IO naming the step; the process must
- * then exit rather than go on. */
-gboolean vm_egress_sandbox_enter(gboolean change_user, uid_t uid, gid_t gid, GError **error);
+ * permitted and effective sets; no_new_privs; not dumpable; the Landlock rules of @profile
+ * (vm_egress_sandbox_landlock()) where the kernel has Landlock; then the seccomp filter of
+ * @profile (vm_egress_sandbox_filter_load()). On success *@ret_note (when not NULL) is NULL, or
+ * a line for the operator saying what was missing (no Landlock in this kernel: files are then
+ * closed to the worker only by its uid). Fails with VM_ERROR_IO naming the step; the process
+ * must then exit rather than go on. */
+gboolean vm_egress_sandbox_enter(VmSandboxProfile profile, gboolean change_user, uid_t uid,
+                                 gid_t gid, char **ret_note, GError **error);
 
-/* Installs the worker's seccomp filter (libseccomp): the system calls a proxy needs are allowed,
- * exec, ptrace and the other ones docs/SECURITY.md lists kill the process, everything else fails
- * with EPERM. Needs no_new_privs (or CAP_SYS_ADMIN). Fails with VM_ERROR_IO. */
-gboolean vm_egress_sandbox_filter_load(GError **error);
+/* Restricts the calling thread (and what it starts later) with Landlock: every file-system
+ * access handled, and only reading granted, beneath the paths @profile needs (the libraries in
+ * /usr, the resolver's and TLS's configuration in /etc, /dev/null and /dev/urandom); nothing
+ * may be written, made or removed anywhere (/tmp, /dev/shm included), and /proc and /sys are
+ * closed. Where the kernel's ABI has them: TCP bind refused (and TCP connect too for
+ * VM_SANDBOX_SSH), signals only to processes in the same domain, abstract Unix sockets only of
+ * the same domain. Needs no_new_privs. Returns TRUE with *@ret_enforced TRUE once enforced, or
+ * FALSE when the kernel has no Landlock (or has it disabled); fails with VM_ERROR_IO when a step
+ * failed. */
+gboolean vm_egress_sandbox_landlock(VmSandboxProfile profile, gboolean *ret_enforced,
+                                    GError **error);
+
+/* Installs the seccomp filter of @profile (libseccomp) for the calling process, whose pid it
+ * uses: the system calls the worker needs are allowed, some only with the arguments it needs
+ * (tgkill of its own pid, prlimit64 reading its own limits, clone for threads, socket and
+ * socketpair per @profile); exec, ptrace, fork, kill, tkill and the other ones
+ * docs/SECURITY.md lists kill the process; everything else fails with EPERM. Needs
+ * no_new_privs (or CAP_SYS_ADMIN). Fails with VM_ERROR_IO. */
+gboolean vm_egress_sandbox_filter_load(VmSandboxProfile profile, GError **error);
 
 G_END_DECLS

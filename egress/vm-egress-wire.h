@@ -16,7 +16,7 @@
  *   "stats"       u: a serial, answered by "stats"
  *   "resolved"    (ubsas): serial, ok, error message, addresses
  * worker to hostd:
- *   "ready"       (): serving
+ *   "ready"       s: serving; what its confinement lacks ("" for nothing: hostd logs it once)
  *   "failed"      s: could not start (then it exits)
  *   "log"         s: one record as a JSON line (vm_egress_record_to_json())
  *   "stats"       (uu): the serial asked, open connections

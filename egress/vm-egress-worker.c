@@ -3,8 +3,8 @@
  * hostd starts it per agent with the control socketpair on fd VM_EGRESS_WORKER_CONTROL_FD and
  * the agent's listening egress.sock on VM_EGRESS_WORKER_LISTEN_FD (vm-egress-wire.h). It reads
  * the "start" message, confines itself (vm-egress-sandbox.h: another uid, no capabilities,
- * no_new_privs, seccomp), and only then starts the proxy on the socket, so no guest byte is ever
- * read with privileges. Then it obeys hostd's messages until hostd closes the channel, and
+ * no_new_privs, Landlock, seccomp), and only then starts the proxy on the socket, so no guest byte
+ * is ever read with privileges. Then it obeys hostd's messages until hostd closes the channel, and
  * exits. The proxy's log records go to hostd as lines; hostd writes egress.log. */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +39,7 @@ typedef struct {
 
 static Worker worker;
 static const char *agent = "?"; /* the agent it serves, for its messages (argv[1]) */
+static char *sandbox_note;      /* what its confinement lacks (no Landlock), or NULL */
 
 static void
 worker_send(const char *kind, GVariant *payload)
@@ -196,7 +197,7 @@ worker_start(void)
         return fail("bad credentials", error), NULL;
 
     /* Before the first guest byte: nothing the guest sends is read with privileges. */
-    if (!vm_egress_sandbox_enter(change_user, uid, gid, &error))
+    if (!vm_egress_sandbox_enter(VM_SANDBOX_EGRESS, change_user, uid, gid, &sandbox_note, &error))
         return fail("cannot confine the worker", error), NULL;
 
     config.policy = policy;
@@ -238,7 +239,7 @@ main(int argc, char **argv)
     proxy = worker_start();
     if (proxy == NULL)
         return 1;
-    worker_send("ready", g_variant_new("()"));
+    worker_send("ready", g_variant_new_string(sandbox_note != NULL ? sandbox_note : ""));
 
     for (;;) {
         g_autoptr(GError) error = NULL;

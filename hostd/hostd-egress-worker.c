@@ -12,6 +12,7 @@
 
 #include <json-glib/json-glib.h>
 
+#include "hostd-ssh-wire.h"
 #include "vm-egress-wire.h"
 #include "vm-error.h"
 #include "vm-util.h"
@@ -164,6 +165,19 @@ worker_reap(GPid pid)
         ;
 }
 
+/* Logs once per hostd what a worker's "ready" says its confinement lacks (no Landlock). */
+static void
+worker_sandbox_note(HostdEgressWorker *worker, GVariant *ready)
+{
+    g_autofree char *note = hostd_ssh_wire_ready_note(ready);
+    static gsize told;
+
+    if (note == NULL || !g_once_init_enter(&told))
+        return;
+    g_message("egress worker of '%s': %s", worker->name, note);
+    g_once_init_leave(&told, 1);
+}
+
 /* Runs a new worker and waits for its "ready": the channel and pid on success. */
 static gboolean
 worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **error)
@@ -210,6 +224,7 @@ worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **er
         worker_reap(pid);
         return FALSE;
     }
+    worker_sandbox_note(worker, reply);
     /* From now on the watcher waits for its messages as long as it runs. */
     (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &no_timeout, sizeof(no_timeout));
     *ret_fd = g_steal_fd(&parent);

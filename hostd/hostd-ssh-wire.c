@@ -135,6 +135,15 @@ hostd_ssh_wire_text(const char *text)
     return g_string_free(safe, FALSE);
 }
 
+char *
+hostd_ssh_wire_ready_note(GVariant *payload)
+{
+    if (payload == NULL || !g_variant_is_of_type(payload, G_VARIANT_TYPE_STRING) ||
+        *g_variant_get_string(payload, NULL) == '\0')
+        return NULL;
+    return hostd_ssh_wire_text(g_variant_get_string(payload, NULL));
+}
+
 gboolean
 hostd_ssh_wire_done_parse(GVariant *payload, VmTrace *trace, GError **error)
 {

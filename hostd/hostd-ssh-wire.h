@@ -2,10 +2,18 @@
  *
  * hostd starts one worker per agent with a socketpair as its fd HOSTD_SSH_WORKER_CONTROL_FD.
  * Messages are frames of vm-wire.h. On the control socket hostd sends "start" and the worker
- * answers "ready" () once it is confined, or "failed" s and exits; from then on the control
+ * answers "ready" s once it is confined (what its confinement lacks, "" for nothing), or
+ * "failed" s and exits; from then on the control
  * socket carries only requests: each is a connected socket of its own, handed over with
  * vm_fd_send(), on which one request is asked and answered, so requests run side by side. The
  * worker exits once hostd closes the control socket and its requests have ended.
+ *
+ * The worker makes no connection of its own (its seccomp filter refuses socket() and
+ * connect()): on the second socketpair, its fd HOSTD_SSH_WORKER_CONNECT_FD, it writes one byte
+ * 'C' for each connection to the guest's sshd it needs, and hostd answers each in turn with a
+ * TCP connection of its own making to the host and port of the start message (which hostd
+ * chose), handed over with vm_fd_send(), or with one byte and no descriptor: the errno of the
+ * connect() that failed. The worker names nothing there, so it reaches nothing else.
  *
  * On a request's socket:
  *   hostd:  "ready"  u: the seconds hostd_ssh_wait_ready() may take
@@ -30,6 +38,7 @@
 G_BEGIN_DECLS
 
 #define HOSTD_SSH_WORKER_CONTROL_FD 3
+#define HOSTD_SSH_WORKER_CONNECT_FD 4
 
 /* Bounds on one frame's payload: an exec's argv and environment one way, a status the other. */
 #define HOSTD_SSH_WIRE_TO_WORKER_MAX   (4 * 1024 * 1024)
@@ -87,6 +96,11 @@ void hostd_ssh_wire_exec_clear(HostdSshWireExec *exec);
 /* The "done" payload: success, or @error (its code when in VM_ERROR, else VM_ERROR_SSH), with
  * the marks of @trace (may be NULL). Can't fail. */
 GVariant *hostd_ssh_wire_done_new(const GError *error, const VmTrace *trace);
+
+/* What a worker's "ready" @payload (an SSH or an egress worker's) says its confinement lacks (no
+ * Landlock in this kernel), as hostd may log it (hostd_ssh_wire_text()); NULL for nothing, or a
+ * payload of another type. Can't fail. */
+char *hostd_ssh_wire_ready_note(GVariant *payload);
 
 /* @text, which a worker sent, as hostd may log and show it: one line of printable ASCII (every
  * other byte '?'), at most HOSTD_SSH_WIRE_MESSAGE_MAX bytes. Newly allocated; can't fail. */

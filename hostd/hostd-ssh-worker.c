@@ -3,6 +3,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -22,6 +25,8 @@
 #define SEND_TIMEOUT_S  5
 /* A wait's answer may come this long after the wait itself timed out. */
 #define READY_GRACE_S 10
+/* A connection to the guest's forwarded port: QEMU accepts at once, or refuses. */
+#define CONNECT_TIMEOUT_MS 5000
 
 typedef struct {
     char *agent;
@@ -174,6 +179,90 @@ target_read_keys(const HostdSshTarget *target, char **ret_identity, char **ret_h
     return TRUE;
 }
 
+/* The guest's sshd as hostd reaches it: the target's host and port, fixed when its worker
+ * starts (another port starts another worker). */
+typedef struct {
+    int sock; /* hostd's end of the worker's HOSTD_SSH_WORKER_CONNECT_FD */
+    char *host;
+    guint port;
+} Connector;
+
+/* A TCP connection to @host:@port (numeric, as hostd writes its targets): the socket, or a
+ * negative errno. */
+static int
+connect_guest(const char *host, guint port)
+{
+    const struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
+                                   .ai_socktype = SOCK_STREAM};
+    g_autofree char *service = g_strdup_printf("%u", port);
+    struct addrinfo *addr = NULL;
+    struct pollfd pfd = {.events = POLLOUT};
+    int fd, rc, err = 0, nodelay = 1;
+    socklen_t len = sizeof(err);
+
+    if (getaddrinfo(host, service, &hints, &addr) != 0 || addr == NULL)
+        return -EINVAL;
+    fd = socket(addr->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        freeaddrinfo(addr);
+        return -errno;
+    }
+    rc = connect(fd, addr->ai_addr, addr->ai_addrlen);
+    freeaddrinfo(addr);
+    if (rc < 0 && errno == EINPROGRESS) {
+        pfd.fd = fd;
+        do {
+            rc = poll(&pfd, 1, CONNECT_TIMEOUT_MS);
+        } while (rc < 0 && errno == EINTR);
+        if (rc == 0)
+            err = ETIMEDOUT;
+        else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+            err = errno;
+    } else if (rc < 0) {
+        err = errno;
+    }
+    if (err != 0) {
+        close(fd);
+        return -err;
+    }
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, sizeof(nodelay));
+    return fd;
+}
+
+/* Answers the worker's asks for a connection until it exits (or breaks the protocol): each 'C'
+ * gets a connection to its guest's sshd, or the errno of the connect() that failed. */
+static gpointer
+worker_connector(gpointer data)
+{
+    Connector *connector = data;
+
+    for (;;) {
+        char ask = 0;
+        ssize_t n = read(connector->sock, &ask, 1);
+        int fd, rc;
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n != 1 || ask != 'C')
+            break;
+        fd = connect_guest(connector->host, connector->port);
+        if (fd >= 0) {
+            rc = vm_fd_send(connector->sock, fd);
+            close(fd);
+        } else {
+            char code = (char)MIN(-fd, 255);
+
+            rc = send(connector->sock, &code, 1, MSG_NOSIGNAL) == 1 ? 0 : -1;
+        }
+        if (rc < 0)
+            break;
+    }
+    close(connector->sock);
+    g_free(connector->host);
+    g_free(connector);
+    return NULL;
+}
+
 /* Runs a worker for @target and waits for its "ready". */
 static Worker *
 worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char *identity,
@@ -182,8 +271,13 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char
     int pair[2];
     vm_autofd parent = -1;
     vm_autofd child = -1;
+    vm_autofd connect_parent = -1;
+    vm_autofd connect_child = -1;
     const char *argv[] = {workers->program, target->agent, NULL};
-    int target_fds[1] = {HOSTD_SSH_WORKER_CONTROL_FD};
+    int source_fds[2];
+    int target_fds[2] = {HOSTD_SSH_WORKER_CONTROL_FD, HOSTD_SSH_WORKER_CONNECT_FD};
+    Connector *connector;
+    g_autofree char *note = NULL;
     g_autoptr(GError) local_error = NULL;
     g_autofree char *kind = NULL;
     g_autoptr(GVariant) reply = NULL;
@@ -205,13 +299,27 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char
         return vm_throw_errno(error, errno, "cannot make the SSH worker's channel"), NULL;
     parent = pair[0];
     child = pair[1];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return vm_throw_errno(error, errno, "cannot make the SSH worker's channel"), NULL;
+    connect_parent = pair[0];
+    connect_child = pair[1];
+    source_fds[0] = child;
+    source_fds[1] = connect_child;
     if (!g_spawn_async_with_pipes_and_fds(
             "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
-            -1, -1, -1, &child, target_fds, 1, &pid, NULL, NULL, NULL, &local_error))
+            -1, -1, -1, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
         return vm_throw(error, VM_ERROR_SSH, "cannot run %s: %s", workers->program,
                         local_error->message),
                NULL;
     close(g_steal_fd(&child));
+    close(g_steal_fd(&connect_child));
+    /* Ends with the worker (its end closes when it exits), holding nothing of hostd's. */
+    (void)setsockopt(connect_parent, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    connector = g_new0(Connector, 1);
+    connector->sock = g_steal_fd(&connect_parent);
+    connector->host = g_strdup(target->host);
+    connector->port = target->port;
+    g_thread_unref(g_thread_new("ssh-worker-connect", worker_connector, connector));
 
     worker = g_atomic_rc_box_new0(Worker);
     g_mutex_init(&worker->lock);
@@ -242,6 +350,15 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char
         worker_kill(worker);
         worker_unref(worker);
         return NULL;
+    }
+    note = hostd_ssh_wire_ready_note(reply);
+    if (note != NULL) {
+        static gsize told;
+
+        if (g_once_init_enter(&told)) {
+            g_message("SSH worker of '%s': %s", target->agent, note);
+            g_once_init_leave(&told, 1);
+        }
     }
     (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &no_timeout, sizeof(no_timeout));
     worker->control = g_steal_fd(&parent);

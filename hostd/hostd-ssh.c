@@ -102,6 +102,8 @@ struct HostdSshPool {
     const char *spare_script;         /* SPARE_SCRIPT, or a test's */
     const HostdSshDelegate *delegate; /* or NULL: waits and execs run here */
     gpointer delegate_data;
+    HostdSshConnectFunc connect; /* or NULL: libssh connects */
+    gpointer connect_data;
 };
 
 static void
@@ -308,6 +310,13 @@ pool_refuse_spares(HostdSshPool *pool, const char *agent, guint64 generation)
 }
 
 void
+hostd_ssh_pool_set_connect(HostdSshPool *pool, HostdSshConnectFunc connect, gpointer data)
+{
+    pool->connect = connect;
+    pool->connect_data = data;
+}
+
+void
 hostd_ssh_pool_set_delegate(HostdSshPool *pool, const HostdSshDelegate *delegate, gpointer data)
 {
     pool->delegate = delegate;
@@ -504,6 +513,21 @@ session_connect(HostdSshPool *pool, const HostdSshTarget *target, long timeout_s
         return CONNECT_FATAL;
     }
 
+    if (fd < 0 && pool->connect != NULL) {
+        g_autoptr(GError) local_error = NULL;
+
+        fd = pool->connect(pool->connect_data, target, &local_error);
+        if (fd < 0) {
+            vm_throw(error, VM_ERROR_SSH, "cannot connect to agent '%s' at %s:%u: %s",
+                     target->agent, target->host, target->port, local_error->message);
+            return CONNECT_RETRY;
+        }
+        if (ssh_options_set(session, SSH_OPTIONS_FD, &fd) < 0) {
+            close(fd);
+            ssh_throw(error, session, "cannot set SSH options for agent '%s'", target->agent);
+            return CONNECT_FATAL;
+        }
+    }
     if (ssh_connect(session) != SSH_OK) {
         ssh_throw(error, session, "cannot connect to agent '%s' at %s:%u", target->agent,
                   target->host, target->port);

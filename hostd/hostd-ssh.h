@@ -95,6 +95,16 @@ typedef struct {
     void (*sleep)(gpointer data, const char *agent);
 } HostdSshDelegate;
 
+/* Where a pool's connections come from when it does not connect() itself: a connected socket
+ * to @target's host and port (the caller's to close, or to hand libssh), or -1 with @error set
+ * (the pool takes that as a guest not up yet, and a readiness wait tries again). */
+typedef int (*HostdSshConnectFunc)(gpointer data, const HostdSshTarget *target, GError **error);
+
+/* Makes @pool take each new connection from @connect (with @data, which must outlive @pool)
+ * instead of connecting itself: the SSH worker's pool, which may make no socket, asks hostd.
+ * NULL: @pool connects itself again. Call before any use of @pool. Can't fail. */
+void hostd_ssh_pool_set_connect(HostdSshPool *pool, HostdSshConnectFunc connect, gpointer data);
+
 /* Hands @pool's waits and execs to @delegate (static) with @data, which must outlive @pool;
  * NULL: @pool runs them itself again. Call before any use of @pool. Can't fail. */
 void hostd_ssh_pool_set_delegate(HostdSshPool *pool, const HostdSshDelegate *delegate,

@@ -1,11 +1,14 @@
 /* vm-ssh-worker: one agent's SSH client in a process of its own (hostd-ssh-wire.h).
  *
- * hostd starts it per agent with the control socketpair on fd HOSTD_SSH_WORKER_CONTROL_FD. It
- * reads the "start" message (the agent's target, key and pinned host key), confines itself
- * (vm-egress-sandbox.h: the agent's own id, no capabilities, no_new_privs, seccomp) and only
- * then connects to the guest, so libssh parses no guest byte with privileges. Then it serves the
- * requests hostd hands over, each on a thread of its own, with the same pool code hostd would
- * run (hostd-ssh.c), and exits once hostd closes the control socket and its requests ended. */
+ * hostd starts it per agent with the control socketpair on fd HOSTD_SSH_WORKER_CONTROL_FD and the
+ * connection channel on HOSTD_SSH_WORKER_CONNECT_FD. It reads the "start" message (the agent's
+ * target, key and pinned host key), confines itself (vm-egress-sandbox.h, its SSH profile: the
+ * agent's own id, no capabilities, no_new_privs, Landlock, a seccomp filter with no socket() or
+ * connect()) and only then talks to the guest, over connections hostd makes and hands over,
+ * so libssh parses no guest byte with privileges and the worker reaches nothing else. Then it
+ * serves the requests hostd hands over, each on a thread of its own, with the same pool code hostd
+ * would run (hostd-ssh.c), and exits once hostd closes the control socket and its requests ended.
+ */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -22,8 +25,10 @@
 #include "vm-fd-pass.h"
 #include "vm-wire.h"
 
-/* How long hostd has to hand over the client's socket after an exec's message. */
-#define CLIENT_TIMEOUT_MS 10000
+/* How long hostd has to hand over the client's socket after an exec's message, and a
+ * connection to the guest once asked. */
+#define CLIENT_TIMEOUT_MS  10000
+#define CONNECT_TIMEOUT_MS 10000
 /* How often a forwarded connection's activity is told to hostd, at most. */
 #define ACTIVITY_INTERVAL_US G_USEC_PER_SEC
 
@@ -39,6 +44,38 @@ static HostdSshTarget target;
 static GMutex running_lock;
 static GCond running_done;
 static guint running;
+static GMutex connect_lock; /* one question at a time on HOSTD_SSH_WORKER_CONNECT_FD */
+
+/* The pool's connections: asked of hostd, which connects to the guest's sshd itself. */
+static int
+connect_through_hostd(gpointer data, const HostdSshTarget *unused, GError **error)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&connect_lock);
+    const int sock = HOSTD_SSH_WORKER_CONNECT_FD;
+    struct pollfd pfd = {.fd = sock, .events = POLLIN};
+    const char ask = 'C';
+    char code = 0;
+    ssize_t n;
+    int fd, rc;
+
+    do {
+        n = write(sock, &ask, 1);
+    } while (n < 0 && errno == EINTR);
+    if (n != 1)
+        return vm_throw_errno(error, n < 0 ? errno : EPIPE, "cannot ask hostd for a connection"),
+               -1;
+    do {
+        rc = poll(&pfd, 1, CONNECT_TIMEOUT_MS);
+    } while (rc < 0 && errno == EINTR);
+    if (rc <= 0)
+        return vm_throw(error, VM_ERROR_SSH, "hostd did not answer for a connection"), -1;
+    fd = vm_fd_receive(sock, &code);
+    if (fd == -ENOMSG)
+        return vm_throw_errno(error, (guchar)code, "hostd could not connect"), -1;
+    if (fd < 0)
+        return vm_throw_errno(error, -fd, "no connection from hostd"), -1;
+    return fd;
+}
 
 /* Asks hostd for its go before the command is sent (the guest clock after a wake), and waits
  * for it; a hostd that is gone ends the command through the client's socket. */
@@ -291,8 +328,16 @@ main(int argc, char **argv)
     g_autoptr(GError) error = NULL;
     g_autofree char *kind = NULL;
     g_autoptr(GVariant) payload = NULL;
+    g_autofree char *note = NULL;
     HostdSshWireStart start;
 
+    if (fcntl(HOSTD_SSH_WORKER_CONNECT_FD, F_GETFD) < 0) {
+        fprintf(stderr,
+                "vm-ssh-worker: hostd runs this, with its channel on fd %d and the connection "
+                "channel on fd %d\n",
+                HOSTD_SSH_WORKER_CONTROL_FD, HOSTD_SSH_WORKER_CONNECT_FD);
+        return 2;
+    }
     payload = vm_wire_recv(control, HOSTD_SSH_WIRE_TO_WORKER_MAX, &kind, &error);
     if (payload == NULL || !g_str_equal(kind, "start"))
         fail(control, agent, error != NULL ? error->message : "the first message was not start");
@@ -302,11 +347,13 @@ main(int argc, char **argv)
 
     /* libssh and its crypto start before the filter: they may read what it would refuse. */
     pool = hostd_ssh_pool_new();
-    if (!vm_egress_sandbox_enter(start.change_user, start.uid, start.gid, &error))
+    hostd_ssh_pool_set_connect(pool, connect_through_hostd, NULL);
+    if (!vm_egress_sandbox_enter(VM_SANDBOX_SSH, start.change_user, start.uid, start.gid, &note,
+                                 &error))
         fail(control, agent, error->message);
     hostd_ssh_wire_start_target(&start, &target);
     forwards = hostd_ssh_forward_new(pool, forward_wake, NULL, NULL);
-    if (!vm_wire_send(control, "ready", g_variant_new("()"), NULL))
+    if (!vm_wire_send(control, "ready", g_variant_new_string(note != NULL ? note : ""), NULL))
         return 1;
 
     for (;;) {
