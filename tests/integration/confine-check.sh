@@ -121,6 +121,10 @@ confine_check() {
     check "$y's SSH worker holds the SSH connections to its guest (TCP or its virtio port), and hostd holds none of them" \
       bash -c '[ -n "$1$3" ] && confine_none_shared "$1" "$2" && confine_none_shared "$3" "$4"' _ \
       "$peers" "$(confine_tcp_peers "$HOSTD_PID")" "$held" "$(confine_socket_inodes "$HOSTD_PID")"
+    # It may make no socket: hostd connects and hands each connection over (ss -e shows the
+    # socket's owner, the uid that made it, when it is not root).
+    check "$y's SSH worker made none of its TCP connections (hostd made them, as root)" \
+      bash -c "! ss -tnpeH state established | grep 'pid=$wpid,' | grep -q 'uid:$idx '"
   done
 
   export -f confine_as confine_open confine_connect confine_ptrace confine_mem
