@@ -474,12 +474,32 @@ clear_capabilities(GError **error)
     return TRUE;
 }
 
+/* Landlock and the seccomp filter bind the calling thread and those it starts later: a thread
+ * started before would stay free. */
+static gboolean
+check_one_thread(GError **error)
+{
+    g_autoptr(GDir) tasks = g_dir_open("/proc/self/task", 0, NULL);
+    guint n = 0;
+
+    /* Without /proc there is nothing to count: the callers start no thread before. */
+    if (tasks == NULL)
+        return TRUE;
+    while (g_dir_read_name(tasks) != NULL)
+        n++;
+    if (n > 1)
+        return vm_throw(error, VM_ERROR_IO, "%u threads run before the sandbox: it binds one", n);
+    return TRUE;
+}
+
 gboolean
 vm_egress_sandbox_enter(VmSandboxProfile profile, gboolean change_user, uid_t uid, gid_t gid,
                         char **ret_note, GError **error)
 {
     gboolean landlocked = FALSE;
 
+    if (!check_one_thread(error))
+        return FALSE;
     if (change_user) {
         if (geteuid() != 0)
             return vm_throw(error, VM_ERROR_IO, "changing to uid %u needs root", (guint)uid);

@@ -18,7 +18,8 @@ typedef enum {
     VM_SANDBOX_SSH,
 } VmSandboxProfile;
 
-/* Confines the calling process for good, all threads (call it before any thread starts): with
+/* Confines the calling process for good, all threads (call it before any thread starts: with
+ * another thread running it fails): with
  * @change_user (only as root) every supplementary group dropped and the real, effective and
  * saved ids set to @uid/@gid; every capability dropped from the bounding, inheritable, ambient,
  * permitted and effective sets; no_new_privs; not dumpable; the Landlock rules of @profile

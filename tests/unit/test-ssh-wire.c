@@ -205,6 +205,29 @@ test_done_hostile(void **state)
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_PROTOCOL, NULL);
 }
 
+/* A worker's "ready": what its confinement lacks, as one bounded line of printable text; nothing
+ * for an empty note or a payload of another type (an older worker's ()). */
+static void
+test_ready_note(void **state)
+{
+    g_autoptr(GVariant) empty = g_variant_ref_sink(g_variant_new_string(""));
+    g_autoptr(GVariant) unit = g_variant_ref_sink(g_variant_new("()"));
+    g_autoptr(GVariant) hostile =
+        g_variant_ref_sink(g_variant_new_string("no Landlock\n\033[2Jforged line"));
+    g_autofree char *long_text = g_strnfill(10000, 'x');
+    g_autoptr(GVariant) longer = g_variant_ref_sink(g_variant_new_string(long_text));
+    g_autofree char *note = NULL;
+    g_autofree char *long_note = NULL;
+
+    assert_null(hostd_ssh_wire_ready_note(empty));
+    assert_null(hostd_ssh_wire_ready_note(unit));
+    assert_null(hostd_ssh_wire_ready_note(NULL));
+    note = hostd_ssh_wire_ready_note(hostile);
+    assert_string_equal(note, "no Landlock??[2Jforged line");
+    long_note = hostd_ssh_wire_ready_note(longer);
+    assert_int_equal(strlen(long_note), HOSTD_SSH_WIRE_MESSAGE_MAX);
+}
+
 int
 main(void)
 {
@@ -213,6 +236,7 @@ main(void)
         cmocka_unit_test(test_exec_roundtrip),
         cmocka_unit_test(test_done),
         cmocka_unit_test(test_done_hostile),
+        cmocka_unit_test(test_ready_note),
     };
 
     return cmocka_run_group_tests_name("ssh-wire", tests, NULL, NULL);
