@@ -381,18 +381,19 @@ hostd_confine_merging(HostdContext *ctx, const HostdAgentRecord *r, gboolean wri
 /* ---------------------------------------------------------------------------------------------
  * The workers' ids */
 
-/* The slot of agent @name's workers, with ctx->lock held and every record in @records: its id's
- * place in agent-ids where it has one there; else one of its own, kept in ctx->worker_slots,
- * that no agent id's slot, held id's slot or other agent's is (an agent made later does not
- * take the agent id whose slot it is: that id is held). */
+/* The slot of agent @name's workers, with ctx->lock held: its id's place in agent-ids where it
+ * has one there; else one of its own, kept in ctx->worker_slots, that no agent id's slot, held
+ * id's slot or other agent's is (an agent made later does not take the agent id whose slot it
+ * is: that id is held). */
 static gboolean
-confine_worker_slot_locked(HostdContext *ctx, GPtrArray *records, const char *name, guint agent_id,
-                           guint *ret_slot, GError **error)
+confine_worker_slot_locked(HostdContext *ctx, const char *name, guint agent_id, guint *ret_slot,
+                           GError **error)
 {
     const HostdConfig *config = ctx->config;
     guint slots = (config->worker_id_max - config->worker_id_min + 1) / 2;
     gboolean ids_on = config->agent_id_min != 0;
-    g_autoptr(GHashTable) taken = g_hash_table_new(g_direct_hash, g_direct_equal);
+    g_autoptr(GHashTable) taken = NULL;
+    g_autoptr(GPtrArray) records = NULL;
     GHashTableIter iter;
     gpointer key, value;
 
@@ -404,6 +405,11 @@ confine_worker_slot_locked(HostdContext *ctx, GPtrArray *records, const char *na
         *ret_slot = GPOINTER_TO_UINT(value) - 1;
         return TRUE;
     }
+    /* Read under the lock: a `new` picks its id and saves its record under it. */
+    records = hostd_state_load_records(ctx->state, error);
+    if (records == NULL)
+        return FALSE;
+    taken = g_hash_table_new(g_direct_hash, g_direct_equal);
     for (guint i = 0; ids_on && i < records->len; i++) {
         const HostdAgentRecord *r = records->pdata[i];
         if (r->agent_id >= config->agent_id_min && r->agent_id <= config->agent_id_max)
@@ -432,6 +438,38 @@ confine_worker_slot_locked(HostdContext *ctx, GPtrArray *records, const char *na
                     config->worker_id_min, config->worker_id_max, name);
 }
 
+/* With ctx->lock held: whether neither worker id of slot @slot is a user's or group's of the
+ * host (one made since worker-ids was checked at start) or an agent's id (one from an earlier
+ * agent-ids). */
+static gboolean
+confine_worker_check_locked(HostdContext *ctx, const char *name, guint slot, GError **error)
+{
+    const HostdConfig *config = ctx->config;
+    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, error);
+
+    if (records == NULL)
+        return FALSE;
+    for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_EGRESS; kind++) {
+        guint id = hostd_ids_worker(config->worker_id_min, config->worker_id_max, slot, kind);
+        const char *what = kind == HOSTD_WORKER_SSH ? "SSH" : "egress";
+        if (hostd_ids_named(id))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "the %s worker of agent '%s' would run as %u, a user or group of the "
+                            "host: set worker-ids to a range of ids nobody has",
+                            what, name, id);
+        for (guint i = 0; i < records->len; i++) {
+            const HostdAgentRecord *r = records->pdata[i];
+            if (r->agent_id == id)
+                return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                                "the %s worker of agent '%s' would run as %u, the id of agent "
+                                "'%s' (from an earlier agent-ids): set worker-ids to a range no "
+                                "agent's id is in",
+                                what, name, id, r->name);
+        }
+    }
+    return TRUE;
+}
+
 gboolean
 hostd_confine_worker_user(HostdContext *ctx, const char *name, guint agent_id, HostdWorkerKind kind,
                           gboolean *ret_change, guint *ret_uid, guint *ret_gid, GError **error)
@@ -452,32 +490,22 @@ hostd_confine_worker_user(HostdContext *ctx, const char *name, guint agent_id, H
         *ret_gid = gid;
         return TRUE;
     }
+    /* Asked before each request of an SSH worker: the records are read only the first time for
+     * an agent (and its id) in hostd's run. */
     g_mutex_lock(&ctx->lock);
-    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, error);
-    ok = records != NULL && confine_worker_slot_locked(ctx, records, name, agent_id, &slot, error);
+    ok = confine_worker_slot_locked(ctx, name, agent_id, &slot, error);
+    if (ok && GPOINTER_TO_UINT(g_hash_table_lookup(ctx->workers_checked, name)) != agent_id + 1) {
+        ok = confine_worker_check_locked(ctx, name, slot, error);
+        if (ok)
+            g_hash_table_insert(ctx->workers_checked, g_strdup(name),
+                                GUINT_TO_POINTER(agent_id + 1));
+    }
     g_mutex_unlock(&ctx->lock);
     if (!ok)
         return FALSE;
-    guint id = hostd_ids_worker(config->worker_id_min, config->worker_id_max, slot, kind);
-    /* worker-ids was checked against the host's users at start and against agent-ids; a user
-     * made since, or an agent's id from an earlier agent-ids, would share the id. */
-    if (hostd_ids_named(id))
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "the %s worker of agent '%s' would run as %u, a user or group of the "
-                        "host: set worker-ids to a range of ids nobody has",
-                        kind == HOSTD_WORKER_SSH ? "SSH" : "egress", name, id);
-    for (guint i = 0; i < records->len; i++) {
-        const HostdAgentRecord *r = records->pdata[i];
-        if (r->agent_id == id)
-            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                            "the %s worker of agent '%s' would run as %u, the id of agent "
-                            "'%s' (from an earlier agent-ids): set worker-ids to a range no "
-                            "agent's id is in",
-                            kind == HOSTD_WORKER_SSH ? "SSH" : "egress", name, id, r->name);
-    }
     *ret_change = TRUE;
-    *ret_uid = id;
-    *ret_gid = id;
+    *ret_uid = hostd_ids_worker(config->worker_id_min, config->worker_id_max, slot, kind);
+    *ret_gid = *ret_uid;
     return TRUE;
 }
 
@@ -503,6 +531,7 @@ hostd_confine_release(HostdContext *ctx, const HostdAgentRecord *r)
             g_hash_table_remove(ctx->ids_held, GUINT_TO_POINTER(ctx->config->agent_id_min + s));
         g_hash_table_remove(ctx->worker_slots, r->name);
     }
+    g_hash_table_remove(ctx->workers_checked, r->name);
     g_mutex_unlock(&ctx->lock);
     if (!ctx->agent_ids || r->agent_id == 0 || r->forked_from == NULL)
         return;

@@ -19,6 +19,7 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->components = g_ptr_array_new();
     ctx->ids_held = g_hash_table_new(g_direct_hash, g_direct_equal);
     ctx->worker_slots = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    ctx->workers_checked = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     g_cond_init(&ctx->serial_attached);
     return ctx;
@@ -70,6 +71,7 @@ hostd_context_free(HostdContext *ctx)
     g_ptr_array_free(ctx->components, TRUE);
     g_hash_table_unref(ctx->ids_held);
     g_hash_table_unref(ctx->worker_slots);
+    g_hash_table_unref(ctx->workers_checked);
     /* The workers closed first: a session over a virtio port still being made then fails at
      * once, and its thread, which uses the context, ends (after a guest command under way, 30 s
      * at most). */

@@ -42,12 +42,14 @@ typedef struct {
     struct _HostdConsole *console;       /* hostd-console.c's; NULL until an agent is followed */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
     gboolean debug;                      /* --debug: also a trace of where each exec's time went */
-    gboolean agent_ids;       /* each agent's QEMU runs as an id of its own (hostd-confine.h) */
-    GHashTable *ids_held;     /* ids held by machines without a record (a warm image's build), as
-                               * GUINT_TO_POINTER; guarded by lock */
-    GHashTable *worker_slots; /* hostd-confine.c: agent name -> its workers' slot + 1, for an
-                               * agent whose workers' ids come from no agent id; guarded by
-                               * lock */
+    gboolean agent_ids;          /* each agent's QEMU runs as an id of its own (hostd-confine.h) */
+    GHashTable *ids_held;        /* ids held by machines without a record (a warm image's build), as
+                                  * GUINT_TO_POINTER; guarded by lock */
+    GHashTable *worker_slots;    /* hostd-confine.c: agent name -> its workers' slot + 1, for an
+                                  * agent whose workers' ids come from no agent id; guarded by
+                                  * lock */
+    GHashTable *workers_checked; /* hostd-confine.c: agent name -> its id + 1 its workers' ids
+                                  * were checked for; guarded by lock */
     gboolean guestfs_appliance_checked; /* hostd-guestfs.c: the appliance was brought up to date
                                          * by this hostd; guarded by lock */
     GHashTable *serial_runs; /* hostd-serial.c: agent -> the run ("domain id/worker pid") its

@@ -606,14 +606,15 @@ test_worker_ids(void **state)
     g_autoptr(HostdAgentRecord) a3 = hostd_test_agent_record(f, "a3");
     assert_int_equal(a3->agent_id, ID0 + 2);
 
-    /* A worker id that names a user of the host (made after the start-up check) is refused. */
+    /* A worker id that names a user of the host (made after the start-up check) is refused, at
+     * the first worker of an agent (whose ids were not checked yet). */
     const struct passwd *nobody = getpwnam("nobody");
-    if (nobody != NULL && nobody->pw_uid >= 1) {
+    if (nobody != NULL && nobody->pw_uid >= 3) {
         gboolean change = FALSE;
         guint uid = 0, gid = 0;
-        f->ctx->config->worker_id_min = nobody->pw_uid;
-        f->ctx->config->worker_id_max = nobody->pw_uid + 7;
-        assert_false(hostd_confine_worker_user(f->ctx, "a1", a1->agent_id, HOSTD_WORKER_SSH,
+        f->ctx->config->worker_id_min = nobody->pw_uid - 3;
+        f->ctx->config->worker_id_max = nobody->pw_uid + 4;
+        assert_false(hostd_confine_worker_user(f->ctx, "late", ID0 + 3, HOSTD_WORKER_EGRESS,
                                                &change, &uid, &gid, &error));
         assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
         assert_non_null(strstr(error->message, "a user or group"));
