@@ -2,7 +2,7 @@
  *
  * hostd starts it per agent with the control socketpair on fd HOSTD_SSH_WORKER_CONTROL_FD. It
  * reads the "start" message (the agent's target, key and pinned host key), confines itself
- * (vm-egress-sandbox.h: the agent's own id, no capabilities, no_new_privs, seccomp) and only
+ * (vm-egress-sandbox.h: the id hostd gives it, no capabilities, no_new_privs, seccomp) and only
  * then connects to the guest, so libssh parses no guest byte with privileges. Then it serves the
  * requests hostd hands over, each on a thread of its own, with the same pool code hostd would
  * run (hostd-ssh.c), and exits once hostd closes the control socket and its requests ended. */
