@@ -483,12 +483,13 @@ hostd_agent_define(HostdContext *ctx, const HostdAgentRecord *r, const char *xml
 void
 hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
 {
-    /* Its id goes with its record: what the id was given outside its dir is taken back. */
+    /* Its id goes with its record: what the id was given outside its dir is taken back (after
+     * its workers end, for a slot of theirs to be free). */
     g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
-    if (r != NULL)
-        hostd_confine_release(ctx, r);
     hostd_agent_emit_removed(ctx, name);
     hostd_ssh_pool_forget(ctx->ssh, name);
+    if (r != NULL)
+        hostd_confine_release(ctx, r);
     hostd_libvirt_remove(ctx->lv, name, NULL);
     vm_remove_tree(dir, NULL);
 }

@@ -3,6 +3,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include "hostd-ids.h"
 #include "hostd-libvirt.h"
 #include "vm-config.h"
 #include "vm-error.h"
@@ -39,6 +40,7 @@ static const char *const hostd_config_keys[] = {
     "disk-read-iops",
     "disk-write-iops",
     "agent-ids",
+    "worker-ids",
     NULL,
 };
 
@@ -255,6 +257,17 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
                             ids_error != NULL ? ids_error->message
                                               : "agent-ids must be MIN-MAX or off");
     }
+    if (g_key_file_has_key(kf, "hostd", "worker-ids", NULL)) {
+        g_autofree char *ids = g_key_file_get_string(kf, "hostd", "worker-ids", NULL);
+        g_autoptr(GError) ids_error = NULL;
+
+        if (ids == NULL ||
+            !hostd_config_parse_ids("worker-ids", g_strstrip(ids), &config->worker_id_min,
+                                    &config->worker_id_max, &ids_error))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path,
+                            ids_error != NULL ? ids_error->message
+                                              : "worker-ids must be MIN-MAX or off");
+    }
     if (g_key_file_has_key(kf, "hostd", "egress-upstream-ca-file", NULL)) {
         g_autofree char *ca_file =
             g_key_file_get_string(kf, "hostd", "egress-upstream-ca-file", NULL);
@@ -272,6 +285,46 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: accel must be auto, kvm or tcg",
                             path);
     }
+    return TRUE;
+}
+
+/* worker-ids: as given, or right after agent-ids' range (the default one where agent-ids is
+ * off) and twice its size. An agent's workers take the ids of its slot in it (hostd-confine.h):
+ * with agent ids on, the slot of an agent with an id is its place in agent-ids, so worker-ids
+ * must hold two ids per agent id, and none of an agent or a user of the host. */
+static gboolean
+hostd_config_place_worker_ids(HostdConfig *config, const char *path, GError **error)
+{
+    gboolean ids_off = config->agent_id_min == 0;
+    guint agent_min = ids_off ? HOSTD_AGENT_ID_MIN : config->agent_id_min;
+    guint agent_max = ids_off ? HOSTD_AGENT_ID_MAX : config->agent_id_max;
+    guint64 agents = (guint64)agent_max - agent_min + 1;
+    g_autoptr(GError) local_error = NULL;
+
+    if (config->worker_id_min == G_MAXUINT) {
+        if ((guint64)agent_max + 2 * agents > G_MAXINT32)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "%s: agent-ids %u-%u leaves no room for worker-ids after it (ids up "
+                            "to %d): set worker-ids",
+                            path, agent_min, agent_max, G_MAXINT32);
+        config->worker_id_min = agent_max + 1;
+        config->worker_id_max = (guint)(agent_max + 2 * agents);
+    }
+    if (config->worker_id_min == 0)
+        return TRUE;
+    if ((guint64)config->worker_id_max - config->worker_id_min + 1 < (ids_off ? 2 : 2 * agents))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s: worker-ids %u-%u must hold two ids (an SSH and an egress worker's) "
+                        "for each id of agent-ids %u-%u",
+                        path, config->worker_id_min, config->worker_id_max, agent_min, agent_max);
+    if (!ids_off && config->worker_id_min <= agent_max && agent_min <= config->worker_id_max)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s: worker-ids %u-%u overlaps agent-ids %u-%u: a worker would run as "
+                        "an agent's QEMU",
+                        path, config->worker_id_min, config->worker_id_max, agent_min, agent_max);
+    if (!hostd_ids_range_check_free("worker-ids", config->worker_id_min, config->worker_id_max,
+                                    &local_error))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path, local_error->message);
     return TRUE;
 }
 
@@ -302,8 +355,13 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     config->disk_limits[VM_DISK_WRITE_IOPS] = HOSTD_DISK_WRITE_IOPS_DEFAULT;
     config->agent_id_min = HOSTD_AGENT_ID_MIN;
     config->agent_id_max = HOSTD_AGENT_ID_MAX;
+    /* Not given: placed after agent-ids once the file is read. */
+    config->worker_id_min = G_MAXUINT;
+    config->worker_id_max = G_MAXUINT;
 
     if (path != NULL && !hostd_config_load_file(config, path, error))
+        return NULL;
+    if (!hostd_config_place_worker_ids(config, path != NULL ? path : "hostd.conf", error))
         return NULL;
 
     if (state_dir != NULL) {
@@ -341,6 +399,13 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
 gboolean
 hostd_config_parse_agent_ids(const char *text, guint *ret_min, guint *ret_max, GError **error)
 {
+    return hostd_config_parse_ids("agent-ids", text, ret_min, ret_max, error);
+}
+
+gboolean
+hostd_config_parse_ids(const char *key, const char *text, guint *ret_min, guint *ret_max,
+                       GError **error)
+{
     g_auto(GStrv) parts = NULL;
     guint64 min = 0, max = 0;
 
@@ -355,9 +420,9 @@ hostd_config_parse_agent_ids(const char *text, guint *ret_min, guint *ret_max, G
         !g_ascii_string_to_unsigned(parts[0], 10, 1000, G_MAXINT32, &min, NULL) ||
         !g_ascii_string_to_unsigned(parts[1], 10, 1000, G_MAXINT32, &max, NULL) || min > max)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "agent-ids must be MIN-MAX (ids from 1000 to %d, MIN not above MAX) or "
-                        "off, not '%s'",
-                        G_MAXINT32, text);
+                        "%s must be MIN-MAX (ids from 1000 to %d, MIN not above MAX) or off, "
+                        "not '%s'",
+                        key, G_MAXINT32, text);
     *ret_min = (guint)min;
     *ret_max = (guint)max;
     return TRUE;

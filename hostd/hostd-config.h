@@ -54,6 +54,9 @@ typedef struct {
                                         * `new` nor its template sets one; 0: no limit */
     guint agent_id_min;                /* agent-ids: each agent's QEMU runs as a uid (and gid) of */
     guint agent_id_max;                /* its own from this range; both 0: agent-ids = off */
+    guint worker_id_min;               /* worker-ids: each agent's SSH and egress workers run as */
+    guint worker_id_max;               /* ids of their own from this range (hostd-confine.h); both
+                                        * 0: worker-ids = off, workers run as egress-user */
 } HostdConfig;
 
 /* The default agent-ids range: above the ranges systemd gives to containers (524288-1879048191)
@@ -67,9 +70,11 @@ typedef struct {
  * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
  * egress-upstream-ca-file, egress-worker, egress-user, disk-read, disk-write, disk-read-iops,
- * disk-write-iops, agent-ids) when not NULL,
- * then applies the non-NULL overrides, then fills defaults. Unknown keys and bad values fail
- * with VM_ERROR_INVALID_ARGUMENT "FILE: ...". */
+ * disk-write-iops, agent-ids, worker-ids) when not NULL,
+ * then applies the non-NULL overrides, then fills defaults (worker-ids: the ids right after
+ * agent-ids', twice as many). Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT
+ * "FILE: ...", as does a worker-ids range that overlaps agent-ids', holds fewer than two ids per
+ * agent id, or holds the id of a user or group of the host. */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
                                const char *uri, GError **error);
 
@@ -85,6 +90,11 @@ gboolean hostd_config_set_egress_upstream_ca_file(HostdConfig *config, const cha
 gboolean hostd_config_parse_agent_ids(const char *text, guint *ret_min, guint *ret_max,
                                       GError **error);
 
+/* Parses a value of id range @key (agent-ids, worker-ids) as hostd_config_parse_agent_ids(),
+ * naming @key in its error. */
+gboolean hostd_config_parse_ids(const char *key, const char *text, guint *ret_min, guint *ret_max,
+                                GError **error);
+
 /* Whether SIGTERM saves the running agents: shutdown = save, or auto with a service manager
  * ($NOTIFY_SOCKET set). */
 gboolean hostd_config_shutdown_saves(const HostdConfig *config);
@@ -97,9 +107,9 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdConfig, hostd_config_free)
  * data dir. Newly allocated. */
 char *hostd_config_default_templates_dir(void);
 
-/* Whom a worker process (an egress worker, the SSH worker of an agent without an id of its own)
- * runs as: egress-user ("nobody" by default) when hostd is root, *@ret_change then TRUE; hostd's
- * own user otherwise (it cannot change it, and confines the worker all the same). Fails with
+/* Whom a worker process runs as where worker-ids are off (hostd_confine_worker_user()):
+ * egress-user ("nobody" by default) when hostd is root, *@ret_change then TRUE; hostd's own user
+ * otherwise (it cannot change it, and confines the worker all the same). Fails with
  * VM_ERROR_INVALID_ARGUMENT for a user that is unknown, root or in root's group. */
 gboolean hostd_config_worker_user(const HostdConfig *config, gboolean *ret_change, uid_t *ret_uid,
                                   gid_t *ret_gid, GError **error);

@@ -47,8 +47,8 @@ confine_shared_tree(HostdContext *ctx, const char *dir, guint depth)
     }
 }
 
-char *
-hostd_confine_start(HostdContext *ctx)
+static char *
+confine_start_agents(HostdContext *ctx)
 {
     g_autofree char *caps = NULL;
     guint uid = 0, gid = 0;
@@ -72,6 +72,21 @@ hostd_confine_start(HostdContext *ctx)
     return g_strdup_printf("agent ids: on, each agent's QEMU runs as an id of its own from "
                            "%u-%u",
                            ctx->config->agent_id_min, ctx->config->agent_id_max);
+}
+
+char *
+hostd_confine_start(HostdContext *ctx)
+{
+    g_autofree char *agents = confine_start_agents(ctx);
+    const HostdConfig *config = ctx->config;
+
+    if (geteuid() != 0)
+        return g_strdup_printf("%s; workers run as hostd's user", agents);
+    if (config->worker_id_min == 0)
+        return g_strdup_printf("%s; workers: every one as egress-user (worker-ids = off)", agents);
+    return g_strdup_printf("%s; each agent's SSH and egress workers run as ids of their own from "
+                           "%u-%u",
+                           agents, config->worker_id_min, config->worker_id_max);
 }
 
 static gboolean
@@ -363,9 +378,161 @@ hostd_confine_merging(HostdContext *ctx, const HostdAgentRecord *r, gboolean wri
     return TRUE;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The workers' ids */
+
+/* The slot of agent @name's workers, with ctx->lock held: its id's place in agent-ids where it
+ * has one there; else one of its own, kept in ctx->worker_slots, that no agent id's slot, held
+ * id's slot or other agent's is (an agent made later does not take the agent id whose slot it
+ * is: that id is held). */
+static gboolean
+confine_worker_slot_locked(HostdContext *ctx, const char *name, guint agent_id, guint *ret_slot,
+                           GError **error)
+{
+    const HostdConfig *config = ctx->config;
+    guint slots = (config->worker_id_max - config->worker_id_min + 1) / 2;
+    gboolean ids_on = config->agent_id_min != 0;
+    g_autoptr(GHashTable) taken = NULL;
+    g_autoptr(GPtrArray) records = NULL;
+    GHashTableIter iter;
+    gpointer key, value;
+
+    if (ids_on && agent_id >= config->agent_id_min && agent_id <= config->agent_id_max) {
+        *ret_slot = agent_id - config->agent_id_min;
+        return TRUE;
+    }
+    if (g_hash_table_lookup_extended(ctx->worker_slots, name, NULL, &value)) {
+        *ret_slot = GPOINTER_TO_UINT(value) - 1;
+        return TRUE;
+    }
+    /* Read under the lock: a `new` picks its id and saves its record under it. */
+    records = hostd_state_load_records(ctx->state, error);
+    if (records == NULL)
+        return FALSE;
+    taken = g_hash_table_new(g_direct_hash, g_direct_equal);
+    for (guint i = 0; ids_on && i < records->len; i++) {
+        const HostdAgentRecord *r = records->pdata[i];
+        if (r->agent_id >= config->agent_id_min && r->agent_id <= config->agent_id_max)
+            g_hash_table_add(taken, GUINT_TO_POINTER(r->agent_id - config->agent_id_min));
+    }
+    g_hash_table_iter_init(&iter, ctx->ids_held);
+    while (ids_on && g_hash_table_iter_next(&iter, &key, NULL)) {
+        guint id = GPOINTER_TO_UINT(key);
+        if (id >= config->agent_id_min && id <= config->agent_id_max)
+            g_hash_table_add(taken, GUINT_TO_POINTER(id - config->agent_id_min));
+    }
+    g_hash_table_iter_init(&iter, ctx->worker_slots);
+    while (g_hash_table_iter_next(&iter, NULL, &value))
+        g_hash_table_add(taken, GUINT_TO_POINTER(GPOINTER_TO_UINT(value) - 1));
+    for (guint slot = 0; slot < slots; slot++) {
+        if (g_hash_table_contains(taken, GUINT_TO_POINTER(slot)))
+            continue;
+        g_hash_table_insert(ctx->worker_slots, g_strdup(name), GUINT_TO_POINTER(slot + 1));
+        if (ids_on && slot <= config->agent_id_max - config->agent_id_min)
+            g_hash_table_add(ctx->ids_held, GUINT_TO_POINTER(config->agent_id_min + slot));
+        *ret_slot = slot;
+        return TRUE;
+    }
+    return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                    "no free worker ids in %u-%u (worker-ids in hostd.conf) for agent '%s'",
+                    config->worker_id_min, config->worker_id_max, name);
+}
+
+/* With ctx->lock held: whether neither worker id of slot @slot is a user's or group's of the
+ * host (one made since worker-ids was checked at start) or an agent's id (one from an earlier
+ * agent-ids). */
+static gboolean
+confine_worker_check_locked(HostdContext *ctx, const char *name, guint slot, GError **error)
+{
+    const HostdConfig *config = ctx->config;
+    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, error);
+
+    if (records == NULL)
+        return FALSE;
+    for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_EGRESS; kind++) {
+        guint id = hostd_ids_worker(config->worker_id_min, config->worker_id_max, slot, kind);
+        const char *what = kind == HOSTD_WORKER_SSH ? "SSH" : "egress";
+        if (hostd_ids_named(id))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "the %s worker of agent '%s' would run as %u, a user or group of the "
+                            "host: set worker-ids to a range of ids nobody has",
+                            what, name, id);
+        for (guint i = 0; i < records->len; i++) {
+            const HostdAgentRecord *r = records->pdata[i];
+            if (r->agent_id == id)
+                return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                                "the %s worker of agent '%s' would run as %u, the id of agent "
+                                "'%s' (from an earlier agent-ids): set worker-ids to a range no "
+                                "agent's id is in",
+                                what, name, id, r->name);
+        }
+    }
+    return TRUE;
+}
+
+gboolean
+hostd_confine_worker_user(HostdContext *ctx, const char *name, guint agent_id, HostdWorkerKind kind,
+                          gboolean *ret_change, guint *ret_uid, guint *ret_gid, GError **error)
+{
+    const HostdConfig *config = ctx->config;
+    guint slot = 0;
+    gboolean ok;
+
+    if (geteuid() != 0 || config->worker_id_min == 0) {
+        gboolean change;
+        uid_t uid;
+        gid_t gid;
+
+        if (!hostd_config_worker_user(config, &change, &uid, &gid, error))
+            return FALSE;
+        *ret_change = change;
+        *ret_uid = uid;
+        *ret_gid = gid;
+        return TRUE;
+    }
+    /* Asked before each request of an SSH worker: the records are read only the first time for
+     * an agent (and its id) in hostd's run. */
+    g_mutex_lock(&ctx->lock);
+    ok = confine_worker_slot_locked(ctx, name, agent_id, &slot, error);
+    if (ok && GPOINTER_TO_UINT(g_hash_table_lookup(ctx->workers_checked, name)) != agent_id + 1) {
+        ok = confine_worker_check_locked(ctx, name, slot, error);
+        if (ok)
+            g_hash_table_insert(ctx->workers_checked, g_strdup(name),
+                                GUINT_TO_POINTER(agent_id + 1));
+    }
+    g_mutex_unlock(&ctx->lock);
+    if (!ok)
+        return FALSE;
+    *ret_change = TRUE;
+    *ret_uid = hostd_ids_worker(config->worker_id_min, config->worker_id_max, slot, kind);
+    *ret_gid = *ret_uid;
+    return TRUE;
+}
+
+gboolean
+hostd_confine_ssh_worker_user(gpointer ctx, const char *agent, guint agent_id, gboolean *ret_change,
+                              guint *ret_uid, guint *ret_gid, GError **error)
+{
+    return hostd_confine_worker_user(ctx, agent, agent_id, HOSTD_WORKER_SSH, ret_change, ret_uid,
+                                     ret_gid, error);
+}
+
 void
 hostd_confine_release(HostdContext *ctx, const HostdAgentRecord *r)
 {
+    gpointer slot;
+
+    /* Its workers ended before (rm forgets its SSH sessions and stops its proxy first). */
+    g_mutex_lock(&ctx->lock);
+    if (g_hash_table_lookup_extended(ctx->worker_slots, r->name, NULL, &slot)) {
+        guint s = GPOINTER_TO_UINT(slot) - 1;
+        if (ctx->config->agent_id_min != 0 &&
+            s <= ctx->config->agent_id_max - ctx->config->agent_id_min)
+            g_hash_table_remove(ctx->ids_held, GUINT_TO_POINTER(ctx->config->agent_id_min + s));
+        g_hash_table_remove(ctx->worker_slots, r->name);
+    }
+    g_hash_table_remove(ctx->workers_checked, r->name);
+    g_mutex_unlock(&ctx->lock);
     if (!ctx->agent_ids || r->agent_id == 0 || r->forked_from == NULL)
         return;
     g_autoptr(GError) error = NULL;

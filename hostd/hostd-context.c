@@ -18,16 +18,22 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->name_locks = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->components = g_ptr_array_new();
     ctx->ids_held = g_hash_table_new(g_direct_hash, g_direct_equal);
+    ctx->worker_slots = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    ctx->workers_checked = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     g_cond_init(&ctx->serial_attached);
     return ctx;
 }
 
 gboolean
-hostd_context_use_ssh_workers(HostdContext *ctx, GError **error)
+hostd_context_use_ssh_workers(HostdContext *ctx, HostdSshWorkerUserFunc worker_user, GError **error)
 {
     g_autofree char *program = hostd_ssh_worker_path();
-    HostdSshWorkersConfig config = {.program = program};
+    HostdSshWorkersConfig config = {
+        .program = program,
+        .worker_user = worker_user,
+        .worker_user_data = ctx,
+    };
     uid_t uid;
     gid_t gid;
 
@@ -35,6 +41,7 @@ hostd_context_use_ssh_workers(HostdContext *ctx, GError **error)
         return vm_throw(error, VM_ERROR_NOT_FOUND,
                         "the SSH worker %s is not there (ssh-worker = off runs SSH in hostd)",
                         program);
+    /* A worker user that cannot be is found now, not at an agent's first exec. */
     if (!hostd_config_worker_user(ctx->config, &config.change_user, &uid, &gid, error))
         return FALSE;
     config.uid = uid;
@@ -63,6 +70,8 @@ hostd_context_free(HostdContext *ctx)
     }
     g_ptr_array_free(ctx->components, TRUE);
     g_hash_table_unref(ctx->ids_held);
+    g_hash_table_unref(ctx->worker_slots);
+    g_hash_table_unref(ctx->workers_checked);
     /* The workers closed first: a session over a virtio port still being made then fails at
      * once, and its thread, which uses the context, ends (after a guest command under way, 30 s
      * at most). */

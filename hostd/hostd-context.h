@@ -42,9 +42,14 @@ typedef struct {
     struct _HostdConsole *console;       /* hostd-console.c's; NULL until an agent is followed */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
     gboolean debug;                      /* --debug: also a trace of where each exec's time went */
-    gboolean agent_ids;   /* each agent's QEMU runs as an id of its own (hostd-confine.h) */
-    GHashTable *ids_held; /* ids held by machines without a record (a warm image's build), as
-                           * GUINT_TO_POINTER; guarded by lock */
+    gboolean agent_ids;          /* each agent's QEMU runs as an id of its own (hostd-confine.h) */
+    GHashTable *ids_held;        /* ids held by machines without a record (a warm image's build), as
+                                  * GUINT_TO_POINTER; guarded by lock */
+    GHashTable *worker_slots;    /* hostd-confine.c: agent name -> its workers' slot + 1, for an
+                                  * agent whose workers' ids come from no agent id; guarded by
+                                  * lock */
+    GHashTable *workers_checked; /* hostd-confine.c: agent name -> its id + 1 its workers' ids
+                                  * were checked for; guarded by lock */
     gboolean guestfs_appliance_checked; /* hostd-guestfs.c: the appliance was brought up to date
                                          * by this hostd; guarded by lock */
     GHashTable *serial_runs; /* hostd-serial.c: agent -> the run ("domain id/worker pid") its
@@ -97,10 +102,11 @@ struct _HostdComponent {
 HostdContext *hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv);
 
 /* Runs ctx->ssh's waits and execs in a confined SSH worker per agent (hostd-ssh-worker.h) from
- * now on: as the agent's id where it has one, else as hostd_config_worker_user(). Call before
- * any use of ctx->ssh. Fails with VM_ERROR_INVALID_ARGUMENT for a worker user that cannot be,
- * VM_ERROR_NOT_FOUND when the worker program is not where hostd looks for it. */
-gboolean hostd_context_use_ssh_workers(HostdContext *ctx, GError **error);
+ * now on, each as @worker_user (called with @ctx; hostd's is hostd_confine_ssh_worker_user())
+ * says. Call before any use of ctx->ssh. Fails with VM_ERROR_INVALID_ARGUMENT for an egress-user
+ * that cannot be, VM_ERROR_NOT_FOUND when the worker program is not where hostd looks for it. */
+gboolean hostd_context_use_ssh_workers(HostdContext *ctx, HostdSshWorkerUserFunc worker_user,
+                                       GError **error);
 
 /* Detaches every component (in reverse order), then frees the parts. Accepts NULL. */
 void hostd_context_free(HostdContext *ctx);

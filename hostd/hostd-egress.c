@@ -9,6 +9,7 @@
 #include <glib/gstdio.h>
 
 #include "hostd-agent.h"
+#include "hostd-confine.h"
 #include "hostd-egress-worker.h"
 #include "hostd-logfile.h"
 #include "vm-domain-read.h"
@@ -495,12 +496,18 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
             .resolve_data = config.resolve_data,
         };
 
+        /* The record is on disk from `new`'s first step (and, for a warm build, none). */
+        g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
+        guint uid = 0, gid = 0;
+
         worker_program = hostd_egress_worker_path();
         wconfig.program = worker_program;
         /* hostd owns the socket; each worker run serves it, and connections a guest makes
          * while one restarts wait in its backlog. */
-        if (hostd_config_worker_user(ctx->config, &wconfig.change_user, &wconfig.uid, &wconfig.gid,
-                                     error)) {
+        if (hostd_confine_worker_user(ctx, name, r != NULL ? r->agent_id : 0, HOSTD_WORKER_EGRESS,
+                                      &wconfig.change_user, &uid, &gid, error)) {
+            wconfig.uid = uid;
+            wconfig.gid = gid;
             agent->listen_fd =
                 vm_egress_proxy_listen_unix(agent->socket_path, config.listen_chown,
                                             config.listen_uid, config.listen_gid, error);

@@ -12,8 +12,7 @@
 #include "hostd-state.h"
 #include "vm-error.h"
 
-/* Whether @id names a user or a group of the host: such an id is someone's, never an agent's. */
-static gboolean
+gboolean
 hostd_ids_named(guint id)
 {
     char buf[4096];
@@ -51,6 +50,44 @@ hostd_ids_pick(const GPtrArray *records, GHashTable *held, guint min, guint max,
                     "no free agent id in %u-%u (agent-ids in hostd.conf): every one is an "
                     "agent's or names a user or group",
                     min, max);
+}
+
+guint
+hostd_ids_worker(guint min, guint max, guint slot, HostdWorkerKind kind)
+{
+    guint half = (max - min + 1) / 2;
+
+    g_return_val_if_fail(min != 0 && min <= max && slot < half, 0);
+    return min + slot + (kind == HOSTD_WORKER_EGRESS ? half : 0);
+}
+
+gboolean
+hostd_ids_range_check_free(const char *key, guint min, guint max, GError **error)
+{
+    struct passwd *pw;
+    struct group *gr;
+    g_autofree char *found = NULL;
+
+    /* One pass over each database: a range of 100000 ids asked one by one would read the files
+     * as many times. */
+    setpwent();
+    while (found == NULL && (pw = getpwent()) != NULL) {
+        if (pw->pw_uid >= min && pw->pw_uid <= max)
+            found = g_strdup_printf("user %s (%u)", pw->pw_name, (guint)pw->pw_uid);
+    }
+    endpwent();
+    setgrent();
+    while (found == NULL && (gr = getgrent()) != NULL) {
+        if (gr->gr_gid >= min && gr->gr_gid <= max)
+            found = g_strdup_printf("group %s (%u)", gr->gr_name, (guint)gr->gr_gid);
+    }
+    endgrent();
+    if (found != NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s %u-%u holds the id of %s: a worker would run as someone's id; set "
+                        "%s to a range of ids no user or group has",
+                        key, min, max, found, key);
+    return TRUE;
 }
 
 /* The kernel's POSIX ACL extended attribute (linux/posix_acl_xattr.h, which userspace does not

@@ -1,6 +1,7 @@
 /* Agent ids: the uid (gid equal) each agent's QEMU runs as, picked from the configured range
- * (agent-ids in hostd.conf), and the file modes and POSIX ACLs that give one id, and no other,
- * its files. A leaf: it knows records, not agents' lifecycles (hostd-confine.h does). */
+ * (agent-ids in hostd.conf); the ids of its SSH and egress workers, derived from it in a second
+ * range (worker-ids); and the file modes and POSIX ACLs that give one id, and no other, its
+ * files. A leaf: it knows records, not agents' lifecycles (hostd-confine.h does). */
 #pragma once
 
 #include <glib.h>
@@ -14,6 +15,26 @@ G_BEGIN_DECLS
  * is taken. */
 gboolean hostd_ids_pick(const GPtrArray *records, GHashTable *held, guint min, guint max,
                         guint *ret_id, GError **error);
+
+/* The workers of an agent (hostd-confine.h picks whom they run as). */
+typedef enum {
+    HOSTD_WORKER_SSH,    /* its SSH client (vm-ssh-worker) */
+    HOSTD_WORKER_EGRESS, /* its egress proxy (vm-egress-worker) */
+} HostdWorkerKind;
+
+/* The id (uid, gid equal) worker @kind of the agent in slot @slot runs as, in the worker range
+ * [@min, @max]: its first half holds the SSH workers, its second half the egress workers, slot
+ * s the s-th id of each. @slot must be below (@max - @min + 1) / 2. Can't fail. */
+guint hostd_ids_worker(guint min, guint max, guint slot, HostdWorkerKind kind);
+
+/* Whether no user and no group of the host has an id in [@min, @max] (every entry of the user
+ * and group databases is read once). Fails with VM_ERROR_INVALID_ARGUMENT naming @key, the range
+ * and the first user or group found in it. Not thread-safe (getpwent()): for start-up. */
+gboolean hostd_ids_range_check_free(const char *key, guint min, guint max, GError **error);
+
+/* Whether @id names a user or a group of the host: such an id is someone's, never an agent's
+ * nor a worker's. Can't fail. */
+gboolean hostd_ids_named(guint id);
 
 /* Gives @path (never followed when it is a symbolic link) owner @uid, group @gid and mode @mode,
  * and, when @n_readers > 0, an access ACL that adds each of @readers (uids, any order, duplicates

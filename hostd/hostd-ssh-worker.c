@@ -38,6 +38,8 @@ typedef struct {
 
 struct _HostdSshWorkers {
     char *program;
+    HostdSshWorkerUserFunc worker_user;
+    gpointer worker_user_data;
     gboolean change_user;
     guint uid, gid;
     GMutex lock;
@@ -149,15 +151,40 @@ wipe_free(char *text)
     g_free(text);
 }
 
-/* What a worker is started for: a target that differs in any of it (a new port, user, id, key
- * or pinned host key) needs another worker. */
+/* Whom a worker runs as (HostdSshWorkerUserFunc). */
+typedef struct {
+    gboolean change;
+    guint uid, gid;
+} WorkerUser;
+
+/* What a worker is started for: a target that differs in any of it (a new port, user, id, key,
+ * pinned host key or the user its worker runs as) needs another worker. */
 static char *
-target_key(const HostdSshTarget *target, const char *identity, const char *host_key)
+target_key(const HostdSshTarget *target, const WorkerUser *as, const char *identity,
+           const char *host_key)
 {
     g_autofree char *digest = g_compute_checksum_for_string(G_CHECKSUM_SHA256, identity, -1);
 
-    return g_strdup_printf("%s:%u %s %u %s %s", target->host, target->port, target->user,
-                           target->agent_id, digest, host_key);
+    return g_strdup_printf("%s:%u %s %u %d:%u:%u %s %s", target->host, target->port, target->user,
+                           target->agent_id, as->change, as->uid, as->gid, digest, host_key);
+}
+
+/* Whom @target's worker is to run as. */
+static gboolean
+workers_user(HostdSshWorkers *workers, const HostdSshTarget *target, WorkerUser *ret_as,
+             GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+
+    if (workers->worker_user == NULL) {
+        *ret_as = (WorkerUser){workers->change_user, workers->uid, workers->gid};
+        return TRUE;
+    }
+    if (!workers->worker_user(workers->worker_user_data, target->agent, target->agent_id,
+                              &ret_as->change, &ret_as->uid, &ret_as->gid, &local_error))
+        return vm_throw(error, VM_ERROR_SSH, "the SSH worker of '%s' cannot start: %s",
+                        target->agent, local_error->message);
+    return TRUE;
 }
 
 /* Reads the key and the pinned key of @target: what its worker gets (it may read no file of
@@ -265,8 +292,8 @@ worker_connector(gpointer data)
 
 /* Runs a worker for @target and waits for its "ready". */
 static Worker *
-worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char *identity,
-              const char *host_key, const char *started_for, GError **error)
+worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const WorkerUser *as,
+              const char *identity, const char *host_key, const char *started_for, GError **error)
 {
     int pair[2];
     vm_autofd parent = -1;
@@ -281,19 +308,12 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char
     g_autoptr(GError) local_error = NULL;
     g_autofree char *kind = NULL;
     g_autoptr(GVariant) reply = NULL;
-    gboolean change_user = workers->change_user;
-    guint uid = workers->uid, gid = workers->gid;
     gboolean sent;
     GPid pid = 0;
     Worker *worker;
     const struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
     const struct timeval start_timeout = {.tv_sec = START_TIMEOUT_S};
     const struct timeval no_timeout = {0};
-
-    if (target->agent_id != 0 && geteuid() == 0) {
-        change_user = TRUE;
-        uid = gid = target->agent_id;
-    }
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
         return vm_throw_errno(error, errno, "cannot make the SSH worker's channel"), NULL;
@@ -332,9 +352,10 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const char
 
     (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
     (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &start_timeout, sizeof(start_timeout));
-    sent = vm_wire_send(parent, "start",
-                        hostd_ssh_wire_start_new(target, identity, host_key, change_user, uid, gid),
-                        &local_error);
+    sent = vm_wire_send(
+        parent, "start",
+        hostd_ssh_wire_start_new(target, identity, host_key, as->change, as->uid, as->gid),
+        &local_error);
     if (sent)
         reply = vm_wire_recv(parent, HOSTD_SSH_WIRE_FROM_WORKER_MAX, &kind, &local_error);
     if (reply == NULL || !g_str_equal(kind, "ready")) {
@@ -373,11 +394,14 @@ workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **err
     g_autofree char *host_key = NULL;
     g_autofree char *key = NULL;
     char *identity = NULL;
+    WorkerUser as;
     Worker *worker;
 
-    if (!target_read_keys(target, &identity, &host_key, error))
+    /* Asked before the lock: hostd's answer reads its records. */
+    if (!workers_user(workers, target, &as, error) ||
+        !target_read_keys(target, &identity, &host_key, error))
         return NULL;
-    key = target_key(target, identity, host_key);
+    key = target_key(target, &as, identity, host_key);
     locker = g_mutex_locker_new(&workers->lock);
     if (workers->closed) {
         wipe_free(identity);
@@ -398,7 +422,7 @@ workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **err
         worker_retire(worker);
         g_hash_table_remove(workers->workers, target->agent);
     }
-    worker = worker_launch(workers, target, identity, host_key, key, error);
+    worker = worker_launch(workers, target, &as, identity, host_key, key, error);
     wipe_free(identity);
     if (worker == NULL)
         return NULL;
@@ -639,6 +663,8 @@ hostd_ssh_workers_new(const HostdSshWorkersConfig *config)
     HostdSshWorkers *workers = g_new0(HostdSshWorkers, 1);
 
     workers->program = g_strdup(config->program);
+    workers->worker_user = config->worker_user;
+    workers->worker_user_data = config->worker_user_data;
     workers->change_user = config->change_user;
     workers->uid = config->uid;
     workers->gid = config->gid;

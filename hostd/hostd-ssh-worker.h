@@ -1,6 +1,6 @@
 /* Each agent's SSH client in a worker process of its own (vm-ssh-worker, hostd-ssh-wire.h), so
- * that libssh parses no byte a guest sent inside hostd: the worker runs as the agent's own id
- * (or, for an agent without one, the user configured for that), with no capabilities,
+ * that libssh parses no byte a guest sent inside hostd: the worker runs as the id hostd gives it
+ * (hostd-confine.h: one of its own, not its QEMU's), with no capabilities,
  * no_new_privs and a seccomp filter, and holds only that agent's key, pinned host key and
  * sessions. hostd hands it each request with the vmctl client's socket (or a forwarded port's
  * connection), so an exec's bytes pass between the client and the worker without hostd.
@@ -17,10 +17,19 @@
 
 G_BEGIN_DECLS
 
+/* Whom @agent's worker runs as (@agent_id: the target's, 0 for none): with *@ret_change (hostd
+ * is root) *@ret_uid and *@ret_gid, else hostd's own user, confined all the same. Called before
+ * each start of a worker; a failure fails the request with its error. */
+typedef gboolean (*HostdSshWorkerUserFunc)(gpointer data, const char *agent, guint agent_id,
+                                           gboolean *ret_change, guint *ret_uid, guint *ret_gid,
+                                           GError **error);
+
 typedef struct {
     const char *program; /* vm-ssh-worker */
-    /* Whom the worker of an agent without an id runs as: with @change_user (hostd is root),
-     * @uid and @gid; else hostd's own user, confined all the same. */
+    /* Whom each worker runs as: @worker_user where set; else, with @change_user (hostd is
+     * root), @uid and @gid for every agent; else hostd's own user. */
+    HostdSshWorkerUserFunc worker_user;
+    gpointer worker_user_data;
     gboolean change_user;
     guint uid, gid;
 } HostdSshWorkersConfig;

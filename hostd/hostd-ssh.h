@@ -24,7 +24,8 @@ typedef struct {
      * the private key's text, and the pinned host key as "ssh-ed25519 AAAA...". */
     const char *identity_pem;
     const char *host_key;
-    guint agent_id; /* the uid and gid the agent's SSH worker runs as; 0: the agent has none */
+    guint agent_id; /* the agent's id (its QEMU's uid), which its SSH worker's id is derived
+                     * from (hostd-confine.h), never run as; 0: the agent has none */
 } HostdSshTarget;
 
 typedef struct HostdSshPool HostdSshPool;

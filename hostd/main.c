@@ -186,7 +186,8 @@ main(int argc, char **argv)
 
     g_autoptr(HostdContext) ctx =
         hostd_context_new(g_steal_pointer(&config), g_steal_pointer(&state), g_steal_pointer(&lv));
-    if (!ctx->config->ssh_in_process && !hostd_context_use_ssh_workers(ctx, &error)) {
+    if (!ctx->config->ssh_in_process &&
+        !hostd_context_use_ssh_workers(ctx, hostd_confine_ssh_worker_user, &error)) {
         fprintf(stderr, "hostd: %s\n", error->message);
         return vm_error_exit_status(vm_error_code(error));
     }

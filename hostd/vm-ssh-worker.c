@@ -3,7 +3,7 @@
  * hostd starts it per agent with the control socketpair on fd HOSTD_SSH_WORKER_CONTROL_FD and the
  * connection channel on HOSTD_SSH_WORKER_CONNECT_FD. It reads the "start" message (the agent's
  * target, key and pinned host key), confines itself (vm-egress-sandbox.h, its SSH profile: the
- * agent's own id, no capabilities, no_new_privs, Landlock, a seccomp filter with no socket() or
+ * id hostd gives it, no capabilities, no_new_privs, Landlock, a seccomp filter with no socket() or
  * connect()) and only then talks to the guest, over connections hostd makes and hands over,
  * so libssh parses no guest byte with privileges and the worker reaches nothing else. Then it
  * serves the requests hostd hands over, each on a thread of its own, with the same pool code hostd

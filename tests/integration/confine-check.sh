@@ -11,9 +11,12 @@
 #                       way round; as A's id its own disk opens and its own socket answers (the
 #                       checks can pass only because the other agent's files are shut), its
 #                       QEMU's memory reads and a process of its id can be traced; each agent's
-#                       SSH worker (hostd's SSH client to its guest) runs as its id, confined
-#                       as its QEMU is, cannot be traced even by that id, and holds the SSH
-#                       connection to the guest where hostd holds none
+#                       SSH worker (hostd's SSH client to its guest) and egress worker run as
+#                       ids of their own (three uids per agent, none another agent's), confined
+#                       as its QEMU is, cannot be traced even by its QEMU's id, and the SSH
+#                       worker holds the SSH connection to the guest where hostd holds none; as
+#                       each worker's id, the memory of its QEMU and of its other worker does not
+#                       open, and neither they nor the other agent's workers can be signalled
 
 # The system's Python: run as an agent's id, it must be a path that id can execute (not a shim
 # under root's home).
@@ -41,6 +44,15 @@ confine_status() { awk -v k="$2:" '$1 == k { $1 = ""; print substr($0, 2) }' "/p
 
 # The PID of agent $1's SSH worker: the child of hostd that runs vm-ssh-worker for it.
 confine_ssh_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-ssh-worker $1" | head -n 1; }
+
+# The PID of agent $1's egress worker: the child of hostd that runs vm-egress-worker for it.
+confine_egress_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-egress-worker $1" | head -n 1; }
+
+# The real uid of PID $1.
+confine_uid() { awk '$1 == "Uid:" { print $2 }' "/proc/$1/status" 2>/dev/null; }
+
+# The real, effective, saved and fs uids and gids of PID $1, one line when they are all one id.
+confine_ids() { awk '$1 == "Uid:" || $1 == "Gid:" { print $2, $3, $4, $5 }' "/proc/$1/status" 2>/dev/null | sort -u; }
 
 # The peers (ADDRESS:PORT) of the established TCP connections of PID $1.
 confine_tcp_peers() { ss -tnpH state established | awk -v p="pid=$1," 'index($0, p) { print $4 }' | sort -u; }
@@ -89,6 +101,16 @@ with open("/proc/%s/mem" % pid, "rb") as f:
     f.read(4096)' "$2" 2>/dev/null
 }
 
+# As id $1: opens /proc/$2/mem (exit 0 when it could).
+confine_mem_open() {
+  confine_as "$1" "$CONFINE_PYTHON" -c 'import sys; open("/proc/%s/mem" % sys.argv[1], "rb")' "$2" 2>/dev/null
+}
+
+# As id $1: kill -0 of PID $2 (exit 0 when it could).
+confine_signal() {
+  confine_as "$1" "$CONFINE_PYTHON" -c 'import os, sys; os.kill(int(sys.argv[1]), 0)' "$2" 2>/dev/null
+}
+
 confine_check() {
   local a=$1 b=$2 ida idb pida pidb x y idx pidy f
   ida=$(confine_id "$a"); idb=$(confine_id "$b")
@@ -110,8 +132,10 @@ confine_check() {
     IFS=: read -r y idx <<< "$x"
     vmctl exec "$y" true >/dev/null
     wpid=$(confine_ssh_worker "$y")
-    check "$y's SSH worker (pid $wpid) runs as its id, with no capabilities, no_new_privs and a seccomp filter" \
-      bash -c "[ -n '$wpid' ] && [ \"\$(awk '\$1 == \"Uid:\" || \$1 == \"Gid:\" { print \$2, \$3, \$4, \$5 }' /proc/$wpid/status | sort -u)\" = '$idx $idx $idx $idx' ] &&
+    local wid
+    wid=$(confine_uid "$wpid")
+    check "$y's SSH worker (pid $wpid) runs as an id of its own ($wid, not its QEMU's $idx), with no capabilities, no_new_privs and a seccomp filter" \
+      bash -c "[ -n '$wpid' ] && [ -n '$wid' ] && [ '$wid' != '$idx' ] && [ '$(confine_ids "$wpid")' = '$wid $wid $wid $wid' ] &&
                [ '$(confine_status "$wpid" CapEff)' = 0000000000000000 ] &&
                [ '$(confine_status "$wpid" NoNewPrivs)' = 1 ] && [ '$(confine_status "$wpid" Seccomp)' = 2 ]"
     peers=$(confine_tcp_peers "$wpid")
@@ -127,7 +151,34 @@ confine_check() {
       bash -c "! ss -tnpeH state established | grep 'pid=$wpid,' | grep -q 'uid:$idx '"
   done
 
-  export -f confine_as confine_open confine_connect confine_ptrace confine_mem
+  export -f confine_as confine_open confine_connect confine_ptrace confine_mem confine_mem_open confine_signal
+
+  # Each agent's QEMU, SSH worker and egress worker: three ids; as each worker's, the others are
+  # out of reach. Workers are not dumpable, so their memory is shut to every id; QEMU's is open
+  # to its own id (checked below), so the QEMU rows can fail.
+  local wpa="" wpb="" epa="" epb=""
+  for x in "$a:$ida:$pida" "$b:$idb:$pidb"; do
+    local wpid epid wid eid
+    IFS=: read -r y idx pidy <<< "$x"
+    wpid=$(confine_ssh_worker "$y"); epid=$(confine_egress_worker "$y")
+    wid=$(confine_uid "$wpid"); eid=$(confine_uid "$epid")
+    check "$y's egress worker (pid $epid) runs as an id of its own ($eid): not its QEMU's ($idx) nor its SSH worker's ($wid)" \
+      bash -c "[ -n '$epid' ] && [ -n '$eid' ] && [ -n '$wid' ] && [ '$(confine_ids "$epid")' = '$eid $eid $eid $eid' ] &&
+               [ '$eid' != '$idx' ] && [ '$eid' != '$wid' ] && [ '$wid' != '$idx' ]"
+    check "as $y's SSH worker's id, /proc/PID/mem of its QEMU and of its egress worker does not open" \
+      bash -c '[ -n "$1" ] && ! confine_mem_open "$1" "$2" && ! confine_mem_open "$1" "$3"' _ "$wid" "$pidy" "$epid"
+    check "as $y's egress worker's id, /proc/PID/mem of its QEMU and of its SSH worker does not open" \
+      bash -c '[ -n "$1" ] && ! confine_mem_open "$1" "$2" && ! confine_mem_open "$1" "$3"' _ "$eid" "$pidy" "$wpid"
+    check "as $y's SSH worker's id, kill -0 of its QEMU and its egress worker fails (of itself it works)" \
+      bash -c 'confine_signal "$1" "$4" && ! confine_signal "$1" "$2" && ! confine_signal "$1" "$3"' _ "$wid" "$pidy" "$epid" "$wpid"
+    check "as $y's egress worker's id, kill -0 of its QEMU and its SSH worker fails (of itself it works)" \
+      bash -c 'confine_signal "$1" "$4" && ! confine_signal "$1" "$2" && ! confine_signal "$1" "$3"' _ "$eid" "$pidy" "$wpid" "$epid"
+    if [ "$y" = "$a" ]; then wpa=$wpid; epa=$epid; else wpb=$wpid; epb=$epid; fi
+  done
+  check "$a's and $b's workers run as four different ids" \
+    bash -c '[ "$(printf "%s\n" "$@" | sort -u | wc -l)" = 4 ]' _ "$(confine_uid "$wpa")" "$(confine_uid "$epa")" "$(confine_uid "$wpb")" "$(confine_uid "$epb")"
+  check "as $a's egress worker's id, kill -0 of $b's egress and SSH workers fails" \
+    bash -c '[ -n "$1" ] && ! confine_signal "$1" "$2" && ! confine_signal "$1" "$3"' _ "$(confine_uid "$epa")" "$epb" "$wpb"
   # What shows that the checks below can pass: as its own id an agent's QEMU reaches its own.
   check "as $a's id, its own disk opens and its own egress socket answers" \
     bash -c 'confine_open "$1" "$2" && confine_connect "$1" "$3"' _ "$ida" "$(confine_active "$a")" "$S/agents/$a/egress.sock"

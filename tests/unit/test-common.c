@@ -6,8 +6,13 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <glib/gstdio.h>
 
@@ -177,6 +182,93 @@ vm_test_proc_status(pid_t pid, const char *key)
     }
     fail_msg("no %s in %s", key, path);
     return NULL;
+}
+
+void
+vm_test_proc_ids(pid_t pid, guint *ret_uid, guint *ret_gid)
+{
+    static const char *const keys[] = {"Uid", "Gid"};
+    guint *ret[] = {ret_uid, ret_gid};
+
+    for (guint k = 0; k < G_N_ELEMENTS(keys); k++) {
+        g_autofree char *text = vm_test_proc_status(pid, keys[k]);
+        g_auto(GStrv) ids = g_regex_split_simple("\\s+", text, 0, 0);
+        if (g_strv_length(ids) != 4)
+            fail_msg("%s of %d: '%s'", keys[k], (int)pid, text);
+        for (guint i = 1; i < 4; i++) {
+            if (!g_str_equal(ids[i], ids[0]))
+                fail_msg("%s of %d is not one id: '%s'", keys[k], (int)pid, text);
+        }
+        *ret[k] = (guint)g_ascii_strtoull(ids[0], NULL, 10);
+    }
+}
+
+static void
+sleeper_setup(gpointer data)
+{
+    guint id = GPOINTER_TO_UINT(data);
+
+    if (setgroups(0, NULL) < 0 || setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0)
+        _exit(127);
+}
+
+GPid
+vm_test_sleeper_start(guint id)
+{
+    const char *argv[] = {"sleep", "60", NULL};
+    g_autoptr(GError) error = NULL;
+    GPid pid = 0;
+
+    if (!g_spawn_async("/", (char **)argv, NULL,
+                       G_SPAWN_SEARCH_PATH | G_SPAWN_DO_NOT_REAP_CHILD |
+                           G_SPAWN_STDOUT_TO_DEV_NULL | G_SPAWN_STDERR_TO_DEV_NULL,
+                       sleeper_setup, GUINT_TO_POINTER(id), &pid, &error))
+        fail_msg("cannot run sleep as %u: %s", id, error->message);
+    /* Until it has exec'd, it is the test's copy and not yet dumpable. */
+    for (guint i = 0; i < 500; i++) {
+        g_autofree char *exe = g_strdup_printf("/proc/%d/comm", (int)pid);
+        g_autofree char *comm = NULL;
+        if (g_file_get_contents(exe, &comm, NULL, NULL) && g_str_has_prefix(comm, "sleep"))
+            return pid;
+        g_usleep(10 * 1000);
+    }
+    fail_msg("sleep as %u did not start", id);
+    return 0;
+}
+
+void
+vm_test_sleeper_stop(GPid pid)
+{
+    (void)kill(pid, SIGKILL);
+    (void)waitpid(pid, NULL, 0);
+}
+
+int
+vm_test_try_as(guint uid, guint gid, const char *path, int flags, pid_t pid)
+{
+    int status = 0;
+    pid_t child = fork();
+
+    if (child < 0)
+        fail_msg("fork: %s", g_strerror(errno));
+    if (child == 0) {
+        /* Only system calls from here: the test may have threads. */
+        int rc;
+        if (setgroups(0, NULL) < 0 || setresgid(gid, gid, gid) < 0 || setresuid(uid, uid, uid) < 0)
+            _exit(255);
+        if (path != NULL)
+            rc = open(path, flags | O_CLOEXEC);
+        else
+            rc = kill(pid, 0);
+        _exit(rc < 0 ? (errno > 0 && errno < 255 ? errno : 254) : 0);
+    }
+    while (waitpid(child, &status, 0) < 0) {
+        if (errno != EINTR)
+            fail_msg("waitpid: %s", g_strerror(errno));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) == 255)
+        fail_msg("could not run as %u:%u", uid, gid);
+    return WEXITSTATUS(status);
 }
 
 void

@@ -58,6 +58,20 @@ void vm_test_assert_nullable_string_equal(const char *a, const char *b);
  * allocated; fails the running test when there is none. */
 char *vm_test_proc_status(pid_t pid, const char *key);
 
+/* The ids process @pid runs as, into *@ret_uid and *@ret_gid; fails the running test unless its
+ * real, effective, saved and file system uid are one id, and its gids too. */
+void vm_test_proc_ids(pid_t pid, guint *ret_uid, guint *ret_gid);
+
+/* Starts `sleep 60` as uid and gid @id, no supplementary groups: a process as an agent's QEMU
+ * is, dumpable (the exec after the change of ids makes it so again). The caller ends it with
+ * vm_test_sleeper_stop(). */
+GPid vm_test_sleeper_start(guint id);
+void vm_test_sleeper_stop(GPid pid);
+
+/* In a child process that runs as @uid and @gid (no supplementary groups): open(@path, @flags),
+ * or, with @path NULL, kill(@pid, 0). 0 when it succeeded, else its errno. Needs root. */
+int vm_test_try_as(guint uid, guint gid, const char *path, int flags, pid_t pid);
+
 /* Fails the running test unless process @pid is gone within @timeout_ms, or a zombie waiting for
  * init (killed and reparented away from the test). */
 void vm_test_assert_process_gone(pid_t pid, guint timeout_ms);

@@ -11,8 +11,10 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -23,6 +25,7 @@
 #include <glib/gstdio.h>
 
 #include "hostd-agent.h"
+#include "hostd-confine.h"
 #include "hostd-egress.h"
 #include "vm-egress-ca.h"
 #include "vm-error.h"
@@ -1078,8 +1081,61 @@ assert_echo(int fd)
     assert_string_equal(back->str, "ping");
 }
 
-/* The proxy runs in a worker process of its own, confined before a guest byte arrives: another
- * uid than root's when hostd is root, no capabilities, no_new_privs, seccomp filter mode. */
+/* As root: a1's worker @pid runs as the egress id hostd_confine_worker_user() gives a1 (its
+ * four uids and gids each one id), an id of its own; a2's worker is started to compare. */
+static void
+assert_worker_ids(Fixture *f, GPid pid)
+{
+    const struct passwd *egress_user = getpwnam("nobody");
+    const guint qemu_id = f->ctx->config->agent_id_min + 9; /* a stand-in's */
+    g_autoptr(GError) error = NULL;
+    g_autofree char *mem = NULL;
+    guint uid = 0, gid = 0, want_uid = 0, want_gid = 0, ssh_uid = 0, ssh_gid = 0;
+    guint uid2 = 0, gid2 = 0;
+    gboolean change = FALSE;
+    GPid pid2, qemu;
+
+    vm_test_proc_ids(pid, &uid, &gid);
+    /* The agents here have no id of their own (0): slots of their own all the same. */
+    assert_true(hostd_confine_worker_user(f->ctx, "a1", 0, HOSTD_WORKER_EGRESS, &change, &want_uid,
+                                          &want_gid, &error));
+    assert_true(change);
+    assert_int_equal(uid, want_uid);
+    assert_int_equal(gid, want_gid);
+    assert_true(uid >= f->ctx->config->worker_id_min && uid <= f->ctx->config->worker_id_max);
+    assert_true(hostd_confine_worker_user(f->ctx, "a1", 0, HOSTD_WORKER_SSH, &change, &ssh_uid,
+                                          &ssh_gid, &error));
+    assert_int_not_equal(uid, ssh_uid);
+    assert_int_not_equal(gid, ssh_gid);
+    assert_int_not_equal(uid, 0);
+    assert_int_not_equal(gid, 0);
+    if (egress_user != NULL)
+        assert_int_not_equal(uid, egress_user->pw_uid);
+
+    init_agent(f, "a2", "127.0.0.1/32:PORT", NULL);
+    pid2 = hostd_egress_worker_pid(f->ctx, "a2");
+    assert_true(pid2 > 0);
+    vm_test_proc_ids(pid2, &uid2, &gid2);
+    assert_int_not_equal(uid2, uid);
+    assert_int_not_equal(gid2, gid);
+    assert_int_not_equal(uid2, ssh_uid);
+    /* One taken-over worker can no longer stop another agent's. */
+    assert_int_equal(vm_test_try_as(uid, gid, NULL, 0, pid2), EPERM);
+
+    qemu = vm_test_sleeper_start(qemu_id);
+    mem = g_strdup_printf("/proc/%d/mem", (int)qemu);
+    assert_int_equal(vm_test_try_as(qemu_id, qemu_id, NULL, 0, qemu), 0);
+    assert_int_equal(vm_test_try_as(uid, gid, mem, O_RDWR, 0), EACCES);
+    assert_int_equal(vm_test_try_as(uid, gid, NULL, 0, qemu), EPERM);
+    assert_int_equal(vm_test_try_as(qemu_id, qemu_id, NULL, 0, pid), EPERM);
+    vm_test_sleeper_stop(qemu);
+}
+
+/* The proxy runs in a worker process of its own, confined before a guest byte arrives: no
+ * capabilities, no_new_privs, seccomp filter mode, and when hostd is root an id of its own (not
+ * root's, not egress-user's, not its agent's SSH worker's nor another agent's egress worker's),
+ * which can neither signal the other agent's worker nor open the memory of, signal or open a
+ * file of a process of its QEMU's id (dumpable, as QEMU is). */
 static void
 test_worker_confined(void **state)
 {
@@ -1106,18 +1162,8 @@ test_worker_confined(void **state)
     cap_eff = vm_test_proc_status(pid, "CapEff");
     cap_prm = vm_test_proc_status(pid, "CapPrm");
     cap_bnd = vm_test_proc_status(pid, "CapBnd");
-    if (geteuid() == 0) {
-        /* real, effective, saved and file system uid: all the egress user's (nobody) */
-        g_auto(GStrv) ids = g_regex_split_simple("\\s+", uid, 0, 0);
-        g_auto(GStrv) gids = g_regex_split_simple("\\s+", gid, 0, 0);
-
-        assert_int_equal(g_strv_length(ids), 4);
-        for (guint i = 0; i < 4; i++) {
-            assert_string_not_equal(ids[i], "0");
-            assert_string_equal(ids[i], ids[0]);
-            assert_string_not_equal(gids[i], "0");
-        }
-    }
+    if (geteuid() == 0)
+        assert_worker_ids(f, pid);
     assert_string_equal(nnp, "1");
     assert_string_equal(seccomp, "2");
     assert_string_equal(cap_eff, "0000000000000000");
@@ -1171,7 +1217,8 @@ test_worker_off(void **state)
     close(fd);
 }
 
-/* A root hostd whose egress-user does not exist starts no proxy rather than one as root. */
+/* A root hostd with worker-ids = off whose egress-user does not exist starts no proxy rather than
+ * one as root. */
 static void
 test_worker_unknown_user(void **state)
 {
@@ -1182,11 +1229,37 @@ test_worker_unknown_user(void **state)
 
     if (geteuid() != 0)
         skip();
+    f->ctx->config->worker_id_min = 0;
+    f->ctx->config->worker_id_max = 0;
     g_free(f->ctx->config->egress_user);
     f->ctx->config->egress_user = g_strdup("no-such-egress-user");
     assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
     assert_non_null(strstr(error->message, "no-such-egress-user"));
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a1"), 0);
+}
+
+/* A root hostd whose worker id for an agent names a user of the host (made after hostd checked
+ * worker-ids at start) starts no proxy rather than one as that user. */
+static void
+test_worker_id_named(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, "a1");
+    g_autoptr(GError) error = NULL;
+    const char *const allow[] = {"any", NULL};
+    const struct passwd *nobody = getpwnam("nobody");
+
+    if (geteuid() != 0 || nobody == NULL || nobody->pw_uid < 2)
+        skip();
+    /* Two slots: the first agent's egress worker gets the third id, nobody's. */
+    f->ctx->config->worker_id_min = nobody->pw_uid - 2;
+    f->ctx->config->worker_id_max = nobody->pw_uid + 1;
+    assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    g_autofree char *id = g_strdup_printf("as %u, a user", (guint)nobody->pw_uid);
+    if (strstr(error->message, id) == NULL)
+        fail_msg("%s", error->message);
     assert_int_equal(hostd_egress_worker_pid(f->ctx, "a1"), 0);
 }
 
@@ -1284,6 +1357,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_worker_resolves_itself, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_unknown_user, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_id_named, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

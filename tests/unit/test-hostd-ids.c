@@ -1,8 +1,9 @@
 /* Agent ids (hostd-ids.c, hostd-confine.c): the lowest free id of the range, never one a record
  * or a running build holds, a clear error once the range is used up, the id in the record, the
- * agent-ids setting; the ACLs hostd writes; and, as root on libvirt's test driver, `new`, `rm`
- * and `fork` with ids on: each agent's files given to its id, the id free again after rm, and a
- * fork's read access to its source's images given and taken back. */
+ * agent-ids and worker-ids settings; the ACLs hostd writes; and, as root on libvirt's test
+ * driver, `new`, `rm` and `fork` with ids on: each agent's files given to its id, the id free
+ * again after rm, a fork's read access to its source's images given and taken back, and each
+ * agent's workers on ids of their own. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +19,8 @@
 #include "hostd-agent.h"
 #include "hostd-checkpoint.h"
 #include "hostd-config.h"
+#include "hostd-confine.h"
+#include "hostd-egress.h"
 #include "hostd-fork.h"
 #include "hostd-ids.h"
 #include "hostd-state.h"
@@ -162,6 +165,90 @@ test_config_agent_ids(void **state)
     g_autoptr(HostdConfig) defaults = hostd_config_load(NULL, tmp->dir, NULL, NULL, NULL);
     assert_int_equal(defaults->agent_id_min, HOSTD_AGENT_ID_MIN);
     assert_int_equal(defaults->agent_id_max, HOSTD_AGENT_ID_MAX);
+}
+
+/* worker-ids: right after agent-ids and twice its size unless set; off; refused when it overlaps
+ * agent-ids, is too small for two ids per agent id, leaves no room, or holds a user's id. */
+static void
+test_config_worker_ids(void **state)
+{
+    VmTestTmpDir *tmp = *state;
+    g_autofree char *conf = g_build_filename(tmp->dir, "hostd.conf", NULL);
+    g_autoptr(GError) error = NULL;
+    const struct passwd *nobody = getpwnam("nobody");
+
+    g_autoptr(HostdConfig) defaults = hostd_config_load(NULL, tmp->dir, NULL, NULL, &error);
+    assert_non_null(defaults);
+    assert_int_equal(defaults->worker_id_min, HOSTD_AGENT_ID_MAX + 1);
+    assert_int_equal(defaults->worker_id_max,
+                     HOSTD_AGENT_ID_MAX + 2 * (HOSTD_AGENT_ID_MAX - HOSTD_AGENT_ID_MIN + 1));
+    assert_true(defaults->worker_id_max < 2147483648u);
+
+    assert_true(g_file_set_contents(conf, "[hostd]\nagent-ids = 2000000-2000999\n", -1, NULL));
+    g_autoptr(HostdConfig) after = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
+    assert_non_null(after);
+    assert_int_equal(after->worker_id_min, 2001000);
+    assert_int_equal(after->worker_id_max, 2002999);
+
+    assert_true(g_file_set_contents(
+        conf, "[hostd]\nagent-ids = 2000000-2000999\nworker-ids = 3000000-3001999\n", -1, NULL));
+    g_autoptr(HostdConfig) given = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
+    assert_non_null(given);
+    assert_int_equal(given->worker_id_min, 3000000);
+    assert_int_equal(given->worker_id_max, 3001999);
+
+    assert_true(g_file_set_contents(conf, "[hostd]\nworker-ids = off\n", -1, NULL));
+    g_autoptr(HostdConfig) off = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
+    assert_non_null(off);
+    assert_int_equal(off->worker_id_min, 0);
+    assert_int_equal(off->worker_id_max, 0);
+
+    static const struct {
+        const char *text;
+        const char *says;
+    } refused[] = {
+        {"agent-ids = 2000000-2000999\nworker-ids = 2000500-2002499\n", "overlaps agent-ids"},
+        {"agent-ids = 2000000-2000999\nworker-ids = 3000000-3001998\n", "two ids"},
+        {"agent-ids = 2000000000-2100000000\n", "no room"},
+        {"worker-ids = 5-10\n", "worker-ids must be MIN-MAX"},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(refused); i++) {
+        g_autofree char *text = g_strconcat("[hostd]\n", refused[i].text, NULL);
+        assert_true(g_file_set_contents(conf, text, -1, NULL));
+        g_autoptr(HostdConfig) bad = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
+        assert_null(bad);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        if (strstr(error->message, refused[i].says) == NULL)
+            fail_msg("'%s': %s", refused[i].text, error->message);
+        g_clear_error(&error);
+    }
+    /* A range that holds a user of the host, named in the error. */
+    if (nobody != NULL && nobody->pw_uid >= 1000) {
+        g_autofree char *text =
+            g_strdup_printf("[hostd]\nagent-ids = 1000000-1000009\n"
+                            "worker-ids = %u-%u\n",
+                            (guint)nobody->pw_uid - 10, (guint)nobody->pw_uid + 10);
+        assert_true(g_file_set_contents(conf, text, -1, NULL));
+        g_autoptr(HostdConfig) bad = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
+        assert_null(bad);
+        assert_non_null(strstr(error->message, "user nobody"));
+        g_clear_error(&error);
+    }
+    assert_true(hostd_ids_range_check_free("worker-ids", HOSTD_AGENT_ID_MAX + 1,
+                                           HOSTD_AGENT_ID_MAX + 10, &error));
+    assert_false(hostd_ids_range_check_free("worker-ids", 0, 0, &error));
+    assert_non_null(strstr(error->message, "root"));
+}
+
+/* The two halves of worker-ids: slot s's SSH worker the s-th id of the first, its egress worker
+ * the s-th of the second. */
+static void
+test_worker_mapping(void **state)
+{
+    assert_int_equal(hostd_ids_worker(5000, 5007, 0, HOSTD_WORKER_SSH), 5000);
+    assert_int_equal(hostd_ids_worker(5000, 5007, 3, HOSTD_WORKER_SSH), 5003);
+    assert_int_equal(hostd_ids_worker(5000, 5007, 0, HOSTD_WORKER_EGRESS), 5004);
+    assert_int_equal(hostd_ids_worker(5000, 5007, 3, HOSTD_WORKER_EGRESS), 5007);
 }
 
 /* The ACL hostd writes: the readers it names (sorted, once each), the mode it asked for, and
@@ -430,6 +517,110 @@ test_adopt_at_start(void **state)
     assert_int_equal(sav->agent_id, 0);
 }
 
+/* Whom an agent's workers run as (hostd_confine_worker_user()), as root: each agent's SSH and
+ * egress workers have ids of their own from worker-ids, derived from its id (nothing new in its
+ * record), distinct from every agent id and from each other; an agent without an id gets a slot
+ * of its own for hostd's run, whose agent id no new agent takes, free again at its rm; an id
+ * that names a user is refused. */
+static void
+test_worker_ids(void **state)
+{
+    if (geteuid() != 0)
+        skip();
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(HostdAgentRecord) old = hostd_test_agent_new(f, "old", HOSTD_TEST_STOPPED);
+    g_autoptr(HostdAgentRecord) old2 = hostd_test_agent_new(f, "old2", HOSTD_TEST_STOPPED);
+    fixture_with_ids(state, 4);
+    const HostdConfig *config = f->ctx->config;
+    guint half = (config->worker_id_max - config->worker_id_min + 1) / 2;
+    g_autoptr(GHashTable) seen = g_hash_table_new(g_direct_hash, g_direct_equal);
+
+    new_ok(f, "a1");
+    new_ok(f, "a2");
+    g_autoptr(HostdAgentRecord) a1 = hostd_test_agent_record(f, "a1");
+    g_autoptr(HostdAgentRecord) a2 = hostd_test_agent_record(f, "a2");
+    const struct {
+        const char *name;
+        guint agent_id;
+        guint slot;
+    } agents[] = {
+        {"a1", a1->agent_id, 0},
+        {"a2", a2->agent_id, 1},
+        {"old", 0, 2}, /* the lowest slot no agent id's is */
+        {"old2", 0, 3},
+    };
+    for (guint i = 0; i < 4; i++)
+        g_hash_table_add(seen, GUINT_TO_POINTER(ID0 + i));
+    for (gsize i = 0; i < G_N_ELEMENTS(agents); i++) {
+        for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_EGRESS; kind++) {
+            gboolean change = FALSE;
+            guint uid = 0, gid = 0, again = 0;
+            if (!hostd_confine_worker_user(f->ctx, agents[i].name, agents[i].agent_id, kind,
+                                           &change, &uid, &gid, &error))
+                fail_msg("%s: %s", agents[i].name, error->message);
+            assert_true(change);
+            assert_int_equal(uid, gid);
+            assert_int_equal(uid, config->worker_id_min + agents[i].slot +
+                                      (kind == HOSTD_WORKER_EGRESS ? half : 0));
+            /* none an agent's QEMU's, none another worker's */
+            if (g_hash_table_contains(seen, GUINT_TO_POINTER(uid)))
+                fail_msg("%s's worker runs as %u, an id already someone's", agents[i].name, uid);
+            g_hash_table_add(seen, GUINT_TO_POINTER(uid));
+            assert_null(getpwuid(uid));
+            /* the same for as long as hostd runs */
+            assert_true(hostd_confine_worker_user(f->ctx, agents[i].name, agents[i].agent_id, kind,
+                                                  &change, &again, &gid, &error));
+            assert_int_equal(again, uid);
+        }
+    }
+    /* The real egress workers `new` started run as those ids; as a1's, a1's disk (its QEMU's)
+     * does not open, as it does for a1's id. */
+    for (gsize i = 0; i < 2; i++) {
+        GPid pid = hostd_egress_worker_pid(f->ctx, agents[i].name);
+        guint uid = 0, gid = 0;
+        assert_true(pid > 0);
+        vm_test_proc_ids(pid, &uid, &gid);
+        assert_int_equal(uid, config->worker_id_min + agents[i].slot + half);
+        assert_int_equal(gid, uid);
+    }
+    g_autofree char *disk = hostd_test_agent_file(f, "a1", HOSTD_AGENT_DISK);
+    guint egress_id = config->worker_id_min + half;
+    assert_int_equal(vm_test_try_as(a1->agent_id, a1->agent_id, disk, O_RDWR, 0), 0);
+    assert_int_equal(vm_test_try_as(egress_id, egress_id, disk, O_RDONLY, 0), EACCES);
+    assert_int_equal(
+        vm_test_try_as(config->worker_id_min, config->worker_id_min, disk, O_RDONLY, 0), EACCES);
+
+    /* The records are as they were: the workers' ids are derived. */
+    g_autofree char *record_path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_RECORD);
+    g_autofree char *record = vm_test_read_file(record_path);
+    assert_null(strstr(record, "worker"));
+
+    /* The slots of "old" and "old2" hold their agent ids: the range (4) is used up. */
+    g_autoptr(GVariant) refused = new_agent(f, "a3", &error);
+    assert_null(refused);
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NO_RESOURCES));
+    g_clear_error(&error);
+    assert_true(hostd_agent_rm(f->ctx, "old", TRUE, &error));
+    new_ok(f, "a3");
+    g_autoptr(HostdAgentRecord) a3 = hostd_test_agent_record(f, "a3");
+    assert_int_equal(a3->agent_id, ID0 + 2);
+
+    /* A worker id that names a user of the host (made after the start-up check) is refused, at
+     * the first worker of an agent (whose ids were not checked yet). */
+    const struct passwd *nobody = getpwnam("nobody");
+    if (nobody != NULL && nobody->pw_uid >= 3) {
+        gboolean change = FALSE;
+        guint uid = 0, gid = 0;
+        f->ctx->config->worker_id_min = nobody->pw_uid - 3;
+        f->ctx->config->worker_id_max = nobody->pw_uid + 4;
+        assert_false(hostd_confine_worker_user(f->ctx, "late", ID0 + 3, HOSTD_WORKER_EGRESS,
+                                               &change, &uid, &gid, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        assert_non_null(strstr(error->message, "a user or group"));
+    }
+}
+
 int
 main(void)
 {
@@ -441,12 +632,16 @@ main(void)
                                         hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_config_agent_ids, vm_test_tmpdir_setup,
                                         vm_test_tmpdir_teardown),
+        cmocka_unit_test_setup_teardown(test_config_worker_ids, vm_test_tmpdir_setup,
+                                        vm_test_tmpdir_teardown),
+        cmocka_unit_test(test_worker_mapping),
         cmocka_unit_test_setup_teardown(test_acl, vm_test_tmpdir_setup, vm_test_tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_new_rm, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_fork_acl, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_rebase_as_agent, hostd_test_setup,
                                         hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_adopt_at_start, hostd_test_setup, hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_worker_ids, hostd_test_setup, hostd_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,8 @@
 
 #include <glib/gstdio.h>
 
+#include "hostd-config.h"
+#include "hostd-ids.h"
 #include "hostd-ssh-forward.h"
 #include "hostd-ssh-private.h"
 #include "hostd-ssh-worker.h"
@@ -211,14 +213,33 @@ setup(void **state)
     return setup_kind(state, SERVER_DEFAULT);
 }
 
+/* As hostd_confine_worker_user() answers for an agent with an id in the default agent-ids, as
+ * root: the SSH worker id of its slot in the default worker-ids; else the test's own user. */
+static gboolean
+worker_user(gpointer data, const char *agent, guint agent_id, gboolean *ret_change, guint *ret_uid,
+            guint *ret_gid, GError **error)
+{
+    g_autoptr(HostdConfig) config = hostd_config_load(NULL, "/nonexistent", NULL, NULL, error);
+
+    if (config == NULL)
+        return FALSE;
+    *ret_change =
+        geteuid() == 0 && agent_id >= config->agent_id_min && agent_id <= config->agent_id_max;
+    *ret_uid = *ret_gid = 0;
+    if (*ret_change)
+        *ret_uid = *ret_gid = hostd_ids_worker(config->worker_id_min, config->worker_id_max,
+                                               agent_id - config->agent_id_min, HOSTD_WORKER_SSH);
+    return TRUE;
+}
+
 /* The same server, with the pool's waits and execs run by SSH workers (vm-ssh-worker of this
- * build, as this test's own user: no agent id). */
+ * build, as this test's own user for an agent without an id). */
 static int
 setup_worker(void **state)
 {
     Fixture *f;
     g_autofree char *program = hostd_ssh_worker_path();
-    HostdSshWorkersConfig config = {.program = program};
+    HostdSshWorkersConfig config = {.program = program, .worker_user = worker_user};
 
     setup_kind(state, SERVER_DEFAULT);
     f = *state;
@@ -1425,18 +1446,26 @@ assert_worker_sockets(Fixture *f, GPid pid)
 }
 
 /* The exec runs in a worker process, not in the caller: confined (no capabilities,
- * no_new_privs, seccomp filter mode 2), as the agent's id when the caller is root, with no
- * session of the caller's own pool, over a connection hostd made and handed it. */
+ * no_new_privs, seccomp filter mode 2), with no session of the caller's own pool, over a
+ * connection hostd made and handed it, and, when the caller is root, as the id it was given
+ * (hostd gives an id of its own, never its QEMU's): that id can neither open the memory of a
+ * process of the agent's id (dumpable, as QEMU is) nor signal it nor open its files, nor can the
+ * agent's id signal the worker. */
 static void
 test_worker_confined(void **state)
 {
     Fixture *f = *state;
     char *argv[] = {"sh", "-c", "echo \"$0\"", "worker", NULL};
-    g_autofree char *cap_eff = NULL, *nnp = NULL, *seccomp = NULL, *uid = NULL, *gid = NULL;
+    g_autofree char *cap_eff = NULL, *nnp = NULL, *seccomp = NULL;
+    const guint qemu_id = HOSTD_AGENT_ID_MIN + 3;
+    guint expected = 0, uid = 0, gid = 0;
+    gboolean change = FALSE;
     GPid pid;
 
     if (geteuid() == 0)
-        f->target.agent_id = 64123;
+        f->target.agent_id = qemu_id;
+    assert_true(
+        worker_user(NULL, "alpha", f->target.agent_id, &change, &expected, &expected, NULL));
     exec_check(f, argv, 0, "worker\n");
     pid = hostd_ssh_workers_get_pid(f->workers, "alpha");
     assert_true(pid > 0 && pid != getpid());
@@ -1448,14 +1477,38 @@ test_worker_confined(void **state)
     assert_string_equal(nnp, "1");
     assert_string_equal(seccomp, "2");
     if (geteuid() == 0) {
-        g_auto(GStrv) uids = NULL, gids = NULL;
+        g_autofree char *file = g_build_filename(f->dir, "qemu-owned", NULL);
+        g_autofree char *mem = NULL;
+        g_autofree char *scope = NULL;
+        GPid qemu;
 
-        uid = vm_test_proc_status(pid, "Uid");
-        gid = vm_test_proc_status(pid, "Gid");
-        uids = g_regex_split_simple("\\s+", uid, 0, 0);
-        gids = g_regex_split_simple("\\s+", gid, 0, 0);
-        assert_string_equal(uids[0], "64123");
-        assert_string_equal(gids[0], "64123");
+        vm_test_proc_ids(pid, &uid, &gid);
+        assert_int_equal(uid, expected);
+        assert_int_equal(gid, expected);
+        assert_int_not_equal(uid, qemu_id);
+        assert_int_not_equal(gid, qemu_id);
+
+        /* A stand-in for the agent's QEMU, and a file of its id's as its disk is. */
+        qemu = vm_test_sleeper_start(qemu_id);
+        mem = g_strdup_printf("/proc/%d/mem", (int)qemu);
+        assert_true(g_file_set_contents(file, "disk", -1, NULL));
+        assert_int_equal(chmod(f->dir, 0755), 0);
+        assert_int_equal(chown(file, qemu_id, qemu_id), 0);
+        assert_int_equal(chmod(file, 0600), 0);
+        /* What shows the checks can fail: its own id reaches all of it (its memory where Yama
+         * leaves a process of the same id alone). */
+        assert_int_equal(vm_test_try_as(qemu_id, qemu_id, file, O_RDWR, 0), 0);
+        assert_int_equal(vm_test_try_as(qemu_id, qemu_id, NULL, 0, qemu), 0);
+        if (!g_file_get_contents("/proc/sys/kernel/yama/ptrace_scope", &scope, NULL, NULL) ||
+            g_str_has_prefix(scope, "0"))
+            assert_int_equal(vm_test_try_as(qemu_id, qemu_id, mem, O_RDWR, 0), 0);
+        assert_int_equal(vm_test_try_as(uid, gid, mem, O_RDWR, 0), EACCES);
+        assert_int_equal(vm_test_try_as(uid, gid, mem, O_RDONLY, 0), EACCES);
+        assert_int_equal(vm_test_try_as(uid, gid, NULL, 0, qemu), EPERM);
+        assert_int_equal(vm_test_try_as(uid, gid, file, O_RDONLY, 0), EACCES);
+        /* nor the other way round */
+        assert_int_equal(vm_test_try_as(qemu_id, qemu_id, NULL, 0, pid), EPERM);
+        vm_test_sleeper_stop(qemu);
     }
     assert_worker_sockets(f, pid);
     /* The same worker serves the next exec, on its pooled session. */
