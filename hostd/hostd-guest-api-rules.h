@@ -22,6 +22,11 @@ G_BEGIN_DECLS
 #define HOSTD_GUEST_API_PATHS_MAX      16          /* paths of a partial restore */
 #define HOSTD_GUEST_API_PATH_MAX       4096        /* bytes of one of them */
 #define HOSTD_GUEST_API_KEEP_AWAKE_MAX (24 * 3600) /* seconds of one keep-awake */
+/* Connections of one agent served at once; more, up to twice as many, are answered 503, and
+ * beyond that closed unanswered (by its worker). */
+#define HOSTD_GUEST_API_CONNECTIONS 8
+/* A connection must have sent its whole request within this time. */
+#define HOSTD_GUEST_API_REQUEST_MS (10 * 1000)
 
 typedef enum {
     HOSTD_GUEST_API_INFO = 1,
