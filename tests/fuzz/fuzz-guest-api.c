@@ -5,7 +5,12 @@
  * bounds. Every call the worker can make passes hostd's own check of what a worker sends
  * (hostd_guest_api_call_from_variant()) and reads back the same. The same bytes read as a call's
  * serialised value go through hostd's check too, which takes it only as a call the worker could
- * have made. */
+ * have made.
+ *
+ * Fuzz: clang -fsanitize=fuzzer,address,undefined fuzz-guest-api.c hostd/hostd-guest-api-http.c
+ * hostd/hostd-guest-api-rules.c common/vm-util.c common/vm-error.c with the include paths of
+ * hostd/, common/, templates/ and the build directory, and libsoup-3.0 and json-glib-1.0; run on
+ * a copy of corpus-guest-api/, which replays as an ordinary test through fuzz-replay.c. */
 #include <glib.h>
 #include <stddef.h>
 #include <stdint.h>

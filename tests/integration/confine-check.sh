@@ -41,6 +41,8 @@ confine_status() { awk -v k="$2:" '$1 == k { $1 = ""; print substr($0, 2) }' "/p
 
 # The PID of agent $1's SSH worker: the child of hostd that runs vm-ssh-worker for it.
 confine_ssh_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-ssh-worker $1" | head -n 1; }
+# The pid of agent $1's in-guest API worker.
+confine_guest_api_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-guest-api-worker $1" | head -n 1; }
 
 # The peers (ADDRESS:PORT) of the established TCP connections of PID $1.
 confine_tcp_peers() { ss -tnpH state established | awk -v p="pid=$1," 'index($0, p) { print $4 }' | sort -u; }
@@ -121,6 +123,11 @@ confine_check() {
     check "$y's SSH worker holds the SSH connections to its guest (TCP or its virtio port), and hostd holds none of them" \
       bash -c '[ -n "$1$3" ] && confine_none_shared "$1" "$2" && confine_none_shared "$3" "$4"' _ \
       "$peers" "$(confine_tcp_peers "$HOSTD_PID")" "$held" "$(confine_socket_inodes "$HOSTD_PID")"
+    wpid=$(confine_guest_api_worker "$y")
+    check "$y's in-guest API worker (pid $wpid) is not root, with no capabilities, no_new_privs and a seccomp filter" \
+      bash -c "[ -n '$wpid' ] && ! awk '\$1 == \"Uid:\" { print \$2, \$3, \$4, \$5 }' /proc/$wpid/status | grep -qw 0 &&
+               [ '$(confine_status "$wpid" CapEff)' = 0000000000000000 ] &&
+               [ '$(confine_status "$wpid" NoNewPrivs)' = 1 ] && [ '$(confine_status "$wpid" Seccomp)' = 2 ]"
   done
 
   export -f confine_as confine_open confine_connect confine_ptrace confine_mem
