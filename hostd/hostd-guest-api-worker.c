@@ -29,6 +29,7 @@ struct _HostdGuestApiWorker {
     gid_t gid;
     HostdGuestApiWorkerCallFunc call;
     HostdGuestApiWorkerRefusedFunc refused;
+    HostdGuestApiWorkerBrokenFunc broken;
     gpointer user_data;
 
     GMutex send_lock; /* one frame at a time to the worker */
@@ -166,7 +167,7 @@ worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
 
         if (payload == NULL) {
             if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))
-                g_warning("in-guest API worker of '%s': %s", worker->name, error->message);
+                worker->broken(error->message, worker->user_data);
             return;
         }
         if (g_str_equal(kind, "call")) {
@@ -174,7 +175,7 @@ worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
             guint32 serial;
 
             if (!hostd_guest_api_call_from_variant(payload, &serial, &call, &error)) {
-                g_warning("in-guest API worker of '%s': %s", worker->name, error->message);
+                worker->broken(error->message, worker->user_data);
                 return;
             }
             worker->call(worker, run, serial, &call, worker->user_data);
@@ -184,8 +185,10 @@ worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
                    g_variant_get_uint32(payload) <= HOSTD_GUEST_API_REFUSED_LAST) {
             worker->refused(g_variant_get_uint32(payload), worker->user_data);
         } else {
-            g_warning("in-guest API worker of '%s': unexpected message '%.64s'", worker->name,
-                      kind);
+            g_autofree char *why = g_strdup_printf("a message '%.64s' of type %s", kind,
+                                                   g_variant_get_type_string(payload));
+
+            worker->broken(why, worker->user_data);
             return;
         }
     }
@@ -281,6 +284,7 @@ hostd_guest_api_worker_new(const HostdGuestApiWorkerConfig *config, GError **err
     worker->gid = config->gid;
     worker->call = config->call;
     worker->refused = config->refused;
+    worker->broken = config->broken;
     worker->user_data = config->user_data;
     if (worker->listen_fd < 0) {
         vm_throw_errno(error, errno, "cannot pass the in-guest API's socket of '%s'", config->name);

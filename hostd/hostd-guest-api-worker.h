@@ -32,6 +32,9 @@ typedef void (*HostdGuestApiWorkerCallFunc)(HostdGuestApiWorker *worker, guint64
                                             gpointer user_data);
 /* A refusal the worker made without a call, for the log; on the reader thread. */
 typedef void (*HostdGuestApiWorkerRefusedFunc)(HostdGuestApiRefusal why, gpointer user_data);
+/* The worker broke the protocol (@why: what it sent, in hostd's words) and is being killed and
+ * replaced; on the reader thread. */
+typedef void (*HostdGuestApiWorkerBrokenFunc)(const char *why, gpointer user_data);
 
 typedef struct {
     const char *program;  /* the vm-guest-api-worker to run */
@@ -42,6 +45,7 @@ typedef struct {
     gid_t gid;
     HostdGuestApiWorkerCallFunc call;
     HostdGuestApiWorkerRefusedFunc refused;
+    HostdGuestApiWorkerBrokenFunc broken;
     gpointer user_data;
 } HostdGuestApiWorkerConfig;
 

@@ -274,6 +274,23 @@ api_refused(HostdGuestApiRefusal why, gpointer data)
     }
 }
 
+/* The worker sent what no worker of ours sends: it is killed and replaced. */
+static void
+api_broken(const char *why, gpointer data)
+{
+    ApiAgent *agent = data;
+    g_autofree char *cut = g_strndup(why, 200);
+
+    /* Its words may hold what the worker sent: printable ASCII only in the log. */
+    for (char *p = cut; *p != '\0'; p++) {
+        if (!g_ascii_isprint(*p))
+            *p = '?';
+    }
+    hostd_context_log(agent->ctx,
+                      "guest api: agent '%s': its worker broke the protocol (%s); it is replaced",
+                      agent->name, cut);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Answers */
 
@@ -568,6 +585,7 @@ api_event_detail(const ApiJob *job, const char *id)
 }
 
 static void api_restore_schedule(ApiAgent *agent, const HostdGuestApiArgs *args);
+static void api_heavy_done(ApiAgent *agent);
 
 static void
 api_work(gpointer data, gpointer user_data)
@@ -634,18 +652,17 @@ api_work(gpointer data, gpointer user_data)
         status = hostd_guest_api_error_status(vm_error_code(job->error));
         json = hostd_guest_api_error_json(job->error, 0);
     }
+    /* Free before the answer goes: the guest may ask the next one as soon as it has it. A
+     * restore keeps the flag until it ended. */
+    if (!job->restore_accepted && (job->route->flags & HOSTD_GUEST_API_HEAVY))
+        api_heavy_done(agent);
     hostd_guest_api_worker_answer(job->worker, job->run, job->serial, status,
                                   job->body != NULL ? job->body : json, 0);
     api_log_call(agent, job->method, job->path, status, job->started, FALSE);
     /* The restore starts once its answer had its moment to reach the guest: see
-     * api_restore_thread(). It keeps the heavy flag until it ended. */
-    if (job->restore_accepted) {
+     * api_restore_thread(). */
+    if (job->restore_accepted)
         api_restore_schedule(agent, &job->args);
-    } else if (job->route->flags & HOSTD_GUEST_API_HEAVY) {
-        g_mutex_lock(&agent->lock);
-        agent->heavy_busy = FALSE;
-        g_mutex_unlock(&agent->lock);
-    }
     api_job_free(job);
 }
 
@@ -936,6 +953,7 @@ api_agent_serve(ApiAgent *agent, GError **error)
         .listen_fd = agent->listen_fd,
         .call = api_call,
         .refused = api_refused,
+        .broken = api_broken,
         .user_data = agent,
     };
 

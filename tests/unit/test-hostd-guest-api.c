@@ -834,6 +834,45 @@ test_worker(void **state)
     assert_int_equal(hostd_guest_api_pid(f->ctx, "a1"), 0);
 }
 
+/* A worker that sends hostd a call no worker of ours makes (one its guest took over) is killed
+ * and replaced, and nothing of that call is done: hostd checks each call, it does not trust the
+ * worker's parse. */
+static void
+test_worker_broken(void **state)
+{
+    HostdTestFixture *f = *state;
+    const char *bad = g_getenv("VM_TEST_GUEST_API_BAD_WORKER");
+    g_autoptr(HostdAgentRecord) a1 = NULL;
+    guint broken = 0;
+    GPid pid;
+
+    if (bad == NULL)
+        fail_msg("VM_TEST_GUEST_API_BAD_WORKER is not set (run through meson test)");
+    g_setenv("VM_GUEST_API_WORKER", bad, TRUE);
+    a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    pid = hostd_guest_api_pid(f->ctx, "a1");
+    assert_logged("guest api: agent 'a1': its worker broke the protocol (endpoint 3 for GET "
+                  "/v1/info); it is replaced");
+    /* Replaced: the next one is caught too (each is ended at once; only the log sees them). */
+    for (int i = 0; i < 100 && broken < 2; i++) {
+        g_autofree char *text = hostd_test_log_text();
+
+        broken = 0;
+        for (const char *p = text; (p = strstr(p, "its worker broke the protocol")) != NULL; p++)
+            broken++;
+        g_usleep(100 * 1000);
+    }
+    assert_true(broken >= 2);
+    if (pid > 0)
+        vm_test_assert_process_gone(pid, 5000);
+    g_autofree char *ids = hostd_test_checkpoint_ids(f, "a1");
+    assert_string_equal(ids, "");
+    g_autofree char *log = hostd_test_log_text();
+    assert_null(strstr(log, "\x1b"));
+    g_unsetenv("VM_GUEST_API_WORKER");
+    hostd_guest_api_agent_stop(f->ctx, "a1");
+}
+
 /* What the component puts in a new agent's domain and seed, and that guest-api = off puts
  * nothing anywhere. */
 static void
@@ -1068,7 +1107,7 @@ main(void)
         T(test_info_own_agent), T(test_checkpoint),  T(test_checkpoint_caps),   T(test_refusals),
         T(test_body_limits),    T(test_rate_limit),  T(test_connection_limits), T(test_keep_awake),
         T(test_restore),        T(test_real_helper), T(test_start_stop),        T(test_component),
-        T(test_vmctl_guest),    T(test_worker),
+        T(test_vmctl_guest),    T(test_worker),      T(test_worker_broken),
     };
 #undef T
 
