@@ -810,6 +810,8 @@ test_worker(void **state)
 
     call(f, "a1", "GET", "/v1/info", NULL, &first);
     g_autoptr(JsonObject) o = expect(&first, 200);
+    g_autofree char *rss = vm_test_proc_status(pid, "VmRSS");
+    print_message("# the worker's resident memory after a request: %s\n", rss);
 
     assert_int_equal(kill(pid, SIGKILL), 0);
     fd = api_connect(f, "a1");
