@@ -284,6 +284,192 @@ hostd_guest_api_args_parse(HostdGuestApiEndpoint endpoint, const char *body, gsi
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Calls: what the worker hands hostd */
+
+void
+hostd_guest_api_call_clear(HostdGuestApiCall *call)
+{
+    g_clear_pointer(&call->method, g_free);
+    g_clear_pointer(&call->path, g_free);
+    g_clear_pointer(&call->refusal, g_free);
+    hostd_guest_api_args_clear(&call->args);
+    call->endpoint = 0;
+    call->status = 0;
+    call->allow = NULL;
+}
+
+/* @text made fit for a log line: printable ASCII, cut to @max bytes and "..." then. */
+static char *
+hostd_guest_api_printable(const char *text, gsize max)
+{
+    GString *out = g_string_new(NULL);
+
+    for (const char *p = text; *p != '\0' && out->len < max; p++)
+        g_string_append_c(out, g_ascii_isgraph(*p) ? *p : '?');
+    if (text[0] != '\0' && out->len >= max)
+        g_string_append(out, "...");
+    return g_string_free(out, FALSE);
+}
+
+static gboolean
+hostd_guest_api_is_printable(const char *text, gsize max)
+{
+    gsize len = strlen(text);
+
+    /* As hostd_guest_api_printable() leaves it: "..." only after a cut. */
+    if (len > max + 3 || (len > max && !g_str_equal(text + max, "...")))
+        return FALSE;
+    for (gsize i = 0; i < MIN(len, max); i++) {
+        if (!g_ascii_isgraph(text[i]))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+static void
+hostd_guest_api_call_refuse(HostdGuestApiCall *call, guint status, VmErrorCode code,
+                            const char *message)
+{
+    g_autoptr(GError) error = g_error_new_literal(VM_ERROR, code, message);
+
+    call->endpoint = 0;
+    call->status = status;
+    hostd_guest_api_args_clear(&call->args);
+    g_free(call->refusal);
+    call->refusal = hostd_guest_api_error_json(error, 0);
+}
+
+void
+hostd_guest_api_call_read(const char *method, const char *path, const char *body, gsize len,
+                          gboolean too_long, HostdGuestApiCall *ret)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *message = NULL;
+    const HostdGuestApiRoute *route;
+    guint status = 0;
+    const char *allow = NULL;
+
+    *ret = (HostdGuestApiCall){0};
+    ret->method = hostd_guest_api_printable(method, HOSTD_GUEST_API_LOG_METHOD_MAX);
+    ret->path = hostd_guest_api_printable(path, HOSTD_GUEST_API_LOG_PATH_MAX);
+    route = hostd_guest_api_route(method, path, &status, &allow);
+    if (route == NULL && status == 405) {
+        message = g_strdup_printf("%s takes %s only", ret->path, allow);
+        hostd_guest_api_call_refuse(ret, 405, VM_ERROR_INVALID_ARGUMENT, message);
+        ret->allow = allow;
+        return;
+    }
+    if (route == NULL) {
+        message = g_strdup_printf("no %s in this API (see GET /v1/info)", ret->path);
+        hostd_guest_api_call_refuse(ret, 404, VM_ERROR_NOT_FOUND, message);
+        return;
+    }
+    if (too_long) {
+        hostd_guest_api_call_refuse(ret, 413, VM_ERROR_PROTOCOL,
+                                    "the request body is longer than 16384 bytes");
+        return;
+    }
+    if ((route->flags & HOSTD_GUEST_API_BODY) &&
+        !hostd_guest_api_args_parse(route->endpoint, body, len, &ret->args, &error)) {
+        hostd_guest_api_call_refuse(ret, 400, vm_error_code(error), error->message);
+        return;
+    }
+    ret->endpoint = route->endpoint;
+}
+
+GVariant *
+hostd_guest_api_call_to_variant(const HostdGuestApiCall *call, guint32 serial)
+{
+    const char *const none[] = {NULL};
+
+    return g_variant_new("(uuusssbs^asu)", serial, (guint32)call->endpoint, (guint32)call->status,
+                         call->method, call->path, call->args.label != NULL ? call->args.label : "",
+                         call->args.memory, call->args.id != NULL ? call->args.id : "",
+                         call->args.paths != NULL ? (const char *const *)call->args.paths : none,
+                         (guint32)call->args.seconds);
+}
+
+/* The arguments of a call to @endpoint: those it takes, within their bounds; the others empty. */
+static gboolean
+hostd_guest_api_call_args_ok(HostdGuestApiEndpoint endpoint, const char *label, gboolean memory,
+                             const char *id, const char *const *paths, guint32 seconds,
+                             GError **error)
+{
+    gsize n_paths = g_strv_length((char **)paths);
+
+    if (endpoint != HOSTD_GUEST_API_CHECKPOINT_CREATE && (label[0] != '\0' || memory))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "a label or memory for another endpoint");
+    if (strlen(label) > VM_LABEL_MAX || hostd_guest_api_has_control(label))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "a label out of bounds");
+    if (endpoint != HOSTD_GUEST_API_RESTORE && (id[0] != '\0' || n_paths > 0))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "an id or paths for another endpoint");
+    if (endpoint == HOSTD_GUEST_API_RESTORE &&
+        (strlen(id) > VM_LABEL_MAX || !hostd_guest_api_check_id(id, NULL)))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "a restore without a checkpoint id");
+    if (n_paths > HOSTD_GUEST_API_PATHS_MAX)
+        return vm_throw(error, VM_ERROR_PROTOCOL, "more than %d paths", HOSTD_GUEST_API_PATHS_MAX);
+    for (gsize i = 0; i < n_paths; i++) {
+        if (strlen(paths[i]) > HOSTD_GUEST_API_PATH_MAX || hostd_guest_api_has_control(paths[i]) ||
+            !hostd_guest_api_check_path(paths[i], NULL))
+            return vm_throw(error, VM_ERROR_PROTOCOL, "a path out of bounds");
+    }
+    if ((endpoint == HOSTD_GUEST_API_KEEP_AWAKE_SET) !=
+            (seconds >= 1 && seconds <= HOSTD_GUEST_API_KEEP_AWAKE_MAX) ||
+        (endpoint != HOSTD_GUEST_API_KEEP_AWAKE_SET && seconds != 0))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "seconds out of bounds");
+    return TRUE;
+}
+
+gboolean
+hostd_guest_api_call_from_variant(GVariant *value, guint32 *ret_serial, HostdGuestApiCall *ret,
+                                  GError **error)
+{
+    g_auto(HostdGuestApiCall) call = {0};
+    g_autofree const char **paths = NULL;
+    const char *method, *path, *label, *id;
+    guint32 serial, endpoint, status, seconds;
+    gboolean memory;
+    const HostdGuestApiRoute *route;
+    guint route_status = 0;
+    const char *allow = NULL;
+
+    if (!g_variant_is_of_type(value, G_VARIANT_TYPE(HOSTD_GUEST_API_CALL_TYPE)))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "a call of type %s",
+                        g_variant_get_type_string(value));
+    g_variant_get(value, "(uuu&s&s&sb&s^a&su)", &serial, &endpoint, &status, &method, &path, &label,
+                  &memory, &id, &paths, &seconds);
+    if (!hostd_guest_api_is_printable(method, HOSTD_GUEST_API_LOG_METHOD_MAX) ||
+        !hostd_guest_api_is_printable(path, HOSTD_GUEST_API_LOG_PATH_MAX))
+        return vm_throw(error, VM_ERROR_PROTOCOL, "a method or path that is not as logged");
+    route = hostd_guest_api_route(method, path, &route_status, &allow);
+    if (endpoint != 0) {
+        if (status != 0 || route == NULL || route->endpoint != endpoint)
+            return vm_throw(error, VM_ERROR_PROTOCOL, "endpoint %u for %s %s", endpoint, method,
+                            path);
+    } else if (!((status == 404 || status == 405) ? route == NULL && route_status == status
+                 : status == 413                  ? route != NULL
+                 : status == 400 ? route != NULL && (route->flags & HOSTD_GUEST_API_BODY) != 0
+                                 : FALSE)) {
+        return vm_throw(error, VM_ERROR_PROTOCOL, "a refusal %u of %s %s", status, method, path);
+    }
+    if (!hostd_guest_api_call_args_ok(endpoint, label, memory, id, paths, seconds, error))
+        return FALSE;
+    call.endpoint = endpoint;
+    call.status = status;
+    call.method = g_strdup(method);
+    call.path = g_strdup(path);
+    call.args.label = label[0] != '\0' ? g_strdup(label) : NULL;
+    call.args.memory = memory;
+    call.args.id = id[0] != '\0' ? g_strdup(id) : NULL;
+    call.args.paths = paths[0] != NULL ? g_strdupv((char **)paths) : NULL;
+    call.args.seconds = seconds;
+    *ret_serial = serial;
+    *ret = call;
+    call = (HostdGuestApiCall){0};
+    return TRUE;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Errors */
 
 guint

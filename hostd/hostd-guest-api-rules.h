@@ -22,6 +22,11 @@ G_BEGIN_DECLS
 #define HOSTD_GUEST_API_PATHS_MAX      16          /* paths of a partial restore */
 #define HOSTD_GUEST_API_PATH_MAX       4096        /* bytes of one of them */
 #define HOSTD_GUEST_API_KEEP_AWAKE_MAX (24 * 3600) /* seconds of one keep-awake */
+/* Connections of one agent served at once; more, up to twice as many, are answered 503, and
+ * beyond that closed unanswered (by its worker). */
+#define HOSTD_GUEST_API_CONNECTIONS 8
+/* A connection must have sent its whole request within this time. */
+#define HOSTD_GUEST_API_REQUEST_MS (10 * 1000)
 
 typedef enum {
     HOSTD_GUEST_API_INFO = 1,
@@ -94,6 +99,51 @@ G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(HostdGuestApiArgs, hostd_guest_api_args_clear)
  * wrong type, missing or out of bounds. */
 gboolean hostd_guest_api_args_parse(HostdGuestApiEndpoint endpoint, const char *body, gsize len,
                                     HostdGuestApiArgs *ret, GError **error);
+
+/* Bytes of a request's method and path (before "..." is added) that a call carries for hostd's
+ * log. */
+#define HOSTD_GUEST_API_LOG_METHOD_MAX 16
+#define HOSTD_GUEST_API_LOG_PATH_MAX   80
+
+/* One request as the API's worker hands it to hostd: the endpoint and its checked arguments, or
+ * a refusal the worker answers itself (hostd still counts it against the agent's rate). */
+typedef struct {
+    HostdGuestApiEndpoint endpoint; /* 0: refused by the worker; status says how */
+    guint status;                   /* endpoint 0: 400, 404, 405 or 413; else 0 */
+    char *method;                   /* for hostd's log: printable ASCII, cut */
+    char *path;
+    HostdGuestApiArgs args;
+    /* The worker's own, never sent: its answer to a request it refuses. */
+    char *refusal;     /* the error's JSON body */
+    const char *allow; /* 405: the Allow header (static) */
+} HostdGuestApiCall;
+
+void hostd_guest_api_call_clear(HostdGuestApiCall *call);
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(HostdGuestApiCall, hostd_guest_api_call_clear)
+
+/* The call a whole request makes: @method on @path (as the request line says them) with @body
+ * (@len bytes kept, of a body @too_long for HOSTD_GUEST_API_BODY_MAX). Routes it (404, 405 with
+ * its Allow), refuses a long body (413) and reads the body of an endpoint that takes one (400
+ * with hostd_guest_api_args_parse()'s error), in the order the API always answered them. Writes
+ * *@ret (clear it with g_auto(HostdGuestApiCall)); can't fail. */
+void hostd_guest_api_call_read(const char *method, const char *path, const char *body, gsize len,
+                               gboolean too_long, HostdGuestApiCall *ret);
+
+/* The type of a call on the worker's channel: serial, endpoint, status, method, path, label,
+ * memory, id, paths, seconds (a field the endpoint does not take is empty, FALSE or 0). */
+#define HOSTD_GUEST_API_CALL_TYPE "(uuusssbsasu)"
+
+/* @call as a HOSTD_GUEST_API_CALL_TYPE value with @serial (floating); can't fail. */
+GVariant *hostd_guest_api_call_to_variant(const HostdGuestApiCall *call, guint32 serial);
+
+/* Reads a call a worker sent, which hostd does not trust: @value must have the exact type, an
+ * endpoint that its method and path route to (or a refusal whose status they explain), every
+ * string bounded and printable as hostd_guest_api_call_read() leaves it, and exactly the
+ * arguments the endpoint takes, within the bounds of hostd_guest_api_args_parse(). Writes
+ * *@ret_serial and *@ret (clear it) on success. Fails with VM_ERROR_PROTOCOL naming the first
+ * thing that is wrong. */
+gboolean hostd_guest_api_call_from_variant(GVariant *value, guint32 *ret_serial,
+                                           HostdGuestApiCall *ret, GError **error);
 
 /* The HTTP status that answers an error of @code: 400 invalid-argument and protocol, 404
  * not-found, 409 exists, bad-state and busy, 503 not-running and cancelled, 504 timeout, 507

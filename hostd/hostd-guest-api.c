@@ -1,40 +1,34 @@
-/* The in-guest API: a libsoup server per agent on a thread of its own; see hostd-guest-api.h.
+/* The in-guest API's hostd side: one worker process per agent (hostd-guest-api-worker.h) serves
+ * the guest's HTTP; hostd gets its calls, typed and checked, keeps the agent's rates, runs the
+ * work and answers; see hostd-guest-api.h.
  *
- * Threads: the API's thread owns every SoupServer, listening socket, connection and request
- * (everything libsoup touches, and the fields marked "API thread" below); a pool runs the work
- * of requests and hands the answer back to the API's thread; a restore runs on a thread of its
- * own. Agent starts and stops come from request threads and hop to the API's thread. */
+ * Threads: each agent's worker has a reader thread, which takes its calls (the rates and the
+ * heavy flag, under the agent's lock) and hands the work to a pool; the pool runs it and sends
+ * the answer; a restore runs on a thread of its own once its 202 has gone out. */
 #include "hostd-guest-api.h"
 
 #include <errno.h>
-#include <libsoup/soup.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <glib-unix.h>
 #include <glib/gstdio.h>
 
 #include "hostd-agent.h"
 #include "hostd-checkpoint-files.h"
 #include "hostd-checkpoint.h"
+#include "hostd-config.h"
 #include "hostd-egress.h"
 #include "hostd-guest-api-rules.h"
+#include "hostd-guest-api-worker.h"
 #include "hostd-power.h"
 #include "vm-domain.h"
 #include "vm-error.h"
-#include "vm-fd-pass.h"
 #include "vm-seed.h"
 #include "vm-util.h"
 
-/* Helper connections (vm-egress-connect) waiting to hand over a guest connection, per agent, and
- * how long one may take to. */
-#define API_PENDING_MAX 16
-#define API_PENDING_MS  2000
-/* Bytes of a request's path in hostd's log. */
-#define API_LOG_PATH_MAX 80
 /* Threads running requests' work, for every agent together. */
 #define API_WORKERS 8
 
@@ -59,53 +53,27 @@ typedef struct {
     HostdContext *ctx;
     char *name;
     char *socket_path;
-    /* API thread */
-    int listen_fd;
-    GSource *listen_source;
-    GSource *tick;
-    SoupServer *server;
-    GPtrArray *conns; /* ApiConn*, open */
-    guint pending;    /* helper connections not yet handed over */
+    int listen_fd;               /* api.sock, which each run of the worker serves */
+    HostdGuestApiWorker *worker; /* NULL once stopped */
+    GMutex lock;                 /* the fields below */
     HostdGuestApiBucket bucket;
     HostdGuestApiBucket heavy_bucket;
-    gboolean heavy_busy; /* a checkpoint or restore asked from inside is under way */
-    gboolean stopped;
+    gboolean heavy_busy;      /* a checkpoint or restore asked from inside is under way */
     gint64 refused_logged_at; /* the last log line of a refusal for load, monotonic us */
     guint refused_unlogged;   /* refusals since then */
-    /* any thread */
     GMutex status_lock;
     ApiRestore *restore;
 } ApiAgent;
 
-/* One guest connection. Reached from libsoup's callbacks through the data of the remote address
- * given with it, which holds a reference: the address lives as long as libsoup's connection. */
-typedef struct {
-    gint refs;
-    ApiAgent *agent;
-    GSocket *socket; /* API thread; NULL once the connection is gone */
-    gint64 deadline; /* API thread: the request must be read by then (monotonic us); 0: it was */
-    gboolean over;   /* beyond HOSTD_GUEST_API_CONNECTIONS: answered 503 */
-} ApiConn;
-
-/* One request, as the data of its SoupServerMessage (API thread). */
+/* The work of one call, on the pool. */
 typedef struct {
     ApiAgent *agent;
-    ApiConn *conn;
-    char *method;
-    char *path; /* for the log: printable, cut */
+    HostdGuestApiWorker *worker; /* where the answer goes: run, serial */
+    guint64 run;
+    guint32 serial;
+    char *method; /* for the log line */
+    char *path;
     gint64 started;
-    const HostdGuestApiRoute *route;
-    GByteArray *body;
-    gsize received;
-    gboolean finished;          /* libsoup is done with it: no answer can be set any more */
-    gboolean refused_load;      /* 429 or 503: logged in a summary */
-    HostdGuestApiArgs *restore; /* a restore to start once its 202 went out */
-} ApiRequest;
-
-/* The work of one request, on the pool. */
-typedef struct {
-    ApiAgent *agent;
-    SoupServerMessage *msg;
     const HostdGuestApiRoute *route;
     HostdGuestApiArgs args;
     guint status;
@@ -117,13 +85,10 @@ typedef struct {
 struct _HostdGuestApi {
     HostdContext *ctx;
     GMutex lock;        /* agents, stopping, restores */
+    GCond cond;         /* a restore ended, or stopping began */
     GHashTable *agents; /* name -> ApiAgent* */
     gboolean stopping;
-    GMainContext *context;
-    GMainLoop *loop;
-    GThread *thread;
     GThreadPool *pool;
-    GCond restores_done;
     guint restores; /* restore threads running */
 };
 
@@ -133,7 +98,7 @@ static const char *const api_checkpoint_keys[] = {
 static const char *const api_egress_keys[] = {"allow", "deny", "proxy", NULL};
 
 /* ---------------------------------------------------------------------------------------------
- * Agents and connections */
+ * Agents */
 
 static ApiAgent *
 api_agent_ref(ApiAgent *agent)
@@ -162,8 +127,11 @@ api_agent_unref(ApiAgent *agent)
 {
     if (agent == NULL || !g_atomic_int_dec_and_test(&agent->refs))
         return;
-    g_ptr_array_unref(agent->conns);
+    g_assert(agent->worker == NULL);
+    if (agent->listen_fd >= 0)
+        close(agent->listen_fd);
     api_restore_free(agent->restore);
+    g_mutex_clear(&agent->lock);
     g_mutex_clear(&agent->status_lock);
     g_free(agent->name);
     g_free(agent->socket_path);
@@ -171,77 +139,9 @@ api_agent_unref(ApiAgent *agent)
 }
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(ApiAgent, api_agent_unref)
 
-static void
-api_conn_unref(gpointer data)
-{
-    ApiConn *conn = data;
-
-    if (!g_atomic_int_dec_and_test(&conn->refs))
-        return;
-    g_clear_object(&conn->socket);
-    api_agent_unref(conn->agent);
-    g_free(conn);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Running on the API's thread */
-
-typedef struct {
-    GSourceFunc func;
-    gpointer data;
-    GMutex lock;
-    GCond cond;
-    gboolean done;
-} ApiCall;
-
-static gboolean
-api_call_run(gpointer data)
-{
-    ApiCall *call = data;
-
-    call->func(call->data);
-    g_mutex_lock(&call->lock);
-    call->done = TRUE;
-    g_cond_signal(&call->cond);
-    g_mutex_unlock(&call->lock);
-    return G_SOURCE_REMOVE;
-}
-
-/* Runs @func(@data) on the API's thread and returns once it did. */
-static void
-api_run(HostdGuestApi *api, GSourceFunc func, gpointer data)
-{
-    ApiCall call = {.func = func, .data = data};
-
-    if (g_main_context_is_owner(api->context)) {
-        func(data);
-        return;
-    }
-    g_mutex_init(&call.lock);
-    g_cond_init(&call.cond);
-    g_main_context_invoke(api->context, api_call_run, &call);
-    g_mutex_lock(&call.lock);
-    while (!call.done)
-        g_cond_wait(&call.cond, &call.lock);
-    g_mutex_unlock(&call.lock);
-    g_mutex_clear(&call.lock);
-    g_cond_clear(&call.cond);
-}
-
-static gpointer
-api_thread(gpointer data)
-{
-    HostdGuestApi *api = data;
-
-    g_main_context_push_thread_default(api->context);
-    g_main_loop_run(api->loop);
-    g_main_context_pop_thread_default(api->context);
-    return NULL;
-}
-
 static void api_work(gpointer data, gpointer user_data);
 
-/* The context's API, made (with its thread and pool) on first use when @create. */
+/* The context's API, made (with its pool) on first use when @create. */
 static HostdGuestApi *
 api_get(HostdContext *ctx, gboolean create)
 {
@@ -253,12 +153,9 @@ api_get(HostdContext *ctx, gboolean create)
         api = g_new0(HostdGuestApi, 1);
         api->ctx = ctx;
         g_mutex_init(&api->lock);
-        g_cond_init(&api->restores_done);
+        g_cond_init(&api->cond);
         api->agents = g_hash_table_new(g_str_hash, g_str_equal);
-        api->context = g_main_context_new();
-        api->loop = g_main_loop_new(api->context, FALSE);
         api->pool = g_thread_pool_new(api_work, api, API_WORKERS, FALSE, NULL);
-        api->thread = g_thread_new("hostd-guest-api", api_thread, api);
         ctx->guest_api = api;
     }
     g_mutex_unlock(&ctx->lock);
@@ -267,19 +164,6 @@ api_get(HostdContext *ctx, gboolean create)
 
 /* ---------------------------------------------------------------------------------------------
  * Log and events */
-
-/* @text made fit for a log line: printable ASCII, cut to @max bytes. */
-static char *
-api_printable(const char *text, gsize max)
-{
-    GString *out = g_string_new(NULL);
-
-    for (const char *p = text; *p != '\0' && out->len < max; p++)
-        g_string_append_c(out, g_ascii_isgraph(*p) ? *p : '?');
-    if (text[0] != '\0' && out->len >= max)
-        g_string_append(out, "...");
-    return g_string_free(out, FALSE);
-}
 
 /* What the guest may read of @error: its message without the host's directories. */
 static GError *
@@ -322,49 +206,105 @@ static void
 api_log_refused(ApiAgent *agent, const char *what)
 {
     gint64 now = g_get_monotonic_time();
+    guint unlogged;
 
+    g_mutex_lock(&agent->lock);
     if (agent->refused_logged_at != 0 && now - agent->refused_logged_at < G_USEC_PER_SEC) {
         agent->refused_unlogged++;
+        g_mutex_unlock(&agent->lock);
         return;
     }
-    if (agent->refused_unlogged > 0)
-        hostd_context_log(agent->ctx, "guest api: agent '%s': %s (and %u more refused for load)",
-                          agent->name, what, agent->refused_unlogged);
-    else
-        hostd_context_log(agent->ctx, "guest api: agent '%s': %s", agent->name, what);
+    unlogged = agent->refused_unlogged;
     agent->refused_logged_at = now;
     agent->refused_unlogged = 0;
+    g_mutex_unlock(&agent->lock);
+    if (unlogged > 0)
+        hostd_context_log(agent->ctx, "guest api: agent '%s': %s (and %u more refused for load)",
+                          agent->name, what, unlogged);
+    else
+        hostd_context_log(agent->ctx, "guest api: agent '%s': %s", agent->name, what);
+}
+
+/* hostd's log line of each answered call: agent, method, path, status, time. */
+static void
+api_log_call(ApiAgent *agent, const char *method, const char *path, guint status, gint64 started,
+             gboolean refused_load)
+{
+    g_autofree char *line = g_strdup_printf("%s %s %u (%.0f ms)", method, path, status,
+                                            (g_get_monotonic_time() - started) / 1000.0);
+
+    if (refused_load)
+        api_log_refused(agent, line);
+    else
+        hostd_context_log(agent->ctx, "guest api: agent '%s': %s", agent->name, line);
+}
+
+/* What the worker refused without a call, as the log says it. */
+static void
+api_refused(HostdGuestApiRefusal why, gpointer data)
+{
+    ApiAgent *agent = data;
+    g_autofree char *text = NULL;
+
+    switch (why) {
+    case HOSTD_GUEST_API_REFUSED_OPEN:
+        api_log_refused(agent, "a connection closed unanswered: too many open");
+        break;
+    case HOSTD_GUEST_API_REFUSED_HANDING:
+        api_log_refused(agent, "a connection closed unanswered: too many handing over");
+        break;
+    case HOSTD_GUEST_API_REFUSED_NOTHING:
+        hostd_context_log(agent->ctx,
+                          "guest api: agent '%s': a connection to its socket handed nothing over",
+                          agent->name);
+        break;
+    case HOSTD_GUEST_API_REFUSED_SLOW:
+        api_log_refused(agent, "a connection cut: no whole request within 10 s");
+        break;
+    case HOSTD_GUEST_API_REFUSED_CONNECTIONS:
+        text = g_strdup_printf("a request answered 503: more than %d connections at once",
+                               HOSTD_GUEST_API_CONNECTIONS);
+        api_log_refused(agent, text);
+        break;
+    case HOSTD_GUEST_API_REFUSED_BODY_CUT:
+        api_log_refused(agent, "a connection cut: a body announced or sent past 1 MiB");
+        break;
+    default:
+        break;
+    }
+}
+
+/* The worker sent what no worker of ours sends: it is killed and replaced. */
+static void
+api_broken(const char *why, gpointer data)
+{
+    ApiAgent *agent = data;
+    g_autofree char *cut = g_strndup(why, 200);
+
+    /* Its words may hold what the worker sent: printable ASCII only in the log. */
+    for (char *p = cut; *p != '\0'; p++) {
+        if (!g_ascii_isprint(*p))
+            *p = '?';
+    }
+    hostd_context_log(agent->ctx,
+                      "guest api: agent '%s': its worker broke the protocol (%s); it is replaced",
+                      agent->name, cut);
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Answers (API thread) */
+ * Answers */
 
+/* Answers a call with an error of @code that hostd decided (a rate, a busy flag). */
 static void
-api_respond(SoupServerMessage *msg, guint status, char *json)
-{
-    soup_server_message_set_status(msg, status, NULL);
-    soup_server_message_set_response(msg, "application/json", SOUP_MEMORY_TAKE, json, strlen(json));
-}
-
-static void
-api_respond_error(SoupServerMessage *msg, guint status, const GError *error, guint retry_after_s)
-{
-    if (retry_after_s != 0) {
-        g_autofree char *retry = g_strdup_printf("%u", retry_after_s);
-
-        soup_message_headers_replace(soup_server_message_get_response_headers(msg), "Retry-After",
-                                     retry);
-    }
-    api_respond(msg, status, hostd_guest_api_error_json(error, retry_after_s));
-}
-
-static void
-api_refuse(SoupServerMessage *msg, guint status, VmErrorCode code, guint retry_after_s,
-           const char *message)
+api_refuse(ApiAgent *agent, HostdGuestApiWorker *worker, guint64 run, guint32 serial,
+           const HostdGuestApiCall *call, guint status, VmErrorCode code, guint retry_after_s,
+           const char *message, gboolean refused_load)
 {
     g_autoptr(GError) error = g_error_new_literal(VM_ERROR, code, message);
+    g_autofree char *json = hostd_guest_api_error_json(error, retry_after_s);
 
-    api_respond_error(msg, status, error, retry_after_s);
+    hostd_guest_api_worker_answer(worker, run, serial, status, json, retry_after_s);
+    api_log_call(agent, call->method, call->path, status, g_get_monotonic_time(), refused_load);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -376,7 +316,9 @@ api_job_free(gpointer data)
     ApiJob *job = data;
 
     hostd_guest_api_args_clear(&job->args);
-    g_clear_object(&job->msg);
+    hostd_guest_api_worker_unref(job->worker);
+    g_free(job->method);
+    g_free(job->path);
     g_free(job->body);
     g_clear_error(&job->error);
     api_agent_unref(job->agent);
@@ -642,18 +584,20 @@ api_event_detail(const ApiJob *job, const char *id)
     }
 }
 
-static gboolean api_job_done(gpointer data);
+static void api_restore_schedule(ApiAgent *agent, const HostdGuestApiArgs *args);
+static void api_heavy_done(ApiAgent *agent);
 
 static void
 api_work(gpointer data, gpointer user_data)
 {
     ApiJob *job = data;
-    HostdGuestApi *api = user_data;
     ApiAgent *agent = job->agent;
     HostdContext *ctx = agent->ctx;
     g_autoptr(GError) error = NULL;
     g_autofree char *id = NULL;
+    g_autofree char *json = NULL;
     char *body = NULL;
+    guint status;
 
     job->status = 200;
     switch (job->route->endpoint) {
@@ -693,23 +637,37 @@ api_work(gpointer data, gpointer user_data)
 
         api_event(ctx, agent->name, job->route->event, error, detail);
     }
+    if (body != NULL && strlen(body) > HOSTD_GUEST_API_WIRE_ANSWER_MAX) {
+        g_clear_pointer(&body, g_free);
+        vm_throw(&error, VM_ERROR_FAILED, "the answer is longer than %d bytes",
+                 HOSTD_GUEST_API_WIRE_ANSWER_MAX);
+    }
     if (body == NULL)
         job->error = api_guest_error(ctx, error);
     job->body = body;
-    g_main_context_invoke_full(api->context, G_PRIORITY_DEFAULT, api_job_done, job, api_job_free);
+
+    if (job->body != NULL) {
+        status = job->status;
+    } else {
+        status = hostd_guest_api_error_status(vm_error_code(job->error));
+        json = hostd_guest_api_error_json(job->error, 0);
+    }
+    /* Free before the answer goes: the guest may ask the next one as soon as it has it. A
+     * restore keeps the flag until it ended. */
+    if (!job->restore_accepted && (job->route->flags & HOSTD_GUEST_API_HEAVY))
+        api_heavy_done(agent);
+    hostd_guest_api_worker_answer(job->worker, job->run, job->serial, status,
+                                  job->body != NULL ? job->body : json, 0);
+    api_log_call(agent, job->method, job->path, status, job->started, FALSE);
+    /* The restore starts once its answer had its moment to reach the guest: see
+     * api_restore_thread(). */
+    if (job->restore_accepted)
+        api_restore_schedule(agent, &job->args);
+    api_job_free(job);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Restores asked from inside (their own thread) */
-
-static void
-api_args_free(HostdGuestApiArgs *args)
-{
-    if (args == NULL)
-        return;
-    hostd_guest_api_args_clear(args);
-    g_free(args);
-}
 
 typedef struct {
     ApiAgent *agent;
@@ -726,13 +684,12 @@ api_restore_run_free(ApiRestoreRun *run)
     g_free(run);
 }
 
-static gboolean
-api_heavy_done(gpointer data)
+static void
+api_heavy_done(ApiAgent *agent)
 {
-    ApiAgent *agent = data;
-
+    g_mutex_lock(&agent->lock);
     agent->heavy_busy = FALSE;
-    return G_SOURCE_REMOVE;
+    g_mutex_unlock(&agent->lock);
 }
 
 static void
@@ -756,6 +713,16 @@ api_restore_set(ApiAgent *agent, const char *state, const char *undo, const GErr
     g_mutex_unlock(&agent->status_lock);
 }
 
+/* Ends a restore thread: the API's count of them. */
+static void
+api_restore_ended(HostdGuestApi *api)
+{
+    g_mutex_lock(&api->lock);
+    api->restores--;
+    g_cond_broadcast(&api->cond);
+    g_mutex_unlock(&api->lock);
+}
+
 static gpointer
 api_restore_thread(gpointer data)
 {
@@ -768,6 +735,24 @@ api_restore_thread(gpointer data)
     g_autoptr(GVariant) result = NULL;
     g_autofree char *undo = NULL;
     g_autofree char *detail = NULL;
+    gint64 deadline = g_get_monotonic_time() + (gint64)HOSTD_GUEST_API_RESTORE_DELAY_MS * 1000;
+    gboolean stopping;
+
+    /* The answer went to the worker a moment ago: it reaches the guest before the restore
+     * begins, unless hostd is stopping. */
+    g_mutex_lock(&api->lock);
+    while (!api->stopping && g_cond_wait_until(&api->cond, &api->lock, deadline))
+        ;
+    stopping = api->stopping;
+    g_mutex_unlock(&api->lock);
+    if (stopping) {
+        vm_throw(&error, VM_ERROR_CANCELLED, "hostd stopped before the restore began");
+        api_restore_set(agent, "failed", NULL, error);
+        api_heavy_done(agent);
+        api_restore_run_free(run);
+        api_restore_ended(api);
+        return NULL;
+    }
 
     api_restore_set(agent, "running", NULL, NULL);
     /* As the restore request does: the agent's lock is taken inside, for the whole of it. */
@@ -794,432 +779,102 @@ api_restore_thread(gpointer data)
         detail = g_strdup(run->id);
     }
     api_event(ctx, agent->name, "checkpoint-restore", error, detail);
-    g_main_context_invoke_full(api->context, G_PRIORITY_DEFAULT, api_heavy_done,
-                               api_agent_ref(agent), (GDestroyNotify)api_agent_unref);
+    api_heavy_done(agent);
     api_restore_run_free(run);
-    g_mutex_lock(&api->lock);
-    api->restores--;
-    g_cond_broadcast(&api->restores_done);
-    g_mutex_unlock(&api->lock);
+    api_restore_ended(api);
     return NULL;
 }
 
-/* API thread: the restore's answer went out (or its client is gone) a moment ago; it starts now,
- * unless hostd is stopping. @data is the timer's: what the thread needs moves out of it. */
-static gboolean
-api_restore_start(gpointer data)
+/* Starts the restore @args of @agent on its own thread, unless hostd is stopping. */
+static void
+api_restore_schedule(ApiAgent *agent, const HostdGuestApiArgs *args)
 {
-    ApiRestoreRun *timer_run = data;
-    ApiRestoreRun *run = g_new0(ApiRestoreRun, 1);
-    HostdGuestApi *api = timer_run->agent->api;
+    HostdGuestApi *api = agent->api;
     g_autoptr(GError) error = NULL;
+    ApiRestoreRun *run;
 
-    *run = *timer_run;
-    *timer_run = (ApiRestoreRun){0};
     g_mutex_lock(&api->lock);
     if (api->stopping) {
         g_mutex_unlock(&api->lock);
         vm_throw(&error, VM_ERROR_CANCELLED, "hostd stopped before the restore began");
-        api_restore_set(run->agent, "failed", NULL, error);
-        run->agent->heavy_busy = FALSE;
-        api_restore_run_free(run);
-        return G_SOURCE_REMOVE;
+        api_restore_set(agent, "failed", NULL, error);
+        api_heavy_done(agent);
+        return;
     }
     api->restores++;
     g_mutex_unlock(&api->lock);
+    run = g_new0(ApiRestoreRun, 1);
+    run->agent = api_agent_ref(agent);
+    run->id = g_strdup(args->id);
+    run->paths = g_strdupv(args->paths);
     g_thread_unref(g_thread_new("hostd-guest-restore", api_restore_thread, run));
-    return G_SOURCE_REMOVE;
 }
 
+/* A call the agent's worker made (its reader thread): the agent's rate first, whatever the call
+ * (as the API always counted), then the worker's own refusal, or the heavy flag and rate, and
+ * the work on the pool. */
 static void
-api_restore_schedule(ApiRequest *req)
-{
-    ApiRestoreRun *run = g_new0(ApiRestoreRun, 1);
-    GSource *timer = g_timeout_source_new(HOSTD_GUEST_API_RESTORE_DELAY_MS);
-
-    run->agent = api_agent_ref(req->agent);
-    run->id = g_strdup(req->restore->id);
-    run->paths = g_strdupv(req->restore->paths);
-    g_clear_pointer(&req->restore, api_args_free);
-    g_source_set_callback(timer, api_restore_start, run, (GDestroyNotify)api_restore_run_free);
-    g_source_attach(timer, req->agent->api->context);
-    g_source_unref(timer);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Requests (API thread) */
-
-static gboolean
-api_job_done(gpointer data)
-{
-    ApiJob *job = data;
-    ApiAgent *agent = job->agent;
-    ApiRequest *req = g_object_get_data(G_OBJECT(job->msg), "hostd-guest-api");
-    gboolean heavy = (job->route->flags & HOSTD_GUEST_API_HEAVY) != 0;
-
-    if (job->restore_accepted && req != NULL) {
-        /* The restore waits for its answer to have gone out: see api_request_finished(). */
-        req->restore = g_new0(HostdGuestApiArgs, 1);
-        req->restore->id = g_strdup(job->args.id);
-        req->restore->paths = g_strdupv(job->args.paths);
-        heavy = FALSE;
-    }
-    if (heavy)
-        agent->heavy_busy = FALSE;
-    if (req == NULL || req->finished || agent->stopped) {
-        if (req != NULL && req->restore != NULL)
-            api_restore_schedule(req);
-        return G_SOURCE_REMOVE;
-    }
-    if (job->body != NULL) {
-        api_respond(job->msg, job->status, g_steal_pointer(&job->body));
-    } else {
-        api_respond_error(job->msg, hostd_guest_api_error_status(vm_error_code(job->error)),
-                          job->error, 0);
-    }
-    soup_server_message_unpause(job->msg);
-    return G_SOURCE_REMOVE;
-}
-
-static void
-api_request_free(gpointer data)
-{
-    ApiRequest *req = data;
-
-    api_args_free(req->restore);
-    if (req->conn != NULL)
-        api_conn_unref(req->conn);
-    api_agent_unref(req->agent);
-    g_free(req->method);
-    g_free(req->path);
-    if (req->body != NULL)
-        g_byte_array_unref(req->body);
-    g_free(req);
-}
-
-static void
-api_request_finished(SoupServerMessage *msg, gpointer data)
-{
-    ApiRequest *req = data;
-
-    req->finished = TRUE;
-    if (req->restore != NULL)
-        api_restore_schedule(req);
-}
-
-/* A body past HOSTD_GUEST_API_BODY_MAX is answered 413 once it was read (and dropped); one past
- * HOSTD_GUEST_API_DISCARD_MAX is not read on: the connection is cut. */
-static void
-api_got_chunk(SoupServerMessage *msg, GBytes *chunk, gpointer data)
-{
-    ApiRequest *req = data;
-    gsize len = 0;
-    const guint8 *bytes = g_bytes_get_data(chunk, &len);
-
-    req->received += len;
-    if (req->received <= HOSTD_GUEST_API_BODY_MAX) {
-        g_byte_array_append(req->body, bytes, (guint)len);
-        return;
-    }
-    if (soup_server_message_get_status(msg) == 0)
-        api_refuse(msg, 413, VM_ERROR_PROTOCOL, 0, "the request body is longer than 16384 bytes");
-    if (req->received > HOSTD_GUEST_API_DISCARD_MAX && req->conn != NULL &&
-        req->conn->socket != NULL)
-        (void)g_socket_shutdown(req->conn->socket, TRUE, TRUE, NULL);
-}
-
-static void
-api_request_started(SoupServer *server, SoupServerMessage *msg, gpointer data)
+api_call(HostdGuestApiWorker *worker, guint64 run, guint32 serial, HostdGuestApiCall *call,
+         gpointer data)
 {
     ApiAgent *agent = data;
-    ApiRequest *req = g_new0(ApiRequest, 1);
-    ApiConn *conn =
-        g_object_get_data(G_OBJECT(soup_server_message_get_remote_address(msg)), "hostd-guest-api");
-
-    req->agent = api_agent_ref(agent);
-    if (conn != NULL) {
-        g_atomic_int_inc(&conn->refs);
-        req->conn = conn;
-    }
-    req->started = g_get_monotonic_time();
-    req->body = g_byte_array_new();
-    g_object_set_data_full(G_OBJECT(msg), "hostd-guest-api", req, api_request_free);
-    g_signal_connect(msg, "finished", G_CALLBACK(api_request_finished), req);
-    g_signal_connect(msg, "got-chunk", G_CALLBACK(api_got_chunk), req);
-}
-
-static void
-api_request_read(SoupServer *server, SoupServerMessage *msg, gpointer data)
-{
-    ApiRequest *req = g_object_get_data(G_OBJECT(msg), "hostd-guest-api");
-
-    if (req != NULL && req->conn != NULL)
-        req->conn->deadline = 0;
-}
-
-/* hostd's log line of each answered request: agent, method, path, status, time. */
-static void
-api_request_ended(SoupServer *server, SoupServerMessage *msg, gpointer data)
-{
-    ApiAgent *agent = data;
-    ApiRequest *req = g_object_get_data(G_OBJECT(msg), "hostd-guest-api");
-    guint status = soup_server_message_get_status(msg);
-    g_autofree char *line = NULL;
-
-    if (req == NULL)
-        return;
-    /* A request libsoup refused before it was routed has no method or path of ours. */
-    line = g_strdup_printf("%s %s %u (%.0f ms)", req->method != NULL ? req->method : "-",
-                           req->path != NULL ? req->path : "-", status,
-                           (g_get_monotonic_time() - req->started) / 1000.0);
-    if (req->refused_load)
-        api_log_refused(agent, line);
-    else
-        hostd_context_log(agent->ctx, "guest api: agent '%s': %s", agent->name, line);
-}
-
-/* Before the body: the connection's share, the rate, the route and the announced body size. A
- * status set here answers the request once its body was read (and dropped); the handler below
- * is not called then. */
-static void
-api_early(SoupServer *server, SoupServerMessage *msg, const char *path, GHashTable *query,
-          gpointer data)
-{
-    ApiAgent *agent = data;
-    ApiRequest *req = g_object_get_data(G_OBJECT(msg), "hostd-guest-api");
-    SoupMessageHeaders *headers = soup_server_message_get_request_headers(msg);
-    guint status = 0, retry = 0;
-    const char *allow = NULL;
+    const HostdConfig *config = agent->ctx->config;
+    const HostdGuestApiRoute *route;
     g_autofree char *message = NULL;
-
-    soup_message_body_set_accumulate(soup_server_message_get_request_body(msg), FALSE);
-    if (req == NULL)
-        return;
-    req->method = api_printable(soup_server_message_get_method(msg), 16);
-    req->path = api_printable(path, API_LOG_PATH_MAX);
-
-    if (req->conn != NULL && req->conn->over) {
-        req->refused_load = TRUE;
-        message = g_strdup_printf("more than %d connections at once from this agent",
-                                  HOSTD_GUEST_API_CONNECTIONS);
-        api_refuse(msg, 503, VM_ERROR_BUSY, 1, message);
-        return;
-    }
-    if (!hostd_guest_api_bucket_take(&agent->bucket, agent->ctx->config->guest_api_rate,
-                                     agent->ctx->config->guest_api_burst, g_get_monotonic_time(),
-                                     &retry)) {
-        req->refused_load = TRUE;
-        message = g_strdup_printf("too many requests: at most %u a second, in bursts of %u",
-                                  agent->ctx->config->guest_api_rate,
-                                  agent->ctx->config->guest_api_burst);
-        api_refuse(msg, 429, VM_ERROR_BUSY, retry, message);
-        return;
-    }
-    req->route = hostd_guest_api_route(soup_server_message_get_method(msg), path, &status, &allow);
-    if (req->route == NULL && status == 405) {
-        soup_message_headers_replace(soup_server_message_get_response_headers(msg), "Allow", allow);
-        message = g_strdup_printf("%s takes %s only", req->path, allow);
-        api_refuse(msg, 405, VM_ERROR_INVALID_ARGUMENT, 0, message);
-        return;
-    }
-    if (req->route == NULL) {
-        message = g_strdup_printf("no %s in this API (see GET /v1/info)", req->path);
-        api_refuse(msg, 404, VM_ERROR_NOT_FOUND, 0, message);
-        return;
-    }
-    if (soup_message_headers_get_encoding(headers) == SOUP_ENCODING_CONTENT_LENGTH &&
-        soup_message_headers_get_content_length(headers) > HOSTD_GUEST_API_BODY_MAX) {
-        api_refuse(msg, 413, VM_ERROR_PROTOCOL, 0, "the request body is longer than 16384 bytes");
-        if (soup_message_headers_get_content_length(headers) > HOSTD_GUEST_API_DISCARD_MAX &&
-            req->conn != NULL && req->conn->socket != NULL)
-            (void)g_socket_shutdown(req->conn->socket, TRUE, TRUE, NULL);
-    }
-}
-
-static void
-api_handle(SoupServer *server, SoupServerMessage *msg, const char *path, GHashTable *query,
-           gpointer data)
-{
-    ApiAgent *agent = data;
-    ApiRequest *req = g_object_get_data(G_OBJECT(msg), "hostd-guest-api");
-    g_autoptr(GError) error = NULL;
+    guint retry = 0, status = 0;
+    const char *allow = NULL;
+    gboolean taken;
     ApiJob *job;
-    guint retry = 0;
 
-    if (req == NULL || req->route == NULL) {
-        api_refuse(msg, 500, VM_ERROR_FAILED, 0, "the request was not routed");
+    g_mutex_lock(&agent->lock);
+    taken = hostd_guest_api_bucket_take(&agent->bucket, config->guest_api_rate,
+                                        config->guest_api_burst, g_get_monotonic_time(), &retry);
+    g_mutex_unlock(&agent->lock);
+    if (!taken) {
+        message = g_strdup_printf("too many requests: at most %u a second, in bursts of %u",
+                                  config->guest_api_rate, config->guest_api_burst);
+        api_refuse(agent, worker, run, serial, call, 429, VM_ERROR_BUSY, retry, message, TRUE);
         return;
     }
-    job = g_new0(ApiJob, 1);
-    job->agent = api_agent_ref(agent);
-    job->route = req->route;
-    if ((req->route->flags & HOSTD_GUEST_API_BODY) &&
-        !hostd_guest_api_args_parse(req->route->endpoint, (const char *)req->body->data,
-                                    req->body->len, &job->args, &error)) {
-        api_respond_error(msg, 400, error, 0);
-        api_job_free(job);
+    if (call->endpoint == 0) {
+        hostd_guest_api_worker_answer(worker, run, serial, 0, NULL, 0);
+        api_log_call(agent, call->method, call->path, call->status, g_get_monotonic_time(), FALSE);
         return;
     }
-    if (req->route->flags & HOSTD_GUEST_API_HEAVY) {
+    /* Checked to be there by hostd_guest_api_call_from_variant(). */
+    route = hostd_guest_api_route(call->method, call->path, &status, &allow);
+    g_assert(route != NULL && route->endpoint == call->endpoint);
+    if (route->flags & HOSTD_GUEST_API_HEAVY) {
+        g_mutex_lock(&agent->lock);
         if (agent->heavy_busy) {
-            api_refuse(msg, 409, VM_ERROR_BUSY, 1,
-                       "a checkpoint or restore asked from inside is under way");
-            api_job_free(job);
+            g_mutex_unlock(&agent->lock);
+            api_refuse(agent, worker, run, serial, call, 409, VM_ERROR_BUSY, 1,
+                       "a checkpoint or restore asked from inside is under way", FALSE);
             return;
         }
         if (!hostd_guest_api_bucket_take(&agent->heavy_bucket, HOSTD_GUEST_API_HEAVY_RATE,
                                          HOSTD_GUEST_API_HEAVY_BURST, g_get_monotonic_time(),
                                          &retry)) {
-            req->refused_load = TRUE;
-            api_refuse(msg, 429, VM_ERROR_BUSY, retry,
-                       "too many checkpoints and restores: one every 10 s, in bursts of 3");
-            api_job_free(job);
+            g_mutex_unlock(&agent->lock);
+            api_refuse(agent, worker, run, serial, call, 429, VM_ERROR_BUSY, retry,
+                       "too many checkpoints and restores: one every 10 s, in bursts of 3", TRUE);
             return;
         }
         agent->heavy_busy = TRUE;
+        g_mutex_unlock(&agent->lock);
     }
-    job->msg = g_object_ref(msg);
-    soup_server_message_pause(msg);
+    job = g_new0(ApiJob, 1);
+    job->agent = api_agent_ref(agent);
+    job->worker = hostd_guest_api_worker_ref(worker);
+    job->run = run;
+    job->serial = serial;
+    job->method = g_steal_pointer(&call->method);
+    job->path = g_steal_pointer(&call->path);
+    job->started = g_get_monotonic_time();
+    job->route = route;
+    job->args = call->args;
+    call->args = (HostdGuestApiArgs){0};
     g_thread_pool_push(agent->api->pool, job, NULL);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Connections (API thread) */
-
-static void
-api_conn_gone(gpointer data, GObject *stream)
-{
-    ApiConn *conn = data;
-    ApiAgent *agent = conn->agent;
-
-    g_ptr_array_remove(agent->conns, conn);
-    g_clear_object(&conn->socket);
-    api_conn_unref(conn);
-}
-
-/* Gives the guest's connection @fd (owned) to @agent's server. */
-static void
-api_agent_take(ApiAgent *agent, int fd)
-{
-    g_autoptr(GError) error = NULL;
-    g_autoptr(GSocket) socket = NULL;
-    g_autoptr(GSocketConnection) stream = NULL;
-    g_autoptr(GSocketAddress) local = NULL;
-    g_autoptr(GSocketAddress) remote = NULL;
-    ApiConn *conn;
-
-    if (agent->stopped || agent->conns->len >= 2 * HOSTD_GUEST_API_CONNECTIONS) {
-        close(fd);
-        if (!agent->stopped)
-            api_log_refused(agent, "a connection closed unanswered: too many open");
-        return;
-    }
-    socket = g_socket_new_from_fd(fd, &error);
-    if (socket == NULL) {
-        close(fd);
-        hostd_context_log(agent->ctx, "guest api: agent '%s': %s", agent->name, error->message);
-        return;
-    }
-    stream = g_socket_connection_factory_create_connection(socket);
-    conn = g_new0(ApiConn, 1);
-    conn->refs = 2; /* the open connection's, and the remote address's */
-    conn->agent = api_agent_ref(agent);
-    conn->socket = g_object_ref(socket);
-    conn->deadline = g_get_monotonic_time() + (gint64)HOSTD_GUEST_API_REQUEST_MS * 1000;
-    conn->over = agent->conns->len >= HOSTD_GUEST_API_CONNECTIONS;
-    g_ptr_array_add(agent->conns, conn);
-    g_object_weak_ref(G_OBJECT(stream), api_conn_gone, conn);
-    /* libsoup wants addresses; the guest's end has none that means anything here. */
-    local = g_inet_socket_address_new_from_string(VM_GUEST_API_ADDRESS, VM_GUEST_API_PORT);
-    remote = g_inet_socket_address_new_from_string("0.0.0.0", 0);
-    g_object_set_data_full(G_OBJECT(remote), "hostd-guest-api", conn, api_conn_unref);
-    (void)soup_server_accept_iostream(agent->server, G_IO_STREAM(stream), local, remote, NULL);
-}
-
-/* Cuts connections that have not sent their whole request in time. */
-static gboolean
-api_tick(gpointer data)
-{
-    ApiAgent *agent = data;
-    gint64 now = g_get_monotonic_time();
-
-    for (guint i = 0; i < agent->conns->len; i++) {
-        ApiConn *conn = agent->conns->pdata[i];
-
-        if (conn->deadline != 0 && now > conn->deadline && conn->socket != NULL) {
-            conn->deadline = 0;
-            api_log_refused(agent, "a connection cut: no whole request within 10 s");
-            (void)g_socket_shutdown(conn->socket, TRUE, TRUE, NULL);
-        }
-    }
-    return G_SOURCE_CONTINUE;
-}
-
-typedef struct {
-    ApiAgent *agent;
-    int fd;
-} ApiPending;
-
-static void
-api_pending_free(gpointer data)
-{
-    ApiPending *pending = data;
-
-    if (pending->fd >= 0)
-        close(pending->fd);
-    pending->agent->pending--;
-    api_agent_unref(pending->agent);
-    g_free(pending);
-}
-
-/* A helper's connection: its one message carries the guest's connection. Called when it is
- * readable, or with no @condition once API_PENDING_MS passed. */
-static gboolean
-api_pending_ready(gint fd, GIOCondition condition, gpointer data)
-{
-    ApiPending *pending = data;
-    int guest = vm_fd_receive(fd, NULL);
-
-    if (guest == -EAGAIN && condition != 0)
-        return G_SOURCE_CONTINUE;
-    if (guest >= 0)
-        api_agent_take(pending->agent, guest);
-    else if (guest != -ECONNRESET)
-        hostd_context_log(pending->agent->ctx,
-                          "guest api: agent '%s': a connection to its socket handed nothing "
-                          "over: %s",
-                          pending->agent->name, g_strerror(-guest));
-    return G_SOURCE_REMOVE;
-}
-
-static gboolean
-api_accept(gint listen_fd, GIOCondition condition, gpointer data)
-{
-    ApiAgent *agent = data;
-
-    for (int i = 0; i < 32; i++) {
-        int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        ApiPending *pending;
-        GSource *source;
-
-        if (fd < 0)
-            break;
-        if (agent->pending >= API_PENDING_MAX) {
-            close(fd);
-            api_log_refused(agent, "a connection closed unanswered: too many handing over");
-            continue;
-        }
-        pending = g_new0(ApiPending, 1);
-        pending->agent = api_agent_ref(agent);
-        pending->fd = fd;
-        agent->pending++;
-        source = g_unix_fd_source_new(fd, G_IO_IN);
-        g_source_set_ready_time(source, g_get_monotonic_time() + API_PENDING_MS * 1000);
-        g_source_set_callback(source, G_SOURCE_FUNC(api_pending_ready), pending, api_pending_free);
-        g_source_attach(source, agent->api->context);
-        g_source_unref(source);
-    }
-    return G_SOURCE_CONTINUE;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1257,53 +912,18 @@ api_listen(HostdContext *ctx, const char *name, const char *path, GError **error
     return saved;
 }
 
-static gboolean
-api_agent_serve(gpointer data)
+/* Stops serving @agent: its worker killed (open connections close with it), no new connection
+ * taken, the socket file gone. */
+static void
+api_agent_shutdown(ApiAgent *agent)
 {
-    ApiAgent *agent = data;
-
-    agent->server = soup_server_new(NULL, NULL);
-    soup_server_add_early_handler(agent->server, NULL, api_early, agent, NULL);
-    soup_server_add_handler(agent->server, NULL, api_handle, agent, NULL);
-    g_signal_connect(agent->server, "request-started", G_CALLBACK(api_request_started), agent);
-    g_signal_connect(agent->server, "request-read", G_CALLBACK(api_request_read), agent);
-    g_signal_connect(agent->server, "request-finished", G_CALLBACK(api_request_ended), agent);
-    g_signal_connect(agent->server, "request-aborted", G_CALLBACK(api_request_ended), agent);
-    agent->listen_source = g_unix_fd_source_new(agent->listen_fd, G_IO_IN);
-    g_source_set_callback(agent->listen_source, G_SOURCE_FUNC(api_accept), agent, NULL);
-    g_source_attach(agent->listen_source, agent->api->context);
-    agent->tick = g_timeout_source_new_seconds(1);
-    g_source_set_callback(agent->tick, api_tick, agent, NULL);
-    g_source_attach(agent->tick, agent->api->context);
-    return G_SOURCE_REMOVE;
-}
-
-/* Stops serving @agent (API thread): no new connection, open ones closed; the socket file goes
- * unless another agent entry has taken its path since. */
-static gboolean
-api_agent_shutdown(gpointer data)
-{
-    ApiAgent *agent = data;
-
-    agent->stopped = TRUE;
-    if (agent->listen_source != NULL) {
-        g_source_destroy(agent->listen_source);
-        g_clear_pointer(&agent->listen_source, g_source_unref);
-    }
-    if (agent->tick != NULL) {
-        g_source_destroy(agent->tick);
-        g_clear_pointer(&agent->tick, g_source_unref);
-    }
+    /* No lock held: the worker's reader may be in api_call(), which takes the agent's. */
+    g_clear_pointer(&agent->worker, hostd_guest_api_worker_free);
     if (agent->listen_fd >= 0) {
         close(agent->listen_fd);
         agent->listen_fd = -1;
         g_unlink(agent->socket_path);
     }
-    if (agent->server != NULL) {
-        soup_server_disconnect(agent->server);
-        g_clear_object(&agent->server);
-    }
-    return G_SOURCE_REMOVE;
 }
 
 /* Whether @agent still listens on its socket file. */
@@ -1313,6 +933,35 @@ api_agent_healthy(const ApiAgent *agent)
     struct stat st;
 
     return stat(agent->socket_path, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+char *
+hostd_guest_api_worker_path(void)
+{
+    return vm_program_path("VM_GUEST_API_WORKER", HOSTD_GUEST_API_WORKER_BUILD,
+                           HOSTD_GUEST_API_WORKER_INSTALLED);
+}
+
+/* Starts @agent's worker on its socket, as the egress workers' user. */
+static gboolean
+api_agent_serve(ApiAgent *agent, GError **error)
+{
+    g_autofree char *program = hostd_guest_api_worker_path();
+    HostdGuestApiWorkerConfig config = {
+        .program = program,
+        .name = agent->name,
+        .listen_fd = agent->listen_fd,
+        .call = api_call,
+        .refused = api_refused,
+        .broken = api_broken,
+        .user_data = agent,
+    };
+
+    if (!hostd_config_worker_user(agent->ctx->config, &config.change_user, &config.uid, &config.gid,
+                                  error))
+        return FALSE;
+    agent->worker = hostd_guest_api_worker_new(&config, error);
+    return agent->worker != NULL;
 }
 
 char *
@@ -1353,7 +1002,7 @@ hostd_guest_api_agent_start(HostdContext *ctx, const HostdAgentRecord *r, GError
     if (healthy)
         return TRUE;
     if (old != NULL)
-        api_run(api, api_agent_shutdown, old);
+        api_agent_shutdown(old);
 
     agent = g_new0(ApiAgent, 1);
     agent->refs = 1;
@@ -1361,16 +1010,19 @@ hostd_guest_api_agent_start(HostdContext *ctx, const HostdAgentRecord *r, GError
     agent->ctx = ctx;
     agent->name = g_strdup(r->name);
     agent->socket_path = hostd_agent_record_path(r, HOSTD_AGENT_API_SOCKET);
-    agent->conns = g_ptr_array_new();
+    g_mutex_init(&agent->lock);
     g_mutex_init(&agent->status_lock);
     fd = api_listen(ctx, r->name, agent->socket_path, error);
+    agent->listen_fd = fd;
     if (fd < 0) {
-        agent->listen_fd = -1;
         api_agent_unref(agent);
         return FALSE;
     }
-    agent->listen_fd = fd;
-    api_run(api, api_agent_serve, agent);
+    if (!api_agent_serve(agent, error)) {
+        api_agent_shutdown(agent);
+        api_agent_unref(agent);
+        return FALSE;
+    }
     g_mutex_lock(&api->lock);
     g_hash_table_insert(api->agents, agent->name, agent);
     g_mutex_unlock(&api->lock);
@@ -1389,14 +1041,24 @@ hostd_guest_api_agent_stop(HostdContext *ctx, const char *name)
     (void)g_hash_table_steal_extended(api->agents, name, NULL, (gpointer *)&agent);
     g_mutex_unlock(&api->lock);
     if (agent != NULL)
-        api_run(api, api_agent_shutdown, agent);
+        api_agent_shutdown(agent);
 }
 
-static gboolean
-api_quit(gpointer data)
+GPid
+hostd_guest_api_pid(HostdContext *ctx, const char *name)
 {
-    g_main_loop_quit(data);
-    return G_SOURCE_REMOVE;
+    HostdGuestApi *api = api_get(ctx, FALSE);
+    ApiAgent *agent;
+    GPid pid = 0;
+
+    if (api == NULL)
+        return 0;
+    g_mutex_lock(&api->lock);
+    agent = g_hash_table_lookup(api->agents, name);
+    if (agent != NULL && agent->worker != NULL)
+        pid = hostd_guest_api_worker_get_pid(agent->worker);
+    g_mutex_unlock(&api->lock);
+    return pid;
 }
 
 void
@@ -1413,26 +1075,22 @@ hostd_guest_api_stop(HostdContext *ctx)
         return;
     g_mutex_lock(&api->lock);
     api->stopping = TRUE;
+    g_cond_broadcast(&api->cond);
     g_mutex_unlock(&api->lock);
     g_hash_table_iter_init(&iter, api->agents);
     while (g_hash_table_iter_next(&iter, NULL, &value)) {
-        api_run(api, api_agent_shutdown, value);
+        api_agent_shutdown(value);
         api_agent_unref(value);
     }
     g_hash_table_remove_all(api->agents);
-    /* The work in flight ends and hands its answers to the loop, which still runs. */
+    /* The work in flight ends; its answers go nowhere now. */
     g_thread_pool_free(api->pool, FALSE, TRUE);
     g_mutex_lock(&api->lock);
     while (api->restores > 0)
-        g_cond_wait(&api->restores_done, &api->lock);
+        g_cond_wait(&api->cond, &api->lock);
     g_mutex_unlock(&api->lock);
-    g_main_context_invoke(api->context, api_quit, api->loop);
-    g_thread_join(api->thread);
-    /* What is still queued (answers, a restore's timer) is dropped with the context. */
-    g_main_loop_unref(api->loop);
-    g_main_context_unref(api->context);
     g_hash_table_unref(api->agents);
-    g_cond_clear(&api->restores_done);
+    g_cond_clear(&api->cond);
     g_mutex_clear(&api->lock);
     g_free(api);
 }

@@ -9,22 +9,26 @@
  * another, change its own policy, or see a path of the host (error messages have hostd's
  * directories taken out).
  *
- * HTTP is libsoup's: one SoupServer per agent, fed the handed-over connections with
- * soup_server_accept_iostream(), all of them on one thread of their own running its own
- * GMainContext; the work of a request (libvirt, checkpoints) runs on a pool of threads, and a
- * restore on a thread of its own once its 202 has gone out. Bounded per agent: request body 16
- * KiB (libsoup's own limit on the head, 64 KiB), 10 s to send a whole request, one request per
- * connection, HOSTD_GUEST_API_CONNECTIONS at once, guest-api-rate requests a second on average
- * with bursts of guest-api-burst (429 past that), one checkpoint or restore at a time at
- * HOSTD_GUEST_API_HEAVY_RATE, and at most HOSTD_GUEST_API_CHECKPOINTS_MAX checkpoints (of them
- * HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX with memory) when it asks for one. Each
- * call is one line of hostd's log (ctx->log); a checkpoint, restore or keep-awake is an event
- * by the guest as well.
+ * hostd parses no byte of it: each agent's socket is served by a worker process of its own
+ * (vm-guest-api-worker, confined as the egress worker is: hostd-guest-api-worker.h), which runs
+ * libsoup's HTTP and json-glib on what the guest sent and hands hostd one typed, bounded call per
+ * request (hostd_guest_api_call_from_variant() checks it again); hostd answers with the status
+ * and the JSON it composed. The worker bounds the connections: HOSTD_GUEST_API_CONNECTIONS at
+ * once, HOSTD_GUEST_API_REQUEST_MS to send a whole request, one request per connection, a
+ * request body of 16 KiB (libsoup's own limit on the head, 64 KiB). hostd keeps the rest, per
+ * agent, so a worker taken over cannot go past them: guest-api-rate requests a second on
+ * average with bursts of guest-api-burst (429 past that), one checkpoint or restore at a time
+ * at HOSTD_GUEST_API_HEAVY_RATE, and at most HOSTD_GUEST_API_CHECKPOINTS_MAX checkpoints (of
+ * them HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX with memory) when it asks for one; the work of a
+ * request (libvirt, checkpoints) runs on a pool of threads, and a restore on a thread of its own
+ * once its 202 has gone out. Each call is one line of hostd's log (ctx->log); a checkpoint,
+ * restore or keep-awake is an event by the guest as well.
  *
- * Functions may be called from any thread but the API's own. */
+ * Functions may be called from any thread. */
 #pragma once
 
 #include "hostd-context.h"
+#include "hostd-guest-api-rules.h"
 
 G_BEGIN_DECLS
 
@@ -35,11 +39,6 @@ extern const HostdComponent hostd_guest_api_component;
 
 #define HOSTD_AGENT_API_SOCKET "api.sock"
 
-/* Connections of one agent served at once; more, up to twice as many, are answered 503, and
- * beyond that closed unanswered. */
-#define HOSTD_GUEST_API_CONNECTIONS 8
-/* A connection must have sent its whole request within this time. */
-#define HOSTD_GUEST_API_REQUEST_MS (10 * 1000)
 /* Checkpoints and restores asked from inside: one at a time, at most this many a second on
  * average, in bursts of HOSTD_GUEST_API_HEAVY_BURST. */
 #define HOSTD_GUEST_API_HEAVY_RATE  0.1
@@ -63,9 +62,16 @@ char *hostd_guest_api_command(HostdContext *ctx, const HostdAgentRecord *r);
  * long for a socket) and leaves nothing behind. */
 gboolean hostd_guest_api_agent_start(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
 
-/* Stops serving @name: its socket is removed and its open connections closed; a restore it asked
- * for goes on. Unknown @name: no-op; can't fail. */
+/* Stops serving @name: its worker is killed (its open connections close), its socket removed;
+ * a restore it asked for goes on. Unknown @name: no-op; can't fail. */
 void hostd_guest_api_agent_stop(HostdContext *ctx, const char *name);
+
+/* The pid of @name's worker, 0 when it has none running. Can't fail. */
+GPid hostd_guest_api_pid(HostdContext *ctx, const char *name);
+
+/* Where hostd runs the worker from (vm_program_path(): VM_GUEST_API_WORKER, the build tree's,
+ * or libexecdir's). Newly allocated; can't fail. */
+char *hostd_guest_api_worker_path(void);
 
 /* Stops the API for every agent and waits for the work in flight (requests, restores) to end.
  * For hostd's exit (before the agents are saved) and the context's detach; can't fail. */

@@ -73,6 +73,8 @@ hostd_print_paths(void)
     printf("guestfs-helper %s\n", guestfs_helper);
     g_autofree char *ssh_worker = hostd_ssh_worker_path();
     printf("ssh-worker %s\n", ssh_worker);
+    g_autofree char *guest_api_worker = hostd_guest_api_worker_path();
+    printf("guest-api-worker %s\n", guest_api_worker);
 }
 
 static gboolean

@@ -36,13 +36,14 @@ check "egress helper in libexecdir" executable "$libexecdir/vm-egress-connect"
 check "egress worker in libexecdir" executable "$libexecdir/vm-egress-worker"
 check "guestfs helper in libexecdir" executable "$libexecdir/vm-guestfs-helper"
 check "SSH worker in libexecdir" executable "$libexecdir/vm-ssh-worker"
+check "in-guest API worker in libexecdir" executable "$libexecdir/vm-guest-api-worker"
 
 # The installed hostd names only installed paths, though the source and build trees it was made
 # from are still here; the same binary run from the build tree uses them. --print-paths, with
 # none of the variables that point elsewhere set.
 paths_of() {
     env -u VM_TEMPLATES_DIR -u VM_EGRESS_CONNECT -u VM_GUESTFS_HELPER -u VM_SSH_WORKER \
-        -u VM_USE_BUILD_TREE "$1" \
+        -u VM_GUEST_API_WORKER -u VM_USE_BUILD_TREE "$1" \
         --print-paths
 }
 installed_paths() {
@@ -53,6 +54,7 @@ installed_paths() {
         grep -qxF "egress-helper $libexecdir/vm-egress-connect" <<<"$out" &&
         grep -qxF "guestfs-helper $libexecdir/vm-guestfs-helper" <<<"$out" &&
         grep -qxF "ssh-worker $libexecdir/vm-ssh-worker" <<<"$out" &&
+        grep -qxF "guest-api-worker $libexecdir/vm-guest-api-worker" <<<"$out" &&
         ! grep -qF -e "$source" -e "$build" <<<"$out" && return 0
     echo "$out" | sed 's/^/# /'
     return 1
@@ -64,14 +66,16 @@ build_paths() {
     grep -qxF "build-tree yes" <<<"$out" && grep -qxF "templates $source/templates" <<<"$out" &&
         grep -qxF "egress-helper $build/egress/vm-egress-connect" <<<"$out" &&
         grep -qxF "guestfs-helper $build/checkpoint/vm-guestfs-helper" <<<"$out" &&
-        grep -qxF "ssh-worker $build/hostd/vm-ssh-worker" <<<"$out" && return 0
+        grep -qxF "ssh-worker $build/hostd/vm-ssh-worker" <<<"$out" &&
+        grep -qxF "guest-api-worker $build/hostd/vm-guest-api-worker" <<<"$out" && return 0
     echo "$out" | sed 's/^/# /'
     return 1
 }
 check "hostd run from the build tree uses its trees" build_paths
 
 expected=("$sbindir/hostd" "$bindir/vmctl" "$libexecdir/vm-egress-connect"
-    "$libexecdir/vm-egress-worker" "$libexecdir/vm-guestfs-helper" "$libexecdir/vm-ssh-worker")
+    "$libexecdir/vm-egress-worker" "$libexecdir/vm-guestfs-helper" "$libexecdir/vm-ssh-worker"
+    "$libexecdir/vm-guest-api-worker")
 for f in "$source"/templates/*.yaml "$source/templates/build-debian-image.sh"; do
     check "template file $(basename "$f")" same "$f" "$templates/$(basename "$f")"
     expected+=("$templates/$(basename "$f")")

@@ -44,6 +44,8 @@ confine_status() { awk -v k="$2:" '$1 == k { $1 = ""; print substr($0, 2) }' "/p
 
 # The PID of agent $1's SSH worker: the child of hostd that runs vm-ssh-worker for it.
 confine_ssh_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-ssh-worker $1" | head -n 1; }
+# The pid of agent $1's in-guest API worker.
+confine_guest_api_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-guest-api-worker $1" | head -n 1; }
 
 # The PID of agent $1's egress worker: the child of hostd that runs vm-egress-worker for it.
 confine_egress_worker() { pgrep -P "$HOSTD_PID" -fx ".*/vm-egress-worker $1" | head -n 1; }
@@ -149,6 +151,11 @@ confine_check() {
     # socket's owner, the uid that made it, when it is not root).
     check "$y's SSH worker made none of its TCP connections (hostd made them, as root)" \
       bash -c "! ss -tnpeH state established | grep 'pid=$wpid,' | grep -q 'uid:$idx '"
+    wpid=$(confine_guest_api_worker "$y")
+    check "$y's in-guest API worker (pid $wpid) is not root, with no capabilities, no_new_privs and a seccomp filter" \
+      bash -c "[ -n '$wpid' ] && ! awk '\$1 == \"Uid:\" { print \$2, \$3, \$4, \$5 }' /proc/$wpid/status | grep -qw 0 &&
+               [ '$(confine_status "$wpid" CapEff)' = 0000000000000000 ] &&
+               [ '$(confine_status "$wpid" NoNewPrivs)' = 1 ] && [ '$(confine_status "$wpid" Seccomp)' = 2 ]"
   done
 
   export -f confine_as confine_open confine_connect confine_ptrace confine_mem confine_mem_open confine_signal

@@ -539,6 +539,196 @@ test_wrap(void **state)
     assert_string_equal(one, "{\"keep_awake\":null}");
 }
 
+/* ---- calls: what the worker hands hostd ---------------------------------------------------- */
+
+/* A whole request makes one call: its endpoint and arguments, or the worker's own refusal, in the
+ * order the API answers them (route, then length, then body); method and path as logged. */
+static void
+test_call_read(void **state)
+{
+    static const struct {
+        const char *method, *path, *body;
+        gboolean too_long;
+        HostdGuestApiEndpoint endpoint;
+        guint status;
+        const char *log_path, *needle;
+    } cases[] = {
+        {"GET", "/v1/info", NULL, FALSE, HOSTD_GUEST_API_INFO, 0, "/v1/info", NULL},
+        {"GET", "/v1/info", "ignored", FALSE, HOSTD_GUEST_API_INFO, 0, "/v1/info", NULL},
+        {"POST", "/v1/keep-awake", "{\"seconds\": 60}", FALSE, HOSTD_GUEST_API_KEEP_AWAKE_SET, 0,
+         "/v1/keep-awake", NULL},
+        {"POST", "/v1/nope", "{}", TRUE, 0, 404, "/v1/nope", "no /v1/nope in this API"},
+        {"PUT", "/v1/egress", "{}", TRUE, 0, 405, "/v1/egress", "/v1/egress takes GET only"},
+        {"GET", "/v1/info", NULL, TRUE, 0, 413, "/v1/info", "longer than 16384 bytes"},
+        {"POST", "/v1/checkpoints", "{\"x\": 1}", TRUE, 0, 413, "/v1/checkpoints", NULL},
+        {"POST", "/v1/checkpoints", "{\"x\": 1}", FALSE, 0, 400, "/v1/checkpoints", "no field 'x'"},
+        {"POST", "/v1/restore", "[]", FALSE, 0, 400, "/v1/restore", "not a JSON object"},
+        {"GET", "/v1/a b\n\x01", NULL, FALSE, 0, 404, "/v1/a?b??", NULL},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(HostdGuestApiCall) call = {0};
+
+        hostd_guest_api_call_read(cases[i].method, cases[i].path, cases[i].body,
+                                  cases[i].body != NULL ? strlen(cases[i].body) : 0,
+                                  cases[i].too_long, &call);
+        assert_int_equal(call.endpoint, cases[i].endpoint);
+        assert_int_equal(call.status, cases[i].status);
+        assert_string_equal(call.path, cases[i].log_path);
+        assert_true((call.refusal != NULL) == (cases[i].status != 0));
+        assert_true((call.allow != NULL) == (cases[i].status == 405));
+        if (cases[i].needle != NULL)
+            assert_non_null(strstr(call.refusal, cases[i].needle));
+    }
+
+    g_autofree char *long_path = g_strnfill(300, 'a');
+    g_auto(HostdGuestApiCall) cut = {0};
+    hostd_guest_api_call_read("GETGETGETGETGETGETGET", long_path, NULL, 0, FALSE, &cut);
+    assert_int_equal(strlen(cut.method), HOSTD_GUEST_API_LOG_METHOD_MAX + 3);
+    assert_int_equal(strlen(cut.path), HOSTD_GUEST_API_LOG_PATH_MAX + 3);
+    assert_true(g_str_has_suffix(cut.path, "..."));
+}
+
+/* Each call the worker can make reads back the same through hostd's check. */
+static void
+test_call_wire(void **state)
+{
+    static const struct {
+        const char *method, *path, *body;
+    } cases[] = {
+        {"GET", "/v1/info", NULL},
+        {"POST", "/v1/checkpoints", "{\"label\": \"x y\", \"memory\": true}"},
+        {"POST", "/v1/restore", "{\"id\": \"c2\", \"paths\": [\"/etc\", \"/srv/a\"]}"},
+        {"POST", "/v1/restore", "{\"id\": \"c2\"}"},
+        {"POST", "/v1/keep-awake", "{\"seconds\": 86400}"},
+        {"DELETE", "/v1/restore", NULL},
+        {"GET", "/v1/../etc", NULL},
+        {"POST", "/v1/keep-awake", "{}"},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(HostdGuestApiCall) call = {0};
+        g_auto(HostdGuestApiCall) back = {0};
+        g_autoptr(GError) error = NULL;
+        guint32 serial = 0;
+
+        hostd_guest_api_call_read(cases[i].method, cases[i].path, cases[i].body,
+                                  cases[i].body != NULL ? strlen(cases[i].body) : 0, FALSE, &call);
+        g_autoptr(GVariant) v = g_variant_ref_sink(hostd_guest_api_call_to_variant(&call, 42));
+        if (!hostd_guest_api_call_from_variant(v, &serial, &back, &error))
+            fail_msg("%s %s: %s", cases[i].method, cases[i].path, error->message);
+        assert_int_equal(serial, 42);
+        assert_int_equal(back.endpoint, call.endpoint);
+        assert_int_equal(back.status, call.status);
+        assert_string_equal(back.method, call.method);
+        assert_string_equal(back.path, call.path);
+        assert_string_equal(back.args.label != NULL ? back.args.label : "-",
+                            call.args.label != NULL ? call.args.label : "-");
+        assert_int_equal(back.args.memory, call.args.memory);
+        assert_int_equal(back.args.seconds, call.args.seconds);
+        assert_null(back.refusal);
+        if (call.args.paths != NULL)
+            assert_true(g_strv_equal((const char *const *)back.args.paths,
+                                     (const char *const *)call.args.paths));
+        else
+            assert_null(back.args.paths);
+    }
+}
+
+/* What a worker taken over might send instead: each refused, whatever hostd would otherwise do
+ * with it. */
+static void
+test_call_untrusted(void **state)
+{
+    g_autofree char *long_label = g_strnfill(VM_LABEL_MAX + 1, 'l');
+    g_autofree char *long_path = g_strnfill(HOSTD_GUEST_API_PATH_MAX + 1, 'p');
+    g_autofree char *long_log = g_strnfill(HOSTD_GUEST_API_LOG_PATH_MAX + 1, 'a');
+    const char *const none[] = {NULL};
+    const char *const etc[] = {"/etc", NULL};
+    const char *const root[] = {"/", NULL};
+    const char *const dotdot[] = {"/a/../etc", NULL};
+    const char *const control[] = {"/a\tb", NULL};
+    const char *const too_many[] = {"/a", "/b", "/c", "/d", "/e", "/f", "/g", "/h", "/i",
+                                    "/j", "/k", "/l", "/m", "/n", "/o", "/p", "/q", NULL};
+    char *long_paths[] = {long_path, NULL};
+    struct {
+        const char *what;
+        GVariant *value;
+    } cases[] = {
+        {"another type",
+         g_variant_new("(uuusssbs^as)", 1, 1, 0, "GET", "/v1/info", "", FALSE, "", none)},
+        {"no endpoint",
+         g_variant_new("(uuusssbs^asu)", 1, 99, 0, "GET", "/v1/info", "", FALSE, "", none, 0)},
+        {"endpoint of another path", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_EGRESS, 0,
+                                                   "GET", "/v1/info", "", FALSE, "", none, 0)},
+        {"endpoint of another method",
+         g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_CHECKPOINT_CREATE, 0, "GET",
+                       "/v1/checkpoints", "", FALSE, "", none, 0)},
+        {"endpoint with a status", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_INFO, 200,
+                                                 "GET", "/v1/info", "", FALSE, "", none, 0)},
+        {"404 for a route",
+         g_variant_new("(uuusssbs^asu)", 1, 0, 404, "GET", "/v1/info", "", FALSE, "", none, 0)},
+        {"400 for a route without a body",
+         g_variant_new("(uuusssbs^asu)", 1, 0, 400, "GET", "/v1/info", "", FALSE, "", none, 0)},
+        {"a status of its own",
+         g_variant_new("(uuusssbs^asu)", 1, 0, 200, "GET", "/v1/nope", "", FALSE, "", none, 0)},
+        {"a refusal with arguments",
+         g_variant_new("(uuusssbs^asu)", 1, 0, 404, "GET", "/v1/nope", "", FALSE, "c1", none, 0)},
+        {"a log path too long",
+         g_variant_new("(uuusssbs^asu)", 1, 0, 404, "GET", long_log, "", FALSE, "", none, 0)},
+        {"a newline in the log",
+         g_variant_new("(uuusssbs^asu)", 1, 0, 404, "GET", "/v1/x\ny", "", FALSE, "", none, 0)},
+        {"a label for info", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_INFO, 0, "GET",
+                                           "/v1/info", "l", FALSE, "", none, 0)},
+        {"memory for a restore", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_RESTORE, 0,
+                                               "POST", "/v1/restore", "", TRUE, "c1", none, 0)},
+        {"a label too long",
+         g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_CHECKPOINT_CREATE, 0, "POST",
+                       "/v1/checkpoints", long_label, FALSE, "", none, 0)},
+        {"a label with an escape",
+         g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_CHECKPOINT_CREATE, 0, "POST",
+                       "/v1/checkpoints", "a\x1b[2J", FALSE, "", none, 0)},
+        {"a restore without an id", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_RESTORE, 0,
+                                                  "POST", "/v1/restore", "", FALSE, "", none, 0)},
+        {"an id that is a path", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_RESTORE, 0,
+                                               "POST", "/v1/restore", "", FALSE, "../c1", none, 0)},
+        {"the root", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_RESTORE, 0, "POST",
+                                   "/v1/restore", "", FALSE, "c1", root, 0)},
+        {"a '..'", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_RESTORE, 0, "POST",
+                                 "/v1/restore", "", FALSE, "c1", dotdot, 0)},
+        {"a control character in a path",
+         g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_RESTORE, 0, "POST", "/v1/restore", "",
+                       FALSE, "c1", control, 0)},
+        {"a path too long", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_RESTORE, 0, "POST",
+                                          "/v1/restore", "", FALSE, "c1", long_paths, 0)},
+        {"17 paths", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_RESTORE, 0, "POST",
+                                   "/v1/restore", "", FALSE, "c1", too_many, 0)},
+        {"paths for a checkpoint",
+         g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_CHECKPOINT_CREATE, 0, "POST",
+                       "/v1/checkpoints", "", FALSE, "", etc, 0)},
+        {"no seconds", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_KEEP_AWAKE_SET, 0, "POST",
+                                     "/v1/keep-awake", "", FALSE, "", none, 0)},
+        {"a day and a second",
+         g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_KEEP_AWAKE_SET, 0, "POST",
+                       "/v1/keep-awake", "", FALSE, "", none, HOSTD_GUEST_API_KEEP_AWAKE_MAX + 1)},
+        {"seconds for info", g_variant_new("(uuusssbs^asu)", 1, HOSTD_GUEST_API_INFO, 0, "GET",
+                                           "/v1/info", "", FALSE, "", none, 5)},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(GVariant) v = g_variant_ref_sink(cases[i].value);
+        g_auto(HostdGuestApiCall) call = {0};
+        g_autoptr(GError) error = NULL;
+        guint32 serial = 0;
+
+        print_message("# %s\n", cases[i].what);
+        assert_false(hostd_guest_api_call_from_variant(v, &serial, &call, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
+        assert_null(call.method);
+        assert_int_equal(serial, 0);
+    }
+}
+
 int
 main(void)
 {
@@ -557,6 +747,9 @@ main(void)
         cmocka_unit_test(test_keep_awake_node),
         cmocka_unit_test(test_info_node),
         cmocka_unit_test(test_wrap),
+        cmocka_unit_test(test_call_read),
+        cmocka_unit_test(test_call_wire),
+        cmocka_unit_test(test_call_untrusted),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

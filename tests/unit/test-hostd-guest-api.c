@@ -1,6 +1,7 @@
-/* hostd's in-guest API over libvirt's test driver, end to end: real libsoup servers fed guest
- * connections handed over to each agent's api.sock as QEMU's guest forward does (vm_fd_pass(),
- * and once the real vm-egress-connect helper), answering for that agent only; checkpoints and a
+/* hostd's in-guest API over libvirt's test driver, end to end: each agent's real worker process
+ * (vm-guest-api-worker, libsoup inside) fed guest connections handed over to its api.sock as
+ * QEMU's guest forward does (vm_fd_pass(), and once the real vm-egress-connect helper),
+ * answering for that agent only, through hostd's typed calls; checkpoints and a
  * restore through the test driver's fakes, keep-awake seen by the idle loop, every bound a guest
  * can hit, and vmctl-guest itself (cloud-init/vmctl-guest) driving the API over TCP. */
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <signal.h>
 #include <libsoup/soup.h>
 #include <netinet/in.h>
 #include <string.h>
@@ -758,6 +760,121 @@ test_start_stop(void **state)
     assert_logged("handed nothing over");
 }
 
+/* Waits up to @ms for @name's worker to run with another pid than @old. */
+static GPid
+wait_new_worker(HostdTestFixture *f, const char *name, GPid old, guint ms)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)ms * 1000;
+
+    while (g_get_monotonic_time() < deadline) {
+        GPid pid = hostd_guest_api_pid(f->ctx, name);
+
+        if (pid > 0 && pid != old)
+            return pid;
+        g_usleep(20 * 1000);
+    }
+    fail_msg("no new in-guest API worker for %s within %u ms", name, ms);
+    return 0;
+}
+
+/* The guest's bytes are read by a worker process of the agent's own, confined (no_new_privs,
+ * seccomp, no capabilities, not root when hostd is); killed, it is replaced, and a connection
+ * made meanwhile waits in the socket's backlog for the new one. The rate is hostd's: a new
+ * worker does not start with a full one. */
+static void
+test_worker(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = NULL;
+    g_auto(Reply) first = {0};
+    g_auto(Reply) waited = {0};
+    g_auto(Reply) limited = {0};
+    GPid pid, again;
+    int fd;
+
+    f->ctx->config->guest_api_rate = 1;
+    f->ctx->config->guest_api_burst = 3;
+    a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    pid = hostd_guest_api_pid(f->ctx, "a1");
+    assert_true(pid > 0);
+    assert_int_not_equal(pid, getpid());
+    g_autofree char *nnp = vm_test_proc_status(pid, "NoNewPrivs");
+    g_autofree char *seccomp = vm_test_proc_status(pid, "Seccomp");
+    g_autofree char *cap_eff = vm_test_proc_status(pid, "CapEff");
+    g_autofree char *uid = vm_test_proc_status(pid, "Uid");
+    assert_string_equal(nnp, "1");
+    assert_string_equal(seccomp, "2");
+    assert_string_equal(cap_eff, "0000000000000000");
+    if (geteuid() == 0)
+        assert_false(g_str_has_prefix(uid, "0\t") || g_str_has_prefix(uid, "0 "));
+
+    call(f, "a1", "GET", "/v1/info", NULL, &first);
+    g_autoptr(JsonObject) o = expect(&first, 200);
+    g_autofree char *rss = vm_test_proc_status(pid, "VmRSS");
+    print_message("# the worker's resident memory after a request: %s\n", rss);
+
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    fd = api_connect(f, "a1");
+    vm_test_send_text(fd, "GET /v1/keep-awake HTTP/1.1\r\nHost: 10.0.2.100\r\n\r\n");
+    read_reply(fd, &waited);
+    close(fd);
+    g_autoptr(JsonObject) w = expect(&waited, 200);
+    assert_true(json_object_has_member(w, "keep_awake"));
+    again = wait_new_worker(f, "a1", pid, 5000);
+    vm_test_assert_process_gone(pid, 5000);
+
+    /* Two of the burst of three are spent; the third and then none. */
+    for (int i = 0; i < 5 && limited.status != 429; i++) {
+        reply_clear(&limited);
+        call(f, "a1", "GET", "/v1/info", NULL, &limited);
+    }
+    expect_error(&limited, 429, "busy", "at most 1 a second, in bursts of 3");
+    assert_int_equal(hostd_guest_api_pid(f->ctx, "a1"), again);
+
+    hostd_guest_api_agent_stop(f->ctx, "a1");
+    vm_test_assert_process_gone(again, 5000);
+    assert_int_equal(hostd_guest_api_pid(f->ctx, "a1"), 0);
+}
+
+/* A worker that sends hostd a call no worker of ours makes (one its guest took over) is killed
+ * and replaced, and nothing of that call is done: hostd checks each call, it does not trust the
+ * worker's parse. */
+static void
+test_worker_broken(void **state)
+{
+    HostdTestFixture *f = *state;
+    const char *bad = g_getenv("VM_TEST_GUEST_API_BAD_WORKER");
+    g_autoptr(HostdAgentRecord) a1 = NULL;
+    guint broken = 0;
+    GPid pid;
+
+    if (bad == NULL)
+        fail_msg("VM_TEST_GUEST_API_BAD_WORKER is not set (run through meson test)");
+    g_setenv("VM_GUEST_API_WORKER", bad, TRUE);
+    a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    pid = hostd_guest_api_pid(f->ctx, "a1");
+    assert_logged("guest api: agent 'a1': its worker broke the protocol (endpoint 3 for GET "
+                  "/v1/info); it is replaced");
+    /* Replaced: the next one is caught too (each is ended at once; only the log sees them). */
+    for (int i = 0; i < 100 && broken < 2; i++) {
+        g_autofree char *text = hostd_test_log_text();
+
+        broken = 0;
+        for (const char *p = text; (p = strstr(p, "its worker broke the protocol")) != NULL; p++)
+            broken++;
+        g_usleep(100 * 1000);
+    }
+    assert_true(broken >= 2);
+    if (pid > 0)
+        vm_test_assert_process_gone(pid, 5000);
+    g_autofree char *ids = hostd_test_checkpoint_ids(f, "a1");
+    assert_string_equal(ids, "");
+    g_autofree char *log = hostd_test_log_text();
+    assert_null(strstr(log, "\x1b"));
+    g_unsetenv("VM_GUEST_API_WORKER");
+    hostd_guest_api_agent_stop(f->ctx, "a1");
+}
+
 /* What the component puts in a new agent's domain and seed, and that guest-api = off puts
  * nothing anywhere. */
 static void
@@ -992,7 +1109,7 @@ main(void)
         T(test_info_own_agent), T(test_checkpoint),  T(test_checkpoint_caps),   T(test_refusals),
         T(test_body_limits),    T(test_rate_limit),  T(test_connection_limits), T(test_keep_awake),
         T(test_restore),        T(test_real_helper), T(test_start_stop),        T(test_component),
-        T(test_vmctl_guest),
+        T(test_vmctl_guest),    T(test_worker),      T(test_worker_broken),
     };
 #undef T
 
