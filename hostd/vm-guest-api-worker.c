@@ -457,7 +457,7 @@ worker_start(GError **error)
     (void)g_variant_dict_lookup(dict, "uid", "u", &uid);
     (void)g_variant_dict_lookup(dict, "gid", "u", &gid);
     /* Before the first guest byte: nothing the guest sends is read with privileges. */
-    return vm_egress_sandbox_enter(change_user, uid, gid, error);
+    return vm_egress_sandbox_enter(VM_SANDBOX_EGRESS, change_user, uid, gid, NULL, error);
 }
 
 int
