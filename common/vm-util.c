@@ -310,12 +310,10 @@ vm_unix_connect_nofollow(const char *path, int type_flags, GError **error)
                         "refused to connect to %s: it is a symbolic link, not the socket", path),
                -1;
     if (!S_ISSOCK(st.st_mode))
-        return vm_throw(error, VM_ERROR_FAILED, "refused to connect to %s: not a socket", path),
-               -1;
+        return vm_throw(error, VM_ERROR_FAILED, "refused to connect to %s: not a socket", path), -1;
     if (st.st_nlink != 1)
         return vm_throw(error, VM_ERROR_FAILED,
-                        "refused to connect to %s: the socket has other names (hard links)",
-                        path),
+                        "refused to connect to %s: the socket has other names (hard links)", path),
                -1;
     if (st.st_uid != 0 && st.st_uid != geteuid() && st.st_uid != dir_st.st_uid)
         return vm_throw(error, VM_ERROR_FAILED,

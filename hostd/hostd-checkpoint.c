@@ -143,8 +143,8 @@ hostd_checkpoint_space(const char *dir, guint64 *ret_avail, guint64 *ret_size, G
  * of it the guest uses, at most all of it). Test hook: HOSTD_TEST_RESERVE_BYTES=N counts N
  * bytes fewer as free, so the VM suite can see the refusal without filling a real disk. */
 static gboolean
-hostd_checkpoint_check_room(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpointSet *set,
-                            gboolean memory, GError **error)
+hostd_checkpoint_check_room(HostdContext *ctx, const HostdAgentRecord *r,
+                            const VmCheckpointSet *set, gboolean memory, GError **error)
 {
     guint64 avail, size;
     if (!hostd_checkpoint_space(set->dir, &avail, &size, error))
@@ -215,12 +215,13 @@ hostd_checkpoint_guest_quota(HostdContext *ctx, const char *name, gboolean memor
         g_autofree char *used_shown = vm_format_bytes(used);
         g_autofree char *grows_shown = vm_format_bytes(grows);
         g_autofree char *quota_shown = vm_format_bytes(quota);
+        const char *with = memory ? " with the guest's memory" : "";
+
         return vm_throw(error, VM_ERROR_NO_RESOURCES,
-                        "the checkpoints of agent '%s' take %s and one more would add %s%s, "
-                        "over the %s it may fill from inside (guest-checkpoint-bytes); the host can "
+                        "the checkpoints of agent '%s' take %s and one more would add %s%s, over "
+                        "the %s it may fill from inside (guest-checkpoint-bytes); the host can "
                         "remove some (vmctl checkpoint rm)",
-                        name, used_shown, grows_shown, memory ? " with the guest's memory" : "",
-                        quota_shown);
+                        name, used_shown, grows_shown, with, quota_shown);
     }
     return TRUE;
 }

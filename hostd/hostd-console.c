@@ -67,8 +67,8 @@ console_agent_free(ConsoleAgent *a)
     g_free(a);
 }
 
-/* Connects @a to its QEMU when one listens; a socket left by a QEMU that is gone refuses. The
- * socket file itself, never what a symbolic link in its place names (vm_unix_connect_nofollow()). */
+/* Connects @a to its QEMU when one listens; a socket left by a QEMU that is gone refuses. To the
+ * socket file itself, never to what a link in its place names (vm_unix_connect_nofollow()). */
 static void
 console_connect_locked(ConsoleAgent *a)
 {

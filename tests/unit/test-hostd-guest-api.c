@@ -438,7 +438,8 @@ test_checkpoint_bytes_quota(void **state)
 
     hostd_test_checkpoint_n(f, "a1", 1);
     g_autoptr(VmCheckpointSet) set = hostd_test_checkpoints(f, "a1");
-    g_autofree char *image = vm_checkpoint_set_path(set, ((VmCheckpoint *)set->checkpoints->pdata[0])->image);
+    g_autofree char *image =
+        vm_checkpoint_set_path(set, ((VmCheckpoint *)set->checkpoints->pdata[0])->image);
     g_autofree char *active = vm_checkpoint_set_path(set, set->active);
     /* The guest wrote something since. */
     g_autofree char *junk = g_malloc0(256 * 1024);
@@ -1122,11 +1123,11 @@ main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, hostd_test_setup, hostd_test_teardown)
     const struct CMUnitTest tests[] = {
-        T(test_info_own_agent), T(test_checkpoint),  T(test_checkpoint_caps),   T(test_refusals),
-        T(test_restore_quota),  T(test_checkpoint_bytes_quota),
-        T(test_body_limits),    T(test_rate_limit),  T(test_connection_limits), T(test_keep_awake),
-        T(test_restore),        T(test_real_helper), T(test_start_stop),        T(test_component),
-        T(test_vmctl_guest),
+        T(test_info_own_agent), T(test_checkpoint),    T(test_checkpoint_caps),
+        T(test_refusals),       T(test_restore_quota), T(test_checkpoint_bytes_quota),
+        T(test_body_limits),    T(test_rate_limit),    T(test_connection_limits),
+        T(test_keep_awake),     T(test_restore),       T(test_real_helper),
+        T(test_start_stop),     T(test_component),     T(test_vmctl_guest),
     };
 #undef T
 
