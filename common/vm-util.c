@@ -9,6 +9,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* Durations beyond this would overflow a gint64 count of microseconds, which is what GLib's
@@ -274,6 +276,53 @@ vm_unix_address(const char *path, struct sockaddr_un *ret, socklen_t *ret_len, G
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "socket path is too long (at most %zu bytes): %s", VM_UNIX_PATH_MAX, path);
     return TRUE;
+}
+
+int
+vm_unix_connect_nofollow(const char *path, int type_flags, GError **error)
+{
+    g_autofree char *dir = NULL;
+    g_autofree char *base = NULL;
+    char proc_path[64];
+    struct sockaddr_un addr;
+    socklen_t addr_len;
+    struct stat st;
+    vm_autofd dir_fd = -1;
+    vm_autofd node = -1;
+    vm_autofd fd = -1;
+
+    g_return_val_if_fail(path != NULL, -1);
+
+    if (!g_path_is_absolute(path))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "socket path is not absolute: %s", path),
+               -1;
+    dir = g_path_get_dirname(path);
+    base = g_path_get_basename(path);
+    dir_fd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir_fd < 0)
+        return vm_throw_errno(error, errno, "cannot open the directory of socket %s", path), -1;
+    /* Not followed: a symbolic link is opened as itself and refused below. */
+    node = openat(dir_fd, base, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (node < 0 || fstat(node, &st) < 0)
+        return vm_throw_errno(error, errno, "cannot reach socket %s", path), -1;
+    if (S_ISLNK(st.st_mode))
+        return vm_throw(error, VM_ERROR_FAILED,
+                        "refused to connect to %s: it is a symbolic link, not the socket", path),
+               -1;
+    if (!S_ISSOCK(st.st_mode))
+        return vm_throw(error, VM_ERROR_FAILED, "refused to connect to %s: not a socket", path), -1;
+    if (st.st_nlink != 1)
+        return vm_throw(error, VM_ERROR_FAILED,
+                        "refused to connect to %s: the socket has other names (hard links)", path),
+               -1;
+    /* The magic link names the inode opened above, whatever the directory holds now. */
+    g_snprintf(proc_path, sizeof(proc_path), "/proc/self/fd/%d", node);
+    if (!vm_unix_address(proc_path, &addr, &addr_len, error))
+        return -1;
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | type_flags, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, addr_len) < 0)
+        return vm_throw_errno(error, errno, "cannot connect to %s", path), -1;
+    return g_steal_fd(&fd);
 }
 
 char *

@@ -77,6 +77,18 @@ gssize vm_write_nosignal(int fd, const void *buf, gsize len);
 gboolean vm_unix_address(const char *path, struct sockaddr_un *ret, socklen_t *ret_len,
                          GError **error);
 
+/* A stream connection to the Unix socket at @path, made as safely as root can make one to a
+ * socket in a directory another user may write: the last component is opened without following
+ * it (O_PATH|O_NOFOLLOW) and the connection goes to that very inode (through /proc/self/fd), so
+ * nothing swapped in between the check and the connect is reached. Refused (VM_ERROR_FAILED,
+ * nothing connected) when the last component is a symbolic link, not a socket, or has other
+ * names (a hard link to someone else's socket). A socket bound there is one its directory's
+ * writers made: what they reach anyway. @type_flags are or-ed into socket()'s type
+ * (SOCK_NONBLOCK); the descriptor has O_CLOEXEC. Fails with VM_ERROR_IO when the socket cannot
+ * be reached, VM_ERROR_INVALID_ARGUMENT for a path that is not absolute. Returns the caller's
+ * descriptor. */
+int vm_unix_connect_nofollow(const char *path, int type_flags, GError **error);
+
 /* The default state directory: /var/lib/hostd for root, else $XDG_DATA_HOME/hostd. Newly
  * allocated; can't fail. */
 char *vm_default_state_dir(void);

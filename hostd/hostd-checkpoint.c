@@ -1,4 +1,5 @@
 #include "hostd-checkpoint.h"
+#include "hostd-checkpoint-private.h"
 
 #include <errno.h>
 #include <glib/gstdio.h>
@@ -103,26 +104,124 @@ hostd_checkpoint_commit_save(HostdContext *ctx, const HostdAgentRecord *r, VmChe
     return vm_throw(error, VM_ERROR_IO, "%s", what);
 }
 
-/* Refuses a checkpoint, before anything changes, when the agent's filesystem has less than
- * HOSTD_CHECKPOINT_MIN_FREE left. Test hook: HOSTD_TEST_RESERVE_BYTES=N counts N bytes fewer
- * as free, so the suite can see the refusal without filling a real disk. */
+/* The free-space figures tests set (hostd_checkpoint_test_space()); 0 size: the real ones. */
+G_LOCK_DEFINE_STATIC(test_space);
+static guint64 test_space_avail, test_space_size;
+
+void
+hostd_checkpoint_test_space(guint64 avail, guint64 size)
+{
+    G_LOCK(test_space);
+    test_space_avail = avail;
+    test_space_size = size;
+    G_UNLOCK(test_space);
+}
+
+/* Free and total bytes of the filesystem of @dir, as an unprivileged user sees them free. */
 static gboolean
-hostd_checkpoint_check_room(const VmCheckpointSet *set, GError **error)
+hostd_checkpoint_space(const char *dir, guint64 *ret_avail, guint64 *ret_size, GError **error)
 {
     struct statvfs vfs;
-    if (statvfs(set->dir, &vfs) < 0)
-        return vm_throw_errno(error, errno, "cannot stat %s", set->dir);
-    guint64 avail = (guint64)vfs.f_bavail * vfs.f_frsize;
+
+    G_LOCK(test_space);
+    *ret_avail = test_space_avail;
+    *ret_size = test_space_size;
+    G_UNLOCK(test_space);
+    if (*ret_size != 0)
+        return TRUE;
+    if (statvfs(dir, &vfs) < 0)
+        return vm_throw_errno(error, errno, "cannot stat %s", dir);
+    *ret_avail = (guint64)vfs.f_bavail * vfs.f_frsize;
+    *ret_size = (guint64)vfs.f_blocks * vfs.f_frsize;
+    return TRUE;
+}
+
+/* Refuses a checkpoint of @r, before anything changes, when it would leave the filesystem of the
+ * agent's directory below checkpoint-free-floor. What it takes is estimated: a disk checkpoint
+ * HOSTD_CHECKPOINT_MIN_FREE (the new overlay starts empty; this is room for the writes that
+ * follow it), a memory checkpoint that and the guest's whole memory (the state file holds what
+ * of it the guest uses, at most all of it). Test hook: HOSTD_TEST_RESERVE_BYTES=N counts N
+ * bytes fewer as free, so the VM suite can see the refusal without filling a real disk. */
+static gboolean
+hostd_checkpoint_check_room(HostdContext *ctx, const HostdAgentRecord *r,
+                            const VmCheckpointSet *set, gboolean memory, GError **error)
+{
+    guint64 avail, size;
+    if (!hostd_checkpoint_space(set->dir, &avail, &size, error))
+        return FALSE;
     const char *reserve = g_getenv("HOSTD_TEST_RESERVE_BYTES");
     if (reserve != NULL) {
         guint64 n = g_ascii_strtoull(reserve, NULL, 10);
         avail = avail > n ? avail - n : 0;
     }
-    if (avail < HOSTD_CHECKPOINT_MIN_FREE) {
-        g_autofree char *shown = vm_format_bytes(avail);
+    guint64 floor = hostd_config_free_floor(ctx->config, size);
+    guint64 guest_memory = memory ? (guint64)r->memory_mib << 20 : 0;
+    guint64 need = HOSTD_CHECKPOINT_MIN_FREE + guest_memory;
+    if (avail >= floor && avail - floor >= need)
+        return TRUE;
+    g_autofree char *shown = vm_format_bytes(avail);
+    g_autofree char *floor_shown = vm_format_bytes(floor);
+    g_autofree char *memory_shown = vm_format_bytes(guest_memory);
+    return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                    "only %s free under %s: a checkpoint needs at least 256 MiB%s%s%s above the "
+                    "host's free-space floor of %s (checkpoint-free-floor)",
+                    shown, set->dir, memory ? " and room for the guest's memory (" : "",
+                    memory ? memory_shown : "", memory ? ")" : "", floor_shown);
+}
+
+/* The bytes @set's checkpoints take: their images and memory files, as allocated. */
+static guint64
+hostd_checkpoint_set_bytes(const VmCheckpointSet *set)
+{
+    guint64 total = 0;
+
+    for (guint i = 0; i < set->checkpoints->len; i++) {
+        const VmCheckpoint *c = set->checkpoints->pdata[i];
+        g_autofree char *image = vm_checkpoint_set_path(set, c->image);
+
+        total += hostd_file_allocated(image);
+        if (c->memory != NULL) {
+            g_autofree char *state = vm_checkpoint_set_path(set, c->memory);
+            total += hostd_file_allocated(state);
+        }
+    }
+    return total;
+}
+
+gboolean
+hostd_checkpoint_guest_quota(HostdContext *ctx, const char *name, gboolean memory, GError **error)
+{
+    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    g_autoptr(VmCheckpointSet) set = NULL;
+    guint max = ctx->config->guest_checkpoint_max;
+    guint64 quota = ctx->config->guest_checkpoint_bytes;
+
+    if (r == NULL)
+        return FALSE;
+    set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    if (set->checkpoints->len >= max)
         return vm_throw(error, VM_ERROR_NO_RESOURCES,
-                        "only %s free under %s: a checkpoint needs at least 256 MiB", shown,
-                        set->dir);
+                        "agent '%s' has %u checkpoints, the most it may have to make one from "
+                        "inside (guest-checkpoint-max %u); the host can remove some "
+                        "(vmctl checkpoint rm)",
+                        name, set->checkpoints->len, max);
+    /* The active overlay is frozen into the new checkpoint: its bytes become the checkpoint's. */
+    g_autofree char *active = vm_checkpoint_set_path(set, set->active);
+    guint64 used = hostd_checkpoint_set_bytes(set);
+    guint64 grows = hostd_file_allocated(active) + (memory ? (guint64)r->memory_mib << 20 : 0);
+    if (used > quota || grows > quota - used) {
+        g_autofree char *used_shown = vm_format_bytes(used);
+        g_autofree char *grows_shown = vm_format_bytes(grows);
+        g_autofree char *quota_shown = vm_format_bytes(quota);
+        const char *with = memory ? " with the guest's memory" : "";
+
+        return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                        "the checkpoints of agent '%s' take %s and one more would add %s%s, over "
+                        "the %s it may fill from inside (guest-checkpoint-bytes); the host can "
+                        "remove some (vmctl checkpoint rm)",
+                        name, used_shown, grows_shown, with, quota_shown);
     }
     return TRUE;
 }
@@ -526,7 +625,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
                         r->name),
                NULL;
     /* A stopped agent's new overlay is made by qemu-img, which opens the active chain. */
-    if (!hostd_checkpoint_check_room(set, error) ||
+    if (!hostd_checkpoint_check_room(ctx, r, set, memory, error) ||
         (!running && !hostd_checkpoint_chain_check(ctx, r, set, NULL, error)) ||
         !vm_checkpoint_set_begin_create(set, label, automatic, &new_file, error))
         return NULL;

@@ -14,12 +14,26 @@ G_BEGIN_DECLS
 extern const HostdComponent hostd_checkpoint_component;
 
 /* Takes a disk-only checkpoint of agent @name, running or stopped, without stopping it. Refuses
- * before touching anything when less than 256 MiB are free (VM_ERROR_NO_RESOURCES). When the
+ * before touching anything (VM_ERROR_NO_RESOURCES) when it would leave the filesystem of the
+ * agent's directory below checkpoint-free-floor, counting 256 MiB for a checkpoint and the
+ * guest's memory besides for one with @memory; every checkpoint is made through
+ * hostd_checkpoint_create_locked(), which checks this (vmctl's, the guest's, a restore's undo
+ * checkpoint, the periodic and idle ones). When the
  * guest agent does not answer, the checkpoint is crash-consistent and *ret_warning says so
  * (newly allocated, else NULL). Returns the checkpoint's dictionary (a{sv}). */
 GVariant *hostd_checkpoint_create(HostdContext *ctx, const char *name, const char *label,
                                   gboolean automatic, gboolean memory, char **ret_warning,
                                   GError **error);
+
+/* Whether agent @name's guest may have one more checkpoint made at its asking (a checkpoint
+ * from inside, with @memory or not, or the undo checkpoint of a restore it asks for): the agent
+ * has fewer than guest-checkpoint-max checkpoints, and their images and memory files, with the
+ * active overlay the new one freezes and, with @memory, the guest's memory, take no more than
+ * guest-checkpoint-bytes. Every checkpoint of the agent counts, the host's too. Fails with
+ * VM_ERROR_NO_RESOURCES saying which (the guest gets 507), VM_ERROR_NOT_FOUND or VM_ERROR_IO
+ * when the agent or its record cannot be read. Makes nothing. */
+gboolean hostd_checkpoint_guest_quota(HostdContext *ctx, const char *name, gboolean memory,
+                                      GError **error);
 
 /* With the agent lock held: journals and takes a disk-only checkpoint of @r (running or
  * stopped) in @set, redefines the domain on the new overlay and saves the record. Returns the new

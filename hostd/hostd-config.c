@@ -1,6 +1,8 @@
 #include "hostd-config.h"
 
+#include <errno.h>
 #include <pwd.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "hostd-ids.h"
@@ -41,6 +43,9 @@ static const char *const hostd_config_keys[] = {
     "disk-write-iops",
     "agent-ids",
     "worker-ids",
+    "guest-checkpoint-max",
+    "guest-checkpoint-bytes",
+    "checkpoint-free-floor",
     NULL,
 };
 
@@ -108,6 +113,76 @@ hostd_config_get_number(GKeyFile *kf, const char *path, const char *key, gint mi
                         key, min, max);
     *value = (guint)v;
     return TRUE;
+}
+
+/* A size: a whole number of bytes, or of KiB, MiB, GiB, TiB with K, M, G, T (a trailing "iB"
+ * or "B" allowed); with @pct not NULL, "N%" (N in 0-50) sets *@pct and leaves *@bytes 0. */
+static gboolean
+hostd_config_parse_size(const char *text, guint64 *bytes, guint *pct)
+{
+    static const char units[] = "KMGT";
+    char *end = NULL;
+    guint64 n;
+    guint shift = 0;
+
+    if (text == NULL || !g_ascii_isdigit(text[0]))
+        return FALSE;
+    errno = 0;
+    n = g_ascii_strtoull(text, &end, 10);
+    if (errno != 0)
+        return FALSE;
+    if (pct != NULL && g_str_equal(end, "%")) {
+        if (n > 50)
+            return FALSE;
+        *pct = (guint)n;
+        *bytes = 0;
+        return TRUE;
+    }
+    if (*end != '\0' && strchr(units, g_ascii_toupper(*end)) != NULL) {
+        shift = 10 * (guint)(strchr(units, g_ascii_toupper(*end)) - units + 1);
+        end++;
+        if (g_str_equal(end, "iB") || g_str_equal(end, "B"))
+            end += strlen(end);
+    }
+    if (*end != '\0' || n > (G_MAXUINT64 >> shift))
+        return FALSE;
+    *bytes = n << shift;
+    if (pct != NULL)
+        *pct = 0;
+    return TRUE;
+}
+
+/* A size key (hostd_config_parse_size()) of at least @min bytes, left as it is when absent. */
+static gboolean
+hostd_config_get_size(GKeyFile *kf, const char *path, const char *key, guint64 min, guint64 *bytes,
+                      guint *pct, GError **error)
+{
+    if (!g_key_file_has_key(kf, "hostd", key, NULL))
+        return TRUE;
+    g_autofree char *text = g_key_file_get_string(kf, "hostd", key, NULL);
+    guint64 b = 0;
+    guint p = 0;
+    if (text == NULL || !hostd_config_parse_size(g_strstrip(text), &b, pct != NULL ? &p : NULL) ||
+        (b < min && p == 0))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s must be a size (%s)", path, key,
+                        pct != NULL ? "bytes, 512M, 2G, or a share of the filesystem such as 5%"
+                                    : "bytes, 512M, 2G");
+    *bytes = b;
+    if (pct != NULL)
+        *pct = p;
+    return TRUE;
+}
+
+guint64
+hostd_config_free_floor(const HostdConfig *config, guint64 size)
+{
+    guint64 share = size / 100 * config->checkpoint_free_floor_pct;
+
+    if (config->checkpoint_free_floor_pct == 0)
+        return config->checkpoint_free_floor;
+    if (config->checkpoint_free_floor == 0)
+        return share;
+    return MIN(share, config->checkpoint_free_floor);
 }
 
 /* A key whose value is one of @choices (NULL-terminated); *@index is its position. */
@@ -247,6 +322,13 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         g_free(config->egress_user);
         config->egress_user = g_steal_pointer(&user);
     }
+    if (!hostd_config_get_number(kf, path, "guest-checkpoint-max", 0, 10000,
+                                 &config->guest_checkpoint_max, error) ||
+        !hostd_config_get_size(kf, path, "guest-checkpoint-bytes", 0,
+                               &config->guest_checkpoint_bytes, NULL, error) ||
+        !hostd_config_get_size(kf, path, "checkpoint-free-floor", 0, &config->checkpoint_free_floor,
+                               &config->checkpoint_free_floor_pct, error))
+        return FALSE;
     if (g_key_file_has_key(kf, "hostd", "agent-ids", NULL)) {
         g_autofree char *ids = g_key_file_get_string(kf, "hostd", "agent-ids", NULL);
         g_autoptr(GError) ids_error = NULL;
@@ -358,6 +440,10 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     /* Not given: placed after agent-ids once the file is read. */
     config->worker_id_min = G_MAXUINT;
     config->worker_id_max = G_MAXUINT;
+    config->guest_checkpoint_max = HOSTD_GUEST_CHECKPOINT_MAX_DEFAULT;
+    config->guest_checkpoint_bytes = HOSTD_GUEST_CHECKPOINT_BYTES_DEFAULT;
+    config->checkpoint_free_floor = HOSTD_CHECKPOINT_FREE_FLOOR_DEFAULT;
+    config->checkpoint_free_floor_pct = HOSTD_CHECKPOINT_FREE_FLOOR_PCT;
 
     if (path != NULL && !hostd_config_load_file(config, path, error))
         return NULL;

@@ -57,7 +57,21 @@ typedef struct {
     guint worker_id_min;               /* worker-ids: each agent's SSH and egress workers run as */
     guint worker_id_max;               /* ids of their own from this range (hostd-confine.h); both
                                         * 0: worker-ids = off, workers run as egress-user */
+    guint guest_checkpoint_max;        /* checkpoints an agent may have for its guest to ask */
+    guint64 guest_checkpoint_bytes;    /* for one more; and bytes they may take (images, memory) */
+    guint64 checkpoint_free_floor;     /* free bytes no checkpoint takes the state dir's file */
+    guint checkpoint_free_floor_pct;   /* system below, or this % of its size; both set: the less */
 } HostdConfig;
+
+/* Defaults of guest-checkpoint-max, guest-checkpoint-bytes and checkpoint-free-floor (5% of
+ * the filesystem, at most 2 GiB). */
+#define HOSTD_GUEST_CHECKPOINT_MAX_DEFAULT   64
+#define HOSTD_GUEST_CHECKPOINT_BYTES_DEFAULT (32ULL << 30)
+#define HOSTD_CHECKPOINT_FREE_FLOOR_DEFAULT  (2ULL << 30)
+#define HOSTD_CHECKPOINT_FREE_FLOOR_PCT      5
+
+/* The free-space floor of @config on a filesystem of @size bytes. Can't fail. */
+guint64 hostd_config_free_floor(const HostdConfig *config, guint64 size);
 
 /* The default agent-ids range: above the ranges systemd gives to containers (524288-1879048191)
  * and to subordinate ids (useradd's /etc/subuid ends at 600100000), below 2^31, so no user or
@@ -70,7 +84,8 @@ typedef struct {
  * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
  * egress-upstream-ca-file, egress-worker, egress-user, disk-read, disk-write, disk-read-iops,
- * disk-write-iops, agent-ids, worker-ids) when not NULL,
+ * disk-write-iops, agent-ids, worker-ids, guest-checkpoint-max, guest-checkpoint-bytes,
+ * checkpoint-free-floor) when not NULL,
  * then applies the non-NULL overrides, then fills defaults (worker-ids: the ids right after
  * agent-ids', twice as many). Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT
  * "FILE: ...", as does a worker-ids range that overlaps agent-ids', holds fewer than two ids per

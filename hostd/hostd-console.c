@@ -6,7 +6,6 @@
 #include <glib-unix.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "hostd-state.h"
@@ -68,24 +67,15 @@ console_agent_free(ConsoleAgent *a)
     g_free(a);
 }
 
-/* Connects @a to its QEMU when one listens; a socket left by a QEMU that is gone refuses. */
+/* Connects @a to its QEMU when one listens; a socket left by a QEMU that is gone refuses. To the
+ * socket file itself, never to what a link in its place names (vm_unix_connect_nofollow()). */
 static void
 console_connect_locked(ConsoleAgent *a)
 {
-    struct sockaddr_un addr;
-    socklen_t len;
-    int fd;
+    int fd = vm_unix_connect_nofollow(a->socket_path, SOCK_NONBLOCK, NULL);
 
-    if (!vm_unix_address(a->socket_path, &addr, &len, NULL))
-        return;
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-        return;
-    if (connect(fd, (struct sockaddr *)&addr, len) < 0) {
-        close(fd);
-        return;
-    }
-    a->fd = fd;
+    if (fd >= 0)
+        a->fd = fd;
 }
 
 static gpointer

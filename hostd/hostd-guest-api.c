@@ -375,12 +375,8 @@ api_checkpoint_create(HostdContext *ctx, const char *name, const HostdGuestApiAr
     if (list == NULL)
         return NULL;
     g_variant_ref_sink(list);
-    if (g_variant_n_children(list) >= HOSTD_GUEST_API_CHECKPOINTS_MAX)
-        return vm_throw(error, VM_ERROR_NO_RESOURCES,
-                        "agent '%s' has %" G_GSIZE_FORMAT " checkpoints, the most it may make "
-                        "from inside; the host can remove some (vmctl checkpoint rm)",
-                        name, g_variant_n_children(list)),
-               NULL;
+    if (!hostd_checkpoint_guest_quota(ctx, name, args->memory, error))
+        return NULL;
     if (args->memory) {
         guint with_memory = 0;
 
@@ -507,6 +503,9 @@ api_restore_accept(ApiAgent *agent, const HostdGuestApiArgs *args, GError **erro
                         "agent '%s' is not running: paths are put back into a running agent",
                         agent->name),
                NULL;
+    /* Its undo checkpoint is one the guest asked for. */
+    if (!hostd_checkpoint_guest_quota(ctx, agent->name, FALSE, error))
+        return NULL;
 
     restore = g_new0(ApiRestore, 1);
     restore->id = g_strdup(args->id);
@@ -755,8 +754,11 @@ api_restore_thread(gpointer data)
     }
 
     api_restore_set(agent, "running", NULL, NULL);
-    /* As the restore request does: the agent's lock is taken inside, for the whole of it. */
-    if (run->paths != NULL)
+    /* As the restore request does: the agent's lock is taken inside, for the whole of it. The
+     * quota again: the host may have made checkpoints since the 202. */
+    if (!hostd_checkpoint_guest_quota(ctx, agent->name, FALSE, &error))
+        result = NULL;
+    else if (run->paths != NULL)
         result = hostd_checkpoint_restore_paths(
             ctx, agent->name, run->id, (const char *const *)run->paths, &undo, NULL, NULL, &error);
     else

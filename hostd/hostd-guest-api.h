@@ -18,8 +18,9 @@
  * request body of 16 KiB (libsoup's own limit on the head, 64 KiB). hostd keeps the rest, per
  * agent, so a worker taken over cannot go past them: guest-api-rate requests a second on
  * average with bursts of guest-api-burst (429 past that), one checkpoint or restore at a time
- * at HOSTD_GUEST_API_HEAVY_RATE, and at most HOSTD_GUEST_API_CHECKPOINTS_MAX checkpoints (of
- * them HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX with memory) when it asks for one; the work of a
+ * at HOSTD_GUEST_API_HEAVY_RATE, and a checkpoint (a restore's undo checkpoint too) only
+ * within the agent's quota, hostd_checkpoint_guest_quota() (guest-checkpoint-max checkpoints,
+ * guest-checkpoint-bytes; of them HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX with memory); the work of a
  * request (libvirt, checkpoints) runs on a pool of threads, and a restore on a thread of its own
  * once its 202 has gone out. Each call is one line of hostd's log (ctx->log); a checkpoint,
  * restore or keep-awake is an event by the guest as well.
@@ -43,10 +44,8 @@ extern const HostdComponent hostd_guest_api_component;
  * average, in bursts of HOSTD_GUEST_API_HEAVY_BURST. */
 #define HOSTD_GUEST_API_HEAVY_RATE  0.1
 #define HOSTD_GUEST_API_HEAVY_BURST 3
-/* A checkpoint asked from inside is refused (no-resources) once the agent has this many: only
- * the host removes checkpoints. */
-#define HOSTD_GUEST_API_CHECKPOINTS_MAX 64
-/* Nor a memory checkpoint once it has this many: each holds the RAM the guest used. */
+/* A memory checkpoint asked from inside is refused (no-resources) once the agent has this many:
+ * each holds the RAM the guest used. */
 #define HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX 4
 /* Between a restore's 202 and the restore itself: the answer reaches the guest first. */
 #define HOSTD_GUEST_API_RESTORE_DELAY_MS 1000

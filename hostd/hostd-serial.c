@@ -1,9 +1,6 @@
 /* hostd's side of the session over each agent's virtio port (hostd-serial.h). */
 #include "hostd-serial.h"
 
-#include <errno.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "hostd-guest-agent.h"
@@ -66,20 +63,18 @@ serial_path(virDomainPtr dom, GError **error)
     return path;
 }
 
-/* A connection to the port's socket at @path; -1 with an error when it cannot be reached. */
+/* A connection to the port's socket at @path; -1 with an error when it cannot be reached or is
+ * refused. Its directory is the QEMU user's (libvirt's channel directory), which could put a
+ * symbolic link to any socket of root's there: the connection goes to the socket file itself. */
 static int
 serial_connect(const char *path, GError **error)
 {
-    struct sockaddr_un addr;
-    socklen_t addr_len;
-    vm_autofd fd = -1;
+    g_autoptr(GError) local_error = NULL;
+    int fd = vm_unix_connect_nofollow(path, 0, &local_error);
 
-    if (!vm_unix_address(path, &addr, &addr_len, error))
-        return -1;
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, addr_len) < 0)
-        return vm_throw_errno(error, errno, "cannot connect to the SSH port %s", path), -1;
-    return g_steal_fd(&fd);
+    if (fd < 0)
+        g_propagate_prefixed_error(error, g_steal_pointer(&local_error), "the SSH port: ");
+    return fd;
 }
 
 typedef struct {
@@ -189,15 +184,19 @@ hostd_serial_resume(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
     g_autoptr(GError) error = NULL;
     g_autofree char *run = NULL;
     g_autofree char *path = NULL;
+    gboolean refused = FALSE;
     int fd = -1;
 
     if (ctx->ssh_workers == NULL)
         return FALSE;
     path = serial_path(dom, &error);
-    if (path != NULL)
+    if (path != NULL) {
         fd = serial_connect(path, &error);
+        /* A refused socket is an attack from the QEMU user's side: always said. */
+        refused = fd < 0 && g_error_matches(error, VM_ERROR, VM_ERROR_FAILED);
+    }
     if (fd < 0 || !hostd_ssh_pool_serial(ctx->ssh, target, fd, TRUE, &error)) {
-        if (ctx->debug)
+        if (ctx->debug || refused)
             hostd_context_log(ctx,
                               "agent '%s': the SSH session over the virtio port did not carry "
                               "over (%s)",

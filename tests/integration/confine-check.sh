@@ -221,3 +221,35 @@ confine_check() {
       bash -c '[ -n "$2" ] && [ -n "$3" ] && ! confine_ptrace "$1" "$2" && ! confine_ptrace "$1" "$3"' _ "$id" "$(confine_ssh_worker "$from")" "$(confine_ssh_worker "$to")"
   done
 }
+
+# confine_port_swap A: A's id owns the directory of its virtio port's socket (libvirt's channel
+# directory), so it swaps the socket for a symbolic link to hostd's own socket; A's SSH worker
+# is then replaced and an exec makes hostd connect to the port anew: hostd refuses the link and
+# logs it, and the new worker holds no connection to hostd's socket. The socket is put back and
+# the session over the port comes again.
+confine_port_swap() {
+  local a=$1 id port wpid lines held
+  id=$(confine_id "$a")
+  port=$(ls "$S"/libvirt/lib/qemu/channel/target/domain-*-"$a"/org.vmctl.ssh.0 2>/dev/null | head -1)
+  check "as $a's id, its port's socket is swapped for a symbolic link to hostd's socket" \
+    bash -c '[ -S "$2" ] && setpriv --reuid="$1" --regid="$1" --clear-groups sh -c "mv \"\$1\" \"\$1.real\" && ln -s \"\$2\" \"\$1\"" _ "$2" "$3"' _ "$id" "$port" "$SOCK"
+  lines=$(wc -l < "$LOG")
+  kill "$(confine_ssh_worker "$a")" 2>/dev/null
+  # Once more if the first exec met the worker on its way out: the session is tried after one.
+  vmctl exec "$a" true >/dev/null 2>&1 || vmctl exec "$a" true >/dev/null
+  check "hostd refuses to connect to the link in $a's port directory, and logs it" \
+    bash -c 'for i in $(seq 60); do tail -n +"$2" "$1" | grep -q "agent .$3.: no SSH session over the virtio port (.*symbolic link" && exit 0; sleep 1; done; exit 1' _ "$LOG" "$((lines + 1))" "$a"
+  wpid=$(confine_ssh_worker "$a")
+  check "$a's new SSH worker holds no connection to hostd's socket" \
+    bash -c '[ -n "$1" ] && confine_none_shared "$2" "$3"' _ "$wpid" "$(confine_unix_peers "$SOCK")" "$(confine_socket_inodes "$wpid")"
+  setpriv --reuid="$id" --regid="$id" --clear-groups sh -c 'rm -f "$1" && mv "$1.real" "$1"' _ "$port"
+  kill "$wpid" 2>/dev/null
+  vmctl exec "$a" true >/dev/null 2>&1 || vmctl exec "$a" true >/dev/null
+  for _ in $(seq 60); do
+    wpid=$(confine_ssh_worker "$a")
+    held=$(comm -12 <(confine_unix_peers "$port") <(confine_socket_inodes "$wpid"))
+    [ -n "$held" ] && break
+    sleep 1
+  done
+  check "with the socket back, $a's SSH worker holds its session over the port again" test -n "$held"
+}

@@ -590,6 +590,8 @@ check "the source's agent key is no longer authorized in the fork" \
   bash -c "! '$VMCTL' --socket '$SOCK' exec f1 -- cat .ssh/authorized_keys | grep -q ' vmctl-a1\$'"
 # Two agents' QEMUs, each under its own id: neither reaches the other.
 confine_check a1 f1
+# The port's socket swapped for a link by the agent's id: hostd refuses it.
+confine_port_swap f1
 agents_before=$(ls "$S/agents")
 out=$(vmctl fork a1 f1 2>&1); rc=$?
 check "fork onto an existing name: exit 4" test "$rc" = 4

@@ -110,6 +110,38 @@ test_guest_api_keys(void **state)
     assert_true(on->guest_api);
 }
 
+/* The checkpoint quota of a guest and the free-space floor: defaults, sizes, a share. */
+static void
+test_checkpoint_space_keys(void **state)
+{
+    Fixture *f = *state;
+
+    g_autoptr(HostdConfig) d = load_ok(NULL, "/srv/hostd", NULL, NULL);
+    assert_int_equal(d->guest_checkpoint_max, 64);
+    assert_true(d->guest_checkpoint_bytes == 32ULL << 30);
+    /* 5% of the filesystem, at most 2 GiB. */
+    assert_true(hostd_config_free_floor(d, 10ULL << 30) == (10ULL << 30) / 100 * 5);
+    assert_true(hostd_config_free_floor(d, 1ULL << 40) == 2ULL << 30);
+
+    write_config(f, "[hostd]\nguest-checkpoint-max=3\nguest-checkpoint-bytes=512M\n"
+                    "checkpoint-free-floor=10GiB\n");
+    g_autoptr(HostdConfig) c = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_int_equal(c->guest_checkpoint_max, 3);
+    assert_true(c->guest_checkpoint_bytes == 512ULL << 20);
+    assert_true(hostd_config_free_floor(c, 1ULL << 40) == 10ULL << 30);
+    assert_true(hostd_config_free_floor(c, 1ULL << 30) == 10ULL << 30);
+
+    write_config(f, "[hostd]\nguest-checkpoint-bytes=1000\ncheckpoint-free-floor=20%\n");
+    g_autoptr(HostdConfig) p = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_true(p->guest_checkpoint_bytes == 1000);
+    assert_true(hostd_config_free_floor(p, 1ULL << 40) == (1ULL << 40) / 100 * 20);
+
+    write_config(f, "[hostd]\ncheckpoint-free-floor=0\nguest-checkpoint-max=0\n");
+    g_autoptr(HostdConfig) z = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_int_equal(z->guest_checkpoint_max, 0);
+    assert_true(hostd_config_free_floor(z, 1ULL << 40) == 0);
+}
+
 /* The default disk limits, and each one set or turned off in the file. */
 static void
 test_disk_limit_keys(void **state)
@@ -288,6 +320,17 @@ test_bad_files(void **state)
         {"[other]\n", "[other]"},
         {"[hostd]\nstate_dir=/x\n", "state_dir"},
         {"[hostd]\nsocket-mode=0666\n", "socket-mode"},
+        {"[hostd]\nguest-checkpoint-max=-1\n", "guest-checkpoint-max"},
+        {"[hostd]\nguest-checkpoint-max=10001\n", "guest-checkpoint-max"},
+        {"[hostd]\nguest-checkpoint-bytes=5%\n", "guest-checkpoint-bytes"},
+        {"[hostd]\nguest-checkpoint-bytes=-1\n", "guest-checkpoint-bytes"},
+        {"[hostd]\nguest-checkpoint-bytes=2X\n", "guest-checkpoint-bytes"},
+        {"[hostd]\nguest-checkpoint-bytes=2GB7\n", "guest-checkpoint-bytes"},
+        {"[hostd]\nguest-checkpoint-bytes=99999999999T\n", "guest-checkpoint-bytes"},
+        {"[hostd]\nguest-checkpoint-bytes=\n", "guest-checkpoint-bytes"},
+        {"[hostd]\ncheckpoint-free-floor=51%\n", "checkpoint-free-floor"},
+        {"[hostd]\ncheckpoint-free-floor=%\n", "checkpoint-free-floor"},
+        {"[hostd]\ncheckpoint-free-floor=G\n", "checkpoint-free-floor"},
         {"[hostd]\nssh-port-min=0\n", "ssh-port-min"},
         {"[hostd]\nssh-port-min=80\n", "ssh-port-min"},
         {"[hostd]\nssh-port-min=1023\n", "ssh-port-min"},
@@ -462,6 +505,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_limits_accepted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_api_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_limit_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_space_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_egress_upstream_ca_file, setup, teardown),
         cmocka_unit_test(test_free_null),
     };

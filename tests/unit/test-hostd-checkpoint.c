@@ -16,6 +16,7 @@
 
 #include "hostd-checkpoint-files.h"
 #include "hostd-checkpoint.h"
+#include "hostd-checkpoint-private.h"
 #include "hostd-reconcile.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
@@ -23,6 +24,14 @@
 #include "vm-util.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
+
+/* The real free-space figures again after a test that set them. */
+static int
+space_teardown(void **state)
+{
+    hostd_checkpoint_test_space(0, 0);
+    return hostd_test_teardown(state);
+}
 
 static gboolean
 dict_bool(GVariant *dict, const char *key)
@@ -324,6 +333,84 @@ test_create_memory(void **state)
     hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "not running");
     assert_false(exists(f, "s1", VM_CHECKPOINT_RECORD));
     assert_false(exists(f, "s1", "disk-1.qcow2"));
+}
+
+/* The host's free-space floor holds for every checkpoint (through hostd_checkpoint_create_locked(),
+ * which the host's, the guest's, a restore's undo and the timer's all take): with the figures
+ * set exactly, a checkpoint that would leave less than the floor is refused before anything
+ * changes, one that leaves exactly the floor is made; a memory checkpoint counts the guest's
+ * memory; the floor is the configured size or share. */
+static void
+test_free_floor(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_RUNNING);
+    const guint64 tib = 1ULL << 40, gib = 1ULL << 30, mib = 1ULL << 20;
+    /* The default floor on a 1 TiB filesystem: 2 GiB; a checkpoint needs 256 MiB above it. */
+    const guint64 disk_need = 2 * gib + 256 * mib;
+    const guint64 memory_need = disk_need + (guint64)r->memory_mib * mib;
+    g_autoptr(GVariant) c1 = checkpoint(f, "a1", NULL, FALSE, NULL);
+    g_autofree char *before = read_record(f, "a1");
+
+    hostd_checkpoint_test_space(disk_need - 1, tib);
+    {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v = try_checkpoint(f, "a1", FALSE, &error);
+        assert_null(v);
+        hostd_test_assert_error(error, VM_ERROR_NO_RESOURCES, "floor of 2 GiB");
+    }
+    {
+        /* A restore's undo checkpoint too: the restore is refused with nothing changed. */
+        g_autoptr(GError) error = NULL;
+        g_autofree char *undo = NULL;
+        g_autoptr(GVariant) v = hostd_test_sink(
+            hostd_checkpoint_restore(f->ctx, "a1", "c1", FALSE, &undo, NULL, NULL, &error));
+        assert_null(v);
+        assert_null(undo);
+        hostd_test_assert_error(error, VM_ERROR_NO_RESOURCES, "checkpoint-free-floor");
+        assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
+    }
+    hostd_checkpoint_test_space(memory_need - 1, tib);
+    {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v = try_checkpoint(f, "a1", TRUE, &error);
+        assert_null(v);
+        hostd_test_assert_error(error, VM_ERROR_NO_RESOURCES, "guest's memory (128 MiB)");
+    }
+    g_autofree char *refused = read_record(f, "a1");
+    assert_string_equal(refused, before);
+    assert_ids(f, "a1", "c1");
+
+    /* Exactly the floor left: made. */
+    hostd_checkpoint_test_space(memory_need, tib);
+    g_autoptr(GVariant) c2 = checkpoint(f, "a1", NULL, TRUE, NULL);
+    hostd_checkpoint_test_space(disk_need, tib);
+    g_autoptr(GVariant) c3 = checkpoint(f, "a1", NULL, FALSE, NULL);
+    assert_ids(f, "a1", "c1 c2 c3");
+
+    /* A share: 10% of 100 GiB is 10 GiB; a size: 3 GiB whatever the filesystem; none: 0. */
+    f->ctx->config->checkpoint_free_floor = 0;
+    f->ctx->config->checkpoint_free_floor_pct = 10;
+    hostd_checkpoint_test_space(100 * gib / 100 * 10 + 256 * mib - 1, 100 * gib);
+    {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v = try_checkpoint(f, "a1", FALSE, &error);
+        assert_null(v);
+        hostd_test_assert_error(error, VM_ERROR_NO_RESOURCES, "floor of 10 GiB");
+    }
+    f->ctx->config->checkpoint_free_floor = 3 * gib;
+    f->ctx->config->checkpoint_free_floor_pct = 0;
+    hostd_checkpoint_test_space(3 * gib + 256 * mib - 1, tib);
+    {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v = try_checkpoint(f, "a1", FALSE, &error);
+        assert_null(v);
+        hostd_test_assert_error(error, VM_ERROR_NO_RESOURCES, "floor of 3 GiB");
+    }
+    f->ctx->config->checkpoint_free_floor = 0;
+    hostd_checkpoint_test_space(256 * mib, tib);
+    g_autoptr(GVariant) c4 = checkpoint(f, "a1", NULL, FALSE, NULL);
+    assert_ids(f, "a1", "c1 c2 c3 c4");
 }
 
 /* A saved agent resumes from a state that names the disk it wrote to: after a checkpoint that
@@ -1434,6 +1521,7 @@ main(void)
         T(test_create_stopped),
         T(test_create_live),
         T(test_create_memory),
+        cmocka_unit_test_setup_teardown(test_free_floor, hostd_test_setup, space_teardown),
         T(test_create_saved_repoints_state),
         T(test_create_refused),
         T(test_list),

@@ -30,6 +30,7 @@
 #include "hostd-events.h"
 #include "hostd-guest-api.h"
 #include "hostd-power.h"
+#include "hostd-resources.h"
 #include "vm-config.h"
 #include "vm-fd-pass.h"
 #include "vm-seed.h"
@@ -305,7 +306,7 @@ test_checkpoint(void **state)
 
 /* What a guest may make is bounded: a memory checkpoint only while the agent has fewer than
  * HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX, any only while it has fewer than
- * HOSTD_GUEST_API_CHECKPOINTS_MAX; only the host removes them. */
+ * guest-checkpoint-max (64 by default); only the host removes them. */
 static void
 test_checkpoint_caps(void **state)
 {
@@ -329,10 +330,143 @@ test_checkpoint_caps(void **state)
     call(f, "a1", "POST", "/v1/checkpoints", "{}", &disk);
     g_autoptr(JsonObject) o = expect(&disk, 201);
 
-    hostd_test_checkpoint_n(
-        f, "a1", HOSTD_GUEST_API_CHECKPOINTS_MAX - HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX - 1);
+    assert_int_equal(f->ctx->config->guest_checkpoint_max, 64);
+    hostd_test_checkpoint_n(f, "a1", 64 - HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX - 1);
     call(f, "a1", "POST", "/v1/checkpoints", "{}", &full);
     expect_error(&full, 507, "no-resources", "64 checkpoints");
+}
+
+/* A checkpoint or restore asked from inside, retried while the one before still ends (409). */
+static void
+call_heavy(HostdTestFixture *f, const char *path, const char *body, Reply *ret)
+{
+    for (int i = 0; i < 50; i++) {
+        reply_clear(ret);
+        call(f, "a1", "POST", path, body, ret);
+        if (ret->status != 409)
+            return;
+        g_usleep(100 * 1000);
+    }
+}
+
+/* Waits for a1's restore asked from inside to be done. */
+static void
+wait_restore_done(HostdTestFixture *f)
+{
+    for (int i = 0; i < 150; i++) {
+        g_auto(Reply) r = {0};
+
+        call(f, "a1", "GET", "/v1/restore", NULL, &r);
+        if (r.body != NULL && strstr(r.body, "\"state\":\"done\"") != NULL)
+            return;
+        g_usleep(100 * 1000);
+    }
+    fail_msg("a1's restore did not end");
+}
+
+/* A guest asking restores over and over (each takes an undo checkpoint; one with paths keeps the
+ * VM running) and checkpoints: made up to guest-checkpoint-max, and then 200 more asks, each
+ * refused (507 when the rate lets it through to the quota, 429 after), a restore with paths
+ * before its 202; nothing made past the cap. */
+static void
+test_restore_quota(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    guint over_quota = 0;
+
+    f->ctx->config->guest_checkpoint_max = 4;
+    hostd_test_checkpoint_n(f, "a1", 2);
+    for (int i = 0; i < 2; i++) {
+        g_auto(Reply) r = {0};
+
+        call_heavy(f, "/v1/restore", "{\"id\": \"c1\"}", &r);
+        g_autoptr(JsonObject) o = expect(&r, 202);
+        wait_restore_done(f);
+    }
+    g_autoptr(VmCheckpointSet) made = hostd_test_checkpoints(f, "a1");
+    assert_int_equal(made->checkpoints->len, 4);
+    g_autofree char *record = hostd_test_agent_file(f, "a1", "checkpoints.ini");
+    g_autofree char *before = NULL;
+    assert_true(g_file_get_contents(record, &before, NULL, NULL));
+
+    for (int i = 0; i < 200; i++) {
+        g_auto(Reply) r = {0};
+        gboolean restore = i % 2 == 0;
+
+        call_heavy(f, restore ? "/v1/restore" : "/v1/checkpoints",
+                   restore ? "{\"id\": \"c1\", \"paths\": [\"/etc\"]}" : "{}", &r);
+        if (r.status == 507) {
+            expect_error(&r, 507, "no-resources", "guest-checkpoint-max 4");
+            over_quota++;
+        } else {
+            expect_error(&r, 429, "busy", NULL);
+        }
+    }
+    /* The rate's burst let the first ask through to the quota. */
+    print_message("# of 200 asks past the cap, %u refused by the quota, the rest by the rate\n",
+                  over_quota);
+    assert_true(over_quota >= 1);
+    g_autofree char *after = NULL;
+    assert_true(g_file_get_contents(record, &after, NULL, NULL));
+    assert_string_equal(after, before);
+    g_autoptr(JsonObject) status = NULL;
+    {
+        g_auto(Reply) r = {0};
+        /* The requests' own rate (guest-api-rate) is spent too: it comes back within a second. */
+        for (int i = 0; i < 30 && r.status != 200; i++) {
+            reply_clear(&r);
+            g_usleep(100 * 1000);
+            call(f, "a1", "GET", "/v1/restore", NULL, &r);
+        }
+        status = expect(&r, 200);
+    }
+    /* The last restore shown is the last one made, not a refused one. */
+    JsonObject *last = json_object_get_object_member(status, "restore");
+    assert_false(json_object_has_member(last, "paths"));
+    assert_logged("POST /v1/restore 507");
+}
+
+/* The bytes a guest's checkpoints may take (guest-checkpoint-bytes): the checkpoints' images,
+ * the active overlay the new one freezes, and with memory the guest's memory besides. */
+static void
+test_checkpoint_bytes_quota(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    g_auto(Reply) over = {0};
+    g_auto(Reply) memory = {0};
+    g_auto(Reply) fits = {0};
+
+    hostd_test_checkpoint_n(f, "a1", 1);
+    g_autoptr(VmCheckpointSet) set = hostd_test_checkpoints(f, "a1");
+    g_autofree char *image =
+        vm_checkpoint_set_path(set, ((VmCheckpoint *)set->checkpoints->pdata[0])->image);
+    g_autofree char *active = vm_checkpoint_set_path(set, set->active);
+    /* The guest wrote something since. */
+    g_autofree char *junk = g_malloc0(256 * 1024);
+    memset(junk, 'x', 256 * 1024);
+    {
+        FILE *out = fopen(active, "ae");
+        assert_non_null(out);
+        assert_int_equal(fwrite(junk, 1, 256 * 1024, out), 256 * 1024);
+        assert_int_equal(fclose(out), 0);
+    }
+    guint64 needed = hostd_file_allocated(image) + hostd_file_allocated(active);
+    assert_true(needed >= 256 * 1024);
+
+    f->ctx->config->guest_checkpoint_bytes = needed - 1;
+    call(f, "a1", "POST", "/v1/checkpoints", "{}", &over);
+    expect_error(&over, 507, "no-resources", "guest-checkpoint-bytes");
+    f->ctx->config->guest_checkpoint_bytes = needed;
+    call(f, "a1", "POST", "/v1/checkpoints", "{\"memory\": true}", &memory);
+    expect_error(&memory, 507, "no-resources", "guest's memory");
+    g_autofree char *refused = hostd_test_checkpoint_ids(f, "a1");
+    assert_string_equal(refused, "c1");
+    call_heavy(f, "/v1/checkpoints", "{}", &fits);
+    g_autoptr(JsonObject) o = expect(&fits, 201);
+    g_autofree char *made = hostd_test_checkpoint_ids(f, "a1");
+    assert_string_equal(made, "c1 c2");
 }
 
 /* Paths that name another agent or a policy, methods a path does not take, bodies that are not
@@ -1106,10 +1240,12 @@ main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, hostd_test_setup, hostd_test_teardown)
     const struct CMUnitTest tests[] = {
-        T(test_info_own_agent), T(test_checkpoint),  T(test_checkpoint_caps),   T(test_refusals),
-        T(test_body_limits),    T(test_rate_limit),  T(test_connection_limits), T(test_keep_awake),
-        T(test_restore),        T(test_real_helper), T(test_start_stop),        T(test_component),
-        T(test_vmctl_guest),    T(test_worker),      T(test_worker_broken),
+        T(test_info_own_agent), T(test_checkpoint),    T(test_checkpoint_caps),
+        T(test_refusals),       T(test_restore_quota), T(test_checkpoint_bytes_quota),
+        T(test_body_limits),    T(test_rate_limit),    T(test_connection_limits),
+        T(test_keep_awake),     T(test_restore),       T(test_real_helper),
+        T(test_start_stop),     T(test_component),     T(test_vmctl_guest),
+        T(test_worker),         T(test_worker_broken),
     };
 #undef T
 

@@ -304,6 +304,130 @@ test_unix_address_binds(void **state)
     assert_int_equal(connect(client, (struct sockaddr *)&addr, addr_len), 0);
 }
 
+/* A listening socket at @path; nonblocking, so that an accept() with nothing waiting says so. */
+static int
+listen_at(const char *path)
+{
+    struct sockaddr_un addr;
+    socklen_t addr_len;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+    assert_true(fd >= 0);
+    assert_true(vm_unix_address(path, &addr, &addr_len, NULL));
+    assert_int_equal(bind(fd, (struct sockaddr *)&addr, addr_len), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    return fd;
+}
+
+/* Whether a connection waits on the listening @fd (taken and closed if so). */
+static gboolean
+has_connection(int fd)
+{
+    int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+
+    if (c < 0) {
+        assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+        return FALSE;
+    }
+    close(c);
+    return TRUE;
+}
+
+/* The port's directory is another user's (QEMU's): what it puts in place of the socket (a
+ * symbolic link or a hard link to a socket of root's, a file, a linked directory) is refused
+ * with nothing connected; the genuine socket connects and carries bytes. */
+static void
+test_unix_connect_nofollow(void **state)
+{
+    const char *dir = *state;
+    g_autofree char *port_dir = g_build_filename(dir, "domain-1-a1", NULL);
+    g_autofree char *port = g_build_filename(port_dir, "org.vmctl.ssh.0", NULL);
+    g_autofree char *root_dir = g_build_filename(dir, "root", NULL);
+    g_autofree char *root_sock = g_build_filename(root_dir, "hostd.sock", NULL);
+    g_autofree char *linked_dir = g_build_filename(dir, "linked", NULL);
+    g_autofree char *linked = g_build_filename(linked_dir, "hostd.sock", NULL);
+    vm_autofd qemu = -1;
+    vm_autofd root = -1;
+    vm_autofd fd = -1;
+    vm_autofd peer = -1;
+    char byte = 0;
+
+    assert_int_equal(g_mkdir(port_dir, 0700), 0);
+    assert_int_equal(g_mkdir(root_dir, 0700), 0);
+    root = listen_at(root_sock);
+
+    /* The genuine socket. */
+    qemu = listen_at(port);
+    fd = vm_unix_connect_nofollow(port, 0, NULL);
+    assert_true(fd >= 0);
+    peer = accept4(qemu, NULL, NULL, SOCK_CLOEXEC);
+    assert_true(peer >= 0);
+    assert_int_equal(write(fd, "x", 1), 1);
+    assert_int_equal(read(peer, &byte, 1), 1);
+    assert_int_equal(byte, 'x');
+    assert_int_equal(fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+    close(g_steal_fd(&fd));
+    fd = vm_unix_connect_nofollow(port, SOCK_NONBLOCK, NULL);
+    assert_true(fd >= 0);
+    assert_true(fcntl(fd, F_GETFL) & O_NONBLOCK);
+    close(g_steal_fd(&fd));
+
+    /* Swapped for a symbolic link to root's socket, as the directory's owner can. */
+    assert_int_equal(g_unlink(port), 0);
+    assert_int_equal(symlink(root_sock, port), 0);
+    {
+        g_autoptr(GError) error = NULL;
+        assert_int_equal(vm_unix_connect_nofollow(port, 0, &error), -1);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_FAILED));
+        assert_non_null(strstr(error->message, "symbolic link"));
+        assert_false(has_connection(root));
+    }
+
+    /* A hard link to it. */
+    assert_int_equal(g_unlink(port), 0);
+    assert_int_equal(link(root_sock, port), 0);
+    {
+        g_autoptr(GError) error = NULL;
+        assert_int_equal(vm_unix_connect_nofollow(port, 0, &error), -1);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_FAILED));
+        assert_non_null(strstr(error->message, "hard link"));
+        assert_false(has_connection(root));
+    }
+
+    /* A file. */
+    assert_int_equal(g_unlink(port), 0);
+    assert_true(g_file_set_contents(port, "", 0, NULL));
+    {
+        g_autoptr(GError) error = NULL;
+        assert_int_equal(vm_unix_connect_nofollow(port, 0, &error), -1);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_FAILED));
+    }
+
+    /* The directory itself a link to root's. */
+    assert_int_equal(symlink(root_dir, linked_dir), 0);
+    {
+        g_autoptr(GError) error = NULL;
+        assert_int_equal(vm_unix_connect_nofollow(linked, 0, &error), -1);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_IO));
+        assert_false(has_connection(root));
+    }
+
+    /* Nothing there, and a relative path. */
+    assert_int_equal(g_unlink(port), 0);
+    {
+        g_autoptr(GError) error = NULL;
+        assert_int_equal(vm_unix_connect_nofollow(port, 0, &error), -1);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_IO));
+    }
+    {
+        g_autoptr(GError) error = NULL;
+        assert_int_equal(vm_unix_connect_nofollow("org.vmctl.ssh.0", 0, &error), -1);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    }
+
+    assert_false(has_connection(root));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Writes that never raise SIGPIPE */
 
@@ -515,6 +639,7 @@ main(void)
         cmocka_unit_test(test_format_bytes),
         cmocka_unit_test(test_unix_address),
         cmocka_unit_test_setup_teardown(test_unix_address_binds, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_unix_connect_nofollow, setup_dir, teardown_dir),
         cmocka_unit_test(test_write_nosignal),
         cmocka_unit_test(test_default_paths),
         cmocka_unit_test(test_utf8_cut),
