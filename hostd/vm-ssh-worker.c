@@ -20,6 +20,7 @@
 #include "vm-egress-sandbox.h"
 #include "vm-error.h"
 #include "vm-fd-pass.h"
+#include "vm-util.h"
 #include "vm-wire.h"
 
 /* How long hostd has to hand over the client's socket after an exec's message. */
@@ -293,6 +294,8 @@ main(int argc, char **argv)
     g_autoptr(GVariant) payload = NULL;
     HostdSshWireStart start;
 
+    /* Before the key arrives: nothing of this process's memory ever reaches a core file. */
+    vm_process_undumpable();
     payload = vm_wire_recv(control, HOSTD_SSH_WIRE_TO_WORKER_MAX, &kind, &error);
     if (payload == NULL || !g_str_equal(kind, "start"))
         fail(control, agent, error != NULL ? error->message : "the first message was not start");

@@ -58,6 +58,17 @@ void vm_test_assert_nullable_string_equal(const char *a, const char *b);
  * allocated; fails the running test when there is none. */
 char *vm_test_proc_status(pid_t pid, const char *key);
 
+/* Fails the running test unless process @pid can write no core file (RLIMIT_CORE 0, soft and
+ * hard, in /proc/@pid/limits) and is not dumpable: when its effective uid is not root, its
+ * /proc/@pid/environ belongs to root (the kernel's mark of a non-dumpable process; a dumpable
+ * one's belongs to its uid); as root, a child of the test without CAP_SYS_PTRACE is refused
+ * kcmp(2) with it while it is allowed kcmp with the test itself (the same uid, dumpable). */
+void vm_test_assert_undumpable(pid_t pid);
+
+/* Fails the running test unless process @pid's stdout and stderr are one pipe, not the test's own
+ * stderr: what a worker prints reaches hostd's log only through hostd_log_worker_output(). */
+void vm_test_assert_output_piped(pid_t pid);
+
 /* Fails the running test unless process @pid is gone within @timeout_ms, or a zombie waiting for
  * init (killed and reparented away from the test). */
 void vm_test_assert_process_gone(pid_t pid, guint timeout_ms);
