@@ -84,7 +84,9 @@ store_unescape(const char *raw, gsize len, GPtrArray *pieces)
             continue;
         }
         if (++i == len) {
-            vm_secret_free(out);
+            /* not terminated yet: the bytes written so far are wiped */
+            explicit_bzero(out, o);
+            g_free(out);
             return NULL;
         }
         switch (raw[i]) {
