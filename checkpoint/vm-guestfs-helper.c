@@ -108,6 +108,10 @@ main(int argc, char **argv)
 {
     g_autoptr(GError) error = NULL;
 
+    /* It holds a file hostd opened for it (the export's tar): no process of the agent's id, its
+     * QEMU included, may trace it and write there, and the guest's files it reads reach no core
+     * file. */
+    vm_process_undumpable();
     if (argc >= 2 && strcmp(argv[1], "diff") == 0)
         return diff(argv + 2, &error) ? 0 : fail(error);
     if (argc >= 2 && strcmp(argv[1], "export") == 0)

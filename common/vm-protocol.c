@@ -634,6 +634,23 @@ vm_message_encode(const VmMessage *message, GError **error)
     return g_bytes_new_take(frame, VM_FRAME_HEADER_SIZE + size);
 }
 
+/* A decoded frame's copy: a request may carry a secret's value (secret add), so the copy is
+ * wiped when the last variant over it goes. data is 16 bytes in, aligned as GVariant wants. */
+typedef struct {
+    gsize size;
+    gsize pad;
+    guint8 data[];
+} VmWipedBlock;
+
+static void
+vm_wiped_block_free(gpointer block)
+{
+    VmWipedBlock *b = block;
+
+    explicit_bzero(b->data, b->size);
+    g_free(b);
+}
+
 VmMessage *
 vm_message_decode(const guint8 *payload, gsize len, GError **error)
 {
@@ -653,10 +670,12 @@ vm_message_decode(const guint8 *payload, gsize len, GError **error)
     /* A private copy: GVariant wants aligned data that outlives the variant. Eight spare zero
      * bytes, because GLib 2.74's normal-form check reads past the end of short malformed
      * payloads. */
-    guint8 *copy = g_malloc0(len + 8);
+    VmWipedBlock *copy = g_malloc0(sizeof(VmWipedBlock) + len + 8);
+    copy->size = len + 8;
     if (len > 0)
-        memcpy(copy, payload, len);
-    g_autoptr(GBytes) padded = g_bytes_new_take(copy, len + 8);
+        memcpy(copy->data, payload, len);
+    g_autoptr(GBytes) padded =
+        g_bytes_new_with_free_func(copy->data, len + 8, vm_wiped_block_free, copy);
     bytes = g_bytes_new_from_bytes(padded, 0, len);
     variant =
         g_variant_ref_sink(g_variant_new_from_bytes(G_VARIANT_TYPE(VM_MESSAGE_TYPE), bytes, FALSE));
@@ -777,7 +796,10 @@ vm_message_read_fd_until(int fd, gint64 deadline, gboolean *ret_eof, GError **er
                  len);
         return NULL;
     }
-    return vm_message_decode(payload, len, error);
+    VmMessage *message = vm_message_decode(payload, len, error);
+    /* As in vm_message_decode(): no copy of a secret's value stays in freed memory. */
+    explicit_bzero(payload, len);
+    return message;
 }
 
 gboolean

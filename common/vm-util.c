@@ -7,6 +7,8 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -426,4 +428,27 @@ vm_json_depth_ok(const char *text, gsize len, guint max)
         }
     }
     return TRUE;
+}
+
+void
+vm_process_undumpable(void)
+{
+    const struct rlimit none = {0, 0};
+
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    (void)setrlimit(RLIMIT_CORE, &none);
+}
+
+void
+vm_secret_wipe(char *text)
+{
+    if (text != NULL)
+        explicit_bzero(text, strlen(text));
+}
+
+void
+vm_secret_free(char *text)
+{
+    vm_secret_wipe(text);
+    g_free(text);
 }

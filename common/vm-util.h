@@ -120,4 +120,20 @@ char *vm_program_path(const char *env_var, const char *build_path, const char *i
  * fail. */
 char *vm_shipped_templates_dir(void);
 
+/* Makes this process non-dumpable (PR_SET_DUMPABLE 0: no core dump, and no process without
+ * CAP_SYS_PTRACE, not even one of its own uid, may ptrace it or open its /proc/PID/mem, environ
+ * or fd) and sets RLIMIT_CORE to 0, soft and hard limit, so that a core dump of its memory, where
+ * keys and secrets are, is never written. The limit is inherited by the programs it runs (QEMU
+ * among them: its memory is the guest's); execve() makes a program dumpable again. hostd and each
+ * of its workers call it first in main(). Can't fail (neither call can, for these arguments). */
+void vm_process_undumpable(void);
+
+/* Overwrites the NUL-terminated @text with zeros up to its NUL (explicit_bzero(): kept even when
+ * the memory is freed next). NULL is fine. */
+void vm_secret_wipe(char *text);
+
+/* vm_secret_wipe() then g_free(): for strings that held a key or a secret's value. NULL is fine.
+ * Not a GDestroyNotify by accident: pass it where a container frees such strings. */
+void vm_secret_free(char *text);
+
 G_END_DECLS

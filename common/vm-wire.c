@@ -56,6 +56,21 @@ wire_read_all(int fd, guint8 *data, gsize len, gboolean *ret_eof, GError **error
     return TRUE;
 }
 
+/* A received frame is kept at this offset in its block, its size in front of it: the offset keeps
+ * the bytes aligned as GVariant wants them (it would copy them otherwise). */
+#define WIRE_BLOCK_HEAD 16
+
+/* Frees a received frame's @block, wiped first. */
+static void
+wire_block_free(gpointer block)
+{
+    gsize size;
+
+    memcpy(&size, block, sizeof(size));
+    explicit_bzero(block, WIRE_BLOCK_HEAD + size);
+    g_free(block);
+}
+
 gboolean
 vm_wire_send(int fd, const char *kind, GVariant *payload, GError **error)
 {
@@ -71,8 +86,10 @@ vm_wire_send(int fd, const char *kind, GVariant *payload, GError **error)
     /* Copied, not stored in place: frame + 4 lacks the alignment a variant needs. */
     memcpy(frame + 4, g_variant_get_data(message), size);
     ok = wire_write_all(fd, frame, size + 4, error);
-    /* Frames to a worker may carry secrets: they do not stay in freed memory. */
+    /* Frames to a worker may carry secrets: they do not stay in freed memory, neither the frame
+     * nor the message's own serialised bytes (this function's alone: made here). */
     explicit_bzero(frame, size + 4);
+    explicit_bzero((gpointer)g_variant_get_data(message), size);
     return ok;
 }
 
@@ -83,6 +100,7 @@ vm_wire_recv(int fd, gsize max, char **ret_kind, GError **error)
     gsize size;
     g_autoptr(GBytes) bytes = NULL;
     g_autoptr(GVariant) message = NULL;
+    guint8 *block;
     guint8 *data;
     gboolean eof;
     const char *kind = NULL;
@@ -96,12 +114,16 @@ vm_wire_recv(int fd, gsize max, char **ret_kind, GError **error)
                         "worker frame of %" G_GSIZE_FORMAT " bytes, more than %" G_GSIZE_FORMAT,
                         size, max),
                NULL;
-    data = g_malloc(size);
+    block = g_malloc(WIRE_BLOCK_HEAD + size);
+    memcpy(block, &size, sizeof(size));
+    data = block + WIRE_BLOCK_HEAD;
     if (!wire_read_all(fd, data, size, &eof, NULL)) {
-        g_free(data);
+        wire_block_free(block);
         return vm_throw(error, VM_ERROR_PROTOCOL, "worker frame cut short"), NULL;
     }
-    bytes = g_bytes_new_take(data, size);
+    /* What came may be a secret (the egress worker's credentials): wiped when the last variant
+     * over it goes. */
+    bytes = g_bytes_new_with_free_func(data, size, wire_block_free, block);
     message = g_variant_ref_sink(g_variant_new_from_bytes(G_VARIANT_TYPE("(sv)"), bytes, FALSE));
     /* Normal form is checked, not assumed: a peer's bytes in another form could read
      * differently than they were meant (GVariant's own rule for untrusted data). */

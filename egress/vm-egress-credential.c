@@ -2,6 +2,7 @@
 #include "vm-egress-credential.h"
 #include "vm-egress-policy.h"
 #include "vm-error.h"
+#include "vm-util.h"
 
 #include <string.h>
 
@@ -182,9 +183,16 @@ vm_egress_credentials_to_variant(VmEgressCredentials *creds)
     g_variant_builder_init(&b, G_VARIANT_TYPE("a(sssasss)"));
     for (guint i = 0; creds != NULL && i < creds->grants->len; i++) {
         const Grant *grant = creds->grants->pdata[i];
+        /* The value's bytes in the variant are the variant's own: wiped when it lets them go
+         * (once it is serialised, or freed); the serialised frame is vm_wire_send()'s to wipe. */
+        gsize size = strlen(grant->value) + 1;
+        char *copy = g_memdup2(grant->value, size);
+        g_autoptr(GBytes) bytes =
+            g_bytes_new_with_free_func(copy, size, (GDestroyNotify)vm_secret_free, copy);
 
-        g_variant_builder_add(&b, "(sss^asss)", grant->secret_name, grant->placeholder,
-                              grant->value, grant->hosts, grant->header, grant->format);
+        g_variant_builder_add(&b, "(ss@s^asss)", grant->secret_name, grant->placeholder,
+                              g_variant_new_from_bytes(G_VARIANT_TYPE_STRING, bytes, TRUE),
+                              grant->hosts, grant->header, grant->format);
     }
     return g_variant_builder_end(&b);
 }
@@ -290,14 +298,20 @@ leak(GError **error, const Grant *grant, const char *where)
                     grant->secret_name, where);
 }
 
-/* Replaces every occurrence of @grant's placeholder in @text by its value; newly allocated. */
+/* Replaces every occurrence of @grant's placeholder in @text by its value; newly allocated, in
+ * one allocation of the final size (a string that grew would leave copies of the value in the
+ * memory it moved out of, freed unwiped). */
 static char *
 replace_placeholder(const char *text, const Grant *grant)
 {
-    GString *out = g_string_new(NULL);
     gsize plen = strlen(grant->placeholder);
+    gsize hits = 0;
     const char *p = text;
     const char *hit;
+
+    for (const char *q = text; (hit = strstr(q, grant->placeholder)) != NULL; q = hit + plen)
+        hits++;
+    GString *out = g_string_sized_new(strlen(text) - hits * plen + hits * strlen(grant->value) + 1);
 
     while ((hit = strstr(p, grant->placeholder)) != NULL) {
         g_string_append_len(out, p, hit - p);
@@ -308,13 +322,19 @@ replace_placeholder(const char *text, const Grant *grant)
     return g_string_free(out, FALSE);
 }
 
-/* The format with its "{}" replaced by @value; newly allocated. */
+/* The format with its "{}" replaced by @value; newly allocated, in one allocation (printf's
+ * buffers would hold the value in memory freed unwiped). */
 static char *
 format_with(const char *format, const char *value)
 {
     const char *slot = strstr(format, "{}");
+    gsize before = (gsize)(slot - format), len = strlen(value), after = strlen(slot + 2);
+    char *out = g_malloc(before + len + after + 1);
 
-    return g_strdup_printf("%.*s%s%s", (int)(slot - format), format, value, slot + 2);
+    memcpy(out, format, before);
+    memcpy(out + before, value, len);
+    memcpy(out + before + len, slot + 2, after + 1);
+    return out;
 }
 
 static gboolean

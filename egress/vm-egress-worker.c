@@ -16,6 +16,7 @@
 #include "vm-egress-sandbox.h"
 #include "vm-egress-wire.h"
 #include "vm-error.h"
+#include "vm-util.h"
 
 /* How long a name lookup that hostd answers may take. */
 #define RESOLVE_TIMEOUT_US (15 * G_USEC_PER_SEC)
@@ -221,6 +222,8 @@ main(int argc, char **argv)
 {
     g_autoptr(VmEgressProxy) proxy = NULL;
 
+    /* Before the CA key and the secrets arrive: no core file, no tracer of its own uid. */
+    vm_process_undumpable();
     worker.fd = VM_EGRESS_WORKER_CONTROL_FD;
     g_mutex_init(&worker.send_lock);
     g_mutex_init(&worker.lock);

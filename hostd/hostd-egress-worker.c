@@ -13,6 +13,7 @@
 #include <json-glib/json-glib.h>
 
 #include "hostd-ssh-wire.h"
+#include "hostd-log.h"
 #include "vm-egress-wire.h"
 #include "vm-error.h"
 #include "vm-util.h"
@@ -202,9 +203,14 @@ worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **er
     child = pair[1];
     source_fds[0] = child;
     source_fds[1] = worker->listen_fd;
+    /* What it prints reaches hostd's log only through a pipe hostd reads, bounded and escaped. */
+    g_autofree char *who = g_strdup_printf("egress worker of '%s'", worker->name);
+    vm_autofd output = hostd_log_worker_output(who, error);
+    if (output < 0)
+        return FALSE;
     if (!g_spawn_async_with_pipes_and_fds(
             "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
-            -1, -1, -1, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
+            -1, output, output, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
         return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", worker->program,
                         local_error->message);
     close(g_steal_fd(&child));

@@ -5,9 +5,29 @@
 #include <string.h>
 
 #include "hostd-libvirt.h"
+#include "vm-log-text.h"
+#include "vm-util.h"
 
 #define GUEST_AGENT_POLL_MS 50
 #define GUEST_AGENT_ASK_S   5 /* one question's own deadline */
+
+/* The deepest an answer nests: the protocol's answers nest 3 deep. */
+#define GUEST_AGENT_DEPTH_MAX 16
+
+/* Fails with libvirt's error for a question the guest agent did not answer. Its message may quote
+ * the guest agent's own error text (libvirt puts "desc" in it): bounded and escaped here, so that
+ * what the guest wrote reaches a log line or a client as one line of at most
+ * HOSTD_GUEST_AGENT_ERROR_MAX bytes. */
+static void
+guest_agent_throw(GError **error, const char *what)
+{
+    int code = 0;
+    g_autofree char *raw = hostd_libvirt_take_error("unknown error", &code);
+    g_autofree char *text = vm_log_text(raw, -1, HOSTD_GUEST_AGENT_ERROR_MAX);
+
+    vm_throw(error, code == VIR_ERR_NO_DOMAIN ? VM_ERROR_NOT_FOUND : VM_ERROR_LIBVIRT, "%s: %s",
+             what, text);
+}
 
 /* Sends @command (a JSON object) and returns the "return" member of the answer (a new node), or
  * NULL with @error set. */
@@ -17,13 +37,19 @@ guest_agent_ask(virDomainPtr dom, JsonNode *command, GError **error)
     g_autofree char *text = json_to_string(command, FALSE);
     g_autofree char *answer = virDomainQemuAgentCommand(dom, text, GUEST_AGENT_ASK_S, 0);
     if (answer == NULL) {
-        hostd_libvirt_throw(error, "the guest agent did not answer");
+        guest_agent_throw(error, "the guest agent did not answer");
         return NULL;
     }
     gsize len = strnlen(answer, HOSTD_GUEST_AGENT_REPLY_MAX + 1);
     if (len > HOSTD_GUEST_AGENT_REPLY_MAX) {
         vm_throw(error, VM_ERROR_PROTOCOL, "the guest agent's answer is over %d bytes",
                  HOSTD_GUEST_AGENT_REPLY_MAX);
+        return NULL;
+    }
+    /* json-glib recurses once per level, with no limit of its own. */
+    if (!vm_json_depth_ok(answer, len, GUEST_AGENT_DEPTH_MAX)) {
+        vm_throw(error, VM_ERROR_PROTOCOL, "the guest agent's answer nests over %d deep",
+                 GUEST_AGENT_DEPTH_MAX);
         return NULL;
     }
     g_autoptr(JsonParser) parser = json_parser_new_immutable();

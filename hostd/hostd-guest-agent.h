@@ -2,9 +2,11 @@
  * there is no SSH to run it over: a warm image's machine before it has an identity, and a
  * restored agent while hostd gives it one (docs/INSTANT.md).
  *
- * The guest agent is the guest's: every answer is untrusted. Answers are capped in size before
- * json-glib parses them, a field of the wrong type fails the call, output is bounded, and every
- * wait has a deadline. Library code: returns a GError in VM_ERROR, never logs.
+ * The guest agent is the guest's: every answer is untrusted. Answers are capped in size and in
+ * depth before json-glib parses them, a field of the wrong type fails the call, output is
+ * bounded, the guest agent's error text (which libvirt quotes in its error) is cut and escaped,
+ * and every wait has a deadline. libvirt reads the answer first (its own JSON parser, in hostd's
+ * process: that part is libvirt's). Library code: returns a GError in VM_ERROR, never logs.
  */
 #pragma once
 
@@ -17,6 +19,9 @@ G_BEGIN_DECLS
 /* The most of a guest agent's answer hostd parses, and of a program's output it keeps. */
 #define HOSTD_GUEST_AGENT_REPLY_MAX  (1024 * 1024)
 #define HOSTD_GUEST_AGENT_OUTPUT_MAX (64 * 1024)
+/* The most of libvirt's error for a question the guest agent refused (its "desc" quoted) that an
+ * error message carries, escaped by vm_log_text(). */
+#define HOSTD_GUEST_AGENT_ERROR_MAX 512
 
 /* Waits until the guest agent of the running @dom answers (guest-ping), asking every 50 ms, for
  * at most @timeout_ms. VM_ERROR_TIMEOUT when it never did. */
@@ -27,8 +32,9 @@ gboolean hostd_guest_agent_wait(virDomainPtr dom, guint timeout_ms, GError **err
  * Returns its exit status in *ret_status (a signal's death as 128 + the signal) and, when
  * @ret_output is not NULL, the first HOSTD_GUEST_AGENT_OUTPUT_MAX bytes of its stderr then its
  * stdout (newly allocated, NUL-terminated). Fails with VM_ERROR_LIBVIRT when the agent cannot
- * be asked, VM_ERROR_TIMEOUT when the program did not exit in time, VM_ERROR_PROTOCOL for an
- * answer that is too big or not what the protocol says. */
+ * be asked or refuses (libvirt's message, the agent's text in it cut and escaped),
+ * VM_ERROR_TIMEOUT when the program did not exit in time, VM_ERROR_PROTOCOL for an answer that is
+ * too big, too deep or not what the protocol says. */
 gboolean hostd_guest_agent_exec(virDomainPtr dom, const char *const *argv, GBytes *input,
                                 guint timeout_ms, int *ret_status, char **ret_output,
                                 GError **error);

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "hostd-log.h"
 #include "hostd-ssh-wire.h"
 #include "vm-error.h"
 #include "vm-fd-pass.h"
@@ -319,6 +320,11 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const Work
         return vm_throw_errno(error, errno, "cannot make the SSH worker's channel"), NULL;
     parent = pair[0];
     child = pair[1];
+    /* What it prints reaches hostd's log only through a pipe hostd reads, bounded and escaped. */
+    g_autofree char *who = g_strdup_printf("SSH worker of '%s'", target->agent);
+    vm_autofd output = hostd_log_worker_output(who, error);
+    if (output < 0)
+        return NULL;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
         return vm_throw_errno(error, errno, "cannot make the SSH worker's channel"), NULL;
     connect_parent = pair[0];
@@ -327,7 +333,7 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const Work
     source_fds[1] = connect_child;
     if (!g_spawn_async_with_pipes_and_fds(
             "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
-            -1, -1, -1, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
+            -1, output, output, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
         return vm_throw(error, VM_ERROR_SSH, "cannot run %s: %s", workers->program,
                         local_error->message),
                NULL;

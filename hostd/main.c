@@ -2,6 +2,7 @@
 #include <glib-unix.h>
 #include <locale.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "hostd-modules.h"
 #include "hostd-config.h"
@@ -11,6 +12,7 @@
 #include "hostd-forward.h"
 #include "hostd-guest-api.h"
 #include "hostd-libvirt.h"
+#include "hostd-log.h"
 #include "hostd-notify.h"
 #include "hostd-power.h"
 #include "hostd-reconcile.h"
@@ -22,17 +24,6 @@
 #include "vm-error.h"
 #include "vm-image.h"
 #include "vm-util.h"
-
-static void
-hostd_log_handler(const char *domain, GLogLevelFlags level, const char *message, gpointer data)
-{
-    g_autoptr(GDateTime) now = g_date_time_new_now_local();
-    g_autofree char *stamp = g_date_time_format(now, "%H:%M:%S");
-    const char *kind = (level & G_LOG_LEVEL_WARNING)                          ? "warning: "
-                       : (level & (G_LOG_LEVEL_CRITICAL | G_LOG_LEVEL_ERROR)) ? "error: "
-                                                                              : "";
-    fprintf(stderr, "%s hostd: %s%s\n", stamp, kind, message);
-}
 
 static void
 hostd_log_message(const char *message)
@@ -140,8 +131,10 @@ main(int argc, char **argv)
     g_autoptr(GOptionContext) opts = g_option_context_new("- the vmctl host daemon");
     g_autoptr(GError) error = NULL;
 
+    /* First of all: hostd's memory holds every agent's keys and the secrets' values. */
+    vm_process_undumpable();
     setlocale(LC_ALL, "");
-    g_log_set_default_handler(hostd_log_handler, NULL);
+    g_log_set_default_handler(hostd_log_handler, GINT_TO_POINTER(STDERR_FILENO));
     g_option_context_add_main_entries(opts, entries, NULL);
     if (!g_option_context_parse(opts, &argc, &argv, &error)) {
         fprintf(stderr, "hostd: %s\n", error->message);

@@ -23,6 +23,7 @@
 #include "vm-egress-sandbox.h"
 #include "vm-error.h"
 #include "vm-fd-pass.h"
+#include "vm-util.h"
 #include "vm-wire.h"
 
 /* How long hostd has to hand over the client's socket after an exec's message, and a
@@ -331,6 +332,8 @@ main(int argc, char **argv)
     g_autofree char *note = NULL;
     HostdSshWireStart start;
 
+    /* Before the key arrives: nothing of this process's memory ever reaches a core file. */
+    vm_process_undumpable();
     if (fcntl(HOSTD_SSH_WORKER_CONNECT_FD, F_GETFD) < 0) {
         fprintf(stderr,
                 "vm-ssh-worker: hostd runs this, with its channel on fd %d and the connection "

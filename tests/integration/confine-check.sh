@@ -129,6 +129,7 @@ confine_check() {
                [ '$(confine_status "$pidy" NoNewPrivs)' = 1 ] && [ '$(confine_status "$pidy" Seccomp)' = 2 ]"
   done
 
+  check "hostd writes no core file" grep -Eq '^Max core file size +0 +0 ' "/proc/$HOSTD_PID/limits"
   for x in "$a:$ida" "$b:$idb"; do
     local wpid peers port held
     IFS=: read -r y idx <<< "$x"
@@ -140,6 +141,10 @@ confine_check() {
       bash -c "[ -n '$wpid' ] && [ -n '$wid' ] && [ '$wid' != '$idx' ] && [ '$(confine_ids "$wpid")' = '$wid $wid $wid $wid' ] &&
                [ '$(confine_status "$wpid" CapEff)' = 0000000000000000 ] &&
                [ '$(confine_status "$wpid" NoNewPrivs)' = 1 ] && [ '$(confine_status "$wpid" Seccomp)' = 2 ]"
+    check "$y's SSH worker is not dumpable (its /proc files are root's) and writes no core file; its output goes to a pipe" \
+      bash -c "[ -n '$wpid' ] && [ \"\$(stat -c %u /proc/$wpid/environ)\" = 0 ] &&
+               grep -Eq '^Max core file size +0 +0 ' /proc/$wpid/limits &&
+               readlink /proc/$wpid/fd/2 | grep -q '^pipe:'"
     peers=$(confine_tcp_peers "$wpid")
     # Its session over the virtio port: the worker's end of a connection to QEMU's socket.
     port=$(ls "$S"/libvirt/lib/qemu/channel/target/domain-*-"$y"/org.vmctl.ssh.0 2>/dev/null | head -1)

@@ -10,7 +10,11 @@
 #include <grp.h>
 #include <signal.h>
 #include <string.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/kcmp.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -182,6 +186,84 @@ vm_test_proc_status(pid_t pid, const char *key)
     }
     fail_msg("no %s in %s", key, path);
     return NULL;
+}
+
+/* In a child of the test: 0 when, with CAP_SYS_PTRACE out of its effective set (its permitted set
+ * kept, so that the kernel's capability subset rule does not decide), kcmp(2) of its memory with
+ * process @pid's is refused while kcmp with the test's own (the same uid, dumpable) is not:
+ * the kernel refuses a process that is not dumpable to whoever lacks CAP_SYS_PTRACE. */
+static int
+undumpable_child(pid_t pid)
+{
+    struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3};
+    struct __user_cap_data_struct data[2] = {{0}};
+
+    if (syscall(SYS_capget, &header, data) < 0)
+        return 3;
+    data[CAP_TO_INDEX(CAP_SYS_PTRACE)].effective &= ~CAP_TO_MASK(CAP_SYS_PTRACE);
+    if (syscall(SYS_capset, &header, data) < 0)
+        return 3;
+    if (syscall(SYS_kcmp, getpid(), getppid(), KCMP_VM, 0, 0) < 0)
+        return 2; /* the check could not tell anything */
+    if (syscall(SYS_kcmp, getpid(), pid, KCMP_VM, 0, 0) >= 0)
+        return 1;
+    return errno == EPERM ? 0 : 4;
+}
+
+void
+vm_test_assert_undumpable(pid_t pid)
+{
+    g_autofree char *limits_path = g_strdup_printf("/proc/%d/limits", (int)pid);
+    g_autofree char *limits = NULL;
+    g_autofree char *uid = vm_test_proc_status(pid, "Uid");
+    g_auto(GStrv) uids = g_regex_split_simple("\\s+", uid, 0, 0);
+    const char *line;
+    guint64 soft = 1, hard = 1;
+
+    if (!g_file_get_contents(limits_path, &limits, NULL, NULL))
+        fail_msg("cannot read %s", limits_path);
+    line = strstr(limits, "Max core file size");
+    if (line == NULL ||
+        sscanf(line, "Max core file size %" G_GUINT64_FORMAT " %" G_GUINT64_FORMAT, &soft, &hard) !=
+            2 ||
+        soft != 0 || hard != 0)
+        fail_msg("process %d may write a core file: %.80s", (int)pid, line ? line : "(no line)");
+
+    if (strcmp(uids[1], "0") != 0) {
+        g_autofree char *environ_path = g_strdup_printf("/proc/%d/environ", (int)pid);
+        struct stat st;
+
+        assert_int_equal(stat(environ_path, &st), 0);
+        if (st.st_uid != 0)
+            fail_msg("process %d (euid %s) is dumpable: %s belongs to %u", (int)pid, uids[1],
+                     environ_path, (guint)st.st_uid);
+        return;
+    }
+    pid_t child = fork();
+    int status = 0;
+
+    assert_true(child >= 0);
+    if (child == 0)
+        _exit(undumpable_child(pid));
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fail_msg("process %d is dumpable (check %d)", (int)pid, WEXITSTATUS(status));
+}
+
+void
+vm_test_assert_output_piped(pid_t pid)
+{
+    g_autofree char *out_path = g_strdup_printf("/proc/%d/fd/1", (int)pid);
+    g_autofree char *err_path = g_strdup_printf("/proc/%d/fd/2", (int)pid);
+    g_autofree char *out = g_file_read_link(out_path, NULL);
+    g_autofree char *err = g_file_read_link(err_path, NULL);
+    g_autofree char *own = g_file_read_link("/proc/self/fd/2", NULL);
+
+    if (out == NULL || err == NULL)
+        fail_msg("cannot read %s or %s", out_path, err_path);
+    if (!g_str_has_prefix(err, "pipe:") || g_strcmp0(out, err) != 0 || g_strcmp0(err, own) == 0)
+        fail_msg("process %d: stdout %s, stderr %s (the test's: %s)", (int)pid, out, err, own);
 }
 
 void

@@ -72,6 +72,17 @@ void vm_test_sleeper_stop(GPid pid);
  * or, with @path NULL, kill(@pid, 0). 0 when it succeeded, else its errno. Needs root. */
 int vm_test_try_as(guint uid, guint gid, const char *path, int flags, pid_t pid);
 
+/* Fails the running test unless process @pid can write no core file (RLIMIT_CORE 0, soft and
+ * hard, in /proc/@pid/limits) and is not dumpable: when its effective uid is not root, its
+ * /proc/@pid/environ belongs to root (the kernel's mark of a non-dumpable process; a dumpable
+ * one's belongs to its uid); as root, a child of the test without CAP_SYS_PTRACE is refused
+ * kcmp(2) with it while it is allowed kcmp with the test itself (the same uid, dumpable). */
+void vm_test_assert_undumpable(pid_t pid);
+
+/* Fails the running test unless process @pid's stdout and stderr are one pipe, not the test's own
+ * stderr: what a worker prints reaches hostd's log only through hostd_log_worker_output(). */
+void vm_test_assert_output_piped(pid_t pid);
+
 /* Fails the running test unless process @pid is gone within @timeout_ms, or a zombie waiting for
  * init (killed and reparented away from the test). */
 void vm_test_assert_process_gone(pid_t pid, guint timeout_ms);

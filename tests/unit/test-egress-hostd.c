@@ -1170,6 +1170,9 @@ test_worker_confined(void **state)
     assert_string_equal(cap_prm, "0000000000000000");
     if (geteuid() == 0)
         assert_string_equal(cap_bnd, "0000000000000000");
+    /* no core file, no tracer of its own uid; what it prints through hostd's pipe */
+    vm_test_assert_undumpable(pid);
+    vm_test_assert_output_piped(pid);
 
     /* and it still serves: an allowed tunnel relays, a denied host is refused */
     fd = tunnel(f, "a1", "127.0.0.1", &status);

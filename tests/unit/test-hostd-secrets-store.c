@@ -9,6 +9,7 @@
 
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "hostd-secrets-store.h"
 #include "vm-error.h"
@@ -136,6 +137,120 @@ test_list_remove_and_bad_input(void **state)
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "no secret 'a-key'");
 }
 
+/* The store's own reader and writer (no GKeyFile, whose copies of the value are freed unwiped)
+ * speak GKeyFile's format: a file GKeyFile wrote (an older hostd's store) loads to the same
+ * fields, and a file written now loads in GKeyFile to the same fields, escapes and all. */
+static void
+test_keyfile_compatible(void **state)
+{
+    VmTestTmpDir *tmp = *state;
+    g_autofree char *dir = g_build_filename(tmp->dir, "secrets", NULL);
+    g_autoptr(GError) error = NULL;
+    const char *values[] = {"sk-live-1",
+                            " leading and trailing ",
+                            "tab\there\t",
+                            "back\\slash \\n",
+                            "semi;colon=equals#hash",
+                            "[secret]",
+                            "caf\xc3\xa9 \xe2\x82\xac"};
+    char *hosts[] = {(char *)"api.example.com", (char *)"*.example.org", NULL};
+
+    assert_true(hostd_secrets_store_prepare(dir, &error));
+    for (gsize i = 0; i < G_N_ELEMENTS(values); i++) {
+        g_autofree char *path = g_build_filename(dir, "k", NULL);
+        HostdSecret secret = make_secret("k", (char *)values[i], hosts);
+        secret.format = (char *)" Token {} ;x";
+
+        /* as an older hostd wrote it */
+        g_autoptr(GKeyFile) old = g_key_file_new();
+        g_key_file_set_string(old, "secret", "value", secret.value);
+        g_key_file_set_string_list(old, "secret", "hosts", (const char *const *)hosts, 2);
+        g_key_file_set_string(old, "secret", "header", secret.header);
+        g_key_file_set_string(old, "secret", "format", secret.format);
+        g_key_file_set_string(old, "secret", "env", secret.env);
+        assert_true(g_key_file_save_to_file(old, path, &error));
+        g_autoptr(HostdSecret) loaded = hostd_secrets_store_load(dir, "k", &error);
+        vm_test_assert_no_error(error);
+        assert_string_equal(loaded->value, values[i]);
+        assert_string_equal(loaded->format, secret.format);
+        assert_string_equal(loaded->header, secret.header);
+        assert_string_equal(loaded->env, secret.env);
+        assert_int_equal(g_strv_length(loaded->hosts), 2);
+        assert_string_equal(loaded->hosts[1], "*.example.org");
+
+        /* as this one writes it, read by GKeyFile and by the store */
+        assert_true(hostd_secrets_store_save(dir, &secret, FALSE, &error));
+        g_autoptr(GKeyFile) now = g_key_file_new();
+        assert_true(g_key_file_load_from_file(now, path, G_KEY_FILE_NONE, &error));
+        g_autofree char *value = g_key_file_get_string(now, "secret", "value", &error);
+        g_autofree char *format = g_key_file_get_string(now, "secret", "format", &error);
+        g_auto(GStrv) list = g_key_file_get_string_list(now, "secret", "hosts", NULL, &error);
+        vm_test_assert_no_error(error);
+        assert_string_equal(value, values[i]);
+        assert_string_equal(format, secret.format);
+        assert_int_equal(g_strv_length(list), 2);
+        assert_string_equal(list[0], "api.example.com");
+        g_autoptr(HostdSecret) again = hostd_secrets_store_load(dir, "k", &error);
+        vm_test_assert_no_error(error);
+        assert_string_equal(again->value, values[i]);
+        assert_string_equal(again->format, secret.format);
+    }
+}
+
+/* Files that are not a secret's: refused with VM_ERROR_IO naming the secret, never half read.
+ * Comments, other groups and unknown keys are what GKeyFile makes of them: nothing. */
+static void
+test_damaged_files(void **state)
+{
+    VmTestTmpDir *tmp = *state;
+    g_autofree char *dir = g_build_filename(tmp->dir, "secrets", NULL);
+    g_autofree char *path = g_build_filename(dir, "k", NULL);
+    g_autofree char *huge = g_strdup_printf("[secret]\nvalue=%0*d\n", 70000, 0);
+    const char *rest = "hosts=api.example.com;\nheader=Authorization\nformat=Bearer {}\nenv=K\n";
+    const struct {
+        const char *text;
+        const char *needle;
+    } bad[] = {
+        {"[secret]\nvalue=a\\qb\n", "invalid escape"},
+        {"[secret]\nvalue=a\\;b\n", "invalid escape"},
+        {"[secret]\nvalue=ab\\\n", "invalid escape"},
+        {"[secret]\nvalue\n", "neither a group nor a key"},
+        {"[secret\nvalue=a\n", "without ']'"},
+        {"value=a\n[secret]\n", "damaged"},
+        {"[secret]\nhosts=api.example.com;\n", "damaged"},
+        {huge, "at most"},
+    };
+    g_autoptr(GError) error = NULL;
+
+    assert_true(hostd_secrets_store_prepare(dir, &error));
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        vm_test_write_file(path, bad[i].text);
+        g_autoptr(HostdSecret) secret = hostd_secrets_store_load(dir, "k", &error);
+        assert_null(secret);
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, bad[i].needle);
+        assert_non_null(strstr(error->message, "'k'"));
+        g_clear_error(&error);
+    }
+
+    g_autofree char *mixed =
+        g_strconcat("# a comment\n[other]\nvalue=not this\n\n[secret]\n",
+                    "value = first\n  value\t=\t real \\s \r\nextra=1\n", rest, NULL);
+    vm_test_write_file(path, mixed);
+    g_autoptr(HostdSecret) secret = hostd_secrets_store_load(dir, "k", &error);
+    vm_test_assert_no_error(error);
+    assert_string_equal(secret->value, "real   ");
+
+    /* a symbolic link in the store is not followed */
+    g_autofree char *target = g_build_filename(tmp->dir, "elsewhere", NULL);
+    g_autofree char *good = g_strconcat("[secret]\nvalue=v\n", rest, NULL);
+    vm_test_write_file(target, good);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(symlink(target, path), 0);
+    g_autoptr(HostdSecret) linked = hostd_secrets_store_load(dir, "k", &error);
+    assert_null(linked);
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_IO, "cannot read secret 'k'");
+}
+
 int
 main(void)
 {
@@ -143,6 +258,10 @@ main(void)
         cmocka_unit_test_setup_teardown(test_round_trip_and_modes, vm_test_tmpdir_setup,
                                         vm_test_tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_list_remove_and_bad_input, vm_test_tmpdir_setup,
+                                        vm_test_tmpdir_teardown),
+        cmocka_unit_test_setup_teardown(test_keyfile_compatible, vm_test_tmpdir_setup,
+                                        vm_test_tmpdir_teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_files, vm_test_tmpdir_setup,
                                         vm_test_tmpdir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

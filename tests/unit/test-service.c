@@ -8,9 +8,13 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "hostd-config.h"
@@ -216,6 +220,94 @@ test_ready_once_server_answers(void **state)
     hostd_server_stop(server);
 }
 
+/* ---- the real hostd process ---------------------------------------------------------------- */
+
+/* What the running hostd wrote to its stderr (@fd) until a line holding @needle came, for at most
+ * @timeout_ms. */
+static char *
+hostd_read_until(int fd, const char *needle, guint timeout_ms)
+{
+    GString *out = g_string_new(NULL);
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+
+    while (strstr(out->str, needle) == NULL || !g_str_has_suffix(out->str, "\n")) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
+        char buf[4096];
+
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
+            break;
+        gssize n = read(fd, buf, sizeof(buf));
+        if (n <= 0)
+            break;
+        g_string_append_len(out, buf, n);
+    }
+    return g_string_free(out, FALSE);
+}
+
+/* The hostd program itself, started as a service would start it (on libvirt's test driver): from
+ * its first moment it can write no core file and cannot be traced or read through /proc by a
+ * process of its own uid without CAP_SYS_PTRACE; and its log handler keeps each message on one
+ * line, though the text (here the state directory's name, as it is logged at start) holds a
+ * newline that would forge a line of its own and a terminal escape. */
+static void
+test_hostd_process(void **state)
+{
+    VmTestTmpDir *t = *state;
+    const char *build = g_getenv("VM_BUILD_DIR");
+    g_autofree char *hostd = g_build_filename(build != NULL ? build : ".", "hostd", "hostd", NULL);
+    g_autofree char *node = vm_test_data_path("hostd", "node.xml", NULL);
+    g_autofree char *uri = g_strconcat("test://", node, NULL);
+    g_autofree char *config = g_build_filename(t->dir, "hostd.conf", NULL);
+    g_autofree char *state_dir =
+        g_build_filename(t->dir, "state\n12:00:00 hostd: forged line\x1b[31m", NULL);
+    g_autofree char *socket_path = g_build_filename(t->dir, "hostd.sock", NULL);
+    const char *argv[] = {hostd,     "--config", config,      "--connect", uri,   "--state-dir",
+                          state_dir, "--socket", socket_path, "--accel",   "tcg", NULL};
+    g_auto(GStrv) env = g_environ_unsetenv(g_get_environ(), "G_DEBUG");
+    g_autoptr(GError) error = NULL;
+    int err[2];
+    GPid pid = 0;
+    int status = 0;
+
+    if (!g_file_test(hostd, G_FILE_TEST_IS_EXECUTABLE))
+        fail_msg("no hostd at %s (VM_BUILD_DIR)", hostd);
+    vm_test_write_file(config, "[hostd]\n");
+    assert_int_equal(pipe2(err, O_CLOEXEC), 0);
+    if (!g_spawn_async_with_pipes_and_fds(
+            "/", argv, (const char *const *)env,
+            G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL | G_SPAWN_STDOUT_TO_DEV_NULL,
+            NULL, NULL, -1, -1, err[1], NULL, NULL, 0, &pid, NULL, NULL, NULL, &error))
+        fail_msg("cannot run hostd: %s", error->message);
+    close(err[1]);
+    g_autofree char *log = hostd_read_until(err[0], "listening on", 60000);
+    if (strstr(log, "listening on") == NULL)
+        fail_msg("hostd did not start: %s", log);
+
+    vm_test_assert_undumpable(pid);
+
+    g_auto(GStrv) lines = g_strsplit(log, "\n", -1);
+    gboolean found = FALSE;
+    for (char **line = lines; *line != NULL; line++) {
+        if (**line == '\0')
+            continue;
+        /* every line is one of hostd's */
+        if (!g_regex_match_simple("^[0-9]{2}:[0-9]{2}:[0-9]{2} hostd: ", *line, 0, 0) ||
+            g_str_has_prefix(*line, "12:00:00 hostd: forged"))
+            fail_msg("a line hostd did not write: '%s'", *line);
+        assert_null(strchr(*line, '\x1b'));
+        if (strstr(*line, "state directory ") != NULL) {
+            assert_non_null(strstr(*line, "state\\n12:00:00 hostd: forged line\\x1b[31m"));
+            found = TRUE;
+        }
+    }
+    assert_true(found);
+
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    close(err[0]);
+}
+
 /* ---- the default configuration --------------------------------------------------------------- */
 
 static char *
@@ -344,6 +436,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_notify_manager_gone, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_ready_once_server_answers, hostd_test_setup,
                                         hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_hostd_process, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_default_config_is_the_defaults, tmpdir_setup,
                                         tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_default_config_shows_every_key, tmpdir_setup,

@@ -1476,6 +1476,9 @@ test_worker_confined(void **state)
     assert_string_equal(cap_eff, "0000000000000000");
     assert_string_equal(nnp, "1");
     assert_string_equal(seccomp, "2");
+    /* no core file, no tracer of its own uid; what it prints through hostd's pipe */
+    vm_test_assert_undumpable(pid);
+    vm_test_assert_output_piped(pid);
     if (geteuid() == 0) {
         g_autofree char *file = g_build_filename(f->dir, "qemu-owned", NULL);
         g_autofree char *mem = NULL;

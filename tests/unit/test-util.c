@@ -8,6 +8,7 @@
 
 #include "vm-config.h"
 #include "vm-error.h"
+#include "vm-log-text.h"
 #include "vm-trace.h"
 #include "vm-util.h"
 #include "test-common.h"
@@ -16,8 +17,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <glib-unix.h>
@@ -516,6 +520,115 @@ test_utf8_cut(void **state)
     }
 }
 
+/* Guest and worker text as one log line: nothing that ends a line, moves a terminal's cursor or
+ * reorders what it shows gets through as itself; valid text passes unchanged; the cut keeps whole
+ * characters and whole escapes. */
+static void
+test_log_text(void **state)
+{
+    static const struct {
+        const char *in;
+        gssize len;
+        gsize max;
+        const char *out;
+    } cases[] = {
+        {NULL, -1, 100, ""},
+        {"plain text, caf\xc3\xa9 \xe2\x82\xac", -1, 100, "plain text, caf\xc3\xa9 \xe2\x82\xac"},
+        /* a forged line: the newline and what follows stay on this one */
+        {"denied\n12:00:00 hostd: agent 'a1' ok", -1, 100,
+         "denied\\n12:00:00 hostd: agent 'a1' ok"},
+        {"a\r\nb\tc", -1, 100, "a\\r\\nb\\tc"},
+        /* terminal escapes: colour, clear screen, a title (OSC ... BEL) */
+        {"\x1b[31mred\x1b[2J\x1b]0;title\x07", -1, 100, "\\x1b[31mred\\x1b[2J\\x1b]0;title\\x07"},
+        {"del\x7f", -1, 100, "del\\x7f"},
+        /* NUL inside the given length */
+        {"a\0b", 3, 100, "a\\x00b"},
+        /* invalid UTF-8: a lone continuation byte, a cut sequence, an overlong '/', a surrogate */
+        {"\x80x\xc3", -1, 100, "\\x80x\\xc3"},
+        {"\xc0\xaf", -1, 100, "\\xc0\\xaf"},
+        {"\xed\xa0\x80", -1, 100, "\\xed\\xa0\\x80"},
+        /* C1 CSI, line and paragraph separators, a right-to-left override, an isolate */
+        {"\xc2\x9b"
+         "31m",
+         -1, 100, "\\u009b31m"},
+        {"a\xe2\x80\xa8"
+         "b\xe2\x80\xa9",
+         -1, 100, "a\\u2028b\\u2029"},
+        {"\xe2\x80\xaegnp.exe", -1, 100, "\\u202egnp.exe"},
+        {"\xe2\x81\xa6x", -1, 100, "\\u2066x"},
+        /* a backslash stays one, so escaping twice changes nothing */
+        {"C:\\dir \\n", -1, 100, "C:\\dir \\n"},
+        /* cuts: whole characters and whole escapes only, then "..." */
+        {"0123456789", -1, 5, "01234..."},
+        {"0123456789", -1, 10, "0123456789"},
+        {"abc\n", -1, 4, "abc..."},
+        {"abc\n", -1, 5, "abc\\n"},
+        {"ab\xe2\x82\xac", -1, 4, "ab..."},
+        {"ab\xe2\x82\xac", -1, 5, "ab\xe2\x82\xac"},
+        {"x", -1, 0, "..."},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *out = vm_log_text(cases[i].in, cases[i].len, cases[i].max);
+        g_autofree char *again = vm_log_text(out, -1, G_MAXSIZE);
+
+        if (strcmp(out, cases[i].out) != 0)
+            fail_msg("case %" G_GSIZE_FORMAT ": '%s', not '%s'", i, out, cases[i].out);
+        assert_true(g_utf8_validate(out, -1, NULL));
+        assert_null(strpbrk(out, "\n\r\x1b"));
+        assert_true(strlen(out) <= cases[i].max + 3);
+        assert_string_equal(again, out);
+    }
+
+    /* an over-long line of escapes is cut to the bound, not grown past it */
+    g_autofree char *escapes = g_strnfill(100000, '\n');
+    g_autofree char *cut = vm_log_text(escapes, -1, 1000);
+    assert_true(strlen(cut) <= 1003);
+    assert_true(g_str_has_suffix(cut, "\\n..."));
+}
+
+/* vm_secret_wipe() zeroes every byte of the string up to its NUL, and nothing past it;
+ * vm_secret_free() is it and g_free(), NULL included. */
+static void
+test_secret_wipe(void **state)
+{
+    char buf[] = "sk-live-0123456789\0tail";
+    gsize len = strlen(buf);
+
+    vm_secret_wipe(buf);
+    for (gsize i = 0; i < len; i++)
+        assert_int_equal(buf[i], 0);
+    assert_string_equal(buf + len + 1, "tail");
+    vm_secret_wipe(NULL);
+    vm_secret_free(NULL);
+    vm_secret_free(g_strdup("sk-live-0123456789"));
+}
+
+/* hostd and its workers call vm_process_undumpable() first: afterwards the process cannot be
+ * dumped, and no core file of any size may be written by it or by what it runs. */
+static void
+test_process_undumpable(void **state)
+{
+    pid_t pid = fork();
+    int status = 0;
+
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit core = {1, 1};
+        gboolean before = prctl(PR_GET_DUMPABLE) == 1;
+
+        vm_process_undumpable();
+        if (getrlimit(RLIMIT_CORE, &core) < 0)
+            _exit(1);
+        _exit(before && prctl(PR_GET_DUMPABLE) == 0 && core.rlim_cur == 0 && core.rlim_max == 0
+                  ? 0
+                  : 2);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* A trace names its phases in order, each with its milliseconds, then the total. */
 static void
 test_trace(void **state)
@@ -643,6 +756,9 @@ main(void)
         cmocka_unit_test(test_write_nosignal),
         cmocka_unit_test(test_default_paths),
         cmocka_unit_test(test_utf8_cut),
+        cmocka_unit_test(test_log_text),
+        cmocka_unit_test(test_secret_wipe),
+        cmocka_unit_test(test_process_undumpable),
         cmocka_unit_test_setup_teardown(test_build_tree_decide, setup_dir, teardown_dir),
         cmocka_unit_test(test_use_build_tree),
         cmocka_unit_test(test_json_depth),
