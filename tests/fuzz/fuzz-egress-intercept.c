@@ -121,7 +121,7 @@ check_apply(VmEgressCredentials *creds, VmEgressRequest *request)
     g_autoptr(GError) error = NULL;
     g_autofree char *secret = NULL;
 
-    if (!vm_egress_credentials_apply(creds, request, "api.test", &secret, &error)) {
+    if (!vm_egress_credentials_apply(creds, request, "api.test", NULL, &secret, &error)) {
         if (error == NULL || !g_str_has_prefix(error->message, "leak: placeholder of ") ||
             secret != NULL)
             abort();

@@ -149,7 +149,7 @@ test_substitution_table(void **state)
         g_autoptr(GError) error = NULL;
         g_autofree char *secret = NULL;
 
-        if (!vm_egress_credentials_apply(creds, request, cases[i].host, &secret, &error))
+        if (!vm_egress_credentials_apply(creds, request, cases[i].host, NULL, &secret, &error))
             fail_msg("case %zu: %s", i, error->message);
         assert_string_equal(vm_egress_request_get_header(request, cases[i].name), cases[i].out);
         assert_string_equal(vm_egress_request_get_header(request, "Accept"), "*/*");
@@ -212,7 +212,7 @@ test_leaks(void **state)
                                    cases[i].host, cases[i].header);
         }
         request = parse_origin(cases[i].host, head);
-        if (vm_egress_credentials_apply(creds, request, cases[i].host, &secret, &error))
+        if (vm_egress_credentials_apply(creds, request, cases[i].host, NULL, &secret, &error))
             fail_msg("case %zu: not refused", i);
         vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
         assert_string_equal(error->message, cases[i].reason);
