@@ -61,6 +61,7 @@ struct _VmEgressIntercept {
     /* Every real value substituted on this connection so far, looked for in every response
      * byte from the first substitution on (what an echo of the request would give back). */
     VmEgressRedactor *redactor;
+    GPtrArray *redacted; /* the secrets whose redaction the current response logged */
     GArray *payload; /* Segment: the payload pieces of the bytes the body framer was just fed */
 };
 
@@ -405,6 +406,7 @@ vm_egress_intercept_new(VmEgressInterceptor *interceptor, const VmEgressIntercep
     ic->guest_next = g_byte_array_new();
     ic->up_head = g_byte_array_new();
     ic->redactor = vm_egress_redactor_new();
+    ic->redacted = g_ptr_array_new_with_free_func(g_free);
     ic->payload = g_array_new(FALSE, FALSE, sizeof(Segment));
     return ic;
 }
@@ -424,6 +426,7 @@ vm_egress_intercept_free(VmEgressIntercept *ic)
     g_byte_array_unref(ic->guest_next);
     g_byte_array_unref(ic->up_head);
     vm_egress_redactor_free(ic->redactor);
+    g_ptr_array_unref(ic->redacted);
     g_array_unref(ic->payload);
     g_free(ic);
 }
@@ -893,16 +896,21 @@ redacting(const VmEgressIntercept *ic)
     return vm_egress_redactor_size(ic->redactor) > 0;
 }
 
-/* Logs each secret whose value the redactor masked since the last call: the guest got its
- * placeholder's bytes instead. */
+/* Logs each secret whose value the redactor masked since the last call, once per response (a
+ * stream may repeat it), as soon as it was found: the guest got its placeholder's bytes
+ * instead. */
 static void
 log_redactions(VmEgressIntercept *ic)
 {
     g_auto(GStrv) hits = vm_egress_redactor_steal_hits(ic->redactor);
 
     for (char **it = hits; it != NULL && *it != NULL; it++) {
-        g_autofree char *reason = g_strdup_printf("redacted: value of %s in response", *it);
+        g_autofree char *reason = NULL;
 
+        if (g_ptr_array_find_with_equal_func(ic->redacted, *it, g_str_equal, NULL))
+            continue;
+        g_ptr_array_add(ic->redacted, g_strdup(*it));
+        reason = g_strdup_printf("redacted: value of %s in response", *it);
         ic_log(ic, VM_EGRESS_RECORD_DENIED, reason, *it, 0, 0);
     }
 }
@@ -1238,6 +1246,7 @@ relay_response(VmEgressIntercept *ic, const VmEgressRequest *request, gboolean *
     gboolean no_body;
 
     g_byte_array_set_size(ic->up_head, 0);
+    g_ptr_array_set_size(ic->redacted, 0);
     for (;;) {
         g_autofree char *text = NULL;
 
