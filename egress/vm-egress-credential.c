@@ -676,8 +676,7 @@ redactor_drop_given(VmEgressRedactor *redactor)
 }
 
 void
-vm_egress_redactor_feed(VmEgressRedactor *redactor, const guint8 *data, gsize len,
-                        gboolean payload)
+vm_egress_redactor_feed(VmEgressRedactor *redactor, const guint8 *data, gsize len, gboolean payload)
 {
     Segment *last;
 

@@ -62,7 +62,7 @@ struct _VmEgressIntercept {
      * byte from the first substitution on (what an echo of the request would give back). */
     VmEgressRedactor *redactor;
     GPtrArray *redacted; /* the secrets whose redaction the current response logged */
-    GArray *payload; /* Segment: the payload pieces of the bytes the body framer was just fed */
+    GArray *payload;     /* Segment: the payload pieces of the bytes the body framer was just fed */
 };
 
 typedef struct {
@@ -1261,8 +1261,7 @@ relay_response(VmEgressIntercept *ic, const VmEgressRequest *request, gboolean *
         }
         no_body = g_ascii_strcasecmp(request->method, "HEAD") == 0 || head.status == 204 ||
                   head.status == 304;
-        if (redacting(ic) && head.status >= 200 && !no_body &&
-            (head.encoded || head.transformed)) {
+        if (redacting(ic) && head.status >= 200 && !no_body && (head.encoded || head.transformed)) {
             /* the redactor reads the body as it goes: a coded one would hide the value */
             *ret_reason = head.encoded ? "refused: response Content-Encoding is not identity"
                                        : "refused: response transfer coding is not chunked";

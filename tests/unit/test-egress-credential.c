@@ -416,7 +416,8 @@ test_redactor_split(void **state)
         g_string_insert(expected, at, "vmph_AAAAAA");
         for (gsize step = 1; step <= leaking->len; step = step < 13 ? step + 1 : step * 3) {
             g_autoptr(VmEgressRedactor) redactor = make_redactor();
-            g_autoptr(GString) out = redact_through(redactor, leaking->str, step, strlen("sk-real-api") - 1);
+            g_autoptr(GString) out =
+                redact_through(redactor, leaking->str, step, strlen("sk-real-api") - 1);
             g_auto(GStrv) hits = vm_egress_redactor_steal_hits(redactor);
 
             if (strcmp(out->str, expected->str) != 0)
@@ -512,11 +513,12 @@ test_redactor_from_apply(void **state)
     g_autofree char *sent = g_base64_encode((const guchar *)"alice:real-pass", 15);
     g_autofree char *head = g_strdup_printf(
         "GET / HTTP/1.1\r\nHost: registry.test\r\nAuthorization: Basic %s\r\n\r\n", pair);
-    g_autofree char *echo = g_strdup_printf("{\"auth\": \"Basic %s\", \"pass\": \"real-pass\"}", sent);
+    g_autofree char *echo =
+        g_strdup_printf("{\"auth\": \"Basic %s\", \"pass\": \"real-pass\"}", sent);
     g_autoptr(VmEgressRequest) request = parse_origin("registry.test", head);
-    g_autoptr(VmEgressRequest) refused = parse_origin(
-        "api.example.com", "GET /" PH_API " HTTP/1.1\r\nHost: api.example.com\r\n"
-                           "Authorization: Bearer " PH_API "\r\n\r\n");
+    g_autoptr(VmEgressRequest) refused =
+        parse_origin("api.example.com", "GET /" PH_API " HTTP/1.1\r\nHost: api.example.com\r\n"
+                                        "Authorization: Bearer " PH_API "\r\n\r\n");
     g_autofree char *secret = NULL;
     g_autofree char *none = NULL;
     g_autoptr(GString) out = NULL;
@@ -537,9 +539,12 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_add_refused),        cmocka_unit_test(test_intercepts),
-        cmocka_unit_test(test_substitution_table), cmocka_unit_test(test_leaks),
-        cmocka_unit_test(test_plain_http),         cmocka_unit_test(test_body_scanner),
+        cmocka_unit_test(test_add_refused),
+        cmocka_unit_test(test_intercepts),
+        cmocka_unit_test(test_substitution_table),
+        cmocka_unit_test(test_leaks),
+        cmocka_unit_test(test_plain_http),
+        cmocka_unit_test(test_body_scanner),
         cmocka_unit_test(test_origin_parser),
         cmocka_unit_test(test_redactor_split),
         cmocka_unit_test(test_redactor_holds_minimum),

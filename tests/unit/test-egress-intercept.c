@@ -181,10 +181,10 @@ upstream_echo(Upstream *up, gnutls_session_t session, const GString *head, gbool
         *ret_close = TRUE;
     } else if (g_str_has_prefix(head->str, "GET /echo-early ")) {
         /* in an interim head */
-        g_autofree char *early = g_strdup_printf(
-            "HTTP/1.1 103 Early Hints\r\nLink: <%s>\r\n\r\nHTTP/1.1 200 OK\r\n"
-            "Content-Length: 2\r\n\r\nok",
-            auth);
+        g_autofree char *early =
+            g_strdup_printf("HTTP/1.1 103 Early Hints\r\nLink: <%s>\r\n\r\nHTTP/1.1 200 OK\r\n"
+                            "Content-Length: 2\r\n\r\nok",
+                            auth);
 
         upstream_send(session, early);
     } else if (g_str_has_prefix(head->str, "GET /echo-bulk ")) {
@@ -1343,8 +1343,8 @@ test_sse_redacted(void **state)
     g_autoptr(GString) all = g_string_new(NULL);
     g_autoptr(GString) events = NULL;
 
-    client_send(c, "GET /sse HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API
-                   "\r\n\r\n");
+    client_send(c,
+                "GET /sse HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API "\r\n\r\n");
     first = client_read_until(c, "first\n\n", NULL);
     assert_non_null(strstr(first->str, "data: first\n\n"));
     upstream_release(f->upstream);
