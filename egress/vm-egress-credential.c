@@ -584,6 +584,14 @@ target_free(Target *target)
     g_free(target);
 }
 
+/* An empty GByteArray has no data at all, which explicit_bzero() must not get. */
+static void
+wipe_bytes(GByteArray *bytes)
+{
+    if (bytes->len > 0)
+        explicit_bzero(bytes->data, bytes->len);
+}
+
 VmEgressRedactor *
 vm_egress_redactor_new(void)
 {
@@ -604,10 +612,10 @@ vm_egress_redactor_free(VmEgressRedactor *redactor)
         return;
     g_ptr_array_unref(redactor->targets);
     /* the held tail may be the start of a value */
-    explicit_bzero(redactor->pending->data, redactor->pending->len);
+    wipe_bytes(redactor->pending);
     g_byte_array_unref(redactor->pending);
     g_array_unref(redactor->segments);
-    explicit_bzero(redactor->view->data, redactor->view->len);
+    wipe_bytes(redactor->view);
     g_byte_array_unref(redactor->view);
     g_ptr_array_unref(redactor->hits);
     g_free(redactor);
@@ -797,14 +805,15 @@ vm_egress_redactor_take(VmEgressRedactor *redactor, gboolean final, const guint8
         tail = final ? 0 : redactor_tail(redactor, view->data, view->len);
         if (tail > 0)
             out = MIN(out, redactor_payload_offset(redactor, view->len - tail));
-        explicit_bzero(view->data, view->len);
+        wipe_bytes(view);
     }
     if (pending->len - out > VM_EGRESS_REDACTOR_HOLD_MAX)
         return vm_throw(error, VM_ERROR_PROTOCOL,
                         "redactor: more than %d bytes could begin a secret",
                         VM_EGRESS_REDACTOR_HOLD_MAX);
     redactor->given = out;
-    *ret_data = pending->data;
+    /* never NULL, even with nothing fed: callers copy from it */
+    *ret_data = pending->len > 0 ? pending->data : (const guint8 *)"";
     *ret_len = out;
     return TRUE;
 }
