@@ -570,6 +570,8 @@ struct _VmEgressRedactor {
     GArray *segments;    /* Segment, covering @pending in order */
     gsize given;         /* the bytes at the start of @pending given out by the last take() */
     gsize framing;       /* framing bytes in @pending */
+    gsize scanned;       /* the bytes at the start of @pending that were looked through */
+    gsize view_scanned;  /* the same, counted in payload bytes */
     GByteArray *view;    /* scratch: the payload of @pending alone */
     GPtrArray *hits;     /* secret names masked since the last steal */
 };
@@ -664,17 +666,19 @@ redactor_drop_given(VmEgressRedactor *redactor)
         return;
     redactor->given = 0;
     g_byte_array_remove_range(redactor->pending, 0, given);
+    redactor->scanned -= given;
     for (guint i = 0; i < redactor->segments->len; i++) {
         Segment *seg = &g_array_index(redactor->segments, Segment, i);
+        gsize dropped = seg->off >= given ? 0 : MIN(seg->len, given - seg->off);
 
-        if (seg->off + seg->len <= given) {
-            if (!seg->payload)
-                redactor->framing -= seg->len;
+        if (seg->payload)
+            redactor->view_scanned -= dropped;
+        else
+            redactor->framing -= dropped;
+        if (dropped == seg->len) {
             keep_from = i + 1;
-        } else if (seg->off < given) {
-            if (!seg->payload)
-                redactor->framing -= given - seg->off;
-            seg->len -= given - seg->off;
+        } else if (dropped > 0) {
+            seg->len -= dropped;
             seg->off = 0;
         } else {
             seg->off -= given;
@@ -714,49 +718,56 @@ redactor_hit(VmEgressRedactor *redactor, const Target *target)
     g_ptr_array_add(redactor->hits, g_strdup(target->secret_name));
 }
 
-/* Masks every value in the @len bytes at @data in place; for each, @mapped (when not NULL) masks
- * the same bytes where they came from. */
-static void
-redactor_mask(VmEgressRedactor *redactor, guint8 *data, gsize len,
-              void (*mapped)(VmEgressRedactor *redactor, gsize at, const Target *target))
-{
-    for (guint i = 0; i < redactor->targets->len; i++) {
-        const Target *target = g_ptr_array_index(redactor->targets, i);
-        gsize from = 0;
-        guint8 *hit;
+/* Where the payload view's bytes lie in @pending: a cursor over the payload segments, moved
+ * forward as the hits of one value are (they come in order), so that each take costs the
+ * segments once per value rather than once per byte masked. */
+typedef struct {
+    const VmEgressRedactor *redactor;
+    guint segment; /* the payload segment that holds payload byte @base on */
+    gsize base;
+} PayloadCursor;
 
-        while (len - from >= target->len &&
-               (hit = memmem(data + from, len - from, target->value, target->len)) != NULL) {
-            memcpy(hit, target->mask, target->len);
-            if (mapped != NULL)
-                mapped(redactor, (gsize)(hit - data), target);
-            redactor_hit(redactor, target);
-            from = (gsize)(hit - data) + target->len;
-        }
-    }
-}
-
-/* The offset in @pending of the payload byte @index (of the payload view). */
+/* The offset in @pending of payload byte @index; @index never below the cursor's last one but
+ * for a new cursor. */
 static gsize
-redactor_payload_offset(const VmEgressRedactor *redactor, gsize index)
+payload_cursor_offset(PayloadCursor *cursor, gsize index)
 {
-    for (guint i = 0; i < redactor->segments->len; i++) {
-        const Segment *seg = &g_array_index(redactor->segments, Segment, i);
+    const GArray *segments = cursor->redactor->segments;
+
+    for (; cursor->segment < segments->len; cursor->segment++) {
+        const Segment *seg = &g_array_index(segments, Segment, cursor->segment);
 
         if (!seg->payload)
             continue;
-        if (index < seg->len)
-            return seg->off + index;
-        index -= seg->len;
+        if (index - cursor->base < seg->len)
+            return seg->off + (index - cursor->base);
+        cursor->base += seg->len;
     }
     g_assert_not_reached();
 }
 
+/* Masks every value that ends past @from in the @len bytes at @data in place (a value that ends
+ * before it was looked for at an earlier take); with @cursor, @data is the payload view, and the
+ * same bytes are masked in @pending where they lie. */
 static void
-redactor_mask_mapped(VmEgressRedactor *redactor, gsize at, const Target *target)
+redactor_mask(VmEgressRedactor *redactor, guint8 *data, gsize len, gsize from, gboolean mapped)
 {
-    for (gsize k = 0; k < target->len; k++)
-        redactor->pending->data[redactor_payload_offset(redactor, at + k)] = target->mask[k];
+    for (guint i = 0; i < redactor->targets->len; i++) {
+        const Target *target = g_ptr_array_index(redactor->targets, i);
+        PayloadCursor cursor = {redactor, 0, 0};
+        gsize at = from > target->len - 1 ? from - (target->len - 1) : 0;
+        guint8 *hit;
+
+        while (len > at && len - at >= target->len &&
+               (hit = memmem(data + at, len - at, target->value, target->len)) != NULL) {
+            at = (gsize)(hit - data);
+            memcpy(hit, target->mask, target->len);
+            for (gsize k = 0; mapped && k < target->len; k++)
+                redactor->pending->data[payload_cursor_offset(&cursor, at + k)] = target->mask[k];
+            redactor_hit(redactor, target);
+            at += target->len;
+        }
+    }
 }
 
 /* The length of the longest tail of the @len bytes at @data that is a proper prefix of some
@@ -787,7 +798,10 @@ vm_egress_redactor_take(VmEgressRedactor *redactor, gboolean final, const guint8
 
     redactor_drop_given(redactor);
     /* the bytes as they go to the guest: a value inside one chunk, a head, a trailer */
-    redactor_mask(redactor, pending->data, pending->len, NULL);
+    redactor_mask(redactor, pending->data, pending->len, redactor->scanned, FALSE);
+    redactor->scanned = pending->len;
+    if (redactor->framing == 0)
+        redactor->view_scanned = pending->len; /* all of it payload: the same bytes */
     out = pending->len - (final ? 0 : redactor_tail(redactor, pending->data, pending->len));
     if (redactor->framing > 0) {
         /* the payload alone, as the guest's client decodes it: a value split between chunks */
@@ -801,10 +815,14 @@ vm_egress_redactor_take(VmEgressRedactor *redactor, gboolean final, const guint8
             if (seg->payload)
                 g_byte_array_append(view, pending->data + seg->off, seg->len);
         }
-        redactor_mask(redactor, view->data, view->len, redactor_mask_mapped);
+        redactor_mask(redactor, view->data, view->len, redactor->view_scanned, TRUE);
+        redactor->view_scanned = view->len;
         tail = final ? 0 : redactor_tail(redactor, view->data, view->len);
-        if (tail > 0)
-            out = MIN(out, redactor_payload_offset(redactor, view->len - tail));
+        if (tail > 0) {
+            PayloadCursor cursor = {redactor, 0, 0};
+
+            out = MIN(out, payload_cursor_offset(&cursor, view->len - tail));
+        }
         wipe_bytes(view);
     }
     if (pending->len - out > VM_EGRESS_REDACTOR_HOLD_MAX)

@@ -501,6 +501,41 @@ test_redactor_chunked(void **state)
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
 }
 
+/* Values at many places of a payload cut into chunks of many sizes (some with an extension),
+ * fed in pieces of every size: the bytes out are the same chunks of the payload with every
+ * value masked. */
+static void
+test_redactor_chunk_sizes(void **state)
+{
+    (void)state;
+    const char *payload = "sk-real-api, then real-key;real-keysk-real-api--sk-real-ap"
+                          "i {\"a\": \"real-key\"} sk-real-api";
+    const gsize sizes[] = {1, 3, 7, 2, 5, 11, 4, 13, 6};
+    g_autoptr(GString) masked = g_string_new(payload);
+    g_autoptr(GString) text = g_string_new(NULL);
+    g_autoptr(GString) expected = g_string_new(NULL);
+
+    g_string_replace(masked, "sk-real-api", "vmph_AAAAAA", 0);
+    g_string_replace(masked, "real-key", "vmph_CCC", 0);
+    for (gsize off = 0, i = 0; off < strlen(payload); i++) {
+        gsize n = MIN(sizes[i % G_N_ELEMENTS(sizes)], strlen(payload) - off);
+        const char *ext = i % 4 == 1 ? ";ext=sk-real" : "";
+
+        g_string_append_printf(text, "|%zx%s\r\n|%.*s|\r\n|", n, ext, (int)n, payload + off);
+        g_string_append_printf(expected, "%zx%s\r\n%.*s\r\n", n, ext, (int)n, masked->str + off);
+        off += n;
+    }
+    g_string_append(text, "|0\r\n\r\n|");
+    g_string_append(expected, "0\r\n\r\n");
+    for (gsize step = 1; step <= expected->len; step++) {
+        g_autoptr(VmEgressRedactor) redactor = make_redactor();
+        g_autoptr(GString) out = redact_through(redactor, text->str, step, 0);
+
+        if (strcmp(out->str, expected->str) != 0)
+            fail_msg("pieces of %zu: %s", step, out->str);
+    }
+}
+
 /* What apply() substituted is what the redactor looks for: the value, and for Basic the base64
  * text that went into the header. A refused request adds nothing. */
 static void
@@ -549,6 +584,7 @@ main(void)
         cmocka_unit_test(test_redactor_split),
         cmocka_unit_test(test_redactor_holds_minimum),
         cmocka_unit_test(test_redactor_chunked),
+        cmocka_unit_test(test_redactor_chunk_sizes),
         cmocka_unit_test(test_redactor_from_apply),
     };
 
