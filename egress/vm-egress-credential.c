@@ -346,7 +346,8 @@ is_basic_format(const Grant *grant)
 /* The new value of @header for @grant, whose placeholder it holds: through the format, or the
  * Basic pair with the placeholder replaced. Newly allocated, to be wiped. */
 static char *
-substitute(VmEgressCredentials *creds, const Grant *grant, const char *value)
+substitute(VmEgressCredentials *creds, const Grant *grant, const char *value,
+           VmEgressRedactor *redactor)
 {
     if (is_basic_format(grant)) {
         char *pair = basic_decode(value);
@@ -358,25 +359,39 @@ substitute(VmEgressCredentials *creds, const Grant *grant, const char *value)
             /* the placeholder as sent, not encoded: it stands for the whole pair */
             wipe_free(pair);
             encoded = g_base64_encode((const guchar *)grant->value, strlen(grant->value));
+            if (redactor != NULL)
+                vm_egress_redactor_add(redactor, grant->secret_name, grant->value,
+                                       grant->placeholder);
         } else {
             /* every grant's placeholder in the pair: user and password may both be ones */
             replaced = replace_placeholder(pair, grant);
             wipe_free(pair);
+            if (redactor != NULL)
+                vm_egress_redactor_add(redactor, grant->secret_name, grant->value,
+                                       grant->placeholder);
             for (guint i = 0; i < creds->grants->len; i++) {
                 const Grant *other = g_ptr_array_index(creds->grants, i);
                 if (other != grant && strstr(replaced, other->placeholder) != NULL) {
                     char *again = replace_placeholder(replaced, other);
                     wipe_free(replaced);
                     replaced = again;
+                    if (redactor != NULL)
+                        vm_egress_redactor_add(redactor, other->secret_name, other->value,
+                                               other->placeholder);
                 }
             }
             encoded = g_base64_encode((const guchar *)replaced, strlen(replaced));
             wipe_free(replaced);
         }
+        /* an echo of the header gives the pair back in base64: the guest decodes it at once */
+        if (redactor != NULL)
+            vm_egress_redactor_add(redactor, grant->secret_name, encoded, grant->placeholder);
         out = format_with(grant->format, encoded);
         wipe_free(encoded);
         return out;
     }
+    if (redactor != NULL)
+        vm_egress_redactor_add(redactor, grant->secret_name, grant->value, grant->placeholder);
     return format_with(grant->format, grant->value);
 }
 
@@ -411,7 +426,7 @@ misplaced_in_value(VmEgressCredentials *creds, const char *name, const char *val
 
 gboolean
 vm_egress_credentials_apply(VmEgressCredentials *creds, VmEgressRequest *request, const char *host,
-                            char **ret_secret, GError **error)
+                            VmEgressRedactor *redactor, char **ret_secret, GError **error)
 {
     const Grant *grant;
     const char *substituted = NULL;
@@ -440,7 +455,7 @@ vm_egress_credentials_apply(VmEgressCredentials *creds, VmEgressRequest *request
         grant = find_in_value(creds, header->value);
         if (grant == NULL)
             continue;
-        char *value = substitute(creds, grant, header->value);
+        char *value = substitute(creds, grant, header->value, redactor);
         wipe_free(header->value);
         header->value = value;
         substituted = grant->secret_name;
@@ -549,4 +564,307 @@ gsize
 vm_egress_leak_scanner_get_keep(const VmEgressLeakScanner *scanner)
 {
     return scanner->keep;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Response redactor */
+
+typedef struct {
+    char *secret_name;
+    char *value;
+    gsize len;
+    char *mask; /* @len bytes */
+} Target;
+
+/* A run of pending bytes of one kind. */
+typedef struct {
+    gsize off;
+    gsize len;
+    gboolean payload;
+} Segment;
+
+struct _VmEgressRedactor {
+    GPtrArray *targets;  /* Target */
+    gsize longest;       /* the longest value */
+    GByteArray *pending; /* fed and not yet given out */
+    GArray *segments;    /* Segment, covering @pending in order */
+    gsize given;         /* the bytes at the start of @pending given out by the last take() */
+    gsize framing;       /* framing bytes in @pending */
+    gsize scanned;       /* the bytes at the start of @pending that were looked through */
+    gsize view_scanned;  /* the same, counted in payload bytes */
+    GByteArray *view;    /* scratch: the payload of @pending alone */
+    GPtrArray *hits;     /* secret names masked since the last steal */
+};
+
+static void
+target_free(Target *target)
+{
+    g_free(target->secret_name);
+    explicit_bzero(target->value, target->len);
+    g_free(target->value);
+    g_free(target->mask);
+    g_free(target);
+}
+
+/* An empty GByteArray has no data at all, which explicit_bzero() must not get. */
+static void
+wipe_bytes(GByteArray *bytes)
+{
+    if (bytes->len > 0)
+        explicit_bzero(bytes->data, bytes->len);
+}
+
+VmEgressRedactor *
+vm_egress_redactor_new(void)
+{
+    VmEgressRedactor *redactor = g_new0(VmEgressRedactor, 1);
+
+    redactor->targets = g_ptr_array_new_with_free_func((GDestroyNotify)target_free);
+    redactor->pending = g_byte_array_new();
+    redactor->segments = g_array_new(FALSE, FALSE, sizeof(Segment));
+    redactor->view = g_byte_array_new();
+    redactor->hits = g_ptr_array_new_with_free_func(g_free);
+    return redactor;
+}
+
+void
+vm_egress_redactor_free(VmEgressRedactor *redactor)
+{
+    if (redactor == NULL)
+        return;
+    g_ptr_array_unref(redactor->targets);
+    /* the held tail may be the start of a value */
+    wipe_bytes(redactor->pending);
+    g_byte_array_unref(redactor->pending);
+    g_array_unref(redactor->segments);
+    wipe_bytes(redactor->view);
+    g_byte_array_unref(redactor->view);
+    g_ptr_array_unref(redactor->hits);
+    g_free(redactor);
+}
+
+void
+vm_egress_redactor_add(VmEgressRedactor *redactor, const char *secret_name, const char *value,
+                       const char *placeholder)
+{
+    gsize len = strlen(value);
+    gsize plen = strlen(placeholder);
+    Target *target;
+
+    g_return_if_fail(len > 0);
+    for (guint i = 0; i < redactor->targets->len; i++) {
+        const Target *other = g_ptr_array_index(redactor->targets, i);
+
+        if (other->len == len && memcmp(other->value, value, len) == 0)
+            return;
+    }
+    target = g_new0(Target, 1);
+    target->secret_name = g_strdup(secret_name);
+    target->value = g_strdup(value);
+    target->len = len;
+    target->mask = g_malloc(len);
+    memset(target->mask, '*', len);
+    memcpy(target->mask, placeholder, MIN(len, plen));
+    g_ptr_array_add(redactor->targets, target);
+    redactor->longest = MAX(redactor->longest, len);
+}
+
+guint
+vm_egress_redactor_size(const VmEgressRedactor *redactor)
+{
+    return redactor->targets->len;
+}
+
+/* Drops the bytes the last take() gave out. */
+static void
+redactor_drop_given(VmEgressRedactor *redactor)
+{
+    gsize given = redactor->given;
+    guint keep_from = 0;
+
+    if (given == 0)
+        return;
+    redactor->given = 0;
+    g_byte_array_remove_range(redactor->pending, 0, given);
+    redactor->scanned -= given;
+    for (guint i = 0; i < redactor->segments->len; i++) {
+        Segment *seg = &g_array_index(redactor->segments, Segment, i);
+        gsize dropped = seg->off >= given ? 0 : MIN(seg->len, given - seg->off);
+
+        if (seg->payload)
+            redactor->view_scanned -= dropped;
+        else
+            redactor->framing -= dropped;
+        if (dropped == seg->len) {
+            keep_from = i + 1;
+        } else if (dropped > 0) {
+            seg->len -= dropped;
+            seg->off = 0;
+        } else {
+            seg->off -= given;
+        }
+    }
+    g_array_remove_range(redactor->segments, 0, keep_from);
+}
+
+void
+vm_egress_redactor_feed(VmEgressRedactor *redactor, const guint8 *data, gsize len, gboolean payload)
+{
+    Segment *last;
+
+    redactor_drop_given(redactor);
+    if (len == 0)
+        return;
+    last = redactor->segments->len > 0
+               ? &g_array_index(redactor->segments, Segment, redactor->segments->len - 1)
+               : NULL;
+    if (last != NULL && last->payload == payload) {
+        last->len += len;
+    } else {
+        Segment seg = {redactor->pending->len, len, payload};
+        g_array_append_val(redactor->segments, seg);
+    }
+    if (!payload)
+        redactor->framing += len;
+    g_byte_array_append(redactor->pending, data, len);
+}
+
+static void
+redactor_hit(VmEgressRedactor *redactor, const Target *target)
+{
+    for (guint i = 0; i < redactor->hits->len; i++)
+        if (strcmp(g_ptr_array_index(redactor->hits, i), target->secret_name) == 0)
+            return;
+    g_ptr_array_add(redactor->hits, g_strdup(target->secret_name));
+}
+
+/* Where the payload view's bytes lie in @pending: a cursor over the payload segments, moved
+ * forward as the hits of one value are (they come in order), so that each take costs the
+ * segments once per value rather than once per byte masked. */
+typedef struct {
+    const VmEgressRedactor *redactor;
+    guint segment; /* the payload segment that holds payload byte @base on */
+    gsize base;
+} PayloadCursor;
+
+/* The offset in @pending of payload byte @index; @index never below the cursor's last one but
+ * for a new cursor. */
+static gsize
+payload_cursor_offset(PayloadCursor *cursor, gsize index)
+{
+    const GArray *segments = cursor->redactor->segments;
+
+    for (; cursor->segment < segments->len; cursor->segment++) {
+        const Segment *seg = &g_array_index(segments, Segment, cursor->segment);
+
+        if (!seg->payload)
+            continue;
+        if (index - cursor->base < seg->len)
+            return seg->off + (index - cursor->base);
+        cursor->base += seg->len;
+    }
+    g_assert_not_reached();
+}
+
+/* Masks every value that ends past @from in the @len bytes at @data in place (a value that ends
+ * before it was looked for at an earlier take); with @cursor, @data is the payload view, and the
+ * same bytes are masked in @pending where they lie. */
+static void
+redactor_mask(VmEgressRedactor *redactor, guint8 *data, gsize len, gsize from, gboolean mapped)
+{
+    for (guint i = 0; i < redactor->targets->len; i++) {
+        const Target *target = g_ptr_array_index(redactor->targets, i);
+        PayloadCursor cursor = {redactor, 0, 0};
+        gsize at = from > target->len - 1 ? from - (target->len - 1) : 0;
+        guint8 *hit;
+
+        while (len > at && len - at >= target->len &&
+               (hit = memmem(data + at, len - at, target->value, target->len)) != NULL) {
+            at = (gsize)(hit - data);
+            memcpy(hit, target->mask, target->len);
+            for (gsize k = 0; mapped && k < target->len; k++)
+                redactor->pending->data[payload_cursor_offset(&cursor, at + k)] = target->mask[k];
+            redactor_hit(redactor, target);
+            at += target->len;
+        }
+    }
+}
+
+/* The length of the longest tail of the @len bytes at @data that is a proper prefix of some
+ * value: what the next bytes could complete. */
+static gsize
+redactor_tail(const VmEgressRedactor *redactor, const guint8 *data, gsize len)
+{
+    gsize best = 0;
+
+    for (guint i = 0; i < redactor->targets->len; i++) {
+        const Target *target = g_ptr_array_index(redactor->targets, i);
+
+        for (gsize k = MIN(target->len - 1, len); k > best; k--)
+            if (memcmp(data + len - k, target->value, k) == 0) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+gboolean
+vm_egress_redactor_take(VmEgressRedactor *redactor, gboolean final, const guint8 **ret_data,
+                        gsize *ret_len, GError **error)
+{
+    GByteArray *pending = redactor->pending;
+    gsize out;
+
+    redactor_drop_given(redactor);
+    /* the bytes as they go to the guest: a value inside one chunk, a head, a trailer */
+    redactor_mask(redactor, pending->data, pending->len, redactor->scanned, FALSE);
+    redactor->scanned = pending->len;
+    if (redactor->framing == 0)
+        redactor->view_scanned = pending->len; /* all of it payload: the same bytes */
+    out = pending->len - (final ? 0 : redactor_tail(redactor, pending->data, pending->len));
+    if (redactor->framing > 0) {
+        /* the payload alone, as the guest's client decodes it: a value split between chunks */
+        GByteArray *view = redactor->view;
+        gsize tail;
+
+        g_byte_array_set_size(view, 0);
+        for (guint i = 0; i < redactor->segments->len; i++) {
+            const Segment *seg = &g_array_index(redactor->segments, Segment, i);
+
+            if (seg->payload)
+                g_byte_array_append(view, pending->data + seg->off, seg->len);
+        }
+        redactor_mask(redactor, view->data, view->len, redactor->view_scanned, TRUE);
+        redactor->view_scanned = view->len;
+        tail = final ? 0 : redactor_tail(redactor, view->data, view->len);
+        if (tail > 0) {
+            PayloadCursor cursor = {redactor, 0, 0};
+
+            out = MIN(out, payload_cursor_offset(&cursor, view->len - tail));
+        }
+        wipe_bytes(view);
+    }
+    if (pending->len - out > VM_EGRESS_REDACTOR_HOLD_MAX)
+        return vm_throw(error, VM_ERROR_PROTOCOL,
+                        "redactor: more than %d bytes could begin a secret",
+                        VM_EGRESS_REDACTOR_HOLD_MAX);
+    redactor->given = out;
+    /* never NULL, even with nothing fed: callers copy from it */
+    *ret_data = pending->len > 0 ? pending->data : (const guint8 *)"";
+    *ret_len = out;
+    return TRUE;
+}
+
+char **
+vm_egress_redactor_steal_hits(VmEgressRedactor *redactor)
+{
+    GPtrArray *hits = redactor->hits;
+
+    if (hits->len == 0)
+        return NULL;
+    redactor->hits = g_ptr_array_new_with_free_func(g_free);
+    g_ptr_array_set_free_func(hits, NULL);
+    g_ptr_array_add(hits, NULL);
+    return (char **)g_ptr_array_free(hits, FALSE);
 }

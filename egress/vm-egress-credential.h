@@ -63,9 +63,13 @@ gboolean vm_egress_credentials_intercepts(VmEgressCredentials *creds, const char
  * "leak: placeholder of NAME sent to HOST" (another header, a grant that does not name @host).
  * Placeholders are also looked for inside any "Basic" credentials. Tokens that are no
  * placeholder of @creds (unknown, revoked) pass unchanged. On success *@ret_secret is the name of
- * the grant substituted last (newly allocated), or NULL when none was. */
+ * the grant substituted last (newly allocated), or NULL when none was, and each real value
+ * substituted (for "Basic {}" also the base64 text that went into the header) was added to
+ * @redactor when not NULL, so that the responses on the connection are scanned for it. */
+typedef struct _VmEgressRedactor VmEgressRedactor;
 gboolean vm_egress_credentials_apply(VmEgressCredentials *creds, VmEgressRequest *request,
-                                     const char *host, char **ret_secret, GError **error);
+                                     const char *host, VmEgressRedactor *redactor,
+                                     char **ret_secret, GError **error);
 
 /* Checks a request head that goes out unencrypted (a plain HTTP request through the proxy): any
  * placeholder of @creds in its target or its header fields fails with VM_ERROR_INVALID_ARGUMENT
@@ -93,6 +97,54 @@ gboolean vm_egress_leak_scanner_feed(VmEgressLeakScanner *scanner, const guint8 
  * on before its end holds that many back. Can't fail. */
 gsize vm_egress_leak_scanner_get_keep(const VmEgressLeakScanner *scanner);
 
+/* Masks real values in what goes back to the guest: the responses on an intercepted connection,
+ * which an upstream may fill with the request it received (an echo, a debug page, an error body).
+ *
+ * The stream is fed in pieces of any size, each marked as payload (a head, the body as decoded) or
+ * as framing (chunk-size lines, the CRLFs after chunk data, trailers). A value is looked for in
+ * the bytes as fed and in the payload alone, so that one split between two chunks is found
+ * whole, as the guest's HTTP client will put it together. A value found is overwritten in place
+ * by its mask: as many bytes as the value, the start of its placeholder (then '*' where the value
+ * is longer), so that Content-Length and chunk sizes stay true. What may go on is all that was
+ * fed less the longest tail that could be the start of a value (in either view): a stream keeps
+ * its timing except where its last bytes really look like the start of a secret. Encodings of
+ * a value (base64, percent-encoding, a compressed body) are not recognised.
+ *
+ * Values live only here and in the grants; the redactor wipes what it held when freed. */
+
+/* The most bytes a redactor holds back between pieces: past it, take() fails. A value's prefix
+ * spread over many tiny chunks with long chunk lines is the only way to reach it. */
+#define VM_EGRESS_REDACTOR_HOLD_MAX (64 * 1024)
+
+/* A redactor that looks for nothing yet. Can't fail. */
+VmEgressRedactor *vm_egress_redactor_new(void);
+void vm_egress_redactor_free(VmEgressRedactor *redactor);
+
+/* Adds @value (non-empty), masked with the start of @placeholder, reported as @secret_name; a
+ * value already there is not added twice. Can't fail. */
+void vm_egress_redactor_add(VmEgressRedactor *redactor, const char *secret_name, const char *value,
+                            const char *placeholder);
+
+/* How many values @redactor looks for. Can't fail. */
+guint vm_egress_redactor_size(const VmEgressRedactor *redactor);
+
+/* Appends @len bytes of the stream, payload or framing (see above). Can't fail. */
+void vm_egress_redactor_feed(VmEgressRedactor *redactor, const guint8 *data, gsize len,
+                             gboolean payload);
+
+/* Masks every value complete in what was fed, and gives the bytes that may go on now:
+ * *@ret_data (owned by @redactor, valid until its next call) and *@ret_len; all of them when
+ * @final (the stream ends there: nothing can complete a value any more), else all but the tail
+ * that could begin one. Fails with VM_ERROR_PROTOCOL ("redactor: ...") when more than
+ * VM_EGRESS_REDACTOR_HOLD_MAX bytes would stay held. */
+gboolean vm_egress_redactor_take(VmEgressRedactor *redactor, gboolean final,
+                                 const guint8 **ret_data, gsize *ret_len, GError **error);
+
+/* The secret names whose values were masked since the last call, in the order found, each once
+ * (newly allocated), or NULL when none was. Can't fail. */
+char **vm_egress_redactor_steal_hits(VmEgressRedactor *redactor);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressRedactor, vm_egress_redactor_free)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressCredentials, vm_egress_credentials_unref)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressLeakScanner, vm_egress_leak_scanner_free)
 

@@ -25,6 +25,13 @@
  * destination sends while a writer encrypts and sends the previous piece to the guest. */
 #define PIPELINE_AFTER   (1024 * 1024)
 #define PIPELINE_BUFFERS 2
+/* A piece holds a read and what the redactor held back before it. */
+#define PIECE_SIZE (BUFFER_SIZE + VM_EGRESS_REDACTOR_HOLD_MAX)
+/* The methods an intercepted connection carries: TRACE would echo the substituted header back,
+ * CONNECT would open a tunnel no one inspects, and an unknown method's meaning is unknown. */
+static const char *const allowed_methods[] = {"GET",   "HEAD",   "POST",    "PUT",
+                                              "PATCH", "DELETE", "OPTIONS", NULL};
+#define ALLOWED_METHODS "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 
 static const gnutls_datum_t alpn_http11 = {(unsigned char *)"http/1.1", 8};
 
@@ -51,7 +58,17 @@ struct _VmEgressIntercept {
     guint8 *buf;
     GByteArray *guest_next; /* guest plaintext read past the current request */
     GByteArray *up_head;    /* the response head being read */
+    /* Every real value substituted on this connection so far, looked for in every response
+     * byte from the first substitution on (what an echo of the request would give back). */
+    VmEgressRedactor *redactor;
+    GPtrArray *redacted; /* the secrets whose redaction the current response logged */
+    GArray *payload;     /* Segment: the payload pieces of the bytes the body framer was just fed */
 };
+
+typedef struct {
+    const guint8 *data;
+    gsize len;
+} Segment;
 
 /* ---------------------------------------------------------------------------------------------
  * The interceptor */
@@ -388,6 +405,9 @@ vm_egress_intercept_new(VmEgressInterceptor *interceptor, const VmEgressIntercep
     ic->buf = g_malloc(BUFFER_SIZE);
     ic->guest_next = g_byte_array_new();
     ic->up_head = g_byte_array_new();
+    ic->redactor = vm_egress_redactor_new();
+    ic->redacted = g_ptr_array_new_with_free_func(g_free);
+    ic->payload = g_array_new(FALSE, FALSE, sizeof(Segment));
     return ic;
 }
 
@@ -405,6 +425,9 @@ vm_egress_intercept_free(VmEgressIntercept *ic)
     g_free(ic->buf);
     g_byte_array_unref(ic->guest_next);
     g_byte_array_unref(ic->up_head);
+    vm_egress_redactor_free(ic->redactor);
+    g_ptr_array_unref(ic->redacted);
+    g_array_unref(ic->payload);
     g_free(ic);
 }
 
@@ -461,14 +484,21 @@ ic_log(VmEgressIntercept *ic, VmEgressRecordKind kind, const char *reason, const
 /* A short error response to the guest inside its TLS session; best effort, the connection
  * closes after it. */
 static void
-guest_respond(VmEgressIntercept *ic, int code, const char *status, const char *message)
+guest_respond_with(VmEgressIntercept *ic, int code, const char *status, const char *fields,
+                   const char *message)
 {
-    g_autofree char *text = g_strdup_printf("HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\n"
+    g_autofree char *text = g_strdup_printf("HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\n%s"
                                             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n",
-                                            code, status, strlen(message) + 1, message);
+                                            code, status, fields, strlen(message) + 1, message);
     const char *ignored = NULL;
 
     (void)side_send(ic, &ic->guest, (const guint8 *)text, strlen(text), &ignored);
+}
+
+static void
+guest_respond(VmEgressIntercept *ic, int code, const char *status, const char *message)
+{
+    guest_respond_with(ic, code, status, "", message);
 }
 
 /* The value of the Host field in a raw head, newly allocated, or NULL. */
@@ -728,6 +758,8 @@ typedef struct {
     gboolean has_length;
     guint64 length;
     gboolean close;
+    gboolean encoded;     /* a Content-Encoding other than identity */
+    gboolean transformed; /* a transfer coding other than chunked */
 } ResponseHead;
 
 /* Whether the comma-separated list @value holds @token (case-insensitive). */
@@ -786,6 +818,15 @@ response_head_parse(const char *text, ResponseHead *head)
             head->chunked = n > 0 && g_ascii_strcasecmp(g_strstrip(codings[n - 1]), "chunked") == 0;
             if (!head->chunked)
                 head->close = TRUE;
+            for (guint i = 0; i < n; i++)
+                if (g_ascii_strcasecmp(g_strstrip(codings[i]), "chunked") != 0)
+                    head->transformed = TRUE;
+        } else if (g_ascii_strcasecmp(*it, "content-encoding") == 0) {
+            g_auto(GStrv) codings = g_strsplit(value, ",", 0);
+
+            for (char **coding = codings; *coding != NULL; coding++)
+                if (g_ascii_strcasecmp(g_strstrip(*coding), "identity") != 0)
+                    head->encoded = TRUE;
         } else if (g_ascii_strcasecmp(*it, "connection") == 0) {
             if (list_has(value, "close"))
                 head->close = TRUE;
@@ -848,6 +889,90 @@ send_down(VmEgressIntercept *ic, const guint8 *data, gsize len, guint64 *bytes_d
     return TRUE;
 }
 
+/* Whether responses go through the redactor: from the first substitution on the connection. */
+static gboolean
+redacting(const VmEgressIntercept *ic)
+{
+    return vm_egress_redactor_size(ic->redactor) > 0;
+}
+
+/* Logs each secret whose value the redactor masked since the last call, once per response (a
+ * stream may repeat it), as soon as it was found: the guest got its placeholder's bytes
+ * instead. */
+static void
+log_redactions(VmEgressIntercept *ic)
+{
+    g_auto(GStrv) hits = vm_egress_redactor_steal_hits(ic->redactor);
+
+    for (char **it = hits; it != NULL && *it != NULL; it++) {
+        g_autofree char *reason = NULL;
+
+        if (g_ptr_array_find_with_equal_func(ic->redacted, *it, g_str_equal, NULL))
+            continue;
+        g_ptr_array_add(ic->redacted, g_strdup(*it));
+        reason = g_strdup_printf("redacted: value of %s in response", *it);
+        ic_log(ic, VM_EGRESS_RECORD_DENIED, reason, *it, 0, 0);
+    }
+}
+
+/* What the redactor lets go of what it was fed (everything when @final), masked: *@ret_data and
+ * *@ret_len, valid until its next call; the redactions logged. */
+static gboolean
+redact(VmEgressIntercept *ic, gboolean final, const guint8 **ret_data, gsize *ret_len,
+       const char **ret_reason)
+{
+    if (!vm_egress_redactor_take(ic->redactor, final, ret_data, ret_len, NULL)) {
+        *ret_reason = "bad-response"; /* a secret's first bytes spread over too many chunks */
+        return FALSE;
+    }
+    log_redactions(ic);
+    return TRUE;
+}
+
+static gboolean
+redact_down(VmEgressIntercept *ic, gboolean final, guint64 *bytes_down, const char **ret_reason)
+{
+    const guint8 *data;
+    gsize len;
+
+    return redact(ic, final, &data, &len, ret_reason) &&
+           send_down(ic, data, len, bytes_down, ret_reason);
+}
+
+/* The body framer's payload func while redacting: where the payload lies in what it was fed. */
+static void
+payload_piece(const guint8 *data, gsize len, gpointer user_data)
+{
+    GArray *payload = user_data;
+    Segment seg = {data, len};
+
+    g_array_append_val(payload, seg);
+}
+
+/* Feeds the redactor the @len body bytes at @data: with @framed, the pieces the framer reported
+ * (ic->payload) as payload and the bytes between them as framing; else all of it as payload. */
+static void
+redactor_feed_body(VmEgressIntercept *ic, gboolean framed, const guint8 *data, gsize len)
+{
+    gsize at = 0;
+
+    if (!framed) {
+        vm_egress_redactor_feed(ic->redactor, data, len, TRUE);
+        return;
+    }
+    for (guint i = 0; i < ic->payload->len; i++) {
+        const Segment *seg = &g_array_index(ic->payload, Segment, i);
+        gsize off = (gsize)(seg->data - data);
+
+        g_assert(off >= at && off + seg->len <= len);
+        vm_egress_redactor_feed(ic->redactor, data + at, off - at, FALSE);
+        vm_egress_redactor_feed(ic->redactor, seg->data, seg->len, TRUE);
+        at = off + seg->len;
+    }
+    vm_egress_redactor_feed(ic->redactor, data + at, len - at, FALSE);
+    g_array_set_size(ic->payload, 0);
+}
+
 /* Relays the body bytes at @data through @framer (NULL: until the close): what belongs to the
  * body goes down. *@ret_done once it ended; bytes past its end mean the upstream cannot be
  * trusted with another request (*@ret_close). */
@@ -874,6 +999,10 @@ relay_body_bytes(VmEgressIntercept *ic, VmEgressBodyFramer *framer, const guint8
             *ret_reason = "bad-response";
             return FALSE;
         }
+    }
+    if (redacting(ic)) {
+        redactor_feed_body(ic, framer != NULL, data, consumed);
+        return redact_down(ic, *ret_done, bytes_down, ret_reason);
     }
     return send_down(ic, data, consumed, bytes_down, ret_reason);
 }
@@ -975,7 +1104,7 @@ writer_start(VmEgressIntercept *ic)
     w->full = g_async_queue_new();
     w->free = g_async_queue_new();
     for (guint i = 0; i < PIPELINE_BUFFERS; i++) {
-        w->pieces[i].data = g_malloc(BUFFER_SIZE);
+        w->pieces[i].data = g_malloc(PIECE_SIZE);
         g_async_queue_push(w->free, &w->pieces[i]);
     }
     w->thread = g_thread_try_new("egress-writer", writer_thread, w, NULL);
@@ -1038,25 +1167,40 @@ static gboolean
 relay_body_pipelined(VmEgressIntercept *ic, Writer *w, VmEgressBodyFramer *framer,
                      gboolean *ret_close, const char **ret_reason)
 {
+    gboolean redact_body = redacting(ic);
+
     for (gboolean done = FALSE; !done;) {
         g_autoptr(GError) error = NULL;
         Piece *piece = writer_get_piece(w, ret_reason);
+        /* redacting, the read lands in ic->buf, and what the redactor lets go in the piece */
+        guint8 *buf = redact_body ? ic->buf : piece != NULL ? piece->data : NULL;
+        const guint8 *out = NULL;
         gsize consumed;
         gssize n;
 
         if (piece == NULL)
             return FALSE;
-        n = side_recv(ic, &ic->up, piece->data, BUFFER_SIZE, idle_deadline(ic), "idle", ret_reason);
+        n = side_recv(ic, &ic->up, buf, BUFFER_SIZE, idle_deadline(ic), "idle", ret_reason);
+        if (n == 0 && framer == NULL && redact_body) {
+            /* the end of a body delimited by the close: the held tail can go */
+            if (!redact(ic, TRUE, &out, &piece->len, ret_reason)) {
+                g_async_queue_push(w->free, piece);
+                return FALSE;
+            }
+            memcpy(piece->data, out, piece->len);
+            g_async_queue_push(piece->len > 0 ? w->full : w->free, piece);
+            return TRUE;
+        }
         if (n <= 0) {
             g_async_queue_push(w->free, piece);
             if (n == 0 && framer != NULL)
                 *ret_reason = "closed"; /* cut short */
             return n == 0 && framer == NULL;
         }
-        n = (gssize)side_fill(&ic->up, piece->data, (gsize)n, BUFFER_SIZE);
+        n = (gssize)side_fill(&ic->up, buf, (gsize)n, BUFFER_SIZE);
         consumed = (gsize)n;
         if (framer != NULL) {
-            switch (vm_egress_body_framer_feed(framer, piece->data, n, &consumed, &error)) {
+            switch (vm_egress_body_framer_feed(framer, buf, n, &consumed, &error)) {
             case VM_EGRESS_PARSE_MORE:
                 consumed = (gsize)n;
                 break;
@@ -1072,6 +1216,15 @@ relay_body_pipelined(VmEgressIntercept *ic, Writer *w, VmEgressBodyFramer *frame
                 return FALSE;
             }
         }
+        if (redact_body) {
+            redactor_feed_body(ic, framer != NULL, buf, consumed);
+            if (!redact(ic, done, &out, &consumed, ret_reason)) {
+                g_async_queue_push(w->free, piece);
+                return FALSE;
+            }
+            /* at most what was held (VM_EGRESS_REDACTOR_HOLD_MAX) and one read */
+            memcpy(piece->data, out, consumed);
+        }
         piece->len = consumed;
         g_async_queue_push(consumed > 0 ? w->full : w->free, piece);
     }
@@ -1079,17 +1232,21 @@ relay_body_pipelined(VmEgressIntercept *ic, Writer *w, VmEgressBodyFramer *frame
 }
 
 /* Relays the response to @request as it arrives: interim 1xx heads, the final head, then the
- * body by its framing. *@ret_close when the connection cannot carry another request. */
+ * body by its framing; each byte through the redactor once a value was substituted on the
+ * connection. *@ret_close when the connection cannot carry another request. *@ret_refused when
+ * the response was refused (the guest got a 502 instead): a body the redactor cannot read. */
 static gboolean
 relay_response(VmEgressIntercept *ic, const VmEgressRequest *request, gboolean *ret_close,
-               guint64 *bytes_down, const char **ret_reason)
+               gboolean *ret_refused, guint64 *bytes_down, const char **ret_reason)
 {
     g_autoptr(VmEgressBodyFramer) framer = NULL;
     ResponseHead head;
     gsize head_len = 0;
     gboolean done = FALSE;
+    gboolean no_body;
 
     g_byte_array_set_size(ic->up_head, 0);
+    g_ptr_array_set_size(ic->redacted, 0);
     for (;;) {
         g_autofree char *text = NULL;
 
@@ -1102,20 +1259,36 @@ relay_response(VmEgressIntercept *ic, const VmEgressRequest *request, gboolean *
             *ret_reason = "bad-response";
             return FALSE;
         }
-        if (!send_down(ic, ic->up_head->data, head_len, bytes_down, ret_reason))
+        no_body = g_ascii_strcasecmp(request->method, "HEAD") == 0 || head.status == 204 ||
+                  head.status == 304;
+        if (redacting(ic) && head.status >= 200 && !no_body && (head.encoded || head.transformed)) {
+            /* the redactor reads the body as it goes: a coded one would hide the value */
+            *ret_reason = head.encoded ? "refused: response Content-Encoding is not identity"
+                                       : "refused: response transfer coding is not chunked";
+            guest_respond(ic, 502, "Bad Gateway", *ret_reason);
+            *ret_refused = TRUE;
             return FALSE;
+        }
+        if (redacting(ic)) {
+            vm_egress_redactor_feed(ic->redactor, ic->up_head->data, head_len, TRUE);
+            if (!redact_down(ic, TRUE, bytes_down, ret_reason))
+                return FALSE;
+        } else if (!send_down(ic, ic->up_head->data, head_len, bytes_down, ret_reason)) {
+            return FALSE;
+        }
         g_byte_array_remove_range(ic->up_head, 0, head_len);
         if (head.status >= 200)
             break;
     }
     *ret_close = head.close || request->close;
-    if (g_ascii_strcasecmp(request->method, "HEAD") == 0 || head.status == 204 ||
-        head.status == 304) {
+    if (no_body) {
         done = TRUE;
         if (ic->up_head->len > 0)
             *ret_close = TRUE; /* bytes no request asked for */
     } else if (head.chunked || head.has_length) {
         framer = vm_egress_body_framer_new_response(head.chunked, head.length);
+        if (redacting(ic))
+            vm_egress_body_framer_set_payload_func(framer, payload_piece, ic->payload);
         if (vm_egress_body_framer_feed(framer, NULL, 0, NULL, NULL) == VM_EGRESS_PARSE_DONE)
             done = TRUE;
     } else {
@@ -1151,6 +1324,9 @@ relay_response(VmEgressIntercept *ic, const VmEgressRequest *request, gboolean *
                 *ret_reason = "closed"; /* cut short */
                 return FALSE;
             }
+            /* the end of a body delimited by the close: the held tail can go */
+            if (redacting(ic) && !redact_down(ic, TRUE, bytes_down, ret_reason))
+                return FALSE;
             break;
         }
         n = (gssize)side_fill(&ic->up, ic->buf, (gsize)n, BUFFER_SIZE);
@@ -1178,12 +1354,21 @@ serve_request(VmEgressIntercept *ic)
     const char *ended = NULL;
     guint64 bytes_up = 0, bytes_down = 0;
     gboolean close = FALSE;
+    gboolean refused = FALSE;
 
     creds = conn->dup_credentials(conn->data);
     request = read_request(ic, creds, &reason);
     if (request == NULL) {
         if (reason != NULL)
             ic_log(ic, VM_EGRESS_RECORD_DENIED, reason, NULL, 0, 0);
+        return FALSE;
+    }
+    if (!g_strv_contains(allowed_methods, request->method)) {
+        /* cut short: the method is the guest's, and no placeholder fits in 16 bytes */
+        g_autofree char *why = g_strdup_printf("method not allowed: %.16s", request->method);
+
+        guest_respond_with(ic, 405, "Method Not Allowed", "Allow: " ALLOWED_METHODS "\r\n", why);
+        ic_log(ic, VM_EGRESS_RECORD_DENIED, why, NULL, 0, 0);
         return FALSE;
     }
     /* The grants of this moment: a rotation or a revoke applies from the next request on. */
@@ -1194,7 +1379,7 @@ serve_request(VmEgressIntercept *ic)
         ic_log(ic, VM_EGRESS_RECORD_DENIED, "credentials-changed", NULL, 0, 0);
         return FALSE;
     }
-    if (!vm_egress_credentials_apply(creds, request, conn->host, &secret, &error)) {
+    if (!vm_egress_credentials_apply(creds, request, conn->host, ic->redactor, &secret, &error)) {
         guest_respond(ic, 403, "Forbidden", error->message);
         ic_log(ic, VM_EGRESS_RECORD_DENIED, error->message, NULL, 0, 0);
         return FALSE;
@@ -1211,6 +1396,9 @@ serve_request(VmEgressIntercept *ic)
         }
         vm_egress_request_set_header(request, "expect", NULL);
     }
+    /* A response the redactor can read: no compression once a value went up on the connection */
+    if (redacting(ic))
+        vm_egress_request_set_header(request, "Accept-Encoding", "identity");
     if (!relay_request(ic, creds, request, &bytes_up, &reason)) {
         gboolean leak = g_str_has_prefix(reason, "leak:") || strcmp(reason, "bad-request") == 0;
 
@@ -1218,8 +1406,9 @@ serve_request(VmEgressIntercept *ic)
                leak ? NULL : secret, leak ? 0 : bytes_up, 0);
         return FALSE;
     }
-    if (!relay_response(ic, request, &close, &bytes_down, &ended)) {
-        ic_log(ic, VM_EGRESS_RECORD_ALLOWED, ended, secret, bytes_up, bytes_down);
+    if (!relay_response(ic, request, &close, &refused, &bytes_down, &ended)) {
+        ic_log(ic, refused ? VM_EGRESS_RECORD_DENIED : VM_EGRESS_RECORD_ALLOWED, ended, secret,
+               bytes_up, bytes_down);
         return FALSE;
     }
     ic_log(ic, VM_EGRESS_RECORD_ALLOWED, close ? "closed" : "completed", secret, bytes_up,

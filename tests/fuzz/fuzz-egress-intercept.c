@@ -5,7 +5,10 @@
  * placeholder of any grant and the substituted grant is one of the set. The bytes after the head
  * go through the body scanner whole, a byte at a time and in pieces of 13: each finds a
  * placeholder exactly when one is in them; and through the request's body framer, whose payload
- * (chunked framing taken off) is the same however the bytes come, and scanned as such. */
+ * (chunked framing taken off) is the same however the bytes come, and scanned as such. The
+ * same bytes, as a hostile response body (chunked, and by Content-Length), go through the
+ * response redactor in pieces of 1, 13 and whole: what comes out is as long as what went in,
+ * holds no real value, and neither does its payload once the guest decodes its chunks. */
 #include <glib.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -121,7 +124,7 @@ check_apply(VmEgressCredentials *creds, VmEgressRequest *request)
     g_autoptr(GError) error = NULL;
     g_autofree char *secret = NULL;
 
-    if (!vm_egress_credentials_apply(creds, request, "api.test", &secret, &error)) {
+    if (!vm_egress_credentials_apply(creds, request, "api.test", NULL, &secret, &error)) {
         if (error == NULL || !g_str_has_prefix(error->message, "leak: placeholder of ") ||
             secret != NULL)
             abort();
@@ -138,6 +141,113 @@ check_apply(VmEgressCredentials *creds, VmEgressRequest *request)
     if (secret != NULL && strcmp(secret, "api") != 0 && strcmp(secret, "key") != 0 &&
         strcmp(secret, "basic") != 0)
         abort();
+}
+
+static const char *const values[] = {"sk-real", "key-real", "pass-real", "other-real"};
+
+/* The payload of @len chunked bytes, as the guest's client decodes them. */
+static GByteArray *
+decode_chunked(const guint8 *data, gsize len)
+{
+    g_autoptr(VmEgressBodyFramer) framer = vm_egress_body_framer_new_response(TRUE, 0);
+    g_autoptr(VmEgressLeakScanner) scanner = vm_egress_leak_scanner_new(NULL);
+    Payload p = {g_byte_array_new(), scanner, FALSE};
+
+    vm_egress_body_framer_set_payload_func(framer, payload_piece, &p);
+    (void)vm_egress_body_framer_feed(framer, data, len, NULL, NULL);
+    return p.payload;
+}
+
+static gboolean
+has_value(const guint8 *data, gsize len)
+{
+    if (len == 0)
+        return FALSE;
+    for (gsize i = 0; i < G_N_ELEMENTS(values); i++)
+        if (memmem(data, len, values[i], strlen(values[i])) != NULL)
+            return TRUE;
+    return FALSE;
+}
+
+typedef struct {
+    const guint8 *data;
+    gsize len;
+} Segment;
+
+static void
+segment_add(const guint8 *data, gsize len, gpointer user_data)
+{
+    Segment seg = {data, len};
+
+    g_array_append_val((GArray *)user_data, seg);
+}
+
+/* The @len bytes at @data as a response body (chunked, or of @len bytes), through a redactor in
+ * pieces of @step, as the intercepted connection relays it: what the guest would get. */
+static GByteArray *
+redact_response(const guint8 *data, gsize len, gsize step, gboolean chunked)
+{
+    g_autoptr(VmEgressRedactor) redactor = vm_egress_redactor_new();
+    g_autoptr(VmEgressBodyFramer) framer = vm_egress_body_framer_new_response(chunked, len);
+    g_autoptr(GArray) segments = g_array_new(FALSE, FALSE, sizeof(Segment));
+    GByteArray *out = g_byte_array_new();
+    gboolean done = FALSE;
+    const guint8 *given;
+    gsize given_len;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(values); i++)
+        vm_egress_redactor_add(redactor, values[i], values[i], placeholders[i]);
+    vm_egress_body_framer_set_payload_func(framer, segment_add, segments);
+    for (gsize off = 0; off < len && !done; off += step) {
+        gsize n = MIN(step, len - off);
+        gsize consumed = n;
+        gsize at = off;
+
+        g_array_set_size(segments, 0);
+        switch (vm_egress_body_framer_feed(framer, data + off, n, &consumed, NULL)) {
+        case VM_EGRESS_PARSE_MORE:
+            consumed = n;
+            break;
+        case VM_EGRESS_PARSE_DONE:
+            done = TRUE;
+            break;
+        case VM_EGRESS_PARSE_ERROR:
+        default:
+            return out; /* the relay stops: what was held never goes */
+        }
+        for (guint i = 0; i < segments->len; i++) {
+            const Segment *seg = &g_array_index(segments, Segment, i);
+
+            vm_egress_redactor_feed(redactor, data + at, (gsize)(seg->data - (data + at)), FALSE);
+            vm_egress_redactor_feed(redactor, seg->data, seg->len, TRUE);
+            at = (gsize)(seg->data - data) + seg->len;
+        }
+        vm_egress_redactor_feed(redactor, data + at, off + consumed - at, FALSE);
+        if (!vm_egress_redactor_take(redactor, done, &given, &given_len, NULL))
+            return out;
+        g_byte_array_append(out, given, given_len);
+        if (done && out->len != off + consumed)
+            abort(); /* same length: the framing stays true */
+    }
+    if (!done && vm_egress_redactor_take(redactor, TRUE, &given, &given_len, NULL))
+        g_byte_array_append(out, given, given_len);
+    return out;
+}
+
+static void
+check_response(const guint8 *data, gsize len)
+{
+    const gsize steps[] = {1, 13, G_MAXSIZE};
+
+    for (gsize i = 0; i < G_N_ELEMENTS(steps); i++) {
+        g_autoptr(GByteArray) plain = redact_response(data, len, steps[i], FALSE);
+        g_autoptr(GByteArray) chunked = redact_response(data, len, steps[i], TRUE);
+        g_autoptr(GByteArray) decoded = decode_chunked(chunked->data, chunked->len);
+
+        if (plain->len != len || has_value(plain->data, plain->len) ||
+            has_value(chunked->data, chunked->len) || has_value(decoded->data, decoded->len))
+            abort();
+    }
 }
 
 int
@@ -189,5 +299,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         scan(creds, data + consumed, size - consumed, 1) != expected ||
         scan(creds, data + consumed, size - consumed, 13) != expected)
         abort();
+    check_response(data + consumed, size - consumed);
     return 0;
 }

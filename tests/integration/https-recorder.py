@@ -11,6 +11,8 @@ Both are written before the response is sent, so a client that got its answer fi
 recorded.
 
 GET /echo: 200 "ok". GET /stream: 200, chunked text/event-stream, three events a second apart.
+GET /headers and TRACE anything: 200, the request head as received in the body, and its
+Authorization in an X-Echo-Authorization field (what a debug page or TRACE gives back).
 POST/PUT anything: the body is read (Content-Length or chunked), 200 "ok". Else 404.
 """
 import http.server
@@ -106,6 +108,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     time.sleep(1)
             self.wfile.write(b"0\r\n\r\n")
             return
+        if path == "/headers" or self.command == "TRACE":
+            echo = ("%s %s %s\r\n" % (self.command, self.path, self.request_version)
+                    + "".join("%s: %s\r\n" % kv for kv in self.headers.items())).encode("latin-1")
+            self.send_response(200)
+            self.send_header("Content-Type", "message/http")
+            self.send_header("X-Echo-Authorization", self.headers.get("Authorization", ""))
+            self.send_header("Content-Length", str(len(echo)))
+            self.end_headers()
+            self.wfile.write(echo)
+            return
         if path == "/echo" or self.command in ("POST", "PUT"):
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
@@ -117,7 +129,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    do_GET = do_POST = do_PUT = handle_any
+    do_GET = do_POST = do_PUT = do_TRACE = handle_any
 
 
 class Server(http.server.ThreadingHTTPServer):

@@ -309,6 +309,26 @@ assert sub and all(r.get("secret") == "example-api-key" for r in sub), sub
 assert all(v not in l for l in open(sys.argv[1]) for v in sys.argv[2:]), "value in log"
 ' "$S/egress-log.json" "$VALUE"
 
+# --- the value does not come back: an upstream that echoes the request --------------------------
+out=$(guest "curl -sS -m 30 -D - -H \"Authorization: Bearer \$$ENV_VAR\" https://$API/headers" 2>&1)
+check "an echo of the request (header and body) gives the guest the placeholder's start, no byte of the value ($(oneline "$out"))" \
+  bash -c "[[ \"\$1\" == *' 200'* && \"\$1\" != *'$VALUE'* && \"\$1\" == *'X-Echo-Authorization: Bearer $PH'* &&
+             \"\$1\" == *'GET /headers HTTP/1.1'*'Authorization: Bearer $PH'* &&
+             \"\$1\" == *'Accept-Encoding: identity'* ]] &&
+           [ \"\$2\" = 'Bearer $VALUE' ]" _ "$out" "$(last_auth api)"
+before=$(requests api)
+out=$(guest "curl -s -o /dev/null -w '%{http_code}' -m 30 -X TRACE -H \"Authorization: Bearer \$$ENV_VAR\" https://$API/" 2>&1)
+check "TRACE is refused inside the interception (HTTP $out), nothing of it reached $API" \
+  bash -c "[ '$out' = 405 ] && [ \$(grep -c '\"method\"' '$S/api.jsonl') = $before ]"
+sleep 0.5
+check "the egress log has the redaction and the TRACE, denied" python3 -c '
+import json, subprocess, sys
+recs = [json.loads(l) for l in subprocess.run(sys.argv[1:], capture_output=True, text=True).stdout.splitlines()]
+denied = [r["reason"] for r in recs if r["event"] == "denied"]
+assert "redacted: value of example-api-key in response" in denied, denied
+assert "method not allowed: TRACE" in denied, denied
+' "$VMCTL" --socket "$SOCK" --json egress-log a1
+
 # --- leaks: the placeholder where it does not belong ----------------------------------------------
 # leak_check DESCRIPTION UPSTREAM REASON GUEST_COMMAND: the command does not get a 200, UPSTREAM
 # records neither the placeholder nor a value, and a new denied record's reason starts with

@@ -1,6 +1,7 @@
 /* The credential broker's pure logic: which hosts are intercepted, the header substitution table
  * (Bearer, a custom header, token, Basic on either side of the pair), the leak reasons of a
- * placeholder anywhere else, and the body scanner fed in pieces of every size. */
+ * placeholder anywhere else, the body scanner fed in pieces of every size, and the response
+ * redactor (values at every offset, every piece size, split between chunks). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -149,7 +150,7 @@ test_substitution_table(void **state)
         g_autoptr(GError) error = NULL;
         g_autofree char *secret = NULL;
 
-        if (!vm_egress_credentials_apply(creds, request, cases[i].host, &secret, &error))
+        if (!vm_egress_credentials_apply(creds, request, cases[i].host, NULL, &secret, &error))
             fail_msg("case %zu: %s", i, error->message);
         assert_string_equal(vm_egress_request_get_header(request, cases[i].name), cases[i].out);
         assert_string_equal(vm_egress_request_get_header(request, "Accept"), "*/*");
@@ -212,7 +213,7 @@ test_leaks(void **state)
                                    cases[i].host, cases[i].header);
         }
         request = parse_origin(cases[i].host, head);
-        if (vm_egress_credentials_apply(creds, request, cases[i].host, &secret, &error))
+        if (vm_egress_credentials_apply(creds, request, cases[i].host, NULL, &secret, &error))
             fail_msg("case %zu: not refused", i);
         vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
         assert_string_equal(error->message, cases[i].reason);
@@ -331,14 +332,260 @@ test_origin_parser(void **state)
                         "GET /a HTTP/1.1\r\nHost: api.example.com\r\nConnection: close\r\n\r\n");
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Response redactor */
+
+/* Feeds @text through @redactor, @step bytes at a time, '|' in @text marking framing up to the
+ * next '|' (the bars are not fed); returns what came out, checking after each take that no more
+ * than @hold_max bytes were held (0: not checked). */
+static GString *
+redact_through(VmEgressRedactor *redactor, const char *text, gsize step, gsize hold_max)
+{
+    g_autoptr(GString) bytes = g_string_new(NULL);
+    g_autoptr(GByteArray) payload = g_byte_array_new();
+    GString *out = g_string_new(NULL);
+    gboolean framing = FALSE;
+    gsize fed = 0;
+
+    for (const char *p = text; *p != '\0'; p++) {
+        guint8 flag;
+
+        if (*p == '|') {
+            framing = !framing;
+            continue;
+        }
+        flag = !framing;
+        g_string_append_c(bytes, *p);
+        g_byte_array_append(payload, &flag, 1);
+    }
+    for (gsize off = 0; off < bytes->len; off += step) {
+        gsize end = MIN(off + step, bytes->len);
+        const guint8 *data;
+        gsize len;
+
+        for (gsize run = off; run < end;) {
+            gsize stop = run;
+
+            while (stop < end && payload->data[stop] == payload->data[run])
+                stop++;
+            vm_egress_redactor_feed(redactor, (const guint8 *)bytes->str + run, stop - run,
+                                    payload->data[run]);
+            run = stop;
+        }
+        fed = end;
+        assert_true(vm_egress_redactor_take(redactor, FALSE, &data, &len, NULL));
+        g_string_append_len(out, (const char *)data, len);
+        if (hold_max > 0)
+            assert_true(fed - out->len <= hold_max);
+    }
+    const guint8 *data;
+    gsize len;
+    assert_true(vm_egress_redactor_take(redactor, TRUE, &data, &len, NULL));
+    g_string_append_len(out, (const char *)data, len);
+    assert_int_equal(out->len, bytes->len); /* the same length: framing stays true */
+    return out;
+}
+
+static VmEgressRedactor *
+make_redactor(void)
+{
+    VmEgressRedactor *redactor = vm_egress_redactor_new();
+
+    vm_egress_redactor_add(redactor, "api", "sk-real-api", PH_API);
+    vm_egress_redactor_add(redactor, "key", "real-key", PH_KEY);
+    vm_egress_redactor_add(redactor, "api", "sk-real-api", PH_API); /* once */
+    assert_int_equal(vm_egress_redactor_size(redactor), 2);
+    return redactor;
+}
+
+/* A value at every offset of a response, fed in pieces of every size, comes out as the start of
+ * its placeholder, same length; reported once; and nothing else changes. */
+static void
+test_redactor_split(void **state)
+{
+    (void)state;
+    g_autoptr(GString) body = g_string_new(NULL);
+
+    for (int i = 0; i < 120; i++)
+        g_string_append_c(body, "abcdefs-k{}\":,r"[i % 15]);
+    for (gsize at = 0; at <= body->len; at += 5) {
+        g_autoptr(GString) leaking = g_string_new_len(body->str, body->len);
+        g_autoptr(GString) expected = g_string_new_len(body->str, body->len);
+
+        g_string_insert(leaking, at, "sk-real-api");
+        g_string_insert(expected, at, "vmph_AAAAAA");
+        for (gsize step = 1; step <= leaking->len; step = step < 13 ? step + 1 : step * 3) {
+            g_autoptr(VmEgressRedactor) redactor = make_redactor();
+            g_autoptr(GString) out =
+                redact_through(redactor, leaking->str, step, strlen("sk-real-api") - 1);
+            g_auto(GStrv) hits = vm_egress_redactor_steal_hits(redactor);
+
+            if (strcmp(out->str, expected->str) != 0)
+                fail_msg("value at %zu, pieces of %zu: %s", at, step, out->str);
+            assert_non_null(hits);
+            assert_string_equal(hits[0], "api");
+            assert_null(hits[1]);
+            assert_null(vm_egress_redactor_steal_hits(redactor));
+        }
+    }
+    /* a value longer than its placeholder: the placeholder, then '*' */
+    g_autoptr(VmEgressRedactor) longer = vm_egress_redactor_new();
+    vm_egress_redactor_add(longer, "long", "0123456789", "vmph_X");
+    g_autoptr(GString) out = redact_through(longer, "<0123456789>", 4, 9);
+    assert_string_equal(out->str, "<vmph_X****>");
+}
+
+/* Held back is only the tail that could begin a value: a stream's pieces go on at once unless
+ * they end like the start of a secret. */
+static void
+test_redactor_holds_minimum(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressRedactor) redactor = make_redactor();
+    const guint8 *data;
+    gsize len;
+
+    vm_egress_redactor_feed(redactor, (const guint8 *)"data: one\n\n", 11, TRUE);
+    assert_true(vm_egress_redactor_take(redactor, FALSE, &data, &len, NULL));
+    assert_int_equal(len, 11);
+    vm_egress_redactor_feed(redactor, (const guint8 *)"data: sk-re", 11, TRUE);
+    assert_true(vm_egress_redactor_take(redactor, FALSE, &data, &len, NULL));
+    assert_int_equal(len, 6); /* "data: " */
+    assert_memory_equal(data, "data: ", 6);
+    vm_egress_redactor_feed(redactor, (const guint8 *)"x\n\n", 3, TRUE);
+    assert_true(vm_egress_redactor_take(redactor, FALSE, &data, &len, NULL));
+    assert_int_equal(len, 8); /* not a value after all */
+    assert_memory_equal(data, "sk-rex\n\n", 8);
+    vm_egress_redactor_feed(redactor, (const guint8 *)"real-k", 6, TRUE);
+    assert_true(vm_egress_redactor_take(redactor, FALSE, &data, &len, NULL));
+    assert_int_equal(len, 0);
+    assert_true(vm_egress_redactor_take(redactor, TRUE, &data, &len, NULL));
+    assert_int_equal(len, 6); /* the end: nothing can complete it */
+    assert_null(vm_egress_redactor_steal_hits(redactor));
+}
+
+/* A chunked body: a value split between two chunks is found in the payload and masked where
+ * its bytes are, the chunk framing untouched; one inside a trailer is found as sent. */
+static void
+test_redactor_chunked(void **state)
+{
+    (void)state;
+    const char *text = "|5\r\n|sk-re|\r\n6;x\r\n|al-api|\r\n3\r\n|abc|\r\n0\r\n"
+                       "X-T: real-key\r\n\r\n|";
+    const char *expected = "5\r\nvmph_\r\n6;x\r\nAAAAAA\r\n3\r\nabc\r\n0\r\n"
+                           "X-T: vmph_CCC\r\n\r\n";
+
+    for (gsize step = 1; step <= strlen(text); step++) {
+        g_autoptr(VmEgressRedactor) redactor = make_redactor();
+        g_autoptr(GString) out = redact_through(redactor, text, step, 0);
+        g_auto(GStrv) hits = vm_egress_redactor_steal_hits(redactor);
+
+        if (strcmp(out->str, expected) != 0)
+            fail_msg("pieces of %zu: %s", step, out->str);
+        assert_int_equal(g_strv_length(hits), 2);
+    }
+    /* the start of a value in one chunk holds the chunk back, not the framing before it */
+    g_autoptr(VmEgressRedactor) redactor = make_redactor();
+    const guint8 *data;
+    gsize len;
+    vm_egress_redactor_feed(redactor, (const guint8 *)"5\r\n", 3, FALSE);
+    vm_egress_redactor_feed(redactor, (const guint8 *)"sk-re", 5, TRUE);
+    vm_egress_redactor_feed(redactor, (const guint8 *)"\r\n", 2, FALSE);
+    assert_true(vm_egress_redactor_take(redactor, FALSE, &data, &len, NULL));
+    assert_int_equal(len, 3);
+    /* more framing than a redactor holds after that start: refused, not relayed */
+    g_autofree char *framing = g_strnfill(VM_EGRESS_REDACTOR_HOLD_MAX, 'f');
+    g_autoptr(GError) error = NULL;
+    vm_egress_redactor_feed(redactor, (const guint8 *)framing, strlen(framing), FALSE);
+    assert_false(vm_egress_redactor_take(redactor, FALSE, &data, &len, &error));
+    assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
+}
+
+/* Values at many places of a payload cut into chunks of many sizes (some with an extension),
+ * fed in pieces of every size: the bytes out are the same chunks of the payload with every
+ * value masked. */
+static void
+test_redactor_chunk_sizes(void **state)
+{
+    (void)state;
+    const char *payload = "sk-real-api, then real-key;real-keysk-real-api--sk-real-ap"
+                          "i {\"a\": \"real-key\"} sk-real-api";
+    const gsize sizes[] = {1, 3, 7, 2, 5, 11, 4, 13, 6};
+    g_autoptr(GString) masked = g_string_new(payload);
+    g_autoptr(GString) text = g_string_new(NULL);
+    g_autoptr(GString) expected = g_string_new(NULL);
+
+    g_string_replace(masked, "sk-real-api", "vmph_AAAAAA", 0);
+    g_string_replace(masked, "real-key", "vmph_CCC", 0);
+    for (gsize off = 0, i = 0; off < strlen(payload); i++) {
+        gsize n = MIN(sizes[i % G_N_ELEMENTS(sizes)], strlen(payload) - off);
+        const char *ext = i % 4 == 1 ? ";ext=sk-real" : "";
+
+        g_string_append_printf(text, "|%zx%s\r\n|%.*s|\r\n|", n, ext, (int)n, payload + off);
+        g_string_append_printf(expected, "%zx%s\r\n%.*s\r\n", n, ext, (int)n, masked->str + off);
+        off += n;
+    }
+    g_string_append(text, "|0\r\n\r\n|");
+    g_string_append(expected, "0\r\n\r\n");
+    for (gsize step = 1; step <= expected->len; step++) {
+        g_autoptr(VmEgressRedactor) redactor = make_redactor();
+        g_autoptr(GString) out = redact_through(redactor, text->str, step, 0);
+
+        if (strcmp(out->str, expected->str) != 0)
+            fail_msg("pieces of %zu: %s", step, out->str);
+    }
+}
+
+/* What apply() substituted is what the redactor looks for: the value, and for Basic the base64
+ * text that went into the header. A refused request adds nothing. */
+static void
+test_redactor_from_apply(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressCredentials) creds = make_creds();
+    g_autoptr(VmEgressRedactor) redactor = vm_egress_redactor_new();
+    g_autofree char *pair = g_base64_encode((const guchar *)"alice:" PH_USER, 51);
+    g_autofree char *sent = g_base64_encode((const guchar *)"alice:real-pass", 15);
+    g_autofree char *head = g_strdup_printf(
+        "GET / HTTP/1.1\r\nHost: registry.test\r\nAuthorization: Basic %s\r\n\r\n", pair);
+    g_autofree char *echo =
+        g_strdup_printf("{\"auth\": \"Basic %s\", \"pass\": \"real-pass\"}", sent);
+    g_autoptr(VmEgressRequest) request = parse_origin("registry.test", head);
+    g_autoptr(VmEgressRequest) refused =
+        parse_origin("api.example.com", "GET /" PH_API " HTTP/1.1\r\nHost: api.example.com\r\n"
+                                        "Authorization: Bearer " PH_API "\r\n\r\n");
+    g_autofree char *secret = NULL;
+    g_autofree char *none = NULL;
+    g_autoptr(GString) out = NULL;
+
+    assert_false(
+        vm_egress_credentials_apply(creds, refused, "api.example.com", redactor, &none, NULL));
+    assert_int_equal(vm_egress_redactor_size(redactor), 0);
+    assert_true(
+        vm_egress_credentials_apply(creds, request, "registry.test", redactor, &secret, NULL));
+    assert_int_equal(vm_egress_redactor_size(redactor), 2);
+    out = redact_through(redactor, echo, 7, 0);
+    assert_null(strstr(out->str, sent));
+    assert_null(strstr(out->str, "real-pass"));
+    assert_non_null(strstr(out->str, "\"pass\": \"vmph_DDDD\""));
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_add_refused),        cmocka_unit_test(test_intercepts),
-        cmocka_unit_test(test_substitution_table), cmocka_unit_test(test_leaks),
-        cmocka_unit_test(test_plain_http),         cmocka_unit_test(test_body_scanner),
+        cmocka_unit_test(test_add_refused),
+        cmocka_unit_test(test_intercepts),
+        cmocka_unit_test(test_substitution_table),
+        cmocka_unit_test(test_leaks),
+        cmocka_unit_test(test_plain_http),
+        cmocka_unit_test(test_body_scanner),
         cmocka_unit_test(test_origin_parser),
+        cmocka_unit_test(test_redactor_split),
+        cmocka_unit_test(test_redactor_holds_minimum),
+        cmocka_unit_test(test_redactor_chunked),
+        cmocka_unit_test(test_redactor_chunk_sizes),
+        cmocka_unit_test(test_redactor_from_apply),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,6 +28,8 @@
 /* The bulk download: a body of BULK_SIZE bytes, blocks of 'a'..'z' repeated. */
 #define BULK_SIZE  (64 * 1024 * 1024)
 #define BULK_BLOCK (256 * 1024)
+/* The echo past the pipelining size: this many bytes before the request and after it. */
+#define ECHO_BULK_FILL (1536 * 1024)
 
 #define PH_API   "vmph_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
 #define PH_KEY   "vmph_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC"
@@ -111,6 +113,118 @@ upstream_send(gnutls_session_t session, const char *text)
     (void)upstream_send_len(session, text, strlen(text));
 }
 
+/* Sends @text as one chunk. */
+static void
+upstream_send_chunk(gnutls_session_t session, const char *text, gsize len)
+{
+    g_autofree char *chunk = g_strdup_printf("%zx\r\n%.*s\r\n", len, (int)len, text);
+
+    upstream_send(session, chunk);
+}
+
+/* Waits until the test lets the streaming answer go on (at most IO_TIMEOUT_MS). */
+static void
+upstream_wait_release(Upstream *up)
+{
+    gint64 deadline = g_get_monotonic_time() + IO_TIMEOUT_MS * 1000;
+
+    g_mutex_lock(&up->lock);
+    while (!up->release && g_cond_wait_until(&up->cond, &up->lock, deadline))
+        ;
+    up->release = FALSE;
+    g_mutex_unlock(&up->lock);
+}
+
+/* Where a test's echo splits what it sends back: in the middle of the real value, if any. */
+static gsize
+echo_split(const GString *head)
+{
+    const char *value = strstr(head->str, "sk-real-1");
+
+    return value != NULL ? (gsize)(value - head->str) + 4 : head->len / 2;
+}
+
+/* The answers of an upstream that gives the request back as it received it, substituted value
+ * included (as TRACE, a debug page or an error body would): TRUE when @head asked for one of
+ * them, which closes the connection when it ends with the close. */
+static gboolean
+upstream_echo(Upstream *up, gnutls_session_t session, const GString *head, gboolean *ret_close)
+{
+    gsize split = echo_split(head);
+    g_autofree char *auth = NULL;
+    const char *line = strstr(head->str, "Authorization: ");
+
+    auth = line != NULL ? g_strndup(line + 15, strcspn(line + 15, "\r")) : g_strdup("none");
+    *ret_close = FALSE;
+    if (g_str_has_prefix(head->str, "GET /echo ")) {
+        /* in a header field and in a Content-Length body */
+        g_autofree char *start = g_strdup_printf(
+            "HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: %zu\r\n\r\n", auth, head->len + 3);
+
+        upstream_send(session, start);
+        upstream_send_len(session, head->str, head->len);
+        upstream_send(session, "END");
+    } else if (g_str_has_prefix(head->str, "GET /echo-chunked ")) {
+        /* the value split between two chunks, sent as two writes */
+        upstream_send(session, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+        upstream_send_chunk(session, head->str, split);
+        g_usleep(20 * 1000);
+        upstream_send_chunk(session, head->str + split, head->len - split);
+        upstream_send(session, "0\r\nX-Trailer: the end\r\n\r\n");
+    } else if (g_str_has_prefix(head->str, "GET /echo-close ")) {
+        /* delimited by the close, the value split between two writes */
+        upstream_send(session, "HTTP/1.1 200 OK\r\n\r\n");
+        upstream_send_len(session, head->str, split);
+        g_usleep(20 * 1000);
+        upstream_send_len(session, head->str + split, head->len - split);
+        (void)gnutls_bye(session, GNUTLS_SHUT_WR);
+        *ret_close = TRUE;
+    } else if (g_str_has_prefix(head->str, "GET /echo-early ")) {
+        /* in an interim head */
+        g_autofree char *early =
+            g_strdup_printf("HTTP/1.1 103 Early Hints\r\nLink: <%s>\r\n\r\nHTTP/1.1 200 OK\r\n"
+                            "Content-Length: 2\r\n\r\nok",
+                            auth);
+
+        upstream_send(session, early);
+    } else if (g_str_has_prefix(head->str, "GET /echo-bulk ")) {
+        /* past the size where two threads relay the body, split between two writes */
+        g_autofree char *filler = g_strnfill(ECHO_BULK_FILL, 'f');
+        g_autofree char *start = g_strdup_printf("HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n",
+                                                 2 * (gsize)ECHO_BULK_FILL + head->len + 3);
+
+        upstream_send(session, start);
+        upstream_send_len(session, filler, ECHO_BULK_FILL);
+        upstream_send_len(session, head->str, split);
+        g_usleep(20 * 1000);
+        upstream_send_len(session, head->str + split, head->len - split);
+        upstream_send_len(session, filler, ECHO_BULK_FILL);
+        upstream_send(session, "END");
+    } else if (g_str_has_prefix(head->str, "GET /sse ")) {
+        /* server-sent events: the value comes in an event split between two chunks, the test
+         * releasing each step */
+        const char *value = strstr(auth, "sk-real-1");
+        gsize at = value != NULL ? (gsize)(value - auth) + 4 : strlen(auth);
+        g_autofree char *second = g_strdup_printf("data: two\n\ndata: %.*s", (int)at, auth);
+        g_autofree char *rest = g_strdup_printf("%s\n\n", auth + at);
+        upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Transfer-Encoding: chunked\r\n\r\n");
+        upstream_send_chunk(session, "data: first\n\n", 13);
+        upstream_wait_release(up);
+        upstream_send_chunk(session, second, strlen(second));
+        upstream_wait_release(up);
+        upstream_send_chunk(session, rest, strlen(rest));
+        upstream_send_chunk(session, "data: last\n\n", 12);
+        upstream_send(session, "0\r\n\r\n");
+    } else if (g_str_has_prefix(head->str, "GET /gzip ")) {
+        upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n"
+                               "Content-Length: 2\r\n\r\nok");
+    } else {
+        return FALSE;
+    }
+    return TRUE;
+}
+
 static gpointer
 upstream_worker(gpointer data)
 {
@@ -140,7 +254,12 @@ upstream_worker(gpointer data)
                    : g_strdup("");
     g_mutex_unlock(&up->lock);
     while (upstream_read_request(up, session, head)) {
-        if (g_str_has_prefix(head->str, "GET /stream ")) {
+        gboolean closed = FALSE;
+
+        if (upstream_echo(up, session, head, &closed)) {
+            if (closed)
+                break;
+        } else if (g_str_has_prefix(head->str, "GET /stream ")) {
             gint64 deadline = g_get_monotonic_time() + IO_TIMEOUT_MS * 1000;
 
             upstream_send(session, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -493,7 +612,7 @@ client_read_until(Client *c, const char *needle, gboolean *ret_eof)
 
     if (ret_eof != NULL)
         *ret_eof = FALSE;
-    while (needle == NULL || strstr(out->str, needle) == NULL) {
+    for (gsize searched = 0; needle == NULL || strstr(out->str + searched, needle) == NULL;) {
         ssize_t n = gnutls_record_recv(c->session, buf, sizeof(buf));
 
         if (n <= 0) {
@@ -502,6 +621,9 @@ client_read_until(Client *c, const char *needle, gboolean *ret_eof)
                     n == 0 || n == GNUTLS_E_PREMATURE_TERMINATION || n == GNUTLS_E_PULL_ERROR;
             break;
         }
+        /* only the new bytes, and the end of the old that the needle may begin in */
+        if (needle != NULL)
+            searched = out->len > strlen(needle) ? out->len - strlen(needle) : 0;
         g_string_append_len(out, buf, n);
     }
     return out;
@@ -806,7 +928,9 @@ test_request_bodies(void **state)
     assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 OK\r\n"));
     client_close(c);
     received = upstream_dup_received(f->upstream);
-    assert_non_null(strstr(received, "X-Api-Key: real-key\r\nContent-Length: 5\r\n\r\nhello"));
+    /* identity asked: the response is scanned for the values that went up */
+    assert_non_null(strstr(received, "X-Api-Key: real-key\r\nContent-Length: 5\r\n"
+                                     "Accept-Encoding: identity\r\n\r\nhello"));
     assert_null(strstr(received, "Expect"));
     assert_null(strstr(received, "vmph_"));
     for (guint i = 0; i < 3; i++)
@@ -978,10 +1102,13 @@ bulk_matches(const char *expected, const char *data, gsize len, gsize at)
     return TRUE;
 }
 
-/* Downloads the bulk body on @c; returns the seconds it took. Every byte must be right. */
+/* Downloads the bulk body on @c, the request carrying the header lines @fields; returns the
+ * seconds it took. Every byte must be right. */
 static double
-download_bulk(Client *c)
+download_bulk(Client *c, const char *fields)
 {
+    g_autofree char *request =
+        g_strdup_printf("GET /bulk HTTP/1.1\r\nHost: api.test\r\n%s\r\n", fields);
     g_autoptr(GString) head = NULL;
     g_autofree char *buf = g_malloc(BULK_BLOCK);
     g_autofree char *expected = g_malloc(BULK_BLOCK);
@@ -991,7 +1118,7 @@ download_bulk(Client *c)
 
     for (int i = 0; i < BULK_BLOCK; i++)
         expected[i] = (char)('a' + i % 26);
-    client_send(c, "GET /bulk HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    client_send(c, request);
     head = client_read_until(c, "\r\n\r\n", NULL);
     assert_true(g_str_has_prefix(head->str, "HTTP/1.1 200 OK\r\n"));
     end = strstr(head->str, "\r\n\r\n") + 4;
@@ -1021,31 +1148,45 @@ cpu_seconds(void)
 }
 
 /* A large download through interception arrives whole, and at a rate comparable to a plain
- * tunnel to the same upstream (both printed; the goal is 0.8x or more). */
+ * tunnel to the same upstream (both printed; the goal is 0.8x or more); the same download on a
+ * request whose value was substituted goes through the response redactor (printed against the
+ * interception without it). */
 static void
 test_bulk_download(void **state)
 {
     Fixture *f = *state;
     Client *intercepted = client_open(f);
+    Client *redacted = NULL;
     Client *tunnel = NULL;
     g_autofree char *upstream_ca = vm_test_read_file(f->upstream_ca);
     double cpu0 = cpu_seconds();
-    double t_intercepted = download_bulk(intercepted);
+    double t_intercepted = download_bulk(intercepted, "");
     double cpu1 = cpu_seconds();
-    double t_tunnel;
+    double t_tunnel, t_redacted;
 
     client_close(intercepted);
     vm_test_egress_wait_idle(f->proxy);
     tunnel = client_open_to(f, "127.0.0.1", upstream_ca);
     double cpu2 = cpu_seconds();
-    t_tunnel = download_bulk(tunnel);
+    t_tunnel = download_bulk(tunnel, "");
     double cpu3 = cpu_seconds();
     client_close(tunnel);
+    vm_test_egress_wait_idle(f->proxy);
+    redacted = client_open(f);
+    double cpu4 = cpu_seconds();
+    t_redacted = download_bulk(redacted, "Authorization: Bearer " PH_API "\r\n");
+    double cpu5 = cpu_seconds();
+    client_close(redacted);
     print_message("# bulk %d MiB: interception %.0f MiB/s (CPU %.2f s), tunnel %.0f MiB/s (CPU "
                   "%.2f s): %.2fx\n",
                   BULK_SIZE >> 20, (BULK_SIZE >> 20) / t_intercepted, cpu1 - cpu0,
                   (BULK_SIZE >> 20) / t_tunnel, cpu3 - cpu2, t_tunnel / t_intercepted);
+    print_message("# bulk %d MiB substituted, redactor on: %.0f MiB/s (CPU %.2f s): %.2fx the "
+                  "interception without\n",
+                  BULK_SIZE >> 20, (BULK_SIZE >> 20) / t_redacted, cpu5 - cpu4,
+                  t_intercepted / t_redacted);
     assert_string_equal(vm_test_egress_log_wait(f->log, 0)->reason, "completed");
+    assert_string_equal(vm_test_egress_log_wait(f->log, 2)->reason, "completed"); /* 1: tunnel */
     vm_test_egress_wait_idle(f->proxy);
 }
 
@@ -1077,6 +1218,233 @@ test_bulk_abandoned(void **state)
     vm_test_egress_wait_idle(f->proxy);
 }
 
+/* The payload of the chunked body after the head in @response, its framing dropped. */
+static GString *
+dechunk(const char *response)
+{
+    const char *p = strstr(response, "\r\n\r\n");
+    GString *out = g_string_new(NULL);
+
+    assert_non_null(p);
+    for (p += 4;;) {
+        char *end = NULL;
+        guint64 size = g_ascii_strtoull(p, &end, 16);
+
+        if (size == 0 || end == p)
+            break;
+        p = strstr(end, "\r\n");
+        assert_non_null(p);
+        g_string_append_len(out, p + 2, (gssize)size);
+        p += 2 + size + 2;
+    }
+    return out;
+}
+
+/* How many records of @log, once it holds at least @count, are @kind with @reason and @secret. */
+static guint
+log_count_records(VmTestEgressLog *log, guint count, VmEgressRecordKind kind, const char *reason,
+                  const char *secret)
+{
+    guint found = 0;
+
+    (void)vm_test_egress_log_wait(log, count - 1);
+    for (guint i = 0; i < vm_test_egress_log_count(log); i++) {
+        const VmTestEgressRecord *record = vm_test_egress_log_wait(log, i);
+
+        if (record->kind == kind && g_strcmp0(record->reason, reason) == 0 &&
+            g_strcmp0(record->secret, secret) == 0)
+            found++;
+    }
+    return found;
+}
+
+/* An upstream that echoes the request it received, the substituted value in it: in a header, in
+ * a Content-Length body, in a chunked body split between two chunks and two writes (trailer
+ * after it), in an interim 1xx head, in a body past the size that two threads relay, and in a
+ * body delimited by the close split between two writes. The guest gets the start of the
+ * placeholder in its place, same length, not one byte of the value in any of them; each
+ * response logs the redaction once. Identity was asked for. */
+static void
+test_echo_redacted(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *path;
+        const char *until;
+    } cases[] = {
+        {"/echo", "END"},
+        {"/echo-chunked", "0\r\nX-Trailer: the end\r\n\r\n"},
+        {"/echo-early", "\r\n\r\nok"},
+        {"/echo-bulk", "END"},
+        {"/echo-close", NULL},
+    };
+    g_autofree char *received = NULL;
+
+    for (guint i = 0; i < G_N_ELEMENTS(cases); i++) {
+        Client *c = client_open(f);
+        g_autofree char *request =
+            g_strdup_printf("GET %s HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API
+                            "\r\nAccept-Encoding: gzip, br\r\n\r\n",
+                            cases[i].path);
+        g_autoptr(GString) response = NULL;
+        g_autoptr(GString) payload = NULL;
+
+        client_send(c, request);
+        response = client_read_until(c, cases[i].until, NULL);
+        client_close(c);
+        if (strstr(response->str, "sk-real-1") != NULL)
+            fail_msg("%s: the real value came back", cases[i].path);
+        assert_true(g_str_has_prefix(response->str, "HTTP/1.1 "));
+        payload = i == 1 ? dechunk(response->str) : g_string_new(response->str);
+        assert_null(strstr(payload->str, "sk-real-1"));
+        assert_null(strstr(payload->str, "sk-re"));
+        if (strstr(payload->str, "Bearer vmph_AAAA") == NULL)
+            fail_msg("%s: no mask in %.300s", cases[i].path, payload->str);
+    }
+    /* Basic: the pair goes up in base64, and that comes back masked too */
+    Client *c = client_open(f);
+    g_autofree char *basic_in = g_base64_encode((const guchar *)"alice:" PH_BASIC, 51);
+    g_autofree char *basic_out = g_base64_encode((const guchar *)"alice:real-pass", 15);
+    g_autofree char *request = g_strdup_printf(
+        "GET /echo HTTP/1.1\r\nHost: api.test\r\nAuthorization: Basic %s\r\n\r\n", basic_in);
+    g_autoptr(GString) response = NULL;
+
+    client_send(c, request);
+    response = client_read_until(c, "END", NULL);
+    client_close(c);
+    assert_null(strstr(response->str, basic_out));
+    assert_non_null(strstr(response->str, "X-Echo: Basic vmph_DDDDDDDDDDDDDDD\r\n"));
+
+    assert_int_equal(log_count_records(f->log, 2 * (G_N_ELEMENTS(cases) + 1),
+                                       VM_EGRESS_RECORD_DENIED,
+                                       "redacted: value of api in response", "api"),
+                     G_N_ELEMENTS(cases));
+    assert_int_equal(log_count_records(f->log, 2 * (G_N_ELEMENTS(cases) + 1),
+                                       VM_EGRESS_RECORD_DENIED,
+                                       "redacted: value of basic in response", "basic"),
+                     1);
+    received = upstream_dup_received(f->upstream);
+    assert_non_null(strstr(received, "Accept-Encoding: identity\r\n"));
+    assert_null(strstr(received, "gzip"));
+    vm_test_egress_wait_idle(f->proxy);
+}
+
+/* Server-sent events keep their timing: each event before the value reaches the guest while
+ * the upstream still waits, even the bytes just before the value's first half; that half is
+ * held until the rest shows it is the value, which the guest gets masked. */
+static void
+test_sse_redacted(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(GString) first = NULL;
+    g_autoptr(GString) second = NULL;
+    g_autoptr(GString) rest = NULL;
+    g_autoptr(GString) all = g_string_new(NULL);
+    g_autoptr(GString) events = NULL;
+
+    client_send(c,
+                "GET /sse HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API "\r\n\r\n");
+    first = client_read_until(c, "first\n\n", NULL);
+    assert_non_null(strstr(first->str, "data: first\n\n"));
+    upstream_release(f->upstream);
+    /* the upstream sent "data: two\n\ndata: Bearer sk-r" and waits */
+    second = client_read_until(c, "data: Bearer ", NULL);
+    assert_non_null(strstr(second->str, "data: two\n\n"));
+    assert_null(strstr(second->str, "sk-r"));
+    upstream_release(f->upstream);
+    rest = client_read_until(c, "0\r\n\r\n", NULL);
+    client_close(c);
+    g_string_append(all, first->str);
+    g_string_append(all, second->str);
+    g_string_append(all, rest->str);
+    events = dechunk(all->str);
+    assert_string_equal(events->str,
+                        "data: first\n\ndata: two\n\ndata: Bearer vmph_AAAA\n\ndata: last\n\n");
+    assert_int_equal(log_count_records(f->log, 2, VM_EGRESS_RECORD_DENIED,
+                                       "redacted: value of api in response", "api"),
+                     1);
+    vm_test_egress_wait_idle(f->proxy);
+}
+
+/* TRACE (which echoes the request), TRACK, CONNECT and unknown methods are refused inside an
+ * intercepted connection, before a byte goes up, and logged. */
+static void
+test_methods_refused(void **state)
+{
+    Fixture *f = *state;
+    static const char *const methods[] = {"TRACE", "TRACK", "PROPFIND", "get"};
+
+    for (guint i = 0; i < G_N_ELEMENTS(methods); i++) {
+        Client *c = client_open(f);
+        g_autofree char *request = g_strdup_printf(
+            "%s / HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API "\r\n\r\n",
+            methods[i]);
+        g_autofree char *reason = g_strdup_printf("method not allowed: %s", methods[i]);
+        g_autoptr(GString) response = NULL;
+        const VmTestEgressRecord *record;
+        gboolean eof = FALSE;
+
+        client_send(c, request);
+        response = client_read_until(c, NULL, &eof);
+        client_close(c);
+        assert_true(eof);
+        assert_true(g_str_has_prefix(response->str, "HTTP/1.1 405 Method Not Allowed\r\n"));
+        assert_non_null(strstr(response->str, "\r\nAllow: GET, HEAD, POST, PUT, PATCH, DELETE, "
+                                              "OPTIONS\r\n"));
+        record = vm_test_egress_log_wait(f->log, i);
+        assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+        assert_string_equal(record->reason, reason);
+        assert_int_equal(record->bytes_up, 0);
+    }
+    /* CONNECT inside is no origin-form request at all */
+    Client *c = client_open(f);
+    g_autoptr(GString) response = NULL;
+    client_send(c, "CONNECT api.test:443 HTTP/1.1\r\nHost: api.test\r\n\r\n");
+    response = client_read_until(c, NULL, NULL);
+    client_close(c);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 400 "));
+    assert_int_equal(vm_test_egress_log_wait(f->log, G_N_ELEMENTS(methods))->kind,
+                     VM_EGRESS_RECORD_DENIED);
+    g_mutex_lock(&f->upstream->lock);
+    assert_int_equal(f->upstream->received->len, 0);
+    g_mutex_unlock(&f->upstream->lock);
+    vm_test_egress_wait_idle(f->proxy);
+}
+
+/* Once a value went up on the connection, a compressed response (which the redactor cannot
+ * read) is refused with a 502 and logged; without a substitution it passes as it is. */
+static void
+test_coded_response_refused(void **state)
+{
+    Fixture *f = *state;
+    Client *c = client_open(f);
+    g_autoptr(GString) response = NULL;
+    g_autoptr(GString) plain = NULL;
+    const VmTestEgressRecord *record;
+    gboolean eof = FALSE;
+
+    client_send(c, "GET /gzip HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " PH_API
+                   "\r\nAccept-Encoding: gzip\r\n\r\n");
+    response = client_read_until(c, NULL, &eof);
+    client_close(c);
+    assert_true(eof);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 502 Bad Gateway\r\n"));
+    assert_null(strstr(response->str, "Content-Encoding: gzip"));
+    record = vm_test_egress_log_wait(f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+    assert_string_equal(record->reason, "refused: response Content-Encoding is not identity");
+    assert_string_equal(record->secret, "api");
+
+    c = client_open(f);
+    client_send(c, "GET /gzip HTTP/1.1\r\nHost: api.test\r\nAccept-Encoding: gzip\r\n\r\n");
+    plain = client_read_until(c, "\r\n\r\nok", NULL);
+    client_close(c);
+    assert_true(g_str_has_prefix(plain->str, "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n"));
+    assert_string_equal(vm_test_egress_log_wait(f->log, 1)->reason, "completed");
+    vm_test_egress_wait_idle(f->proxy);
+}
+
 int
 main(void)
 {
@@ -1096,6 +1464,10 @@ main(void)
         cmocka_unit_test_setup_teardown(test_plain_http_leak, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bulk_download, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bulk_abandoned, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_echo_redacted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sse_redacted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_methods_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coded_response_refused, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
