@@ -96,6 +96,9 @@ serve_exec(int sock, GVariant *payload)
         }
         client = receive_client(sock, TRUE, &error);
     }
+    /* From here the command runs as long as it does: hostd times the answers until now. */
+    if (client >= 0)
+        (void)vm_wire_send(sock, "taken", g_variant_new("()"), NULL);
     if (client >= 0) {
         (void)hostd_ssh_exec(pool, &target, &exec.request, client, &error);
         close(client);
@@ -215,6 +218,8 @@ serve_forward(int sock, GVariant *payload)
         return;
     }
     client = receive_client(sock, FALSE, &error);
+    if (client >= 0)
+        (void)vm_wire_send(sock, "taken", g_variant_new("()"), NULL);
     g_mutex_init(&end.lock);
     g_cond_init(&end.cond);
     if (client >= 0 &&
