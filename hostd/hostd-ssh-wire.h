@@ -13,6 +13,7 @@
  *                    rows, traced, before-command; then the vmctl client's socket, handed over
  *           "forward" u: a guest port; then the forwarded connection's socket, handed over
  *           "go"     (): the answer to "before"
+ *           "ping"   (): whether the worker answers (hostd asks while a command runs); "done"
  *   worker: "taken"  (): the exec's client or the forwarded connection was received (hostd
  *                    times every answer a worker owes, this one included: docs/SECURITY.md)
  *           "before" (): the command is about to be sent; it waits for "go"

@@ -21,6 +21,9 @@
 #define SEND_TIMEOUT_S 5
 /* The deadline of each answer a worker owes, unless configured (hostd-ssh-worker.h). */
 #define ANSWER_TIMEOUT_MS_DEFAULT 10000
+/* While a command runs, how often its worker is asked whether it still answers, unless
+ * configured. */
+#define PING_INTERVAL_MS_DEFAULT 30000
 /* A new session over the virtio port may take this long (as long as vm-ssh-worker gives it). */
 #define SERIAL_CONNECT_TIMEOUT_MS (300 * 1000)
 
@@ -36,7 +39,7 @@ struct _HostdSshWorkers {
     char *program;
     gboolean change_user;
     guint uid, gid;
-    guint answer_timeout_ms;
+    guint answer_timeout_ms, ping_interval_ms;
     GMutex lock;
     GHashTable *workers; /* agent -> Worker (a reference) */
     gboolean closed;     /* hostd_ssh_workers_close(): none starts any more */
@@ -465,8 +468,31 @@ request_send_fd(Request *req, int fd, const char *what, GError **error)
     return vm_throw_errno(error, -rc, "cannot hand %s to the SSH worker of '%s'", what, req->agent);
 }
 
-/* The next frame the worker sends, by the request's deadline. Without one, the client's
- * hang-up starts it; @cancellable (may be NULL) ends the wait early. */
+/* Whether the worker still answers: a request of its own, "ping", answered within the answer
+ * deadline. TRUE also when it takes no request any more (forgotten, its last requests ending):
+ * then only the client's hang-up times it. */
+static gboolean
+request_ping(Request *req)
+{
+    g_autoptr(GVariant) payload = NULL;
+    g_autofree char *kind = NULL;
+    vm_autofd sock = -1;
+    int rc;
+
+    rc = worker_request(req->worker, &sock, NULL);
+    if (rc <= 0)
+        return TRUE;
+    if (!vm_wire_send(sock, "ping", g_variant_new("()"), NULL))
+        return FALSE;
+    payload = vm_wire_recv_until(
+        sock, HOSTD_SSH_WIRE_FROM_WORKER_MAX,
+        g_get_monotonic_time() + (gint64)req->workers->answer_timeout_ms * 1000, &kind, NULL);
+    return payload != NULL && g_str_equal(kind, "done");
+}
+
+/* The next frame the worker sends, by the request's deadline. Without one (a command runs), the
+ * client's hang-up starts it, and the worker is pinged now and then meanwhile; @cancellable (may
+ * be NULL) ends the wait early. */
 static GVariant *
 request_next(Request *req, GCancellable *cancellable, char **ret_kind, GError **error)
 {
@@ -491,6 +517,8 @@ request_next(Request *req, GCancellable *cancellable, char **ret_kind, GError **
             gint64 left = req->deadline - g_get_monotonic_time();
 
             timeout = left <= 0 ? 0 : (gint)MIN((left + 999) / 1000, G_MAXINT);
+        } else {
+            timeout = (gint)MIN(req->workers->ping_interval_ms, G_MAXINT);
         }
         rc = g_poll(fds, n, timeout);
         if (cancel_at != 0)
@@ -509,6 +537,10 @@ request_next(Request *req, GCancellable *cancellable, char **ret_kind, GError **
         }
         if (rc == 0 && req->deadline >= 0 && g_get_monotonic_time() >= req->deadline)
             return request_give_up(req, error), NULL;
+        if (rc == 0 && req->deadline < 0 && !request_ping(req)) {
+            req->allowed_ms = req->workers->answer_timeout_ms;
+            return request_give_up(req, error), NULL;
+        }
     }
     /* A frame, once begun, comes whole within the answer deadline. */
     frame_deadline = req->deadline >= 0
@@ -709,6 +741,8 @@ hostd_ssh_workers_new(const HostdSshWorkersConfig *config)
     workers->gid = config->gid;
     workers->answer_timeout_ms =
         config->answer_timeout_ms != 0 ? config->answer_timeout_ms : ANSWER_TIMEOUT_MS_DEFAULT;
+    workers->ping_interval_ms =
+        config->ping_interval_ms != 0 ? config->ping_interval_ms : PING_INTERVAL_MS_DEFAULT;
     g_mutex_init(&workers->lock);
     workers->workers = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, worker_unref);
     return workers;

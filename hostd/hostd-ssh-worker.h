@@ -29,8 +29,10 @@ typedef struct {
      * exec's or forwarded connection's end once its client hung up; a wait for the guest's
      * sshd or a new session over the virtio port gets its own time on top. Past it the worker is
      * killed and forgotten (the next request starts another) and the request fails with
-     * VM_ERROR_SSH saying so. While a command runs no deadline applies. */
-    guint answer_timeout_ms;
+     * VM_ERROR_SSH saying so. While a command runs (or a forwarded connection is open) the
+     * worker is asked every @ping_interval_ms (0: 30 s) whether it answers, within the same
+     * deadline. */
+    guint answer_timeout_ms, ping_interval_ms;
 } HostdSshWorkersConfig;
 
 typedef struct _HostdSshWorkers HostdSshWorkers;

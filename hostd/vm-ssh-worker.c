@@ -267,6 +267,8 @@ serve_request(gpointer data)
         serve_forward(sock, payload);
     else if (payload != NULL && g_str_equal(kind, "serial"))
         serve_serial(sock, payload);
+    else if (payload != NULL && g_str_equal(kind, "ping"))
+        (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(NULL, NULL), NULL);
     else if (payload != NULL && g_str_equal(kind, "sleep")) {
         hostd_ssh_pool_sleep(pool, target.agent);
         (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(NULL, NULL), NULL);

@@ -233,7 +233,8 @@ setup_worker_quick(void **state)
 {
     Fixture *f;
     g_autofree char *program = hostd_ssh_worker_path();
-    HostdSshWorkersConfig config = {.program = program, .answer_timeout_ms = 1000};
+    HostdSshWorkersConfig config = {
+        .program = program, .answer_timeout_ms = 1000, .ping_interval_ms = 500};
 
     setup_kind(state, SERVER_DEFAULT);
     f = *state;
@@ -1825,8 +1826,9 @@ test_worker_stopped(void **state)
     assert_true(hostd_ssh_workers_get_pid(f->workers, "alpha") != pid);
 }
 
-/* An exec under way has no deadline while its command runs, however long: only once its client
- * hangs up is the worker's end owed; a worker stopped then is killed within the deadline. */
+/* An exec under way has no deadline while its command runs, however long, but its worker must
+ * answer a ping every interval; once the client hangs up, the worker's end is owed within the
+ * deadline. A worker stopped during a command is killed either way within its deadline. */
 static void
 test_worker_stopped_during_exec(void **state)
 {
@@ -1873,6 +1875,21 @@ test_worker_stopped_during_exec(void **state)
     start = g_get_monotonic_time();
     g_thread_join(run.exec_thread);
     run.exec_thread = NULL;
+    assert_false(run.ok);
+    assert_given_up(run.error, start, G_USEC_PER_SEC);
+    exec_run_clear(&run);
+    worker_wait_gone(f, pid);
+    exec_check(f, up_argv, 0, "up\n");
+    g_clear_pointer(&first, vm_message_free);
+
+    /* The client stays: the next ping goes unanswered. */
+    exec_run_init(&run, f, long_argv);
+    exec_run_start(&run);
+    first = vm_message_read_fd(run.fds[1], NULL, NULL);
+    assert_non_null(first);
+    pid = worker_stop(f);
+    start = g_get_monotonic_time();
+    exec_run_finish(&run);
     assert_false(run.ok);
     assert_given_up(run.error, start, G_USEC_PER_SEC);
     exec_run_clear(&run);
