@@ -2,6 +2,7 @@
 #include "vm-wire.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -26,15 +27,43 @@ wire_write_all(int fd, const guint8 *data, gsize len, GError **error)
     return TRUE;
 }
 
-/* Reads exactly @len bytes; *ret_eof when the channel ended before the first one. */
+/* Waits until @fd can be read or @deadline (monotonic us; -1: none) passes. */
 static gboolean
-wire_read_all(int fd, guint8 *data, gsize len, gboolean *ret_eof, GError **error)
+wire_wait_readable(int fd, gint64 deadline, GError **error)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int rc;
+
+    if (deadline < 0)
+        return TRUE;
+    do {
+        gint64 left = deadline - g_get_monotonic_time();
+
+        if (left <= 0)
+            return vm_throw(error, VM_ERROR_TIMEOUT, "no answer on the worker channel in time");
+        /* Rounded up: a poll that wakes a little early only loops. */
+        rc = poll(&pfd, 1, (int)MIN((left + 999) / 1000, G_MAXINT));
+    } while (rc == 0 || (rc < 0 && errno == EINTR));
+    if (rc < 0)
+        return vm_throw(error, VM_ERROR_IO, "cannot wait on the worker channel: %s",
+                        g_strerror(errno));
+    return TRUE;
+}
+
+/* Reads exactly @len bytes by @deadline (-1: none); *ret_eof when the channel ended before the
+ * first one. */
+static gboolean
+wire_read_all(int fd, guint8 *data, gsize len, gint64 deadline, gboolean *ret_eof, GError **error)
 {
     gsize done = 0;
 
     *ret_eof = FALSE;
     while (done < len) {
-        gssize n = read(fd, data + done, len - done);
+        gssize n;
+
+        if (!wire_wait_readable(fd, deadline, error))
+            return FALSE;
+        n = read(fd, data + done, len - done);
 
         if (n < 0 && errno == EINTR)
             continue;
@@ -96,17 +125,24 @@ vm_wire_send(int fd, const char *kind, GVariant *payload, GError **error)
 GVariant *
 vm_wire_recv(int fd, gsize max, char **ret_kind, GError **error)
 {
+    return vm_wire_recv_until(fd, max, -1, ret_kind, error);
+}
+
+GVariant *
+vm_wire_recv_until(int fd, gsize max, gint64 deadline, char **ret_kind, GError **error)
+{
     guint8 header[4];
     gsize size;
     g_autoptr(GBytes) bytes = NULL;
     g_autoptr(GVariant) message = NULL;
     guint8 *block;
+    g_autoptr(GError) local_error = NULL;
     guint8 *data;
     gboolean eof;
     const char *kind = NULL;
     GVariant *payload = NULL;
 
-    if (!wire_read_all(fd, header, sizeof(header), &eof, error))
+    if (!wire_read_all(fd, header, sizeof(header), deadline, &eof, error))
         return NULL;
     size = (gsize)header[0] << 24 | (gsize)header[1] << 16 | (gsize)header[2] << 8 | header[3];
     if (size > max)
@@ -117,8 +153,12 @@ vm_wire_recv(int fd, gsize max, char **ret_kind, GError **error)
     block = g_malloc(WIRE_BLOCK_HEAD + size);
     memcpy(block, &size, sizeof(size));
     data = block + WIRE_BLOCK_HEAD;
-    if (!wire_read_all(fd, data, size, &eof, NULL)) {
+    if (!wire_read_all(fd, data, size, deadline, &eof, &local_error)) {
         wire_block_free(block);
+        if (g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT)) {
+            g_propagate_error(error, g_steal_pointer(&local_error));
+            return NULL;
+        }
         return vm_throw(error, VM_ERROR_PROTOCOL, "worker frame cut short"), NULL;
     }
     /* What came may be a secret (the egress worker's credentials): wiped when the last variant

@@ -21,4 +21,10 @@ gboolean vm_wire_send(int fd, const char *kind, GVariant *payload, GError **erro
  * a (sv) message, VM_ERROR_IO for a read error (a receive timeout included). */
 GVariant *vm_wire_recv(int fd, gsize max, char **ret_kind, GError **error);
 
+/* The same, with @deadline (g_get_monotonic_time(); -1: none) for the whole frame, however its
+ * bytes come: fails with VM_ERROR_TIMEOUT once it passes before the frame is complete (what was
+ * read of it is lost: the channel is then of no further use). SO_RCVTIMEO bounds one read, not
+ * a frame, and not a poll(): a worker that is stopped or dribbles is caught only by this. */
+GVariant *vm_wire_recv_until(int fd, gsize max, gint64 deadline, char **ret_kind, GError **error);
+
 G_END_DECLS

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -23,9 +24,12 @@
 /* A worker that served this long before it died is restarted at once. */
 #define HEALTHY_US     (5 * G_USEC_PER_SEC)
 #define BACKOFF_MIN_MS 50
-/* How long a worker may take to start, and to take one message. */
-#define START_TIMEOUT_S 10
-#define IO_TIMEOUT_S    2
+/* How long a worker may take to take one message. */
+#define IO_TIMEOUT_S 2
+/* Unless configured: the deadline of the worker's start and of each answer, and how often the
+ * watcher asks a worker that says nothing whether it still answers. */
+#define ANSWER_TIMEOUT_MS_DEFAULT 10000
+#define PING_INTERVAL_MS_DEFAULT  5000
 
 struct _HostdEgressWorker {
     char *program;
@@ -38,6 +42,7 @@ struct _HostdEgressWorker {
     char *ca_key;
     char *upstream_ca;
     guint max_connections, handshake_timeout_ms, idle_timeout_ms, connect_timeout_ms;
+    guint answer_timeout_ms, ping_interval_ms;
     HostdEgressWorkerLogFunc log;
     gpointer log_data;
     VmEgressResolveFunc resolve;
@@ -194,8 +199,6 @@ worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **er
     g_autoptr(GVariant) reply = NULL;
     GPid pid = 0;
     const struct timeval io_timeout = {.tv_sec = IO_TIMEOUT_S};
-    const struct timeval start_timeout = {.tv_sec = START_TIMEOUT_S};
-    const struct timeval no_timeout = {0};
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
         return vm_throw_errno(error, errno, "cannot make the egress worker's channel");
@@ -216,9 +219,10 @@ worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **er
     close(g_steal_fd(&child));
     /* Neither side of hostd waits on a worker for long: a start, a send. */
     (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &io_timeout, sizeof(io_timeout));
-    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &start_timeout, sizeof(start_timeout));
     worker_send(worker, parent, "start", worker_start_message(worker));
-    reply = vm_wire_recv(parent, VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &local_error);
+    reply = vm_wire_recv_until(parent, VM_EGRESS_WIRE_FROM_WORKER_MAX,
+                               g_get_monotonic_time() + (gint64)worker->answer_timeout_ms * 1000,
+                               &kind, &local_error);
     if (reply == NULL || !g_str_equal(kind, "ready")) {
         const char *why = local_error != NULL ? local_error->message : kind;
 
@@ -231,8 +235,6 @@ worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **er
         return FALSE;
     }
     worker_sandbox_note(worker, reply);
-    /* From now on the watcher waits for its messages as long as it runs. */
-    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &no_timeout, sizeof(no_timeout));
     *ret_fd = g_steal_fd(&parent);
     *ret_pid = pid;
     return TRUE;
@@ -286,18 +288,72 @@ worker_answer_resolve(HostdEgressWorker *worker, int fd, GVariant *payload)
                               error != NULL ? error->message : "", list));
 }
 
-/* Reads one worker run's messages until its channel ends or it breaks the protocol. */
+/* Waits until @fd can be read (TRUE) or @until (monotonic us) passes (FALSE). */
+static gboolean
+worker_wait(int fd, gint64 until)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+    for (;;) {
+        gint64 left = until - g_get_monotonic_time();
+        int rc;
+
+        if (left <= 0)
+            return FALSE;
+        rc = poll(&pfd, 1, (int)MIN((left + 999) / 1000, G_MAXINT));
+        if (rc > 0)
+            return TRUE;
+        if (rc < 0 && errno != EINTR)
+            return TRUE; /* the read says what is wrong */
+    }
+}
+
+/* Reads one worker run's messages until its channel ends, it breaks the protocol or it misses a
+ * deadline: a frame, once begun, must come whole within the answer deadline, and a stats
+ * question the watcher asks after a quiet interval must be answered within it. A worker that is
+ * stopped (SIGSTOP: alive, silent) is found out so, and then killed and replaced. */
 static void
 worker_serve(HostdEgressWorker *worker, int fd)
 {
+    gint64 answer_us = (gint64)worker->answer_timeout_ms * 1000;
+    gint64 next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+    gint64 ping_deadline = -1; /* of the question asked, -1: none asked */
+    guint32 ping = 0;
+
     for (;;) {
         g_autoptr(GError) error = NULL;
         g_autofree char *kind = NULL;
-        g_autoptr(GVariant) payload =
-            vm_wire_recv(fd, VM_EGRESS_WIRE_FROM_WORKER_MAX, &kind, &error);
+        g_autoptr(GVariant) payload = NULL;
+        gboolean answered;
 
+        if (!worker_wait(fd, ping_deadline >= 0 ? ping_deadline : next_ping)) {
+            g_mutex_lock(&worker->lock);
+            answered = ping_deadline >= 0 && (gint32)(worker->stats_serial - ping) >= 0;
+            if (ping_deadline < 0)
+                ping = ++worker->serial;
+            g_mutex_unlock(&worker->lock);
+            if (answered) {
+                ping_deadline = -1;
+                next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+            } else if (ping_deadline >= 0) {
+                g_message("egress worker of '%s' did not answer within %g s; it is killed and "
+                          "replaced",
+                          worker->name, (double)worker->answer_timeout_ms / 1000);
+                return;
+            } else {
+                worker_send(worker, fd, "stats", g_variant_new_uint32(ping));
+                ping_deadline = g_get_monotonic_time() + answer_us;
+            }
+            continue;
+        }
+        payload = vm_wire_recv_until(fd, VM_EGRESS_WIRE_FROM_WORKER_MAX,
+                                     g_get_monotonic_time() + answer_us, &kind, &error);
         if (payload == NULL) {
-            if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))
+            if (g_error_matches(error, VM_ERROR, VM_ERROR_TIMEOUT))
+                g_message("egress worker of '%s' did not finish a message within %g s; it is "
+                          "killed and replaced",
+                          worker->name, (double)worker->answer_timeout_ms / 1000);
+            else if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))
                 g_warning("egress worker of '%s': %s", worker->name, error->message);
             return;
         }
@@ -320,8 +376,13 @@ worker_serve(HostdEgressWorker *worker, int fd)
             /* Bounded by what the proxy allows: a larger number is a lie. */
             worker->connections = MIN(connections, MAX(worker->max_connections, 1));
             worker->stats_serial = serial;
+            answered = ping_deadline >= 0 && (gint32)(serial - ping) >= 0;
             g_cond_broadcast(&worker->cond);
             g_mutex_unlock(&worker->lock);
+            if (answered) {
+                ping_deadline = -1;
+                next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+            }
         } else if (g_str_equal(kind, "resolve") && worker->resolve != NULL) {
             worker_answer_resolve(worker, fd, payload);
         } else {
@@ -430,6 +491,10 @@ hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
     worker->handshake_timeout_ms = config->handshake_timeout_ms;
     worker->idle_timeout_ms = config->idle_timeout_ms;
     worker->connect_timeout_ms = config->connect_timeout_ms;
+    worker->answer_timeout_ms =
+        config->answer_timeout_ms != 0 ? config->answer_timeout_ms : ANSWER_TIMEOUT_MS_DEFAULT;
+    worker->ping_interval_ms =
+        config->ping_interval_ms != 0 ? config->ping_interval_ms : PING_INTERVAL_MS_DEFAULT;
     worker->log = config->log;
     worker->log_data = config->log_data;
     worker->resolve = config->resolve;
@@ -537,7 +602,8 @@ hostd_egress_worker_get_n_connections(HostdEgressWorker *worker)
         if (!g_cond_wait_until(&worker->cond, &worker->lock, deadline))
             break;
     }
-    if (worker->fd >= 0 && worker->stats_serial == serial)
+    /* A later answer (to the watcher's question) is as fresh. */
+    if (worker->fd >= 0 && (gint32)(worker->stats_serial - serial) >= 0)
         connections = worker->connections;
     g_mutex_unlock(&worker->lock);
     return connections;

@@ -5,7 +5,9 @@
  * (kept by the caller, so guest connections wait in its backlog while a worker restarts). A
  * thread of hostd's reads the worker's messages, which it does not trust: bounded frames, exact
  * types, log lines checked to be one JSON object of bounded size before they reach the log. When
- * the worker dies (killed, crashed, a bad message), its connections die with it and a new worker
+ * the worker dies (killed, crashed, a bad message) or misses a deadline (a frame begun and not
+ * finished, a question of the watcher's not answered: a stopped worker), it is killed, its
+ * connections die with it and a new worker
  * starts with the same policy, grants and CA, at once and then with a growing delay (at most
  * HOSTD_EGRESS_WORKER_BACKOFF_MAX_MS) while it keeps dying young.
  *
@@ -40,6 +42,10 @@ typedef struct {
     const char *ca_key_pem;
     const char *upstream_ca_file; /* read here, sent as PEM; NULL: the system's trust store */
     guint max_connections, handshake_timeout_ms, idle_timeout_ms, connect_timeout_ms;
+    /* The deadline of the worker's start and of each answer it owes (0: 10 s), and how often
+     * the watcher asks it whether it answers (0: 5 s). A worker that misses one (stopped,
+     * looping) is killed and replaced as one that died. */
+    guint answer_timeout_ms, ping_interval_ms;
     HostdEgressWorkerLogFunc log; /* called from the worker's reader thread; may be NULL */
     gpointer log_data;
     VmEgressResolveFunc resolve; /* NULL: the worker resolves itself (getaddrinfo()); else it

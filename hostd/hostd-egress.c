@@ -52,6 +52,7 @@ typedef struct _HostdEgress {
     gid_t owner_gid;
     VmEgressResolveFunc resolve;
     gpointer resolve_data;
+    guint worker_answer_ms, worker_ping_ms; /* 0: the workers' defaults */
     GHashTable *credentials; /* name -> VmEgressCredentials: the grants each proxy honours */
     GHashTable *grant_hosts; /* name -> GStrv: the hosts its grants open on port 443 */
     GMutex ca_lock;          /* one CA made or removed at a time */
@@ -461,6 +462,7 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
 
     uid_t owner_uid = 0;
     gid_t owner_gid = 0;
+    guint worker_answer_ms, worker_ping_ms;
     gboolean owner_known = hostd_egress_socket_owner(ctx, name, &owner_uid, &owner_gid);
     g_mutex_lock(&egress->lock);
     config.listen_path = agent->socket_path;
@@ -469,6 +471,8 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
     config.listen_gid = owner_gid;
     config.resolve = egress->resolve;
     config.resolve_data = egress->resolve_data;
+    worker_answer_ms = egress->worker_answer_ms;
+    worker_ping_ms = egress->worker_ping_ms;
     config.credentials = g_hash_table_lookup(egress->credentials, name);
     if (config.credentials != NULL)
         vm_egress_credentials_ref(config.credentials);
@@ -494,6 +498,8 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
             .log_data = agent,
             .resolve = config.resolve,
             .resolve_data = config.resolve_data,
+            .answer_timeout_ms = worker_answer_ms,
+            .ping_interval_ms = worker_ping_ms,
         };
 
         /* The record is on disk from `new`'s first step (and, for a warm build, none). */
@@ -749,6 +755,17 @@ hostd_egress_set_resolver(HostdContext *ctx, VmEgressResolveFunc resolve, gpoint
     g_mutex_lock(&egress->lock);
     egress->resolve = resolve;
     egress->resolve_data = resolve_data;
+    g_mutex_unlock(&egress->lock);
+}
+
+void
+hostd_egress_set_worker_deadlines(HostdContext *ctx, guint answer_ms, guint ping_ms)
+{
+    Egress *egress = egress_get(ctx, TRUE);
+
+    g_mutex_lock(&egress->lock);
+    egress->worker_answer_ms = answer_ms;
+    egress->worker_ping_ms = ping_ms;
     g_mutex_unlock(&egress->lock);
 }
 

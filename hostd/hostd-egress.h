@@ -171,4 +171,8 @@ GPid hostd_egress_worker_pid(HostdContext *ctx, const char *name);
 void hostd_egress_set_resolver(HostdContext *ctx, VmEgressResolveFunc resolve,
                                gpointer resolve_data);
 
+/* For tests: workers started from now on owe each answer within @answer_ms and are asked
+ * whether they answer every @ping_ms (0: the defaults, hostd-egress-worker.h). Can't fail. */
+void hostd_egress_set_worker_deadlines(HostdContext *ctx, guint answer_ms, guint ping_ms);
+
 G_END_DECLS

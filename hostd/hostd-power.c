@@ -234,6 +234,9 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
         if (!hostd_checkpoint_before_save(ctx, r, dom, &checkpoint_error))
             hostd_context_log(ctx, "agent '%s': no checkpoint before saving: %s", name,
                               checkpoint_error->message);
+        /* On the one thread of every agent's ticks, with this agent's lock: bounded by the SSH
+         * worker's answer deadline, once (a worker that misses it is killed, and none is
+         * started again until asked). */
         hostd_ssh_pool_sleep(ctx->ssh, name);
         if (virDomainManagedSave(dom, VIR_DOMAIN_SAVE_RUNNING) < 0) {
             g_autofree char *why = hostd_libvirt_take_error("?", NULL);

@@ -21,7 +21,10 @@
  *                    rows, traced, before-command; then the vmctl client's socket, handed over
  *           "forward" u: a guest port; then the forwarded connection's socket, handed over
  *           "go"     (): the answer to "before"
- *   worker: "before" (): the command is about to be sent; it waits for "go"
+ *           "ping"   (): whether the worker answers (hostd asks while a command runs); "done"
+ *   worker: "taken"  (): the exec's client or the forwarded connection was received (hostd
+ *                    times every answer a worker owes, this one included: docs/SECURITY.md)
+ *           "before" (): the command is about to be sent; it waits for "go"
  *           "activity" (): bytes moved on the forwarded connection (at most once a second)
  *           "done"   (busa(sx)): ok, the VM_ERROR code and message when not, and the phases the
  *                    worker marked (name, g_get_monotonic_time()) when traced

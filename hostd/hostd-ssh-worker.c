@@ -21,11 +21,15 @@
 #include "vm-util.h"
 #include "vm-wire.h"
 
-/* How long a worker may take to start (read its key, confine itself), and to take a frame. */
-#define START_TIMEOUT_S 10
-#define SEND_TIMEOUT_S  5
-/* A wait's answer may come this long after the wait itself timed out. */
-#define READY_GRACE_S 10
+/* How long a worker may take to take a frame. */
+#define SEND_TIMEOUT_S 5
+/* The deadline of each answer a worker owes, unless configured (hostd-ssh-worker.h). */
+#define ANSWER_TIMEOUT_MS_DEFAULT 10000
+/* While a command runs, how often its worker is asked whether it still answers, unless
+ * configured. */
+#define PING_INTERVAL_MS_DEFAULT 30000
+/* A new session over the virtio port may take this long (as long as vm-ssh-worker gives it). */
+#define SERIAL_CONNECT_TIMEOUT_MS (300 * 1000)
 /* A connection to the guest's forwarded port: QEMU accepts at once, or refuses. */
 #define CONNECT_TIMEOUT_MS 5000
 
@@ -43,6 +47,7 @@ struct _HostdSshWorkers {
     gpointer worker_user_data;
     gboolean change_user;
     guint uid, gid;
+    guint answer_timeout_ms, ping_interval_ms;
     GMutex lock;
     GHashTable *workers; /* agent -> Worker (a reference) */
     gboolean closed;     /* hostd_ssh_workers_close(): none starts any more */
@@ -313,8 +318,6 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const Work
     GPid pid = 0;
     Worker *worker;
     const struct timeval send_timeout = {.tv_sec = SEND_TIMEOUT_S};
-    const struct timeval start_timeout = {.tv_sec = START_TIMEOUT_S};
-    const struct timeval no_timeout = {0};
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
         return vm_throw_errno(error, errno, "cannot make the SSH worker's channel"), NULL;
@@ -357,19 +360,24 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const Work
     g_thread_unref(g_thread_new("ssh-worker-reap", worker_reap, worker_ref(worker)));
 
     (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &start_timeout, sizeof(start_timeout));
     sent = vm_wire_send(
         parent, "start",
         hostd_ssh_wire_start_new(target, identity, host_key, as->change, as->uid, as->gid),
         &local_error);
     if (sent)
-        reply = vm_wire_recv(parent, HOSTD_SSH_WIRE_FROM_WORKER_MAX, &kind, &local_error);
+        reply =
+            vm_wire_recv_until(parent, HOSTD_SSH_WIRE_FROM_WORKER_MAX,
+                               g_get_monotonic_time() + (gint64)workers->answer_timeout_ms * 1000,
+                               &kind, &local_error);
     if (reply == NULL || !g_str_equal(kind, "ready")) {
         g_autofree char *why = NULL;
 
         if (reply != NULL && g_str_equal(kind, "failed") &&
             g_variant_is_of_type(reply, G_VARIANT_TYPE_STRING))
             why = hostd_ssh_wire_text(g_variant_get_string(reply, NULL));
+        else if (g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT))
+            why = g_strdup_printf("no answer within %g s; it was killed",
+                                  workers->answer_timeout_ms / 1000.0);
         else
             why = g_strdup(local_error != NULL ? local_error->message : "an unexpected message");
         vm_throw(error, VM_ERROR_SSH, "the SSH worker of '%s' did not start: %s", target->agent,
@@ -387,53 +395,89 @@ worker_launch(HostdSshWorkers *workers, const HostdSshTarget *target, const Work
             g_once_init_leave(&told, 1);
         }
     }
-    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &no_timeout, sizeof(no_timeout));
     worker->control = g_steal_fd(&parent);
     return worker;
 }
 
-/* The running worker for @target, started (or restarted) as needed. */
+/* A new reference to @agent's running worker when it was started for @key; else NULL, and one
+ * started for another target is retired. Call with workers->lock held. */
+static Worker *
+workers_lookup_fit(HostdSshWorkers *workers, const char *agent, const char *key)
+{
+    Worker *worker = g_hash_table_lookup(workers->workers, agent);
+    gboolean alive;
+
+    if (worker == NULL)
+        return NULL;
+    g_mutex_lock(&worker->lock);
+    alive = worker->control >= 0 && worker->pid > 0;
+    g_mutex_unlock(&worker->lock);
+    if (alive && g_str_equal(worker->started_for, key))
+        return worker_ref(worker);
+    worker_retire(worker);
+    g_hash_table_remove(workers->workers, agent);
+    return NULL;
+}
+
+/* The running worker for @target, started (or restarted) as needed. A start is waited for
+ * without the set's lock, so that one agent's slow worker holds up no other agent's request. */
 static Worker *
 workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **error)
 {
-    g_autoptr(GMutexLocker) locker = NULL;
     g_autofree char *host_key = NULL;
     g_autofree char *key = NULL;
     char *identity = NULL;
     WorkerUser as;
-    Worker *worker;
+    Worker *worker, *running = NULL;
+    gboolean closed;
 
     /* Asked before the lock: hostd's answer reads its records. */
     if (!workers_user(workers, target, &as, error) ||
         !target_read_keys(target, &identity, &host_key, error))
         return NULL;
     key = target_key(target, &as, identity, host_key);
-    locker = g_mutex_locker_new(&workers->lock);
-    if (workers->closed) {
+    g_mutex_lock(&workers->lock);
+    closed = workers->closed;
+    if (!closed)
+        running = workers_lookup_fit(workers, target->agent, key);
+    g_mutex_unlock(&workers->lock);
+    if (closed || running != NULL) {
         wipe_free(identity);
-        return vm_throw(error, VM_ERROR_SSH, "the SSH workers are closed"), NULL;
-    }
-    worker = g_hash_table_lookup(workers->workers, target->agent);
-
-    if (worker != NULL) {
-        gboolean alive;
-
-        g_mutex_lock(&worker->lock);
-        alive = worker->control >= 0 && worker->pid > 0;
-        g_mutex_unlock(&worker->lock);
-        if (alive && g_str_equal(worker->started_for, key)) {
-            wipe_free(identity);
-            return worker_ref(worker);
-        }
-        worker_retire(worker);
-        g_hash_table_remove(workers->workers, target->agent);
+        if (closed)
+            return vm_throw(error, VM_ERROR_SSH, "the SSH workers are closed"), NULL;
+        return running;
     }
     worker = worker_launch(workers, target, &as, identity, host_key, key, error);
     wipe_free(identity);
     if (worker == NULL)
         return NULL;
-    g_hash_table_insert(workers->workers, g_strdup(target->agent), worker_ref(worker));
-    return worker;
+    g_mutex_lock(&workers->lock);
+    closed = workers->closed;
+    if (!closed)
+        running = workers_lookup_fit(workers, target->agent, key);
+    if (!closed && running == NULL)
+        g_hash_table_insert(workers->workers, g_strdup(target->agent), worker_ref(worker));
+    g_mutex_unlock(&workers->lock);
+    if (!closed && running == NULL)
+        return worker;
+    /* Closed meanwhile, or another request started one first: that one serves. */
+    worker_kill(worker);
+    worker_unref(worker);
+    if (closed)
+        return vm_throw(error, VM_ERROR_SSH, "the SSH workers are closed"), NULL;
+    return running;
+}
+
+/* Past a deadline: @worker is killed and, unless already replaced, forgotten, so that the next
+ * request of @agent starts another. */
+static void
+workers_replace(HostdSshWorkers *workers, Worker *worker, const char *agent)
+{
+    g_mutex_lock(&workers->lock);
+    if (g_hash_table_lookup(workers->workers, agent) == worker)
+        g_hash_table_remove(workers->workers, agent);
+    g_mutex_unlock(&workers->lock);
+    worker_kill(worker);
 }
 
 /* Hands @worker a new request's socket, ours in *@ret_sock: 1; 0 when the worker takes none
@@ -460,9 +504,10 @@ worker_request(Worker *worker, int *ret_sock, GError **error)
     return 1;
 }
 
-/* A new request's socket, handed to @target's worker. */
+/* A new request's socket, handed to @target's worker (a reference in *@ret_worker). */
 static int
-workers_request(HostdSshWorkers *workers, const HostdSshTarget *target, GError **error)
+workers_request(HostdSshWorkers *workers, const HostdSshTarget *target, Worker **ret_worker,
+                GError **error)
 {
     /* A worker that died since its last request is found out by the handover and replaced. */
     for (guint attempt = 0; attempt < 2; attempt++) {
@@ -473,9 +518,13 @@ workers_request(HostdSshWorkers *workers, const HostdSshTarget *target, GError *
         if (worker == NULL)
             return -1;
         rc = worker_request(worker, &sock, error);
-        if (rc != 0) {
-            worker_unref(worker);
+        if (rc > 0) {
+            *ret_worker = worker;
             return sock;
+        }
+        if (rc < 0) {
+            worker_unref(worker);
+            return -1;
         }
         worker_kill(worker);
         worker_unref(worker);
@@ -484,69 +533,235 @@ workers_request(HostdSshWorkers *workers, const HostdSshTarget *target, GError *
            -1;
 }
 
-/* A new request's socket handed to @agent's running worker; -1 when none runs (none is
- * started). */
+/* A new request's socket handed to @agent's running worker (a reference in *@ret_worker); -1
+ * when none runs (none is started). */
 static int
-workers_request_running(HostdSshWorkers *workers, const char *agent)
+workers_request_running(HostdSshWorkers *workers, const char *agent, Worker **ret_worker)
 {
-    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&workers->lock);
-    Worker *worker = g_hash_table_lookup(workers->workers, agent);
+    Worker *worker;
     int sock = -1;
 
-    if (worker == NULL || worker_request(worker, &sock, NULL) <= 0)
+    g_mutex_lock(&workers->lock);
+    worker = g_hash_table_lookup(workers->workers, agent);
+    if (worker != NULL)
+        worker_ref(worker);
+    g_mutex_unlock(&workers->lock);
+    if (worker == NULL || worker_request(worker, &sock, NULL) <= 0) {
+        g_clear_pointer(&worker, worker_unref);
         return -1;
+    }
+    *ret_worker = worker;
     return sock;
 }
 
-/* Waits for the answer on @sock until @cancellable (may be NULL) is cancelled. */
-static gboolean
-request_wait(int sock, GCancellable *cancellable, GError **error)
-{
-    GPollFD fds[2] = {{.fd = sock, .events = G_IO_IN}};
-    guint n = 1;
+/* One request on a worker, and the deadline of the answer it owes. */
+typedef struct {
+    HostdSshWorkers *workers;
+    Worker *worker; /* a reference */
+    const char *agent;
+    int sock;
+    int client;        /* watched: once it hangs up, the worker owes its "done"; -1: none */
+    gint64 deadline;   /* of the next answer (g_get_monotonic_time()); -1: none, a command runs */
+    gint64 allowed_ms; /* what the deadline allowed, for the message */
+    gboolean taken;    /* "taken" is owed first (an exec, a forwarded connection) */
+} Request;
 
-    if (cancellable != NULL && g_cancellable_make_pollfd(cancellable, &fds[1]))
-        n = 2;
-    while (g_poll(fds, n, -1) < 0 && errno == EINTR)
-        ;
-    if (n == 2)
-        g_cancellable_release_fd(cancellable);
-    return !g_cancellable_set_error_if_cancelled(cancellable, error);
+static void
+request_clear(Request *req)
+{
+    if (req->sock >= 0)
+        close(g_steal_fd(&req->sock));
+    g_clear_pointer(&req->worker, worker_unref);
+}
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(Request, request_clear)
+
+/* The next answer is owed within @ms from now. */
+static void
+request_expect(Request *req, gint64 ms)
+{
+    req->deadline = g_get_monotonic_time() + ms * 1000;
+    req->allowed_ms = ms;
 }
 
-/* Reads the request's frames until "done": answers "before" with @before (may be NULL), and
- * passes each "activity" to @activity (may be NULL). */
+/* Kills and forgets the worker that missed its deadline (the next request starts another). */
 static gboolean
-request_finish(int sock, const HostdSshTarget *target, VmTrace *trace,
-               void (*before)(gpointer data), gpointer before_data, void (*activity)(gpointer data),
-               gpointer activity_data, GError **error)
+request_give_up(Request *req, GError **error)
+{
+    workers_replace(req->workers, req->worker, req->agent);
+    return vm_throw(error, VM_ERROR_SSH,
+                    "the SSH worker of agent '%s' did not answer within %g s; it was replaced",
+                    req->agent, (double)req->allowed_ms / 1000);
+}
+
+/* Sends @kind with @payload; a worker that does not take it is given up as well. */
+static gboolean
+request_send(Request *req, const char *kind, GVariant *payload, GError **error)
+{
+    if (vm_wire_send(req->sock, kind, payload, error))
+        return TRUE;
+    workers_replace(req->workers, req->worker, req->agent);
+    return FALSE;
+}
+
+/* Hands @fd over after the request's message; the same. */
+static gboolean
+request_send_fd(Request *req, int fd, const char *what, GError **error)
+{
+    int rc = vm_fd_send(req->sock, fd);
+
+    if (rc >= 0)
+        return TRUE;
+    workers_replace(req->workers, req->worker, req->agent);
+    return vm_throw_errno(error, -rc, "cannot hand %s to the SSH worker of '%s'", what, req->agent);
+}
+
+/* Whether the worker still answers: a request of its own, "ping", answered within the answer
+ * deadline. TRUE also when it takes no request any more (forgotten, its last requests ending):
+ * then only the client's hang-up times it. */
+static gboolean
+request_ping(Request *req)
+{
+    g_autoptr(GVariant) payload = NULL;
+    g_autofree char *kind = NULL;
+    vm_autofd sock = -1;
+    int rc;
+
+    rc = worker_request(req->worker, &sock, NULL);
+    if (rc <= 0)
+        return TRUE;
+    if (!vm_wire_send(sock, "ping", g_variant_new("()"), NULL))
+        return FALSE;
+    payload = vm_wire_recv_until(
+        sock, HOSTD_SSH_WIRE_FROM_WORKER_MAX,
+        g_get_monotonic_time() + (gint64)req->workers->answer_timeout_ms * 1000, &kind, NULL);
+    return payload != NULL && g_str_equal(kind, "done");
+}
+
+/* The next frame the worker sends, by the request's deadline. Without one (a command runs), the
+ * client's hang-up starts it, and the worker is pinged now and then meanwhile; @cancellable (may
+ * be NULL) ends the wait early. */
+static GVariant *
+request_next(Request *req, GCancellable *cancellable, char **ret_kind, GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+    GVariant *payload;
+    gint64 frame_deadline;
+
+    for (;;) {
+        GPollFD fds[3] = {{.fd = req->sock, .events = G_IO_IN}};
+        guint n = 1, client_at = 0, cancel_at = 0;
+        gint timeout = -1;
+        gint rc;
+
+        /* Only its hang-up is looked at (no events asked): its bytes are the worker's. */
+        if (req->client >= 0) {
+            client_at = n;
+            fds[n++] = (GPollFD){.fd = req->client, .events = 0};
+        }
+        if (cancellable != NULL && g_cancellable_make_pollfd(cancellable, &fds[n]))
+            cancel_at = n++;
+        if (req->deadline >= 0) {
+            gint64 left = req->deadline - g_get_monotonic_time();
+
+            timeout = left <= 0 ? 0 : (gint)MIN((left + 999) / 1000, G_MAXINT);
+        } else {
+            timeout = (gint)MIN(req->workers->ping_interval_ms, G_MAXINT);
+        }
+        rc = g_poll(fds, n, timeout);
+        if (cancel_at != 0)
+            g_cancellable_release_fd(cancellable);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (g_cancellable_set_error_if_cancelled(cancellable, error))
+            return NULL;
+        if (fds[0].revents != 0)
+            break;
+        if (client_at != 0 && fds[client_at].revents != 0) {
+            req->client = -1;
+            if (req->deadline < 0)
+                request_expect(req, req->workers->answer_timeout_ms);
+            continue;
+        }
+        if (rc == 0 && req->deadline >= 0 && g_get_monotonic_time() >= req->deadline)
+            return request_give_up(req, error), NULL;
+        if (rc == 0 && req->deadline < 0 && !request_ping(req)) {
+            req->allowed_ms = req->workers->answer_timeout_ms;
+            return request_give_up(req, error), NULL;
+        }
+    }
+    /* A frame, once begun, comes whole within the answer deadline. */
+    frame_deadline = req->deadline >= 0
+                         ? req->deadline
+                         : g_get_monotonic_time() + (gint64)req->workers->answer_timeout_ms * 1000;
+    if (req->deadline < 0)
+        req->allowed_ms = req->workers->answer_timeout_ms;
+    payload = vm_wire_recv_until(req->sock, HOSTD_SSH_WIRE_FROM_WORKER_MAX, frame_deadline,
+                                 ret_kind, &local_error);
+    if (payload == NULL && g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT))
+        return request_give_up(req, error), NULL;
+    if (payload == NULL)
+        return vm_throw(error, VM_ERROR_SSH, "the SSH worker of '%s' ended before answering: %s",
+                        req->agent, local_error->message),
+               NULL;
+    return payload;
+}
+
+/* Reads the request's frames until "done": "taken" first when owed (then a command runs, and
+ * only the client's hang-up sets a deadline again), answers "before" with @before (may be NULL),
+ * and passes each "activity" to @activity (may be NULL). */
+static gboolean
+request_finish(Request *req, VmTrace *trace, void (*before)(gpointer data), gpointer before_data,
+               void (*activity)(gpointer data), gpointer activity_data, GCancellable *cancellable,
+               GError **error)
 {
     gboolean before_seen = FALSE;
 
     for (;;) {
-        g_autoptr(GError) local_error = NULL;
         g_autofree char *kind = NULL;
-        g_autoptr(GVariant) payload =
-            vm_wire_recv(sock, HOSTD_SSH_WIRE_FROM_WORKER_MAX, &kind, &local_error);
+        g_autoptr(GVariant) payload = request_next(req, cancellable, &kind, error);
 
         if (payload == NULL)
-            return vm_throw(error, VM_ERROR_SSH,
-                            "the SSH worker of '%s' ended before answering: %s", target->agent,
-                            local_error->message);
+            return FALSE;
         if (g_str_equal(kind, "done"))
             return hostd_ssh_wire_done_parse(payload, trace, error);
+        if (g_str_equal(kind, "taken") && req->taken) {
+            req->taken = FALSE;
+            req->deadline = -1;
+            continue;
+        }
+        if (req->taken)
+            return vm_throw(error, VM_ERROR_PROTOCOL,
+                            "the SSH worker of '%s' did not say it took the request", req->agent);
         if (g_str_equal(kind, "activity") && activity != NULL) {
             activity(activity_data);
             continue;
         }
         if (!g_str_equal(kind, "before") || before == NULL || before_seen)
             return vm_throw(error, VM_ERROR_PROTOCOL,
-                            "the SSH worker of '%s' sent an unexpected message", target->agent);
+                            "the SSH worker of '%s' sent an unexpected message", req->agent);
         before_seen = TRUE;
         before(before_data);
-        if (!vm_wire_send(sock, "go", g_variant_new("()"), error))
+        if (!request_send(req, "go", g_variant_new("()"), error))
             return FALSE;
     }
+}
+
+/* A request of @target's worker, started as needed; FALSE when none could be had. */
+static gboolean
+request_open(Request *req, HostdSshWorkers *workers, const HostdSshTarget *target, GError **error)
+{
+    *req = (Request){.workers = workers, .agent = target->agent, .client = -1, .deadline = -1};
+    req->sock = workers_request(workers, target, &req->worker, error);
+    return req->sock >= 0;
+}
+
+/* The same with @agent's running worker only. */
+static gboolean
+request_open_running(Request *req, HostdSshWorkers *workers, const char *agent)
+{
+    *req = (Request){.workers = workers, .agent = agent, .client = -1, .deadline = -1};
+    req->sock = workers_request_running(workers, agent, &req->worker);
+    return req->sock >= 0;
 }
 
 static gboolean
@@ -554,16 +769,14 @@ workers_wait_ready(gpointer data, const HostdSshTarget *target, guint timeout_s,
                    GCancellable *cancellable, GError **error)
 {
     HostdSshWorkers *workers = data;
-    vm_autofd sock = workers_request(workers, target, error);
-    const struct timeval answer_timeout = {.tv_sec = timeout_s + READY_GRACE_S};
+    g_auto(Request) req = {.sock = -1};
 
-    if (sock < 0)
+    if (!request_open(&req, workers, target, error) ||
+        !request_send(&req, "ready", g_variant_new_uint32(timeout_s), error))
         return FALSE;
-    (void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &answer_timeout, sizeof(answer_timeout));
-    if (!vm_wire_send(sock, "ready", g_variant_new_uint32(timeout_s), error) ||
-        !request_wait(sock, cancellable, error))
-        return FALSE;
-    return request_finish(sock, target, NULL, NULL, NULL, NULL, NULL, error);
+    /* The worker's own wait ends after @timeout_s: its answer is owed a moment later. */
+    request_expect(&req, (gint64)timeout_s * 1000 + workers->answer_timeout_ms);
+    return request_finish(&req, NULL, NULL, NULL, NULL, NULL, cancellable, error);
 }
 
 static gboolean
@@ -571,20 +784,19 @@ workers_exec(gpointer data, const HostdSshTarget *target, const HostdExecRequest
              int client_fd, GError **error)
 {
     HostdSshWorkers *workers = data;
-    vm_autofd sock = workers_request(workers, target, error);
-    int rc;
+    g_auto(Request) req = {.sock = -1};
 
-    if (sock < 0)
+    if (!request_open(&req, workers, target, error))
         return FALSE;
     vm_trace_mark(request->trace, "ssh worker");
-    if (!vm_wire_send(sock, "exec", hostd_ssh_wire_exec_new(request), error))
+    if (!request_send(&req, "exec", hostd_ssh_wire_exec_new(request), error) ||
+        !request_send_fd(&req, client_fd, "the client", error))
         return FALSE;
-    rc = vm_fd_send(sock, client_fd);
-    if (rc < 0)
-        return vm_throw_errno(error, -rc, "cannot hand the client to the SSH worker of '%s'",
-                              target->agent);
-    return request_finish(sock, target, request->trace, request->before_command,
-                          request->before_command_data, NULL, NULL, error);
+    req.client = client_fd;
+    req.taken = TRUE;
+    request_expect(&req, workers->answer_timeout_ms);
+    return request_finish(&req, request->trace, request->before_command,
+                          request->before_command_data, NULL, NULL, NULL, error);
 }
 
 static gboolean
@@ -592,18 +804,17 @@ workers_forward(gpointer data, const HostdSshTarget *target, guint guest_port, i
                 void (*activity)(gpointer activity_data), gpointer activity_data, GError **error)
 {
     HostdSshWorkers *workers = data;
-    vm_autofd sock = workers_request(workers, target, error);
-    int rc;
+    g_auto(Request) req = {.sock = -1};
 
-    if (sock < 0)
+    if (!request_open(&req, workers, target, error))
         return FALSE;
-    if (!vm_wire_send(sock, "forward", g_variant_new_uint32(guest_port), error))
+    if (!request_send(&req, "forward", g_variant_new_uint32(guest_port), error) ||
+        !request_send_fd(&req, fd, "the connection", error))
         return FALSE;
-    rc = vm_fd_send(sock, fd);
-    if (rc < 0)
-        return vm_throw_errno(error, -rc, "cannot hand the connection to the SSH worker of '%s'",
-                              target->agent);
-    return request_finish(sock, target, NULL, NULL, NULL, activity, activity_data, error);
+    req.client = fd;
+    req.taken = TRUE;
+    request_expect(&req, workers->answer_timeout_ms);
+    return request_finish(&req, NULL, NULL, NULL, activity, activity_data, NULL, error);
 }
 
 static gboolean
@@ -611,34 +822,37 @@ workers_serial(gpointer data, const HostdSshTarget *target, int fd, gboolean res
 {
     HostdSshWorkers *workers = data;
     vm_autofd chan = fd;
-    /* A resume is for the session a running worker holds: a new worker holds none. */
-    vm_autofd sock = resume ? workers_request_running(workers, target->agent)
-                            : workers_request(workers, target, error);
-    int rc;
+    g_auto(Request) req = {.sock = -1};
 
-    if (sock < 0)
-        return resume ? vm_throw(error, VM_ERROR_SSH, "no SSH worker of '%s' holds a session",
-                                 target->agent)
-                      : FALSE;
-    if (!vm_wire_send(sock, "serial", g_variant_new_boolean(resume), error))
+    /* A resume is for the session a running worker holds: a new worker holds none. */
+    if (resume && !request_open_running(&req, workers, target->agent))
+        return vm_throw(error, VM_ERROR_SSH, "no SSH worker of '%s' holds a session",
+                        target->agent);
+    if (!resume && !request_open(&req, workers, target, error))
         return FALSE;
-    rc = vm_fd_send(sock, chan);
-    if (rc < 0)
-        return vm_throw_errno(error, -rc, "cannot hand the virtio port to the SSH worker of '%s'",
-                              target->agent);
-    return request_finish(sock, target, NULL, NULL, NULL, NULL, NULL, error);
+    if (!request_send(&req, "serial", g_variant_new_boolean(resume), error) ||
+        !request_send_fd(&req, chan, "the virtio port", error))
+        return FALSE;
+    /* A resume adopts the port at once; a new session waits for the guest's sshd on it. */
+    request_expect(&req,
+                   (gint64)workers->answer_timeout_ms + (resume ? 0 : SERIAL_CONNECT_TIMEOUT_MS));
+    return request_finish(&req, NULL, NULL, NULL, NULL, NULL, NULL, error);
 }
 
+/* Bounded by the answer deadline: a worker that does not answer is killed, which drops its
+ * sessions as a sleep would have, the one over the virtio port too. */
 static void
 workers_sleep(gpointer data, const char *agent)
 {
     HostdSshWorkers *workers = data;
-    vm_autofd sock = workers_request_running(workers, agent);
-    HostdSshTarget target = {.agent = agent};
+    g_auto(Request) req = {.sock = -1};
 
     /* No worker: no session to keep or drop. */
-    if (sock >= 0 && vm_wire_send(sock, "sleep", g_variant_new("()"), NULL))
-        (void)request_finish(sock, &target, NULL, NULL, NULL, NULL, NULL, NULL);
+    if (!request_open_running(&req, workers, agent) ||
+        !request_send(&req, "sleep", g_variant_new("()"), NULL))
+        return;
+    request_expect(&req, workers->answer_timeout_ms);
+    (void)request_finish(&req, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 }
 
 static void
@@ -674,6 +888,10 @@ hostd_ssh_workers_new(const HostdSshWorkersConfig *config)
     workers->change_user = config->change_user;
     workers->uid = config->uid;
     workers->gid = config->gid;
+    workers->answer_timeout_ms =
+        config->answer_timeout_ms != 0 ? config->answer_timeout_ms : ANSWER_TIMEOUT_MS_DEFAULT;
+    workers->ping_interval_ms =
+        config->ping_interval_ms != 0 ? config->ping_interval_ms : PING_INTERVAL_MS_DEFAULT;
     g_mutex_init(&workers->lock);
     workers->workers = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, worker_unref);
     return workers;

@@ -7,8 +7,9 @@
  *
  * A worker starts on its agent's first wait, exec or forwarded connection and serves it until
  * hostd_ssh_pool_forget() (stop, rm, a new port) or until the target it was started for changes;
- * one that died is reaped at once and replaced on the next request. Requests of one agent run side
- * by side. */
+ * one that died is reaped at once and replaced on the next request, and one that misses the
+ * deadline of an answer (stopped, looping) is killed and replaced too. Requests of one agent run
+ * side by side, and no wait on one agent's worker holds a lock another agent's request needs. */
 #pragma once
 
 #include <glib.h>
@@ -32,6 +33,15 @@ typedef struct {
     gpointer worker_user_data;
     gboolean change_user;
     guint uid, gid;
+    /* The deadline of each answer a worker owes (0: 10 s): its "ready" once started, a
+     * sleep's or a resume's end, taking an exec's client or a forwarded connection, and an
+     * exec's or forwarded connection's end once its client hung up; a wait for the guest's
+     * sshd or a new session over the virtio port gets its own time on top. Past it the worker is
+     * killed and forgotten (the next request starts another) and the request fails with
+     * VM_ERROR_SSH saying so. While a command runs (or a forwarded connection is open) the
+     * worker is asked every @ping_interval_ms (0: 30 s) whether it answers, within the same
+     * deadline. */
+    guint answer_timeout_ms, ping_interval_ms;
 } HostdSshWorkersConfig;
 
 typedef struct _HostdSshWorkers HostdSshWorkers;

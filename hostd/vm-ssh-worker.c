@@ -134,6 +134,9 @@ serve_exec(int sock, GVariant *payload)
         }
         client = receive_client(sock, TRUE, &error);
     }
+    /* From here the command runs as long as it does: hostd times the answers until now. */
+    if (client >= 0)
+        (void)vm_wire_send(sock, "taken", g_variant_new("()"), NULL);
     if (client >= 0) {
         (void)hostd_ssh_exec(pool, &target, &exec.request, client, &error);
         close(client);
@@ -253,6 +256,8 @@ serve_forward(int sock, GVariant *payload)
         return;
     }
     client = receive_client(sock, FALSE, &error);
+    if (client >= 0)
+        (void)vm_wire_send(sock, "taken", g_variant_new("()"), NULL);
     g_mutex_init(&end.lock);
     g_cond_init(&end.cond);
     if (client >= 0 &&
@@ -300,6 +305,8 @@ serve_request(gpointer data)
         serve_forward(sock, payload);
     else if (payload != NULL && g_str_equal(kind, "serial"))
         serve_serial(sock, payload);
+    else if (payload != NULL && g_str_equal(kind, "ping"))
+        (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(NULL, NULL), NULL);
     else if (payload != NULL && g_str_equal(kind, "sleep")) {
         hostd_ssh_pool_sleep(pool, target.agent);
         (void)vm_wire_send(sock, "done", hostd_ssh_wire_done_new(NULL, NULL), NULL);

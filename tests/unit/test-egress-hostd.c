@@ -1330,6 +1330,64 @@ test_worker_killed_restarts(void **state)
     assert_int_equal(status, 403);
 }
 
+/* A stopped worker (SIGSTOP: alive and silent, as another agent's taken-over worker could leave
+ * it) is found out within its deadline by the watcher's question, killed and replaced: nothing
+ * waits on it long meanwhile (a policy change is sent, not waited for; a count of its connections
+ * gives up after half a second), a policy changed meanwhile is the new worker's, a guest's
+ * connection made meanwhile is served by the new worker, and the other agent's worker is untouched.
+ */
+static void
+test_worker_stopped_restarts(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *proc = NULL;
+    int status = 0;
+    int fd;
+    GPid pid1, pid2, again;
+    gint64 start;
+
+    /* Asked every 300 ms, answers owed within 1.5 s. */
+    hostd_egress_set_worker_deadlines(f->ctx, 1500, 300);
+    init_agent(f, "a1", "127.0.0.1/32:PORT", NULL);
+    init_agent(f, "a2", "127.0.0.1/32:PORT", NULL);
+    pid1 = hostd_egress_worker_pid(f->ctx, "a1");
+    pid2 = hostd_egress_worker_pid(f->ctx, "a2");
+    assert_true(pid1 > 0 && pid2 > 0);
+    fd = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    close(fd);
+
+    /* Questions asked and answered: the worker that answers stays. */
+    g_usleep(G_USEC_PER_SEC);
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a1"), pid1);
+
+    assert_int_equal(kill(pid1, SIGSTOP), 0);
+    start = g_get_monotonic_time();
+    /* Its answer counts the worker's connections: half a second at most. */
+    set_ok(f, "a1", NULL, NULL, "127.0.0.1/32:PORT", FALSE);
+    assert_true(g_get_monotonic_time() - start < 3 * G_USEC_PER_SEC / 2);
+    start = g_get_monotonic_time();
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 0);
+    assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC);
+    /* Made while the worker is stopped: it waits in the socket's backlog for the next one. */
+    assert_int_equal(tunnel(f, "a1", "127.0.0.1", &status), -1);
+    assert_int_equal(status, 403);
+    again = wait_new_worker(f, "a1", pid1, 5000);
+    assert_true(again > 0);
+    assert_true(g_get_monotonic_time() - start < 5 * G_USEC_PER_SEC);
+    proc = g_strdup_printf("/proc/%d", (int)pid1);
+    assert_false(g_file_test(proc, G_FILE_TEST_EXISTS));
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a2"), pid2);
+
+    set_ok(f, "a1", "127.0.0.1/32:PORT", NULL, NULL, FALSE);
+    fd = tunnel(f, "a1", "127.0.0.1", &status);
+    assert_int_equal(status, 200);
+    assert_echo(fd);
+    assert_int_equal(hostd_egress_open_connections(f->ctx, "a1"), 1);
+    close(fd);
+    assert_int_equal(hostd_egress_worker_pid(f->ctx, "a1"), again);
+}
+
 int
 main(void)
 {
@@ -1357,6 +1415,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_grant_hosts_none_and_fork, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_confined, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_killed_restarts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_stopped_restarts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_resolves_itself, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_unknown_user, setup, teardown),

@@ -106,6 +106,60 @@ test_cut_short_and_end(void **state)
     p->fds[0] = dup(p->fds[1]); /* for teardown */
 }
 
+/* A byte every 50 ms, for a second: each read would be quick. */
+static gpointer
+dribble(gpointer data)
+{
+    int fd = GPOINTER_TO_INT(data);
+
+    for (guint i = 0; i < 20; i++) {
+        g_usleep(G_USEC_PER_SEC / 20);
+        if (write(fd, "b", 1) != 1)
+            break;
+    }
+    return NULL;
+}
+
+/* The deadline bounds the whole frame, not each read: a peer that sends nothing, or a header and
+ * then a byte now and then, is given up on once it passes; a frame that comes in time is read. */
+static void
+test_deadline(void **state)
+{
+    Pair *p = *state;
+    g_autoptr(GError) silent = NULL;
+    g_autoptr(GError) dribbled = NULL;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *kind = NULL;
+    g_autoptr(GVariant) payload = NULL;
+    gint64 start = g_get_monotonic_time();
+    GThread *dribbler;
+
+    assert_null(vm_wire_recv_until(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX,
+                                   start + G_USEC_PER_SEC / 5, &kind, &silent));
+    assert_true(g_error_matches(silent, VM_ERROR, VM_ERROR_TIMEOUT));
+    assert_true(g_get_monotonic_time() - start >= G_USEC_PER_SEC / 5);
+
+    send_raw(p->fds[0], 100, "a", 1);
+    start = g_get_monotonic_time();
+    dribbler = g_thread_new("dribble", dribble, GINT_TO_POINTER(p->fds[0]));
+    assert_null(vm_wire_recv_until(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX,
+                                   start + G_USEC_PER_SEC / 5, &kind, &dribbled));
+    assert_true(g_error_matches(dribbled, VM_ERROR, VM_ERROR_TIMEOUT));
+    assert_true(g_get_monotonic_time() - start < G_USEC_PER_SEC / 2);
+    g_thread_join(dribbler);
+
+    /* A fresh channel: the one above is of no further use. */
+    close(p->fds[0]);
+    close(p->fds[1]);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p->fds), 0);
+    assert_true(vm_wire_send(p->fds[0], "stats", g_variant_new("(uu)", 1, 2), &error));
+    payload = vm_wire_recv_until(p->fds[1], VM_EGRESS_WIRE_FROM_WORKER_MAX,
+                                 g_get_monotonic_time() + G_USEC_PER_SEC, &kind, &error);
+    assert_null(error);
+    assert_non_null(payload);
+    assert_string_equal(kind, "stats");
+}
+
 /* Bytes that are not a (sv) message in normal form are refused, whatever they hold. */
 static void
 test_not_a_message(void **state)
@@ -162,6 +216,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_too_long, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cut_short_and_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_a_message, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
         cmocka_unit_test(test_credentials),
     };
 

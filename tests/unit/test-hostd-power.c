@@ -12,12 +12,16 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "hostd-checkpoint.h"
+#include "hostd-guest.h"
 #include "hostd-power.h"
+#include "hostd-ssh-worker.h"
+#include "hostd-state.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
 #include "test-sink.h"
@@ -400,6 +404,58 @@ test_idle_periodic_checkpoints(void **state)
     assert_state(f, "p1", "paused");
 }
 
+/* One agent's SSH worker stopped (SIGSTOP: its agent's QEMU could send it) holds the idle loop
+ * up for its answer deadline at most, once: the sleep before the save gives up on it, kills it,
+ * and both that agent and another are saved by the same loop. */
+static void
+test_idle_save_stopped_worker(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *program = hostd_ssh_worker_path();
+    HostdSshWorkersConfig config = {.program = program, .answer_timeout_ms = 2000};
+    g_autofree char *identity = NULL, *known_hosts = NULL;
+    g_autofree char *key_path = NULL, *hosts_path = NULL, *line = NULL;
+    g_autofree char *proc = NULL;
+    HostdSshTarget target;
+    GPid pid;
+
+    /* Workers that run the agents' SSH as hostd's do, with a short deadline. */
+    f->ctx->ssh_workers = hostd_ssh_workers_new(&config);
+    hostd_ssh_pool_set_delegate(f->ctx->ssh, &hostd_ssh_workers_delegate, f->ctx->ssh_workers);
+    g_autoptr(HostdAgentRecord) stuck = hostd_test_agent_new(f, "a1", HOSTD_TEST_RUNNING);
+    g_autoptr(HostdAgentRecord) other = hostd_test_agent_new(f, "z1", HOSTD_TEST_RUNNING);
+
+    /* a1's worker runs (its guest never answers: nothing listens), then is stopped. */
+    key_path = hostd_agent_record_path(stuck, HOSTD_AGENT_KEY);
+    hosts_path = hostd_agent_record_path(stuck, HOSTD_AGENT_KNOWN_HOSTS);
+    line = g_strdup_printf("[127.0.0.1]:%u ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA\n",
+                           stuck->backend_port);
+    vm_test_write_file(key_path, "not a key: never read, no guest answers");
+    vm_test_write_file(hosts_path, line);
+    hostd_guest_ssh_target(&target, stuck, &identity, &known_hosts);
+    assert_false(hostd_ssh_wait_ready(f->ctx->ssh, &target, 1, NULL, &error));
+    pid = hostd_ssh_workers_get_pid(f->ctx->ssh_workers, "a1");
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+
+    start_power(f);
+    hostd_test_fake_idle_cpu("a1");
+    hostd_test_fake_idle_cpu("z1");
+    set_idle(f, "a1", 0, 1);
+    set_idle(f, "z1", 0, 1);
+    if (!hostd_test_wait_state(f, "a1", "saved", IDLE_WAIT_MS))
+        fail_msg("the agent with the stopped worker was not saved");
+    if (!hostd_test_wait_state(f, "z1", "saved", IDLE_WAIT_MS))
+        fail_msg("the other agent was not saved");
+    assert_logged("agent 'z1' saved to disk: idle longer than save_after");
+    assert_int_equal(hostd_ssh_workers_get_pid(f->ctx->ssh_workers, "a1"), 0);
+    proc = g_strdup_printf("/proc/%d", (int)pid);
+    for (int i = 0; i < 100 && g_file_test(proc, G_FILE_TEST_EXISTS); i++)
+        g_usleep(50 * 1000);
+    assert_false(g_file_test(proc, G_FILE_TEST_EXISTS));
+}
+
 /* ---- the relay's wake ----------------------------------------------------------------------- */
 
 /* Puts @name's public port on a free port under the relay, in front of @backend_port. */
@@ -476,6 +532,7 @@ main(void)
         T(test_idle_pauses),
         T(test_idle_saves),
         T(test_idle_periodic_checkpoints),
+        T(test_idle_save_stopped_worker),
         T(test_relay_wakes),
 #undef T
     };

@@ -248,6 +248,22 @@ setup_worker(void **state)
     return 0;
 }
 
+/* The same with a short answer deadline, for the tests of a worker that does not answer. */
+static int
+setup_worker_quick(void **state)
+{
+    Fixture *f;
+    g_autofree char *program = hostd_ssh_worker_path();
+    HostdSshWorkersConfig config = {
+        .program = program, .answer_timeout_ms = 2000, .ping_interval_ms = 500};
+
+    setup_kind(state, SERVER_DEFAULT);
+    f = *state;
+    f->workers = hostd_ssh_workers_new(&config);
+    hostd_ssh_pool_set_delegate(f->pool, &hostd_ssh_workers_delegate, f->workers);
+    return 0;
+}
+
 static int
 setup_refuses_key(void **state)
 {
@@ -1857,6 +1873,151 @@ test_worker_killed(void **state)
     exec_check(f, argv, 0, "up\n");
 }
 
+/* Stops alpha's running worker (SIGSTOP: alive and silent, as its agent's QEMU could leave it)
+ * and returns its pid. */
+static GPid
+worker_stop(Fixture *f)
+{
+    GPid pid = hostd_ssh_workers_get_pid(f->workers, "alpha");
+
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    return pid;
+}
+
+/* Asserts that the request that began at @start failed with @error within @allowed_us (the
+ * answer deadline, 2 s here, and what it waited on top) and not before it, saying the worker
+ * was replaced. */
+static void
+assert_given_up(const GError *error, gint64 start, gint64 allowed_us)
+{
+    gint64 took = g_get_monotonic_time() - start;
+
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_SSH, NULL);
+    assert_non_null(
+        strstr(error->message, "the SSH worker of agent 'alpha' did not answer within"));
+    assert_non_null(strstr(error->message, "it was replaced"));
+    assert_true(took >= allowed_us);
+    assert_true(took < allowed_us + 3 * G_USEC_PER_SEC);
+}
+
+/* A stopped worker holds nothing up past its deadline: an exec, a wait for the guest and a
+ * sleep (the idle thread's, before a save) each end within it, the exec and the wait with an
+ * error that says so; the worker is killed and forgotten, and the next exec runs on a new one. */
+static void
+test_worker_stopped(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"echo", "up", NULL};
+    g_autoptr(GError) error = NULL;
+    GPid pid, again;
+    gint64 start;
+    ExecRun run;
+
+    exec_check(f, argv, 0, "up\n");
+    pid = worker_stop(f);
+    exec_run_init(&run, f, argv);
+    start = g_get_monotonic_time();
+    exec_run(&run);
+    assert_false(run.ok);
+    assert_given_up(run.error, start, 2 * G_USEC_PER_SEC);
+    exec_run_clear(&run);
+    worker_wait_gone(f, pid);
+    exec_check(f, argv, 0, "up\n");
+    again = hostd_ssh_workers_get_pid(f->workers, "alpha");
+    assert_true(again > 0 && again != pid);
+
+    /* A wait: the worker's own wait (1 s) and then the answer deadline. */
+    pid = worker_stop(f);
+    start = g_get_monotonic_time();
+    assert_false(hostd_ssh_wait_ready(f->pool, &f->target, 1, NULL, &error));
+    assert_given_up(error, start, 3 * G_USEC_PER_SEC);
+    g_clear_error(&error);
+    worker_wait_gone(f, pid);
+    exec_check(f, argv, 0, "up\n");
+
+    /* A sleep returns within the deadline; the worker is gone and none starts until asked. */
+    pid = worker_stop(f);
+    start = g_get_monotonic_time();
+    hostd_ssh_pool_sleep(f->pool, "alpha");
+    assert_true(g_get_monotonic_time() - start < 5 * G_USEC_PER_SEC);
+    worker_wait_gone(f, pid);
+    assert_int_equal(hostd_ssh_workers_get_pid(f->workers, "alpha"), 0);
+    exec_check(f, argv, 0, "up\n");
+    assert_true(hostd_ssh_workers_get_pid(f->workers, "alpha") != pid);
+}
+
+/* An exec under way has no deadline while its command runs, however long, but its worker must
+ * answer a ping every interval; once the client hangs up, the worker's end is owed within the
+ * deadline. A worker stopped during a command is killed either way within its deadline. */
+static void
+test_worker_stopped_during_exec(void **state)
+{
+    Fixture *f = *state;
+    char *argv[] = {"sh", "-c", "echo started; sleep 3; echo done", NULL};
+    char *long_argv[] = {"sh", "-c", "echo started; sleep 30", NULL};
+    char *up_argv[] = {"echo", "up", NULL};
+    g_autoptr(VmMessage) first = NULL;
+    gint64 start;
+    GPid pid;
+    ExecRun run;
+
+    /* Longer than the deadline, and fine. */
+    exec_run_init(&run, f, argv);
+    exec_run(&run);
+    assert_exec_ok(&run, 0);
+    assert_string_equal(run.out->str, "started\ndone\n");
+    exec_run_clear(&run);
+
+    /* A client that hangs up on a worker that answers: its end comes in time, it stays. */
+    pid = hostd_ssh_workers_get_pid(f->workers, "alpha");
+    exec_run_init(&run, f, long_argv);
+    exec_run_start(&run);
+    first = vm_message_read_fd(run.fds[1], NULL, NULL);
+    assert_non_null(first);
+    close(run.fds[1]);
+    run.fds[1] = -1;
+    g_thread_join(run.exec_thread);
+    run.exec_thread = NULL;
+    vm_test_assert_error(run.error, VM_ERROR, VM_ERROR_CANCELLED, NULL);
+    exec_run_clear(&run);
+    assert_int_equal(hostd_ssh_workers_get_pid(f->workers, "alpha"), pid);
+    g_clear_pointer(&first, vm_message_free);
+
+    exec_run_init(&run, f, long_argv);
+    exec_run_start(&run);
+    first = vm_message_read_fd(run.fds[1], NULL, NULL);
+    assert_non_null(first);
+    assert_int_equal(first->op, VM_OP_STDOUT);
+    pid = worker_stop(f);
+    /* The client goes away: the stopped worker never says the exec ended. */
+    close(run.fds[1]);
+    run.fds[1] = -1;
+    start = g_get_monotonic_time();
+    g_thread_join(run.exec_thread);
+    run.exec_thread = NULL;
+    assert_false(run.ok);
+    assert_given_up(run.error, start, 2 * G_USEC_PER_SEC);
+    exec_run_clear(&run);
+    worker_wait_gone(f, pid);
+    exec_check(f, up_argv, 0, "up\n");
+    g_clear_pointer(&first, vm_message_free);
+
+    /* The client stays: the next ping goes unanswered. */
+    exec_run_init(&run, f, long_argv);
+    exec_run_start(&run);
+    first = vm_message_read_fd(run.fds[1], NULL, NULL);
+    assert_non_null(first);
+    pid = worker_stop(f);
+    start = g_get_monotonic_time();
+    exec_run_finish(&run);
+    assert_false(run.ok);
+    assert_given_up(run.error, start, 2 * G_USEC_PER_SEC);
+    exec_run_clear(&run);
+    worker_wait_gone(f, pid);
+    exec_check(f, up_argv, 0, "up\n");
+}
+
 /* Forgetting the agent (stop, a new port) lets an exec under way finish on its worker, which
  * then exits; the next exec gets a new worker. */
 static void
@@ -2583,6 +2744,9 @@ main(void)
         cmocka_unit_test_setup_teardown(test_worker_killed, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_worker_forget, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_worker_wait_ready, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_stopped, setup_worker_quick, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_stopped_during_exec, setup_worker_quick,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_exec_concurrent, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_exec_signal_status, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_exec_stdin_large, setup_worker, teardown),
