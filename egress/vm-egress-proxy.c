@@ -591,8 +591,8 @@ conn_check_sni(Conn *conn, const char **ret_reason)
     }
 }
 
-/* A TCP socket to @address:@port with its connect() begun, or a negative errno: made here, or by whoever
- * the configuration names (an egress worker's hostd, which checks the destination again). */
+/* A TCP socket to @address:@port with its connect() begun, or a negative errno: made here, or by
+ * whoever the configuration names (an egress worker's hostd, which checks the address again). */
 static int
 conn_connect_start(VmEgressProxy *proxy, const VmEgressAddress *address, guint16 port)
 {

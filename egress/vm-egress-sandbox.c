@@ -366,7 +366,7 @@ typedef struct {
 } RulesetAttr;
 
 static gsize
-ruleset_attr_for(int abi, VmSandboxProfile profile, RulesetAttr *attr)
+ruleset_attr_for(int abi, RulesetAttr *attr)
 {
     gsize size = sizeof(attr->handled_access_fs);
 
@@ -382,8 +382,8 @@ ruleset_attr_for(int abi, VmSandboxProfile profile, RulesetAttr *attr)
         /* TCP ports: none bound, none connected to: neither worker connects anywhere (hostd
          * connects for both). The filter refuses them a TCP socket already; this holds for one
          * that came another way. */
-        attr->handled_access_net = (1ULL << 0)  /* LANDLOCK_ACCESS_NET_BIND_TCP */
-                                   | (1ULL << 1); /* LANDLOCK_ACCESS_NET_CONNECT_TCP */
+        attr->handled_access_net = 1ULL << 0;  /* LANDLOCK_ACCESS_NET_BIND_TCP */
+        attr->handled_access_net |= 1ULL << 1; /* LANDLOCK_ACCESS_NET_CONNECT_TCP */
         size = 2 * sizeof(guint64);
     }
     if (abi >= 6) {
@@ -436,7 +436,7 @@ vm_egress_sandbox_landlock(VmSandboxProfile profile, gboolean *ret_enforced, GEr
         *ret_enforced = FALSE;
         return TRUE;
     }
-    size = ruleset_attr_for(abi, profile, &attr);
+    size = ruleset_attr_for(abi, &attr);
     ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
     if (ruleset < 0)
         return vm_throw_errno(error, errno, "Landlock: cannot make the ruleset (ABI %d)", abi);

@@ -20,8 +20,7 @@ typedef VmEgressPolicy *(*HostdEgressConnectPolicyFunc)(gpointer user_data);
  * errno: -EINVAL for a malformed ask, -EACCES when @policy refuses the destination
  * (vm_egress_policy_check_connect() with the host's own addresses @local, may be NULL), else
  * that of socket() or connect(). Never waits on the destination. */
-int hostd_egress_connect_one(const VmEgressConnectAsk *ask, VmEgressPolicy *policy,
-                             GArray *local);
+int hostd_egress_connect_one(const VmEgressConnectAsk *ask, VmEgressPolicy *policy, GArray *local);
 
 /* Serves the worker's asks on @sock (hostd's end of its VM_EGRESS_WORKER_CONNECT_FD; taken) in
  * a thread of its own until the worker closes its end or breaks the protocol, answering each at
