@@ -13,6 +13,7 @@
 
 #include <json-glib/json-glib.h>
 
+#include "hostd-egress-connect.h"
 #include "hostd-ssh-wire.h"
 #include "hostd-log.h"
 #include "vm-egress-wire.h"
@@ -184,6 +185,31 @@ worker_sandbox_note(HostdEgressWorker *worker, GVariant *ready)
     g_once_init_leave(&told, 1);
 }
 
+static VmEgressPolicy *
+connect_policy(gpointer data)
+{
+    return hostd_egress_worker_dup_policy(data);
+}
+
+/* The channel on which one worker run asks hostd for its TCP connections
+ * (hostd-egress-connect.h), served by a thread of its own that ends with the worker: the
+ * worker's end, to pass as VM_EGRESS_WORKER_CONNECT_FD, or -1. */
+static int
+worker_connect_channel(HostdEgressWorker *worker, GError **error)
+{
+    int pair[2];
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return vm_throw_errno(error, errno, "cannot make the egress worker's channel"), -1;
+    if (!hostd_egress_connect_serve(pair[0], worker->name, connect_policy,
+                                    hostd_egress_worker_ref(worker),
+                                    (GDestroyNotify)hostd_egress_worker_unref, error)) {
+        close(pair[1]);
+        return -1;
+    }
+    return pair[1];
+}
+
 /* Runs a new worker and waits for its "ready": the channel and pid on success. */
 static gboolean
 worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **error)
@@ -191,9 +217,11 @@ worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **er
     int pair[2];
     vm_autofd parent = -1;
     vm_autofd child = -1;
+    vm_autofd connect_child = -1;
     const char *argv[] = {worker->program, worker->name, NULL};
-    int source_fds[2];
-    int target_fds[2] = {VM_EGRESS_WORKER_CONTROL_FD, VM_EGRESS_WORKER_LISTEN_FD};
+    int source_fds[3];
+    int target_fds[3] = {VM_EGRESS_WORKER_CONTROL_FD, VM_EGRESS_WORKER_LISTEN_FD,
+                         VM_EGRESS_WORKER_CONNECT_FD};
     g_autoptr(GError) local_error = NULL;
     g_autofree char *kind = NULL;
     g_autoptr(GVariant) reply = NULL;
@@ -211,12 +239,17 @@ worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **er
     vm_autofd output = hostd_log_worker_output(who, error);
     if (output < 0)
         return FALSE;
+    connect_child = worker_connect_channel(worker, error);
+    if (connect_child < 0)
+        return FALSE;
+    source_fds[2] = connect_child;
     if (!g_spawn_async_with_pipes_and_fds(
             "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
-            -1, output, output, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
+            -1, output, output, source_fds, target_fds, 3, &pid, NULL, NULL, NULL, &local_error))
         return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", worker->program,
                         local_error->message);
     close(g_steal_fd(&child));
+    close(g_steal_fd(&connect_child));
     /* Neither side of hostd waits on a worker for long: a start, a send. */
     (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &io_timeout, sizeof(io_timeout));
     worker_send(worker, parent, "start", worker_start_message(worker));
