@@ -261,3 +261,68 @@ confine_port_swap() {
   done
   check "with the socket back, $a's SSH worker holds its session over the port again" test -n "$held"
 }
+
+# Whether PID $1 is gone (or a zombie awaiting its reaping): a killed worker.
+confine_gone() { ! [ -e "/proc/$1" ] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+export -f confine_gone
+
+# stopped_workers_check A B: B's SSH worker, then its egress worker, is SIGSTOPped (hung, as a
+# worker a guest wedged would be). Meanwhile A's execs and a checkpoint of A go on; B's exec
+# fails within the SSH worker's answer deadline (10 s) and the worker is killed and replaced,
+# the next exec of B working through a new one; B's egress worker misses a ping (every 5 s,
+# answered within 10 s) and hostd kills it and starts another, which serves B's egress socket.
+# A stopped worker is always sent SIGCONT before returning, so nothing later meets one.
+stopped_workers_check() {
+  local a=$1 b=$2 wpid epid npid lines t0 secs out rc ck
+  vmctl exec "$b" true >/dev/null
+  wpid=$(confine_ssh_worker "$b")
+  check "$b has an SSH worker to stop (pid $wpid)" test -n "$wpid"
+  if [ -n "$wpid" ]; then
+    lines=$(wc -l < "$LOG")
+    kill -STOP "$wpid"
+    check "with $b's SSH worker stopped, $a's exec works" vmctl exec "$a" -- true
+    ck=$(vmctl checkpoint "$a" --label stopped-neighbour 2> "$S/stopped-ck.err"); rc=$?
+    check "and a checkpoint of $a is made" test "$rc" = 0 -a -n "$ck"
+    [ "$TAP_FAILING" = 0 ] || diag "$(cat "$S/stopped-ck.err")"
+    [ "$rc" = 0 ] && [ -n "$ck" ] && vmctl checkpoint rm "$a" "$ck" >/dev/null
+    t0=$(date +%s%N)
+    out=$(vmctl exec "$b" -- true 2>&1); rc=$?
+    secs=$((($(date +%s%N) - t0) / 1000000000))
+    echo "# stopped-ssh-worker-s: $secs"
+    check "$b's exec fails within its deadline (exit $rc after $secs s, under 30 s), naming the replaced worker" \
+      bash -c '[ "$1" != 0 ] && [ "$2" -lt 30 ] && grep -q "did not answer within .*replaced" <<< "$3$(tail -n +"$4" "$5")"' _ \
+      "$rc" "$secs" "$out" "$((lines + 1))" "$LOG"
+    [ "$TAP_FAILING" = 0 ] || diag "$out"
+    for _ in $(seq 10); do confine_gone "$wpid" && break; sleep 0.5; done
+    check "the stopped SSH worker was killed" confine_gone "$wpid"
+    kill -CONT "$wpid" 2>/dev/null
+    vmctl exec "$b" -- true >/dev/null 2>&1 || vmctl exec "$b" -- true >/dev/null 2>&1
+    npid=$(confine_ssh_worker "$b")
+    check "$b's next exec works through a new SSH worker (pid $npid)" \
+      bash -c '[ -n "$1" ] && [ "$1" != "$2" ] && "$3" --socket "$4" exec "$5" -- true' _ \
+      "$npid" "$wpid" "$VMCTL" "$SOCK" "$b"
+  fi
+
+  epid=$(confine_egress_worker "$b")
+  check "$b has an egress worker to stop (pid $epid)" test -n "$epid"
+  [ -n "$epid" ] || return 0
+  lines=$(wc -l < "$LOG")
+  kill -STOP "$epid"
+  t0=$(date +%s%N)
+  check "with $b's egress worker stopped, $a's exec works" vmctl exec "$a" -- true
+  for _ in $(seq 60); do
+    npid=$(confine_egress_worker "$b")
+    [ -n "$npid" ] && [ "$npid" != "$epid" ] && confine_gone "$epid" && break
+    sleep 0.5
+  done
+  secs=$((($(date +%s%N) - t0) / 1000000000))
+  kill -CONT "$epid" 2>/dev/null
+  echo "# stopped-egress-worker-s: $secs"
+  check "hostd kills $b's stopped egress worker and starts another (pid $npid) within 30 s ($secs s), and logs it" \
+    bash -c '[ -n "$1" ] && [ "$1" != "$2" ] && confine_gone "$2" && [ "$3" -lt 30 ] &&
+             tail -n +"$4" "$5" | grep -q "egress worker of .$6. did not answer within .*killed and replaced" &&
+             tail -n +"$4" "$5" | grep -q "egress worker of .$6. restarted (pid $1)"' _ \
+    "$npid" "$epid" "$secs" "$((lines + 1))" "$LOG" "$b"
+  check "$b's new egress worker listens on its egress socket" \
+    bash -c '[ -n "$1" ] && ss -xlpH | grep -F "$2" | grep -q "pid=$1,"' _ "$npid" "$S/agents/$b/egress.sock"
+}

@@ -592,6 +592,8 @@ check "the source's agent key is no longer authorized in the fork" \
 confine_check a1 f1
 # The port's socket swapped for a link by the agent's id: hostd refuses it.
 confine_port_swap f1
+# A hung (SIGSTOPped) SSH worker and egress worker of f1: a1 goes on, f1's are replaced.
+stopped_workers_check a1 f1
 agents_before=$(ls "$S/agents")
 out=$(vmctl fork a1 f1 2>&1); rc=$?
 check "fork onto an existing name: exit 4" test "$rc" = 4
