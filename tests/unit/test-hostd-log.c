@@ -8,6 +8,7 @@
 
 #include "hostd-log.h"
 #include "test-common.h"
+#include "test-sink.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -17,28 +18,22 @@
 
 /* What is in the pipe @fd within @timeout_ms, read until @lines newlines came (or the time is
  * up). */
+static gboolean
+has_lines(const GString *text, gconstpointer data)
+{
+    guint seen = 0;
+
+    for (gsize i = 0; i < text->len; i++)
+        seen += text->str[i] == '\n';
+    return seen >= GPOINTER_TO_UINT(data);
+}
+
+/* What came on @fd until @lines lines did, for at most @timeout_ms. */
 static char *
 read_lines(int fd, guint lines, guint timeout_ms)
 {
-    GString *out = g_string_new(NULL);
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-    guint seen = 0;
-
-    while (seen < lines) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
-        char buf[4096];
-
-        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
-            break;
-        gssize n = read(fd, buf, sizeof(buf));
-        if (n <= 0)
-            break;
-        g_string_append_len(out, buf, n);
-        for (gssize i = 0; i < n; i++)
-            seen += buf[i] == '\n';
-    }
-    return g_string_free(out, FALSE);
+    return g_string_free(
+        vm_test_read_while(fd, (int)timeout_ms, has_lines, GUINT_TO_POINTER(lines), NULL), FALSE);
 }
 
 static guint

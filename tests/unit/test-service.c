@@ -24,6 +24,7 @@
 #include "vm-protocol.h"
 #include "vm-util.h"
 #include "test-common.h"
+#include "test-sink.h"
 #include "test-hostd-fixture.h"
 
 /* Every key hostd_config_load() reads (hostd-config.h); the default file shows each one. */
@@ -222,27 +223,19 @@ test_ready_once_server_answers(void **state)
 
 /* ---- the real hostd process ---------------------------------------------------------------- */
 
+static gboolean
+has_line_with(const GString *text, gconstpointer needle)
+{
+    return strstr(text->str, needle) != NULL && g_str_has_suffix(text->str, "\n");
+}
+
 /* What the running hostd wrote to its stderr (@fd) until a line holding @needle came, for at most
  * @timeout_ms. */
 static char *
 hostd_read_until(int fd, const char *needle, guint timeout_ms)
 {
-    GString *out = g_string_new(NULL);
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-
-    while (strstr(out->str, needle) == NULL || !g_str_has_suffix(out->str, "\n")) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
-        char buf[4096];
-
-        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
-            break;
-        gssize n = read(fd, buf, sizeof(buf));
-        if (n <= 0)
-            break;
-        g_string_append_len(out, buf, n);
-    }
-    return g_string_free(out, FALSE);
+    return g_string_free(vm_test_read_while(fd, (int)timeout_ms, has_line_with, needle, NULL),
+                         FALSE);
 }
 
 /* The hostd program itself, started as a service would start it (on libvirt's test driver): from

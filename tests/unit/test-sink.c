@@ -178,24 +178,23 @@ vm_test_send_text(int fd, const char *text)
 }
 
 GString *
-vm_test_read_until(int fd, const char *needle, int timeout_ms, gboolean *ret_eof)
+vm_test_read_while(int fd, int timeout_ms, VmTestReadDone done, gconstpointer data,
+                   gboolean *ret_eof)
 {
     GString *out = g_string_new(NULL);
     gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
 
     if (ret_eof != NULL)
         *ret_eof = FALSE;
-    for (;;) {
+    while (done == NULL || !done(out, data)) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         gint64 left = (deadline - g_get_monotonic_time()) / 1000;
         char buf[4096];
         ssize_t n;
 
-        if (needle != NULL && strstr(out->str, needle) != NULL)
-            break;
         if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
             break;
-        n = recv(fd, buf, sizeof(buf), 0);
+        n = read(fd, buf, sizeof(buf));
         if (n <= 0) {
             if (ret_eof != NULL)
                 *ret_eof = TRUE;
@@ -204,4 +203,16 @@ vm_test_read_until(int fd, const char *needle, int timeout_ms, gboolean *ret_eof
         g_string_append_len(out, buf, n);
     }
     return out;
+}
+
+static gboolean
+has_needle(const GString *text, gconstpointer needle)
+{
+    return strstr(text->str, needle) != NULL;
+}
+
+GString *
+vm_test_read_until(int fd, const char *needle, int timeout_ms, gboolean *ret_eof)
+{
+    return vm_test_read_while(fd, timeout_ms, needle != NULL ? has_needle : NULL, needle, ret_eof);
 }

@@ -41,6 +41,14 @@ void vm_test_send_text(int fd, const char *text);
  * how many bytes went out (GPOINTER_TO_SIZE()). @data must outlive the thread. */
 GThread *vm_test_send_thread(int fd, const guint8 *data, gsize len);
 
+/* Whether what was read so far, @text, is all the caller waits for. */
+typedef gboolean (*VmTestReadDone)(const GString *text, gconstpointer data);
+
+/* Reads from @fd (a socket or a pipe) until @done(text, @data) holds, @fd ends, or @timeout_ms
+ * pass; returns what came. *@ret_eof (may be NULL) tells whether the peer closed. */
+GString *vm_test_read_while(int fd, int timeout_ms, VmTestReadDone done, gconstpointer data,
+                            gboolean *ret_eof);
+
 /* Reads from @fd until @needle appears (NULL: until EOF) or @timeout_ms pass; returns what came.
  * *@ret_eof (may be NULL) tells whether the peer closed. */
 GString *vm_test_read_until(int fd, const char *needle, int timeout_ms, gboolean *ret_eof);
