@@ -415,3 +415,67 @@ vm_test_assert_golden(const char *name, const char *actual)
                  got[i] != NULL ? got[i] : "<end>");
     }
 }
+
+/* The fields of the line for socket @inode in /proc/net/@table (inode in field @inode_field),
+ * NULL when it has none. */
+static GStrv
+proc_net_socket(const char *table, guint inode_field, const char *inode)
+{
+    g_autofree char *path = g_strdup_printf("/proc/net/%s", table);
+    g_autofree char *contents = NULL;
+    g_auto(GStrv) lines = NULL;
+
+    assert_true(g_file_get_contents(path, &contents, NULL, NULL));
+    lines = g_strsplit(contents, "\n", -1);
+    for (char **line = lines + 1; *line != NULL; line++) {
+        g_auto(GStrv) fields = g_regex_split_simple("\\s+", g_strstrip(*line), 0, 0);
+
+        if (g_strv_length(fields) > inode_field && g_str_equal(fields[inode_field], inode))
+            return g_steal_pointer(&fields);
+    }
+    return NULL;
+}
+
+void
+vm_test_assert_tcp_made_by_caller(pid_t pid, guint port, gboolean strict)
+{
+    g_autofree char *dir_path = g_strdup_printf("/proc/%d/fd", (int)pid);
+    g_autoptr(GDir) dir = g_dir_open(dir_path, 0, NULL);
+    g_autofree char *port_hex = g_strdup_printf(":%04X", port);
+    g_autofree char *own_uid = g_strdup_printf("%u", (guint)geteuid());
+    guint tcp = 0;
+    const char *name;
+
+    assert_non_null(dir);
+    while ((name = g_dir_read_name(dir)) != NULL) {
+        g_autofree char *fd_path = g_build_filename(dir_path, name, NULL);
+        g_autofree char *target = g_file_read_link(fd_path, NULL);
+        g_autofree char *inode = NULL;
+        g_auto(GStrv) unix_line = NULL;
+        g_auto(GStrv) tcp_line = NULL;
+
+        if (target == NULL || !g_str_has_prefix(target, "socket:["))
+            continue;
+        inode = g_strndup(target + 8, strlen(target) - 9);
+        if (strict) {
+            unix_line = proc_net_socket("unix", 6, inode);
+            if (unix_line != NULL) {
+                assert_true(g_strv_length(unix_line) == 7);
+                continue;
+            }
+        }
+        tcp_line = proc_net_socket("tcp", 9, inode);
+        if (tcp_line == NULL)
+            tcp_line = proc_net_socket("tcp6", 9, inode);
+        if (tcp_line == NULL) {
+            if (strict)
+                fail_msg("process %d holds socket %s, neither Unix nor TCP", (int)pid, inode);
+            continue;
+        }
+        assert_true(g_str_has_suffix(tcp_line[2], port_hex));
+        assert_string_equal(tcp_line[3], "01"); /* ESTABLISHED */
+        assert_string_equal(tcp_line[7], own_uid);
+        tcp++;
+    }
+    assert_true(tcp >= 1);
+}

@@ -96,4 +96,10 @@ char *vm_test_data_path(const char *first, ...) G_GNUC_NULL_TERMINATED;
  * rewrites the file with @actual instead. */
 void vm_test_assert_golden(const char *name, const char *actual);
 
+/* Fails the running test unless process @pid (a worker) holds at least one TCP socket and each
+ * is an established connection to port @port whose owner is the test's own uid, hostd's (hostd
+ * made it and handed it over; a socket the worker made would be its uid's). With @strict every
+ * other socket it holds must be a Unix socket without a name (channels handed over). */
+void vm_test_assert_tcp_made_by_caller(pid_t pid, guint port, gboolean strict);
+
 G_END_DECLS
