@@ -11,8 +11,8 @@
  * Agents without an id (hostd not root, a driver without DAC, agent-ids = off, a record from
  * before ids that has not booted since) are left as they were.
  *
- * Each agent's two workers (its SSH client, vm-ssh-worker; its egress proxy, vm-egress-worker)
- * run, when hostd is root, as two more ids of their own from worker-ids (hostd_ids_worker()),
+ * Each agent's three workers (its SSH client, vm-ssh-worker; its egress proxy, vm-egress-worker;
+ * its in-guest API, vm-guest-api-worker) run, when hostd is root, as three more ids of their own from worker-ids (hostd_ids_worker()),
  * never its QEMU's nor each other's nor another agent's: a worker taken over by a guest can then
  * neither read nor write its QEMU's memory (/proc/PID/mem, ptrace: QEMU is dumpable), nor signal
  * or throttle another agent's processes. The ids are derived, not recorded: an agent's slot is

@@ -26,6 +26,7 @@
 #include <json-glib/json-glib.h>
 
 #include "hostd-checkpoint.h"
+#include "hostd-confine.h"
 #include "hostd-egress.h"
 #include "hostd-events.h"
 #include "hostd-guest-api.h"
@@ -970,6 +971,65 @@ test_worker(void **state)
     assert_int_equal(hostd_guest_api_pid(f->ctx, "a1"), 0);
 }
 
+/* As root, each agent's API worker runs as an id of its own from worker-ids (read from /proc):
+ * not root, not egress-user, not its QEMU's, not its SSH or egress worker's, not another
+ * agent's; with worker-ids = off, as egress-user. */
+static void
+test_worker_own_id(void **state)
+{
+    if (geteuid() != 0)
+        skip();
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    g_autoptr(HostdAgentRecord) a2 = api_agent(f, "a2", HOSTD_TEST_RUNNING);
+    g_autoptr(GError) error = NULL;
+    gboolean change = FALSE;
+    uid_t egress_uid = 0;
+    gid_t egress_gid = 0;
+    guint ids[2] = {0, 0};
+    GPid pid;
+
+    assert_true(f->ctx->config->worker_id_min != 0);
+    for (guint i = 0; i < 2; i++) {
+        const HostdAgentRecord *r = i == 0 ? a1 : a2;
+        guint uid = 0, gid = 0, api = 0, other = 0, other_gid = 0;
+
+        pid = hostd_guest_api_pid(f->ctx, r->name);
+        assert_true(pid > 0);
+        vm_test_proc_ids(pid, &uid, &gid);
+        ids[i] = uid;
+        assert_int_equal(uid, gid);
+        assert_true(uid != 0 && uid >= f->ctx->config->worker_id_min &&
+                    uid <= f->ctx->config->worker_id_max);
+        assert_true(r->agent_id == 0 || uid != r->agent_id);
+        assert_true(hostd_confine_worker_user(f->ctx, r->name, r->agent_id, HOSTD_WORKER_API,
+                                              &change, &api, &gid, &error));
+        assert_int_equal(uid, api);
+        for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_EGRESS; kind++) {
+            assert_true(hostd_confine_worker_user(f->ctx, r->name, r->agent_id, kind, &change,
+                                                  &other, &other_gid, &error));
+            assert_int_not_equal(uid, other);
+        }
+    }
+    assert_int_not_equal(ids[0], ids[1]);
+    assert_true(hostd_config_worker_user(f->ctx->config, &change, &egress_uid, &egress_gid, NULL));
+    assert_int_not_equal(ids[0], egress_uid);
+
+    /* worker-ids = off: egress-user, as before. */
+    hostd_guest_api_agent_stop(f->ctx, "a1");
+    f->ctx->config->worker_id_min = 0;
+    f->ctx->config->worker_id_max = 0;
+    assert_true(hostd_guest_api_agent_start(f->ctx, a1, &error));
+    pid = hostd_guest_api_pid(f->ctx, "a1");
+    assert_true(pid > 0);
+    {
+        guint uid = 0, gid = 0;
+
+        vm_test_proc_ids(pid, &uid, &gid);
+        assert_int_equal(uid, egress_uid);
+    }
+}
+
 /* A worker that sends hostd a call no worker of ours makes (one its guest took over) is killed
  * and replaced, and nothing of that call is done: hostd checks each call, it does not trust the
  * worker's parse. */
@@ -1245,7 +1305,7 @@ main(void)
         T(test_body_limits),    T(test_rate_limit),    T(test_connection_limits),
         T(test_keep_awake),     T(test_restore),       T(test_real_helper),
         T(test_start_stop),     T(test_component),     T(test_vmctl_guest),
-        T(test_worker),         T(test_worker_broken),
+        T(test_worker),         T(test_worker_broken), T(test_worker_own_id),
     };
 #undef T
 
