@@ -425,6 +425,9 @@ channel_ready(gint fd, GIOCondition condition, gpointer data)
     }
     if (g_str_equal(kind, "answer"))
         worker_answer(payload);
+    else if (g_str_equal(kind, "ping") && g_variant_is_of_type(payload, G_VARIANT_TYPE_UINT32))
+        /* hostd's check that it still runs: a stopped or stuck worker is replaced. */
+        worker_send("pong", g_variant_new_uint32(g_variant_get_uint32(payload)));
     return G_SOURCE_CONTINUE;
 }
 

@@ -1,0 +1,125 @@
+/* Worker processes: start, the ready exchange, deadlines, restarts' delay, reap. */
+#include "hostd-worker-process.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hostd-log.h"
+#include "vm-error.h"
+#include "vm-util.h"
+#include "vm-wire.h"
+
+/* A worker that served this long before it died is restarted at once. */
+#define HEALTHY_US     (5 * G_USEC_PER_SEC)
+#define BACKOFF_MIN_MS 50
+/* How long a worker may take to take one message. */
+#define IO_TIMEOUT_S 2
+
+void
+hostd_worker_reap(GPid pid)
+{
+    (void)kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+}
+
+gboolean
+hostd_worker_spawn(const HostdWorkerSpawn *spawn, int *ret_fd, GPid *ret_pid, GVariant **ret_ready,
+                   GError **error)
+{
+    g_autoptr(GVariant) start = g_variant_ref_sink(spawn->start);
+    int pair[2];
+    vm_autofd parent = -1;
+    vm_autofd child = -1;
+    const char *argv[] = {spawn->program, spawn->name, NULL};
+    int source_fds[2];
+    int target_fds[2] = {spawn->channel_fd, spawn->listen_target_fd};
+    g_autoptr(GError) local_error = NULL;
+    g_autofree char *kind = NULL;
+    g_autoptr(GVariant) reply = NULL;
+    GPid pid = 0;
+    const struct timeval io_timeout = {.tv_sec = IO_TIMEOUT_S};
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return vm_throw_errno(error, errno, "cannot make the %s's channel", spawn->what);
+    parent = pair[0];
+    child = pair[1];
+    source_fds[0] = child;
+    source_fds[1] = spawn->listen_fd;
+    /* What it prints reaches hostd's log only through a pipe hostd reads, bounded and escaped. */
+    g_autofree char *who = g_strdup_printf("%s of '%s'", spawn->what, spawn->name);
+    vm_autofd output = hostd_log_worker_output(who, error);
+    if (output < 0)
+        return FALSE;
+    if (!g_spawn_async_with_pipes_and_fds(
+            "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
+            -1, output, output, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
+        return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", spawn->program,
+                        local_error->message);
+    close(g_steal_fd(&child));
+    /* Neither side of hostd waits on a worker for long: a start, a send. */
+    (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &io_timeout, sizeof(io_timeout));
+    if (!vm_wire_send(parent, "start", start, &local_error)) {
+        vm_throw(error, VM_ERROR_IO, "the %s of '%s' did not start: %.400s", spawn->what,
+                 spawn->name, local_error->message);
+        hostd_worker_reap(pid);
+        return FALSE;
+    }
+    reply = vm_wire_recv_until(parent, spawn->from_worker_max,
+                               g_get_monotonic_time() + (gint64)spawn->answer_timeout_ms * 1000,
+                               &kind, &local_error);
+    if (reply == NULL || !g_str_equal(kind, "ready")) {
+        const char *why = local_error != NULL ? local_error->message : kind;
+
+        if (reply != NULL && g_str_equal(kind, "failed") &&
+            g_variant_is_of_type(reply, G_VARIANT_TYPE_STRING))
+            why = g_variant_get_string(reply, NULL);
+        vm_throw(error, VM_ERROR_IO, "the %s of '%s' did not start: %.400s", spawn->what,
+                 spawn->name, why);
+        hostd_worker_reap(pid);
+        return FALSE;
+    }
+    if (ret_ready != NULL)
+        *ret_ready = g_steal_pointer(&reply);
+    *ret_fd = g_steal_fd(&parent);
+    *ret_pid = pid;
+    return TRUE;
+}
+
+gboolean
+hostd_worker_wait(int fd, gint64 until)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+    for (;;) {
+        gint64 left = until - g_get_monotonic_time();
+        int rc;
+
+        if (left <= 0)
+            return FALSE;
+        rc = poll(&pfd, 1, (int)MIN((left + 999) / 1000, G_MAXINT));
+        if (rc > 0)
+            return TRUE;
+        if (rc < 0 && errno != EINTR)
+            return TRUE; /* the read says what is wrong */
+    }
+}
+
+guint
+hostd_worker_backoff(guint *backoff_ms, gint64 started, guint max_ms)
+{
+    guint delay;
+
+    /* Dying young again and again slows the restarts down; a worker that served a while is
+     * replaced at once. */
+    if (g_get_monotonic_time() - started >= HEALTHY_US)
+        *backoff_ms = 0;
+    delay = *backoff_ms;
+    *backoff_ms = MIN(MAX(*backoff_ms * 2, BACKOFF_MIN_MS), max_ms);
+    return delay;
+}
