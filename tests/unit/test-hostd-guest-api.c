@@ -1030,6 +1030,40 @@ test_worker_own_id(void **state)
     }
 }
 
+/* A worker that stops answering (SIGSTOP, as its agent's QEMU could send if it shared its id,
+ * or a loop) is found out by hostd's ping: killed and replaced within the ping interval and the
+ * answer deadline (5 s + 10 s; a new start besides), and a guest call made while it was stopped,
+ * waiting in the socket's backlog, is answered by the new one, as is the next. */
+static void
+test_worker_stopped(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    g_auto(Reply) during = {0};
+    g_auto(Reply) after = {0};
+    GPid pid = hostd_guest_api_pid(f->ctx, "a1");
+    GPid again;
+    gint64 stopped;
+    int fd;
+
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    stopped = g_get_monotonic_time();
+    fd = api_connect(f, "a1");
+    vm_test_send_text(fd, "GET /v1/info HTTP/1.1\r\nHost: 10.0.2.100\r\n\r\n");
+    again = wait_new_worker(f, "a1", pid, 20000);
+    print_message("# a stopped worker replaced after %.1f s\n",
+                  (double)(g_get_monotonic_time() - stopped) / G_USEC_PER_SEC);
+    assert_true(g_get_monotonic_time() - stopped <= 18 * G_USEC_PER_SEC);
+    vm_test_assert_process_gone(pid, 5000);
+    read_reply(fd, &during);
+    close(fd);
+    g_autoptr(JsonObject) d = expect(&during, 200);
+    call(f, "a1", "GET", "/v1/info", NULL, &after);
+    g_autoptr(JsonObject) o = expect(&after, 200);
+    assert_int_equal(hostd_guest_api_pid(f->ctx, "a1"), again);
+}
+
 /* A worker that sends hostd a call no worker of ours makes (one its guest took over) is killed
  * and replaced, and nothing of that call is done: hostd checks each call, it does not trust the
  * worker's parse. */
@@ -1306,6 +1340,7 @@ main(void)
         T(test_keep_awake),     T(test_restore),       T(test_real_helper),
         T(test_start_stop),     T(test_component),     T(test_vmctl_guest),
         T(test_worker),         T(test_worker_broken), T(test_worker_own_id),
+        T(test_worker_stopped),
     };
 #undef T
 

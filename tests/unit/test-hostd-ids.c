@@ -579,23 +579,17 @@ test_worker_ids(void **state)
             assert_int_equal(again, uid);
         }
     }
-    /* The real egress workers `new` started run as those ids; as a1's, a1's disk (its QEMU's)
-     * does not open, as it does for a1's id. */
-    for (gsize i = 0; i < 2; i++) {
-        GPid pid = hostd_egress_worker_pid(f->ctx, agents[i].name);
+    /* The real egress and in-guest API workers `new` started run as those ids; as a1's egress
+     * worker's, a1's disk (its QEMU's) does not open, as it does for a1's id. */
+    for (gsize i = 0; i < 2 * 2; i++) {
+        HostdWorkerKind kind = i < 2 ? HOSTD_WORKER_EGRESS : HOSTD_WORKER_API;
+        const char *name = agents[i % 2].name;
+        GPid pid = kind == HOSTD_WORKER_EGRESS ? hostd_egress_worker_pid(f->ctx, name)
+                                               : hostd_guest_api_pid(f->ctx, name);
         guint uid = 0, gid = 0;
         assert_true(pid > 0);
         vm_test_proc_ids(pid, &uid, &gid);
-        assert_int_equal(uid, config->worker_id_min + agents[i].slot + third);
-        assert_int_equal(gid, uid);
-    }
-    /* And their in-guest API workers as the third's. */
-    for (gsize i = 0; i < 2; i++) {
-        GPid pid = hostd_guest_api_pid(f->ctx, agents[i].name);
-        guint uid = 0, gid = 0;
-        assert_true(pid > 0);
-        vm_test_proc_ids(pid, &uid, &gid);
-        assert_int_equal(uid, config->worker_id_min + agents[i].slot + 2 * third);
+        assert_int_equal(uid, config->worker_id_min + agents[i % 2].slot + (guint)kind * third);
         assert_int_equal(gid, uid);
     }
     g_autofree char *disk = hostd_test_agent_file(f, "a1", HOSTD_AGENT_DISK);
