@@ -96,16 +96,7 @@ hostd_egress_worker_unref(HostdEgressWorker *worker)
 static void
 worker_send(HostdEgressWorker *worker, int fd, const char *kind, GVariant *payload)
 {
-    g_autoptr(GVariant) sunk = g_variant_ref_sink(payload);
-
-    if (fd < 0)
-        return;
-    g_mutex_lock(&worker->send_lock);
-    /* A worker that stops reading (the send timed out) is ended: the watcher sees its channel
-     * close and starts another. */
-    if (!vm_wire_send(fd, kind, sunk, NULL))
-        (void)shutdown(fd, SHUT_RDWR);
-    g_mutex_unlock(&worker->send_lock);
+    hostd_worker_send(&worker->send_lock, fd, kind, payload);
 }
 
 static GVariant *

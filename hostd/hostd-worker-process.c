@@ -21,6 +21,19 @@
 #define IO_TIMEOUT_S 2
 
 void
+hostd_worker_send(GMutex *send_lock, int fd, const char *kind, GVariant *payload)
+{
+    g_autoptr(GVariant) sunk = g_variant_ref_sink(payload);
+
+    if (fd < 0)
+        return;
+    g_mutex_lock(send_lock);
+    if (!vm_wire_send(fd, kind, sunk, NULL))
+        (void)shutdown(fd, SHUT_RDWR);
+    g_mutex_unlock(send_lock);
+}
+
+void
 hostd_worker_reap(GPid pid)
 {
     (void)kill(pid, SIGKILL);

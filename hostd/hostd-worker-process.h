@@ -39,6 +39,12 @@ typedef struct {
 gboolean hostd_worker_spawn(const HostdWorkerSpawn *spawn, int *ret_fd, GPid *ret_pid,
                             GVariant **ret_ready, GError **error);
 
+/* Sends one message (@payload: floating or not) on @fd, the channel of one worker run (-1:
+ * none, nothing sent), one frame at a time under @send_lock. A worker that stops reading (the
+ * send timed out) or is gone gets its channel shut down: its watcher sees it close, and kills
+ * and replaces it. Can't fail. */
+void hostd_worker_send(GMutex *send_lock, int fd, const char *kind, GVariant *payload);
+
 /* Kills @pid (a worker that broke the protocol or missed a deadline may still run) and reaps
  * it. Can't fail. */
 void hostd_worker_reap(GPid pid);
