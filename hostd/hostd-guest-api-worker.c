@@ -177,7 +177,7 @@ static gpointer
 worker_watch(gpointer data)
 {
     HostdGuestApiWorker *worker = data;
-    guint backoff_ms = 0, delay_ms;
+    guint backoff_ms = 0;
 
     for (;;) {
         gint64 started = g_get_monotonic_time();
@@ -197,28 +197,10 @@ worker_watch(gpointer data)
         worker->fd = -1;
         worker->pid = 0;
         g_mutex_unlock(&worker->lock);
-        /* Only now: sends that took the old fd are done with it once send_lock is free. */
-        g_mutex_lock(&worker->send_lock);
-        if (fd >= 0)
-            close(fd);
-        g_mutex_unlock(&worker->send_lock);
-        if (pid > 0)
-            hostd_worker_reap(pid);
-
-        delay_ms =
-            hostd_worker_backoff(&backoff_ms, started, HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS);
-        g_mutex_lock(&worker->lock);
-        if (delay_ms > 0) {
-            gint64 until = g_get_monotonic_time() + (gint64)delay_ms * 1000;
-
-            while (!worker->stopping && g_cond_wait_until(&worker->cond, &worker->lock, until))
-                ;
-        }
-        if (worker->stopping) {
-            g_mutex_unlock(&worker->lock);
+        hostd_worker_run_end(&worker->send_lock, fd, pid);
+        if (!hostd_worker_pause(&worker->lock, &worker->cond, &worker->stopping, &backoff_ms,
+                                started, HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS))
             return NULL;
-        }
-        g_mutex_unlock(&worker->lock);
 
         {
             g_autoptr(GError) error = NULL;

@@ -136,3 +136,34 @@ hostd_worker_backoff(guint *backoff_ms, gint64 started, guint max_ms)
     *backoff_ms = MIN(MAX(*backoff_ms * 2, BACKOFF_MIN_MS), max_ms);
     return delay;
 }
+
+void
+hostd_worker_run_end(GMutex *send_lock, int fd, GPid pid)
+{
+    /* Only now: sends that took the old fd are done with it once send_lock is free. */
+    g_mutex_lock(send_lock);
+    if (fd >= 0)
+        close(fd);
+    g_mutex_unlock(send_lock);
+    if (pid > 0)
+        hostd_worker_reap(pid);
+}
+
+gboolean
+hostd_worker_pause(GMutex *lock, GCond *cond, const gboolean *stopping, guint *backoff_ms,
+                   gint64 started, guint max_ms)
+{
+    guint delay_ms = hostd_worker_backoff(backoff_ms, started, max_ms);
+    gboolean go_on;
+
+    g_mutex_lock(lock);
+    if (delay_ms > 0) {
+        gint64 until = g_get_monotonic_time() + (gint64)delay_ms * 1000;
+
+        while (!*stopping && g_cond_wait_until(cond, lock, until))
+            ;
+    }
+    go_on = !*stopping;
+    g_mutex_unlock(lock);
+    return go_on;
+}

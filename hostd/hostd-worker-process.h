@@ -58,4 +58,16 @@ gboolean hostd_worker_wait(int fd, gint64 until);
  * else growing from 50 ms to @max_ms. Can't fail. */
 guint hostd_worker_backoff(guint *backoff_ms, gint64 started, guint max_ms);
 
+/* The end of one worker run, whose channel @fd (-1: none) and process @pid (0: none) its
+ * watcher has just taken back under its own lock: @fd closed once no send holds it any more
+ * (@send_lock: a send that took it finishes first), @pid killed and reaped. Can't fail. */
+void hostd_worker_run_end(GMutex *send_lock, int fd, GPid pid);
+
+/* The watcher's pause before it starts another worker: the delay of hostd_worker_backoff()
+ * (@backoff_ms, @started, @max_ms), waited on @cond under @lock (which the caller does not hold,
+ * and which guards *@stopping) unless *@stopping turns TRUE. Returns FALSE when stopping (no
+ * worker is to be started), else TRUE. Can't fail. */
+gboolean hostd_worker_pause(GMutex *lock, GCond *cond, const gboolean *stopping, guint *backoff_ms,
+                            gint64 started, guint max_ms);
+
 G_END_DECLS
