@@ -782,3 +782,18 @@ vm_egress_policy_check_address(const VmEgressPolicy *policy, const VmEgressAddre
     }
     return VM_EGRESS_ALLOW;
 }
+
+VmEgressVerdict
+vm_egress_policy_check_connect(const VmEgressPolicy *policy, const VmEgressAddress *address,
+                               guint16 port, GArray *local)
+{
+    VmEgressVerdict verdict = vm_egress_policy_check_address(policy, address, port, local);
+
+    if (verdict != VM_EGRESS_ALLOW)
+        return verdict;
+    for (guint i = 0; i < policy->allow->len; i++) {
+        if (rule_port_matches(&g_array_index(policy->allow, Rule, i), port, FALSE))
+            return VM_EGRESS_ALLOW;
+    }
+    return VM_EGRESS_DENY_NO_RULE;
+}

@@ -119,6 +119,14 @@ VmEgressVerdict vm_egress_policy_check_address(const VmEgressPolicy *policy,
                                                const VmEgressAddress *address, guint16 port,
                                                GArray *local);
 
+/* The check of a connection asked for by a process that holds no name, only an address: hostd's
+ * of what an egress worker asks it to connect to. vm_egress_policy_check_address(), and then
+ * VM_EGRESS_DENY_NO_RULE unless some allow rule (of any kind) matches @port. Looser than the
+ * proxy's two checks together (the name is unknown here), never looser than its address check. */
+VmEgressVerdict vm_egress_policy_check_connect(const VmEgressPolicy *policy,
+                                               const VmEgressAddress *address, guint16 port,
+                                               GArray *local);
+
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEgressPolicy, vm_egress_policy_unref)
 
 G_END_DECLS

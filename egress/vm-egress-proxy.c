@@ -591,26 +591,49 @@ conn_check_sni(Conn *conn, const char **ret_reason)
     }
 }
 
-/* Connects to the first candidate that answers before the connect deadline. */
+/* A TCP socket to @address:@port with its connect() begun, or a negative errno: made here, or by
+ * whoever the configuration names (an egress worker's hostd, which checks the address again). */
+static int
+conn_connect_start(VmEgressProxy *proxy, const VmEgressAddress *address, guint16 port)
+{
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    int one = 1;
+    vm_autofd fd = -1;
+
+    if (proxy->config.connect != NULL) {
+        fd = proxy->config.connect(address, port, proxy->config.connect_data);
+        if (fd < 0)
+            return fd;
+    } else {
+        sslen = address_to_sockaddr(address, port, &ss);
+        fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            return -errno;
+        if (connect(fd, (struct sockaddr *)&ss, sslen) < 0 && errno != EINPROGRESS)
+            return -errno;
+    }
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return g_steal_fd(&fd);
+}
+
+/* Connects to the first candidate that answers before the connect deadline; -EACCES when
+ * every candidate was refused by the one who connects for the proxy. */
 static int
 conn_connect(Conn *conn, GArray *addresses)
 {
     gint64 deadline =
         g_get_monotonic_time() + (gint64)conn->proxy->config.connect_timeout_ms * 1000;
+    gboolean refused = addresses->len > 0;
 
     for (guint i = 0; i < addresses->len; i++) {
         const VmEgressAddress *address = &g_array_index(addresses, VmEgressAddress, i);
-        struct sockaddr_storage ss;
-        socklen_t sslen = address_to_sockaddr(address, conn->request->port, &ss);
-        vm_autofd fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        int one = 1;
+        vm_autofd fd = conn_connect_start(conn->proxy, address, conn->request->port);
 
         conn->address = *address;
         conn->have_address = TRUE;
+        refused = refused && fd == -EACCES;
         if (fd < 0)
-            continue;
-        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        if (connect(fd, (struct sockaddr *)&ss, sslen) < 0 && errno != EINPROGRESS)
             continue;
         for (;;) {
             struct pollfd pfd = {.fd = fd, .events = POLLOUT};
@@ -627,7 +650,7 @@ conn_connect(Conn *conn, GArray *addresses)
             return g_steal_fd(&fd);
         }
     }
-    return -1;
+    return refused ? -EACCES : -1;
 }
 
 typedef struct {
@@ -1030,6 +1053,14 @@ conn_serve_one(Conn *conn, gboolean first)
         }
     }
     conn->up_fd = conn_connect(conn, addresses);
+    if (conn->up_fd == -EACCES) {
+        g_autofree char *text = g_strdup_printf("egress to %s:%u refused: connect-refused",
+                                                conn->request->host, conn->request->port);
+
+        respond(conn->fd, 403, "Forbidden", text);
+        conn_log(conn, VM_EGRESS_RECORD_DENIED, "connect-refused");
+        return FALSE;
+    }
     if (conn->up_fd < 0) {
         respond(conn->fd, 502, "Bad Gateway", "cannot connect");
         conn_log(conn, VM_EGRESS_RECORD_DENIED, "connect-failed");

@@ -64,6 +64,13 @@ typedef void (*VmEgressLogFunc)(const VmEgressRecord *record, gpointer user_data
  * NULL with an error when it cannot. Called from connection threads, so it may block. */
 typedef GArray *(*VmEgressResolveFunc)(const char *host, gpointer user_data, GError **error);
 
+/* Makes a TCP socket to @address:@port and begins its connect(): the socket (non-blocking,
+ * close-on-exec; the proxy waits for the connection itself, up to its connect timeout), or a
+ * negative errno (-EACCES: the one who connects refused the destination). Called from connection
+ * threads, so it may block briefly. */
+typedef int (*VmEgressConnectFunc)(const VmEgressAddress *address, guint16 port,
+                                   gpointer user_data);
+
 /* Sees an allowed request before anything goes to the destination and may rewrite its header
  * fields (vm_egress_request_set_header()); returning FALSE refuses the request. */
 typedef gboolean (*VmEgressRewriteFunc)(VmEgressRequest *request, gpointer user_data,
@@ -89,6 +96,8 @@ typedef struct {
     guint connect_timeout_ms;    /* 0: 10 s */
     VmEgressResolveFunc resolve; /* NULL: getaddrinfo() */
     gpointer resolve_data;
+    VmEgressConnectFunc connect; /* NULL: socket() and connect() of its own */
+    gpointer connect_data;
     VmEgressLogFunc log; /* may be NULL */
     gpointer log_data;
     VmEgressRewriteFunc rewrite; /* may be NULL */

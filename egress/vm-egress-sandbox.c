@@ -7,6 +7,7 @@
 #include <linux/capability.h>
 #include <linux/landlock.h>
 #include <linux/netlink.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <string.h>
@@ -126,8 +127,9 @@ static const char *const allowed[] = {
     "exit_group",
 };
 
-/* The egress worker's own: connections out to the destinations, and its proxy's listening
- * socket (handed over by hostd) to accept on. The SSH worker gets EPERM for all of them. */
+/* The egress worker's own: its resolver's UDP sockets (connect() and bind() on them: TCP it has
+ * none, and Landlock refuses TCP connect and bind), and its proxy's listening socket (handed
+ * over by hostd) to accept on. The SSH worker gets EPERM for all of them. */
 static const char *const allowed_egress[] = {
     "connect",
     "accept",
@@ -221,6 +223,7 @@ add_argument_rules(scmp_filter_ctx ctx, VmSandboxProfile profile, pid_t pid)
     /* socket() and socketpair() take SOCK_CLOEXEC and SOCK_NONBLOCK in their type: compared
      * without them, on the low 32 bits the kernel reads of an int. */
     const scmp_datum_t type_mask = (scmp_datum_t)(guint32) ~(SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const scmp_datum_t inet[] = {AF_INET, AF_INET6};
     int rc;
 
     /* Signals to its own threads only (the C library's raise() and abort()); another process's
@@ -253,12 +256,20 @@ add_argument_rules(scmp_filter_ctx ctx, VmSandboxProfile profile, pid_t pid)
 
     switch (profile) {
     case VM_SANDBOX_EGRESS:
-        /* Sockets for the destinations and DNS, and getifaddrs()'s netlink route socket: no
-         * Unix sockets (the host's own services, /dev/log), no other netlink family
-         * (NETLINK_SOCK_DIAG lists the host's sockets), no raw or packet sockets (those need
-         * capabilities it lacks anyway). */
-        rc = RULE(ctx, SCMP_ACT_ALLOW, socket, SCMP_A0(SCMP_CMP_EQ, AF_INET));
-        rc = rc < 0 ? rc : RULE(ctx, SCMP_ACT_ALLOW, socket, SCMP_A0(SCMP_CMP_EQ, AF_INET6));
+        /* UDP sockets for DNS (the resolver it is configured with), and getifaddrs()'s netlink
+         * route socket. No TCP socket: its connections out are made by hostd, which checks each
+         * destination again (vm-egress-wire.h), so no connect() to 127.0.0.1 or a private
+         * address whatever the process runs. No Unix sockets (the host's own services,
+         * /dev/log), no other netlink family (NETLINK_SOCK_DIAG lists the host's sockets), no
+         * ICMP, raw or packet sockets. */
+        for (gsize i = 0; rc >= 0 && i < G_N_ELEMENTS(inet); i++) {
+            rc = RULE(ctx, SCMP_ACT_ALLOW, socket, SCMP_A0(SCMP_CMP_EQ, inet[i]),
+                      SCMP_A1(SCMP_CMP_MASKED_EQ, type_mask, SOCK_DGRAM), SCMP_A2(SCMP_CMP_EQ, 0));
+            rc = rc < 0 ? rc
+                        : RULE(ctx, SCMP_ACT_ALLOW, socket, SCMP_A0(SCMP_CMP_EQ, inet[i]),
+                               SCMP_A1(SCMP_CMP_MASKED_EQ, type_mask, SOCK_DGRAM),
+                               SCMP_A2(SCMP_CMP_EQ, IPPROTO_UDP));
+        }
         rc = rc < 0 ? rc
                     : RULE(ctx, SCMP_ACT_ALLOW, socket, SCMP_A0(SCMP_CMP_EQ, AF_NETLINK),
                            SCMP_A2(SCMP_CMP_EQ, NETLINK_ROUTE));
@@ -377,7 +388,7 @@ typedef struct {
 } RulesetAttr;
 
 static gsize
-ruleset_attr_for(int abi, VmSandboxProfile profile, RulesetAttr *attr)
+ruleset_attr_for(int abi, RulesetAttr *attr)
 {
     gsize size = sizeof(attr->handled_access_fs);
 
@@ -390,11 +401,11 @@ ruleset_attr_for(int abi, VmSandboxProfile profile, RulesetAttr *attr)
     if (abi >= 5)
         attr->handled_access_fs |= LANDLOCK_ACCESS_FS_IOCTL_DEV;
     if (abi >= 4) {
-        /* TCP ports: none bound; the SSH and API workers connect nowhere (hostd connects for
-         * the SSH worker; the API worker has only what it was handed). */
-        attr->handled_access_net = 1ULL << 0; /* LANDLOCK_ACCESS_NET_BIND_TCP */
-        if (profile == VM_SANDBOX_SSH || profile == VM_SANDBOX_API)
-            attr->handled_access_net |= 1ULL << 1; /* LANDLOCK_ACCESS_NET_CONNECT_TCP */
+        /* TCP ports: none bound, none connected to: neither worker connects anywhere (hostd
+         * connects for both). The filter refuses them a TCP socket already; this holds for one
+         * that came another way. */
+        attr->handled_access_net = 1ULL << 0;  /* LANDLOCK_ACCESS_NET_BIND_TCP */
+        attr->handled_access_net |= 1ULL << 1; /* LANDLOCK_ACCESS_NET_CONNECT_TCP */
         size = 2 * sizeof(guint64);
     }
     if (abi >= 6) {
@@ -449,7 +460,7 @@ vm_egress_sandbox_landlock(VmSandboxProfile profile, gboolean *ret_enforced, GEr
         *ret_enforced = FALSE;
         return TRUE;
     }
-    size = ruleset_attr_for(abi, profile, &attr);
+    size = ruleset_attr_for(abi, &attr);
     ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
     if (ruleset < 0)
         return vm_throw_errno(error, errno, "Landlock: cannot make the ruleset (ABI %d)", abi);

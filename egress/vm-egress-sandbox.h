@@ -9,8 +9,9 @@ G_BEGIN_DECLS
 
 /* What the confined process does, which sets its seccomp filter and its Landlock rules. */
 typedef enum {
-    /* A proxy (vm-egress-worker): IPv4 and IPv6 sockets to any destination, a netlink route
-     * socket (getifaddrs()), the resolver's and the trust store's files. */
+    /* A proxy (vm-egress-worker) whose TCP connections hostd makes (vm-egress-wire.h): IPv4
+     * and IPv6 UDP sockets (its resolver's DNS), a netlink route socket (getifaddrs()), the
+     * resolver's and the trust store's files; no TCP socket. */
     VM_SANDBOX_EGRESS,
     /* An SSH client that makes no connection of its own (vm-ssh-worker): every socket it uses
      * was handed over by hostd, so no socket(), connect(), bind(), listen() or accept(); a
@@ -40,18 +41,19 @@ gboolean vm_egress_sandbox_enter(VmSandboxProfile profile, gboolean change_user,
  * /usr, /dev/null and /dev/urandom; and but for VM_SANDBOX_API the resolver's and TLS's
  * configuration in /etc); nothing
  * may be written, made or removed anywhere (/tmp, /dev/shm included), and /proc and /sys are
- * closed. Where the kernel's ABI has them: TCP bind refused (and TCP connect too for
- * VM_SANDBOX_SSH and VM_SANDBOX_API), signals only to processes in the same domain, abstract Unix
- * sockets only of the same domain. Needs no_new_privs. Returns TRUE with *@ret_enforced TRUE once
- * enforced, or FALSE when the kernel has no Landlock (or has it disabled); fails with VM_ERROR_IO
- * when a step failed. */
+ * closed. Where the kernel's ABI has them: TCP bind and TCP connect refused, signals only to
+ * processes in the same domain, abstract Unix sockets only of the same domain. Needs
+ * no_new_privs. Returns TRUE with *@ret_enforced TRUE once enforced, or FALSE when the kernel has
+ * no Landlock (or has it disabled); fails with VM_ERROR_IO when a step failed. */
 gboolean vm_egress_sandbox_landlock(VmSandboxProfile profile, gboolean *ret_enforced,
                                     GError **error);
 
 /* Installs the seccomp filter of @profile (libseccomp) for the calling process, whose pid it
  * uses: the system calls the worker needs are allowed, some only with the arguments it needs
  * (tgkill of its own pid, prlimit64 reading its own limits, clone for threads, socket,
- * socketpair, connect and accept per @profile); exec, ptrace, fork, kill, tkill and the other ones
+ * socketpair, connect and accept per @profile: for VM_SANDBOX_EGRESS socket() only of IPv4/IPv6
+ * UDP and netlink route, for VM_SANDBOX_API no socket() at all); exec, ptrace, fork, kill, tkill
+ * and the other ones
  * docs/SECURITY.md lists kill the process; everything else fails with EPERM. Needs
  * no_new_privs (or CAP_SYS_ADMIN). Fails with VM_ERROR_IO. */
 gboolean vm_egress_sandbox_filter_load(VmSandboxProfile profile, GError **error);

@@ -21,6 +21,14 @@
  *   "log"         s: one record as a JSON line (vm_egress_record_to_json())
  *   "stats"       (uu): the serial asked, open connections
  *   "resolve"     (us): serial, host (only with resolve-by-parent)
+ *
+ * Connections out: the worker makes no TCP socket (its filter refuses one). Each connection it
+ * wants, to an address it resolved and checked against its policy, it asks of hostd on a second
+ * socketpair, its fd VM_EGRESS_WORKER_CONNECT_FD: one VmEgressConnectAsk at a time, answered by
+ * one byte, 'F' carrying the TCP socket hostd made (SCM_RIGHTS, vm_fd_send(): non-blocking, its
+ * connect() begun; the worker waits for it itself), or an errno without a descriptor (EACCES:
+ * hostd's own check of the destination refused it). hostd answers at once, never waiting on the
+ * destination.
  */
 #pragma once
 
@@ -33,6 +41,17 @@ G_BEGIN_DECLS
 
 #define VM_EGRESS_WORKER_CONTROL_FD 3
 #define VM_EGRESS_WORKER_LISTEN_FD  4
+#define VM_EGRESS_WORKER_CONNECT_FD 5
+
+/* A connection the worker asks of hostd: a fixed record, read whole or not at all. */
+typedef struct {
+    guint8 family;    /* AF_INET or AF_INET6 */
+    guint8 zero;      /* 0 */
+    guint16 port;     /* host byte order, not 0 */
+    guint8 bytes[16]; /* the address as VmEgressAddress holds it */
+} VmEgressConnectAsk;
+
+G_STATIC_ASSERT(sizeof(VmEgressConnectAsk) == 20);
 
 /* Bounds on one frame's payload: hostd's messages carry a CA and credentials; the worker's
  * are log lines and counters. */

@@ -1,25 +1,33 @@
 /* vm-egress-worker: one agent's egress proxy in a process of its own (docs/EGRESS.md).
  *
- * hostd starts it per agent with the control socketpair on fd VM_EGRESS_WORKER_CONTROL_FD and
- * the agent's listening egress.sock on VM_EGRESS_WORKER_LISTEN_FD (vm-egress-wire.h). It reads
+ * hostd starts it per agent with the control socketpair on fd VM_EGRESS_WORKER_CONTROL_FD, the
+ * agent's listening egress.sock on VM_EGRESS_WORKER_LISTEN_FD and the socketpair on which hostd
+ * makes its TCP connections on VM_EGRESS_WORKER_CONNECT_FD (vm-egress-wire.h): it resolves
+ * names and decides itself, and hostd, checking the address again, connects. It reads
  * the "start" message, confines itself (vm-egress-sandbox.h: another uid, no capabilities,
  * no_new_privs, Landlock, seccomp), and only then starts the proxy on the socket, so no guest byte
  * is ever read with privileges. Then it obeys hostd's messages until hostd closes the channel, and
  * exits. The proxy's log records go to hostd as lines; hostd writes egress.log. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "vm-egress-proxy.h"
 #include "vm-egress-sandbox.h"
 #include "vm-egress-wire.h"
 #include "vm-error.h"
+#include "vm-fd-pass.h"
 #include "vm-util.h"
 
 /* How long a name lookup that hostd answers may take. */
 #define RESOLVE_TIMEOUT_US (15 * G_USEC_PER_SEC)
+/* How long hostd may take to answer a connection asked (it answers at once: it only begins the
+ * connect()). */
+#define CONNECT_ASK_TIMEOUT_MS 5000
 
 typedef struct {
     gboolean done;
@@ -39,6 +47,11 @@ typedef struct {
 } Worker;
 
 static Worker worker;
+
+/* The channel on which hostd makes its TCP connections (VM_EGRESS_WORKER_CONNECT_FD): one ask
+ * and its answer at a time. */
+static GMutex connect_lock;
+static gboolean connect_broken; /* an answer went missing: the channel is out of step */
 static const char *agent = "?"; /* the agent it serves, for its messages (argv[1]) */
 static char *sandbox_note;      /* what its confinement lacks (no Landlock), or NULL */
 
@@ -88,6 +101,41 @@ worker_resolve(const char *host, gpointer user_data, GError **error)
     g_free(pending.message);
     g_clear_pointer(&pending.addresses, g_array_unref);
     return out;
+}
+
+/* The proxy's connections out, made by hostd (the filter refuses this process a TCP socket):
+ * see vm-egress-wire.h. */
+static int
+worker_connect(const VmEgressAddress *address, guint16 port, gpointer user_data)
+{
+    VmEgressConnectAsk ask = {.family = (guint8)address->family, .port = port};
+    struct pollfd pfd = {.fd = VM_EGRESS_WORKER_CONNECT_FD, .events = POLLIN};
+    char code = 0;
+    int rc = -EPIPE;
+
+    memcpy(ask.bytes, address->bytes, sizeof(ask.bytes));
+    g_mutex_lock(&connect_lock);
+    if (connect_broken)
+        goto out;
+    if (send(pfd.fd, &ask, sizeof(ask), MSG_NOSIGNAL) != (ssize_t)sizeof(ask))
+        goto broken;
+    do {
+        rc = poll(&pfd, 1, CONNECT_ASK_TIMEOUT_MS);
+    } while (rc < 0 && errno == EINTR);
+    if (rc <= 0)
+        goto broken;
+    rc = vm_fd_receive(pfd.fd, &code);
+    if (rc == -ENOMSG)
+        rc = code != 0 ? -(int)(guint8)code : -EPROTO;
+    else if (rc == -EAGAIN || rc == -ECONNRESET)
+        goto broken;
+    goto out; /* -EPROTO too: the answer was taken (its descriptor beyond a limit, closed) */
+broken:
+    connect_broken = TRUE;
+    rc = -EPIPE;
+out:
+    g_mutex_unlock(&connect_lock);
+    return rc;
 }
 
 static void
@@ -208,6 +256,7 @@ worker_start(void)
     config.upstream_ca_pem = upstream_ca;
     if (by_parent)
         config.resolve = worker_resolve;
+    config.connect = worker_connect;
     proxy = vm_egress_proxy_new(&config, &error);
     if (ca_key != NULL)
         explicit_bzero(ca_key, strlen(ca_key));
@@ -230,11 +279,13 @@ main(int argc, char **argv)
     g_cond_init(&worker.cond);
     worker.pending = g_hash_table_new(NULL, NULL);
     if (argc > 2 || fcntl(worker.fd, F_GETFD) < 0 ||
-        fcntl(VM_EGRESS_WORKER_LISTEN_FD, F_GETFD) < 0) {
+        fcntl(VM_EGRESS_WORKER_LISTEN_FD, F_GETFD) < 0 ||
+        fcntl(VM_EGRESS_WORKER_CONNECT_FD, F_GETFD) < 0) {
         fprintf(stderr,
-                "vm-egress-worker: hostd runs this, with its channel on fd %d and the "
-                "proxy's socket on fd %d\n",
-                VM_EGRESS_WORKER_CONTROL_FD, VM_EGRESS_WORKER_LISTEN_FD);
+                "vm-egress-worker: hostd runs this, with its channel on fd %d, the proxy's "
+                "socket on fd %d and its connections' channel on fd %d\n",
+                VM_EGRESS_WORKER_CONTROL_FD, VM_EGRESS_WORKER_LISTEN_FD,
+                VM_EGRESS_WORKER_CONNECT_FD);
         return 2;
     }
     if (argc == 2)

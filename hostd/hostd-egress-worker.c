@@ -13,6 +13,7 @@
 
 #include <json-glib/json-glib.h>
 
+#include "hostd-egress-connect.h"
 #include "hostd-ssh-wire.h"
 #include "hostd-log.h"
 #include "hostd-worker-process.h"
@@ -158,18 +159,48 @@ worker_sandbox_note(HostdEgressWorker *worker, GVariant *ready)
     g_once_init_leave(&told, 1);
 }
 
+static VmEgressPolicy *
+connect_policy(gpointer data)
+{
+    return hostd_egress_worker_dup_policy(data);
+}
+
+/* The channel on which one worker run asks hostd for its TCP connections
+ * (hostd-egress-connect.h), served by a thread of its own that ends with the worker: the
+ * worker's end, to pass as VM_EGRESS_WORKER_CONNECT_FD, or -1. */
+static int
+worker_connect_channel(HostdEgressWorker *worker, GError **error)
+{
+    int pair[2];
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return vm_throw_errno(error, errno, "cannot make the egress worker's channel"), -1;
+    if (!hostd_egress_connect_serve(pair[0], worker->name, connect_policy,
+                                    hostd_egress_worker_ref(worker),
+                                    (GDestroyNotify)hostd_egress_worker_unref, error)) {
+        close(pair[1]);
+        return -1;
+    }
+    return pair[1];
+}
+
 /* Runs a new worker and waits for its "ready": the channel and pid on success. */
 static gboolean
 worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **error)
 {
     g_autoptr(GVariant) ready = NULL;
+    vm_autofd connect_child = worker_connect_channel(worker, error);
+
+    if (connect_child < 0)
+        return FALSE;
     const HostdWorkerSpawn spawn = {
         .program = worker->program,
         .name = worker->name,
         .what = "egress worker",
         .channel_fd = VM_EGRESS_WORKER_CONTROL_FD,
-        .listen_fd = worker->listen_fd,
-        .listen_target_fd = VM_EGRESS_WORKER_LISTEN_FD,
+        .fds = {worker->listen_fd, connect_child},
+        .target_fds = {VM_EGRESS_WORKER_LISTEN_FD, VM_EGRESS_WORKER_CONNECT_FD},
+        .n_fds = 2,
         .from_worker_max = VM_EGRESS_WIRE_FROM_WORKER_MAX,
         .answer_timeout_ms = worker->answer_timeout_ms,
         .start = worker_start_message(worker),

@@ -20,8 +20,8 @@
  * average with bursts of guest-api-burst (429 past that), one checkpoint or restore at a time
  * at HOSTD_GUEST_API_HEAVY_RATE, and a checkpoint (a restore's undo checkpoint too) only
  * within the agent's quota, hostd_checkpoint_guest_quota() (guest-checkpoint-max checkpoints,
- * guest-checkpoint-bytes; of them HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX with memory); the work of a
- * request (libvirt, checkpoints) runs on a pool of threads, and a restore on a thread of its own
+ * guest-checkpoint-bytes; of them HOSTD_GUEST_API_MEMORY_CHECKPOINTS_MAX with memory); the work of
+ * a request (libvirt, checkpoints) runs on a pool of threads, and a restore on a thread of its own
  * once its 202 has gone out. Each call is one line of hostd's log (ctx->log); a checkpoint,
  * restore or keep-awake is an event by the guest as well.
  *

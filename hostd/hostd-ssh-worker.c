@@ -49,8 +49,10 @@ struct _HostdSshWorkers {
     guint uid, gid;
     guint answer_timeout_ms, ping_interval_ms;
     GMutex lock;
-    GHashTable *workers; /* agent -> Worker (a reference) */
-    gboolean closed;     /* hostd_ssh_workers_close(): none starts any more */
+    GHashTable *workers;  /* agent -> Worker (a reference) */
+    GHashTable *starting; /* agents whose worker a request is starting */
+    GCond started;        /* one of them is done */
+    gboolean closed;      /* hostd_ssh_workers_close(): none starts any more */
 };
 
 static void
@@ -420,7 +422,8 @@ workers_lookup_fit(HostdSshWorkers *workers, const char *agent, const char *key)
 }
 
 /* The running worker for @target, started (or restarted) as needed. A start is waited for
- * without the set's lock, so that one agent's slow worker holds up no other agent's request. */
+ * without the set's lock, so that one agent's slow worker holds up no other agent's request; the
+ * requests of the same agent wait for the one start (bounded by its deadline). */
 static Worker *
 workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **error)
 {
@@ -437,9 +440,16 @@ workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **err
         return NULL;
     key = target_key(target, &as, identity, host_key);
     g_mutex_lock(&workers->lock);
-    closed = workers->closed;
-    if (!closed)
-        running = workers_lookup_fit(workers, target->agent, key);
+    for (;;) {
+        closed = workers->closed;
+        if (!closed)
+            running = workers_lookup_fit(workers, target->agent, key);
+        if (closed || running != NULL || !g_hash_table_contains(workers->starting, target->agent))
+            break;
+        g_cond_wait(&workers->started, &workers->lock);
+    }
+    if (!closed && running == NULL)
+        g_hash_table_add(workers->starting, g_strdup(target->agent));
     g_mutex_unlock(&workers->lock);
     if (closed || running != NULL) {
         wipe_free(identity);
@@ -449,23 +459,23 @@ workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **err
     }
     worker = worker_launch(workers, target, &as, identity, host_key, key, error);
     wipe_free(identity);
-    if (worker == NULL)
-        return NULL;
     g_mutex_lock(&workers->lock);
+    g_hash_table_remove(workers->starting, target->agent);
+    g_cond_broadcast(&workers->started);
     closed = workers->closed;
-    if (!closed)
+    if (worker != NULL && !closed) {
+        /* Retires one started for another target meanwhile (none of this agent's starts ran). */
         running = workers_lookup_fit(workers, target->agent, key);
-    if (!closed && running == NULL)
+        if (running != NULL)
+            worker_unref(running);
         g_hash_table_insert(workers->workers, g_strdup(target->agent), worker_ref(worker));
+    }
     g_mutex_unlock(&workers->lock);
-    if (!closed && running == NULL)
+    if (worker == NULL || !closed)
         return worker;
-    /* Closed meanwhile, or another request started one first: that one serves. */
     worker_kill(worker);
     worker_unref(worker);
-    if (closed)
-        return vm_throw(error, VM_ERROR_SSH, "the SSH workers are closed"), NULL;
-    return running;
+    return vm_throw(error, VM_ERROR_SSH, "the SSH workers are closed"), NULL;
 }
 
 /* Past a deadline: @worker is killed and, unless already replaced, forgotten, so that the next
@@ -894,6 +904,8 @@ hostd_ssh_workers_new(const HostdSshWorkersConfig *config)
         config->ping_interval_ms != 0 ? config->ping_interval_ms : PING_INTERVAL_MS_DEFAULT;
     g_mutex_init(&workers->lock);
     workers->workers = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, worker_unref);
+    workers->starting = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_cond_init(&workers->started);
     return workers;
 }
 
@@ -921,6 +933,8 @@ hostd_ssh_workers_free(HostdSshWorkers *workers)
         return;
     hostd_ssh_workers_close(workers);
     g_hash_table_unref(workers->workers);
+    g_hash_table_unref(workers->starting);
+    g_cond_clear(&workers->started);
     g_mutex_clear(&workers->lock);
     g_free(workers->program);
     g_free(workers);

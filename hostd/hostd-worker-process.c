@@ -50,8 +50,8 @@ hostd_worker_spawn(const HostdWorkerSpawn *spawn, int *ret_fd, GPid *ret_pid, GV
     vm_autofd parent = -1;
     vm_autofd child = -1;
     const char *argv[] = {spawn->program, spawn->name, NULL};
-    int source_fds[2];
-    int target_fds[2] = {spawn->channel_fd, spawn->listen_target_fd};
+    int source_fds[1 + HOSTD_WORKER_FDS_MAX];
+    int target_fds[1 + HOSTD_WORKER_FDS_MAX];
     g_autoptr(GError) local_error = NULL;
     g_autofree char *kind = NULL;
     g_autoptr(GVariant) reply = NULL;
@@ -62,16 +62,22 @@ hostd_worker_spawn(const HostdWorkerSpawn *spawn, int *ret_fd, GPid *ret_pid, GV
         return vm_throw_errno(error, errno, "cannot make the %s's channel", spawn->what);
     parent = pair[0];
     child = pair[1];
+    g_return_val_if_fail(spawn->n_fds <= HOSTD_WORKER_FDS_MAX, FALSE);
     source_fds[0] = child;
-    source_fds[1] = spawn->listen_fd;
+    target_fds[0] = spawn->channel_fd;
+    for (guint i = 0; i < spawn->n_fds; i++) {
+        source_fds[1 + i] = spawn->fds[i];
+        target_fds[1 + i] = spawn->target_fds[i];
+    }
     /* What it prints reaches hostd's log only through a pipe hostd reads, bounded and escaped. */
     g_autofree char *who = g_strdup_printf("%s of '%s'", spawn->what, spawn->name);
     vm_autofd output = hostd_log_worker_output(who, error);
     if (output < 0)
         return FALSE;
-    if (!g_spawn_async_with_pipes_and_fds(
-            "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
-            -1, output, output, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
+    if (!g_spawn_async_with_pipes_and_fds("/", argv, NULL,
+                                          G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL,
+                                          NULL, NULL, -1, output, output, source_fds, target_fds,
+                                          1 + spawn->n_fds, &pid, NULL, NULL, NULL, &local_error))
         return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", spawn->program,
                         local_error->message);
     close(g_steal_fd(&child));

@@ -18,24 +18,28 @@ G_BEGIN_DECLS
 #define HOSTD_WORKER_ANSWER_TIMEOUT_MS_DEFAULT 10000
 #define HOSTD_WORKER_PING_INTERVAL_MS_DEFAULT  5000
 
+/* The most descriptors a worker is handed besides its channel. */
+#define HOSTD_WORKER_FDS_MAX 2
+
 typedef struct {
-    const char *program; /* the worker to run */
-    const char *name;    /* the agent: the worker's argument, and for messages */
-    const char *what;    /* "egress worker", for messages */
-    int channel_fd;      /* the number the channel gets in the worker */
-    int listen_fd;       /* handed to the worker as @listen_target_fd */
-    int listen_target_fd;
+    const char *program;           /* the worker to run */
+    const char *name;              /* the agent: the worker's argument, and for messages */
+    const char *what;              /* "egress worker", for messages */
+    int channel_fd;                /* the number the channel gets in the worker */
+    int fds[HOSTD_WORKER_FDS_MAX]; /* handed to the worker besides: its listening socket... */
+    int target_fds[HOSTD_WORKER_FDS_MAX]; /* ...as these numbers */
+    guint n_fds;
     gsize from_worker_max;   /* the largest frame the worker may send */
     guint answer_timeout_ms; /* the deadline for its "ready" */
     GVariant *start;         /* floating or not: the "start" message's payload */
 } HostdWorkerSpawn;
 
-/* Runs @spawn's worker with the channel (a new Unix stream pair), its listening socket and its
- * stdout and stderr on a pipe hostd's log reads (hostd_log_worker_output()), sends it "start"
- * and waits up to the answer deadline for its "ready". On success the channel (sends on it
- * bounded in time), the pid and the "ready" payload (*@ret_ready, when not NULL). Fails with
- * VM_ERROR_IO when it cannot run or answers anything else ("failed" with its reason included),
- * the worker then killed and reaped. */
+/* Runs @spawn's worker with the channel (a new Unix stream pair), the descriptors @spawn hands
+ * it (its listening socket, ...) and its stdout and stderr on a pipe hostd's log reads
+ * (hostd_log_worker_output()), sends it "start" and waits up to the answer deadline for its
+ * "ready". On success the channel (sends on it bounded in time), the pid and the "ready" payload
+ * (*@ret_ready, when not NULL). Fails with VM_ERROR_IO when it cannot run or answers anything else
+ * ("failed" with its reason included), the worker then killed and reaped. */
 gboolean hostd_worker_spawn(const HostdWorkerSpawn *spawn, int *ret_fd, GPid *ret_pid,
                             GVariant **ret_ready, GError **error);
 

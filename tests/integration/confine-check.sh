@@ -182,6 +182,9 @@ confine_check() {
     check "$y's egress worker (pid $epid) runs as an id of its own ($eid): not its QEMU's ($idx) nor its SSH worker's ($wid)" \
       bash -c "[ -n '$epid' ] && [ -n '$eid' ] && [ -n '$wid' ] && [ '$(confine_ids "$epid")' = '$eid $eid $eid $eid' ] &&
                [ '$eid' != '$idx' ] && [ '$eid' != '$wid' ] && [ '$wid' != '$idx' ]"
+    # Its filter refuses it a TCP socket: hostd makes each connection out and hands it over.
+    check "$y's egress worker made none of its TCP sockets (hostd made them, as root)" \
+      bash -c "[ -n '$eid' ] && ! ss -tanpeH | grep 'pid=$epid,' | grep -q 'uid:$eid '"
     check "as $y's SSH worker's id, /proc/PID/mem of its QEMU and of its egress worker does not open" \
       bash -c '[ -n "$1" ] && ! confine_mem_open "$1" "$2" && ! confine_mem_open "$1" "$3"' _ "$wid" "$pidy" "$epid"
     check "as $y's egress worker's id, /proc/PID/mem of its QEMU and of its SSH worker does not open" \

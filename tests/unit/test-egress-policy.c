@@ -430,6 +430,46 @@ test_check_address_ports(void **state)
     }
 }
 
+/* hostd's check of what an egress worker asks it to connect to: the address check, and a port
+ * that some allow rule allows (the worker names no host). */
+static void
+test_check_connect(void **state)
+{
+    static const struct {
+        const char *allow;
+        const char *deny;
+        const char *address;
+        guint16 port;
+        VmEgressVerdict verdict;
+    } cases[] = {
+        {"127.0.0.1/32:8080", NULL, "127.0.0.1", 8080, VM_EGRESS_ALLOW},
+        {"127.0.0.1/32:8080", NULL, "127.0.0.1", 9090, VM_EGRESS_DENY_ADDRESS},
+        {"127.0.0.1/32:8080", NULL, "::1", 8080, VM_EGRESS_DENY_ADDRESS},
+        {"127.0.0.1/32:8080", NULL, "::ffff:127.0.0.1", 8080, VM_EGRESS_ALLOW},
+        {"127.0.0.1/32:8080", NULL, "0.0.0.0", 8080, VM_EGRESS_DENY_ADDRESS},
+        {"example.com", NULL, "10.0.0.1", 443, VM_EGRESS_DENY_ADDRESS},
+        {"example.com", NULL, "169.254.169.254", 80, VM_EGRESS_DENY_ADDRESS},
+        {"example.com", NULL, "93.184.216.34", 443, VM_EGRESS_ALLOW},
+        {"example.com", NULL, "93.184.216.34", 22, VM_EGRESS_DENY_NO_RULE},
+        {"example.com:8443", NULL, "93.184.216.34", 443, VM_EGRESS_DENY_NO_RULE},
+        {"example.com:8443", NULL, "93.184.216.34", 8443, VM_EGRESS_ALLOW},
+        {"none", NULL, "93.184.216.34", 443, VM_EGRESS_DENY_NO_RULE},
+        {"any", "93.184.216.0/24", "93.184.216.34", 443, VM_EGRESS_DENY_RULE},
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(cases[i].allow, cases[i].deny);
+        VmEgressAddress address = addr(cases[i].address);
+        VmEgressVerdict verdict =
+            vm_egress_policy_check_connect(policy, &address, cases[i].port, NULL);
+
+        if (verdict != cases[i].verdict)
+            fail_msg("allow='%s' deny='%s' %s port %u: %s, expected %s", cases[i].allow,
+                     cases[i].deny, cases[i].address, cases[i].port,
+                     vm_egress_verdict_name(verdict), vm_egress_verdict_name(cases[i].verdict));
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Address decisions */
 
@@ -703,6 +743,7 @@ main(void)
         cmocka_unit_test(test_check_host_normalised),
         cmocka_unit_test(test_check_ports),
         cmocka_unit_test(test_check_address_ports),
+        cmocka_unit_test(test_check_connect),
         cmocka_unit_test(test_address_public),
         cmocka_unit_test(test_check_address_table),
         cmocka_unit_test(test_check_address_local),

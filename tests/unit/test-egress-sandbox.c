@@ -148,11 +148,13 @@ assert_probe_killed(VmSandboxProfile profile, Probe probe)
 
 /* ---- what each worker needs ---------------------------------------------------------------- */
 
+/* The resolver's UDP sockets (as the C library makes them) and getifaddrs()'s netlink route
+ * socket. */
 static int
 probe_egress_sockets(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int fd6 = socket(AF_INET6, SOCK_DGRAM, 0);
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int fd6 = socket(AF_INET6, SOCK_DGRAM, IPPROTO_UDP);
     int route = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
 
     return fd >= 0 && fd6 >= 0 && route >= 0 ? 0 : 1;
@@ -366,12 +368,21 @@ test_api_accept(void **state)
     close(client[1]);
 }
 
+/* The egress worker makes no TCP socket (hostd connects for it), in any spelling; nor an ICMP
+ * or SCTP one. A TCP socket it was given still cannot listen. */
 static int
-probe_listen(void)
+probe_egress_tcp(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    return fd >= 0 && REFUSED(listen(fd, 1)) ? 0 : 1;
+    if (!REFUSED(socket(AF_INET, SOCK_STREAM, 0)) ||
+        !REFUSED(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) ||
+        !REFUSED(socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_TCP)) ||
+        !REFUSED(socket(AF_INET, SOCK_DGRAM, IPPROTO_TCP)) ||
+        !REFUSED(socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP)) ||
+        !REFUSED(socket(AF_INET6, SOCK_SEQPACKET, 0)))
+        return 1;
+    if (!REFUSED(listen(the.tcp, 1)))
+        return 2;
+    return 0;
 }
 
 static void
@@ -387,7 +398,7 @@ test_refused(void **state)
         assert_probe(p, UNDER_FILTER, probe_netlink_diag);
         assert_probe(p, UNDER_FILTER, probe_send_datagram);
     }
-    assert_probe(VM_SANDBOX_EGRESS, UNDER_FILTER, probe_listen);
+    assert_probe(VM_SANDBOX_EGRESS, UNDER_FILTER, probe_egress_tcp);
     assert_probe(VM_SANDBOX_SSH, UNDER_FILTER, probe_ssh_network);
     assert_probe(VM_SANDBOX_API, UNDER_FILTER, probe_api_network);
     /* Nothing came through: no datagram, no connection. */
@@ -499,8 +510,8 @@ probe_api_files(void)
     return 0;
 }
 
-/* The SSH and API workers' Landlock refuses TCP connections on its own too (a second wall
- * behind the filter's). */
+/* Each worker's Landlock refuses TCP connections on its own too (a second wall behind the
+ * filter's: hostd connects for both). */
 static int
 probe_landlock_connect(void)
 {
@@ -528,10 +539,11 @@ test_landlock(void **state)
     assert_probe(VM_SANDBOX_API, UNDER_LANDLOCK, probe_api_files);
     assert_probe(VM_SANDBOX_API, UNDER_LANDLOCK, probe_thread);
     assert_probe(VM_SANDBOX_EGRESS, UNDER_LANDLOCK, probe_thread);
-    if (syscall(SYS_landlock_create_ruleset, NULL, 0, 1U) >= 4)
+    if (syscall(SYS_landlock_create_ruleset, NULL, 0, 1U) >= 4) {
         assert_probe(VM_SANDBOX_SSH, UNDER_LANDLOCK, probe_landlock_connect);
-    if (syscall(SYS_landlock_create_ruleset, NULL, 0, 1U) >= 4)
+        assert_probe(VM_SANDBOX_EGRESS, UNDER_LANDLOCK, probe_landlock_connect);
         assert_probe(VM_SANDBOX_API, UNDER_LANDLOCK, probe_landlock_connect);
+    }
     {
         g_autofree char *shm = g_strdup_printf("/dev/shm/test-sandbox-%d", (int)getpid());
         g_autofree char *tmp = g_strdup_printf("/tmp/test-sandbox-%d", (int)getpid());

@@ -1894,9 +1894,9 @@ assert_given_up(const GError *error, gint64 start, gint64 allowed_us)
     gint64 took = g_get_monotonic_time() - start;
 
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_SSH, NULL);
-    assert_non_null(
-        strstr(error->message, "the SSH worker of agent 'alpha' did not answer within"));
-    assert_non_null(strstr(error->message, "it was replaced"));
+    if (strstr(error->message, "the SSH worker of agent 'alpha' did not answer within") == NULL ||
+        strstr(error->message, "it was replaced") == NULL)
+        fail_msg("not the deadline's error: %s", error->message);
     assert_true(took >= allowed_us);
     assert_true(took < allowed_us + 3 * G_USEC_PER_SEC);
 }
