@@ -422,12 +422,8 @@ hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
     worker->handshake_timeout_ms = config->handshake_timeout_ms;
     worker->idle_timeout_ms = config->idle_timeout_ms;
     worker->connect_timeout_ms = config->connect_timeout_ms;
-    worker->answer_timeout_ms = config->answer_timeout_ms != 0
-                                    ? config->answer_timeout_ms
-                                    : HOSTD_WORKER_ANSWER_TIMEOUT_MS_DEFAULT;
-    worker->ping_interval_ms = config->ping_interval_ms != 0
-                                   ? config->ping_interval_ms
-                                   : HOSTD_WORKER_PING_INTERVAL_MS_DEFAULT;
+    hostd_worker_timeouts(config->answer_timeout_ms, config->ping_interval_ms,
+                          &worker->answer_timeout_ms, &worker->ping_interval_ms);
     worker->log = config->log;
     worker->log_data = config->log_data;
     worker->resolve = config->resolve;

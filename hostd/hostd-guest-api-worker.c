@@ -241,12 +241,8 @@ hostd_guest_api_worker_new(const HostdGuestApiWorkerConfig *config, GError **err
     worker->change_user = config->change_user;
     worker->uid = config->uid;
     worker->gid = config->gid;
-    worker->answer_timeout_ms = config->answer_timeout_ms != 0
-                                    ? config->answer_timeout_ms
-                                    : HOSTD_WORKER_ANSWER_TIMEOUT_MS_DEFAULT;
-    worker->ping_interval_ms = config->ping_interval_ms != 0
-                                   ? config->ping_interval_ms
-                                   : HOSTD_WORKER_PING_INTERVAL_MS_DEFAULT;
+    hostd_worker_timeouts(config->answer_timeout_ms, config->ping_interval_ms,
+                          &worker->answer_timeout_ms, &worker->ping_interval_ms);
     worker->call = config->call;
     worker->refused = config->refused;
     worker->broken = config->broken;

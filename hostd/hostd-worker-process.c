@@ -173,3 +173,12 @@ hostd_worker_pause(GMutex *lock, GCond *cond, const gboolean *stopping, guint *b
     g_mutex_unlock(lock);
     return go_on;
 }
+
+void
+hostd_worker_timeouts(guint answer_timeout_ms, guint ping_interval_ms, guint *ret_answer_ms,
+                      guint *ret_ping_ms)
+{
+    *ret_answer_ms =
+        answer_timeout_ms != 0 ? answer_timeout_ms : HOSTD_WORKER_ANSWER_TIMEOUT_MS_DEFAULT;
+    *ret_ping_ms = ping_interval_ms != 0 ? ping_interval_ms : HOSTD_WORKER_PING_INTERVAL_MS_DEFAULT;
+}

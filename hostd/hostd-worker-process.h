@@ -18,6 +18,11 @@ G_BEGIN_DECLS
 #define HOSTD_WORKER_ANSWER_TIMEOUT_MS_DEFAULT 10000
 #define HOSTD_WORKER_PING_INTERVAL_MS_DEFAULT  5000
 
+/* A kind's configured deadline and ping interval (0: the defaults above) as its watcher keeps
+ * them. Can't fail. */
+void hostd_worker_timeouts(guint answer_timeout_ms, guint ping_interval_ms, guint *ret_answer_ms,
+                           guint *ret_ping_ms);
+
 /* The most descriptors a worker is handed besides its channel. */
 #define HOSTD_WORKER_FDS_MAX 2
 
