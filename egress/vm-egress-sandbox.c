@@ -19,7 +19,7 @@
 
 #include "vm-error.h"
 
-/* What both workers do: I/O on the sockets they have, poll, threads, memory, time, reading the
+/* What every worker does: I/O on the sockets they have, poll, threads, memory, time, reading the
  * resolver's and the trust store's files. */
 static const char *const allowed[] = {
     /* I/O on descriptors it has */
@@ -135,6 +135,13 @@ static const char *const allowed_egress[] = {
     "accept",
     "accept4",
     "bind",
+};
+
+/* The in-guest API worker's own: guest connections on the listening api.sock hostd handed over.
+ * It makes no socket, so it can reach no address: no connect(), bind() or listen(). */
+static const char *const allowed_api[] = {
+    "accept",
+    "accept4",
 };
 
 /* Kill the process at once: what only an attacker who runs code in the worker would call. A
@@ -274,6 +281,10 @@ add_argument_rules(scmp_filter_ctx ctx, VmSandboxProfile profile, pid_t pid)
         rc = RULE(ctx, SCMP_ACT_ALLOW, socketpair, SCMP_A0(SCMP_CMP_EQ, AF_UNIX),
                   SCMP_A1(SCMP_CMP_MASKED_EQ, type_mask, SOCK_STREAM));
         break;
+    case VM_SANDBOX_API:
+        /* Every socket it uses was handed over (api.sock, hostd's channel) or accepted on one:
+         * socket() and socketpair() stay refused. */
+        break;
     default:
         g_assert_not_reached();
     }
@@ -295,6 +306,10 @@ vm_egress_sandbox_filter_load(VmSandboxProfile profile, GError **error)
     }
     for (gsize i = 0; profile == VM_SANDBOX_EGRESS && i < G_N_ELEMENTS(allowed_egress); i++) {
         if (!add_rule(ctx, SCMP_ACT_ALLOW, allowed_egress[i], error))
+            goto out;
+    }
+    for (gsize i = 0; profile == VM_SANDBOX_API && i < G_N_ELEMENTS(allowed_api); i++) {
+        if (!add_rule(ctx, SCMP_ACT_ALLOW, allowed_api[i], error))
             goto out;
     }
     for (gsize i = 0; i < G_N_ELEMENTS(killed); i++) {
@@ -344,6 +359,13 @@ static const char *const readable[] = {
     "/dev/null",
     "/dev/urandom",
     "/dev/random",
+};
+
+/* The in-guest API worker's: libsoup, GIO and the C library need no more than their own files
+ * (GIO's modules, the locale's data) and randomness; it resolves no name and checks no
+ * certificate. */
+static const char *const readable_api[] = {
+    "/usr", "/lib", "/lib64", "/etc/ld.so.cache", "/dev/null", "/dev/urandom",
 };
 
 /* What the header of this build knows of each ABI; a kernel with an older one is given only
@@ -426,6 +448,8 @@ vm_egress_sandbox_landlock(VmSandboxProfile profile, gboolean *ret_enforced, GEr
 {
     int abi = (int)syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
     RulesetAttr attr;
+    const char *const *paths;
+    gsize n_paths;
     gsize size;
     int ruleset;
 
@@ -440,8 +464,10 @@ vm_egress_sandbox_landlock(VmSandboxProfile profile, gboolean *ret_enforced, GEr
     ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
     if (ruleset < 0)
         return vm_throw_errno(error, errno, "Landlock: cannot make the ruleset (ABI %d)", abi);
-    for (gsize i = 0; i < G_N_ELEMENTS(readable); i++) {
-        if (!allow_read(ruleset, readable[i], error)) {
+    paths = profile == VM_SANDBOX_API ? readable_api : readable;
+    n_paths = profile == VM_SANDBOX_API ? G_N_ELEMENTS(readable_api) : G_N_ELEMENTS(readable);
+    for (gsize i = 0; i < n_paths; i++) {
+        if (!allow_read(ruleset, paths[i], error)) {
             close(ruleset);
             return FALSE;
         }

@@ -371,9 +371,10 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
 }
 
 /* worker-ids: as given, or right after agent-ids' range (the default one where agent-ids is
- * off) and twice its size. An agent's workers take the ids of its slot in it (hostd-confine.h):
+ * off) and thrice its size. An agent's workers take the ids of its slot in it (hostd-confine.h):
  * with agent ids on, the slot of an agent with an id is its place in agent-ids, so worker-ids
- * must hold two ids per agent id, and none of an agent or a user of the host. */
+ * must hold three ids per agent id (SSH, egress, in-guest API), and none of an agent or a user
+ * of the host. */
 static gboolean
 hostd_config_place_worker_ids(HostdConfig *config, const char *path, GError **error)
 {
@@ -384,20 +385,21 @@ hostd_config_place_worker_ids(HostdConfig *config, const char *path, GError **er
     g_autoptr(GError) local_error = NULL;
 
     if (config->worker_id_min == G_MAXUINT) {
-        if ((guint64)agent_max + 2 * agents > G_MAXINT32)
+        if ((guint64)agent_max + HOSTD_IDS_WORKER_KINDS * agents > G_MAXINT32)
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                             "%s: agent-ids %u-%u leaves no room for worker-ids after it (ids up "
                             "to %d): set worker-ids",
                             path, agent_min, agent_max, G_MAXINT32);
         config->worker_id_min = agent_max + 1;
-        config->worker_id_max = (guint)(agent_max + 2 * agents);
+        config->worker_id_max = (guint)(agent_max + HOSTD_IDS_WORKER_KINDS * agents);
     }
     if (config->worker_id_min == 0)
         return TRUE;
-    if ((guint64)config->worker_id_max - config->worker_id_min + 1 < (ids_off ? 2 : 2 * agents))
+    if ((guint64)config->worker_id_max - config->worker_id_min + 1 <
+        (ids_off ? 1 : agents) * HOSTD_IDS_WORKER_KINDS)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "%s: worker-ids %u-%u must hold two ids (an SSH and an egress worker's) "
-                        "for each id of agent-ids %u-%u",
+                        "%s: worker-ids %u-%u must hold three ids (an SSH, an egress and an "
+                        "in-guest API worker's) for each id of agent-ids %u-%u",
                         path, config->worker_id_min, config->worker_id_max, agent_min, agent_max);
     if (!ids_off && config->worker_id_min <= agent_max && agent_min <= config->worker_id_max)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,

@@ -87,8 +87,8 @@ guint64 hostd_config_free_floor(const HostdConfig *config, guint64 size);
  * disk-write-iops, agent-ids, worker-ids, guest-checkpoint-max, guest-checkpoint-bytes,
  * checkpoint-free-floor) when not NULL,
  * then applies the non-NULL overrides, then fills defaults (worker-ids: the ids right after
- * agent-ids', twice as many). Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT
- * "FILE: ...", as does a worker-ids range that overlaps agent-ids', holds fewer than two ids per
+ * agent-ids', thrice as many). Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT
+ * "FILE: ...", as does a worker-ids range that overlaps agent-ids', holds fewer than three ids per
  * agent id, or holds the id of a user or group of the host. */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
                                const char *uri, GError **error);

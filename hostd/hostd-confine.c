@@ -390,7 +390,7 @@ confine_worker_slot_locked(HostdContext *ctx, const char *name, guint agent_id, 
                            GError **error)
 {
     const HostdConfig *config = ctx->config;
-    guint slots = (config->worker_id_max - config->worker_id_min + 1) / 2;
+    guint slots = HOSTD_IDS_WORKER_SLOTS(config->worker_id_min, config->worker_id_max);
     gboolean ids_on = config->agent_id_min != 0;
     g_autoptr(GHashTable) taken = NULL;
     g_autoptr(GPtrArray) records = NULL;
@@ -438,7 +438,7 @@ confine_worker_slot_locked(HostdContext *ctx, const char *name, guint agent_id, 
                     config->worker_id_min, config->worker_id_max, name);
 }
 
-/* With ctx->lock held: whether neither worker id of slot @slot is a user's or group's of the
+/* With ctx->lock held: whether no worker id of slot @slot is a user's or group's of the
  * host (one made since worker-ids was checked at start) or an agent's id (one from an earlier
  * agent-ids). */
 static gboolean
@@ -449,9 +449,11 @@ confine_worker_check_locked(HostdContext *ctx, const char *name, guint slot, GEr
 
     if (records == NULL)
         return FALSE;
-    for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_EGRESS; kind++) {
+    for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_API; kind++) {
         guint id = hostd_ids_worker(config->worker_id_min, config->worker_id_max, slot, kind);
-        const char *what = kind == HOSTD_WORKER_SSH ? "SSH" : "egress";
+        const char *what = kind == HOSTD_WORKER_SSH      ? "SSH"
+                           : kind == HOSTD_WORKER_EGRESS ? "egress"
+                                                         : "in-guest API";
         if (hostd_ids_named(id))
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                             "the %s worker of agent '%s' would run as %u, a user or group of the "

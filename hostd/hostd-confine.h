@@ -11,17 +11,17 @@
  * Agents without an id (hostd not root, a driver without DAC, agent-ids = off, a record from
  * before ids that has not booted since) are left as they were.
  *
- * Each agent's two workers (its SSH client, vm-ssh-worker; its egress proxy, vm-egress-worker)
- * run, when hostd is root, as two more ids of their own from worker-ids (hostd_ids_worker()),
- * never its QEMU's nor each other's nor another agent's: a worker taken over by a guest can then
- * neither read nor write its QEMU's memory (/proc/PID/mem, ptrace: QEMU is dumpable), nor signal
- * or throttle another agent's processes. The ids are derived, not recorded: an agent's slot is
- * its id's place in agent-ids, so an agent made before worker ids keeps its record as it is and
- * its workers get theirs from it. An agent with no id in agent-ids (agent-ids = off, a driver
- * without DAC, a record from before ids, an id of an earlier agent-ids range) gets a slot of
- * its own for as long as hostd runs (its workers end with hostd), kept from every agent id's
- * slot. The workers own no file and read none of the agent's (keys and sockets come from
- * hostd), so nothing is given to these ids. worker-ids = off: every worker runs as
+ * Each agent's three workers (its SSH client, vm-ssh-worker; its egress proxy, vm-egress-worker;
+ * its in-guest API, vm-guest-api-worker) run, when hostd is root, as three more ids of their own
+ * from worker-ids (hostd_ids_worker()), never its QEMU's nor each other's nor another agent's: a
+ * worker taken over by a guest can then neither read nor write its QEMU's memory (/proc/PID/mem,
+ * ptrace: QEMU is dumpable), nor signal or throttle another agent's processes. The ids are derived,
+ * not recorded: an agent's slot is its id's place in agent-ids, so an agent made before worker ids
+ * keeps its record as it is and its workers get theirs from it. An agent with no id in agent-ids
+ * (agent-ids = off, a driver without DAC, a record from before ids, an id of an earlier agent-ids
+ * range) gets a slot of its own for as long as hostd runs (its workers end with hostd), kept from
+ * every agent id's slot. The workers own no file and read none of the agent's (keys and sockets
+ * come from hostd), so nothing is given to these ids. worker-ids = off: every worker runs as
  * egress-user, as before. */
 #pragma once
 

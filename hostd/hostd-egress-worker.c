@@ -16,21 +16,13 @@
 #include "hostd-egress-connect.h"
 #include "hostd-ssh-wire.h"
 #include "hostd-log.h"
+#include "hostd-worker-process.h"
 #include "vm-egress-wire.h"
 #include "vm-error.h"
 #include "vm-util.h"
 
 /* How long a stats question may take before it counts as no answer. */
 #define STATS_TIMEOUT_US (G_USEC_PER_SEC / 2)
-/* A worker that served this long before it died is restarted at once. */
-#define HEALTHY_US     (5 * G_USEC_PER_SEC)
-#define BACKOFF_MIN_MS 50
-/* How long a worker may take to take one message. */
-#define IO_TIMEOUT_S 2
-/* Unless configured: the deadline of the worker's start and of each answer, and how often the
- * watcher asks a worker that says nothing whether it still answers. */
-#define ANSWER_TIMEOUT_MS_DEFAULT 10000
-#define PING_INTERVAL_MS_DEFAULT  5000
 
 struct _HostdEgressWorker {
     char *program;
@@ -105,16 +97,7 @@ hostd_egress_worker_unref(HostdEgressWorker *worker)
 static void
 worker_send(HostdEgressWorker *worker, int fd, const char *kind, GVariant *payload)
 {
-    g_autoptr(GVariant) sunk = g_variant_ref_sink(payload);
-
-    if (fd < 0)
-        return;
-    g_mutex_lock(&worker->send_lock);
-    /* A worker that stops reading (the send timed out) is ended: the watcher sees its channel
-     * close and starts another. */
-    if (!vm_wire_send(fd, kind, sunk, NULL))
-        (void)shutdown(fd, SHUT_RDWR);
-    g_mutex_unlock(&worker->send_lock);
+    hostd_worker_send(&worker->send_lock, fd, kind, payload);
 }
 
 static GVariant *
@@ -163,15 +146,6 @@ worker_start_message(HostdEgressWorker *worker)
     return g_variant_builder_end(&b);
 }
 
-/* Reaps @pid (killed first: a worker that broke the protocol may still run). */
-static void
-worker_reap(GPid pid)
-{
-    (void)kill(pid, SIGKILL);
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-        ;
-}
-
 /* Logs once per hostd what a worker's "ready" says its confinement lacks (no Landlock). */
 static void
 worker_sandbox_note(HostdEgressWorker *worker, GVariant *ready)
@@ -214,62 +188,27 @@ worker_connect_channel(HostdEgressWorker *worker, GError **error)
 static gboolean
 worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **error)
 {
-    int pair[2];
-    vm_autofd parent = -1;
-    vm_autofd child = -1;
-    vm_autofd connect_child = -1;
-    const char *argv[] = {worker->program, worker->name, NULL};
-    int source_fds[3];
-    int target_fds[3] = {VM_EGRESS_WORKER_CONTROL_FD, VM_EGRESS_WORKER_LISTEN_FD,
-                         VM_EGRESS_WORKER_CONNECT_FD};
-    g_autoptr(GError) local_error = NULL;
-    g_autofree char *kind = NULL;
-    g_autoptr(GVariant) reply = NULL;
-    GPid pid = 0;
-    const struct timeval io_timeout = {.tv_sec = IO_TIMEOUT_S};
+    g_autoptr(GVariant) ready = NULL;
+    vm_autofd connect_child = worker_connect_channel(worker, error);
 
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
-        return vm_throw_errno(error, errno, "cannot make the egress worker's channel");
-    parent = pair[0];
-    child = pair[1];
-    source_fds[0] = child;
-    source_fds[1] = worker->listen_fd;
-    /* What it prints reaches hostd's log only through a pipe hostd reads, bounded and escaped. */
-    g_autofree char *who = g_strdup_printf("egress worker of '%s'", worker->name);
-    vm_autofd output = hostd_log_worker_output(who, error);
-    if (output < 0)
-        return FALSE;
-    connect_child = worker_connect_channel(worker, error);
     if (connect_child < 0)
         return FALSE;
-    source_fds[2] = connect_child;
-    if (!g_spawn_async_with_pipes_and_fds(
-            "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
-            -1, output, output, source_fds, target_fds, 3, &pid, NULL, NULL, NULL, &local_error))
-        return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", worker->program,
-                        local_error->message);
-    close(g_steal_fd(&child));
-    close(g_steal_fd(&connect_child));
-    /* Neither side of hostd waits on a worker for long: a start, a send. */
-    (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &io_timeout, sizeof(io_timeout));
-    worker_send(worker, parent, "start", worker_start_message(worker));
-    reply = vm_wire_recv_until(parent, VM_EGRESS_WIRE_FROM_WORKER_MAX,
-                               g_get_monotonic_time() + (gint64)worker->answer_timeout_ms * 1000,
-                               &kind, &local_error);
-    if (reply == NULL || !g_str_equal(kind, "ready")) {
-        const char *why = local_error != NULL ? local_error->message : kind;
+    const HostdWorkerSpawn spawn = {
+        .program = worker->program,
+        .name = worker->name,
+        .what = "egress worker",
+        .channel_fd = VM_EGRESS_WORKER_CONTROL_FD,
+        .fds = {worker->listen_fd, connect_child},
+        .target_fds = {VM_EGRESS_WORKER_LISTEN_FD, VM_EGRESS_WORKER_CONNECT_FD},
+        .n_fds = 2,
+        .from_worker_max = VM_EGRESS_WIRE_FROM_WORKER_MAX,
+        .answer_timeout_ms = worker->answer_timeout_ms,
+        .start = worker_start_message(worker),
+    };
 
-        if (reply != NULL && g_str_equal(kind, "failed") &&
-            g_variant_is_of_type(reply, G_VARIANT_TYPE_STRING))
-            why = g_variant_get_string(reply, NULL);
-        vm_throw(error, VM_ERROR_IO, "the egress worker of '%s' did not start: %.400s",
-                 worker->name, why);
-        worker_reap(pid);
+    if (!hostd_worker_spawn(&spawn, ret_fd, ret_pid, &ready, error))
         return FALSE;
-    }
-    worker_sandbox_note(worker, reply);
-    *ret_fd = g_steal_fd(&parent);
-    *ret_pid = pid;
+    worker_sandbox_note(worker, ready);
     return TRUE;
 }
 
@@ -321,26 +260,6 @@ worker_answer_resolve(HostdEgressWorker *worker, int fd, GVariant *payload)
                               error != NULL ? error->message : "", list));
 }
 
-/* Waits until @fd can be read (TRUE) or @until (monotonic us) passes (FALSE). */
-static gboolean
-worker_wait(int fd, gint64 until)
-{
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-
-    for (;;) {
-        gint64 left = until - g_get_monotonic_time();
-        int rc;
-
-        if (left <= 0)
-            return FALSE;
-        rc = poll(&pfd, 1, (int)MIN((left + 999) / 1000, G_MAXINT));
-        if (rc > 0)
-            return TRUE;
-        if (rc < 0 && errno != EINTR)
-            return TRUE; /* the read says what is wrong */
-    }
-}
-
 /* Reads one worker run's messages until its channel ends, it breaks the protocol or it misses a
  * deadline: a frame, once begun, must come whole within the answer deadline, and a stats
  * question the watcher asks after a quiet interval must be answered within it. A worker that is
@@ -359,7 +278,7 @@ worker_serve(HostdEgressWorker *worker, int fd)
         g_autoptr(GVariant) payload = NULL;
         gboolean answered;
 
-        if (!worker_wait(fd, ping_deadline >= 0 ? ping_deadline : next_ping)) {
+        if (!hostd_worker_wait(fd, ping_deadline >= 0 ? ping_deadline : next_ping)) {
             g_mutex_lock(&worker->lock);
             answered = ping_deadline >= 0 && (gint32)(worker->stats_serial - ping) >= 0;
             if (ping_deadline < 0)
@@ -450,31 +369,10 @@ worker_watch(gpointer data)
         worker->connections = 0;
         g_cond_broadcast(&worker->cond);
         g_mutex_unlock(&worker->lock);
-        /* Only now: sends that took the old fd are done with it once send_lock is free. */
-        g_mutex_lock(&worker->send_lock);
-        if (fd >= 0)
-            close(fd);
-        g_mutex_unlock(&worker->send_lock);
-        if (pid > 0)
-            worker_reap(pid);
-
-        /* Dying young again and again slows the restarts down; a worker that served a while
-         * is replaced at once. */
-        if (g_get_monotonic_time() - started >= HEALTHY_US)
-            backoff_ms = 0;
-        g_mutex_lock(&worker->lock);
-        if (backoff_ms > 0) {
-            gint64 until = g_get_monotonic_time() + (gint64)backoff_ms * 1000;
-
-            while (!worker->stopping && g_cond_wait_until(&worker->cond, &worker->lock, until))
-                ;
-        }
-        backoff_ms = MIN(MAX(backoff_ms * 2, BACKOFF_MIN_MS), HOSTD_EGRESS_WORKER_BACKOFF_MAX_MS);
-        if (worker->stopping) {
-            g_mutex_unlock(&worker->lock);
+        hostd_worker_run_end(&worker->send_lock, fd, pid);
+        if (!hostd_worker_pause(&worker->lock, &worker->cond, &worker->stopping, &backoff_ms,
+                                started, HOSTD_EGRESS_WORKER_BACKOFF_MAX_MS))
             return NULL;
-        }
-        g_mutex_unlock(&worker->lock);
 
         {
             g_autoptr(GError) error = NULL;
@@ -524,10 +422,8 @@ hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
     worker->handshake_timeout_ms = config->handshake_timeout_ms;
     worker->idle_timeout_ms = config->idle_timeout_ms;
     worker->connect_timeout_ms = config->connect_timeout_ms;
-    worker->answer_timeout_ms =
-        config->answer_timeout_ms != 0 ? config->answer_timeout_ms : ANSWER_TIMEOUT_MS_DEFAULT;
-    worker->ping_interval_ms =
-        config->ping_interval_ms != 0 ? config->ping_interval_ms : PING_INTERVAL_MS_DEFAULT;
+    hostd_worker_timeouts(config->answer_timeout_ms, config->ping_interval_ms,
+                          &worker->answer_timeout_ms, &worker->ping_interval_ms);
     worker->log = config->log;
     worker->log_data = config->log_data;
     worker->resolve = config->resolve;

@@ -14,11 +14,13 @@
  *   "start"   a{sv}: change-user b, uid u, gid u
  *   "answer"  (uuus): serial, HTTP status (0: the worker's own refusal of that call), the
  *             Retry-After seconds (0: none), the JSON body
+ *   "ping"    u: a serial, asked of a worker silent for a while
  * worker to hostd:
  *   "ready"   (): serving
  *   "failed"  s: could not start (then it exits)
  *   "call"    HOSTD_GUEST_API_CALL_TYPE: one whole request
  *   "refused" u: a HostdGuestApiRefusal, for hostd's log (nothing reached hostd otherwise)
+ *   "pong"    u: the serial of the ping it answers
  */
 #pragma once
 

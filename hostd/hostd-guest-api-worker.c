@@ -10,15 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "hostd-worker-process.h"
 #include "vm-error.h"
 #include "vm-util.h"
-
-/* A worker that served this long before it died is restarted at once. */
-#define HEALTHY_US     (5 * G_USEC_PER_SEC)
-#define BACKOFF_MIN_MS 50
-/* How long a worker may take to start, and to take one message. */
-#define START_TIMEOUT_S 10
-#define IO_TIMEOUT_S    2
 
 struct _HostdGuestApiWorker {
     char *program;
@@ -27,6 +21,7 @@ struct _HostdGuestApiWorker {
     gboolean change_user;
     uid_t uid;
     gid_t gid;
+    guint answer_timeout_ms, ping_interval_ms;
     HostdGuestApiWorkerCallFunc call;
     HostdGuestApiWorkerRefusedFunc refused;
     HostdGuestApiWorkerBrokenFunc broken;
@@ -40,6 +35,7 @@ struct _HostdGuestApiWorker {
     guint64 run; /* which run fd and pid are, counted from 1 */
     gboolean stopping;
     GThread *watcher;
+    guint32 ping; /* the watcher's own: the serial of its last ping */
 };
 
 static void
@@ -71,16 +67,7 @@ hostd_guest_api_worker_unref(HostdGuestApiWorker *worker)
 static void
 worker_send(HostdGuestApiWorker *worker, int fd, const char *kind, GVariant *payload)
 {
-    g_autoptr(GVariant) sunk = g_variant_ref_sink(payload);
-
-    if (fd < 0)
-        return;
-    g_mutex_lock(&worker->send_lock);
-    /* A worker that stops reading (the send timed out) is ended: the watcher sees its channel
-     * close and starts another. */
-    if (!vm_wire_send(fd, kind, sunk, NULL))
-        (void)shutdown(fd, SHUT_RDWR);
-    g_mutex_unlock(&worker->send_lock);
+    hostd_worker_send(&worker->send_lock, fd, kind, payload);
 }
 
 static GVariant *
@@ -94,79 +81,61 @@ worker_start_message(HostdGuestApiWorker *worker)
     return g_variant_builder_end(&b);
 }
 
-/* Reaps @pid (killed first: a worker that broke the protocol may still run). */
-static void
-worker_reap(GPid pid)
-{
-    (void)kill(pid, SIGKILL);
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-        ;
-}
-
 /* Runs a new worker and waits for its "ready": the channel and pid on success. */
 static gboolean
 worker_launch(HostdGuestApiWorker *worker, int *ret_fd, GPid *ret_pid, GError **error)
 {
-    int pair[2];
-    vm_autofd parent = -1;
-    vm_autofd child = -1;
-    const char *argv[] = {worker->program, worker->name, NULL};
-    int source_fds[2];
-    int target_fds[2] = {HOSTD_GUEST_API_WORKER_CONTROL_FD, HOSTD_GUEST_API_WORKER_LISTEN_FD};
-    g_autoptr(GError) local_error = NULL;
-    g_autofree char *kind = NULL;
-    g_autoptr(GVariant) reply = NULL;
-    GPid pid = 0;
-    const struct timeval io_timeout = {.tv_sec = IO_TIMEOUT_S};
-    const struct timeval start_timeout = {.tv_sec = START_TIMEOUT_S};
-    const struct timeval no_timeout = {0};
+    const HostdWorkerSpawn spawn = {
+        .program = worker->program,
+        .name = worker->name,
+        .what = "in-guest API worker",
+        .channel_fd = HOSTD_GUEST_API_WORKER_CONTROL_FD,
+        .fds = {worker->listen_fd},
+        .target_fds = {HOSTD_GUEST_API_WORKER_LISTEN_FD},
+        .n_fds = 1,
+        .from_worker_max = HOSTD_GUEST_API_WIRE_FROM_WORKER_MAX,
+        .answer_timeout_ms = worker->answer_timeout_ms,
+        .start = worker_start_message(worker),
+    };
 
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
-        return vm_throw_errno(error, errno, "cannot make the in-guest API worker's channel");
-    parent = pair[0];
-    child = pair[1];
-    source_fds[0] = child;
-    source_fds[1] = worker->listen_fd;
-    if (!g_spawn_async_with_pipes_and_fds(
-            "/", argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDIN_FROM_DEV_NULL, NULL, NULL,
-            -1, -1, -1, source_fds, target_fds, 2, &pid, NULL, NULL, NULL, &local_error))
-        return vm_throw(error, VM_ERROR_IO, "cannot run %s: %s", worker->program,
-                        local_error->message);
-    close(g_steal_fd(&child));
-    (void)setsockopt(parent, SOL_SOCKET, SO_SNDTIMEO, &io_timeout, sizeof(io_timeout));
-    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &start_timeout, sizeof(start_timeout));
-    worker_send(worker, parent, "start", worker_start_message(worker));
-    reply = vm_wire_recv(parent, HOSTD_GUEST_API_WIRE_FROM_WORKER_MAX, &kind, &local_error);
-    if (reply == NULL || !g_str_equal(kind, "ready")) {
-        const char *why = local_error != NULL ? local_error->message : kind;
-
-        if (reply != NULL && g_str_equal(kind, "failed") &&
-            g_variant_is_of_type(reply, G_VARIANT_TYPE_STRING))
-            why = g_variant_get_string(reply, NULL);
-        vm_throw(error, VM_ERROR_IO, "the in-guest API worker of '%s' did not start: %.400s",
-                 worker->name, why);
-        worker_reap(pid);
-        return FALSE;
-    }
-    /* From now on the watcher waits for its messages as long as it runs. */
-    (void)setsockopt(parent, SOL_SOCKET, SO_RCVTIMEO, &no_timeout, sizeof(no_timeout));
-    *ret_fd = g_steal_fd(&parent);
-    *ret_pid = pid;
-    return TRUE;
+    return hostd_worker_spawn(&spawn, ret_fd, ret_pid, NULL, error);
 }
 
-/* Reads one worker run's messages until its channel ends or it breaks the protocol. */
+/* Reads one worker run's messages until its channel ends, it breaks the protocol or it misses a
+ * deadline: a frame, once begun, must come whole within the answer deadline, and a ping the
+ * watcher sends after a quiet interval must be answered within it. A worker that is stopped
+ * (SIGSTOP: alive, silent) is found out so, and then killed and replaced. */
 static void
 worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
 {
+    gint64 answer_us = (gint64)worker->answer_timeout_ms * 1000;
+    gint64 next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+    gint64 ping_deadline = -1; /* of the ping sent, -1: none */
+
     for (;;) {
         g_autoptr(GError) error = NULL;
         g_autofree char *kind = NULL;
-        g_autoptr(GVariant) payload =
-            vm_wire_recv(fd, HOSTD_GUEST_API_WIRE_FROM_WORKER_MAX, &kind, &error);
+        g_autoptr(GVariant) payload = NULL;
 
+        if (!hostd_worker_wait(fd, ping_deadline >= 0 ? ping_deadline : next_ping)) {
+            if (ping_deadline >= 0) {
+                g_message("in-guest API worker of '%s' did not answer within %g s; it is killed "
+                          "and replaced",
+                          worker->name, (double)worker->answer_timeout_ms / 1000);
+                return;
+            }
+            worker_send(worker, fd, "ping", g_variant_new_uint32(++worker->ping));
+            ping_deadline = g_get_monotonic_time() + answer_us;
+            continue;
+        }
+        payload = vm_wire_recv_until(fd, HOSTD_GUEST_API_WIRE_FROM_WORKER_MAX,
+                                     g_get_monotonic_time() + answer_us, &kind, &error);
         if (payload == NULL) {
-            if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))
+            if (g_error_matches(error, VM_ERROR, VM_ERROR_TIMEOUT))
+                g_message("in-guest API worker of '%s' did not finish a message within %g s; "
+                          "it is killed and replaced",
+                          worker->name, (double)worker->answer_timeout_ms / 1000);
+            else if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))
                 worker->broken(error->message, worker->user_data);
             return;
         }
@@ -184,6 +153,13 @@ worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
                    g_variant_get_uint32(payload) >= HOSTD_GUEST_API_REFUSED_OPEN &&
                    g_variant_get_uint32(payload) <= HOSTD_GUEST_API_REFUSED_LAST) {
             worker->refused(g_variant_get_uint32(payload), worker->user_data);
+        } else if (g_str_equal(kind, "pong") &&
+                   g_variant_is_of_type(payload, G_VARIANT_TYPE_UINT32)) {
+            /* Only the answer to the question asked counts. */
+            if (ping_deadline >= 0 && g_variant_get_uint32(payload) == worker->ping) {
+                ping_deadline = -1;
+                next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+            }
         } else {
             g_autofree char *why = g_strdup_printf("a message '%.64s' of type %s", kind,
                                                    g_variant_get_type_string(payload));
@@ -191,6 +167,9 @@ worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
             worker->broken(why, worker->user_data);
             return;
         }
+        /* A worker busy with guest calls answers as it goes; one that sends nothing is asked. */
+        if (ping_deadline < 0)
+            next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
     }
 }
 
@@ -219,30 +198,10 @@ worker_watch(gpointer data)
         worker->fd = -1;
         worker->pid = 0;
         g_mutex_unlock(&worker->lock);
-        /* Only now: sends that took the old fd are done with it once send_lock is free. */
-        g_mutex_lock(&worker->send_lock);
-        if (fd >= 0)
-            close(fd);
-        g_mutex_unlock(&worker->send_lock);
-        if (pid > 0)
-            worker_reap(pid);
-
-        if (g_get_monotonic_time() - started >= HEALTHY_US)
-            backoff_ms = 0;
-        g_mutex_lock(&worker->lock);
-        if (backoff_ms > 0) {
-            gint64 until = g_get_monotonic_time() + (gint64)backoff_ms * 1000;
-
-            while (!worker->stopping && g_cond_wait_until(&worker->cond, &worker->lock, until))
-                ;
-        }
-        backoff_ms =
-            MIN(MAX(backoff_ms * 2, BACKOFF_MIN_MS), HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS);
-        if (worker->stopping) {
-            g_mutex_unlock(&worker->lock);
+        hostd_worker_run_end(&worker->send_lock, fd, pid);
+        if (!hostd_worker_pause(&worker->lock, &worker->cond, &worker->stopping, &backoff_ms,
+                                started, HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS))
             return NULL;
-        }
-        g_mutex_unlock(&worker->lock);
 
         {
             g_autoptr(GError) error = NULL;
@@ -282,6 +241,8 @@ hostd_guest_api_worker_new(const HostdGuestApiWorkerConfig *config, GError **err
     worker->change_user = config->change_user;
     worker->uid = config->uid;
     worker->gid = config->gid;
+    hostd_worker_timeouts(config->answer_timeout_ms, config->ping_interval_ms,
+                          &worker->answer_timeout_ms, &worker->ping_interval_ms);
     worker->call = config->call;
     worker->refused = config->refused;
     worker->broken = config->broken;

@@ -7,7 +7,9 @@
  * frames, exact types, each call checked by hostd_guest_api_call_from_variant() before the
  * caller sees it; a worker that sends anything else is killed and replaced. When the worker dies
  * its connections die with it, and a new one starts at once, then with a growing delay (at most
- * HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS) while it keeps dying young.
+ * HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS) while it keeps dying young. Its start and each frame
+ * have a deadline, and a worker silent for the ping interval is sent a "ping" it must answer
+ * within the deadline: one that is stopped (SIGSTOP) or loops is killed and replaced so.
  *
  * Every function may be called from any thread. */
 #pragma once
@@ -43,6 +45,10 @@ typedef struct {
     gboolean change_user; /* run as uid:gid (hostd must be root) */
     uid_t uid;
     gid_t gid;
+    /* 0: the defaults (hostd-worker-process.h): the deadline of its start, of each frame and of
+     * the answer to a ping, and how long a silent worker goes unasked */
+    guint answer_timeout_ms;
+    guint ping_interval_ms;
     HostdGuestApiWorkerCallFunc call;
     HostdGuestApiWorkerRefusedFunc refused;
     HostdGuestApiWorkerBrokenFunc broken;

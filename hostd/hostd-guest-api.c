@@ -20,6 +20,7 @@
 #include "hostd-checkpoint-files.h"
 #include "hostd-checkpoint.h"
 #include "hostd-config.h"
+#include "hostd-confine.h"
 #include "hostd-egress.h"
 #include "hostd-guest-api-rules.h"
 #include "hostd-guest-api-worker.h"
@@ -944,9 +945,10 @@ hostd_guest_api_worker_path(void)
                            HOSTD_GUEST_API_WORKER_INSTALLED);
 }
 
-/* Starts @agent's worker on its socket, as the egress workers' user. */
+/* Starts @agent's worker on its socket, as the API worker's id of agent id @agent_id
+ * (hostd_confine_worker_user()). */
 static gboolean
-api_agent_serve(ApiAgent *agent, GError **error)
+api_agent_serve(ApiAgent *agent, guint agent_id, GError **error)
 {
     g_autofree char *program = hostd_guest_api_worker_path();
     HostdGuestApiWorkerConfig config = {
@@ -959,9 +961,13 @@ api_agent_serve(ApiAgent *agent, GError **error)
         .user_data = agent,
     };
 
-    if (!hostd_config_worker_user(agent->ctx->config, &config.change_user, &config.uid, &config.gid,
-                                  error))
+    guint uid = 0, gid = 0;
+
+    if (!hostd_confine_worker_user(agent->ctx, agent->name, agent_id, HOSTD_WORKER_API,
+                                   &config.change_user, &uid, &gid, error))
         return FALSE;
+    config.uid = uid;
+    config.gid = gid;
     agent->worker = hostd_guest_api_worker_new(&config, error);
     return agent->worker != NULL;
 }
@@ -1020,7 +1026,7 @@ hostd_guest_api_agent_start(HostdContext *ctx, const HostdAgentRecord *r, GError
         api_agent_unref(agent);
         return FALSE;
     }
-    if (!api_agent_serve(agent, error)) {
+    if (!api_agent_serve(agent, r->agent_id, error)) {
         api_agent_shutdown(agent);
         api_agent_unref(agent);
         return FALSE;

@@ -55,10 +55,10 @@ hostd_ids_pick(const GPtrArray *records, GHashTable *held, guint min, guint max,
 guint
 hostd_ids_worker(guint min, guint max, guint slot, HostdWorkerKind kind)
 {
-    guint half = (max - min + 1) / 2;
+    guint slots = HOSTD_IDS_WORKER_SLOTS(min, max);
 
-    g_return_val_if_fail(min != 0 && min <= max && slot < half, 0);
-    return min + slot + (kind == HOSTD_WORKER_EGRESS ? half : 0);
+    g_return_val_if_fail(min != 0 && min <= max && slot < slots, 0);
+    return min + slot + (guint)kind * slots;
 }
 
 gboolean

@@ -1,7 +1,7 @@
 /* Agent ids: the uid (gid equal) each agent's QEMU runs as, picked from the configured range
- * (agent-ids in hostd.conf); the ids of its SSH and egress workers, derived from it in a second
- * range (worker-ids); and the file modes and POSIX ACLs that give one id, and no other, its
- * files. A leaf: it knows records, not agents' lifecycles (hostd-confine.h does). */
+ * (agent-ids in hostd.conf); the ids of its SSH, egress and in-guest API workers, derived from
+ * it in a second range (worker-ids); and the file modes and POSIX ACLs that give one id, and no
+ * other, its files. A leaf: it knows records, not agents' lifecycles (hostd-confine.h does). */
 #pragma once
 
 #include <glib.h>
@@ -20,11 +20,15 @@ gboolean hostd_ids_pick(const GPtrArray *records, GHashTable *held, guint min, g
 typedef enum {
     HOSTD_WORKER_SSH,    /* its SSH client (vm-ssh-worker) */
     HOSTD_WORKER_EGRESS, /* its egress proxy (vm-egress-worker) */
+    HOSTD_WORKER_API,    /* its in-guest API (vm-guest-api-worker) */
 } HostdWorkerKind;
 
 /* The id (uid, gid equal) worker @kind of the agent in slot @slot runs as, in the worker range
- * [@min, @max]: its first half holds the SSH workers, its second half the egress workers, slot
- * s the s-th id of each. @slot must be below (@max - @min + 1) / 2. Can't fail. */
+ * [@min, @max]: its first third holds the SSH workers, its second the egress workers, its last
+ * the in-guest API workers, slot s the s-th id of each. @slot must be below
+ * HOSTD_IDS_WORKER_SLOTS(@min, @max). Can't fail. */
+#define HOSTD_IDS_WORKER_KINDS           3
+#define HOSTD_IDS_WORKER_SLOTS(min, max) (((max) - (min) + 1) / HOSTD_IDS_WORKER_KINDS)
 guint hostd_ids_worker(guint min, guint max, guint slot, HostdWorkerKind kind);
 
 /* Whether no user and no group of the host has an id in [@min, @max] (every entry of the user

@@ -3,7 +3,8 @@
  * hostd starts it per agent with the control socketpair on fd HOSTD_GUEST_API_WORKER_CONTROL_FD
  * and the agent's listening api.sock on HOSTD_GUEST_API_WORKER_LISTEN_FD
  * (hostd-guest-api-wire.h). It reads the "start" message, confines itself
- * (vm-egress-sandbox.h: another uid, no capabilities, no_new_privs, seccomp), and only then
+ * (vm-egress-sandbox.h, VM_SANDBOX_API: another uid, no capabilities, no_new_privs, Landlock,
+ * seccomp), and only then
  * takes guest connections: each one handed over by QEMU's helper (vm-fd-pass.h) is served by
  * libsoup, one request per connection, and every whole request becomes one typed call to hostd
  * (hostd_guest_api_call_read()), whose answer it writes back. What the guest sends is bounded
@@ -424,6 +425,9 @@ channel_ready(gint fd, GIOCondition condition, gpointer data)
     }
     if (g_str_equal(kind, "answer"))
         worker_answer(payload);
+    else if (g_str_equal(kind, "ping") && g_variant_is_of_type(payload, G_VARIANT_TYPE_UINT32))
+        /* hostd's check that it still runs: a stopped or stuck worker is replaced. */
+        worker_send("pong", g_variant_new_uint32(g_variant_get_uint32(payload)));
     return G_SOURCE_CONTINUE;
 }
 
@@ -457,7 +461,7 @@ worker_start(GError **error)
     (void)g_variant_dict_lookup(dict, "uid", "u", &uid);
     (void)g_variant_dict_lookup(dict, "gid", "u", &gid);
     /* Before the first guest byte: nothing the guest sends is read with privileges. */
-    return vm_egress_sandbox_enter(VM_SANDBOX_EGRESS, change_user, uid, gid, NULL, error);
+    return vm_egress_sandbox_enter(VM_SANDBOX_API, change_user, uid, gid, NULL, error);
 }
 
 int

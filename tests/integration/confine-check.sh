@@ -161,6 +161,11 @@ confine_check() {
       bash -c "[ -n '$wpid' ] && ! awk '\$1 == \"Uid:\" { print \$2, \$3, \$4, \$5 }' /proc/$wpid/status | grep -qw 0 &&
                [ '$(confine_status "$wpid" CapEff)' = 0000000000000000 ] &&
                [ '$(confine_status "$wpid" NoNewPrivs)' = 1 ] && [ '$(confine_status "$wpid" Seccomp)' = 2 ]"
+    local aid eid
+    aid=$(confine_uid "$wpid"); eid=$(confine_uid "$(confine_egress_worker "$y")")
+    check "$y's in-guest API worker runs as an id of its own ($aid, not its QEMU's $idx, its SSH worker's $wid or its egress worker's $eid)" \
+      bash -c "[ -n '$aid' ] && [ -n '$eid' ] && [ '$aid' != '$idx' ] && [ '$aid' != '$wid' ] && [ '$aid' != '$eid' ] &&
+               [ '$(confine_ids "$wpid")' = '$aid $aid $aid $aid' ]"
   done
 
   export -f confine_as confine_open confine_connect confine_ptrace confine_mem confine_mem_open confine_signal

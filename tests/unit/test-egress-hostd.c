@@ -1256,10 +1256,10 @@ test_worker_id_named(void **state)
     const char *const allow[] = {"any", NULL};
     const struct passwd *nobody = getpwnam("nobody");
 
-    if (geteuid() != 0 || nobody == NULL || nobody->pw_uid < 2)
+    if (geteuid() != 0 || nobody == NULL || nobody->pw_uid < 1)
         skip();
-    /* Two slots: the first agent's egress worker gets the third id, nobody's. */
-    f->ctx->config->worker_id_min = nobody->pw_uid - 2;
+    /* One slot: the first agent's egress worker gets the second id, nobody's. */
+    f->ctx->config->worker_id_min = nobody->pw_uid - 1;
     f->ctx->config->worker_id_max = nobody->pw_uid + 1;
     assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));

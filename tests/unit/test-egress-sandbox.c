@@ -212,6 +212,8 @@ test_allowed(void **state)
     assert_probe(VM_SANDBOX_EGRESS, UNDER_FILTER, probe_own_signal_and_limits);
     assert_probe(VM_SANDBOX_SSH, UNDER_FILTER, probe_own_signal_and_limits);
     assert_probe(VM_SANDBOX_SSH, UNDER_FILTER, probe_stream_pair);
+    assert_probe(VM_SANDBOX_API, UNDER_FILTER, probe_thread);
+    assert_probe(VM_SANDBOX_API, UNDER_FILTER, probe_own_signal_and_limits);
 }
 
 /* ---- argument filters: one probe per rule -------------------------------------------------- */
@@ -311,6 +313,61 @@ probe_ssh_network(void)
     return 0;
 }
 
+/* The API worker makes no socket of any kind and reaches no address with one it holds; it only
+ * accepts on the listening socket it was handed (below). */
+static int
+probe_api_network(void)
+{
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_port = htons(the.port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    int pair[2];
+
+    g_strlcpy(un.sun_path, the.dgram_path, sizeof(un.sun_path));
+    if (!REFUSED(socket(AF_INET, SOCK_STREAM, 0)) || !REFUSED(socket(AF_INET6, SOCK_DGRAM, 0)) ||
+        !REFUSED(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) ||
+        !REFUSED(socket(AF_NETLINK, SOCK_RAW, NETLINK_ROUTE)))
+        return 1;
+    if (!REFUSED(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair)))
+        return 2;
+    if (!REFUSED(connect(the.tcp, (struct sockaddr *)&in, sizeof(in))) ||
+        !REFUSED(connect(the.pair[0], (struct sockaddr *)&un, sizeof(un))))
+        return 3;
+    if (!REFUSED(bind(the.tcp, (struct sockaddr *)&in, sizeof(in))) || !REFUSED(listen(the.tcp, 1)))
+        return 4;
+    return 0;
+}
+
+/* A guest connection waiting on the listening socket it holds is accepted (accept4(), as the
+ * worker does, and accept()). */
+static int
+probe_api_accept(void)
+{
+    int fd = accept4(the.listener, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd2 = accept(the.listener, NULL, NULL);
+
+    return fd >= 0 && fd2 >= 0 ? 0 : 1;
+}
+
+static void
+test_api_accept(void **state)
+{
+    /* two guest connections waiting, made by the test */
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_port = htons(the.port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int client[2];
+
+    for (int i = 0; i < 2; i++) {
+        client[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_int_equal(connect(client[i], (struct sockaddr *)&in, sizeof(in)), 0);
+    }
+    assert_probe(VM_SANDBOX_API, UNDER_FILTER, probe_api_accept);
+    close(client[0]);
+    close(client[1]);
+}
+
 /* The egress worker makes no TCP socket (hostd connects for it), in any spelling; nor an ICMP
  * or SCTP one. A TCP socket it was given still cannot listen. */
 static int
@@ -333,7 +390,7 @@ test_refused(void **state)
 {
     char byte;
 
-    for (VmSandboxProfile p = VM_SANDBOX_EGRESS; p <= VM_SANDBOX_SSH; p++) {
+    for (VmSandboxProfile p = VM_SANDBOX_EGRESS; p <= VM_SANDBOX_API; p++) {
         assert_probe(p, UNDER_FILTER, probe_tgkill_other);
         assert_probe(p, UNDER_FILTER, probe_prlimit_other);
         assert_probe(p, UNDER_FILTER, probe_socketpair_other);
@@ -343,6 +400,7 @@ test_refused(void **state)
     }
     assert_probe(VM_SANDBOX_EGRESS, UNDER_FILTER, probe_egress_tcp);
     assert_probe(VM_SANDBOX_SSH, UNDER_FILTER, probe_ssh_network);
+    assert_probe(VM_SANDBOX_API, UNDER_FILTER, probe_api_network);
     /* Nothing came through: no datagram, no connection. */
     assert_true(recv(the.dgram, &byte, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN);
     assert_true(accept(the.listener, NULL, NULL) < 0 && errno == EAGAIN);
@@ -384,7 +442,7 @@ probe_tkill(void)
 static void
 test_killed(void **state)
 {
-    for (VmSandboxProfile p = VM_SANDBOX_EGRESS; p <= VM_SANDBOX_SSH; p++) {
+    for (VmSandboxProfile p = VM_SANDBOX_EGRESS; p <= VM_SANDBOX_API; p++) {
         assert_probe_killed(p, probe_exec);
         assert_probe_killed(p, probe_fork);
         assert_probe_killed(p, probe_kill);
@@ -401,15 +459,13 @@ landlock_available(void)
 }
 
 /* Nothing can be made or written: not in /dev/shm, /tmp or the test's own directory; no file
- * outside the worker's own can be read, /proc included; the libraries and /etc's resolver and
- * TLS files can. */
+ * outside the worker's own can be read, /proc included; the libraries can. */
 static int
 probe_files(void)
 {
     g_autofree char *shm = g_strdup_printf("/dev/shm/test-sandbox-%d", (int)getppid());
     g_autofree char *tmp = g_strdup_printf("/tmp/test-sandbox-%d", (int)getppid());
     g_autofree char *made = g_build_filename(the.dir, "made", NULL);
-    int fd;
 
     if (open(shm, O_WRONLY | O_CREAT | O_CLOEXEC, 0600) >= 0 || errno != EACCES)
         return 1;
@@ -425,11 +481,32 @@ probe_files(void)
         return 5;
     if (open("/dev/null", O_WRONLY | O_CLOEXEC) >= 0)
         return 6;
-    fd = open("/etc/nsswitch.conf", O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno != ENOENT)
-        return 7;
     if (open("/dev/urandom", O_RDONLY | O_CLOEXEC) < 0 || open("/usr", O_RDONLY) < 0)
         return 8;
+    return 0;
+}
+
+/* The egress and SSH workers resolve names: the resolver's files are open to them. */
+static int
+probe_resolver_files(void)
+{
+    int fd = open("/etc/nsswitch.conf", O_RDONLY | O_CLOEXEC);
+
+    return fd >= 0 || errno == ENOENT ? 0 : 1;
+}
+
+/* The API worker resolves no name and checks no certificate: the resolver's and the trust
+ * store's files are closed to it too; the libraries' are not. */
+static int
+probe_api_files(void)
+{
+    if (open("/etc/hosts", O_RDONLY | O_CLOEXEC) >= 0 ||
+        open("/etc/passwd", O_RDONLY | O_CLOEXEC) >= 0 ||
+        open("/etc/ssl", O_RDONLY | O_CLOEXEC) >= 0)
+        return 1;
+    if (open("/usr/lib", O_RDONLY | O_CLOEXEC) < 0 ||
+        open("/etc/ld.so.cache", O_RDONLY | O_CLOEXEC) < 0)
+        return 2;
     return 0;
 }
 
@@ -456,10 +533,16 @@ test_landlock(void **state)
     }
     assert_probe(VM_SANDBOX_EGRESS, UNDER_LANDLOCK, probe_files);
     assert_probe(VM_SANDBOX_SSH, UNDER_LANDLOCK, probe_files);
+    assert_probe(VM_SANDBOX_API, UNDER_LANDLOCK, probe_files);
+    assert_probe(VM_SANDBOX_EGRESS, UNDER_LANDLOCK, probe_resolver_files);
+    assert_probe(VM_SANDBOX_SSH, UNDER_LANDLOCK, probe_resolver_files);
+    assert_probe(VM_SANDBOX_API, UNDER_LANDLOCK, probe_api_files);
+    assert_probe(VM_SANDBOX_API, UNDER_LANDLOCK, probe_thread);
     assert_probe(VM_SANDBOX_EGRESS, UNDER_LANDLOCK, probe_thread);
     if (syscall(SYS_landlock_create_ruleset, NULL, 0, 1U) >= 4) {
         assert_probe(VM_SANDBOX_SSH, UNDER_LANDLOCK, probe_landlock_connect);
         assert_probe(VM_SANDBOX_EGRESS, UNDER_LANDLOCK, probe_landlock_connect);
+        assert_probe(VM_SANDBOX_API, UNDER_LANDLOCK, probe_landlock_connect);
     }
     {
         g_autofree char *shm = g_strdup_printf("/dev/shm/test-sandbox-%d", (int)getpid());
@@ -529,6 +612,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_allowed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_api_accept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_landlock, setup, teardown),
         cmocka_unit_test_setup_teardown(test_enter, setup, teardown),

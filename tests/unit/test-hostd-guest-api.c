@@ -26,6 +26,7 @@
 #include <json-glib/json-glib.h>
 
 #include "hostd-checkpoint.h"
+#include "hostd-confine.h"
 #include "hostd-egress.h"
 #include "hostd-events.h"
 #include "hostd-guest-api.h"
@@ -970,6 +971,99 @@ test_worker(void **state)
     assert_int_equal(hostd_guest_api_pid(f->ctx, "a1"), 0);
 }
 
+/* As root, each agent's API worker runs as an id of its own from worker-ids (read from /proc):
+ * not root, not egress-user, not its QEMU's, not its SSH or egress worker's, not another
+ * agent's; with worker-ids = off, as egress-user. */
+static void
+test_worker_own_id(void **state)
+{
+    if (geteuid() != 0)
+        skip();
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    g_autoptr(HostdAgentRecord) a2 = api_agent(f, "a2", HOSTD_TEST_RUNNING);
+    g_autoptr(GError) error = NULL;
+    gboolean change = FALSE;
+    uid_t egress_uid = 0;
+    gid_t egress_gid = 0;
+    guint ids[2] = {0, 0};
+    GPid pid;
+
+    assert_true(f->ctx->config->worker_id_min != 0);
+    for (guint i = 0; i < 2; i++) {
+        const HostdAgentRecord *r = i == 0 ? a1 : a2;
+        guint uid = 0, gid = 0, api = 0, other = 0, other_gid = 0;
+
+        pid = hostd_guest_api_pid(f->ctx, r->name);
+        assert_true(pid > 0);
+        vm_test_proc_ids(pid, &uid, &gid);
+        ids[i] = uid;
+        assert_int_equal(uid, gid);
+        assert_true(uid != 0 && uid >= f->ctx->config->worker_id_min &&
+                    uid <= f->ctx->config->worker_id_max);
+        assert_true(r->agent_id == 0 || uid != r->agent_id);
+        assert_true(hostd_confine_worker_user(f->ctx, r->name, r->agent_id, HOSTD_WORKER_API,
+                                              &change, &api, &gid, &error));
+        assert_int_equal(uid, api);
+        for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_EGRESS; kind++) {
+            assert_true(hostd_confine_worker_user(f->ctx, r->name, r->agent_id, kind, &change,
+                                                  &other, &other_gid, &error));
+            assert_int_not_equal(uid, other);
+        }
+    }
+    assert_int_not_equal(ids[0], ids[1]);
+    assert_true(hostd_config_worker_user(f->ctx->config, &change, &egress_uid, &egress_gid, NULL));
+    assert_int_not_equal(ids[0], egress_uid);
+
+    /* worker-ids = off: egress-user, as before. */
+    hostd_guest_api_agent_stop(f->ctx, "a1");
+    f->ctx->config->worker_id_min = 0;
+    f->ctx->config->worker_id_max = 0;
+    assert_true(hostd_guest_api_agent_start(f->ctx, a1, &error));
+    pid = hostd_guest_api_pid(f->ctx, "a1");
+    assert_true(pid > 0);
+    {
+        guint uid = 0, gid = 0;
+
+        vm_test_proc_ids(pid, &uid, &gid);
+        assert_int_equal(uid, egress_uid);
+    }
+}
+
+/* A worker that stops answering (SIGSTOP, as its agent's QEMU could send if it shared its id,
+ * or a loop) is found out by hostd's ping: killed and replaced within the ping interval and the
+ * answer deadline (5 s + 10 s; a new start besides), and a guest call made while it was stopped,
+ * waiting in the socket's backlog, is answered by the new one, as is the next. */
+static void
+test_worker_stopped(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
+    g_auto(Reply) during = {0};
+    g_auto(Reply) after = {0};
+    GPid pid = hostd_guest_api_pid(f->ctx, "a1");
+    GPid again;
+    gint64 stopped;
+    int fd;
+
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    stopped = g_get_monotonic_time();
+    fd = api_connect(f, "a1");
+    vm_test_send_text(fd, "GET /v1/info HTTP/1.1\r\nHost: 10.0.2.100\r\n\r\n");
+    again = wait_new_worker(f, "a1", pid, 20000);
+    print_message("# a stopped worker replaced after %.1f s\n",
+                  (double)(g_get_monotonic_time() - stopped) / G_USEC_PER_SEC);
+    assert_true(g_get_monotonic_time() - stopped <= 18 * G_USEC_PER_SEC);
+    vm_test_assert_process_gone(pid, 5000);
+    read_reply(fd, &during);
+    close(fd);
+    g_autoptr(JsonObject) d = expect(&during, 200);
+    call(f, "a1", "GET", "/v1/info", NULL, &after);
+    g_autoptr(JsonObject) o = expect(&after, 200);
+    assert_int_equal(hostd_guest_api_pid(f->ctx, "a1"), again);
+}
+
 /* A worker that sends hostd a call no worker of ours makes (one its guest took over) is killed
  * and replaced, and nothing of that call is done: hostd checks each call, it does not trust the
  * worker's parse. */
@@ -1245,7 +1339,8 @@ main(void)
         T(test_body_limits),    T(test_rate_limit),    T(test_connection_limits),
         T(test_keep_awake),     T(test_restore),       T(test_real_helper),
         T(test_start_stop),     T(test_component),     T(test_vmctl_guest),
-        T(test_worker),         T(test_worker_broken),
+        T(test_worker),         T(test_worker_broken), T(test_worker_own_id),
+        T(test_worker_stopped),
     };
 #undef T
 

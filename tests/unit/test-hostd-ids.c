@@ -22,6 +22,7 @@
 #include "hostd-confine.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
+#include "hostd-guest-api.h"
 #include "hostd-ids.h"
 #include "hostd-state.h"
 #include "test-common.h"
@@ -167,8 +168,9 @@ test_config_agent_ids(void **state)
     assert_int_equal(defaults->agent_id_max, HOSTD_AGENT_ID_MAX);
 }
 
-/* worker-ids: right after agent-ids and twice its size unless set; off; refused when it overlaps
- * agent-ids, is too small for two ids per agent id, leaves no room, or holds a user's id. */
+/* worker-ids: right after agent-ids and thrice its size unless set; off; refused when it
+ * overlaps agent-ids, is too small for three ids per agent id, leaves no room, or holds a user's
+ * id. */
 static void
 test_config_worker_ids(void **state)
 {
@@ -181,21 +183,21 @@ test_config_worker_ids(void **state)
     assert_non_null(defaults);
     assert_int_equal(defaults->worker_id_min, HOSTD_AGENT_ID_MAX + 1);
     assert_int_equal(defaults->worker_id_max,
-                     HOSTD_AGENT_ID_MAX + 2 * (HOSTD_AGENT_ID_MAX - HOSTD_AGENT_ID_MIN + 1));
+                     HOSTD_AGENT_ID_MAX + 3 * (HOSTD_AGENT_ID_MAX - HOSTD_AGENT_ID_MIN + 1));
     assert_true(defaults->worker_id_max < 2147483648u);
 
     assert_true(g_file_set_contents(conf, "[hostd]\nagent-ids = 2000000-2000999\n", -1, NULL));
     g_autoptr(HostdConfig) after = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
     assert_non_null(after);
     assert_int_equal(after->worker_id_min, 2001000);
-    assert_int_equal(after->worker_id_max, 2002999);
+    assert_int_equal(after->worker_id_max, 2003999);
 
     assert_true(g_file_set_contents(
-        conf, "[hostd]\nagent-ids = 2000000-2000999\nworker-ids = 3000000-3001999\n", -1, NULL));
+        conf, "[hostd]\nagent-ids = 2000000-2000999\nworker-ids = 3000000-3002999\n", -1, NULL));
     g_autoptr(HostdConfig) given = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
     assert_non_null(given);
     assert_int_equal(given->worker_id_min, 3000000);
-    assert_int_equal(given->worker_id_max, 3001999);
+    assert_int_equal(given->worker_id_max, 3002999);
 
     assert_true(g_file_set_contents(conf, "[hostd]\nworker-ids = off\n", -1, NULL));
     g_autoptr(HostdConfig) off = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
@@ -207,8 +209,8 @@ test_config_worker_ids(void **state)
         const char *text;
         const char *says;
     } refused[] = {
-        {"agent-ids = 2000000-2000999\nworker-ids = 2000500-2002499\n", "overlaps agent-ids"},
-        {"agent-ids = 2000000-2000999\nworker-ids = 3000000-3001998\n", "two ids"},
+        {"agent-ids = 2000000-2000999\nworker-ids = 2000500-2003499\n", "overlaps agent-ids"},
+        {"agent-ids = 2000000-2000999\nworker-ids = 3000000-3002998\n", "three ids"},
         {"agent-ids = 2000000000-2100000000\n", "no room"},
         {"worker-ids = 5-10\n", "worker-ids must be MIN-MAX"},
     };
@@ -227,7 +229,7 @@ test_config_worker_ids(void **state)
         g_autofree char *text =
             g_strdup_printf("[hostd]\nagent-ids = 1000000-1000009\n"
                             "worker-ids = %u-%u\n",
-                            (guint)nobody->pw_uid - 10, (guint)nobody->pw_uid + 10);
+                            (guint)nobody->pw_uid - 15, (guint)nobody->pw_uid + 15);
         assert_true(g_file_set_contents(conf, text, -1, NULL));
         g_autoptr(HostdConfig) bad = hostd_config_load(conf, tmp->dir, NULL, NULL, &error);
         assert_null(bad);
@@ -240,15 +242,19 @@ test_config_worker_ids(void **state)
     assert_non_null(strstr(error->message, "root"));
 }
 
-/* The two halves of worker-ids: slot s's SSH worker the s-th id of the first, its egress worker
- * the s-th of the second. */
+/* The three thirds of worker-ids: slot s's SSH worker the s-th id of the first, its egress
+ * worker the s-th of the second, its in-guest API worker the s-th of the third. */
 static void
 test_worker_mapping(void **state)
 {
-    assert_int_equal(hostd_ids_worker(5000, 5007, 0, HOSTD_WORKER_SSH), 5000);
-    assert_int_equal(hostd_ids_worker(5000, 5007, 3, HOSTD_WORKER_SSH), 5003);
-    assert_int_equal(hostd_ids_worker(5000, 5007, 0, HOSTD_WORKER_EGRESS), 5004);
-    assert_int_equal(hostd_ids_worker(5000, 5007, 3, HOSTD_WORKER_EGRESS), 5007);
+    assert_int_equal(hostd_ids_worker(5000, 5011, 0, HOSTD_WORKER_SSH), 5000);
+    assert_int_equal(hostd_ids_worker(5000, 5011, 3, HOSTD_WORKER_SSH), 5003);
+    assert_int_equal(hostd_ids_worker(5000, 5011, 0, HOSTD_WORKER_EGRESS), 5004);
+    assert_int_equal(hostd_ids_worker(5000, 5011, 3, HOSTD_WORKER_EGRESS), 5007);
+    assert_int_equal(hostd_ids_worker(5000, 5011, 0, HOSTD_WORKER_API), 5008);
+    assert_int_equal(hostd_ids_worker(5000, 5011, 3, HOSTD_WORKER_API), 5011);
+    /* a range not a multiple of three: the last ids are no one's */
+    assert_int_equal(hostd_ids_worker(5000, 5013, 3, HOSTD_WORKER_API), 5011);
 }
 
 /* The ACL hostd writes: the readers it names (sorted, once each), the mode it asked for, and
@@ -533,7 +539,7 @@ test_worker_ids(void **state)
     g_autoptr(HostdAgentRecord) old2 = hostd_test_agent_new(f, "old2", HOSTD_TEST_STOPPED);
     fixture_with_ids(state, 4);
     const HostdConfig *config = f->ctx->config;
-    guint half = (config->worker_id_max - config->worker_id_min + 1) / 2;
+    guint third = HOSTD_IDS_WORKER_SLOTS(config->worker_id_min, config->worker_id_max);
     g_autoptr(GHashTable) seen = g_hash_table_new(g_direct_hash, g_direct_equal);
 
     new_ok(f, "a1");
@@ -553,7 +559,7 @@ test_worker_ids(void **state)
     for (guint i = 0; i < 4; i++)
         g_hash_table_add(seen, GUINT_TO_POINTER(ID0 + i));
     for (gsize i = 0; i < G_N_ELEMENTS(agents); i++) {
-        for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_EGRESS; kind++) {
+        for (HostdWorkerKind kind = HOSTD_WORKER_SSH; kind <= HOSTD_WORKER_API; kind++) {
             gboolean change = FALSE;
             guint uid = 0, gid = 0, again = 0;
             if (!hostd_confine_worker_user(f->ctx, agents[i].name, agents[i].agent_id, kind,
@@ -561,8 +567,7 @@ test_worker_ids(void **state)
                 fail_msg("%s: %s", agents[i].name, error->message);
             assert_true(change);
             assert_int_equal(uid, gid);
-            assert_int_equal(uid, config->worker_id_min + agents[i].slot +
-                                      (kind == HOSTD_WORKER_EGRESS ? half : 0));
+            assert_int_equal(uid, config->worker_id_min + agents[i].slot + (guint)kind * third);
             /* none an agent's QEMU's, none another worker's */
             if (g_hash_table_contains(seen, GUINT_TO_POINTER(uid)))
                 fail_msg("%s's worker runs as %u, an id already someone's", agents[i].name, uid);
@@ -574,18 +579,21 @@ test_worker_ids(void **state)
             assert_int_equal(again, uid);
         }
     }
-    /* The real egress workers `new` started run as those ids; as a1's, a1's disk (its QEMU's)
-     * does not open, as it does for a1's id. */
-    for (gsize i = 0; i < 2; i++) {
-        GPid pid = hostd_egress_worker_pid(f->ctx, agents[i].name);
+    /* The real egress and in-guest API workers `new` started run as those ids; as a1's egress
+     * worker's, a1's disk (its QEMU's) does not open, as it does for a1's id. */
+    for (gsize i = 0; i < 2 * 2; i++) {
+        HostdWorkerKind kind = i < 2 ? HOSTD_WORKER_EGRESS : HOSTD_WORKER_API;
+        const char *name = agents[i % 2].name;
+        GPid pid = kind == HOSTD_WORKER_EGRESS ? hostd_egress_worker_pid(f->ctx, name)
+                                               : hostd_guest_api_pid(f->ctx, name);
         guint uid = 0, gid = 0;
         assert_true(pid > 0);
         vm_test_proc_ids(pid, &uid, &gid);
-        assert_int_equal(uid, config->worker_id_min + agents[i].slot + half);
+        assert_int_equal(uid, config->worker_id_min + agents[i % 2].slot + (guint)kind * third);
         assert_int_equal(gid, uid);
     }
     g_autofree char *disk = hostd_test_agent_file(f, "a1", HOSTD_AGENT_DISK);
-    guint egress_id = config->worker_id_min + half;
+    guint egress_id = config->worker_id_min + third;
     assert_int_equal(vm_test_try_as(a1->agent_id, a1->agent_id, disk, O_RDWR, 0), 0);
     assert_int_equal(vm_test_try_as(egress_id, egress_id, disk, O_RDONLY, 0), EACCES);
     assert_int_equal(
@@ -613,7 +621,7 @@ test_worker_ids(void **state)
         gboolean change = FALSE;
         guint uid = 0, gid = 0;
         f->ctx->config->worker_id_min = nobody->pw_uid - 3;
-        f->ctx->config->worker_id_max = nobody->pw_uid + 4;
+        f->ctx->config->worker_id_max = nobody->pw_uid + 8;
         assert_false(hostd_confine_worker_user(f->ctx, "late", ID0 + 3, HOSTD_WORKER_EGRESS,
                                                &change, &uid, &gid, &error));
         assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));

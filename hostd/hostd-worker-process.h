@@ -1,0 +1,82 @@
+/* What hostd does alike for each kind of worker process it supervises (the egress worker,
+ * hostd-egress-worker.h; the in-guest API worker, hostd-guest-api-worker.h): start one with its
+ * channel, the descriptors it is handed and its output to hostd's log through a pipe; the
+ * start/ready exchange within a deadline; a wait on its channel bounded by a deadline; the delay
+ * before a restart of one that keeps dying young; the kill and the reap. The watch thread and
+ * the protocol on the channel stay each kind's own.
+ *
+ * Every function may be called from any thread. */
+#pragma once
+
+#include <glib.h>
+#include <sys/types.h>
+
+G_BEGIN_DECLS
+
+/* Unless a kind configures another: the deadline of a worker's start and of each frame and
+ * answer, and how often a watcher asks a worker that says nothing whether it still answers. */
+#define HOSTD_WORKER_ANSWER_TIMEOUT_MS_DEFAULT 10000
+#define HOSTD_WORKER_PING_INTERVAL_MS_DEFAULT  5000
+
+/* A kind's configured deadline and ping interval (0: the defaults above) as its watcher keeps
+ * them. Can't fail. */
+void hostd_worker_timeouts(guint answer_timeout_ms, guint ping_interval_ms, guint *ret_answer_ms,
+                           guint *ret_ping_ms);
+
+/* The most descriptors a worker is handed besides its channel. */
+#define HOSTD_WORKER_FDS_MAX 2
+
+typedef struct {
+    const char *program;           /* the worker to run */
+    const char *name;              /* the agent: the worker's argument, and for messages */
+    const char *what;              /* "egress worker", for messages */
+    int channel_fd;                /* the number the channel gets in the worker */
+    int fds[HOSTD_WORKER_FDS_MAX]; /* handed to the worker besides: its listening socket... */
+    int target_fds[HOSTD_WORKER_FDS_MAX]; /* ...as these numbers */
+    guint n_fds;
+    gsize from_worker_max;   /* the largest frame the worker may send */
+    guint answer_timeout_ms; /* the deadline for its "ready" */
+    GVariant *start;         /* floating or not: the "start" message's payload */
+} HostdWorkerSpawn;
+
+/* Runs @spawn's worker with the channel (a new Unix stream pair), the descriptors @spawn hands
+ * it (its listening socket, ...) and its stdout and stderr on a pipe hostd's log reads
+ * (hostd_log_worker_output()), sends it "start" and waits up to the answer deadline for its
+ * "ready". On success the channel (sends on it bounded in time), the pid and the "ready" payload
+ * (*@ret_ready, when not NULL). Fails with VM_ERROR_IO when it cannot run or answers anything else
+ * ("failed" with its reason included), the worker then killed and reaped. */
+gboolean hostd_worker_spawn(const HostdWorkerSpawn *spawn, int *ret_fd, GPid *ret_pid,
+                            GVariant **ret_ready, GError **error);
+
+/* Sends one message (@payload: floating or not) on @fd, the channel of one worker run (-1:
+ * none, nothing sent), one frame at a time under @send_lock. A worker that stops reading (the
+ * send timed out) or is gone gets its channel shut down: its watcher sees it close, and kills
+ * and replaces it. Can't fail. */
+void hostd_worker_send(GMutex *send_lock, int fd, const char *kind, GVariant *payload);
+
+/* Kills @pid (a worker that broke the protocol or missed a deadline may still run) and reaps
+ * it. Can't fail. */
+void hostd_worker_reap(GPid pid);
+
+/* Waits until @fd can be read (TRUE: a read then says what is there) or @until (monotonic us)
+ * passes (FALSE). Can't fail. */
+gboolean hostd_worker_wait(int fd, gint64 until);
+
+/* The delay before the next start of a worker whose run began at @started (monotonic us), from
+ * the previous delay *@backoff_ms, which it updates: none for a worker that served a while,
+ * else growing from 50 ms to @max_ms. Can't fail. */
+guint hostd_worker_backoff(guint *backoff_ms, gint64 started, guint max_ms);
+
+/* The end of one worker run, whose channel @fd (-1: none) and process @pid (0: none) its
+ * watcher has just taken back under its own lock: @fd closed once no send holds it any more
+ * (@send_lock: a send that took it finishes first), @pid killed and reaped. Can't fail. */
+void hostd_worker_run_end(GMutex *send_lock, int fd, GPid pid);
+
+/* The watcher's pause before it starts another worker: the delay of hostd_worker_backoff()
+ * (@backoff_ms, @started, @max_ms), waited on @cond under @lock (which the caller does not hold,
+ * and which guards *@stopping) unless *@stopping turns TRUE. Returns FALSE when stopping (no
+ * worker is to be started), else TRUE. Can't fail. */
+gboolean hostd_worker_pause(GMutex *lock, GCond *cond, const gboolean *stopping, guint *backoff_ms,
+                            gint64 started, guint max_ms);
+
+G_END_DECLS
