@@ -28,6 +28,9 @@
 /* While a command runs, how often its worker is asked whether it still answers, unless
  * configured. */
 #define PING_INTERVAL_MS_DEFAULT 30000
+/* A sleep's time for a spare shell on its way, unless configured: the worker's own bound on that
+ * wait (SESSION_TIMEOUT_S in hostd-ssh.c). */
+#define SLEEP_GRACE_MS_DEFAULT 30000
 /* A new session over the virtio port may take this long (as long as vm-ssh-worker gives it). */
 #define SERIAL_CONNECT_TIMEOUT_MS (300 * 1000)
 /* A connection to the guest's forwarded port: QEMU accepts at once, or refuses. */
@@ -47,7 +50,7 @@ struct _HostdSshWorkers {
     gpointer worker_user_data;
     gboolean change_user;
     guint uid, gid;
-    guint answer_timeout_ms, ping_interval_ms;
+    guint answer_timeout_ms, ping_interval_ms, sleep_grace_ms;
     GMutex lock;
     GHashTable *workers;  /* agent -> Worker (a reference) */
     GHashTable *starting; /* agents whose worker a request is starting */
@@ -861,7 +864,7 @@ workers_sleep(gpointer data, const char *agent)
     if (!request_open_running(&req, workers, agent) ||
         !request_send(&req, "sleep", g_variant_new("()"), NULL))
         return;
-    request_expect(&req, workers->answer_timeout_ms);
+    request_expect(&req, (gint64)workers->answer_timeout_ms + workers->sleep_grace_ms);
     (void)request_finish(&req, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 }
 
@@ -902,6 +905,8 @@ hostd_ssh_workers_new(const HostdSshWorkersConfig *config)
         config->answer_timeout_ms != 0 ? config->answer_timeout_ms : ANSWER_TIMEOUT_MS_DEFAULT;
     workers->ping_interval_ms =
         config->ping_interval_ms != 0 ? config->ping_interval_ms : PING_INTERVAL_MS_DEFAULT;
+    workers->sleep_grace_ms =
+        config->sleep_grace_ms != 0 ? config->sleep_grace_ms : SLEEP_GRACE_MS_DEFAULT;
     g_mutex_init(&workers->lock);
     workers->workers = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, worker_unref);
     workers->starting = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);

@@ -42,6 +42,10 @@ typedef struct {
      * worker is asked every @ping_interval_ms (0: 30 s) whether it answers, within the same
      * deadline. */
     guint answer_timeout_ms, ping_interval_ms;
+    /* What a sleep may take on top of the deadline (0: 30 s): the worker waits that long for a
+     * spare shell on its way before it answers (hostd-ssh.c), and a worker killed meanwhile
+     * loses the session held over the virtio port that the sleep is there to keep. */
+    guint sleep_grace_ms;
 } HostdSshWorkersConfig;
 
 typedef struct _HostdSshWorkers HostdSshWorkers;

@@ -413,7 +413,8 @@ test_idle_save_stopped_worker(void **state)
     HostdTestFixture *f = *state;
     g_autoptr(GError) error = NULL;
     g_autofree char *program = hostd_ssh_worker_path();
-    HostdSshWorkersConfig config = {.program = program, .answer_timeout_ms = 2000};
+    HostdSshWorkersConfig config = {
+        .program = program, .answer_timeout_ms = 2000, .sleep_grace_ms = 1};
     g_autofree char *identity = NULL, *known_hosts = NULL;
     g_autofree char *key_path = NULL, *hosts_path = NULL, *line = NULL;
     g_autofree char *proc = NULL;

@@ -254,8 +254,10 @@ setup_worker_quick(void **state)
 {
     Fixture *f;
     g_autofree char *program = hostd_ssh_worker_path();
-    HostdSshWorkersConfig config = {
-        .program = program, .answer_timeout_ms = 2000, .ping_interval_ms = 500};
+    HostdSshWorkersConfig config = {.program = program,
+                                    .answer_timeout_ms = 2000,
+                                    .ping_interval_ms = 500,
+                                    .sleep_grace_ms = 1};
 
     setup_kind(state, SERVER_DEFAULT);
     f = *state;
