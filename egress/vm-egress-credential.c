@@ -20,21 +20,12 @@ struct _VmEgressCredentials {
     GPtrArray *grants; /* Grant */
 };
 
-/* Overwrites a string that held (or may hold) a secret before it goes back to the allocator. */
-static void
-wipe_free(char *text)
-{
-    if (text != NULL)
-        explicit_bzero(text, strlen(text));
-    g_free(text);
-}
-
 static void
 grant_free(Grant *grant)
 {
     g_free(grant->secret_name);
     g_free(grant->placeholder);
-    wipe_free(grant->value);
+    vm_secret_free(grant->value);
     g_strfreev(grant->hosts);
     g_free(grant->header);
     g_free(grant->format);
@@ -274,7 +265,7 @@ find_in_value(VmEgressCredentials *creds, const char *value)
     pair = basic_decode(value);
     grant = find_in_string(creds, pair);
     if (pair != NULL)
-        explicit_bzero(pair, strlen(pair));
+        vm_secret_wipe(pair);
     return grant;
 }
 
@@ -357,7 +348,7 @@ substitute(VmEgressCredentials *creds, const Grant *grant, const char *value,
 
         if (pair == NULL || strstr(pair, grant->placeholder) == NULL) {
             /* the placeholder as sent, not encoded: it stands for the whole pair */
-            wipe_free(pair);
+            vm_secret_free(pair);
             encoded = g_base64_encode((const guchar *)grant->value, strlen(grant->value));
             if (redactor != NULL)
                 vm_egress_redactor_add(redactor, grant->secret_name, grant->value,
@@ -365,7 +356,7 @@ substitute(VmEgressCredentials *creds, const Grant *grant, const char *value,
         } else {
             /* every grant's placeholder in the pair: user and password may both be ones */
             replaced = replace_placeholder(pair, grant);
-            wipe_free(pair);
+            vm_secret_free(pair);
             if (redactor != NULL)
                 vm_egress_redactor_add(redactor, grant->secret_name, grant->value,
                                        grant->placeholder);
@@ -373,7 +364,7 @@ substitute(VmEgressCredentials *creds, const Grant *grant, const char *value,
                 const Grant *other = g_ptr_array_index(creds->grants, i);
                 if (other != grant && strstr(replaced, other->placeholder) != NULL) {
                     char *again = replace_placeholder(replaced, other);
-                    wipe_free(replaced);
+                    vm_secret_free(replaced);
                     replaced = again;
                     if (redactor != NULL)
                         vm_egress_redactor_add(redactor, other->secret_name, other->value,
@@ -381,13 +372,13 @@ substitute(VmEgressCredentials *creds, const Grant *grant, const char *value,
                 }
             }
             encoded = g_base64_encode((const guchar *)replaced, strlen(replaced));
-            wipe_free(replaced);
+            vm_secret_free(replaced);
         }
         /* an echo of the header gives the pair back in base64: the guest decodes it at once */
         if (redactor != NULL)
             vm_egress_redactor_add(redactor, grant->secret_name, encoded, grant->placeholder);
         out = format_with(grant->format, encoded);
-        wipe_free(encoded);
+        vm_secret_free(encoded);
         return out;
     }
     if (redactor != NULL)
@@ -420,7 +411,7 @@ misplaced_in_value(VmEgressCredentials *creds, const char *name, const char *val
             bad = grant;
     }
     if (pair != NULL)
-        explicit_bzero(pair, strlen(pair));
+        vm_secret_wipe(pair);
     return bad;
 }
 
@@ -456,7 +447,7 @@ vm_egress_credentials_apply(VmEgressCredentials *creds, VmEgressRequest *request
         if (grant == NULL)
             continue;
         char *value = substitute(creds, grant, header->value, redactor);
-        wipe_free(header->value);
+        vm_secret_free(header->value);
         header->value = value;
         substituted = grant->secret_name;
     }

@@ -56,14 +56,6 @@ struct _HostdEgressWorker {
 };
 
 static void
-wipe_free(char *text)
-{
-    if (text != NULL)
-        explicit_bzero(text, strlen(text));
-    g_free(text);
-}
-
-static void
 worker_release(HostdEgressWorker *worker)
 {
     g_free(worker->program);
@@ -71,7 +63,7 @@ worker_release(HostdEgressWorker *worker)
     if (worker->listen_fd >= 0)
         close(worker->listen_fd);
     g_free(worker->ca_cert);
-    wipe_free(worker->ca_key);
+    vm_secret_free(worker->ca_key);
     g_free(worker->upstream_ca);
     g_clear_pointer(&worker->policy, vm_egress_policy_unref);
     g_clear_pointer(&worker->credentials, vm_egress_credentials_unref);

@@ -154,14 +154,6 @@ read_host_key(const HostdSshTarget *target, GError **error)
            NULL;
 }
 
-static void
-wipe_free(char *text)
-{
-    if (text != NULL)
-        explicit_bzero(text, strlen(text));
-    g_free(text);
-}
-
 /* Whom a worker runs as (HostdSshWorkerUserFunc). */
 typedef struct {
     gboolean change;
@@ -455,13 +447,13 @@ workers_get(HostdSshWorkers *workers, const HostdSshTarget *target, GError **err
         g_hash_table_add(workers->starting, g_strdup(target->agent));
     g_mutex_unlock(&workers->lock);
     if (closed || running != NULL) {
-        wipe_free(identity);
+        vm_secret_free(identity);
         if (closed)
             return vm_throw(error, VM_ERROR_SSH, "the SSH workers are closed"), NULL;
         return running;
     }
     worker = worker_launch(workers, target, &as, identity, host_key, key, error);
-    wipe_free(identity);
+    vm_secret_free(identity);
     g_mutex_lock(&workers->lock);
     g_hash_table_remove(workers->starting, target->agent);
     g_cond_broadcast(&workers->started);
