@@ -222,6 +222,21 @@ vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint3
     return TRUE;
 }
 
+gboolean
+vmctl_insert_tail_options(VmctlContext *ctx, GVariantDict *fields, const char *lines,
+                          gboolean follow, GError **error)
+{
+    if (lines != NULL) {
+        guint32 n;
+
+        if (!vmctl_parse_uint(ctx, "--lines", lines, 0, G_MAXUINT32 - 1, &n, error))
+            return FALSE;
+        g_variant_dict_insert(fields, "lines", "u", n);
+    }
+    g_variant_dict_insert(fields, "follow", "b", follow);
+    return TRUE;
+}
+
 /* @text as an ISO 8601 time in @tz when it has no zone; GLib's parser wants seconds, which a
  * user often leaves out ("2024-05-01 14:00"), as the whole time of day ("2024-05-01"). */
 static GDateTime *

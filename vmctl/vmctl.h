@@ -69,6 +69,12 @@ gboolean vmctl_usage_error(VmctlContext *ctx, GError **error, const char *fmt, .
 gboolean vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint32 min,
                           guint32 max, guint32 *ret_value, GError **error);
 
+/* Adds what a log-like stream verb's --lines and --follow ask of hostd to @fields: "lines" (u)
+ * when @lines (the option's text, or NULL) parses, "follow" (b) always. Fails with a usage error
+ * naming --lines. */
+gboolean vmctl_insert_tail_options(VmctlContext *ctx, GVariantDict *fields, const char *lines,
+                                   gboolean follow, GError **error);
+
 /* Parses the time @text given to @option: a duration back from @now_usec ("90s", "10m", "2h",
  * "3d"; vm_duration_parse()) or an ISO 8601 time, with a zone ("2024-05-01T12:00:00Z",
  * "2024-05-01T14:00:00+02:00") or in local time without one ("2024-05-01T14:00:00",
