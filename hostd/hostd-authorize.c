@@ -134,8 +134,7 @@ authorize_store(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom, 
 }
 
 /* Changes @keys, the keys recorded for agent @name, in place; fails to leave them as they were. */
-typedef gboolean (*AuthorizeEdit)(const char *name, GPtrArray *keys, gpointer data,
-                                  GError **error);
+typedef gboolean (*AuthorizeEdit)(const char *name, GPtrArray *keys, gpointer data, GError **error);
 
 /* What adding and removing a key share: with agent @name locked and open, its recorded keys
  * loaded, @edit changes them, then they reach the guest and the record (authorize_store()).
