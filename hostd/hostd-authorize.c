@@ -133,7 +133,7 @@ authorize_store(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom, 
     return TRUE;
 }
 
-/* Changes @keys, the keys recorded for agent @name, in place; fails to leave them as they were. */
+/* Changes @keys, the keys recorded for agent @name, in place; when it fails nothing is stored. */
 typedef gboolean (*AuthorizeEdit)(const char *name, GPtrArray *keys, gpointer data, GError **error);
 
 /* What adding and removing a key share: with agent @name locked and open, its recorded keys
