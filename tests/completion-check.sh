@@ -179,6 +179,11 @@ for command in "${commands[@]}"; do
     expect "${first[$command]}" vmctl "${words[@]}" ""
 done
 expect "a1" vmctl info a
+# Commands that take several agents: each argument is one.
+expect "$agents" vmctl rm a1 ""
+expect "web-2" vmctl stop --force a1 w
+expect "$agents" vmctl resume a1 web-2 ""
+expect "" vmctl info a1 ""
 expect "web-2" vmctl ssh-config w
 
 # ---- secrets: the subcommands, secret names after an agent, --secret, --from-file

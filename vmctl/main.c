@@ -86,6 +86,16 @@ print_usage(FILE *stream)
           stream);
 }
 
+/* For the shell completions (dist/): every command, what its arguments are
+ * (vmctl_completes()) and its summary, a line each, tab-separated. Not in the usage: no one
+ * types it. */
+static void
+print_completions(void)
+{
+    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++)
+        printf("%s\t%s\t%s\n", verbs[i].name, vmctl_completes(verbs[i].name), verbs[i].summary);
+}
+
 /* Finds the verb named by @args (one word, or two for a subcommand) and returns how many words
  * name it in @ret_words. */
 static const VmctlVerb *
@@ -254,6 +264,10 @@ run(VmctlContext *ctx, char **argv, GError **error)
     }
     if (rest[0] == NULL) {
         print_usage(stdout);
+        return TRUE;
+    }
+    if (strcmp(rest[0], "__complete") == 0 && rest[1] == NULL) {
+        print_completions();
         return TRUE;
     }
     if (strcmp(rest[0], "help") == 0) {

@@ -170,6 +170,14 @@ gboolean vmctl_agent_actions(VmctlContext *ctx, VmOp op, char **names, GVariantD
  * VM_ERROR_IO. Newly allocated, NULL-terminated. */
 char **vmctl_read_ssh_keys(const char *const *files, GError **error);
 
+/* What the positional arguments of @verb ("stop", "checkpoint rm") are, for the shell
+ * completions (`vmctl __complete`): kinds one a word, in order: agent (an existing agent),
+ * checkpoint (one of the first argument's), template, secret, restart (a restart policy), file;
+ * the last may end in "..." (it repeats). Empty for a verb that takes none of these, or one not
+ * listed: its arguments complete to nothing (a new name, a command to run). Static; can't
+ * fail. */
+const char *vmctl_completes(const char *verb);
+
 /* The verbs, one per vmctl-cmd-<verb>.c. */
 gboolean vmctl_cmd_template_list(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_template_build(VmctlContext *ctx, int argc, char **argv, GError **error);
