@@ -102,7 +102,8 @@ vmctl_socket_candidates(void)
     if (system == NULL || system[0] == '\0')
         system = VM_SYSTEM_STATE_DIR "/hostd.sock";
     if (geteuid() != 0) {
-        g_autofree char *user = g_build_filename(g_get_user_data_dir(), "hostd", "hostd.sock", NULL);
+        g_autofree char *user =
+            g_build_filename(g_get_user_data_dir(), "hostd", "hostd.sock", NULL);
         if (strcmp(user, system) != 0)
             g_strv_builder_add(paths, user);
     }

@@ -26,5 +26,5 @@ vmctl_cmd_keep_awake(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_variant_dict_insert(fields, "seconds", "u", (guint32)seconds);
     g_variant_dict_insert(fields, "off", "b", off);
     return vmctl_agent_actions(ctx, VM_OP_AGENT_KEEP_AWAKE, names, fields,
-                              off ? "released" : "keeping awake", error);
+                               off ? "released" : "keeping awake", error);
 }

@@ -15,5 +15,6 @@ vmctl_cmd_suspend(VmctlContext *ctx, int argc, char **argv, GError **error)
         return FALSE;
     g_autoptr(GVariantDict) fields = g_variant_dict_new(NULL);
     g_variant_dict_insert(fields, "save", "b", save);
-    return vmctl_agent_actions(ctx, VM_OP_AGENT_SUSPEND, names, fields, save ? "saved" : "paused", error);
+    return vmctl_agent_actions(ctx, VM_OP_AGENT_SUSPEND, names, fields, save ? "saved" : "paused",
+                               error);
 }

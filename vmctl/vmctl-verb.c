@@ -454,10 +454,9 @@ vmctl_agent_actions(VmctlContext *ctx, VmOp op, char **names, GVariantDict *fiel
             g_autofree char *message = vmctl_format_escaped_lines(local_error->message);
             g_autofree char *utf8 = g_utf8_make_valid(local_error->message, -1);
 
-            g_variant_dict_insert_value(
-                &row, "error",
-                g_variant_new_parsed("{'code': <%s>, 'message': <%s>}", vm_error_code_name(code),
-                                     utf8));
+            g_variant_dict_insert_value(&row, "error",
+                                        g_variant_new_parsed("{'code': <%s>, 'message': <%s>}",
+                                                             vm_error_code_name(code), utf8));
             fflush(stdout);
             fprintf(stderr, "vmctl: %s: %s\n", names[i], message);
             if (first_failure == 0)

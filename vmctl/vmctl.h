@@ -32,10 +32,10 @@ typedef struct {
 struct VmctlContext {
     const VmctlVerb *verb;
     const char *verb_description; /* more for the verb's --help (its subcommands), or NULL */
-    char *socket_path;   /* from --socket; NULL means vm_default_socket_path() */
-    char *host;          /* from --host; NULL: $VMCTL_HOST, else hostd is on this host */
-    VmctlRemote *remote; /* --host or $VMCTL_HOST parsed, by vmctl_endpoint() */
-    char *endpoint_path; /* the local socket vmctl_endpoint() chose */
+    char *socket_path;            /* from --socket; NULL means vm_default_socket_path() */
+    char *host;                   /* from --host; NULL: $VMCTL_HOST, else hostd is on this host */
+    VmctlRemote *remote;          /* --host or $VMCTL_HOST parsed, by vmctl_endpoint() */
+    char *endpoint_path;          /* the local socket vmctl_endpoint() chose */
     gboolean json;
     gboolean quiet;
     gpointer option_data; /* handed to the G_OPTION_ARG_CALLBACK entries of the verb */
