@@ -97,20 +97,22 @@ print_completions(void)
 }
 
 /* Finds the verb named by @args (one word, or two for a subcommand) and returns how many words
- * name it in @ret_words. */
+ * name it in @ret_words. Two words win over one, wherever they are in the table: "checkpoint
+ * rm a1 c1" is checkpoint rm, not a checkpoint of an agent named rm. */
 static const VmctlVerb *
 find_verb(char **args, int *ret_words)
 {
-    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++) {
+    for (gsize i = 0; args[1] != NULL && i < G_N_ELEMENTS(verbs); i++) {
         const char *space = strchr(verbs[i].name, ' ');
-        if (space == NULL && strcmp(verbs[i].name, args[0]) == 0) {
-            *ret_words = 1;
-            return &verbs[i];
-        }
-        if (space != NULL && args[1] != NULL &&
-            strncmp(verbs[i].name, args[0], space - verbs[i].name) == 0 &&
+        if (space != NULL && strncmp(verbs[i].name, args[0], space - verbs[i].name) == 0 &&
             args[0][space - verbs[i].name] == '\0' && strcmp(space + 1, args[1]) == 0) {
             *ret_words = 2;
+            return &verbs[i];
+        }
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++) {
+        if (strcmp(verbs[i].name, args[0]) == 0) {
+            *ret_words = 1;
             return &verbs[i];
         }
     }
