@@ -125,7 +125,7 @@ vmctl_socket_find(const char *const *candidates, GError **error)
         if (lstat(*path, &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
             return g_strdup(*path);
     }
-    listed = g_strjoinv(" nor ", (char **)candidates);
+    listed = g_strjoinv(" or ", (char **)candidates);
     vm_throw(error, VM_ERROR_NOT_RUNNING, "hostd is not running: no socket at %s", listed);
     return NULL;
 }

@@ -1232,7 +1232,7 @@ test_socket_lookup(void **state)
     /* Neither. */
     g_free(f->system_socket);
     f->system_socket = g_build_filename(f->tmpdir, "system", "hostd.sock", NULL);
-    g_autofree char *want = g_strdup_printf("vmctl: hostd is not running: no socket at %s nor %s\n",
+    g_autofree char *want = g_strdup_printf("vmctl: hostd is not running: no socket at %s or %s\n",
                                             user_socket, f->system_socket);
     run_vmctl(f, NULL, &none, "list");
     assert_string_equal(none.err, want);
