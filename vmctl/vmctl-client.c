@@ -111,18 +111,43 @@ vmctl_socket_candidates(void)
     return g_strv_builder_end(paths);
 }
 
+/* Whether @path exists as far as this user can tell. A directory this user may not search hides
+ * the socket: it counts as there, and connecting says why it cannot be used. */
+static gboolean
+socket_exists(const char *path)
+{
+    struct stat st;
+
+    return lstat(path, &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
+}
+
+/* Whether nothing listens on the socket at @path (a hostd that ended without removing it). A
+ * live hostd sees a connection closed before any request, which it drops without a word. */
+static gboolean
+socket_stale(const char *path)
+{
+    g_autoptr(GError) error = NULL;
+    vm_autofd fd = vmctl_client_connect(path, &error);
+
+    return fd < 0 && g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING);
+}
+
 char *
 vmctl_socket_find(const char *const *candidates, GError **error)
 {
     g_autofree char *listed = NULL;
-    struct stat st;
 
     g_return_val_if_fail(candidates != NULL && candidates[0] != NULL, NULL);
 
     for (const char *const *path = candidates; *path != NULL; path++) {
-        /* A directory this user may not search hides the socket: it is there as far as the
-         * user can tell, and connecting says why it cannot be used. */
-        if (lstat(*path, &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
+        if (!socket_exists(*path))
+            continue;
+        /* A stale socket gives way to a later one that exists: the user's own hostd that died
+         * does not hide the system's. */
+        gboolean later = FALSE;
+        for (const char *const *next = path + 1; *next != NULL; next++)
+            later = later || socket_exists(*next);
+        if (!later || !socket_stale(*path))
             return g_strdup(*path);
     }
     listed = g_strjoinv(" or ", (char **)candidates);

@@ -38,8 +38,10 @@ int vmctl_client_connect(const char *socket_path, GError **error);
 char **vmctl_socket_candidates(void);
 
 /* The first of @candidates (NULL-terminated, not empty) that exists, or whose directory this
- * user cannot search (connecting then says why). Fails with VM_ERROR_NOT_RUNNING "hostd is not
- * running: no socket at A or B" when none exists. Newly allocated. */
+ * user cannot search (connecting then says why); one that nothing listens on is passed over for
+ * a later one that exists (it is connected to, and closed, to tell). Fails with
+ * VM_ERROR_NOT_RUNNING "hostd is not running: no socket at A or B" when none exists. Newly
+ * allocated. */
 char *vmctl_socket_find(const char *const *candidates, GError **error);
 
 /* Opens a conversation with hostd at @endpoint: vmctl_client_connect(), or for a remote one

@@ -1213,20 +1213,27 @@ test_socket_lookup(void **state)
     assert_request(f, VM_OP_AGENT_START);
     assert_int_equal(system.status, 0);
 
-    /* The user's own comes first, though the system's is there. */
+    /* The user's own comes first, though the system's is there. It is asked whether it listens
+     * (a connection closed at once) before the request: a fake that takes many connections. */
     {
         VmTestHostd *own = vm_test_hostd_new(user_socket);
+        Asked asked = {.names = g_ptr_array_new_with_free_func(g_free), .ops = g_ptr_array_new()};
+
+        g_mutex_init(&asked.lock);
         assert_int_equal(chmod(user_socket, 0666), 0);
-        vm_test_hostd_reply(own, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
-        vm_test_hostd_start(own);
+        vm_test_hostd_serve(own, answer_actions, &asked);
         server_start(f);
         run_vmctl(f, NULL, &user, "start", "a1");
-        vm_test_hostd_join(own);
-        assert_true(own->connected);
-        assert_false(f->hostd->connected);
+        assert_string_equal(user.out, "started a1\n");
         assert_int_equal(user.status, 0);
         vm_test_hostd_free(own);
+        assert_false(f->hostd->connected);
+        assert_int_equal(asked.names->len, 1);
+        assert_int_equal(GPOINTER_TO_UINT(asked.ops->pdata[0]), VM_OP_AGENT_START);
         assert_int_equal(unlink(user_socket), 0);
+        g_mutex_clear(&asked.lock);
+        g_ptr_array_unref(asked.names);
+        g_ptr_array_unref(asked.ops);
     }
 
     /* Neither. */
@@ -1252,12 +1259,35 @@ test_socket_refused(void **state)
 
     make_stale_socket(user_socket);
     {
+        g_auto(Run) passed_over = {0};
+        g_auto(Run) only_user = {0};
+
+        /* The system's hostd answers: the stale one is passed over. */
+        reply(f, VM_OP_RESULT, "{'agents': <@aa{sv} []>}");
+        server_start(f);
+        run_vmctl(f, NULL, &passed_over, "list");
+        assert_request(f, VM_OP_AGENT_LIST);
+        assert_int_equal(passed_over.status, 0);
+
+        /* Only stale sockets: the last one tried, the system's, is named. */
+        g_free(f->system_socket);
+        f->system_socket = g_build_filename(f->tmpdir, "stale.sock", NULL);
+        make_stale_socket(f->system_socket);
         g_autofree char *want = g_strdup_printf(
             "vmctl: nothing listens on %s: the socket is left from a hostd that is gone\n",
-            user_socket);
+            f->system_socket);
         run_vmctl(f, NULL, &stale, "list");
         assert_string_equal(stale.err, want);
         assert_int_equal(stale.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+
+        /* The user's alone. */
+        assert_int_equal(unlink(f->system_socket), 0);
+        g_autofree char *want_user = g_strdup_printf(
+            "vmctl: nothing listens on %s: the socket is left from a hostd that is gone\n",
+            user_socket);
+        run_vmctl(f, NULL, &only_user, "list");
+        assert_string_equal(only_user.err, want_user);
+        assert_int_equal(only_user.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
     }
     assert_int_equal(unlink(user_socket), 0);
 
