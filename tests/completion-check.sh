@@ -323,6 +323,7 @@ shell_comp() {
     case $shell in
     zsh) zsh -f "$tmp/zsh-driver.zsh" "$source/dist" "$@" ;;
     fish)
+        # shellcheck disable=SC2016 # $argv is fish's
         XDG_CONFIG_HOME=$tmp/config XDG_DATA_HOME=$tmp/data fish -N -c \
             'source $argv[1]; complete -C $argv[2]' "$source/dist/vmctl.fish" "$*" | cut -f 1
         ;;
