@@ -672,7 +672,7 @@ static const BadCase bad_cases[] = {
     {"stdout without data", BAD_SCHEMA, VM_OP_STDOUT, NULL, "@a{sv} {}"},
     {"error code 0", BAD_SCHEMA, VM_OP_ERROR, NULL, "{'code': <uint32 0>, 'message': <'x'>}"},
     {"error code past last", BAD_SCHEMA, VM_OP_ERROR, NULL,
-     "{'code': <uint32 17>, 'message': <'x'>}"},
+     "{'code': <uint32 18>, 'message': <'x'>}"},
     {"error without message", BAD_SCHEMA, VM_OP_ERROR, NULL, "{'code': <uint32 1>}"},
     {"fraction over 1", BAD_SCHEMA, VM_OP_PROGRESS, NULL, "{'message': <'x'>, 'fraction': <1.5>}"},
     {"negative fraction", BAD_SCHEMA, VM_OP_PROGRESS, NULL,
@@ -741,14 +741,14 @@ test_limits_accepted(void **state)
         {VM_OP_EXEC, exec_with_argv(VM_ARGV_MAX)},
         {VM_OP_EXEC, exec_with_env(VM_ARGV_MAX, "A=")},
         {VM_OP_STDIN, data_of(VM_STREAM_CHUNK_MAX)},
-        {VM_OP_ERROR, g_variant_new_parsed("{'code': <uint32 16>, 'message': <''>}")},
+        {VM_OP_ERROR, g_variant_new_parsed("{'code': <uint32 17>, 'message': <''>}")},
         {VM_OP_PROGRESS, g_variant_new_parsed("{'message': <''>, 'fraction': <1.0>}")},
         {VM_OP_WINDOW_SIZE, g_variant_new_parsed("{'cols': <uint32 65535>, 'rows': <uint32 0>}")},
         {VM_OP_FORWARD_ADD, g_variant_new_parsed("{'name': <'a'>, 'guest_port': <uint32 65535>, "
                                                  "'host_port': <uint32 1>}")},
     };
 
-    assert_int_equal(VM_ERROR_LAST, 16);
+    assert_int_equal(VM_ERROR_LAST, 17);
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(GError) error = NULL;
         g_autoptr(GBytes) frame = NULL;
