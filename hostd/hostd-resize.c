@@ -260,7 +260,9 @@ hostd_agent_set_resources(HostdContext *ctx, const HostdResizeRequest *req, char
     if ((sizes && !resize_define(ctx, r, error)) ||
         (grow && !resize_disk(ctx, r, dom, changes, error))) {
         /* Best effort: a definition that keeps the new sizes is what the record then says the
-         * next start brings; the user sees the error and can ask again. */
+         * next start brings; the user sees the error and can ask again. A wake stays done. */
+        g_free(old->wanted);
+        old->wanted = g_strdup(r->wanted);
         if (hostd_agent_record_save(old, NULL) && sizes)
             resize_define(ctx, old, NULL);
         return NULL;

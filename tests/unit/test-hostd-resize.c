@@ -11,6 +11,8 @@
 
 #include <string.h>
 
+#include "hostd-checkpoint.h"
+#include "hostd-fork.h"
 #include "hostd-resize.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
@@ -140,6 +142,60 @@ test_saved(void **state)
     assert_string_equal(hostd_test_domain_state(f, "a2"), "running");
 }
 
+/* A saved state keeps the sizes it was saved with: a checkpoint taken while the agent is saved
+ * points its state at the new overlay with the saved CPU count and memory, not the record's new
+ * ones, which libvirt would refuse to load it into. */
+static void
+test_saved_state_keeps_its_sizes(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r0 = hostd_test_agent_new(f, "a1", HOSTD_TEST_SAVED);
+    g_autofree char *original = domain_xml(f, "a1");
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(f->ctx->lv, "a1", NULL);
+    const HostdResizeRequest req = {.name = "a1", .cpus = 2, .memory_mib = 512};
+    g_autoptr(GError) error = NULL;
+
+    /* The test driver keeps no saved definition: the fake holds the one it was saved with. */
+    assert_int_equal(virDomainManagedSaveDefineXML(dom, original, 0), 0);
+    g_autofree char *lines = set_ok(f, &req);
+    g_autoptr(GVariant) checkpoint =
+        hostd_test_sink(hostd_checkpoint_create(f->ctx, "a1", "after", FALSE, FALSE, NULL, &error));
+    vm_test_assert_no_error(error);
+    assert_non_null(checkpoint);
+    g_autofree char *saved = hostd_test_fake_saved_xml();
+    assert_non_null(saved);
+    assert_non_null(strstr(saved, "<memory unit='MiB'>128</memory>"));
+    assert_non_null(strstr(saved, "<vcpu>1</vcpu>"));
+    assert_null(strstr(saved, "<memory unit='MiB'>512</memory>"));
+    g_autofree char *defined = domain_xml(f, "a1");
+    assert_non_null(strstr(defined, "<memory unit='MiB'>512</memory>"));
+}
+
+/* A live fork restores the source's memory, which still has the sizes it started with: after a
+ * set that the running source has not taken yet, the fork boots cold instead (and gets the new
+ * sizes), said in the log. */
+static void
+test_live_fork_after_set(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r0 = hostd_test_agent_new(f, "a1", HOSTD_TEST_RUNNING);
+    const HostdResizeRequest req = {.name = "a1", .memory_mib = 256};
+    const HostdForkRequest fork = {.name = "b1", .source = "a1", .wait = FALSE, .live = TRUE};
+    g_autoptr(GError) error = NULL;
+    g_autofree char *checkpoint = NULL;
+
+    g_autofree char *lines = set_ok(f, &req);
+    g_autoptr(GVariant) forked =
+        hostd_test_sink(hostd_fork(f->ctx, &fork, &checkpoint, NULL, NULL, &error));
+    vm_test_assert_no_error(error);
+    assert_non_null(forked);
+    g_autofree char *logged = hostd_test_log_text();
+    assert_non_null(strstr(logged, "fork 'b1' of 'a1': booting cold: the source's CPUs or memory "
+                                   "were changed since it started (vmctl set)"));
+    g_autoptr(HostdAgentRecord) b1 = hostd_test_agent_record(f, "b1");
+    assert_int_equal(b1->memory_mib, 256);
+}
+
 /* Refused before anything changes: nothing asked, both forms, a smaller disk, over the host's
  * CPUs, an unknown agent; the record, the definition and the image stay as they were. */
 static void
@@ -258,6 +314,10 @@ main(void)
         cmocka_unit_test_setup_teardown(test_stopped, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_running, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_saved, hostd_test_setup, hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_saved_state_keeps_its_sizes, hostd_test_setup,
+                                        hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_live_fork_after_set, hostd_test_setup,
+                                        hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_refused, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_qemu_img_fails, hostd_test_setup,
                                         hostd_test_teardown),
