@@ -121,8 +121,9 @@ resize_disk(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom, GPtrArray 
         g_autoptr(GError) why = NULL;
         if (resize_guest_fs(ctx, r, &why)) {
             r->grow_fs = FALSE;
-            g_ptr_array_add(changes, g_strdup_printf("disk %uG: grown live, its root filesystem too",
-                                                     r->disk_gib));
+            g_ptr_array_add(
+                changes,
+                g_strdup_printf("disk %uG: grown live, its root filesystem too", r->disk_gib));
         } else {
             hostd_context_log(ctx, "agent '%s': disk grown to %u GiB, root filesystem not: %s",
                               r->name, r->disk_gib, why->message);
@@ -165,8 +166,8 @@ resize_live_line(const char *what, gboolean up, gboolean live, const char *name)
         return g_strdup_printf("%s: applied live", what);
     if (!up)
         return g_strdup_printf("%s: applied; the agent starts with it", what);
-    return g_strdup_printf("%s: at the next start (vmctl stop %s, then vmctl start %s)", what,
-                           name, name);
+    return g_strdup_printf("%s: at the next start (vmctl stop %s, then vmctl start %s)", what, name,
+                           name);
 }
 
 /* Whether the running domain @dom took @cpus vCPUs live: only more than it has, up to the
@@ -216,8 +217,8 @@ resize_request_check(const HostdResizeRequest *req, GError **error)
         (req->disk_gib != 0 && req->disk_add_gib != 0))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "a size is either absolute or relative (+N), not both");
-    if (req->cpus == 0 && req->cpus_add == 0 && req->memory_mib == 0 &&
-        req->memory_add_mib == 0 && req->disk_gib == 0 && req->disk_add_gib == 0)
+    if (req->cpus == 0 && req->cpus_add == 0 && req->memory_mib == 0 && req->memory_add_mib == 0 &&
+        req->disk_gib == 0 && req->disk_add_gib == 0)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "nothing to change: give --cpus, --memory or --disk");
     return vm_name_validate(req->name, error);
@@ -271,19 +272,18 @@ hostd_agent_set_resources(HostdContext *ctx, const HostdResizeRequest *req, char
         g_ptr_array_add(changes, g_strdup_printf("disk %uG: unchanged", disk_gib));
 
     gboolean running = g_str_equal(hostd_libvirt_state_name(dom), "running");
-    gboolean active = hostd_libvirt_is_active(dom) ||
-                      g_str_equal(hostd_libvirt_state_name(dom), "saved");
+    gboolean active =
+        hostd_libvirt_is_active(dom) || g_str_equal(hostd_libvirt_state_name(dom), "saved");
     if (req->cpus != 0 || req->cpus_add != 0) {
         g_autofree char *what = g_strdup_printf("cpus %u", cpus);
         gboolean live = cpus != old->cpus && running && resize_live_cpus(dom, cpus);
-        g_ptr_array_add(changes, cpus == old->cpus
-                                     ? g_strdup_printf("%s: unchanged", what)
-                                     : resize_live_line(what, active, live, r->name));
+        g_ptr_array_add(changes, cpus == old->cpus ? g_strdup_printf("%s: unchanged", what)
+                                                   : resize_live_line(what, active, live, r->name));
     }
     if (req->memory_mib != 0 || req->memory_add_mib != 0) {
         g_autofree char *what = g_strdup_printf("memory %uM", memory_mib);
-        gboolean live = memory_mib != old->memory_mib && running &&
-                        resize_live_memory(dom, memory_mib);
+        gboolean live =
+            memory_mib != old->memory_mib && running && resize_live_memory(dom, memory_mib);
         g_ptr_array_add(changes, memory_mib == old->memory_mib
                                      ? g_strdup_printf("%s: unchanged", what)
                                      : resize_live_line(what, active, live, r->name));

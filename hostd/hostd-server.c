@@ -677,7 +677,8 @@ hostd_handle_agent_set_resources(HostdContext *ctx, const VmMessage *req, VmStre
     if (agent == NULL)
         return FALSE;
     g_variant_builder_add(&b, "{sv}", "agent", agent);
-    g_variant_builder_add(&b, "{sv}", "changes", g_variant_new_strv((const char *const *)changes, -1));
+    g_variant_builder_add(&b, "{sv}", "changes",
+                          g_variant_new_strv((const char *const *)changes, -1));
     return hostd_reply(reply, g_variant_builder_end(&b), error);
 }
 

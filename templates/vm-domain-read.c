@@ -175,8 +175,13 @@ vm_domain_read_sizes(const char *xml, guint *ret_cpus, guint *ret_memory_mib, GE
         const char *unit;
         guint64 bytes;
     } units[] = {
-        {"b", 1},          {"bytes", 1},      {"k", 1024},          {"KiB", 1024},
-        {"m", 1024 * 1024}, {"MiB", 1024 * 1024}, {"g", 1024 * 1024 * 1024},
+        {"b", 1},
+        {"bytes", 1},
+        {"k", 1024},
+        {"KiB", 1024},
+        {"m", 1024 * 1024},
+        {"MiB", 1024 * 1024},
+        {"g", 1024 * 1024 * 1024},
         {"GiB", 1024 * 1024 * 1024},
     };
 
@@ -200,7 +205,8 @@ vm_domain_read_sizes(const char *xml, guint *ret_cpus, guint *ret_memory_mib, GE
     if (cpus == 0 || cpus > G_MAXUINT || amount == 0 || scale == 0 ||
         amount > G_MAXUINT64 / scale || amount * scale / (1024 * 1024) == 0 ||
         amount * scale / (1024 * 1024) > G_MAXUINT)
-        return vm_throw(error, VM_ERROR_NOT_FOUND, "the domain XML has no CPU count or memory size");
+        return vm_throw(error, VM_ERROR_NOT_FOUND,
+                        "the domain XML has no CPU count or memory size");
     *ret_cpus = (guint)cpus;
     *ret_memory_mib = (guint)(amount * scale / (1024 * 1024));
     return TRUE;

@@ -11,8 +11,7 @@ set_add_cpus(VmctlContext *ctx, GVariantDict *fields, const char *text, GError *
     gboolean relative = text[0] == '+';
     guint32 n;
 
-    if (!vmctl_parse_uint(ctx, "--cpus", relative ? text + 1 : text, 1, VM_SET_CPUS_MAX, &n,
-                          error))
+    if (!vmctl_parse_uint(ctx, "--cpus", relative ? text + 1 : text, 1, VM_SET_CPUS_MAX, &n, error))
         return FALSE;
     g_variant_dict_insert(fields, relative ? "cpus_add" : "cpus", "u", n);
     return TRUE;
@@ -38,8 +37,8 @@ set_add_disk(VmctlContext *ctx, GVariantDict *fields, const char *text, GError *
     gboolean relative;
     guint64 mib;
 
-    if (!vmctl_parse_size(ctx, "--disk", text, 1024, (guint64)VM_SET_DISK_GIB_MAX * 1024,
-                          &relative, &mib, error))
+    if (!vmctl_parse_size(ctx, "--disk", text, 1024, (guint64)VM_SET_DISK_GIB_MAX * 1024, &relative,
+                          &mib, error))
         return FALSE;
     if (mib % 1024 != 0)
         return vmctl_usage_error(ctx, error, "--disk grows by whole GiB, not '%s'", text);
@@ -54,8 +53,7 @@ vmctl_cmd_set(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autofree char *cpus = NULL, *memory = NULL, *disk = NULL;
     const GOptionEntry entries[] = {
         {"cpus", 0, 0, G_OPTION_ARG_STRING, &cpus,
-         "Give the VM N virtual CPUs (+N: N more), live where it can, else at its next start",
-         "N"},
+         "Give the VM N virtual CPUs (+N: N more), live where it can, else at its next start", "N"},
         {"memory", 0, 0, G_OPTION_ARG_STRING, &memory,
          "Give the VM SIZE of memory: 4096 (MiB), 8G, +2G; live where it can, else at its next "
          "start",

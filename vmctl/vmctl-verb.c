@@ -252,10 +252,10 @@ vmctl_parse_size(VmctlContext *ctx, const char *option, const char *text, guint 
         }
     }
     if (digits == 0 || unit == 0 || n == 0 || n > max_mib / unit)
-        return vmctl_usage_error(ctx, error,
-                                 "%s needs a size such as 512M, 20G or +5G (at most %" G_GUINT64_FORMAT
-                                 "G), not '%s'",
-                                 option, max_mib / 1024, text);
+        return vmctl_usage_error(
+            ctx, error,
+            "%s needs a size such as 512M, 20G or +5G (at most %" G_GUINT64_FORMAT "G), not '%s'",
+            option, max_mib / 1024, text);
     *ret_relative = relative;
     *ret_mib = n * unit;
     return TRUE;

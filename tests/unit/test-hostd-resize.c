@@ -33,8 +33,8 @@ set_ok(HostdTestFixture *f, const HostdResizeRequest *req)
 {
     g_autoptr(GError) error = NULL;
     g_auto(GStrv) changes = NULL;
-    g_autoptr(GVariant) agent = hostd_test_sink(hostd_agent_set_resources(f->ctx, req, &changes,
-                                                                          &error));
+    g_autoptr(GVariant) agent =
+        hostd_test_sink(hostd_agent_set_resources(f->ctx, req, &changes, &error));
 
     vm_test_assert_no_error(error);
     assert_non_null(agent);
@@ -103,8 +103,7 @@ test_running(void **state)
                                   "next start (vmctl stop a1, then vmctl start a1)|memory 192M: "
                                   "at the next start (vmctl stop a1, then vmctl start a1)"));
     g_autofree char *jobs = hostd_test_fake_block_jobs();
-    g_autofree char *want = g_strdup_printf("resize vda %" G_GUINT64_FORMAT "\n",
-                                            (guint64)9 << 30);
+    g_autofree char *want = g_strdup_printf("resize vda %" G_GUINT64_FORMAT "\n", (guint64)9 << 30);
     assert_string_equal(jobs, want);
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, "a1");
     assert_int_equal(r->cpus, 2);
@@ -319,8 +318,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_live_fork_after_set, hostd_test_setup,
                                         hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_refused, hostd_test_setup, hostd_test_teardown),
-        cmocka_unit_test_setup_teardown(test_qemu_img_fails, hostd_test_setup,
-                                        hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_qemu_img_fails, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_unchanged, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_up, hostd_test_setup, hostd_test_teardown),
     };

@@ -1829,14 +1829,15 @@ test_parse_size(void **state)
         gboolean relative;
         guint64 mib;
     } good[] = {
-        {"512", 1, FALSE, 512},      {"512M", 1, FALSE, 512},      {"8G", 1, FALSE, 8192},
-        {"8gib", 1, FALSE, 8192},    {"+2G", 1, TRUE, 2048},       {"20", 1024, FALSE, 20480},
-        {"+5G", 1024, TRUE, 5120},   {"1T", 1024, FALSE, 1048576}, {"2048MiB", 1024, FALSE, 2048},
+        {"512", 1, FALSE, 512},    {"512M", 1, FALSE, 512},      {"8G", 1, FALSE, 8192},
+        {"8gib", 1, FALSE, 8192},  {"+2G", 1, TRUE, 2048},       {"20", 1024, FALSE, 20480},
+        {"+5G", 1024, TRUE, 5120}, {"1T", 1024, FALSE, 1048576}, {"2048MiB", 1024, FALSE, 2048},
         {"16384G", 1, FALSE, max},
     };
     const char *const bad[] = {
-        "", "+", "G", "0", "+0G", "-1", "1.5G", "8 G", "8GB", "8K", "16385G", "99999999999999",
-        "8G ", "\xff",
+        "",     "+",    "G",   "0",  "+0G",    "-1",
+        "1.5G", "8 G",  "8GB", "8K", "16385G", "99999999999999",
+        "8G ",  "\xff",
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
