@@ -56,7 +56,7 @@ set_check() {
   check "set --disk +1G on stopped $agent: its filesystem grows at its next start ($out)" \
     _set_says "$out" "disk 10G: grown; its root filesystem grows when the agent next starts"
   vmctl start "$agent" >/dev/null 2>&1
-  wait_ssh "$agent" 300
+  wait_ssh "$agent" 600
   check "after stop and start $agent has 1 CPU (nproc)" test "$(vmctl exec "$agent" -- nproc)" = 1
   mem_after=$(_set_memtotal "$agent")
   check "after stop and start $agent has 256 MiB more (MemTotal $mem_before -> $mem_after kB)" \
