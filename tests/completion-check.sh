@@ -163,7 +163,7 @@ declare -A first=(
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
     [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents [events]=$agents
-    [forward]=$agents
+    [forward]=$agents [set]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
     [bridge]="" [mcp]="" [authorize]=$agents
@@ -215,6 +215,8 @@ expect "c1 c2" vmctl restore --path /etc a1 ""
 expect "c1 c2" vmctl restore --path=/etc a1 ""
 expect "c1 c2" vmctl restore --path = /etc a1 ""
 expect "$agents" vmctl stop --timeout 5m ""
+expect "$agents" vmctl set --disk +5G ""
+expect "--cpus --disk --help --host --json --memory --quiet --socket" vmctl set a1 --
 expect "$agents" vmctl egress-log -n 5 ""
 expect "$agents" vmctl events --since 10m ""
 expect "" vmctl events --since ""

@@ -24,6 +24,8 @@ static const VmctlVerb verbs[] = {
     {"resume", vmctl_cmd_resume, "NAME...", "Wake paused or saved agents"},
     {"keep-awake", vmctl_cmd_keep_awake, "NAME...", "Hold agents awake"},
     {"idle", vmctl_cmd_idle, "NAME", "Set when an idle agent is paused and saved"},
+    {"set", vmctl_cmd_set, "NAME",
+     "Give an agent more CPUs, memory or disk (--cpus, --memory, --disk)"},
     {"autorestart", vmctl_cmd_autorestart, "NAME POLICY",
      "Set what a crash or a poweroff inside does: on-crash, always, never"},
     {"stop-host-agents", vmctl_cmd_stop_host_agents, "",

@@ -32,6 +32,7 @@ static const struct {
     {"egress-log", "agent"},
     {"events", "agent"},
     {"forward", "agent"},
+    {"set", "agent"},
     {"secret set", "secret"},
     {"secret rm", "secret"},
     {"secret grant", "agent secret"},

@@ -260,6 +260,45 @@ vmctl_insert_tail_options(VmctlContext *ctx, GVariantDict *fields, const char *l
     return TRUE;
 }
 
+gboolean
+vmctl_parse_size(VmctlContext *ctx, const char *option, const char *text, guint bare_mib,
+                 guint64 max_mib, gboolean *ret_relative, guint64 *ret_mib, GError **error)
+{
+    static const struct {
+        const char *suffix;
+        guint64 mib;
+    } units[] = {
+        {"m", 1}, {"mib", 1}, {"g", 1024}, {"gib", 1024}, {"t", 1024 * 1024}, {"tib", 1024 * 1024},
+    };
+    gboolean relative = text[0] == '+';
+    const char *p = relative ? text + 1 : text;
+    gsize digits = strspn(p, "0123456789");
+    guint64 unit = bare_mib;
+    guint64 n = 0;
+
+    if (digits > 0 && digits <= 12) {
+        g_autofree char *number = g_strndup(p, digits);
+        n = g_ascii_strtoull(number, NULL, 10);
+    } else {
+        digits = 0;
+    }
+    if (digits > 0 && p[digits] != '\0') {
+        unit = 0;
+        for (gsize i = 0; i < G_N_ELEMENTS(units); i++) {
+            if (g_ascii_strcasecmp(p + digits, units[i].suffix) == 0)
+                unit = units[i].mib;
+        }
+    }
+    if (digits == 0 || unit == 0 || n == 0 || n > max_mib / unit)
+        return vmctl_usage_error(
+            ctx, error,
+            "%s needs a size such as 512M, 20G or +5G (at most %" G_GUINT64_FORMAT "G), not '%s'",
+            option, max_mib / 1024, text);
+    *ret_relative = relative;
+    *ret_mib = n * unit;
+    return TRUE;
+}
+
 /* @text as an ISO 8601 time in @tz when it has no zone; GLib's parser wants seconds, which a
  * user often leaves out ("2024-05-01 14:00"), as the whole time of day ("2024-05-01"). */
 static GDateTime *

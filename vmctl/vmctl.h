@@ -84,6 +84,14 @@ gboolean vmctl_insert_tail_options(VmctlContext *ctx, GVariantDict *fields, cons
 gboolean vmctl_parse_time(VmctlContext *ctx, const char *option, const char *text, gint64 now_usec,
                           gint64 *ret_usec, GError **error);
 
+/* Parses the size @text given to @option: a whole number with an optional unit M, G or T (also
+ * MiB, GiB, TiB; case does not matter), a bare number being in @bare_mib MiB (1: MiB, as new's
+ * --memory; 1024: GiB, as new's --disk), and an optional leading '+' meaning "this much more".
+ * Returns the size in MiB (at least 1, at most @max_mib) in @ret_mib and whether it was relative
+ * in @ret_relative. Fails with a usage error naming the option. */
+gboolean vmctl_parse_size(VmctlContext *ctx, const char *option, const char *text, guint bare_mib,
+                          guint64 max_mib, gboolean *ret_relative, guint64 *ret_mib,
+                          GError **error);
 /* Adds the numeric option @option (its text @text, NULL when not given) to @fields under @key
  * as a "u" of at least 1; a bad number is a usage error naming @option. */
 gboolean vmctl_dict_add_uint(VmctlContext *ctx, GVariantDict *fields, const char *option,
@@ -210,6 +218,7 @@ gboolean vmctl_cmd_diff(VmctlContext *ctx, int argc, char **argv, GError **error
 gboolean vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_autorestart(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_set(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_stop_host_agents(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_events(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_forward(VmctlContext *ctx, int argc, char **argv, GError **error);

@@ -255,6 +255,18 @@ test_usage_errors(void **state)
         {{"new", "a1", "--disk-write-iops", "-1"},
          "vmctl: --disk-write-iops needs a number from 0 to 1000000, not '-1'; see 'vmctl new "
          "--help'\n"},
+        {{"set", "a1"},
+         "vmctl: nothing to change: give --cpus, --memory or --disk; see 'vmctl set --help'\n"},
+        {{"set", "a1", "--disk", "-5G"},
+         "vmctl: --disk needs a size such as 512M, 20G or +5G (at most 16384G), not '-5G'; see "
+         "'vmctl set --help'\n"},
+        {{"set", "a1", "--disk", "1536M"},
+         "vmctl: --disk grows by whole GiB, not '1536M'; see 'vmctl set --help'\n"},
+        {{"set", "a1", "--memory", "8X"},
+         "vmctl: --memory needs a size such as 512M, 20G or +5G (at most 16384G), not '8X'; see "
+         "'vmctl set --help'\n"},
+        {{"set", "a1", "--cpus", "+0"},
+         "vmctl: --cpus needs a number from 1 to 1024, not '0'; see 'vmctl set --help'\n"},
         {{"new", "A1"}, "vmctl: invalid name 'A1': must start with a lower-case letter a-z\n"},
         {{"info", "../x"}, "vmctl: invalid name '../x': must start with a lower-case letter a-z\n"},
     };
@@ -2225,6 +2237,77 @@ test_authorize_add(void **state)
     assert_int_equal(run.status, 0);
 }
 
+/* Sizes as vmctl set reads them: bare numbers in the option's unit, M/G/T, relative with '+'. */
+static void
+test_parse_size(void **state)
+{
+    const VmctlVerb verb = {"set", vmctl_cmd_set, "NAME", "set"};
+    VmctlContext ctx = {.verb = &verb};
+    const guint64 max = 16384 * 1024;
+    const struct {
+        const char *text;
+        guint bare_mib;
+        gboolean relative;
+        guint64 mib;
+    } good[] = {
+        {"512", 1, FALSE, 512},    {"512M", 1, FALSE, 512},      {"8G", 1, FALSE, 8192},
+        {"8gib", 1, FALSE, 8192},  {"+2G", 1, TRUE, 2048},       {"20", 1024, FALSE, 20480},
+        {"+5G", 1024, TRUE, 5120}, {"1T", 1024, FALSE, 1048576}, {"2048MiB", 1024, FALSE, 2048},
+        {"16384G", 1, FALSE, max},
+    };
+    const char *const bad[] = {
+        "",     "+",    "G",   "0",  "+0G",    "-1",
+        "1.5G", "8 G",  "8GB", "8K", "16385G", "99999999999999",
+        "8G ",  "\xff",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autoptr(GError) error = NULL;
+        gboolean relative = !good[i].relative;
+        guint64 mib = 0;
+        assert_true(vmctl_parse_size(&ctx, "--x", good[i].text, good[i].bare_mib, max, &relative,
+                                     &mib, &error));
+        assert_int_equal(relative, good[i].relative);
+        assert_int_equal(mib, good[i].mib);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GError) error = NULL;
+        gboolean relative = FALSE;
+        guint64 mib = 0;
+        assert_false(vmctl_parse_size(&ctx, "--x", bad[i], 1, max, &relative, &mib, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    }
+}
+
+/* set: each size sent as its absolute or relative field; one line per change, led by the name;
+ * --json gives the whole result. */
+static void
+test_set(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'agent': <{'name': <'a1'>, 'cpus': <uint32 4>}>, 'changes': <['disk 13G: grown live, "
+          "its root filesystem too', 'cpus 4: at the next start (vmctl stop a1, then vmctl start "
+          "a1)']>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "set", "a1", "--cpus", "4", "--memory", "+2G", "--disk", "+5G");
+    assert_request(f, VM_OP_AGENT_SET_RESOURCES);
+    VmMessage *request = f->hostd->request;
+    assert_string_equal(vm_message_get_string(request, "name", NULL), "a1");
+    assert_int_equal(vm_message_get_uint(request, "cpus", 0), 4);
+    assert_null(vm_message_lookup(request, "cpus_add"));
+    assert_int_equal(vm_message_get_uint(request, "memory_add_mib", 0), 2048);
+    assert_null(vm_message_lookup(request, "memory_mib"));
+    assert_int_equal(vm_message_get_uint(request, "disk_add_gib", 0), 5);
+    assert_null(vm_message_lookup(request, "disk_gib"));
+    assert_string_equal(run.out, "a1: disk 13G: grown live, its root filesystem too\n"
+                                 "a1: cpus 4: at the next start (vmctl stop a1, then vmctl start "
+                                 "a1)\n");
+    assert_int_equal(run.status, 0);
+}
+
 /* A wrong key file fails before anything is sent, naming the file and its line. */
 static void
 test_authorize_refused(void **state)
@@ -2481,6 +2564,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_usage, setup, teardown),
         cmocka_unit_test(test_parse_time),
+        cmocka_unit_test(test_parse_size),
+        cmocka_unit_test_setup_teardown(test_set, setup, teardown),
         cmocka_unit_test_setup_teardown(test_authorize_add, setup, teardown),
         cmocka_unit_test_setup_teardown(test_authorize_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_authorize_list_rm, setup, teardown),
