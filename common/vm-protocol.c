@@ -42,6 +42,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"disk_write_mib", "u"},
         {"disk_read_iops", "u"},
         {"disk_write_iops", "u"},
+        {"egress", "as", 0, 1, VM_RULES_MAX},
         {NULL}}},
     {VM_OP_AGENT_LIST, "agent-list", VM_OP_RESULT, FALSE, {{NULL}}},
     {VM_OP_AGENT_INFO, "agent-info", VM_OP_RESULT, FALSE, {
@@ -209,6 +210,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"name", "s", REQ},
         {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
         {NULL}}},
+    {VM_OP_EGRESS_PRESETS, "egress-presets", VM_OP_RESULT, FALSE, {{NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

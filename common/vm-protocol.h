@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  8
+#define VM_PROTOCOL_VERSION  9
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
@@ -100,6 +100,8 @@ typedef enum {
     VM_OP_SECRET_RM,          /* -> RESULT {revoked} */
     VM_OP_SECRET_GRANT,       /* -> RESULT {secrets} */
     VM_OP_SECRET_REVOKE,      /* -> RESULT {secrets} */
+
+    VM_OP_EGRESS_PRESETS = 41, /* -> RESULT {presets} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

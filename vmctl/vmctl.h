@@ -150,6 +150,11 @@ gboolean vmctl_agent_action(VmctlContext *ctx, VmOp op, GVariantDict *fields, co
  * VM_ERROR_IO. Newly allocated, NULL-terminated. */
 char **vmctl_read_ssh_keys(const char *const *files, GError **error);
 
+/* @options (a repeatable egress option's values) with each value split at its commas, empty
+ * pieces dropped: "@pypi,@npm" is two rules (no rule holds a comma). Newly allocated,
+ * NULL-terminated; can't fail. */
+char **vmctl_split_rules(const char *const *options);
+
 /* The verbs, one per vmctl-cmd-<verb>.c. */
 gboolean vmctl_cmd_template_list(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_template_build(VmctlContext *ctx, int argc, char **argv, GError **error);
@@ -174,6 +179,7 @@ gboolean vmctl_cmd_autocheckpoint(VmctlContext *ctx, int argc, char **argv, GErr
 gboolean vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_diff(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_egress_presets(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_autorestart(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_stop_host_agents(VmctlContext *ctx, int argc, char **argv, GError **error);
