@@ -1,6 +1,7 @@
 #include "vmctl.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* NAME, SOURCE and RULES, one preset a line, RULES comma-separated. */
 static char *
@@ -40,12 +41,38 @@ format_presets(GVariant *presets)
     return g_string_free(g_steal_pointer(&out), FALSE);
 }
 
+/* Whether @arg is an option that only `vmctl egress NAME` takes. */
+static gboolean
+is_policy_option(const char *arg)
+{
+    static const char *const options[] = {"--allow", "--deny", "--remove", "--reset", NULL};
+
+    for (const char *const *it = options; *it != NULL; it++) {
+        gsize len = strlen(*it);
+
+        if (strncmp(arg, *it, len) == 0 && (arg[len] == '\0' || arg[len] == '='))
+            return TRUE;
+    }
+    return FALSE;
+}
+
 gboolean
 vmctl_cmd_egress_presets(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
     g_auto(GStrv) args = NULL;
     g_autoptr(VmMessage) result = NULL;
 
+    /* An agent may be named "presets": a change of its policy is `vmctl egress presets --allow
+     * RULE`, which lists nothing. */
+    for (int i = 1; i < argc; i++) {
+        if (is_policy_option(argv[i])) {
+            g_autoptr(GStrvBuilder) builder = g_strv_builder_new();
+            g_strv_builder_add(builder, "egress");
+            g_strv_builder_addv(builder, (const char **)argv);
+            g_auto(GStrv) agent_argv = g_strv_builder_end(builder);
+            return vmctl_cmd_egress(ctx, argc + 1, agent_argv, error);
+        }
+    }
     if (!vmctl_parse(ctx, argc, argv, NULL, 0, 0, &args, error))
         return FALSE;
     if (!vmctl_request(ctx, VM_OP_EGRESS_PRESETS, NULL, &result, error))

@@ -717,6 +717,16 @@ test_egress_rules_split(void **state)
     assert_string_equal(unknown.err,
                         "vmctl: no egress preset '@pyp' (see: vmctl egress presets)\n");
     assert_int_equal(unknown.status, 3);
+
+    /* An agent named "presets" has its policy changed all the same. */
+    g_auto(Run) named = {0};
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'egress': <{'allow': <['a.example']>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &named, "egress", "presets", "--allow=a.example");
+    assert_request(f, VM_OP_EGRESS_SET);
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", ""), "presets");
+    assert_int_equal(named.status, 0);
 }
 
 static void
