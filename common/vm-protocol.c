@@ -188,7 +188,7 @@ static const VmOpSpec vm_op_specs[] = {
     {VM_OP_SECRET_CREATE, "secret-create", VM_OP_RESULT, FALSE, {
         {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
         {"hosts", "as", REQ, 1, VM_SECRET_HOSTS_MAX},
-        {"header", "s", 0, 1, 64},
+        {"header", "s", 0, 1, 600},
         {"format", "s", 0, 1, 256},
         {"env", "s", 0, 1, 128},
         {"value", "ay", REQ, 0, VM_SECRET_VALUE_MAX},

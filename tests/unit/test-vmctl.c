@@ -510,6 +510,19 @@ test_secret_create(void **state)
     assert_string_equal(run.err, "");
     assert_int_equal(run.status, 0);
 
+    /* Several --header options travel as one list. */
+    g_auto(Run) several = {0};
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'secret': <{'name': <'anthropic'>}>}");
+    server_start(f);
+    run_vmctl(f, "sk-ant\n", &several, "secret", "create", "anthropic", "--host",
+              "api.anthropic.com", "--header", "Authorization", "--header", "x-api-key");
+    assert_request(f, VM_OP_SECRET_CREATE);
+    assert_string_equal(vm_message_get_string(f->hostd->request, "header", NULL),
+                        "Authorization, x-api-key");
+    assert_null(vm_message_lookup(f->hostd->request, "format"));
+    assert_int_equal(several.status, 0);
+
     /* --from-file, defaults left to hostd; only one newline goes. */
     g_auto(Run) set = {0};
     assert_true(g_file_set_contents(path, "sk-2\n\n", -1, NULL));
