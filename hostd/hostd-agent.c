@@ -10,7 +10,7 @@
 #include "hostd-keys.h"
 #include "hostd-resources.h"
 #include "hostd-serial.h"
-#include "hostd-egress.h"
+#include "hostd-egress-presets.h"
 #include "hostd-template.h"
 #include "vm-checkpoint.h"
 #include "vm-domain.h"
@@ -568,11 +568,11 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     /* The components grant the template's secrets at creation: --secret adds to them. */
     hostd_agent_add_secrets(tpl, req->secrets);
     /* And egress opens what the template allows: --egress adds to it, checked before the image
-     * is made. */
-    hostd_agent_add_egress(tpl, req->egress);
-    if (!hostd_egress_check_rules(ctx, (const char *const *)tpl->egress_allow,
-                                  (const char *const *)tpl->egress_deny, error))
+     * is made (the egress component checks the whole when it stores the policy). */
+    if (!hostd_egress_presets_check(ctx->config->egress_presets, (const char *const *)req->egress,
+                                    error))
         return NULL;
+    hostd_agent_add_egress(tpl, req->egress);
     guint cpus = req->cpus != 0 ? req->cpus : tpl->cpus;
     guint memory_mib = req->memory_mib != 0 ? req->memory_mib : tpl->memory_mib;
     guint disk_gib = req->disk_gib != 0 ? req->disk_gib : tpl->disk_gib;

@@ -14,8 +14,8 @@
 #define PRESET_SUFFIX ".conf"
 
 typedef struct {
-    char *name;        /* without '@' */
-    char *source;      /* NULL: built-in, else the file */
+    char *name;         /* without '@' */
+    char *source;       /* NULL: built-in, else the file */
     gboolean overrides; /* a file that replaces a built-in */
     char *description;
     char **rules;
@@ -177,8 +177,7 @@ preset_load_file(const char *path, const char *name, GError **error)
             return NULL;
     }
     if (g_key_file_has_key(kf, PRESET_GROUP, "description", NULL)) {
-        preset->description =
-            g_key_file_get_string(kf, PRESET_GROUP, "description", &local_error);
+        preset->description = g_key_file_get_string(kf, PRESET_GROUP, "description", &local_error);
         if (preset->description == NULL)
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "description: %s",
                             local_error->message),
@@ -191,8 +190,7 @@ preset_load_file(const char *path, const char *name, GError **error)
                        NULL;
         }
         if (strlen(preset->description) > 256)
-            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                            "description: longer than 256 bytes"),
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "description: longer than 256 bytes"),
                    NULL;
     }
     preset->name = g_strdup(name);
@@ -233,8 +231,7 @@ presets_load_dir(HostdEgressPresets *presets, const char *dir, GError **error)
                             path, name);
         preset = preset_load_file(path, name, &local_error);
         if (preset == NULL)
-            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path,
-                            local_error->message);
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path, local_error->message);
         preset->overrides = g_hash_table_contains(presets->presets, name);
         g_hash_table_replace(presets->presets, preset->name, preset);
     }
@@ -301,6 +298,24 @@ hostd_egress_presets_expand(const HostdEgressPresets *presets, const char *const
     return g_strv_builder_end(builder);
 }
 
+gboolean
+hostd_egress_presets_check(const HostdEgressPresets *presets, const char *const *rules,
+                           GError **error)
+{
+    g_auto(GStrv) expanded = hostd_egress_presets_expand(presets, rules, error);
+
+    if (expanded == NULL)
+        return FALSE;
+    for (char **rule = expanded; *rule != NULL; rule++) {
+        const char *const one[] = {*rule, NULL};
+        g_autoptr(VmEgressPolicy) policy = vm_egress_policy_new(one, NULL, error);
+
+        if (policy == NULL)
+            return FALSE;
+    }
+    return TRUE;
+}
+
 static gint
 preset_compare(gconstpointer a, gconstpointer b)
 {
@@ -332,8 +347,7 @@ hostd_egress_presets_to_variant(const HostdEgressPresets *presets)
                               g_variant_new_string(preset->source ? preset->source : "built-in"));
         g_variant_builder_add(&e, "{sv}", "overrides", g_variant_new_boolean(preset->overrides));
         g_variant_builder_add(&e, "{sv}", "description",
-                              g_variant_new_string(preset->description ? preset->description
-                                                                       : ""));
+                              g_variant_new_string(preset->description ? preset->description : ""));
         g_variant_builder_add(&e, "{sv}", "rules",
                               g_variant_new_strv((const char *const *)preset->rules, -1));
         g_variant_builder_add_value(&b, g_variant_builder_end(&e));

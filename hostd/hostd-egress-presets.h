@@ -20,9 +20,9 @@ G_BEGIN_DECLS
 typedef struct _HostdEgressPresets HostdEgressPresets;
 
 /* Limits on a presets directory: its files, each file's size and a preset's rules. */
-#define HOSTD_EGRESS_PRESETS_MAX       256
-#define HOSTD_EGRESS_PRESET_FILE_MAX   (64 * 1024)
-#define HOSTD_EGRESS_PRESET_RULES_MAX  128
+#define HOSTD_EGRESS_PRESETS_MAX      256
+#define HOSTD_EGRESS_PRESET_FILE_MAX  (64 * 1024)
+#define HOSTD_EGRESS_PRESET_RULES_MAX 128
 
 /* The built-in presets, then every NAME.conf of @dir (NULL, or a directory that does not exist:
  * none; other files are ignored). A preset name is 1-64 of a-z, 0-9 and inner '-', starting with
@@ -45,9 +45,14 @@ gboolean hostd_egress_preset_is_name(const char *rule);
 char **hostd_egress_presets_expand(const HostdEgressPresets *presets, const char *const *rules,
                                    GError **error);
 
+/* Checks @rules (NULL: none) one by one, presets expanded, as a policy checks each: an unknown
+ * preset fails with VM_ERROR_NOT_FOUND, a bad rule with VM_ERROR_INVALID_ARGUMENT naming it.
+ * Rules that are only wrong together ("any" beside another) are left to the policy. */
+gboolean hostd_egress_presets_check(const HostdEgressPresets *presets, const char *const *rules,
+                                    GError **error);
+
 /* The rules of preset @name (without '@'), or NULL when there is none. Owned by @presets. */
-const char *const *hostd_egress_presets_lookup(const HostdEgressPresets *presets,
-                                               const char *name);
+const char *const *hostd_egress_presets_lookup(const HostdEgressPresets *presets, const char *name);
 
 /* Every preset, sorted by name, as aa{sv}: name s ("@pypi"), source s ("built-in" or the
  * file's path), overrides b (a user file that replaces a built-in), description s, rules as.

@@ -665,15 +665,6 @@ egress_initial_policy(HostdContext *ctx, const char *what, const char *const *al
 }
 
 gboolean
-hostd_egress_check_rules(HostdContext *ctx, const char *const *allow, const char *const *deny,
-                         GError **error)
-{
-    g_autoptr(VmEgressPolicy) policy = egress_initial_policy(ctx, "", allow, deny, error);
-
-    return policy != NULL;
-}
-
-gboolean
 hostd_egress_agent_init(HostdContext *ctx, const HostdAgentRecord *r, const char *const *allow,
                         const char *const *deny, GError **error)
 {

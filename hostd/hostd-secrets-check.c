@@ -121,8 +121,7 @@ hostd_secret_check_header(const char *header, GError **error)
                         HEADER_MAX_CHARS);
     if (count > HEADERS_MAX)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "invalid header '%s': 1-%d names separated by commas", header,
-                        HEADERS_MAX);
+                        "invalid header '%s': 1-%d names separated by commas", header, HEADERS_MAX);
     for (guint i = 0; i < count; i++) {
         /* one space after each comma, as hostd_secret_normalise_headers() writes it */
         const char *name = names[i] + (i > 0 && names[i][0] == ' ' ? 1 : 0);
@@ -135,8 +134,7 @@ hostd_secret_check_header(const char *header, GError **error)
             const char *other = names[j] + (j > 0 && names[j][0] == ' ' ? 1 : 0);
 
             if (g_ascii_strcasecmp(name, other) == 0)
-                return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "header '%s' named twice",
-                                name);
+                return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "header '%s' named twice", name);
         }
     }
     return TRUE;

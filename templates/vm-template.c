@@ -799,12 +799,12 @@ parse_egress(const Node *node, VmTemplate *t, const char *display, GError **erro
     if (!check_keys(node, "egress.", keys, display, error))
         return FALSE;
     if ((value = map_get(node, "allow")) != NULL &&
-        !get_string_list(value, "egress.allow", is_egress_rule, "a host, *.domain, address or @preset",
-                         &t->egress_allow, display, error))
+        !get_string_list(value, "egress.allow", is_egress_rule,
+                         "a host, *.domain, address or @preset", &t->egress_allow, display, error))
         return FALSE;
     if ((value = map_get(node, "deny")) != NULL &&
-        !get_string_list(value, "egress.deny", is_egress_rule, "a host, *.domain, address or @preset",
-                         &t->egress_deny, display, error))
+        !get_string_list(value, "egress.deny", is_egress_rule,
+                         "a host, *.domain, address or @preset", &t->egress_deny, display, error))
         return FALSE;
     return TRUE;
 }

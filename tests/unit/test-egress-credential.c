@@ -210,9 +210,10 @@ test_several_headers(void **state)
     }
     /* Both at once, as an SDK sending both would. */
     {
-        g_autoptr(VmEgressRequest) request = parse_origin(
-            "api.anthropic.test", "POST / HTTP/1.1\r\nHost: api.anthropic.test\r\nx-api-key: " PH_API
-                                  "\r\nAuthorization: Bearer " PH_API "\r\n\r\n");
+        g_autoptr(VmEgressRequest) request =
+            parse_origin("api.anthropic.test",
+                         "POST / HTTP/1.1\r\nHost: api.anthropic.test\r\nx-api-key: " PH_API
+                         "\r\nAuthorization: Bearer " PH_API "\r\n\r\n");
         g_autofree char *secret = NULL;
 
         assert_true(vm_egress_credentials_apply(creds, request, "api.anthropic.test", NULL, &secret,
@@ -223,9 +224,10 @@ test_several_headers(void **state)
     }
     /* Another header, or a host the grant does not name: a leak, nothing substituted. */
     {
-        g_autoptr(VmEgressRequest) request = parse_origin(
-            "api.anthropic.test", "POST / HTTP/1.1\r\nHost: api.anthropic.test\r\nx-api-key: " PH_API
-                                  "\r\nX-Other: " PH_API "\r\n\r\n");
+        g_autoptr(VmEgressRequest) request =
+            parse_origin("api.anthropic.test",
+                         "POST / HTTP/1.1\r\nHost: api.anthropic.test\r\nx-api-key: " PH_API
+                         "\r\nX-Other: " PH_API "\r\n\r\n");
         g_autofree char *secret = NULL;
 
         assert_false(vm_egress_credentials_apply(creds, request, "api.anthropic.test", NULL,
@@ -240,8 +242,8 @@ test_several_headers(void **state)
             "other.test", "POST / HTTP/1.1\r\nHost: other.test\r\nx-api-key: " PH_API "\r\n\r\n");
         g_autofree char *secret = NULL;
 
-        assert_false(vm_egress_credentials_apply(creds, request, "other.test", NULL, &secret,
-                                                 &error));
+        assert_false(
+            vm_egress_credentials_apply(creds, request, "other.test", NULL, &secret, &error));
         assert_string_equal(error->message, "leak: placeholder of anthropic sent to other.test");
         g_clear_error(&error);
     }

@@ -394,7 +394,7 @@ test_presets(void **state)
         g_autoptr(GError) error = NULL;
         g_autofree char *ini4 = hostd_test_agent_file(f->hostd, "a4", HOSTD_AGENT_EGRESS_POLICY);
 
-        assert_false(hostd_egress_check_rules(f->ctx, allow, NULL, &error));
+        assert_false(hostd_egress_presets_check(f->ctx->config->egress_presets, allow, &error));
         assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
         g_clear_error(&error);
         assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
@@ -411,8 +411,7 @@ test_presets(void **state)
         HostdEgressPresets *presets;
 
         assert_int_equal(g_mkdir_with_parents(dir, 0755), 0);
-        assert_true(g_file_set_contents(file, "[preset]\nrules=pypi.mirror.example\n", -1,
-                                        NULL));
+        assert_true(g_file_set_contents(file, "[preset]\nrules=pypi.mirror.example\n", -1, NULL));
         presets = hostd_egress_presets_load(dir, &error);
         assert_non_null(presets);
         hostd_egress_presets_free(f->ctx->config->egress_presets);

@@ -143,6 +143,22 @@ test_expand(void **state)
         if (!g_str_equal(got, cases[i].out))
             fail_msg("'%s': got '%s', want '%s'", cases[i].in, got, cases[i].out);
     }
+    /* The check of `new --egress`'s rules, one by one. */
+    {
+        const char *const good[] = {"@pypi", "a.example:8443", "none", NULL};
+        const char *const unknown[] = {"a.example", "@nosuch", NULL};
+        const char *const bad[] = {"@npm", "127.1", NULL};
+
+        assert_true(hostd_egress_presets_check(presets, good, &error));
+        assert_true(hostd_egress_presets_check(presets, NULL, &error));
+        assert_false(hostd_egress_presets_check(presets, unknown, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+        g_clear_error(&error);
+        assert_false(hostd_egress_presets_check(presets, bad, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        assert_non_null(strstr(error->message, "127.1"));
+        g_clear_error(&error);
+    }
     assert_true(hostd_egress_preset_is_name("@x"));
     assert_false(hostd_egress_preset_is_name("x"));
     assert_false(hostd_egress_preset_is_name(NULL));
@@ -185,9 +201,8 @@ test_user_presets(void **state)
     assert_string_equal(text, want);
     g_free(text);
     text = expand(presets, "@pypi @corp-mirror");
-    assert_string_equal(text,
-                        "pypi.mirror.example files.mirror.example:8443 pkg.corp.example "
-                        "10.1.0.0/16:3128");
+    assert_string_equal(text, "pypi.mirror.example files.mirror.example:8443 pkg.corp.example "
+                              "10.1.0.0/16:3128");
 
     /* A directory that does not exist holds no presets: the built-ins stay. */
     g_autofree char *missing = g_build_filename(f->dir, "nosuch", NULL);

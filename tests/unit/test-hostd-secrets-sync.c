@@ -451,16 +451,16 @@ test_sync_several_headers(void **state)
     };
     for (gsize i = 0; i < G_N_ELEMENTS(forms); i++) {
         g_autofree char *sent = g_strconcat(forms[i][1], placeholder, NULL);
-        g_autofree char *head =
-            g_strdup_printf("POST /v1/messages HTTP/1.1\r\nHost: api.anthropic.com\r\n%s: %s\r\n\r\n",
-                            forms[i][0], sent);
+        g_autofree char *head = g_strdup_printf(
+            "POST /v1/messages HTTP/1.1\r\nHost: api.anthropic.com\r\n%s: %s\r\n\r\n", forms[i][0],
+            sent);
         g_autoptr(VmEgressParser) parser = vm_egress_parser_new_origin("api.anthropic.com", 443);
         gsize consumed = 0;
         g_autofree char *substituted = NULL;
 
-        assert_int_equal(vm_egress_parser_feed(parser, (const guint8 *)head, strlen(head),
-                                               &consumed, &error),
-                         VM_EGRESS_PARSE_DONE);
+        assert_int_equal(
+            vm_egress_parser_feed(parser, (const guint8 *)head, strlen(head), &consumed, &error),
+            VM_EGRESS_PARSE_DONE);
         g_autoptr(VmEgressRequest) request = vm_egress_parser_steal_request(parser);
         assert_true(vm_egress_credentials_apply(creds, request, "api.anthropic.com", NULL,
                                                 &substituted, &error));
