@@ -42,6 +42,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"disk_write_mib", "u"},
         {"disk_read_iops", "u"},
         {"disk_write_iops", "u"},
+        {"egress", "as", 0, 1, VM_RULES_MAX},
         {NULL}}},
     {VM_OP_AGENT_LIST, "agent-list", VM_OP_RESULT, FALSE, {{NULL}}},
     {VM_OP_AGENT_INFO, "agent-info", VM_OP_RESULT, FALSE, {
@@ -187,7 +188,7 @@ static const VmOpSpec vm_op_specs[] = {
     {VM_OP_SECRET_CREATE, "secret-create", VM_OP_RESULT, FALSE, {
         {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
         {"hosts", "as", REQ, 1, VM_SECRET_HOSTS_MAX},
-        {"header", "s", 0, 1, 64},
+        {"header", "s", 0, 1, 600},
         {"format", "s", 0, 1, 256},
         {"env", "s", 0, 1, 128},
         {"value", "ay", REQ, 0, VM_SECRET_VALUE_MAX},
@@ -218,6 +219,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"disk_gib", "u", 0, 1, VM_SET_DISK_GIB_MAX},
         {"disk_add_gib", "u", 0, 1, VM_SET_DISK_GIB_MAX},
         {NULL}}},
+    {VM_OP_EGRESS_PRESETS, "egress-presets", VM_OP_RESULT, FALSE, {{NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

@@ -11,7 +11,8 @@ typedef struct {
     char *placeholder;
     char *value;
     char **hosts;
-    char *header;
+    char *header;   /* as given: one name, or several separated by commas */
+    char **headers; /* the names in it */
     char *format;
 } Grant;
 
@@ -28,6 +29,7 @@ grant_free(Grant *grant)
     vm_secret_free(grant->value);
     g_strfreev(grant->hosts);
     g_free(grant->header);
+    g_strfreev(grant->headers);
     g_free(grant->format);
     g_free(grant);
 }
@@ -41,6 +43,29 @@ header_name_valid(const char *name)
         if (!g_ascii_isalnum(*p) && strchr("!#$%&'*+-.^_`|~", *p) == NULL)
             return FALSE;
     return TRUE;
+}
+
+/* The header names of @header ("Authorization" or "Authorization, x-api-key"), or NULL when
+ * one is not a valid name, one is there twice or there are more than
+ * VM_EGRESS_CREDENTIAL_HEADERS_MAX. */
+static char **
+headers_parse(const char *header)
+{
+    g_auto(GStrv) names = g_strsplit(header, ",", -1);
+    guint count = g_strv_length(names);
+
+    if (count == 0 || count > VM_EGRESS_CREDENTIAL_HEADERS_MAX)
+        return NULL;
+    for (guint i = 0; i < count; i++) {
+        g_strstrip(names[i]);
+        if (!header_name_valid(names[i]))
+            return NULL;
+        for (guint j = 0; j < i; j++) {
+            if (g_ascii_strcasecmp(names[i], names[j]) == 0)
+                return NULL;
+        }
+    }
+    return g_steal_pointer(&names);
 }
 
 static gboolean
@@ -137,12 +162,18 @@ vm_egress_credentials_add(VmEgressCredentials *creds, const char *secret_name,
     if (strpbrk(value, "\r\n") != NULL)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "secret '%s' has a line break in its value", secret_name);
-    if (!header_name_valid(header != NULL ? header : "Authorization"))
+    g_auto(GStrv) headers = headers_parse(header != NULL ? header : "Authorization");
+    if (headers == NULL)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "secret '%s': bad header name '%s'",
                         secret_name, header);
     if (!format_valid(format != NULL ? format : "{}"))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "secret '%s': the format must hold one '{}' and no line break",
+                        secret_name);
+    if (headers[1] != NULL && format != NULL && !g_str_equal(format, "{}"))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "secret '%s': with several headers the value goes where the placeholder "
+                        "stands, the format must be '{}'",
                         secret_name);
     g_autoptr(GPtrArray) patterns = g_ptr_array_new_with_free_func(g_free);
     for (const char *const *it = hosts; it != NULL && *it != NULL; it++) {
@@ -161,6 +192,7 @@ vm_egress_credentials_add(VmEgressCredentials *creds, const char *secret_name,
     grant->value = g_strdup(value);
     grant->hosts = (char **)g_ptr_array_free(g_steal_pointer(&patterns), FALSE);
     grant->header = g_strdup(header != NULL ? header : "Authorization");
+    grant->headers = g_steal_pointer(&headers);
     grant->format = g_strdup(format != NULL ? format : "{}");
     g_ptr_array_add(creds->grants, grant);
     return TRUE;
@@ -383,6 +415,10 @@ substitute(VmEgressCredentials *creds, const Grant *grant, const char *value,
     }
     if (redactor != NULL)
         vm_egress_redactor_add(redactor, grant->secret_name, grant->value, grant->placeholder);
+    /* Several headers: each keeps the form its client gives it ("x-api-key: P", "Authorization:
+     * Bearer P"), so the format, "{}", adds nothing and the value goes where P stands. */
+    if (grant->headers[1] != NULL)
+        return replace_placeholder(value, grant);
     return format_with(grant->format, grant->value);
 }
 
@@ -390,7 +426,11 @@ substitute(VmEgressCredentials *creds, const Grant *grant, const char *value,
 static gboolean
 grant_fits(const Grant *grant, const char *name, const char *host)
 {
-    return g_ascii_strcasecmp(grant->header, name) == 0 && grant_names_host(grant, host);
+    gboolean named = FALSE;
+
+    for (char **it = grant->headers; *it != NULL && !named; it++)
+        named = g_ascii_strcasecmp(*it, name) == 0;
+    return named && grant_names_host(grant, host);
 }
 
 /* Every grant whose placeholder @value holds (as sent, or in a Basic pair) must fit @name and

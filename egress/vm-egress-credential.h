@@ -27,14 +27,19 @@ VmEgressCredentials *vm_egress_credentials_new(void);
 VmEgressCredentials *vm_egress_credentials_ref(VmEgressCredentials *creds);
 void vm_egress_credentials_unref(VmEgressCredentials *creds);
 
+/* The most header names one grant may name. */
+#define VM_EGRESS_CREDENTIAL_HEADERS_MAX 8
+
 /* Adds one grant: @placeholder (what the guest sends) stands for @value (the real secret) in the
- * header @header (NULL: "Authorization") of requests to a host matching one of @hosts (exact
- * names or "*.suffix", normalised as egress rules are), written through @format (NULL: "{}"; one
- * "{}" where the value goes, e.g. "Bearer {}"; "Basic {}" means the value is the user:password
- * pair that is base64-encoded into the header, with the placeholder found in the decoded pair).
- * @secret_name names the grant in the egress log. Fails with VM_ERROR_INVALID_ARGUMENT for an
- * empty value or placeholder, a malformed host pattern, header or format, or a placeholder
- * already in the set. */
+ * header @header (NULL: "Authorization"; or several names separated by commas, "Authorization,
+ * x-api-key", at most VM_EGRESS_CREDENTIAL_HEADERS_MAX) of requests to a host matching one of
+ * @hosts (exact names or "*.suffix", normalised as egress rules are), written through @format
+ * (NULL: "{}"; one "{}" where the value goes, e.g. "Bearer {}"; "Basic {}" means the value is the
+ * user:password pair that is base64-encoded into the header, with the placeholder found in the
+ * decoded pair). With several headers the format must be "{}" (NULL): the value goes where the
+ * placeholder stands in whichever of them holds it. @secret_name names the grant in the egress
+ * log. Fails with VM_ERROR_INVALID_ARGUMENT for an empty value or placeholder, a malformed host
+ * pattern, header (a name twice too) or format, or a placeholder already in the set. */
 gboolean vm_egress_credentials_add(VmEgressCredentials *creds, const char *secret_name,
                                    const char *placeholder, const char *value,
                                    const char *const *hosts, const char *header, const char *format,
@@ -55,7 +60,9 @@ gboolean vm_egress_credentials_intercepts(VmEgressCredentials *creds, const char
 
 /* Applies the grants to @request, one origin-form request head read on an intercepted connection
  * to @host (normalised). A header named by a grant that names @host, whose value holds that
- * grant's placeholder, is rewritten through the grant's format: "Bearer {}" gives "Bearer VALUE";
+ * grant's placeholder, is rewritten: with a grant of several headers the placeholder is replaced
+ * by the value where it stands, the rest kept ("Bearer P" gives "Bearer VALUE", "P" gives
+ * "VALUE"); with one header, through the grant's format: "Bearer {}" gives "Bearer VALUE";
  * with "Basic {}" the base64 pair after "Basic " is decoded, the placeholder replaced where it
  * stands (user or password), and the pair encoded again. A placeholder anywhere else refuses the
  * request before anything changes, with VM_ERROR_INVALID_ARGUMENT and a message that is the log

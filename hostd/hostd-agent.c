@@ -10,6 +10,7 @@
 #include "hostd-keys.h"
 #include "hostd-resources.h"
 #include "hostd-serial.h"
+#include "hostd-egress-presets.h"
 #include "hostd-template.h"
 #include "vm-checkpoint.h"
 #include "vm-domain.h"
@@ -494,6 +495,20 @@ hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
     vm_remove_tree(dir, NULL);
 }
 
+/* Appends @rules (NULL: none) to @tpl's egress allow rules. */
+static void
+hostd_agent_add_egress(VmTemplate *tpl, char **rules)
+{
+    g_autoptr(GStrvBuilder) builder = g_strv_builder_new();
+
+    if (rules == NULL)
+        return;
+    g_strv_builder_addv(builder, (const char **)tpl->egress_allow);
+    g_strv_builder_addv(builder, (const char **)rules);
+    g_strfreev(tpl->egress_allow);
+    tpl->egress_allow = g_strv_builder_end(builder);
+}
+
 /* Adds @names (NULL: none) to @tpl's secrets, each once. */
 static void
 hostd_agent_add_secrets(VmTemplate *tpl, char **names)
@@ -552,6 +567,12 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         return NULL;
     /* The components grant the template's secrets at creation: --secret adds to them. */
     hostd_agent_add_secrets(tpl, req->secrets);
+    /* And egress opens what the template allows: --egress adds to it, checked before the image
+     * is made (the egress component checks the whole when it stores the policy). */
+    if (!hostd_egress_presets_check(ctx->config->egress_presets, (const char *const *)req->egress,
+                                    error))
+        return NULL;
+    hostd_agent_add_egress(tpl, req->egress);
     guint cpus = req->cpus != 0 ? req->cpus : tpl->cpus;
     guint memory_mib = req->memory_mib != 0 ? req->memory_mib : tpl->memory_mib;
     guint disk_gib = req->disk_gib != 0 ? req->disk_gib : tpl->disk_gib;

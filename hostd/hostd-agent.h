@@ -29,6 +29,7 @@ typedef struct {
     gboolean wait;                     /* return only once SSH answers */
     char **ssh_keys;                   /* the user's own public key lines to authorize, or NULL */
     char **secrets;                    /* secrets to grant besides the template's, or NULL */
+    char **egress;                     /* egress rules (presets too) added to the template's */
     gboolean cold;                     /* boot, even when the template has a warm image */
     guint disk_limits[VM_DISK_LIMITS]; /* VmDiskLimit, 0: no limit */
     gboolean disk_limits_set[VM_DISK_LIMITS]; /* FALSE: the template's, else hostd.conf's */
@@ -42,7 +43,10 @@ typedef struct {
  * agent's info dictionary (a{sv}). The ssh_keys are checked (hostd_user_keys_check()) before
  * anything is made, then recorded in the agent's dir, where its seed takes them from. The
  * @request->secrets join the template's `secrets:`; the components grant them before the seed is
- * made (hostd-secrets.h), and an unknown one fails with VM_ERROR_NOT_FOUND, nothing made. */
+ * made (hostd-secrets.h), and an unknown one fails with VM_ERROR_NOT_FOUND, nothing made. The
+ * @request->egress rules are added to the template's allow rules as `vmctl egress --allow` adds
+ * them ("none" first closes the template's); a bad rule fails with VM_ERROR_INVALID_ARGUMENT, an
+ * unknown preset with VM_ERROR_NOT_FOUND, before anything is made. */
 GVariant *hostd_agent_new(HostdContext *ctx, const HostdNewRequest *request,
                           VmProgressFunc progress, gpointer progress_data, GError **error);
 

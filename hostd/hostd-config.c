@@ -46,6 +46,7 @@ static const char *const hostd_config_keys[] = {
     "guest-checkpoint-max",
     "guest-checkpoint-bytes",
     "checkpoint-free-floor",
+    "egress-presets-dir",
     NULL,
 };
 
@@ -233,6 +234,7 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         {"images-dir", &config->images_dir},
         {"templates-dir", &config->templates_dir},
         {"socket-group", &config->socket_group},
+        {"egress-presets-dir", &config->egress_presets_dir},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(strings); i++) {
         if (!g_key_file_has_key(kf, "hostd", strings[i].key, NULL))
@@ -481,6 +483,14 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
         config->images_dir = g_build_filename(config->state_dir, "images", NULL);
     if (config->templates_dir == NULL)
         config->templates_dir = hostd_config_default_templates_dir();
+    /* The presets live beside the configuration: the administrator's, as the file is. */
+    if (config->egress_presets_dir == NULL && path != NULL) {
+        g_autofree char *config_dir = g_path_get_dirname(path);
+        config->egress_presets_dir = g_build_filename(config_dir, "presets.d", NULL);
+    }
+    config->egress_presets = hostd_egress_presets_load(config->egress_presets_dir, error);
+    if (config->egress_presets == NULL)
+        return NULL;
     return g_steal_pointer(&config);
 }
 
@@ -567,6 +577,8 @@ hostd_config_free(HostdConfig *config)
     g_free(config->socket_group);
     g_free(config->egress_upstream_ca_file);
     g_free(config->egress_user);
+    g_free(config->egress_presets_dir);
+    hostd_egress_presets_free(config->egress_presets);
     g_free(config);
 }
 

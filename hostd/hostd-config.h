@@ -4,6 +4,7 @@
 #include <glib.h>
 
 #include "hostd-accel.h"
+#include "hostd-egress-presets.h"
 #include "vm-domain.h"
 
 G_BEGIN_DECLS
@@ -61,6 +62,9 @@ typedef struct {
     guint64 guest_checkpoint_bytes;    /* for one more; and bytes they may take (images, memory) */
     guint64 checkpoint_free_floor;     /* free bytes no checkpoint takes the state dir's file */
     guint checkpoint_free_floor_pct;   /* system below, or this % of its size; both set: the less */
+    char *egress_presets_dir;          /* the user's egress presets (NAME.conf); default: presets.d
+                                        * beside the configuration file, none without one */
+    HostdEgressPresets *egress_presets; /* the built-in presets and those of egress_presets_dir */
 } HostdConfig;
 
 /* Defaults of guest-checkpoint-max, guest-checkpoint-bytes and checkpoint-free-floor (5% of
@@ -85,11 +89,13 @@ guint64 hostd_config_free_floor(const HostdConfig *config, guint64 size);
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
  * egress-upstream-ca-file, egress-worker, egress-user, disk-read, disk-write, disk-read-iops,
  * disk-write-iops, agent-ids, worker-ids, guest-checkpoint-max, guest-checkpoint-bytes,
- * checkpoint-free-floor) when not NULL,
+ * checkpoint-free-floor, egress-presets-dir) when not NULL,
  * then applies the non-NULL overrides, then fills defaults (worker-ids: the ids right after
- * agent-ids', thrice as many). Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT
+ * agent-ids', thrice as many), then loads the egress presets (hostd_egress_presets_load()).
+ * Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT
  * "FILE: ...", as does a worker-ids range that overlaps agent-ids', holds fewer than three ids per
- * agent id, or holds the id of a user or group of the host. */
+ * agent id, or holds the id of a user or group of the host, and a bad preset file (hostd does not
+ * start with a preset it cannot honour). */
 HostdConfig *hostd_config_load(const char *path, const char *state_dir, const char *socket_path,
                                const char *uri, GError **error);
 

@@ -637,19 +637,42 @@ egress_template_rules(const char *const *rules)
     return g_strv_builder_end(builder);
 }
 
-gboolean
-hostd_egress_agent_init(HostdContext *ctx, const HostdAgentRecord *r, const char *const *allow,
-                        const char *const *deny, GError **error)
+static VmEgressPolicy *egress_policy_edit(HostdContext *ctx, const VmEgressPolicy *current,
+                                          const char *const *allow, const char *const *deny,
+                                          const char *const *remove, gboolean reset,
+                                          GError **error);
+
+/* The policy of a new agent: the template's rules, "*" for "any", as `vmctl egress --allow`
+ * would add them one after the other, so that "none" and "any" among `new --egress` rules mean
+ * what they mean there. */
+static VmEgressPolicy *
+egress_initial_policy(HostdContext *ctx, const char *what, const char *const *allow,
+                      const char *const *deny, GError **error)
 {
     g_auto(GStrv) allow_rules = egress_template_rules(allow);
     g_auto(GStrv) deny_rules = egress_template_rules(deny);
     g_autoptr(GError) local_error = NULL;
-    g_autoptr(VmEgressPolicy) policy = vm_egress_policy_new(
-        (const char *const *)allow_rules, (const char *const *)deny_rules, &local_error);
+    g_autoptr(VmEgressPolicy) none = vm_egress_policy_new_none();
+    VmEgressPolicy *policy =
+        egress_policy_edit(ctx, none, (const char *const *)allow_rules,
+                           (const char *const *)deny_rules, NULL, FALSE, &local_error);
 
     if (policy == NULL)
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "template %s: egress: %s",
-                        r->template_name, local_error->message);
+        return vm_throw(error, vm_error_code(local_error), "%segress: %s", what,
+                        local_error->message),
+               NULL;
+    return policy;
+}
+
+gboolean
+hostd_egress_agent_init(HostdContext *ctx, const HostdAgentRecord *r, const char *const *allow,
+                        const char *const *deny, GError **error)
+{
+    g_autofree char *what = g_strdup_printf("template %s: ", r->template_name);
+    g_autoptr(VmEgressPolicy) policy = egress_initial_policy(ctx, what, allow, deny, error);
+
+    if (policy == NULL)
+        return FALSE;
     if (!egress_policy_save(ctx, r->name, policy, error))
         return FALSE;
     return egress_agent_run(ctx, r->name, policy, error);
@@ -879,19 +902,54 @@ egress_list_from(char **rules, gboolean drop_none)
     return list;
 }
 
-/* Applies the change to @current and returns the new policy, or NULL with the error. */
+/* Takes the rules of @rule (a rule, or a preset's: "@name") out of @allow_list and @deny_list.
+ * A rule fails with VM_ERROR_NOT_FOUND when it is in neither list; a preset only when none of
+ * its rules is (rules it shares with another preset the user opened go too: said in vmctl(1)). */
+static gboolean
+egress_remove(HostdContext *ctx, GPtrArray *allow_list, GPtrArray *deny_list, const char *rule,
+              GError **error)
+{
+    const char *const one[] = {rule, NULL};
+    g_auto(GStrv) rules = hostd_egress_presets_expand(ctx->config->egress_presets, one, error);
+    gboolean removed = FALSE;
+
+    if (rules == NULL)
+        return FALSE;
+    for (char **it = rules; *it != NULL; it++) {
+        g_autofree char *normal = egress_normalise_rule(*it, error);
+
+        if (normal == NULL)
+            return FALSE;
+        removed = egress_list_remove(allow_list, normal) || removed;
+        removed = egress_list_remove(deny_list, normal) || removed;
+    }
+    if (!removed)
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "no egress rule '%s' to remove", rule);
+    return TRUE;
+}
+
+/* Applies the change to @current and returns the new policy, or NULL with the error. Presets in
+ * @allow, @deny and @remove stand for their rules. */
 static VmEgressPolicy *
-egress_policy_edit(const VmEgressPolicy *current, const char *const *allow, const char *const *deny,
-                   const char *const *remove, gboolean reset, GError **error)
+egress_policy_edit(HostdContext *ctx, const VmEgressPolicy *current, const char *const *allow_in,
+                   const char *const *deny_in, const char *const *remove, gboolean reset,
+                   GError **error)
 {
     g_auto(GStrv) old_allow = vm_egress_policy_dup_allow(current);
     g_auto(GStrv) old_deny = vm_egress_policy_dup_deny(current);
     g_autoptr(GPtrArray) allow_list = egress_list_from(reset ? (char *[]){NULL} : old_allow, TRUE);
     g_autoptr(GPtrArray) deny_list = egress_list_from(reset ? (char *[]){NULL} : old_deny, TRUE);
     g_autoptr(GError) local_error = NULL;
+    g_auto(GStrv) allow = hostd_egress_presets_expand(ctx->config->egress_presets, allow_in, error);
+    g_auto(GStrv) deny = NULL;
     VmEgressPolicy *policy;
 
-    for (const char *const *it = allow; it != NULL && *it != NULL; it++) {
+    if (allow == NULL)
+        return NULL;
+    deny = hostd_egress_presets_expand(ctx->config->egress_presets, deny_in, error);
+    if (deny == NULL)
+        return NULL;
+    for (char **it = allow; *it != NULL; it++) {
         g_autofree char *rule = egress_normalise_rule(*it, error);
 
         if (rule == NULL)
@@ -901,7 +959,7 @@ egress_policy_edit(const VmEgressPolicy *current, const char *const *allow, cons
         if (!g_str_equal(rule, "none"))
             egress_list_add(allow_list, rule);
     }
-    for (const char *const *it = deny; it != NULL && *it != NULL; it++) {
+    for (char **it = deny; *it != NULL; it++) {
         g_autofree char *rule = egress_normalise_rule(*it, error);
 
         if (rule == NULL)
@@ -910,15 +968,8 @@ egress_policy_edit(const VmEgressPolicy *current, const char *const *allow, cons
             egress_list_add(deny_list, rule);
     }
     for (const char *const *it = remove; it != NULL && *it != NULL; it++) {
-        g_autofree char *rule = egress_normalise_rule(*it, error);
-        gboolean removed;
-
-        if (rule == NULL)
+        if (!egress_remove(ctx, allow_list, deny_list, *it, error))
             return NULL;
-        removed = egress_list_remove(allow_list, rule);
-        removed = egress_list_remove(deny_list, rule) || removed;
-        if (!removed)
-            return vm_throw(error, VM_ERROR_NOT_FOUND, "no egress rule '%s' to remove", *it), NULL;
     }
     g_ptr_array_add(allow_list, NULL);
     g_ptr_array_add(deny_list, NULL);
@@ -927,6 +978,12 @@ egress_policy_edit(const VmEgressPolicy *current, const char *const *allow, cons
     if (policy == NULL)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s", local_error->message), NULL;
     return policy;
+}
+
+GVariant *
+hostd_egress_presets(HostdContext *ctx)
+{
+    return hostd_egress_presets_to_variant(ctx->config->egress_presets);
 }
 
 GVariant *
@@ -945,7 +1002,7 @@ hostd_egress_set(HostdContext *ctx, const char *name, const char *const *allow,
     current = egress_policy_load(ctx, name, error);
     if (current == NULL)
         return NULL;
-    policy = egress_policy_edit(current, allow, deny, remove, reset, error);
+    policy = egress_policy_edit(ctx, current, allow, deny, remove, reset, error);
     if (policy == NULL)
         return NULL;
     /* Stored first: a change that cannot be kept is not made at all. */

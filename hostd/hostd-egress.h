@@ -76,9 +76,11 @@ gboolean hostd_egress_socket_owner(HostdContext *ctx, const char *name, uid_t *r
                                    gid_t *ret_gid);
 
 /* At `new`: stores the template's rules (@allow/@deny as the template has them, "*" meaning
- * "any"; NULL or empty: none) as @r's policy and starts its proxy. A bad rule fails with
- * VM_ERROR_INVALID_ARGUMENT naming it; a proxy that cannot start fails (VM_ERROR_IO,
- * VM_ERROR_INVALID_ARGUMENT for a socket path too long). Nothing is left running on failure. */
+ * "any", presets expanded; NULL or empty: none), added one after the other as
+ * hostd_egress_set() adds them, as @r's policy and starts its proxy. A bad rule fails with
+ * VM_ERROR_INVALID_ARGUMENT naming it, an unknown preset with VM_ERROR_NOT_FOUND; a proxy that
+ * cannot start fails (VM_ERROR_IO, VM_ERROR_INVALID_ARGUMENT for a socket path too long). Nothing
+ * is left running on failure. */
 gboolean hostd_egress_agent_init(HostdContext *ctx, const HostdAgentRecord *r,
                                  const char *const *allow, const char *const *deny, GError **error);
 
@@ -105,14 +107,19 @@ GVariant *hostd_egress_get(HostdContext *ctx, const char *name, GError **error);
 
 /* Changes the policy live: with @reset every rule goes first; then @allow and @deny rules are
  * added ("none" in @allow empties the allow list, "any" replaces it), then @remove rules are
- * taken out of both lists. The result is checked as a whole: a bad rule fails with
- * VM_ERROR_INVALID_ARGUMENT naming it, a rule to remove that is in neither list with
- * VM_ERROR_NOT_FOUND, and the old policy stays. Otherwise it is stored, new connections follow it
- * at once and open tunnels it refuses close within a second. Returns hostd_egress_get()'s
+ * taken out of both lists. A preset ("@name", hostd-egress-presets.h) in any of the three stands
+ * for its rules; an unknown one fails with VM_ERROR_NOT_FOUND. The result is checked as a whole: a
+ * bad rule fails with VM_ERROR_INVALID_ARGUMENT naming it, a rule to remove that is in neither list
+ * with VM_ERROR_NOT_FOUND, and the old policy stays. Otherwise it is stored, new connections follow
+ * it at once and open tunnels it refuses close within a second. Returns hostd_egress_get()'s
  * dictionary. */
 GVariant *hostd_egress_set(HostdContext *ctx, const char *name, const char *const *allow,
                            const char *const *deny, const char *const *remove, gboolean reset,
                            GError **error);
+
+/* The egress presets (hostd_egress_presets_to_variant()): for `vmctl egress presets`. Can't
+ * fail. */
+GVariant *hostd_egress_presets(HostdContext *ctx);
 
 /* Sends the agent's log on @client_fd as STDOUT frames of whole JSON lines: the last @lines
  * records (G_MAXUINT32: all that are kept), then with @follow new records as they come, until the

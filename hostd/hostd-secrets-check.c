@@ -9,6 +9,7 @@
 
 #define NAME_MAX_CHARS   64
 #define HEADER_MAX_CHARS 64
+#define HEADERS_MAX      8 /* VM_EGRESS_CREDENTIAL_HEADERS_MAX */
 #define FORMAT_MAX_BYTES 256
 #define ENV_MAX_CHARS    128
 #define VALUE_MAX_BYTES  8192
@@ -97,18 +98,66 @@ is_tchar(char c)
     return g_ascii_isalnum(c) || (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL);
 }
 
+/* One header name: 1-HEADER_MAX_CHARS characters of tchar. */
+static gboolean
+header_name_ok(const char *name, gsize length)
+{
+    gboolean ok = length > 0 && length <= HEADER_MAX_CHARS;
+
+    for (gsize i = 0; ok && i < length; i++)
+        ok = is_tchar(name[i]);
+    return ok;
+}
+
 gboolean
 hostd_secret_check_header(const char *header, GError **error)
 {
-    gsize length = header != NULL ? strlen(header) : 0;
-    gboolean ok = length > 0 && length <= HEADER_MAX_CHARS;
-    for (gsize i = 0; ok && i < length; i++)
-        ok = is_tchar(header[i]);
-    if (!ok)
+    g_auto(GStrv) names = header != NULL ? g_strsplit(header, ",", -1) : NULL;
+    guint count = names != NULL ? g_strv_length(names) : 0;
+
+    if (count == 0)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "invalid header name '%s': 1-%d characters of an HTTP token",
-                        header != NULL ? header : "", HEADER_MAX_CHARS);
+                        "invalid header name '': 1-%d characters of an HTTP token",
+                        HEADER_MAX_CHARS);
+    if (count > HEADERS_MAX)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "invalid header '%s': 1-%d names separated by commas", header, HEADERS_MAX);
+    for (guint i = 0; i < count; i++) {
+        /* one space after each comma, as hostd_secret_normalise_headers() writes it */
+        const char *name = names[i] + (i > 0 && names[i][0] == ' ' ? 1 : 0);
+
+        if (!header_name_ok(name, strlen(name)))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "invalid header name '%s': 1-%d characters of an HTTP token", name,
+                            HEADER_MAX_CHARS);
+        for (guint j = 0; j < i; j++) {
+            const char *other = names[j] + (j > 0 && names[j][0] == ' ' ? 1 : 0);
+
+            if (g_ascii_strcasecmp(name, other) == 0)
+                return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "header '%s' named twice", name);
+        }
+    }
     return TRUE;
+}
+
+char *
+hostd_secret_normalise_headers(const char *const *headers, GError **error)
+{
+    g_autoptr(GStrvBuilder) builder = g_strv_builder_new();
+    g_auto(GStrv) names = NULL;
+    g_autofree char *joined = NULL;
+
+    for (const char *const *it = headers; it != NULL && *it != NULL; it++) {
+        g_auto(GStrv) pieces = g_strsplit(*it, ",", -1);
+
+        for (char **piece = pieces; *piece != NULL; piece++)
+            g_strv_builder_add(builder, g_strstrip(*piece));
+    }
+    names = g_strv_builder_end(builder);
+    joined = g_strjoinv(", ", names);
+    if (!hostd_secret_check_header(joined, error))
+        return NULL;
+    return g_steal_pointer(&joined);
 }
 
 gboolean

@@ -25,9 +25,15 @@ gboolean hostd_secret_placeholder_is_valid(const char *text);
  * a file name under $STATE/secrets/ and maps to an env var. VM_ERROR_INVALID_ARGUMENT if not. */
 gboolean hostd_secret_check_name(const char *name, GError **error);
 
-/* Checks a header name as an RFC 7230 token (1-64 characters of tchar), since it is written
- * into requests the proxy forwards. VM_ERROR_INVALID_ARGUMENT if not. */
+/* Checks a secret's header as stored: one header name, or up to 8 separated by ", ", each an
+ * RFC 7230 token (1-64 characters of tchar), since it is written into requests the proxy
+ * forwards, none twice (case-insensitive). VM_ERROR_INVALID_ARGUMENT if not. */
 gboolean hostd_secret_check_header(const char *header, GError **error);
+
+/* The header names of @headers (each one name or several separated by commas, spaces around
+ * them dropped) as hostd stores them: "Authorization, x-api-key". Fails as
+ * hostd_secret_check_header(). Newly allocated. */
+char *hostd_secret_normalise_headers(const char *const *headers, GError **error);
 
 /* Checks a value format: exactly one "{}" (where the value goes), no CR, LF or NUL, at most
  * 256 bytes. VM_ERROR_INVALID_ARGUMENT if not. */

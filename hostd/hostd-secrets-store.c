@@ -254,6 +254,10 @@ check_secret(const HostdSecret *secret, GError **error)
         !hostd_secret_check_format(secret->format, error) ||
         !hostd_secret_check_env(secret->env, error))
         return FALSE;
+    if (strchr(secret->header, ',') != NULL && !g_str_equal(secret->format, "{}"))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "secret '%s' names several headers and a format other than '{}'",
+                        secret->name);
     if (secret->hosts == NULL || secret->hosts[0] == NULL)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "secret '%s' needs at least one --host",
                         secret->name);

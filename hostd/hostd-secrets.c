@@ -84,8 +84,24 @@ hostd_secret_create(HostdContext *ctx, const HostdSecretRequest *req, GError **e
     if (secret->value == NULL)
         return NULL;
     secret->name = g_strdup(req->name);
-    secret->header = g_strdup(req->header != NULL ? req->header : HOSTD_SECRET_DEFAULT_HEADER);
-    secret->format = g_strdup(req->format != NULL ? req->format : HOSTD_SECRET_DEFAULT_FORMAT);
+    const char *const headers[] = {req->header != NULL ? req->header : HOSTD_SECRET_DEFAULT_HEADER,
+                                   NULL};
+    secret->header = hostd_secret_normalise_headers(headers, error);
+    if (secret->header == NULL)
+        return NULL;
+    /* Several headers: the value goes where the placeholder stands in each, whatever form its
+     * client gives it ("x-api-key: P", "Authorization: Bearer P"); a format would not fit all. */
+    gboolean several = strchr(secret->header, ',') != NULL;
+    if (several && req->format != NULL && !g_str_equal(req->format, "{}")) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                 "secret '%s' names several headers: the value goes where the placeholder "
+                 "stands in each (Bearer kept), so --format does not apply",
+                 req->name);
+        return NULL;
+    }
+    secret->format = g_strdup(req->format != NULL ? req->format
+                              : several           ? "{}"
+                                                  : HOSTD_SECRET_DEFAULT_FORMAT);
     secret->env = req->env != NULL ? g_strdup(req->env) : hostd_secret_default_env(req->name);
     /* Stored normalised, so that list shows what the proxy compares. */
     g_autoptr(GPtrArray) hosts = g_ptr_array_new_with_free_func(g_free);

@@ -340,6 +340,7 @@ hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *
 {
     g_auto(GStrv) ssh_keys = vm_message_dup_strv(req, "ssh_keys");
     g_auto(GStrv) secrets = vm_message_dup_strv(req, "secrets");
+    g_auto(GStrv) egress = vm_message_dup_strv(req, "egress");
     HostdNewRequest nr = {
         .name = hostd_req_name(req),
         .template_name = vm_message_get_string(req, "template", NULL),
@@ -351,6 +352,7 @@ hostd_handle_agent_new(HostdContext *ctx, const VmMessage *req, VmStreamWriter *
         .cold = vm_message_get_bool(req, "cold", FALSE),
         .ssh_keys = ssh_keys,
         .secrets = secrets,
+        .egress = egress,
     };
     for (guint i = 0; i < VM_DISK_LIMITS; i++) {
         /* Given or not: 0 is a value here (no limit). */
@@ -638,6 +640,13 @@ hostd_handle_egress_set(HostdContext *ctx, const VmMessage *req, VmStreamWriter 
                         error);
 }
 
+static gboolean
+hostd_handle_egress_presets(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                            GError **error)
+{
+    return hostd_reply1(reply, "presets", hostd_egress_presets(ctx), error);
+}
+
 /* Answers with a stream on the socket itself: hostd_egress_log() writes it, EXIT included. */
 static gboolean
 hostd_handle_egress_log(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
@@ -891,6 +900,7 @@ static const struct {
     {VM_OP_AGENT_AUTHORIZE_LIST, hostd_handle_agent_authorize_list, HOSTD_REQUEST_READS},
     {VM_OP_SECRET_CREATE, hostd_handle_secret_create, HOSTD_REQUEST_CHANGES},
     {VM_OP_SECRET_LIST, hostd_handle_secret_list, HOSTD_REQUEST_READS},
+    {VM_OP_EGRESS_PRESETS, hostd_handle_egress_presets, HOSTD_REQUEST_READS},
     {VM_OP_SECRET_SET, hostd_handle_secret_set, HOSTD_REQUEST_CHANGES},
     {VM_OP_SECRET_RM, hostd_handle_secret_rm, HOSTD_REQUEST_CHANGES},
     {VM_OP_SECRET_GRANT, hostd_handle_secret_grant, HOSTD_REQUEST_CHANGES},

@@ -489,8 +489,9 @@ is_package_name(const char *name)
     return TRUE;
 }
 
-/* A host name, "*.domain", an IP address or CIDR, optionally ":port"; the egress filter gives
- * them meaning, this only keeps out what could never be one (spaces, quotes, control bytes). */
+/* A host name, "*.domain", an IP address or CIDR, optionally ":port", or hostd's preset
+ * "@name"; the egress filter (and hostd's presets) give them meaning, this only keeps out what
+ * could never be one (spaces, quotes, control bytes). */
 static gboolean
 is_egress_rule(const char *rule)
 {
@@ -498,7 +499,7 @@ is_egress_rule(const char *rule)
 
     if (len == 0 || len > 261)
         return FALSE;
-    for (gsize i = 0; i < len; i++) {
+    for (gsize i = rule[0] == '@' ? 1 : 0; i < len; i++) {
         char c = rule[i];
         if (!(g_ascii_isalnum(c) || strchr(".-*:/[]_", c) != NULL))
             return FALSE;
@@ -798,12 +799,12 @@ parse_egress(const Node *node, VmTemplate *t, const char *display, GError **erro
     if (!check_keys(node, "egress.", keys, display, error))
         return FALSE;
     if ((value = map_get(node, "allow")) != NULL &&
-        !get_string_list(value, "egress.allow", is_egress_rule, "a host, *.domain or address",
-                         &t->egress_allow, display, error))
+        !get_string_list(value, "egress.allow", is_egress_rule,
+                         "a host, *.domain, address or @preset", &t->egress_allow, display, error))
         return FALSE;
     if ((value = map_get(node, "deny")) != NULL &&
-        !get_string_list(value, "egress.deny", is_egress_rule, "a host, *.domain or address",
-                         &t->egress_deny, display, error))
+        !get_string_list(value, "egress.deny", is_egress_rule,
+                         "a host, *.domain, address or @preset", &t->egress_deny, display, error))
         return FALSE;
     return TRUE;
 }

@@ -23,6 +23,7 @@ fi
 case \$args in
 *" template list --json "*) cat "$tmp/templates.json" ;;
 *" secret list --json "*) cat "$tmp/secrets.json" ;;
+*" egress presets --json "*) cat "$tmp/presets.json" ;;
 *" list --json "*) cat "$tmp/agents.json" ;;
 *" checkpoints a1 --json "*) cat "$tmp/checkpoints-a1.json" ;;
 *" checkpoints web-2 --json "*) cat "$tmp/checkpoints-web-2.json" ;;
@@ -81,6 +82,33 @@ cat >"$tmp/secrets.json" <<'EOF'
     "hosts" : [],
     "env" : "GH",
     "agents" : []
+  }
+]
+EOF
+# A preset's rules and source are no preset names.
+cat >"$tmp/presets.json" <<'EOF'
+[
+  {
+    "name" : "@debian",
+    "source" : "built-in",
+    "rules" : [
+      "deb.debian.org"
+    ]
+  },
+  {
+    "name" : "@pypi",
+    "source" : "/etc/hostd/presets.d/pypi.conf",
+    "rules" : [
+      "pypi.org",
+      "files.pythonhosted.org"
+    ]
+  },
+  {
+    "name" : "@pypi-mirror",
+    "source" : "/etc/hostd/presets.d/pypi-mirror.conf",
+    "rules" : [
+      "pypi.example.com"
+    ]
   }
 ]
 EOF
@@ -162,7 +190,8 @@ declare -A first=(
     [start]=$agents [stop]=$agents [rm]=$agents [suspend]=$agents [resume]=$agents
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
-    [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents [events]=$agents
+    [diff]=$agents [fork]=$agents [egress]="a1 presets web-2" ["egress presets"]=""
+    [egress-log]=$agents [events]=$agents
     [forward]=$agents [set]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
@@ -196,6 +225,20 @@ expect "$secrets" vmctl new x --secret a1 --secret ""
 expect "--grants" vmctl fork a1 b1 --gr
 touch "$tmp/value.txt"
 expect "$tmp/value.txt" vmctl secret set gh --from-file "$tmp/val"
+
+# ---- egress presets after --allow @, --deny @, --remove @ and new's --egress @; '@' breaks
+# words by default, so bash gives "@" and the rest as two words
+expect "debian pypi pypi-mirror" vmctl egress a1 --allow @ ""
+expect "pypi pypi-mirror" vmctl egress a1 --deny @ py
+expect "pypi-mirror" vmctl egress a1 --remove @ pypi-
+expect "debian pypi pypi-mirror" vmctl new x --egress @ ""
+expect "" vmctl egress a1 --allow ""
+expect "" vmctl egress a1 --allow py
+expect "" vmctl egress presets ""
+COMP_WORDBREAKS=${COMP_WORDBREAKS//@/}
+expect "@pypi @pypi-mirror" vmctl egress a1 --allow @p
+expect "@debian" vmctl new x --egress=@d
+COMP_WORDBREAKS+="@"
 
 # ---- checkpoints: of the agent named before them
 expect "c1 c2" vmctl restore a1 ""

@@ -40,6 +40,8 @@ static const VmctlVerb verbs[] = {
     {"diff", vmctl_cmd_diff, "NAME CHECKPOINT [OTHER]",
      "List files added, deleted and modified since a checkpoint"},
     {"fork", vmctl_cmd_fork, "SOURCE NAME", "Create an agent from another one's disk, live"},
+    {"egress presets", vmctl_cmd_egress_presets, "",
+     "List the egress presets (@debian, @pypi, ...) and their rules"},
     {"egress", vmctl_cmd_egress, "NAME", "Show or change where an agent may connect"},
     {"egress-log", vmctl_cmd_egress_log, "NAME", "Show an agent's egress log"},
     {"events", vmctl_cmd_events, "[AGENT]", "Show what happened to agents, and who did it"},

@@ -49,7 +49,8 @@ vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **error)
     const GOptionEntry entries[] = {
         {"allow", 0, 0, G_OPTION_ARG_STRING_ARRAY, &allow,
          "Allow RULE: a name, *.suffix, an address or CIDR, or any/none; NAME:PORT, CIDR:PORT, "
-         "[IPv6]/LEN:PORT for one port, else 80 and 443 only (repeatable)",
+         "[IPv6]/LEN:PORT for one port, else 80 and 443 only; @PRESET for a preset's rules "
+         "(see 'vmctl egress presets'; repeatable, or several separated by commas)",
          "RULE"},
         {"deny", 0, 0, G_OPTION_ARG_STRING_ARRAY, &deny,
          "Deny RULE, even where an allow rule matches; without a port every port (repeatable)",
@@ -67,12 +68,16 @@ vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **error)
     if (fields == NULL)
         return FALSE;
     change = reset || allow != NULL || deny != NULL || remove != NULL;
-    if (allow != NULL)
-        g_variant_dict_insert(fields, "allow", "^as", allow);
-    if (deny != NULL)
-        g_variant_dict_insert(fields, "deny", "^as", deny);
-    if (remove != NULL)
-        g_variant_dict_insert(fields, "remove", "^as", remove);
+    const struct {
+        const char *key;
+        char **values;
+    } lists[] = {{"allow", allow}, {"deny", deny}, {"remove", remove}};
+    for (gsize i = 0; i < G_N_ELEMENTS(lists); i++) {
+        if (lists[i].values == NULL)
+            continue;
+        g_auto(GStrv) rules = vmctl_split_rules((const char *const *)lists[i].values);
+        g_variant_dict_insert(fields, lists[i].key, "^as", rules);
+    }
     if (reset)
         g_variant_dict_insert(fields, "reset", "b", TRUE);
     if (!vmctl_request(ctx, change ? VM_OP_EGRESS_SET : VM_OP_EGRESS_GET,

@@ -54,6 +54,7 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autofree char *disk_read = NULL, *disk_write = NULL, *read_iops = NULL, *write_iops = NULL;
     g_auto(GStrv) key_files = NULL;
     g_auto(GStrv) secrets = NULL;
+    g_auto(GStrv) egress = NULL;
     gboolean no_wait = FALSE;
     gboolean cold = FALSE;
     const GOptionEntry entries[] = {
@@ -78,6 +79,10 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
          "Let the SSH public key(s) in FILE log in too, from the first boot (repeatable)", "FILE"},
         {"secret", 0, 0, G_OPTION_ARG_STRING_ARRAY, &secrets,
          "Grant the agent the secret NAME from the start (see 'vmctl secret'; repeatable)", "NAME"},
+        {"egress", 0, 0, G_OPTION_ARG_STRING_ARRAY, &egress,
+         "Also allow RULE (as 'vmctl egress --allow': a rule or a preset such as @pypi; "
+         "repeatable, or several separated by commas)",
+         "RULE"},
         {"cold", 0, 0, G_OPTION_ARG_NONE, &cold,
          "Boot the VM even when the template has a warm image", NULL},
         G_OPTION_ENTRY_NULL,
@@ -126,6 +131,10 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
     }
     if (secrets != NULL)
         g_variant_dict_insert(fields, "secrets", "^as", secrets);
+    if (egress != NULL) {
+        g_auto(GStrv) rules = vmctl_split_rules((const char *const *)egress);
+        g_variant_dict_insert(fields, "egress", "^as", rules);
+    }
     if (user_data_path != NULL) {
         g_autofree char *user_data = read_user_data(user_data_path, error);
         if (user_data == NULL)

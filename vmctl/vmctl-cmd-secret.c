@@ -93,17 +93,22 @@ read_value(VmctlContext *ctx, const char *path, GError **error)
 gboolean
 vmctl_cmd_secret_create(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
-    g_auto(GStrv) hosts = NULL;
-    g_autofree char *header = NULL, *format = NULL, *env = NULL, *from_file = NULL;
+    g_auto(GStrv) hosts = NULL, headers = NULL;
+    g_autofree char *format = NULL, *env = NULL, *from_file = NULL;
     const GOptionEntry entries[] = {
         {"host", 0, 0, G_OPTION_ARG_STRING_ARRAY, &hosts,
          "Let the secret go to HOST: a name, or *.domain for its subdomains (repeatable; at "
          "least one)",
          "HOST"},
-        {"header", 0, 0, G_OPTION_ARG_STRING, &header,
-         "Put the secret in request header HEADER (default: Authorization)", "HEADER"},
+        {"header", 0, 0, G_OPTION_ARG_STRING_ARRAY, &headers,
+         "Put the secret in request header HEADER (default: Authorization); repeatable, or "
+         "several separated by commas: the placeholder is then replaced where it stands in "
+         "whichever holds it",
+         "HEADER"},
         {"format", 0, 0, G_OPTION_ARG_STRING, &format,
-         "The header's value, {} where the secret goes (default: 'Bearer {}')", "FORMAT"},
+         "The header's value, {} where the secret goes (default: 'Bearer {}'; with several "
+         "headers '{}')",
+         "FORMAT"},
         {"env", 0, 0, G_OPTION_ARG_STRING, &env,
          "The guest's variable holding the placeholder (default: NAME upper-cased, - as _)", "VAR"},
         {"from-file", 0, 0, G_OPTION_ARG_FILENAME, &from_file,
@@ -123,8 +128,11 @@ vmctl_cmd_secret_create(VmctlContext *ctx, int argc, char **argv, GError **error
     g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(NULL);
     g_variant_dict_insert(&fields, "secret", "s", args[0]);
     g_variant_dict_insert(&fields, "hosts", "^as", hosts);
-    if (header != NULL)
+    if (headers != NULL) {
+        /* One string on the wire, as hostd stores it; hostd checks each name. */
+        g_autofree char *header = g_strjoinv(", ", headers);
         g_variant_dict_insert(&fields, "header", "s", header);
+    }
     if (format != NULL)
         g_variant_dict_insert(&fields, "format", "s", format);
     if (env != NULL)

@@ -510,6 +510,9 @@ tool_new_agent(JsonObject *args, const VmctlMcpContext *context, GError **error)
         dict_add_uint(&fields, args, vm_disk_limit_field(i), vm_disk_limit_field(i));
     dict_add_string(&fields, args, "user_data", "user_data");
     g_variant_dict_insert(&fields, "wait", "b", arg_boolean(args, "wait", TRUE));
+    g_auto(GStrv) egress = arg_strv(args, "egress");
+    if (egress != NULL)
+        g_variant_dict_insert(&fields, "egress", "^as", egress);
     /* Checked here as vmctl new --ssh-key checks a key file, and again by hostd. */
     g_auto(GStrv) keys = arg_strv(args, "ssh_keys");
     if (keys != NULL) {
@@ -879,6 +882,10 @@ static const VmctlMcpTool tools[] = {
       {"ssh_keys", ARG_STRINGS, FALSE, 1, VM_SSH_KEYS_MAX,
        "SSH public keys that may log in to the agent as its user, one OpenSSH line each "
        "(TYPE BASE64 [COMMENT]; ed25519, ECDSA or RSA of 2048 bits or more, no options)"},
+      {"egress", ARG_STRINGS, FALSE, 1, VM_RULES_MAX,
+       "Egress rules to allow besides the template's: host names, *.suffix, addresses or CIDRs "
+       "(NAME:PORT for one port, else 80 and 443), or presets such as @debian, @pypi, @npm, "
+       "@github, @anthropic, @openai"},
       {NULL}}},
     {"exec", "Run a command",
      "Run a command in an agent (waking it if it sleeps) and return its exit status, stdout and "

@@ -628,3 +628,20 @@ vmctl_read_ssh_keys(const char *const *files, GError **error)
     }
     return g_strv_builder_end(lines);
 }
+
+char **
+vmctl_split_rules(const char *const *options)
+{
+    g_autoptr(GStrvBuilder) builder = g_strv_builder_new();
+
+    for (const char *const *it = options; it != NULL && *it != NULL; it++) {
+        g_auto(GStrv) pieces = g_strsplit(*it, ",", -1);
+
+        for (char **piece = pieces; *piece != NULL; piece++) {
+            g_strstrip(*piece);
+            if (**piece != '\0')
+                g_strv_builder_add(builder, *piece);
+        }
+    }
+    return g_strv_builder_end(builder);
+}

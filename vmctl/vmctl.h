@@ -191,6 +191,10 @@ char **vmctl_read_ssh_keys(const char *const *files, GError **error);
  * listed: its arguments complete to nothing (a new name, a command to run). Static; can't
  * fail. */
 const char *vmctl_completes(const char *verb);
+/* @options (a repeatable egress option's values) with each value split at its commas, empty
+ * pieces dropped: "@pypi,@npm" is two rules (no rule holds a comma). Newly allocated,
+ * NULL-terminated; can't fail. */
+char **vmctl_split_rules(const char *const *options);
 
 /* The verbs, one per vmctl-cmd-<verb>.c. */
 gboolean vmctl_cmd_template_list(VmctlContext *ctx, int argc, char **argv, GError **error);
@@ -216,6 +220,7 @@ gboolean vmctl_cmd_autocheckpoint(VmctlContext *ctx, int argc, char **argv, GErr
 gboolean vmctl_cmd_fork(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_diff(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_egress_presets(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_autorestart(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_set(VmctlContext *ctx, int argc, char **argv, GError **error);

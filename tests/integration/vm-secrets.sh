@@ -38,6 +38,9 @@ OTHER_SECRET=other-key
 VALUE=sk-test-$(openssl rand -hex 24)
 VALUE2=sk-test-$(openssl rand -hex 24) # the rotated value
 OTHER_VALUE=sk-other-$(openssl rand -hex 24)
+MULTI_SECRET=multi-key # one secret, two headers (x-api-key and Authorization)
+MULTI_ENV=MULTI_KEY
+MULTI_VALUE=sk-multi-$(openssl rand -hex 24)
 NODE_FROM=${VM_TEST_GUEST_NODE:-host}
 AGENTS=()
 PIDS=()
@@ -66,7 +69,10 @@ count() {
   cat -- "$@" 2>/dev/null | grep -a -c -F -e "$s"
 }
 # values FILE...: how many lines of the FILEs hold either real value (or the other secret's)
-values() { cat -- "$@" 2>/dev/null | grep -a -c -F -e "$VALUE" -e "$VALUE2" -e "$OTHER_VALUE"; }
+values() {
+  cat -- "$@" 2>/dev/null |
+    grep -a -c -F -e "$VALUE" -e "$VALUE2" -e "$OTHER_VALUE" -e "$MULTI_VALUE"
+}
 # last_auth NAME: the Authorization header of the last request upstream NAME recorded
 last_auth() {
   python3 -c '
@@ -76,6 +82,16 @@ print(dict((k.lower(), v) for k, v in reqs[-1]["headers"]).get("authorization", 
 ' "$S/$1.jsonl"
 }
 requests() { grep -c '"method"' "$S/$1.jsonl"; }
+# last_header NAME HEADER [BACK]: header HEADER of the last request upstream NAME recorded, or of
+# the BACK-th from the end (1: the last)
+last_header() {
+  python3 -c '
+import json, sys
+reqs = [json.loads(l) for l in open(sys.argv[1]) if "\"method\"" in l]
+back = int(sys.argv[3])
+print(dict((k.lower(), v) for k, v in reqs[-back]["headers"]).get(sys.argv[2], "") if len(reqs) >= back else "")
+' "$S/$1.jsonl" "$2" "${3:-1}"
+}
 
 # --- the test CAs, the upstreams and the namespace ----------------------------------------------
 # make_ca NAME CN: $S/NAME.pem and .key, a self-signed CA
@@ -384,6 +400,28 @@ check "the second grant substitutes its own value at its own host ($(oneline "$o
   bash -c "[[ \"\$1\" == *200* ]] && [ \$(grep -a -c -F '$OTHER_VALUE' '$S/other.jsonl') = $((before + 1)) ]" _ "$out"
 leak_check "sent to $OTHER, which only $OTHER_SECRET's grant names" other "sent to $OTHER" \
   "$CURL -H \"Authorization: Bearer \$$ENV_VAR\" https://$OTHER/echo"
+
+# --- one secret, several headers (docs/SECRETS.md): the Anthropic SDKs send x-api-key or
+# Authorization: Bearer; one grant serves both, the placeholder replaced where it stands
+out=$(printf '%s\n' "$MULTI_VALUE" | vmctl secret create "$MULTI_SECRET" --host "$API" \
+  --header x-api-key --header Authorization --env "$MULTI_ENV" 2>&1); rc=$?
+out2=$(vmctl secret grant a1 "$MULTI_SECRET" 2>&1); rc2=$?
+check "secret create $MULTI_SECRET --header x-api-key --header Authorization, grant ($(oneline "$out$out2"))" \
+  test "$rc" = 0 -a "$rc2" = 0
+before=$(count "$MULTI_VALUE" "$S/api.jsonl")
+out=$(guest "curl -sS -m 30 -o /dev/null -w '%{http_code} ' -H \"x-api-key: \$$MULTI_ENV\" https://$API/echo &&
+             curl -sS -m 30 -o /dev/null -w '%{http_code}' -H \"Authorization: Bearer \$$MULTI_ENV\" https://$API/echo" 2>&1)
+check "one grant, two headers: $API got x-api-key '<value>', then Authorization 'Bearer <value>' ($(oneline "$out"))" \
+  bash -c "[ \"\$1\" = '200 200' ] && [ \$(grep -a -c -F '$MULTI_VALUE' '$S/api.jsonl') = $((before + 2)) ] &&
+           [ \"\$2\" = '$MULTI_VALUE' ] && [ \"\$3\" = 'Bearer $MULTI_VALUE' ]" \
+  _ "$out" "$(last_header api x-api-key 2)" "$(last_header api authorization 1)"
+before=$(count "$MULTI_VALUE" "$S/api.raw")
+out=$(guest "$CURL -H \"X-Other: \$$MULTI_ENV\" https://$API/echo" 2>&1)
+sleep 0.5
+check "$MULTI_SECRET's placeholder in a header it does not name (X-Other): refused, logged as a leak ($(oneline "$out"))" \
+  bash -c "[[ \"\$1\" != *200* ]] && [ \$(grep -a -c -F '$MULTI_VALUE' '$S/api.raw') = $before ] &&
+           '$VMCTL' --socket '$SOCK' --json egress-log a1 | grep -q 'leak: placeholder of $MULTI_SECRET sent to $API'" _ "$out"
+vmctl secret rm --force "$MULTI_SECRET" > /dev/null 2>&1
 
 # --- an upstream hostd does not trust ---------------------------------------------------------
 before=$(grep -c tls-failed "$S/rogue.jsonl")

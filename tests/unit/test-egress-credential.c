@@ -169,6 +169,120 @@ test_substitution_table(void **state)
     }
 }
 
+/* A grant of several headers: the placeholder is replaced where it stands in whichever of them
+ * holds it, so one grant serves the Anthropic SDK's "x-api-key: KEY" and "Authorization: Bearer
+ * KEY" both; in any other header it is still a leak; a format other than "{}" is refused. */
+static void
+test_several_headers(void **state)
+{
+    (void)state;
+    g_autoptr(VmEgressCredentials) creds = vm_egress_credentials_new();
+    g_autoptr(GError) error = NULL;
+    const char *hosts[] = {"api.anthropic.test", NULL};
+    g_autoptr(GVariant) wire = NULL;
+    struct {
+        const char *name, *in, *out;
+    } cases[] = {
+        {"x-api-key", PH_API, "sk-ant-real"},
+        {"X-Api-Key", PH_API, "sk-ant-real"},
+        {"Authorization", "Bearer " PH_API, "Bearer sk-ant-real"},
+        {"authorization", PH_API, "sk-ant-real"},
+        {"Authorization", "Token " PH_API " extra", "Token sk-ant-real extra"},
+    };
+
+    assert_true(vm_egress_credentials_add(creds, "anthropic", PH_API, "sk-ant-real", hosts,
+                                          "Authorization, x-api-key", NULL, &error));
+    assert_null(error);
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree char *head = g_strdup_printf(
+            "POST /v1/messages HTTP/1.1\r\nHost: api.anthropic.test\r\n%s: %s\r\n\r\n",
+            cases[i].name, cases[i].in);
+        g_autoptr(VmEgressRequest) request = parse_origin("api.anthropic.test", head);
+        g_autoptr(VmEgressRedactor) redactor = vm_egress_redactor_new();
+        g_autofree char *secret = NULL;
+
+        if (!vm_egress_credentials_apply(creds, request, "api.anthropic.test", redactor, &secret,
+                                         &error))
+            fail_msg("case %zu: %s", i, error->message);
+        assert_string_equal(vm_egress_request_get_header(request, cases[i].name), cases[i].out);
+        assert_string_equal(secret, "anthropic");
+        assert_int_equal(vm_egress_redactor_size(redactor), 1);
+    }
+    /* Both at once, as an SDK sending both would. */
+    {
+        g_autoptr(VmEgressRequest) request =
+            parse_origin("api.anthropic.test",
+                         "POST / HTTP/1.1\r\nHost: api.anthropic.test\r\nx-api-key: " PH_API
+                         "\r\nAuthorization: Bearer " PH_API "\r\n\r\n");
+        g_autofree char *secret = NULL;
+
+        assert_true(vm_egress_credentials_apply(creds, request, "api.anthropic.test", NULL, &secret,
+                                                &error));
+        assert_string_equal(vm_egress_request_get_header(request, "x-api-key"), "sk-ant-real");
+        assert_string_equal(vm_egress_request_get_header(request, "Authorization"),
+                            "Bearer sk-ant-real");
+    }
+    /* Another header, or a host the grant does not name: a leak, nothing substituted. */
+    {
+        g_autoptr(VmEgressRequest) request =
+            parse_origin("api.anthropic.test",
+                         "POST / HTTP/1.1\r\nHost: api.anthropic.test\r\nx-api-key: " PH_API
+                         "\r\nX-Other: " PH_API "\r\n\r\n");
+        g_autofree char *secret = NULL;
+
+        assert_false(vm_egress_credentials_apply(creds, request, "api.anthropic.test", NULL,
+                                                 &secret, &error));
+        assert_string_equal(error->message,
+                            "leak: placeholder of anthropic sent to api.anthropic.test");
+        assert_string_equal(vm_egress_request_get_header(request, "x-api-key"), PH_API);
+        g_clear_error(&error);
+    }
+    {
+        g_autoptr(VmEgressRequest) request = parse_origin(
+            "other.test", "POST / HTTP/1.1\r\nHost: other.test\r\nx-api-key: " PH_API "\r\n\r\n");
+        g_autofree char *secret = NULL;
+
+        assert_false(
+            vm_egress_credentials_apply(creds, request, "other.test", NULL, &secret, &error));
+        assert_string_equal(error->message, "leak: placeholder of anthropic sent to other.test");
+        g_clear_error(&error);
+    }
+    /* What the worker gets: the header as given, which it parses again. */
+    wire = g_variant_ref_sink(vm_egress_credentials_to_variant(creds));
+    {
+        g_autoptr(GVariant) grant = g_variant_get_child_value(wire, 0);
+        const char *header = NULL;
+
+        g_variant_get_child(grant, 4, "&s", &header);
+        assert_string_equal(header, "Authorization, x-api-key");
+    }
+
+    /* Refused: a format that would not fit every header, a name twice, a bad name, too many. */
+    static const char *const bad[][2] = {
+        {"Authorization, x-api-key", "Bearer {}"},
+        {"Authorization, x-api-key", "Basic {}"},
+        {"x-api-key, X-API-KEY", NULL},
+        {"x-api-key, ", NULL},
+        {"x-api-key,Bad Header", NULL},
+        {"a,b,c,d,e,f,g,h,i", NULL},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(VmEgressCredentials) other = vm_egress_credentials_new();
+
+        assert_false(vm_egress_credentials_add(other, "s", "vmph_1", "v", hosts, bad[i][0],
+                                               bad[i][1], &error));
+        vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, NULL);
+        g_clear_error(&error);
+    }
+    /* Eight names, and "{}" given, are fine. */
+    {
+        g_autoptr(VmEgressCredentials) other = vm_egress_credentials_new();
+
+        assert_true(vm_egress_credentials_add(other, "s", "vmph_1", "v", hosts, "a,b,c,d,e,f,g,h",
+                                              "{}", &error));
+    }
+}
+
 /* Every misplaced placeholder refuses the request with its reason and leaves it unchanged. */
 static void
 test_leaks(void **state)
@@ -577,6 +691,7 @@ main(void)
         cmocka_unit_test(test_add_refused),
         cmocka_unit_test(test_intercepts),
         cmocka_unit_test(test_substitution_table),
+        cmocka_unit_test(test_several_headers),
         cmocka_unit_test(test_leaks),
         cmocka_unit_test(test_plain_http),
         cmocka_unit_test(test_body_scanner),

@@ -27,6 +27,7 @@
 
 #include "hostd-agent.h"
 #include "hostd-confine.h"
+#include "hostd-egress-presets.h"
 #include "hostd-egress.h"
 #include "vm-egress-ca.h"
 #include "vm-egress-wire.h"
@@ -306,6 +307,137 @@ test_set_edits(void **state)
         if (!g_str_equal(p, steps[i].expect))
             fail_msg("step %zu: got '%s', want '%s'", i, p, steps[i].expect);
     }
+}
+
+/* Presets stand for their rules in every list, at init as in a change; the policy stores the
+ * rules. An unknown preset changes nothing. A user preset replaces the built-in of its name. */
+static void
+test_presets(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *allow, *deny, *remove;
+        const char *expect;
+    } steps[] = {
+        {"@pypi", NULL, NULL, "a.example pypi.org files.pythonhosted.org|"},
+        {NULL, "@npm", NULL, "a.example pypi.org files.pythonhosted.org|registry.npmjs.org"},
+        /* a preset goes as a whole, with what it shares with others */
+        {NULL, NULL, "@pypi @npm", "a.example|"},
+        {"@anthropic,x", NULL, NULL, NULL},
+        {"@openai b.example:8443", NULL, NULL, "a.example api.openai.com b.example:8443|"},
+    };
+    g_autofree char *ini = hostd_test_agent_file(f->hostd, "a1", HOSTD_AGENT_EGRESS_POLICY);
+
+    init_agent(f, "a1", "a.example", NULL);
+    for (gsize i = 0; i < G_N_ELEMENTS(steps); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v =
+            set_policy(f, "a1", steps[i].allow, steps[i].deny, steps[i].remove, FALSE, &error);
+        g_autofree char *p = hostd_test_egress_text(f->hostd, "a1");
+
+        if (steps[i].expect == NULL) {
+            /* "@anthropic,x" is no preset name: vmctl splits at commas before it is sent */
+            assert_null(v);
+            assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+            continue;
+        }
+        if (v == NULL)
+            fail_msg("step %zu: %s", i, error->message);
+        if (!g_str_equal(p, steps[i].expect))
+            fail_msg("step %zu: got '%s', want '%s'", i, p, steps[i].expect);
+    }
+    /* What is stored is the rules, never the name. */
+    {
+        g_autofree char *text = vm_test_read_file(ini);
+
+        assert_null(strstr(text, "@"));
+        assert_non_null(strstr(text, "api.openai.com"));
+    }
+
+    /* Unknown: refused, named, the old policy kept on disk and live. */
+    static const char *const unknown[][3] = {
+        {"@nosuch", NULL, NULL},
+        {"ok.example", "@nosuch", NULL},
+        {NULL, NULL, "@nosuch"},
+        /* none of its rules is there */
+        {NULL, NULL, "@github"},
+    };
+    g_autofree char *before = vm_test_read_file(ini);
+    for (gsize i = 0; i < G_N_ELEMENTS(unknown); i++) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(GVariant) v =
+            set_policy(f, "a1", unknown[i][0], unknown[i][1], unknown[i][2], FALSE, &error);
+        g_autofree char *after = vm_test_read_file(ini);
+        g_autofree char *p = hostd_test_egress_text(f->hostd, "a1");
+
+        assert_null(v);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+        assert_non_null(strstr(error->message, i < 3 ? "@nosuch" : "@github"));
+        assert_string_equal(after, before);
+        assert_string_equal(p, "a.example api.openai.com b.example:8443|");
+    }
+
+    /* At init, as a template or `new --egress` gives them; "none" among them closes what came
+     * before, as in a change. */
+    init_agent(f, "a2", "@debian a.example", "@github");
+    g_autofree char *p2 = hostd_test_egress_text(f->hostd, "a2");
+    assert_string_equal(p2, "deb.debian.org security.debian.org ftp.debian.org *.deb.debian.org "
+                            "a.example|github.com api.github.com codeload.github.com "
+                            "objects.githubusercontent.com raw.githubusercontent.com "
+                            "*.githubusercontent.com");
+    init_agent(f, "a3", "@debian none @npm", NULL);
+    g_autofree char *p3 = hostd_test_egress_text(f->hostd, "a3");
+    assert_string_equal(p3, "registry.npmjs.org|");
+    {
+        g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f->hostd, "a4");
+        const char *const allow[] = {"ok.example", "@nosuch", NULL};
+        g_autoptr(GError) error = NULL;
+        g_autofree char *ini4 = hostd_test_agent_file(f->hostd, "a4", HOSTD_AGENT_EGRESS_POLICY);
+
+        assert_false(hostd_egress_presets_check(f->ctx->config->egress_presets, allow, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+        g_clear_error(&error);
+        assert_false(hostd_egress_agent_init(f->ctx, r, allow, NULL, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+        assert_non_null(strstr(error->message, "@nosuch"));
+        assert_false(g_file_test(ini4, G_FILE_TEST_EXISTS));
+    }
+
+    /* A user's preset of a built-in's name is the one used. */
+    {
+        g_autofree char *dir = g_build_filename(f->hostd->dir, "presets.d", NULL);
+        g_autofree char *file = g_build_filename(dir, "pypi.conf", NULL);
+        g_autoptr(GError) error = NULL;
+        HostdEgressPresets *presets;
+
+        assert_int_equal(g_mkdir_with_parents(dir, 0755), 0);
+        assert_true(g_file_set_contents(file, "[preset]\nrules=pypi.mirror.example\n", -1, NULL));
+        presets = hostd_egress_presets_load(dir, &error);
+        assert_non_null(presets);
+        hostd_egress_presets_free(f->ctx->config->egress_presets);
+        f->ctx->config->egress_presets = presets;
+        set_ok(f, "a3", "@pypi", NULL, NULL, FALSE);
+        g_autofree char *p = hostd_test_egress_text(f->hostd, "a3");
+        assert_string_equal(p, "registry.npmjs.org pypi.mirror.example|");
+    }
+}
+
+/* The presets request lists the built-in ones. */
+static void
+test_presets_listed(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GVariant) list = g_variant_ref_sink(hostd_egress_presets(f->ctx));
+    g_autoptr(GString) names = g_string_new(NULL);
+
+    for (gsize i = 0; i < g_variant_n_children(list); i++) {
+        g_autoptr(GVariant) one = g_variant_get_child_value(list, i);
+        const char *name = NULL;
+
+        assert_true(g_variant_lookup(one, "name", "&s", &name));
+        g_string_append_printf(names, "%s%s", i > 0 ? " " : "", name);
+    }
+    assert_string_equal(names->str, "@anthropic @debian @github @npm @openai @pypi");
 }
 
 /* A change with one bad rule is refused as a whole: the old policy stays, on disk and live. */
@@ -1566,6 +1698,8 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_init_from_template, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_presets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_presets_listed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_bad_template, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_edits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_refused, setup, teardown),

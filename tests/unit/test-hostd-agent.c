@@ -293,6 +293,44 @@ test_new_disk_limits(void **state)
     assert_string_equal(hostd_test_domain_state(f, "a4"), "missing");
 }
 
+/* A template's egress presets and `new --egress`'s rules make the new agent's policy; an
+ * unknown preset fails the `new` before anything is made. */
+static void
+test_new_egress_presets(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *tpl_path = g_build_filename(f->templates_dir, "debian-12.yaml", NULL);
+    g_autofree char *tpl = vm_test_read_file(tpl_path);
+    g_auto(GStrv) lines = g_strsplit(tpl, "\n", -1);
+    g_autoptr(GString) edited = g_string_new(NULL);
+
+    for (char **line = lines; *line != NULL; line++) {
+        if (!g_str_has_prefix(*line, "egress:"))
+            g_string_append_printf(edited, "%s\n", *line);
+    }
+    g_string_append(edited, "egress: {allow: ['@debian'], deny: ['security.debian.org']}\n");
+    vm_test_write_file(tpl_path, edited->str);
+
+    char *more[] = {"@pypi", "x.example:8443", NULL};
+    HostdNewRequest req = {.name = "a1", .cpus = 1, .memory_mib = 128, .egress = more};
+    g_autoptr(GVariant) a1 = hostd_test_sink(hostd_agent_new(f->ctx, &req, NULL, NULL, &error));
+    if (a1 == NULL)
+        fail_msg("new: %s", error->message);
+    g_autofree char *p1 = hostd_test_egress_text(f, "a1");
+    assert_string_equal(p1, "deb.debian.org security.debian.org ftp.debian.org *.deb.debian.org "
+                            "pypi.org files.pythonhosted.org x.example:8443|security.debian.org");
+
+    char *unknown[] = {"@pypi", "@nosuch", NULL};
+    HostdNewRequest bad = {.name = "a2", .cpus = 1, .memory_mib = 128, .egress = unknown};
+    g_autoptr(GVariant) a2 = hostd_test_sink(hostd_agent_new(f->ctx, &bad, NULL, NULL, &error));
+    assert_null(a2);
+    hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "no egress preset '@nosuch'");
+    assert_string_equal(hostd_test_domain_state(f, "a2"), "missing");
+    g_autofree char *dir = g_build_filename(f->agents_dir, "a2", NULL);
+    assert_false(g_file_test(dir, G_FILE_TEST_EXISTS));
+}
+
 /* Start-up: every ready agent reaches the component, a lost domain once it is redefined. */
 static void
 test_reconcile_reaches_components(void **state)
@@ -321,6 +359,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_new_runs_hooks_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_hook_rolls_new_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_start_and_rm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_egress_presets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_start_hook_keeps_it_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_reaches_components, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_disk_limits, setup, teardown),

@@ -63,6 +63,13 @@ test_good_input(void **state)
     assert_true(hostd_secret_check_name("0key", &error));
     assert_true(hostd_secret_check_header("Authorization", &error));
     assert_true(hostd_secret_check_header("x-api-key", &error));
+    assert_true(hostd_secret_check_header("Authorization, x-api-key", &error));
+    assert_true(hostd_secret_check_header("a, b, c, d, e, f, g, h", &error));
+    {
+        const char *const given[] = {" Authorization ,x-api-key", "X-Other", NULL};
+        g_autofree char *normal = hostd_secret_normalise_headers(given, &error);
+        assert_string_equal(normal, "Authorization, x-api-key, X-Other");
+    }
     assert_true(hostd_secret_check_format("Bearer {}", &error));
     assert_true(hostd_secret_check_format("{}", &error));
     assert_true(hostd_secret_check_env("EXAMPLE_API_KEY", &error));
@@ -99,6 +106,10 @@ test_bad_input(void **state)
         {"header", "Author ization", "invalid header name"},
         {"header", "X:Y", "invalid header name"},
         {"header", "X\r\nInjected", "invalid header name"},
+        {"header", "x-api-key, X-API-KEY", "named twice"},
+        {"header", "Authorization,, x-api-key", "invalid header name ''"},
+        {"header", "Authorization, ", "invalid header name ''"},
+        {"header", "a, b, c, d, e, f, g, h, i", "1-8 names"},
         {"format", "Bearer", "exactly once"},
         {"format", "{}{}", "exactly once"},
         {"format", "Bearer {}\r\nX: y", "one line"},

@@ -58,6 +58,18 @@ test_round_trip_and_modes(void **state)
     assert_string_equal(loaded->format, "Bearer {}");
     assert_string_equal(loaded->env, "EXAMPLE_API_KEY");
 
+    /* Several headers, as one "header=" line: the single-header form is this with one name. */
+    HostdSecret several = make_secret("anthropic", (char *)"sk-ant", hosts);
+    several.header = (char *)"Authorization, x-api-key";
+    several.format = (char *)"{}";
+    assert_true(hostd_secrets_store_save(dir, &several, TRUE, &error));
+    vm_test_assert_no_error(error);
+    g_autoptr(HostdSecret) several_loaded = hostd_secrets_store_load(dir, "anthropic", &error);
+    vm_test_assert_no_error(error);
+    assert_string_equal(several_loaded->header, "Authorization, x-api-key");
+    assert_string_equal(several_loaded->format, "{}");
+    assert_true(hostd_secrets_store_remove(dir, "anthropic", &error));
+
     /* A second create of the same name is refused and the first value stays. */
     HostdSecret again = make_secret("example-api", (char *)"sk-other", hosts);
     assert_false(hostd_secrets_store_save(dir, &again, TRUE, &error));
@@ -125,6 +137,12 @@ test_list_remove_and_bad_input(void **state)
     g_clear_error(&error);
     assert_false(hostd_secrets_store_save(dir, &bad_header, TRUE, &error));
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "header");
+    g_clear_error(&error);
+    /* Several headers take the value where the placeholder stands: no format but "{}". */
+    HostdSecret several_formatted = make_secret("c-key", (char *)"v", hosts);
+    several_formatted.header = (char *)"Authorization, x-api-key";
+    assert_false(hostd_secrets_store_save(dir, &several_formatted, TRUE, &error));
+    vm_test_assert_error(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT, "several headers");
     g_clear_error(&error);
     assert_int_equal(vm_test_count_entries(dir), 3);
 

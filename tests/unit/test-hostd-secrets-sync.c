@@ -435,6 +435,57 @@ test_sync_proxy(void **state)
     vm_test_assert_error(error, VM_ERROR, VM_ERROR_NOT_FOUND, "nosuch");
 }
 
+/* A secret of several headers reaches the proxy as such: one grant substitutes its placeholder
+ * in x-api-key and in Authorization (Bearer kept), and nowhere else. */
+static void
+test_sync_several_headers(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = agent_with_proxy(f, "a1");
+    char *hosts[] = {(char *)"api.anthropic.com", NULL};
+    HostdSecret secret = {
+        .name = (char *)"anthropic",
+        .value = (char *)VALUE,
+        .hosts = hosts,
+        .header = (char *)"Authorization, x-api-key",
+        .format = (char *)"{}",
+        .env = (char *)"ANTHROPIC_API_KEY",
+    };
+    g_autoptr(GError) error = NULL;
+
+    assert_true(hostd_secrets_store_prepare(f->secrets_dir, &error));
+    assert_true(hostd_secrets_store_save(f->secrets_dir, &secret, TRUE, &error));
+    g_autofree char *placeholder = grant(f, "a1", "anthropic");
+    assert_true(hostd_secrets_sync(f->ctx, "a1", &error));
+    vm_test_assert_no_error(error);
+    g_autoptr(VmEgressCredentials) creds = hostd_egress_dup_credentials(f->ctx, "a1");
+    assert_non_null(creds);
+    assert_true(hostd_test_egress_allows(f->ctx, "a1", "api.anthropic.com", 443));
+
+    static const char *const forms[][3] = {
+        {"x-api-key", "", VALUE},
+        {"Authorization", "Bearer ", "Bearer " VALUE},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(forms); i++) {
+        g_autofree char *sent = g_strconcat(forms[i][1], placeholder, NULL);
+        g_autofree char *head = g_strdup_printf(
+            "POST /v1/messages HTTP/1.1\r\nHost: api.anthropic.com\r\n%s: %s\r\n\r\n", forms[i][0],
+            sent);
+        g_autoptr(VmEgressParser) parser = vm_egress_parser_new_origin("api.anthropic.com", 443);
+        gsize consumed = 0;
+        g_autofree char *substituted = NULL;
+
+        assert_int_equal(
+            vm_egress_parser_feed(parser, (const guint8 *)head, strlen(head), &consumed, &error),
+            VM_EGRESS_PARSE_DONE);
+        g_autoptr(VmEgressRequest) request = vm_egress_parser_steal_request(parser);
+        assert_true(vm_egress_credentials_apply(creds, request, "api.anthropic.com", NULL,
+                                                &substituted, &error));
+        assert_string_equal(vm_egress_request_get_header(request, forms[i][0]), forms[i][2]);
+        assert_string_equal(substituted, "anthropic");
+    }
+}
+
 /* A grant whose secret is gone: refused, and the proxy honours nothing rather than a stale set. */
 static void
 test_sync_secret_gone(void **state)
@@ -634,6 +685,7 @@ main(void)
         cmocka_unit_test(test_guest_update_refused),
         cmocka_unit_test_setup_teardown(test_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sync_proxy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sync_several_headers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sync_secret_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_seed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_creating, setup, teardown),

@@ -132,6 +132,21 @@ test_create_and_list(void **state)
     g_autofree char *second_env = hostd_test_dict_string(second, "env");
     assert_string_equal(first_name, "example-api");
     assert_string_equal(second_env, "GH_TOKEN");
+
+    /* Several headers, as vmctl joins its --header options: stored in one form, the format
+     * "{}" (the value where the placeholder stands in each). */
+    const char *const ant_hosts[] = {"api.anthropic.com", NULL};
+    g_autoptr(GVariant) ant =
+        create(f, "anthropic", ant_hosts, "x-api-key,Authorization ", NULL, NULL, "sk-1", &error);
+    if (ant == NULL)
+        fail_msg("create with two headers: %s", error->message);
+    g_autofree char *ant_header = hostd_test_dict_string(ant, "header");
+    g_autofree char *ant_format = hostd_test_dict_string(ant, "format");
+    assert_string_equal(ant_header, "x-api-key, Authorization");
+    assert_string_equal(ant_format, "{}");
+    g_autoptr(GVariant) ant_plain =
+        create(f, "anthropic2", ant_hosts, "x-api-key, Authorization", "{}", NULL, "sk-2", &error);
+    assert_non_null(ant_plain);
 }
 
 /* Each bad input is refused with its code, and nothing is stored. */
@@ -153,6 +168,9 @@ test_create_refusals(void **state)
         {"s", bad_host, NULL, NULL, NULL, VALUE, VM_ERROR_INVALID_ARGUMENT},
         {"s", no_hosts, NULL, NULL, NULL, VALUE, VM_ERROR_INVALID_ARGUMENT},
         {"s", good, "Bad Header", NULL, NULL, VALUE, VM_ERROR_INVALID_ARGUMENT},
+        {"s", good, "Authorization, x-api-key", "Bearer {}", NULL, VALUE,
+         VM_ERROR_INVALID_ARGUMENT},
+        {"s", good, "x-api-key, X-Api-Key", NULL, NULL, VALUE, VM_ERROR_INVALID_ARGUMENT},
         {"s", good, NULL, "Bearer", NULL, VALUE, VM_ERROR_INVALID_ARGUMENT},
         {"s", good, NULL, NULL, "1BAD", VALUE, VM_ERROR_INVALID_ARGUMENT},
         {"s", good, NULL, NULL, NULL, "", VM_ERROR_INVALID_ARGUMENT},

@@ -64,6 +64,7 @@ static const struct {
     {VM_OP_SECRET_GRANT, TRUE},
     {VM_OP_SECRET_REVOKE, TRUE},
     {VM_OP_AGENT_SET_RESOURCES, TRUE},
+    {VM_OP_EGRESS_PRESETS, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -86,7 +87,8 @@ static const struct {
     {VM_OP_TEMPLATE_BUILD, "{'name': <'debian-12'>, 'force': <true>}"},
     {VM_OP_AGENT_NEW, "{'name': <'alice'>, 'template': <'debian-12'>, 'cpus': <uint32 2>, "
                       "'memory_mib': <uint32 2048>, 'disk_gib': <uint32 20>, "
-                      "'user_data': <'#cloud-config\\n'>, 'wait': <true>}"},
+                      "'user_data': <'#cloud-config\\n'>, 'wait': <true>, "
+                      "'egress': <['@pypi', 'example.com:8443']>}"},
     {VM_OP_AGENT_LIST, "@a{sv} {}"},
     {VM_OP_AGENT_INFO, "{'name': <'alice'>}"},
     {VM_OP_AGENT_START, "{'name': <'alice'>, 'wait': <false>}"},
@@ -129,6 +131,7 @@ static const struct {
     {VM_OP_SECRET_REVOKE, "{'name': <'alice'>, 'secret': <'example-api'>}"},
     {VM_OP_AGENT_SET_RESOURCES, "{'name': <'alice'>, 'cpus': <uint32 4>, "
                                 "'memory_add_mib': <uint32 2048>, 'disk_add_gib': <uint32 5>}"},
+    {VM_OP_EGRESS_PRESETS, "@a{sv} {}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -282,6 +285,7 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_SECRET_GRANT, 39);
     assert_int_equal(VM_OP_SECRET_REVOKE, 40);
     assert_int_equal(VM_OP_AGENT_SET_RESOURCES, 41);
+    assert_int_equal(VM_OP_EGRESS_PRESETS, 42);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);

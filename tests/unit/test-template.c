@@ -126,7 +126,7 @@ check_full(const VmTemplate *t)
     assert_int_equal(t->idle_pause_after_s, 90);
     assert_int_equal(t->idle_save_after_s, 86400);
     assert_strv(t->egress_allow, (const char *const[]){"deb.debian.org", "*.pypi.org:443",
-                                                       "10.0.0.0/8", "[::1]:8080", NULL});
+                                                       "10.0.0.0/8", "[::1]:8080", "@pypi", NULL});
     assert_strv(t->egress_deny, (const char *const[]){"evil.example", NULL});
     assert_strv(t->secrets, (const char *const[]){"example-api", "gh-token2", NULL});
 }
@@ -239,7 +239,7 @@ static const BadCase bad_cases[] = {
      "checkpoints.every: expected a duration such as 30s, 5m, 2h or 1d, got '5 minutes'"},
     {"bad-egress-key.yaml", 4, 3, "unknown key 'egress.permit'"},
     {"bad-egress-rule.yaml", 5, 7,
-     "egress.allow[0]: 'deb.debian.org pypi.org' is not a host, *.domain or address"},
+     "egress.allow[0]: 'deb.debian.org pypi.org' is not a host, *.domain, address or @preset"},
     {"bad-egress-word.yaml", 3, 9, "egress: expected a mapping, 'none' or 'any', got a scalar"},
     {"bad-empty.yaml", 1, 1, "template is empty"},
     {"bad-idle-order.yaml", 5, 15, "idle.save_after: must not be shorter than idle.pause_after"},

@@ -1438,6 +1438,14 @@ test_mcp_agent_tools(void **state)
     tool_fails(f, "new_agent", "{\"name\":\"a5\",\"disk_write_mib\":1000001}", "invalid-argument",
                "disk_write_mib");
 
+    /* Egress rules and presets go to hostd as given, which expands the presets. */
+    g_autoptr(JsonObject) opened =
+        tool_ok(f, "new_agent", "{\"name\":\"a6\",\"egress\":[\"@pypi\",\"x.example:8443\"]}");
+    g_autoptr(GVariant) egress_new = last_request(f, VM_OP_AGENT_NEW);
+    assert_fields(egress_new, "{'name': <'a6'>, 'wait': <true>, "
+                              "'egress': <['@pypi', 'x.example:8443']>}");
+    tool_fails(f, "new_agent", "{\"name\":\"a6\",\"egress\":[]}", "invalid-argument", "egress");
+
     /* Keys are checked as vmctl new --ssh-key checks them: what hostd gets is the key, trimmed. */
     g_autofree char *key_path = vm_test_data_path("ssh-keys", "ed25519.pub", NULL);
     g_autofree char *key_text = vm_test_read_file(key_path);

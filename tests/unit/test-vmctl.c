@@ -657,6 +657,19 @@ test_secret_create(void **state)
     assert_string_equal(run.err, "");
     assert_int_equal(run.status, 0);
 
+    /* Several --header options travel as one list. */
+    g_auto(Run) several = {0};
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'secret': <{'name': <'anthropic'>}>}");
+    server_start(f);
+    run_vmctl(f, "sk-ant\n", &several, "secret", "create", "anthropic", "--host",
+              "api.anthropic.com", "--header", "Authorization", "--header", "x-api-key");
+    assert_request(f, VM_OP_SECRET_CREATE);
+    assert_string_equal(vm_message_get_string(f->hostd->request, "header", NULL),
+                        "Authorization, x-api-key");
+    assert_null(vm_message_lookup(f->hostd->request, "format"));
+    assert_int_equal(several.status, 0);
+
     /* --from-file, defaults left to hostd; only one newline goes. */
     g_auto(Run) set = {0};
     assert_true(g_file_set_contents(path, "sk-2\n\n", -1, NULL));
@@ -786,6 +799,94 @@ test_new_fork_secrets(void **state)
     run_vmctl(f, NULL, &plain, "fork", "a1", "b2");
     assert_request(f, VM_OP_AGENT_FORK);
     assert_null(vm_message_lookup(f->hostd->request, "grants"));
+}
+
+/* `vmctl egress presets`: one line a preset, its source and its rules; --json as hostd said. */
+static void
+test_egress_presets(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) json = {0};
+    static const char *const presets =
+        "{'presets': <[{'name': <'@github'>, 'source': <'built-in'>, 'overrides': <false>,"
+        " 'description': <'GitHub'>, 'rules': <['github.com', 'api.github.com']>},"
+        " {'name': <'@pypi'>, 'source': <'/etc/hostd/presets.d/pypi.conf'>,"
+        " 'overrides': <true>, 'description': <''>, 'rules': <['pypi.mirror.example']>}]>}";
+
+    reply(f, VM_OP_RESULT, presets);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "egress", "presets");
+    assert_request(f, VM_OP_EGRESS_PRESETS);
+    assert_string_equal(run.out,
+                        "NAME     SOURCE                                              RULES\n"
+                        "@github  built-in                                            "
+                        "github.com, api.github.com\n"
+                        "@pypi    /etc/hostd/presets.d/pypi.conf (over the built-in)  "
+                        "pypi.mirror.example\n");
+    assert_int_equal(run.status, 0);
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, presets);
+    server_start(f);
+    run_vmctl(f, NULL, &json, "--json", "egress", "presets");
+    assert_non_null(strstr(json.out, "\"name\" : \"@pypi\""));
+    assert_non_null(strstr(json.out, "\"pypi.mirror.example\""));
+    assert_int_equal(json.status, 0);
+}
+
+/* Egress rules and presets, repeated or comma-separated, reach hostd one by one; an unknown
+ * preset is hostd's not-found (exit 3), said in one line. */
+static void
+test_egress_rules_split(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) set = {0};
+    g_auto(Run) unknown = {0};
+
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>, 'state': <'running'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "new", "a1", "--egress", "@pypi,@npm", "--egress", " x.example ");
+    assert_request(f, VM_OP_AGENT_NEW);
+    g_auto(GStrv) egress = vm_message_dup_strv(f->hostd->request, "egress");
+    g_autofree char *joined = g_strjoinv(" ", egress);
+    assert_string_equal(joined, "@pypi @npm x.example");
+    assert_int_equal(run.status, 0);
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'egress': <{'allow': <['pypi.org']>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &set, "egress", "a1", "--allow", "@pypi,,a.example", "--deny", "@npm",
+              "--remove", "b.example,c.example");
+    assert_request(f, VM_OP_EGRESS_SET);
+    g_auto(GStrv) allow = vm_message_dup_strv(f->hostd->request, "allow");
+    g_auto(GStrv) deny = vm_message_dup_strv(f->hostd->request, "deny");
+    g_auto(GStrv) remove = vm_message_dup_strv(f->hostd->request, "remove");
+    g_autofree char *allow_text = g_strjoinv(" ", allow);
+    g_autofree char *remove_text = g_strjoinv(" ", remove);
+    assert_string_equal(allow_text, "@pypi a.example");
+    assert_string_equal(deny[0], "@npm");
+    assert_string_equal(remove_text, "b.example c.example");
+    assert_int_equal(set.status, 0);
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply_error(f, VM_ERROR_NOT_FOUND, "no egress preset '@pyp' (see: vmctl egress presets)");
+    server_start(f);
+    run_vmctl(f, NULL, &unknown, "egress", "a1", "--allow", "@pyp");
+    assert_string_equal(unknown.err,
+                        "vmctl: no egress preset '@pyp' (see: vmctl egress presets)\n");
+    assert_int_equal(unknown.status, 3);
+
+    /* An agent named "presets" has its policy changed all the same. */
+    g_auto(Run) named = {0};
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, "{'egress': <{'allow': <['a.example']>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &named, "egress", "presets", "--allow=a.example");
+    assert_request(f, VM_OP_EGRESS_SET);
+    assert_string_equal(vm_message_get_string(f->hostd->request, "name", ""), "presets");
+    assert_int_equal(named.status, 0);
 }
 
 static void
@@ -2522,6 +2623,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_secret_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_grant_rm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_fork_secrets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_egress_presets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_egress_rules_split, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help_everywhere, setup, teardown),
         cmocka_unit_test_setup_teardown(test_actions_several, setup, teardown),
