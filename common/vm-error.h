@@ -29,9 +29,10 @@ typedef enum {
     VM_ERROR_IMAGE,            /* image build or download failed */
     VM_ERROR_CANCELLED,        /* the client went away or asked to stop */
     VM_ERROR_BUSY,             /* another hostd holds the state dir */
+    VM_ERROR_GUEST_PATH,       /* a path inside an agent does not exist (vmctl cp) */
 } VmErrorCode;
 
-#define VM_ERROR_LAST VM_ERROR_BUSY
+#define VM_ERROR_LAST VM_ERROR_GUEST_PATH
 
 GQuark vm_error_quark(void);
 
