@@ -238,10 +238,24 @@ copy_run_sink(CopyRun *run, const VmctlCopyLocation *from, const VmctlCopyLocati
     return copy_check_status(run->sink, to->agent, to->path, error);
 }
 
+/* Whether the resolved local directory @dir lies in @root (NULL: anywhere). */
+static gboolean
+copy_check_root(const char *dir, const char *root, const char *path, GError **error)
+{
+    gsize len = root != NULL ? strlen(root) : 0;
+
+    if (root == NULL || (strncmp(dir, root, len) == 0 &&
+                         (dir[len] == '\0' || dir[len] == '/' || strcmp(root, "/") == 0)))
+        return TRUE;
+    g_autofree char *what = shown(path);
+    return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s is not in %s", what, root);
+}
+
 /* Where a stream from a guest goes on this host: the directory it is unpacked in (resolved) and
  * the name its top gets there (NULL: its own). */
 static gboolean
-copy_local_target(const char *path, char **ret_dir, char **ret_name, GError **error)
+copy_local_target(const char *path, const char *root, char **ret_dir, char **ret_name,
+                  GError **error)
 {
     g_autofree char *what = shown(path);
     g_autofree char *dir = NULL;
@@ -263,6 +277,8 @@ copy_local_target(const char *path, char **ret_dir, char **ret_name, GError **er
     }
     if (dir == NULL)
         return vm_throw_errno(error, errno, "%s", what);
+    if (!copy_check_root(dir, root, path, error))
+        return FALSE;
     *ret_dir = g_strdup(dir);
     free(g_steal_pointer(&dir));
     *ret_name = g_steal_pointer(&name);
@@ -271,14 +287,14 @@ copy_local_target(const char *path, char **ret_dir, char **ret_name, GError **er
 
 static gboolean
 copy_from_agent(const VmctlEndpoint *endpoint, const VmctlCopyLocation *from, const char *to,
-                CopyRun *run, GError **error)
+                const char *root, CopyRun *run, GError **error)
 {
     g_autofree char *dir = NULL;
     g_autofree char *name = NULL;
     g_autoptr(GError) local_error = NULL;
     const char *args[] = {from->path, NULL};
 
-    if (!copy_local_target(to, &dir, &name, error))
+    if (!copy_local_target(to, root, &dir, &name, error))
         return FALSE;
     g_autoptr(VmctlExecPipe) source = copy_open(endpoint, from->agent, copy_out_script, args, error);
     if (source == NULL || !vmctl_exec_pipe_close_input(source, error))
@@ -323,8 +339,8 @@ copy_local_name(const char *path, GError **error)
 
 gboolean
 vmctl_copy(const VmctlEndpoint *endpoint, const VmctlCopyLocation *from,
-           const VmctlCopyLocation *to, VmctlCopyMovedFunc moved, gpointer moved_data,
-           GError **error)
+           const VmctlCopyLocation *to, const char *local_root, VmctlCopyMovedFunc moved,
+           gpointer moved_data, GError **error)
 {
     CopyRun run = {.moved = moved, .moved_data = moved_data};
     struct stat st;
@@ -333,7 +349,7 @@ vmctl_copy(const VmctlEndpoint *endpoint, const VmctlCopyLocation *from,
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "both paths are local; name an agent as AGENT:PATH");
     if (to->agent == NULL)
-        return copy_from_agent(endpoint, from, to->path, &run, error);
+        return copy_from_agent(endpoint, from, to->path, local_root, &run, error);
 
     g_autofree char *local = from->agent == NULL ? strip_slashes(from->path) : NULL;
     g_autofree char *name = NULL;
@@ -342,6 +358,20 @@ vmctl_copy(const VmctlEndpoint *endpoint, const VmctlCopyLocation *from,
         if (lstat(local, &st) != 0) {
             g_autofree char *what = shown(from->path);
             return vm_throw_errno(error, errno, "%s", what);
+        }
+        if (local_root != NULL) {
+            /* The last name is packed as itself (a symlink as a symlink): its directory is what
+             * must lie in the root. */
+            g_autofree char *parent = g_path_get_dirname(local);
+            g_autofree char *real = realpath(parent, NULL);
+            g_autofree char *last = g_path_get_basename(local);
+            if (real == NULL)
+                return vm_throw_errno(error, errno, "%s", parent);
+            if (!copy_check_root(real, local_root, from->path, error))
+                return FALSE;
+            if (strcmp(last, "..") == 0)
+                return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s is not in %s", from->path,
+                                local_root);
         }
         name = copy_local_name(local, error);
     } else {

@@ -1351,6 +1351,51 @@ test_mcp_read_only(void **state)
     assert_int_equal(request_count(f), 1);
 }
 
+/* copy_to_agent and copy_from_agent are offered only with --copy-dir, and a host path that
+ * leaves it (absolute, "..", a symlink out) is refused before hostd is asked. */
+static void
+test_mcp_copy_dir(void **state)
+{
+    Mcp *f = *state;
+    g_autofree char *root = vm_test_make_tmpdir("test-vmctl-mcp-copy-XXXXXX");
+    g_autofree char *out = g_build_filename(root, "out", NULL);
+
+    assert_int_equal(symlink("/etc", out), 0);
+    f->options.copy_dir = root;
+    mcp_start(f);
+    mcp_initialize(f);
+    g_autofree char *names = tool_names(f, NULL);
+    assert_non_null(strstr(names, "copy_from_agent copy_to_agent"));
+
+    guint before = request_count(f);
+    tool_fails(f, "copy_to_agent", "{\"name\":\"a1\",\"host_path\":\"/etc/passwd\"}",
+               "invalid-argument", "relative");
+    tool_fails(f, "copy_to_agent", "{\"name\":\"a1\",\"host_path\":\"x/../../y\"}",
+               "invalid-argument", "'..'");
+    tool_fails(f, "copy_to_agent", "{\"name\":\"a1\",\"host_path\":\"out/passwd\"}",
+               "invalid-argument", "is not in");
+    tool_fails(f, "copy_from_agent",
+               "{\"name\":\"a1\",\"path\":\"/etc/hosts\",\"host_path\":\"out/x\"}",
+               "invalid-argument", "is not in");
+    tool_fails(f, "copy_from_agent", "{\"name\":\"a1\",\"path\":\"x\",\"host_path\":\"out\"}",
+               "invalid-argument", "is not in");
+    assert_int_equal(request_count(f), before);
+    assert_true(vm_test_remove_tree(root));
+}
+
+static void
+test_mcp_no_copy_dir(void **state)
+{
+    Mcp *f = *state;
+
+    mcp_start(f);
+    mcp_initialize(f);
+    g_autofree char *names = tool_names(f, NULL);
+    assert_null(strstr(names, "copy_"));
+    call_fails(f, "{\"name\":\"copy_to_agent\",\"arguments\":{\"name\":\"a1\",\"host_path\":\"x\"}}",
+               VMCTL_RPC_INVALID_PARAMS, "Unknown tool: copy_to_agent");
+}
+
 static void
 test_mcp_agents(void **state)
 {
@@ -2004,6 +2049,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_mcp_initialize, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_tools_list, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_read_only, mcp_setup, mcp_teardown),
+        cmocka_unit_test_setup_teardown(test_mcp_copy_dir, mcp_setup, mcp_teardown),
+        cmocka_unit_test_setup_teardown(test_mcp_no_copy_dir, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_agents, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_agent_tools, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_exec, mcp_setup, mcp_teardown),
