@@ -25,15 +25,18 @@ static const char copy_out_script[] =
 
 /* Unpacks the tar stream on stdin, whose top entry is NAME ($2), onto DEST ($1, empty: home): into
  * it when it is a directory, else as DEST itself, unpacked beside it first and renamed into
- * place so that a failure leaves nothing. */
+ * place so that a failure leaves nothing. libarchive's walk of a local tree does not list each
+ * directory's whole subtree before its next sibling, so directories get their modes and times
+ * only at the end (--delay-directory-restore). */
 static const char copy_in_script[] =
     "dest=${1:-.} name=$2\n"
-    "if [ -d \"$dest\" ]; then exec tar -C \"$dest\" -xpf - --no-same-owner; fi\n"
+    "if [ -d \"$dest\" ]; then exec tar -C \"$dest\" -xpf - --no-same-owner --delay-directory-restore; fi\n"
     "case $dest in */*) dir=${dest%/*} ;; *) dir=. ;; esac\n"
     "dir=${dir:-/}\n"
     "if [ ! -d \"$dir\" ]; then echo 'no such directory' >&2; exit 66; fi\n"
     "tmp=$(mktemp -d \"$dir/.vmctl-cp.XXXXXX\") || exit 1\n"
-    "if tar -C \"$tmp\" -xpf - --no-same-owner && mv -f -T -- \"$tmp/$name\" \"$dest\"; then\n"
+    "if tar -C \"$tmp\" -xpf - --no-same-owner --delay-directory-restore &&\n"
+    "  mv -f -T -- \"$tmp/$name\" \"$dest\"; then\n"
     "  rm -rf -- \"$tmp\"; exit 0\n"
     "fi\n"
     "rm -rf -- \"$tmp\"; exit 1\n";

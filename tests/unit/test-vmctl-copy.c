@@ -16,6 +16,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <gio/gio.h>
 #include <glib/gstdio.h>
 
 #include "test-common.h"
@@ -281,6 +282,7 @@ test_pack_unpack(void **state)
     for (gsize i = 0; i < 300 * 1000; i++)
         blob[i] = (char)(i * 7 + i / 1000);
     assert_true(g_file_set_contents(big, blob, 300 * 1000, NULL));
+    assert_int_equal(utimes(sub, times), 0);
 
     if (!vmctl_copy_archive_pack(src, "src", stream_write, &s, &error))
         fail_msg("%s", error->message);
@@ -305,6 +307,8 @@ test_pack_unpack(void **state)
     assert_int_equal(vm_test_file_mode(c_tool), 0741);
     assert_int_equal(vm_test_file_mode(c_sub), 0750);
     assert_int_equal(stat(c_tool, &st), 0);
+    assert_int_equal(st.st_mtime, 981173106);
+    assert_int_equal(stat(c_sub, &st), 0);
     assert_int_equal(st.st_mtime, 981173106);
     assert_string_equal(target, "sub dir/new\nline: x");
     assert_string_equal(out_target, "/etc/passwd");
@@ -336,6 +340,41 @@ test_unpack_broken(void **state)
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
 }
 
+/* A stream GNU tar made (as a guest's is) unpacks with the directories' times kept, the one of a
+ * directory with more inside it included. */
+static void
+test_unpack_gnu_tar(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *src = g_build_filename(f->dir, "src", NULL);
+    g_autofree char *sub = g_build_filename(src, "sub", NULL);
+    g_autofree char *deep = g_build_filename(sub, "dir", NULL);
+    g_autofree char *file = g_build_filename(deep, "file", NULL);
+    g_autofree char *dest = g_build_filename(f->dir, "dest", NULL);
+    g_autofree char *c_sub = g_build_filename(dest, "new", "sub", NULL);
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GBytes) out = NULL;
+    struct timeval times[2] = {{.tv_sec = 1015218367}, {.tv_sec = 1015218367}};
+    struct stat st;
+
+    assert_int_equal(g_mkdir_with_parents(deep, 0755), 0);
+    vm_test_write_file(file, "x");
+    assert_int_equal(utimes(sub, times), 0);
+    assert_int_equal(g_mkdir(dest, 0700), 0);
+    g_autoptr(GSubprocess) tar = g_subprocess_new(G_SUBPROCESS_FLAGS_STDOUT_PIPE, &error, "tar",
+                                                  "-C", f->dir, "-cf", "-", "--", "src", NULL);
+    assert_non_null(tar);
+    assert_true(g_subprocess_communicate(tar, NULL, NULL, &out, NULL, &error));
+    assert_true(g_subprocess_get_successful(tar));
+
+    Stream s = {.bytes = g_bytes_unref_to_array(g_steal_pointer(&out)), .piece = 10240};
+    if (!vmctl_copy_archive_unpack(stream_read, &s, dest, "new", &error))
+        fail_msg("%s", error->message);
+    g_byte_array_unref(s.bytes);
+    assert_int_equal(stat(c_sub, &st), 0);
+    assert_int_equal(st.st_mtime, 1015218367);
+}
+
 int
 main(void)
 {
@@ -345,6 +384,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_unpack_tamed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pack_unpack, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unpack_broken, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unpack_gnu_tar, setup, teardown),
     };
 
     return cmocka_run_group_tests_name("vmctl-copy", tests, NULL, NULL);
