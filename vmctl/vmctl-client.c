@@ -720,17 +720,17 @@ vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *reques
 struct VmctlExecPipe {
     VmctlConnection *connection;
     VmStreamReader reader;
-    GMutex lock;           /* serializes frames written, guards last_moved */
-    gint64 last_moved;     /* monotonic usec of the last byte moved either way */
-    gint64 idle_timeout;   /* usec; 0: none */
-    VmMessage *chunk;      /* the STDOUT frame vmctl_exec_pipe_read() last returned */
-    GString *err;          /* the end of the command's stderr */
-    int status;            /* -1 until EXIT */
+    GMutex lock;         /* serializes frames written, guards last_moved */
+    gint64 last_moved;   /* monotonic usec of the last byte moved either way */
+    gint64 idle_timeout; /* usec; 0: none */
+    VmMessage *chunk;    /* the STDOUT frame vmctl_exec_pipe_read() last returned */
+    GString *err;        /* the end of the command's stderr */
+    int status;          /* -1 until EXIT */
 };
 
 VmctlExecPipe *
-vmctl_exec_pipe_open(const VmctlEndpoint *endpoint, const VmMessage *request,
-                     guint idle_timeout_s, GError **error)
+vmctl_exec_pipe_open(const VmctlEndpoint *endpoint, const VmMessage *request, guint idle_timeout_s,
+                     GError **error)
 {
     g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_EXIT, NULL);
 

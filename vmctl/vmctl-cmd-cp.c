@@ -68,8 +68,8 @@ vmctl_cmd_cp(VmctlContext *ctx, int argc, char **argv, GError **error)
         display = vmctl_progress_new(VMCTL_PROGRESS_BAR, stderr);
     g_mutex_init(&progress.lock);
     progress.progress = display;
-    gboolean ok = vmctl_copy(&endpoint, &from, &to, NULL, display != NULL ? copy_progress_moved : NULL,
-                             &progress, error);
+    gboolean ok = vmctl_copy(&endpoint, &from, &to, NULL,
+                             display != NULL ? copy_progress_moved : NULL, &progress, error);
     g_mutex_clear(&progress.lock);
     return ok;
 }

@@ -90,8 +90,7 @@ vmctl_copy_archive_pack(const char *path, const char *name, VmctlCopyWriteFunc w
             break;
         const char *source = archive_entry_pathname(entry);
         if (r != ARCHIVE_OK)
-            return archive_throw(error, NULL, disk, VM_ERROR_IO,
-                                 source != NULL ? source : path);
+            return archive_throw(error, NULL, disk, VM_ERROR_IO, source != NULL ? source : path);
         archive_read_disk_descend(disk);
         /* The walk names every entry PATH/REST; the guest gets NAME/REST. */
         g_autofree char *renamed = g_strconcat(name, source + MIN(strlen(source), prefix), NULL);

@@ -16,7 +16,8 @@
 static const char copy_out_script[] =
     "p=$1\n"
     "while :; do case $p in ?*/) p=${p%/} ;; *) break ;; esac; done\n"
-    "if [ ! -e \"$p\" ] && [ ! -L \"$p\" ]; then echo 'no such file or directory' >&2; exit 66; fi\n"
+    "if [ ! -e \"$p\" ] && [ ! -L \"$p\" ]; then echo 'no such file or directory' >&2; exit 66; "
+    "fi\n"
     "case $p in */*) dir=${p%/*} name=${p##*/} ;; *) dir=. name=$p ;; esac\n"
     "case $name in .|..) p=$(cd -- \"$p\" && pwd -P) || exit 66\n"
     "  dir=${p%/*} name=${p##*/} ;; esac\n"
@@ -30,7 +31,8 @@ static const char copy_out_script[] =
  * only at the end (--delay-directory-restore). */
 static const char copy_in_script[] =
     "dest=${1:-.} name=$2\n"
-    "if [ -d \"$dest\" ]; then exec tar -C \"$dest\" -xpf - --no-same-owner --delay-directory-restore; fi\n"
+    "if [ -d \"$dest\" ]; then exec tar -C \"$dest\" -xpf - --no-same-owner "
+    "--delay-directory-restore; fi\n"
     "case $dest in */*) dir=${dest%/*} ;; *) dir=. ;; esac\n"
     "dir=${dir:-/}\n"
     "if [ ! -d \"$dir\" ]; then echo 'no such directory' >&2; exit 66; fi\n"
@@ -58,8 +60,8 @@ vmctl_copy_location_parse(const char *arg, VmctlCopyLocation *ret_location, GErr
         g_prefix_error(error, "'%s': ", arg);
         return FALSE;
     }
-    *ret_location = (VmctlCopyLocation){.agent = g_steal_pointer(&agent),
-                                        .path = g_strdup(colon + 1)};
+    *ret_location =
+        (VmctlCopyLocation){.agent = g_steal_pointer(&agent), .path = g_strdup(colon + 1)};
     return TRUE;
 }
 
@@ -137,8 +139,7 @@ copy_feed_thread(gpointer data)
     gboolean ok;
 
     if (run->source == NULL) {
-        ok = vmctl_copy_archive_pack(run->local, run->name, copy_write_sink, run,
-                                     &run->feed_error);
+        ok = vmctl_copy_archive_pack(run->local, run->name, copy_write_sink, run, &run->feed_error);
     } else {
         const guint8 *bytes;
         gssize n;
@@ -299,7 +300,8 @@ copy_from_agent(const VmctlEndpoint *endpoint, const VmctlCopyLocation *from, co
 
     if (!copy_local_target(to, root, &dir, &name, error))
         return FALSE;
-    g_autoptr(VmctlExecPipe) source = copy_open(endpoint, from->agent, copy_out_script, args, error);
+    g_autoptr(VmctlExecPipe) source =
+        copy_open(endpoint, from->agent, copy_out_script, args, error);
     if (source == NULL || !vmctl_exec_pipe_close_input(source, error))
         return FALSE;
     run->source = source;

@@ -40,9 +40,9 @@ typedef void (*VmctlCopyMovedFunc)(guint64 bytes, gpointer user_data);
 /* Copies @from to @to through hostd at @endpoint (at least one of them in an agent), telling
  * @moved (may be NULL) of the stream's bytes as they go. With @local_root (an absolute path
  * without symlinks, or NULL: anywhere), the local path must lie in that directory once its
- * directories are resolved, else the copy fails with VM_ERROR_INVALID_ARGUMENT. Fails with hostd's error
- * (VM_ERROR_NOT_FOUND for an unknown agent), VM_ERROR_GUEST_PATH when a path in a guest does not
- * exist, VM_ERROR_IO for a local path that cannot be read or written, VM_ERROR_INVALID_ARGUMENT
+ * directories are resolved, else the copy fails with VM_ERROR_INVALID_ARGUMENT. Fails with hostd's
+ * error (VM_ERROR_NOT_FOUND for an unknown agent), VM_ERROR_GUEST_PATH when a path in a guest does
+ * not exist, VM_ERROR_IO for a local path that cannot be read or written, VM_ERROR_INVALID_ARGUMENT
  * when both sides are local, VM_ERROR_PROTOCOL when a guest's stream is refused, VM_ERROR_TIMEOUT
  * when the transfer stalls, VM_ERROR_FAILED when `tar` in a guest fails (its last words
  * quoted). */

@@ -83,7 +83,7 @@ struct VmctlMcpTool {
     "{'type':'object','properties':{'agent':" AGENT_SCHEMA "},'required':['agent']}"
 
 #define COPY_SCHEMA                                                                                \
-    "{'type':'object','properties':{'stream_bytes':{'type':'integer','description':"             \
+    "{'type':'object','properties':{'stream_bytes':{'type':'integer','description':"               \
     "'bytes of the tar stream copied'}},'required':['stream_bytes']}"
 
 #define ENCODING_SCHEMA "{'type':'string','enum':['text','base64']}"

@@ -138,9 +138,8 @@ make_stream(const Entry *entries, gsize n)
             archive_entry_set_symlink(e, entries[i].data);
         if (entries[i].type == AE_IFCHR)
             archive_entry_set_rdev(e, makedev(1, 3));
-        gsize len = entries[i].type == AE_IFREG && entries[i].data != NULL
-                        ? strlen(entries[i].data)
-                        : 0;
+        gsize len =
+            entries[i].type == AE_IFREG && entries[i].data != NULL ? strlen(entries[i].data) : 0;
         archive_entry_set_size(e, (la_int64_t)len);
         assert_int_equal(archive_write_header(a, e), ARCHIVE_OK);
         if (len > 0)
@@ -191,13 +190,17 @@ test_unpack_hostile(void **state)
           {"top/l/x", AE_IFREG, 0644, "x", NULL}},
          3},
         {"a top that is a symlink out, then a file through it",
-         {{"top", AE_IFLNK, 0777, outside, NULL}, {"top/x", AE_IFREG, 0644, "x", NULL}}, 2},
+         {{"top", AE_IFLNK, 0777, outside, NULL}, {"top/x", AE_IFREG, 0644, "x", NULL}},
+         2},
         {"a second top",
-         {{"top", AE_IFDIR, 0755, NULL, NULL}, {"other", AE_IFREG, 0644, "x", NULL}}, 2},
+         {{"top", AE_IFDIR, 0755, NULL, NULL}, {"other", AE_IFREG, 0644, "x", NULL}},
+         2},
         {"a hard link to a file outside",
-         {{"top", AE_IFDIR, 0755, NULL, NULL}, {"top/h", 0, 0644, NULL, victim}}, 2},
+         {{"top", AE_IFDIR, 0755, NULL, NULL}, {"top/h", 0, 0644, NULL, victim}},
+         2},
         {"a hard link through '..'",
-         {{"top", AE_IFDIR, 0755, NULL, NULL}, {"top/h", 0, 0644, NULL, "top/../../victim"}}, 2},
+         {{"top", AE_IFDIR, 0755, NULL, NULL}, {"top/h", 0, 0644, NULL, "top/../../victim"}},
+         2},
         {"a hard link to a symlink the stream made",
          {{"top", AE_IFDIR, 0755, NULL, NULL},
           {"top/l", AE_IFLNK, 0777, victim, NULL},

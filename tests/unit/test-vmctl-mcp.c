@@ -1419,8 +1419,8 @@ test_mcp_copy(void **state)
     mcp_start(f);
     mcp_initialize(f);
 
-    g_autofree char *to = g_strdup_printf(
-        "{\"name\":\"a1\",\"host_path\":\"src\",\"path\":\"%s/copied\"}", guest);
+    g_autofree char *to =
+        g_strdup_printf("{\"name\":\"a1\",\"host_path\":\"src\",\"path\":\"%s/copied\"}", guest);
     g_autoptr(JsonObject) sent = tool_ok(f, "copy_to_agent", to);
     assert_true(json_object_get_int_member(sent, "stream_bytes") > 0);
     g_autofree char *in_guest = g_build_filename(guest, "copied", "a b\nc", NULL);
@@ -1432,8 +1432,8 @@ test_mcp_copy(void **state)
     assert_int_equal(stat(sub_in_guest, &st), 0);
     assert_int_equal(st.st_mtime, 1015218367);
 
-    g_autofree char *from = g_strdup_printf(
-        "{\"name\":\"a1\",\"path\":\"%s/copied\",\"host_path\":\"back\"}", guest);
+    g_autofree char *from =
+        g_strdup_printf("{\"name\":\"a1\",\"path\":\"%s/copied\",\"host_path\":\"back\"}", guest);
     g_autoptr(JsonObject) got = tool_ok(f, "copy_from_agent", from);
     g_autofree char *back = g_build_filename(root, "back", "a b\nc", NULL);
     g_autofree char *back_link = g_build_filename(root, "back", "link", NULL);
@@ -1448,8 +1448,8 @@ test_mcp_copy(void **state)
     g_autofree char *missing =
         g_strdup_printf("{\"name\":\"a1\",\"path\":\"%s/none\",\"host_path\":\"x\"}", guest);
     tool_fails(f, "copy_from_agent", missing, "guest-path", "none");
-    g_autofree char *nowhere = g_strdup_printf(
-        "{\"name\":\"a1\",\"host_path\":\"src\",\"path\":\"%s/no/dir\"}", guest);
+    g_autofree char *nowhere =
+        g_strdup_printf("{\"name\":\"a1\",\"host_path\":\"src\",\"path\":\"%s/no/dir\"}", guest);
     tool_fails(f, "copy_to_agent", nowhere, "guest-path", "no/dir");
     assert_true(vm_test_remove_tree(root));
     assert_true(vm_test_remove_tree(guest));
@@ -1464,7 +1464,8 @@ test_mcp_no_copy_dir(void **state)
     mcp_initialize(f);
     g_autofree char *names = tool_names(f, NULL);
     assert_null(strstr(names, "copy_"));
-    call_fails(f, "{\"name\":\"copy_to_agent\",\"arguments\":{\"name\":\"a1\",\"host_path\":\"x\"}}",
+    call_fails(f,
+               "{\"name\":\"copy_to_agent\",\"arguments\":{\"name\":\"a1\",\"host_path\":\"x\"}}",
                VMCTL_RPC_INVALID_PARAMS, "Unknown tool: copy_to_agent");
 }
 
