@@ -748,7 +748,7 @@ test_limits_accepted(void **state)
                                                  "'host_port': <uint32 1>}")},
     };
 
-    assert_int_equal(VM_ERROR_LAST, 16);
+    assert_int_equal(VM_ERROR_WIRE_LAST, 16);
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(GError) error = NULL;
         g_autoptr(GBytes) frame = NULL;
