@@ -188,6 +188,7 @@ expect "a1: web-2:" vmctl cp --quiet ""
 cd - >/dev/null || exit 1
 touch "$tmp/cp-local"
 expect "$tmp/cp-local" vmctl cp "$tmp/cp-l"
+expect "$tmp/cp-local" vmctl mcp --copy-dir "$tmp/cp-l"
 expect "a1" vmctl info a
 expect "web-2" vmctl ssh-config w
 

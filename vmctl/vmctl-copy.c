@@ -273,6 +273,8 @@ copy_local_target(const char *path, const char *root, char **ret_dir, char **ret
     } else {
         g_autofree char *parent = g_path_get_dirname(path);
         name = g_path_get_basename(path);
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+            return vm_throw(error, VM_ERROR_IO, "%s: no such directory", what);
         dir = realpath(parent, NULL);
         if (dir != NULL && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
             g_clear_pointer(&dir, free);
