@@ -2,6 +2,7 @@
 
 #include "vmctl-copy.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* The progress line of a copy on a terminal: bytes so far and the rate, redrawn at most every
@@ -24,7 +25,7 @@ copy_progress_moved(guint64 bytes, gpointer user_data)
 
     g_mutex_lock(&p->lock);
     p->bytes += bytes;
-    if (now - p->drawn >= COPY_REDRAW_US) {
+    if (p->progress != NULL && now - p->drawn >= COPY_REDRAW_US) {
         double seconds = MAX((double)(now - p->started) / G_TIME_SPAN_SECOND, 0.001);
         g_autofree char *done = g_format_size(p->bytes);
         g_autofree char *rate = g_format_size((guint64)((double)p->bytes / seconds));
@@ -68,8 +69,13 @@ vmctl_cmd_cp(VmctlContext *ctx, int argc, char **argv, GError **error)
         display = vmctl_progress_new(VMCTL_PROGRESS_BAR, stderr);
     g_mutex_init(&progress.lock);
     progress.progress = display;
-    gboolean ok = vmctl_copy(&endpoint, &from, &to, NULL,
-                             display != NULL ? copy_progress_moved : NULL, &progress, error);
+    gboolean ok = vmctl_copy(&endpoint, &from, &to, NULL, copy_progress_moved, &progress, error);
     g_mutex_clear(&progress.lock);
+    if (ok && ctx->json) {
+        g_autoptr(GVariant) result = g_variant_ref_sink(
+            g_variant_new_parsed("{'stream_bytes': <%t>}", (guint64)progress.bytes));
+        g_autofree char *json = vmctl_format_json(result);
+        fputs(json, stdout);
+    }
     return ok;
 }
