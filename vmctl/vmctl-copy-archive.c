@@ -1,10 +1,12 @@
 #include "vmctl-copy-archive.h"
 
 #include "vm-error.h"
+#include "vm-fs.h"
 
 #include <archive.h>
 #include <archive_entry.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -168,17 +170,16 @@ unpack_data(struct archive *in, struct archive *disk, CopyStream *stream, const 
     }
 }
 
-gboolean
-vmctl_copy_archive_unpack(VmctlCopyReadFunc read, gpointer user_data, const char *dir,
-                          const char *new_name, GError **error)
+/* Unpacks the stream into @dir, and returns the name its top has there. */
+static gboolean
+unpack_into(VmctlCopyReadFunc read, gpointer user_data, const char *dir, const char *new_name,
+            char **ret_top, GError **error)
 {
     CopyStream stream = {.func = (gpointer)read, .user_data = user_data};
     g_autoptr(Archive) in = archive_read_new();
     g_autoptr(Archive) disk = archive_write_disk_new();
     g_autoptr(GHashTable) files = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     g_autofree char *top = NULL;
-
-    g_return_val_if_fail(g_path_is_absolute(dir), FALSE);
 
     /* Names are made absolute under @dir after unpack_rename() checked them, which is what
      * ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS would refuse on its own. */
@@ -237,5 +238,62 @@ vmctl_copy_archive_unpack(VmctlCopyReadFunc read, gpointer user_data, const char
     /* Directories get their modes and times once their content is in. */
     if (archive_write_close(disk) != ARCHIVE_OK)
         return archive_throw(error, NULL, disk, VM_ERROR_IO, dir);
+    *ret_top = new_name != NULL ? g_strdup(new_name) : g_steal_pointer(&top);
     return TRUE;
+}
+
+/* Moves @from (made by unpack_into()) to @to: renamed when @to is not a directory both are,
+ * else merged into it entry by entry, the directory then taking @from's mode and times. */
+static gboolean
+unpack_move(const char *from, const char *to, GError **error)
+{
+    struct stat st_from, st_to;
+
+    if (lstat(from, &st_from) != 0)
+        return vm_throw_errno(error, errno, "%s", from);
+    if (lstat(to, &st_to) != 0 || !S_ISDIR(st_to.st_mode) || !S_ISDIR(st_from.st_mode)) {
+        if (rename(from, to) != 0)
+            return vm_throw_errno(error, errno, "cannot put %s in place", to);
+        return TRUE;
+    }
+    g_autoptr(GDir) entries = g_dir_open(from, 0, error);
+    if (entries == NULL)
+        return FALSE;
+    const char *name;
+    while ((name = g_dir_read_name(entries)) != NULL) {
+        g_autofree char *from_entry = g_build_filename(from, name, NULL);
+        g_autofree char *to_entry = g_build_filename(to, name, NULL);
+        if (!unpack_move(from_entry, to_entry, error))
+            return FALSE;
+    }
+    struct timespec times[2] = {st_from.st_atim, st_from.st_mtim};
+    if (chmod(to, st_from.st_mode & 07777) != 0 || utimensat(AT_FDCWD, to, times, 0) != 0 ||
+        rmdir(from) != 0)
+        return vm_throw_errno(error, errno, "%s", to);
+    return TRUE;
+}
+
+gboolean
+vmctl_copy_archive_unpack(VmctlCopyReadFunc read, gpointer user_data, const char *dir,
+                          const char *new_name, GError **error)
+{
+    g_autofree char *staging = g_build_filename(dir, ".vmctl-cp-XXXXXX", NULL);
+    g_autofree char *top = NULL;
+    g_autoptr(GError) local_error = NULL;
+
+    g_return_val_if_fail(g_path_is_absolute(dir), FALSE);
+
+    /* Unpacked beside the destination first, so that a stream that fails half-way leaves
+     * nothing there. */
+    if (g_mkdtemp_full(staging, 0700) == NULL)
+        return vm_throw_errno(error, errno, "cannot write in %s", dir);
+    gboolean ok = unpack_into(read, user_data, staging, new_name, &top, error);
+    if (ok) {
+        g_autofree char *from = g_build_filename(staging, top, NULL);
+        g_autofree char *to = g_build_filename(dir, top, NULL);
+        ok = unpack_move(from, to, error);
+    }
+    if (!vm_remove_tree(staging, ok ? error : &local_error))
+        return FALSE;
+    return ok;
 }

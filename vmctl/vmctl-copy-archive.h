@@ -32,9 +32,11 @@ gboolean vmctl_copy_archive_pack(const char *path, const char *name, VmctlCopyWr
  * without symlinks: realpath(3)'s), as the calling user. Every entry must be named TOP or
  * TOP/..., TOP being the first entry's first component; TOP becomes @new_name (NULL: TOP) on
  * disk. Modes (less set-user-ID and set-group-ID) and modification times are kept; symlinks are
- * made as they are and never followed. Stops at the stream's end marker. Fails with
- * VM_ERROR_PROTOCOL for a malformed stream or a refused entry (the entry named), VM_ERROR_IO
- * when the disk refuses, or with @read's error; what was unpacked before stays. */
+ * made as they are and never followed. Stops at the stream's end marker. It is unpacked in a
+ * fresh directory in @dir first, then put in place: renamed, or merged into a directory of that
+ * name already there (its entries replaced, added to). Fails with VM_ERROR_PROTOCOL for a
+ * malformed stream or a refused entry (the entry named), VM_ERROR_IO when the disk refuses, or
+ * with @read's error; a failure before the move leaves @dir as it was. */
 gboolean vmctl_copy_archive_unpack(VmctlCopyReadFunc read, gpointer user_data, const char *dir,
                                    const char *new_name, GError **error);
 

@@ -4,8 +4,8 @@
  *
  * Where the copy lands is cp's rule: onto an existing directory, into it under the source's own
  * name; otherwise to the destination's name, whose parent must exist. Directories are always
- * copied whole. A copy into a guest under a new name is unpacked beside it first and renamed
- * into place, so a failed copy leaves nothing there.
+ * copied whole. A copy onto this host, and one into a guest under a new name, is unpacked beside
+ * its destination first and put in place at the end, so a failed copy leaves nothing there.
  */
 #pragma once
 

@@ -219,6 +219,8 @@ test_unpack_hostile(void **state)
             fail_msg("%s: unpacked", cases[i].what);
         if (vm_test_count_entries(outside) != 0)
             fail_msg("%s: wrote outside", cases[i].what);
+        if (vm_test_count_entries(target) != 0)
+            fail_msg("%s: left something in the target", cases[i].what);
         g_autofree char *content = vm_test_read_file(victim);
         assert_string_equal(content, "the user's");
         assert_true(vm_test_remove_tree(target));
@@ -253,6 +255,45 @@ test_unpack_tamed(void **state)
     assert_int_equal(lstat(suid, &a), 0);
     assert_int_equal(lstat(same, &b), 0);
     assert_int_equal(a.st_ino, b.st_ino);
+}
+
+/* Unpacked onto a directory of the same name already there, a stream adds to it and replaces
+ * what it brings again, the rest staying; nothing else is left beside it. */
+static void
+test_unpack_merge(void **state)
+{
+    Fixture *f = *state;
+    const Entry first[] = {
+        {"top", AE_IFDIR, 0755, NULL, NULL},
+        {"top/kept", AE_IFREG, 0644, "kept", NULL},
+        {"top/replaced", AE_IFREG, 0644, "old", NULL},
+        {"top/sub", AE_IFDIR, 0755, NULL, NULL},
+    };
+    const Entry second[] = {
+        {"top", AE_IFDIR, 0750, NULL, NULL},
+        {"top/replaced", AE_IFREG, 0600, "new", NULL},
+        {"top/sub", AE_IFDIR, 0700, NULL, NULL},
+        {"top/sub/added", AE_IFREG, 0644, "added", NULL},
+    };
+    g_autoptr(GByteArray) one = make_stream(first, G_N_ELEMENTS(first));
+    g_autoptr(GByteArray) two = make_stream(second, G_N_ELEMENTS(second));
+    g_autoptr(GError) error = NULL;
+    g_autofree char *top = g_build_filename(f->dir, "new", NULL);
+    g_autofree char *kept = g_build_filename(top, "kept", NULL);
+    g_autofree char *replaced = g_build_filename(top, "replaced", NULL);
+    g_autofree char *added = g_build_filename(top, "sub", "added", NULL);
+
+    if (!unpack(one, f->dir, &error) || !unpack(two, f->dir, &error))
+        fail_msg("%s", error->message);
+    g_autofree char *kept_text = vm_test_read_file(kept);
+    g_autofree char *replaced_text = vm_test_read_file(replaced);
+    g_autofree char *added_text = vm_test_read_file(added);
+    assert_string_equal(kept_text, "kept");
+    assert_string_equal(replaced_text, "new");
+    assert_int_equal(vm_test_file_mode(replaced), 0600);
+    assert_string_equal(added_text, "added");
+    assert_int_equal(vm_test_file_mode(top), 0750);
+    assert_int_equal(vm_test_count_entries(f->dir), 1);
 }
 
 /* A tree packed and unpacked under another name is the same tree: contents, modes, times,
@@ -385,6 +426,7 @@ main(void)
         cmocka_unit_test(test_location_parse),
         cmocka_unit_test_setup_teardown(test_unpack_hostile, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unpack_tamed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unpack_merge, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pack_unpack, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unpack_broken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unpack_gnu_tar, setup, teardown),
