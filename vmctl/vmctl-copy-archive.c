@@ -42,7 +42,8 @@ pack_write(struct archive *a, void *data, const void *buffer, size_t len)
     CopyStream *stream = data;
     VmctlCopyWriteFunc write = (VmctlCopyWriteFunc)stream->func;
 
-    if (!write(buffer, len, stream->user_data, &stream->error)) {
+    /* libarchive may try again (its close flushes): the stream stays failed. */
+    if (stream->error != NULL || !write(buffer, len, stream->user_data, &stream->error)) {
         archive_set_error(a, EIO, "the stream was not taken");
         return -1;
     }
@@ -100,7 +101,7 @@ vmctl_copy_archive_pack(const char *path, const char *name, VmctlCopyWriteFunc w
         archive_entry_set_uname(entry, NULL);
         archive_entry_set_gname(entry, NULL);
         r = archive_write_header(out, entry);
-        if (r < ARCHIVE_WARN)
+        if (r < ARCHIVE_WARN || stream.error != NULL)
             return archive_throw(error, &stream, out, VM_ERROR_IO, source);
         if (archive_entry_filetype(entry) == AE_IFREG && archive_entry_size(entry) > 0 &&
             !pack_data(disk, out, &stream, source, error))
@@ -117,7 +118,7 @@ unpack_read(struct archive *a, void *data, const void **ret_buffer)
     CopyStream *stream = data;
     VmctlCopyReadFunc read = (VmctlCopyReadFunc)stream->func;
     const guint8 *bytes = NULL;
-    gssize n = read(stream->user_data, &bytes, &stream->error);
+    gssize n = stream->error != NULL ? -1 : read(stream->user_data, &bytes, &stream->error);
 
     if (n < 0) {
         archive_set_error(a, EIO, "the stream broke");

@@ -98,7 +98,8 @@ typedef struct {
     const char *name;      /* its top name */
     VmctlCopyMovedFunc moved;
     gpointer moved_data;
-    GError *feed_error; /* the feeding thread's failure */
+    GError *feed_error;   /* the feeding thread's failure */
+    gboolean sink_failed; /* ... which was the sink's: its own end says why */
 } CopyRun;
 
 static void
@@ -113,8 +114,10 @@ copy_write_sink(const void *data, gsize len, gpointer user_data, GError **error)
 {
     CopyRun *run = user_data;
 
-    if (!vmctl_exec_pipe_write(run->sink, data, len, error))
+    if (!vmctl_exec_pipe_write(run->sink, data, len, error)) {
+        run->sink_failed = TRUE;
         return FALSE;
+    }
     copy_moved(run, len);
     return TRUE;
 }
@@ -144,13 +147,16 @@ copy_feed_thread(gpointer data)
         const guint8 *bytes;
         gssize n;
         while ((n = copy_read_source(run, &bytes, &run->feed_error)) > 0) {
-            if (!vmctl_exec_pipe_write(run->sink, bytes, (gsize)n, &run->feed_error))
+            if (!vmctl_exec_pipe_write(run->sink, bytes, (gsize)n, &run->feed_error)) {
+                run->sink_failed = TRUE;
                 break;
+            }
         }
         ok = n == 0 && vmctl_exec_pipe_status(run->source) == 0;
     }
     if (ok && vmctl_exec_pipe_close_input(run->sink, &run->feed_error))
         return NULL;
+    run->sink_failed = run->sink_failed || ok;
     vmctl_exec_pipe_abort(run->sink);
     return NULL;
 }
@@ -225,12 +231,13 @@ copy_run_sink(CopyRun *run, const VmctlCopyLocation *from, const VmctlCopyLocati
         g_clear_error(&run->feed_error);
         return TRUE;
     }
-    /* Otherwise the source's failure, then the feeder's, is the cause of the sink's. */
+    /* Otherwise the source's failure, then the feeder's own (not the sink's), is the cause of
+     * the sink's. */
     if (run->source != NULL && vmctl_exec_pipe_status(run->source) > 0) {
         g_clear_error(&run->feed_error);
         return copy_check_status(run->source, from->agent, from->path, error);
     }
-    if (run->feed_error != NULL && !drained) {
+    if (run->feed_error != NULL && !run->sink_failed && !drained) {
         g_propagate_error(error, g_steal_pointer(&run->feed_error));
         return FALSE;
     }
