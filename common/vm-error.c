@@ -60,6 +60,7 @@ static const struct {
     [VM_ERROR_CANCELLED] = {"cancelled", 15},
     [VM_ERROR_BUSY] = {"busy", 16},
     [VM_ERROR_PERMISSION] = {"permission", 17},
+    [VM_ERROR_GUEST_PATH] = {"guest-path", 18},
 };
 
 int

@@ -29,10 +29,13 @@ typedef enum {
     VM_ERROR_IMAGE,            /* image build or download failed */
     VM_ERROR_CANCELLED,        /* the client went away or asked to stop */
     VM_ERROR_BUSY,             /* another hostd holds the state dir */
-    VM_ERROR_PERMISSION,       /* hostd's socket is there, not open to this user */
+    VM_ERROR_PERMISSION,       /* hostd's socket is there, not open to this user (never sent) */
+    VM_ERROR_GUEST_PATH,       /* vmctl cp: a path inside an agent does not exist (never sent) */
 } VmErrorCode;
 
-#define VM_ERROR_LAST VM_ERROR_PERMISSION
+/* The last code that travels between hostd and vmctl; those after it are vmctl's own. */
+#define VM_ERROR_WIRE_LAST VM_ERROR_BUSY
+#define VM_ERROR_LAST      VM_ERROR_GUEST_PATH
 
 GQuark vm_error_quark(void);
 

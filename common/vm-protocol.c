@@ -236,7 +236,7 @@ static const VmOpSpec vm_op_specs[] = {
         {NULL}}},
     {VM_OP_RESULT, "result", 0, TRUE, {{NULL}}},
     {VM_OP_ERROR, "error", 0, FALSE, {
-        {"code", "u", REQ, VM_ERROR_FAILED, VM_ERROR_LAST},
+        {"code", "u", REQ, VM_ERROR_FAILED, VM_ERROR_WIRE_LAST},
         {"message", "s", REQ},
         {NULL}}},
     {VM_OP_STDOUT, "stdout", 0, FALSE, {
@@ -459,8 +459,12 @@ vm_message_new_error(const GError *error)
     g_return_val_if_fail(error != NULL, NULL);
 
     text = vm_utf8_cut(error->message, VM_TEXT_MAX);
+    /* vmctl's own codes never travel: one of them in hostd would be a bug, sent as failed. */
+    VmErrorCode code = vm_error_code(error);
+    if (code > VM_ERROR_WIRE_LAST)
+        code = VM_ERROR_FAILED;
     g_variant_builder_init(&builder, G_VARIANT_TYPE_VARDICT);
-    g_variant_builder_add(&builder, "{sv}", "code", g_variant_new_uint32(vm_error_code(error)));
+    g_variant_builder_add(&builder, "{sv}", "code", g_variant_new_uint32(code));
     g_variant_builder_add(&builder, "{sv}", "message", g_variant_new_string(text));
     return vm_message_new(VM_OP_ERROR, g_variant_builder_end(&builder), NULL);
 }
@@ -604,7 +608,7 @@ vm_message_to_error(const VmMessage *message, GError **error)
         return vm_throw(error, VM_ERROR_PROTOCOL, "expected an error message, got %s",
                         vm_op_name(message->op) != NULL ? vm_op_name(message->op) : "unknown");
     code = vm_message_get_uint(message, "code", VM_ERROR_FAILED);
-    if (code < VM_ERROR_FAILED || code > VM_ERROR_LAST)
+    if (code < VM_ERROR_FAILED || code > VM_ERROR_WIRE_LAST)
         code = VM_ERROR_FAILED;
     return vm_throw(error, (VmErrorCode)code, "%s", vm_message_get_string(message, "message", ""));
 }

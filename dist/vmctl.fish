@@ -178,7 +178,7 @@ function __vmctl_complete
                 set kind agent
             case --secret
                 set kind secret
-            case --user-data --socket --ssh-key --identity --from-file
+            case --user-data --socket --ssh-key --identity --from-file --copy-dir
                 set kind file
             case '*'
                 return
@@ -214,6 +214,13 @@ function __vmctl_complete
             printf '%s\n' always never on-crash
         case file
             __fish_complete_path $value
+        case location
+            # A local path, or an agent's name and ':' (a path inside an agent is not completed:
+            # that would take an exec per key press).
+            if not string match -q '*:*' -- $value
+                __fish_complete_path $value
+                __vmctl_ask name $ask list | string replace -r '$' ':'
+            end
     end | string replace -r '^' -- "$prefix"
 end
 

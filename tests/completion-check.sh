@@ -195,10 +195,13 @@ declare -A first=(
     [forward]=$agents [set]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
-    [bridge]="" [mcp]="" [authorize]=$agents
+    [bridge]="" [mcp]="" [authorize]=$agents [cp]="a1: web-2:"
     ["secret create"]="" ["secret list"]="" ["secret set"]=$secrets ["secret rm"]=$secrets
     ["secret grant"]=$agents ["secret revoke"]=$agents
 )
+# cp's arguments are local files too: completed where there are none.
+mkdir "$tmp/nothing"
+cd "$tmp/nothing" || exit 1
 for command in "${commands[@]}"; do
     if [ -z "${first[$command]+set}" ]; then
         status "the test knows what 'vmctl $command' takes first" 1
@@ -207,6 +210,14 @@ for command in "${commands[@]}"; do
     read -r -a words <<<"$command"
     expect "${first[$command]}" vmctl "${words[@]}" ""
 done
+expect "a1:" vmctl cp a
+expect "a1: web-2:" vmctl cp a1 : /tmp/x ""
+expect "" vmctl cp a1 : /tm
+expect "a1: web-2:" vmctl cp --quiet ""
+cd - >/dev/null || exit 1
+touch "$tmp/cp-local"
+expect "$tmp/cp-local" vmctl cp "$tmp/cp-l"
+expect "$tmp/cp-local" vmctl mcp --copy-dir "$tmp/cp-l"
 expect "a1" vmctl info a
 # Commands that take several agents: each argument is one.
 expect "$agents" vmctl rm a1 ""

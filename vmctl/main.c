@@ -13,6 +13,8 @@ static const VmctlVerb verbs[] = {
     {"list", vmctl_cmd_list, "", "List the agents"},
     {"info", vmctl_cmd_info, "NAME", "Show everything about one agent"},
     {"exec", vmctl_cmd_exec, "NAME [--] CMD [ARG...]", "Run a command in an agent's VM"},
+    {"cp", vmctl_cmd_cp, "SOURCE DEST",
+     "Copy files between this host and an agent, or two agents (AGENT:PATH)"},
     {"ssh", vmctl_cmd_ssh, "NAME [-- CMD [ARG...]]", "Open an SSH session to an agent's VM"},
     {"ssh-config", vmctl_cmd_ssh_config, "[NAME]", "Print the OpenSSH configuration of agents"},
     {"authorize", vmctl_cmd_authorize, "NAME [FILE]",

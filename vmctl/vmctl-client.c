@@ -827,3 +827,181 @@ vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *reques
     *ret_output = g_steal_pointer(&output);
     return TRUE;
 }
+
+struct VmctlExecPipe {
+    VmctlConnection *connection;
+    VmStreamReader reader;
+    GMutex lock;         /* serializes frames written, guards last_moved */
+    gint64 last_moved;   /* monotonic usec of the last byte moved either way */
+    gint64 idle_timeout; /* usec; 0: none */
+    VmMessage *chunk;    /* the STDOUT frame vmctl_exec_pipe_read() last returned */
+    GString *err;        /* the end of the command's stderr */
+    int status;          /* -1 until EXIT */
+};
+
+VmctlExecPipe *
+vmctl_exec_pipe_open(const VmctlEndpoint *endpoint, const VmMessage *request, guint idle_timeout_s,
+                     GError **error)
+{
+    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_EXIT, NULL);
+
+    g_autoptr(VmctlConnection) connection = vmctl_connection_open(endpoint, error);
+    if (connection == NULL)
+        return NULL;
+    if (!vm_message_write_fd(connection->fd, request, error)) {
+        vmctl_connection_fail(connection, error);
+        return NULL;
+    }
+    VmctlExecPipe *channel = g_new0(VmctlExecPipe, 1);
+    g_mutex_init(&channel->lock);
+    channel->last_moved = g_get_monotonic_time();
+    channel->idle_timeout = (gint64)idle_timeout_s * G_TIME_SPAN_SECOND;
+    channel->err = g_string_new(NULL);
+    channel->status = -1;
+    vm_stream_reader_init(&channel->reader, connection->fd, request->op);
+    channel->connection = g_steal_pointer(&connection);
+    return channel;
+}
+
+static void
+exec_pipe_moved(VmctlExecPipe *channel)
+{
+    g_mutex_lock(&channel->lock);
+    channel->last_moved = g_get_monotonic_time();
+    g_mutex_unlock(&channel->lock);
+}
+
+static gboolean
+exec_pipe_send(VmctlExecPipe *channel, VmMessage *message, GError **error)
+{
+    g_mutex_lock(&channel->lock);
+    gboolean ok = vm_message_write_fd(channel->connection->fd, message, error);
+    if (ok)
+        channel->last_moved = g_get_monotonic_time();
+    g_mutex_unlock(&channel->lock);
+    return ok;
+}
+
+gboolean
+vmctl_exec_pipe_write(VmctlExecPipe *channel, const void *data, gsize len, GError **error)
+{
+    const guint8 *bytes = data;
+
+    for (gsize off = 0; off < len; off += VM_STREAM_CHUNK_MAX) {
+        g_autoptr(VmMessage) chunk =
+            vm_message_new_data(VM_OP_STDIN, bytes + off, MIN(len - off, VM_STREAM_CHUNK_MAX));
+        if (!exec_pipe_send(channel, chunk, error))
+            return FALSE;
+    }
+    return TRUE;
+}
+
+gboolean
+vmctl_exec_pipe_close_input(VmctlExecPipe *channel, GError **error)
+{
+    g_autoptr(VmMessage) eof = vm_message_new(VM_OP_STDIN_EOF, NULL, error);
+
+    return eof != NULL && exec_pipe_send(channel, eof, error);
+}
+
+/* Waits until the connection has something to read, failing once nothing moved for the idle
+ * timeout: a writer on another thread moving bytes counts as life. */
+static gboolean
+exec_pipe_wait(VmctlExecPipe *channel, GError **error)
+{
+    for (;;) {
+        struct pollfd pfd = {.fd = channel->connection->fd, .events = POLLIN};
+        int n = poll(&pfd, 1, channel->idle_timeout > 0 ? 1000 : -1);
+        if (n > 0)
+            return TRUE;
+        if (n < 0 && errno != EINTR)
+            return vm_throw_errno(error, errno, "poll");
+        g_mutex_lock(&channel->lock);
+        gint64 idle = g_get_monotonic_time() - channel->last_moved;
+        g_mutex_unlock(&channel->lock);
+        if (channel->idle_timeout > 0 && idle >= channel->idle_timeout)
+            return vm_throw(error, VM_ERROR_TIMEOUT, "nothing moved for %" G_GINT64_FORMAT " s",
+                            channel->idle_timeout / G_TIME_SPAN_SECOND);
+    }
+}
+
+gssize
+vmctl_exec_pipe_read(VmctlExecPipe *channel, const guint8 **ret_data, GError **error)
+{
+    g_clear_pointer(&channel->chunk, vm_message_free);
+    while (channel->status < 0) {
+        if (!exec_pipe_wait(channel, error))
+            return -1;
+        g_autoptr(VmMessage) message = vm_stream_reader_next(&channel->reader, error);
+        const guint8 *data;
+        gsize len = 0;
+
+        if (message == NULL)
+            return -1;
+        exec_pipe_moved(channel);
+        switch (message->op) {
+        case VM_OP_PROGRESS:
+            break;
+        case VM_OP_STDOUT:
+            data = vm_message_get_data(message, "data", &len);
+            if (len == 0)
+                break;
+            *ret_data = data;
+            channel->chunk = g_steal_pointer(&message);
+            return (gssize)len;
+        case VM_OP_STDERR:
+            data = vm_message_get_data(message, "data", &len);
+            g_string_append_len(channel->err, (const char *)data, (gssize)len);
+            if (channel->err->len > VMCTL_EXEC_PIPE_STDERR_MAX)
+                g_string_erase(channel->err, 0,
+                               (gssize)(channel->err->len - VMCTL_EXEC_PIPE_STDERR_MAX));
+            break;
+        case VM_OP_EXIT:
+            channel->status = vm_message_get_int(message, "status", 255);
+            if (channel->status < 0 || channel->status > 255)
+                channel->status = 255;
+            break;
+        default: /* the reader lets nothing else through */
+            vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
+                     vm_op_name(message->op));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int
+vmctl_exec_pipe_status(const VmctlExecPipe *channel)
+{
+    return channel->status;
+}
+
+const char *
+vmctl_exec_pipe_stderr(const VmctlExecPipe *channel)
+{
+    return channel->err->str;
+}
+
+void
+vmctl_exec_pipe_abort(VmctlExecPipe *channel)
+{
+    shutdown(channel->connection->fd, SHUT_RDWR);
+}
+
+gboolean
+vmctl_exec_pipe_fail(VmctlExecPipe *channel, GError **error)
+{
+    return vmctl_connection_fail(channel->connection, error);
+}
+
+void
+vmctl_exec_pipe_free(VmctlExecPipe *channel)
+{
+    if (channel == NULL)
+        return;
+    vmctl_connection_free(channel->connection);
+    g_clear_pointer(&channel->chunk, vm_message_free);
+    g_string_free(channel->err, TRUE);
+    g_mutex_clear(&channel->lock);
+    g_free(channel);
+}

@@ -115,6 +115,55 @@ gboolean vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessag
                                    gpointer progress_data, VmctlExecOutput **ret_output,
                                    GError **error);
 
+/* An EXEC whose stdin and stdout the caller drives itself, as bytes (vmctl cp's tar streams):
+ * one thread may write its stdin while another reads its stdout. Its stderr is kept (the last
+ * VMCTL_EXEC_PIPE_STDERR_MAX bytes) for the caller's message. */
+typedef struct VmctlExecPipe VmctlExecPipe;
+
+#define VMCTL_EXEC_PIPE_STDERR_MAX 4096
+
+/* Sends the EXEC @request to hostd at @endpoint. The transfer fails with VM_ERROR_TIMEOUT once
+ * no byte moved either way (nor any PROGRESS came) for @idle_timeout_s seconds (0: never).
+ * Fails like vmctl_connection_open(), or VM_ERROR_IO when the request cannot be sent. Free with
+ * vmctl_exec_pipe_free(). */
+VmctlExecPipe *vmctl_exec_pipe_open(const VmctlEndpoint *endpoint, const VmMessage *request,
+                                    guint idle_timeout_s, GError **error);
+
+/* Sends @len bytes of @data as the command's stdin (in frames of at most VM_STREAM_CHUNK_MAX).
+ * Blocks while hostd does not read; vmctl_exec_pipe_abort() from another thread ends the wait.
+ * Fails with VM_ERROR_IO when hostd is gone. */
+gboolean vmctl_exec_pipe_write(VmctlExecPipe *channel, const void *data, gsize len, GError **error);
+
+/* Ends the command's stdin (STDIN_EOF). Fails like vmctl_exec_pipe_write(). */
+gboolean vmctl_exec_pipe_close_input(VmctlExecPipe *channel, GError **error);
+
+/* Waits for the command's next stdout bytes and points @ret_data at them (owned by @channel, valid
+ * until the next call). Returns their number, or 0 once the command has ended (its status is
+ * then vmctl_exec_pipe_status()), or -1 with @error set: hostd's error, VM_ERROR_TIMEOUT after
+ * the idle timeout, VM_ERROR_PROTOCOL or VM_ERROR_IO for a broken conversation. Only one thread
+ * may read. */
+gssize vmctl_exec_pipe_read(VmctlExecPipe *channel, const guint8 **ret_data, GError **error);
+
+/* The command's exit status (128 + N for signal N) once vmctl_exec_pipe_read() returned 0; -1
+ * before. */
+int vmctl_exec_pipe_status(const VmctlExecPipe *channel);
+
+/* The end of what the command wrote on its stderr so far, as it came (not escaped). */
+const char *vmctl_exec_pipe_stderr(const VmctlExecPipe *channel);
+
+/* Shuts the conversation down from any thread: a write or read blocked on it returns with an
+ * error, and hostd ends the command. Can't fail. */
+void vmctl_exec_pipe_abort(VmctlExecPipe *channel);
+
+/* For a conversation that failed with @error: closes it and, for a remote hostd, replaces a
+ * broken conversation's error with ssh's reason (vmctl_connection_fail()). Returns FALSE. */
+gboolean vmctl_exec_pipe_fail(VmctlExecPipe *channel, GError **error);
+
+/* Closes the conversation (hostd ends a command still running) and frees @channel; accepts NULL.
+ * No other thread may still use it. */
+void vmctl_exec_pipe_free(VmctlExecPipe *channel);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmctlExecPipe, vmctl_exec_pipe_free)
+
 /* Reads the size of the terminal on stdout (else stdin). Returns FALSE when neither is a
  * terminal; @ret_cols and @ret_rows are written only on success. */
 gboolean vmctl_terminal_size(guint32 *ret_cols, guint32 *ret_rows);

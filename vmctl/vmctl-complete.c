@@ -33,6 +33,7 @@ static const struct {
     {"events", "agent"},
     {"forward", "agent"},
     {"set", "agent"},
+    {"cp", "location location"},
     {"secret set", "secret"},
     {"secret rm", "secret"},
     {"secret grant", "agent secret"},

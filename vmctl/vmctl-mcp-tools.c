@@ -4,6 +4,7 @@
 #include "vm-name.h"
 #include "vm-protocol.h"
 #include "vm-ssh-key.h"
+#include "vmctl-copy.h"
 #include "vmctl-output.h"
 
 #include <string.h>
@@ -48,6 +49,7 @@ struct VmctlMcpTool {
     ToolFunc func;
     const char *output_schema; /* JSON with ' for " (schemas hold no apostrophe) */
     ToolArg args[16];
+    gboolean host_files; /* copies files of the host: offered only with --copy-dir */
 };
 
 /* ---- Output schemas: what hostd sends (docs/PROTOCOL.md, "Objects in results"). Objects may
@@ -79,6 +81,10 @@ struct VmctlMcpTool {
 
 #define AGENT_RESULT_SCHEMA                                                                        \
     "{'type':'object','properties':{'agent':" AGENT_SCHEMA "},'required':['agent']}"
+
+#define COPY_SCHEMA                                                                                \
+    "{'type':'object','properties':{'stream_bytes':{'type':'integer','description':"               \
+    "'bytes of the tar stream copied'}},'required':['stream_bytes']}"
 
 #define ENCODING_SCHEMA "{'type':'string','enum':['text','base64']}"
 
@@ -837,6 +843,71 @@ tool_egress_show(JsonObject *args, const VmctlMcpContext *context, GError **erro
     return agent_request(context, VM_OP_EGRESS_GET, args, "egress", error);
 }
 
+/* A host path of a copy tool: relative to --copy-dir, where it must stay ("" or "." is the
+ * directory itself). Newly allocated; NULL with @error set when it is absolute or climbs out
+ * with "..". */
+static char *
+copy_host_path(const VmctlMcpContext *context, const char *path, GError **error)
+{
+    g_auto(GStrv) parts = g_strsplit(path, "/", -1);
+
+    if (g_path_is_absolute(path)) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                 "argument 'host_path' must be relative to the copy directory");
+        return NULL;
+    }
+    for (gsize i = 0; parts[i] != NULL; i++) {
+        if (strcmp(parts[i], "..") == 0) {
+            vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "argument 'host_path' may not hold '..'");
+            return NULL;
+        }
+    }
+    return g_build_filename(context->copy_dir, path[0] != '\0' ? path : ".", NULL);
+}
+
+static void
+copy_count(guint64 bytes, gpointer user_data)
+{
+    guint64 *total = user_data;
+
+    /* One thread at a time tells: the feeder, or the reader when nothing feeds. */
+    *total += bytes;
+}
+
+static JsonObject *
+copy_tool(JsonObject *args, const VmctlMcpContext *context, gboolean to_agent, GError **error)
+{
+    const char *name = arg_string(args, "name");
+    const char *path = arg_string(args, "path");
+    const char *host_path = arg_string(args, "host_path");
+    g_autofree char *host = copy_host_path(context, host_path != NULL ? host_path : "", error);
+    g_autofree char *agent = g_strdup(name);
+    guint64 bytes = 0;
+
+    if (host == NULL)
+        return NULL;
+    VmctlCopyLocation local = {.path = host};
+    VmctlCopyLocation guest = {.agent = agent, .path = (char *)(path != NULL ? path : "")};
+    if (!vmctl_copy(context->endpoint, to_agent ? &local : &guest, to_agent ? &guest : &local,
+                    context->copy_dir, copy_count, &bytes, error))
+        return NULL;
+    JsonObject *object = json_object_new();
+    json_object_set_int_member(object, "stream_bytes", (gint64)bytes);
+    return object;
+}
+
+static JsonObject *
+tool_copy_to_agent(JsonObject *args, const VmctlMcpContext *context, GError **error)
+{
+    return copy_tool(args, context, TRUE, error);
+}
+
+static JsonObject *
+tool_copy_from_agent(JsonObject *args, const VmctlMcpContext *context, GError **error)
+{
+    return copy_tool(args, context, FALSE, error);
+}
+
 /* ---- The table */
 
 #define NAME_ARG(desc)                                                                             \
@@ -944,6 +1015,29 @@ static const VmctlMcpTool tools[] = {
       {"mode", ARG_STRING, FALSE, 3, 4, "Octal permissions to set, such as \"0644\"", NULL, NULL,
        "^[0-7]{3,4}$"},
       {NULL}}},
+    {"copy_to_agent", "Copy into an agent",
+     "Copy a file or a whole directory from the host's copy directory into an agent (a tar "
+     "stream through exec; modes and times kept, symlinks as symlinks). Onto an existing "
+     "directory it lands inside it under its own name; otherwise it takes the name of path, "
+     "whose parent must exist.",
+     FALSE, TRUE, TRUE, FALSE, tool_copy_to_agent, COPY_SCHEMA,
+     {NAME_ARG(AGENT_DESC),
+      {"host_path", ARG_STRING, TRUE, 1, PATH_MAX_BYTES,
+       "What to copy, relative to the copy directory (no '..')"},
+      {"path", ARG_STRING, FALSE, 0, PATH_MAX_BYTES,
+       "Where it goes in the agent; relative is from the user's home", "\"\""},
+      {NULL}}, TRUE},
+    {"copy_from_agent", "Copy out of an agent",
+     "Copy a file or a whole directory of an agent into the host's copy directory, modes and "
+     "times kept, symlinks as symlinks; nothing the agent sends is written outside it.",
+     FALSE, TRUE, TRUE, FALSE, tool_copy_from_agent, COPY_SCHEMA,
+     {NAME_ARG(AGENT_DESC),
+      {"path", ARG_STRING, TRUE, 1, PATH_MAX_BYTES,
+       "What to copy; relative is from the user's home"},
+      {"host_path", ARG_STRING, FALSE, 0, PATH_MAX_BYTES,
+       "Where it goes, relative to the copy directory (no '..'; empty: the directory itself)",
+       "\"\""},
+      {NULL}}, TRUE},
     {"checkpoint", "Checkpoint an agent",
      "Take a checkpoint of an agent, live: its disk, and with memory its RAM and processes too. "
      "Returns the checkpoint, whose id restore, diff and fork take.",
@@ -1033,10 +1127,11 @@ static const VmctlMcpTool tools[] = {
 /* clang-format on */
 
 const VmctlMcpTool *
-vmctl_mcp_tool_find(const char *name, gboolean read_only)
+vmctl_mcp_tool_find(const char *name, gboolean read_only, gboolean host_files)
 {
     for (gsize i = 0; i < G_N_ELEMENTS(tools); i++) {
-        if (strcmp(tools[i].name, name) == 0 && (tools[i].read_only || !read_only))
+        if (strcmp(tools[i].name, name) == 0 && (tools[i].read_only || !read_only) &&
+            (!tools[i].host_files || host_files))
             return &tools[i];
     }
     return NULL;
@@ -1143,13 +1238,13 @@ input_schema(const VmctlMcpTool *tool, const char *const *agents)
 }
 
 JsonNode *
-vmctl_mcp_tools_list(gboolean read_only, const char *const *agents)
+vmctl_mcp_tools_list(gboolean read_only, gboolean host_files, const char *const *agents)
 {
     JsonArray *list = json_array_new();
 
     for (gsize i = 0; i < G_N_ELEMENTS(tools); i++) {
         const VmctlMcpTool *tool = &tools[i];
-        if (read_only && !tool->read_only)
+        if ((read_only && !tool->read_only) || (tool->host_files && !host_files))
             continue;
         JsonObject *entry = json_object_new();
         JsonObject *annotations = json_object_new();

@@ -33,19 +33,21 @@ typedef struct VmctlMcpTool VmctlMcpTool;
 typedef struct {
     const VmctlEndpoint *endpoint;
     const char *const *agents; /* the agents served (--agent); NULL: all */
+    const char *copy_dir;      /* --copy-dir, resolved: the host tree copies use; NULL: none */
     GCancellable *cancellable; /* the client's cancel; may be NULL */
     VmProgressFunc progress;   /* hostd's PROGRESS; may be NULL */
     gpointer progress_data;
 } VmctlMcpContext;
 
 /* The tool named @name among those offered (with @read_only, only the tools that change
- * nothing), or NULL. */
-const VmctlMcpTool *vmctl_mcp_tool_find(const char *name, gboolean read_only);
+ * nothing; without @host_files, none of those that copy host files), or NULL. */
+const VmctlMcpTool *vmctl_mcp_tool_find(const char *name, gboolean read_only, gboolean host_files);
 
-/* The tools offered, as the "tools" array of tools/list's result: name, title, description,
- * inputSchema, outputSchema, annotations. With @agents (NULL-terminated, may be NULL: any agent)
- * an agent argument's schema lists those names. Newly allocated; can't fail. */
-JsonNode *vmctl_mcp_tools_list(gboolean read_only, const char *const *agents);
+/* The tools offered (as vmctl_mcp_tool_find() chooses them), as the "tools" array of
+ * tools/list's result: name, title, description, inputSchema, outputSchema, annotations. With
+ * @agents (NULL-terminated, may be NULL: any agent) an agent argument's schema lists those names.
+ * Newly allocated; can't fail. */
+JsonNode *vmctl_mcp_tools_list(gboolean read_only, gboolean host_files, const char *const *agents);
 
 /* Runs @tool with @arguments (may be NULL: none) and returns tools/call's result: content (one
  * text item), and structuredContent or isError. Arguments are checked against the tool's table

@@ -149,9 +149,10 @@ method_tools_list(VmctlRpcCall *call, JsonObject *params, gpointer user_data)
         return;
     }
     JsonObject *result = json_object_new();
-    json_object_set_member(
-        result, "tools",
-        vmctl_mcp_tools_list(session->options->read_only, session->options->agents));
+    json_object_set_member(result, "tools",
+                           vmctl_mcp_tools_list(session->options->read_only,
+                                                session->options->copy_dir != NULL,
+                                                session->options->agents));
     vmctl_rpc_call_return(call, node_take_object(result));
 }
 
@@ -189,11 +190,13 @@ method_tools_call(VmctlRpcCall *call, JsonObject *params, gpointer user_data)
         return;
     }
     const char *name = json_object_get_string_member(params, "name");
-    const VmctlMcpTool *tool = vmctl_mcp_tool_find(name, session->options->read_only);
+    const VmctlMcpTool *tool =
+        vmctl_mcp_tool_find(name, session->options->read_only, session->options->copy_dir != NULL);
     if (tool == NULL) {
         g_autofree char *shown = g_strndup(name, 64);
         vmctl_rpc_call_fail(call, VMCTL_RPC_INVALID_PARAMS, "Unknown tool: %s%s", shown,
-                            session->options->read_only && vmctl_mcp_tool_find(name, FALSE) != NULL
+                            session->options->read_only &&
+                                    vmctl_mcp_tool_find(name, FALSE, TRUE) != NULL
                                 ? " (this server is read-only)"
                                 : "");
         return;
@@ -203,6 +206,7 @@ method_tools_call(VmctlRpcCall *call, JsonObject *params, gpointer user_data)
     VmctlMcpContext context = {
         .endpoint = session->options->endpoint,
         .agents = session->options->agents,
+        .copy_dir = session->options->copy_dir,
         .cancellable = vmctl_rpc_call_get_cancellable(call),
         .progress = progress.token != NULL ? progress_notify : NULL,
         .progress_data = &progress,

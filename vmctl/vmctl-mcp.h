@@ -18,6 +18,7 @@ typedef struct {
     const VmctlEndpoint *endpoint; /* hostd */
     const char *const *agents;     /* --agent: the agents served; NULL: all */
     gboolean read_only;            /* --read-only: only the tools that change nothing */
+    const char *copy_dir; /* --copy-dir, resolved: copy_to/from_agent's host tree; NULL: none */
 } VmctlMcpOptions;
 
 /* Serves MCP on the messages read from @in_fd, answering on @out_fd, until the end of @in_fd

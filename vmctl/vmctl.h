@@ -203,6 +203,7 @@ gboolean vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
 gboolean vmctl_cmd_list(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_exec(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_cp(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_ssh(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_ssh_config(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_start(VmctlContext *ctx, int argc, char **argv, GError **error);

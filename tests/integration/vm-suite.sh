@@ -13,6 +13,8 @@ set -uo pipefail
 . "$(dirname "$0")/guest-api-check.sh"
 # shellcheck source=confine-check.sh
 . "$(dirname "$0")/confine-check.sh"
+# shellcheck source=cp-check.sh
+. "$(dirname "$0")/cp-check.sh"
 suite_init vmt 43100 43199
 # Under TCG a guest gets about 5 calls a second through its API forward (a helper spawned per
 # connection), which the default rate refills: the suite's hostd allows 2 a second, bursts of
@@ -135,6 +137,9 @@ check "exec runs as the agent user with passwordless sudo" \
 out=$(vmctl exec nosuch -- true 2>&1); rc=$?
 check "exec on an unknown agent exits 125" test "$rc" = 125
 check "guest hostname is the agent name" test "$(vmctl exec a1 -- hostname)" = a1
+
+# vmctl cp: a tree with a 200 MB file both ways, exit statuses
+cp_check a1
 
 # ssh-config with the real OpenSSH client
 vmctl ssh-config a1 > "$S/ssh_config"
@@ -514,6 +519,9 @@ check "it answers after the resume" test "$(vmctl exec a1 -- echo up)" = up
 opened=$(hostd_opened "$S/wake.trace" | grep "^$S/agents/a1/.*\.qcow2")
 check "no image of a1 opened by hostd itself while libvirt restored it" test -z "$opened" ||
   diag "opened by hostd: $opened"
+# vmctl cp into a saved agent wakes it
+vmctl suspend --save a1 >/dev/null
+cp_check_saved a1
 # a keep-awake asked from inside holds the agent under the same short idle policy
 guest_api_keep_awake_check a1
 vmctl idle a1 --never >/dev/null
@@ -566,6 +574,7 @@ check "both run at once" \
   test "$(vmctl list | grep -cE '^(a1|f1) +running')" = 2
 check "a file written in the source before the fork is in the fork" \
   test "$(vmctl exec f1 -- cat before-fork.txt 2>&1)" = from-source
+cp_check_agents a1 f1
 vmctl exec a1 -- sh -c 'echo a > ~/only-source.txt && sync'
 vmctl exec f1 -- sh -c 'echo f > ~/only-fork.txt && echo changed > ~/before-fork.txt && sync'
 check "writes after the fork stay in their own machine" bash -c "

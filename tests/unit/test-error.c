@@ -42,6 +42,7 @@ test_names(void **state)
         {VM_ERROR_NOT_FOUND, "not-found"}, {VM_ERROR_EXISTS, "exists"},
         {VM_ERROR_PROTOCOL, "protocol"},   {VM_ERROR_NOT_RUNNING, "not-running"},
         {VM_ERROR_BUSY, "busy"},           {VM_ERROR_PERMISSION, "permission"},
+        {VM_ERROR_GUEST_PATH, "guest-path"},
     };
     g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
 
@@ -69,7 +70,8 @@ test_code_numbers(void **state)
     assert_int_equal(VM_ERROR_PROTOCOL, 11);
     assert_int_equal(VM_ERROR_BUSY, 16);
     assert_int_equal(VM_ERROR_PERMISSION, 17);
-    assert_int_equal(VM_ERROR_LAST, VM_ERROR_PERMISSION);
+    assert_int_equal(VM_ERROR_GUEST_PATH, 18);
+    assert_int_equal(VM_ERROR_LAST, VM_ERROR_GUEST_PATH);
 }
 
 static void

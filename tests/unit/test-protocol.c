@@ -749,14 +749,14 @@ test_limits_accepted(void **state)
         {VM_OP_EXEC, exec_with_argv(VM_ARGV_MAX)},
         {VM_OP_EXEC, exec_with_env(VM_ARGV_MAX, "A=")},
         {VM_OP_STDIN, data_of(VM_STREAM_CHUNK_MAX)},
-        {VM_OP_ERROR, g_variant_new_parsed("{'code': <uint32 17>, 'message': <''>}")},
+        {VM_OP_ERROR, g_variant_new_parsed("{'code': <uint32 16>, 'message': <''>}")},
         {VM_OP_PROGRESS, g_variant_new_parsed("{'message': <''>, 'fraction': <1.0>}")},
         {VM_OP_WINDOW_SIZE, g_variant_new_parsed("{'cols': <uint32 65535>, 'rows': <uint32 0>}")},
         {VM_OP_FORWARD_ADD, g_variant_new_parsed("{'name': <'a'>, 'guest_port': <uint32 65535>, "
                                                  "'host_port': <uint32 1>}")},
     };
 
-    assert_int_equal(VM_ERROR_LAST, 17);
+    assert_int_equal(VM_ERROR_WIRE_LAST, 16);
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(GError) error = NULL;
         g_autoptr(GBytes) frame = NULL;

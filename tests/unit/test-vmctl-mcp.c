@@ -18,6 +18,8 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1357,6 +1359,122 @@ test_mcp_read_only(void **state)
     assert_int_equal(request_count(f), 1);
 }
 
+/* copy_to_agent and copy_from_agent are offered only with --copy-dir, and a host path that
+ * leaves it (absolute, "..", a symlink out) is refused before hostd is asked. */
+static void
+test_mcp_copy_dir(void **state)
+{
+    Mcp *f = *state;
+    g_autofree char *root = vm_test_make_tmpdir("test-vmctl-mcp-copy-XXXXXX");
+    g_autofree char *out = g_build_filename(root, "out", NULL);
+
+    assert_int_equal(symlink("/etc", out), 0);
+    f->options.copy_dir = root;
+    mcp_start(f);
+    mcp_initialize(f);
+    g_autofree char *names = tool_names(f, NULL);
+    assert_non_null(strstr(names, "copy_from_agent copy_to_agent"));
+
+    guint before = request_count(f);
+    tool_fails(f, "copy_to_agent", "{\"name\":\"a1\",\"host_path\":\"/etc/passwd\"}",
+               "invalid-argument", "relative");
+    tool_fails(f, "copy_to_agent", "{\"name\":\"a1\",\"host_path\":\"x/../../y\"}",
+               "invalid-argument", "'..'");
+    tool_fails(f, "copy_to_agent", "{\"name\":\"a1\",\"host_path\":\"out/passwd\"}",
+               "invalid-argument", "is not in");
+    tool_fails(f, "copy_from_agent",
+               "{\"name\":\"a1\",\"path\":\"/etc/hosts\",\"host_path\":\"out/x\"}",
+               "invalid-argument", "is not in");
+    tool_fails(f, "copy_from_agent", "{\"name\":\"a1\",\"path\":\"x\",\"host_path\":\"out\"}",
+               "invalid-argument", "is not in");
+    assert_int_equal(request_count(f), before);
+    assert_true(vm_test_remove_tree(root));
+}
+
+/* A tree into the "agent" (the fake runs exec's tar on this host) and back: the same files,
+ * modes and symlink; a path the agent lacks is guest-path. */
+static void
+test_mcp_copy(void **state)
+{
+    Mcp *f = *state;
+    g_autofree char *root = vm_test_make_tmpdir("test-vmctl-mcp-copy-XXXXXX");
+    g_autofree char *guest = vm_test_make_tmpdir("test-vmctl-mcp-guest-XXXXXX");
+    g_autofree char *src = g_build_filename(root, "src", NULL);
+    g_autofree char *odd = g_build_filename(src, "a b\nc", NULL);
+    g_autofree char *link = g_build_filename(src, "link", NULL);
+
+    g_autofree char *sub = g_build_filename(src, "sub", NULL);
+    g_autofree char *deep = g_build_filename(sub, "deep", "file", NULL);
+    struct timeval times[2] = {{.tv_sec = 1015218367}, {.tv_sec = 1015218367}};
+    struct stat st;
+
+    assert_int_equal(g_mkdir(src, 0750), 0);
+    vm_test_write_file(odd, "odd");
+    assert_int_equal(g_mkdir_with_parents(deep, 0700), 0);
+    assert_int_equal(rmdir(deep), 0);
+    vm_test_write_file(deep, "deep");
+    /* Siblings the walk lists before it goes into sub, whatever the order of the directory. */
+    for (int i = 0; i < 20; i++) {
+        g_autofree char *sibling = g_strdup_printf("%s/sibling-%d", src, i);
+        vm_test_write_file(sibling, "s");
+    }
+    assert_int_equal(utimes(sub, times), 0);
+    assert_int_equal(chmod(odd, 0640), 0);
+    assert_int_equal(symlink("a b\nc", link), 0);
+    f->options.copy_dir = root;
+    mcp_start(f);
+    mcp_initialize(f);
+
+    g_autofree char *to =
+        g_strdup_printf("{\"name\":\"a1\",\"host_path\":\"src\",\"path\":\"%s/copied\"}", guest);
+    g_autoptr(JsonObject) sent = tool_ok(f, "copy_to_agent", to);
+    assert_true(json_object_get_int_member(sent, "stream_bytes") > 0);
+    g_autofree char *in_guest = g_build_filename(guest, "copied", "a b\nc", NULL);
+    g_autofree char *content = vm_test_read_file(in_guest);
+    assert_string_equal(content, "odd");
+    assert_int_equal(vm_test_file_mode(in_guest), 0640);
+    /* A directory's time is kept however the stream orders what is in it. */
+    g_autofree char *sub_in_guest = g_build_filename(guest, "copied", "sub", NULL);
+    assert_int_equal(stat(sub_in_guest, &st), 0);
+    assert_int_equal(st.st_mtime, 1015218367);
+
+    g_autofree char *from =
+        g_strdup_printf("{\"name\":\"a1\",\"path\":\"%s/copied\",\"host_path\":\"back\"}", guest);
+    g_autoptr(JsonObject) got = tool_ok(f, "copy_from_agent", from);
+    g_autofree char *back = g_build_filename(root, "back", "a b\nc", NULL);
+    g_autofree char *back_link = g_build_filename(root, "back", "link", NULL);
+    g_autofree char *back_dir = g_build_filename(root, "back", NULL);
+    g_autofree char *back_content = vm_test_read_file(back);
+    g_autofree char *target = g_file_read_link(back_link, NULL);
+    assert_string_equal(back_content, "odd");
+    assert_int_equal(vm_test_file_mode(back), 0640);
+    assert_int_equal(vm_test_file_mode(back_dir), 0750);
+    assert_string_equal(target, "a b\nc");
+
+    g_autofree char *missing =
+        g_strdup_printf("{\"name\":\"a1\",\"path\":\"%s/none\",\"host_path\":\"x\"}", guest);
+    tool_fails(f, "copy_from_agent", missing, "guest-path", "none");
+    g_autofree char *nowhere =
+        g_strdup_printf("{\"name\":\"a1\",\"host_path\":\"src\",\"path\":\"%s/no/dir\"}", guest);
+    tool_fails(f, "copy_to_agent", nowhere, "guest-path", "no/dir");
+    assert_true(vm_test_remove_tree(root));
+    assert_true(vm_test_remove_tree(guest));
+}
+
+static void
+test_mcp_no_copy_dir(void **state)
+{
+    Mcp *f = *state;
+
+    mcp_start(f);
+    mcp_initialize(f);
+    g_autofree char *names = tool_names(f, NULL);
+    assert_null(strstr(names, "copy_"));
+    call_fails(f,
+               "{\"name\":\"copy_to_agent\",\"arguments\":{\"name\":\"a1\",\"host_path\":\"x\"}}",
+               VMCTL_RPC_INVALID_PARAMS, "Unknown tool: copy_to_agent");
+}
+
 static void
 test_mcp_agents(void **state)
 {
@@ -2029,6 +2147,9 @@ main(void)
         cmocka_unit_test_setup_teardown(test_mcp_initialize, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_tools_list, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_read_only, mcp_setup, mcp_teardown),
+        cmocka_unit_test_setup_teardown(test_mcp_copy_dir, mcp_setup, mcp_teardown),
+        cmocka_unit_test_setup_teardown(test_mcp_no_copy_dir, mcp_setup, mcp_teardown),
+        cmocka_unit_test_setup_teardown(test_mcp_copy, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_agents, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_agent_tools, mcp_setup, mcp_teardown),
         cmocka_unit_test_setup_teardown(test_mcp_exec, mcp_setup, mcp_teardown),

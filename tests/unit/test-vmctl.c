@@ -1615,6 +1615,29 @@ test_exec_closed_stdout(void **state)
     assert_int_equal(run.status, 141);
 }
 
+/* vmctl cp to an agent hostd does not know: hostd's error and status, not the broken pipe the
+ * stream being sent meets once hostd has answered and closed. */
+static void
+test_cp_hostd_error(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *big = g_build_filename(f->tmpdir, "big", NULL);
+    g_autofree char *blob = g_malloc0(4 * 1024 * 1024);
+    g_auto(Run) run = {0};
+    g_auto(Run) missing = {0};
+
+    assert_true(g_file_set_contents(big, blob, 4 * 1024 * 1024, NULL));
+    reply_error(f, VM_ERROR_NOT_FOUND, "no agent 'zz'");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "cp", big, "zz:x");
+    assert_string_equal(run.err, "vmctl: no agent 'zz'\n");
+    assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_NOT_FOUND));
+    assert_request(f, VM_OP_EXEC);
+
+    run_vmctl(f, NULL, &missing, "cp", "zz:x", "/nonexistent/dir/x");
+    assert_int_equal(missing.status, vm_error_exit_status(VM_ERROR_IO));
+}
+
 static void
 test_exec_failures(void **state)
 {
@@ -2653,6 +2676,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec_stdin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_empty_stdin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_closed_stdout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cp_hostd_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_failures, setup, teardown),
         cmocka_unit_test(test_remote_parse),
         cmocka_unit_test(test_remote_ssh_argv),
