@@ -107,7 +107,7 @@ typedef enum {
 
     /* More CPUs, memory or disk for an agent (vmctl set). */
     VM_OP_AGENT_SET_RESOURCES = 41, /* -> RESULT {agent, changes} */
-    VM_OP_EGRESS_PRESETS = 42, /* -> RESULT {presets} */
+    VM_OP_EGRESS_PRESETS = 42,      /* -> RESULT {presets} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

@@ -38,10 +38,14 @@ test_names(void **state)
         VmErrorCode code;
         const char *name;
     } pinned[] = {
-        {VM_ERROR_FAILED, "failed"},       {VM_ERROR_INVALID_ARGUMENT, "invalid-argument"},
-        {VM_ERROR_NOT_FOUND, "not-found"}, {VM_ERROR_EXISTS, "exists"},
-        {VM_ERROR_PROTOCOL, "protocol"},   {VM_ERROR_NOT_RUNNING, "not-running"},
-        {VM_ERROR_BUSY, "busy"},           {VM_ERROR_PERMISSION, "permission"},
+        {VM_ERROR_FAILED, "failed"},
+        {VM_ERROR_INVALID_ARGUMENT, "invalid-argument"},
+        {VM_ERROR_NOT_FOUND, "not-found"},
+        {VM_ERROR_EXISTS, "exists"},
+        {VM_ERROR_PROTOCOL, "protocol"},
+        {VM_ERROR_NOT_RUNNING, "not-running"},
+        {VM_ERROR_BUSY, "busy"},
+        {VM_ERROR_PERMISSION, "permission"},
         {VM_ERROR_GUEST_PATH, "guest-path"},
     };
     g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
