@@ -82,6 +82,7 @@ hostd_context_free(HostdContext *ctx)
     g_mutex_unlock(&ctx->lock);
     g_cond_clear(&ctx->serial_attached);
     g_hash_table_unref(ctx->serial_runs);
+    g_clear_pointer(&ctx->held_ports, g_hash_table_unref);
     hostd_ssh_pool_free(ctx->ssh);
     hostd_ssh_workers_free(ctx->ssh_workers);
     hostd_events_free(ctx->events);

@@ -56,6 +56,9 @@ typedef struct {
                               * session over the virtio port was made or carried over for;
                               * guarded by lock */
     guint serial_attaching;  /* hostd-serial.c's threads making one; guarded by lock */
+    GHashTable *held_ports;  /* hostd-resources.c: agent being made -> the listeners that hold
+                              * its ports until they serve them; NULL until used; guarded by
+                              * lock */
     GCond serial_attached;   /* signalled as each of them ends */
 } HostdContext;
 
