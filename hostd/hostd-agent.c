@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "hostd-booting.h"
 #include "hostd-confine.h"
 #include "hostd-guest.h"
 #include "hostd-keys.h"
@@ -158,6 +159,11 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     /* Stopped because the supervisor gave up restarting it: say so until `vmctl start`. */
     if (r->crashed != NULL && g_str_equal(state, "stopped"))
         state = "crashed";
+    /* Booted by hostd with nobody waiting (a crash restart): starting until its guest answers,
+     * as a `new` or a `start` is until it returns. */
+    else if ((g_str_equal(state, "running") || g_str_equal(state, "stopped")) &&
+             hostd_booting_is(ctx, r->name))
+        state = "starting";
 
     g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(r->name));
     g_variant_builder_add(&b, "{sv}", "state", g_variant_new_string(state));

@@ -1,6 +1,7 @@
 #include "hostd-agent.h"
 #include "hostd-power.h"
 
+#include "hostd-booting.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
 #include "hostd-guest.h"
@@ -131,7 +132,8 @@ hostd_power_relay_wake(const char *agent, gpointer user_data, GError **error)
     HostdContext *ctx = user_data;
     g_autoptr(GError) local_error = NULL;
 
-    if (hostd_power_wake(ctx, agent, &local_error))
+    /* A guest hostd booted again (a crash restart) is waited for, as a wake is. */
+    if (hostd_booting_wait(ctx, agent, &local_error) && hostd_power_wake(ctx, agent, &local_error))
         return TRUE;
     hostd_context_log(ctx, "agent '%s': connection refused: %s", agent, local_error->message);
     g_propagate_error(error, g_steal_pointer(&local_error));

@@ -1,6 +1,7 @@
 #include "hostd-supervise.h"
 
 #include "hostd-agent.h"
+#include "hostd-booting.h"
 #include "hostd-power.h"
 #include "vm-error.h"
 
@@ -207,9 +208,12 @@ supervise_restart(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom)
     g_autoptr(GError) error = NULL;
 
     if (supervise_boot(ctx, r, dom, &error)) {
-        supervise_event(ctx, r, "restarted", "running", "booted again from its disk after a crash");
+        hostd_booting_watch(ctx, r);
+        supervise_event(ctx, r, "restarted", "starting",
+                        "booted again from its disk after a crash");
         return;
     }
+    hostd_booting_clear(ctx, r->name);
     g_autofree char *failed = g_strdup_printf("cannot boot it again: %s", error->message);
     supervise_crashed(ctx, r, dom, failed);
 }
@@ -247,6 +251,9 @@ supervise_crashed(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom, cons
     }
     hostd_agent_record_save(r, NULL);
     guint delay = hostd_supervise_backoff_s(r->crash_count);
+    /* Booted again at once: starting from now, for a look or a request in between. */
+    if (delay == 0)
+        hostd_booting_mark(ctx, r->name);
     g_autofree char *detail =
         g_strdup_printf("%s; restart %u of %u within %us, in %us", why, r->crash_count,
                         config->restart_limit, config->restart_window_s, delay);
@@ -295,11 +302,13 @@ supervise_agent_locked(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom,
     }
     g_autoptr(GError) error = NULL;
     if (cause == SUPERVISE_POWEROFF) {
-        if (supervise_boot(ctx, r, dom, &error))
-            supervise_event(ctx, r, "restarted", "running",
+        if (supervise_boot(ctx, r, dom, &error)) {
+            hostd_booting_watch(ctx, r);
+            supervise_event(ctx, r, "restarted", "starting",
                             "the guest powered itself off; booted again (restart: always)");
-        else
+        } else {
             supervise_crashed(ctx, r, dom, error->message);
+        }
         return;
     }
     if (cause == SUPERVISE_RESTART) {
@@ -466,7 +475,8 @@ supervise_recover(HostdContext *ctx, const char *name, GPtrArray *jobs)
         supervise_crashed(ctx, r, dom, error->message);
         return;
     }
-    supervise_event(ctx, r, "recovered", "running",
+    hostd_booting_watch(ctx, r);
+    supervise_event(ctx, r, "recovered", "starting",
                     "its QEMU was gone when hostd started (host restart or power loss?): booted "
                     "from its disk; what was in its RAM is lost");
 }
