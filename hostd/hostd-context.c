@@ -1,7 +1,5 @@
 #include "hostd-context.h"
 
-#include "hostd-booting.h"
-
 #include "vm-error.h"
 
 G_LOCK_DEFINE_STATIC(hostd_retired);
@@ -26,7 +24,6 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     g_cond_init(&ctx->serial_attached);
     ctx->booting = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     g_cond_init(&ctx->booted);
-    ctx->booting_cancel = g_cancellable_new();
     return ctx;
 }
 
@@ -68,8 +65,6 @@ hostd_context_free(HostdContext *ctx)
         hostd_retired_name_locks = g_ptr_array_new();
     g_ptr_array_add(hostd_retired_name_locks, ctx->name_locks);
     G_UNLOCK(hostd_retired);
-    /* The watches of agents booting run the components' hooks: they end first. */
-    hostd_booting_stop(ctx);
     for (guint i = ctx->components->len; i > 0; i--) {
         const HostdComponent *c = ctx->components->pdata[i - 1];
         if (c->detach != NULL)
@@ -92,7 +87,6 @@ hostd_context_free(HostdContext *ctx)
     g_clear_pointer(&ctx->held_ports, g_hash_table_unref);
     g_hash_table_unref(ctx->booting);
     g_cond_clear(&ctx->booted);
-    g_object_unref(ctx->booting_cancel);
     hostd_ssh_pool_free(ctx->ssh);
     hostd_ssh_workers_free(ctx->ssh_workers);
     hostd_events_free(ctx->events);

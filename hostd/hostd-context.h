@@ -64,9 +64,6 @@ typedef struct {
                                * boots it with nobody waiting; guarded by lock */
     GCond booted;             /* signalled as a mark goes */
     guint booting_generation; /* guarded by lock */
-    guint booting_watches;    /* hostd-booting.c's threads; guarded by lock */
-    gboolean booting_stop;    /* hostd is stopping: no new watch; guarded by lock */
-    GCancellable *booting_cancel; /* cancelled as hostd stops: the watches' waits end */
 } HostdContext;
 
 /* What a component does at each step of an agent's life. Every hook is optional; hooks run in
