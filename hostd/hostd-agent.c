@@ -845,12 +845,12 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
             break;
         /* Taken in that moment by another program: the next free port, recorded. */
         int fd = -1;
-        if (attempt == HOSTD_AGENT_START_ATTEMPTS || !hostd_agent_port_was_taken(start_error) ||
-            !hostd_agent_move_port(ctx, r, TRUE, &fd, error)) {
-            if (start_error != NULL)
-                g_propagate_error(error, g_steal_pointer(&start_error));
+        if (attempt == HOSTD_AGENT_START_ATTEMPTS || !hostd_agent_port_was_taken(start_error)) {
+            g_propagate_error(error, g_steal_pointer(&start_error));
             break;
         }
+        if (!hostd_agent_move_port(ctx, r, TRUE, &fd, error))
+            break;
         hostd_ports_hold_backend(ctx, r->name, fd);
         g_free(xml);
         xml = hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
