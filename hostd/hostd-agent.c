@@ -160,8 +160,10 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     if (r->crashed != NULL && g_str_equal(state, "stopped"))
         state = "crashed";
     /* Booted by hostd with nobody waiting (a crash restart): starting until its guest answers,
-     * as a `new` or a `start` is until it returns. */
-    else if ((g_str_equal(state, "running") || g_str_equal(state, "stopped")) &&
+     * as a `new` or a `start` is until it returns; before and while QEMU starts (libvirt says
+     * stopped, then paused) too. */
+    else if ((g_str_equal(state, "running") || g_str_equal(state, "stopped") ||
+              g_str_equal(state, "paused")) &&
              hostd_booting_is(ctx, r->name))
         state = "starting";
 
