@@ -5,9 +5,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "hostd-booting.h"
 #include "hostd-confine.h"
 #include "hostd-guest.h"
 #include "hostd-keys.h"
+#include "hostd-relay.h"
 #include "hostd-resources.h"
 #include "hostd-serial.h"
 #include "hostd-egress-presets.h"
@@ -20,6 +22,9 @@
 #include "vm-qemu-img.h"
 #include "vm-seed.h"
 #include "vm-util.h"
+
+/* Starts of a new agent, each on another port when the last one found its forward's taken. */
+#define HOSTD_AGENT_START_ATTEMPTS 4
 
 #define HOSTD_DEFAULT_TEMPLATE "debian-12"
 #define HOSTD_STOP_TIMEOUT_S   60
@@ -155,6 +160,13 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     /* Stopped because the supervisor gave up restarting it: say so until `vmctl start`. */
     if (r->crashed != NULL && g_str_equal(state, "stopped"))
         state = "crashed";
+    /* Booted by hostd with nobody waiting (a crash restart): starting until its guest answers,
+     * as a `new` or a `start` is until it returns; before and while QEMU starts (libvirt says
+     * stopped, then paused) too. */
+    else if ((g_str_equal(state, "running") || g_str_equal(state, "stopped") ||
+              g_str_equal(state, "paused")) &&
+             hostd_booting_is(ctx, r->name))
+        state = "starting";
 
     g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(r->name));
     g_variant_builder_add(&b, "{sv}", "state", g_variant_new_string(state));
@@ -481,12 +493,74 @@ hostd_agent_define(HostdContext *ctx, const HostdAgentRecord *r, const char *xml
     return vm_file_write_atomic(saved, xml, -1, 0600, error);
 }
 
+/* Rewrites @r's known_hosts lines pinned to 127.0.0.1:@from for @to: the same host key, wherever
+ * its forward now listens. */
+static gboolean
+hostd_agent_repin(const HostdAgentRecord *r, guint from, guint to, GError **error)
+{
+    g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
+    g_autofree char *text = NULL;
+    g_autofree char *old_prefix = g_strdup_printf("[127.0.0.1]:%u ", from);
+    g_autofree char *new_prefix = g_strdup_printf("[127.0.0.1]:%u ", to);
+    g_autoptr(GString) out = g_string_new(NULL);
+
+    if (!g_file_get_contents(path, &text, NULL, NULL))
+        return TRUE; /* nothing pinned: nothing to move */
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    for (guint i = 0; lines[i] != NULL; i++) {
+        if (lines[i][0] == '\0')
+            continue;
+        if (g_str_has_prefix(lines[i], old_prefix))
+            g_string_append_printf(out, "%s%s\n", new_prefix, lines[i] + strlen(old_prefix));
+        else
+            g_string_append_printf(out, "%s\n", lines[i]);
+    }
+    return vm_file_write_atomic(path, out->str, (gssize)out->len, 0644, error);
+}
+
+gboolean
+hostd_agent_move_port(HostdContext *ctx, HostdAgentRecord *r, gboolean backend, int *ret_fd,
+                      GError **error)
+{
+    guint *slot = backend ? &r->backend_port : &r->ssh_port;
+    guint from = *slot;
+    guint to = 0;
+    vm_autofd fd = -1;
+
+    g_mutex_lock(&ctx->lock);
+    gboolean ok =
+        hostd_allocate_port(ctx, backend ? r->ssh_port : r->backend_port, &to, &fd, error);
+    if (ok) {
+        *slot = to;
+        ok = hostd_agent_record_save(r, error);
+        if (!ok)
+            *slot = from;
+    }
+    g_mutex_unlock(&ctx->lock);
+    if (!ok || !hostd_agent_repin(r, from, to, error))
+        return FALSE;
+    if (!backend) {
+        g_autofree char *config_path = hostd_agent_record_path(r, HOSTD_AGENT_SSH_CONFIG);
+        g_autofree char *stanza = hostd_agent_ssh_stanza(r);
+        if (!vm_file_write_atomic(config_path, stanza, -1, 0644, error))
+            return FALSE;
+    }
+    g_autofree char *detail =
+        g_strdup_printf("%s port %u on 127.0.0.1 was taken by another process: moved to %u",
+                        backend ? "its QEMU's SSH forward" : "its SSH", from, to);
+    hostd_context_log(ctx, "agent '%s': %s", r->name, detail);
+    hostd_context_agent_event(ctx, r->name, "port-moved", r->wanted, detail);
+    *ret_fd = g_steal_fd(&fd);
+    return TRUE;
+}
+
 void
 hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
 {
     /* Its id goes with its record: what the id was given outside its dir is taken back (after
      * its workers end, for a slot of theirs to be free). */
     g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(dir, NULL);
+    hostd_ports_release(ctx, name);
     hostd_agent_emit_removed(ctx, name);
     hostd_ssh_pool_forget(ctx->ssh, name);
     if (r != NULL)
@@ -664,9 +738,11 @@ hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error)
     /* The record goes to disk in phase "creating" before anything else exists, so a hostd
      * killed halfway finds it at start-up and rolls the agent back. The port is chosen and
      * recorded under the context lock so two concurrent `new`s never share one. */
+    vm_autofd public_fd = -1;
+    vm_autofd backend_fd = -1;
     g_mutex_lock(&ctx->lock);
-    gboolean ok = hostd_allocate_port(ctx, 0, &r->ssh_port, error) &&
-                  hostd_allocate_port(ctx, r->ssh_port, &r->backend_port, error) &&
+    gboolean ok = hostd_allocate_port(ctx, 0, &r->ssh_port, &public_fd, error) &&
+                  hostd_allocate_port(ctx, r->ssh_port, &r->backend_port, &backend_fd, error) &&
                   hostd_confine_pick_locked(ctx, r, error);
     if (ok && g_mkdir_with_parents(r->dir, 0711) < 0)
         ok = vm_throw_errno(error, errno, "cannot create %s", r->dir);
@@ -675,7 +751,19 @@ hostd_agent_reserve(HostdContext *ctx, HostdAgentRecord *r, GError **error)
         ok = FALSE;
     }
     g_mutex_unlock(&ctx->lock);
+    /* Held until the relay listens on the public port and QEMU is about to bind the backend:
+     * another hostd choosing from the same range, or an outgoing connection, cannot take them
+     * meanwhile. */
+    if (ok)
+        hostd_ports_hold(ctx, r->name, g_steal_fd(&public_fd), g_steal_fd(&backend_fd));
     return ok;
+}
+
+/* Whether QEMU did not start because the port of its SSH forward was taken. */
+static gboolean
+hostd_agent_port_was_taken(const GError *error)
+{
+    return error != NULL && strstr(error->message, "host forwarding rule") != NULL;
 }
 
 /* Restores @warm into the new agent @r defined as @xml and gives it its identity; when that
@@ -716,6 +804,13 @@ hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *im
         return TRUE;
     }
 
+    /* Its forward's port taken: the caller moves it and restores again. */
+    if (hostd_agent_port_was_taken(warm_error)) {
+        if (hostd_libvirt_is_active(dom) && virDomainDestroy(dom) < 0)
+            virResetLastError();
+        g_propagate_error(error, g_steal_pointer(&warm_error));
+        return FALSE;
+    }
     /* QEMU's own words, some of them the guest's: one line in the log. */
     g_autofree char *why = g_strdelimit(vm_utf8_cut(warm_error->message, 1024), "\r\n", ' ');
     hostd_context_log(ctx, "agent '%s': %s did not start (%s); booting cold", r->name,
@@ -756,14 +851,34 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
         return FALSE;
     }
 
-    gboolean started;
+    gboolean started = FALSE;
     gboolean restored = FALSE;
-    if (warm != NULL) {
-        started = hostd_agent_start_warm(ctx, r, image, warm, xml, &keys, &restored, progress,
-                                         progress_data, error);
-    } else {
-        hostd_progress(progress, progress_data, "starting the VM", -1);
-        started = hostd_domain_define_and_start(ctx, xml, error);
+    for (guint attempt = 1;; attempt++) {
+        g_autoptr(GError) start_error = NULL;
+        /* QEMU binds its forward itself: hostd lets the port go right before. */
+        hostd_ports_release_backend(ctx, r->name);
+        if (warm != NULL) {
+            started = hostd_agent_start_warm(ctx, r, image, warm, xml, &keys, &restored, progress,
+                                             progress_data, &start_error);
+        } else {
+            hostd_progress(progress, progress_data, "starting the VM", -1);
+            started = hostd_domain_define_and_start(ctx, xml, &start_error);
+        }
+        if (started)
+            break;
+        /* Taken in that moment by another program: the next free port, recorded. */
+        int fd = -1;
+        if (attempt == HOSTD_AGENT_START_ATTEMPTS || !hostd_agent_port_was_taken(start_error)) {
+            g_propagate_error(error, g_steal_pointer(&start_error));
+            break;
+        }
+        if (!hostd_agent_move_port(ctx, r, TRUE, &fd, error))
+            break;
+        hostd_ports_hold_backend(ctx, r->name, fd);
+        g_free(xml);
+        xml = hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
+        if (xml == NULL || !vm_file_write_atomic(xml_path, xml, -1, 0600, error))
+            break;
     }
     if (!started) {
         hostd_agent_rollback(ctx, r->name, r->dir);
@@ -874,6 +989,30 @@ hostd_agent_adopt_id(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr 
     return xml != NULL && hostd_agent_define(ctx, r, xml, "cannot give the agent its id", error);
 }
 
+/* Before @r boots from its disk: its QEMU's forward goes to another port, which the definition,
+ * the record and the relay get. The caller's record is the one it goes on with: it gets the port
+ * too. */
+static gboolean
+hostd_agent_move_backend(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    HostdAgentRecord *w = (HostdAgentRecord *)r;
+    vm_autofd fd = -1;
+
+    if (!hostd_agent_move_port(ctx, w, TRUE, &fd, error))
+        return FALSE;
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    g_autofree char *xml = hostd_agent_domain_xml(ctx, r, NULL, set->active, error);
+    if (xml == NULL ||
+        !hostd_agent_define(ctx, r, xml, "cannot move the agent's SSH forward", error))
+        return FALSE;
+    if (ctx->relay != NULL)
+        hostd_relay_set_backend(ctx->relay, r->name, r->backend_port);
+    /* fd, which holds the port, closes here: right before QEMU binds it. */
+    return TRUE;
+}
+
 gboolean
 hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                         GError **error)
@@ -884,6 +1023,23 @@ hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
         !hostd_confine_agent(ctx, r, error))
         return FALSE;
     hostd_ssh_pool_forget(ctx->ssh, r->name);
+    /* A saved machine restores with the definition it was saved with. */
+    gboolean saved = virDomainHasManagedSaveImage(dom, 0) > 0;
+    virResetLastError();
+    if (!saved && r->backend_port != 0 && !hostd_port_is_free(r->backend_port) &&
+        !hostd_agent_move_backend(ctx, r, error))
+        return FALSE;
+    if (virDomainCreate(dom) == 0)
+        return TRUE;
+    g_autoptr(GError) local_error = NULL;
+    hostd_libvirt_throw(&local_error, "cannot start the domain");
+    /* Taken between the look and QEMU's bind: once more, on the next free port. */
+    if (saved || r->backend_port == 0 || !hostd_agent_port_was_taken(local_error)) {
+        g_propagate_error(error, g_steal_pointer(&local_error));
+        return FALSE;
+    }
+    if (!hostd_agent_move_backend(ctx, r, error))
+        return FALSE;
     if (virDomainCreate(dom) < 0)
         return hostd_libvirt_throw(error, "cannot start the domain");
     return TRUE;

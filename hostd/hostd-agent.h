@@ -146,6 +146,14 @@ char *hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r,
 gboolean hostd_agent_define(HostdContext *ctx, const HostdAgentRecord *r, const char *xml,
                             const char *what, GError **error);
 
+/* With @r's name lock held (not ctx->lock): gives @r another port of the range in place of its
+ * public SSH port, or of its QEMU's forward (@backend), because another process took it; records
+ * it (record, known_hosts pins, ssh_config) and says so in the log and the event log. *@ret_fd
+ * gets the socket that holds the new port (hostd_allocate_port()): hand it to the relay, or close
+ * it right before QEMU starts. Fails as hostd_allocate_port() and the writes. */
+gboolean hostd_agent_move_port(HostdContext *ctx, HostdAgentRecord *r, gboolean backend,
+                               int *ret_fd, GError **error);
+
 /* A VM generation ID of @r's own, for an agent made from a warm image: the same at each of its
  * definitions (so its saves and checkpoints restore), and not the warm image's; derived from its
  * UUID. Newly allocated. */

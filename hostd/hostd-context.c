@@ -22,6 +22,8 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->workers_checked = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->serial_runs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     g_cond_init(&ctx->serial_attached);
+    ctx->booting = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_cond_init(&ctx->booted);
     return ctx;
 }
 
@@ -82,6 +84,9 @@ hostd_context_free(HostdContext *ctx)
     g_mutex_unlock(&ctx->lock);
     g_cond_clear(&ctx->serial_attached);
     g_hash_table_unref(ctx->serial_runs);
+    g_clear_pointer(&ctx->held_ports, g_hash_table_unref);
+    g_hash_table_unref(ctx->booting);
+    g_cond_clear(&ctx->booted);
     hostd_ssh_pool_free(ctx->ssh);
     hostd_ssh_workers_free(ctx->ssh_workers);
     hostd_events_free(ctx->events);

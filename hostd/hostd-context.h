@@ -52,11 +52,18 @@ typedef struct {
                                   * were checked for; guarded by lock */
     gboolean guestfs_appliance_checked; /* hostd-guestfs.c: the appliance was brought up to date
                                          * by this hostd; guarded by lock */
-    GHashTable *serial_runs; /* hostd-serial.c: agent -> the run ("domain id/worker pid") its
-                              * session over the virtio port was made or carried over for;
-                              * guarded by lock */
-    guint serial_attaching;  /* hostd-serial.c's threads making one; guarded by lock */
-    GCond serial_attached;   /* signalled as each of them ends */
+    GHashTable *serial_runs;  /* hostd-serial.c: agent -> the run ("domain id/worker pid") its
+                               * session over the virtio port was made or carried over for;
+                               * guarded by lock */
+    guint serial_attaching;   /* hostd-serial.c's threads making one; guarded by lock */
+    GCond serial_attached;    /* signalled as each of them ends */
+    GHashTable *held_ports;   /* hostd-resources.c: agent being made -> the listeners that hold
+                               * its ports until they serve them; NULL until used; guarded by
+                               * lock */
+    GHashTable *booting;      /* hostd-booting.c: agent -> the generation of its mark, while hostd
+                               * boots it with nobody waiting; guarded by lock */
+    GCond booted;             /* signalled as a mark goes */
+    guint booting_generation; /* guarded by lock */
 } HostdContext;
 
 /* What a component does at each step of an agent's life. Every hook is optional; hooks run in

@@ -1,6 +1,7 @@
 #include "hostd-exec.h"
 
 #include "hostd-agent.h"
+#include "hostd-booting.h"
 #include "hostd-guest.h"
 #include "hostd-power.h"
 #include "hostd-serial.h"
@@ -51,6 +52,11 @@ hostd_agent_exec_traced(HostdContext *ctx, const char *name, const HostdExecRequ
     g_autoptr(virDomain) dom = NULL;
     g_autoptr(HostdClockSync) clock = NULL;
     HostdExecRequest woken = *request;
+
+    /* An agent hostd booted again (a crash restart) is waited for, as a wake is. */
+    if (!hostd_booting_wait(ctx, name, error))
+        return FALSE;
+    vm_trace_mark(request->trace, "boot waited for");
     {
         /* An exec is a way in: it wakes a paused or saved agent, as a connection would. */
         g_autoptr(HostdNameLock) lock = NULL;

@@ -373,10 +373,25 @@ hostd_forward_add(HostdContext *ctx, const char *name, guint guest_port, guint h
     fwd = forward_get(ctx, TRUE);
     g_mutex_lock(&ctx->lock);
     used = forward_used_ports(ctx, error);
-    ok = used != NULL &&
-         hostd_forward_choose_port(host_port, uid, ctx->config->forward_port_min,
-                                   ctx->config->forward_port_max, used, &fw.host_port, error) &&
-         hostd_ssh_forward_add(fwd, name, guest_port, fw.host_port, error);
+    ok = used != NULL;
+    while (ok) {
+        g_autoptr(GError) local_error = NULL;
+
+        ok = hostd_forward_choose_port(host_port, uid, ctx->config->forward_port_min,
+                                       ctx->config->forward_port_max, used, &fw.host_port, error);
+        if (!ok || hostd_ssh_forward_add(fwd, name, guest_port, fw.host_port, &local_error))
+            break;
+        ok = FALSE;
+        /* One chosen free and bound by another program in between (the range may lie in the
+         * ephemeral one): the next free one, unless the user named this one. */
+        if (host_port != 0 || !g_error_matches(local_error, VM_ERROR, VM_ERROR_NO_RESOURCES)) {
+            g_propagate_error(error, g_steal_pointer(&local_error));
+            break;
+        }
+        g_hash_table_insert(used, GUINT_TO_POINTER(fw.host_port),
+                            g_strdup("another program listens there"));
+        ok = TRUE;
+    }
     g_mutex_unlock(&ctx->lock);
     if (!ok)
         return NULL;

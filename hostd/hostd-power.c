@@ -1,11 +1,13 @@
 #include "hostd-agent.h"
 #include "hostd-power.h"
 
+#include "hostd-booting.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
 #include "hostd-guest.h"
 #include "hostd-idle.h"
 #include "hostd-relay.h"
+#include "hostd-resources.h"
 #include "hostd-serial.h"
 #include "hostd-ssh-forward.h"
 #include "vm-error.h"
@@ -130,7 +132,8 @@ hostd_power_relay_wake(const char *agent, gpointer user_data, GError **error)
     HostdContext *ctx = user_data;
     g_autoptr(GError) local_error = NULL;
 
-    if (hostd_power_wake(ctx, agent, &local_error))
+    /* A guest hostd booted again (a crash restart) is waited for, as a wake is. */
+    if (hostd_booting_wait(ctx, agent, &local_error) && hostd_power_wake(ctx, agent, &local_error))
         return TRUE;
     hostd_context_log(ctx, "agent '%s': connection refused: %s", agent, local_error->message);
     g_propagate_error(error, g_steal_pointer(&local_error));
@@ -281,7 +284,22 @@ hostd_power_attach(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
 {
     if (ctx->relay == NULL || r->backend_port == 0)
         return TRUE;
-    return hostd_relay_add(ctx->relay, r->name, r->ssh_port, r->backend_port, error);
+    /* A new agent's port has been held since it was chosen. */
+    int fd = hostd_ports_take_public(ctx, r->name);
+    if (fd >= 0)
+        return hostd_relay_add_listener(ctx->relay, r->name, fd, r->backend_port, error);
+    g_autoptr(GError) local_error = NULL;
+    if (hostd_relay_add(ctx->relay, r->name, r->ssh_port, r->backend_port, &local_error))
+        return TRUE;
+    if (!g_error_matches(local_error, VM_ERROR, VM_ERROR_NO_RESOURCES)) {
+        g_propagate_error(error, g_steal_pointer(&local_error));
+        return FALSE;
+    }
+    /* Another program listens there now (hostd's range lies in the ephemeral one; after a host
+     * restart anything may have it): another port, recorded and said. The caller's record is
+     * the one it goes on with, so it gets the port too. */
+    return hostd_agent_move_port(ctx, (HostdAgentRecord *)r, FALSE, &fd, error) &&
+           hostd_relay_add_listener(ctx->relay, r->name, fd, r->backend_port, error);
 }
 
 void

@@ -514,6 +514,28 @@ hostd_relay_add(HostdRelay *r, const char *agent, guint public_port, guint backe
     g_return_val_if_fail(r != NULL, FALSE);
     g_return_val_if_fail(agent != NULL, FALSE);
     g_return_val_if_fail(public_port > 0 && public_port <= 65535, FALSE);
+
+    /* Said before the port is tried: the port may be the agent's own listener. */
+    g_mutex_lock(&r->lock);
+    gboolean served = g_hash_table_contains(r->agents, agent);
+    g_mutex_unlock(&r->lock);
+    if (served)
+        return vm_throw(error, VM_ERROR_EXISTS, "agent '%s' already has a relay", agent);
+    int fd = -1;
+    if (!hostd_relay_listen(public_port, &fd, error))
+        return FALSE;
+    return hostd_relay_add_listener(r, agent, fd, backend_port, error);
+}
+
+gboolean
+hostd_relay_add_listener(HostdRelay *r, const char *agent, int listen_fd, guint backend_port,
+                         GError **error)
+{
+    vm_autofd fd = listen_fd;
+
+    g_return_val_if_fail(r != NULL, FALSE);
+    g_return_val_if_fail(agent != NULL, FALSE);
+    g_return_val_if_fail(listen_fd >= 0, FALSE);
     g_return_val_if_fail(backend_port > 0 && backend_port <= 65535, FALSE);
     g_return_val_if_fail(error == NULL || *error == NULL, FALSE);
 
@@ -522,23 +544,40 @@ hostd_relay_add(HostdRelay *r, const char *agent, guint public_port, guint backe
         g_mutex_unlock(&r->lock);
         return vm_throw(error, VM_ERROR_EXISTS, "agent '%s' already has a relay", agent);
     }
-    int fd = -1;
-    if (!hostd_relay_listen(public_port, &fd, error)) {
+    /* The I/O thread polls it and accepts without blocking. */
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
         g_mutex_unlock(&r->lock);
-        return FALSE;
+        return vm_throw_errno(error, errno, "cannot make agent '%s''s listener non-blocking",
+                              agent);
     }
 
     RelayAgent *a = g_new0(RelayAgent, 1);
 
     a->name = g_strdup(agent);
     a->serial = ++r->next_serial;
-    a->listen_fd = fd;
+    a->listen_fd = g_steal_fd(&fd);
     a->backend_port = backend_port;
     a->last_activity = g_get_monotonic_time();
     g_hash_table_insert(r->agents, a->name, a);
     relay_notify(r);
     g_mutex_unlock(&r->lock);
     return TRUE;
+}
+
+gboolean
+hostd_relay_set_backend(HostdRelay *r, const char *agent, guint backend_port)
+{
+    g_return_val_if_fail(r != NULL, FALSE);
+    g_return_val_if_fail(agent != NULL, FALSE);
+    g_return_val_if_fail(backend_port > 0 && backend_port <= 65535, FALSE);
+
+    g_mutex_lock(&r->lock);
+    RelayAgent *a = g_hash_table_lookup(r->agents, agent);
+    if (a != NULL)
+        a->backend_port = backend_port;
+    g_mutex_unlock(&r->lock);
+    return a != NULL;
 }
 
 void

@@ -50,6 +50,16 @@ void hostd_relay_set_backend_timeout(HostdRelay *r, guint timeout_ms);
 gboolean hostd_relay_add(HostdRelay *r, const char *agent, guint public_port, guint backend_port,
                          GError **error);
 
+/* Starts serving @agent on @listen_fd, a socket already listening (taken over, closed on
+ * failure too): the port a caller chose and held from then on, with no moment when another
+ * process could bind it (hostd_allocate_port()). Otherwise as hostd_relay_add(). */
+gboolean hostd_relay_add_listener(HostdRelay *r, const char *agent, int listen_fd,
+                                  guint backend_port, GError **error);
+
+/* Relays @agent's connections accepted from now on to @backend_port (its QEMU's forward moved).
+ * FALSE when @agent is not served. */
+gboolean hostd_relay_set_backend(HostdRelay *r, const char *agent, guint backend_port);
+
 /* Stops serving @agent: closes its listener and every connection of it (waking or relaying)
  * before returning, so the public port can be bound again at once. A wake still running for
  * it finishes in the background and its result is dropped. Unknown @agent: no-op. */

@@ -21,8 +21,29 @@ hostd_file_allocated(const char *path)
     return (guint64)st.st_blocks * 512;
 }
 
+/* A socket bound to 127.0.0.1:@port and listening: what makes the port ours. SO_REUSEADDR, as
+ * the relay's and QEMU's listeners have, so that TIME_WAIT connections do not keep a port from
+ * being chosen. Another process that binds the port at the same moment makes bind() or listen()
+ * fail (two SO_REUSEADDR sockets may share a bound port until one listens): -1, errno set. */
+static int
+port_listen(guint port)
+{
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET,
+        .sin_port = htons((guint16)port),
+        .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+    };
+    vm_autofd fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+        bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, SOMAXCONN) < 0)
+        return -1;
+    return g_steal_fd(&fd);
+}
+
 gboolean
-hostd_allocate_port(HostdContext *ctx, guint not_this, guint *ret_port, GError **error)
+hostd_allocate_port(HostdContext *ctx, guint not_this, guint *ret_port, int *ret_fd, GError **error)
 {
     g_autoptr(GHashTable) used = g_hash_table_new(g_direct_hash, g_direct_equal);
     g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, error);
@@ -37,21 +58,122 @@ hostd_allocate_port(HostdContext *ctx, guint not_this, guint *ret_port, GError *
     for (guint port = ctx->config->ssh_port_min; port <= ctx->config->ssh_port_max; port++) {
         if (g_hash_table_contains(used, GUINT_TO_POINTER(port)))
             continue;
-        vm_autofd fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int fd = port_listen(port);
+        if (fd < 0 && errno != EADDRINUSE)
+            return vm_throw_errno(error, errno, "cannot listen on 127.0.0.1:%u", port);
         if (fd < 0)
-            return vm_throw_errno(error, errno, "socket");
-        struct sockaddr_in sa = {
-            .sin_family = AF_INET,
-            .sin_port = htons((guint16)port),
-            .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-        };
-        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-            *ret_port = port;
-            return TRUE;
-        }
+            continue;
+        /* The port stays ours while the caller holds the socket: nobody can take it between
+         * this choice and the listener that serves it. */
+        *ret_port = port;
+        if (ret_fd != NULL)
+            *ret_fd = fd;
+        else
+            close(fd);
+        return TRUE;
     }
     return vm_throw(error, VM_ERROR_NO_RESOURCES, "no free SSH port in %u-%u",
                     ctx->config->ssh_port_min, ctx->config->ssh_port_max);
+}
+
+typedef struct {
+    int public_fd;
+    int backend_fd;
+} HeldPorts;
+
+static void
+held_ports_free(gpointer data)
+{
+    HeldPorts *held = data;
+
+    if (held->public_fd >= 0)
+        close(held->public_fd);
+    if (held->backend_fd >= 0)
+        close(held->backend_fd);
+    g_free(held);
+}
+
+void
+hostd_ports_hold(HostdContext *ctx, const char *name, int public_fd, int backend_fd)
+{
+    HeldPorts *held = g_new(HeldPorts, 1);
+
+    held->public_fd = public_fd;
+    held->backend_fd = backend_fd;
+    g_mutex_lock(&ctx->lock);
+    if (ctx->held_ports == NULL)
+        ctx->held_ports = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, held_ports_free);
+    g_hash_table_insert(ctx->held_ports, g_strdup(name), held);
+    g_mutex_unlock(&ctx->lock);
+}
+
+void
+hostd_ports_hold_backend(HostdContext *ctx, const char *name, int backend_fd)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
+    HeldPorts *held = ctx->held_ports != NULL ? g_hash_table_lookup(ctx->held_ports, name) : NULL;
+
+    if (held == NULL) {
+        g_clear_pointer(&locker, g_mutex_locker_free);
+        hostd_ports_hold(ctx, name, -1, backend_fd);
+        return;
+    }
+    if (held->backend_fd >= 0)
+        close(held->backend_fd);
+    held->backend_fd = backend_fd;
+}
+
+/* Takes @name's held socket at @offset (HeldPorts' public_fd or backend_fd) out: -1 when none. */
+static int
+ports_take(HostdContext *ctx, const char *name, gsize offset)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
+    HeldPorts *held = ctx->held_ports != NULL ? g_hash_table_lookup(ctx->held_ports, name) : NULL;
+    int fd = -1;
+
+    if (held != NULL) {
+        int *slot = G_STRUCT_MEMBER_P(held, offset);
+        fd = *slot;
+        *slot = -1;
+        if (held->public_fd < 0 && held->backend_fd < 0)
+            g_hash_table_remove(ctx->held_ports, name);
+    }
+    return fd;
+}
+
+int
+hostd_ports_take_public(HostdContext *ctx, const char *name)
+{
+    return ports_take(ctx, name, G_STRUCT_OFFSET(HeldPorts, public_fd));
+}
+
+void
+hostd_ports_release_backend(HostdContext *ctx, const char *name)
+{
+    int fd = ports_take(ctx, name, G_STRUCT_OFFSET(HeldPorts, backend_fd));
+
+    if (fd >= 0)
+        close(fd);
+}
+
+void
+hostd_ports_release(HostdContext *ctx, const char *name)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
+
+    if (ctx->held_ports != NULL)
+        g_hash_table_remove(ctx->held_ports, name);
+}
+
+gboolean
+hostd_port_is_free(guint port)
+{
+    int fd = port_listen(port);
+
+    if (fd < 0)
+        return FALSE;
+    close(fd);
+    return TRUE;
 }
 
 gboolean

@@ -23,25 +23,46 @@ serial_run_key(HostdContext *ctx, const char *name, virDomainPtr dom)
                            (int)hostd_ssh_workers_get_pid(ctx->ssh_workers, name));
 }
 
-/* Marks @run as having (or getting) its session; FALSE when it already was. */
+/* The claim of a session on its way for this run of the QEMU, whichever worker it ends up in:
+ * the worker may not run yet (none after a forget), and the attach's request starts it. */
+static char *
+serial_attaching_key(virDomainPtr dom)
+{
+    return g_strdup_printf("%u/attaching", virDomainGetID(dom));
+}
+
+/* Marks @dom's run as getting its session (serial_attaching_key()); FALSE when @run already has
+ * one, or one is on its way for this QEMU. Keyed by the worker alone, an attach begun with no
+ * worker running would be claimed for pid 0, and the first exec after it, in the worker the
+ * attach started, would attach again: the guest's service started anew under the session just
+ * made, and every command running on it cut off ("Socket error: disconnected"). */
 static gboolean
-serial_claim_run(HostdContext *ctx, const char *name, const char *run)
+serial_claim_run(HostdContext *ctx, const char *name, const char *run, virDomainPtr dom)
 {
     g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
+    g_autofree char *attaching = serial_attaching_key(dom);
+    const char *claimed = g_hash_table_lookup(ctx->serial_runs, name);
 
-    if (g_strcmp0(g_hash_table_lookup(ctx->serial_runs, name), run) == 0)
+    if (g_strcmp0(claimed, run) == 0 || g_strcmp0(claimed, attaching) == 0)
         return FALSE;
-    g_hash_table_insert(ctx->serial_runs, g_strdup(name), g_strdup(run));
+    g_hash_table_insert(ctx->serial_runs, g_strdup(name), g_steal_pointer(&attaching));
     return TRUE;
 }
 
-/* A failed attempt: the next hostd_serial_ensure() of the same run tries again. */
+/* The attach of @dom's run ended: held (@run: the worker that holds it, serial_run_key() read
+ * after the session was held), or failed (@run NULL: the next hostd_serial_ensure() tries
+ * again). A later claim (another QEMU) is left as it is. */
 static void
-serial_release_run(HostdContext *ctx, const char *name, const char *run)
+serial_settle_run(HostdContext *ctx, const char *name, unsigned int dom_id, const char *run)
 {
     g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
+    g_autofree char *attaching = g_strdup_printf("%u/attaching", dom_id);
 
-    if (g_strcmp0(g_hash_table_lookup(ctx->serial_runs, name), run) == 0)
+    if (g_strcmp0(g_hash_table_lookup(ctx->serial_runs, name), attaching) != 0)
+        return;
+    if (run != NULL)
+        g_hash_table_insert(ctx->serial_runs, g_strdup(name), g_strdup(run));
+    else
         g_hash_table_remove(ctx->serial_runs, name);
 }
 
@@ -81,7 +102,6 @@ typedef struct {
     HostdContext *ctx;
     HostdSshTarget target; /* its strings are the fields below */
     char *agent, *host, *user, *identity_path, *known_hosts_path;
-    char *run;
     char *path; /* the port's socket, read from the domain by hostd_serial_ensure() */
     virDomainPtr dom;
 } SerialAttach;
@@ -113,11 +133,14 @@ serial_attach_thread(gpointer data)
     g_autoptr(GError) error = NULL;
 
     if (serial_attach(a, &error)) {
+        g_autofree char *run = serial_run_key(a->ctx, a->agent, a->dom);
+
+        serial_settle_run(a->ctx, a->agent, virDomainGetID(a->dom), run);
         if (a->ctx->debug)
             hostd_context_log(a->ctx, "agent '%s': SSH session over the virtio port held",
                               a->agent);
     } else {
-        serial_release_run(a->ctx, a->agent, a->run);
+        serial_settle_run(a->ctx, a->agent, virDomainGetID(a->dom), NULL);
         hostd_context_log(a->ctx, "agent '%s': no SSH session over the virtio port (%s)", a->agent,
                           error->message);
     }
@@ -127,7 +150,6 @@ serial_attach_thread(gpointer data)
     g_free(a->identity_path);
     g_free(a->known_hosts_path);
     virDomainFree(a->dom);
-    g_free(a->run);
     g_free(a->path);
     /* The last use of the context: hostd_context_free() waits for it. */
     g_mutex_lock(&a->ctx->lock);
@@ -149,7 +171,7 @@ hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
     if (ctx->ssh_workers == NULL || virDomainGetID(dom) == (unsigned int)-1)
         return;
     run = serial_run_key(ctx, target->agent, dom);
-    if (!serial_claim_run(ctx, target->agent, run))
+    if (!serial_claim_run(ctx, target->agent, run, dom))
         return;
     path = serial_path(dom, &error);
     if (path == NULL) {
@@ -168,7 +190,6 @@ hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
     a->target.identity_path = a->identity_path = g_strdup(target->identity_path);
     a->target.known_hosts_path = a->known_hosts_path = g_strdup(target->known_hosts_path);
     a->target.identity_pem = a->target.host_key = NULL;
-    a->run = g_steal_pointer(&run);
     a->path = g_steal_pointer(&path);
     a->dom = dom;
     virDomainRef(dom);
@@ -204,6 +225,8 @@ hostd_serial_resume(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
         return FALSE;
     }
     run = serial_run_key(ctx, target->agent, dom);
-    serial_claim_run(ctx, target->agent, run);
+    g_mutex_lock(&ctx->lock);
+    g_hash_table_insert(ctx->serial_runs, g_strdup(target->agent), g_steal_pointer(&run));
+    g_mutex_unlock(&ctx->lock);
     return TRUE;
 }

@@ -1,12 +1,16 @@
 #include "hostd-supervise.h"
 
 #include "hostd-agent.h"
+#include "hostd-booting.h"
+#include "hostd-guest.h"
 #include "hostd-power.h"
 #include "vm-error.h"
 
 #define SUPERVISE_TICK_US       (5 * G_USEC_PER_SEC)
 #define SUPERVISE_RETRY_US      (1 * G_USEC_PER_SEC) /* an agent whose lock an operation holds */
 #define SUPERVISE_BACKOFF_MAX_S 60
+/* One readiness attempt of a boot's watch: how long a stopping hostd waits for it at most. */
+#define SUPERVISE_WATCH_ATTEMPT_S 5
 /* Agents resumed (shutdown-resume eager) or stopped at once at start-up. */
 #define SUPERVISE_RESUME_JOBS 4
 /* One reboot from inside resets the machine more than once (the kernel, then the firmware):
@@ -42,6 +46,12 @@ struct _HostdSupervisor {
     GThread *thread;
     int lifecycle_id;
     int reboot_id;
+    /* The watches of agents it booted (supervise_watch()): */
+    GMutex watch_lock;
+    GCond watch_ended;
+    guint watches;        /* guarded by watch_lock */
+    gboolean stopping;    /* guarded by watch_lock: no new watch */
+    GCancellable *cancel; /* cancelled as it stops: the watches' waits end */
 };
 
 guint
@@ -167,6 +177,103 @@ supervise_state_is_down(const char *state)
     return g_str_equal(state, "stopped") || g_str_equal(state, "crashed");
 }
 
+typedef struct {
+    HostdContext *ctx;
+    HostdAgentRecord *record;
+    guint generation;
+} SuperviseWatch;
+
+/* Until @r's guest answers SSH (TRUE), its VM stops, the boot timeout passes or the supervisor
+ * stops. */
+static gboolean
+supervise_wait_guest(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+{
+    struct _HostdSupervisor *sv = ctx->supervisor;
+    g_autofree char *identity = NULL, *known_hosts = NULL;
+    HostdSshTarget target;
+    gint64 deadline = g_get_monotonic_time() + (gint64)ctx->config->boot_timeout_s * G_USEC_PER_SEC;
+
+    hostd_guest_ssh_target(&target, r, &identity, &known_hosts);
+    for (;;) {
+        g_autoptr(GError) local_error = NULL;
+        g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
+
+        if (g_cancellable_is_cancelled(sv->cancel))
+            return vm_throw(error, VM_ERROR_CANCELLED, "hostd is stopping");
+        if (dom == NULL || !hostd_libvirt_is_active(dom)) {
+            virResetLastError();
+            return vm_throw(error, VM_ERROR_BAD_STATE, "its VM stopped while booting");
+        }
+        if (hostd_ssh_wait_ready(ctx->ssh, &target, SUPERVISE_WATCH_ATTEMPT_S, sv->cancel,
+                                 &local_error))
+            return TRUE;
+        if (!g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT)) {
+            g_propagate_error(error, g_steal_pointer(&local_error));
+            return FALSE;
+        }
+        if (g_get_monotonic_time() >= deadline)
+            return vm_throw(error, VM_ERROR_TIMEOUT, "it did not answer SSH within %u s",
+                            ctx->config->boot_timeout_s);
+    }
+}
+
+static gpointer
+supervise_watch_thread(gpointer data)
+{
+    SuperviseWatch *w = data;
+    HostdContext *ctx = w->ctx;
+    struct _HostdSupervisor *sv = ctx->supervisor;
+    g_autoptr(GError) error = NULL;
+    gint64 start = g_get_monotonic_time();
+
+    if (supervise_wait_guest(ctx, w->record, &error)) {
+        /* As a waited-for start: the hooks with the agent's lock, on the record as it is now. */
+        g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, w->record->name);
+        g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, w->record->name, NULL);
+
+        if (r != NULL)
+            hostd_agent_emit_up(ctx, r);
+        hostd_context_log(ctx, "agent '%s': its guest answers, %.1f s after its boot",
+                          w->record->name, (g_get_monotonic_time() - start) / 1e6);
+    } else if (!g_error_matches(error, VM_ERROR, VM_ERROR_CANCELLED)) {
+        hostd_context_log(ctx, "agent '%s': booted by hostd, %s", w->record->name, error->message);
+    }
+    hostd_booting_done(ctx, w->record->name, w->generation);
+    hostd_agent_record_free(w->record);
+    g_free(w);
+    g_mutex_lock(&sv->watch_lock);
+    sv->watches--;
+    g_cond_broadcast(&sv->watch_ended);
+    g_mutex_unlock(&sv->watch_lock);
+    return NULL;
+}
+
+/* With @r's lock held, its domain just started: @r is starting (hostd-booting.h) until its guest
+ * answers SSH, watched in the background; then, with its lock, the agent_up hooks run as after a
+ * waited-for start. */
+static void
+supervise_watch(HostdContext *ctx, const HostdAgentRecord *r)
+{
+    struct _HostdSupervisor *sv = ctx->supervisor;
+    SuperviseWatch *w = g_new0(SuperviseWatch, 1);
+
+    w->ctx = ctx;
+    w->record = hostd_agent_record_copy(r);
+    w->generation = hostd_booting_mark(ctx, r->name);
+    g_mutex_lock(&sv->watch_lock);
+    gboolean stopping = sv->stopping;
+    if (!stopping)
+        sv->watches++;
+    g_mutex_unlock(&sv->watch_lock);
+    if (stopping) {
+        hostd_booting_done(ctx, r->name, w->generation);
+        hostd_agent_record_free(w->record);
+        g_free(w);
+        return;
+    }
+    g_thread_unref(g_thread_new("hostd-watch-boot", supervise_watch_thread, w));
+}
+
 /* Boots @r again; its RAM is gone, so what it wants is running whatever it was. */
 static gboolean
 supervise_boot(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom, GError **error)
@@ -207,9 +314,12 @@ supervise_restart(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom)
     g_autoptr(GError) error = NULL;
 
     if (supervise_boot(ctx, r, dom, &error)) {
-        supervise_event(ctx, r, "restarted", "running", "booted again from its disk after a crash");
+        supervise_watch(ctx, r);
+        supervise_event(ctx, r, "restarted", "starting",
+                        "booted again from its disk after a crash");
         return;
     }
+    hostd_booting_done(ctx, r->name, 0);
     g_autofree char *failed = g_strdup_printf("cannot boot it again: %s", error->message);
     supervise_crashed(ctx, r, dom, failed);
 }
@@ -247,6 +357,9 @@ supervise_crashed(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom, cons
     }
     hostd_agent_record_save(r, NULL);
     guint delay = hostd_supervise_backoff_s(r->crash_count);
+    /* Booted again at once: starting from now, for a look or a request in between. */
+    if (delay == 0)
+        hostd_booting_mark(ctx, r->name);
     g_autofree char *detail =
         g_strdup_printf("%s; restart %u of %u within %us, in %us", why, r->crash_count,
                         config->restart_limit, config->restart_window_s, delay);
@@ -295,11 +408,13 @@ supervise_agent_locked(HostdContext *ctx, HostdAgentRecord *r, virDomainPtr dom,
     }
     g_autoptr(GError) error = NULL;
     if (cause == SUPERVISE_POWEROFF) {
-        if (supervise_boot(ctx, r, dom, &error))
-            supervise_event(ctx, r, "restarted", "running",
+        if (supervise_boot(ctx, r, dom, &error)) {
+            supervise_watch(ctx, r);
+            supervise_event(ctx, r, "restarted", "starting",
                             "the guest powered itself off; booted again (restart: always)");
-        else
+        } else {
             supervise_crashed(ctx, r, dom, error->message);
+        }
         return;
     }
     if (cause == SUPERVISE_RESTART) {
@@ -466,7 +581,8 @@ supervise_recover(HostdContext *ctx, const char *name, GPtrArray *jobs)
         supervise_crashed(ctx, r, dom, error->message);
         return;
     }
-    supervise_event(ctx, r, "recovered", "running",
+    supervise_watch(ctx, r);
+    supervise_event(ctx, r, "recovered", "starting",
                     "its QEMU was gone when hostd started (host restart or power loss?): booted "
                     "from its disk; what was in its RAM is lost");
 }
@@ -551,6 +667,9 @@ hostd_supervise_start(HostdContext *ctx, GError **error)
     sv->down = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     sv->rebooted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     sv->lifecycle_id = sv->reboot_id = -1;
+    g_mutex_init(&sv->watch_lock);
+    g_cond_init(&sv->watch_ended);
+    sv->cancel = g_cancellable_new();
     ctx->supervisor = sv;
 
     sv->lifecycle_id = virConnectDomainEventRegisterAny(
@@ -595,6 +714,16 @@ hostd_supervise_stop(HostdContext *ctx)
         g_async_queue_push(sv->jobs, g_new0(SuperviseJob, 1));
         g_thread_join(sv->thread);
     }
+    /* The watches run the components' hooks and use the supervisor: they end first. */
+    g_mutex_lock(&sv->watch_lock);
+    sv->stopping = TRUE;
+    g_cancellable_cancel(sv->cancel);
+    while (sv->watches > 0)
+        g_cond_wait(&sv->watch_ended, &sv->watch_lock);
+    g_mutex_unlock(&sv->watch_lock);
+    g_object_unref(sv->cancel);
+    g_mutex_clear(&sv->watch_lock);
+    g_cond_clear(&sv->watch_ended);
     ctx->supervisor = NULL;
     g_async_queue_unref(sv->jobs);
     g_hash_table_unref(sv->deferred);

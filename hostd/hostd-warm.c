@@ -352,7 +352,7 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
     };
     guint port = 0;
     g_mutex_lock(&ctx->lock);
-    gboolean have_port = hostd_allocate_port(ctx, 0, &port, error);
+    gboolean have_port = hostd_allocate_port(ctx, 0, &port, NULL, error);
     g_mutex_unlock(&ctx->lock);
     g_autofree char *xml = NULL;
     /* The build machine's QEMU runs as an id of its own too, held while it runs; its disk and

@@ -20,6 +20,7 @@
 #include "hostd-checkpoint.h"
 #include "hostd-guest.h"
 #include "hostd-power.h"
+#include "hostd-relay.h"
 #include "hostd-ssh-worker.h"
 #include "hostd-state.h"
 #include "test-common.h"
@@ -520,6 +521,196 @@ test_relay_wakes(void **state)
     vm_test_sink_free(echo);
 }
 
+/* ---- ports: held from their choice, moved when taken ---------------------------------------- */
+
+/* A socket listening on 127.0.0.1:@port as another program's would (SO_REUSEADDR, as QEMU's and
+ * another hostd's); -1 when the port cannot be had. */
+static int
+other_listener(guint port)
+{
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+
+    assert_true(fd >= 0);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 8) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Eight free consecutive ports as hostd's range; returns the first. */
+static guint
+port_range(HostdTestFixture *f)
+{
+    for (int tries = 0; tries < 50; tries++) {
+        guint base = vm_test_free_port();
+        gboolean all = base + 8 <= 65535;
+        for (guint p = base; all && p < base + 8; p++) {
+            int fd = other_listener(p);
+            all = fd >= 0;
+            if (fd >= 0)
+                close(fd);
+        }
+        if (all) {
+            f->ctx->config->ssh_port_min = base;
+            f->ctx->config->ssh_port_max = base + 7;
+            return base;
+        }
+    }
+    fail_msg("no eight free consecutive ports");
+    return 0;
+}
+
+/* Another program holds the first ports of the range: `new` takes the next ones and holds them
+ * from their choice, so one that binds the chosen port before the relay listens on it and QEMU
+ * forwards from it finds it taken; the relay then serves the very socket chosen. */
+static void
+test_ports_held_from_choice(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    start_power(f);
+    guint base = port_range(f);
+    int held[2] = {other_listener(base), other_listener(base + 1)};
+    assert_true(held[0] >= 0 && held[1] >= 0);
+
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f, "n1");
+    r->ssh_port = r->backend_port = 0;
+    if (!hostd_agent_reserve(f->ctx, r, &error))
+        fail_msg("reserve: %s", error->message);
+    assert_int_equal(r->ssh_port, base + 2);
+    assert_int_equal(r->backend_port, base + 3);
+    /* Between the choice and the use: another hostd's or QEMU's bind fails. */
+    assert_int_equal(other_listener(r->ssh_port), -1);
+    assert_int_equal(other_listener(r->backend_port), -1);
+    /* The backend is let go for QEMU, the public port stays held until the relay takes it. */
+    hostd_ports_release_backend(f->ctx, "n1");
+    int qemu = other_listener(r->backend_port);
+    assert_true(qemu >= 0);
+    if (!hostd_power_attach(f->ctx, r, &error))
+        fail_msg("attach: %s", error->message);
+    assert_int_equal(r->ssh_port, base + 2);
+    assert_int_equal(hostd_ports_take_public(f->ctx, "n1"), -1);
+    int fd = vm_test_connect_loopback((guint16)r->ssh_port, 10);
+    assert_true(fd >= 0);
+    close(fd);
+
+    hostd_power_stop(f->ctx);
+    close(qemu);
+    close(held[0]);
+    close(held[1]);
+}
+
+/* A rolled-back `new` lets its ports go. */
+static void
+test_ports_released_on_rollback(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    guint base = port_range(f);
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record_new(f, "n1");
+    r->ssh_port = r->backend_port = 0;
+    assert_true(hostd_agent_reserve(f->ctx, r, &error));
+    assert_int_equal(r->ssh_port, base);
+    hostd_agent_rollback(f->ctx, r->name, r->dir);
+    for (guint p = base; p < base + 2; p++) {
+        int fd = other_listener(p);
+        assert_true(fd >= 0);
+        close(fd);
+    }
+}
+
+/* The public port taken while hostd was away (a host restart): hostd serves the agent on the
+ * next free port, records it in the record, known_hosts and ssh_config, and says so. */
+static void
+test_public_port_moved(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    start_power(f);
+    guint base = port_range(f);
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "m1", HOSTD_TEST_RUNNING);
+    r->ssh_port = base;
+    r->backend_port = base + 1;
+    assert_true(hostd_agent_record_save(r, &error));
+    g_autofree char *known = hostd_test_agent_file(f, "m1", HOSTD_AGENT_KNOWN_HOSTS);
+    g_autofree char *pins = g_strdup_printf("[127.0.0.1]:%u ssh-ed25519 AAAAkey\n"
+                                            "[127.0.0.1]:%u ssh-ed25519 AAAAkey\n",
+                                            base, base + 1);
+    assert_true(g_file_set_contents(known, pins, -1, NULL));
+    int taker = other_listener(base);
+    int next = other_listener(base + 2);
+    assert_true(taker >= 0 && next >= 0);
+
+    if (!hostd_power_attach(f->ctx, r, &error))
+        fail_msg("attach: %s", error->message);
+    assert_int_equal(r->ssh_port, base + 3);
+    g_autoptr(HostdAgentRecord) on_disk = hostd_test_agent_record(f, "m1");
+    assert_int_equal(on_disk->ssh_port, base + 3);
+    assert_int_equal(on_disk->backend_port, base + 1);
+    g_autofree char *text = NULL;
+    assert_true(g_file_get_contents(known, &text, NULL, NULL));
+    g_autofree char *want = g_strdup_printf("[127.0.0.1]:%u ssh-ed25519 AAAAkey\n"
+                                            "[127.0.0.1]:%u ssh-ed25519 AAAAkey\n",
+                                            base + 3, base + 1);
+    assert_string_equal(text, want);
+    g_autofree char *config_path = hostd_test_agent_file(f, "m1", HOSTD_AGENT_SSH_CONFIG);
+    g_autofree char *config = NULL;
+    assert_true(g_file_get_contents(config_path, &config, NULL, NULL));
+    g_autofree char *port_line = g_strdup_printf("  Port %u\n", base + 3);
+    assert_non_null(strstr(config, port_line));
+    g_autofree char *said = g_strdup_printf("port %u on 127.0.0.1 was taken", base);
+    assert_logged(said);
+    int fd = vm_test_connect_loopback((guint16)(base + 3), 10);
+    assert_true(fd >= 0);
+    close(fd);
+
+    hostd_power_stop(f->ctx);
+    close(taker);
+    close(next);
+}
+
+/* A start that finds its QEMU's forward taken: the forward moves to the next free port, in the
+ * record and the definition, before QEMU starts. */
+static void
+test_backend_port_moved_at_start(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    guint base = port_range(f);
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "m2", HOSTD_TEST_STOPPED);
+    r->ssh_port = base;
+    r->backend_port = base + 1;
+    assert_true(hostd_agent_record_save(r, &error));
+    int taker = other_listener(base + 1);
+    assert_true(taker >= 0);
+
+    g_autoptr(GVariant) started =
+        hostd_test_sink(hostd_agent_start(f->ctx, "m2", FALSE, NULL, NULL, &error));
+    if (started == NULL)
+        fail_msg("start: %s", error->message);
+    assert_state(f, "m2", "running");
+    g_autoptr(HostdAgentRecord) on_disk = hostd_test_agent_record(f, "m2");
+    assert_int_equal(on_disk->ssh_port, base);
+    assert_int_equal(on_disk->backend_port, base + 2);
+    g_autofree char *xml_path = hostd_test_agent_file(f, "m2", HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *xml = NULL;
+    assert_true(g_file_get_contents(xml_path, &xml, NULL, NULL));
+    g_autofree char *fwd = g_strdup_printf("127.0.0.1:%u-:22", base + 2);
+    assert_non_null(strstr(xml, fwd));
+    g_autofree char *said = g_strdup_printf("port %u on 127.0.0.1 was taken", base + 1);
+    assert_logged(said);
+    close(taker);
+}
+
 int
 main(void)
 {
@@ -535,6 +726,10 @@ main(void)
         T(test_idle_periodic_checkpoints),
         T(test_idle_save_stopped_worker),
         T(test_relay_wakes),
+        T(test_ports_held_from_choice),
+        T(test_ports_released_on_rollback),
+        T(test_public_port_moved),
+        T(test_backend_port_moved_at_start),
 #undef T
     };
 

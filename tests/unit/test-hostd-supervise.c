@@ -12,6 +12,8 @@
 
 #include <json-glib/json-glib.h>
 
+#include "hostd-booting.h"
+#include "hostd-keys.h"
 #include "hostd-shutdown.h"
 #include "hostd-supervise.h"
 #include "test-common.h"
@@ -128,6 +130,41 @@ test_crash_restarts(void **state)
     assert_int_equal(events_count(f, "a1", "crashed"), 1);
     g_autofree char *log = hostd_test_log_text();
     assert_non_null(strstr(log, "agent 'a1': its VM was destroyed from outside hostd"));
+}
+
+/* After a crash restart the agent is starting, not running, until its guest answers (here it
+ * never does: the boot timeout ends the wait), and an exec sent meanwhile waits for that
+ * instead of failing at once. */
+static void
+test_crash_restart_starting(void **state)
+{
+    HostdTestFixture *f = *state;
+
+    f->ctx->config->boot_timeout_s = 2;
+    agent_new(f, "a1", HOSTD_TEST_RUNNING, HOSTD_WANTED_RUNNING);
+    /* hostd's key, as `new` leaves it: the guest is asked, and does not answer. */
+    g_autoptr(HostdKeyPair) key = hostd_keypair_generate("vmctl-a1", NULL);
+    g_autofree char *key_path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_KEY);
+    g_autofree char *pub_path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_KEY_PUB);
+    assert_non_null(key);
+    assert_true(hostd_keypair_save(key, key_path, pub_path, NULL));
+    supervise_start(f);
+    domain_destroy(f, "a1");
+    assert_true(wait_events(f, "a1", "restarted", 1, EVENT_WAIT_MS));
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
+    g_autofree char *shown = info_state(f, "a1");
+    assert_string_equal(shown, "starting");
+    assert_true(hostd_booting_is(f->ctx, "a1"));
+
+    g_autoptr(GError) error = NULL;
+    gint64 start = g_get_monotonic_time();
+    assert_true(hostd_booting_wait(f->ctx, "a1", &error));
+    /* Waited out the boot (2 s, each readiness attempt up to 5 s), not refused at once. */
+    assert_true(g_get_monotonic_time() - start >= G_USEC_PER_SEC);
+    g_autofree char *after = info_state(f, "a1");
+    assert_string_equal(after, "running");
+    g_autofree char *log = hostd_test_log_text();
+    assert_non_null(strstr(log, "agent 'a1': booted by hostd, it did not answer SSH within 2 s"));
 }
 
 /* Past restart-limit crashes within the window: left crashed, shown so, until `start`. */
@@ -374,6 +411,8 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backoff),
         cmocka_unit_test_setup_teardown(test_crash_restarts, hostd_test_setup, hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_crash_restart_starting, hostd_test_setup,
+                                        hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_crashes_past_the_limit, hostd_test_setup,
                                         hostd_test_teardown),
         cmocka_unit_test_setup_teardown(test_restart_never, hostd_test_setup, hostd_test_teardown),
