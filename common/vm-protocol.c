@@ -209,6 +209,15 @@ static const VmOpSpec vm_op_specs[] = {
         {"name", "s", REQ},
         {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
         {NULL}}},
+    {VM_OP_AGENT_LOGS, "agent-logs", VM_OP_EXIT, FALSE, {
+        {"name", "s", REQ},
+        {"follow", "b"},
+        {"lines", "u"},
+        {"cloud_init", "b"},
+        {NULL}}},
+    {VM_OP_AGENT_STATS, "agent-stats", VM_OP_RESULT, FALSE, {
+        {"names", "as", 0, 0, VM_NAMES_MAX},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

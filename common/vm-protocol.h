@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  8
+#define VM_PROTOCOL_VERSION  9
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
@@ -32,6 +32,7 @@ G_BEGIN_DECLS
 #define VM_SECRET_VALUE_MAX  8192 /* bytes of a secret's value */
 #define VM_SECRET_HOSTS_MAX  32   /* host patterns of one secret */
 #define VM_SECRETS_MAX       64   /* secrets granted by one agent-new */
+#define VM_NAMES_MAX         1024 /* agents named in one request */
 
 /* An agent's disk I/O limits (agent-new fields, agent info), applied by QEMU's block throttling
  * (<iotune> on its disk), which needs no cgroups. Each is a rate per second; 0 is no limit. */
@@ -101,6 +102,10 @@ typedef enum {
     VM_OP_SECRET_GRANT,       /* -> RESULT {secrets} */
     VM_OP_SECRET_REVOKE,      /* -> RESULT {secrets} */
 
+    /* Watching agents (docs/OBSERVE.md). */
+    VM_OP_AGENT_LOGS = 41, /* -> STDOUT* EXIT {status 0} */
+    VM_OP_AGENT_STATS,     /* -> RESULT {agents, seconds} */
+
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,
     VM_OP_STDIN_EOF,
@@ -112,7 +117,7 @@ typedef enum {
     VM_OP_ERROR,          /* code is a VmErrorCode; ends the conversation */
     VM_OP_STDOUT,
     VM_OP_STDERR,
-    VM_OP_EXIT,        /* the remote command's exit status; ends EXEC, EGRESS_LOG and EVENTS */
+    VM_OP_EXIT,        /* the remote command's exit status; ends EXEC and the log streams */
     VM_OP_RESULT_PART, /* a piece of a RESULT too big for one frame (vm-stream.h) */
 } VmOp;
 
@@ -128,7 +133,8 @@ const char *vm_op_name(VmOp op);
 gboolean vm_op_is_request(VmOp op);
 
 /* For a request, the op that ends its successful reply: VM_OP_RESULT, or VM_OP_EXIT for the
- * requests answered with a stream (EXEC, EGRESS_LOG, EVENTS). 0 for anything that is not a request.
+ * requests answered with a stream (EXEC, EGRESS_LOG, EVENTS, AGENT_LOGS). 0 for anything that is
+ * not a request.
  */
 VmOp vm_op_reply_end(VmOp op);
 

@@ -1,6 +1,7 @@
 #include "hostd-config.h"
 
 #include <errno.h>
+#include <gio/gio.h>
 #include <pwd.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,6 +47,7 @@ static const char *const hostd_config_keys[] = {
     "guest-checkpoint-max",
     "guest-checkpoint-bytes",
     "checkpoint-free-floor",
+    "metrics-listen",
     NULL,
 };
 
@@ -233,6 +235,7 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         {"images-dir", &config->images_dir},
         {"templates-dir", &config->templates_dir},
         {"socket-group", &config->socket_group},
+        {"metrics-listen", &config->metrics_listen},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(strings); i++) {
         if (!g_key_file_has_key(kf, "hostd", strings[i].key, NULL))
@@ -481,7 +484,26 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
         config->images_dir = g_build_filename(config->state_dir, "images", NULL);
     if (config->templates_dir == NULL)
         config->templates_dir = hostd_config_default_templates_dir();
+    if (config->metrics_listen == NULL)
+        config->metrics_listen = g_strdup(HOSTD_METRICS_LISTEN_DEFAULT);
+    if (!hostd_config_metrics_listen_valid(config->metrics_listen)) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                 "%s: metrics-listen: '%s' is not off, HOST:PORT or an absolute path",
+                 path != NULL ? path : "hostd", config->metrics_listen);
+        return NULL;
+    }
     return g_steal_pointer(&config);
+}
+
+gboolean
+hostd_config_metrics_listen_valid(const char *value)
+{
+    g_autoptr(GSocketConnectable) address = NULL;
+
+    if (g_str_equal(value, "off") || g_path_is_absolute(value))
+        return TRUE;
+    address = g_network_address_parse(value, 0, NULL);
+    return address != NULL && g_network_address_get_port(G_NETWORK_ADDRESS(address)) != 0;
 }
 
 gboolean
@@ -565,6 +587,7 @@ hostd_config_free(HostdConfig *config)
     g_free(config->images_dir);
     g_free(config->templates_dir);
     g_free(config->socket_group);
+    g_free(config->metrics_listen);
     g_free(config->egress_upstream_ca_file);
     g_free(config->egress_user);
     g_free(config);

@@ -52,6 +52,8 @@ struct _HostdEgressWorker {
     guint32 serial;       /* of the last stats question */
     guint32 stats_serial; /* of the last answer */
     guint connections;
+    guint64 bytes_up, bytes_down; /* this run's, as its last answer said */
+    guint64 past_up, past_down;   /* of the runs before it */
     GThread *watcher;
 };
 
@@ -312,13 +314,17 @@ worker_serve(HostdEgressWorker *worker, int fd)
             if (worker->log != NULL)
                 worker->log(line, worker->log_data);
         } else if (g_str_equal(kind, "stats") &&
-                   g_variant_is_of_type(payload, G_VARIANT_TYPE("(uu)"))) {
+                   g_variant_is_of_type(payload, G_VARIANT_TYPE("(uutt)"))) {
             guint32 serial, connections;
+            guint64 up, down;
 
-            g_variant_get(payload, "(uu)", &serial, &connections);
+            g_variant_get(payload, "(uutt)", &serial, &connections, &up, &down);
             g_mutex_lock(&worker->lock);
-            /* Bounded by what the proxy allows: a larger number is a lie. */
+            /* Bounded by what the proxy allows: a larger number is a lie. The byte counts are
+             * the worker's word, shown as such; a count going back is not taken. */
             worker->connections = MIN(connections, MAX(worker->max_connections, 1));
+            worker->bytes_up = MAX(worker->bytes_up, up);
+            worker->bytes_down = MAX(worker->bytes_down, down);
             worker->stats_serial = serial;
             answered = ping_deadline >= 0 && (gint32)(serial - ping) >= 0;
             g_cond_broadcast(&worker->cond);
@@ -359,6 +365,10 @@ worker_watch(gpointer data)
         worker->fd = -1;
         worker->pid = 0;
         worker->connections = 0;
+        worker->past_up += worker->bytes_up;
+        worker->past_down += worker->bytes_down;
+        worker->bytes_up = 0;
+        worker->bytes_down = 0;
         g_cond_broadcast(&worker->cond);
         g_mutex_unlock(&worker->lock);
         hostd_worker_run_end(&worker->send_lock, fd, pid);
@@ -508,11 +518,21 @@ hostd_egress_worker_dup_policy(HostdEgressWorker *worker)
 guint
 hostd_egress_worker_get_n_connections(HostdEgressWorker *worker)
 {
+    guint64 up, down;
+
+    return hostd_egress_worker_get_stats(worker, &up, &down);
+}
+
+guint
+hostd_egress_worker_get_stats(HostdEgressWorker *worker, guint64 *ret_up, guint64 *ret_down)
+{
     gint64 deadline = g_get_monotonic_time() + STATS_TIMEOUT_US;
     guint32 serial;
     guint connections = 0;
 
     g_mutex_lock(&worker->lock);
+    *ret_up = worker->past_up + worker->bytes_up;
+    *ret_down = worker->past_down + worker->bytes_down;
     if (worker->fd < 0) {
         g_mutex_unlock(&worker->lock);
         return 0;
@@ -526,6 +546,8 @@ hostd_egress_worker_get_n_connections(HostdEgressWorker *worker)
     /* A later answer (to the watcher's question) is as fresh. */
     if (worker->fd >= 0 && (gint32)(worker->stats_serial - serial) >= 0)
         connections = worker->connections;
+    *ret_up = worker->past_up + worker->bytes_up;
+    *ret_down = worker->past_down + worker->bytes_down;
     g_mutex_unlock(&worker->lock);
     return connections;
 }

@@ -131,7 +131,7 @@ first_words=$(printf '%s\n' "${commands[@]}" | cut -d' ' -f1 | sort -u | tr '\n'
 
 # ---- commands and global options
 expect "$(echo "$first_words help" | tr ' ' '\n' | sort | tr '\n' ' ' | sed 's/ $//')" vmctl ""
-expect "start stop stop-host-agents" vmctl st
+expect "start stats stop stop-host-agents" vmctl st
 expect "checkpoint checkpoints" vmctl checkpoint
 expect "--help --host --json --quiet --socket --version" vmctl --
 expect "$first_words" vmctl help ""
@@ -163,7 +163,7 @@ declare -A first=(
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
     [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents [events]=$agents
-    [forward]=$agents
+    [forward]=$agents [logs]=$agents [stats]=$agents [top]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
     [bridge]="" [mcp]="" [authorize]=$agents
@@ -212,6 +212,10 @@ expect "c1 c2" vmctl restore --path = /etc a1 ""
 expect "$agents" vmctl stop --timeout 5m ""
 expect "$agents" vmctl egress-log -n 5 ""
 expect "$agents" vmctl events --since 10m ""
+expect "$agents" vmctl logs -n 20 ""
+expect "" vmctl logs a1 ""
+expect "$agents" vmctl stats a1 ""
+expect "$agents" vmctl top --interval 5 ""
 expect "" vmctl events --since ""
 expect "" vmctl events a1 ""
 expect "$agents" vmctl forward --list ""

@@ -63,6 +63,8 @@ static const struct {
     {VM_OP_SECRET_RM, TRUE},
     {VM_OP_SECRET_GRANT, TRUE},
     {VM_OP_SECRET_REVOKE, TRUE},
+    {VM_OP_AGENT_LOGS, TRUE},
+    {VM_OP_AGENT_STATS, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -126,6 +128,9 @@ static const struct {
     {VM_OP_SECRET_RM, "{'secret': <'example-api'>, 'force': <true>}"},
     {VM_OP_SECRET_GRANT, "{'name': <'alice'>, 'secret': <'example-api'>}"},
     {VM_OP_SECRET_REVOKE, "{'name': <'alice'>, 'secret': <'example-api'>}"},
+    {VM_OP_AGENT_LOGS, "{'name': <'alice'>, 'follow': <true>, 'lines': <uint32 20>, "
+                       "'cloud_init': <false>}"},
+    {VM_OP_AGENT_STATS, "{'names': <['alice', 'bob']>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -278,6 +283,8 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_SECRET_RM, 38);
     assert_int_equal(VM_OP_SECRET_GRANT, 39);
     assert_int_equal(VM_OP_SECRET_REVOKE, 40);
+    assert_int_equal(VM_OP_AGENT_LOGS, 41);
+    assert_int_equal(VM_OP_AGENT_STATS, 42);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);
