@@ -33,7 +33,7 @@ hostd_logs_escape_tail(const char *text, gsize len, guint lines)
     /* A last line the guest did not end (a login prompt) is a line too. */
     if (end > 0 && text[end - 1] == '\n')
         end--;
-    while (len > 0 && spans->len < lines) {
+    while (len > 0 && spans->len / 2 < lines) {
         gsize start = end;
 
         while (start > 0 && text[start - 1] != '\n')

@@ -203,7 +203,12 @@ metrics_append_value(GString *out, double value)
 {
     char buf[G_ASCII_DTOSTR_BUF_SIZE];
 
-    g_string_append(out, g_ascii_dtostr(buf, sizeof(buf), value));
+    /* The shortest of 15 or 17 digits that reads back as @value ("0.005", not
+     * "0.0050000000000000001"). */
+    g_ascii_formatd(buf, sizeof(buf), "%.15g", value);
+    if (g_ascii_strtod(buf, NULL) != value)
+        g_ascii_formatd(buf, sizeof(buf), "%.17g", value);
+    g_string_append(out, buf);
 }
 
 static gint
@@ -364,12 +369,10 @@ metrics_text_requests(HostdMetrics *metrics, GString *out)
         guint64 below = 0;
 
         for (gsize b = 0; b < METRICS_N_BUCKETS; b++) {
-            char le[G_ASCII_DTOSTR_BUF_SIZE];
-
             below += r->counts[b];
-            g_string_append_printf(
-                out, "%s_bucket{request=\"%s\",le=\"%s\"} %" G_GUINT64_FORMAT "\n", name, op,
-                g_ascii_dtostr(le, sizeof(le), metrics_buckets[b]), below);
+            g_string_append_printf(out, "%s_bucket{request=\"%s\",le=\"", name, op);
+            metrics_append_value(out, metrics_buckets[b]);
+            g_string_append_printf(out, "\"} %" G_GUINT64_FORMAT "\n", below);
         }
         g_string_append_printf(out, "%s_bucket{request=\"%s\",le=\"+Inf\"} %" G_GUINT64_FORMAT "\n",
                                name, op, r->count);
