@@ -13,6 +13,8 @@ set -uo pipefail
 . "$(dirname "$0")/guest-api-check.sh"
 # shellcheck source=confine-check.sh
 . "$(dirname "$0")/confine-check.sh"
+# shellcheck source=observe-check.sh
+. "$(dirname "$0")/observe-check.sh"
 suite_init vmt 43100 43199
 # Under TCG a guest gets about 5 calls a second through its API forward (a helper spawned per
 # connection), which the default rate refills: the suite's hostd allows 2 a second, bursts of
@@ -135,6 +137,9 @@ check "exec runs as the agent user with passwordless sudo" \
 out=$(vmctl exec nosuch -- true 2>&1); rc=$?
 check "exec on an unknown agent exits 125" test "$rc" = 125
 check "guest hostname is the agent name" test "$(vmctl exec a1 -- hostname)" = a1
+
+# --- logs, stats, metrics of the shared agent --------------------------------------------------
+observe_check a1
 
 # ssh-config with the real OpenSSH client
 vmctl ssh-config a1 > "$S/ssh_config"
