@@ -499,11 +499,21 @@ gboolean
 hostd_config_metrics_listen_valid(const char *value)
 {
     g_autoptr(GSocketConnectable) address = NULL;
+    g_autoptr(GInetAddress) inet = NULL;
+    const char *port = strrchr(value, ':');
+    const char *host;
 
     if (g_str_equal(value, "off") || g_path_is_absolute(value))
         return TRUE;
+    /* A port number (no service name looked up) and an address (no name resolved). */
+    if (port == NULL || port[1] == '\0' || strspn(port + 1, "0123456789") != strlen(port + 1))
+        return FALSE;
     address = g_network_address_parse(value, 0, NULL);
-    return address != NULL && g_network_address_get_port(G_NETWORK_ADDRESS(address)) != 0;
+    if (address == NULL || g_network_address_get_port(G_NETWORK_ADDRESS(address)) == 0)
+        return FALSE;
+    host = g_network_address_get_hostname(G_NETWORK_ADDRESS(address));
+    inet = g_inet_address_new_from_string(host);
+    return inet != NULL || g_str_equal(host, "localhost");
 }
 
 gboolean

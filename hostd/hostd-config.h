@@ -85,7 +85,8 @@ guint64 hostd_config_free_floor(const HostdConfig *config, guint64 size);
 #define HOSTD_METRICS_LISTEN_DEFAULT "127.0.0.1:9464"
 
 /* Whether @value is a metrics-listen hostd takes: "off", an absolute path (a Unix socket) or
- * HOST:PORT ("[ADDRESS]:PORT" for IPv6) with a port in 1..65535. Can't fail. */
+ * ADDRESS:PORT ("[ADDRESS]:PORT" for IPv6; "localhost" for 127.0.0.1) with a port number in
+ * 1..65535. Can't fail. */
 gboolean hostd_config_metrics_listen_valid(const char *value);
 
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
