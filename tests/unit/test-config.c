@@ -116,10 +116,11 @@ static void
 test_metrics_listen(void **state)
 {
     Fixture *f = *state;
-    static const char *const good[] = {"off", "/run/hostd/metrics.sock", "127.0.0.1:9464",
-                                       "[::1]:9100", "0.0.0.0:9464", "localhost:9464"};
-    static const char *const bad[] = {"127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000",
-                                      "metrics.sock", "127.0.0.1:http", ":",
+    static const char *const good[] = {
+        "off",          "/run/hostd/metrics.sock", "127.0.0.1:9464", "[::1]:9100",
+        "0.0.0.0:9464", "localhost:9464"};
+    static const char *const bad[] = {"127.0.0.1",       "127.0.0.1:0",    "127.0.0.1:70000",
+                                      "metrics.sock",    "127.0.0.1:http", ":",
                                       "example.org:9464"};
 
     g_autoptr(HostdConfig) c = load_ok(NULL, "/srv/hostd", NULL, NULL);
