@@ -79,7 +79,7 @@ hostd_stats_qemu_pid(HostdLibvirt *lv, const char *name)
     if (cmdline == NULL)
         return 0;
     for (gsize at = 0; at < len; at += strlen(cmdline + at) + 1) {
-        if (g_str_has_prefix(cmdline + at, want) || g_str_equal(cmdline + at, want + 6))
+        if (g_str_has_prefix(cmdline + at, want))
             return (GPid)pid;
     }
     return 0;
