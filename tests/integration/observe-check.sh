@@ -93,7 +93,7 @@ assert a["disk_allocated_bytes"] > 0 and "execs" in a and "egress_bytes_up" in a
     "$OBSERVE_PY" -c '
 import sys
 idle, busy = float(sys.argv[1] or 0), float(sys.argv[2] or 0)
-assert busy >= idle + 5 and busy >= 1.5 * idle' "$idle" "$busy"
+assert busy >= idle + 3 and busy >= 1.5 * idle' "$idle" "$busy"
   vmctl exec "$a" -- sh -c 'pkill -f "while :; do :; done"; true' >/dev/null 2>&1
 
   before=$(observe_figure "$a" execs)
