@@ -260,3 +260,15 @@ vm_qemu_img_rebase(const char *base, const char *path, guint uid, GError **error
 
     return vm_spawn_run(argv, &options, NULL, error);
 }
+
+gboolean
+vm_qemu_img_resize(const char *path, guint size_gib, guint uid, GError **error)
+{
+    g_autofree char *size = g_strdup_printf("%uG", size_gib);
+    const char *argv[] = {"qemu-img", "resize", "-q", "-f", "qcow2", "--", path, size, NULL};
+    const VmSpawnOptions options = {.run_as = uid != 0, .uid = uid, .gid = uid};
+
+    g_return_val_if_fail(path != NULL && size_gib > 0, FALSE);
+
+    return vm_spawn_run(argv, &options, NULL, error);
+}

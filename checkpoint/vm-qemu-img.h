@@ -96,4 +96,11 @@ gboolean vm_qemu_img_overlay(const char *backing, const char *path, guint size_g
  * Blocks until qemu-img exits. */
 gboolean vm_qemu_img_rebase(const char *base, const char *path, guint uid, GError **error);
 
+/* Grows the qcow2 image at @path to a virtual size of @size_gib GiB (`qemu-img resize -f qcow2`),
+ * as @uid (0: this process), as vm_qemu_img_rebase() runs: qemu-img opens @path's chain as its
+ * header names it, so the caller checks the headers first (vm_qemu_img_check()). Never shrinks:
+ * qemu-img refuses a smaller size without --shrink, which is never passed. No running QEMU may
+ * have @path open. Fails with VM_ERROR_IO and qemu-img's message. Blocks until qemu-img exits. */
+gboolean vm_qemu_img_resize(const char *path, guint size_gib, guint uid, GError **error);
+
 G_END_DECLS

@@ -543,8 +543,12 @@ seed_render_cloud_config(const VmSeedSpec *spec)
     seed_append_write_files(out, spec);
     /* write_files runs before runcmd: the certificate is in place when the store is rebuilt. */
     g_string_append(out, "runcmd:\n");
-    if (spec->egress_ca_pem != NULL)
-        g_string_append(out, "  - [\"update-ca-certificates\"]\n");
+    if (spec->egress_ca_pem != NULL) {
+        g_string_append(out, "  - [\"sh\", \"-c\", ");
+        seed_append_quoted(out, VM_SEED_TRUST_CA_SCRIPT);
+        g_string_append(out, ", \"sh\", \"" VM_SEED_EGRESS_CA_PATH
+                             "\", \"\", \"" VM_SEED_CA_BUNDLE_PATH "\"]\n");
+    }
     g_string_append(out,
                     "  - [\"systemctl\", \"enable\", \"--now\", \"vmctl-ssh-serial.service\"]\n");
 

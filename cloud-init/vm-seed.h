@@ -33,7 +33,7 @@ typedef struct {
     gboolean guest_tool;            /* write /usr/local/bin/vmctl-guest (vm_seed_guest_tool()) */
     const char *egress_ca_pem;      /* the PEM certificate (never a key) of the agent's egress CA
                                      * (the credential broker): written to VM_SEED_EGRESS_CA_PATH
-                                     * and trusted (update-ca-certificates); NULL: none */
+                                     * and trusted (VM_SEED_TRUST_CA_SCRIPT); NULL: none */
     const char *environment_block;  /* whole lines appended to /etc/environment (the credential
                                      * broker's block of placeholders): each "# comment" or
                                      * NAME=VALUE, ending with a newline; NULL: none */
@@ -44,6 +44,44 @@ typedef struct {
 
 /* Where egress_ca_pem goes in the guest: Debian's directory of local CAs. */
 #define VM_SEED_EGRESS_CA_PATH "/usr/local/share/ca-certificates/vmctl-egress.crt"
+
+/* The guest's bundle of trusted CAs: what OpenSSL reads by default, and SSL_CERT_FILE and
+ * REQUESTS_CA_BUNDLE name; its directory holds the links by subject hash. */
+#define VM_SEED_CA_BUNDLE_PATH "/etc/ssl/certs/ca-certificates.crt"
+
+/* A shell script, run as root in the guest, that trusts the CA certificate file $1 at once,
+ * where a whole update-ca-certificates run (every certificate linked and the bundle rebuilt,
+ * 18 s under emulation) made a new agent with a secret wait: in the bundle $3, every block equal
+ * to $1 or to $2 (a copy of the certificate $1 replaced; "" for none) goes and $1 is appended,
+ * through a temporary file renamed over it; $1 is linked as vmctl-egress.pem and by its subject
+ * hash in the bundle's directory (the links to an older one go first). A later
+ * update-ca-certificates (an upgrade of ca-certificates) rebuilds the same from $1, which lies
+ * among the local CAs. Without a bundle it runs update-ca-certificates instead. */
+#define VM_SEED_TRUST_CA_SCRIPT                                                                    \
+    "set -eu\n"                                                                                    \
+    "dir=${3%/*}\n"                                                                                \
+    "if [ ! -f \"$3\" ]; then exec update-ca-certificates >/dev/null; fi\n"                        \
+    "bundle_tmp=$(mktemp \"$3.XXXXXX\")\n"                                                         \
+    "trap 'rm -f \"$bundle_tmp\"' EXIT\n"                                                          \
+    "awk -v old=\"$2\" -v new=\"$1\" '\n"                                                          \
+    "function slurp(f,  l, s) { s = \"\"; while ((getline l < f) > 0) s = s l \"\\n\"; close(f); " \
+    "return s }\n"                                                                                 \
+    "BEGIN { o = old != \"\" ? slurp(old) : \"\"; n = slurp(new) }\n"                              \
+    "/-----BEGIN CERTIFICATE-----/ { inb = 1; b = \"\" }\n"                                        \
+    "inb { b = b $0 \"\\n\"; if (/-----END CERTIFICATE-----/) { inb = 0; "                         \
+    "if (b != o && b != n) printf \"%s\", b }; next }\n"                                           \
+    "{ print }\n"                                                                                  \
+    "END { if (inb) printf \"%s\", b; printf \"%s\", n }' \"$3\" >\"$bundle_tmp\"\n"               \
+    "chmod 644 \"$bundle_tmp\"\n"                                                                  \
+    "mv -f \"$bundle_tmp\" \"$3\"\n"                                                               \
+    "trap - EXIT\n"                                                                                \
+    "find \"$dir\" -maxdepth 1 -lname vmctl-egress.pem -delete\n"                                  \
+    "ln -sfn \"$1\" \"$dir/vmctl-egress.pem\"\n"                                                   \
+    "if hash=$(openssl x509 -hash -noout -in \"$1\" 2>/dev/null); then\n"                          \
+    "    i=0\n"                                                                                    \
+    "    while [ -e \"$dir/$hash.$i\" ]; do i=$((i + 1)); done\n"                                  \
+    "    ln -sfn vmctl-egress.pem \"$dir/$hash.$i\"\n"                                             \
+    "fi\n"
 
 /* Renders user-data. Without extra parts it is one #cloud-config document; with template or
  * user parts it is a MIME multipart whose extra parts merge into hostd's (lists appended), so

@@ -59,6 +59,7 @@ static const struct {
     [VM_ERROR_IMAGE] = {"image", 14},
     [VM_ERROR_CANCELLED] = {"cancelled", 15},
     [VM_ERROR_BUSY] = {"busy", 16},
+    [VM_ERROR_PERMISSION] = {"permission", 17},
 };
 
 int

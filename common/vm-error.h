@@ -29,9 +29,10 @@ typedef enum {
     VM_ERROR_IMAGE,            /* image build or download failed */
     VM_ERROR_CANCELLED,        /* the client went away or asked to stop */
     VM_ERROR_BUSY,             /* another hostd holds the state dir */
+    VM_ERROR_PERMISSION,       /* hostd's socket is there, not open to this user */
 } VmErrorCode;
 
-#define VM_ERROR_LAST VM_ERROR_BUSY
+#define VM_ERROR_LAST VM_ERROR_PERMISSION
 
 GQuark vm_error_quark(void);
 

@@ -209,6 +209,15 @@ static const VmOpSpec vm_op_specs[] = {
         {"name", "s", REQ},
         {"secret", "s", REQ, 1, VM_SECRET_NAME_MAX},
         {NULL}}},
+    {VM_OP_AGENT_SET_RESOURCES, "agent-set-resources", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"cpus", "u", 0, 1, VM_SET_CPUS_MAX},
+        {"cpus_add", "u", 0, 1, VM_SET_CPUS_MAX},
+        {"memory_mib", "u", 0, 1, VM_SET_MEMORY_MIB_MAX},
+        {"memory_add_mib", "u", 0, 1, VM_SET_MEMORY_MIB_MAX},
+        {"disk_gib", "u", 0, 1, VM_SET_DISK_GIB_MAX},
+        {"disk_add_gib", "u", 0, 1, VM_SET_DISK_GIB_MAX},
+        {NULL}}},
     {VM_OP_AGENT_LOGS, "agent-logs", VM_OP_EXIT, FALSE, {
         {"name", "s", REQ},
         {"follow", "b"},

@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  9
+#define VM_PROTOCOL_VERSION  10
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
@@ -33,6 +33,10 @@ G_BEGIN_DECLS
 #define VM_SECRET_HOSTS_MAX  32   /* host patterns of one secret */
 #define VM_SECRETS_MAX       64   /* secrets granted by one agent-new */
 #define VM_NAMES_MAX         1024 /* agents named in one request */
+/* The most an agent-set-resources request can ask for; hostd's own limits are lower. */
+#define VM_SET_CPUS_MAX       1024
+#define VM_SET_MEMORY_MIB_MAX (16 * 1024 * 1024) /* 16 TiB */
+#define VM_SET_DISK_GIB_MAX   16384              /* 16 TiB, hostd's bound at new too */
 
 /* An agent's disk I/O limits (agent-new fields, agent info), applied by QEMU's block throttling
  * (<iotune> on its disk), which needs no cgroups. Each is a rate per second; 0 is no limit. */
@@ -102,8 +106,11 @@ typedef enum {
     VM_OP_SECRET_GRANT,       /* -> RESULT {secrets} */
     VM_OP_SECRET_REVOKE,      /* -> RESULT {secrets} */
 
+    /* More CPUs, memory or disk for an agent (vmctl set). */
+    VM_OP_AGENT_SET_RESOURCES = 41, /* -> RESULT {agent, changes} */
+
     /* Watching agents (docs/OBSERVE.md). */
-    VM_OP_AGENT_LOGS = 41, /* -> STDOUT* EXIT {status 0} */
+    VM_OP_AGENT_LOGS = 42, /* -> STDOUT* EXIT {status 0} */
     VM_OP_AGENT_STATS,     /* -> RESULT {agents, seconds} */
 
     /* Client -> hostd during an EXEC stream. */

@@ -331,7 +331,7 @@ char *
 vm_default_state_dir(void)
 {
     if (geteuid() == 0)
-        return g_strdup("/var/lib/hostd");
+        return g_strdup(VM_SYSTEM_STATE_DIR);
     return g_build_filename(g_get_user_data_dir(), "hostd", NULL);
 }
 

@@ -89,7 +89,10 @@ gboolean vm_unix_address(const char *path, struct sockaddr_un *ret, socklen_t *r
  * descriptor. */
 int vm_unix_connect_nofollow(const char *path, int type_flags, GError **error);
 
-/* The default state directory: /var/lib/hostd for root, else $XDG_DATA_HOME/hostd. Newly
+/* hostd's state directory when it runs as root (the system service), by default. */
+#define VM_SYSTEM_STATE_DIR "/var/lib/hostd"
+
+/* The default state directory: VM_SYSTEM_STATE_DIR for root, else $XDG_DATA_HOME/hostd. Newly
  * allocated; can't fail. */
 char *vm_default_state_dir(void);
 

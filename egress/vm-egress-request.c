@@ -569,13 +569,13 @@ vm_egress_request_dup_authority(const VmEgressRequest *request)
     return g_strdup_printf(v6 ? "[%s]:%u" : "%s:%u", request->host, request->port);
 }
 
-GBytes *
-vm_egress_request_build_head(const VmEgressRequest *request)
+/* The request line in origin form, Host first, then every field but Host, as the proxy sends
+ * them upstream; the caller ends the head. */
+static GString *
+request_origin_lines(const VmEgressRequest *request, gsize reserve)
 {
-    GString *out = g_string_new(NULL);
+    GString *out = g_string_sized_new(reserve);
     g_autofree char *authority = vm_egress_request_dup_authority(request);
-
-    g_return_val_if_fail(request->kind == VM_EGRESS_REQUEST_HTTP, NULL);
 
     g_string_append_printf(out, "%s %s HTTP/1.%u\r\nHost: %s\r\n", request->method, request->path,
                            request->minor, authority);
@@ -585,6 +585,15 @@ vm_egress_request_build_head(const VmEgressRequest *request)
         if (g_ascii_strcasecmp(header->name, "host") != 0)
             g_string_append_printf(out, "%s: %s\r\n", header->name, header->value);
     }
+    return out;
+}
+
+GBytes *
+vm_egress_request_build_head(const VmEgressRequest *request)
+{
+    g_return_val_if_fail(request->kind == VM_EGRESS_REQUEST_HTTP, NULL);
+
+    GString *out = request_origin_lines(request, 0);
     g_string_append(out, "Connection: close\r\n\r\n");
     return g_string_free_to_bytes(out);
 }
@@ -592,17 +601,7 @@ vm_egress_request_build_head(const VmEgressRequest *request)
 GString *
 vm_egress_request_build_origin_head(const VmEgressRequest *request)
 {
-    GString *out = g_string_sized_new(1024);
-    g_autofree char *authority = vm_egress_request_dup_authority(request);
-
-    g_string_append_printf(out, "%s %s HTTP/1.%u\r\nHost: %s\r\n", request->method, request->path,
-                           request->minor, authority);
-    for (guint i = 0; i < request->headers->len; i++) {
-        const VmEgressHeader *header = g_ptr_array_index(request->headers, i);
-
-        if (g_ascii_strcasecmp(header->name, "host") != 0)
-            g_string_append_printf(out, "%s: %s\r\n", header->name, header->value);
-    }
+    GString *out = request_origin_lines(request, 1024);
     g_string_append(out, request->close ? "Connection: close\r\n\r\n" : "\r\n");
     return out;
 }

@@ -9,28 +9,43 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-int
-vm_fd_send(int sock, int fd)
-{
+/* One byte and room for one descriptor: the only message either side of a hand-over sends. */
+typedef struct {
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
     } control;
-    char byte = 'F';
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    struct msghdr msg = {.msg_iov = &iov,
-                         .msg_iovlen = 1,
-                         .msg_control = control.buf,
-                         .msg_controllen = sizeof(control.buf)};
+    char byte;
+    struct iovec iov;
+    struct msghdr msg;
+} FdMessage;
+
+static void
+fd_message_init(FdMessage *m, char byte)
+{
+    memset(m, 0, sizeof(*m));
+    m->byte = byte;
+    m->iov = (struct iovec){.iov_base = &m->byte, .iov_len = 1};
+    m->msg = (struct msghdr){.msg_iov = &m->iov,
+                             .msg_iovlen = 1,
+                             .msg_control = m->control.buf,
+                             .msg_controllen = sizeof(m->control.buf)};
+}
+
+int
+vm_fd_send(int sock, int fd)
+{
+    FdMessage m;
+    struct msghdr *msg = &m.msg;
     struct cmsghdr *cmsg;
 
-    memset(&control, 0, sizeof(control));
-    cmsg = CMSG_FIRSTHDR(&msg);
+    fd_message_init(&m, 'F');
+    cmsg = CMSG_FIRSTHDR(msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
     cmsg->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-    while (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) {
+    while (sendmsg(sock, msg, MSG_NOSIGNAL) < 0) {
         if (errno != EINTR)
             return -errno;
     }
@@ -60,38 +75,30 @@ vm_fd_pass(const char *path, int fd)
 int
 vm_fd_receive(int sock, char *ret_byte)
 {
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } control;
-    char byte = 0;
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    struct msghdr msg = {.msg_iov = &iov,
-                         .msg_iovlen = 1,
-                         .msg_control = control.buf,
-                         .msg_controllen = sizeof(control.buf)};
+    FdMessage m;
+    struct msghdr *msg = &m.msg;
     struct cmsghdr *cmsg;
     ssize_t n;
     int fd = -1, type = 0, flags;
     socklen_t type_len = sizeof(type);
 
-    memset(&control, 0, sizeof(control));
+    fd_message_init(&m, 0);
     do {
-        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        n = recvmsg(sock, msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
     if (n < 0)
         return errno == EWOULDBLOCK ? -EAGAIN : -errno;
     if (n == 0)
         return -ECONNRESET;
-    cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg = CMSG_FIRSTHDR(msg);
     if (cmsg == NULL && ret_byte != NULL) {
-        *ret_byte = byte;
+        *ret_byte = m.byte;
         return -ENOMSG;
     }
     if (cmsg != NULL && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
         cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
         memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
-    if (fd < 0 || (msg.msg_flags & MSG_CTRUNC) ||
+    if (fd < 0 || (msg->msg_flags & MSG_CTRUNC) ||
         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) < 0 || type != SOCK_STREAM ||
         (flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
         if (fd >= 0)

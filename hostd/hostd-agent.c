@@ -810,6 +810,21 @@ hostd_agent_lock_open(HostdContext *ctx, const char *name, GMutex **ret_lock,
     return TRUE;
 }
 
+HostdAgentRecord *
+hostd_agent_lock_load(HostdContext *ctx, const char *name, GMutex **ret_lock, GError **error)
+{
+    if (!vm_name_validate(name, error))
+        return NULL;
+    GMutex *lock = hostd_name_lock(ctx, name);
+    HostdAgentRecord *r = hostd_agent_load(ctx, name, error);
+    if (r == NULL) {
+        hostd_name_unlock(lock);
+        return NULL;
+    }
+    *ret_lock = lock;
+    return r;
+}
+
 /* An agent from before agent ids gets one at its first boot from its disk: recorded, then in
  * its definition. One that resumes a saved state keeps the user its state was saved with until
  * it next boots. */
@@ -937,10 +952,8 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
 gboolean
 hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **error)
 {
-    if (!vm_name_validate(name, error))
-        return FALSE;
-    g_autoptr(HostdNameLock) name_lock = hostd_name_lock(ctx, name);
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    g_autoptr(HostdNameLock) name_lock = NULL;
+    g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &name_lock, error);
     if (r == NULL)
         return FALSE;
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);

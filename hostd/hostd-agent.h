@@ -87,6 +87,11 @@ GPtrArray *hostd_agent_records_forked_from(HostdContext *ctx, const char *source
 gboolean hostd_agent_open(HostdContext *ctx, const char *name, HostdAgentRecord **ret_record,
                           virDomainPtr *ret_dom, GError **error);
 
+/* Validates @name, takes its lock and loads its record; on success the caller holds *ret_lock,
+ * on failure nothing is held. For the requests that need the record but not the domain. */
+HostdAgentRecord *hostd_agent_lock_load(HostdContext *ctx, const char *name, GMutex **ret_lock,
+                                        GError **error);
+
 /* Validates @name, takes its lock and opens it (hostd_agent_open()); on success the caller
  * holds *ret_lock, on failure nothing is held. */
 gboolean hostd_agent_lock_open(HostdContext *ctx, const char *name, GMutex **ret_lock,

@@ -133,16 +133,46 @@ authorize_store(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom, 
     return TRUE;
 }
 
-/* Locks and opens agent @name and loads the keys hostd recorded for it: what adding and
- * removing a key start with. */
-static GPtrArray *
-authorize_open(HostdContext *ctx, const char *name, HostdNameLock **ret_lock,
-               HostdAgentRecord **ret_record, virDomainPtr *ret_dom, GError **error)
+/* Changes @keys, the keys recorded for agent @name, in place; when it fails nothing is stored. */
+typedef gboolean (*AuthorizeEdit)(const char *name, GPtrArray *keys, gpointer data, GError **error);
+
+/* What adding and removing a key share: with agent @name locked and open, its recorded keys
+ * loaded, @edit changes them, then they reach the guest and the record (authorize_store()).
+ * Returns the keys as they are now. */
+static GVariant *
+authorize_change(HostdContext *ctx, const char *name, AuthorizeEdit edit, gpointer data,
+                 GError **error)
 {
-    if (!hostd_agent_lock_open(ctx, name, ret_lock, ret_record, ret_dom, error))
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return NULL;
-    g_autofree char *path = hostd_agent_record_path(*ret_record, HOSTD_AGENT_USER_KEYS);
-    return hostd_user_keys_load(path, error);
+    g_autofree char *path = hostd_agent_record_path(r, HOSTD_AGENT_USER_KEYS);
+    g_autoptr(GPtrArray) record = hostd_user_keys_load(path, error);
+    if (record == NULL || !edit(name, record, data, error) ||
+        !authorize_store(ctx, r, dom, record, error))
+        return NULL;
+    return authorize_keys_to_variant(record);
+}
+
+typedef struct {
+    GPtrArray *keys;
+    guint added;
+} AuthorizeAdd;
+
+static gboolean
+authorize_edit_add(const char *name, GPtrArray *record, gpointer data, GError **error)
+{
+    AuthorizeAdd *add = data;
+
+    add->added = hostd_user_keys_merge(record, add->keys);
+    if (record->len > VM_SSH_KEYS_MAX)
+        return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                        "agent '%s' would have %u keys: at most %d; remove some first (vmctl "
+                        "authorize %s --rm FINGERPRINT)",
+                        name, record->len, VM_SSH_KEYS_MAX, name);
+    return TRUE;
 }
 
 GVariant *
@@ -157,24 +187,28 @@ hostd_authorize_add(HostdContext *ctx, const char *name, const char *const *line
     if (keys == NULL)
         return NULL;
 
-    g_autoptr(HostdNameLock) lock = NULL;
-    g_autoptr(HostdAgentRecord) r = NULL;
-    g_autoptr(virDomain) dom = NULL;
-    g_autoptr(GPtrArray) record = authorize_open(ctx, name, &lock, &r, &dom, error);
-    if (record == NULL)
-        return NULL;
-    guint added = hostd_user_keys_merge(record, keys);
-    if (record->len > VM_SSH_KEYS_MAX)
-        return vm_throw(error, VM_ERROR_NO_RESOURCES,
-                        "agent '%s' would have %u keys: at most %d; remove some first (vmctl "
-                        "authorize %s --rm FINGERPRINT)",
-                        name, record->len, VM_SSH_KEYS_MAX, name),
-               NULL;
-    if (!authorize_store(ctx, r, dom, record, error))
-        return NULL;
-    if (ret_added != NULL)
-        *ret_added = added;
-    return authorize_keys_to_variant(record);
+    AuthorizeAdd add = {.keys = keys};
+    GVariant *now = authorize_change(ctx, name, authorize_edit_add, &add, error);
+    if (now != NULL && ret_added != NULL)
+        *ret_added = add.added;
+    return now;
+}
+
+static gboolean
+authorize_edit_rm(const char *name, GPtrArray *record, gpointer data, GError **error)
+{
+    const char *fingerprint = data;
+    gint at = hostd_user_keys_find(record, fingerprint);
+
+    if (at < 0) {
+        g_autofree char *shown = vm_utf8_cut(fingerprint, 80);
+        g_autofree char *escaped = g_strescape(shown, NULL);
+        return vm_throw(error, VM_ERROR_NOT_FOUND,
+                        "agent '%s' has no key %s; see: vmctl authorize %s --list", name, escaped,
+                        name);
+    }
+    g_ptr_array_remove_index(record, (guint)at);
+    return TRUE;
 }
 
 GVariant *
@@ -182,25 +216,7 @@ hostd_authorize_rm(HostdContext *ctx, const char *name, const char *fingerprint,
 {
     g_return_val_if_fail(fingerprint != NULL, NULL);
 
-    g_autoptr(HostdNameLock) lock = NULL;
-    g_autoptr(HostdAgentRecord) r = NULL;
-    g_autoptr(virDomain) dom = NULL;
-    g_autoptr(GPtrArray) record = authorize_open(ctx, name, &lock, &r, &dom, error);
-    if (record == NULL)
-        return NULL;
-    gint at = hostd_user_keys_find(record, fingerprint);
-    if (at < 0) {
-        g_autofree char *shown = vm_utf8_cut(fingerprint, 80);
-        g_autofree char *escaped = g_strescape(shown, NULL);
-        return vm_throw(error, VM_ERROR_NOT_FOUND,
-                        "agent '%s' has no key %s; see: vmctl authorize %s --list", name, escaped,
-                        name),
-               NULL;
-    }
-    g_ptr_array_remove_index(record, (guint)at);
-    if (!authorize_store(ctx, r, dom, record, error))
-        return NULL;
-    return authorize_keys_to_variant(record);
+    return authorize_change(ctx, name, authorize_edit_rm, (gpointer)fingerprint, error);
 }
 
 GVariant *

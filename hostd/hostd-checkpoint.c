@@ -575,6 +575,23 @@ hostd_checkpoint_to_variant(const VmCheckpointSet *set, const VmCheckpoint *c)
     return g_variant_builder_end(&b);
 }
 
+/* @r with the CPU count and memory size of @saved, a saved state's definition (NULL: none), or a
+ * copy of @r as it is when that has none: a saved state holds a VM of the sizes it was saved
+ * with, which vmctl set may have changed in the record since, and libvirt refuses to load it
+ * into a definition of others. The record's sizes come with the next cold boot. Can't fail. */
+static HostdAgentRecord *
+hostd_checkpoint_saved_sizes(const HostdAgentRecord *r, const char *saved)
+{
+    HostdAgentRecord *c = hostd_agent_record_copy(r);
+    guint cpus, memory_mib;
+
+    if (saved != NULL && vm_domain_read_sizes(saved, &cpus, &memory_mib, NULL)) {
+        c->cpus = cpus;
+        c->memory_mib = memory_mib;
+    }
+    return c;
+}
+
 /* A saved agent (idle save, `suspend --save`) resumes from a state file that names the disk it
  * was writing to and the chain under it. When a checkpoint freezes that file, the state must
  * name @new_file, the new overlay, or the wake would write into the checkpoint; with @new_file
@@ -594,7 +611,8 @@ hostd_checkpoint_repoint_saved(HostdContext *ctx, const HostdAgentRecord *r, vir
     if (saved == NULL)
         virResetLastError();
     g_autofree char *genid = saved != NULL ? vm_domain_read_genid(saved, NULL) : NULL;
-    g_autofree char *xml = hostd_checkpoint_domain_xml(ctx, r, set, new_file, genid, error);
+    g_autoptr(HostdAgentRecord) sized = hostd_checkpoint_saved_sizes(r, saved);
+    g_autofree char *xml = hostd_checkpoint_domain_xml(ctx, sized, set, new_file, genid, error);
     if (xml == NULL)
         return FALSE;
     if (virDomainManagedSaveDefineXML(dom, xml, 0) < 0)
@@ -766,7 +784,8 @@ hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, vi
         /* libvirt checks the generation ID too: the saved one (made new at each restore). */
         g_autofree char *saved = vm_save_image_read_xml(memory_path, NULL);
         g_autofree char *genid = saved != NULL ? vm_domain_read_genid(saved, NULL) : NULL;
-        g_autofree char *xml = hostd_checkpoint_domain_xml(ctx, r, set, NULL, genid, error);
+        g_autoptr(HostdAgentRecord) sized = hostd_checkpoint_saved_sizes(r, saved);
+        g_autofree char *xml = hostd_checkpoint_domain_xml(ctx, sized, set, NULL, genid, error);
         if (xml == NULL)
             return FALSE;
         if (virDomainRestoreFlags(ctx->lv->conn, memory_path, xml, VIR_DOMAIN_SAVE_RUNNING) == 0) {

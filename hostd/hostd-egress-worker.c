@@ -41,20 +41,14 @@ struct _HostdEgressWorker {
     VmEgressResolveFunc resolve;
     gpointer resolve_data;
 
-    GMutex send_lock; /* one frame at a time to the worker */
-    GMutex lock;      /* the fields below */
-    GCond cond;
+    HostdWorkerRuns runs; /* its lock guards the fields below too */
     VmEgressPolicy *policy;
     VmEgressCredentials *credentials;
-    int fd;   /* the channel to the running worker, -1 when none */
-    GPid pid; /* the running worker, 0 when none */
-    gboolean stopping;
     guint32 serial;       /* of the last stats question */
     guint32 stats_serial; /* of the last answer */
     guint connections;
     guint64 bytes_up, bytes_down; /* this run's, as its last answer said */
     guint64 past_up, past_down;   /* of the runs before it */
-    GThread *watcher;
 };
 
 static void
@@ -69,9 +63,7 @@ worker_release(HostdEgressWorker *worker)
     g_free(worker->upstream_ca);
     g_clear_pointer(&worker->policy, vm_egress_policy_unref);
     g_clear_pointer(&worker->credentials, vm_egress_credentials_unref);
-    g_mutex_clear(&worker->send_lock);
-    g_mutex_clear(&worker->lock);
-    g_cond_clear(&worker->cond);
+    hostd_worker_runs_clear(&worker->runs);
 }
 
 HostdEgressWorker *
@@ -84,14 +76,6 @@ void
 hostd_egress_worker_unref(HostdEgressWorker *worker)
 {
     g_atomic_rc_box_release_full(worker, (GDestroyNotify)worker_release);
-}
-
-/* Sends one message on @fd (the channel of one worker run); a worker that is gone is noticed by
- * the watcher. */
-static void
-worker_send(HostdEgressWorker *worker, int fd, const char *kind, GVariant *payload)
-{
-    hostd_worker_send(&worker->send_lock, fd, kind, payload);
 }
 
 static GVariant *
@@ -111,14 +95,14 @@ worker_start_message(HostdEgressWorker *worker)
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
     g_autoptr(GVariant) policy = NULL;
 
-    g_mutex_lock(&worker->lock);
+    g_mutex_lock(&worker->runs.lock);
     policy = g_variant_ref_sink(policy_variant(worker->policy));
     g_variant_builder_add(&b, "{sv}", "allow", g_variant_get_child_value(policy, 0));
     g_variant_builder_add(&b, "{sv}", "deny", g_variant_get_child_value(policy, 1));
     if (worker->credentials != NULL)
         g_variant_builder_add(&b, "{sv}", "credentials",
                               vm_egress_wire_credentials(worker->credentials));
-    g_mutex_unlock(&worker->lock);
+    g_mutex_unlock(&worker->runs.lock);
     if (worker->ca_cert != NULL && worker->ca_key != NULL) {
         g_variant_builder_add(&b, "{sv}", "ca-cert", g_variant_new_string(worker->ca_cert));
         g_variant_builder_add(&b, "{sv}", "ca-key", g_variant_new_string(worker->ca_key));
@@ -180,8 +164,9 @@ worker_connect_channel(HostdEgressWorker *worker, GError **error)
 
 /* Runs a new worker and waits for its "ready": the channel and pid on success. */
 static gboolean
-worker_launch(HostdEgressWorker *worker, int *ret_fd, GPid *ret_pid, GError **error)
+worker_launch(gpointer owner, int *ret_fd, GPid *ret_pid, GError **error)
 {
+    HostdEgressWorker *worker = owner;
     g_autoptr(GVariant) ready = NULL;
     vm_autofd connect_child = worker_connect_channel(worker, error);
 
@@ -249,9 +234,9 @@ worker_answer_resolve(HostdEgressWorker *worker, int fd, GVariant *payload)
         g_strv_builder_add(texts, text);
     }
     list = g_strv_builder_end(texts);
-    worker_send(worker, fd, "resolved",
-                g_variant_new("(ubs^as)", serial, addresses != NULL,
-                              error != NULL ? error->message : "", list));
+    hostd_worker_runs_send(&worker->runs, fd, "resolved",
+                           g_variant_new("(ubs^as)", serial, addresses != NULL,
+                                         error != NULL ? error->message : "", list));
 }
 
 /* Reads one worker run's messages until its channel ends, it breaks the protocol or it misses a
@@ -259,8 +244,9 @@ worker_answer_resolve(HostdEgressWorker *worker, int fd, GVariant *payload)
  * question the watcher asks after a quiet interval must be answered within it. A worker that is
  * stopped (SIGSTOP: alive, silent) is found out so, and then killed and replaced. */
 static void
-worker_serve(HostdEgressWorker *worker, int fd)
+worker_serve(gpointer owner, int fd, guint64 run)
 {
+    HostdEgressWorker *worker = owner;
     gint64 answer_us = (gint64)worker->answer_timeout_ms * 1000;
     gint64 next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
     gint64 ping_deadline = -1; /* of the question asked, -1: none asked */
@@ -273,11 +259,11 @@ worker_serve(HostdEgressWorker *worker, int fd)
         gboolean answered;
 
         if (!hostd_worker_wait(fd, ping_deadline >= 0 ? ping_deadline : next_ping)) {
-            g_mutex_lock(&worker->lock);
+            g_mutex_lock(&worker->runs.lock);
             answered = ping_deadline >= 0 && (gint32)(worker->stats_serial - ping) >= 0;
             if (ping_deadline < 0)
                 ping = ++worker->serial;
-            g_mutex_unlock(&worker->lock);
+            g_mutex_unlock(&worker->runs.lock);
             if (answered) {
                 ping_deadline = -1;
                 next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
@@ -287,7 +273,7 @@ worker_serve(HostdEgressWorker *worker, int fd)
                           worker->name, (double)worker->answer_timeout_ms / 1000);
                 return;
             } else {
-                worker_send(worker, fd, "stats", g_variant_new_uint32(ping));
+                hostd_worker_runs_send(&worker->runs, fd, "stats", g_variant_new_uint32(ping));
                 ping_deadline = g_get_monotonic_time() + answer_us;
             }
             continue;
@@ -319,7 +305,7 @@ worker_serve(HostdEgressWorker *worker, int fd)
             guint64 up, down;
 
             g_variant_get(payload, "(uutt)", &serial, &connections, &up, &down);
-            g_mutex_lock(&worker->lock);
+            g_mutex_lock(&worker->runs.lock);
             /* Bounded by what the proxy allows: a larger number is a lie. The byte counts are
              * the worker's word, shown as such; a count going back is not taken. */
             worker->connections = MIN(connections, MAX(worker->max_connections, 1));
@@ -327,8 +313,8 @@ worker_serve(HostdEgressWorker *worker, int fd)
             worker->bytes_down = MAX(worker->bytes_down, down);
             worker->stats_serial = serial;
             answered = ping_deadline >= 0 && (gint32)(serial - ping) >= 0;
-            g_cond_broadcast(&worker->cond);
-            g_mutex_unlock(&worker->lock);
+            g_cond_broadcast(&worker->runs.cond);
+            g_mutex_unlock(&worker->runs.lock);
             if (answered) {
                 ping_deadline = -1;
                 next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
@@ -342,78 +328,49 @@ worker_serve(HostdEgressWorker *worker, int fd)
     }
 }
 
-/* The watcher: serves the running worker, and when it dies starts another until stopped. */
-static gpointer
-worker_watch(gpointer data)
+static void
+worker_run_ended(gpointer owner)
 {
-    HostdEgressWorker *worker = data;
-    guint backoff_ms = 0;
+    HostdEgressWorker *worker = owner;
 
-    for (;;) {
-        gint64 started = g_get_monotonic_time();
-        int fd;
-        GPid pid;
-
-        g_mutex_lock(&worker->lock);
-        fd = worker->fd;
-        pid = worker->pid;
-        g_mutex_unlock(&worker->lock);
-        if (fd >= 0)
-            worker_serve(worker, fd);
-
-        g_mutex_lock(&worker->lock);
-        worker->fd = -1;
-        worker->pid = 0;
-        worker->connections = 0;
-        worker->past_up += worker->bytes_up;
-        worker->past_down += worker->bytes_down;
-        worker->bytes_up = 0;
-        worker->bytes_down = 0;
-        g_cond_broadcast(&worker->cond);
-        g_mutex_unlock(&worker->lock);
-        hostd_worker_run_end(&worker->send_lock, fd, pid);
-        if (!hostd_worker_pause(&worker->lock, &worker->cond, &worker->stopping, &backoff_ms,
-                                started, HOSTD_EGRESS_WORKER_BACKOFF_MAX_MS))
-            return NULL;
-
-        {
-            g_autoptr(GError) error = NULL;
-
-            if (!worker_launch(worker, &fd, &pid, &error)) {
-                g_warning("%s", error->message);
-                fd = -1;
-                pid = 0;
-            }
-        }
-        g_mutex_lock(&worker->lock);
-        worker->fd = fd;
-        worker->pid = pid;
-        if (worker->stopping && pid > 0)
-            (void)kill(pid, SIGKILL);
-        /* A change made while it started (after its start message was made, before its channel
-         * was known) reaches it now; both messages may be repeated harmlessly. */
-        worker_send(worker, fd, "policy", policy_variant(worker->policy));
-        worker_send(worker, fd, "credentials", vm_egress_wire_credentials(worker->credentials));
-        g_mutex_unlock(&worker->lock);
-        if (pid > 0)
-            g_message("egress worker of '%s' restarted (pid %d)", worker->name, (int)pid);
-    }
+    worker->connections = 0;
+    worker->past_up += worker->bytes_up;
+    worker->past_down += worker->bytes_down;
+    worker->bytes_up = 0;
+    worker->bytes_down = 0;
 }
+
+/* A change made while the next run started (after its start message was made, before its
+ * channel was known) reaches it now; both messages may be repeated harmlessly. */
+static void
+worker_run_begun(gpointer owner, int fd)
+{
+    HostdEgressWorker *worker = owner;
+
+    hostd_worker_runs_send(&worker->runs, fd, "policy", policy_variant(worker->policy));
+    hostd_worker_runs_send(&worker->runs, fd, "credentials",
+                           vm_egress_wire_credentials(worker->credentials));
+}
+
+static const HostdWorkerKind egress_kind = {
+    .what = "egress worker",
+    .thread_name = "egress-worker",
+    .backoff_max_ms = HOSTD_EGRESS_WORKER_BACKOFF_MAX_MS,
+    .launch = worker_launch,
+    .serve = worker_serve,
+    .run_ended = worker_run_ended,
+    .run_begun = worker_run_begun,
+};
 
 HostdEgressWorker *
 hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
 {
     HostdEgressWorker *worker = g_atomic_rc_box_new0(HostdEgressWorker);
     g_autoptr(GError) local_error = NULL;
-    int fd;
-    GPid pid;
 
-    g_mutex_init(&worker->send_lock);
-    g_mutex_init(&worker->lock);
-    g_cond_init(&worker->cond);
-    worker->fd = -1;
     worker->program = g_strdup(config->program);
     worker->name = g_strdup(config->name);
+    hostd_worker_runs_init(&worker->runs, &egress_kind, worker->name, worker);
     worker->listen_fd = fcntl(config->listen_fd, F_DUPFD_CLOEXEC, 3);
     worker->change_user = config->change_user;
     worker->uid = config->uid;
@@ -446,34 +403,19 @@ hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
         hostd_egress_worker_unref(worker);
         return NULL;
     }
-    if (!worker_launch(worker, &fd, &pid, error)) {
+    if (!hostd_worker_runs_start(&worker->runs, error)) {
         hostd_egress_worker_unref(worker);
         return NULL;
     }
-    worker->fd = fd;
-    worker->pid = pid;
-    /* The watcher holds a reference of its own: it may outlive the caller's by a moment. */
-    worker->watcher = g_thread_new("egress-worker", worker_watch, hostd_egress_worker_ref(worker));
     return worker;
 }
 
 void
 hostd_egress_worker_free(HostdEgressWorker *worker)
 {
-    GThread *watcher;
-
     if (worker == NULL)
         return;
-    g_mutex_lock(&worker->lock);
-    worker->stopping = TRUE;
-    if (worker->pid > 0)
-        (void)kill(worker->pid, SIGKILL);
-    watcher = g_steal_pointer(&worker->watcher);
-    g_cond_broadcast(&worker->cond);
-    g_mutex_unlock(&worker->lock);
-    if (watcher != NULL)
-        g_thread_join(watcher);
-    hostd_egress_worker_unref(worker); /* the watcher's */
+    hostd_worker_runs_stop(&worker->runs);
     hostd_egress_worker_unref(worker);
 }
 
@@ -482,26 +424,27 @@ hostd_egress_worker_set_policy(HostdEgressWorker *worker, VmEgressPolicy *policy
 {
     int fd;
 
-    g_mutex_lock(&worker->lock);
+    g_mutex_lock(&worker->runs.lock);
     vm_egress_policy_ref(policy);
     g_clear_pointer(&worker->policy, vm_egress_policy_unref);
     worker->policy = policy;
-    fd = worker->fd;
+    fd = worker->runs.fd;
     /* Sent under the lock, so two changes reach the worker in the order they were made. */
-    worker_send(worker, fd, "policy", policy_variant(policy));
-    g_mutex_unlock(&worker->lock);
+    hostd_worker_runs_send(&worker->runs, fd, "policy", policy_variant(policy));
+    g_mutex_unlock(&worker->runs.lock);
 }
 
 void
 hostd_egress_worker_set_credentials(HostdEgressWorker *worker, VmEgressCredentials *creds)
 {
-    g_mutex_lock(&worker->lock);
+    g_mutex_lock(&worker->runs.lock);
     if (creds != NULL)
         vm_egress_credentials_ref(creds);
     g_clear_pointer(&worker->credentials, vm_egress_credentials_unref);
     worker->credentials = creds;
-    worker_send(worker, worker->fd, "credentials", vm_egress_wire_credentials(creds));
-    g_mutex_unlock(&worker->lock);
+    hostd_worker_runs_send(&worker->runs, worker->runs.fd, "credentials",
+                           vm_egress_wire_credentials(creds));
+    g_mutex_unlock(&worker->runs.lock);
 }
 
 VmEgressPolicy *
@@ -509,9 +452,9 @@ hostd_egress_worker_dup_policy(HostdEgressWorker *worker)
 {
     VmEgressPolicy *policy;
 
-    g_mutex_lock(&worker->lock);
+    g_mutex_lock(&worker->runs.lock);
     policy = vm_egress_policy_ref(worker->policy);
-    g_mutex_unlock(&worker->lock);
+    g_mutex_unlock(&worker->runs.lock);
     return policy;
 }
 
@@ -530,35 +473,30 @@ hostd_egress_worker_get_stats(HostdEgressWorker *worker, guint64 *ret_up, guint6
     guint32 serial;
     guint connections = 0;
 
-    g_mutex_lock(&worker->lock);
+    g_mutex_lock(&worker->runs.lock);
     *ret_up = worker->past_up + worker->bytes_up;
     *ret_down = worker->past_down + worker->bytes_down;
-    if (worker->fd < 0) {
-        g_mutex_unlock(&worker->lock);
+    if (worker->runs.fd < 0) {
+        g_mutex_unlock(&worker->runs.lock);
         return 0;
     }
     serial = ++worker->serial;
-    worker_send(worker, worker->fd, "stats", g_variant_new_uint32(serial));
-    while (worker->fd >= 0 && (gint32)(worker->stats_serial - serial) < 0) {
-        if (!g_cond_wait_until(&worker->cond, &worker->lock, deadline))
+    hostd_worker_runs_send(&worker->runs, worker->runs.fd, "stats", g_variant_new_uint32(serial));
+    while (worker->runs.fd >= 0 && (gint32)(worker->stats_serial - serial) < 0) {
+        if (!g_cond_wait_until(&worker->runs.cond, &worker->runs.lock, deadline))
             break;
     }
     /* A later answer (to the watcher's question) is as fresh. */
-    if (worker->fd >= 0 && (gint32)(worker->stats_serial - serial) >= 0)
+    if (worker->runs.fd >= 0 && (gint32)(worker->stats_serial - serial) >= 0)
         connections = worker->connections;
     *ret_up = worker->past_up + worker->bytes_up;
     *ret_down = worker->past_down + worker->bytes_down;
-    g_mutex_unlock(&worker->lock);
+    g_mutex_unlock(&worker->runs.lock);
     return connections;
 }
 
 GPid
 hostd_egress_worker_get_pid(HostdEgressWorker *worker)
 {
-    GPid pid;
-
-    g_mutex_lock(&worker->lock);
-    pid = worker->pid;
-    g_mutex_unlock(&worker->lock);
-    return pid;
+    return hostd_worker_runs_get_pid(&worker->runs);
 }

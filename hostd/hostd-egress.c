@@ -971,10 +971,7 @@ hostd_egress_set(HostdContext *ctx, const char *name, const char *const *allow,
     g_autoptr(VmEgressPolicy) policy = NULL;
     guint connections = 0;
 
-    if (!vm_name_validate(name, error))
-        return NULL;
-    lock = hostd_name_lock(ctx, name);
-    r = hostd_agent_load(ctx, name, error);
+    r = hostd_agent_lock_load(ctx, name, &lock, error);
     if (r == NULL)
         return NULL;
     current = egress_policy_load(ctx, name, error);

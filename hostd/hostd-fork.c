@@ -8,6 +8,7 @@
 #include "hostd-template.h"
 #include "hostd-warm.h"
 #include "hostd-checkpoint.h"
+#include "vm-domain-read.h"
 #include "vm-error.h"
 #include "vm-image.h"
 #include "vm-name.h"
@@ -96,6 +97,22 @@ hostd_fork_drop_recorded(HostdContext *ctx, const HostdAgentRecord *source, virD
         hostd_checkpoint_rm_locked(ctx, source, dom, set, c, NULL);
 }
 
+/* Whether the running @dom has @cpus vCPUs and @memory_mib MiB: its memory state is what a live
+ * fork restores, and vmctl set changes the record (the next start's sizes) before the VM. */
+static gboolean
+hostd_fork_live_sizes_match(virDomainPtr dom, guint cpus, guint memory_mib)
+{
+    g_autofree char *xml = virDomainGetXMLDesc(dom, 0);
+    guint live_cpus = 0, live_mib = 0;
+
+    if (xml == NULL) {
+        virResetLastError();
+        return FALSE;
+    }
+    return vm_domain_read_sizes(xml, &live_cpus, &live_mib, NULL) && live_cpus == cpus &&
+           live_mib == memory_mib;
+}
+
 GVariant *
 hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint,
            VmProgressFunc progress, gpointer progress_data, GError **error)
@@ -137,6 +154,8 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
             why = "the source is not running";
         else if (cpus != source->cpus || memory_mib != source->memory_mib)
             why = "another CPU count or memory size was asked for";
+        else if (!hostd_fork_live_sizes_match(source_dom, cpus, memory_mib))
+            why = "the source's CPUs or memory were changed since it started (vmctl set)";
         if (why != NULL) {
             live = FALSE;
             hostd_context_log(ctx, "fork '%s' of '%s': booting cold: %s", req->name, req->source,

@@ -351,10 +351,7 @@ hostd_forward_add(HostdContext *ctx, const char *name, guint guest_port, guint h
 
     g_return_val_if_fail(guest_port > 0 && guest_port <= 65535 && host_port <= 65535, NULL);
 
-    if (!vm_name_validate(name, error))
-        return NULL;
-    lock = hostd_name_lock(ctx, name);
-    r = hostd_agent_load(ctx, name, error);
+    r = hostd_agent_lock_load(ctx, name, &lock, error);
     if (r == NULL)
         return NULL;
     forwards = hostd_forwards_load(r->dir, error);
@@ -402,10 +399,7 @@ hostd_forward_remove(HostdContext *ctx, const char *name, guint guest_port, GErr
     HostdSshForward *fwd;
     gint found;
 
-    if (!vm_name_validate(name, error))
-        return FALSE;
-    lock = hostd_name_lock(ctx, name);
-    r = hostd_agent_load(ctx, name, error);
+    r = hostd_agent_lock_load(ctx, name, &lock, error);
     if (r == NULL)
         return FALSE;
     forwards = hostd_forwards_load(r->dir, error);

@@ -27,14 +27,7 @@ struct _HostdGuestApiWorker {
     HostdGuestApiWorkerBrokenFunc broken;
     gpointer user_data;
 
-    GMutex send_lock; /* one frame at a time to the worker */
-    GMutex lock;      /* the fields below */
-    GCond cond;
-    int fd;      /* the channel to the running worker, -1 when none */
-    GPid pid;    /* the running worker, 0 when none */
-    guint64 run; /* which run fd and pid are, counted from 1 */
-    gboolean stopping;
-    GThread *watcher;
+    HostdWorkerRuns runs;
     guint32 ping; /* the watcher's own: the serial of its last ping */
 };
 
@@ -45,9 +38,7 @@ worker_release(HostdGuestApiWorker *worker)
     g_free(worker->name);
     if (worker->listen_fd >= 0)
         close(worker->listen_fd);
-    g_mutex_clear(&worker->send_lock);
-    g_mutex_clear(&worker->lock);
-    g_cond_clear(&worker->cond);
+    hostd_worker_runs_clear(&worker->runs);
 }
 
 HostdGuestApiWorker *
@@ -60,14 +51,6 @@ void
 hostd_guest_api_worker_unref(HostdGuestApiWorker *worker)
 {
     g_atomic_rc_box_release_full(worker, (GDestroyNotify)worker_release);
-}
-
-/* Sends one message on @fd (the channel of one worker run); a worker that is gone is noticed by
- * the watcher. */
-static void
-worker_send(HostdGuestApiWorker *worker, int fd, const char *kind, GVariant *payload)
-{
-    hostd_worker_send(&worker->send_lock, fd, kind, payload);
 }
 
 static GVariant *
@@ -83,8 +66,9 @@ worker_start_message(HostdGuestApiWorker *worker)
 
 /* Runs a new worker and waits for its "ready": the channel and pid on success. */
 static gboolean
-worker_launch(HostdGuestApiWorker *worker, int *ret_fd, GPid *ret_pid, GError **error)
+worker_launch(gpointer owner, int *ret_fd, GPid *ret_pid, GError **error)
 {
+    HostdGuestApiWorker *worker = owner;
     const HostdWorkerSpawn spawn = {
         .program = worker->program,
         .name = worker->name,
@@ -106,8 +90,9 @@ worker_launch(HostdGuestApiWorker *worker, int *ret_fd, GPid *ret_pid, GError **
  * watcher sends after a quiet interval must be answered within it. A worker that is stopped
  * (SIGSTOP: alive, silent) is found out so, and then killed and replaced. */
 static void
-worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
+worker_serve(gpointer owner, int fd, guint64 run)
 {
+    HostdGuestApiWorker *worker = owner;
     gint64 answer_us = (gint64)worker->answer_timeout_ms * 1000;
     gint64 next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
     gint64 ping_deadline = -1; /* of the ping sent, -1: none */
@@ -124,7 +109,7 @@ worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
                           worker->name, (double)worker->answer_timeout_ms / 1000);
                 return;
             }
-            worker_send(worker, fd, "ping", g_variant_new_uint32(++worker->ping));
+            hostd_worker_runs_send(&worker->runs, fd, "ping", g_variant_new_uint32(++worker->ping));
             ping_deadline = g_get_monotonic_time() + answer_us;
             continue;
         }
@@ -173,70 +158,22 @@ worker_serve(HostdGuestApiWorker *worker, int fd, guint64 run)
     }
 }
 
-/* The watcher: serves the running worker, and when it dies starts another until stopped. */
-static gpointer
-worker_watch(gpointer data)
-{
-    HostdGuestApiWorker *worker = data;
-    guint backoff_ms = 0;
-
-    for (;;) {
-        gint64 started = g_get_monotonic_time();
-        int fd;
-        GPid pid;
-        guint64 run;
-
-        g_mutex_lock(&worker->lock);
-        fd = worker->fd;
-        pid = worker->pid;
-        run = worker->run;
-        g_mutex_unlock(&worker->lock);
-        if (fd >= 0)
-            worker_serve(worker, fd, run);
-
-        g_mutex_lock(&worker->lock);
-        worker->fd = -1;
-        worker->pid = 0;
-        g_mutex_unlock(&worker->lock);
-        hostd_worker_run_end(&worker->send_lock, fd, pid);
-        if (!hostd_worker_pause(&worker->lock, &worker->cond, &worker->stopping, &backoff_ms,
-                                started, HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS))
-            return NULL;
-
-        {
-            g_autoptr(GError) error = NULL;
-
-            if (!worker_launch(worker, &fd, &pid, &error)) {
-                g_warning("%s", error->message);
-                fd = -1;
-                pid = 0;
-            }
-        }
-        g_mutex_lock(&worker->lock);
-        worker->fd = fd;
-        worker->pid = pid;
-        worker->run++;
-        if (worker->stopping && pid > 0)
-            (void)kill(pid, SIGKILL);
-        g_mutex_unlock(&worker->lock);
-        if (pid > 0)
-            g_message("in-guest API worker of '%s' restarted (pid %d)", worker->name, (int)pid);
-    }
-}
+static const HostdWorkerKind guest_api_kind = {
+    .what = "in-guest API worker",
+    .thread_name = "guest-api-worker",
+    .backoff_max_ms = HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS,
+    .launch = worker_launch,
+    .serve = worker_serve,
+};
 
 HostdGuestApiWorker *
 hostd_guest_api_worker_new(const HostdGuestApiWorkerConfig *config, GError **error)
 {
     HostdGuestApiWorker *worker = g_atomic_rc_box_new0(HostdGuestApiWorker);
-    int fd;
-    GPid pid;
 
-    g_mutex_init(&worker->send_lock);
-    g_mutex_init(&worker->lock);
-    g_cond_init(&worker->cond);
-    worker->fd = -1;
     worker->program = g_strdup(config->program);
     worker->name = g_strdup(config->name);
+    hostd_worker_runs_init(&worker->runs, &guest_api_kind, worker->name, worker);
     worker->listen_fd = fcntl(config->listen_fd, F_DUPFD_CLOEXEC, 3);
     worker->change_user = config->change_user;
     worker->uid = config->uid;
@@ -252,36 +189,19 @@ hostd_guest_api_worker_new(const HostdGuestApiWorkerConfig *config, GError **err
         hostd_guest_api_worker_unref(worker);
         return NULL;
     }
-    if (!worker_launch(worker, &fd, &pid, error)) {
+    if (!hostd_worker_runs_start(&worker->runs, error)) {
         hostd_guest_api_worker_unref(worker);
         return NULL;
     }
-    worker->fd = fd;
-    worker->pid = pid;
-    worker->run = 1;
-    /* The watcher holds a reference of its own: it may outlive the caller's by a moment. */
-    worker->watcher =
-        g_thread_new("guest-api-worker", worker_watch, hostd_guest_api_worker_ref(worker));
     return worker;
 }
 
 void
 hostd_guest_api_worker_free(HostdGuestApiWorker *worker)
 {
-    GThread *watcher;
-
     if (worker == NULL)
         return;
-    g_mutex_lock(&worker->lock);
-    worker->stopping = TRUE;
-    if (worker->pid > 0)
-        (void)kill(worker->pid, SIGKILL);
-    watcher = g_steal_pointer(&worker->watcher);
-    g_cond_broadcast(&worker->cond);
-    g_mutex_unlock(&worker->lock);
-    if (watcher != NULL)
-        g_thread_join(watcher);
-    hostd_guest_api_worker_unref(worker); /* the watcher's */
+    hostd_worker_runs_stop(&worker->runs);
     hostd_guest_api_worker_unref(worker);
 }
 
@@ -291,21 +211,17 @@ hostd_guest_api_worker_answer(HostdGuestApiWorker *worker, guint64 run, guint32 
 {
     int fd;
 
-    g_mutex_lock(&worker->lock);
-    fd = worker->run == run ? worker->fd : -1;
+    g_mutex_lock(&worker->runs.lock);
+    fd = worker->runs.run == run ? worker->runs.fd : -1;
     /* Sent under the lock: the watcher cannot close this run's fd meanwhile. */
-    worker_send(worker, fd, "answer",
-                g_variant_new("(uuus)", serial, status, retry_after_s, body != NULL ? body : ""));
-    g_mutex_unlock(&worker->lock);
+    hostd_worker_runs_send(
+        &worker->runs, fd, "answer",
+        g_variant_new("(uuus)", serial, status, retry_after_s, body != NULL ? body : ""));
+    g_mutex_unlock(&worker->runs.lock);
 }
 
 GPid
 hostd_guest_api_worker_get_pid(HostdGuestApiWorker *worker)
 {
-    GPid pid;
-
-    g_mutex_lock(&worker->lock);
-    pid = worker->pid;
-    g_mutex_unlock(&worker->lock);
-    return pid;
+    return hostd_worker_runs_get_pid(&worker->runs);
 }

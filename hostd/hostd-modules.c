@@ -8,6 +8,7 @@
 #include "hostd-forward.h"
 #include "hostd-guest-api.h"
 #include "hostd-power.h"
+#include "hostd-resize.h"
 #include "hostd-secrets-sync.h"
 #include "hostd-secrets.h"
 #include "hostd-supervise.h"
@@ -26,5 +27,6 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_guest_api_component);
     hostd_context_add_component(ctx, &hostd_supervise_component);
     hostd_context_add_component(ctx, &hostd_authorize_component);
+    hostd_context_add_component(ctx, &hostd_resize_component);
     hostd_context_add_component(ctx, &hostd_console_component);
 }

@@ -461,11 +461,7 @@ hostd_agent_set_idle(HostdContext *ctx, const char *name, gboolean never, guint 
                      guint save_s, GError **error)
 {
     g_autoptr(HostdNameLock) lock = NULL;
-
-    if (!vm_name_validate(name, error))
-        return NULL;
-    lock = hostd_name_lock(ctx, name);
-    g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
+    g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &lock, error);
     if (r == NULL)
         return NULL;
     r->idle_never = never;

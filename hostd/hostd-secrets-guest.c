@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "vm-error.h"
+#include "vm-seed.h"
 
 #define BLOCK_BEGIN "# BEGIN vmctl secrets (managed by hostd; edits here are replaced)"
 #define BLOCK_END   "# END vmctl secrets"
@@ -73,20 +74,22 @@ static const char guest_write_script[] =
     "mv -f \"$tmp\" \"$1\"\n"
     "trap - EXIT\n";
 
-/* $1: the certificate's path, $2: the trust store's refresh; the certificate on stdin. Nothing
- * happens when the guest has it already. The temporary name does not end in .crt, so a refresh
- * running meanwhile never picks it up. */
+/* $1: the certificate's path, $2: the trust bundle; the certificate on stdin. Nothing happens
+ * when the guest has it already. The temporary names do not end in .crt, so an
+ * update-ca-certificates running meanwhile never picks them up. Then the certificate is trusted
+ * at once, the one it replaced no longer (VM_SEED_TRUST_CA_SCRIPT). */
 static const char guest_ca_script[] =
     "set -eu\n"
     "mkdir -p \"${1%/*}\"\n"
     "tmp=$(mktemp \"$1.XXXXXX\")\n"
-    "trap 'rm -f \"$tmp\"' EXIT\n"
+    "trap 'rm -f \"$tmp\" \"$tmp.old\"' EXIT\n"
     "cat >\"$tmp\"\n"
     "if [ -f \"$1\" ] && cmp -s \"$tmp\" \"$1\"; then exit 0; fi\n"
+    "old=\n"
+    "if [ -f \"$1\" ]; then cp \"$1\" \"$tmp.old\"; old=$tmp.old; fi\n"
     "chmod 644 \"$tmp\"\n"
     "mv -f \"$tmp\" \"$1\"\n"
-    "trap - EXIT\n"
-    "\"$2\" >/dev/null\n";
+    "(set -- \"$1\" \"$old\" \"$2\"\n" VM_SEED_TRUST_CA_SCRIPT ")\n";
 
 /* Runs @script as root in the guest with @args; a non-zero exit fails with @what and the
  * guest's stderr. */
@@ -123,7 +126,7 @@ hostd_secrets_guest_update(HostdSecretsGuestRunFunc run, gpointer user_data,
     g_autofree char *max_text = g_strdup_printf("%d", HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX + 1);
     const char *const read_args[] = {HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH, max_text, NULL};
     const char *const write_args[] = {HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH, NULL};
-    const char *const ca_args[] = {HOSTD_SECRETS_GUEST_CA_PATH, HOSTD_SECRETS_GUEST_CA_REFRESH,
+    const char *const ca_args[] = {HOSTD_SECRETS_GUEST_CA_PATH, HOSTD_SECRETS_GUEST_BUNDLE_PATH,
                                    NULL};
     g_autoptr(GBytes) current = NULL;
     g_autoptr(GBytes) input = NULL;

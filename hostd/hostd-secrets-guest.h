@@ -24,9 +24,6 @@ char *hostd_secrets_guest_environment(const char *environment, GHashTable *env_t
 #define HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH "/etc/environment"
 #define HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX  (64 * 1024)
 
-/* The program that rebuilds the guest's trust store after the CA certificate changed. */
-#define HOSTD_SECRETS_GUEST_CA_REFRESH "update-ca-certificates"
-
 /* How hostd_secrets_guest_update() runs one command in the guest (hostd: over SSH as the agent's
  * user; tests: a fake guest): @argv with @input (NULL: none) as its stdin. Returns the exit
  * status in *@ret_status, the first @max_output bytes of its stdout in *@ret_output when that is
@@ -39,8 +36,10 @@ typedef gboolean (*HostdSecretsGuestRunFunc)(char **argv, GBytes *input, gsize m
 /* Brings a running guest up to date with its grants @env_to_placeholder (env var ->
  * placeholder; NULL or empty: none), as root through sudo:
  * - with grants and @ca_cert_pem: installs the certificate as HOSTD_SECRETS_GUEST_CA_PATH and
- *   runs HOSTD_SECRETS_GUEST_CA_REFRESH, only when it is missing or different (first, so that
- *   the variables naming it never point at a file that is not there yet);
+ *   trusts it in HOSTD_SECRETS_GUEST_BUNDLE_PATH (VM_SEED_TRUST_CA_SCRIPT: well under a second,
+ *   no whole update-ca-certificates run), the certificate it replaced no longer, only when it is
+ *   missing or different (first, so that the variables naming it never point at a file that is
+ *   not there yet);
  * - reads /etc/environment (at most HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX bytes: a larger file, or
  *   one holding a NUL byte, fails with VM_ERROR_IO and is left alone) and, when
  *   hostd_secrets_guest_environment() changes it, writes the result back atomically (a

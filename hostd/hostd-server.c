@@ -13,6 +13,7 @@
 #include "hostd-metrics.h"
 #include "hostd-secrets.h"
 #include "hostd-power.h"
+#include "hostd-resize.h"
 #include "hostd-shutdown.h"
 #include "hostd-stats.h"
 #include "hostd-supervise.h"
@@ -662,6 +663,31 @@ hostd_handle_agent_set_restart(HostdContext *ctx, const VmMessage *req, VmStream
 }
 
 static gboolean
+hostd_handle_agent_set_resources(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                                 GError **error)
+{
+    const HostdResizeRequest rr = {
+        .name = hostd_req_name(req),
+        .cpus = vm_message_get_uint(req, "cpus", 0),
+        .cpus_add = vm_message_get_uint(req, "cpus_add", 0),
+        .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
+        .memory_add_mib = vm_message_get_uint(req, "memory_add_mib", 0),
+        .disk_gib = vm_message_get_uint(req, "disk_gib", 0),
+        .disk_add_gib = vm_message_get_uint(req, "disk_add_gib", 0),
+    };
+    g_auto(GStrv) changes = NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    GVariant *agent = hostd_agent_set_resources(ctx, &rr, &changes, error);
+
+    if (agent == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "agent", agent);
+    g_variant_builder_add(&b, "{sv}", "changes",
+                          g_variant_new_strv((const char *const *)changes, -1));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
+static gboolean
 hostd_handle_host_save_all(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
                            GError **error)
 {
@@ -900,6 +926,7 @@ static const struct {
     {VM_OP_SECRET_RM, hostd_handle_secret_rm, HOSTD_REQUEST_CHANGES},
     {VM_OP_SECRET_GRANT, hostd_handle_secret_grant, HOSTD_REQUEST_CHANGES},
     {VM_OP_SECRET_REVOKE, hostd_handle_secret_revoke, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_SET_RESOURCES, hostd_handle_agent_set_resources, HOSTD_REQUEST_CHANGES},
     {VM_OP_AGENT_LOGS, hostd_handle_agent_logs, HOSTD_REQUEST_READS},
     {VM_OP_AGENT_STATS, hostd_handle_agent_stats, HOSTD_REQUEST_READS},
 };

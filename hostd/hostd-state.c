@@ -175,6 +175,7 @@ hostd_agent_record_load(const char *dir, GError **error)
     r->crash_count = (guint)crash_count;
     r->crashed = hostd_record_get_string(kf, "crashed", FALSE, path, NULL);
     r->shutdown_saved = g_key_file_get_boolean(kf, RECORD_GROUP, "shutdown-saved", NULL);
+    r->grow_fs = g_key_file_get_boolean(kf, RECORD_GROUP, "grow-fs", NULL);
     /* Records older than agent ids have none: the agent gets one when it next boots. Root's
      * id is never one hostd hands out, so 0 reads as none. */
     gint64 agent_id = 0;
@@ -232,6 +233,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
         g_key_file_set_string(kf, RECORD_GROUP, "crashed", r->crashed);
     if (r->shutdown_saved)
         g_key_file_set_boolean(kf, RECORD_GROUP, "shutdown-saved", TRUE);
+    if (r->grow_fs)
+        g_key_file_set_boolean(kf, RECORD_GROUP, "grow-fs", TRUE);
     if (r->agent_id != 0)
         g_key_file_set_uint64(kf, RECORD_GROUP, "agent-id", r->agent_id);
 

@@ -76,6 +76,8 @@ typedef struct {
     gint64 crash_window;     /* unix seconds */
     char *crashed;           /* NULL, or why the supervisor gave up restarting it */
     gboolean shutdown_saved; /* saved by hostd's shutdown (or stop-host-agents), not by the user */
+    gboolean grow_fs;        /* its disk grew (vmctl set) and the guest's root filesystem is
+                              * still to be grown to it, the next time the guest answers */
     guint agent_id;          /* the uid (and gid) its QEMU runs as, from agent-ids; 0: none (an
                               * unprivileged hostd, or a record from before agent ids) */
 } HostdAgentRecord;

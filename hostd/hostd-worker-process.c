@@ -182,3 +182,132 @@ hostd_worker_timeouts(guint answer_timeout_ms, guint ping_interval_ms, guint *re
         answer_timeout_ms != 0 ? answer_timeout_ms : HOSTD_WORKER_ANSWER_TIMEOUT_MS_DEFAULT;
     *ret_ping_ms = ping_interval_ms != 0 ? ping_interval_ms : HOSTD_WORKER_PING_INTERVAL_MS_DEFAULT;
 }
+
+void
+hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerKind *kind, const char *name,
+                       gpointer owner)
+{
+    runs->kind = kind;
+    runs->name = name;
+    runs->owner = owner;
+    g_mutex_init(&runs->send_lock);
+    g_mutex_init(&runs->lock);
+    g_cond_init(&runs->cond);
+    runs->fd = -1;
+    runs->pid = 0;
+    runs->run = 0;
+}
+
+void
+hostd_worker_runs_clear(HostdWorkerRuns *runs)
+{
+    g_mutex_clear(&runs->send_lock);
+    g_mutex_clear(&runs->lock);
+    g_cond_clear(&runs->cond);
+}
+
+/* The watcher: serves the running worker, and when it dies starts another until stopped. */
+static gpointer
+runs_watch(gpointer data)
+{
+    HostdWorkerRuns *runs = data;
+    guint backoff_ms = 0;
+
+    for (;;) {
+        gint64 started = g_get_monotonic_time();
+        int fd;
+        GPid pid;
+        guint64 run;
+
+        g_mutex_lock(&runs->lock);
+        fd = runs->fd;
+        pid = runs->pid;
+        run = runs->run;
+        g_mutex_unlock(&runs->lock);
+        if (fd >= 0)
+            runs->kind->serve(runs->owner, fd, run);
+
+        g_mutex_lock(&runs->lock);
+        runs->fd = -1;
+        runs->pid = 0;
+        if (runs->kind->run_ended != NULL)
+            runs->kind->run_ended(runs->owner);
+        g_cond_broadcast(&runs->cond);
+        g_mutex_unlock(&runs->lock);
+        hostd_worker_run_end(&runs->send_lock, fd, pid);
+        if (!hostd_worker_pause(&runs->lock, &runs->cond, &runs->stopping, &backoff_ms, started,
+                                runs->kind->backoff_max_ms))
+            return NULL;
+
+        {
+            g_autoptr(GError) error = NULL;
+
+            if (!runs->kind->launch(runs->owner, &fd, &pid, &error)) {
+                g_warning("%s", error->message);
+                fd = -1;
+                pid = 0;
+            }
+        }
+        g_mutex_lock(&runs->lock);
+        runs->fd = fd;
+        runs->pid = pid;
+        runs->run++;
+        if (runs->stopping && pid > 0)
+            (void)kill(pid, SIGKILL);
+        if (runs->kind->run_begun != NULL)
+            runs->kind->run_begun(runs->owner, fd);
+        g_mutex_unlock(&runs->lock);
+        if (pid > 0)
+            g_message("%s of '%s' restarted (pid %d)", runs->kind->what, runs->name, (int)pid);
+    }
+}
+
+gboolean
+hostd_worker_runs_start(HostdWorkerRuns *runs, GError **error)
+{
+    int fd;
+    GPid pid;
+
+    if (!runs->kind->launch(runs->owner, &fd, &pid, error))
+        return FALSE;
+    g_mutex_lock(&runs->lock);
+    runs->fd = fd;
+    runs->pid = pid;
+    runs->run = 1;
+    g_mutex_unlock(&runs->lock);
+    runs->watcher = g_thread_new(runs->kind->thread_name, runs_watch, runs);
+    return TRUE;
+}
+
+void
+hostd_worker_runs_stop(HostdWorkerRuns *runs)
+{
+    GThread *watcher;
+
+    g_mutex_lock(&runs->lock);
+    runs->stopping = TRUE;
+    if (runs->pid > 0)
+        (void)kill(runs->pid, SIGKILL);
+    watcher = g_steal_pointer(&runs->watcher);
+    g_cond_broadcast(&runs->cond);
+    g_mutex_unlock(&runs->lock);
+    if (watcher != NULL)
+        g_thread_join(watcher);
+}
+
+GPid
+hostd_worker_runs_get_pid(HostdWorkerRuns *runs)
+{
+    GPid pid;
+
+    g_mutex_lock(&runs->lock);
+    pid = runs->pid;
+    g_mutex_unlock(&runs->lock);
+    return pid;
+}
+
+void
+hostd_worker_runs_send(HostdWorkerRuns *runs, int fd, const char *kind, GVariant *payload)
+{
+    hostd_worker_send(&runs->send_lock, fd, kind, payload);
+}

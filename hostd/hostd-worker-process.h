@@ -79,4 +79,59 @@ void hostd_worker_run_end(GMutex *send_lock, int fd, GPid pid);
 gboolean hostd_worker_pause(GMutex *lock, GCond *cond, const gboolean *stopping, guint *backoff_ms,
                             gint64 started, guint max_ms);
 
+/* The runs of one supervised worker, embedded in each kind's worker object: the running one's
+ * channel and pid, and the watcher thread that serves it and, when it ends, starts the next
+ * (after hostd_worker_pause()'s delay) until stopped. @lock guards fd, pid, run and stopping,
+ * and whatever fields of its own the kind puts under it; @send_lock keeps one frame at a time
+ * on the channel (hostd_worker_send()). */
+typedef struct {
+    const char *what; /* "egress worker", for messages */
+    const char *thread_name;
+    guint backoff_max_ms;
+    /* Start a worker and wait for its "ready"; serve one run until it ends (from the watcher,
+     * without the lock); with the lock held, after a run ended and after the next began (@fd
+     * -1 when it could not start), both may be NULL. */
+    gboolean (*launch)(gpointer owner, int *ret_fd, GPid *ret_pid, GError **error);
+    void (*serve)(gpointer owner, int fd, guint64 run);
+    void (*run_ended)(gpointer owner);
+    void (*run_begun)(gpointer owner, int fd);
+} HostdWorkerKind;
+
+typedef struct {
+    const HostdWorkerKind *kind;
+    const char *name; /* the agent, for messages */
+    gpointer owner;   /* what the kind's functions get */
+
+    GMutex send_lock;
+    GMutex lock;
+    GCond cond;
+    int fd;      /* the channel to the running worker, -1 when none */
+    GPid pid;    /* the running worker, 0 when none */
+    guint64 run; /* which run fd and pid are, counted from 1 */
+    gboolean stopping;
+    GThread *watcher;
+} HostdWorkerRuns;
+
+/* Sets up @runs of a worker of @kind for agent @name (both kept, not copied) whose object,
+ * passed to @kind's functions, is @owner; no run yet. Can't fail. */
+void hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerKind *kind, const char *name,
+                            gpointer owner);
+
+/* Launches the first run and starts the watcher thread. The caller keeps the owner alive until
+ * hostd_worker_runs_stop() returned. Fails with the kind's launch error, nothing started. */
+gboolean hostd_worker_runs_start(HostdWorkerRuns *runs, GError **error);
+
+/* Stops the watcher: no run starts any more, the running worker is killed, and the watcher,
+ * once it reaped it, is joined. Can't fail. */
+void hostd_worker_runs_stop(HostdWorkerRuns *runs);
+
+/* Frees what hostd_worker_runs_init() set up; after hostd_worker_runs_stop(). Can't fail. */
+void hostd_worker_runs_clear(HostdWorkerRuns *runs);
+
+/* hostd_worker_send() on @fd, a channel of @runs' worker. Can't fail. */
+void hostd_worker_runs_send(HostdWorkerRuns *runs, int fd, const char *kind, GVariant *payload);
+
+/* The running worker's pid, 0 when none. Can't fail. */
+GPid hostd_worker_runs_get_pid(HostdWorkerRuns *runs);
+
 G_END_DECLS

@@ -159,6 +159,59 @@ vm_domain_read_genid(const char *xml, GError **error)
     return values->len > 0 ? g_strdup(values->pdata[0]) : NULL;
 }
 
+/* @text, a whole number in [1, G_MAXUINT64], or 0. */
+static guint64
+domain_read_number(const char *text)
+{
+    guint64 n = 0;
+
+    return text != NULL && g_ascii_string_to_unsigned(text, 10, 1, G_MAXUINT64, &n, NULL) ? n : 0;
+}
+
+gboolean
+vm_domain_read_sizes(const char *xml, guint *ret_cpus, guint *ret_memory_mib, GError **error)
+{
+    static const struct {
+        const char *unit;
+        guint64 bytes;
+    } units[] = {
+        {"b", 1},
+        {"bytes", 1},
+        {"k", 1024},
+        {"KiB", 1024},
+        {"m", 1024 * 1024},
+        {"MiB", 1024 * 1024},
+        {"g", 1024 * 1024 * 1024},
+        {"GiB", 1024 * 1024 * 1024},
+    };
+
+    g_return_val_if_fail(xml != NULL, FALSE);
+
+    g_autoptr(xmlDoc) doc = domain_read_parse(xml, "domain", error);
+    if (doc == NULL)
+        return FALSE;
+    g_autoptr(GPtrArray) vcpus = domain_read_select(doc, "/domain/vcpu");
+    g_autoptr(GPtrArray) memory = domain_read_select(doc, "/domain/memory");
+    g_autoptr(GPtrArray) unit = domain_read_select(doc, "/domain/memory/@unit");
+    guint64 cpus = vcpus->len == 1 ? domain_read_number(vcpus->pdata[0]) : 0;
+    guint64 amount = memory->len == 1 ? domain_read_number(memory->pdata[0]) : 0;
+    const char *unit_name = unit->len == 1 ? unit->pdata[0] : "KiB";
+    guint64 scale = 0;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(units); i++) {
+        if (strcmp(unit_name, units[i].unit) == 0)
+            scale = units[i].bytes;
+    }
+    if (cpus == 0 || cpus > G_MAXUINT || amount == 0 || scale == 0 ||
+        amount > G_MAXUINT64 / scale || amount * scale / (1024 * 1024) == 0 ||
+        amount * scale / (1024 * 1024) > G_MAXUINT)
+        return vm_throw(error, VM_ERROR_NOT_FOUND,
+                        "the domain XML has no CPU count or memory size");
+    *ret_cpus = (guint)cpus;
+    *ret_memory_mib = (guint)(amount * scale / (1024 * 1024));
+    return TRUE;
+}
+
 char *
 vm_domain_read_ssh_channel(const char *xml, GError **error)
 {

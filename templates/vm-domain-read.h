@@ -46,6 +46,13 @@ GStrv vm_domain_read_guestfwds(const char *xml, GError **error);
  * vm_domain_read_disk_files(). */
 char *vm_domain_read_genid(const char *xml, GError **error);
 
+/* The vCPU count (<vcpu>'s maximum) and memory size (<memory>, in its unit: KiB when libvirt
+ * wrote it, b, KiB, MiB, GiB or their one-letter forms) of domain XML @xml, in @ret_cpus and
+ * @ret_memory_mib (rounded down to whole MiB). Fails with VM_ERROR_NOT_FOUND when either is
+ * missing, not a number, of another unit, or zero, else as vm_domain_read_disk_files(). */
+gboolean vm_domain_read_sizes(const char *xml, guint *ret_cpus, guint *ret_memory_mib,
+                              GError **error);
+
 /* The path of the Unix socket that QEMU listens on for the virtio port VM_DOMAIN_SSH_CHANNEL in
  * live domain XML @xml (libvirt names it at each start), newly allocated; NULL with no error
  * when the domain has no such port. Fails as vm_domain_read_disk_files(). */

@@ -163,7 +163,7 @@ declare -A first=(
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
     [diff]=$agents [fork]=$agents [egress]=$agents [egress-log]=$agents [events]=$agents
-    [forward]=$agents [logs]=$agents [stats]=$agents [top]=$agents
+    [forward]=$agents [set]=$agents [logs]=$agents [stats]=$agents [top]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
     [bridge]="" [mcp]="" [authorize]=$agents
@@ -179,6 +179,11 @@ for command in "${commands[@]}"; do
     expect "${first[$command]}" vmctl "${words[@]}" ""
 done
 expect "a1" vmctl info a
+# Commands that take several agents: each argument is one.
+expect "$agents" vmctl rm a1 ""
+expect "web-2" vmctl stop --force a1 w
+expect "$agents" vmctl resume a1 web-2 ""
+expect "" vmctl info a1 ""
 expect "web-2" vmctl ssh-config w
 
 # ---- secrets: the subcommands, secret names after an agent, --secret, --from-file
@@ -210,6 +215,8 @@ expect "c1 c2" vmctl restore --path /etc a1 ""
 expect "c1 c2" vmctl restore --path=/etc a1 ""
 expect "c1 c2" vmctl restore --path = /etc a1 ""
 expect "$agents" vmctl stop --timeout 5m ""
+expect "$agents" vmctl set --disk +5G ""
+expect "--cpus --disk --help --host --json --memory --quiet --socket" vmctl set a1 --
 expect "$agents" vmctl egress-log -n 5 ""
 expect "$agents" vmctl events --since 10m ""
 expect "$agents" vmctl logs -n 20 ""
@@ -287,5 +294,113 @@ status=$?
 [ "$status" -eq 0 ] && [ ! -s "$tmp/stderr" ]
 status "completion works under set -u" $?
 sed 's/^/# /' "$tmp/stderr"
+
+# ---- zsh and fish: the same commands, options and hostd's names, from the same vmctl. fish is
+# run for real (`complete -C LINE` prints what fish would offer); zsh's _vmctl is called with
+# words and CURRENT as compsys sets them, with compadd, _describe, _files and compset stood in
+# for (a real compsys needs a terminal).
+cat >"$tmp/zsh-driver.zsh" <<'ZSH'
+fpath=($1 $fpath)
+shift
+typeset -ga offered
+typeset -g current
+compset() { [[ $1 == -P && $current == *=* ]] && current=${current#*=}; return 0 }
+compadd() {
+    while (( $# )) && [[ $1 != -- ]]; do shift; done
+    shift
+    offered+=("$@")
+}
+_describe() { offered+=("${(@)${(@P)4}%%:*}") }
+_files() { offered+=($current*(N)) }
+autoload -Uz _vmctl
+words=("$@")
+CURRENT=$#
+current=${words[CURRENT]}
+_vmctl
+for w in "${offered[@]}"; do
+    [[ $w == ${current}* ]] && print -r -- "$w"
+done
+ZSH
+mkdir "$tmp/config" "$tmp/data"
+# shell_comp SHELL WORD...: what SHELL offers for WORD..., sorted, one space apart.
+shell_comp() {
+    local shell=$1
+    shift
+    case $shell in
+    zsh) zsh -f "$tmp/zsh-driver.zsh" "$source/dist" "$@" ;;
+    fish)
+        # shellcheck disable=SC2016 # $argv is fish's
+        XDG_CONFIG_HOME=$tmp/config XDG_DATA_HOME=$tmp/data fish -N -c \
+            'source $argv[1]; complete -C $argv[2]' "$source/dist/vmctl.fish" "$*" | cut -f 1
+        ;;
+    esac | sort -u | tr '\n' ' ' | sed 's/ $//'
+}
+# shell_expect SHELL WANT WORD...: completing WORD... in SHELL offers exactly WANT.
+shell_expect() {
+    local shell=$1 want=$2 got
+    shift 2
+    got=$(shell_comp "$shell" "$@" 2>"$tmp/stderr")
+    if [ "$got" = "$want" ] && [ ! -s "$tmp/stderr" ]; then
+        ok "$shell: '$*' offers '$want'"
+    else
+        not_ok "$shell: '$*' offers '$want'"
+        echo "# got: '$got'"
+        sed 's/^/# stderr: /' "$tmp/stderr"
+    fi
+}
+for shell in zsh fish; do
+    if ! command -v "$shell" >/dev/null; then
+        skip "$shell completion" "$shell is not installed"
+        continue
+    fi
+    if [ "$shell" = zsh ]; then
+        zsh -n "$source/dist/_vmctl"
+    else
+        fish -n "$source/dist/vmctl.fish"
+    fi
+    status "$shell: the completion parses" $?
+    # Every command, and every option of each, as vmctl --help lists them.
+    got=" $(shell_comp "$shell" vmctl "") "
+    missing=
+    for word in $first_words help; do
+        [[ $got == *" $word "* ]] || missing+=" $word"
+    done
+    [ -z "$missing" ]
+    status "$shell: 'vmctl ' offers every command${missing:+ (missing:$missing)}" $?
+    for command in "${commands[@]}"; do
+        read -r -a words <<<"$command"
+        want=$("$vmctl" "${words[@]}" --help | sed -n '/^Options:/,$p' |
+            grep -oE '^ +(-[a-z], )?--[a-z-]+' | grep -oE -- '-[a-z]|--[a-z-]+' |
+            sort | tr '\n' ' ' | sed 's/ $//')
+        shell_expect "$shell" "$want" vmctl "${words[@]}" -
+    done
+    shell_expect "$shell" "start stats stop stop-host-agents" vmctl st
+    shell_expect "$shell" "build list" vmctl template ""
+    shell_expect "$shell" "a1 rm web-2" vmctl checkpoint ""
+    shell_expect "$shell" "build list" vmctl help template ""
+    shell_expect "$shell" "$agents" vmctl rm a1 ""
+    shell_expect "$shell" "web-2" vmctl stop --force a1 w
+    shell_expect "$shell" "" vmctl info a1 ""
+    shell_expect "$shell" "c1 c2" vmctl restore a1 ""
+    shell_expect "$shell" "c9" vmctl diff web-2 c9 ""
+    shell_expect "$shell" "c1 c2" vmctl fork a1 --from ""
+    shell_expect "$shell" "on-crash" vmctl autorestart a1 on
+    shell_expect "$shell" "$secrets" vmctl secret grant a1 ""
+    shell_expect "$shell" "debian-12 ubuntu-24.04" vmctl new x --template ""
+    shell_expect "$shell" "$agents" vmctl exec -t -e K=V ""
+    shell_expect "$shell" "" vmctl exec a1 ""
+    shell_expect "$shell" "$tmp/user-data.yaml" vmctl new x --user-data "$tmp/user-"
+    # fish replaces the whole word; zsh only what follows '='.
+    if [ "$shell" = fish ]; then
+        shell_expect "$shell" "--template=debian-12" vmctl new x --template=deb
+    else
+        shell_expect "$shell" "debian-12" vmctl new x --template=deb
+    fi
+    : >"$tmp/calls"
+    shell_expect "$shell" "$agents" vmctl --socket /run/other.sock info ""
+    grep -qxF -- "--socket /run/other.sock list --json" "$tmp/calls"
+    status "$shell: hostd is asked through the --socket given" $?
+    FAKE_HOSTD_DOWN=1 shell_expect "$shell" "" vmctl info ""
+done
 
 tap_end

@@ -1,12 +1,13 @@
 #!/bin/bash
 # What `meson install` puts in place, in TAP: `meson install --destdir` of this build into a
 # temporary tree, then the programs, the egress helper, the templates, the systemd unit, the
-# default configuration (kept on a second install once edited), the man pages and the bash
-# completion, each where this build's options say, and nothing else.
+# default configuration (kept on a second install once edited), the man pages and the bash, zsh
+# and fish completions, each where this build's options say, and nothing else.
 set -u
 build=${VM_BUILD_DIR:?} source=${VM_SOURCE_DIR:?}
 bindir=${BINDIR:?} sbindir=${SBINDIR:?} libexecdir=${LIBEXECDIR:?} templates=${TEMPLATES_DIR:?}
 config=${HOSTD_CONFIG:?} unitdir=${UNIT_DIR:?} completiondir=${COMPLETION_DIR:?}
+zshdir=${ZSH_COMPLETION_DIR:?} fishdir=${FISH_COMPLETION_DIR:?}
 mandir=${MANDIR:?} man=${MAN_PAGES:?}
 
 tmp=$(mktemp -d)
@@ -106,6 +107,31 @@ registers() {
         "complete -F _vmctl vmctl" ]
 }
 check "sourcing it completes vmctl" registers
+
+expected+=("$zshdir/_vmctl" "$fishdir/vmctl.fish")
+check "zsh completion at $zshdir/_vmctl" same "$source/dist/_vmctl" "$zshdir/_vmctl"
+check "fish completion at $fishdir/vmctl.fish" same "$source/dist/vmctl.fish" "$fishdir/vmctl.fish"
+if command -v zsh >/dev/null; then
+    # compinit takes it for vmctl's completion from the installed directory.
+    zsh_registers() {
+        [ "$(zsh -f -c 'fpath=($0 $fpath); autoload -Uz compinit; compinit -u -D;
+            print -r -- $_comps[vmctl]' "$dest$zshdir")" = _vmctl ]
+    }
+    check "compinit finds it for vmctl" zsh_registers
+else
+    skip "compinit finds it for vmctl" "zsh is not installed"
+fi
+if command -v fish >/dev/null; then
+    fish_registers() {
+        mkdir -p "$tmp/fish-config" "$tmp/fish-data"
+        XDG_CONFIG_HOME=$tmp/fish-config XDG_DATA_HOME=$tmp/fish-data fish -N -c \
+            'source $argv[1]; complete -c vmctl' "$dest$fishdir/vmctl.fish" |
+            grep -qF "__vmctl_complete"
+    }
+    check "sourcing it in fish completes vmctl" fish_registers
+else
+    skip "sourcing it in fish completes vmctl" "fish is not installed"
+fi
 
 # The commands vmctl --help lists, one a line ("template list" as two words).
 commands_of='/^Commands:/ { c = 1; next }

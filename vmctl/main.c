@@ -17,13 +17,15 @@ static const VmctlVerb verbs[] = {
     {"ssh-config", vmctl_cmd_ssh_config, "[NAME]", "Print the OpenSSH configuration of agents"},
     {"authorize", vmctl_cmd_authorize, "NAME [FILE]",
      "Let your own SSH public keys log in to an agent (--list, --rm)"},
-    {"start", vmctl_cmd_start, "NAME", "Start a stopped agent"},
-    {"stop", vmctl_cmd_stop, "NAME", "Stop an agent's VM"},
-    {"rm", vmctl_cmd_rm, "NAME", "Remove an agent and its disk"},
-    {"suspend", vmctl_cmd_suspend, "NAME", "Pause an agent (or --save it to disk)"},
-    {"resume", vmctl_cmd_resume, "NAME", "Wake a paused or saved agent"},
-    {"keep-awake", vmctl_cmd_keep_awake, "NAME", "Hold an agent awake"},
+    {"start", vmctl_cmd_start, "NAME...", "Start stopped agents"},
+    {"stop", vmctl_cmd_stop, "NAME...", "Stop agents' VMs"},
+    {"rm", vmctl_cmd_rm, "NAME...", "Remove agents and their disks"},
+    {"suspend", vmctl_cmd_suspend, "NAME...", "Pause agents (or --save them to disk)"},
+    {"resume", vmctl_cmd_resume, "NAME...", "Wake paused or saved agents"},
+    {"keep-awake", vmctl_cmd_keep_awake, "NAME...", "Hold agents awake"},
     {"idle", vmctl_cmd_idle, "NAME", "Set when an idle agent is paused and saved"},
+    {"set", vmctl_cmd_set, "NAME",
+     "Give an agent more CPUs, memory or disk (--cpus, --memory, --disk)"},
     {"autorestart", vmctl_cmd_autorestart, "NAME POLICY",
      "Set what a crash or a poweroff inside does: on-crash, always, never"},
     {"stop-host-agents", vmctl_cmd_stop_host_agents, "",
@@ -77,8 +79,8 @@ print_usage(FILE *stream)
         fprintf(stream, "  %-18s%s\n", verbs[i].name, verbs[i].summary);
     fputs("\n"
           "Options:\n"
-          "  --socket PATH   Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state\n"
-          "                  directory's hostd.sock)\n"
+          "  --socket PATH   Talk to hostd at PATH (default: $VMCTL_SOCKET, else your own\n"
+          "                  hostd's socket, else the system's: see vmctl(1), SOCKET)\n"
           "  --host URL      Talk to hostd on another host over SSH:\n"
           "                  ssh://[USER@]HOST[:PORT][/SOCKET] (default: $VMCTL_HOST)\n"
           "  --json          Print results as JSON\n"
@@ -90,40 +92,93 @@ print_usage(FILE *stream)
           stream);
 }
 
+/* For the shell completions (dist/): every command, what its arguments are
+ * (vmctl_completes()) and its summary, a line each, tab-separated. Not in the usage: no one
+ * types it. */
+static void
+print_completions(void)
+{
+    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++)
+        printf("%s\t%s\t%s\n", verbs[i].name, vmctl_completes(verbs[i].name), verbs[i].summary);
+}
+
 /* Finds the verb named by @args (one word, or two for a subcommand) and returns how many words
- * name it in @ret_words. */
+ * name it in @ret_words. Two words win over one, wherever they are in the table: "checkpoint
+ * rm a1 c1" is checkpoint rm, not a checkpoint of an agent named rm. */
 static const VmctlVerb *
 find_verb(char **args, int *ret_words)
 {
-    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++) {
+    for (gsize i = 0; args[1] != NULL && i < G_N_ELEMENTS(verbs); i++) {
         const char *space = strchr(verbs[i].name, ' ');
-        if (space == NULL && strcmp(verbs[i].name, args[0]) == 0) {
-            *ret_words = 1;
-            return &verbs[i];
-        }
-        if (space != NULL && args[1] != NULL &&
-            strncmp(verbs[i].name, args[0], space - verbs[i].name) == 0 &&
+        if (space != NULL && strncmp(verbs[i].name, args[0], space - verbs[i].name) == 0 &&
             args[0][space - verbs[i].name] == '\0' && strcmp(space + 1, args[1]) == 0) {
             *ret_words = 2;
+            return &verbs[i];
+        }
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++) {
+        if (strcmp(verbs[i].name, args[0]) == 0) {
+            *ret_words = 1;
             return &verbs[i];
         }
     }
     return NULL;
 }
 
-/* Lists the subcommands of @group ("template"): "list, build", or NULL when it is not one. */
-static char *
-subcommands(const char *group)
+/* Whether @group ("template") names subcommands ("template list"). */
+static gboolean
+is_group(const char *group)
 {
-    g_autoptr(GString) names = g_string_new(NULL);
     gsize len = strlen(group);
 
     for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++) {
         if (strncmp(verbs[i].name, group, len) == 0 && verbs[i].name[len] == ' ')
-            g_string_append_printf(names, "%s%s", names->len > 0 ? ", " : "",
-                                   verbs[i].name + len + 1);
+            return TRUE;
     }
-    return names->len > 0 ? g_string_free(g_steal_pointer(&names), FALSE) : NULL;
+    return FALSE;
+}
+
+/* The subcommands of @group as lines of a help text: "  list  List the templates\n"..., each
+ * word after @prefix. */
+static char *
+subcommand_lines(const char *group, const char *prefix)
+{
+    g_autoptr(GString) text = g_string_new(NULL);
+    gsize len = strlen(group);
+
+    for (gsize i = 0; i < G_N_ELEMENTS(verbs); i++) {
+        if (strncmp(verbs[i].name, group, len) != 0 || verbs[i].name[len] != ' ')
+            continue;
+        g_autofree char *usage =
+            g_strconcat(prefix, verbs[i].name + len + 1, " ", verbs[i].params, NULL);
+        g_strchomp(usage);
+        if (strlen(usage) <= 22)
+            g_string_append_printf(text, "  %-24s%s\n", usage, verbs[i].summary);
+        else
+            g_string_append_printf(text, "  %s\n  %-24s%s\n", usage, "", verbs[i].summary);
+    }
+    return g_string_free(g_steal_pointer(&text), FALSE);
+}
+
+/* The usage of a group with no verb of its own ("vmctl secret"): its subcommands. */
+static void
+print_group_usage(const char *group)
+{
+    g_autofree char *lines = subcommand_lines(group, "");
+
+    printf("Usage: vmctl [OPTION...] %s COMMAND [ARG...]\n"
+           "\n"
+           "Commands:\n"
+           "%s"
+           "\n"
+           "Run 'vmctl %s COMMAND --help' for the options of a command.\n",
+           group, lines, group);
+}
+
+static gboolean
+is_help(const char *arg)
+{
+    return arg != NULL && (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0);
 }
 
 static int
@@ -151,11 +206,27 @@ run_verb(VmctlContext *ctx, char **args, GError **error)
     int words = 0;
 
     ctx->verb = find_verb(args, &words);
-    if (ctx->verb == NULL) {
-        g_autofree char *group = subcommands(args[0]);
-        if (group != NULL)
-            return vmctl_usage_error(ctx, error, "'%s' needs a subcommand: %s", args[0], group);
+    if (ctx->verb == NULL && is_group(args[0])) {
+        /* Bare, or asking for help: the group's usage. A word that is no subcommand of it is
+         * a usage error. */
+        if (args[1] == NULL || is_help(args[1])) {
+            print_group_usage(args[0]);
+            return TRUE;
+        }
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "unknown command '%s %s'; see 'vmctl %s --help'", args[0], args[1],
+                        args[0]);
+    }
+    if (ctx->verb == NULL)
         return vmctl_usage_error(ctx, error, "unknown command '%s'", args[0]);
+    /* A verb that is a group as well ("checkpoint", "checkpoint rm") lists its subcommands in
+     * its help. */
+    g_autofree char *also = NULL;
+    if (words == 1 && is_group(args[0])) {
+        g_autofree char *prefix = g_strconcat("vmctl ", args[0], " ", NULL);
+        g_autofree char *lines = subcommand_lines(args[0], prefix);
+        also = g_strconcat("Subcommands:\n", lines, NULL);
+        ctx->verb_description = also;
     }
     args += words - 1;
     if (!ctx->verb->func(ctx, (int)g_strv_length(args), args, error))
@@ -199,8 +270,14 @@ run(VmctlContext *ctx, char **argv, GError **error)
         print_usage(stdout);
         return TRUE;
     }
-    if (rest[0] == NULL)
-        return vmctl_usage_error(ctx, error, "missing COMMAND");
+    if (rest[0] == NULL) {
+        print_usage(stdout);
+        return TRUE;
+    }
+    if (strcmp(rest[0], "__complete") == 0 && rest[1] == NULL) {
+        print_completions();
+        return TRUE;
+    }
     if (strcmp(rest[0], "help") == 0) {
         /* `vmctl help VERB [SUB]` is `vmctl VERB [SUB] --help`. */
         g_autoptr(GStrvBuilder) builder = g_strv_builder_new();

@@ -6,17 +6,69 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
 
 #define SIGPIPE_STATUS (128 + SIGPIPE)
+
+/* The group whose members may open @path (a socket of mode 0660), or NULL when only its owner
+ * may. */
+static char *
+socket_group(const char *path)
+{
+    struct stat st;
+    struct group group, *found = NULL;
+    char buffer[4096];
+
+    if (stat(path, &st) < 0 || (st.st_mode & 0060) != 0060)
+        return NULL;
+    if (getgrgid_r(st.st_gid, &group, buffer, sizeof buffer, &found) != 0 || found == NULL)
+        return g_strdup_printf("%u", (unsigned)st.st_gid);
+    return g_strdup(found->gr_name);
+}
+
+static void
+throw_connect_error(const char *socket_path, int err, GError **error)
+{
+    switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+        vm_throw(error, VM_ERROR_NOT_RUNNING, "hostd is not running at %s", socket_path);
+        break;
+    case ECONNREFUSED:
+        vm_throw(error, VM_ERROR_NOT_RUNNING,
+                 "nothing listens on %s: the socket is left from a hostd that is gone",
+                 socket_path);
+        break;
+    case EACCES:
+    case EPERM: {
+        g_autofree char *group = socket_group(socket_path);
+        if (group != NULL)
+            vm_throw(error, VM_ERROR_PERMISSION,
+                     "permission denied on %s: add your user to the group '%s' (hostd's "
+                     "socket-group) and log in again",
+                     socket_path, group);
+        else
+            vm_throw(error, VM_ERROR_PERMISSION,
+                     "permission denied on %s: set socket-group in hostd's configuration, add "
+                     "your user to that group and log in again",
+                     socket_path);
+        break;
+    }
+    default:
+        vm_throw_errno(error, err, "cannot connect to hostd at %s", socket_path);
+        break;
+    }
+}
 
 int
 vmctl_client_connect(const char *socket_path, GError **error)
@@ -35,13 +87,72 @@ vmctl_client_connect(const char *socket_path, GError **error)
     while (connect(fd, (struct sockaddr *)&addr, addr_len) < 0) {
         if (errno == EINTR)
             continue;
-        if (errno == ENOENT || errno == ECONNREFUSED || errno == ENOTDIR)
-            vm_throw(error, VM_ERROR_NOT_RUNNING, "hostd is not running at %s", socket_path);
-        else
-            vm_throw_errno(error, errno, "cannot connect to hostd at %s", socket_path);
+        throw_connect_error(socket_path, errno, error);
         return -1;
     }
     return g_steal_fd(&fd);
+}
+
+char **
+vmctl_socket_candidates(void)
+{
+    g_autoptr(GStrvBuilder) paths = g_strv_builder_new();
+    const char *system = g_getenv("VMCTL_SYSTEM_SOCKET");
+
+    if (system == NULL || system[0] == '\0')
+        system = VM_SYSTEM_STATE_DIR "/hostd.sock";
+    if (geteuid() != 0) {
+        g_autofree char *user =
+            g_build_filename(g_get_user_data_dir(), "hostd", "hostd.sock", NULL);
+        if (strcmp(user, system) != 0)
+            g_strv_builder_add(paths, user);
+    }
+    g_strv_builder_add(paths, system);
+    return g_strv_builder_end(paths);
+}
+
+/* Whether @path exists as far as this user can tell. A directory this user may not search hides
+ * the socket: it counts as there, and connecting says why it cannot be used. */
+static gboolean
+socket_exists(const char *path)
+{
+    struct stat st;
+
+    return lstat(path, &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
+}
+
+/* Whether nothing listens on the socket at @path (a hostd that ended without removing it). A
+ * live hostd sees a connection closed before any request, which it drops without a word. */
+static gboolean
+socket_stale(const char *path)
+{
+    g_autoptr(GError) error = NULL;
+    vm_autofd fd = vmctl_client_connect(path, &error);
+
+    return fd < 0 && g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING);
+}
+
+char *
+vmctl_socket_find(const char *const *candidates, GError **error)
+{
+    g_autofree char *listed = NULL;
+
+    g_return_val_if_fail(candidates != NULL && candidates[0] != NULL, NULL);
+
+    for (const char *const *path = candidates; *path != NULL; path++) {
+        if (!socket_exists(*path))
+            continue;
+        /* A stale socket gives way to a later one that exists: the user's own hostd that died
+         * does not hide the system's. */
+        gboolean later = FALSE;
+        for (const char *const *next = path + 1; *next != NULL; next++)
+            later = later || socket_exists(*next);
+        if (!later || !socket_stale(*path))
+            return g_strdup(*path);
+    }
+    listed = g_strjoinv(" or ", (char **)candidates);
+    vm_throw(error, VM_ERROR_NOT_RUNNING, "hostd is not running: no socket at %s", listed);
+    return NULL;
 }
 
 /* How long ssh gets to end by itself once its connection is closed. */

@@ -24,9 +24,25 @@ typedef struct {
 typedef struct VmctlConnection VmctlConnection;
 
 /* Connects to hostd at @socket_path and returns the connected blocking socket (close-on-exec).
- * Fails with VM_ERROR_NOT_RUNNING ("hostd is not running at PATH") when nothing listens there,
- * VM_ERROR_INVALID_ARGUMENT for a path too long for a Unix socket, VM_ERROR_IO otherwise. */
+ * Fails with VM_ERROR_NOT_RUNNING: "hostd is not running at PATH" when there is no socket,
+ * "nothing listens on PATH" when there is one but no hostd behind it; VM_ERROR_PERMISSION
+ * when the socket is not open to this user (the message names hostd's socket-group, the
+ * socket's group when it has one); VM_ERROR_INVALID_ARGUMENT for a path too long for a Unix
+ * socket; VM_ERROR_IO otherwise. */
 int vmctl_client_connect(const char *socket_path, GError **error);
+
+/* Where vmctl looks for hostd when neither --socket nor $VMCTL_SOCKET says, in this order: the
+ * user's own hostd ($XDG_DATA_HOME/hostd/hostd.sock; not for root), then the system's
+ * ($VMCTL_SYSTEM_SOCKET, else VM_SYSTEM_STATE_DIR/hostd.sock). Newly allocated,
+ * NULL-terminated, never empty; can't fail. */
+char **vmctl_socket_candidates(void);
+
+/* The first of @candidates (NULL-terminated, not empty) that exists, or whose directory this
+ * user cannot search (connecting then says why); one that nothing listens on is passed over for
+ * a later one that exists (it is connected to, and closed, to tell). Fails with
+ * VM_ERROR_NOT_RUNNING "hostd is not running: no socket at A or B" when none exists. Newly
+ * allocated. */
+char *vmctl_socket_find(const char *const *candidates, GError **error);
 
 /* Opens a conversation with hostd at @endpoint: vmctl_client_connect(), or for a remote one
  * vmctl_remote_connect(). Fails like them. Free with vmctl_connection_free(). */

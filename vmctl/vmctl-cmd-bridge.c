@@ -63,8 +63,8 @@ vmctl_cmd_bridge(VmctlContext *ctx, int argc, char **argv, GError **error)
     if (ctx->host != NULL)
         return vmctl_usage_error(ctx, error, "the bridge serves this host's hostd: no --host");
 
-    g_autofree char *socket_path = vmctl_socket_path(ctx);
-    int fd = vmctl_client_connect(socket_path, &local_error);
+    g_autofree char *socket_path = vmctl_socket_path(ctx, &local_error);
+    int fd = socket_path != NULL ? vmctl_client_connect(socket_path, &local_error) : -1;
     if (fd < 0) {
         /* The client on the other end of ssh reads frames: tell it why in one, so it reports
          * hostd's own code and message. */

@@ -66,14 +66,8 @@ vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
     if (fields == NULL)
         return FALSE;
-    if (lines != NULL) {
-        guint32 n;
-
-        if (!vmctl_parse_uint(ctx, "--lines", lines, 0, G_MAXUINT32 - 1, &n, error))
-            return FALSE;
-        g_variant_dict_insert(fields, "lines", "u", n);
-    }
-    g_variant_dict_insert(fields, "follow", "b", follow);
+    if (!vmctl_insert_tail_options(ctx, fields, lines, follow, error))
+        return FALSE;
     return vmctl_print_stream(ctx, VM_OP_EGRESS_LOG, g_variant_dict_end(fields), format_record,
                               error);
 }

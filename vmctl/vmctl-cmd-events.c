@@ -99,13 +99,7 @@ vmctl_cmd_events(VmctlContext *ctx, int argc, char **argv, GError **error)
             return FALSE;
         g_variant_dict_insert(fields, "since", "x", usec);
     }
-    if (lines != NULL) {
-        guint32 n;
-
-        if (!vmctl_parse_uint(ctx, "--lines", lines, 0, G_MAXUINT32 - 1, &n, error))
-            return FALSE;
-        g_variant_dict_insert(fields, "lines", "u", n);
-    }
-    g_variant_dict_insert(fields, "follow", "b", follow);
+    if (!vmctl_insert_tail_options(ctx, fields, lines, follow, error))
+        return FALSE;
     return vmctl_print_stream(ctx, VM_OP_EVENTS, g_variant_dict_end(fields), format_event, error);
 }

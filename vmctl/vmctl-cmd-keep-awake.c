@@ -16,14 +16,15 @@ vmctl_cmd_keep_awake(VmctlContext *ctx, int argc, char **argv, GError **error)
     };
     guint64 seconds = 0;
 
-    g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
-    if (fields == NULL)
+    g_auto(GStrv) names = vmctl_parse_names(ctx, argc, argv, entries, error);
+    if (names == NULL)
         return FALSE;
+    g_autoptr(GVariantDict) fields = g_variant_dict_new(NULL);
     if (duration != NULL &&
         (!vm_duration_parse(duration, &seconds, NULL) || seconds == 0 || seconds > G_MAXUINT32))
         return vmctl_usage_error(ctx, error, "--for: expected a duration such as 90s, 30m or 8h");
     g_variant_dict_insert(fields, "seconds", "u", (guint32)seconds);
     g_variant_dict_insert(fields, "off", "b", off);
-    return vmctl_agent_action(ctx, VM_OP_AGENT_KEEP_AWAKE, fields,
-                              off ? "released" : "keeping awake", error);
+    return vmctl_agent_actions(ctx, VM_OP_AGENT_KEEP_AWAKE, names, fields,
+                               off ? "released" : "keeping awake", error);
 }

@@ -3,8 +3,9 @@
 gboolean
 vmctl_cmd_resume(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
-    g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, NULL, error);
-    if (fields == NULL)
+    g_auto(GStrv) names = vmctl_parse_names(ctx, argc, argv, NULL, error);
+    if (names == NULL)
         return FALSE;
-    return vmctl_agent_action(ctx, VM_OP_AGENT_RESUME, fields, "resumed", error);
+    g_autoptr(GVariantDict) fields = g_variant_dict_new(NULL);
+    return vmctl_agent_actions(ctx, VM_OP_AGENT_RESUME, names, fields, "resumed", error);
 }

@@ -17,9 +17,10 @@ vmctl_cmd_stop(VmctlContext *ctx, int argc, char **argv, GError **error)
     };
     guint64 timeout_s = 0;
 
-    g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
-    if (fields == NULL)
+    g_auto(GStrv) names = vmctl_parse_names(ctx, argc, argv, entries, error);
+    if (names == NULL)
         return FALSE;
+    g_autoptr(GVariantDict) fields = g_variant_dict_new(NULL);
     g_variant_dict_insert(fields, "force", "b", force);
     if (timeout != NULL) {
         g_autoptr(GError) local_error = NULL;
@@ -28,5 +29,5 @@ vmctl_cmd_stop(VmctlContext *ctx, int argc, char **argv, GError **error)
                                      local_error != NULL ? local_error->message : "too long");
         g_variant_dict_insert(fields, "timeout_s", "u", (guint32)timeout_s);
     }
-    return vmctl_agent_action(ctx, VM_OP_AGENT_STOP, fields, "stopped", error);
+    return vmctl_agent_actions(ctx, VM_OP_AGENT_STOP, names, fields, "stopped", error);
 }

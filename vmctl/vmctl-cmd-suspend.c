@@ -10,9 +10,11 @@ vmctl_cmd_suspend(VmctlContext *ctx, int argc, char **argv, GError **error)
         G_OPTION_ENTRY_NULL,
     };
 
-    g_autoptr(GVariantDict) fields = vmctl_parse_name(ctx, argc, argv, entries, error);
-    if (fields == NULL)
+    g_auto(GStrv) names = vmctl_parse_names(ctx, argc, argv, entries, error);
+    if (names == NULL)
         return FALSE;
+    g_autoptr(GVariantDict) fields = g_variant_dict_new(NULL);
     g_variant_dict_insert(fields, "save", "b", save);
-    return vmctl_agent_action(ctx, VM_OP_AGENT_SUSPEND, fields, save ? "saved" : "paused", error);
+    return vmctl_agent_actions(ctx, VM_OP_AGENT_SUSPEND, names, fields, save ? "saved" : "paused",
+                               error);
 }

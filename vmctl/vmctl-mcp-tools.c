@@ -816,6 +816,19 @@ tool_resume(JsonObject *args, const VmctlMcpContext *context, GError **error)
 }
 
 static JsonObject *
+tool_set_resources(JsonObject *args, const VmctlMcpContext *context, GError **error)
+{
+    g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(NULL);
+    const char *const needed[] = {"agent", "changes", NULL};
+
+    g_variant_dict_insert(&fields, "name", "s", arg_string(args, "name"));
+    dict_add_uint(&fields, args, "cpus", "cpus");
+    dict_add_uint(&fields, args, "memory_mib", "memory_mib");
+    dict_add_uint(&fields, args, "disk_gib", "disk_gib");
+    return request_json(context, VM_OP_AGENT_SET_RESOURCES, &fields, needed, error);
+}
+
+static JsonObject *
 tool_egress_show(JsonObject *args, const VmctlMcpContext *context, GError **error)
 {
     return agent_request(context, VM_OP_EGRESS_GET, args, "egress", error);
@@ -990,6 +1003,20 @@ static const VmctlMcpTool tools[] = {
     {"resume", "Resume an agent", "Wake a paused or saved agent now.",
      FALSE, FALSE, TRUE, FALSE, tool_resume, AGENT_RESULT_SCHEMA,
      {NAME_ARG(AGENT_DESC), {NULL}}},
+    {"set_resources", "Resize an agent",
+     "Give an agent more (or fewer) CPUs, more or less memory, or a larger disk. The disk grows "
+     "at once, its root filesystem too; CPUs and memory apply live where the VM can take them, "
+     "else at its next start: each line of changes says which.",
+     FALSE, FALSE, TRUE, FALSE, tool_set_resources,
+     "{'type':'object','properties':{'agent':" AGENT_SCHEMA ",'changes':{'type':'array',"
+     "'items':{'type':'string'},'description':'one line per size given, saying when it "
+     "applies'}},'required':['agent','changes']}",
+     {NAME_ARG(AGENT_DESC),
+      {"cpus", ARG_INTEGER, FALSE, 1, VM_SET_CPUS_MAX, "Virtual CPUs"},
+      {"memory_mib", ARG_INTEGER, FALSE, 1, VM_SET_MEMORY_MIB_MAX, "Memory in MiB"},
+      {"disk_gib", ARG_INTEGER, FALSE, 1, VM_SET_DISK_GIB_MAX,
+       "Disk in GiB (never less than it has)"},
+      {NULL}}},
     {"egress_show", "Show egress policy",
      "Where an agent may connect: its allow and deny rules, its proxy, open connections.",
      TRUE, FALSE, TRUE, FALSE, tool_egress_show,

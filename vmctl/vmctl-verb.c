@@ -20,7 +20,8 @@ add_global_options(GOptionContext *options, VmctlContext *ctx, const GOptionEntr
 {
     const GOptionEntry entries[] = {
         {"socket", 0, 0, G_OPTION_ARG_FILENAME, &ctx->socket_path,
-         "Talk to hostd at PATH (default: $VMCTL_SOCKET, else the state directory's hostd.sock)",
+         "Talk to hostd at PATH (default: $VMCTL_SOCKET, else your own hostd's socket, else the "
+         "system's)",
          "PATH"},
         {"host", 0, 0, G_OPTION_ARG_STRING, &ctx->host,
          "Talk to hostd on another host over SSH: ssh://[USER@]HOST[:PORT][/SOCKET] (default: "
@@ -60,7 +61,7 @@ vmctl_usage_error(VmctlContext *ctx, GError **error, const char *fmt, ...)
     g_autofree char *what = g_strdup_vprintf(fmt, ap);
     va_end(ap);
     if (ctx->verb == NULL)
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s; see 'vmctl help'", what);
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s; see 'vmctl --help'", what);
     return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s; see 'vmctl %s --help'", what,
                     ctx->verb->name);
 }
@@ -77,6 +78,8 @@ verb_options_new(VmctlContext *ctx, const GOptionEntry *entries, gboolean *help)
 
     g_option_context_set_main_group(options, main_group);
     g_option_context_set_summary(options, ctx->verb->summary);
+    if (ctx->verb_description != NULL)
+        g_option_context_set_description(options, ctx->verb_description);
     g_option_context_set_help_enabled(options, FALSE);
     if (entries != NULL)
         g_option_context_add_main_entries(options, entries, NULL);
@@ -183,6 +186,26 @@ vmctl_parse_name(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *e
     return fields;
 }
 
+char **
+vmctl_parse_names(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *entries,
+                  GError **error)
+{
+    g_auto(GStrv) args = NULL;
+
+    if (!vmctl_parse(ctx, argc, argv, entries, 1, -1, &args, error))
+        return NULL;
+    for (gsize i = 0; args[i] != NULL; i++) {
+        if (!vm_name_validate(args[i], error))
+            return NULL;
+        for (gsize j = 0; j < i; j++)
+            if (strcmp(args[i], args[j]) == 0) {
+                vmctl_usage_error(ctx, error, "'%s' is named twice", args[i]);
+                return NULL;
+            }
+    }
+    return g_steal_pointer(&args);
+}
+
 gboolean
 vmctl_parse_command(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *entries,
                     char **ret_name, char ***ret_command, GError **error)
@@ -219,6 +242,60 @@ vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint3
         return vmctl_usage_error(ctx, error, "%s needs a number from %u to %u, not '%s'", option,
                                  min, max, text);
     *ret_value = (guint32)value;
+    return TRUE;
+}
+
+gboolean
+vmctl_insert_tail_options(VmctlContext *ctx, GVariantDict *fields, const char *lines,
+                          gboolean follow, GError **error)
+{
+    if (lines != NULL) {
+        guint32 n;
+
+        if (!vmctl_parse_uint(ctx, "--lines", lines, 0, G_MAXUINT32 - 1, &n, error))
+            return FALSE;
+        g_variant_dict_insert(fields, "lines", "u", n);
+    }
+    g_variant_dict_insert(fields, "follow", "b", follow);
+    return TRUE;
+}
+
+gboolean
+vmctl_parse_size(VmctlContext *ctx, const char *option, const char *text, guint bare_mib,
+                 guint64 max_mib, gboolean *ret_relative, guint64 *ret_mib, GError **error)
+{
+    static const struct {
+        const char *suffix;
+        guint64 mib;
+    } units[] = {
+        {"m", 1}, {"mib", 1}, {"g", 1024}, {"gib", 1024}, {"t", 1024 * 1024}, {"tib", 1024 * 1024},
+    };
+    gboolean relative = text[0] == '+';
+    const char *p = relative ? text + 1 : text;
+    gsize digits = strspn(p, "0123456789");
+    guint64 unit = bare_mib;
+    guint64 n = 0;
+
+    if (digits > 0 && digits <= 12) {
+        g_autofree char *number = g_strndup(p, digits);
+        n = g_ascii_strtoull(number, NULL, 10);
+    } else {
+        digits = 0;
+    }
+    if (digits > 0 && p[digits] != '\0') {
+        unit = 0;
+        for (gsize i = 0; i < G_N_ELEMENTS(units); i++) {
+            if (g_ascii_strcasecmp(p + digits, units[i].suffix) == 0)
+                unit = units[i].mib;
+        }
+    }
+    if (digits == 0 || unit == 0 || n == 0 || n > max_mib / unit)
+        return vmctl_usage_error(
+            ctx, error,
+            "%s needs a size such as 512M, 20G or +5G (at most %" G_GUINT64_FORMAT "G), not '%s'",
+            option, max_mib / 1024, text);
+    *ret_relative = relative;
+    *ret_mib = n * unit;
     return TRUE;
 }
 
@@ -266,11 +343,16 @@ vmctl_parse_time(VmctlContext *ctx, const char *option, const char *text, gint64
 }
 
 char *
-vmctl_socket_path(const VmctlContext *ctx)
+vmctl_socket_path(const VmctlContext *ctx, GError **error)
 {
+    const char *env = g_getenv("VMCTL_SOCKET");
+
     if (ctx->socket_path != NULL)
         return g_strdup(ctx->socket_path);
-    return vm_default_socket_path();
+    if (env != NULL && env[0] != '\0')
+        return g_strdup(env);
+    g_auto(GStrv) candidates = vmctl_socket_candidates();
+    return vmctl_socket_find((const char *const *)candidates, error);
 }
 
 gboolean
@@ -288,7 +370,7 @@ vmctl_endpoint(VmctlContext *ctx, VmctlEndpoint *ret_endpoint, GError **error)
         } else if (ctx->socket_path == NULL && env != NULL && env[0] != '\0') {
             ctx->remote = vmctl_remote_parse(env, "$VMCTL_HOST", error);
         } else {
-            ctx->endpoint_path = vmctl_socket_path(ctx);
+            ctx->endpoint_path = vmctl_socket_path(ctx, error);
         }
         if (ctx->remote == NULL && ctx->endpoint_path == NULL)
             return FALSE;
@@ -385,6 +467,65 @@ vmctl_agent_action(VmctlContext *ctx, VmOp op, GVariantDict *fields, const char 
         return FALSE;
     g_autofree char *text = g_strdup_printf("%s %s", done, name);
     vmctl_print_result(ctx, result, "agent", text);
+    return TRUE;
+}
+
+gboolean
+vmctl_agent_actions(VmctlContext *ctx, VmOp op, char **names, GVariantDict *fields,
+                    const char *done, GError **error)
+{
+    g_autoptr(GVariant) common = g_variant_ref_sink(g_variant_dict_end(fields));
+    g_autoptr(GVariantBuilder) results = g_variant_builder_new(G_VARIANT_TYPE("aa{sv}"));
+    int first_failure = 0;
+
+    if (names[1] == NULL) {
+        g_autoptr(GVariantDict) one = g_variant_dict_new(common);
+        g_variant_dict_insert(one, "name", "s", names[0]);
+        return vmctl_agent_action(ctx, op, one, done, error);
+    }
+    /* One after the other, each answered before the next is sent: a failure stops none of
+     * the others, and the output reads in the order the names were given. */
+    for (gsize i = 0; names[i] != NULL; i++) {
+        g_autoptr(GVariantDict) one = g_variant_dict_new(common);
+        g_autoptr(VmMessage) result = NULL;
+        g_autoptr(GError) local_error = NULL;
+        g_auto(GVariantDict) row = G_VARIANT_DICT_INIT(NULL);
+
+        g_variant_dict_insert(one, "name", "s", names[i]);
+        g_variant_dict_insert(&row, "name", "s", names[i]);
+        if (vmctl_request(ctx, op, g_variant_dict_end(one), &result, &local_error)) {
+            g_autoptr(GVariant) agent = vm_message_lookup(result, "agent");
+            g_variant_dict_insert_value(&row, "agent", agent != NULL ? agent : result->fields);
+            if (!ctx->json)
+                printf("%s %s\n", done, names[i]);
+        } else if (g_error_matches(local_error, VM_ERROR, VM_ERROR_NOT_RUNNING) ||
+                   g_error_matches(local_error, VM_ERROR, VM_ERROR_PERMISSION)) {
+            /* No other name would fare better. */
+            g_propagate_error(error, g_steal_pointer(&local_error));
+            return FALSE;
+        } else {
+            VmErrorCode code = vm_error_code(local_error);
+            g_autofree char *message = vmctl_format_escaped_lines(local_error->message);
+            g_autofree char *utf8 = g_utf8_make_valid(local_error->message, -1);
+
+            g_variant_dict_insert_value(&row, "error",
+                                        g_variant_new_parsed("{'code': <%s>, 'message': <%s>}",
+                                                             vm_error_code_name(code), utf8));
+            fflush(stdout);
+            fprintf(stderr, "vmctl: %s: %s\n", names[i], message);
+            if (first_failure == 0)
+                first_failure = vm_error_exit_status(code);
+        }
+        g_variant_builder_add_value(results, g_variant_dict_end(&row));
+        if (fflush(stdout) != 0)
+            return vm_throw(error, VM_ERROR_IO, "cannot write the output");
+    }
+    if (ctx->json) {
+        g_autoptr(GVariant) value = g_variant_ref_sink(g_variant_builder_end(results));
+        g_autofree char *json = vmctl_format_json(value);
+        fputs(json, stdout);
+    }
+    ctx->exit_status = first_failure;
     return TRUE;
 }
 

@@ -31,10 +31,11 @@ typedef struct {
 
 struct VmctlContext {
     const VmctlVerb *verb;
-    char *socket_path;   /* from --socket; NULL means vm_default_socket_path() */
-    char *host;          /* from --host; NULL: $VMCTL_HOST, else hostd is on this host */
-    VmctlRemote *remote; /* --host or $VMCTL_HOST parsed, by vmctl_endpoint() */
-    char *endpoint_path; /* the local socket vmctl_endpoint() chose */
+    const char *verb_description; /* more for the verb's --help (its subcommands), or NULL */
+    char *socket_path;            /* from --socket; NULL means vm_default_socket_path() */
+    char *host;                   /* from --host; NULL: $VMCTL_HOST, else hostd is on this host */
+    VmctlRemote *remote;          /* --host or $VMCTL_HOST parsed, by vmctl_endpoint() */
+    char *endpoint_path;          /* the local socket vmctl_endpoint() chose */
     gboolean json;
     gboolean quiet;
     gpointer option_data; /* handed to the G_OPTION_ARG_CALLBACK entries of the verb */
@@ -60,7 +61,7 @@ gboolean vmctl_parse_command(VmctlContext *ctx, int argc, char **argv, const GOp
                              char **ret_name, char ***ret_command, GError **error);
 
 /* Builds the usage error of ctx->verb: "WHAT; see 'vmctl VERB --help'" (before a verb is known:
- * "see 'vmctl help'") in VM_ERROR_INVALID_ARGUMENT. Returns FALSE. */
+ * "see 'vmctl --help'") in VM_ERROR_INVALID_ARGUMENT. Returns FALSE. */
 gboolean vmctl_usage_error(VmctlContext *ctx, GError **error, const char *fmt, ...)
     G_GNUC_PRINTF(3, 4);
 
@@ -68,6 +69,12 @@ gboolean vmctl_usage_error(VmctlContext *ctx, GError **error, const char *fmt, .
  * error naming the option. */
 gboolean vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *text, guint32 min,
                           guint32 max, guint32 *ret_value, GError **error);
+
+/* Adds what a log-like stream verb's --lines and --follow ask of hostd to @fields: "lines" (u)
+ * when @lines (the option's text, or NULL) parses, "follow" (b) always. Fails with a usage error
+ * naming --lines. */
+gboolean vmctl_insert_tail_options(VmctlContext *ctx, GVariantDict *fields, const char *lines,
+                                   gboolean follow, GError **error);
 
 /* Parses the time @text given to @option: a duration back from @now_usec ("90s", "10m", "2h",
  * "3d"; vm_duration_parse()) or an ISO 8601 time, with a zone ("2024-05-01T12:00:00Z",
@@ -77,6 +84,14 @@ gboolean vmctl_parse_uint(VmctlContext *ctx, const char *option, const char *tex
 gboolean vmctl_parse_time(VmctlContext *ctx, const char *option, const char *text, gint64 now_usec,
                           gint64 *ret_usec, GError **error);
 
+/* Parses the size @text given to @option: a whole number with an optional unit M, G or T (also
+ * MiB, GiB, TiB; case does not matter), a bare number being in @bare_mib MiB (1: MiB, as new's
+ * --memory; 1024: GiB, as new's --disk), and an optional leading '+' meaning "this much more".
+ * Returns the size in MiB (at least 1, at most @max_mib) in @ret_mib and whether it was relative
+ * in @ret_relative. Fails with a usage error naming the option. */
+gboolean vmctl_parse_size(VmctlContext *ctx, const char *option, const char *text, guint bare_mib,
+                          guint64 max_mib, gboolean *ret_relative, guint64 *ret_mib,
+                          GError **error);
 /* Adds the numeric option @option (its text @text, NULL when not given) to @fields under @key
  * as a "u" of at least 1; a bad number is a usage error naming @option. */
 gboolean vmctl_dict_add_uint(VmctlContext *ctx, GVariantDict *fields, const char *option,
@@ -88,8 +103,16 @@ gboolean vmctl_dict_add_uint(VmctlContext *ctx, GVariantDict *fields, const char
 GVariantDict *vmctl_parse_name(VmctlContext *ctx, int argc, char **argv,
                                const GOptionEntry *entries, GError **error);
 
-/* The socket vmctl talks to: --socket, else $VMCTL_SOCKET, else the default. Newly allocated. */
-char *vmctl_socket_path(const VmctlContext *ctx);
+/* vmctl_parse() for verbs that act on one or more agents: "VERB [OPTION...] NAME...". Each name
+ * is checked, and one given twice is refused, so a typo fails before anything is sent. Returns
+ * the names, newly allocated and NULL-terminated (never empty); NULL on failure. */
+char **vmctl_parse_names(VmctlContext *ctx, int argc, char **argv, const GOptionEntry *entries,
+                         GError **error);
+
+/* The socket vmctl talks to: --socket, else $VMCTL_SOCKET, else the first of
+ * vmctl_socket_candidates() that exists. Fails with VM_ERROR_NOT_RUNNING when none does. Newly
+ * allocated. */
+char *vmctl_socket_path(const VmctlContext *ctx, GError **error);
 
 /* Where hostd is: --host, else --socket, else $VMCTL_HOST, else $VMCTL_SOCKET, else the default
  * socket. Fills @ret_endpoint with pointers into @ctx (valid while it lives). Fails with a usage
@@ -143,12 +166,31 @@ gboolean vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlL
 gboolean vmctl_agent_action(VmctlContext *ctx, VmOp op, GVariantDict *fields, const char *done,
                             GError **error);
 
+/* vmctl_agent_action() for each of @names in turn, each request with the fields of @fields (no
+ * "name"; it is added per agent, and @fields is ended here). One name is exactly
+ * vmctl_agent_action(). With several, a failure stops none of the others (but one to reach hostd
+ * at all, NOT_RUNNING or PERMISSION, fails the whole as for one name): each success prints
+ * "@done NAME", each failure "vmctl: NAME: MESSAGE" on stderr, and vmctl exits with 0 when all
+ * succeeded, else with the status of the first failure (set in ctx->exit_status; TRUE is
+ * returned). With --json, one array of {name, agent} or {name, error: {code, message}}. Fails
+ * only when stdout cannot be written. */
+gboolean vmctl_agent_actions(VmctlContext *ctx, VmOp op, char **names, GVariantDict *fields,
+                             const char *done, GError **error);
+
 /* Reads the public keys in each of @files (NULL-terminated paths of key files, one key a line)
  * and returns their lines as hostd takes them: each key is checked here (vm_ssh_key_read_file()),
  * so that a wrong file fails before anything is sent, and hostd checks it again. At most
  * VM_SSH_KEYS_MAX keys in all. Fails with VM_ERROR_INVALID_ARGUMENT naming the file and line, or
  * VM_ERROR_IO. Newly allocated, NULL-terminated. */
 char **vmctl_read_ssh_keys(const char *const *files, GError **error);
+
+/* What the positional arguments of @verb ("stop", "checkpoint rm") are, for the shell
+ * completions (`vmctl __complete`): kinds one a word, in order: agent (an existing agent),
+ * checkpoint (one of the first argument's), template, secret, restart (a restart policy), file;
+ * the last may end in "..." (it repeats). Empty for a verb that takes none of these, or one not
+ * listed: its arguments complete to nothing (a new name, a command to run). Static; can't
+ * fail. */
+const char *vmctl_completes(const char *verb);
 
 /* The verbs, one per vmctl-cmd-<verb>.c. */
 gboolean vmctl_cmd_template_list(VmctlContext *ctx, int argc, char **argv, GError **error);
@@ -176,6 +218,7 @@ gboolean vmctl_cmd_diff(VmctlContext *ctx, int argc, char **argv, GError **error
 gboolean vmctl_cmd_egress(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_egress_log(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_autorestart(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_set(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_stop_host_agents(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_events(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_forward(VmctlContext *ctx, int argc, char **argv, GError **error);

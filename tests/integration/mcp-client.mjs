@@ -74,7 +74,8 @@ async function toolError(client, name, args) {
 
 const allTools = [
     'list_agents', 'agent_info', 'new_agent', 'exec', 'read_file', 'write_file', 'checkpoint',
-    'list_checkpoints', 'restore', 'diff', 'fork', 'suspend', 'resume', 'egress_show',
+    'list_checkpoints', 'restore', 'diff', 'fork', 'suspend', 'resume', 'set_resources',
+    'egress_show',
 ];
 const readOnlyTools = [
     'list_agents', 'agent_info', 'read_file', 'list_checkpoints', 'diff', 'egress_show',

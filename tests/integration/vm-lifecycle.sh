@@ -2,10 +2,10 @@
 # The lifecycle suite: two real agents (TCG) under one hostd, and what happens when their QEMU
 # dies, when the guest powers off or reboots, when hostd and every QEMU are killed (a host that
 # lost power), and when hostd stops with shutdown = save (a planned host reboot); then vmctl mcp
-# through the official SDK client, and the users' own SSH keys on a third agent
-# (authorize-check.sh). Output is TAP, with the figures as diagnostics. Needs root, HOSTD/VMCTL
-# set; the debian-12 image is built into the suite's state dir, or taken from
-# $VM_TEST_IMAGE_CACHE.
+# through the official SDK client, vmctl set on the second agent (set-check.sh), and the users'
+# own SSH keys on a third agent (authorize-check.sh). Output is TAP, with the figures as
+# diagnostics. Needs root, HOSTD/VMCTL set; the debian-12 image is built into the suite's state
+# dir, or taken from $VM_TEST_IMAGE_CACHE.
 set -uo pipefail
 
 : "${HOSTD:?}" "${VMCTL:?}"
@@ -17,6 +17,8 @@ set -uo pipefail
 . "$(dirname "$0")/forward-check.sh"
 # shellcheck source=console-check.sh
 . "$(dirname "$0")/console-check.sh"
+# shellcheck source=set-check.sh
+. "$(dirname "$0")/set-check.sh"
 suite_init vml 43300 43389
 # As under the service: SIGTERM saves the running agents.
 echo "shutdown = save" >> "$CONF"
@@ -296,6 +298,10 @@ rc=$?
 check "vmctl --host ssh:// through a real sshd: $(grep -c '^ok' "$S/remote.out") checks pass" \
   bash -c "[ $rc = 0 ] && ! grep -q '^not ok' '$S/remote.out'"
 [ $rc = 0 ] || diag "$(grep -A3 '^not ok' "$S/remote.out" | head -n 20)"
+
+# --- vmctl set: a2's disk grown live and stopped, fewer CPUs and more memory at its next start
+wait_ssh a2 300
+set_check a2
 
 # --- the users' own SSH keys: new --ssh-key, authorize live, --rm, a restore (authorize-check.sh)
 # a2 is not needed any more: its RAM goes back to the host for a3.

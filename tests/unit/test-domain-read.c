@@ -237,6 +237,56 @@ test_build_then_read(void **state)
     assert_non_null(error);
 }
 
+/* The CPU count and memory size, as hostd writes them and as libvirt does (KiB, a current
+ * count below the maximum); what has none, or nonsense, is not read. */
+static void
+test_sizes(void **state)
+{
+    static const struct {
+        const char *xml;
+        guint cpus;
+        guint memory_mib;
+    } good[] = {
+        {"<domain><memory unit='MiB'>1024</memory><vcpu>2</vcpu></domain>", 2, 1024},
+        {"<domain><memory unit='KiB'>1310720</memory><vcpu placement='static' current='1'>4"
+         "</vcpu></domain>",
+         4, 1280},
+        {"<domain><memory>262144</memory><vcpu>1</vcpu></domain>", 1, 256},
+        {"<domain><memory unit='GiB'>2</memory><vcpu>8</vcpu></domain>", 8, 2048},
+    };
+    static const char *const bad[] = {
+        "<domain><vcpu>2</vcpu></domain>",
+        "<domain><memory unit='MiB'>1024</memory></domain>",
+        "<domain><memory unit='MiB'>1024</memory><vcpu>0</vcpu></domain>",
+        "<domain><memory unit='MiB'>-1</memory><vcpu>2</vcpu></domain>",
+        "<domain><memory unit='furlong'>1</memory><vcpu>2</vcpu></domain>",
+        "<domain><memory unit='KiB'>1000</memory><vcpu>2</vcpu></domain>",
+        "<domain><memory unit='GiB'>99999999999999999</memory><vcpu>2</vcpu></domain>",
+        "<domain><memory unit='MiB'>1024</memory><vcpu>2</vcpu><vcpu>3</vcpu></domain>",
+    };
+
+    (void)state;
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autoptr(GError) error = NULL;
+        guint cpus = 0, memory_mib = 0;
+        assert_true(vm_domain_read_sizes(good[i].xml, &cpus, &memory_mib, &error));
+        assert_null(error);
+        assert_int_equal(cpus, good[i].cpus);
+        assert_int_equal(memory_mib, good[i].memory_mib);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GError) error = NULL;
+        guint cpus = 7, memory_mib = 7;
+        assert_false(vm_domain_read_sizes(bad[i], &cpus, &memory_mib, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_FOUND));
+        assert_int_equal(cpus + memory_mib, 14);
+    }
+    g_autoptr(GError) error = NULL;
+    guint cpus, memory_mib;
+    assert_false(vm_domain_read_sizes("<capabilities/>", &cpus, &memory_mib, &error));
+    assert_non_null(error);
+}
+
 /* Live XML as libvirt returns it after a snapshot: the top image of each disk only, not its
  * backingStore, not a cdrom without a file, not what sits in <metadata> or a comment. */
 static void
@@ -563,6 +613,7 @@ main(void)
         /* First, so that it is also the first use of libxml2 in the process. */
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_golden_disk_files),
+        cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_golden_guestfwds),
         cmocka_unit_test(test_golden_guestfwds_guest_api),
         cmocka_unit_test(test_build_then_read),

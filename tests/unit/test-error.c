@@ -41,7 +41,7 @@ test_names(void **state)
         {VM_ERROR_FAILED, "failed"},       {VM_ERROR_INVALID_ARGUMENT, "invalid-argument"},
         {VM_ERROR_NOT_FOUND, "not-found"}, {VM_ERROR_EXISTS, "exists"},
         {VM_ERROR_PROTOCOL, "protocol"},   {VM_ERROR_NOT_RUNNING, "not-running"},
-        {VM_ERROR_BUSY, "busy"},
+        {VM_ERROR_BUSY, "busy"},           {VM_ERROR_PERMISSION, "permission"},
     };
     g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
 
@@ -68,7 +68,8 @@ test_code_numbers(void **state)
     assert_int_equal(VM_ERROR_FAILED, 1);
     assert_int_equal(VM_ERROR_PROTOCOL, 11);
     assert_int_equal(VM_ERROR_BUSY, 16);
-    assert_int_equal(VM_ERROR_LAST, VM_ERROR_BUSY);
+    assert_int_equal(VM_ERROR_PERMISSION, 17);
+    assert_int_equal(VM_ERROR_LAST, VM_ERROR_PERMISSION);
 }
 
 static void

@@ -372,6 +372,7 @@ test_error_status(void **state)
         {VM_ERROR_PROTOCOL, 400},     {VM_ERROR_NOT_RUNNING, 503},
         {VM_ERROR_IO, 500},           {VM_ERROR_IMAGE, 500},
         {VM_ERROR_CANCELLED, 503},    {VM_ERROR_BUSY, 409},
+        {VM_ERROR_PERMISSION, 500},
     };
 
     assert_int_equal(G_N_ELEMENTS(cases), VM_ERROR_LAST);

@@ -88,6 +88,9 @@ static const char fake_qemu_img_body[] =
     "        fail \"Could not open new backing file $backing\"\n"
     "    fi\n"
     "    printf '" FAKE_IMAGE_MAGIC "\\nbacking=%s\\n' \"$backing\" > \"$path\" ;;\n"
+    "resize)\n"
+    "    walk \"$path\"\n"
+    "    fake \"$path\" || fail \"Could not open $path\" ;;\n"
     "info)\n"
     "    if [ -z \"$chain\" ]; then\n"
     "        echo \"$path\" >> \"$dir/qemu-img.opened\"\n"
@@ -358,6 +361,20 @@ virDomainBlockCommit(virDomainPtr dom, const char *disk, const char *base, const
     }
     g_mutex_lock(&fake_lock);
     g_string_append_printf(fake.block_jobs, "commit %s %s\n", base, top);
+    g_mutex_unlock(&fake_lock);
+    return 0;
+}
+
+/* A live resize of a running domain's disk, which the test driver lacks: logged as a block job,
+ * "resize DISK BYTES". */
+int
+virDomainBlockResize(virDomainPtr dom, const char *disk, unsigned long long size,
+                     unsigned int flags)
+{
+    if (virDomainIsActive(dom) != 1 || !(flags & VIR_DOMAIN_BLOCK_RESIZE_BYTES))
+        return REAL(virDomainBlockResize)(dom, disk, size, flags);
+    g_mutex_lock(&fake_lock);
+    g_string_append_printf(fake.block_jobs, "resize %s %llu\n", disk, size);
     g_mutex_unlock(&fake_lock);
     return 0;
 }

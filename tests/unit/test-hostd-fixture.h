@@ -136,8 +136,8 @@ gboolean hostd_test_fake_frozen(void);
 /* How many disk-only snapshots of a running domain were taken with its filesystems not frozen. */
 guint hostd_test_fake_snapshots_unfrozen(void);
 
-/* The block jobs run, one line each: "pull BASE" (block rebase of the running disk) or
- * "commit BASE TOP". Newly allocated. */
+/* The block jobs run, one line each: "pull BASE" (block rebase of the running disk),
+ * "commit BASE TOP" or "resize DISK BYTES" (a live resize). Newly allocated. */
 char *hostd_test_fake_block_jobs(void);
 
 /* The domain XML a saved state was last pointed at (virDomainManagedSaveDefineXML), or NULL.

@@ -31,6 +31,9 @@
 
 #define VALUE "sk-real-value-that-must-stay-on-the-host-7f3a9c"
 
+/* A CA the guest's bundle holds before any grant: it must stay there. */
+#define SYSTEM_CA "# a comment\n-----BEGIN CERTIFICATE-----\nSYSTEM\n-----END CERTIFICATE-----\n"
+
 /* ---- a fake guest -----------------------------------------------------------------------------
  */
 
@@ -38,9 +41,8 @@ typedef struct {
     char *root;        /* the guest's files live under it */
     char *environment; /* <root>/etc/environment */
     char *ca;          /* <root>/ca/vmctl-egress.crt */
-    char *refresh;     /* stands for update-ca-certificates: counts its runs in <root>/refreshed */
-    char *refreshed;
-    GString *sent; /* every byte sent to the guest, on stdin or in argv */
+    char *bundle;      /* <root>/certs/ca-certificates.crt: the trust bundle, links beside it */
+    GString *sent;     /* every byte sent to the guest, on stdin or in argv */
     guint commands;
     gboolean fail_next; /* the next command exits 1 with a message */
 } FakeGuest;
@@ -56,12 +58,11 @@ fake_guest_new(void)
     g_assert(g_mkdir(etc, 0755) == 0);
     g->environment = g_build_filename(etc, "environment", NULL);
     g->ca = g_build_filename(g->root, "ca", "vmctl-egress.crt", NULL);
-    g->refresh = g_build_filename(g->root, "refresh", NULL);
-    g->refreshed = g_build_filename(g->root, "refreshed", NULL);
+    g_autofree char *certs = g_build_filename(g->root, "certs", NULL);
+    g_assert(g_mkdir(certs, 0755) == 0);
+    g->bundle = g_build_filename(certs, "ca-certificates.crt", NULL);
+    vm_test_write_file(g->bundle, SYSTEM_CA);
     g->sent = g_string_new(NULL);
-    g_autofree char *script = g_strdup_printf("#!/bin/sh\necho run >>'%s'\n", g->refreshed);
-    vm_test_write_file(g->refresh, script);
-    g_assert(g_chmod(g->refresh, 0755) == 0);
     return g;
 }
 
@@ -72,24 +73,33 @@ fake_guest_free(FakeGuest *g)
     g_free(g->root);
     g_free(g->environment);
     g_free(g->ca);
-    g_free(g->refresh);
-    g_free(g->refreshed);
+    g_free(g->bundle);
     g_string_free(g->sent, TRUE);
     g_free(g);
 }
 
-/* How often the trust store was rebuilt. */
+/* How many times @pem stands in the bundle, as a whole block. */
 static guint
-fake_guest_refreshes(FakeGuest *g)
+fake_guest_trusts(FakeGuest *g, const char *pem)
 {
     g_autofree char *text = NULL;
     guint n = 0;
 
-    if (!g_file_get_contents(g->refreshed, &text, NULL, NULL))
+    if (!g_file_get_contents(g->bundle, &text, NULL, NULL))
         return 0;
-    for (const char *p = text; (p = strstr(p, "run\n")) != NULL; p++)
+    for (const char *p = text; (p = strstr(p, pem)) != NULL; p++)
         n++;
     return n;
+}
+
+/* Where the link vmctl-egress.pem beside the bundle points, or NULL. */
+static char *
+fake_guest_link(FakeGuest *g)
+{
+    g_autofree char *certs = g_path_get_dirname(g->bundle);
+    g_autofree char *link = g_build_filename(certs, "vmctl-egress.pem", NULL);
+
+    return g_file_read_link(link, NULL);
 }
 
 /* Runs the command as hostd would in the guest, minus sudo, with the guest's paths mapped. */
@@ -113,8 +123,8 @@ fake_guest_run(char **argv, GBytes *input, gsize max_output, int *ret_status, GB
             g_ptr_array_add(args, g->environment);
         else if (g_str_equal(*arg, HOSTD_SECRETS_GUEST_CA_PATH))
             g_ptr_array_add(args, g->ca);
-        else if (g_str_equal(*arg, HOSTD_SECRETS_GUEST_CA_REFRESH))
-            g_ptr_array_add(args, g->refresh);
+        else if (g_str_equal(*arg, HOSTD_SECRETS_GUEST_BUNDLE_PATH))
+            g_ptr_array_add(args, g->bundle);
         else
             g_ptr_array_add(args, *arg);
     }
@@ -165,8 +175,8 @@ file_is(const char *path, const char *text)
 }
 
 /* A grant: the CA installed and trusted once, the block written after the user's lines; the
- * same again changes nothing and rebuilds nothing; a new CA is installed again; the last revoke
- * removes the block and keeps the user's lines. */
+ * same again changes nothing and adds nothing; a new CA replaces the old in the bundle; the last
+ * revoke removes the block and keeps the user's lines. */
 static void
 test_guest_update(void **state)
 {
@@ -185,28 +195,35 @@ test_guest_update(void **state)
     assert_true(changed);
     assert_true(file_is(g->ca, CA1));
     assert_int_equal(vm_test_file_mode(g->ca), 0644);
-    assert_int_equal(fake_guest_refreshes(g), 1);
+    /* Trusted at once: in the bundle after what was there, linked beside it. */
+    assert_int_equal(fake_guest_trusts(g, CA1), 1);
+    assert_int_equal(fake_guest_trusts(g, SYSTEM_CA), 1);
+    assert_int_equal(vm_test_file_mode(g->bundle), 0644);
+    g_autofree char *link = fake_guest_link(g);
+    assert_string_equal(link, g->ca);
     assert_true(file_is(g->environment, expected));
     assert_int_equal(vm_test_file_mode(g->environment), 0644);
     assert_non_null(strstr(expected, "EXAMPLE_API_KEY=vmph_AAAA"));
     assert_non_null(strstr(expected, "NODE_EXTRA_CA_CERTS=" HOSTD_SECRETS_GUEST_CA_PATH "\n"));
     assert_true(g_str_has_prefix(expected, user));
 
-    /* Nothing to do: the file is not rewritten and the store not rebuilt. */
+    /* Nothing to do: the file is not rewritten and the certificate not added again. */
     assert_true(hostd_secrets_guest_update(fake_guest_run, g, one, CA1, &changed, &error));
     assert_false(changed);
-    assert_int_equal(fake_guest_refreshes(g), 1);
+    assert_int_equal(fake_guest_trusts(g, CA1), 1);
 
     /* Another CA (a fork's own): replaced and trusted. */
     assert_true(hostd_secrets_guest_update(fake_guest_run, g, one, CA2, &changed, &error));
     assert_true(file_is(g->ca, CA2));
-    assert_int_equal(fake_guest_refreshes(g), 2);
+    assert_int_equal(fake_guest_trusts(g, CA2), 1);
+    assert_int_equal(fake_guest_trusts(g, CA1), 0);
+    assert_int_equal(fake_guest_trusts(g, SYSTEM_CA), 1);
 
     /* The last revoke: the block goes, the user's lines stay, no temporary file is left. */
     assert_true(hostd_secrets_guest_update(fake_guest_run, g, none, CA2, &changed, &error));
     assert_true(changed);
     assert_true(file_is(g->environment, user));
-    assert_int_equal(fake_guest_refreshes(g), 2);
+    assert_int_equal(fake_guest_trusts(g, CA2), 1);
     g_autofree char *etc = g_path_get_dirname(g->environment);
     g_autoptr(GDir) dir = g_dir_open(etc, 0, NULL);
     assert_string_equal(g_dir_read_name(dir), "environment");

@@ -63,6 +63,7 @@ static const struct {
     {VM_OP_SECRET_RM, TRUE},
     {VM_OP_SECRET_GRANT, TRUE},
     {VM_OP_SECRET_REVOKE, TRUE},
+    {VM_OP_AGENT_SET_RESOURCES, TRUE},
     {VM_OP_AGENT_LOGS, TRUE},
     {VM_OP_AGENT_STATS, TRUE},
     {VM_OP_STDIN, FALSE},
@@ -128,6 +129,8 @@ static const struct {
     {VM_OP_SECRET_RM, "{'secret': <'example-api'>, 'force': <true>}"},
     {VM_OP_SECRET_GRANT, "{'name': <'alice'>, 'secret': <'example-api'>}"},
     {VM_OP_SECRET_REVOKE, "{'name': <'alice'>, 'secret': <'example-api'>}"},
+    {VM_OP_AGENT_SET_RESOURCES, "{'name': <'alice'>, 'cpus': <uint32 4>, "
+                                "'memory_add_mib': <uint32 2048>, 'disk_add_gib': <uint32 5>}"},
     {VM_OP_AGENT_LOGS, "{'name': <'alice'>, 'follow': <true>, 'lines': <uint32 20>, "
                        "'cloud_init': <false>}"},
     {VM_OP_AGENT_STATS, "{'names': <['alice', 'bob']>}"},
@@ -283,8 +286,9 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_SECRET_RM, 38);
     assert_int_equal(VM_OP_SECRET_GRANT, 39);
     assert_int_equal(VM_OP_SECRET_REVOKE, 40);
-    assert_int_equal(VM_OP_AGENT_LOGS, 41);
-    assert_int_equal(VM_OP_AGENT_STATS, 42);
+    assert_int_equal(VM_OP_AGENT_SET_RESOURCES, 41);
+    assert_int_equal(VM_OP_AGENT_LOGS, 42);
+    assert_int_equal(VM_OP_AGENT_STATS, 43);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);
@@ -679,7 +683,7 @@ static const BadCase bad_cases[] = {
     {"stdout without data", BAD_SCHEMA, VM_OP_STDOUT, NULL, "@a{sv} {}"},
     {"error code 0", BAD_SCHEMA, VM_OP_ERROR, NULL, "{'code': <uint32 0>, 'message': <'x'>}"},
     {"error code past last", BAD_SCHEMA, VM_OP_ERROR, NULL,
-     "{'code': <uint32 17>, 'message': <'x'>}"},
+     "{'code': <uint32 18>, 'message': <'x'>}"},
     {"error without message", BAD_SCHEMA, VM_OP_ERROR, NULL, "{'code': <uint32 1>}"},
     {"fraction over 1", BAD_SCHEMA, VM_OP_PROGRESS, NULL, "{'message': <'x'>, 'fraction': <1.5>}"},
     {"negative fraction", BAD_SCHEMA, VM_OP_PROGRESS, NULL,
@@ -748,14 +752,14 @@ test_limits_accepted(void **state)
         {VM_OP_EXEC, exec_with_argv(VM_ARGV_MAX)},
         {VM_OP_EXEC, exec_with_env(VM_ARGV_MAX, "A=")},
         {VM_OP_STDIN, data_of(VM_STREAM_CHUNK_MAX)},
-        {VM_OP_ERROR, g_variant_new_parsed("{'code': <uint32 16>, 'message': <''>}")},
+        {VM_OP_ERROR, g_variant_new_parsed("{'code': <uint32 17>, 'message': <''>}")},
         {VM_OP_PROGRESS, g_variant_new_parsed("{'message': <''>, 'fraction': <1.0>}")},
         {VM_OP_WINDOW_SIZE, g_variant_new_parsed("{'cols': <uint32 65535>, 'rows': <uint32 0>}")},
         {VM_OP_FORWARD_ADD, g_variant_new_parsed("{'name': <'a'>, 'guest_port': <uint32 65535>, "
                                                  "'host_port': <uint32 1>}")},
     };
 
-    assert_int_equal(VM_ERROR_LAST, 16);
+    assert_int_equal(VM_ERROR_LAST, 17);
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
         g_autoptr(GError) error = NULL;
         g_autoptr(GBytes) frame = NULL;

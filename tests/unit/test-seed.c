@@ -429,8 +429,19 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
         assert_yaml_string(yaml_get(y, file, "path"), VM_SEED_EGRESS_CA_PATH);
         assert_yaml_string(yaml_get(y, file, "permissions"), "0644");
         assert_yaml_string(yaml_get(y, file, "content"), spec->egress_ca_pem);
-        assert_int_equal(yaml_len(yaml_item(y, runcmd, 0)), 1);
-        assert_yaml_string(yaml_item(y, yaml_item(y, runcmd, 0), 0), "update-ca-certificates");
+        /* Trusted at once by the script hostd's live grants run too, not a whole store
+         * rebuild. */
+        static const char *const trust[] = {"sh",
+                                            "-c",
+                                            VM_SEED_TRUST_CA_SCRIPT,
+                                            "sh",
+                                            VM_SEED_EGRESS_CA_PATH,
+                                            "",
+                                            VM_SEED_CA_BUNDLE_PATH};
+        yaml_node_t *cmd = yaml_item(y, runcmd, 0);
+        assert_int_equal(yaml_len(cmd), G_N_ELEMENTS(trust));
+        for (guint i = 0; i < G_N_ELEMENTS(trust); i++)
+            assert_yaml_string(yaml_item(y, cmd, (int)i), trust[i]);
     }
     /* Last: the sshd on the virtio port, written and enabled (hostd/hostd-ssh-serial.h). */
     {

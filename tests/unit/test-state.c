@@ -81,6 +81,7 @@ assert_records_equal(const HostdAgentRecord *a, const HostdAgentRecord *b)
     }
     assert_int_equal(a->checkpoint_hourly, b->checkpoint_hourly);
     assert_int_equal(a->checkpoint_daily, b->checkpoint_daily);
+    assert_int_equal(a->grow_fs, b->grow_fs);
     assert_int_equal(a->created, b->created);
     assert_int_equal(a->state_since, b->state_since);
 }
@@ -131,6 +132,7 @@ test_record_round_trip_limits(void **state)
     r->ssh_port = 65535;
     r->created = G_MININT64;
     r->state_since = G_MAXINT64;
+    r->grow_fs = TRUE;
     g_free(r->name);
     r->name = g_strdup("name with = and ; and # and \\ and é");
     assert_true(hostd_agent_record_save(r, &error));

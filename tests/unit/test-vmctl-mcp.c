@@ -930,6 +930,12 @@ fake_handle(VmTestHostd *hostd, int fd, const VmMessage *request, gpointer user_
         g_mutex_unlock(&fake->lock);
         send_agent(fake, fd, name, NULL, NULL);
         break;
+    case VM_OP_AGENT_SET_RESOURCES:
+        send_fields(fd, VM_OP_RESULT,
+                    g_variant_new_parsed("{'agent': %v, 'changes': <['cpus 2: at the next "
+                                         "start']>}",
+                                         agent_variant(fake, name)));
+        break;
     case VM_OP_EGRESS_GET:
         vm_test_hostd_send(fd, VM_OP_RESULT,
                            "{'egress': <{'allow': <['pypi.org']>, 'deny': <@as []>, "
@@ -1314,8 +1320,8 @@ test_mcp_tools_list(void **state)
     mcp_initialize(f);
     g_autofree char *names = tool_names(f, &exec);
     assert_string_equal(names, "agent_info checkpoint diff egress_show exec fork list_agents "
-                               "list_checkpoints new_agent read_file restore resume suspend "
-                               "write_file");
+                               "list_checkpoints new_agent read_file restore resume "
+                               "set_resources suspend write_file");
     JsonObject *properties = json_object_get_object_member(
         json_object_get_object_member(exec, "inputSchema"), "properties");
     JsonObject *name = json_object_get_object_member(properties, "name");
@@ -1461,6 +1467,17 @@ test_mcp_agent_tools(void **state)
     g_autoptr(JsonObject) resumed = tool_ok(f, "resume", "{\"name\":\"a1\"}");
     assert_string_equal(string_member(json_object_get_object_member(resumed, "agent"), "state"),
                         "running");
+    g_autoptr(JsonObject) resized =
+        tool_ok(f, "set_resources", "{\"name\":\"a1\",\"cpus\":2,\"disk_gib\":20}");
+    g_autoptr(GVariant) set_request = last_request(f, VM_OP_AGENT_SET_RESOURCES);
+    guint32 sent_cpus = 0, sent_disk = 0;
+    assert_true(g_variant_lookup(set_request, "cpus", "u", &sent_cpus));
+    assert_true(g_variant_lookup(set_request, "disk_gib", "u", &sent_disk));
+    assert_int_equal(sent_cpus * 100 + sent_disk, 220);
+    assert_false(g_variant_lookup(set_request, "memory_mib", "u", &sent_cpus));
+    g_autofree char *said = json_to_string(json_object_get_member(resized, "changes"), FALSE);
+    assert_string_equal(said, "[\"cpus 2: at the next start\"]");
+    tool_fails(f, "set_resources", "{\"name\":\"a1\",\"cpus\":0}", "invalid-argument", "cpus");
     g_autoptr(JsonObject) egress = tool_ok(f, "egress_show", "{\"name\":\"a1\"}");
     g_autofree char *allow = json_to_string(
         json_object_get_member(json_object_get_object_member(egress, "egress"), "allow"), FALSE);

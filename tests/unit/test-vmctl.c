@@ -13,7 +13,11 @@
 #include <glib/gstdio.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "vm-error.h"
@@ -34,6 +38,9 @@ typedef struct {
     char *host;             /* when set, vmctl runs with --host HOST instead of --socket */
     char *host_env;         /* $VMCTL_HOST for vmctl, when set */
     gboolean bare;          /* vmctl runs with neither --socket nor --host */
+    char *data_home;        /* $XDG_DATA_HOME for vmctl, when set (then $VMCTL_SOCKET is unset) */
+    char *system_socket;    /* $VMCTL_SYSTEM_SOCKET for vmctl, when set */
+    gboolean as_nobody;     /* vmctl runs as uid and gid 65534 when the test runs as root */
     VmTestHostd *hostd;
 } Fixture;
 
@@ -78,6 +85,8 @@ teardown(void **state)
     g_free(f->path_env);
     g_free(f->host);
     g_free(f->host_env);
+    g_free(f->data_home);
+    g_free(f->system_socket);
     g_free(f);
     return 0;
 }
@@ -105,6 +114,17 @@ static void
 reply_error(Fixture *f, VmErrorCode code, const char *text)
 {
     vm_test_hostd_reply_error(f->hostd, code, text);
+}
+
+/* Runs vmctl as a user who is not root, as hostd's socket-group members are. */
+static void
+drop_root(gpointer data)
+{
+    (void)data;
+    if (geteuid() != 0)
+        return;
+    if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+        _exit(127);
 }
 
 static char *
@@ -154,6 +174,14 @@ run_vmctl_argv(Fixture *f, const char *input, const char *const *args, Run *ret_
         g_subprocess_launcher_setenv(launcher, "VMCTL_HOST", f->host_env, TRUE);
     else
         g_subprocess_launcher_unsetenv(launcher, "VMCTL_HOST");
+    if (f->data_home != NULL) {
+        g_subprocess_launcher_setenv(launcher, "XDG_DATA_HOME", f->data_home, TRUE);
+        g_subprocess_launcher_unsetenv(launcher, "VMCTL_SOCKET");
+    }
+    if (f->system_socket != NULL)
+        g_subprocess_launcher_setenv(launcher, "VMCTL_SYSTEM_SOCKET", f->system_socket, TRUE);
+    if (f->as_nobody)
+        g_subprocess_launcher_set_child_setup(launcher, drop_root, NULL, NULL);
     g_autoptr(GSubprocess) process =
         g_subprocess_launcher_spawnv(launcher, (const char *const *)argv->pdata, &error);
     assert_non_null(process);
@@ -202,11 +230,16 @@ test_usage_errors(void **state)
         const char *args[6];
         const char *err;
     } cases[] = {
-        {{"frobnicate"}, "vmctl: unknown command 'frobnicate'; see 'vmctl help'\n"},
-        {{"--bogus", "list"}, "vmctl: unknown option --bogus; see 'vmctl help'\n"},
-        {{"template"}, "vmctl: 'template' needs a subcommand: list, build; see 'vmctl help'\n"},
+        {{"frobnicate"}, "vmctl: unknown command 'frobnicate'; see 'vmctl --help'\n"},
+        {{"help", "frobnicate"}, "vmctl: unknown command 'frobnicate'; see 'vmctl --help'\n"},
+        {{"--bogus", "list"}, "vmctl: unknown option --bogus; see 'vmctl --help'\n"},
+        {{"template", "frobnicate"},
+         "vmctl: unknown command 'template frobnicate'; see 'vmctl template --help'\n"},
         {{"list", "extra"}, "vmctl: unexpected argument 'extra'; see 'vmctl list --help'\n"},
-        {{"rm"}, "vmctl: missing NAME; see 'vmctl rm --help'\n"},
+        {{"rm"}, "vmctl: missing NAME...; see 'vmctl rm --help'\n"},
+        {{"stop", "a1", "a2", "a1"}, "vmctl: 'a1' is named twice; see 'vmctl stop --help'\n"},
+        {{"start", "a1", "../x"},
+         "vmctl: invalid name '../x': must start with a lower-case letter a-z\n"},
         {{"rm", "--bogus", "a1"}, "vmctl: unknown option --bogus; see 'vmctl rm --help'\n"},
         {{"exec", "a1"}, "vmctl: missing the command to run; see 'vmctl exec --help'\n"},
         {{"exec", "a1", "-x"}, "vmctl: unknown option -x; see 'vmctl exec --help'\n"},
@@ -222,6 +255,18 @@ test_usage_errors(void **state)
         {{"new", "a1", "--disk-write-iops", "-1"},
          "vmctl: --disk-write-iops needs a number from 0 to 1000000, not '-1'; see 'vmctl new "
          "--help'\n"},
+        {{"set", "a1"},
+         "vmctl: nothing to change: give --cpus, --memory or --disk; see 'vmctl set --help'\n"},
+        {{"set", "a1", "--disk", "-5G"},
+         "vmctl: --disk needs a size such as 512M, 20G or +5G (at most 16384G), not '-5G'; see "
+         "'vmctl set --help'\n"},
+        {{"set", "a1", "--disk", "1536M"},
+         "vmctl: --disk grows by whole GiB, not '1536M'; see 'vmctl set --help'\n"},
+        {{"set", "a1", "--memory", "8X"},
+         "vmctl: --memory needs a size such as 512M, 20G or +5G (at most 16384G), not '8X'; see "
+         "'vmctl set --help'\n"},
+        {{"set", "a1", "--cpus", "+0"},
+         "vmctl: --cpus needs a number from 1 to 1024, not '0'; see 'vmctl set --help'\n"},
         {{"new", "A1"}, "vmctl: invalid name 'A1': must start with a lower-case letter a-z\n"},
         {{"info", "../x"}, "vmctl: invalid name '../x': must start with a lower-case letter a-z\n"},
     };
@@ -253,6 +298,109 @@ test_help(void **state)
     run_vmctl(f, NULL, &version, "--version");
     assert_int_equal(version.status, 0);
     assert_true(g_str_has_prefix(version.out, "vmctl "));
+}
+
+/* The commands `vmctl --help` lists, one a string ("template list" as two words). */
+static GPtrArray *
+listed_commands(const char *help)
+{
+    GPtrArray *commands = g_ptr_array_new_with_free_func(g_free);
+    g_auto(GStrv) lines = g_strsplit(help, "\n", -1);
+    gboolean inside = FALSE;
+
+    for (gsize i = 0; lines[i] != NULL; i++) {
+        if (strcmp(lines[i], "Commands:") == 0) {
+            inside = TRUE;
+        } else if (inside && g_str_has_prefix(lines[i], "  ") && g_ascii_islower(lines[i][2])) {
+            const char *end = strstr(lines[i] + 2, "  ");
+            g_ptr_array_add(commands, g_strndup(lines[i] + 2, end - (lines[i] + 2)));
+        } else if (inside) {
+            break;
+        }
+    }
+    return commands;
+}
+
+/* Every way to ask for help prints it on stdout and exits 0, for vmctl, each group of
+ * subcommands and each command; an unknown command is a usage error. */
+static void
+test_help_everywhere(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) usage = {0};
+    static const char *const asks[][3] = {{"--help"}, {"-h"}, {"help"}, {NULL}};
+
+    run_vmctl(f, NULL, &usage, "--help");
+    assert_int_equal(usage.status, 0);
+    assert_true(g_str_has_prefix(usage.out, "Usage: vmctl [OPTION...] COMMAND"));
+    for (gsize i = 0; i < G_N_ELEMENTS(asks); i++) {
+        g_auto(Run) run = {0};
+        run_vmctl_argv(f, NULL, (const char *const *)asks[i], &run);
+        assert_int_equal(run.status, 0);
+        assert_string_equal(run.out, usage.out);
+        assert_string_equal(run.err, "");
+    }
+
+    g_autoptr(GPtrArray) commands = listed_commands(usage.out);
+    g_autoptr(GHashTable) groups = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    assert_true(commands->len > 20);
+    for (guint i = 0; i < commands->len; i++) {
+        const char *command = commands->pdata[i];
+        g_auto(GStrv) words = g_strsplit(command, " ", 2);
+        g_autofree char *want = g_strdup_printf("Usage:\n  vmctl %s [OPTION", command);
+        g_auto(Run) run = {0};
+        g_auto(Run) via_help = {0};
+
+        run_vmctl(f, NULL, &run, words[0], words[1] != NULL ? words[1] : "--help",
+                  words[1] != NULL ? "--help" : NULL);
+        if (run.status != 0 || !g_str_has_prefix(run.out, want))
+            fail_msg("'vmctl %s --help' exits %d and prints '%s'", command, run.status, run.out);
+        assert_non_null(strstr(run.out, "\n  -h, --help "));
+        run_vmctl(f, NULL, &via_help, "help", words[0], words[1]);
+        assert_int_equal(via_help.status, 0);
+        assert_string_equal(via_help.out, run.out);
+        if (words[1] != NULL)
+            g_hash_table_add(groups, g_strdup(words[0]));
+    }
+
+    /* A group: bare, --help, -h and `help GROUP` give its usage, which lists its commands. */
+    assert_true(g_hash_table_contains(groups, "secret"));
+    assert_true(g_hash_table_contains(groups, "template"));
+    GHashTableIter iter;
+    gpointer key;
+    g_hash_table_iter_init(&iter, groups);
+    while (g_hash_table_iter_next(&iter, &key, NULL)) {
+        const char *group = key;
+        g_auto(Run) bare = {0};
+        g_auto(Run) help = {0};
+        g_auto(Run) h = {0};
+        g_auto(Run) help_group = {0};
+        g_autofree char *prefix = g_strconcat(group, " ", NULL);
+
+        run_vmctl(f, NULL, &help, group, "--help");
+        run_vmctl(f, NULL, &h, group, "-h");
+        run_vmctl(f, NULL, &help_group, "help", group);
+        assert_int_equal(help.status, 0);
+        assert_int_equal(h.status, 0);
+        assert_int_equal(help_group.status, 0);
+        assert_string_equal(h.out, help.out);
+        assert_string_equal(help_group.out, help.out);
+        for (guint i = 0; i < commands->len; i++) {
+            const char *command = commands->pdata[i];
+            if (!g_str_has_prefix(command, prefix))
+                continue;
+            g_autofree char *line = g_strdup_printf("\n  %s", command + strlen(prefix));
+            g_autofree char *verb_line = g_strdup_printf("\n  vmctl %s", command);
+            if (strstr(help.out, line) == NULL && strstr(help.out, verb_line) == NULL)
+                fail_msg("'vmctl %s --help' does not list '%s': %s", group, command, help.out);
+        }
+        /* A group that is no command of its own: bare, it prints its usage too. */
+        if (strstr(help.out, "[OPTION...] ") != NULL) {
+            run_vmctl(f, NULL, &bare, group);
+            assert_int_equal(bare.status, 0);
+            assert_string_equal(bare.out, help.out);
+        }
+    }
 }
 
 static void
@@ -438,9 +586,8 @@ test_secret_usage_errors(void **state)
         const char *err;
     } cases[] = {
         {"",
-         {"secret"},
-         "vmctl: 'secret' needs a subcommand: create, list, set, rm, grant, revoke; see 'vmctl "
-         "help'\n"},
+         {"secret", "frobnicate"},
+         "vmctl: unknown command 'secret frobnicate'; see 'vmctl secret --help'\n"},
         {"v\n",
          {"secret", "create", "s"},
          "vmctl: missing --host: where may the secret go?; see 'vmctl secret create --help'\n"},
@@ -909,6 +1056,292 @@ test_actions(void **state)
     }
     /* The last one was rm -f. */
     assert_true(vm_message_get_bool(f->hostd->request, "force", FALSE));
+}
+
+typedef struct {
+    GMutex lock;
+    GPtrArray *names; /* the agents asked for, in order */
+    GPtrArray *ops;   /* their VmOp, as GUINT_TO_POINTER */
+} Asked;
+
+/* A hostd that knows a1, a2 and a3 (a2 is running: rm without --force refuses it) and answers
+ * every action on an agent. */
+static void
+answer_actions(VmTestHostd *hostd, int fd, const VmMessage *request, gpointer data)
+{
+    Asked *asked = data;
+    const char *name = vm_message_get_string(request, "name", "");
+    (void)hostd;
+
+    g_mutex_lock(&asked->lock);
+    g_ptr_array_add(asked->names, g_strdup(name));
+    g_ptr_array_add(asked->ops, GUINT_TO_POINTER(request->op));
+    g_mutex_unlock(&asked->lock);
+    if (strcmp(name, "a1") != 0 && strcmp(name, "a2") != 0 && strcmp(name, "a3") != 0) {
+        g_autofree char *text = g_strdup_printf("no agent '%s'", name);
+        vm_test_hostd_send_error(fd, VM_ERROR_NOT_FOUND, text);
+    } else if (request->op == VM_OP_AGENT_RM && strcmp(name, "a2") == 0 &&
+               !vm_message_get_bool(request, "force", FALSE)) {
+        vm_test_hostd_send_error(fd, VM_ERROR_BAD_STATE, "agent 'a2' is running");
+    } else {
+        g_autofree char *fields = g_strdup_printf("{'agent': <{'name': <'%s'>}>}", name);
+        vm_test_hostd_send(fd, VM_OP_RESULT, fields);
+    }
+}
+
+/* Verbs that act on agents take several names: each is done in turn, a failure stops none of
+ * the others, and the status is that of the first failure. */
+static void
+test_actions_several(void **state)
+{
+    Fixture *f = *state;
+    Asked asked = {.names = g_ptr_array_new_with_free_func(g_free), .ops = g_ptr_array_new()};
+    static const struct {
+        const char *args[7];
+        VmOp op;
+        const char *out;
+        const char *err;
+        int status;
+    } cases[] = {
+        {{"stop", "a1", "a2", "a3"},
+         VM_OP_AGENT_STOP,
+         "stopped a1\nstopped a2\nstopped a3\n",
+         "",
+         0},
+        {{"start", "--no-wait", "a1", "a3"}, VM_OP_AGENT_START, "started a1\nstarted a3\n", "", 0},
+        {{"suspend", "a1", "a2", "--save"}, VM_OP_AGENT_SUSPEND, "saved a1\nsaved a2\n", "", 0},
+        {{"resume", "a3", "a1"}, VM_OP_AGENT_RESUME, "resumed a3\nresumed a1\n", "", 0},
+        {{"keep-awake", "a1", "a2", "--for", "1h"},
+         VM_OP_AGENT_KEEP_AWAKE,
+         "keeping awake a1\nkeeping awake a2\n",
+         "",
+         0},
+        /* The first failure's status, though another comes after it. */
+        {{"rm", "a1", "nope", "a2", "a3"},
+         VM_OP_AGENT_RM,
+         "removed a1\nremoved a3\n",
+         "vmctl: nope: no agent 'nope'\nvmctl: a2: agent 'a2' is running\n",
+         3},
+        {{"rm", "-f", "a1", "a2"}, VM_OP_AGENT_RM, "removed a1\nremoved a2\n", "", 0},
+    };
+
+    g_mutex_init(&asked.lock);
+    for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_auto(Run) run = {0};
+        gsize n = 0;
+
+        g_ptr_array_set_size(asked.names, 0);
+        g_ptr_array_set_size(asked.ops, 0);
+        vm_test_hostd_serve(f->hostd, answer_actions, &asked);
+        run_vmctl_argv(f, NULL, cases[i].args, &run);
+        assert_string_equal(run.out, cases[i].out);
+        assert_string_equal(run.err, cases[i].err);
+        assert_int_equal(run.status, cases[i].status);
+        /* Every name was asked for, in the order given, with the verb's own request. */
+        for (gsize a = 1; cases[i].args[a] != NULL; a++) {
+            const char *arg = cases[i].args[a];
+            if (arg[0] == '-' || g_ascii_isdigit(arg[0]))
+                continue;
+            assert_true(n < asked.names->len);
+            assert_string_equal(asked.names->pdata[n], arg);
+            assert_int_equal(GPOINTER_TO_UINT(asked.ops->pdata[n]), cases[i].op);
+            n++;
+        }
+        assert_int_equal(n, asked.names->len);
+    }
+
+    /* --json: one array, a record per name, failures included. */
+    {
+        g_auto(Run) run = {0};
+        vm_test_hostd_serve(f->hostd, answer_actions, &asked);
+        run_vmctl(f, NULL, &run, "--json", "stop", "a1", "nope");
+        assert_int_equal(run.status, 3);
+        assert_non_null(strstr(run.out, "\"agent\" : {\n      \"name\" : \"a1\""));
+        assert_non_null(strstr(run.out, "\"code\" : \"not-found\""));
+        assert_true(g_str_has_prefix(run.out, "[\n"));
+    }
+    /* With hostd out of reach, one line, not one per name. */
+    {
+        g_auto(Run) run = {0};
+        g_autofree char *missing = g_build_filename(f->tmpdir, "nothing.sock", NULL);
+        g_autofree char *err = g_strdup_printf("vmctl: hostd is not running at %s\n", missing);
+        run_vmctl(f, NULL, &run, "--socket", missing, "stop", "a1", "a2");
+        assert_string_equal(run.err, err);
+        assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+    }
+    g_mutex_clear(&asked.lock);
+    g_ptr_array_unref(asked.names);
+    g_ptr_array_unref(asked.ops);
+}
+
+/* A socket file at @path that nobody listens on any more, as a hostd that died leaves. */
+static void
+make_stale_socket(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    g_strlcpy(addr.sun_path, path, sizeof addr.sun_path);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    close(fd);
+    assert_int_equal(chmod(path, 0666), 0);
+}
+
+/* Points vmctl, run bare as a user who is not root, at a data home and a system socket in the
+ * test's directory, both open to that user. Returns the user's socket path. */
+static char *
+lookup_setup(Fixture *f)
+{
+    g_autofree char *user_dir = NULL;
+
+    assert_int_equal(chmod(f->tmpdir, 0755), 0);
+    f->bare = TRUE;
+    f->as_nobody = TRUE;
+    f->data_home = g_build_filename(f->tmpdir, "data", NULL);
+    user_dir = g_build_filename(f->data_home, "hostd", NULL);
+    assert_int_equal(g_mkdir_with_parents(user_dir, 0755), 0);
+    f->system_socket = g_strdup(f->socket_path);
+    assert_int_equal(chmod(f->socket_path, 0666), 0);
+    return g_build_filename(user_dir, "hostd.sock", NULL);
+}
+
+/* Without --socket or $VMCTL_SOCKET, vmctl talks to the user's own hostd when its socket is
+ * there, else to the system's; neither there is "not running", naming both. */
+static void
+test_socket_lookup(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *user_socket = lookup_setup(f);
+    g_auto(Run) system = {0};
+    g_auto(Run) user = {0};
+    g_auto(Run) none = {0};
+
+    /* No socket of the user's own: the system's. */
+    reply(f, VM_OP_RESULT, "{'agent': <{'name': <'a1'>}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &system, "start", "a1");
+    assert_string_equal(system.err, "");
+    assert_request(f, VM_OP_AGENT_START);
+    assert_int_equal(system.status, 0);
+
+    /* The user's own comes first, though the system's is there. It is asked whether it listens
+     * (a connection closed at once) before the request: a fake that takes many connections. */
+    {
+        VmTestHostd *own = vm_test_hostd_new(user_socket);
+        Asked asked = {.names = g_ptr_array_new_with_free_func(g_free), .ops = g_ptr_array_new()};
+
+        g_mutex_init(&asked.lock);
+        assert_int_equal(chmod(user_socket, 0666), 0);
+        vm_test_hostd_serve(own, answer_actions, &asked);
+        server_start(f);
+        run_vmctl(f, NULL, &user, "start", "a1");
+        assert_string_equal(user.out, "started a1\n");
+        assert_int_equal(user.status, 0);
+        vm_test_hostd_free(own);
+        assert_false(f->hostd->connected);
+        assert_int_equal(asked.names->len, 1);
+        assert_int_equal(GPOINTER_TO_UINT(asked.ops->pdata[0]), VM_OP_AGENT_START);
+        assert_int_equal(unlink(user_socket), 0);
+        g_mutex_clear(&asked.lock);
+        g_ptr_array_unref(asked.names);
+        g_ptr_array_unref(asked.ops);
+    }
+
+    /* Neither. */
+    g_free(f->system_socket);
+    f->system_socket = g_build_filename(f->tmpdir, "system", "hostd.sock", NULL);
+    g_autofree char *want = g_strdup_printf("vmctl: hostd is not running: no socket at %s or %s\n",
+                                            user_socket, f->system_socket);
+    run_vmctl(f, NULL, &none, "list");
+    assert_string_equal(none.err, want);
+    assert_int_equal(none.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+}
+
+/* A socket with nothing behind it says so; one this user may not open says how to get in, with
+ * a status of its own. */
+static void
+test_socket_refused(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *user_socket = lookup_setup(f);
+    g_autofree char *closed_dir = g_build_filename(f->tmpdir, "closed", NULL);
+    g_auto(Run) stale = {0};
+    g_auto(Run) hidden = {0};
+
+    make_stale_socket(user_socket);
+    {
+        g_auto(Run) passed_over = {0};
+        g_auto(Run) only_user = {0};
+
+        /* The system's hostd answers: the stale one is passed over. */
+        reply(f, VM_OP_RESULT, "{'agents': <@aa{sv} []>}");
+        server_start(f);
+        run_vmctl(f, NULL, &passed_over, "list");
+        assert_request(f, VM_OP_AGENT_LIST);
+        assert_int_equal(passed_over.status, 0);
+
+        /* Only stale sockets: the last one tried, the system's, is named. */
+        g_free(f->system_socket);
+        f->system_socket = g_build_filename(f->tmpdir, "stale.sock", NULL);
+        make_stale_socket(f->system_socket);
+        g_autofree char *want = g_strdup_printf(
+            "vmctl: nothing listens on %s: the socket is left from a hostd that is gone\n",
+            f->system_socket);
+        run_vmctl(f, NULL, &stale, "list");
+        assert_string_equal(stale.err, want);
+        assert_int_equal(stale.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+
+        /* The user's alone. */
+        assert_int_equal(unlink(f->system_socket), 0);
+        g_autofree char *want_user = g_strdup_printf(
+            "vmctl: nothing listens on %s: the socket is left from a hostd that is gone\n",
+            user_socket);
+        run_vmctl(f, NULL, &only_user, "list");
+        assert_string_equal(only_user.err, want_user);
+        assert_int_equal(only_user.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+    }
+    assert_int_equal(unlink(user_socket), 0);
+
+    /* A directory the user may not search: root's 0700 one as nobody, or one of mode 0 as its
+     * owner. */
+    assert_int_equal(g_mkdir(closed_dir, 0700), 0);
+    g_free(f->system_socket);
+    f->system_socket = g_build_filename(closed_dir, "hostd.sock", NULL);
+    make_stale_socket(f->system_socket);
+    assert_int_equal(chmod(closed_dir, geteuid() == 0 ? 0700 : 0), 0);
+    {
+        g_autofree char *want =
+            g_strdup_printf("vmctl: permission denied on %s: set socket-group in hostd's "
+                            "configuration, add your user to that group and log in again\n",
+                            f->system_socket);
+        run_vmctl(f, NULL, &hidden, "list");
+        assert_string_equal(hidden.err, want);
+        assert_int_equal(hidden.status, vm_error_exit_status(VM_ERROR_PERMISSION));
+        assert_int_equal(hidden.status, 17);
+    }
+    assert_int_equal(chmod(closed_dir, 0700), 0);
+
+    /* hostd's socket-group: a socket of mode 0660 in a group this user is not in. */
+    if (geteuid() == 0) {
+        struct group *daemon_group = getgrgid(1);
+        g_autofree char *group = daemon_group != NULL ? g_strdup(daemon_group->gr_name) : NULL;
+        g_autofree char *want = g_strdup_printf(
+            "vmctl: permission denied on %s: add your user to the group '%s' (hostd's "
+            "socket-group) and log in again\n",
+            f->socket_path, group != NULL ? group : "1");
+        g_auto(Run) run = {0};
+
+        g_free(f->system_socket);
+        f->system_socket = g_strdup(f->socket_path);
+        assert_int_equal(chown(f->socket_path, 0, 1), 0);
+        assert_int_equal(chmod(f->socket_path, 0660), 0);
+        server_start(f);
+        run_vmctl(f, NULL, &run, "list");
+        assert_false(f->hostd->connected);
+        assert_string_equal(run.err, want);
+        assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_PERMISSION));
+    }
 }
 
 static void
@@ -1804,6 +2237,77 @@ test_authorize_add(void **state)
     assert_int_equal(run.status, 0);
 }
 
+/* Sizes as vmctl set reads them: bare numbers in the option's unit, M/G/T, relative with '+'. */
+static void
+test_parse_size(void **state)
+{
+    const VmctlVerb verb = {"set", vmctl_cmd_set, "NAME", "set"};
+    VmctlContext ctx = {.verb = &verb};
+    const guint64 max = 16384 * 1024;
+    const struct {
+        const char *text;
+        guint bare_mib;
+        gboolean relative;
+        guint64 mib;
+    } good[] = {
+        {"512", 1, FALSE, 512},    {"512M", 1, FALSE, 512},      {"8G", 1, FALSE, 8192},
+        {"8gib", 1, FALSE, 8192},  {"+2G", 1, TRUE, 2048},       {"20", 1024, FALSE, 20480},
+        {"+5G", 1024, TRUE, 5120}, {"1T", 1024, FALSE, 1048576}, {"2048MiB", 1024, FALSE, 2048},
+        {"16384G", 1, FALSE, max},
+    };
+    const char *const bad[] = {
+        "",     "+",    "G",   "0",  "+0G",    "-1",
+        "1.5G", "8 G",  "8GB", "8K", "16385G", "99999999999999",
+        "8G ",  "\xff",
+    };
+
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autoptr(GError) error = NULL;
+        gboolean relative = !good[i].relative;
+        guint64 mib = 0;
+        assert_true(vmctl_parse_size(&ctx, "--x", good[i].text, good[i].bare_mib, max, &relative,
+                                     &mib, &error));
+        assert_int_equal(relative, good[i].relative);
+        assert_int_equal(mib, good[i].mib);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GError) error = NULL;
+        gboolean relative = FALSE;
+        guint64 mib = 0;
+        assert_false(vmctl_parse_size(&ctx, "--x", bad[i], 1, max, &relative, &mib, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+    }
+}
+
+/* set: each size sent as its absolute or relative field; one line per change, led by the name;
+ * --json gives the whole result. */
+static void
+test_set(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'agent': <{'name': <'a1'>, 'cpus': <uint32 4>}>, 'changes': <['disk 13G: grown live, "
+          "its root filesystem too', 'cpus 4: at the next start (vmctl stop a1, then vmctl start "
+          "a1)']>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "set", "a1", "--cpus", "4", "--memory", "+2G", "--disk", "+5G");
+    assert_request(f, VM_OP_AGENT_SET_RESOURCES);
+    VmMessage *request = f->hostd->request;
+    assert_string_equal(vm_message_get_string(request, "name", NULL), "a1");
+    assert_int_equal(vm_message_get_uint(request, "cpus", 0), 4);
+    assert_null(vm_message_lookup(request, "cpus_add"));
+    assert_int_equal(vm_message_get_uint(request, "memory_add_mib", 0), 2048);
+    assert_null(vm_message_lookup(request, "memory_mib"));
+    assert_int_equal(vm_message_get_uint(request, "disk_add_gib", 0), 5);
+    assert_null(vm_message_lookup(request, "disk_gib"));
+    assert_string_equal(run.out, "a1: disk 13G: grown live, its root filesystem too\n"
+                                 "a1: cpus 4: at the next start (vmctl stop a1, then vmctl start "
+                                 "a1)\n");
+    assert_int_equal(run.status, 0);
+}
+
 /* A wrong key file fails before anything is sent, naming the file and its line. */
 static void
 test_authorize_refused(void **state)
@@ -2019,6 +2523,10 @@ main(void)
         cmocka_unit_test_setup_teardown(test_secret_grant_rm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_fork_secrets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_help_everywhere, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_actions_several, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_socket_lookup, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_socket_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_many, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_json, setup, teardown),
@@ -2056,6 +2564,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_usage, setup, teardown),
         cmocka_unit_test(test_parse_time),
+        cmocka_unit_test(test_parse_size),
+        cmocka_unit_test_setup_teardown(test_set, setup, teardown),
         cmocka_unit_test_setup_teardown(test_authorize_add, setup, teardown),
         cmocka_unit_test_setup_teardown(test_authorize_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_authorize_list_rm, setup, teardown),
