@@ -220,6 +220,15 @@ static const VmOpSpec vm_op_specs[] = {
         {"disk_add_gib", "u", 0, 1, VM_SET_DISK_GIB_MAX},
         {NULL}}},
     {VM_OP_EGRESS_PRESETS, "egress-presets", VM_OP_RESULT, FALSE, {{NULL}}},
+    {VM_OP_AGENT_LOGS, "agent-logs", VM_OP_EXIT, FALSE, {
+        {"name", "s", REQ},
+        {"follow", "b"},
+        {"lines", "u"},
+        {"cloud_init", "b"},
+        {NULL}}},
+    {VM_OP_AGENT_STATS, "agent-stats", VM_OP_RESULT, FALSE, {
+        {"names", "as", 0, 0, VM_NAMES_MAX},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

@@ -32,6 +32,7 @@ G_BEGIN_DECLS
 #define VM_SECRET_VALUE_MAX  8192 /* bytes of a secret's value */
 #define VM_SECRET_HOSTS_MAX  32   /* host patterns of one secret */
 #define VM_SECRETS_MAX       64   /* secrets granted by one agent-new */
+#define VM_NAMES_MAX         1024 /* agents named in one request */
 /* The most an agent-set-resources request can ask for; hostd's own limits are lower. */
 #define VM_SET_CPUS_MAX       1024
 #define VM_SET_MEMORY_MIB_MAX (16 * 1024 * 1024) /* 16 TiB */
@@ -109,6 +110,10 @@ typedef enum {
     VM_OP_AGENT_SET_RESOURCES = 41, /* -> RESULT {agent, changes} */
     VM_OP_EGRESS_PRESETS = 42,      /* -> RESULT {presets} */
 
+    /* Watching agents (docs/OBSERVE.md). */
+    VM_OP_AGENT_LOGS = 43, /* -> STDOUT* EXIT {status 0} */
+    VM_OP_AGENT_STATS,     /* -> RESULT {agents, seconds} */
+
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,
     VM_OP_STDIN_EOF,
@@ -120,7 +125,7 @@ typedef enum {
     VM_OP_ERROR,          /* code is a VmErrorCode; ends the conversation */
     VM_OP_STDOUT,
     VM_OP_STDERR,
-    VM_OP_EXIT,        /* the remote command's exit status; ends EXEC, EGRESS_LOG and EVENTS */
+    VM_OP_EXIT,        /* the remote command's exit status; ends EXEC and the log streams */
     VM_OP_RESULT_PART, /* a piece of a RESULT too big for one frame (vm-stream.h) */
 } VmOp;
 
@@ -136,7 +141,8 @@ const char *vm_op_name(VmOp op);
 gboolean vm_op_is_request(VmOp op);
 
 /* For a request, the op that ends its successful reply: VM_OP_RESULT, or VM_OP_EXIT for the
- * requests answered with a stream (EXEC, EGRESS_LOG, EVENTS). 0 for anything that is not a request.
+ * requests answered with a stream (EXEC, EGRESS_LOG, EVENTS, AGENT_LOGS). 0 for anything that is
+ * not a request.
  */
 VmOp vm_op_reply_end(VmOp op);
 

@@ -46,7 +46,9 @@ struct _VmEgressProxy {
     gint stopping;   /* atomic */
     gint generation; /* atomic; bumped by each policy change */
 
-    GMutex log_lock; /* one record at a time to the log callback */
+    GMutex log_lock;    /* one record at a time to the log callback; the totals below */
+    guint64 total_up;   /* bytes of every request that ended, guest to destination */
+    guint64 total_down; /* and destination to guest */
     GMutex lock;
     GCond idle;
     VmEgressPolicy *policy;
@@ -152,6 +154,10 @@ conn_log(Conn *conn, VmEgressRecordKind kind, const char *reason)
         .secret = conn->secret,
     };
 
+    g_mutex_lock(&proxy->log_lock);
+    proxy->total_up += conn->bytes_up;
+    proxy->total_down += conn->bytes_down;
+    g_mutex_unlock(&proxy->log_lock);
     if (proxy->config.log == NULL)
         return;
     if (conn->request != NULL) {
@@ -1470,6 +1476,15 @@ VmEgressPolicy *
 vm_egress_proxy_dup_policy(VmEgressProxy *proxy)
 {
     return proxy_dup_policy(proxy, NULL);
+}
+
+void
+vm_egress_proxy_get_bytes(VmEgressProxy *proxy, guint64 *ret_up, guint64 *ret_down)
+{
+    g_mutex_lock(&proxy->log_lock);
+    *ret_up = proxy->total_up;
+    *ret_down = proxy->total_down;
+    g_mutex_unlock(&proxy->log_lock);
 }
 
 guint

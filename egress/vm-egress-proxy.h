@@ -149,6 +149,11 @@ VmEgressPolicy *vm_egress_proxy_dup_policy(VmEgressProxy *proxy);
 /* How many guest connections are being served now. Can't fail. */
 guint vm_egress_proxy_get_n_connections(VmEgressProxy *proxy);
 
+/* The bytes of every request that ended since @proxy started (as its records count them: a
+ * tunnel's once it closes), guest to destination in @ret_up, destination to guest in @ret_down.
+ * Can't fail. */
+void vm_egress_proxy_get_bytes(VmEgressProxy *proxy, guint64 *ret_up, guint64 *ret_down);
+
 /* Connects to the proxy's Unix socket @path and hands it the connected stream socket @fd (see
  * above); returns once the kernel holds it, so the caller may close @fd and exit at once. Fails
  * with VM_ERROR_NOT_RUNNING when nothing listens at @path, VM_ERROR_INVALID_ARGUMENT for a path

@@ -19,7 +19,8 @@
  *   "ready"       s: serving; what its confinement lacks ("" for nothing: hostd logs it once)
  *   "failed"      s: could not start (then it exits)
  *   "log"         s: one record as a JSON line (vm_egress_record_to_json())
- *   "stats"       (uu): the serial asked, open connections
+ *   "stats"       (uutt): the serial asked, open connections, bytes up and down of the
+ *                 requests that ended since the worker started
  *   "resolve"     (us): serial, host (only with resolve-by-parent)
  *
  * Connections out: the worker makes no TCP socket (its filter refuses one). Each connection it

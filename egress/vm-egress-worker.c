@@ -324,8 +324,11 @@ main(int argc, char **argv)
             vm_egress_proxy_set_credentials(proxy, creds);
         } else if (g_str_equal(kind, "stats") &&
                    g_variant_is_of_type(payload, G_VARIANT_TYPE_UINT32)) {
-            worker_send("stats", g_variant_new("(uu)", g_variant_get_uint32(payload),
-                                               vm_egress_proxy_get_n_connections(proxy)));
+            guint64 up = 0, down = 0;
+
+            vm_egress_proxy_get_bytes(proxy, &up, &down);
+            worker_send("stats", g_variant_new("(uutt)", g_variant_get_uint32(payload),
+                                               vm_egress_proxy_get_n_connections(proxy), up, down));
         } else if (g_str_equal(kind, "resolved")) {
             worker_resolved(payload);
         }

@@ -1,6 +1,7 @@
 #include "hostd-config.h"
 
 #include <errno.h>
+#include <gio/gio.h>
 #include <pwd.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,6 +48,7 @@ static const char *const hostd_config_keys[] = {
     "guest-checkpoint-bytes",
     "checkpoint-free-floor",
     "egress-presets-dir",
+    "metrics-listen",
     NULL,
 };
 
@@ -235,6 +237,7 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         {"templates-dir", &config->templates_dir},
         {"socket-group", &config->socket_group},
         {"egress-presets-dir", &config->egress_presets_dir},
+        {"metrics-listen", &config->metrics_listen},
     };
     for (gsize i = 0; i < G_N_ELEMENTS(strings); i++) {
         if (!g_key_file_has_key(kf, "hostd", strings[i].key, NULL))
@@ -491,7 +494,36 @@ hostd_config_load(const char *path, const char *state_dir, const char *socket_pa
     config->egress_presets = hostd_egress_presets_load(config->egress_presets_dir, error);
     if (config->egress_presets == NULL)
         return NULL;
+    if (config->metrics_listen == NULL)
+        config->metrics_listen = g_strdup(HOSTD_METRICS_LISTEN_DEFAULT);
+    if (!hostd_config_metrics_listen_valid(config->metrics_listen)) {
+        vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                 "%s: metrics-listen: '%s' is not off, HOST:PORT or an absolute path",
+                 path != NULL ? path : "hostd", config->metrics_listen);
+        return NULL;
+    }
     return g_steal_pointer(&config);
+}
+
+gboolean
+hostd_config_metrics_listen_valid(const char *value)
+{
+    g_autoptr(GSocketConnectable) address = NULL;
+    g_autoptr(GInetAddress) inet = NULL;
+    const char *port = strrchr(value, ':');
+    const char *host;
+
+    if (g_str_equal(value, "off") || g_path_is_absolute(value))
+        return TRUE;
+    /* A port number (no service name looked up) and an address (no name resolved). */
+    if (port == NULL || port[1] == '\0' || strspn(port + 1, "0123456789") != strlen(port + 1))
+        return FALSE;
+    address = g_network_address_parse(value, 0, NULL);
+    if (address == NULL || g_network_address_get_port(G_NETWORK_ADDRESS(address)) == 0)
+        return FALSE;
+    host = g_network_address_get_hostname(G_NETWORK_ADDRESS(address));
+    inet = g_inet_address_new_from_string(host);
+    return inet != NULL || g_str_equal(host, "localhost");
 }
 
 gboolean
@@ -575,6 +607,7 @@ hostd_config_free(HostdConfig *config)
     g_free(config->images_dir);
     g_free(config->templates_dir);
     g_free(config->socket_group);
+    g_free(config->metrics_listen);
     g_free(config->egress_upstream_ca_file);
     g_free(config->egress_user);
     g_free(config->egress_presets_dir);

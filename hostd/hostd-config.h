@@ -65,6 +65,8 @@ typedef struct {
     char *egress_presets_dir;          /* the user's egress presets (NAME.conf); default: presets.d
                                         * beside the configuration file, none without one */
     HostdEgressPresets *egress_presets; /* the built-in presets and those of egress_presets_dir */
+    /* The Prometheus endpoint: "HOST:PORT", an absolute path (a Unix socket), or "off". */
+    char *metrics_listen;
 } HostdConfig;
 
 /* Defaults of guest-checkpoint-max, guest-checkpoint-bytes and checkpoint-free-floor (5% of
@@ -83,13 +85,21 @@ guint64 hostd_config_free_floor(const HostdConfig *config, guint64 size);
 #define HOSTD_AGENT_ID_MIN 1879048192u
 #define HOSTD_AGENT_ID_MAX 1879113727u
 
+/* Where hostd serves its Prometheus text when metrics-listen is not set: loopback only. */
+#define HOSTD_METRICS_LISTEN_DEFAULT "127.0.0.1:9464"
+
+/* Whether @value is a metrics-listen hostd takes: "off", an absolute path (a Unix socket) or
+ * ADDRESS:PORT ("[ADDRESS]:PORT" for IPv6; "localhost" for 127.0.0.1) with a port number in
+ * 1..65535. Can't fail. */
+gboolean hostd_config_metrics_listen_valid(const char *value);
+
 /* Loads @path (a GKeyFile with a [hostd] group: state-dir, socket, connect, images-dir,
  * templates-dir, socket-group, ssh-port-min, ssh-port-max, forward-port-min, forward-port-max,
  * boot-timeout, request-timeout, accel, restart-limit, restart-window, shutdown,
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
  * egress-upstream-ca-file, egress-worker, egress-user, disk-read, disk-write, disk-read-iops,
  * disk-write-iops, agent-ids, worker-ids, guest-checkpoint-max, guest-checkpoint-bytes,
- * checkpoint-free-floor, egress-presets-dir) when not NULL,
+ * checkpoint-free-floor, egress-presets-dir, metrics-listen) when not NULL,
  * then applies the non-NULL overrides, then fills defaults (worker-ids: the ids right after
  * agent-ids', thrice as many), then loads the egress presets (hostd_egress_presets_load()).
  * Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT

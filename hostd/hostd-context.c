@@ -1,5 +1,7 @@
 #include "hostd-context.h"
 
+#include "hostd-metrics.h"
+
 #include "vm-error.h"
 
 G_LOCK_DEFINE_STATIC(hostd_retired);
@@ -14,6 +16,7 @@ hostd_context_new(HostdConfig *config, HostdState *state, HostdLibvirt *lv)
     ctx->lv = lv;
     ctx->ssh = hostd_ssh_pool_new();
     ctx->events = hostd_events_new(state->dir);
+    ctx->metrics = hostd_metrics_new();
     g_mutex_init(&ctx->lock);
     ctx->name_locks = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     ctx->components = g_ptr_array_new();
@@ -90,6 +93,7 @@ hostd_context_free(HostdContext *ctx)
     hostd_ssh_pool_free(ctx->ssh);
     hostd_ssh_workers_free(ctx->ssh_workers);
     hostd_events_free(ctx->events);
+    hostd_metrics_free(ctx->metrics);
     hostd_libvirt_close(ctx->lv);
     hostd_state_close(ctx->state);
     hostd_config_free(ctx->config);

@@ -47,6 +47,8 @@ struct _HostdEgressWorker {
     guint32 serial;       /* of the last stats question */
     guint32 stats_serial; /* of the last answer */
     guint connections;
+    guint64 bytes_up, bytes_down; /* this run's, as its last answer said */
+    guint64 past_up, past_down;   /* of the runs before it */
 };
 
 static void
@@ -298,13 +300,17 @@ worker_serve(gpointer owner, int fd, guint64 run)
             if (worker->log != NULL)
                 worker->log(line, worker->log_data);
         } else if (g_str_equal(kind, "stats") &&
-                   g_variant_is_of_type(payload, G_VARIANT_TYPE("(uu)"))) {
+                   g_variant_is_of_type(payload, G_VARIANT_TYPE("(uutt)"))) {
             guint32 serial, connections;
+            guint64 up, down;
 
-            g_variant_get(payload, "(uu)", &serial, &connections);
+            g_variant_get(payload, "(uutt)", &serial, &connections, &up, &down);
             g_mutex_lock(&worker->runs.lock);
-            /* Bounded by what the proxy allows: a larger number is a lie. */
+            /* Bounded by what the proxy allows: a larger number is a lie. The byte counts are
+             * the worker's word, shown as such; a count going back is not taken. */
             worker->connections = MIN(connections, MAX(worker->max_connections, 1));
+            worker->bytes_up = MAX(worker->bytes_up, up);
+            worker->bytes_down = MAX(worker->bytes_down, down);
             worker->stats_serial = serial;
             answered = ping_deadline >= 0 && (gint32)(serial - ping) >= 0;
             g_cond_broadcast(&worker->runs.cond);
@@ -328,6 +334,10 @@ worker_run_ended(gpointer owner)
     HostdEgressWorker *worker = owner;
 
     worker->connections = 0;
+    worker->past_up += worker->bytes_up;
+    worker->past_down += worker->bytes_down;
+    worker->bytes_up = 0;
+    worker->bytes_down = 0;
 }
 
 /* A change made while the next run started (after its start message was made, before its
@@ -451,11 +461,21 @@ hostd_egress_worker_dup_policy(HostdEgressWorker *worker)
 guint
 hostd_egress_worker_get_n_connections(HostdEgressWorker *worker)
 {
+    guint64 up, down;
+
+    return hostd_egress_worker_get_stats(worker, &up, &down);
+}
+
+guint
+hostd_egress_worker_get_stats(HostdEgressWorker *worker, guint64 *ret_up, guint64 *ret_down)
+{
     gint64 deadline = g_get_monotonic_time() + STATS_TIMEOUT_US;
     guint32 serial;
     guint connections = 0;
 
     g_mutex_lock(&worker->runs.lock);
+    *ret_up = worker->past_up + worker->bytes_up;
+    *ret_down = worker->past_down + worker->bytes_down;
     if (worker->runs.fd < 0) {
         g_mutex_unlock(&worker->runs.lock);
         return 0;
@@ -469,6 +489,8 @@ hostd_egress_worker_get_n_connections(HostdEgressWorker *worker)
     /* A later answer (to the watcher's question) is as fresh. */
     if (worker->runs.fd >= 0 && (gint32)(worker->stats_serial - serial) >= 0)
         connections = worker->connections;
+    *ret_up = worker->past_up + worker->bytes_up;
+    *ret_down = worker->past_down + worker->bytes_down;
     g_mutex_unlock(&worker->runs.lock);
     return connections;
 }

@@ -84,6 +84,11 @@ VmEgressPolicy *hostd_egress_worker_dup_policy(HostdEgressWorker *worker);
  * worker runs or when it does not answer. Can't fail. */
 guint hostd_egress_worker_get_n_connections(HostdEgressWorker *worker);
 
+/* The same, and in @ret_up and @ret_down the bytes of the requests that ended since the worker
+ * was made (its runs before a restart included), guest to destination and back, as the worker
+ * counts them. Can't fail. */
+guint hostd_egress_worker_get_stats(HostdEgressWorker *worker, guint64 *ret_up, guint64 *ret_down);
+
 /* The running worker's process id, 0 while none runs (between a death and its restart). Can't
  * fail. */
 GPid hostd_egress_worker_get_pid(HostdEgressWorker *worker);

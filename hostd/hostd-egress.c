@@ -746,6 +746,38 @@ hostd_egress_open_connections(HostdContext *ctx, const char *name)
     return connections;
 }
 
+gboolean
+hostd_egress_traffic(HostdContext *ctx, const char *name, guint *ret_connections, guint64 *ret_up,
+                     guint64 *ret_down)
+{
+    Egress *egress = egress_get(ctx, FALSE);
+    HostdEgressWorker *worker = NULL;
+    gboolean found = FALSE;
+
+    *ret_connections = 0;
+    *ret_up = 0;
+    *ret_down = 0;
+    if (egress == NULL)
+        return FALSE;
+    g_mutex_lock(&egress->lock);
+    EgressAgent *agent = g_hash_table_lookup(egress->agents, name);
+    if (agent != NULL && agent->worker != NULL) {
+        worker = hostd_egress_worker_ref(agent->worker);
+    } else if (agent != NULL && agent->proxy != NULL) {
+        *ret_connections = vm_egress_proxy_get_n_connections(agent->proxy);
+        vm_egress_proxy_get_bytes(agent->proxy, ret_up, ret_down);
+        found = TRUE;
+    }
+    g_mutex_unlock(&egress->lock);
+    /* A worker's answer is awaited without the lock: it may take its time. */
+    if (worker != NULL) {
+        *ret_connections = hostd_egress_worker_get_stats(worker, ret_up, ret_down);
+        hostd_egress_worker_unref(worker);
+        found = TRUE;
+    }
+    return found;
+}
+
 void
 hostd_egress_stop_all(HostdContext *ctx)
 {

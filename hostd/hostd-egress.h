@@ -132,6 +132,12 @@ gboolean hostd_egress_log(HostdContext *ctx, const char *name, gboolean follow, 
  * loop, to which an agent with an open connection out is not idle. Can't fail. */
 guint hostd_egress_open_connections(HostdContext *ctx, const char *name);
 
+/* @name's traffic through its proxy since the proxy started: open connections, and the bytes of
+ * the requests that ended, guest to destination (@ret_up) and back (@ret_down). FALSE (all 0)
+ * when no proxy of @name runs. Can't fail. */
+gboolean hostd_egress_traffic(HostdContext *ctx, const char *name, guint *ret_connections,
+                              guint64 *ret_up, guint64 *ret_down);
+
 /* Stops every proxy of @ctx (agents' VMs keep running; their guests lose their way out until the
  * next hostd starts the proxies again). For hostd's exit; can't fail. */
 void hostd_egress_stop_all(HostdContext *ctx);

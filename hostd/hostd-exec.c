@@ -3,6 +3,7 @@
 #include "hostd-agent.h"
 #include "hostd-booting.h"
 #include "hostd-guest.h"
+#include "hostd-metrics.h"
 #include "hostd-power.h"
 #include "hostd-serial.h"
 #include "vm-error.h"
@@ -79,6 +80,7 @@ hostd_agent_exec_traced(HostdContext *ctx, const char *name, const HostdExecRequ
             return vm_throw(error, VM_ERROR_BAD_STATE,
                             "agent '%s' is %s; start it with: vmctl start %s", name, state, name);
     }
+    hostd_metrics_exec(ctx->metrics, name);
 
     g_autofree char *identity = NULL, *known_hosts = NULL;
     HostdSshTarget target;

@@ -192,6 +192,16 @@ logfile_matches(const HostdLogFileQuery *query, const char *line, gsize len)
     return query->match == NULL || query->match(line, len, query->user_data);
 }
 
+/* Appends the whole line @line (@len bytes and its newline) to @out as @query shows it. */
+static void
+logfile_append_line(const HostdLogFileQuery *query, const char *line, gsize len, GString *out)
+{
+    if (query->show != NULL)
+        query->show(line, len, out, query->user_data);
+    else
+        g_string_append_len(out, line, (gssize)len + 1);
+}
+
 /* Reads @fd from where it is to its end onto @out. */
 static void
 logfile_read_fd(int fd, GString *out)
@@ -276,7 +286,7 @@ logfile_last_lines(const GString *text, const HostdLogFileQuery *query)
     for (guint i = found->len; i > 0; i--) {
         const gsize *span = &g_array_index(found, gsize, (i - 1) * 2);
 
-        g_string_append_len(out, text->str + span[0], (gssize)span[1]);
+        logfile_append_line(query, text->str + span[0], span[1] - 1, out);
     }
     return out;
 }
@@ -316,7 +326,7 @@ logfile_send_new(GString *pending, const HostdLogFileQuery *query, VmStreamWrite
         gsize len = nl - (pending->str + start);
 
         if (logfile_matches(query, pending->str + start, len))
-            g_string_append_len(out, pending->str + start, (gssize)len + 1);
+            logfile_append_line(query, pending->str + start, len, out);
         start += len + 1;
     }
     g_string_erase(pending, 0, (gssize)whole);

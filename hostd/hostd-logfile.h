@@ -50,6 +50,10 @@ gboolean hostd_logfile_append_bytes(HostdLogFile *log, const char *data, gsize l
  * NUL-terminated. */
 typedef gboolean (*HostdLogFileMatch)(const char *line, gsize len, gpointer user_data);
 
+/* Appends line @line (@len bytes, without its newline) to @out as the reader is to get it, its
+ * newline included (a guest's console: escaped). */
+typedef void (*HostdLogFileFormat)(const char *line, gsize len, GString *out, gpointer user_data);
+
 /* Whether a follower goes on (checked about four times a second). */
 typedef gboolean (*HostdLogFileAlive)(gpointer user_data);
 
@@ -58,7 +62,8 @@ typedef struct {
     gboolean follow;         /* then new matching lines as they are appended */
     HostdLogFileMatch match; /* NULL: every line */
     HostdLogFileAlive alive; /* NULL: follow until the client goes away */
-    gpointer user_data;      /* for @match and @alive */
+    HostdLogFileFormat show; /* NULL: each line as it is in the file */
+    gpointer user_data;      /* for @match, @alive and @show */
 } HostdLogFileQuery;
 
 /* The last @query->lines lines @query->match accepts of the older and the current file at @path,

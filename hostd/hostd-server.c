@@ -9,10 +9,13 @@
 #include "hostd-fork.h"
 #include "hostd-forward.h"
 #include "hostd-exec.h"
+#include "hostd-logs.h"
+#include "hostd-metrics.h"
 #include "hostd-secrets.h"
 #include "hostd-power.h"
 #include "hostd-resize.h"
 #include "hostd-shutdown.h"
+#include "hostd-stats.h"
 #include "hostd-supervise.h"
 #include "hostd-template.h"
 
@@ -415,9 +418,11 @@ static gboolean
 hostd_handle_agent_rm(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
                       GError **error)
 {
-    return hostd_agent_rm(ctx, hostd_req_name(req), vm_message_get_bool(req, "force", FALSE),
-                          error) &&
-           hostd_reply(reply, NULL, error);
+    if (!hostd_agent_rm(ctx, hostd_req_name(req), vm_message_get_bool(req, "force", FALSE), error))
+        return FALSE;
+    /* A new agent of the same name starts its counts from 0. */
+    hostd_metrics_forget(ctx->metrics, hostd_req_name(req));
+    return hostd_reply(reply, NULL, error);
 }
 
 static gboolean
@@ -855,6 +860,32 @@ hostd_handle_secret_revoke(HostdContext *ctx, const VmMessage *req, VmStreamWrit
                         error);
 }
 
+/* Answers with a stream on the socket itself: hostd_agent_logs() writes it, EXIT included. */
+static gboolean
+hostd_handle_agent_logs(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    return hostd_agent_logs(ctx, hostd_req_name(req), vm_message_get_bool(req, "follow", FALSE),
+                            vm_message_get_uint(req, "lines", G_MAXUINT32),
+                            vm_message_get_bool(req, "cloud_init", FALSE), reply->fd, error);
+}
+
+static gboolean
+hostd_handle_agent_stats(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                         GError **error)
+{
+    g_auto(GStrv) names = vm_message_dup_strv(req, "names");
+    g_autoptr(GVariant) agents = hostd_stats_collect(ctx, (const char *const *)names, error);
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+
+    if (agents == NULL)
+        return FALSE;
+    g_variant_builder_add(&b, "{sv}", "agents", agents);
+    g_variant_builder_add(&b, "{sv}", "uptime_s",
+                          g_variant_new_double(hostd_metrics_uptime(ctx->metrics)));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
 /* Which function serves each request, and whether it changes something. The fields a request may
  * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
  * before a handler runs. */
@@ -906,6 +937,8 @@ static const struct {
     {VM_OP_SECRET_GRANT, hostd_handle_secret_grant, HOSTD_REQUEST_CHANGES},
     {VM_OP_SECRET_REVOKE, hostd_handle_secret_revoke, HOSTD_REQUEST_CHANGES},
     {VM_OP_AGENT_SET_RESOURCES, hostd_handle_agent_set_resources, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_LOGS, hostd_handle_agent_logs, HOSTD_REQUEST_READS},
+    {VM_OP_AGENT_STATS, hostd_handle_agent_stats, HOSTD_REQUEST_READS},
 };
 
 /* The row of @op in hostd_handlers, or -1. */
@@ -982,7 +1015,9 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
     }
     request.flags = hostd_handlers[row].flags;
 
+    gint64 started = g_get_monotonic_time();
     gboolean ok = hostd_handlers[row].handler(ctx, req, &request.reply, &error);
+    hostd_metrics_request(ctx->metrics, vm_op_name(req->op), g_get_monotonic_time() - started);
     /* A failure is logged before the client hears it, as its event is recorded. */
     if (!ok) {
         hostd_request_log(&request, error);

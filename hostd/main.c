@@ -13,6 +13,7 @@
 #include "hostd-guest-api.h"
 #include "hostd-libvirt.h"
 #include "hostd-log.h"
+#include "hostd-metrics-server.h"
 #include "hostd-notify.h"
 #include "hostd-power.h"
 #include "hostd-reconcile.h"
@@ -226,6 +227,19 @@ main(int argc, char **argv)
     g_autofree char *ready = g_strdup_printf("listening on %s", ctx->config->socket_path);
     hostd_tell_manager("READY=1", ready);
 
+    /* An endpoint that cannot listen (its port taken by another hostd) costs the figures, not
+     * the agents: hostd goes on without it. */
+    HostdMetricsServer *metrics = NULL;
+    if (!g_str_equal(ctx->config->metrics_listen, "off")) {
+        g_autoptr(GError) metrics_error = NULL;
+
+        metrics = hostd_metrics_server_start(ctx, ctx->config->metrics_listen, &metrics_error);
+        if (metrics != NULL)
+            g_message("metrics at %s", hostd_metrics_server_url(metrics));
+        else
+            g_message("no metrics endpoint: %s", metrics_error->message);
+    }
+
     g_autoptr(GMainLoop) loop = g_main_loop_new(NULL, FALSE);
     g_unix_signal_add(SIGTERM, hostd_quit, loop);
     g_unix_signal_add(SIGINT, hostd_quit, loop);
@@ -234,6 +248,7 @@ main(int argc, char **argv)
     /* Nothing is restarted and no request starts from here on. */
     hostd_supervise_stop(ctx);
     hostd_server_stop(server);
+    hostd_metrics_server_stop(metrics);
     /* Before the saves: no guest asks for a checkpoint or restore while they run. */
     hostd_guest_api_stop(ctx);
     hostd_power_stop(ctx);

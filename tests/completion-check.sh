@@ -159,7 +159,7 @@ first_words=$(printf '%s\n' "${commands[@]}" | cut -d' ' -f1 | sort -u | tr '\n'
 
 # ---- commands and global options
 expect "$(echo "$first_words help" | tr ' ' '\n' | sort | tr '\n' ' ' | sed 's/ $//')" vmctl ""
-expect "start stop stop-host-agents" vmctl st
+expect "start stats stop stop-host-agents" vmctl st
 expect "checkpoint checkpoints" vmctl checkpoint
 expect "--help --host --json --quiet --socket --version" vmctl --
 expect "$first_words" vmctl help ""
@@ -192,7 +192,7 @@ declare -A first=(
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
     [diff]=$agents [fork]=$agents [egress]="a1 presets web-2" ["egress presets"]=""
     [egress-log]=$agents [events]=$agents
-    [forward]=$agents [set]=$agents
+    [forward]=$agents [set]=$agents [logs]=$agents [stats]=$agents [top]=$agents
     ["template list"]=""
     ["template build"]="debian-12 ubuntu-24.04" [autorestart]=$agents [stop-host-agents]=""
     [bridge]="" [mcp]="" [authorize]=$agents [cp]="a1: web-2:"
@@ -273,6 +273,10 @@ expect "$agents" vmctl set --disk +5G ""
 expect "--cpus --disk --help --host --json --memory --quiet --socket" vmctl set a1 --
 expect "$agents" vmctl egress-log -n 5 ""
 expect "$agents" vmctl events --since 10m ""
+expect "$agents" vmctl logs -n 20 ""
+expect "" vmctl logs a1 ""
+expect "$agents" vmctl stats a1 ""
+expect "$agents" vmctl top --interval 5 ""
 expect "" vmctl events --since ""
 expect "" vmctl events a1 ""
 expect "$agents" vmctl forward --list ""
@@ -424,7 +428,7 @@ for shell in zsh fish; do
             sort | tr '\n' ' ' | sed 's/ $//')
         shell_expect "$shell" "$want" vmctl "${words[@]}" -
     done
-    shell_expect "$shell" "start stop stop-host-agents" vmctl st
+    shell_expect "$shell" "start stats stop stop-host-agents" vmctl st
     shell_expect "$shell" "build list" vmctl template ""
     shell_expect "$shell" "a1 rm web-2" vmctl checkpoint ""
     shell_expect "$shell" "build list" vmctl help template ""

@@ -376,3 +376,92 @@ vmctl_progress_free(VmctlProgress *progress)
     g_free(progress->last_message);
     g_free(progress);
 }
+
+/* The bytes in @agent's field @key, as vm_format_bytes() writes them, or "-" when absent. */
+static char *
+stats_bytes(GVariant *agent, const char *key)
+{
+    g_autoptr(GVariant) value = vmctl_dict_lookup(agent, key);
+    gint64 number = 0;
+
+    if (value == NULL || !variant_get_integer(value, &number) || number < 0)
+        return g_strdup("-");
+    return vm_format_bytes((guint64)number);
+}
+
+/* "A / B" of two byte fields, "-" for either that is absent. */
+static char *
+stats_pair(GVariant *agent, const char *a, const char *b)
+{
+    g_autofree char *first = stats_bytes(agent, a);
+    g_autofree char *second = stats_bytes(agent, b);
+
+    return g_strdup_printf("%s / %s", first, second);
+}
+
+/* One agent's figures as the strings a stats table shows. */
+static GVariant *
+stats_row(GVariant *agent)
+{
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_autoptr(GVariant) percent = vmctl_dict_lookup(agent, "cpu_percent");
+    g_autoptr(GVariant) execs = vmctl_dict_lookup(agent, "execs");
+    const VmctlField name = {"", "name", VMCTL_FORMAT_TEXT};
+    const VmctlField state = {"", "state", VMCTL_FORMAT_TEXT};
+    gint64 n = 0;
+
+    g_variant_builder_add(&b, "{sv}", "name",
+                          g_variant_new_take_string(vmctl_format_value(agent, &name, 0)));
+    g_variant_builder_add(&b, "{sv}", "state",
+                          g_variant_new_take_string(vmctl_format_value(agent, &state, 0)));
+    if (percent != NULL && g_variant_is_of_type(percent, G_VARIANT_TYPE_DOUBLE))
+        g_variant_builder_add(
+            &b, "{sv}", "cpu",
+            g_variant_new_take_string(g_strdup_printf("%.1f%%", g_variant_get_double(percent))));
+    g_variant_builder_add(
+        &b, "{sv}", "memory",
+        g_variant_new_take_string(stats_pair(agent, "memory_used_bytes", "memory_bytes")));
+    g_variant_builder_add(&b, "{sv}", "rss",
+                          g_variant_new_take_string(stats_bytes(agent, "qemu_rss_bytes")));
+    g_variant_builder_add(&b, "{sv}", "disk",
+                          g_variant_new_take_string(
+                              stats_pair(agent, "disk_allocated_bytes", "disk_capacity_bytes")));
+    g_variant_builder_add(
+        &b, "{sv}", "checkpoints",
+        g_variant_new_take_string(stats_bytes(agent, "checkpoints_allocated_bytes")));
+    g_variant_builder_add(
+        &b, "{sv}", "egress",
+        g_variant_new_take_string(stats_pair(agent, "egress_bytes_up", "egress_bytes_down")));
+    if (execs != NULL && variant_get_integer(execs, &n))
+        g_variant_builder_add(&b, "{sv}", "execs",
+                              g_variant_new_take_string(g_strdup_printf("%" G_GINT64_FORMAT, n)));
+    return g_variant_builder_end(&b);
+}
+
+char *
+vmctl_format_stats(GVariant *agents)
+{
+    /* clang-format off */
+    static const VmctlField columns[] = {
+        {"NAME", "name", VMCTL_FORMAT_TEXT},
+        {"STATE", "state", VMCTL_FORMAT_TEXT},
+        {"CPU", "cpu", VMCTL_FORMAT_TEXT},
+        {"MEMORY USED/GIVEN", "memory", VMCTL_FORMAT_TEXT},
+        {"QEMU RSS", "rss", VMCTL_FORMAT_TEXT},
+        {"DISK USED/SIZE", "disk", VMCTL_FORMAT_TEXT},
+        {"CHECKPOINTS", "checkpoints", VMCTL_FORMAT_TEXT},
+        {"EGRESS UP/DOWN", "egress", VMCTL_FORMAT_TEXT},
+        {"EXECS", "execs", VMCTL_FORMAT_TEXT},
+    };
+    /* clang-format on */
+    g_auto(GVariantBuilder) rows = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
+    gsize n = g_variant_n_children(agents);
+
+    for (gsize i = 0; i < n; i++) {
+        g_autoptr(GVariant) agent = g_variant_get_child_value(agents, i);
+
+        g_variant_builder_add_value(&rows, stats_row(agent));
+    }
+    g_autoptr(GVariant) table = g_variant_ref_sink(g_variant_builder_end(&rows));
+    return vmctl_format_table(table, columns, G_N_ELEMENTS(columns), 0);
+}

@@ -70,6 +70,12 @@ char *vmctl_format_escaped(const char *text);
  * console's last lines). */
 char *vmctl_format_escaped_lines(const char *text);
 
+/* Formats agent-stats' aa{sv} @agents as a table: NAME, STATE, CPU (%), MEMORY USED/GIVEN (the
+ * guest's figure, "-" where its balloon reports none), QEMU RSS, DISK USED/SIZE (the overlay's
+ * host bytes, the disk's size), CHECKPOINTS (their host bytes), EGRESS UP/DOWN, EXECS; "-" for
+ * what an agent lacks. Newly allocated; can't fail. */
+char *vmctl_format_stats(GVariant *agents);
+
 /* Formats @value (any GVariant) as pretty-printed JSON ending in a newline. Newly allocated;
  * can't fail. */
 char *vmctl_format_json(GVariant *value);

@@ -237,5 +237,13 @@ gboolean vmctl_cmd_secret_set(VmctlContext *ctx, int argc, char **argv, GError *
 gboolean vmctl_cmd_secret_rm(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_secret_grant(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_secret_revoke(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_logs(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_stats(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_top(VmctlContext *ctx, int argc, char **argv, GError **error);
+
+/* Asks hostd for the figures of the agents @names (NULL or empty: all), checked here first
+ * (stats and top). Returns the RESULT in @ret_result; fails as vmctl_request(), or with
+ * VM_ERROR_INVALID_ARGUMENT for a bad name. */
+gboolean vmctl_stats_fetch(VmctlContext *ctx, char **names, VmMessage **ret_result, GError **error);
 
 G_END_DECLS

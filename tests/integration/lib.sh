@@ -5,7 +5,8 @@
 
 # suite_init PREFIX PORT_MIN PORT_MAX: sets S (a short path: the embedded libvirt root and Unix
 # sockets live below it), IMAGES (the state dir's, or $VM_TEST_IMAGE_CACHE kept between runs),
-# SOCK, CONF, LOG, and writes CONF with the SSH port range ($VM_TEST_PORT_MIN/MAX win).
+# SOCK, CONF, LOG, and writes CONF with the SSH port range ($VM_TEST_PORT_MIN/MAX win) and the
+# metrics endpoint on $S/metrics.sock (no TCP port that suites running side by side share).
 suite_init() {
   S=$(mktemp -d -t "$1.XXXXXX")
   chmod 711 "$S"
@@ -23,6 +24,7 @@ images-dir=$IMAGES
 ssh-port-min=${VM_TEST_PORT_MIN:-$2}
 ssh-port-max=${VM_TEST_PORT_MAX:-$3}
 boot-timeout=360
+metrics-listen=$S/metrics.sock
 CONF
 }
 

@@ -15,6 +15,8 @@ set -uo pipefail
 . "$(dirname "$0")/confine-check.sh"
 # shellcheck source=cp-check.sh
 . "$(dirname "$0")/cp-check.sh"
+# shellcheck source=observe-check.sh
+. "$(dirname "$0")/observe-check.sh"
 suite_init vmt 43100 43199
 # Under TCG a guest gets about 5 calls a second through its API forward (a helper spawned per
 # connection), which the default rate refills: the suite's hostd allows 2 a second, bursts of
@@ -140,6 +142,8 @@ check "guest hostname is the agent name" test "$(vmctl exec a1 -- hostname)" = a
 
 # vmctl cp: a tree with a 200 MB file both ways, exit statuses
 cp_check a1
+# --- logs, stats, metrics of the shared agent --------------------------------------------------
+observe_check a1
 
 # ssh-config with the real OpenSSH client
 vmctl ssh-config a1 > "$S/ssh_config"

@@ -110,6 +110,41 @@ test_guest_api_keys(void **state)
     assert_true(on->guest_api);
 }
 
+/* metrics-listen: loopback by default; an address with a port, a Unix socket's path or off;
+ * nothing else. */
+static void
+test_metrics_listen(void **state)
+{
+    Fixture *f = *state;
+    static const char *const good[] = {
+        "off",          "/run/hostd/metrics.sock", "127.0.0.1:9464", "[::1]:9100",
+        "0.0.0.0:9464", "localhost:9464"};
+    static const char *const bad[] = {"127.0.0.1",       "127.0.0.1:0",    "127.0.0.1:70000",
+                                      "metrics.sock",    "127.0.0.1:http", ":",
+                                      "example.org:9464"};
+
+    g_autoptr(HostdConfig) c = load_ok(NULL, "/srv/hostd", NULL, NULL);
+    assert_string_equal(c->metrics_listen, "127.0.0.1:9464");
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autofree char *text = g_strdup_printf("[hostd]\nmetrics-listen=%s\n", good[i]);
+
+        write_config(f, text);
+        g_autoptr(HostdConfig) ok = load_ok(f->file, "/srv/hostd", NULL, NULL);
+        assert_string_equal(ok->metrics_listen, good[i]);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autofree char *text = g_strdup_printf("[hostd]\nmetrics-listen=%s\n", bad[i]);
+        g_autoptr(GError) error = NULL;
+
+        write_config(f, text);
+        g_autoptr(HostdConfig) no = hostd_config_load(f->file, "/srv/hostd", NULL, NULL, &error);
+        if (no != NULL)
+            fail_msg("metrics-listen=%s was taken", bad[i]);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        assert_non_null(strstr(error->message, "metrics-listen"));
+    }
+}
+
 /* The checkpoint quota of a guest and the free-space floor: defaults, sizes, a share. */
 static void
 test_checkpoint_space_keys(void **state)
@@ -504,6 +539,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_missing_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits_accepted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_api_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_listen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_limit_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_space_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_egress_upstream_ca_file, setup, teardown),

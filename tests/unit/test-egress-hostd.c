@@ -578,6 +578,16 @@ test_tunnel_allowed_and_logged(void **state)
     assert_non_null(strstr(lines[0], bytes_up));
     assert_non_null(strstr(lines[0], bytes_down));
     assert_int_equal(g_atomic_int_get(&f->sink->bytes), hello_len);
+
+    /* vmctl stats' figures: the worker's counts, asked with its stats. */
+    guint connections = 99;
+    guint64 up = 0, down = 0;
+    assert_true(hostd_egress_traffic(f->ctx, "a1", &connections, &up, &down));
+    assert_int_equal(connections, 0);
+    assert_int_equal(up, hello_len);
+    assert_int_equal(down, hello_len);
+    assert_false(hostd_egress_traffic(f->ctx, "nosuch", &connections, &up, &down));
+    assert_int_equal(up, 0);
 }
 
 /* Names resolve to the sink's loopback address: a name rule never opens it, so only a CIDR

@@ -197,6 +197,12 @@ test_connect_allowed(void **state)
     assert_int_equal(record->bytes_up, len);
     assert_int_equal(record->bytes_down, len);
     assert_int_equal(g_atomic_int_get(&f->sink->bytes), len);
+
+    /* The proxy's totals (vmctl stats, the metrics) count the tunnel once it closed. */
+    guint64 up = 0, down = 0;
+    vm_egress_proxy_get_bytes(f->proxy, &up, &down);
+    assert_int_equal(up, len);
+    assert_int_equal(down, len);
 }
 
 static void

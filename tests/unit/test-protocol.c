@@ -65,6 +65,8 @@ static const struct {
     {VM_OP_SECRET_REVOKE, TRUE},
     {VM_OP_AGENT_SET_RESOURCES, TRUE},
     {VM_OP_EGRESS_PRESETS, TRUE},
+    {VM_OP_AGENT_LOGS, TRUE},
+    {VM_OP_AGENT_STATS, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -132,6 +134,9 @@ static const struct {
     {VM_OP_AGENT_SET_RESOURCES, "{'name': <'alice'>, 'cpus': <uint32 4>, "
                                 "'memory_add_mib': <uint32 2048>, 'disk_add_gib': <uint32 5>}"},
     {VM_OP_EGRESS_PRESETS, "@a{sv} {}"},
+    {VM_OP_AGENT_LOGS, "{'name': <'alice'>, 'follow': <true>, 'lines': <uint32 20>, "
+                       "'cloud_init': <false>}"},
+    {VM_OP_AGENT_STATS, "{'names': <['alice', 'bob']>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -286,6 +291,8 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_SECRET_REVOKE, 40);
     assert_int_equal(VM_OP_AGENT_SET_RESOURCES, 41);
     assert_int_equal(VM_OP_EGRESS_PRESETS, 42);
+    assert_int_equal(VM_OP_AGENT_LOGS, 43);
+    assert_int_equal(VM_OP_AGENT_STATS, 44);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);

@@ -270,6 +270,33 @@ test_format_escaped(void **state)
     }
 }
 
+/* vmctl stats' table: each figure in its unit, "-" for what an agent lacks (a stopped agent,
+ * a guest whose balloon does not report, no proxy). */
+static void
+test_format_stats(void **state)
+{
+    g_autoptr(GVariant) agents = g_variant_ref_sink(g_variant_parse(
+        G_VARIANT_TYPE("aa{sv}"),
+        "[{'name': <'a1'>, 'state': <'running'>, 'vcpus': <uint32 2>,"
+        "  'cpu_percent': <12.345>, 'memory_bytes': <uint64 1073741824>,"
+        "  'memory_used_bytes': <uint64 160432128>, 'qemu_rss_bytes': <uint64 515899392>,"
+        "  'disk_capacity_bytes': <uint64 8589934592>, 'disk_allocated_bytes': <uint64 8192000>,"
+        "  'checkpoints_allocated_bytes': <uint64 0>, 'egress_bytes_up': <uint64 1536>,"
+        "  'egress_bytes_down': <uint64 3145728>, 'execs': <uint64 42>},"
+        " {'name': <'b2'>, 'state': <'stopped'>, 'memory_bytes': <uint64 536870912>,"
+        "  'disk_capacity_bytes': <uint64 8589934592>, 'execs': <uint64 0>}]",
+        NULL, NULL, NULL));
+    g_autofree char *table = vmctl_format_stats(agents);
+
+    assert_string_equal(table,
+                        "NAME  STATE    CPU    MEMORY USED/GIVEN  QEMU RSS  DISK USED/SIZE   "
+                        "CHECKPOINTS  EGRESS UP/DOWN   EXECS\n"
+                        "a1    running  12.3%  153 MiB / 1 GiB    492 MiB   7.8 MiB / 8 GiB  "
+                        "0 B          1.5 KiB / 3 MiB  42\n"
+                        "b2    stopped  -      - / 512 MiB        -         - / 8 GiB        "
+                        "-            - / -            0\n");
+}
+
 int
 main(void)
 {
@@ -280,6 +307,7 @@ main(void)
         cmocka_unit_test(test_format_json),        cmocka_unit_test(test_format_progress),
         cmocka_unit_test(test_progress_lines),     cmocka_unit_test(test_progress_bar),
         cmocka_unit_test(test_agent_summary),      cmocka_unit_test(test_format_escaped),
+        cmocka_unit_test(test_format_stats),
     };
 
     /* Dates are shown in local time: pin it. */
