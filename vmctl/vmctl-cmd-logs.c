@@ -30,14 +30,8 @@ vmctl_cmd_logs(VmctlContext *ctx, int argc, char **argv, GError **error)
         return FALSE;
     if (follow && cloud_init)
         return vmctl_usage_error(ctx, error, "--follow shows the console, not --cloud-init");
-    if (lines != NULL) {
-        guint32 n;
-
-        if (!vmctl_parse_uint(ctx, "--lines", lines, 0, G_MAXUINT32 - 1, &n, error))
-            return FALSE;
-        g_variant_dict_insert(fields, "lines", "u", n);
-    }
-    g_variant_dict_insert(fields, "follow", "b", follow);
+    if (!vmctl_insert_tail_options(ctx, fields, lines, follow, error))
+        return FALSE;
     g_variant_dict_insert(fields, "cloud_init", "b", cloud_init);
     return vmctl_print_stream(ctx, VM_OP_AGENT_LOGS, g_variant_dict_end(fields), format_line,
                               error);

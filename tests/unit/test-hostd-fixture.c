@@ -977,3 +977,20 @@ hostd_test_egress_allows(HostdContext *ctx, const char *name, const char *host, 
     assert_non_null(policy);
     return vm_egress_policy_check_host(policy, host, port, NULL) == VM_EGRESS_ALLOW;
 }
+
+VmMessage *
+hostd_test_request(VmOp op, const char *fields_text)
+{
+    g_autoptr(GError) error = NULL;
+    GVariant *fields = NULL;
+
+    if (fields_text != NULL) {
+        fields = g_variant_parse(G_VARIANT_TYPE_VARDICT, fields_text, NULL, NULL, &error);
+        if (fields == NULL)
+            fail_msg("bad fields '%s': %s", fields_text, error->message);
+    }
+    VmMessage *m = vm_message_new(op, fields, &error);
+    if (m == NULL)
+        fail_msg("cannot build %s %s: %s", vm_op_name(op), fields_text, error->message);
+    return m;
+}

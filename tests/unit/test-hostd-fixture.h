@@ -22,6 +22,7 @@
 #include "hostd-resources.h"
 #include "vm-checkpoint.h"
 #include "vm-error.h"
+#include "vm-protocol.h"
 
 G_BEGIN_DECLS
 
@@ -96,6 +97,10 @@ char *hostd_test_checkpoint_ids(HostdTestFixture *f, const char *name);
 
 /* Takes @n checkpoints of @name (no label, no memory), each of which must succeed. */
 void hostd_test_checkpoint_n(HostdTestFixture *f, const char *name, guint n);
+
+/* A request of @op to send hostd, its fields parsed from GVariant text (NULL: none); fails the
+ * test when either does not parse or the protocol refuses them. */
+VmMessage *hostd_test_request(VmOp op, const char *fields_text);
 
 /* ---- fake images and qemu-img ---- */
 

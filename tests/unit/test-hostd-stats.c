@@ -32,29 +32,12 @@ typedef HostdTestFixture Fixture;
 
 /* ---- talking to hostd ---- */
 
-static VmMessage *
-request(VmOp op, const char *fields_text)
-{
-    g_autoptr(GError) error = NULL;
-    GVariant *fields = NULL;
-
-    if (fields_text != NULL) {
-        fields = g_variant_parse(G_VARIANT_TYPE_VARDICT, fields_text, NULL, NULL, &error);
-        if (fields == NULL)
-            fail_msg("bad fields '%s': %s", fields_text, error->message);
-    }
-    VmMessage *m = vm_message_new(op, fields, &error);
-    if (m == NULL)
-        fail_msg("cannot build %s %s: %s", vm_op_name(op), fields_text, error->message);
-    return m;
-}
-
 /* Sends @op and returns what ends its answer (RESULT, ERROR or EXIT); the STDOUT before it in
  * *@ret_stdout when not NULL. */
 static VmMessage *
 converse(Fixture *f, VmOp op, const char *fields_text, char **ret_stdout)
 {
-    g_autoptr(VmMessage) m = request(op, fields_text);
+    g_autoptr(VmMessage) m = hostd_test_request(op, fields_text);
     g_autoptr(GString) out = g_string_new(NULL);
     GThread *thread = NULL;
     int fd = hostd_test_serve(f, &thread);

@@ -182,23 +182,6 @@ read_replies(int fd, GThread *thread)
     return replies;
 }
 
-static VmMessage *
-request(VmOp op, const char *fields_text)
-{
-    g_autoptr(GError) error = NULL;
-    GVariant *fields = NULL;
-
-    if (fields_text != NULL) {
-        fields = g_variant_parse(G_VARIANT_TYPE_VARDICT, fields_text, NULL, NULL, &error);
-        if (fields == NULL)
-            fail_msg("bad fields '%s': %s", fields_text, error->message);
-    }
-    VmMessage *m = vm_message_new(op, fields, &error);
-    if (m == NULL)
-        fail_msg("cannot build %s %s: %s", vm_op_name(op), fields_text, error->message);
-    return m;
-}
-
 /* @text as a GVariant text-format string literal. */
 static char *
 quote(const char *text)
@@ -214,7 +197,7 @@ static GPtrArray *
 converse(Fixture *f, VmOp op, const char *fields_text)
 {
     g_autoptr(GError) error = NULL;
-    g_autoptr(VmMessage) m = request(op, fields_text);
+    g_autoptr(VmMessage) m = hostd_test_request(op, fields_text);
     GThread *thread = NULL;
     int fd = hostd_test_serve(f, &thread);
 
@@ -398,7 +381,7 @@ static void
 test_ping_half_closed(void **state)
 {
     Fixture *f = *state;
-    g_autoptr(VmMessage) m = request(VM_OP_PING, NULL);
+    g_autoptr(VmMessage) m = hostd_test_request(VM_OP_PING, NULL);
     g_autoptr(GBytes) frame = vm_message_encode(m, NULL);
     gsize len = 0;
     const void *data = g_bytes_get_data(frame, &len);
@@ -728,7 +711,7 @@ test_client_gone(void **state)
         const char *fields;
     } requests[] = {{VM_OP_PING, NULL}, {VM_OP_AGENT_INFO, "{'name': <'ghost'>}"}};
     for (gsize i = 0; i < G_N_ELEMENTS(requests); i++) {
-        g_autoptr(VmMessage) m = request(requests[i].op, requests[i].fields);
+        g_autoptr(VmMessage) m = hostd_test_request(requests[i].op, requests[i].fields);
         fd = hostd_test_serve(f, &thread);
         assert_true(vm_message_write_fd(fd, m, NULL));
         close(fd);
@@ -1036,7 +1019,8 @@ test_event_before_answer(void **state)
     Fixture *f = *state;
     g_autoptr(HostdAgentRecord) r =
         make_agent(f, "hank", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42325);
-    g_autoptr(VmMessage) m = request(VM_OP_AGENT_START, "{'name': <'hank'>, 'wait': <false>}");
+    g_autoptr(VmMessage) m =
+        hostd_test_request(VM_OP_AGENT_START, "{'name': <'hank'>, 'wait': <false>}");
     g_autoptr(VmMessage) answer = NULL;
     GThread *thread = NULL;
     int fd = hostd_test_serve(f, &thread);
@@ -1318,7 +1302,7 @@ read_stream(int fd, GThread *thread)
 static char *
 events_request(Fixture *f, const char *fields_text)
 {
-    g_autoptr(VmMessage) m = request(VM_OP_EVENTS, fields_text);
+    g_autoptr(VmMessage) m = hostd_test_request(VM_OP_EVENTS, fields_text);
     GThread *thread = NULL;
     int fd = hostd_test_serve(f, &thread);
 
@@ -1419,8 +1403,8 @@ test_events_follow(void **state)
     Fixture *f = *state;
     g_autoptr(HostdAgentRecord) r =
         make_agent(f, "gina", HOSTD_PHASE_READY, MAKE_RECORD | MAKE_DOMAIN, 42324);
-    g_autoptr(VmMessage) m =
-        request(VM_OP_EVENTS, "{'name': <'gina'>, 'lines': <uint32 1>, 'follow': <true>}");
+    g_autoptr(VmMessage) m = hostd_test_request(
+        VM_OP_EVENTS, "{'name': <'gina'>, 'lines': <uint32 1>, 'follow': <true>}");
     g_autoptr(GString) got = g_string_new(NULL);
     GThread *thread = NULL;
     int fd;
@@ -1604,7 +1588,7 @@ test_request_deadline(void **state)
 {
     Fixture *f = *state;
     GThread *thread = NULL;
-    g_autoptr(VmMessage) m = request(VM_OP_PING, NULL);
+    g_autoptr(VmMessage) m = hostd_test_request(VM_OP_PING, NULL);
     g_autoptr(GBytes) frame = vm_message_encode(m, NULL);
     gsize len = 0;
     const guint8 *bytes = g_bytes_get_data(frame, &len);
@@ -1675,7 +1659,7 @@ connect_to(const char *path)
 static guint
 list_over(int fd)
 {
-    g_autoptr(VmMessage) req = request(VM_OP_AGENT_LIST, NULL);
+    g_autoptr(VmMessage) req = hostd_test_request(VM_OP_AGENT_LIST, NULL);
     g_autoptr(GError) error = NULL;
     VmStreamReader reader;
 
@@ -1735,7 +1719,7 @@ test_clients_cannot_hold_hostd(void **state)
     Fixture *f = *state;
     g_autoptr(GError) error = NULL;
     g_autofree char *path = g_build_filename(f->dir, "load.sock", NULL);
-    g_autoptr(VmMessage) req = request(VM_OP_AGENT_LIST, NULL);
+    g_autoptr(VmMessage) req = hostd_test_request(VM_OP_AGENT_LIST, NULL);
     g_autoptr(GBytes) frame = vm_message_encode(req, NULL);
     int slow[SLOW], deaf[DEAF];
 
