@@ -1045,6 +1045,31 @@ hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
     return TRUE;
 }
 
+/* What start and stop begin with: agent @name locked (*@ret_lock) and open (*@ret_record,
+ * *@ret_dom), its record then saved wanting @wanted, strictly, its crash forgotten (asked to run,
+ * its count of restarts too). Returns a copy of the record as it was, for
+ * hostd_agent_save_back() when what follows fails; on failure nothing is held. */
+static HostdAgentRecord *
+agent_lock_want(HostdContext *ctx, const char *name, const char *wanted, GMutex **ret_lock,
+                HostdAgentRecord **ret_record, virDomainPtr *ret_dom, GError **error)
+{
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = NULL;
+    g_autoptr(virDomain) dom = NULL;
+    if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
+        return NULL;
+    g_autoptr(HostdAgentRecord) old = hostd_agent_record_copy(r);
+    g_clear_pointer(&r->crashed, g_free);
+    if (g_str_equal(wanted, HOSTD_WANTED_RUNNING))
+        r->crash_count = 0;
+    if (!hostd_agent_save_wanted(r, wanted, error))
+        return NULL;
+    *ret_lock = g_steal_pointer(&lock);
+    *ret_record = g_steal_pointer(&r);
+    *ret_dom = g_steal_pointer(&dom);
+    return g_steal_pointer(&old);
+}
+
 GVariant *
 hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgressFunc progress,
                   gpointer progress_data, GError **error)
@@ -1052,16 +1077,12 @@ hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgress
     g_autoptr(HostdNameLock) name_lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
-    if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
-        return NULL;
-
     /* The record first, and strictly: a VM booted while its record says stopped would be one
      * that hostd believes stopped. A boot that fails puts the old record back. The user asked
      * for it running: a crashed agent is given a fresh count of restarts. */
-    g_autoptr(HostdAgentRecord) old = hostd_agent_record_copy(r);
-    g_clear_pointer(&r->crashed, g_free);
-    r->crash_count = 0;
-    if (!hostd_agent_save_wanted(r, HOSTD_WANTED_RUNNING, error))
+    g_autoptr(HostdAgentRecord) old =
+        agent_lock_want(ctx, name, HOSTD_WANTED_RUNNING, &name_lock, &r, &dom, error);
+    if (old == NULL)
         return NULL;
     if (virDomainIsActive(dom) == 1) {
         if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error)) {
@@ -1092,15 +1113,12 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
     g_autoptr(HostdNameLock) name_lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
     g_autoptr(virDomain) dom = NULL;
-    if (!hostd_agent_lock_open(ctx, name, &name_lock, &r, &dom, error))
-        return NULL;
-
     /* Wanted first, and strictly: the supervisor, seeing the domain stop, must take it for this
      * stop and not for a poweroff or a crash; a record that cannot say so leaves the VM as it
      * is. A stop that fails puts the old record back. */
-    g_autoptr(HostdAgentRecord) old = hostd_agent_record_copy(r);
-    g_clear_pointer(&r->crashed, g_free);
-    if (!hostd_agent_save_wanted(r, HOSTD_WANTED_STOPPED, error))
+    g_autoptr(HostdAgentRecord) old =
+        agent_lock_want(ctx, name, HOSTD_WANTED_STOPPED, &name_lock, &r, &dom, error);
+    if (old == NULL)
         return NULL;
     if (hostd_libvirt_is_active(dom)) {
         hostd_progress(progress, progress_data,
