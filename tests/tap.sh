@@ -19,9 +19,9 @@ not_ok() {
   echo "not ok $N - $*"; echo "not ok $N - $*" >&2
   tap_took
 }
-check() { # check DESCRIPTION COMMAND...: ok when COMMAND succeeds
-  local desc=$1; shift
-  if "$@"; then ok "$desc"; else not_ok "$desc"; fi
+check() { # check DESCRIPTION COMMAND...: ok when COMMAND succeeds; fails as it did, so that
+  local desc=$1; shift # `check ... || diag "$out"` says why
+  if "$@"; then ok "$desc"; else not_ok "$desc"; return 1; fi
 }
 skip() { N=$((N + 1)); TAP_FAILING=0; echo "ok $N - $1 # SKIP $2"; tap_took; }
 diag() {

@@ -8,6 +8,9 @@
 # SOCK, CONF, LOG, and writes CONF with the SSH port range ($VM_TEST_PORT_MIN/MAX win) and the
 # metrics endpoint on $S/metrics.sock (no TCP port that suites running side by side share).
 suite_init() {
+  # Absolute: checks run vmctl from directories of their own.
+  HOSTD=$(readlink -f "$HOSTD")
+  VMCTL=$(readlink -f "$VMCTL")
   S=$(mktemp -d -t "$1.XXXXXX")
   chmod 711 "$S"
   IMAGES=${VM_TEST_IMAGE_CACHE:-$S/images}
