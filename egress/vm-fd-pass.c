@@ -12,11 +12,17 @@
 int
 vm_fd_send(int sock, int fd)
 {
+    return vm_fd_send_tagged(sock, fd, VM_FD_PASS_TAG);
+}
+
+int
+vm_fd_send_tagged(int sock, int fd, char tag)
+{
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
     } control;
-    char byte = 'F';
+    char byte = tag;
     struct iovec iov = {.iov_base = &byte, .iov_len = 1};
     struct msghdr msg = {.msg_iov = &iov,
                          .msg_iovlen = 1,
@@ -40,6 +46,12 @@ vm_fd_send(int sock, int fd)
 int
 vm_fd_pass(const char *path, int fd)
 {
+    return vm_fd_pass_tagged(path, fd, VM_FD_PASS_TAG);
+}
+
+int
+vm_fd_pass_tagged(const char *path, int fd, char tag)
+{
     struct sockaddr_un sun;
     socklen_t sun_len;
     int sock, rc;
@@ -52,7 +64,7 @@ vm_fd_pass(const char *path, int fd)
     if (connect(sock, (struct sockaddr *)&sun, sun_len) < 0)
         rc = -errno;
     else
-        rc = vm_fd_send(sock, fd);
+        rc = vm_fd_send_tagged(sock, fd, tag);
     close(sock);
     return rc;
 }
@@ -84,10 +96,10 @@ vm_fd_receive(int sock, char *ret_byte)
     if (n == 0)
         return -ECONNRESET;
     cmsg = CMSG_FIRSTHDR(&msg);
-    if (cmsg == NULL && ret_byte != NULL) {
+    if (ret_byte != NULL)
         *ret_byte = byte;
+    if (cmsg == NULL && ret_byte != NULL)
         return -ENOMSG;
-    }
     if (cmsg != NULL && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
         cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
         memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
