@@ -72,12 +72,15 @@ typedef struct {
     GByteArray *next;   /* guest bytes after the last request's body: the next request's start */
     gboolean guest_eof; /* the guest shut down its sending side */
     gboolean dns;       /* handed over with VM_FD_PASS_TAG_DNS: DNS over TCP, not HTTP */
+    char *origin_host;  /* non-NULL: a synthetic tunnel that carries plain HTTP to this name */
+    guint16 origin_port;
 
     /* per request */
     gint64 start_time;
     gint64 start_mono;
     VmEgressRequest *request;
-    char *host; /* the request's host, normalised, once the policy allowed it */
+    gboolean synthetic; /* the request named a synthetic address, mapped to its name */
+    char *host;         /* the request's host, normalised, once the policy allowed it */
     gboolean host_is_literal;
     VmEgressAddress address;
     gboolean have_address;
@@ -336,6 +339,7 @@ conn_map_synthetic(Conn *conn, const char **ret_reason)
     }
     g_free(conn->request->host);
     conn->request->host = name;
+    conn->synthetic = TRUE;
     return TRUE;
 }
 
@@ -526,7 +530,9 @@ static gboolean
 conn_read_head(Conn *conn, gboolean first, const char **ret_reason, int *ret_code,
                char **ret_message)
 {
-    g_autoptr(VmEgressParser) parser = vm_egress_parser_new();
+    g_autoptr(VmEgressParser) parser =
+        conn->origin_host != NULL ? vm_egress_parser_new_http(conn->origin_host, conn->origin_port)
+                                  : vm_egress_parser_new();
     guint8 buf[4096];
     gboolean ok = FALSE;
     gboolean began = conn->next->len > 0;
@@ -1029,6 +1035,33 @@ conn_intercept(Conn *conn)
     vm_egress_intercept_serve(ic);
 }
 
+/* Whether the tunnel's first byte (waited for within the handshake timeout) starts an HTTP
+ * request rather than a TLS record; FALSE with @ret_reason set when none came. */
+static gboolean
+conn_tunnel_carries_http(Conn *conn, const char **ret_reason)
+{
+    gint64 deadline =
+        g_get_monotonic_time() + (gint64)conn->proxy->config.handshake_timeout_ms * 1000;
+
+    while (conn->pending_up->len == 0) {
+        guint8 byte;
+        int code = 0;
+        ssize_t n;
+
+        if (!conn_wait_until(conn, conn->fd, deadline, ret_reason, &code))
+            return FALSE;
+        n = recv(conn->fd, &byte, 1, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (n <= 0) {
+            *ret_reason = "incomplete-request";
+            return FALSE;
+        }
+        g_byte_array_append(conn->pending_up, &byte, 1);
+    }
+    return g_ascii_isupper(conn->pending_up->data[0]);
+}
+
 /* Answers a request head that could not be read (@code 0: nothing to answer) and logs why
  * (@reason NULL: the connection just ended). */
 static void
@@ -1112,6 +1145,18 @@ conn_serve_one(Conn *conn, gboolean first)
 
         if (!send_all(conn->fd, (const guint8 *)established, strlen(established), 1000)) {
             conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
+            return FALSE;
+        }
+        /* A program without proxy settings sends plain HTTP where it meant it (port 80 through
+         * the guest's redirect): served as proxy requests to the name, each decided anew. */
+        if (conn->synthetic && conn_tunnel_carries_http(conn, &reason)) {
+            conn->origin_host = g_strdup(conn->host);
+            conn->origin_port = conn->request->port;
+            g_byte_array_append(conn->next, conn->pending_up->data, conn->pending_up->len);
+            return TRUE;
+        }
+        if (reason != NULL) {
+            conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
             return FALSE;
         }
         /* A tunnel to a name carries TLS for that name: the ClientHello must say so before a
@@ -1246,6 +1291,7 @@ conn_next_request(Conn *conn)
 {
     g_clear_pointer(&conn->request, vm_egress_request_free);
     g_clear_pointer(&conn->host, g_free);
+    conn->synthetic = FALSE;
     conn->host_is_literal = FALSE;
     conn->have_address = FALSE;
     memset(&conn->address, 0, sizeof(conn->address));
@@ -1302,6 +1348,7 @@ conn_free(Conn *conn)
         close(conn->up_fd);
     vm_egress_request_free(conn->request);
     g_free(conn->host);
+    g_free(conn->origin_host);
     g_byte_array_unref(conn->pending_up);
     g_byte_array_unref(conn->next);
     g_free(conn);

@@ -599,6 +599,44 @@ test_connect_synthetic_unknown(void **state)
     assert_int_equal(g_atomic_int_get(&f->sink->bytes), 0);
 }
 
+/* Plain HTTP in a tunnel to a synthetic address (port 80 through the guest's redirect): served
+ * as a proxy request to the name, its Host checked; the echo sink sends the forwarded head back. */
+static void
+test_connect_synthetic_http(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *get =
+        g_strdup_printf("GET /x HTTP/1.1\r\nHost: sink.test:%u\r\n\r\n", f->sink->port);
+    g_autofree char *bad =
+        g_strdup_printf("GET /x HTTP/1.1\r\nHost: other.test:%u\r\n\r\n", f->sink->port);
+    g_autoptr(GBytes) request = g_bytes_new(get, strlen(get));
+    g_autoptr(GBytes) wrong = g_bytes_new(bad, strlen(bad));
+    g_autoptr(GString) echo = NULL;
+    g_autoptr(GString) refused = NULL;
+    const VmTestEgressRecord *record;
+    Answer answer;
+    int fd;
+
+    resolve(f, "sink.test", ns_t_a, &answer);
+    assert_int_equal(tunnel_status(f, answer.address, request, &fd), 200);
+    echo = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    close(fd);
+    assert_true(g_str_has_prefix(echo->str, "GET /x HTTP/1.1\r\nHost: sink.test:"));
+    record = vm_test_egress_log_wait(f->log, 0);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_ALLOWED);
+    assert_string_equal(record->host, "sink.test");
+
+    /* Host naming another name than the one the address stands for: 400, nothing sent. */
+    gint before = g_atomic_int_get(&f->sink->bytes);
+    assert_int_equal(tunnel_status(f, answer.address, wrong, &fd), 200);
+    refused = vm_test_read_until(fd, "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    close(fd);
+    assert_true(g_str_has_prefix(refused->str, "HTTP/1.1 400 "));
+    record = vm_test_egress_log_wait(f->log, 1);
+    assert_int_equal(record->kind, VM_EGRESS_RECORD_DENIED);
+    assert_int_equal(g_atomic_int_get(&f->sink->bytes), before);
+}
+
 int
 main(void)
 {
@@ -614,6 +652,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_connect_synthetic_sni, setup, teardown),
         cmocka_unit_test_setup_teardown(test_connect_synthetic_revoked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_connect_synthetic_unknown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_connect_synthetic_http, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
