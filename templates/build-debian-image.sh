@@ -113,9 +113,9 @@ REDSOCKS
     cat >"$root/etc/nftables.conf" <<'NFT'
 #!/usr/sbin/nft -f
 flush ruleset
-table ip vmctl-egress {
+table ip vmctl_egress {
     chain output {
-        type nat hook output priority dstnat; policy accept;
+        type nat hook output priority -100; policy accept;
         ip daddr { 127.0.0.0/8, 10.0.2.0/24 } return
         meta l4proto tcp redirect to :12345
     }
