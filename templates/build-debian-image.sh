@@ -69,6 +69,13 @@ Name=en*
 
 [Network]
 DHCP=yes
+
+# QEMU's restricted network hands out no router: without a route, a connection that names no
+# proxy fails before the redirect to redsocks below sees it. What goes to the gateway itself is
+# dropped by QEMU.
+[Route]
+Gateway=10.0.2.2
+GatewayOnLink=yes
 NETWORK
 
     mkdir -p "$root/etc/cloud/cloud.cfg.d"
