@@ -13,6 +13,7 @@
 #include "vm-spawn.h"
 #include "vm-util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
@@ -232,6 +233,14 @@ seed_check_meta(const VmSeedSpec *spec, GError **error)
            seed_check_line("instance_id", spec->instance_id, error);
 }
 
+static gboolean
+seed_is_ipv4(const char *text)
+{
+    struct in_addr address;
+
+    return inet_pton(AF_INET, text, &address) == 1;
+}
+
 /* What a warm and an agent's seed share: packages, proxy, API host, CA, environment. */
 static gboolean
 seed_check_optional(const VmSeedSpec *spec, GError **error)
@@ -247,6 +256,9 @@ seed_check_optional(const VmSeedSpec *spec, GError **error)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "seed: guest_api_host '%s' is not a host name or IPv4 address",
                         spec->guest_api_host);
+    if (spec->egress_resolver != NULL && !seed_is_ipv4(spec->egress_resolver))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "seed: egress_resolver '%s' is not an IPv4 address", spec->egress_resolver);
     if (spec->egress_ca_pem != NULL && !seed_check_ca(spec->egress_ca_pem, error))
         return FALSE;
     if (spec->environment_block != NULL && !seed_check_environment(spec->environment_block, error))
@@ -447,8 +459,8 @@ seed_append_guest_tool(GString *out)
     seed_append_key_quoted(out, 4, "content", vm_seed_guest_tool());
 }
 
-/* Files the guest gets at its first boot: the proxy settings, the egress CA (trusted by the
- * runcmd of seed_render_cloud_config()), the credential broker's environment block after the
+/* Files the guest gets at its first boot: the proxy settings, its resolver, the egress CA (trusted
+ * by the runcmd of seed_render_cloud_config()), the credential broker's environment block after the
  * proxy's lines, vmctl-guest, hostd's sshd on the virtio port. */
 static void
 seed_append_write_files(GString *out, const VmSeedSpec *spec)
@@ -456,6 +468,16 @@ seed_append_write_files(GString *out, const VmSeedSpec *spec)
     g_string_append(out, "write_files:\n");
     if (spec->egress_proxy != NULL)
         seed_append_proxy(out, spec->egress_proxy, spec->guest_api_host);
+    if (spec->egress_resolver != NULL) {
+        /* Over TCP only: QEMU's restricted network drops the guest's UDP, and the resolver is a
+         * guest forward, which carries TCP (docs/EGRESS.md). */
+        g_autofree char *resolv =
+            g_strdup_printf("nameserver %s\noptions use-vc\n", spec->egress_resolver);
+
+        seed_append_key_quoted(out, 2, "- path", "/etc/resolv.conf");
+        seed_append_key_quoted(out, 4, "permissions", "0644");
+        seed_append_key_quoted(out, 4, "content", resolv);
+    }
     if (spec->egress_ca_pem != NULL) {
         seed_append_key_quoted(out, 2, "- path", VM_SEED_EGRESS_CA_PATH);
         seed_append_key_quoted(out, 4, "permissions", "0644");

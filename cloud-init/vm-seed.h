@@ -30,6 +30,9 @@ typedef struct {
     const char *guest_api_host;     /* the in-guest API's address ("10.0.2.100"): added to
                                      * no_proxy with egress_proxy, so that HTTP clients reach it
                                      * directly rather than through the proxy; NULL: none */
+    const char *egress_resolver;    /* the egress proxy's resolver, an IPv4 address
+                                     * ("10.0.2.100"): /etc/resolv.conf names it alone, over TCP
+                                     * ("options use-vc"); NULL: the image's file stays */
     gboolean guest_tool;            /* write /usr/local/bin/vmctl-guest (vm_seed_guest_tool()) */
     const char *egress_ca_pem;      /* the PEM certificate (never a key) of the agent's egress CA
                                      * (the credential broker): written to VM_SEED_EGRESS_CA_PATH
@@ -89,8 +92,8 @@ typedef struct {
  * VM_ERROR_INVALID_ARGUMENT when a required field is missing or a value would break the YAML
  * (newline in hostname...), there are more than VM_SSH_KEYS_MAX user keys, or egress_proxy is
  * not "http://" followed by a host name or IPv4 address and an optional port, or guest_api_host
- * is not a host name or IPv4 address, egress_ca_pem is not one PEM certificate, or
- * environment_block has a line that is neither a comment nor NAME=VALUE. */
+ * is not a host name or IPv4 address, egress_resolver not an IPv4 address, egress_ca_pem is not one
+ * PEM certificate, or environment_block has a line that is neither a comment nor NAME=VALUE. */
 char *vm_seed_render_user_data(const VmSeedSpec *spec, GError **error);
 
 /* Renders meta-data (instance-id, local-hostname). Can't fail for a valid spec. */

@@ -5,6 +5,9 @@
  * exits, so no byte ever passes through it. When the proxy is not there it exits at once and the
  * guest's connection closes: the way out fails closed.
  *
+ * "vm-egress-connect SOCKET dns" (the guest forward of 10.0.2.100:53) hands the connection over
+ * with the byte VM_FD_PASS_TAG_DNS: the proxy serves DNS over TCP on it, not HTTP.
+ *
  * It runs as QEMU's user under QEMU's seccomp filter, once per connection: plain libc, nothing
  * else to load. */
 #include <stdio.h>
@@ -16,9 +19,13 @@
 int
 main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fputs("usage: vm-egress-connect SOCKET\n", stderr);
+    char tag = VM_FD_PASS_TAG;
+
+    if (argc == 3 && strcmp(argv[2], "dns") == 0)
+        tag = VM_FD_PASS_TAG_DNS;
+    else if (argc != 2) {
+        fputs("usage: vm-egress-connect SOCKET [dns]\n", stderr);
         return 2;
     }
-    return vm_fd_pass(argv[1], STDIN_FILENO) == 0 ? 0 : 1;
+    return vm_fd_pass_tagged(argv[1], STDIN_FILENO, tag) == 0 ? 0 : 1;
 }

@@ -760,6 +760,28 @@ vm_egress_policy_check_host(const VmEgressPolicy *policy, const char *host, guin
 }
 
 VmEgressVerdict
+vm_egress_policy_check_name(const VmEgressPolicy *policy, const char *host, char **ret_normalised)
+{
+    g_autofree char *normalised = vm_egress_host_normalise(host, NULL);
+    VmEgressAddress address;
+    VmEgressVerdict verdict;
+
+    if (normalised == NULL || vm_egress_address_parse(normalised, &address, NULL))
+        return VM_EGRESS_DENY_BAD_HOST;
+    if (vm_egress_policy_check_host(policy, normalised, 80, ret_normalised) == VM_EGRESS_ALLOW)
+        return VM_EGRESS_ALLOW;
+    for (guint i = 0; i < policy->allow->len; i++) {
+        guint16 port = g_array_index(policy->allow, Rule, i).port;
+
+        if (port != 0 && vm_egress_policy_check_host(policy, normalised, port, ret_normalised) ==
+                             VM_EGRESS_ALLOW)
+            return VM_EGRESS_ALLOW;
+    }
+    verdict = vm_egress_policy_check_host(policy, normalised, 443, ret_normalised);
+    return verdict;
+}
+
+VmEgressVerdict
 vm_egress_policy_check_address(const VmEgressPolicy *policy, const VmEgressAddress *address,
                                guint16 port, GArray *local)
 {

@@ -111,6 +111,13 @@ VmEgressPolicy *vm_egress_policy_new_from_keyfile(GKeyFile *keyfile, const char 
 VmEgressVerdict vm_egress_policy_check_host(const VmEgressPolicy *policy, const char *host,
                                             guint16 port, char **ret_normalised);
 
+/* Whether the name @host (not an IP literal: VM_EGRESS_DENY_BAD_HOST) is allowed at some port:
+ * vm_egress_policy_check_host() at 80, 443 and each port an allow rule names, the first verdict
+ * VM_EGRESS_ALLOW wins, else the verdict at 443. What the proxy's resolver asks before it gives
+ * a name an address (vm-egress-dns.h); @ret_normalised as there. */
+VmEgressVerdict vm_egress_policy_check_name(const VmEgressPolicy *policy, const char *host,
+                                            char **ret_normalised);
+
 /* The second decision, on each address a host resolved to (or the literal itself), for @port
  * as above: a deny CIDR refuses it, an allow CIDR opens it, and otherwise a special address or
  * one of @local (a GArray of VmEgressAddress, may be NULL) is refused. Only meaningful after

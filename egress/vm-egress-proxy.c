@@ -1,5 +1,6 @@
 /* The egress proxy: an accept thread and one thread per guest connection. */
 #include "vm-egress-proxy.h"
+#include "vm-egress-dns.h"
 #include "vm-egress-intercept.h"
 #include "vm-egress-tls.h"
 #include "vm-error.h"
@@ -33,6 +34,9 @@
 /* Guest bytes read past the current request's body, kept for the next request head: enough for
  * a whole head and the start of its body; past it the guest is not read until their turn. */
 #define NEXT_MAX (2 * VM_EGRESS_REQUEST_HEAD_MAX)
+/* Queries one DNS connection may carry: glibc sends A and AAAA on one, a search list a few
+ * more. */
+#define DNS_QUERIES_MAX 16
 
 struct _VmEgressProxy {
     VmEgressConfig config;
@@ -54,6 +58,7 @@ struct _VmEgressProxy {
     VmEgressPolicy *policy;
     VmEgressCredentials *credentials; /* NULL: none */
     VmEgressInterceptor *interceptor; /* NULL: the proxy has no CA, intercepts nothing */
+    VmEgressDnsTable *dns;            /* the names the resolver gave synthetic addresses */
     guint active;
     GArray *local; /* the host's own addresses, refreshed now and then */
     gint64 local_time;
@@ -68,12 +73,16 @@ typedef struct {
     gboolean on_unix;   /* accepted on the Unix socket: may hand over the guest's connection */
     GByteArray *next;   /* guest bytes after the last request's body: the next request's start */
     gboolean guest_eof; /* the guest shut down its sending side */
+    gboolean dns;       /* handed over with VM_FD_PASS_TAG_DNS: DNS over TCP, not HTTP */
+    char *origin_host;  /* non-NULL: a synthetic tunnel that carries plain HTTP to this name */
+    guint16 origin_port;
 
     /* per request */
     gint64 start_time;
     gint64 start_mono;
     VmEgressRequest *request;
-    char *host; /* the request's host, normalised, once the policy allowed it */
+    gboolean synthetic; /* the request named a synthetic address, mapped to its name */
+    char *host;         /* the request's host, normalised, once the policy allowed it */
     gboolean host_is_literal;
     VmEgressAddress address;
     gboolean have_address;
@@ -311,6 +320,35 @@ resolve_getaddrinfo(const char *host, gpointer user_data, GError **error)
     return g_steal_pointer(&out);
 }
 
+/* A CONNECT to an address of the resolver's synthetic range (vm-egress-dns.h) is a CONNECT to
+ * the name the address stands for: the request's host becomes that name, and everything after
+ * (the policy, the resolution, the address check, the SNI check, interception) is done on the
+ * name, as for a client that named it. An address that stands for no name, or a plain HTTP
+ * request to one, is refused: it is never taken as an address. */
+static gboolean
+conn_map_synthetic(Conn *conn, const char **ret_reason)
+{
+    VmEgressAddress literal;
+    char *name;
+
+    if (!vm_egress_address_parse(conn->request->host, &literal, NULL) ||
+        !vm_egress_dns_address_is_synthetic(&literal))
+        return TRUE;
+    name = conn->request->kind == VM_EGRESS_REQUEST_CONNECT
+               ? vm_egress_dns_table_lookup(conn->proxy->dns, &literal)
+               : NULL;
+    if (name == NULL) {
+        conn->address = literal;
+        conn->have_address = TRUE;
+        *ret_reason = "dns-unknown-address";
+        return FALSE;
+    }
+    g_free(conn->request->host);
+    conn->request->host = name;
+    conn->synthetic = TRUE;
+    return TRUE;
+}
+
 /* Decides on the whole request: host first, then every address it resolves to. On success
  * @ret_addresses holds the checked candidates. On refusal @ret_reason is set and, when an
  * address was at fault, conn->address names it. */
@@ -330,6 +368,8 @@ conn_decide(Conn *conn, GArray **ret_addresses, const char **ret_reason, int *re
     conn->generation = g_atomic_int_get(&proxy->generation);
     policy = proxy_dup_policy(proxy, &local);
     *ret_code = 403;
+    if (!conn_map_synthetic(conn, ret_reason))
+        return FALSE;
     verdict = vm_egress_policy_check_host(policy, conn->request->host, conn->request->port, &host);
     if (verdict != VM_EGRESS_ALLOW) {
         *ret_reason = vm_egress_verdict_name(verdict);
@@ -482,6 +522,7 @@ conn_take_over(Conn *conn, guint8 *ret_byte, gsize *ret_len, const char **ret_re
         }
         close(conn->fd);
         conn->fd = fd;
+        conn->dns = *ret_byte == VM_FD_PASS_TAG_DNS;
         *ret_len = 0;
         return TRUE;
     }
@@ -495,19 +536,13 @@ static gboolean
 conn_read_head(Conn *conn, gboolean first, const char **ret_reason, int *ret_code,
                char **ret_message)
 {
-    g_autoptr(VmEgressParser) parser = vm_egress_parser_new();
+    g_autoptr(VmEgressParser) parser =
+        conn->origin_host != NULL ? vm_egress_parser_new_http(conn->origin_host, conn->origin_port)
+                                  : vm_egress_parser_new();
     guint8 buf[4096];
     gboolean ok = FALSE;
     gboolean began = conn->next->len > 0;
 
-    if (conn->on_unix && first) {
-        gsize len = 0;
-
-        if (!conn_take_over(conn, buf, &len, ret_reason, ret_code))
-            return FALSE;
-        if (len > 0 && conn_feed(conn, parser, buf, len, &ok, ret_reason, ret_code, ret_message))
-            return ok;
-    }
     if (conn->next->len > 0) {
         g_autoptr(GByteArray) kept = g_steal_pointer(&conn->next);
 
@@ -1006,6 +1041,48 @@ conn_intercept(Conn *conn)
     vm_egress_intercept_serve(ic);
 }
 
+/* Whether the tunnel's first byte (waited for within the handshake timeout) starts an HTTP
+ * request rather than a TLS record; FALSE with @ret_reason set when none came. */
+static gboolean
+conn_tunnel_carries_http(Conn *conn, const char **ret_reason)
+{
+    gint64 deadline =
+        g_get_monotonic_time() + (gint64)conn->proxy->config.handshake_timeout_ms * 1000;
+
+    while (conn->pending_up->len == 0) {
+        guint8 byte;
+        int code = 0;
+        ssize_t n;
+
+        if (!conn_wait_until(conn, conn->fd, deadline, ret_reason, &code))
+            return FALSE;
+        n = recv(conn->fd, &byte, 1, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (n <= 0) {
+            *ret_reason = "incomplete-request";
+            return FALSE;
+        }
+        g_byte_array_append(conn->pending_up, &byte, 1);
+    }
+    return g_ascii_isupper(conn->pending_up->data[0]);
+}
+
+/* Answers a request head that could not be read (@code 0: nothing to answer) and logs why
+ * (@reason NULL: the connection just ended). */
+static void
+conn_refuse_head(Conn *conn, int code, const char *reason, const char *message)
+{
+    if (code != 0)
+        respond(conn->fd, code,
+                code == 400   ? "Bad Request"
+                : code == 408 ? "Request Timeout"
+                              : "Service Unavailable",
+                message != NULL ? message : reason);
+    if (reason != NULL)
+        conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
+}
+
 /* Serves one request of the connection: head, decisions, connection, relay, record. TRUE when
  * another request follows on the same connection. */
 static gboolean
@@ -1020,14 +1097,7 @@ conn_serve_one(Conn *conn, gboolean first)
     int code = 0;
 
     if (!conn_read_head(conn, first, &reason, &code, &message)) {
-        if (code != 0)
-            respond(conn->fd, code,
-                    code == 400   ? "Bad Request"
-                    : code == 408 ? "Request Timeout"
-                                  : "Service Unavailable",
-                    message != NULL ? message : reason);
-        if (reason != NULL)
-            conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
+        conn_refuse_head(conn, code, reason, message);
         return FALSE;
     }
     /* A placeholder goes nowhere unencrypted, whatever the policy says of the host. */
@@ -1083,6 +1153,18 @@ conn_serve_one(Conn *conn, gboolean first)
             conn_log(conn, VM_EGRESS_RECORD_ALLOWED, "reset");
             return FALSE;
         }
+        /* A program without proxy settings sends plain HTTP where it meant it (port 80 through
+         * the guest's redirect): served as proxy requests to the name, each decided anew. */
+        if (conn->synthetic && conn_tunnel_carries_http(conn, &reason)) {
+            conn->origin_host = g_strdup(conn->host);
+            conn->origin_port = conn->request->port;
+            g_byte_array_append(conn->next, conn->pending_up->data, conn->pending_up->len);
+            return TRUE;
+        }
+        if (reason != NULL) {
+            conn_log(conn, VM_EGRESS_RECORD_DENIED, reason);
+            return FALSE;
+        }
         /* A tunnel to a name carries TLS for that name: the ClientHello must say so before a
          * byte goes up. An address that a CIDR rule allows is trusted with any bytes. */
         if (!conn->host_is_literal && !conn_check_sni(conn, &reason)) {
@@ -1105,6 +1187,109 @@ conn_serve_one(Conn *conn, gboolean first)
     return more;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * DNS over TCP (vm-egress-dns.h) */
+
+static VmEgressDnsVerdict
+conn_dns_decide(const char *name, gpointer data, char **ret_name)
+{
+    Conn *conn = data;
+    VmEgressProxy *proxy = conn->proxy;
+    g_autoptr(VmEgressPolicy) policy = proxy_dup_policy(proxy, NULL);
+    g_autofree char *normalised = NULL;
+    g_autoptr(GArray) addresses = NULL;
+    VmEgressResolveFunc resolve =
+        proxy->config.resolve != NULL ? proxy->config.resolve : resolve_getaddrinfo;
+
+    if (vm_egress_policy_check_name(policy, name, &normalised) != VM_EGRESS_ALLOW)
+        return VM_EGRESS_DNS_NAME_DENIED;
+    addresses = resolve(normalised, proxy->config.resolve_data, NULL);
+    if (addresses == NULL || addresses->len == 0)
+        return VM_EGRESS_DNS_NAME_NOT_FOUND;
+    *ret_name = g_steal_pointer(&normalised);
+    return VM_EGRESS_DNS_NAME_ALLOWED;
+}
+
+/* Reads exactly @len bytes before the handshake deadline. */
+static gboolean
+conn_recv_exact(Conn *conn, guint8 *buf, gsize len)
+{
+    const char *reason = NULL;
+    int code = 0;
+
+    while (len > 0) {
+        ssize_t n;
+
+        if (!conn_wait_readable(conn, conn->fd, &reason, &code))
+            return FALSE;
+        n = recv(conn->fd, buf, len, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (n <= 0)
+            return FALSE;
+        buf += n;
+        len -= n;
+    }
+    return TRUE;
+}
+
+/* One record for a query the resolver refused. */
+static void
+conn_log_dns(Conn *conn, const char *name, const char *reason)
+{
+    VmEgressProxy *proxy = conn->proxy;
+    VmEgressRecord record = {
+        .kind = VM_EGRESS_RECORD_DENIED,
+        .start_time = conn->start_time,
+        .host = name,
+        .port = 53,
+        .reason = reason,
+        .duration_us = g_get_monotonic_time() - conn->start_mono,
+    };
+
+    if (proxy->config.log == NULL)
+        return;
+    g_mutex_lock(&proxy->log_lock);
+    proxy->config.log(&record, proxy->config.log_data);
+    g_mutex_unlock(&proxy->log_lock);
+}
+
+/* Serves DNS over TCP (RFC 7766: a 2-byte length before each message) on the guest's
+ * connection: a few queries, each whole within the handshake timeout, answered in order. A
+ * length out of bounds, a short read or a query too broken to answer ends the connection. */
+static void
+conn_serve_dns(Conn *conn)
+{
+    for (guint i = 0; i < DNS_QUERIES_MAX && !stopping(conn->proxy); i++) {
+        g_auto(VmEgressDnsResult) result = {0};
+        g_autoptr(GBytes) answer = NULL;
+        guint8 query[VM_EGRESS_DNS_MESSAGE_MAX];
+        guint8 length[2];
+        gsize len;
+        const guint8 *data;
+
+        conn->start_time = g_get_real_time();
+        conn->start_mono = g_get_monotonic_time();
+        if (!conn_recv_exact(conn, length, 2))
+            return;
+        len = (gsize)length[0] << 8 | length[1];
+        if (len > sizeof(query) || !conn_recv_exact(conn, query, len))
+            return;
+        answer = vm_egress_dns_answer(conn->proxy->dns, query, len, conn_dns_decide, conn, &result);
+        if (answer == NULL)
+            return;
+        if (result.decided && result.verdict == VM_EGRESS_DNS_NAME_DENIED)
+            conn_log_dns(conn, result.name, "dns-denied");
+        else if (result.decided && result.verdict == VM_EGRESS_DNS_NAME_NOT_FOUND)
+            conn_log_dns(conn, result.name, "dns-not-found");
+        data = g_bytes_get_data(answer, &len);
+        length[0] = len >> 8;
+        length[1] = len & 0xff;
+        if (!send_all(conn->fd, length, 2, 1000) || !send_all(conn->fd, data, len, 1000))
+            return;
+    }
+}
+
 /* Forgets the request just served, so that the next one on the connection starts afresh: no
  * decision, address or destination carries over. */
 static void
@@ -1112,6 +1297,7 @@ conn_next_request(Conn *conn)
 {
     g_clear_pointer(&conn->request, vm_egress_request_free);
     g_clear_pointer(&conn->host, g_free);
+    conn->synthetic = FALSE;
     conn->host_is_literal = FALSE;
     conn->have_address = FALSE;
     memset(&conn->address, 0, sizeof(conn->address));
@@ -1129,6 +1315,24 @@ conn_next_request(Conn *conn)
 static void
 conn_serve(Conn *conn)
 {
+    if (conn->on_unix) {
+        const char *reason = NULL;
+        int code = 0;
+        guint8 byte = 0;
+        gsize len = 0;
+
+        if (!conn_take_over(conn, &byte, &len, &reason, &code)) {
+            conn_refuse_head(conn, code, reason, NULL);
+            return;
+        }
+        /* A client speaking HTTP on the socket itself: its first byte starts the head. */
+        if (len > 0)
+            g_byte_array_append(conn->next, &byte, 1);
+    }
+    if (conn->dns) {
+        conn_serve_dns(conn);
+        return;
+    }
     for (gboolean first = TRUE; conn_serve_one(conn, first); first = FALSE)
         conn_next_request(conn);
 }
@@ -1150,6 +1354,7 @@ conn_free(Conn *conn)
         close(conn->up_fd);
     vm_egress_request_free(conn->request);
     g_free(conn->host);
+    g_free(conn->origin_host);
     g_byte_array_unref(conn->pending_up);
     g_byte_array_unref(conn->next);
     g_free(conn);
@@ -1362,6 +1567,7 @@ vm_egress_proxy_new(const VmEgressConfig *config, GError **error)
         config->credentials != NULL ? vm_egress_credentials_ref(config->credentials) : NULL;
     proxy->config.policy = NULL;
     proxy->config.credentials = NULL;
+    proxy->dns = vm_egress_dns_table_new(config->dns_max_names);
     /* The PEM strings and the file name are read here and not kept. */
     if (config->ca_cert_pem != NULL && config->ca_key_pem != NULL) {
         proxy->interceptor =
@@ -1416,6 +1622,7 @@ vm_egress_proxy_free(VmEgressProxy *proxy)
     vm_egress_policy_unref(proxy->policy);
     g_clear_pointer(&proxy->credentials, vm_egress_credentials_unref);
     g_clear_pointer(&proxy->interceptor, vm_egress_interceptor_free);
+    g_clear_pointer(&proxy->dns, vm_egress_dns_table_free);
     g_clear_pointer(&proxy->local, g_array_unref);
     g_mutex_clear(&proxy->log_lock);
     g_mutex_clear(&proxy->lock);

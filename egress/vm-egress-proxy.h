@@ -24,6 +24,10 @@
  * byte carrying a connected stream socket as SCM_RIGHTS (vm_egress_proxy_pass_fd()); the proxy
  * then serves that socket and closes the Unix connection. This is how a QEMU guestfwd helper
  * gives its guest connection away and exits, so no process relays bytes but the proxy.
+ *
+ * A connection handed over with the byte VM_FD_PASS_TAG_DNS carries DNS over TCP instead: the
+ * proxy's resolver (vm-egress-dns.h) answers allowed names with synthetic addresses, and a
+ * CONNECT to such an address is a CONNECT to its name.
  */
 #pragma once
 
@@ -108,6 +112,7 @@ typedef struct {
     const char *ca_key_pem;           /* of intercepted hosts; both needed to intercept */
     const char *upstream_ca_file;     /* NULL: the system's trust store, for real hosts' certs */
     const char *upstream_ca_pem;      /* instead of upstream_ca_file: the certificates as PEM */
+    guint dns_max_names; /* names the resolver holds addresses for; 0: VM_EGRESS_DNS_MAX_NAMES */
 } VmEgressConfig;
 
 typedef struct _VmEgressProxy VmEgressProxy;

@@ -14,6 +14,7 @@ struct _VmEgressParser {
     VmEgressRequest *request;
     char *origin_host; /* non-NULL: origin-form requests of an intercepted connection */
     guint16 origin_port;
+    const char *origin_scheme; /* "https", or "http" inside a tunnel (vm_egress_parser_new_http) */
 };
 
 /* Fields that describe one hop, not the request: never forwarded. */
@@ -64,6 +65,16 @@ vm_egress_parser_new_origin(const char *host, guint16 port)
 
     parser->origin_host = g_strdup(host);
     parser->origin_port = port;
+    parser->origin_scheme = "https";
+    return parser;
+}
+
+VmEgressParser *
+vm_egress_parser_new_http(const char *host, guint16 port)
+{
+    VmEgressParser *parser = vm_egress_parser_new_origin(host, port);
+
+    parser->origin_scheme = "http";
     return parser;
 }
 
@@ -165,7 +176,7 @@ parse_authority(const char *text, char **ret_host, guint16 *ret_port, GError **e
 }
 
 static gboolean
-parse_origin_target(VmEgressRequest *request, const char *target, const char *host, guint16 port,
+parse_origin_target(VmEgressRequest *request, const char *target, const VmEgressParser *parser,
                     GError **error)
 {
     if (strcmp(request->method, "CONNECT") == 0 || !(target[0] == '/' || strcmp(target, "*") == 0))
@@ -174,9 +185,9 @@ parse_origin_target(VmEgressRequest *request, const char *target, const char *ho
     if (strchr(target, '#') != NULL)
         return vm_throw(error, VM_ERROR_PROTOCOL, "fragment in the request target");
     request->kind = VM_EGRESS_REQUEST_HTTP;
-    request->scheme = g_strdup("https");
-    request->host = g_strdup(host);
-    request->port = port;
+    request->scheme = g_strdup(parser->origin_scheme);
+    request->host = g_strdup(parser->origin_host);
+    request->port = parser->origin_port;
     request->path = g_strdup(target);
     return TRUE;
 }
@@ -193,8 +204,7 @@ parse_target(VmEgressRequest *request, const char *target, const VmEgressParser 
         if ((guchar)*p <= 0x20 || (guchar)*p >= 0x7f)
             return vm_throw(error, VM_ERROR_PROTOCOL, "invalid byte in the request target");
     if (parser->origin_host != NULL)
-        return parse_origin_target(request, target, parser->origin_host, parser->origin_port,
-                                   error);
+        return parse_origin_target(request, target, parser, error);
     if (strcmp(request->method, "CONNECT") == 0) {
         request->kind = VM_EGRESS_REQUEST_CONNECT;
         if (!parse_authority(target, &request->host, &request->port, error))

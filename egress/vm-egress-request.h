@@ -66,6 +66,10 @@ void vm_egress_parser_free(VmEgressParser *parser);
  * @host and @port. Same strictness and limits as vm_egress_parser_new(). Can't fail. */
 VmEgressParser *vm_egress_parser_new_origin(const char *host, guint16 port);
 
+/* vm_egress_parser_new_origin() for plain HTTP inside a tunnel to @host:@port: scheme "http", so
+ * a Host without a port names port 80. */
+VmEgressParser *vm_egress_parser_new_http(const char *host, guint16 port);
+
 /* Feeds @len bytes. Returns VM_EGRESS_PARSE_MORE while the head is incomplete,
  * VM_EGRESS_PARSE_DONE once it is complete (then @ret_consumed tells how many of these @len
  * bytes belonged to the head; the rest is body to forward as is), or VM_EGRESS_PARSE_ERROR with

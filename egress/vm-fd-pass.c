@@ -35,11 +35,17 @@ fd_message_init(FdMessage *m, char byte)
 int
 vm_fd_send(int sock, int fd)
 {
+    return vm_fd_send_tagged(sock, fd, VM_FD_PASS_TAG);
+}
+
+int
+vm_fd_send_tagged(int sock, int fd, char tag)
+{
     FdMessage m;
     struct msghdr *msg = &m.msg;
     struct cmsghdr *cmsg;
 
-    fd_message_init(&m, 'F');
+    fd_message_init(&m, tag);
     cmsg = CMSG_FIRSTHDR(msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
@@ -55,6 +61,12 @@ vm_fd_send(int sock, int fd)
 int
 vm_fd_pass(const char *path, int fd)
 {
+    return vm_fd_pass_tagged(path, fd, VM_FD_PASS_TAG);
+}
+
+int
+vm_fd_pass_tagged(const char *path, int fd, char tag)
+{
     struct sockaddr_un sun;
     socklen_t sun_len;
     int sock, rc;
@@ -67,7 +79,7 @@ vm_fd_pass(const char *path, int fd)
     if (connect(sock, (struct sockaddr *)&sun, sun_len) < 0)
         rc = -errno;
     else
-        rc = vm_fd_send(sock, fd);
+        rc = vm_fd_send_tagged(sock, fd, tag);
     close(sock);
     return rc;
 }
@@ -91,10 +103,10 @@ vm_fd_receive(int sock, char *ret_byte)
     if (n == 0)
         return -ECONNRESET;
     cmsg = CMSG_FIRSTHDR(msg);
-    if (cmsg == NULL && ret_byte != NULL) {
+    if (ret_byte != NULL)
         *ret_byte = m.byte;
+    if (cmsg == NULL && ret_byte != NULL)
         return -ENOMSG;
-    }
     if (cmsg != NULL && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
         cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
         memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));

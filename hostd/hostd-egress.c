@@ -1100,8 +1100,10 @@ static void
 egress_agent_seed(HostdContext *ctx, const HostdAgentRecord *r, VmSeedSpec *spec, GPtrArray *keep)
 {
     /* A fork's disk has the proxy settings from its source's first boot already. */
-    if (r->forked_from == NULL)
+    if (r->forked_from == NULL) {
         spec->egress_proxy = HOSTD_EGRESS_GUEST_PROXY;
+        spec->egress_resolver = VM_EGRESS_GUEST_ADDRESS;
+    }
 }
 
 static void

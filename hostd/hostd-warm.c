@@ -347,6 +347,7 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
         /* What every agent's seed has (hostd-egress, hostd-guest-api): the proxy's address
          * inside the guest is the same for all, and so is the in-guest API's. */
         .egress_proxy = "http://" VM_EGRESS_GUEST_ADDRESS ":" G_STRINGIFY(VM_EGRESS_GUEST_PORT),
+        .egress_resolver = VM_EGRESS_GUEST_ADDRESS,
         .guest_api_host = VM_GUEST_API_ADDRESS,
         .guest_tool = TRUE,
     };

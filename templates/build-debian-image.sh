@@ -22,6 +22,9 @@ set -euo pipefail
 BASE_PACKAGES=systemd-sysv,udev,dbus,kmod,iproute2,netbase,e2fsprogs,sudo,procps
 BASE_PACKAGES+=,linux-image-amd64,initramfs-tools,zstd,openssh-server,cloud-init
 BASE_PACKAGES+=,qemu-guest-agent
+# The redirect that carries programs without proxy settings to the egress proxy
+# (docs/EGRESS.md, "Programs without proxy settings").
+BASE_PACKAGES+=,nftables,redsocks
 VIRTIO_MODULES=(virtio_pci virtio_blk virtio_net virtio_scsi virtio_console virtio_rng)
 
 OUTDIR=""
@@ -66,6 +69,13 @@ Name=en*
 
 [Network]
 DHCP=yes
+
+# QEMU's restricted network hands out no router: without a route, a connection that names no
+# proxy fails before the redirect to redsocks below sees it. What goes to the gateway itself is
+# dropped by QEMU.
+[Route]
+Gateway=10.0.2.2
+GatewayOnLink=yes
 NETWORK
 
     mkdir -p "$root/etc/cloud/cloud.cfg.d"
@@ -78,12 +88,47 @@ locale: C.UTF-8
 manage_etc_hosts: true
 CLOUD
 
-    # mmdebstrap copied the build host's name and resolver in; 10.0.2.3 is QEMU user
-    # networking's DNS.
+    # mmdebstrap copied the build host's name and resolver in. The resolver is the agent's
+    # egress proxy, over TCP only (QEMU's restrict=on drops the guest's UDP); the seed writes
+    # the same file.
     echo debian >"$root/etc/hostname"
     printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' \
         >"$root/etc/hosts"
-    echo 'nameserver 10.0.2.3' >"$root/etc/resolv.conf"
+    printf 'nameserver 10.0.2.100\noptions use-vc\n' >"$root/etc/resolv.conf"
+
+    # Outgoing TCP to anything but loopback and QEMU's network goes to redsocks, which opens a
+    # CONNECT to the proxy for the address the program asked for: the addresses the proxy's
+    # resolver hands out stand for names there. Convenience only; the proxy decides.
+    cat >"$root/etc/redsocks.conf" <<'REDSOCKS'
+base {
+    log_debug = off;
+    log_info = off;
+    log = "syslog:daemon";
+    daemon = on;
+    user = redsocks;
+    group = redsocks;
+    redirector = iptables;
+}
+redsocks {
+    local_ip = 127.0.0.1;
+    local_port = 12345;
+    ip = 10.0.2.100;
+    port = 3128;
+    type = http-connect;
+}
+REDSOCKS
+    cat >"$root/etc/nftables.conf" <<'NFT'
+#!/usr/sbin/nft -f
+flush ruleset
+table ip vmctl_egress {
+    chain output {
+        type nat hook output priority -100; policy accept;
+        ip daddr { 127.0.0.0/8, 10.0.2.0/24 } return
+        meta l4proto tcp redirect to :12345
+    }
+}
+NFT
+    chroot "$root" systemctl enable nftables.service redsocks.service
 
     # Rebuild the initramfs only if the kernel's postinst did not pick up the virtio modules.
     for initrd in "$root"/boot/initrd.img-*; do

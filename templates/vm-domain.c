@@ -298,9 +298,9 @@ append_devices(GString *xml, const VmDomainSpec *spec)
 /* libvirt has no user-mode network that can be restricted (and its passt backend is disabled
  * on Debian 12), so the NIC is passed to QEMU directly; this is also why there is no
  * <interface>. restrict=on drops everything but DHCP, the host forward and the guest forward,
- * and the host forward listens on loopback only. The guest forwards run egress_command and
- * guest_api_command per connection (the cmd: form; a chardev would serve one connection at a
- * time). */
+ * and the host forward listens on loopback only. The guest forwards run egress_command (for the
+ * proxy, and with "dns" for its resolver) and guest_api_command per connection (the cmd: form; a
+ * chardev would serve one connection at a time). */
 static void
 append_network(GString *xml, const VmDomainSpec *spec)
 {
@@ -315,6 +315,8 @@ append_network(GString *xml, const VmDomainSpec *spec)
 
         g_string_append_printf(netdev, ",guestfwd=tcp:%s:%d-cmd:%s", VM_EGRESS_GUEST_ADDRESS,
                                VM_EGRESS_GUEST_PORT, command);
+        g_string_append_printf(netdev, ",guestfwd=tcp:%s:%d-cmd:%s dns", VM_EGRESS_GUEST_ADDRESS,
+                               VM_EGRESS_DNS_PORT, command);
     }
     if (spec->guest_api_command != NULL) {
         g_autofree char *command = qemu_opt_escape(spec->guest_api_command);

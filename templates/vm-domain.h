@@ -11,7 +11,7 @@ G_BEGIN_DECLS
 /* The devices' guest-visible features, which a saved memory image was made with and a restore
  * must match: raised with each change of them (2: the balloon's free page reporting). A warm
  * image made with another is stale. */
-#define VM_DOMAIN_DEVICES_VERSION "3" /* 3: the virtio port of hostd's sshd */
+#define VM_DOMAIN_DEVICES_VERSION "4" /* 4: the resolver's guest forward */
 /* The virtio port on which the guest runs an sshd for hostd alone (hostd/hostd-ssh-serial.h). */
 #define VM_DOMAIN_SSH_CHANNEL "org.vmctl.ssh.0"
 
@@ -19,6 +19,9 @@ G_BEGIN_DECLS
  * that no host owns, answered by the guestfwd rule below. */
 #define VM_EGRESS_GUEST_ADDRESS "10.0.2.100"
 #define VM_EGRESS_GUEST_PORT    3128
+/* The proxy's resolver, DNS over TCP (docs/EGRESS.md), on the same address: a guestfwd rule
+ * after the proxy's runs the same command with "dns". */
+#define VM_EGRESS_DNS_PORT 53
 
 /* Where the guest finds hostd's in-guest API (docs/GUEST-API.md): the same address, port 80,
  * answered by a second guestfwd rule. */

@@ -115,6 +115,10 @@ check "the destinations answer from the host" \
            python3 -c \"import urllib.request as u; assert b'hello' in u.urlopen('http://$ALLOWED:$WEB_PORT/hello.txt', timeout=5).read()\""
 
 # --- hostd and one agent ------------------------------------------------------------------------
+# Test names for hostd alone (its proxy resolves them), for the programs without proxy settings.
+cat /etc/hosts > "$S/hosts"
+printf '%s web.egress.test\n%s denied.egress.test\n' "$ALLOWED" "$DENIED" >> "$S/hosts"
+hosts_file_wrapper "$S/hosts"
 check "hostd starts" start_hostd
 check "hostd turned libvirt's seccomp filter off in its qemu.conf" \
   grep -qx 'seccomp_sandbox = 0' "$S/libvirt/etc/qemu.conf"
@@ -127,8 +131,9 @@ if [ "$rc" != 0 ]; then
   exit 1
 fi
 vmctl idle a1 --never > /dev/null
-check "the agent's VM carries the guest forward and its own sandbox" \
+check "the agent's VM carries the guest forwards (proxy, resolver) and its own sandbox" \
   bash -c "grep -q 'guestfwd=tcp:10.0.2.100:3128-cmd:' '$S/agents/a1/domain.xml' &&
+           grep -q 'guestfwd=tcp:10.0.2.100:53-cmd:.* dns' '$S/agents/a1/domain.xml' &&
            grep -q 'on,obsolete=deny,resourcecontrol=deny' '$S/agents/a1/domain.xml'"
 QEMU_USER=$(stat -c %U "$S/agents/a1/egress.sock")
 check "the proxy socket belongs to QEMU's user ($QEMU_USER) alone" \
@@ -215,15 +220,61 @@ check "refused cases opened no connection to the allowed host either" \
 check "no connection at all reached the host's own sinks" test "$(grep -c '^open' "$S/host-sink")" = 0
 
 # --- bypassing the proxy ------------------------------------------------------------------------
-allowed_opens=$(opened "$S/ns-sink" "$ALLOWED")
-guest "timeout 10 bash -c 'exec 3<>/dev/tcp/$ALLOWED/$SINK_PORT && echo connected'" > "$S/direct.out" 2>&1
-check "a direct connection from the guest to the allowed host fails" \
-  bash -c "! grep -q connected '$S/direct.out' && [ \$(grep -c '^open $ALLOWED ' '$S/ns-sink') = $allowed_opens ]"
+# The guest's redirect (nftables and redsocks in the image) carries TCP that names no proxy to
+# the proxy as a CONNECT: the proxy decides it as any other. The gateway stays unreachable.
+allowed_before=$(bytes "$S/ns-sink" "$ALLOWED")
+out=$(guest "timeout 20 bash -c 'exec 3<>/dev/tcp/$ALLOWED/$SINK_PORT && printf direct-ping >&3 && head -c 11 <&3'" 2>&1)
+check "a direct connection to the allowed address is carried through the proxy" \
+  bash -c "[ '$out' = direct-ping ] && [ \$(( \$(awk '\$1==\"bytes\" && \$2==\"$ALLOWED\" {print \$3}' '$S/ns-sink') - $allowed_before )) = 11 ]"
+denied_before=$(bytes "$S/ns-sink" "$DENIED")
+guest "timeout 10 bash -c 'exec 3<>/dev/tcp/$DENIED/$SINK_PORT && printf direct-ping >&3 && head -c 1 <&3'" > "$S/direct.out" 2>&1
+check "a direct connection to a denied address delivers 0 bytes" \
+  test "$(bytes "$S/ns-sink" "$DENIED")" = "$denied_before"
 guest "timeout 10 bash -c 'exec 3<>/dev/tcp/10.0.2.2/$LOCAL_PORT && echo connected'" > "$S/direct.out" 2>&1
 check "a direct connection to the gateway (the host's loopback) fails" \
   bash -c "! grep -q connected '$S/direct.out' && [ \$(grep -c '^open' '$S/host-sink') = 0 ]"
-out=$(guest "curl -s -o /dev/null -w '%{http_code}' -m 10 --noproxy '*' http://$ALLOWED:$WEB_PORT/hello.txt")
-check "curl without the proxy gets nothing" test "$out" = 000
+out=$(guest "curl -s -o /dev/null -w '%{http_code}' -m 10 --noproxy '*' http://$DENIED:$SINK_PORT/")
+check "curl without the proxy to a denied address gets nothing" \
+  bash -c "[ '$out' = 000 ] && [ '$(bytes "$S/ns-sink" "$DENIED")' = '$denied_before' ]"
+
+# --- programs without proxy settings: the proxy's resolver and synthetic addresses ---------------
+# A name rule never opens 198.18/15 (a special range): the CIDR rules above stay for the address.
+vmctl egress a1 --allow "web.egress.test:$WEB_PORT" > /dev/null
+check "the guest's resolver is the proxy's, over TCP" \
+  guest "grep -qx 'nameserver 10.0.2.100' /etc/resolv.conf && grep -qx 'options use-vc' /etc/resolv.conf"
+addr=$(guest "getent hosts web.egress.test" | awk '{print $1}')
+check "getent hosts: an allowed name resolves, to a synthetic address ($addr)" \
+  bash -c "[[ '$addr' == 100.100.* ]]"
+check "the same address again (stable within the agent)" \
+  test "$(guest "getent hosts web.egress.test" | awk '{print $1}')" = "$addr"
+out=$(guest "curl -sS -m 30 --noproxy '*' http://web.egress.test:$WEB_PORT/hello.txt" 2>&1)
+check "curl --noproxy '*' reaches the allowed name" test "$out" = "hello from the test host"
+out=$(guest "python3 -c \"import urllib.request as u; print(u.build_opener(u.ProxyHandler({})).open('http://web.egress.test:$WEB_PORT/hello.txt', timeout=30).read().decode().strip())\"" 2>&1)
+check "python3 urllib with proxies off reaches it" test "$out" = "hello from the test host"
+if NODE_BIN=$(command -v node); then
+  vmctl exec a1 -- sudo sh -c 'cat > /usr/local/bin/node && chmod 755 /usr/local/bin/node' < "$NODE_BIN"
+  out=$(guest "env -u http_proxy -u https_proxy -u HTTP_PROXY -u HTTPS_PROXY node -e \"fetch('http://web.egress.test:$WEB_PORT/hello.txt').then(r => r.text()).then(t => console.log(t.trim()), e => console.log('error', e.cause ?? e))\"" 2>&1)
+  check "Node's fetch with no proxy settings reaches it ($(guest 'node --version' 2>&1))" \
+    test "$out" = "hello from the test host"
+else
+  skip "Node's fetch with no proxy settings" "no node on the host to copy into the guest"
+fi
+denied_before=$(bytes "$S/ns-sink" "$DENIED")
+denied_opens=$(opened "$S/ns-sink" "$DENIED")
+check "a denied name does not resolve" guest "! getent hosts denied.egress.test"
+guest "curl -s -m 10 --noproxy '*' http://denied.egress.test:$SINK_PORT/" > /dev/null 2>&1
+check "a denied name: 0 bytes and no connection at its sink" \
+  test "$(bytes "$S/ns-sink" "$DENIED")" = "$denied_before" -a "$(opened "$S/ns-sink" "$DENIED")" = "$denied_opens"
+check "the log has the denied name (dns-denied) and the allowed requests by name" python3 -c '
+import json, subprocess, sys
+recs = [json.loads(l) for l in subprocess.run(sys.argv[1:], capture_output=True, text=True).stdout.splitlines()]
+assert any(r["event"] == "denied" and r["host"] == "denied.egress.test" and r["reason"] == "dns-denied" for r in recs), recs
+assert any(r["event"] == "allowed" and r["host"] == "web.egress.test" and r["bytes_down"] > 0 for r in recs), recs
+' "$VMCTL" --socket "$SOCK" --json egress-log a1
+vmctl egress a1 --remove "web.egress.test:$WEB_PORT" > /dev/null
+out=$(guest "curl -s -o /dev/null -w '%{http_code}' -m 10 --noproxy '*' --resolve web.egress.test:$WEB_PORT:$addr http://web.egress.test:$WEB_PORT/hello.txt")
+check "its rule removed, the name's address leads nowhere (the proxy decides at each connection)" \
+  test "$out" = 000
 
 # --- several requests on one connection: each is checked on its own ----------------------------
 # pipeline REQUESTS: sends them on one connection to the proxy at once and prints all that comes

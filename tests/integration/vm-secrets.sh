@@ -294,8 +294,12 @@ client_check "python3 urllib" \
   "python3 -c 'import os, urllib.request as u; r = u.urlopen(u.Request(\"https://$API/echo\", headers={\"Authorization\": \"Bearer \" + os.environ[\"$ENV_VAR\"]}), timeout=30); print(r.status, r.read().decode())'"
 if [ -n "$NODE_VERSION" ]; then
   client_check "Node.js $NODE_VERSION https (NODE_EXTRA_CA_CERTS)" "node /tmp/client.js $API /echo"
+  # Node's own fetch with no proxy settings: the name through the proxy's resolver, the
+  # connection through the guest's redirect (docs/EGRESS.md), the key substituted all the same.
+  client_check "Node.js $NODE_VERSION fetch with no proxy settings" \
+    "env -u https_proxy -u HTTPS_PROXY -u http_proxy -u HTTP_PROXY node -e 'fetch(\"https://$API/echo\", {headers: {authorization: \"Bearer \" + process.env.$ENV_VAR}}).then(async r => console.log(r.status, await r.text()), e => console.log(\"error\", e.cause ?? e))'"
 else
-  skip "Node.js https" "no node in the guest (VM_TEST_GUEST_NODE=$NODE_FROM)"
+  skip "Node.js https and fetch" "no node in the guest (VM_TEST_GUEST_NODE=$NODE_FROM)"
 fi
 check "the API never saw the placeholder" test "$(count "$PH" "$S/api.raw")" = 0
 

@@ -152,7 +152,9 @@ test_golden_guestfwds(void **state)
 
     assert_null(error);
     assert_strv(rules, "tcp:10.0.2.100:3128-cmd:'/usr/libexec/vm-egress-connect' "
-                       "'/var/lib/hostd/agents/agent-tcg/egress.sock'");
+                       "'/var/lib/hostd/agents/agent-tcg/egress.sock'|"
+                       "tcp:10.0.2.100:53-cmd:'/usr/libexec/vm-egress-connect' "
+                       "'/var/lib/hostd/agents/agent-tcg/egress.sock' dns");
     none = vm_domain_read_guestfwds(plain, &error);
     assert_null(error);
     assert_strv(none, "");
@@ -163,8 +165,8 @@ test_golden_guestfwds(void **state)
                       "-sandbox|on,obsolete=deny,resourcecontrol=deny");
 }
 
-/* A domain with the in-guest API has two forwards, the proxy's first; one without (every agent
- * made before the API) reads as before, above. */
+/* A domain with the in-guest API has three forwards, the proxy's and its resolver's first; one
+ * without (every agent made before the API) reads as before, above. */
 static void
 test_golden_guestfwds_guest_api(void **state)
 {
@@ -175,6 +177,8 @@ test_golden_guestfwds_guest_api(void **state)
     assert_null(error);
     assert_strv(rules, "tcp:10.0.2.100:3128-cmd:'/usr/libexec/vm-egress-connect' "
                        "'/var/lib/hostd/agents/agent-tcg/egress.sock'|"
+                       "tcp:10.0.2.100:53-cmd:'/usr/libexec/vm-egress-connect' "
+                       "'/var/lib/hostd/agents/agent-tcg/egress.sock' dns|"
                        "tcp:10.0.2.100:80-cmd:'/usr/libexec/vm-egress-connect' "
                        "'/var/lib/hostd/agents/agent-tcg/api.sock'");
 }
@@ -219,7 +223,9 @@ test_build_then_read(void **state)
     spec.backing_chain = NULL;
     rules = vm_domain_read_guestfwds(xml, &error);
     assert_null(error);
-    assert_strv(rules, "tcp:10.0.2.100:3128-cmd:'/x/connect' '/state,restrict=off,,/egress.sock'");
+    assert_strv(rules,
+                "tcp:10.0.2.100:3128-cmd:'/x/connect' '/state,restrict=off,,/egress.sock'|"
+                "tcp:10.0.2.100:53-cmd:'/x/connect' '/state,restrict=off,,/egress.sock' dns");
 
     /* No generation ID: none read, and no error. */
     g_autofree char *none = vm_domain_read_genid(xml, &error);

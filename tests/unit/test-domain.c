@@ -161,7 +161,10 @@ test_egress_forward(void **state)
                                 "hostfwd=tcp:127.0.0.1:2201-:22,"
                                 "guestfwd=tcp:10.0.2.100:3128-cmd:&apos;/usr/libexec/"
                                 "vm-egress-connect&apos; &apos;/var/lib/hostd/agents/agent-tcg/"
-                                "egress.sock&apos;'/>"));
+                                "egress.sock&apos;,"
+                                "guestfwd=tcp:10.0.2.100:53-cmd:&apos;/usr/libexec/"
+                                "vm-egress-connect&apos; &apos;/var/lib/hostd/agents/agent-tcg/"
+                                "egress.sock&apos; dns'/>"));
     assert_non_null(strstr(xml, "<qemu:arg value='-sandbox'/>\n"
                                 "    <qemu:arg value='on,obsolete=deny,resourcecontrol=deny'/>"));
     assert_null(strstr(xml, "spawn=deny"));
@@ -242,8 +245,9 @@ test_golden_confined(void **state)
     assert_string_equal(stripped->str, plain_xml);
 }
 
-/* The API's forward comes after the proxy's on the same restricted network, at port 80 of the
- * same guest address, and nothing else changes; commas in its command are doubled too. */
+/* The API's forward comes after the proxy's (and its resolver's) on the same restricted network, at
+ * port 80 of the same guest address, and nothing else changes; commas in its command are doubled
+ * too. */
 static void
 test_guest_api_forward(void **state)
 {
@@ -252,9 +256,9 @@ test_guest_api_forward(void **state)
     g_autofree char *xml = build_ok(&spec);
     g_autofree char *egress_xml = build_ok(&egress);
 
-    assert_non_null(strstr(xml, "guestfwd=tcp:10.0.2.100:3128-cmd:&apos;/usr/libexec/"
+    assert_non_null(strstr(xml, "guestfwd=tcp:10.0.2.100:53-cmd:&apos;/usr/libexec/"
                                 "vm-egress-connect&apos; &apos;/var/lib/hostd/agents/agent-tcg/"
-                                "egress.sock&apos;,guestfwd=tcp:10.0.2.100:80-cmd:&apos;/usr/"
+                                "egress.sock&apos; dns,guestfwd=tcp:10.0.2.100:80-cmd:&apos;/usr/"
                                 "libexec/vm-egress-connect&apos; &apos;/var/lib/hostd/agents/"
                                 "agent-tcg/api.sock&apos;'/>"));
     assert_null(strstr(egress_xml, ":80-cmd"));
@@ -273,7 +277,8 @@ test_egress_command_comma(void **state)
     spec.egress_command = "/x/connect /state,restrict=off/egress.sock";
     g_autofree char *xml = build_ok(&spec);
 
-    assert_non_null(strstr(xml, "-cmd:/x/connect /state,,restrict=off/egress.sock'/>"));
+    assert_non_null(strstr(xml, "-cmd:/x/connect /state,,restrict=off/egress.sock,"));
+    assert_non_null(strstr(xml, "-cmd:/x/connect /state,,restrict=off/egress.sock dns'/>"));
     assert_null(strstr(xml, "/state,restrict"));
 }
 

@@ -11,15 +11,19 @@
 
 #include "vm-egress-ca.h"
 #include "vm-egress-proxy.h"
+#include "vm-fd-pass.h"
 #include "vm-error.h"
 #include "vm-util.h"
 #include "test-common.h"
 #include "test-egress-fixture.h"
 #include "test-sink.h"
 
+#include <arpa/inet.h>
+#include <arpa/nameser.h>
 #include <errno.h>
 #include <gnutls/gnutls.h>
 #include <poll.h>
+#include <resolv.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -531,10 +535,9 @@ proxy_connect(Fixture *f, guint16 port, GString **ret_response)
 /* A client of api.test through a CONNECT to @connect_host that trusts the CA @trust: the agent's
  * for an intercepted host, the upstream's for a tunnel (where the upstream picks h2). */
 static Client *
-client_open_to(Fixture *f, const char *connect_host, const char *trust)
+client_open_fd(Fixture *f, int fd, const char *trust)
 {
     Client *c = g_new0(Client, 1);
-    g_autoptr(GString) response = NULL;
     const gnutls_datum_t protocols[] = {{(unsigned char *)"h2", 2},
                                         {(unsigned char *)"http/1.1", 8}};
     gnutls_datum_t ca = {(unsigned char *)trust, (unsigned)strlen(trust)};
@@ -542,8 +545,7 @@ client_open_to(Fixture *f, const char *connect_host, const char *trust)
     int rc;
 
     c->port = f->upstream->port;
-    c->fd = proxy_connect_to(f, connect_host, f->upstream->port, &response);
-    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 "));
+    c->fd = fd;
     assert_int_equal(gnutls_certificate_allocate_credentials(&c->creds), 0);
     assert_int_equal(gnutls_certificate_set_x509_trust_mem(c->creds, &ca, GNUTLS_X509_FMT_PEM), 1);
     assert_int_equal(gnutls_init(&c->session, GNUTLS_CLIENT), 0);
@@ -566,6 +568,16 @@ client_open_to(Fixture *f, const char *connect_host, const char *trust)
         assert_int_equal(alpn.size, 2);
     }
     return c;
+}
+
+static Client *
+client_open_to(Fixture *f, const char *connect_host, const char *trust)
+{
+    g_autoptr(GString) response = NULL;
+    int fd = proxy_connect_to(f, connect_host, f->upstream->port, &response);
+
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 "));
+    return client_open_fd(f, fd, trust);
 }
 
 static Client *
@@ -1445,11 +1457,93 @@ test_coded_response_refused(void **state)
     vm_test_egress_wait_idle(f->proxy);
 }
 
+/* A program without proxy settings: it resolved api.test through the proxy's resolver and
+ * connected to the synthetic address it got (the guest's redirect sends that CONNECT). The
+ * proxy intercepts and substitutes exactly as for a CONNECT to the name. */
+static void
+test_substituted_via_synthetic(void **state)
+{
+    Fixture *f = *state;
+    g_autofree char *path = g_build_filename(f->dir, "egress.sock", NULL);
+    g_autofree char *allow =
+        g_strdup_printf("api.test:%u 127.0.0.1/32:%u", f->upstream->port, f->upstream->port);
+    g_autoptr(VmEgressPolicy) policy = vm_test_egress_policy(allow, NULL);
+    g_autoptr(VmEgressCredentials) creds = make_creds("sk-real-1", TRUE);
+    g_autoptr(GError) error = NULL;
+    VmEgressConfig config = {
+        .listen_path = path,
+        .policy = policy,
+        .resolve = vm_test_egress_resolve,
+        .log = vm_test_egress_log_func,
+        .log_data = f->log,
+        .handshake_timeout_ms = 3000,
+        .credentials = creds,
+        .ca_cert_pem = f->agent_cert,
+        .ca_key_pem = f->agent_key,
+        .upstream_ca_file = f->upstream_ca,
+    };
+    guint8 query[NS_PACKETSZ], answer[NS_PACKETSZ], length[2];
+    int qlen =
+        res_mkquery(ns_o_query, "api.test", ns_c_in, ns_t_a, NULL, 0, NULL, query, sizeof(query));
+    char address[INET_ADDRSTRLEN];
+    g_autofree char *connect = NULL;
+    g_autofree char *received = NULL;
+    g_autoptr(GString) response = NULL;
+    const VmTestEgressRecord *record;
+    ns_msg msg;
+    ns_rr rr;
+    int sv[2];
+    Client *c;
+
+    vm_egress_proxy_free(f->proxy);
+    f->proxy = vm_egress_proxy_new(&config, &error);
+    if (f->proxy == NULL)
+        fail_msg("proxy: %s", error->message);
+
+    /* the name's address, from the resolver on a connection handed over as QEMU's helper does */
+    assert_true(qlen > 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    assert_int_equal(vm_fd_pass_tagged(path, sv[1], VM_FD_PASS_TAG_DNS), 0);
+    close(sv[1]);
+    length[0] = qlen >> 8;
+    length[1] = qlen & 0xff;
+    assert_int_equal(send(sv[0], length, 2, 0), 2);
+    assert_int_equal(send(sv[0], query, qlen, 0), qlen);
+    assert_int_equal(recv(sv[0], length, 2, MSG_WAITALL), 2);
+    assert_int_equal(recv(sv[0], answer, length[1], MSG_WAITALL), length[1]);
+    close(sv[0]);
+    assert_int_equal(ns_initparse(answer, length[1], &msg), 0);
+    assert_int_equal(ns_msg_count(msg, ns_s_an), 1);
+    assert_int_equal(ns_parserr(&msg, ns_s_an, 0, &rr), 0);
+    inet_ntop(AF_INET, ns_rr_rdata(rr), address, sizeof(address));
+    assert_true(g_str_has_prefix(address, "100.100."));
+
+    /* CONNECT to it, as redsocks sends it */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    assert_int_equal(vm_fd_pass_tagged(path, sv[1], VM_FD_PASS_TAG), 0);
+    close(sv[1]);
+    connect = g_strdup_printf("CONNECT %s:%u HTTP/1.0\r\n\r\n", address, f->upstream->port);
+    vm_test_send_text(sv[0], connect);
+    response = vm_test_read_until(sv[0], "\r\n\r\n", IO_TIMEOUT_MS, NULL);
+    assert_true(g_str_has_prefix(response->str, "HTTP/1.1 200 "));
+    c = client_open_fd(f, sv[0], f->agent_cert);
+    client_get_ok(c, "Authorization: Bearer " PH_API);
+    client_close(c);
+    received = upstream_dup_received(f->upstream);
+    assert_non_null(strstr(received, "Authorization: Bearer sk-real-1\r\n"));
+    assert_null(strstr(received, "vmph_"));
+    record = vm_test_egress_log_wait(f->log, 0);
+    assert_string_equal(record->host, "api.test");
+    assert_string_equal(record->secret, "api");
+    vm_test_egress_wait_idle(f->proxy);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_substituted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_substituted_via_synthetic, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rotation_and_revoke, setup, teardown),
         cmocka_unit_test_setup_teardown(test_streamed_response, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_bodies, setup, teardown),

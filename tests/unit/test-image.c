@@ -1066,7 +1066,7 @@ test_script_sources(void **state)
         assert_true(g_str_has_suffix(args, script_cases[i].sources));
         assert_non_null(strstr(args, "--mode=root\n--variant=apt\n"));
         g_autofree char *include =
-            g_strdup_printf(",qemu-guest-agent,%s\n", script_cases[i].package);
+            g_strdup_printf(",qemu-guest-agent,nftables,redsocks,%s\n", script_cases[i].package);
         assert_non_null(strstr(args, include));
         assert_non_null(strstr(args, "--dpkgopt=path-exclude=/usr/share/man/*\n"));
         g_autofree char *rootfs = g_strdup_printf("\n%s/.work.", out);

@@ -351,6 +351,7 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
     };
     gboolean has_packages = spec->packages != NULL && spec->packages[0] != NULL;
     gboolean has_proxy = spec->egress_proxy != NULL;
+    gboolean has_resolver = spec->egress_resolver != NULL;
     gboolean has_ca = spec->egress_ca_pem != NULL;
     gboolean has_env = spec->environment_block != NULL;
 
@@ -398,8 +399,8 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
 
     yaml_node_t *files = yaml_get(y, root, "write_files");
     yaml_node_t *runcmd = yaml_get(y, root, "runcmd");
-    assert_int_equal(yaml_len(files),
-                     (has_proxy ? 3 : 0) + has_ca + has_env + (spec->guest_tool ? 1 : 0) + 2);
+    assert_int_equal(yaml_len(files), (has_proxy ? 3 : 0) + has_resolver + has_ca + has_env +
+                                          (spec->guest_tool ? 1 : 0) + 2);
     if (has_proxy) {
         const char *url = spec->egress_proxy;
         g_autofree char *no_proxy =
@@ -423,8 +424,16 @@ assert_cloud_config_matches(const char *cloud_config, const VmSeedSpec *spec)
         assert_yaml_string(yaml_get(y, file, "path"), "/etc/apt/apt.conf.d/90vmctl-egress");
         assert_yaml_string(yaml_get(y, file, "content"), apt);
     }
-    if (has_ca) {
+    if (has_resolver) {
         yaml_node_t *file = yaml_item(y, files, has_proxy ? 3 : 0);
+        g_autofree char *resolv =
+            g_strdup_printf("nameserver %s\noptions use-vc\n", spec->egress_resolver);
+
+        assert_yaml_string(yaml_get(y, file, "path"), "/etc/resolv.conf");
+        assert_yaml_string(yaml_get(y, file, "content"), resolv);
+    }
+    if (has_ca) {
+        yaml_node_t *file = yaml_item(y, files, (has_proxy ? 3 : 0) + has_resolver);
 
         assert_yaml_string(yaml_get(y, file, "path"), VM_SEED_EGRESS_CA_PATH);
         assert_yaml_string(yaml_get(y, file, "permissions"), "0644");
@@ -773,8 +782,8 @@ test_credential_broker(void **state)
     }
 }
 
-/* The proxy settings sit in hostd's part, before the extra parts, so they can only be added to,
- * and the profile script really sets them in a shell. */
+/* The proxy settings (and the resolver's resolv.conf) sit in hostd's part, before the extra parts,
+ * so they can only be added to, and the profile script really sets them in a shell. */
 static void
 test_golden_egress(void **state)
 {
@@ -782,6 +791,7 @@ test_golden_egress(void **state)
     const char *const packages[] = {"curl", NULL};
 
     f->spec.egress_proxy = "http://10.0.2.100:3128";
+    f->spec.egress_resolver = "10.0.2.100";
     f->spec.packages = packages;
     g_autofree char *user_data = render_golden(&f->spec, "seed-egress-user-data.txt");
     assert_cloud_config_matches(user_data, &f->spec);
@@ -921,6 +931,10 @@ static const BadCase bad_cases[] = {
     {"non-UTF-8 user-data", FIELD(user_user_data), "#!/bin/sh\necho \xc3\x28\n", NULL,
      "not valid UTF-8", FALSE},
     {"empty proxy", FIELD(egress_proxy), "", NULL, "egress_proxy is missing", FALSE},
+    {"resolver not an address", FIELD(egress_resolver), "resolver.example", NULL,
+     "egress_resolver 'resolver.example' is not an IPv4 address", FALSE},
+    {"resolver with a newline", FIELD(egress_resolver), "10.0.2.100\noptions x", NULL,
+     "is not an IPv4 address", FALSE},
     {"https proxy", FIELD(egress_proxy), "https://10.0.2.100:3128", NULL, "not http://HOST", FALSE},
     {"proxy without host", FIELD(egress_proxy), "http://", NULL, "not http://HOST", FALSE},
     {"proxy with a quote", FIELD(egress_proxy), "http://a\";x", NULL, "not http://HOST", FALSE},
