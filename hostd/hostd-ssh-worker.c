@@ -56,6 +56,9 @@ struct _HostdSshWorkers {
     GHashTable *starting; /* agents whose worker a request is starting */
     GCond started;        /* one of them is done */
     gboolean closed;      /* hostd_ssh_workers_close(): none starts any more */
+    /* Cancelled by hostd_ssh_workers_close(): every request still waiting on a worker ends at
+     * once, also one whose worker another replaced (out of the set, so not killed there). */
+    GCancellable *closing;
 };
 
 static void
@@ -653,8 +656,8 @@ request_next(Request *req, GCancellable *cancellable, char **ret_kind, GError **
     gint64 frame_deadline;
 
     for (;;) {
-        GPollFD fds[3] = {{.fd = req->sock, .events = G_IO_IN}};
-        guint n = 1, client_at = 0, cancel_at = 0;
+        GPollFD fds[4] = {{.fd = req->sock, .events = G_IO_IN}};
+        guint n = 1, client_at = 0, cancel_at = 0, closing_at = 0;
         gint timeout = -1;
         gint rc;
 
@@ -665,6 +668,8 @@ request_next(Request *req, GCancellable *cancellable, char **ret_kind, GError **
         }
         if (cancellable != NULL && g_cancellable_make_pollfd(cancellable, &fds[n]))
             cancel_at = n++;
+        if (g_cancellable_make_pollfd(req->workers->closing, &fds[n]))
+            closing_at = n++;
         if (req->deadline >= 0) {
             gint64 left = req->deadline - g_get_monotonic_time();
 
@@ -675,10 +680,14 @@ request_next(Request *req, GCancellable *cancellable, char **ret_kind, GError **
         rc = g_poll(fds, n, timeout);
         if (cancel_at != 0)
             g_cancellable_release_fd(cancellable);
+        if (closing_at != 0)
+            g_cancellable_release_fd(req->workers->closing);
         if (rc < 0 && errno == EINTR)
             continue;
         if (g_cancellable_set_error_if_cancelled(cancellable, error))
             return NULL;
+        if (g_cancellable_is_cancelled(req->workers->closing))
+            return vm_throw(error, VM_ERROR_SSH, "the SSH workers are closed"), NULL;
         if (fds[0].revents != 0)
             break;
         if (client_at != 0 && fds[client_at].revents != 0) {
@@ -903,6 +912,7 @@ hostd_ssh_workers_new(const HostdSshWorkersConfig *config)
     workers->workers = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, worker_unref);
     workers->starting = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     g_cond_init(&workers->started);
+    workers->closing = g_cancellable_new();
     return workers;
 }
 
@@ -921,6 +931,7 @@ hostd_ssh_workers_close(HostdSshWorkers *workers)
         worker_kill(worker);
     g_hash_table_remove_all(workers->workers);
     g_mutex_unlock(&workers->lock);
+    g_cancellable_cancel(workers->closing);
 }
 
 void
@@ -932,6 +943,7 @@ hostd_ssh_workers_free(HostdSshWorkers *workers)
     g_hash_table_unref(workers->workers);
     g_hash_table_unref(workers->starting);
     g_cond_clear(&workers->started);
+    g_object_unref(workers->closing);
     g_mutex_clear(&workers->lock);
     g_free(workers->program);
     g_free(workers);

@@ -1713,6 +1713,37 @@ test_worker_serial_carried(void **state)
     guest_port_free(guest);
 }
 
+/* hostd stopping while a new session over a port is still being made: the closing of the
+ * workers ends the attach at once, not after its connect deadline (300 s), which kept hostd from
+ * exiting (hostd_context_free() waits for every attach). */
+static void
+test_worker_serial_closed(void **state)
+{
+    Fixture *f = *state;
+    SerialCall call = {.f = f};
+    GThread *thread;
+    int qemu[2];
+    gint64 start;
+
+    /* The guest's end of the port says nothing: the worker waits for the guest's sshd on it. */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qemu), 0);
+    call.fd = qemu[0];
+    thread = g_thread_new("serial", serial_call_thread, &call);
+    for (int i = 0; i < 200 && hostd_ssh_workers_get_pid(f->workers, f->target.agent) == 0; i++)
+        g_usleep(50000);
+    assert_true(hostd_ssh_workers_get_pid(f->workers, f->target.agent) > 0);
+    g_usleep(500000); /* the serial request sent */
+
+    start = g_get_monotonic_time();
+    hostd_ssh_workers_close(f->workers);
+    g_thread_join(thread);
+    assert_true(g_get_monotonic_time() - start < 10 * G_USEC_PER_SEC);
+    assert_false(call.ok);
+    vm_test_assert_error(call.error, VM_ERROR, VM_ERROR_SSH, NULL);
+    g_clear_error(&call.error);
+    close(qemu[1]);
+}
+
 static void
 test_worker_exec(void **state)
 {
@@ -2687,6 +2718,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_worker_confined, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_worker_exec, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_worker_serial_carried, setup_worker, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_serial_closed, setup_worker, teardown),
         cmocka_unit_test_setup_teardown(test_worker_before_command_and_trace, setup_worker,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_worker_killed, setup_worker, teardown),
