@@ -13,7 +13,9 @@ recorded.
 GET /echo: 200 "ok". GET /stream: 200, chunked text/event-stream, three events a second apart.
 GET /headers and TRACE anything: 200, the request head as received in the body, and its
 Authorization in an X-Echo-Authorization field (what a debug page or TRACE gives back).
-POST/PUT anything: the body is read (Content-Length or chunked), 200 "ok". Else 404.
+POST /v1/messages: 200, a canned Messages API answer in JSON (its text: "canned answer"), for
+the Anthropic SDK. POST/PUT anything else: the body is read (Content-Length or chunked), 200
+"ok". Else 404.
 """
 import http.server
 import io
@@ -30,6 +32,10 @@ CERT, KEY = (sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else (None, None)
 LOCK = threading.Lock()
 CONN_IDS = itertools.count(1)
 TLS = None
+MESSAGE = json.dumps({
+    "id": "msg_vmtest", "type": "message", "role": "assistant", "model": "claude-x",
+    "content": [{"type": "text", "text": "canned answer"}], "stop_reason": "end_turn",
+    "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 2}}).encode()
 if CERT:
     TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     TLS.load_cert_chain(CERT, KEY)
@@ -117,6 +123,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(echo)))
             self.end_headers()
             self.wfile.write(echo)
+            return
+        if path == "/v1/messages" and self.command == "POST":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(MESSAGE)))
+            self.end_headers()
+            self.wfile.write(MESSAGE)
             return
         if path == "/echo" or self.command in ("POST", "PUT"):
             self.send_response(200)

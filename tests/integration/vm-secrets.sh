@@ -3,8 +3,9 @@
 # never a secret; hostd's proxy puts the real value into requests to the secret's hosts and
 # nowhere else. Test APIs live in a network namespace this script creates and removes
 # (198.18.0.0/29: the host side 198.18.0.1; api 198.18.0.2, other 198.18.0.3, an upstream with a
-# certificate hostd must not trust 198.18.0.4, a plain-HTTP sink 198.18.0.5), each recording
-# every request it gets (tests/integration/https-recorder.py). Their names resolve for hostd
+# certificate hostd must not trust 198.18.0.4, a plain-HTTP sink 198.18.0.5, a stand-in for
+# api.anthropic.com 198.18.0.6), each recording every request it gets
+# (tests/integration/https-recorder.py). Their names resolve for hostd
 # alone, through a hosts file bind-mounted in hostd's own mount namespace (hosts_file_wrapper in
 # lib.sh); hostd trusts the test CA that signed them through --egress-upstream-ca-file.
 # Output is TAP. Needs root, iproute2, util-linux (unshare), openssl, python3, HOSTD and VMCTL
@@ -12,7 +13,10 @@
 # $VM_TEST_IMAGE_CACHE. Node.js in the guest: the host's own `node` binary is copied in
 # (VM_TEST_GUEST_NODE=host, the default, no network), or installed with apt in the guest through
 # its egress proxy from deb.debian.org (VM_TEST_GUEST_NODE=apt; needs the internet), or not at
-# all (VM_TEST_GUEST_NODE=none: that check is skipped).
+# all (VM_TEST_GUEST_NODE=none: that check is skipped). The Anthropic TypeScript SDK
+# (@anthropic-ai/sdk@$VM_TEST_ANTHROPIC_SDK, 1.17.0 by default) is installed with npm on the
+# host from the npm registry and copied in; without the registry its check is skipped.
+# VM_TEST_SECRETS_STOP_AFTER_NODE=1 ends the suite after the Node.js checks (a quick try of them).
 set -uo pipefail
 
 : "${HOSTD:?}" "${VMCTL:?}"
@@ -29,6 +33,8 @@ OTHER_IP=198.18.0.3
 ROGUE_IP=198.18.0.4
 SINK_IP=198.18.0.5
 SINK_PORT=8080
+ANTHROPIC_IP=198.18.0.6
+ANTHROPIC=api.anthropic.com
 API=api.vmtest.example
 OTHER=other.vmtest.example
 ROGUE=eu.alt.vmtest.example # matches the secret's '*.alt.vmtest.example'
@@ -41,6 +47,9 @@ OTHER_VALUE=sk-other-$(openssl rand -hex 24)
 MULTI_SECRET=multi-key # one secret, two headers (x-api-key and Authorization)
 MULTI_ENV=MULTI_KEY
 MULTI_VALUE=sk-multi-$(openssl rand -hex 24)
+ANTHROPIC_SECRET=anthropic-key
+ANTHROPIC_VALUE=sk-ant-test-$(openssl rand -hex 24)
+SDK_VERSION=${VM_TEST_ANTHROPIC_SDK:-1.17.0}
 NODE_FROM=${VM_TEST_GUEST_NODE:-host}
 AGENTS=()
 PIDS=()
@@ -71,7 +80,7 @@ count() {
 # values FILE...: how many lines of the FILEs hold either real value (or the other secret's)
 values() {
   cat -- "$@" 2>/dev/null |
-    grep -a -c -F -e "$VALUE" -e "$VALUE2" -e "$OTHER_VALUE" -e "$MULTI_VALUE"
+    grep -a -c -F -e "$VALUE" -e "$VALUE2" -e "$OTHER_VALUE" -e "$MULTI_VALUE" -e "$ANTHROPIC_VALUE"
 }
 # last_auth NAME: the Authorization header of the last request upstream NAME recorded
 last_auth() {
@@ -112,13 +121,14 @@ make_leaf() {
 make_certs() {
   make_ca testca "vmtest upstream CA" && make_ca rogueca "vmtest rogue CA" &&
     make_leaf api testca "$API" && make_leaf other testca "$OTHER" &&
-    make_leaf rogue rogueca "$ROGUE" &&
-    openssl verify -CAfile "$S/testca.pem" "$S/api.pem" "$S/other.pem" >/dev/null &&
+    make_leaf rogue rogueca "$ROGUE" && make_leaf anthropic testca "$ANTHROPIC" &&
+    openssl verify -CAfile "$S/testca.pem" "$S/api.pem" "$S/other.pem" "$S/anthropic.pem" >/dev/null &&
     ! openssl verify -CAfile "$S/testca.pem" "$S/rogue.pem" >/dev/null 2>&1
 }
 
 setup_namespace() {
-  netns_add "$NS" "$VH" "$VN" "$HOST_IP" "$API_IP" "$OTHER_IP" "$ROGUE_IP" "$SINK_IP" || return 1
+  netns_add "$NS" "$VH" "$VN" "$HOST_IP" "$API_IP" "$OTHER_IP" "$ROGUE_IP" "$SINK_IP" \
+    "$ANTHROPIC_IP" || return 1
   # recorder NAME ADDRESS PORT [CERT]: one upstream in the namespace, recording into $S/NAME.*
   recorder() {
     local tls=()
@@ -131,15 +141,16 @@ setup_namespace() {
   recorder other "$OTHER_IP" 443 other
   recorder rogue "$ROGUE_IP" 443 rogue
   recorder sink "$SINK_IP" "$SINK_PORT"
+  recorder anthropic "$ANTHROPIC_IP" 443 anthropic
   for _ in $(seq 1 50); do
     [ -e "$S/api.ready" ] && [ -e "$S/other.ready" ] && [ -e "$S/rogue.ready" ] &&
-      [ -e "$S/sink.ready" ] && return 0
+      [ -e "$S/sink.ready" ] && [ -e "$S/anthropic.ready" ] && return 0
     sleep 0.2
   done
   return 1
 }
 
-check "test CA, a rogue CA and certificates for $API, $OTHER and $ROGUE" make_certs
+check "test CA, a rogue CA and certificates for $API, $OTHER, $ROGUE and $ANTHROPIC" make_certs
 check "test network namespace with the recording upstreams" setup_namespace
 # From the host itself the upstreams answer and the CAs are what they should be, so what fails
 # below fails because of hostd.
@@ -158,7 +169,8 @@ check "from the host, the plain-HTTP sink answers" \
 
 # hostd, and only hostd, resolves the test names
 cat /etc/hosts > "$S/hosts"
-printf '%s %s\n' "$API_IP" "$API" "$OTHER_IP" "$OTHER" "$ROGUE_IP" "$ROGUE" >> "$S/hosts"
+printf '%s %s\n' "$API_IP" "$API" "$OTHER_IP" "$OTHER" "$ROGUE_IP" "$ROGUE" \
+  "$ANTHROPIC_IP" "$ANTHROPIC" >> "$S/hosts"
 hosts_file_wrapper "$S/hosts"
 check "the hosts wrapper resolves $API for what runs under it" \
   bash -c "[ \"\$(\"\$@\" getent hosts $API | awk '{print \$1}')\" = $API_IP ]" _ "${HOSTD_WRAPPER[@]}"
@@ -180,7 +192,8 @@ vmctl idle a1 --never > /dev/null
 # Names never open the test network's addresses (benchmarking range): these CIDR rules do, at
 # the ports used; other.vmtest.example is allowed by a plain name rule, without a grant.
 vmctl egress a1 --allow "$API_IP/32:443" --allow "$OTHER_IP/32:443" --allow "$ROGUE_IP/32:443" \
-  --allow "$SINK_IP/32:$SINK_PORT" --allow "$OTHER" > "$S/egress.out" 2>&1
+  --allow "$SINK_IP/32:$SINK_PORT" --allow "$ANTHROPIC_IP/32:443" --allow "$OTHER" \
+  > "$S/egress.out" 2>&1
 check "egress rules for the test network" bash -c "grep -q '$OTHER' '$S/egress.out'"
 
 # Node.js in the guest, for a third kind of client
@@ -302,6 +315,53 @@ else
   skip "Node.js https and fetch" "no node in the guest (VM_TEST_GUEST_NODE=$NODE_FROM)"
 fi
 check "the API never saw the placeholder" test "$(count "$PH" "$S/api.raw")" = 0
+
+# --- the Anthropic TypeScript SDK with its defaults, no proxy settings --------------------------
+# The SDK from the npm registry (installed on the host, copied in), its key from
+# ANTHROPIC_API_KEY and its default base URL https://api.anthropic.com, which hostd alone
+# resolves to the recorder 'anthropic'; the guest resolves it through the proxy's resolver and
+# its connection goes through the redirect. The secret names both headers the SDK's versions send
+# (0.x x-api-key, 1.x Authorization: Bearer).
+if [ -z "$NODE_VERSION" ]; then
+  skip "Anthropic TypeScript SDK" "no node in the guest (VM_TEST_GUEST_NODE=$NODE_FROM)"
+elif ! timeout 300 npm install --prefix "$S/sdk" --cache "$S/npm-cache" --no-audit --no-fund \
+  --no-update-notifier "@anthropic-ai/sdk@$SDK_VERSION" > "$S/npm.log" 2>&1; then
+  skip "Anthropic TypeScript SDK" "npm install @anthropic-ai/sdk@$SDK_VERSION failed on the host: $(oneline "$(tail -n 1 "$S/npm.log")")"
+else
+  tar -C "$S/sdk" -cf - node_modules |
+    vmctl exec a1 -- sh -c 'mkdir -p /tmp/sdk && tar -C /tmp/sdk -xf -'
+  vmctl exec a1 -- sh -c 'cat > /tmp/sdk/sdk.mjs' < "$HERE/secrets-anthropic-sdk.mjs"
+  rm -rf "$S/sdk" "$S/npm-cache" # not part of hostd's state, searched for values below
+  out=$(printf '%s\n' "$ANTHROPIC_VALUE" | vmctl secret create "$ANTHROPIC_SECRET" \
+    --host "$ANTHROPIC" --header x-api-key --header Authorization --env ANTHROPIC_API_KEY 2>&1) &&
+    out=$(vmctl secret grant a1 "$ANTHROPIC_SECRET" 2>&1)
+  rc=$?
+  ANTHROPIC_PH=$(vmctl exec a1 -- printenv ANTHROPIC_API_KEY)
+  ANTHROPIC_PH=${ANTHROPIC_PH:-vmph_missing}
+  check "secret create $ANTHROPIC_SECRET (x-api-key, Authorization), grant: ANTHROPIC_API_KEY a placeholder ($(oneline "$out"))" \
+    bash -c "[ $rc = 0 ] && [[ '$ANTHROPIC_PH' =~ ^vmph_[A-Za-z0-9]{40}$ ]]"
+  before=$(count "$ANTHROPIC_VALUE" "$S/anthropic.jsonl")
+  out=$(guest "cd /tmp/sdk && env -u https_proxy -u HTTPS_PROXY -u http_proxy -u HTTP_PROXY timeout 120 node sdk.mjs" 2>&1)
+  check "Anthropic SDK $SDK_VERSION with its defaults, no proxy settings: the answer from $ANTHROPIC, which got the value in $(last_header anthropic x-api-key | grep -q . && echo x-api-key || echo Authorization) ($(oneline "$out"))" \
+    bash -c "[ \"\$1\" = 'answer: canned answer' ] &&
+             [ \$(grep -a -c -F '$ANTHROPIC_VALUE' '$S/anthropic.jsonl') = $((before + 1)) ] &&
+             { [ \"\$2\" = '$ANTHROPIC_VALUE' ] || [ \"\$3\" = 'Bearer $ANTHROPIC_VALUE' ]; }" \
+    _ "$out" "$(last_header anthropic x-api-key)" "$(last_header anthropic authorization)"
+  check "$ANTHROPIC never saw the placeholder ($(count "$ANTHROPIC_VALUE" "$S/anthropic.raw") lines with the value)" \
+    bash -c "[ $(count "$ANTHROPIC_PH" "$S/anthropic.raw") = 0 ] && [ $(count "$ANTHROPIC_VALUE" "$S/anthropic.raw") -gt 0 ]"
+  check "the egress log has the SDK's request to $ANTHROPIC, allowed, naming $ANTHROPIC_SECRET" \
+    bash -c "'$VMCTL' --socket '$SOCK' --json egress-log a1 | python3 -c '
+import json, sys
+recs = [json.loads(l) for l in sys.stdin]
+assert [r for r in recs if r[\"event\"] == \"allowed\" and r[\"host\"] == \"$ANTHROPIC\" and
+        r.get(\"secret\") == \"$ANTHROPIC_SECRET\"], recs[-3:]
+'"
+  vmctl secret rm --force "$ANTHROPIC_SECRET" > /dev/null 2>&1
+fi
+if [ -n "${VM_TEST_SECRETS_STOP_AFTER_NODE:-}" ]; then
+  tap_end
+  exit
+fi
 
 # keep-alive: curl reuses its connection for the second URL; both requests are substituted
 before=$(count "$VALUE" "$S/api.jsonl")
