@@ -50,6 +50,10 @@ struct VmctlMcpTool {
     const char *output_schema; /* JSON with ' for " (schemas hold no apostrophe) */
     ToolArg args[16];
     gboolean host_files; /* copies files of the host: offered only with --copy-dir */
+    /* A tool without a func: the request @op about the agent its "name" argument names,
+     * answered with the field @result (agent_request()). */
+    VmOp op;
+    const char *result;
 };
 
 /* ---- Output schemas: what hostd sends (docs/PROTOCOL.md, "Objects in results"). Objects may
@@ -496,12 +500,6 @@ tool_list_agents(JsonObject *args, const VmctlMcpContext *context, GError **erro
 }
 
 static JsonObject *
-tool_agent_info(JsonObject *args, const VmctlMcpContext *context, GError **error)
-{
-    return agent_request(context, VM_OP_AGENT_INFO, args, "agent", error);
-}
-
-static JsonObject *
 tool_new_agent(JsonObject *args, const VmctlMcpContext *context, GError **error)
 {
     g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(NULL);
@@ -738,12 +736,6 @@ tool_checkpoint(JsonObject *args, const VmctlMcpContext *context, GError **error
 }
 
 static JsonObject *
-tool_list_checkpoints(JsonObject *args, const VmctlMcpContext *context, GError **error)
-{
-    return agent_request(context, VM_OP_CHECKPOINT_LIST, args, "checkpoints", error);
-}
-
-static JsonObject *
 tool_restore(JsonObject *args, const VmctlMcpContext *context, GError **error)
 {
     g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(NULL);
@@ -819,12 +811,6 @@ tool_suspend(JsonObject *args, const VmctlMcpContext *context, GError **error)
 }
 
 static JsonObject *
-tool_resume(JsonObject *args, const VmctlMcpContext *context, GError **error)
-{
-    return agent_request(context, VM_OP_AGENT_RESUME, args, "agent", error);
-}
-
-static JsonObject *
 tool_set_resources(JsonObject *args, const VmctlMcpContext *context, GError **error)
 {
     g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(NULL);
@@ -835,12 +821,6 @@ tool_set_resources(JsonObject *args, const VmctlMcpContext *context, GError **er
     dict_add_uint(&fields, args, "memory_mib", "memory_mib");
     dict_add_uint(&fields, args, "disk_gib", "disk_gib");
     return request_json(context, VM_OP_AGENT_SET_RESOURCES, &fields, needed, error);
-}
-
-static JsonObject *
-tool_egress_show(JsonObject *args, const VmctlMcpContext *context, GError **error)
-{
-    return agent_request(context, VM_OP_EGRESS_GET, args, "egress", error);
 }
 
 /* A host path of a copy tool: relative to --copy-dir, where it must stay ("" or "." is the
@@ -927,8 +907,8 @@ static const VmctlMcpTool tools[] = {
     {"agent_info", "Show an agent",
      "Everything about one agent: state and since when, wanted state, template, CPUs, memory, "
      "disk and disk used, SSH port and user, where it was forked from, restart policy.",
-     TRUE, FALSE, TRUE, FALSE, tool_agent_info, AGENT_RESULT_SCHEMA,
-     {NAME_ARG(AGENT_DESC), {NULL}}},
+     TRUE, FALSE, TRUE, FALSE, NULL, AGENT_RESULT_SCHEMA,
+     {NAME_ARG(AGENT_DESC), {NULL}}, FALSE, VM_OP_AGENT_INFO, "agent"},
     {"new_agent", "Create an agent",
      "Create an agent from a template and boot its VM; with wait (the default) return once it "
      "answers on SSH, which takes a minute or more. Sends progress notifications.",
@@ -1050,10 +1030,10 @@ static const VmctlMcpTool tools[] = {
       {NULL}}},
     {"list_checkpoints", "List checkpoints",
      "List an agent's checkpoints, oldest first: id, time, kind, size, label, whether current.",
-     TRUE, FALSE, TRUE, FALSE, tool_list_checkpoints,
+     TRUE, FALSE, TRUE, FALSE, NULL,
      "{'type':'object','properties':{'checkpoints':{'type':'array','items':" CHECKPOINT_SCHEMA
      "}},'required':['checkpoints']}",
-     {NAME_ARG(AGENT_DESC), {NULL}}},
+     {NAME_ARG(AGENT_DESC), {NULL}}, FALSE, VM_OP_CHECKPOINT_LIST, "checkpoints"},
     {"restore", "Restore a checkpoint",
      "Put an agent back to a checkpoint: the whole VM (a disk checkpoint boots, a memory one "
      "resumes), or with paths only those guest files and trees while the rest runs on. The state "
@@ -1102,8 +1082,8 @@ static const VmctlMcpTool tools[] = {
       {"save", ARG_BOOLEAN, FALSE, 0, 0, "Save to disk instead of pausing", "false"},
       {NULL}}},
     {"resume", "Resume an agent", "Wake a paused or saved agent now.",
-     FALSE, FALSE, TRUE, FALSE, tool_resume, AGENT_RESULT_SCHEMA,
-     {NAME_ARG(AGENT_DESC), {NULL}}},
+     FALSE, FALSE, TRUE, FALSE, NULL, AGENT_RESULT_SCHEMA,
+     {NAME_ARG(AGENT_DESC), {NULL}}, FALSE, VM_OP_AGENT_RESUME, "agent"},
     {"set_resources", "Resize an agent",
      "Give an agent more (or fewer) CPUs, more or less memory, or a larger disk. The disk grows "
      "at once, its root filesystem too; CPUs and memory apply live where the VM can take them, "
@@ -1120,9 +1100,9 @@ static const VmctlMcpTool tools[] = {
       {NULL}}},
     {"egress_show", "Show egress policy",
      "Where an agent may connect: its allow and deny rules, its proxy, open connections.",
-     TRUE, FALSE, TRUE, FALSE, tool_egress_show,
+     TRUE, FALSE, TRUE, FALSE, NULL,
      "{'type':'object','properties':{'egress':" EGRESS_SCHEMA "},'required':['egress']}",
-     {NAME_ARG(AGENT_DESC), {NULL}}},
+     {NAME_ARG(AGENT_DESC), {NULL}}, FALSE, VM_OP_EGRESS_GET, "egress"},
 };
 /* clang-format on */
 
@@ -1323,7 +1303,9 @@ vmctl_mcp_tool_call(const VmctlMcpTool *tool, JsonObject *arguments, const Vmctl
 
     if (!check_arguments(tool, args, context, &error))
         return result_error(error);
-    g_autoptr(JsonObject) structured = tool->func(args, context, &error);
+    g_autoptr(JsonObject) structured =
+        tool->func != NULL ? tool->func(args, context, &error)
+                           : agent_request(context, tool->op, args, tool->result, &error);
     if (structured == NULL)
         return result_error(error);
     return result_new(structured);
