@@ -25,17 +25,10 @@
 #define STATS_TIMEOUT_US (G_USEC_PER_SEC / 2)
 
 struct _HostdEgressWorker {
-    char *program;
-    char *name;
-    int listen_fd;
-    gboolean change_user;
-    uid_t uid;
-    gid_t gid;
     char *ca_cert;
     char *ca_key;
     char *upstream_ca;
     guint max_connections, handshake_timeout_ms, idle_timeout_ms, connect_timeout_ms;
-    guint answer_timeout_ms, ping_interval_ms;
     HostdEgressWorkerLogFunc log;
     gpointer log_data;
     VmEgressResolveFunc resolve;
@@ -54,10 +47,6 @@ struct _HostdEgressWorker {
 static void
 worker_release(HostdEgressWorker *worker)
 {
-    g_free(worker->program);
-    g_free(worker->name);
-    if (worker->listen_fd >= 0)
-        close(worker->listen_fd);
     g_free(worker->ca_cert);
     vm_secret_free(worker->ca_key);
     g_free(worker->upstream_ca);
@@ -118,9 +107,10 @@ worker_start_message(HostdEgressWorker *worker)
                           g_variant_new_uint32(worker->connect_timeout_ms));
     g_variant_builder_add(&b, "{sv}", "resolve-by-parent",
                           g_variant_new_boolean(worker->resolve != NULL));
-    g_variant_builder_add(&b, "{sv}", "change-user", g_variant_new_boolean(worker->change_user));
-    g_variant_builder_add(&b, "{sv}", "uid", g_variant_new_uint32(worker->uid));
-    g_variant_builder_add(&b, "{sv}", "gid", g_variant_new_uint32(worker->gid));
+    g_variant_builder_add(&b, "{sv}", "change-user",
+                          g_variant_new_boolean(worker->runs.change_user));
+    g_variant_builder_add(&b, "{sv}", "uid", g_variant_new_uint32(worker->runs.uid));
+    g_variant_builder_add(&b, "{sv}", "gid", g_variant_new_uint32(worker->runs.gid));
     return g_variant_builder_end(&b);
 }
 
@@ -133,7 +123,7 @@ worker_sandbox_note(HostdEgressWorker *worker, GVariant *ready)
 
     if (note == NULL || !g_once_init_enter(&told))
         return;
-    g_message("egress worker of '%s': %s", worker->name, note);
+    g_message("egress worker of '%s': %s", worker->runs.name, note);
     g_once_init_leave(&told, 1);
 }
 
@@ -153,7 +143,7 @@ worker_connect_channel(HostdEgressWorker *worker, GError **error)
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
         return vm_throw_errno(error, errno, "cannot make the egress worker's channel"), -1;
-    if (!hostd_egress_connect_serve(pair[0], worker->name, connect_policy,
+    if (!hostd_egress_connect_serve(pair[0], worker->runs.name, connect_policy,
                                     hostd_egress_worker_ref(worker),
                                     (GDestroyNotify)hostd_egress_worker_unref, error)) {
         close(pair[1]);
@@ -173,15 +163,15 @@ worker_launch(gpointer owner, int *ret_fd, GPid *ret_pid, GError **error)
     if (connect_child < 0)
         return FALSE;
     const HostdWorkerSpawn spawn = {
-        .program = worker->program,
-        .name = worker->name,
+        .program = worker->runs.program,
+        .name = worker->runs.name,
         .what = "egress worker",
         .channel_fd = VM_EGRESS_WORKER_CONTROL_FD,
-        .fds = {worker->listen_fd, connect_child},
+        .fds = {worker->runs.listen_fd, connect_child},
         .target_fds = {VM_EGRESS_WORKER_LISTEN_FD, VM_EGRESS_WORKER_CONNECT_FD},
         .n_fds = 2,
         .from_worker_max = VM_EGRESS_WIRE_FROM_WORKER_MAX,
-        .answer_timeout_ms = worker->answer_timeout_ms,
+        .answer_timeout_ms = worker->runs.answer_timeout_ms,
         .start = worker_start_message(worker),
     };
 
@@ -247,8 +237,8 @@ static void
 worker_serve(gpointer owner, int fd, guint64 run)
 {
     HostdEgressWorker *worker = owner;
-    gint64 answer_us = (gint64)worker->answer_timeout_ms * 1000;
-    gint64 next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+    gint64 answer_us = (gint64)worker->runs.answer_timeout_ms * 1000;
+    gint64 next_ping = g_get_monotonic_time() + (gint64)worker->runs.ping_interval_ms * 1000;
     gint64 ping_deadline = -1; /* of the question asked, -1: none asked */
     guint32 ping = 0;
 
@@ -266,11 +256,11 @@ worker_serve(gpointer owner, int fd, guint64 run)
             g_mutex_unlock(&worker->runs.lock);
             if (answered) {
                 ping_deadline = -1;
-                next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+                next_ping = g_get_monotonic_time() + (gint64)worker->runs.ping_interval_ms * 1000;
             } else if (ping_deadline >= 0) {
                 g_message("egress worker of '%s' did not answer within %g s; it is killed and "
                           "replaced",
-                          worker->name, (double)worker->answer_timeout_ms / 1000);
+                          worker->runs.name, (double)worker->runs.answer_timeout_ms / 1000);
                 return;
             } else {
                 hostd_worker_runs_send(&worker->runs, fd, "stats", g_variant_new_uint32(ping));
@@ -284,9 +274,9 @@ worker_serve(gpointer owner, int fd, guint64 run)
             if (g_error_matches(error, VM_ERROR, VM_ERROR_TIMEOUT))
                 g_message("egress worker of '%s' did not finish a message within %g s; it is "
                           "killed and replaced",
-                          worker->name, (double)worker->answer_timeout_ms / 1000);
+                          worker->runs.name, (double)worker->runs.answer_timeout_ms / 1000);
             else if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))
-                g_warning("egress worker of '%s': %s", worker->name, error->message);
+                g_warning("egress worker of '%s': %s", worker->runs.name, error->message);
             return;
         }
         if (g_str_equal(kind, "log") && g_variant_is_of_type(payload, G_VARIANT_TYPE_STRING)) {
@@ -294,7 +284,8 @@ worker_serve(gpointer owner, int fd, guint64 run)
             const char *line = g_variant_get_string(payload, &len);
 
             if (!worker_log_line_ok(line, len)) {
-                g_warning("egress worker of '%s': a log line that is not a record", worker->name);
+                g_warning("egress worker of '%s': a log line that is not a record",
+                          worker->runs.name);
                 return;
             }
             if (worker->log != NULL)
@@ -317,12 +308,12 @@ worker_serve(gpointer owner, int fd, guint64 run)
             g_mutex_unlock(&worker->runs.lock);
             if (answered) {
                 ping_deadline = -1;
-                next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+                next_ping = g_get_monotonic_time() + (gint64)worker->runs.ping_interval_ms * 1000;
             }
         } else if (g_str_equal(kind, "resolve") && worker->resolve != NULL) {
             worker_answer_resolve(worker, fd, payload);
         } else {
-            g_warning("egress worker of '%s': unexpected message '%.64s'", worker->name, kind);
+            g_warning("egress worker of '%s': unexpected message '%.64s'", worker->runs.name, kind);
             return;
         }
     }
@@ -368,21 +359,24 @@ hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
     HostdEgressWorker *worker = g_atomic_rc_box_new0(HostdEgressWorker);
     g_autoptr(GError) local_error = NULL;
 
-    worker->program = g_strdup(config->program);
-    worker->name = g_strdup(config->name);
-    hostd_worker_runs_init(&worker->runs, &egress_kind, worker->name, worker);
-    worker->listen_fd = fcntl(config->listen_fd, F_DUPFD_CLOEXEC, 3);
-    worker->change_user = config->change_user;
-    worker->uid = config->uid;
-    worker->gid = config->gid;
+    const HostdWorkerSetup setup = {
+        .program = config->program,
+        .name = config->name,
+        .listen_fd = config->listen_fd,
+        .change_user = config->change_user,
+        .uid = config->uid,
+        .gid = config->gid,
+        .answer_timeout_ms = config->answer_timeout_ms,
+        .ping_interval_ms = config->ping_interval_ms,
+    };
+    gboolean set_up = hostd_worker_runs_init(&worker->runs, &egress_kind, &setup, worker, error);
+
     worker->ca_cert = g_strdup(config->ca_cert_pem);
     worker->ca_key = g_strdup(config->ca_key_pem);
     worker->max_connections = config->max_connections;
     worker->handshake_timeout_ms = config->handshake_timeout_ms;
     worker->idle_timeout_ms = config->idle_timeout_ms;
     worker->connect_timeout_ms = config->connect_timeout_ms;
-    hostd_worker_timeouts(config->answer_timeout_ms, config->ping_interval_ms,
-                          &worker->answer_timeout_ms, &worker->ping_interval_ms);
     worker->log = config->log;
     worker->log_data = config->log_data;
     worker->resolve = config->resolve;
@@ -391,8 +385,7 @@ hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
         config->policy != NULL ? vm_egress_policy_ref(config->policy) : vm_egress_policy_new_none();
     if (config->credentials != NULL)
         worker->credentials = vm_egress_credentials_ref(config->credentials);
-    if (worker->listen_fd < 0) {
-        vm_throw_errno(error, errno, "cannot pass the egress socket of '%s'", config->name);
+    if (!set_up) {
         hostd_egress_worker_unref(worker);
         return NULL;
     }

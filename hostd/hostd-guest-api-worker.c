@@ -15,13 +15,6 @@
 #include "vm-util.h"
 
 struct _HostdGuestApiWorker {
-    char *program;
-    char *name;
-    int listen_fd;
-    gboolean change_user;
-    uid_t uid;
-    gid_t gid;
-    guint answer_timeout_ms, ping_interval_ms;
     HostdGuestApiWorkerCallFunc call;
     HostdGuestApiWorkerRefusedFunc refused;
     HostdGuestApiWorkerBrokenFunc broken;
@@ -34,10 +27,6 @@ struct _HostdGuestApiWorker {
 static void
 worker_release(HostdGuestApiWorker *worker)
 {
-    g_free(worker->program);
-    g_free(worker->name);
-    if (worker->listen_fd >= 0)
-        close(worker->listen_fd);
     hostd_worker_runs_clear(&worker->runs);
 }
 
@@ -58,9 +47,10 @@ worker_start_message(HostdGuestApiWorker *worker)
 {
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
 
-    g_variant_builder_add(&b, "{sv}", "change-user", g_variant_new_boolean(worker->change_user));
-    g_variant_builder_add(&b, "{sv}", "uid", g_variant_new_uint32(worker->uid));
-    g_variant_builder_add(&b, "{sv}", "gid", g_variant_new_uint32(worker->gid));
+    g_variant_builder_add(&b, "{sv}", "change-user",
+                          g_variant_new_boolean(worker->runs.change_user));
+    g_variant_builder_add(&b, "{sv}", "uid", g_variant_new_uint32(worker->runs.uid));
+    g_variant_builder_add(&b, "{sv}", "gid", g_variant_new_uint32(worker->runs.gid));
     return g_variant_builder_end(&b);
 }
 
@@ -70,15 +60,15 @@ worker_launch(gpointer owner, int *ret_fd, GPid *ret_pid, GError **error)
 {
     HostdGuestApiWorker *worker = owner;
     const HostdWorkerSpawn spawn = {
-        .program = worker->program,
-        .name = worker->name,
+        .program = worker->runs.program,
+        .name = worker->runs.name,
         .what = "in-guest API worker",
         .channel_fd = HOSTD_GUEST_API_WORKER_CONTROL_FD,
-        .fds = {worker->listen_fd},
+        .fds = {worker->runs.listen_fd},
         .target_fds = {HOSTD_GUEST_API_WORKER_LISTEN_FD},
         .n_fds = 1,
         .from_worker_max = HOSTD_GUEST_API_WIRE_FROM_WORKER_MAX,
-        .answer_timeout_ms = worker->answer_timeout_ms,
+        .answer_timeout_ms = worker->runs.answer_timeout_ms,
         .start = worker_start_message(worker),
     };
 
@@ -93,8 +83,8 @@ static void
 worker_serve(gpointer owner, int fd, guint64 run)
 {
     HostdGuestApiWorker *worker = owner;
-    gint64 answer_us = (gint64)worker->answer_timeout_ms * 1000;
-    gint64 next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+    gint64 answer_us = (gint64)worker->runs.answer_timeout_ms * 1000;
+    gint64 next_ping = g_get_monotonic_time() + (gint64)worker->runs.ping_interval_ms * 1000;
     gint64 ping_deadline = -1; /* of the ping sent, -1: none */
 
     for (;;) {
@@ -106,7 +96,7 @@ worker_serve(gpointer owner, int fd, guint64 run)
             if (ping_deadline >= 0) {
                 g_message("in-guest API worker of '%s' did not answer within %g s; it is killed "
                           "and replaced",
-                          worker->name, (double)worker->answer_timeout_ms / 1000);
+                          worker->runs.name, (double)worker->runs.answer_timeout_ms / 1000);
                 return;
             }
             hostd_worker_runs_send(&worker->runs, fd, "ping", g_variant_new_uint32(++worker->ping));
@@ -119,7 +109,7 @@ worker_serve(gpointer owner, int fd, guint64 run)
             if (g_error_matches(error, VM_ERROR, VM_ERROR_TIMEOUT))
                 g_message("in-guest API worker of '%s' did not finish a message within %g s; "
                           "it is killed and replaced",
-                          worker->name, (double)worker->answer_timeout_ms / 1000);
+                          worker->runs.name, (double)worker->runs.answer_timeout_ms / 1000);
             else if (!g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING))
                 worker->broken(error->message, worker->user_data);
             return;
@@ -143,7 +133,7 @@ worker_serve(gpointer owner, int fd, guint64 run)
             /* Only the answer to the question asked counts. */
             if (ping_deadline >= 0 && g_variant_get_uint32(payload) == worker->ping) {
                 ping_deadline = -1;
-                next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+                next_ping = g_get_monotonic_time() + (gint64)worker->runs.ping_interval_ms * 1000;
             }
         } else {
             g_autofree char *why = g_strdup_printf("a message '%.64s' of type %s", kind,
@@ -154,7 +144,7 @@ worker_serve(gpointer owner, int fd, guint64 run)
         }
         /* A worker busy with guest calls answers as it goes; one that sends nothing is asked. */
         if (ping_deadline < 0)
-            next_ping = g_get_monotonic_time() + (gint64)worker->ping_interval_ms * 1000;
+            next_ping = g_get_monotonic_time() + (gint64)worker->runs.ping_interval_ms * 1000;
     }
 }
 
@@ -171,21 +161,23 @@ hostd_guest_api_worker_new(const HostdGuestApiWorkerConfig *config, GError **err
 {
     HostdGuestApiWorker *worker = g_atomic_rc_box_new0(HostdGuestApiWorker);
 
-    worker->program = g_strdup(config->program);
-    worker->name = g_strdup(config->name);
-    hostd_worker_runs_init(&worker->runs, &guest_api_kind, worker->name, worker);
-    worker->listen_fd = fcntl(config->listen_fd, F_DUPFD_CLOEXEC, 3);
-    worker->change_user = config->change_user;
-    worker->uid = config->uid;
-    worker->gid = config->gid;
-    hostd_worker_timeouts(config->answer_timeout_ms, config->ping_interval_ms,
-                          &worker->answer_timeout_ms, &worker->ping_interval_ms);
+    const HostdWorkerSetup setup = {
+        .program = config->program,
+        .name = config->name,
+        .listen_fd = config->listen_fd,
+        .change_user = config->change_user,
+        .uid = config->uid,
+        .gid = config->gid,
+        .answer_timeout_ms = config->answer_timeout_ms,
+        .ping_interval_ms = config->ping_interval_ms,
+    };
+    gboolean set_up = hostd_worker_runs_init(&worker->runs, &guest_api_kind, &setup, worker, error);
+
     worker->call = config->call;
     worker->refused = config->refused;
     worker->broken = config->broken;
     worker->user_data = config->user_data;
-    if (worker->listen_fd < 0) {
-        vm_throw_errno(error, errno, "cannot pass the in-guest API's socket of '%s'", config->name);
+    if (!set_up) {
         hostd_guest_api_worker_unref(worker);
         return NULL;
     }

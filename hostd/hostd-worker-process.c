@@ -2,6 +2,7 @@
 #include "hostd-worker-process.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -183,24 +184,39 @@ hostd_worker_timeouts(guint answer_timeout_ms, guint ping_interval_ms, guint *re
     *ret_ping_ms = ping_interval_ms != 0 ? ping_interval_ms : HOSTD_WORKER_PING_INTERVAL_MS_DEFAULT;
 }
 
-void
-hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerKind *kind, const char *name,
-                       gpointer owner)
+gboolean
+hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerKind *kind,
+                       const HostdWorkerSetup *setup, gpointer owner, GError **error)
 {
     runs->kind = kind;
-    runs->name = name;
     runs->owner = owner;
+    runs->program = g_strdup(setup->program);
+    runs->name = g_strdup(setup->name);
+    runs->change_user = setup->change_user;
+    runs->uid = setup->uid;
+    runs->gid = setup->gid;
+    hostd_worker_timeouts(setup->answer_timeout_ms, setup->ping_interval_ms,
+                          &runs->answer_timeout_ms, &runs->ping_interval_ms);
     g_mutex_init(&runs->send_lock);
     g_mutex_init(&runs->lock);
     g_cond_init(&runs->cond);
     runs->fd = -1;
     runs->pid = 0;
     runs->run = 0;
+    runs->listen_fd = fcntl(setup->listen_fd, F_DUPFD_CLOEXEC, 3);
+    if (runs->listen_fd < 0)
+        return vm_throw_errno(error, errno, "cannot pass the socket of the %s of '%s'", kind->what,
+                              setup->name);
+    return TRUE;
 }
 
 void
 hostd_worker_runs_clear(HostdWorkerRuns *runs)
 {
+    g_free(runs->program);
+    g_free(runs->name);
+    if (runs->listen_fd >= 0)
+        close(runs->listen_fd);
     g_mutex_clear(&runs->send_lock);
     g_mutex_clear(&runs->lock);
     g_cond_clear(&runs->cond);

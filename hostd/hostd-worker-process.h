@@ -97,10 +97,26 @@ typedef struct {
     void (*run_begun)(gpointer owner, int fd);
 } HostdWorkerKind;
 
+/* Who a worker of one agent is: what hostd_worker_runs_init() copies into its runs. */
+typedef struct {
+    const char *program; /* the worker to run */
+    const char *name;    /* the agent */
+    int listen_fd;       /* the socket the worker serves (duplicated) */
+    gboolean change_user;
+    guint uid, gid;                            /* whom it becomes, with change_user */
+    guint answer_timeout_ms, ping_interval_ms; /* 0: the defaults (hostd_worker_timeouts()) */
+} HostdWorkerSetup;
+
 typedef struct {
     const HostdWorkerKind *kind;
-    const char *name; /* the agent, for messages */
-    gpointer owner;   /* what the kind's functions get */
+    gpointer owner; /* what the kind's functions get */
+    char *program;
+    char *name; /* the agent, for messages */
+    int listen_fd;
+    gboolean change_user;
+    uid_t uid;
+    gid_t gid;
+    guint answer_timeout_ms, ping_interval_ms;
 
     GMutex send_lock;
     GMutex lock;
@@ -112,10 +128,11 @@ typedef struct {
     GThread *watcher;
 } HostdWorkerRuns;
 
-/* Sets up @runs of a worker of @kind for agent @name (both kept, not copied) whose object,
- * passed to @kind's functions, is @owner; no run yet. Can't fail. */
-void hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerKind *kind, const char *name,
-                            gpointer owner);
+/* Sets up @runs of a worker of @kind (kept, not copied) as @setup says, whose object, passed
+ * to @kind's functions, is @owner; no run yet. Fails when the listening socket cannot be
+ * duplicated; hostd_worker_runs_clear() is owed either way. */
+gboolean hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerKind *kind,
+                                const HostdWorkerSetup *setup, gpointer owner, GError **error);
 
 /* Launches the first run and starts the watcher thread. The caller keeps the owner alive until
  * hostd_worker_runs_stop() returned. Fails with the kind's launch error, nothing started. */
