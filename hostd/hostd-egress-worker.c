@@ -343,7 +343,7 @@ worker_run_begun(gpointer owner, int fd)
                            vm_egress_wire_credentials(worker->credentials));
 }
 
-static const HostdWorkerKind egress_kind = {
+static const HostdWorkerType egress_kind = {
     .what = "egress worker",
     .thread_name = "egress-worker",
     .backoff_max_ms = HOSTD_EGRESS_WORKER_BACKOFF_MAX_MS,
@@ -359,17 +359,8 @@ hostd_egress_worker_new(const HostdEgressWorkerConfig *config, GError **error)
     HostdEgressWorker *worker = g_atomic_rc_box_new0(HostdEgressWorker);
     g_autoptr(GError) local_error = NULL;
 
-    const HostdWorkerSetup setup = {
-        .program = config->program,
-        .name = config->name,
-        .listen_fd = config->listen_fd,
-        .change_user = config->change_user,
-        .uid = config->uid,
-        .gid = config->gid,
-        .answer_timeout_ms = config->answer_timeout_ms,
-        .ping_interval_ms = config->ping_interval_ms,
-    };
-    gboolean set_up = hostd_worker_runs_init(&worker->runs, &egress_kind, &setup, worker, error);
+    gboolean set_up =
+        hostd_worker_runs_init(&worker->runs, &egress_kind, &config->worker, worker, error);
 
     worker->ca_cert = g_strdup(config->ca_cert_pem);
     worker->ca_key = g_strdup(config->ca_key_pem);

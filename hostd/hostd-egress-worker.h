@@ -18,6 +18,7 @@
 #include <glib.h>
 #include <sys/types.h>
 
+#include "hostd-worker-process.h"
 #include "vm-egress-credential.h"
 #include "vm-egress-policy.h"
 #include "vm-egress-proxy.h"
@@ -30,22 +31,17 @@ G_BEGIN_DECLS
 typedef void (*HostdEgressWorkerLogFunc)(const char *json, gpointer user_data);
 
 typedef struct {
-    const char *program;  /* the vm-egress-worker to run */
-    const char *name;     /* the agent, for messages */
-    int listen_fd;        /* the agent's listening socket; duplicated */
-    gboolean change_user; /* run as uid:gid (hostd must be root) */
-    uid_t uid;
-    gid_t gid;
+    /* the vm-egress-worker to run, the agent, its listening socket, whom it runs as, and the
+     * deadline of its start and of each answer it owes (0: 10 s) and how often the watcher asks
+     * it whether it answers (0: 5 s): one that misses one (stopped, looping) is killed and
+     * replaced as one that died (hostd-worker-process.h) */
+    HostdWorkerSetup worker;
     VmEgressPolicy *policy;           /* what the proxy enforces; a reference is taken */
     VmEgressCredentials *credentials; /* NULL: none; a reference is taken */
     const char *ca_cert_pem;          /* the agent's CA, both or neither */
     const char *ca_key_pem;
     const char *upstream_ca_file; /* read here, sent as PEM; NULL: the system's trust store */
     guint max_connections, handshake_timeout_ms, idle_timeout_ms, connect_timeout_ms;
-    /* The deadline of the worker's start and of each answer it owes (0: 10 s), and how often
-     * the watcher asks it whether it answers (0: 5 s). A worker that misses one (stopped,
-     * looping) is killed and replaced as one that died. */
-    guint answer_timeout_ms, ping_interval_ms;
     HostdEgressWorkerLogFunc log; /* called from the worker's reader thread; may be NULL */
     gpointer log_data;
     VmEgressResolveFunc resolve; /* NULL: the worker resolves itself (getaddrinfo()); else it

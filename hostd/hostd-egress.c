@@ -484,7 +484,9 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
         agent->proxy = vm_egress_proxy_new(&config, error);
     } else {
         HostdEgressWorkerConfig wconfig = {
-            .name = name,
+            .worker = {.name = name,
+                       .answer_timeout_ms = worker_answer_ms,
+                       .ping_interval_ms = worker_ping_ms},
             .policy = config.policy,
             .credentials = config.credentials,
             .ca_cert_pem = config.ca_cert_pem,
@@ -498,8 +500,6 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
             .log_data = agent,
             .resolve = config.resolve,
             .resolve_data = config.resolve_data,
-            .answer_timeout_ms = worker_answer_ms,
-            .ping_interval_ms = worker_ping_ms,
         };
 
         /* The record is on disk from `new`'s first step (and, for a warm build, none). */
@@ -507,17 +507,17 @@ egress_agent_new(HostdContext *ctx, Egress *egress, const char *name, VmEgressPo
         guint uid = 0, gid = 0;
 
         worker_program = hostd_egress_worker_path();
-        wconfig.program = worker_program;
+        wconfig.worker.program = worker_program;
         /* hostd owns the socket; each worker run serves it, and connections a guest makes
          * while one restarts wait in its backlog. */
         if (hostd_confine_worker_user(ctx, name, r != NULL ? r->agent_id : 0, HOSTD_WORKER_EGRESS,
-                                      &wconfig.change_user, &uid, &gid, error)) {
-            wconfig.uid = uid;
-            wconfig.gid = gid;
+                                      &wconfig.worker.change_user, &uid, &gid, error)) {
+            wconfig.worker.uid = uid;
+            wconfig.worker.gid = gid;
             agent->listen_fd =
                 vm_egress_proxy_listen_unix(agent->socket_path, config.listen_chown,
                                             config.listen_uid, config.listen_gid, error);
-            wconfig.listen_fd = agent->listen_fd;
+            wconfig.worker.listen_fd = agent->listen_fd;
             if (agent->listen_fd >= 0)
                 agent->worker = hostd_egress_worker_new(&wconfig, error);
         }

@@ -148,7 +148,7 @@ worker_serve(gpointer owner, int fd, guint64 run)
     }
 }
 
-static const HostdWorkerKind guest_api_kind = {
+static const HostdWorkerType guest_api_kind = {
     .what = "in-guest API worker",
     .thread_name = "guest-api-worker",
     .backoff_max_ms = HOSTD_GUEST_API_WORKER_BACKOFF_MAX_MS,
@@ -161,17 +161,8 @@ hostd_guest_api_worker_new(const HostdGuestApiWorkerConfig *config, GError **err
 {
     HostdGuestApiWorker *worker = g_atomic_rc_box_new0(HostdGuestApiWorker);
 
-    const HostdWorkerSetup setup = {
-        .program = config->program,
-        .name = config->name,
-        .listen_fd = config->listen_fd,
-        .change_user = config->change_user,
-        .uid = config->uid,
-        .gid = config->gid,
-        .answer_timeout_ms = config->answer_timeout_ms,
-        .ping_interval_ms = config->ping_interval_ms,
-    };
-    gboolean set_up = hostd_worker_runs_init(&worker->runs, &guest_api_kind, &setup, worker, error);
+    gboolean set_up =
+        hostd_worker_runs_init(&worker->runs, &guest_api_kind, &config->worker, worker, error);
 
     worker->call = config->call;
     worker->refused = config->refused;

@@ -19,6 +19,7 @@
 
 #include "hostd-guest-api-rules.h"
 #include "hostd-guest-api-wire.h"
+#include "hostd-worker-process.h"
 
 G_BEGIN_DECLS
 
@@ -39,16 +40,9 @@ typedef void (*HostdGuestApiWorkerRefusedFunc)(HostdGuestApiRefusal why, gpointe
 typedef void (*HostdGuestApiWorkerBrokenFunc)(const char *why, gpointer user_data);
 
 typedef struct {
-    const char *program;  /* the vm-guest-api-worker to run */
-    const char *name;     /* the agent, for messages */
-    int listen_fd;        /* the agent's listening api.sock; duplicated */
-    gboolean change_user; /* run as uid:gid (hostd must be root) */
-    uid_t uid;
-    gid_t gid;
-    /* 0: the defaults (hostd-worker-process.h): the deadline of its start, of each frame and of
-     * the answer to a ping, and how long a silent worker goes unasked */
-    guint answer_timeout_ms;
-    guint ping_interval_ms;
+    /* the vm-guest-api-worker to run, the agent, its listening api.sock, whom it runs as, its
+     * deadlines (hostd-worker-process.h) */
+    HostdWorkerSetup worker;
     HostdGuestApiWorkerCallFunc call;
     HostdGuestApiWorkerRefusedFunc refused;
     HostdGuestApiWorkerBrokenFunc broken;

@@ -952,9 +952,7 @@ api_agent_serve(ApiAgent *agent, guint agent_id, GError **error)
 {
     g_autofree char *program = hostd_guest_api_worker_path();
     HostdGuestApiWorkerConfig config = {
-        .program = program,
-        .name = agent->name,
-        .listen_fd = agent->listen_fd,
+        .worker = {.program = program, .name = agent->name, .listen_fd = agent->listen_fd},
         .call = api_call,
         .refused = api_refused,
         .broken = api_broken,
@@ -964,10 +962,10 @@ api_agent_serve(ApiAgent *agent, guint agent_id, GError **error)
     guint uid = 0, gid = 0;
 
     if (!hostd_confine_worker_user(agent->ctx, agent->name, agent_id, HOSTD_WORKER_API,
-                                   &config.change_user, &uid, &gid, error))
+                                   &config.worker.change_user, &uid, &gid, error))
         return FALSE;
-    config.uid = uid;
-    config.gid = gid;
+    config.worker.uid = uid;
+    config.worker.gid = gid;
     agent->worker = hostd_guest_api_worker_new(&config, error);
     return agent->worker != NULL;
 }

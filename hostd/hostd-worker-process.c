@@ -185,7 +185,7 @@ hostd_worker_timeouts(guint answer_timeout_ms, guint ping_interval_ms, guint *re
 }
 
 gboolean
-hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerKind *kind,
+hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerType *kind,
                        const HostdWorkerSetup *setup, gpointer owner, GError **error)
 {
     runs->kind = kind;

@@ -95,7 +95,7 @@ typedef struct {
     void (*serve)(gpointer owner, int fd, guint64 run);
     void (*run_ended)(gpointer owner);
     void (*run_begun)(gpointer owner, int fd);
-} HostdWorkerKind;
+} HostdWorkerType;
 
 /* Who a worker of one agent is: what hostd_worker_runs_init() copies into its runs. */
 typedef struct {
@@ -108,7 +108,7 @@ typedef struct {
 } HostdWorkerSetup;
 
 typedef struct {
-    const HostdWorkerKind *kind;
+    const HostdWorkerType *kind;
     gpointer owner; /* what the kind's functions get */
     char *program;
     char *name; /* the agent, for messages */
@@ -131,7 +131,7 @@ typedef struct {
 /* Sets up @runs of a worker of @kind (kept, not copied) as @setup says, whose object, passed
  * to @kind's functions, is @owner; no run yet. Fails when the listening socket cannot be
  * duplicated; hostd_worker_runs_clear() is owed either way. */
-gboolean hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerKind *kind,
+gboolean hostd_worker_runs_init(HostdWorkerRuns *runs, const HostdWorkerType *kind,
                                 const HostdWorkerSetup *setup, gpointer owner, GError **error);
 
 /* Launches the first run and starts the watcher thread. The caller keeps the owner alive until
