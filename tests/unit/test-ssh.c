@@ -1852,15 +1852,45 @@ test_worker_killed(void **state)
     exec_check(f, argv, 0, "up\n");
 }
 
+/* Whether every thread of @pid is stopped: a group stop reaches each thread on its own, and a
+ * thread on another CPU may still act (read a hang-up, answer) just after kill() returned. */
+static gboolean
+worker_all_stopped(GPid pid)
+{
+    g_autofree char *dir_path = g_strdup_printf("/proc/%d/task", (int)pid);
+    g_autoptr(GDir) dir = g_dir_open(dir_path, 0, NULL);
+    const char *tid;
+
+    assert_non_null(dir);
+    while ((tid = g_dir_read_name(dir)) != NULL) {
+        g_autofree char *stat_path = g_strdup_printf("%s/%s/stat", dir_path, tid);
+        g_autofree char *stat = NULL;
+        const char *state;
+
+        if (!g_file_get_contents(stat_path, &stat, NULL, NULL))
+            continue; /* the thread ended */
+        state = strrchr(stat, ')');
+        if (state == NULL || state[1] != ' ' || (state[2] != 'T' && state[2] != 't'))
+            return FALSE;
+    }
+    return TRUE;
+}
+
 /* Stops alpha's running worker (SIGSTOP: alive and silent, as its agent's QEMU could leave it)
- * and returns its pid. */
+ * and returns its pid once all its threads are stopped. */
 static GPid
 worker_stop(Fixture *f)
 {
     GPid pid = hostd_ssh_workers_get_pid(f->workers, "alpha");
+    gint64 until;
 
     assert_true(pid > 0);
     assert_int_equal(kill(pid, SIGSTOP), 0);
+    until = g_get_monotonic_time() + 10 * G_USEC_PER_SEC;
+    while (!worker_all_stopped(pid)) {
+        assert_true(g_get_monotonic_time() < until);
+        g_usleep(1000);
+    }
     return pid;
 }
 
