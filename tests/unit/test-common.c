@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/kcmp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -478,4 +479,27 @@ vm_test_assert_tcp_made_by_caller(pid_t pid, guint port, gboolean strict)
         tcp++;
     }
     assert_true(tcp >= 1);
+}
+
+int
+vm_test_run_on_socketpair(const char *program, const char *arg, int *ret_status)
+{
+    int sv[2], status = -1;
+    pid_t pid;
+
+    if (!g_file_test(program, G_FILE_TEST_IS_EXECUTABLE))
+        fail_msg("no program at %s (set VM_BUILD_DIR)", program);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(sv[1], 0);
+        dup2(sv[1], 1);
+        execl(program, program, arg, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    *ret_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return sv[0];
 }

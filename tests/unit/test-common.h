@@ -54,6 +54,11 @@ void vm_test_assert_no_error(const GError *error);
 /* Fails the running test unless @a and @b are both NULL or equal strings. */
 void vm_test_assert_nullable_string_equal(const char *a, const char *b);
 
+/* Runs @program @arg with one end of a socketpair as its stdin and stdout, as QEMU runs a guest
+ * forward's command, and waits for it to exit. Returns the other end and the exit status in
+ * *@ret_status (-1 when it did not exit). Fails the running test when @program is not there. */
+int vm_test_run_on_socketpair(const char *program, const char *arg, int *ret_status);
+
 /* The value of @key in /proc/@pid/status, spaces around it stripped ("0 0 0 0" for Uid), newly
  * allocated; fails the running test when there is none. */
 char *vm_test_proc_status(pid_t pid, const char *key);

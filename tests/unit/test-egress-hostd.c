@@ -147,25 +147,8 @@ guest_connect(Fixture *f, const char *name, int *ret_status)
 {
     g_autofree char *helper = helper_path();
     g_autofree char *socket_path = hostd_test_agent_file(f->hostd, name, HOSTD_AGENT_EGRESS_SOCKET);
-    int sv[2];
-    pid_t pid;
-    int status = -1;
 
-    if (!g_file_test(helper, G_FILE_TEST_IS_EXECUTABLE))
-        fail_msg("no helper at %s (set VM_BUILD_DIR)", helper);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(sv[1], 0);
-        dup2(sv[1], 1);
-        execl(helper, helper, socket_path, (char *)NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    *ret_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return sv[0];
+    return vm_test_run_on_socketpair(helper, socket_path, ret_status);
 }
 
 /* Opens a CONNECT tunnel to @host:sink through @name's proxy; returns the fd, or -1 with the

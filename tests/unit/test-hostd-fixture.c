@@ -600,6 +600,19 @@ hostd_test_log_text(void)
     return text;
 }
 
+void
+hostd_test_assert_logged(const char *needle)
+{
+    for (int i = 0; i < 50; i++) {
+        g_autofree char *log = hostd_test_log_text();
+        if (strstr(log, needle) != NULL)
+            return;
+        g_usleep(100 * 1000);
+    }
+    g_autofree char *log = hostd_test_log_text();
+    fail_msg("nothing logged says '%s'; the log:\n%s", needle, log);
+}
+
 /* ---- the fixture ---------------------------------------------------------------------------- */
 
 static const char *

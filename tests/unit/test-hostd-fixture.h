@@ -167,6 +167,10 @@ void hostd_test_fake_saved_restore_fails(guint n);
 /* The lines logged so far, joined with newlines. Newly allocated. */
 char *hostd_test_log_text(void);
 
+/* Waits up to 5 s for a line logged that contains @needle (hostd's threads log after the state
+ * change a test sees); fails the running test, quoting the log, when none comes. */
+void hostd_test_assert_logged(const char *needle);
+
 /* ---- hostd's request handling ---- */
 
 /* Starts hostd_server_serve_fd() on one end of a socketpair, in *@ret_thread, and returns the

@@ -181,20 +181,6 @@ events_text(HostdTestFixture *f)
     return text;
 }
 
-/* Waits up to a few seconds for hostd's log to say @needle. */
-static void
-assert_logged(const char *needle)
-{
-    for (int i = 0; i < 50; i++) {
-        g_autofree char *log = hostd_test_log_text();
-        if (strstr(log, needle) != NULL)
-            return;
-        g_usleep(100 * 1000);
-    }
-    g_autofree char *log = hostd_test_log_text();
-    fail_msg("nothing logged says '%s'; the log:\n%s", needle, log);
-}
-
 static void
 start_power(HostdTestFixture *f)
 {
@@ -256,8 +242,8 @@ test_info_own_agent(void **state)
         json_array_get_string_element(json_object_get_array_member(egress, "allow"), 0), "none");
     assert_string_equal(json_object_get_string_member(egress, "proxy"), "http://10.0.2.100:3128");
     assert_int_equal(json_object_get_size(egress), 3);
-    assert_logged("guest api: agent 'a1': GET /v1/info 200");
-    assert_logged("guest api: agent 'b1': GET /v1/info 200");
+    hostd_test_assert_logged("guest api: agent 'a1': GET /v1/info 200");
+    hostd_test_assert_logged("guest api: agent 'b1': GET /v1/info 200");
 }
 
 /* A checkpoint asked from inside is a checkpoint of that agent (the test driver's fakes take it,
@@ -302,7 +288,7 @@ test_checkpoint(void **state)
     assert_non_null(strstr(events, "\"agent\":\"a1\",\"event\":\"checkpoint-create\","
                                    "\"state\":\"running\",\"caller\":\"guest\",\"outcome\":\"ok\","
                                    "\"detail\":\"c1 before-upgrade\"}"));
-    assert_logged("guest api: agent 'a1': POST /v1/checkpoints 201");
+    hostd_test_assert_logged("guest api: agent 'a1': POST /v1/checkpoints 201");
 }
 
 /* What a guest may make is bounded: a memory checkpoint only while the agent has fewer than
@@ -425,7 +411,7 @@ test_restore_quota(void **state)
     /* The last restore shown is the last one made, not a refused one. */
     JsonObject *last = json_object_get_object_member(status, "restore");
     assert_false(json_object_has_member(last, "paths"));
-    assert_logged("POST /v1/restore 507");
+    hostd_test_assert_logged("POST /v1/restore 507");
 }
 
 /* The bytes a guest's checkpoints may take (guest-checkpoint-bytes): the checkpoints' images,
@@ -660,7 +646,7 @@ test_connection_limits(void **state)
     gint64 waited_ms = (g_get_monotonic_time() - t0) / 1000;
     assert_true(waited_ms >= HOSTD_GUEST_API_REQUEST_MS - 500);
     assert_true(waited_ms <= HOSTD_GUEST_API_REQUEST_MS + 3000);
-    assert_logged("no whole request within 10 s");
+    hostd_test_assert_logged("no whole request within 10 s");
 
     g_auto(Reply) ok = {0};
     for (int i = 0; i < 20 && ok.status != 200; i++) {
@@ -797,7 +783,7 @@ test_restore(void **state)
     assert_non_null(strstr(events, "\"event\":\"checkpoint-restore\",\"state\":\"running\","
                                    "\"caller\":\"guest\",\"outcome\":\"ok\",\"detail\":\"c1 "
                                    "(undo c3)\"}"));
-    assert_logged("restore to c1 asked from inside: done; undo with c3");
+    hostd_test_assert_logged("restore to c1 asked from inside: done; undo with c3");
 
     /* Once it ended, another may be asked. */
     g_auto(Reply) third = {0};
@@ -823,27 +809,14 @@ test_real_helper(void **state)
         g_build_filename(env_or("VM_BUILD_DIR", "."), "egress", "vm-egress-connect", NULL);
     g_autofree char *path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_API_SOCKET);
     g_auto(Reply) r = {0};
-    int sv[2], status = -1;
-    pid_t pid;
+    int guest, status = -1;
 
-    if (!g_file_test(helper, G_FILE_TEST_IS_EXECUTABLE))
-        fail_msg("no helper at %s (set VM_BUILD_DIR)", helper);
     assert_int_equal(vm_test_file_mode(path), 0600);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(sv[1], 0);
-        dup2(sv[1], 1);
-        execl(helper, helper, path, (char *)NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    vm_test_send_text(sv[0], "GET /v1/info HTTP/1.0\r\n\r\n");
-    read_reply(sv[0], &r);
-    close(sv[0]);
+    guest = vm_test_run_on_socketpair(helper, path, &status);
+    assert_int_equal(status, 0);
+    vm_test_send_text(guest, "GET /v1/info HTTP/1.0\r\n\r\n");
+    read_reply(guest, &r);
+    close(guest);
     g_autoptr(JsonObject) o = expect(&r, 200);
     assert_string_equal(
         json_object_get_string_member(json_object_get_object_member(o, "agent"), "name"), "a1");
@@ -892,7 +865,7 @@ test_start_stop(void **state)
     dropped = vm_test_read_until(direct, NULL, READ_TIMEOUT_MS, NULL);
     assert_int_equal(dropped->len, 0);
     close(direct);
-    assert_logged("handed nothing over");
+    hostd_test_assert_logged("handed nothing over");
 }
 
 /* Waits up to @ms for @name's worker to run with another pid than @old. */
@@ -1081,8 +1054,9 @@ test_worker_broken(void **state)
     g_setenv("VM_GUEST_API_WORKER", bad, TRUE);
     a1 = api_agent(f, "a1", HOSTD_TEST_RUNNING);
     pid = hostd_guest_api_pid(f->ctx, "a1");
-    assert_logged("guest api: agent 'a1': its worker broke the protocol (endpoint 3 for GET "
-                  "/v1/info); it is replaced");
+    hostd_test_assert_logged(
+        "guest api: agent 'a1': its worker broke the protocol (endpoint 3 for GET "
+        "/v1/info); it is replaced");
     /* Replaced: the next one is caught too (each is ended at once; only the log sees them). */
     for (int i = 0; i < 100 && broken < 2; i++) {
         g_autofree char *text = hostd_test_log_text();

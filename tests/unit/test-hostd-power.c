@@ -70,20 +70,6 @@ start_power(HostdTestFixture *f)
     assert_int_equal(notes->len, 0);
 }
 
-/* Waits a little: the idle loop logs after the state change a test sees. */
-static void
-assert_logged(const char *needle)
-{
-    for (int i = 0; i < 50; i++) {
-        g_autofree char *log = hostd_test_log_text();
-        if (strstr(log, needle) != NULL)
-            return;
-        g_usleep(100 * 1000);
-    }
-    g_autofree char *log = hostd_test_log_text();
-    fail_msg("nothing logged says '%s'; the log:\n%s", needle, log);
-}
-
 static void
 assert_state(HostdTestFixture *f, const char *name, const char *expected)
 {
@@ -196,8 +182,8 @@ test_wake_unloadable_saved_state(void **state)
     assert_state(f, "a1", "running");
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(f->ctx->lv, "a1", NULL);
     assert_int_equal(virDomainHasManagedSaveImage(dom, 0), 0);
-    assert_logged("agent 'a1': saved state did not restore");
-    assert_logged("booting instead");
+    hostd_test_assert_logged("agent 'a1': saved state did not restore");
+    hostd_test_assert_logged("booting instead");
 }
 
 static void
@@ -317,7 +303,7 @@ test_idle_pauses(void **state)
         fail_msg("the idle agent was not paused");
     /* Two more ticks for the others (and for the record, written after the pause). */
     g_usleep(4500 * 1000);
-    assert_logged("agent 'idle' paused: idle longer than pause_after");
+    hostd_test_assert_logged("agent 'idle' paused: idle longer than pause_after");
     assert_true(state_since(f, "idle") > since);
     static const char *const awake[] = {"busy",  "blind",  "kept",  "session",
                                         "never", "legacy", "locked"};
@@ -356,8 +342,8 @@ test_idle_saves(void **state)
         fail_msg("the paused agent was not saved");
     if (!hostd_test_wait_state(f, "r1", "saved", IDLE_WAIT_MS))
         fail_msg("the running agent was not saved");
-    assert_logged("agent 'p1' saved to disk: idle longer than save_after");
-    assert_logged("agent 'r1' saved to disk: idle longer than save_after");
+    hostd_test_assert_logged("agent 'p1' saved to disk: idle longer than save_after");
+    hostd_test_assert_logged("agent 'r1' saved to disk: idle longer than save_after");
     for (int i = 0; i < 2; i++) {
         const char *name = i == 0 ? "p1" : "r1";
         g_autoptr(VmCheckpointSet) set = hostd_test_checkpoints(f, name);
@@ -450,7 +436,7 @@ test_idle_save_stopped_worker(void **state)
         fail_msg("the agent with the stopped worker was not saved");
     if (!hostd_test_wait_state(f, "z1", "saved", IDLE_WAIT_MS))
         fail_msg("the other agent was not saved");
-    assert_logged("agent 'z1' saved to disk: idle longer than save_after");
+    hostd_test_assert_logged("agent 'z1' saved to disk: idle longer than save_after");
     assert_int_equal(hostd_ssh_workers_get_pid(f->ctx->ssh_workers, "a1"), 0);
     proc = g_strdup_printf("/proc/%d", (int)pid);
     for (int i = 0; i < 100 && g_file_test(proc, G_FILE_TEST_EXISTS); i++)
@@ -516,7 +502,7 @@ test_relay_wakes(void **state)
     assert_true(n == 0 || (n < 0 && errno == ECONNRESET));
     assert_int_equal(g_atomic_int_get(&echo->bytes), bytes);
     assert_state(f, "x1", "stopped");
-    assert_logged("agent 'x1': connection refused");
+    hostd_test_assert_logged("agent 'x1': connection refused");
     hostd_power_stop(f->ctx);
     vm_test_sink_free(echo);
 }
@@ -667,7 +653,7 @@ test_public_port_moved(void **state)
     g_autofree char *port_line = g_strdup_printf("  Port %u\n", base + 3);
     assert_non_null(strstr(config, port_line));
     g_autofree char *said = g_strdup_printf("port %u on 127.0.0.1 was taken", base);
-    assert_logged(said);
+    hostd_test_assert_logged(said);
     int fd = vm_test_connect_loopback((guint16)(base + 3), 10);
     assert_true(fd >= 0);
     close(fd);
@@ -707,7 +693,7 @@ test_backend_port_moved_at_start(void **state)
     g_autofree char *fwd = g_strdup_printf("127.0.0.1:%u-:22", base + 2);
     assert_non_null(strstr(xml, fwd));
     g_autofree char *said = g_strdup_printf("port %u on 127.0.0.1 was taken", base + 1);
-    assert_logged(said);
+    hostd_test_assert_logged(said);
     close(taker);
 }
 
