@@ -503,3 +503,12 @@ vm_test_run_on_socketpair(const char *program, const char *arg, int *ret_status)
     *ret_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return sv[0];
 }
+
+char *
+vm_test_ssh_key_line(const char *name)
+{
+    g_autofree char *path = vm_test_data_path("ssh-keys", name, NULL);
+    g_autofree char *text = vm_test_read_file(path);
+
+    return g_strdup(g_strstrip(text));
+}

@@ -96,6 +96,9 @@ void vm_test_assert_process_gone(pid_t pid, guint timeout_ms);
  * $VM_TEST_DATA (else tests/data). Newly allocated. */
 char *vm_test_data_path(const char *first, ...) G_GNUC_NULL_TERMINATED;
 
+/* The key in tests/data/ssh-keys/@name, without the spaces and newline around it. */
+char *vm_test_ssh_key_line(const char *name);
+
 /* Compares @actual with the golden file @name in $VM_TEST_GOLDEN (else tests/golden under
  * $VM_SOURCE_DIR or "."), naming the first line that differs; with VIR_TEST_REGENERATE_OUTPUT=1
  * rewrites the file with @actual instead. */

@@ -24,20 +24,10 @@
 #include "vm-protocol.h"
 #include "vm-spawn.h"
 
-/* The first line of tests/data/ssh-keys/@name, without its newline. */
-static char *
-key_line(const char *name)
-{
-    g_autofree char *path = vm_test_data_path("ssh-keys", name, NULL);
-    g_autofree char *text = vm_test_read_file(path);
-
-    return g_strdup(g_strstrip(text));
-}
-
 static char *
 fingerprint_of(const char *name)
 {
-    g_autofree char *line = key_line(name);
+    g_autofree char *line = vm_test_ssh_key_line(name);
     g_autoptr(VmSshKey) key = vm_ssh_key_parse(line, NULL);
 
     assert_non_null(key);
@@ -74,7 +64,7 @@ write_record(HostdTestFixture *f, const char *name, const char *const *names)
     g_autoptr(GError) error = NULL;
 
     for (const char *const *n = names; *n != NULL; n++) {
-        g_autofree char *line = key_line(*n);
+        g_autofree char *line = vm_test_ssh_key_line(*n);
         g_ptr_array_add(keys, vm_ssh_key_parse(line, NULL));
     }
     assert_true(hostd_user_keys_save(path, keys, &error));
@@ -108,7 +98,7 @@ keys_of(const char *const *names)
     GPtrArray *keys = g_ptr_array_new_with_free_func((GDestroyNotify)vm_ssh_key_free);
 
     for (const char *const *n = names; *n != NULL; n++) {
-        g_autofree char *line = key_line(*n);
+        g_autofree char *line = vm_test_ssh_key_line(*n);
         g_ptr_array_add(keys, vm_ssh_key_parse(line, NULL));
     }
     return keys;
@@ -237,8 +227,8 @@ test_refused_before_anything(void **state)
     HostdTestFixture *f = *state;
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
     g_autofree char *path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_USER_KEYS);
-    g_autofree char *ed = key_line("ed25519.pub");
-    g_autofree char *dsa = key_line("dsa.pub");
+    g_autofree char *ed = vm_test_ssh_key_line("ed25519.pub");
+    g_autofree char *dsa = vm_test_ssh_key_line("dsa.pub");
     g_autofree char *options = g_strdup_printf("from=\"10.0.0.1\" %s", ed);
     g_autofree char *ed_fp = fingerprint_of("ed25519.pub");
     g_autoptr(GError) error = NULL;
@@ -285,7 +275,7 @@ test_guest_unreachable(void **state)
     HostdTestFixture *f = *state;
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_SAVED);
     g_autofree char *path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_USER_KEYS);
-    g_autofree char *ed = key_line("ed25519.pub");
+    g_autofree char *ed = vm_test_ssh_key_line("ed25519.pub");
     g_autofree char *rsa_fp = fingerprint_of("rsa-2048.pub");
     g_autoptr(GError) error = NULL;
     const char *const good[] = {ed, NULL};
@@ -313,7 +303,7 @@ test_too_many(void **state)
     g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
     g_autofree char *path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_USER_KEYS);
     g_autoptr(GPtrArray) keys = g_ptr_array_new_with_free_func((GDestroyNotify)vm_ssh_key_free);
-    g_autofree char *rsa = key_line("rsa-2048.pub");
+    g_autofree char *rsa = vm_test_ssh_key_line("rsa-2048.pub");
     g_autoptr(GError) error = NULL;
 
     /* Distinct ed25519 keys: 32 bytes each, all different. */
@@ -338,9 +328,9 @@ static void
 test_new_with_keys(void **state)
 {
     HostdTestFixture *f = *state;
-    g_autofree char *ed = key_line("ed25519.pub");
-    g_autofree char *rsa = key_line("rsa-2048.pub");
-    g_autofree char *short_rsa = key_line("rsa-1024.pub");
+    g_autofree char *ed = vm_test_ssh_key_line("ed25519.pub");
+    g_autofree char *rsa = vm_test_ssh_key_line("rsa-2048.pub");
+    g_autofree char *short_rsa = vm_test_ssh_key_line("rsa-1024.pub");
     g_autofree char *ed_fp = fingerprint_of("ed25519.pub");
     g_autofree char *rsa_fp = fingerprint_of("rsa-2048.pub");
     g_autoptr(GError) error = NULL;

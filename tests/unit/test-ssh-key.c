@@ -21,21 +21,11 @@ typedef VmTestTmpDir Fixture;
 #define setup    vm_test_tmpdir_setup
 #define teardown vm_test_tmpdir_teardown
 
-/* The first line of tests/data/ssh-keys/@name, without its newline. */
-static char *
-key_line(const char *name)
-{
-    g_autofree char *path = vm_test_data_path("ssh-keys", name, NULL);
-    g_autofree char *text = vm_test_read_file(path);
-
-    return g_strdup(g_strstrip(text));
-}
-
 /* The base64 field of the data file @name. */
 static char *
 key_base64(const char *name)
 {
-    g_autofree char *line = key_line(name);
+    g_autofree char *line = vm_test_ssh_key_line(name);
     g_auto(GStrv) words = g_strsplit(line, " ", 3);
 
     return g_strdup(words[1]);
@@ -93,7 +83,7 @@ test_accepted_types(void **state)
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autofree char *line = key_line(cases[i].file);
+        g_autofree char *line = vm_test_ssh_key_line(cases[i].file);
         g_autoptr(VmSshKey) key = parse_ok(line);
 
         assert_string_equal(key->type, cases[i].type);
@@ -136,13 +126,13 @@ test_blanks_and_comments(void **state)
 static void
 test_refused(void **state)
 {
-    g_autofree char *ed = key_line("ed25519.pub");
+    g_autofree char *ed = vm_test_ssh_key_line("ed25519.pub");
     g_autofree char *ed_b64 = key_base64("ed25519.pub");
     g_autofree char *rsa_b64 = key_base64("rsa-2048.pub");
-    g_autofree char *ecdsa = key_line("ecdsa-256.pub");
+    g_autofree char *ecdsa = vm_test_ssh_key_line("ecdsa-256.pub");
     g_autofree char *ecdsa_b64 = key_base64("ecdsa-256.pub");
-    g_autofree char *dsa = key_line("dsa.pub");
-    g_autofree char *short_rsa = key_line("rsa-1024.pub");
+    g_autofree char *dsa = vm_test_ssh_key_line("dsa.pub");
+    g_autofree char *short_rsa = vm_test_ssh_key_line("rsa-1024.pub");
 
     /* The ed25519 data cut short, and with a byte too many. */
     gsize len = 0;
@@ -205,9 +195,9 @@ test_refused(void **state)
 static void
 test_text(void **state)
 {
-    g_autofree char *ed = key_line("ed25519.pub");
-    g_autofree char *ecdsa = key_line("ecdsa-256.pub");
-    g_autofree char *dsa = key_line("dsa.pub");
+    g_autofree char *ed = vm_test_ssh_key_line("ed25519.pub");
+    g_autofree char *ecdsa = vm_test_ssh_key_line("ecdsa-256.pub");
+    g_autofree char *dsa = vm_test_ssh_key_line("dsa.pub");
     g_autofree char *text = g_strdup_printf("# my keys\n\n%s\r\n   \n%s\n%s", ed, ecdsa, ed);
     g_autofree char *bad = g_strdup_printf("%s\n\n%s\n", ed, dsa);
     g_autoptr(GError) error = NULL;
@@ -255,7 +245,7 @@ test_read_file(void **state)
     g_autofree char *good = vm_test_data_path("ssh-keys", "rsa-2048.pub", NULL);
     g_autofree char *huge = g_build_filename(f->dir, "huge.pub", NULL);
     g_autofree char *missing = g_build_filename(f->dir, "missing.pub", NULL);
-    g_autofree char *ed = key_line("ed25519.pub");
+    g_autofree char *ed = vm_test_ssh_key_line("ed25519.pub");
     g_autoptr(GString) big = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
