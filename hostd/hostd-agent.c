@@ -1150,6 +1150,18 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
     return hostd_agent_to_variant(ctx, r);
 }
 
+/* An rm that released @name in the fleet and then failed: the agent is still here, so is its
+ * name again (best effort: the cluster's thread claims it at its next refresh otherwise). */
+static void
+hostd_agent_reclaim(HostdContext *ctx, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (ctx->cluster != NULL && !hostd_cluster_claim(ctx->cluster, name, NULL, &error))
+        hostd_context_log(ctx, "agent '%s' stays, its name in the fleet not claimed again: %s",
+                          name, error->message);
+}
+
 gboolean
 hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **error)
 {
@@ -1170,15 +1182,20 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
 
     hostd_ssh_pool_forget(ctx->ssh, name);
     hostd_agent_emit_removed(ctx, name);
-    if (!hostd_libvirt_remove(ctx->lv, name, error))
+    if (!hostd_libvirt_remove(ctx->lv, name, error)) {
+        hostd_agent_reclaim(ctx, name);
         return FALSE;
+    }
     /* Its QEMU is gone: the read access its id had to a source's images goes too, and the id
      * is free again once the record is. */
     hostd_confine_release(ctx, r);
     /* The record goes first so that a crash halfway leaves no half-agent that looks whole. */
     g_autofree char *record = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
-    if (g_unlink(record) < 0 && errno != ENOENT)
-        return vm_throw_errno(error, errno, "cannot remove %s", record);
+    if (g_unlink(record) < 0 && errno != ENOENT) {
+        vm_throw_errno(error, errno, "cannot remove %s", record);
+        hostd_agent_reclaim(ctx, name);
+        return FALSE;
+    }
     return vm_remove_tree(r->dir, error);
 }
 

@@ -28,11 +28,11 @@ struct _HostdCluster {
     GThread *thread;
     gboolean stopping;
     gboolean kicked;
-    gint64 lease;           /* 0: none held */
+    gint64 lease; /* 0: none held */
     gboolean registered;
-    char *last_problem;     /* the last thing reported, so that a retry is not logged again */
-    GHashTable *published;  /* agent -> the state last written to its record; thread only */
-    GHashTable *conflicts;  /* agents another host owns, reported once; thread only */
+    char *last_problem;    /* the last thing reported, so that a retry is not logged again */
+    GHashTable *published; /* agent -> the state last written to its record; thread only */
+    GHashTable *conflicts; /* agents another host owns, reported once; thread only */
 };
 
 HostdCluster *
@@ -87,8 +87,7 @@ hostd_cluster_registered(HostdCluster *cluster)
     return registered;
 }
 
-static void
-hostd_cluster_report(HostdCluster *c, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+static void hostd_cluster_report(HostdCluster *c, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 
 static void
 hostd_cluster_report(HostdCluster *c, const char *fmt, ...)
@@ -182,8 +181,7 @@ hostd_cluster_fleet_error(HostdCluster *c, const char *doing, GError *cause, GEr
 }
 
 gboolean
-hostd_cluster_claim(HostdCluster *cluster, const char *name, gboolean *ret_created,
-                    GError **error)
+hostd_cluster_claim(HostdCluster *cluster, const char *name, gboolean *ret_created, GError **error)
 {
     g_autofree char *key = vm_fleet_agent_key(name);
     g_autoptr(VmFleetAgent) mine = vm_fleet_agent_new(name, cluster->host_id, 1, "creating");
@@ -289,15 +287,15 @@ hostd_cluster_sync_agents(HostdCluster *c, GHashTable *agents, GError **error)
         if (g_strcmp0(published, state) == 0)
             continue;
         g_autoptr(GError) local_error = NULL;
-        if (published == NULL && !hostd_cluster_claim(c, name, NULL, &local_error)) {
+        if (!hostd_cluster_claim(c, name, NULL, &local_error)) {
             if (!g_error_matches(local_error, VM_ERROR, VM_ERROR_EXISTS)) {
                 g_propagate_error(error, g_steal_pointer(&local_error));
                 return FALSE;
             }
             if (g_hash_table_add(c->conflicts, g_strdup(name)) && c->log != NULL) {
-                g_autofree char *line = g_strdup_printf(
-                    "fleet: agent '%s' here is another host's in the fleet: %s", (char *)name,
-                    local_error->message);
+                g_autofree char *line =
+                    g_strdup_printf("fleet: agent '%s' here is another host's in the fleet: %s",
+                                    (char *)name, local_error->message);
                 c->log(line);
             }
             continue;
@@ -355,8 +353,7 @@ hostd_cluster_round(HostdCluster *c, gboolean refresh)
     g_autoptr(GHashTable) agents = hostd_cluster_read_agents(c);
     gboolean fresh = lease == 0;
     if (fresh && !vm_etcd_lease_grant(c->etcd, c->ttl_s, &lease, &error)) {
-        hostd_cluster_report(c, "fleet: cannot register host '%s': %s", c->host_id,
-                             error->message);
+        hostd_cluster_report(c, "fleet: cannot register host '%s': %s", c->host_id, error->message);
         return FALSE;
     }
     if (!hostd_cluster_put_host(c, lease, agents, &error)) {
@@ -480,8 +477,7 @@ compare_kv_keys(gconstpointer a, gconstpointer b)
 
 /* Reads the fleet: the hosts with a live record (id -> VmFleetHost) and every agent record. */
 static gboolean
-hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agents,
-                   GError **error)
+hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agents, GError **error)
 {
     g_autoptr(GError) local_error = NULL;
     g_autoptr(GPtrArray) host_kvs =
@@ -507,16 +503,15 @@ hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agen
         }
         g_hash_table_replace(hosts, host->id, host);
     }
-    g_autoptr(GPtrArray) agents = g_ptr_array_new_with_free_func(
-        (GDestroyNotify)vm_fleet_agent_free);
+    g_autoptr(GPtrArray) agents =
+        g_ptr_array_new_with_free_func((GDestroyNotify)vm_fleet_agent_free);
     g_ptr_array_sort(agent_kvs, compare_kv_keys);
     for (guint i = 0; i < agent_kvs->len; i++) {
         const VmEtcdKv *kv = agent_kvs->pdata[i];
         gsize len;
         const char *data = g_bytes_get_data(kv->value, &len);
         VmFleetAgent *agent = vm_fleet_agent_from_json(data != NULL ? data : "", len, NULL);
-        if (agent == NULL ||
-            !g_str_equal(kv->key + strlen(VM_FLEET_AGENTS_PREFIX), agent->name)) {
+        if (agent == NULL || !g_str_equal(kv->key + strlen(VM_FLEET_AGENTS_PREFIX), agent->name)) {
             vm_fleet_agent_free(agent);
             continue;
         }
