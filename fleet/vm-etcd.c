@@ -212,8 +212,9 @@ vm_etcd_parse(const char *endpoint, long status, GByteArray *body, JsonNode **re
     g_autoptr(JsonParser) parser = json_parser_new_immutable();
     g_autoptr(GError) local_error = NULL;
 
-    if (body->len == 0 || !json_parser_load_from_data(parser, (const char *)body->data,
-                                                      (gssize)body->len, &local_error) ||
+    if (body->len == 0 ||
+        !json_parser_load_from_data(parser, (const char *)body->data, (gssize)body->len,
+                                    &local_error) ||
         !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser))) {
         vm_throw(error, status >= 500 ? VM_ERROR_NOT_RUNNING : VM_ERROR_PROTOCOL,
                  "etcd at %s answered HTTP %ld with no JSON object", endpoint, status);
@@ -226,14 +227,15 @@ vm_etcd_parse(const char *endpoint, long status, GByteArray *body, JsonNode **re
         JsonNode *m = json_object_get_member(o, "error");
         if (m == NULL)
             m = json_object_get_member(o, "message");
-        if (m != NULL && JSON_NODE_HOLDS_VALUE(m) &&
-            json_node_get_value_type(m) == G_TYPE_STRING)
+        if (m != NULL && JSON_NODE_HOLDS_VALUE(m) && json_node_get_value_type(m) == G_TYPE_STRING)
             message = json_node_get_string(m);
         if (!json_int64(o, "code", &code))
             code = GRPC_UNKNOWN;
         g_autofree char *text = g_strndup(message != NULL ? message : "no message", 512);
-        g_strcanon(text, " !\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`"
-                         "abcdefghijklmnopqrstuvwxyz{|}~", '?');
+        g_strcanon(text,
+                   " !\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`"
+                   "abcdefghijklmnopqrstuvwxyz{|}~",
+                   '?');
         if (code == GRPC_CANCELLED || code == GRPC_UNKNOWN || code == GRPC_DEADLINE_EXCEEDED ||
             code == GRPC_UNAVAILABLE || status >= 500) {
             vm_throw(error, VM_ERROR_NOT_RUNNING, "etcd at %s: %s", endpoint, text);
@@ -326,8 +328,7 @@ vm_etcd_post(VmEtcd *etcd, const char *path, const char *request, GError **error
             g_propagate_error(error, g_steal_pointer(&local_error));
             return NULL;
         }
-        g_string_append_printf(reasons, "%s%s", reasons->len > 0 ? "; " : "",
-                               local_error->message);
+        g_string_append_printf(reasons, "%s%s", reasons->len > 0 ? "; " : "", local_error->message);
     }
     vm_throw(error, VM_ERROR_NOT_RUNNING, "no etcd member answers (%s)", reasons->str);
     return NULL;
@@ -414,8 +415,8 @@ kv_from_json(JsonNode *node, GError **error)
     JsonObject *o = json_node_get_object(node);
     g_autoptr(VmEtcdKv) kv = g_new0(VmEtcdKv, 1);
     g_autoptr(GBytes) key = NULL;
-    if (!decode_b64(o, "key", TRUE, &key, error) || !decode_b64(o, "value", FALSE, &kv->value,
-                                                                 error))
+    if (!decode_b64(o, "key", TRUE, &key, error) ||
+        !decode_b64(o, "value", FALSE, &kv->value, error))
         return NULL;
     gsize len = 0;
     const char *k = g_bytes_get_data(key, &len);
@@ -622,8 +623,7 @@ txn_op(VmEtcdTxn *txn, gboolean success, TxnOpKind kind, const char *key, const 
 }
 
 void
-vm_etcd_txn_put(VmEtcdTxn *txn, gboolean success, const char *key, const char *value,
-                gint64 lease)
+vm_etcd_txn_put(VmEtcdTxn *txn, gboolean success, const char *key, const char *value, gint64 lease)
 {
     txn_op(txn, success, TXN_PUT, key, value, lease);
 }
@@ -665,8 +665,8 @@ txn_ops_json(JsonBuilder *b, const char *member, GPtrArray *ops)
 }
 
 gboolean
-vm_etcd_txn_commit(VmEtcd *etcd, const VmEtcdTxn *txn, gboolean *ret_succeeded,
-                   GPtrArray **ret_kvs, GError **error)
+vm_etcd_txn_commit(VmEtcd *etcd, const VmEtcdTxn *txn, gboolean *ret_succeeded, GPtrArray **ret_kvs,
+                   GError **error)
 {
     GPtrArray *all[] = {txn->success, txn->failure};
     for (guint i = 0; i < txn->compares->len; i++) {
@@ -759,8 +759,8 @@ gboolean
 vm_etcd_lease_grant(VmEtcd *etcd, gint64 ttl_s, gint64 *ret_id, GError **error)
 {
     if (ttl_s < 1 || ttl_s > VM_ETCD_TTL_MAX)
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "a lease TTL of %" G_GINT64_FORMAT
-                        " s is out of range", ttl_s);
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "a lease TTL of %" G_GINT64_FORMAT " s is out of range", ttl_s);
     g_autofree char *request = lease_request("TTL", ttl_s);
     g_autoptr(JsonNode) root = vm_etcd_post(etcd, "/v3/lease/grant", request, error);
     if (root == NULL)

@@ -18,22 +18,22 @@
 
 G_BEGIN_DECLS
 
-#define VM_ETCD_RESPONSE_MAX   (8 * 1024 * 1024) /* bytes of one answer */
-#define VM_ETCD_ENDPOINTS_MAX  16
-#define VM_ETCD_KEY_MAX        1024 /* bytes of a key we send or accept */
-#define VM_ETCD_TIMEOUT_MS     3000 /* default bound on one call to one endpoint */
-#define VM_ETCD_TXN_OPS_MAX    16   /* compares, and operations of each branch, in one txn */
+#define VM_ETCD_RESPONSE_MAX  (8 * 1024 * 1024) /* bytes of one answer */
+#define VM_ETCD_ENDPOINTS_MAX 16
+#define VM_ETCD_KEY_MAX       1024 /* bytes of a key we send or accept */
+#define VM_ETCD_TIMEOUT_MS    3000 /* default bound on one call to one endpoint */
+#define VM_ETCD_TXN_OPS_MAX   16   /* compares, and operations of each branch, in one txn */
 
 typedef struct _VmEtcd VmEtcd;
 
 /* One key as etcd holds it. */
 typedef struct {
-    char *key;       /* UTF-8, no NUL (keys that are not are refused as a protocol error) */
-    GBytes *value;   /* never NULL */
-    gint64 version;  /* writes since the key was created; 0: absent */
+    char *key;      /* UTF-8, no NUL (keys that are not are refused as a protocol error) */
+    GBytes *value;  /* never NULL */
+    gint64 version; /* writes since the key was created; 0: absent */
     gint64 create_revision;
     gint64 mod_revision;
-    gint64 lease;    /* 0: none */
+    gint64 lease; /* 0: none */
 } VmEtcdKv;
 
 void vm_etcd_kv_free(VmEtcdKv *kv);
@@ -44,8 +44,8 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VmEtcdKv, vm_etcd_kv_free)
  * certificates instead of the system's CAs, @cert and @key (both or neither) authenticate us.
  * Nothing is contacted here. Fails with VM_ERROR_INVALID_ARGUMENT for a bad endpoint or a
  * certificate without its key. */
-VmEtcd *vm_etcd_new(const char *const *endpoints, const char *ca, const char *cert,
-                    const char *key, GError **error);
+VmEtcd *vm_etcd_new(const char *const *endpoints, const char *ca, const char *cert, const char *key,
+                    GError **error);
 
 /* Sets the bound on one call to one endpoint (connect included). Can't fail. */
 void vm_etcd_set_timeout(VmEtcd *etcd, guint timeout_ms);

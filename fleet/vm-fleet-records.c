@@ -168,8 +168,9 @@ parse_object(const char *what, const char *data, gsize len, GError **error)
     g_autoptr(GError) local_error = NULL;
 
     if (len > VM_FLEET_RECORD_MAX)
-        return vm_throw(error, VM_ERROR_PROTOCOL, "%s record of %" G_GSIZE_FORMAT
-                        " bytes is over %d", what, len, VM_FLEET_RECORD_MAX),
+        return vm_throw(error, VM_ERROR_PROTOCOL,
+                        "%s record of %" G_GSIZE_FORMAT " bytes is over %d", what, len,
+                        VM_FLEET_RECORD_MAX),
                NULL;
     if (len == 0 || memchr(data, '\0', len) != NULL ||
         !json_parser_load_from_data(parser, data, (gssize)len, &local_error))
@@ -183,8 +184,7 @@ parse_object(const char *what, const char *data, gsize len, GError **error)
 /* The string member @member of @o: NULL and an error when absent (where @required) or not a
  * string; NULL and no error when absent and not required. */
 static const char *
-get_string(JsonObject *o, const char *what, const char *member, gboolean required,
-           GError **error)
+get_string(JsonObject *o, const char *what, const char *member, gboolean required, GError **error)
 {
     JsonNode *n = json_object_get_member(o, member);
     if (n == NULL) {
@@ -209,8 +209,7 @@ get_uint(JsonObject *o, const char *what, const char *member, guint64 max, guint
     if (n == NULL)
         return TRUE;
     if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64)
-        return vm_throw(error, VM_ERROR_PROTOCOL, "%s record's %s is not an integer", what,
-                        member);
+        return vm_throw(error, VM_ERROR_PROTOCOL, "%s record's %s is not an integer", what, member);
     gint64 v = json_node_get_int(n);
     if (v < 0 || (guint64)v > max)
         return vm_throw(error, VM_ERROR_PROTOCOL, "%s record's %s is out of range", what, member);
@@ -241,8 +240,7 @@ vm_fleet_host_from_json(const char *data, gsize len, GError **error)
     if (address == NULL)
         return NULL;
     if (!vm_fleet_address_valid(address))
-        return vm_throw(error, VM_ERROR_PROTOCOL, "host record's address is not printable"),
-               NULL;
+        return vm_throw(error, VM_ERROR_PROTOCOL, "host record's address is not printable"), NULL;
 
     g_autoptr(VmFleetHost) host = vm_fleet_host_new(id, address);
     guint64 cores = 0;
@@ -256,8 +254,7 @@ vm_fleet_host_from_json(const char *data, gsize len, GError **error)
 
     JsonNode *drained = json_object_get_member(o, "drained");
     if (drained != NULL) {
-        if (!JSON_NODE_HOLDS_VALUE(drained) ||
-            json_node_get_value_type(drained) != G_TYPE_BOOLEAN)
+        if (!JSON_NODE_HOLDS_VALUE(drained) || json_node_get_value_type(drained) != G_TYPE_BOOLEAN)
             return vm_throw(error, VM_ERROR_PROTOCOL, "host record's drained is not a boolean"),
                    NULL;
         host->drained = json_node_get_boolean(drained);
@@ -338,8 +335,7 @@ vm_fleet_agent_from_json(const char *data, gsize len, GError **error)
     if (name == NULL)
         return NULL;
     if (!vm_name_validate(name, NULL))
-        return vm_throw(error, VM_ERROR_PROTOCOL, "agent record's name is not an agent name"),
-               NULL;
+        return vm_throw(error, VM_ERROR_PROTOCOL, "agent record's name is not an agent name"), NULL;
     const char *host = get_string(o, "agent", "host", TRUE, error);
     if (host == NULL)
         return NULL;

@@ -24,7 +24,7 @@ G_BEGIN_DECLS
 #define VM_FLEET_STATES_MAX    16 /* distinct states in a host's agent counts */
 #define VM_FLEET_STATE_MAX     32 /* bytes of a state's name */
 #define VM_FLEET_COUNT_MAX     1000000
-#define VM_FLEET_HOSTS_MAX     4096 /* hosts a fleet view reads */
+#define VM_FLEET_HOSTS_MAX     4096   /* hosts a fleet view reads */
 #define VM_FLEET_AGENTS_MAX    100000 /* agents a fleet view reads */
 
 typedef struct {
@@ -45,10 +45,10 @@ typedef struct {
 } VmFleetHost;
 
 typedef struct {
-    char *name;  /* an agent name (vm_name_validate()) */
-    char *host;  /* the owner's id */
+    char *name;    /* an agent name (vm_name_validate()) */
+    char *host;    /* the owner's id */
     guint64 epoch; /* >= 1; moves and recoveries raise it */
-    char *state; /* as the owner last published it */
+    char *state;   /* as the owner last published it */
 } VmFleetAgent;
 
 /* Whether @id is a host id: [a-z0-9] then [a-z0-9.-], at most VM_FLEET_HOST_ID_MAX bytes, not

@@ -278,8 +278,8 @@ hostd_config_load_cluster(HostdConfig *config, GKeyFile *kf, const char *path, G
         !hostd_config_cluster_file(kf, path, "key", &c->key, error))
         return FALSE;
     if ((c->cert == NULL) != (c->key == NULL))
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "%s: [cluster] cert and key go together", path);
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: [cluster] cert and key go together",
+                        path);
     c->lease_ttl_s = HOSTD_CLUSTER_LEASE_TTL_DEFAULT;
     if (g_key_file_has_key(kf, "cluster", "lease-ttl", NULL)) {
         gint v = g_key_file_get_integer(kf, "cluster", "lease-ttl", &local_error);

@@ -24,11 +24,11 @@ typedef enum {
 
 /* [cluster]: this host in a fleet whose records live in etcd (docs/CLUSTER.md). */
 typedef struct {
-    char **endpoints;  /* etcd client URLs, tried in turn */
-    char *host_id;     /* this host's id in the fleet (vm_fleet_host_id_valid()) */
-    char *address;     /* how another host reaches this one: what `--host ssh://` would use */
-    char *ca;          /* optional TLS: the CA the members' certificates are checked against */
-    char *cert;        /* and this host's client certificate and key (both or neither) */
+    char **endpoints; /* etcd client URLs, tried in turn */
+    char *host_id;    /* this host's id in the fleet (vm_fleet_host_id_valid()) */
+    char *address;    /* how another host reaches this one: what `--host ssh://` would use */
+    char *ca;         /* optional TLS: the CA the members' certificates are checked against */
+    char *cert;       /* and this host's client certificate and key (both or neither) */
     char *key;
     guint lease_ttl_s; /* the host's record goes this long after its last keepalive */
 } HostdClusterConfig;

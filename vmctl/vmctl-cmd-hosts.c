@@ -80,8 +80,7 @@ vmctl_cmd_hosts(VmctlContext *ctx, int argc, char **argv, GError **error)
         g_variant_unref(host);
     }
     g_autoptr(GVariant) table_rows = g_variant_ref_sink(g_variant_builder_end(&shown));
-    g_autofree char *text = vmctl_format_table(table_rows, host_columns,
-                                               G_N_ELEMENTS(host_columns),
+    g_autofree char *text = vmctl_format_table(table_rows, host_columns, G_N_ELEMENTS(host_columns),
                                                g_get_real_time() / G_USEC_PER_SEC);
     fputs(text, stdout);
     return TRUE;

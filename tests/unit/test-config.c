@@ -535,12 +535,9 @@ test_cluster(void **state)
         {"[cluster]\nendpoints=http://a:1\nhost-id=../h\naddress=h1\n", "host-id"},
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\n", "address"},
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=a b\n", "address"},
-        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=1\n",
-         "lease-ttl"},
-        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=301\n",
-         "lease-ttl"},
-        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=x\n",
-         "lease-ttl"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=1\n", "lease-ttl"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=301\n", "lease-ttl"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=x\n", "lease-ttl"},
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nca=/no/such/ca.pem\n",
          "/no/such/ca.pem"},
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nttl=3\n", "'ttl'"},
@@ -557,8 +554,7 @@ test_cluster(void **state)
     }
     /* A certificate without its key. */
     g_autofree char *half =
-        g_strdup_printf("[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\ncert=%s\n",
-                        cert);
+        g_strdup_printf("[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\ncert=%s\n", cert);
     write_config(f, half);
     assert_null(hostd_config_load(f->file, NULL, NULL, NULL, &error));
     assert_non_null(strstr(error->message, "cert and key"));

@@ -499,13 +499,12 @@ test_hosts(void **state)
     server_start(f);
     run_vmctl(f, NULL, &run, "hosts");
     assert_request(f, VM_OP_FLEET_HOSTS);
-    assert_string_equal(run.out,
-                        "HOST  ADDRESS        STATE  CORES  MEMORY  FREE MEMORY  DISK     "
-                        "FREE DISK  AGENTS\n"
-                        "h1    ssh://root@h1  live   16     64 GiB  32 GiB       900 GiB  "
-                        "800 GiB    3 (2 running, 1 stopped)\n"
-                        "h2    -              down   -      -       -            -        "
-                        "-          1\n");
+    assert_string_equal(run.out, "HOST  ADDRESS        STATE  CORES  MEMORY  FREE MEMORY  DISK     "
+                                 "FREE DISK  AGENTS\n"
+                                 "h1    ssh://root@h1  live   16     64 GiB  32 GiB       900 GiB  "
+                                 "800 GiB    3 (2 running, 1 stopped)\n"
+                                 "h2    -              down   -      -       -            -        "
+                                 "-          1\n");
     assert_string_equal(run.err, "");
     assert_int_equal(run.status, 0);
 }
