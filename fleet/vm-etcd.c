@@ -224,12 +224,19 @@ vm_etcd_parse(const char *endpoint, long status, GByteArray *body, JsonNode **re
     if (json_object_has_member(o, "error") || status != 200) {
         gint64 code = 0;
         const char *message = NULL;
+        const char *code_member = "code";
         JsonNode *m = json_object_get_member(o, "error");
+        /* A streaming call (keepalive) wraps its error: {"error": {"grpc_code", "message"}}. */
+        if (m != NULL && JSON_NODE_HOLDS_OBJECT(m)) {
+            o = json_node_get_object(m);
+            code_member = "grpc_code";
+            m = NULL;
+        }
         if (m == NULL)
             m = json_object_get_member(o, "message");
         if (m != NULL && JSON_NODE_HOLDS_VALUE(m) && json_node_get_value_type(m) == G_TYPE_STRING)
             message = json_node_get_string(m);
-        if (!json_int64(o, "code", &code))
+        if (!json_int64(o, code_member, &code) || code == 0)
             code = GRPC_UNKNOWN;
         g_autofree char *text = g_strndup(message != NULL ? message : "no message", 512);
         g_strcanon(text,
@@ -292,7 +299,7 @@ vm_etcd_post_one(VmEtcd *etcd, const char *endpoint, const char *path, const cha
     curl_easy_cleanup(curl);
     curl_slist_free_all(headers);
 
-    if (answer.too_big) {
+    if (answer.too_big || rc == CURLE_FILESIZE_EXCEEDED) {
         vm_throw(error, VM_ERROR_PROTOCOL, "etcd at %s answered more than %d bytes", endpoint,
                  VM_ETCD_RESPONSE_MAX);
         return CALL_FAILED;

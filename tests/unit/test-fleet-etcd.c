@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 
 #include "hostd-agent.h"
 #include "hostd-cluster.h"
@@ -378,6 +379,127 @@ test_client_bad_input(void **state)
     /* Keys we never send: empty, over the bound. */
     assert_false(vm_etcd_put(etcd, "", "x", -1, 0, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+}
+
+/* A stand-in for a member that answers one canned HTTP response to each connection. */
+typedef struct {
+    GSocket *listener;
+    GThread *thread;
+    GBytes *answer;
+    guint connections;
+} FakeMember;
+
+static gpointer
+fake_member_run(gpointer data)
+{
+    FakeMember *fake = data;
+    for (guint i = 0; i < fake->connections; i++) {
+        g_autoptr(GSocket) client = g_socket_accept(fake->listener, NULL, NULL);
+        char buf[4096];
+        if (client == NULL)
+            return NULL;
+        /* The request is small: one read takes its headers and body. */
+        g_socket_receive(client, buf, sizeof(buf), NULL, NULL);
+        gsize len;
+        const char *data_ = g_bytes_get_data(fake->answer, &len);
+        for (gsize sent = 0; sent < len;) {
+            gssize n = g_socket_send(client, data_ + sent, len - sent, NULL, NULL);
+            if (n <= 0)
+                break;
+            sent += (gsize)n;
+        }
+        g_socket_close(client, NULL);
+    }
+    return NULL;
+}
+
+static FakeMember *
+fake_member_new(guint port, const char *body, gsize body_len, guint connections,
+                gboolean with_length)
+{
+    FakeMember *fake = g_new0(FakeMember, 1);
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GInetAddress) lo = g_inet_address_new_loopback(G_SOCKET_FAMILY_IPV4);
+    g_autoptr(GSocketAddress) address = g_inet_socket_address_new(lo, port);
+    g_autoptr(GString) answer = g_string_new(NULL);
+
+    g_string_append(answer, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n");
+    /* Without a length the answer ends where the connection does: only the reader's own bound
+     * stops it. */
+    if (with_length)
+        g_string_append_printf(answer, "Content-Length: %" G_GSIZE_FORMAT "\r\n", body_len);
+    g_string_append(answer, "Connection: close\r\n\r\n");
+    g_string_append_len(answer, body, (gssize)body_len);
+    fake->answer = g_string_free_to_bytes(g_steal_pointer(&answer));
+    fake->connections = connections;
+    fake->listener =
+        g_socket_new(G_SOCKET_FAMILY_IPV4, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_TCP, &error);
+    g_socket_set_option(fake->listener, SOL_SOCKET, SO_REUSEADDR, 1, NULL);
+    if (!g_socket_bind(fake->listener, address, TRUE, &error) ||
+        !g_socket_listen(fake->listener, &error))
+        fail_msg("fake member: %s", error->message);
+    fake->thread = g_thread_new("fake-member", fake_member_run, fake);
+    return fake;
+}
+
+static void
+fake_member_free(FakeMember *fake)
+{
+    g_socket_shutdown(fake->listener, TRUE, TRUE, NULL);
+    g_socket_close(fake->listener, NULL);
+    g_thread_join(fake->thread);
+    g_object_unref(fake->listener);
+    g_bytes_unref(fake->answer);
+    g_free(fake);
+}
+
+/* A member that answers nonsense: each answer refused as a protocol error, the oversized one
+ * before it is all read. */
+static void
+test_client_hostile_answers(void **state)
+{
+    static const char *const bodies[] = {
+        "not json at all",
+        "[1, 2]",
+        "{\"kvs\": {\"key\": \"Zm9v\"}}",
+        "{\"kvs\": [{\"key\": \"Zm9v!!\", \"value\": \"YmFy\"}]}",
+        "{\"kvs\": [{\"key\": 7}]}",
+        "{\"kvs\": [{\"key\": \"Zm9v\", \"version\": \"one\"}]}",
+        "{\"kvs\": [{\"key\": \"Zm9v\", \"mod_revision\": [1]}]}",
+        /* "fo\0o": a key with a NUL is none of ours. */
+        "{\"kvs\": [{\"key\": \"Zm8Abw==\", \"value\": \"YmFy\"}]}",
+    };
+    guint port = 45028;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(bodies); i++) {
+        FakeMember *fake = fake_member_new(port, bodies[i], strlen(bodies[i]), 1, TRUE);
+        guint ports[] = {port};
+        g_autoptr(VmEtcd) etcd = client_for(ports, 1);
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmEtcdKv) kv = NULL;
+        if (vm_etcd_get(etcd, "/x", &kv, &error))
+            fail_msg("accepted: %s", bodies[i]);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
+        fake_member_free(fake);
+    }
+
+    /* Over the bound on an answer. */
+    gsize big_len = VM_ETCD_RESPONSE_MAX + 1024;
+    g_autofree char *big = g_malloc(big_len);
+    memset(big, ' ', big_len);
+    big[0] = '{';
+    big[big_len - 1] = '}';
+    for (guint with_length = 0; with_length < 2; with_length++) {
+        FakeMember *fake = fake_member_new(port, big, big_len, 1, with_length);
+        guint ports[] = {port};
+        g_autoptr(VmEtcd) etcd = client_for(ports, 1);
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmEtcdKv) kv = NULL;
+        assert_false(vm_etcd_get(etcd, "/x", &kv, &error));
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_PROTOCOL));
+        assert_non_null(strstr(error->message, "more than"));
+        fake_member_free(fake);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -871,6 +993,7 @@ main(void)
         cmocka_unit_test_setup(test_client_txn, test_setup),
         cmocka_unit_test_setup(test_client_lease, test_setup),
         cmocka_unit_test_setup(test_client_bad_input, test_setup),
+        cmocka_unit_test_setup(test_client_hostile_answers, test_setup),
         cmocka_unit_test_setup(test_hosts_join, test_setup),
         cmocka_unit_test_setup(test_claim_unique, test_setup),
         cmocka_unit_test_setup(test_host_expires, test_setup),
