@@ -229,6 +229,8 @@ static const VmOpSpec vm_op_specs[] = {
     {VM_OP_AGENT_STATS, "agent-stats", VM_OP_RESULT, FALSE, {
         {"names", "as", 0, 0, VM_NAMES_MAX},
         {NULL}}},
+    {VM_OP_FLEET_HOSTS, "fleet-hosts", VM_OP_RESULT, FALSE, {{NULL}}},
+    {VM_OP_FLEET_LIST, "fleet-list", VM_OP_RESULT, FALSE, {{NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

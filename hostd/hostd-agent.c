@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "hostd-booting.h"
+#include "hostd-cluster.h"
 #include "hostd-confine.h"
 #include "hostd-guest.h"
 #include "hostd-keys.h"
@@ -633,6 +634,10 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         vm_throw(error, VM_ERROR_EXISTS, "agent '%s' already exists", req->name);
         return NULL;
     }
+    /* The name is the fleet's before anything is made here; given back when `new` fails. */
+    g_auto(HostdAgentClaim) claim = {0};
+    if (!hostd_agent_claim(ctx, req->name, &claim, error))
+        return NULL;
 
     const char *template_name =
         req->template_name != NULL ? req->template_name : HOSTD_DEFAULT_TEMPLATE;
@@ -729,6 +734,7 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     if (!hostd_agent_create(ctx, r, tpl, image, warm, req->user_data, req->wait, progress,
                             progress_data, error))
         return NULL;
+    claim.held = FALSE;
     return hostd_agent_to_variant(ctx, r);
 }
 
@@ -1144,6 +1150,18 @@ hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, guint time
     return hostd_agent_to_variant(ctx, r);
 }
 
+/* An rm that released @name in the fleet and then failed: the agent is still here, so is its
+ * name again (best effort: the cluster's thread claims it at its next refresh otherwise). */
+static void
+hostd_agent_reclaim(HostdContext *ctx, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (ctx->cluster != NULL && !hostd_cluster_claim(ctx->cluster, name, NULL, &error))
+        hostd_context_log(ctx, "agent '%s' stays, its name in the fleet not claimed again: %s",
+                          name, error->message);
+}
+
 gboolean
 hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **error)
 {
@@ -1157,18 +1175,27 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
                         "agent '%s' is running; stop it first or use --force", name);
     if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_removing), error))
         return FALSE;
+    /* The fleet forgets the name before the agent goes: a name whose record stays would be
+     * nobody's to use again. */
+    if (ctx->cluster != NULL && !hostd_cluster_release(ctx->cluster, name, error))
+        return FALSE;
 
     hostd_ssh_pool_forget(ctx->ssh, name);
     hostd_agent_emit_removed(ctx, name);
-    if (!hostd_libvirt_remove(ctx->lv, name, error))
+    if (!hostd_libvirt_remove(ctx->lv, name, error)) {
+        hostd_agent_reclaim(ctx, name);
         return FALSE;
+    }
     /* Its QEMU is gone: the read access its id had to a source's images goes too, and the id
      * is free again once the record is. */
     hostd_confine_release(ctx, r);
     /* The record goes first so that a crash halfway leaves no half-agent that looks whole. */
     g_autofree char *record = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
-    if (g_unlink(record) < 0 && errno != ENOENT)
-        return vm_throw_errno(error, errno, "cannot remove %s", record);
+    if (g_unlink(record) < 0 && errno != ENOENT) {
+        vm_throw_errno(error, errno, "cannot remove %s", record);
+        hostd_agent_reclaim(ctx, name);
+        return FALSE;
+    }
     return vm_remove_tree(r->dir, error);
 }
 
@@ -1179,6 +1206,56 @@ hostd_agent_info(HostdContext *ctx, const char *name, GError **error)
     if (r == NULL)
         return NULL;
     return hostd_agent_to_variant(ctx, r);
+}
+
+gboolean
+hostd_agent_claim(HostdContext *ctx, const char *name, HostdAgentClaim *claim, GError **error)
+{
+    gboolean created = FALSE;
+
+    if (ctx->cluster == NULL)
+        return TRUE;
+    if (!hostd_cluster_claim(ctx->cluster, name, &created, error))
+        return FALSE;
+    claim->ctx = ctx;
+    claim->name = g_strdup(name);
+    claim->held = created;
+    return TRUE;
+}
+
+void
+hostd_agent_claim_clear(HostdAgentClaim *claim)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (claim->held && claim->ctx->cluster != NULL &&
+        !hostd_cluster_release(claim->ctx->cluster, claim->name, &error))
+        hostd_context_log(claim->ctx, "agent '%s' was not made, and its name stays claimed: %s",
+                          claim->name, error->message);
+    claim->held = FALSE;
+    g_clear_pointer(&claim->name, g_free);
+}
+
+GHashTable *
+hostd_agent_states(gpointer data)
+{
+    HostdContext *ctx = data;
+    g_autoptr(GVariant) agents = hostd_agent_list(ctx, NULL);
+    GVariantIter it;
+    GVariant *agent;
+
+    if (agents == NULL)
+        return NULL;
+    GHashTable *states = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    g_variant_iter_init(&it, agents);
+    while ((agent = g_variant_iter_next_value(&it)) != NULL) {
+        const char *name = NULL, *state = NULL;
+        if (g_variant_lookup(agent, "name", "&s", &name) &&
+            g_variant_lookup(agent, "state", "&s", &state))
+            g_hash_table_replace(states, g_strdup(name), g_strdup(state));
+        g_variant_unref(agent);
+    }
+    return states;
 }
 
 GVariant *

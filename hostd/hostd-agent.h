@@ -61,7 +61,9 @@ GVariant *hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, 
                            VmProgressFunc progress, gpointer progress_data, GError **error);
 
 /* Removes the agent entirely. A running agent is refused (VM_ERROR_BAD_STATE) unless @force; a
- * component's agent_removing hook may refuse too (forks standing on its checkpoints). */
+ * component's agent_removing hook may refuse too (forks standing on its checkpoints). In a
+ * fleet its name is released first (where this host owns it): without etcd that fails
+ * (VM_ERROR_NOT_RUNNING) and nothing is removed. */
 gboolean hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **error);
 
 /* The agent's info dictionary (see docs/PROTOCOL.md for the fields). */
@@ -69,6 +71,27 @@ GVariant *hostd_agent_info(HostdContext *ctx, const char *name, GError **error);
 
 /* Every agent's info dictionary, sorted by name (aa{sv}). */
 GVariant *hostd_agent_list(HostdContext *ctx, GError **error);
+
+/* Every agent's state (name -> state, both strings; a HostdClusterAgentsFunc with @data the
+ * context), or NULL when the agents cannot be listed. */
+GHashTable *hostd_agent_states(gpointer data);
+
+/* An agent name claimed in the fleet for a `new` or fork in progress: given back when the
+ * claim goes out of scope still held (the agent was not made). */
+typedef struct {
+    HostdContext *ctx;
+    char *name;
+    gboolean held; /* this call made the fleet's record */
+} HostdAgentClaim;
+
+/* Claims @name in the fleet (nothing without [cluster]). Fails with VM_ERROR_EXISTS naming the
+ * host that owns it, VM_ERROR_NOT_RUNNING when the fleet's etcd cannot be reached. */
+gboolean hostd_agent_claim(HostdContext *ctx, const char *name, HostdAgentClaim *claim,
+                           GError **error);
+
+/* Gives the name back where @claim still holds it (logged when etcd refuses). Can't fail. */
+void hostd_agent_claim_clear(HostdAgentClaim *claim);
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(HostdAgentClaim, hostd_agent_claim_clear)
 
 /* The OpenSSH client stanza for @name, or for every agent when @name is NULL. For one agent,
  * *ret_path is a file holding the stanza and *ret_host the Host alias to use with it. */

@@ -10,6 +10,7 @@
 #include "hostd-libvirt.h"
 #include "vm-config.h"
 #include "vm-error.h"
+#include "vm-fleet-records.h"
 #include "vm-util.h"
 
 static const char *const hostd_config_keys[] = {
@@ -50,6 +51,10 @@ static const char *const hostd_config_keys[] = {
     "egress-presets-dir",
     "metrics-listen",
     NULL,
+};
+
+static const char *const hostd_config_cluster_keys[] = {
+    "endpoints", "host-id", "address", "ca", "cert", "key", "lease-ttl", NULL,
 };
 
 /* The config keys of VmDiskLimit, in its order. */
@@ -206,6 +211,104 @@ hostd_config_get_choice(GKeyFile *kf, const char *path, const char *key, const c
     return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s must be one of %s", path, key, list);
 }
 
+/* A TLS file of [cluster]: made absolute, and readable now rather than at the first request. */
+static gboolean
+hostd_config_cluster_file(GKeyFile *kf, const char *path, const char *key, char **ret,
+                          GError **error)
+{
+    if (!g_key_file_has_key(kf, "cluster", key, NULL))
+        return TRUE;
+    g_autofree char *value = g_key_file_get_string(kf, "cluster", key, NULL);
+    if (value == NULL || value[0] == '\0')
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: [cluster] %s is empty", path, key);
+    g_autofree char *absolute = g_canonicalize_filename(value, NULL);
+    if (!g_file_test(absolute, G_FILE_TEST_IS_REGULAR) || access(absolute, R_OK) < 0)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s: [cluster] %s %s is not a readable file", path, key, absolute);
+    *ret = g_steal_pointer(&absolute);
+    return TRUE;
+}
+
+/* [cluster]: endpoints, host-id and address required; ca, cert and key optional (cert and key
+ * together); lease-ttl in seconds. */
+static gboolean
+hostd_config_load_cluster(HostdConfig *config, GKeyFile *kf, const char *path, GError **error)
+{
+    g_autoptr(HostdClusterConfig) c = g_new0(HostdClusterConfig, 1);
+    g_autoptr(GError) local_error = NULL;
+
+    g_auto(GStrv) keys = g_key_file_get_keys(kf, "cluster", NULL, NULL);
+    for (char **k = keys; keys != NULL && *k != NULL; k++) {
+        if (!g_strv_contains(hostd_config_cluster_keys, *k))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: unknown key '%s' in [cluster]",
+                            path, *k);
+    }
+    gsize n = 0;
+    c->endpoints = g_key_file_get_string_list(kf, "cluster", "endpoints", &n, NULL);
+    if (c->endpoints == NULL || n == 0)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s: [cluster] needs endpoints (etcd's client URLs, separated by ';')",
+                        path);
+    if (n > 16)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: [cluster] has over 16 endpoints",
+                        path);
+    for (gsize i = 0; i < n; i++) {
+        g_strstrip(c->endpoints[i]);
+        if (!g_str_has_prefix(c->endpoints[i], "http://") &&
+            !g_str_has_prefix(c->endpoints[i], "https://"))
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "%s: [cluster] endpoint '%s' is not http://HOST:PORT or "
+                            "https://HOST:PORT",
+                            path, c->endpoints[i]);
+    }
+    c->host_id = g_key_file_get_string(kf, "cluster", "host-id", NULL);
+    if (c->host_id == NULL || !vm_fleet_host_id_valid(c->host_id))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s: [cluster] host-id must be set: [a-z0-9] then [a-z0-9.-], at most %d "
+                        "characters",
+                        path, VM_FLEET_HOST_ID_MAX);
+    c->address = g_key_file_get_string(kf, "cluster", "address", NULL);
+    if (c->address == NULL || !vm_fleet_address_valid(c->address))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                        "%s: [cluster] address must be set: how other hosts reach this one "
+                        "(ssh://[USER@]HOST[:PORT], as vmctl --host takes it)",
+                        path);
+    if (!hostd_config_cluster_file(kf, path, "ca", &c->ca, error) ||
+        !hostd_config_cluster_file(kf, path, "cert", &c->cert, error) ||
+        !hostd_config_cluster_file(kf, path, "key", &c->key, error))
+        return FALSE;
+    if ((c->cert == NULL) != (c->key == NULL))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: [cluster] cert and key go together",
+                        path);
+    c->lease_ttl_s = HOSTD_CLUSTER_LEASE_TTL_DEFAULT;
+    if (g_key_file_has_key(kf, "cluster", "lease-ttl", NULL)) {
+        gint v = g_key_file_get_integer(kf, "cluster", "lease-ttl", &local_error);
+        if (local_error != NULL || v < HOSTD_CLUSTER_LEASE_TTL_MIN ||
+            v > HOSTD_CLUSTER_LEASE_TTL_MAX)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "%s: [cluster] lease-ttl must be %d to %d seconds", path,
+                            HOSTD_CLUSTER_LEASE_TTL_MIN, HOSTD_CLUSTER_LEASE_TTL_MAX);
+        c->lease_ttl_s = (guint)v;
+    }
+    hostd_cluster_config_free(config->cluster);
+    config->cluster = g_steal_pointer(&c);
+    return TRUE;
+}
+
+void
+hostd_cluster_config_free(HostdClusterConfig *cluster)
+{
+    if (cluster == NULL)
+        return;
+    g_strfreev(cluster->endpoints);
+    g_free(cluster->host_id);
+    g_free(cluster->address);
+    g_free(cluster->ca);
+    g_free(cluster->cert);
+    g_free(cluster->key);
+    g_free(cluster);
+}
+
 static gboolean
 hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
 {
@@ -217,7 +320,7 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
 
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     for (char **g = groups; *g != NULL; g++) {
-        if (!g_str_equal(*g, "hostd"))
+        if (!g_str_equal(*g, "hostd") && !g_str_equal(*g, "cluster"))
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: unknown group [%s]", path, *g);
     }
     g_auto(GStrv) keys = g_key_file_get_keys(kf, "hostd", NULL, NULL);
@@ -225,6 +328,8 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         if (!g_strv_contains(hostd_config_keys, *k))
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: unknown key '%s'", path, *k);
     }
+    if (g_key_file_has_group(kf, "cluster") && !hostd_config_load_cluster(config, kf, path, error))
+        return FALSE;
 
     struct {
         const char *key;
@@ -608,6 +713,7 @@ hostd_config_free(HostdConfig *config)
     g_free(config->templates_dir);
     g_free(config->socket_group);
     g_free(config->metrics_listen);
+    hostd_cluster_config_free(config->cluster);
     g_free(config->egress_upstream_ca_file);
     g_free(config->egress_user);
     g_free(config->egress_presets_dir);

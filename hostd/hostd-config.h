@@ -22,6 +22,24 @@ typedef enum {
 #define HOSTD_DISK_READ_IOPS_DEFAULT  2000
 #define HOSTD_DISK_WRITE_IOPS_DEFAULT 1000
 
+/* [cluster]: this host in a fleet whose records live in etcd (docs/CLUSTER.md). */
+typedef struct {
+    char **endpoints; /* etcd client URLs, tried in turn */
+    char *host_id;    /* this host's id in the fleet (vm_fleet_host_id_valid()) */
+    char *address;    /* how another host reaches this one: what `--host ssh://` would use */
+    char *ca;         /* optional TLS: the CA the members' certificates are checked against */
+    char *cert;       /* and this host's client certificate and key (both or neither) */
+    char *key;
+    guint lease_ttl_s; /* the host's record goes this long after its last keepalive */
+} HostdClusterConfig;
+
+#define HOSTD_CLUSTER_LEASE_TTL_DEFAULT 10
+#define HOSTD_CLUSTER_LEASE_TTL_MIN     2
+#define HOSTD_CLUSTER_LEASE_TTL_MAX     300
+
+void hostd_cluster_config_free(HostdClusterConfig *cluster);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdClusterConfig, hostd_cluster_config_free)
+
 typedef struct {
     char *state_dir;     /* agents/, images/, libvirt/ live here */
     char *socket_path;   /* default <state_dir>/hostd.sock */
@@ -67,6 +85,7 @@ typedef struct {
     HostdEgressPresets *egress_presets; /* the built-in presets and those of egress_presets_dir */
     /* The Prometheus endpoint: "HOST:PORT", an absolute path (a Unix socket), or "off". */
     char *metrics_listen;
+    HostdClusterConfig *cluster; /* [cluster]; NULL without one: this host is in no fleet */
 } HostdConfig;
 
 /* Defaults of guest-checkpoint-max, guest-checkpoint-bytes and checkpoint-free-floor (5% of
@@ -99,7 +118,9 @@ gboolean hostd_config_metrics_listen_valid(const char *value);
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
  * egress-upstream-ca-file, egress-worker, egress-user, disk-read, disk-write, disk-read-iops,
  * disk-write-iops, agent-ids, worker-ids, guest-checkpoint-max, guest-checkpoint-bytes,
- * checkpoint-free-floor, egress-presets-dir, metrics-listen) when not NULL,
+ * checkpoint-free-floor, egress-presets-dir, metrics-listen) and an optional [cluster] group
+ * (endpoints, host-id, address, ca, cert, key, lease-ttl: endpoints, host-id and address
+ * required there) when not NULL,
  * then applies the non-NULL overrides, then fills defaults (worker-ids: the ids right after
  * agent-ids', thrice as many), then loads the egress presets (hostd_egress_presets_load()).
  * Unknown keys and bad values fail with VM_ERROR_INVALID_ARGUMENT

@@ -134,6 +134,9 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
     g_autoptr(virDomain) existing = hostd_libvirt_lookup(ctx->lv, req->name, NULL);
     if (g_file_test(dir, G_FILE_TEST_EXISTS) || existing != NULL)
         return vm_throw(error, VM_ERROR_EXISTS, "agent '%s' already exists", req->name), NULL;
+    g_auto(HostdAgentClaim) claim = {0};
+    if (!hostd_agent_claim(ctx, req->name, &claim, error))
+        return NULL;
 
     g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, source->template_name, error);
     if (tpl == NULL)
@@ -242,6 +245,7 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
             hostd_fork_drop_checkpoint(ctx, req->source, taken);
         return NULL;
     }
+    claim.held = FALSE;
     if (ret_checkpoint != NULL)
         *ret_checkpoint = g_steal_pointer(&checkpoint_id);
     return hostd_agent_to_variant(ctx, r);

@@ -5,6 +5,7 @@
 #include "hostd-authorize.h"
 #include "hostd-checkpoint-files.h"
 #include "hostd-checkpoint.h"
+#include "hostd-cluster.h"
 #include "hostd-egress.h"
 #include "hostd-fork.h"
 #include "hostd-forward.h"
@@ -886,6 +887,37 @@ hostd_handle_agent_stats(HostdContext *ctx, const VmMessage *req, VmStreamWriter
     return hostd_reply(reply, g_variant_builder_end(&b), error);
 }
 
+/* The fleet's view needs a fleet: without [cluster] there is none to show. */
+static HostdCluster *
+hostd_fleet(HostdContext *ctx, GError **error)
+{
+    if (ctx->cluster == NULL)
+        vm_throw(error, VM_ERROR_NOT_RUNNING,
+                 "this host is in no fleet: hostd's configuration has no [cluster] "
+                 "(docs/CLUSTER.md)");
+    return ctx->cluster;
+}
+
+static gboolean
+hostd_handle_fleet_hosts(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                         GError **error)
+{
+    HostdCluster *cluster = hostd_fleet(ctx, error);
+    if (cluster == NULL)
+        return FALSE;
+    return hostd_reply1(reply, "hosts", hostd_cluster_hosts(cluster, error), error);
+}
+
+static gboolean
+hostd_handle_fleet_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    HostdCluster *cluster = hostd_fleet(ctx, error);
+    if (cluster == NULL)
+        return FALSE;
+    return hostd_reply1(reply, "agents", hostd_cluster_agents(cluster, error), error);
+}
+
 /* Which function serves each request, and whether it changes something. The fields a request may
  * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
  * before a handler runs. */
@@ -939,6 +971,8 @@ static const struct {
     {VM_OP_AGENT_SET_RESOURCES, hostd_handle_agent_set_resources, HOSTD_REQUEST_CHANGES},
     {VM_OP_AGENT_LOGS, hostd_handle_agent_logs, HOSTD_REQUEST_READS},
     {VM_OP_AGENT_STATS, hostd_handle_agent_stats, HOSTD_REQUEST_READS},
+    {VM_OP_FLEET_HOSTS, hostd_handle_fleet_hosts, HOSTD_REQUEST_READS},
+    {VM_OP_FLEET_LIST, hostd_handle_fleet_list, HOSTD_REQUEST_READS},
 };
 
 /* The row of @op in hostd_handlers, or -1. */

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include "hostd-modules.h"
+#include "hostd-agent.h"
+#include "hostd-cluster.h"
 #include "hostd-config.h"
 #include "hostd-confine.h"
 #include "hostd-egress.h"
@@ -215,6 +217,23 @@ main(int argc, char **argv)
         return vm_error_exit_status(vm_error_code(error));
     }
 
+    /* In a fleet: registered, kept alive and refreshed from a thread of its own, which retries
+     * while etcd cannot be reached; requests only read ctx->cluster. */
+    g_autoptr(HostdCluster) cluster = NULL;
+    if (ctx->config->cluster != NULL) {
+        cluster = hostd_cluster_new(ctx->config->cluster, ctx->config->state_dir, &error);
+        if (cluster == NULL) {
+            fprintf(stderr, "hostd: %s\n", error->message);
+            return vm_error_exit_status(vm_error_code(error));
+        }
+        hostd_cluster_set_agents_func(cluster, hostd_agent_states, ctx);
+        hostd_cluster_set_log_func(cluster, hostd_log_message);
+        ctx->cluster = cluster;
+        hostd_cluster_start(cluster);
+        g_message("fleet: host '%s' joins through etcd at %s", ctx->config->cluster->host_id,
+                  ctx->config->cluster->endpoints[0]);
+    }
+
     HostdServer *server =
         hostd_server_start(ctx, ctx->config->socket_path, ctx->config->socket_group, &error);
     if (server == NULL) {
@@ -249,6 +268,9 @@ main(int argc, char **argv)
     hostd_supervise_stop(ctx);
     hostd_server_stop(server);
     hostd_metrics_server_stop(metrics);
+    /* A clean exit leaves the fleet at once rather than after the lease's TTL. */
+    if (cluster != NULL)
+        hostd_cluster_stop(cluster, TRUE);
     /* Before the saves: no guest asks for a checkpoint or restore while they run. */
     hostd_guest_api_stop(ctx);
     hostd_power_stop(ctx);

@@ -186,7 +186,7 @@ expect "--force" vmctl stop a1 --f
 agents="a1 web-2"
 secrets="example-api gh"
 declare -A first=(
-    [new]="" [list]="" [info]=$agents [exec]=$agents [ssh]=$agents [ssh-config]=$agents
+    [new]="" [list]="" [hosts]="" [info]=$agents [exec]=$agents [ssh]=$agents [ssh-config]=$agents
     [start]=$agents [stop]=$agents [rm]=$agents [suspend]=$agents [resume]=$agents
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents

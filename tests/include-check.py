@@ -4,9 +4,10 @@
 (a) hostd's modules include each other in no circle: hostd/hostd-X.c, hostd-X.h and
     hostd-X-private.h are module X, hostd/main.c is module 'main'; X -> Y when a file of X
     includes hostd-Y.h or hostd-Y-private.h. Each circle is named by its modules.
-(b) No engine or client file (common/, templates/, cloud-init/, egress/, checkpoint/, vmctl/)
-    includes a hostd header.
+(b) No engine or client file (common/, templates/, cloud-init/, egress/, checkpoint/, fleet/,
+    vmctl/) includes a hostd header.
 (c) common/ includes nothing from the other project folders.
+(d) fleet/ includes nothing from the project's folders but common/.
 
 It first runs on the fixture trees in tests/data/include-check/ and compares what it finds there
 with what they hold, so a broken check cannot pass quietly. `include-check.py DIR` checks the tree
@@ -15,7 +16,7 @@ import os
 import re
 import sys
 
-ENGINES = ['common', 'templates', 'cloud-init', 'egress', 'checkpoint', 'vmctl']
+ENGINES = ['common', 'templates', 'cloud-init', 'egress', 'checkpoint', 'fleet', 'vmctl']
 FOLDERS = ENGINES + ['hostd']
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
@@ -85,6 +86,7 @@ def check(root):
         'cycles': cycles(root),
         'hostd headers': foreign_includes(root, ENGINES, {'hostd'}),
         'common': foreign_includes(root, ['common'], set(FOLDERS) - {'common'}),
+        'fleet': foreign_includes(root, ['fleet'], set(FOLDERS) - {'common', 'fleet'}),
     }
 
 
@@ -92,6 +94,7 @@ TITLES = {
     'cycles': 'no circle of includes among hostd modules',
     'hostd headers': 'no engine or client file includes a hostd header',
     'common': 'common/ includes nothing from other project folders',
+    'fleet': 'fleet/ includes nothing from the project but common/',
 }
 
 

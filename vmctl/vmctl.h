@@ -201,6 +201,7 @@ gboolean vmctl_cmd_template_list(VmctlContext *ctx, int argc, char **argv, GErro
 gboolean vmctl_cmd_template_build(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_list(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_hosts(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_exec(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_cp(VmctlContext *ctx, int argc, char **argv, GError **error);

@@ -485,6 +485,81 @@ test_egress_upstream_ca_file(void **state)
     }
 }
 
+/* [cluster]: its keys, their defaults, and what is refused; without it, no fleet. */
+static void
+test_cluster(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+
+    write_config(f, "[hostd]\nstate-dir=/x\n");
+    g_autoptr(HostdConfig) none = load_ok(f->file, NULL, NULL, NULL);
+    assert_null(none->cluster);
+
+    g_autofree char *ca = g_build_filename(f->dir, "ca.pem", NULL);
+    g_autofree char *cert = g_build_filename(f->dir, "host.pem", NULL);
+    g_autofree char *key = g_build_filename(f->dir, "host-key.pem", NULL);
+    assert_true(g_file_set_contents(ca, "x", -1, NULL));
+    assert_true(g_file_set_contents(cert, "x", -1, NULL));
+    assert_true(g_file_set_contents(key, "x", -1, NULL));
+    g_autofree char *full = g_strdup_printf(
+        "[cluster]\nendpoints=https://10.0.0.1:2379; https://10.0.0.2:2379;https://10.0.0.3:2379\n"
+        "host-id=rack1.h2\naddress=ssh://root@10.0.0.2\nca=%s\ncert=%s\nkey=%s\nlease-ttl=15\n",
+        ca, cert, key);
+    write_config(f, full);
+    g_autoptr(HostdConfig) config = load_ok(f->file, NULL, NULL, NULL);
+    assert_non_null(config->cluster);
+    assert_int_equal(g_strv_length(config->cluster->endpoints), 3);
+    assert_string_equal(config->cluster->endpoints[1], "https://10.0.0.2:2379");
+    assert_string_equal(config->cluster->host_id, "rack1.h2");
+    assert_string_equal(config->cluster->address, "ssh://root@10.0.0.2");
+    assert_string_equal(config->cluster->ca, ca);
+    assert_string_equal(config->cluster->cert, cert);
+    assert_string_equal(config->cluster->key, key);
+    assert_int_equal(config->cluster->lease_ttl_s, 15);
+
+    write_config(f, "[cluster]\nendpoints=http://127.0.0.1:2379\nhost-id=h1\naddress=h1\n");
+    g_autoptr(HostdConfig) plain = load_ok(f->file, NULL, NULL, NULL);
+    assert_int_equal(plain->cluster->lease_ttl_s, HOSTD_CLUSTER_LEASE_TTL_DEFAULT);
+    assert_null(plain->cluster->ca);
+
+    static const struct {
+        const char *text;
+        const char *needle;
+    } bad[] = {
+        {"[cluster]\nhost-id=h1\naddress=h1\n", "endpoints"},
+        {"[cluster]\nendpoints=\nhost-id=h1\naddress=h1\n", "endpoints"},
+        {"[cluster]\nendpoints=127.0.0.1:2379\nhost-id=h1\naddress=h1\n", "127.0.0.1:2379"},
+        {"[cluster]\nendpoints=http://a:1\naddress=h1\n", "host-id"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=H1\naddress=h1\n", "host-id"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=../h\naddress=h1\n", "host-id"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\n", "address"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=a b\n", "address"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=1\n", "lease-ttl"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=301\n", "lease-ttl"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=x\n", "lease-ttl"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nca=/no/such/ca.pem\n",
+         "/no/such/ca.pem"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nttl=3\n", "'ttl'"},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        write_config(f, bad[i].text);
+        g_autoptr(HostdConfig) refused = hostd_config_load(f->file, NULL, NULL, NULL, &error);
+        if (refused != NULL)
+            fail_msg("accepted: %s", bad[i].text);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        if (strstr(error->message, bad[i].needle) == NULL)
+            fail_msg("'%s' does not name '%s'", error->message, bad[i].needle);
+        g_clear_error(&error);
+    }
+    /* A certificate without its key. */
+    g_autofree char *half =
+        g_strdup_printf("[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\ncert=%s\n", cert);
+    write_config(f, half);
+    assert_null(hostd_config_load(f->file, NULL, NULL, NULL, &error));
+    assert_non_null(strstr(error->message, "cert and key"));
+}
+
 static void
 test_missing_file(void **state)
 {
@@ -528,6 +603,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cluster, setup, teardown),
         cmocka_unit_test_setup_teardown(test_default_state_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_templates_env, setup, teardown),
         cmocka_unit_test_setup_teardown(test_relative_state_dir, setup, teardown),

@@ -67,6 +67,8 @@ static const struct {
     {VM_OP_EGRESS_PRESETS, TRUE},
     {VM_OP_AGENT_LOGS, TRUE},
     {VM_OP_AGENT_STATS, TRUE},
+    {VM_OP_FLEET_HOSTS, TRUE},
+    {VM_OP_FLEET_LIST, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -137,6 +139,8 @@ static const struct {
     {VM_OP_AGENT_LOGS, "{'name': <'alice'>, 'follow': <true>, 'lines': <uint32 20>, "
                        "'cloud_init': <false>}"},
     {VM_OP_AGENT_STATS, "{'names': <['alice', 'bob']>}"},
+    {VM_OP_FLEET_HOSTS, "@a{sv} {}"},
+    {VM_OP_FLEET_LIST, "@a{sv} {}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -293,6 +297,8 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_EGRESS_PRESETS, 42);
     assert_int_equal(VM_OP_AGENT_LOGS, 43);
     assert_int_equal(VM_OP_AGENT_STATS, 44);
+    assert_int_equal(VM_OP_FLEET_HOSTS, 45);
+    assert_int_equal(VM_OP_FLEET_LIST, 46);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);

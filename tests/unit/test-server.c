@@ -430,6 +430,20 @@ test_unknown_agent(void **state)
     assert_nothing_created(f);
 }
 
+/* The fleet's view without [cluster]: one clear error, not-running, for both requests. */
+static void
+test_fleet_without_cluster(void **state)
+{
+    Fixture *f = *state;
+    const VmOp ops[] = {VM_OP_FLEET_HOSTS, VM_OP_FLEET_LIST};
+
+    for (gsize i = 0; i < G_N_ELEMENTS(ops); i++) {
+        g_autoptr(GPtrArray) replies = converse(f, ops[i], NULL);
+        assert_error_reply(replies, VM_ERROR_NOT_RUNNING,
+                           "this host is in no fleet: hostd's configuration has no [cluster]");
+    }
+}
+
 /* hostd logs each failed request once, naming the operation and the agent. */
 static void
 test_failure_logged(void **state)
@@ -1800,6 +1814,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_ping_half_closed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_list_empty, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_agent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fleet_without_cluster, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_logged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_log, setup_image, teardown),
         cmocka_unit_test_setup_teardown(test_bad_names, setup, teardown),

@@ -236,6 +236,7 @@ test_usage_errors(void **state)
         {{"template", "frobnicate"},
          "vmctl: unknown command 'template frobnicate'; see 'vmctl template --help'\n"},
         {{"list", "extra"}, "vmctl: unexpected argument 'extra'; see 'vmctl list --help'\n"},
+        {{"hosts", "h1"}, "vmctl: unexpected argument 'h1'; see 'vmctl hosts --help'\n"},
         {{"rm"}, "vmctl: missing NAME...; see 'vmctl rm --help'\n"},
         {{"stop", "a1", "a2", "a1"}, "vmctl: 'a1' is named twice; see 'vmctl stop --help'\n"},
         {{"start", "a1", "../x"},
@@ -475,6 +476,94 @@ test_list_json(void **state)
                                  "    \"disk_bytes\" : 4096\n"
                                  "  }\n"
                                  "]\n");
+    assert_int_equal(run.status, 0);
+}
+
+/* hosts: the fleet's hosts, a down one with only its id and the agents it held. */
+static void
+test_hosts(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'hosts': <[{'id': <'h1'>, 'address': <'ssh://root@h1'>, 'live': <true>,"
+          " 'cores': <uint32 16>, 'memory_mib': <uint64 65536>, 'disk_gib': <uint64 900>,"
+          " 'agents': <{'running': uint32 2, 'stopped': 1}>, 'agents_total': <uint32 3>,"
+          " 'free_memory_mib': <uint64 32768>, 'free_disk_gib': <uint64 800>,"
+          " 'drained': <false>},"
+          " {'id': <'h2'>, 'address': <''>, 'live': <false>, 'cores': <uint32 0>,"
+          " 'memory_mib': <uint64 0>, 'disk_gib': <uint64 0>, 'agents': <@a{su} {}>,"
+          " 'agents_total': <uint32 1>, 'free_memory_mib': <uint64 0>,"
+          " 'free_disk_gib': <uint64 0>, 'drained': <false>}]>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "hosts");
+    assert_request(f, VM_OP_FLEET_HOSTS);
+    assert_string_equal(run.out, "HOST  ADDRESS        STATE  CORES  MEMORY  FREE MEMORY  DISK     "
+                                 "FREE DISK  AGENTS\n"
+                                 "h1    ssh://root@h1  live   16     64 GiB  32 GiB       900 GiB  "
+                                 "800 GiB    3 (2 running, 1 stopped)\n"
+                                 "h2    -              down   -      -       -            -        "
+                                 "-          1\n");
+    assert_string_equal(run.err, "");
+    assert_int_equal(run.status, 0);
+}
+
+/* hosts --json: the contract's fields as they came. */
+static void
+test_hosts_json(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT, "{'hosts': <[{'id': <'h1'>, 'live': <true>}]>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "hosts", "--json");
+    assert_string_equal(run.out, "[\n"
+                                 "  {\n"
+                                 "    \"id\" : \"h1\",\n"
+                                 "    \"live\" : true\n"
+                                 "  }\n"
+                                 "]\n");
+    assert_int_equal(run.status, 0);
+}
+
+/* A host in no fleet: hostd's one line and not-running's status. */
+static void
+test_hosts_no_fleet(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply_error(f, VM_ERROR_NOT_RUNNING,
+                "this host is in no fleet: hostd's configuration has no [cluster] "
+                "(docs/CLUSTER.md)");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "list", "--fleet");
+    assert_request(f, VM_OP_FLEET_LIST);
+    assert_string_equal(run.err, "vmctl: this host is in no fleet: hostd's configuration has no "
+                                 "[cluster] (docs/CLUSTER.md)\n");
+    assert_int_equal(run.status, vm_error_exit_status(VM_ERROR_NOT_RUNNING));
+}
+
+/* list --fleet: every agent of the fleet with its host. */
+static void
+test_list_fleet(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'agents': <[{'name': <'a1'>, 'host': <'h1'>, 'epoch': <uint64 1>,"
+          " 'state': <'running'>, 'host_live': <true>},"
+          " {'name': <'b2'>, 'host': <'h2'>, 'epoch': <uint64 3>, 'state': <'host-down'>,"
+          " 'host_live': <false>}]>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "list", "--fleet");
+    assert_request(f, VM_OP_FLEET_LIST);
+    assert_string_equal(run.out, "NAME  HOST  STATE      EPOCH\n"
+                                 "a1    h1    running    1\n"
+                                 "b2    h2    host-down  3\n");
     assert_int_equal(run.status, 0);
 }
 
@@ -2656,6 +2745,10 @@ main(void)
         cmocka_unit_test_setup_teardown(test_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_many, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_fleet, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hosts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hosts_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hosts_no_fleet, setup, teardown),
         cmocka_unit_test_setup_teardown(test_template_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hostd_error, setup, teardown),

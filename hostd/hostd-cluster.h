@@ -1,0 +1,84 @@
+/* This host in a fleet ([cluster] in hostd.conf; docs/CLUSTER.md).
+ *
+ * A HostdCluster registers the host at /vmctl/hosts/<id> under an etcd lease and keeps the
+ * lease alive from a thread of its own (a request never waits for it), writing the host's load
+ * every few seconds and each of its agents' state. It claims agent names for this host
+ * (/vmctl/agents/<name>, created only where no record is: a name is unique in the fleet) and
+ * gives them back, and reads the fleet's hosts and agents for the one view. Without quorum the
+ * claims and the view fail (VM_ERROR_NOT_RUNNING) and nothing else stops: the thread retries.
+ *
+ * A leaf: it knows no agent's lifecycle; hostd hands it the agents' states through a callback.
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "hostd-config.h"
+
+G_BEGIN_DECLS
+
+/* How often the host's load and its agents' states are written again. */
+#define HOSTD_CLUSTER_REFRESH_S 5
+
+typedef struct _HostdCluster HostdCluster;
+
+/* The agents of this host and the state of each (name -> state, both strings), newly
+ * allocated; NULL when they cannot be read now. Called on the cluster's thread. */
+typedef GHashTable *(*HostdClusterAgentsFunc)(gpointer data);
+
+/* A cluster member for @config, whose disk figures are those of the filesystem of @state_dir.
+ * Contacts nothing yet. Fails with VM_ERROR_INVALID_ARGUMENT for a bad endpoint. */
+HostdCluster *hostd_cluster_new(const HostdClusterConfig *config, const char *state_dir,
+                                GError **error);
+
+/* Sets where the agents' states come from (before hostd_cluster_start()). */
+void hostd_cluster_set_agents_func(HostdCluster *cluster, HostdClusterAgentsFunc func,
+                                   gpointer data);
+
+/* Sets where the thread reports what it could not do (one line each; changes only, not every
+ * retry). May be NULL. */
+void hostd_cluster_set_log_func(HostdCluster *cluster, void (*log)(const char *message));
+
+/* Starts the thread that registers the host, claims its agents that have no record, keeps the
+ * lease alive and refreshes the load. Returns at once: a fleet that cannot be reached is retried
+ * there. Can't fail. */
+void hostd_cluster_start(HostdCluster *cluster);
+
+/* Stops the thread; with @revoke, revokes the lease (the host's record goes at once) as a clean
+ * exit does. Without, the record goes when its TTL runs out (as when the host dies). */
+void hostd_cluster_stop(HostdCluster *cluster, gboolean revoke);
+
+/* Stops (revoking) and frees. NULL is fine. */
+void hostd_cluster_free(HostdCluster *cluster);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdCluster, hostd_cluster_free)
+
+const char *hostd_cluster_host_id(const HostdCluster *cluster);
+
+/* Whether the host holds a live lease with its record, as far as the thread knows. */
+gboolean hostd_cluster_registered(HostdCluster *cluster);
+
+/* Claims @name for this host: creates its record {host, epoch 1} where none is. *@ret_created:
+ * whether this call made it (FALSE: this host owned it already). Fails with VM_ERROR_EXISTS
+ * "agent 'x' exists on host 'h2'" for a name another host owns, VM_ERROR_NOT_RUNNING when etcd
+ * cannot be reached or has no quorum. */
+gboolean hostd_cluster_claim(HostdCluster *cluster, const char *name, gboolean *ret_created,
+                             GError **error);
+
+/* Deletes @name's record where this host owns it (another host's record stays). Fails with
+ * VM_ERROR_NOT_RUNNING when etcd cannot be reached. */
+gboolean hostd_cluster_release(HostdCluster *cluster, const char *name, GError **error);
+
+/* The fleet's hosts (aa{sv}, by id): id, address, live, cores, memory_mib, disk_gib, agents
+ * (a{su}: state -> count), agents_total, free_memory_mib, free_disk_gib, drained. A host that
+ * agents' records name and that has no live record is listed with live false. Records that do
+ * not parse are left out. Fails with VM_ERROR_NOT_RUNNING when etcd cannot be reached. */
+GVariant *hostd_cluster_hosts(HostdCluster *cluster, GError **error);
+
+/* Every agent of the fleet (aa{sv}, by name): name, host, epoch, state (host-down where its
+ * host has no live record), host_live. Fails as hostd_cluster_hosts(). */
+GVariant *hostd_cluster_agents(HostdCluster *cluster, GError **error);
+
+/* Wakes the thread to register or refresh now (tests; a change hostd wants seen soon). */
+void hostd_cluster_kick(HostdCluster *cluster);
+
+G_END_DECLS
