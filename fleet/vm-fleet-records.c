@@ -57,6 +57,22 @@ vm_fleet_agent_key(const char *name)
     return g_strconcat(VM_FLEET_AGENTS_PREFIX, name, NULL);
 }
 
+char *
+vm_fleet_drained_key(const char *id)
+{
+    return g_strconcat(VM_FLEET_DRAINED_PREFIX, id, NULL);
+}
+
+gboolean
+vm_fleet_host_has_template(const VmFleetHost *host, const char *template_name)
+{
+    for (guint i = 0; i < host->templates->len; i++) {
+        if (g_str_equal(host->templates->pdata[i], template_name))
+            return TRUE;
+    }
+    return FALSE;
+}
+
 static void
 state_count_clear(VmFleetStateCount *c)
 {
@@ -71,6 +87,7 @@ vm_fleet_host_new(const char *id, const char *address)
     host->address = g_strdup(address);
     host->agents = g_array_new(FALSE, TRUE, sizeof(VmFleetStateCount));
     g_array_set_clear_func(host->agents, (GDestroyNotify)state_count_clear);
+    host->templates = g_ptr_array_new_with_free_func(g_free);
     return host;
 }
 
@@ -82,6 +99,7 @@ vm_fleet_host_free(VmFleetHost *host)
     g_free(host->id);
     g_free(host->address);
     g_array_unref(host->agents);
+    g_ptr_array_unref(host->templates);
     g_free(host);
 }
 
@@ -154,6 +172,11 @@ vm_fleet_host_to_json(const VmFleetHost *host)
     add_int(b, "free_disk_gib", (gint64)host->free_disk_gib);
     json_builder_set_member_name(b, "drained");
     json_builder_add_boolean_value(b, host->drained);
+    json_builder_set_member_name(b, "templates");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < host->templates->len; i++)
+        json_builder_add_string_value(b, host->templates->pdata[i]);
+    json_builder_end_array(b);
     json_builder_end_object(b);
     return builder_text(b);
 }
@@ -258,6 +281,27 @@ vm_fleet_host_from_json(const char *data, gsize len, GError **error)
             return vm_throw(error, VM_ERROR_PROTOCOL, "host record's drained is not a boolean"),
                    NULL;
         host->drained = json_node_get_boolean(drained);
+    }
+
+    JsonNode *templates = json_object_get_member(o, "templates");
+    if (templates != NULL) {
+        if (!JSON_NODE_HOLDS_ARRAY(templates))
+            return vm_throw(error, VM_ERROR_PROTOCOL, "host record's templates is not an array"),
+                   NULL;
+        JsonArray *names = json_node_get_array(templates);
+        if (json_array_get_length(names) > VM_FLEET_TEMPLATES_MAX)
+            return vm_throw(error, VM_ERROR_PROTOCOL, "host record names over %d templates",
+                            VM_FLEET_TEMPLATES_MAX),
+                   NULL;
+        for (guint i = 0; i < json_array_get_length(names); i++) {
+            JsonNode *n = json_array_get_element(names, i);
+            if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING ||
+                !vm_name_validate(json_node_get_string(n), NULL))
+                return vm_throw(error, VM_ERROR_PROTOCOL,
+                                "host record's templates holds what is no template name"),
+                       NULL;
+            g_ptr_array_add(host->templates, g_strdup(json_node_get_string(n)));
+        }
     }
 
     JsonNode *agents = json_object_get_member(o, "agents");

@@ -2,7 +2,7 @@
  * ownership, as JSON.
  *
  *   /vmctl/hosts/<id>    {"id", "address", "cores", "memory_mib", "disk_gib", "agents": {state:
- *                         count}, "free_memory_mib", "free_disk_gib", "drained"}
+ *                         count}, "free_memory_mib", "free_disk_gib", "drained", "templates"}
  *   /vmctl/agents/<name> {"name", "host", "epoch", "state"}
  *
  * Every host of the fleet writes its own records and reads everyone's: a record is parsed as
@@ -18,6 +18,9 @@ G_BEGIN_DECLS
 #define VM_FLEET_PREFIX        "/vmctl/"
 #define VM_FLEET_HOSTS_PREFIX  "/vmctl/hosts/"
 #define VM_FLEET_AGENTS_PREFIX "/vmctl/agents/"
+/* /vmctl/drained/<id>: the host is drained. Not under the host's lease, so that the owner's
+ * renewals and rewrites of its record keep it; any host of the fleet sets or clears it. */
+#define VM_FLEET_DRAINED_PREFIX "/vmctl/drained/"
 #define VM_FLEET_RECORD_MAX    (16 * 1024) /* bytes of one record */
 #define VM_FLEET_HOST_ID_MAX   63
 #define VM_FLEET_ADDRESS_MAX   255
@@ -26,6 +29,7 @@ G_BEGIN_DECLS
 #define VM_FLEET_COUNT_MAX     1000000
 #define VM_FLEET_HOSTS_MAX     4096   /* hosts a fleet view reads */
 #define VM_FLEET_AGENTS_MAX    100000 /* agents a fleet view reads */
+#define VM_FLEET_TEMPLATES_MAX 256    /* templates a host record names */
 
 typedef struct {
     char *state; /* "running", "stopped", ... */
@@ -41,7 +45,9 @@ typedef struct {
     GArray *agents; /* VmFleetStateCount, at most VM_FLEET_STATES_MAX, distinct states */
     guint64 free_memory_mib;
     guint64 free_disk_gib;
-    gboolean drained;
+    gboolean drained; /* as read: from VM_FLEET_DRAINED_PREFIX, never the record's own */
+    GPtrArray *templates; /* the templates it can make agents of (names), at most
+                           * VM_FLEET_TEMPLATES_MAX; never NULL */
 } VmFleetHost;
 
 typedef struct {
@@ -64,6 +70,10 @@ gboolean vm_fleet_address_valid(const char *address);
 /* The etcd keys of host @id and agent @name. Newly allocated. */
 char *vm_fleet_host_key(const char *id);
 char *vm_fleet_agent_key(const char *name);
+char *vm_fleet_drained_key(const char *id);
+
+/* Whether @host names @template_name among its templates. */
+gboolean vm_fleet_host_has_template(const VmFleetHost *host, const char *template_name);
 
 VmFleetHost *vm_fleet_host_new(const char *id, const char *address);
 void vm_fleet_host_free(VmFleetHost *host);
