@@ -21,7 +21,7 @@ typedef struct {
     guint64 max;
 } VmFieldSpec;
 
-#define VM_FIELDS_MAX 15
+#define VM_FIELDS_MAX 16
 
 typedef struct {
     VmOp op;

@@ -43,6 +43,7 @@ static const VmOpSpec vm_op_specs[] = {
         {"disk_read_iops", "u"},
         {"disk_write_iops", "u"},
         {"egress", "as", 0, 1, VM_RULES_MAX},
+        {"on", "s", 0, 1, VM_HOST_ID_MAX},
         {NULL}}},
     {VM_OP_AGENT_LIST, "agent-list", VM_OP_RESULT, FALSE, {{NULL}}},
     {VM_OP_AGENT_INFO, "agent-info", VM_OP_RESULT, FALSE, {
@@ -231,6 +232,10 @@ static const VmOpSpec vm_op_specs[] = {
         {NULL}}},
     {VM_OP_FLEET_HOSTS, "fleet-hosts", VM_OP_RESULT, FALSE, {{NULL}}},
     {VM_OP_FLEET_LIST, "fleet-list", VM_OP_RESULT, FALSE, {{NULL}}},
+    {VM_OP_FLEET_DRAIN, "fleet-drain", VM_OP_RESULT, FALSE, {
+        {"host", "s", REQ, 1, VM_HOST_ID_MAX},
+        {"drained", "b", REQ},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
@@ -261,6 +266,11 @@ static const VmOpSpec vm_op_specs[] = {
         {NULL}}},
     {VM_OP_RESULT_PART, "result-part", 0, FALSE, {
         {"data", "ay", REQ, 1, VM_RESULT_PART_MAX},
+        {NULL}}},
+    {VM_OP_ELSEWHERE, "elsewhere", 0, FALSE, {
+        {"host", "s", REQ, 1, VM_HOST_ID_MAX},
+        {"address", "s", REQ, 1, VM_ADDRESS_MAX},
+        {"message", "s", REQ},
         {NULL}}},
 };
 /* clang-format on */

@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  10
+#define VM_PROTOCOL_VERSION  11
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
@@ -33,6 +33,8 @@ G_BEGIN_DECLS
 #define VM_SECRET_HOSTS_MAX  32   /* host patterns of one secret */
 #define VM_SECRETS_MAX       64   /* secrets granted by one agent-new */
 #define VM_NAMES_MAX         1024 /* agents named in one request */
+#define VM_HOST_ID_MAX       63   /* bytes of a fleet host's id */
+#define VM_ADDRESS_MAX       255  /* bytes of a fleet host's address */
 /* The most an agent-set-resources request can ask for; hostd's own limits are lower. */
 #define VM_SET_CPUS_MAX       1024
 #define VM_SET_MEMORY_MIB_MAX (16 * 1024 * 1024) /* 16 TiB */
@@ -117,6 +119,7 @@ typedef enum {
     /* The fleet's one view, from etcd (docs/CLUSTER.md); any host of the fleet answers. */
     VM_OP_FLEET_HOSTS = 45, /* -> RESULT {hosts} */
     VM_OP_FLEET_LIST,       /* -> RESULT {agents} */
+    VM_OP_FLEET_DRAIN,      /* -> RESULT {host, drained, changed} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,
@@ -131,6 +134,7 @@ typedef enum {
     VM_OP_STDERR,
     VM_OP_EXIT,        /* the remote command's exit status; ends EXEC and the log streams */
     VM_OP_RESULT_PART, /* a piece of a RESULT too big for one frame (vm-stream.h) */
+    VM_OP_ELSEWHERE,   /* ends any reply: the request is for another host of the fleet */
 } VmOp;
 
 typedef struct {

@@ -1,6 +1,10 @@
 #include "vm-stream.h"
 
 #include "vm-error.h"
+#include "vm-util.h"
+
+/* As vm-protocol.c cuts error and progress texts. */
+#define VM_STREAM_TEXT_MAX (16 * 1024)
 
 /* Writes @message (consumed; NULL means building it failed, with @error set). */
 static gboolean
@@ -140,6 +144,25 @@ vm_stream_writer_error(VmStreamWriter *writer, const GError *failure, GError **e
     return vm_stream_write(writer, vm_message_new_error(failure), TRUE, error);
 }
 
+gboolean
+vm_stream_writer_elsewhere(VmStreamWriter *writer, const char *host, const char *address,
+                           const char *message, GError **error)
+{
+    g_return_val_if_fail(writer != NULL && !writer->ended, FALSE);
+
+    g_autofree char *text = vm_utf8_cut(message, VM_STREAM_TEXT_MAX);
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_variant_builder_add(&b, "{sv}", "host", g_variant_new_string(host));
+    g_variant_builder_add(&b, "{sv}", "address", g_variant_new_string(address));
+    g_variant_builder_add(&b, "{sv}", "message", g_variant_new_string(text));
+    VmMessage *m = vm_message_new(VM_OP_ELSEWHERE, g_variant_builder_end(&b), error);
+    if (m == NULL) {
+        writer->ended = TRUE;
+        return FALSE;
+    }
+    return vm_stream_write(writer, m, TRUE, error);
+}
+
 void
 vm_stream_reader_init(VmStreamReader *reader, int fd, VmOp request)
 {
@@ -210,6 +233,17 @@ vm_stream_reader_frame(VmStreamReader *reader, gboolean *ret_part, GError **erro
     case VM_OP_ERROR:
         reader->ended = TRUE;
         vm_message_to_error(message, error);
+        return NULL;
+    case VM_OP_ELSEWHERE:
+        /* A client that does not follow it reports it as what it is for this host: the agent
+         * (or the new one) is not here. The schema bounded both fields to the arrays. */
+        reader->ended = TRUE;
+        reader->elsewhere = TRUE;
+        g_strlcpy(reader->where.host, vm_message_get_string(message, "host", ""),
+                  sizeof(reader->where.host));
+        g_strlcpy(reader->where.address, vm_message_get_string(message, "address", ""),
+                  sizeof(reader->where.address));
+        vm_throw(error, VM_ERROR_NOT_FOUND, "%s", vm_message_get_string(message, "message", ""));
         return NULL;
     case VM_OP_PROGRESS:
         return g_steal_pointer(&message);

@@ -6,7 +6,9 @@
  *     joins them and returns one RESULT)
  *   (PROGRESS | STDOUT | STDERR)*, then EXIT or ERROR      EXEC, EGRESS_LOG, EVENTS
  *
- * RESULT, EXIT and ERROR end the reply; nothing follows them. The frames are the ones
+ * RESULT, EXIT and ERROR end the reply; nothing follows them. ELSEWHERE (since protocol 11)
+ * ends any reply instead of them: the request is for another host of the fleet, whose id and
+ * address it carries, and the client may send it there once (docs/CLUSTER.md). The frames are the ones
  * vm-protocol.h defines; these types hold no buffer, so a writer and plain
  * vm_message_write_fd() calls may share a socket. Neither type owns its fd, and neither is
  * thread-safe: one thread writes a reply, one reads it.
@@ -59,11 +61,24 @@ gboolean vm_stream_writer_result(VmStreamWriter *writer, GVariant *fields, GErro
  * its message (cut to 16 KiB of valid UTF-8). */
 gboolean vm_stream_writer_error(VmStreamWriter *writer, const GError *failure, GError **error);
 
+/* Where an ELSEWHERE sends the client: the host's id and its address (`ssh://...`). */
+typedef struct {
+    char host[VM_HOST_ID_MAX + 1];
+    char address[VM_ADDRESS_MAX + 1];
+} VmElsewhere;
+
+/* Ends the reply with ELSEWHERE: the request is for host @host, reached at @address; @message
+ * (cut to 16 KiB) says so to a client that does not follow it. */
+gboolean vm_stream_writer_elsewhere(VmStreamWriter *writer, const char *host, const char *address,
+                                    const char *message, GError **error);
+
 typedef struct {
     int fd;
     VmOp end;          /* what ends a successful reply: VM_OP_RESULT or VM_OP_EXIT */
     gboolean ended;    /* the end frame, or an ERROR, was read */
     GByteArray *parts; /* a RESULT being received in parts; NULL when none */
+    gboolean elsewhere; /* the reply was an ELSEWHERE: where says where to */
+    VmElsewhere where;
 } VmStreamReader;
 
 /* Prepares to read the reply to @request (a request op) on @fd. Can't fail. */

@@ -69,6 +69,7 @@ static const struct {
     {VM_OP_AGENT_STATS, TRUE},
     {VM_OP_FLEET_HOSTS, TRUE},
     {VM_OP_FLEET_LIST, TRUE},
+    {VM_OP_FLEET_DRAIN, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -79,6 +80,7 @@ static const struct {
     {VM_OP_STDERR, FALSE},
     {VM_OP_EXIT, FALSE},
     {VM_OP_RESULT_PART, FALSE},
+    {VM_OP_ELSEWHERE, FALSE},
 };
 
 /* One message per op with every field it may carry, in GVariant text form. */
@@ -92,7 +94,7 @@ static const struct {
     {VM_OP_AGENT_NEW, "{'name': <'alice'>, 'template': <'debian-12'>, 'cpus': <uint32 2>, "
                       "'memory_mib': <uint32 2048>, 'disk_gib': <uint32 20>, "
                       "'user_data': <'#cloud-config\\n'>, 'wait': <true>, "
-                      "'egress': <['@pypi', 'example.com:8443']>}"},
+                      "'egress': <['@pypi', 'example.com:8443']>, 'on': <'h2'>}"},
     {VM_OP_AGENT_LIST, "@a{sv} {}"},
     {VM_OP_AGENT_INFO, "{'name': <'alice'>}"},
     {VM_OP_AGENT_START, "{'name': <'alice'>, 'wait': <false>}"},
@@ -141,6 +143,7 @@ static const struct {
     {VM_OP_AGENT_STATS, "{'names': <['alice', 'bob']>}"},
     {VM_OP_FLEET_HOSTS, "@a{sv} {}"},
     {VM_OP_FLEET_LIST, "@a{sv} {}"},
+    {VM_OP_FLEET_DRAIN, "{'host': <'h2'>, 'drained': <true>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -152,6 +155,8 @@ static const struct {
     {VM_OP_STDOUT, "{'data': <[byte 0x0a]>}"},
     {VM_OP_STDERR, "{'data': <@ay []>}"},
     {VM_OP_EXIT, "{'status': <-1>}"},
+    {VM_OP_ELSEWHERE, "{'host': <'h2'>, 'address': <'ssh://root@h2'>, "
+                      "'message': <'agent \\'x\\' is on host \\'h2\\''>}"},
 };
 
 /* Serialises (op, fields) exactly as a peer would, without any schema check. */
@@ -299,6 +304,8 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_AGENT_STATS, 44);
     assert_int_equal(VM_OP_FLEET_HOSTS, 45);
     assert_int_equal(VM_OP_FLEET_LIST, 46);
+    assert_int_equal(VM_OP_FLEET_DRAIN, 47);
+    assert_int_equal(VM_OP_ELSEWHERE, 107);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);
     assert_int_equal(VM_OP_PROGRESS, 100);
