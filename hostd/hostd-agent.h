@@ -72,6 +72,9 @@ GVariant *hostd_agent_info(HostdContext *ctx, const char *name, GError **error);
 /* Every agent's info dictionary, sorted by name (aa{sv}). */
 GVariant *hostd_agent_list(HostdContext *ctx, GError **error);
 
+/* The template a new agent gets when its request names none. */
+#define HOSTD_DEFAULT_TEMPLATE "debian-12"
+
 /* Every agent's state (name -> state, both strings; a HostdClusterAgentsFunc with @data the
  * context), or NULL when the agents cannot be listed. */
 GHashTable *hostd_agent_states(gpointer data);

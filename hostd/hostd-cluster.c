@@ -8,6 +8,10 @@
 #include "vm-error.h"
 #include "vm-etcd.h"
 #include "vm-fleet-records.h"
+#include "vm-placement.h"
+
+/* Tries of a drained flag's transaction against other hosts changing it meanwhile. */
+#define HOSTD_CLUSTER_TXN_TRIES 5
 
 /* How long one etcd call may take from this host's thread: a fraction of the TTL, so that a
  * member that hangs is left for the next before the lease runs out. */
@@ -21,6 +25,8 @@ struct _HostdCluster {
     guint ttl_s;
     HostdClusterAgentsFunc agents_func;
     gpointer agents_data;
+    HostdClusterTemplatesFunc templates_func;
+    gpointer templates_data;
     void (*log)(const char *message);
 
     GMutex lock; /* guards what follows */
@@ -64,6 +70,14 @@ hostd_cluster_set_agents_func(HostdCluster *cluster, HostdClusterAgentsFunc func
 {
     cluster->agents_func = func;
     cluster->agents_data = data;
+}
+
+void
+hostd_cluster_set_templates_func(HostdCluster *cluster, HostdClusterTemplatesFunc func,
+                                 gpointer data)
+{
+    cluster->templates_func = func;
+    cluster->templates_data = data;
 }
 
 void
@@ -139,6 +153,12 @@ hostd_cluster_host_record(HostdCluster *c, GHashTable *agents)
         g_hash_table_iter_init(&it, agents);
         while (g_hash_table_iter_next(&it, NULL, &state))
             vm_fleet_host_add_agents(host, state, 1);
+    }
+    g_autoptr(GPtrArray) templates =
+        c->templates_func != NULL ? c->templates_func(c->templates_data) : NULL;
+    for (guint i = 0; templates != NULL && i < templates->len; i++) {
+        if (host->templates->len < VM_FLEET_TEMPLATES_MAX)
+            g_ptr_array_add(host->templates, g_strdup(templates->pdata[i]));
     }
     return g_steal_pointer(&host);
 }
@@ -475,9 +495,11 @@ compare_kv_keys(gconstpointer a, gconstpointer b)
     return strcmp((*(VmEtcdKv *const *)a)->key, (*(VmEtcdKv *const *)b)->key);
 }
 
-/* Reads the fleet: the hosts with a live record (id -> VmFleetHost) and every agent record. */
+/* Reads the fleet: the hosts with a live record (id -> VmFleetHost, drained as its flag says),
+ * every agent record, and the ids of the drained hosts (a set; may be NULL). */
 static gboolean
-hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agents, GError **error)
+hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agents,
+                   GHashTable **ret_drained, GError **error)
 {
     g_autoptr(GError) local_error = NULL;
     g_autoptr(GPtrArray) host_kvs =
@@ -488,6 +510,16 @@ hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agen
         vm_etcd_get_prefix(c->etcd, VM_FLEET_AGENTS_PREFIX, VM_FLEET_AGENTS_MAX, &local_error);
     if (agent_kvs == NULL)
         return hostd_cluster_fleet_error(c, "read the fleet", local_error, error);
+    g_autoptr(GPtrArray) drained_kvs =
+        vm_etcd_get_prefix(c->etcd, VM_FLEET_DRAINED_PREFIX, VM_FLEET_HOSTS_MAX, &local_error);
+    if (drained_kvs == NULL)
+        return hostd_cluster_fleet_error(c, "read the fleet", local_error, error);
+    g_autoptr(GHashTable) drained = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    for (guint i = 0; i < drained_kvs->len; i++) {
+        const char *id = ((VmEtcdKv *)drained_kvs->pdata[i])->key + strlen(VM_FLEET_DRAINED_PREFIX);
+        if (vm_fleet_host_id_valid(id))
+            g_hash_table_add(drained, g_strdup(id));
+    }
 
     g_autoptr(GHashTable) hosts =
         g_hash_table_new_full(g_str_hash, g_str_equal, NULL, (GDestroyNotify)vm_fleet_host_free);
@@ -501,6 +533,8 @@ hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agen
             vm_fleet_host_free(host);
             continue;
         }
+        /* The flag's own key says; what a record says of itself does not count. */
+        host->drained = g_hash_table_contains(drained, host->id);
         g_hash_table_replace(hosts, host->id, host);
     }
     g_autoptr(GPtrArray) agents =
@@ -519,6 +553,8 @@ hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agen
     }
     *ret_hosts = g_steal_pointer(&hosts);
     *ret_agents = g_steal_pointer(&agents);
+    if (ret_drained != NULL)
+        *ret_drained = g_steal_pointer(&drained);
     return TRUE;
 }
 
@@ -553,7 +589,8 @@ hostd_cluster_hosts(HostdCluster *cluster, GError **error)
 {
     g_autoptr(GHashTable) hosts = NULL;
     g_autoptr(GPtrArray) agents = NULL;
-    if (!hostd_cluster_read(cluster, &hosts, &agents, error))
+    g_autoptr(GHashTable) drained = NULL;
+    if (!hostd_cluster_read(cluster, &hosts, &agents, &drained, error))
         return NULL;
 
     /* Hosts agents' records name: live ones, and those whose lease is gone (down). */
@@ -584,6 +621,7 @@ hostd_cluster_hosts(HostdCluster *cluster, GError **error)
             add_host(&b, host, TRUE, n);
         } else {
             g_autoptr(VmFleetHost) down = vm_fleet_host_new(ids->pdata[i], "");
+            down->drained = g_hash_table_contains(drained, ids->pdata[i]);
             add_host(&b, down, FALSE, n);
         }
     }
@@ -595,7 +633,7 @@ hostd_cluster_agents(HostdCluster *cluster, GError **error)
 {
     g_autoptr(GHashTable) hosts = NULL;
     g_autoptr(GPtrArray) agents = NULL;
-    if (!hostd_cluster_read(cluster, &hosts, &agents, error))
+    if (!hostd_cluster_read(cluster, &hosts, &agents, NULL, error))
         return NULL;
 
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
@@ -613,4 +651,167 @@ hostd_cluster_agents(HostdCluster *cluster, GError **error)
         g_variant_builder_add_value(&b, g_variant_builder_end(&d));
     }
     return g_variant_builder_end(&b);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Drained hosts, placement and owners */
+
+/* Whether @id has a live record or agents' records name it. */
+static gboolean
+hostd_cluster_known(GHashTable *hosts, GPtrArray *agents, const char *id)
+{
+    if (g_hash_table_contains(hosts, id))
+        return TRUE;
+    for (guint i = 0; i < agents->len; i++) {
+        if (g_str_equal(((VmFleetAgent *)agents->pdata[i])->host, id))
+            return TRUE;
+    }
+    return FALSE;
+}
+
+gboolean
+hostd_cluster_set_drained(HostdCluster *cluster, const char *id, gboolean drained,
+                          gboolean *ret_changed, GError **error)
+{
+    const char *doing = drained ? "drain the host" : "undrain the host";
+    g_autoptr(GHashTable) hosts = NULL;
+    g_autoptr(GPtrArray) agents = NULL;
+    g_autoptr(GError) local_error = NULL;
+
+    if (!vm_fleet_host_id_valid(id))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "'%s' is no host id", id);
+    if (!hostd_cluster_read(cluster, &hosts, &agents, NULL, error))
+        return FALSE;
+    if (!hostd_cluster_known(hosts, agents, id))
+        return vm_throw(error, VM_ERROR_NOT_FOUND, "no host '%s' in the fleet", id);
+
+    g_autofree char *key = vm_fleet_drained_key(id);
+    for (guint i = 0; i < HOSTD_CLUSTER_TXN_TRIES; i++) {
+        g_autoptr(VmEtcdKv) kv = NULL;
+        if (!vm_etcd_get(cluster->etcd, key, &kv, &local_error))
+            return hostd_cluster_fleet_error(cluster, doing, local_error, error);
+        if ((kv != NULL) == drained) {
+            if (ret_changed != NULL)
+                *ret_changed = FALSE;
+            return TRUE;
+        }
+        g_autoptr(VmEtcdTxn) txn = vm_etcd_txn_new();
+        gboolean done = FALSE;
+        vm_etcd_txn_if_version(txn, key, kv != NULL ? kv->version : 0);
+        if (drained) {
+            g_autofree char *json = g_strdup_printf("{\"drained\":true,\"by\":\"%s\"}",
+                                                    cluster->host_id);
+            vm_etcd_txn_put(txn, TRUE, key, json, 0);
+        } else {
+            vm_etcd_txn_delete(txn, TRUE, key);
+        }
+        if (!vm_etcd_txn_commit(cluster->etcd, txn, &done, NULL, &local_error))
+            return hostd_cluster_fleet_error(cluster, doing, local_error, error);
+        if (done) {
+            if (ret_changed != NULL)
+                *ret_changed = TRUE;
+            return TRUE;
+        }
+    }
+    return vm_throw(error, VM_ERROR_BUSY, "cannot %s: its flag keeps changing", doing);
+}
+
+gboolean
+hostd_cluster_place(HostdCluster *cluster, const char *on, const char *template_name,
+                    guint64 memory_mib, char **ret_host, char **ret_address, GError **error)
+{
+    g_autoptr(GHashTable) hosts = NULL;
+    g_autoptr(GPtrArray) agents = NULL;
+    g_autoptr(GHashTable) drained = NULL;
+
+    if (!hostd_cluster_read(cluster, &hosts, &agents, &drained, error))
+        return FALSE;
+
+    /* The live hosts by id, then the down ones agents' records name: the same view, in the same
+     * order, on every host. */
+    g_autoptr(GPtrArray) ids = g_ptr_array_new();
+    GHashTableIter it;
+    gpointer id;
+    g_hash_table_iter_init(&it, hosts);
+    while (g_hash_table_iter_next(&it, &id, NULL))
+        g_ptr_array_add(ids, id);
+    g_ptr_array_sort(ids, compare_strs);
+    g_autoptr(GPtrArray) down = g_ptr_array_new_with_free_func((GDestroyNotify)vm_fleet_host_free);
+    for (guint i = 0; i < agents->len; i++) {
+        const char *owner = ((VmFleetAgent *)agents->pdata[i])->host;
+        gboolean seen = g_hash_table_contains(hosts, owner);
+        for (guint j = 0; j < down->len && !seen; j++)
+            seen = g_str_equal(((VmFleetHost *)down->pdata[j])->id, owner);
+        if (!seen) {
+            VmFleetHost *h = vm_fleet_host_new(owner, "");
+            h->drained = g_hash_table_contains(drained, owner);
+            g_ptr_array_add(down, h);
+        }
+    }
+    gsize n = ids->len + down->len;
+    g_autofree VmPlacementHost *candidates = g_new0(VmPlacementHost, MAX(n, 1));
+    for (guint i = 0; i < ids->len; i++)
+        candidates[i] = (VmPlacementHost){g_hash_table_lookup(hosts, ids->pdata[i]), TRUE};
+    for (guint i = 0; i < down->len; i++)
+        candidates[ids->len + i] = (VmPlacementHost){down->pdata[i], FALSE};
+
+    gsize chosen = n;
+    if (on != NULL) {
+        for (gsize i = 0; i < n && chosen == n; i++) {
+            if (g_str_equal(candidates[i].record->id, on))
+                chosen = i;
+        }
+        if (chosen == n)
+            return vm_throw(error, VM_ERROR_NOT_FOUND, "no host '%s' in the fleet", on);
+        g_autofree char *why = vm_placement_refusal(&candidates[chosen], template_name, memory_mib);
+        if (why != NULL) {
+            gboolean state = !candidates[chosen].live || candidates[chosen].record->drained;
+            return vm_throw(error, state ? VM_ERROR_BAD_STATE : VM_ERROR_NO_RESOURCES,
+                            "cannot make the agent on host '%s': %s", on, why);
+        }
+    } else if (!vm_placement_choose(candidates, n, template_name, memory_mib, &chosen, error)) {
+        return FALSE;
+    }
+    *ret_host = g_strdup(candidates[chosen].record->id);
+    *ret_address = g_strdup(candidates[chosen].record->address);
+    return TRUE;
+}
+
+gboolean
+hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host,
+                     char **ret_address, gboolean *ret_live, GError **error)
+{
+    g_autofree char *key = vm_fleet_agent_key(name);
+    g_autoptr(VmEtcdKv) kv = NULL;
+    g_autoptr(VmFleetAgent) owner = NULL;
+    g_autoptr(GError) local_error = NULL;
+
+    *ret_host = NULL;
+    *ret_address = NULL;
+    *ret_live = FALSE;
+    if (!vm_etcd_get(cluster->etcd, key, &kv, &local_error))
+        return hostd_cluster_fleet_error(cluster, "find the agent's host", local_error, error);
+    if (kv == NULL)
+        return TRUE;
+    if (!hostd_cluster_owner(cluster, kv, &owner, error))
+        return FALSE;
+    if (g_str_equal(owner->host, cluster->host_id))
+        return TRUE;
+
+    g_autofree char *host_key = vm_fleet_host_key(owner->host);
+    g_autoptr(VmEtcdKv) host_kv = NULL;
+    if (!vm_etcd_get(cluster->etcd, host_key, &host_kv, &local_error))
+        return hostd_cluster_fleet_error(cluster, "find the agent's host", local_error, error);
+    if (host_kv != NULL) {
+        gsize len;
+        const char *data = g_bytes_get_data(host_kv->value, &len);
+        g_autoptr(VmFleetHost) host =
+            vm_fleet_host_from_json(data != NULL ? data : "", len, NULL);
+        if (host != NULL && g_str_equal(host->id, owner->host)) {
+            *ret_live = TRUE;
+            *ret_address = g_strdup(host->address);
+        }
+    }
+    *ret_host = g_strdup(owner->host);
+    return TRUE;
 }

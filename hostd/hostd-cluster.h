@@ -31,6 +31,15 @@ typedef GHashTable *(*HostdClusterAgentsFunc)(gpointer data);
 HostdCluster *hostd_cluster_new(const HostdClusterConfig *config, const char *state_dir,
                                 GError **error);
 
+/* The templates this host can make agents of (a GPtrArray of names), newly allocated; NULL when
+ * they cannot be read now. Called on the cluster's thread. */
+typedef GPtrArray *(*HostdClusterTemplatesFunc)(gpointer data);
+
+/* Sets where the host record's templates come from (before hostd_cluster_start()); without,
+ * the record names none and placement sends no agent here. */
+void hostd_cluster_set_templates_func(HostdCluster *cluster, HostdClusterTemplatesFunc func,
+                                      gpointer data);
+
 /* Sets where the agents' states come from (before hostd_cluster_start()). */
 void hostd_cluster_set_agents_func(HostdCluster *cluster, HostdClusterAgentsFunc func,
                                    gpointer data);
@@ -77,6 +86,32 @@ GVariant *hostd_cluster_hosts(HostdCluster *cluster, GError **error);
 /* Every agent of the fleet (aa{sv}, by name): name, host, epoch, state (host-down where its
  * host has no live record), host_live. Fails as hostd_cluster_hosts(). */
 GVariant *hostd_cluster_agents(HostdCluster *cluster, GError **error);
+
+/* Sets (@drained) or clears host @id's drained flag, /vmctl/drained/<id>, with a transaction on
+ * that key's version (retried a few times when another host changes it meanwhile). Any host of
+ * the fleet may; the owner's record does not hold it, so its renewals keep it. *@ret_changed
+ * (may be NULL): whether this call changed it. Fails with VM_ERROR_INVALID_ARGUMENT for what is
+ * no host id, VM_ERROR_NOT_FOUND "no host 'x' in the fleet" for a host that has no record and no
+ * agents, VM_ERROR_NOT_RUNNING when etcd cannot be reached. */
+gboolean hostd_cluster_set_drained(HostdCluster *cluster, const char *id, gboolean drained,
+                                   gboolean *ret_changed, GError **error);
+
+/* Where a new agent of @template_name needing @memory_mib MiB (0: not checked) goes: host @on
+ * when given, else the host vm_placement_choose() picks from the fleet's records now. Returns
+ * its id and address (newly allocated). Fails with VM_ERROR_NOT_FOUND "no host 'x' in the
+ * fleet", VM_ERROR_BAD_STATE for an @on that is down or drained, VM_ERROR_NO_RESOURCES for an
+ * @on without the template or the memory and when no host can take it (each host's reason),
+ * VM_ERROR_NOT_RUNNING when etcd cannot be reached. */
+gboolean hostd_cluster_place(HostdCluster *cluster, const char *on, const char *template_name,
+                             guint64 memory_mib, char **ret_host, char **ret_address,
+                             GError **error);
+
+/* Who owns agent @name in the fleet, when another host does: *@ret_host its id (NULL when no
+ * record names another host: none, or this one), *@ret_address its address (NULL when it is
+ * down), *@ret_live whether its lease is held. Fails with VM_ERROR_NOT_RUNNING when etcd cannot
+ * be reached, VM_ERROR_FAILED for a damaged record. */
+gboolean hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host,
+                              char **ret_address, gboolean *ret_live, GError **error);
 
 /* Wakes the thread to register or refresh now (tests; a change hostd wants seen soon). */
 void hostd_cluster_kick(HostdCluster *cluster);

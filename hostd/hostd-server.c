@@ -232,6 +232,9 @@ hostd_request_event(HostdContext *ctx, const VmMessage *req, HostdRequestFlags f
         what = hostd_authorize_keys_named(req);
     else if (vm_message_get_string(req, "secret", NULL) != NULL)
         what = g_strdup_printf("secret %s", vm_message_get_string(req, "secret", NULL));
+    else if (req->op == VM_OP_FLEET_DRAIN)
+        what = g_strdup_printf("host %s %s", vm_message_get_string(req, "host", ""),
+                               vm_message_get_bool(req, "drained", TRUE) ? "drained" : "undrained");
     else if ((flags & HOSTD_REQUEST_TEMPLATE) && name != NULL)
         what = g_strdup_printf("template %s", name);
     if (failure != NULL && what != NULL)
@@ -918,6 +921,25 @@ hostd_handle_fleet_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter 
     return hostd_reply1(reply, "agents", hostd_cluster_agents(cluster, error), error);
 }
 
+static gboolean
+hostd_handle_fleet_drain(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                         GError **error)
+{
+    HostdCluster *cluster = hostd_fleet(ctx, error);
+    if (cluster == NULL)
+        return FALSE;
+    const char *host = vm_message_get_string(req, "host", "");
+    gboolean drained = vm_message_get_bool(req, "drained", TRUE);
+    gboolean changed = FALSE;
+    if (!hostd_cluster_set_drained(cluster, host, drained, &changed, error))
+        return FALSE;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_variant_builder_add(&b, "{sv}", "host", g_variant_new_string(host));
+    g_variant_builder_add(&b, "{sv}", "drained", g_variant_new_boolean(drained));
+    g_variant_builder_add(&b, "{sv}", "changed", g_variant_new_boolean(changed));
+    return hostd_reply(reply, g_variant_builder_end(&b), error);
+}
+
 /* Which function serves each request, and whether it changes something. The fields a request may
  * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
  * before a handler runs. */
@@ -973,6 +995,7 @@ static const struct {
     {VM_OP_AGENT_STATS, hostd_handle_agent_stats, HOSTD_REQUEST_READS},
     {VM_OP_FLEET_HOSTS, hostd_handle_fleet_hosts, HOSTD_REQUEST_READS},
     {VM_OP_FLEET_LIST, hostd_handle_fleet_list, HOSTD_REQUEST_READS},
+    {VM_OP_FLEET_DRAIN, hostd_handle_fleet_drain, HOSTD_REQUEST_CHANGES},
 };
 
 /* The row of @op in hostd_handlers, or -1. */
@@ -984,6 +1007,105 @@ hostd_handler_index(VmOp op)
             return (gssize)i;
     }
     return -1;
+}
+
+typedef enum {
+    HOSTD_ROUTE_HERE,     /* this host serves it */
+    HOSTD_ROUTE_ANSWERED, /* ELSEWHERE went out: another host of the fleet serves it */
+    HOSTD_ROUTE_FAILED,   /* it cannot be served: the error says why */
+} HostdRoute;
+
+/* The agent a request is about, when it is one that exists already: a fork's source, else its
+ * "name"; NULL for a new agent's name, a template's, or none. */
+static const char *
+hostd_route_agent(const VmMessage *req, HostdRequestFlags flags)
+{
+    if (req->op == VM_OP_AGENT_NEW || (flags & HOSTD_REQUEST_TEMPLATE))
+        return NULL;
+    return vm_message_get_string(req, req->op == VM_OP_AGENT_FORK ? "source" : "name", NULL);
+}
+
+/* Where a new agent goes in a fleet (the host "on" names, else where placement puts it): to
+ * *@ret_host at *@ret_address, or NULL for this host. Without a fleet: here, and "on" is
+ * refused. */
+static gboolean
+hostd_route_new(HostdContext *ctx, const VmMessage *req, char **ret_host, char **ret_address,
+                GError **error)
+{
+    const char *on = vm_message_get_string(req, "on", NULL);
+    const char *template_name = vm_message_get_string(req, "template", HOSTD_DEFAULT_TEMPLATE);
+    guint64 memory_mib = vm_message_get_uint(req, "memory_mib", 0);
+
+    *ret_host = NULL;
+    *ret_address = NULL;
+    if (ctx->cluster == NULL) {
+        if (on != NULL)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "cannot make the agent on host '%s': this host is in no fleet "
+                            "(hostd's configuration has no [cluster])",
+                            on);
+        return TRUE;
+    }
+    if (memory_mib == 0) {
+        /* The template's memory where this host has it: a host without the room is passed
+         * over. */
+        g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, template_name, NULL);
+        memory_mib = tpl != NULL ? tpl->memory_mib : 0;
+    }
+    g_autofree char *host = NULL;
+    g_autofree char *address = NULL;
+    if (!hostd_cluster_place(ctx->cluster, on, template_name, memory_mib, &host, &address, error))
+        return FALSE;
+    if (g_str_equal(host, hostd_cluster_host_id(ctx->cluster)))
+        return TRUE;
+    *ret_host = g_steal_pointer(&host);
+    *ret_address = g_steal_pointer(&address);
+    return TRUE;
+}
+
+/* In a fleet, a request for another host goes there: a new agent placed on another host, a
+ * request about an agent another live host owns (whatever is here by that name is served
+ * here). It is answered with ELSEWHERE, which the client follows once. An agent whose host is
+ * down fails clearly; without etcd each host serves what it has. */
+static HostdRoute
+hostd_route(HostdContext *ctx, const VmMessage *req, HostdRequestFlags flags,
+            VmStreamWriter *reply, GError **error)
+{
+    g_autofree char *host = NULL;
+    g_autofree char *address = NULL;
+    g_autofree char *message = NULL;
+    const char *name = vm_message_get_string(req, "name", "");
+
+    if (req->op == VM_OP_AGENT_NEW) {
+        if (!hostd_route_new(ctx, req, &host, &address, error))
+            return HOSTD_ROUTE_FAILED;
+        if (host == NULL)
+            return HOSTD_ROUTE_HERE;
+        message = g_strdup_printf("agent '%s' is to be made on host '%s' (%s)", name, host,
+                                  address);
+    } else {
+        const char *agent = hostd_route_agent(req, flags);
+        gboolean live = FALSE;
+        g_autoptr(GError) local_error = NULL;
+        if (ctx->cluster == NULL || agent == NULL || !vm_name_validate(agent, NULL))
+            return HOSTD_ROUTE_HERE;
+        g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, agent, NULL);
+        if (dom != NULL)
+            return HOSTD_ROUTE_HERE;
+        /* etcd away: this host's agents only, as without a fleet. */
+        if (!hostd_cluster_locate(ctx->cluster, agent, &host, &address, &live, &local_error) ||
+            host == NULL)
+            return HOSTD_ROUTE_HERE;
+        if (!live) {
+            vm_throw(error, VM_ERROR_NOT_RUNNING, "agent '%s' is on host '%s', which is down",
+                     agent, host);
+            return HOSTD_ROUTE_FAILED;
+        }
+        message = g_strdup_printf("agent '%s' is on host '%s' (%s)", agent, host, address);
+    }
+    /* A client that went away only loses its answer. */
+    (void)vm_stream_writer_elsewhere(reply, host, address, message, NULL);
+    return HOSTD_ROUTE_ANSWERED;
 }
 
 gboolean
@@ -1048,6 +1170,25 @@ hostd_server_serve_fd(HostdContext *ctx, int fd_in)
         return;
     }
     request.flags = hostd_handlers[row].flags;
+
+    switch (hostd_route(ctx, req, request.flags, &request.reply, &error)) {
+    case HOSTD_ROUTE_ANSWERED:
+        /* Nothing was done here: no event; the log says where it went. */
+        if ((request.flags & HOSTD_REQUEST_CHANGES) || ctx->debug) {
+            g_autofree char *who = hostd_request_caller(&request);
+            g_autofree char *name = hostd_log_safe(vm_message_get_string(req, "name", ""));
+            g_message("%s %s sent to another host of the fleet%s", vm_op_name(req->op), name, who);
+        }
+        return;
+    case HOSTD_ROUTE_FAILED:
+        hostd_request_log(&request, error);
+        hostd_request_record(&request, error);
+        (void)vm_stream_writer_error(&request.reply, error, NULL);
+        return;
+    case HOSTD_ROUTE_HERE:
+    default:
+        break;
+    }
 
     gint64 started = g_get_monotonic_time();
     gboolean ok = hostd_handlers[row].handler(ctx, req, &request.reply, &error);

@@ -19,6 +19,19 @@ hostd_template_load(HostdContext *ctx, const char *name, GError **error)
     return vm_template_load_file(path, error);
 }
 
+GPtrArray *
+hostd_template_names(gpointer data)
+{
+    HostdContext *ctx = data;
+    g_autoptr(GPtrArray) templates = vm_template_load_dir(ctx->config->templates_dir, NULL);
+    if (templates == NULL)
+        return NULL;
+    GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
+    for (guint i = 0; i < templates->len; i++)
+        g_ptr_array_add(names, g_strdup(((const VmTemplate *)templates->pdata[i])->name));
+    return names;
+}
+
 GVariant *
 hostd_template_list(HostdContext *ctx, GError **error)
 {

@@ -9,6 +9,10 @@ G_BEGIN_DECLS
 /* Loads shipped template @name (VM_ERROR_NOT_FOUND when there is none). */
 VmTemplate *hostd_template_load(HostdContext *ctx, const char *name, GError **error);
 
+/* The names of the shipped templates (a GPtrArray of strings; a HostdClusterTemplatesFunc with
+ * @data the context), or NULL when the templates directory cannot be read. */
+GPtrArray *hostd_template_names(gpointer data);
+
 /* Every shipped template with whether its image is ready (aa{sv}). */
 GVariant *hostd_template_list(HostdContext *ctx, GError **error);
 

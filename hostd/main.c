@@ -7,6 +7,7 @@
 #include "hostd-modules.h"
 #include "hostd-agent.h"
 #include "hostd-cluster.h"
+#include "hostd-template.h"
 #include "hostd-config.h"
 #include "hostd-confine.h"
 #include "hostd-egress.h"
@@ -227,6 +228,7 @@ main(int argc, char **argv)
             return vm_error_exit_status(vm_error_code(error));
         }
         hostd_cluster_set_agents_func(cluster, hostd_agent_states, ctx);
+        hostd_cluster_set_templates_func(cluster, hostd_template_names, ctx);
         hostd_cluster_set_log_func(cluster, hostd_log_message);
         ctx->cluster = cluster;
         hostd_cluster_start(cluster);
