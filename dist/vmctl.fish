@@ -178,6 +178,8 @@ function __vmctl_complete
                 set kind agent
             case --secret
                 set kind secret
+            case --on
+                set kind host
             case --user-data --socket --ssh-key --identity --from-file --copy-dir
                 set kind file
             case '*'
@@ -210,6 +212,8 @@ function __vmctl_complete
             __vmctl_ask name $ask template list
         case secret
             __vmctl_ask name $ask secret list
+        case host
+            __vmctl_ask id $ask hosts
         case restart
             printf '%s\n' always never on-crash
         case file

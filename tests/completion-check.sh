@@ -23,6 +23,7 @@ fi
 case \$args in
 *" template list --json "*) cat "$tmp/templates.json" ;;
 *" secret list --json "*) cat "$tmp/secrets.json" ;;
+*" hosts --json "*) cat "$tmp/hosts.json" ;;
 *" egress presets --json "*) cat "$tmp/presets.json" ;;
 *" list --json "*) cat "$tmp/agents.json" ;;
 *" checkpoints a1 --json "*) cat "$tmp/checkpoints-a1.json" ;;
@@ -64,6 +65,9 @@ cat >"$tmp/checkpoints-a1.json" <<'EOF'
 ]
 EOF
 printf '[\n  {\n    "id" : "c9"\n  }\n]\n' >"$tmp/checkpoints-web-2.json"
+# A host's address is no host id.
+printf '[\n  {\n    "id" : "h1",\n    "address" : "ssh://root@h9"\n  },\n  {\n    "id" : "h2"\n  }\n]\n' \
+    >"$tmp/hosts.json"
 # A secret's agents and hosts are no secret names.
 cat >"$tmp/secrets.json" <<'EOF'
 [
@@ -185,8 +189,9 @@ expect "--force" vmctl stop a1 --f
 # missing here fails, so a new one gets its completion decided.
 agents="a1 web-2"
 secrets="example-api gh"
+hosts="h1 h2"
 declare -A first=(
-    [new]="" [list]="" [hosts]="" [info]=$agents [exec]=$agents [ssh]=$agents [ssh-config]=$agents
+    [new]="" [list]="" [hosts]="" [drain]=$hosts [undrain]=$hosts [info]=$agents [exec]=$agents [ssh]=$agents [ssh-config]=$agents
     [start]=$agents [stop]=$agents [rm]=$agents [suspend]=$agents [resume]=$agents
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
@@ -230,6 +235,9 @@ expect "web-2" vmctl ssh-config w
 expect "create grant list revoke rm set" vmctl secret ""
 expect "$secrets" vmctl secret grant a1 ""
 expect "gh" vmctl secret revoke web-2 g
+# ---- hosts of the fleet: drain's argument, new's --on
+expect "h1 h2" vmctl drain ""
+expect "h2" vmctl new a9 --on h2
 expect "" vmctl secret grant a1 gh ""
 expect "$secrets" vmctl new x --secret ""
 expect "$secrets" vmctl new x --secret a1 --secret ""

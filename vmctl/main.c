@@ -12,6 +12,8 @@ static const VmctlVerb verbs[] = {
     {"new", vmctl_cmd_new, "NAME", "Create an agent and start its VM"},
     {"list", vmctl_cmd_list, "", "List the agents (--fleet: every host's)"},
     {"hosts", vmctl_cmd_hosts, "", "List the fleet's hosts: capacity, load and liveness"},
+    {"drain", vmctl_cmd_drain, "HOST", "Keep new agents off a host of the fleet"},
+    {"undrain", vmctl_cmd_undrain, "HOST", "Let a drained host of the fleet take new agents again"},
     {"info", vmctl_cmd_info, "NAME", "Show everything about one agent"},
     {"exec", vmctl_cmd_exec, "NAME [--] CMD [ARG...]", "Run a command in an agent's VM"},
     {"cp", vmctl_cmd_cp, "SOURCE DEST",

@@ -349,13 +349,15 @@ next_message(VmStreamReader *reader, GCancellable *cancellable, gint64 deadline,
     return message;
 }
 
-gboolean
-vmctl_client_request(const VmctlEndpoint *endpoint, const VmMessage *request,
-                     GCancellable *cancellable, VmProgressFunc progress, gpointer progress_data,
-                     VmMessage **ret_result, GError **error)
+/* vmctl_client_request() to one hostd: *@ret_where is set (and @error) when it answered
+ * ELSEWHERE. */
+static gboolean
+client_request_once(const VmctlEndpoint *endpoint, const VmMessage *request,
+                    GCancellable *cancellable, VmProgressFunc progress, gpointer progress_data,
+                    VmMessage **ret_result, gboolean *ret_elsewhere, VmElsewhere *ret_where,
+                    GError **error)
 {
-    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_RESULT, FALSE);
-
+    *ret_elsewhere = FALSE;
     g_autoptr(VmctlConnection) connection = vmctl_connection_open(endpoint, error);
     if (connection == NULL)
         return FALSE;
@@ -367,14 +369,87 @@ vmctl_client_request(const VmctlEndpoint *endpoint, const VmMessage *request,
     for (;;) {
         g_autoptr(VmMessage) message =
             next_message(&reader, cancellable, 0, progress, progress_data, error);
-        if (message == NULL)
+        if (message == NULL) {
+            *ret_elsewhere = reader.elsewhere;
+            *ret_where = reader.where;
             return vmctl_connection_fail(connection, error);
+        }
         if (message->op == VM_OP_PROGRESS)
             continue;
         /* The reader lets nothing but PROGRESS and the RESULT through. */
         *ret_result = g_steal_pointer(&message);
         return TRUE;
     }
+}
+
+gboolean
+vmctl_follow_prepare(const VmMessage *request, const VmElsewhere *where, VmctlRemote **ret_remote,
+                     VmMessage **ret_request, GError **error)
+{
+    g_autofree char *what = g_strdup_printf("address of host '%s'", where->host);
+    g_autoptr(VmctlRemote) remote = vmctl_remote_parse(where->address, what, error);
+    if (remote == NULL)
+        return FALSE;
+    g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(request->fields);
+    /* The host placement chose: sent there, the agent is made there, not placed again. */
+    if (request->op == VM_OP_AGENT_NEW)
+        g_variant_dict_insert(&fields, "on", "s", where->host);
+    VmMessage *again = vm_message_new(request->op, g_variant_dict_end(&fields), error);
+    if (again == NULL)
+        return FALSE;
+    *ret_remote = g_steal_pointer(&remote);
+    *ret_request = again;
+    return TRUE;
+}
+
+gboolean
+vmctl_client_request_follow(const VmctlEndpoint *endpoint, const VmMessage *request,
+                            GCancellable *cancellable, VmProgressFunc progress,
+                            gpointer progress_data, VmMessage **ret_result,
+                            VmctlRemote **ret_followed, GError **error)
+{
+    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_RESULT, FALSE);
+
+    g_autoptr(GError) local_error = NULL;
+    gboolean elsewhere = FALSE;
+    VmElsewhere where, twice;
+    if (client_request_once(endpoint, request, cancellable, progress, progress_data, ret_result,
+                            &elsewhere, &where, &local_error))
+        return TRUE;
+    if (!elsewhere) {
+        g_propagate_error(error, g_steal_pointer(&local_error));
+        return FALSE;
+    }
+    g_clear_error(&local_error);
+
+    g_autoptr(VmctlRemote) remote = NULL;
+    g_autoptr(VmMessage) again = NULL;
+    if (!vmctl_follow_prepare(request, &where, &remote, &again, error))
+        return FALSE;
+    VmctlEndpoint there = {.remote = remote};
+    if (!client_request_once(&there, again, cancellable, progress, progress_data, ret_result,
+                             &elsewhere, &twice, &local_error)) {
+        /* Hosts that keep sending a request on disagree about the fleet: once is enough. */
+        if (elsewhere)
+            return vm_throw(error, VM_ERROR_FAILED,
+                            "the request was sent on to host '%s', which sent it on to host "
+                            "'%s': not following twice",
+                            where.host, twice.host);
+        g_propagate_error(error, g_steal_pointer(&local_error));
+        return FALSE;
+    }
+    if (ret_followed != NULL)
+        *ret_followed = g_steal_pointer(&remote);
+    return TRUE;
+}
+
+gboolean
+vmctl_client_request(const VmctlEndpoint *endpoint, const VmMessage *request,
+                     GCancellable *cancellable, VmProgressFunc progress, gpointer progress_data,
+                     VmMessage **ret_result, GError **error)
+{
+    return vmctl_client_request_follow(endpoint, request, cancellable, progress, progress_data,
+                                       ret_result, NULL, error);
 }
 
 static void
@@ -385,12 +460,12 @@ show_progress(const char *message, double fraction, gpointer user_data)
 
 gboolean
 vmctl_client_call(const VmctlEndpoint *endpoint, const VmMessage *request, VmctlProgressMode mode,
-                  VmMessage **ret_result, GError **error)
+                  VmMessage **ret_result, VmctlRemote **ret_followed, GError **error)
 {
     g_autoptr(VmctlProgress) progress = vmctl_progress_new(mode, stderr);
 
-    return vmctl_client_request(endpoint, request, NULL, show_progress, progress, ret_result,
-                                error);
+    return vmctl_client_request_follow(endpoint, request, NULL, show_progress, progress,
+                                       ret_result, ret_followed, error);
 }
 
 gboolean

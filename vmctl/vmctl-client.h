@@ -7,6 +7,7 @@
 
 #include "vm-progress.h"
 #include "vm-protocol.h"
+#include "vm-stream.h"
 #include "vmctl-output.h"
 #include "vmctl-remote.h"
 
@@ -75,9 +76,27 @@ gboolean vmctl_client_request(const VmctlEndpoint *endpoint, const VmMessage *re
                               GCancellable *cancellable, VmProgressFunc progress,
                               gpointer progress_data, VmMessage **ret_result, GError **error);
 
-/* vmctl_client_request() for the command line: shows every PROGRESS on stderr as @mode says. */
+/* vmctl_client_request() that says where it went: when hostd answered ELSEWHERE (the request
+ * is for another host of the fleet), the request went there once, and *@ret_followed (may be
+ * NULL) is that host's remote (left alone otherwise). A second ELSEWHERE fails with
+ * VM_ERROR_FAILED naming both hosts. vmctl_client_request() follows the same way. */
+gboolean vmctl_client_request_follow(const VmctlEndpoint *endpoint, const VmMessage *request,
+                                     GCancellable *cancellable, VmProgressFunc progress,
+                                     gpointer progress_data, VmMessage **ret_result,
+                                     VmctlRemote **ret_followed, GError **error);
+
+/* What following @where means for @request: the remote its address names
+ * (VM_ERROR_INVALID_ARGUMENT for an address that is not ssh://...) and the request sent there,
+ * the same but for a new agent, which is pinned to the host chosen ("on" it): it is made there,
+ * not placed again. */
+gboolean vmctl_follow_prepare(const VmMessage *request, const VmElsewhere *where,
+                              VmctlRemote **ret_remote, VmMessage **ret_request, GError **error);
+
+/* vmctl_client_request_follow() for the command line: shows every PROGRESS on stderr as @mode
+ * says. */
 gboolean vmctl_client_call(const VmctlEndpoint *endpoint, const VmMessage *request,
-                           VmctlProgressMode mode, VmMessage **ret_result, GError **error);
+                           VmctlProgressMode mode, VmMessage **ret_result,
+                           VmctlRemote **ret_followed, GError **error);
 
 /* Sends the EXEC @request and runs the stream until EXIT: stdin (fd 0) is forwarded in STDIN
  * frames and ended with STDIN_EOF, STDOUT/STDERR frames are written to fds 1 and 2 unbuffered.

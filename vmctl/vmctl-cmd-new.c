@@ -51,6 +51,7 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
     g_autofree char *template_name = NULL, *cpus = NULL, *memory = NULL, *disk = NULL;
     g_autofree char *user_data_path = NULL;
+    g_autofree char *on = NULL;
     g_autofree char *disk_read = NULL, *disk_write = NULL, *read_iops = NULL, *write_iops = NULL;
     g_auto(GStrv) key_files = NULL;
     g_auto(GStrv) secrets = NULL;
@@ -85,6 +86,9 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
          "RULE"},
         {"cold", 0, 0, G_OPTION_ARG_NONE, &cold,
          "Boot the VM even when the template has a warm image", NULL},
+        {"on", 0, 0, G_OPTION_ARG_STRING, &on,
+         "Make the agent on HOST of the fleet (default: where the fleet's placement puts it)",
+         "HOST"},
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(VmMessage) result = NULL;
@@ -97,6 +101,12 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
         g_variant_dict_insert(fields, "cold", "b", TRUE);
     if (template_name != NULL)
         g_variant_dict_insert(fields, "template", "s", template_name);
+    if (on != NULL) {
+        if (on[0] == '\0' || strlen(on) > VM_HOST_ID_MAX)
+            return vmctl_usage_error(ctx, error, "--on takes a host id of 1 to %d characters",
+                                     VM_HOST_ID_MAX);
+        g_variant_dict_insert(fields, "on", "s", on);
+    }
     if (!vmctl_dict_add_uint(ctx, fields, "--cpus", cpus, "cpus", error) ||
         !vmctl_dict_add_uint(ctx, fields, "--memory", memory, "memory_mib", error) ||
         !vmctl_dict_add_uint(ctx, fields, "--disk", disk, "disk_gib", error))
@@ -142,6 +152,9 @@ vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
         g_variant_dict_insert(fields, "user_data", "s", user_data);
     }
 
+    /* An older hostd would refuse the field as a protocol error that does not say why. */
+    if (on != NULL && !vmctl_require_protocol(ctx, 11, "--on", error))
+        return FALSE;
     if (!vmctl_request(ctx, VM_OP_AGENT_NEW, g_variant_dict_end(fields), &result, error))
         return FALSE;
     g_autoptr(GVariant) agent = vmctl_result_get(result, "agent", G_VARIANT_TYPE_VARDICT);

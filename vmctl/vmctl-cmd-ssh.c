@@ -50,6 +50,9 @@ vmctl_cmd_ssh(VmctlContext *ctx, int argc, char **argv, GError **error)
     if (!vmctl_request(ctx, VM_OP_AGENT_SSH_CONFIG, g_variant_new_parsed("{'name': <%s>}", name),
                        &result, error))
         return FALSE;
+    /* The agent is on another host of the fleet: reach it through that host. */
+    if (ctx->remote != NULL)
+        return ssh_remote(ctx->remote, name, command, error);
     const char *path = vm_message_get_string(result, "path", NULL);
     const char *host = vm_message_get_string(result, "host", NULL);
     if (path == NULL || host == NULL)

@@ -8,6 +8,8 @@ static const struct {
     const char *verb;
     const char *completes;
 } arguments[] = {
+    {"drain", "host"},
+    {"undrain", "host"},
     {"info", "agent"},
     {"exec", "agent"},
     {"ssh", "agent"},

@@ -402,9 +402,37 @@ vmctl_request(VmctlContext *ctx, VmOp op, GVariant *fields, VmMessage **ret_resu
     g_autoptr(VmMessage) request = vm_message_new(op, fields, error);
     VmctlEndpoint endpoint;
 
+    g_autoptr(VmctlRemote) followed = NULL;
+
     if (request == NULL || !vmctl_endpoint(ctx, &endpoint, error))
         return FALSE;
-    return vmctl_client_call(&endpoint, request, vmctl_progress_mode(ctx), ret_result, error);
+    if (!vmctl_client_call(&endpoint, request, vmctl_progress_mode(ctx), ret_result, &followed,
+                           error))
+        return FALSE;
+    /* The fleet sent it to another host: what the verb does next (ssh to the agent) goes there
+     * too. */
+    if (followed != NULL) {
+        g_clear_pointer(&ctx->remote, vmctl_remote_free);
+        g_clear_pointer(&ctx->endpoint_path, g_free);
+        ctx->remote = g_steal_pointer(&followed);
+    }
+    return TRUE;
+}
+
+gboolean
+vmctl_require_protocol(VmctlContext *ctx, guint32 version, const char *what, GError **error)
+{
+    g_autoptr(VmMessage) result = NULL;
+
+    if (!vmctl_request(ctx, VM_OP_PING, NULL, &result, error))
+        return FALSE;
+    guint32 spoken = 0;
+    g_variant_lookup(result->fields, "protocol", "u", &spoken);
+    if (spoken < version)
+        return vm_throw(error, VM_ERROR_PROTOCOL,
+                        "%s needs hostd's protocol %u; hostd speaks %u (an older hostd)", what,
+                        version, spoken);
+    return TRUE;
 }
 
 GVariant *

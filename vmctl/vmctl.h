@@ -129,9 +129,17 @@ VmctlProgressMode vmctl_progress_mode(const VmctlContext *ctx);
 
 /* Sends the request @op with @fields (an a{sv}, floating refs are sunk; NULL means empty) and
  * waits for the RESULT, showing PROGRESS as ctx->progress says. Returns the RESULT in
- * @ret_result (owned by the caller); fails with hostd's error, or the connection's. */
+ * @ret_result (owned by the caller); fails with hostd's error, or the connection's. When hostd
+ * sent it to another host of its fleet (ELSEWHERE, followed once), that host is ctx's endpoint
+ * from then on. */
 gboolean vmctl_request(VmctlContext *ctx, VmOp op, GVariant *fields, VmMessage **ret_result,
                        GError **error);
+
+/* Asks hostd its protocol version (PING) and fails with VM_ERROR_PROTOCOL "WHAT needs hostd's
+ * protocol N; hostd speaks M (an older hostd)" when it is older than @version: what @what
+ * would send is something it would refuse. */
+gboolean vmctl_require_protocol(VmctlContext *ctx, guint32 version, const char *what,
+                                GError **error);
 
 /* Returns the field @key of @result when it has type @type (a variant around it is unboxed), else
  * NULL. New reference. */
@@ -202,6 +210,8 @@ gboolean vmctl_cmd_template_build(VmctlContext *ctx, int argc, char **argv, GErr
 gboolean vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_list(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_hosts(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_drain(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_undrain(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_exec(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_cp(VmctlContext *ctx, int argc, char **argv, GError **error);
