@@ -1962,6 +1962,77 @@ test_remote_bridge(void **state)
     assert_int_equal(exec.status, 3);
 }
 
+/* The fleet's elsewhere: vmctl sends the request on to the host it names, once, through that
+ * host's address (the stand-in ssh runs the real bridge to a second fake hostd); a new is pinned
+ * to the host chosen; a second elsewhere is an error; nothing extra is printed. */
+static void
+test_fleet_elsewhere(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) made = {0};
+    g_auto(Run) twice = {0};
+    g_autofree char *second_path = g_build_filename(f->tmpdir, "h2.sock", NULL);
+    VmTestHostd *second = vm_test_hostd_new(second_path);
+    g_autofree char *elsewhere = g_strdup_printf(
+        "{'host': <'h2'>, 'address': <'ssh://root@h2%s'>, 'message': <'agent \\'a1\\' is "
+        "to be made on host \\'h2\\''>}",
+        second_path);
+
+    fake_ssh(f, NULL);
+    reply(f, VM_OP_ELSEWHERE, elsewhere);
+    vm_test_hostd_reply(second, VM_OP_RESULT,
+                        "{'agent': <{'name': <'a1'>, 'state': <'running'>}>}");
+    server_start(f);
+    vm_test_hostd_start(second);
+    run_vmctl(f, NULL, &made, "new", "a1", "--json");
+    vm_test_hostd_join(second);
+    assert_request(f, VM_OP_AGENT_NEW);
+    assert_null(vm_message_lookup(f->hostd->request, "on"));
+    assert_non_null(second->request);
+    assert_int_equal(second->request->op, VM_OP_AGENT_NEW);
+    assert_string_equal(vm_message_get_string(second->request, "name", ""), "a1");
+    assert_string_equal(vm_message_get_string(second->request, "on", ""), "h2");
+    assert_string_equal(made.err, "");
+    assert_non_null(strstr(made.out, "\"a1\""));
+    assert_int_equal(made.status, 0);
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    g_ptr_array_set_size(second->replies, 0);
+    reply(f, VM_OP_ELSEWHERE, elsewhere);
+    vm_test_hostd_reply(second, VM_OP_ELSEWHERE,
+                        "{'host': <'h3'>, 'address': <'ssh://h3'>, 'message': <'x'>}");
+    server_start(f);
+    vm_test_hostd_start(second);
+    run_vmctl(f, NULL, &twice, "info", "a1");
+    vm_test_hostd_join(second);
+    assert_int_equal(second->request->op, VM_OP_AGENT_INFO);
+    assert_string_equal(twice.err, "vmctl: the request was sent on to host 'h2', which sent it "
+                                   "on to host 'h3': not following twice\n");
+    assert_int_equal(twice.status, 1);
+    vm_test_hostd_free(second);
+}
+
+/* new --on asks hostd's protocol first: an older hostd is named, and no new is sent. */
+static void
+test_new_on_old_hostd(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) empty = {0};
+
+    reply(f, VM_OP_RESULT, "{'version': <'0.9'>, 'protocol': <uint32 10>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "new", "a1", "--on", "h2");
+    assert_request(f, VM_OP_PING);
+    assert_string_equal(run.err, "vmctl: --on needs hostd's protocol 11; hostd speaks 10 (an "
+                                 "older hostd)\n");
+    assert_int_equal(run.status, 11);
+
+    run_vmctl(f, NULL, &empty, "new", "a1", "--on", "");
+    assert_non_null(strstr(empty.err, "--on takes a host id"));
+    assert_int_equal(empty.status, 2);
+}
+
 static void
 test_remote_environment(void **state)
 {
@@ -2775,6 +2846,8 @@ main(void)
         cmocka_unit_test(test_remote_ssh_argv),
         cmocka_unit_test(test_remote_ssh_config_text),
         cmocka_unit_test_setup_teardown(test_remote_bridge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fleet_elsewhere, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_on_old_hostd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_environment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_ssh, setup, teardown),
