@@ -493,13 +493,23 @@ typedef struct {
     int fd; /* owned by the connection */
     gboolean closed;
     GBytes *input; /* what the stdin thread sends; NULL: what it reads on fd 0 */
+    /* Until hostd's first output, the input sent is kept (up to VMCTL_EXEC_REPLAY_MAX bytes):
+     * an ELSEWHERE comes before hostd reads any, so it is sent again to the host named. */
+    gboolean recording;
+    GByteArray *sent;
+    gboolean sent_eof;
+    gboolean overflow; /* more than can be kept was sent */
 } ExecStream;
+
+/* Input kept to be sent again when the fleet sends an exec to another host. */
+#define VMCTL_EXEC_REPLAY_MAX (1024 * 1024)
 
 static void
 exec_stream_clear(ExecStream *stream)
 {
     g_mutex_clear(&stream->lock);
     g_clear_pointer(&stream->input, g_bytes_unref);
+    g_clear_pointer(&stream->sent, g_byte_array_unref);
 }
 
 static void
@@ -514,8 +524,69 @@ exec_stream_send(ExecStream *stream, VmMessage *message, GError **error)
     gboolean ok = TRUE;
 
     g_mutex_lock(&stream->lock);
+    if (stream->recording && message->op == VM_OP_STDIN) {
+        gsize len = 0;
+        const guint8 *data = vm_message_get_data(message, "data", &len);
+        if (!stream->overflow && stream->sent->len + len <= VMCTL_EXEC_REPLAY_MAX)
+            g_byte_array_append(stream->sent, data, (guint)len);
+        else
+            stream->overflow = TRUE;
+    } else if (stream->recording && message->op == VM_OP_STDIN_EOF) {
+        stream->sent_eof = TRUE;
+    }
     if (!stream->closed)
         ok = vm_message_write_fd(stream->fd, message, error);
+    /* Kept input is not lost when a hostd that answers ELSEWHERE has closed: it goes again to
+     * the host named; and a conversation that really broke is the main loop's to report. */
+    if (!ok && stream->recording && !stream->overflow) {
+        g_clear_error(error);
+        ok = TRUE;
+    }
+    g_mutex_unlock(&stream->lock);
+    return ok;
+}
+
+/* hostd answered with output: the stream stays where it is, nothing more is kept. */
+static void
+exec_stream_commit(ExecStream *stream)
+{
+    g_mutex_lock(&stream->lock);
+    stream->recording = FALSE;
+    g_byte_array_set_size(stream->sent, 0);
+    g_mutex_unlock(&stream->lock);
+}
+
+/* Moves the stream to @fd (a conversation with the host an ELSEWHERE named, its request sent)
+ * and sends it the input kept. Fails with VM_ERROR_FAILED when more input went to the first host
+ * than was kept. */
+static gboolean
+exec_stream_move(ExecStream *stream, int fd, const char *host, GError **error)
+{
+    gboolean ok = TRUE;
+
+    /* A stdin thread blocked writing to the first hostd lets go of the lock. */
+    shutdown(stream->fd, SHUT_RDWR);
+    g_mutex_lock(&stream->lock);
+    if (stream->overflow) {
+        ok = vm_throw(error, VM_ERROR_FAILED,
+                      "the agent is on host '%s', and more than %d bytes of input went to this "
+                      "host first: run the command with --host set to that host",
+                      host, VMCTL_EXEC_REPLAY_MAX);
+    } else {
+        stream->fd = fd;
+        const guint8 *data = stream->sent->data;
+        guint len = stream->sent->len;
+        for (guint off = 0; ok && off < len; off += VM_STREAM_CHUNK_MAX) {
+            g_autoptr(VmMessage) chunk =
+                vm_message_new_data(VM_OP_STDIN, data + off, MIN(len - off, VM_STREAM_CHUNK_MAX));
+            ok = vm_message_write_fd(fd, chunk, error);
+        }
+        if (ok && stream->sent_eof) {
+            g_autoptr(VmMessage) eof = vm_message_new(VM_OP_STDIN_EOF, NULL, NULL);
+            ok = vm_message_write_fd(fd, eof, error);
+        }
+    }
+    stream->recording = FALSE;
     g_mutex_unlock(&stream->lock);
     return ok;
 }
@@ -591,6 +662,8 @@ exec_stream_start(int fd, GBytes *input)
     g_mutex_init(&stream->lock);
     stream->fd = fd;
     stream->input = input != NULL ? g_bytes_ref(input) : NULL;
+    stream->recording = TRUE;
+    stream->sent = g_byte_array_new();
     g_thread_unref(g_thread_new("vmctl-stdin", exec_stdin_thread, g_atomic_rc_box_acquire(stream)));
     return stream;
 }
@@ -723,8 +796,8 @@ exec_handle_signals(ExecStream *stream, int signal_fd, int *ret_status, GError *
 /* Handles one message of the stream. Returns TRUE and sets *ret_status when the stream is over
  * (EXIT, or a closed local stdout/stderr), or TRUE with @error set when it failed. */
 static gboolean
-exec_handle_message(VmStreamReader *reader, VmctlProgress *progress, int *ret_status,
-                    GError **error)
+exec_handle_message(VmStreamReader *reader, ExecStream *stream, VmctlProgress *progress,
+                    int *ret_status, GError **error)
 {
     g_autoptr(VmMessage) message = next_message(reader, NULL, 0, show_progress, progress, error);
     const guint8 *data;
@@ -733,6 +806,8 @@ exec_handle_message(VmStreamReader *reader, VmctlProgress *progress, int *ret_st
 
     if (message == NULL)
         return TRUE;
+    if (message->op != VM_OP_PROGRESS)
+        exec_stream_commit(stream);
     switch (message->op) {
     case VM_OP_PROGRESS:
         return FALSE;
@@ -759,10 +834,45 @@ exec_handle_message(VmStreamReader *reader, VmctlProgress *progress, int *ret_st
     }
 }
 
+/* An exec's ELSEWHERE (in *@error, with @reader's where): once, sends @request to the host named
+ * on a new *@connection (the old one closed), moves @stream there and reads from it; the remote
+ * is kept in *@remote, where it pointed in *@first. A second ELSEWHERE, or a failure, leaves *@error set and returns FALSE. */
+static gboolean
+exec_follow(VmctlConnection **connection, VmctlRemote **remote, VmElsewhere *first,
+            const VmMessage *request, ExecStream *stream, VmStreamReader *reader, GError **error)
+{
+    VmElsewhere where = reader->where;
+    g_autoptr(VmMessage) again = NULL;
+
+    g_clear_error(error);
+    if (*remote != NULL)
+        return vm_throw(error, VM_ERROR_FAILED,
+                        "the request was sent on to host '%s', which sent it on to host '%s': "
+                        "not following twice",
+                        first->host, where.host);
+    *first = where;
+    if (!vmctl_follow_prepare(request, &where, remote, &again, error))
+        return FALSE;
+    VmctlEndpoint there = {.remote = *remote};
+    g_autoptr(VmctlConnection) next = vmctl_connection_open(&there, error);
+    if (next == NULL)
+        return FALSE;
+    if (!vm_message_write_fd(next->fd, again, error))
+        return vmctl_connection_fail(next, error);
+    if (!exec_stream_move(stream, next->fd, where.host, error))
+        return vmctl_connection_fail(next, error);
+    vmctl_connection_free(*connection);
+    *connection = g_steal_pointer(&next);
+    vm_stream_reader_init(reader, (*connection)->fd, request->op);
+    return TRUE;
+}
+
 gboolean
 vmctl_client_exec(const VmctlEndpoint *endpoint, const VmMessage *request, VmctlProgressMode mode,
                   gboolean raw_terminal, int *ret_status, GError **error)
 {
+    g_autoptr(VmctlRemote) remote = NULL;
+    VmElsewhere first;
     g_autoptr(GError) local_error = NULL;
     int status = -1;
     ExecTerminal term;
@@ -792,7 +902,13 @@ vmctl_client_exec(const VmctlEndpoint *endpoint, const VmMessage *request, Vmctl
         if (fds[1].revents != 0 && exec_handle_signals(stream, term.pipe[0], &status, &local_error))
             break;
         if (fds[0].revents != 0)
-            exec_handle_message(&reader, progress, &status, &local_error);
+            exec_handle_message(&reader, stream, progress, &status, &local_error);
+        if (local_error != NULL && reader.elsewhere) {
+            if (!exec_follow(&connection, &remote, &first, request, stream, &reader,
+                             &local_error))
+                break;
+            fd = connection->fd;
+        }
     }
     exec_terminal_restore(&term);
     vmctl_progress_clear(progress);

@@ -1971,6 +1971,8 @@ test_fleet_elsewhere(void **state)
     Fixture *f = *state;
     g_auto(Run) made = {0};
     g_auto(Run) twice = {0};
+    g_auto(Run) exec = {0};
+    g_auto(Run) exec_twice = {0};
     g_autofree char *second_path = g_build_filename(f->tmpdir, "h2.sock", NULL);
     VmTestHostd *second = vm_test_hostd_new(second_path);
     g_autofree char *elsewhere = g_strdup_printf(
@@ -2009,6 +2011,39 @@ test_fleet_elsewhere(void **state)
     assert_string_equal(twice.err, "vmctl: the request was sent on to host 'h2', which sent it "
                                    "on to host 'h3': not following twice\n");
     assert_int_equal(twice.status, 1);
+
+    /* exec follows too, its input kept and sent again to the host named: none is lost. */
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    g_ptr_array_set_size(second->replies, 0);
+    reply(f, VM_OP_ELSEWHERE, elsewhere);
+    second->collect_stdin = TRUE;
+    second->echo_stdin = TRUE;
+    vm_test_hostd_reply(second, VM_OP_EXIT, "{'status': <3>}");
+    server_start(f);
+    vm_test_hostd_start(second);
+    run_vmctl(f, "line 1\nline 2\n", &exec, "exec", "a1", "--", "cat");
+    vm_test_hostd_join(second);
+    assert_int_equal(second->request->op, VM_OP_EXEC);
+    assert_true(second->got_eof);
+    assert_string_equal(exec.err, "");
+    assert_string_equal(exec.out, "line 1\nline 2\n");
+    assert_int_equal(exec.status, 3);
+
+    /* ... and never twice. */
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    g_ptr_array_set_size(second->replies, 0);
+    second->collect_stdin = FALSE;
+    second->echo_stdin = FALSE;
+    reply(f, VM_OP_ELSEWHERE, elsewhere);
+    vm_test_hostd_reply(second, VM_OP_ELSEWHERE,
+                        "{'host': <'h3'>, 'address': <'ssh://h3'>, 'message': <'x'>}");
+    server_start(f);
+    vm_test_hostd_start(second);
+    run_vmctl(f, NULL, &exec_twice, "exec", "a1", "--", "true");
+    vm_test_hostd_join(second);
+    assert_string_equal(exec_twice.err, "vmctl: the request was sent on to host 'h2', which sent "
+                                        "it on to host 'h3': not following twice\n");
+    assert_int_equal(exec_twice.status, 125);
     vm_test_hostd_free(second);
 }
 
