@@ -8,8 +8,8 @@
  *
  * RESULT, EXIT and ERROR end the reply; nothing follows them. ELSEWHERE (since protocol 11)
  * ends any reply instead of them: the request is for another host of the fleet, whose id and
- * address it carries, and the client may send it there once (docs/CLUSTER.md). The frames are the ones
- * vm-protocol.h defines; these types hold no buffer, so a writer and plain
+ * address it carries, and the client may send it there once (docs/CLUSTER.md). The frames are the
+ * ones vm-protocol.h defines; these types hold no buffer, so a writer and plain
  * vm_message_write_fd() calls may share a socket. Neither type owns its fd, and neither is
  * thread-safe: one thread writes a reply, one reads it.
  */
@@ -74,9 +74,9 @@ gboolean vm_stream_writer_elsewhere(VmStreamWriter *writer, const char *host, co
 
 typedef struct {
     int fd;
-    VmOp end;          /* what ends a successful reply: VM_OP_RESULT or VM_OP_EXIT */
-    gboolean ended;    /* the end frame, or an ERROR, was read */
-    GByteArray *parts; /* a RESULT being received in parts; NULL when none */
+    VmOp end;           /* what ends a successful reply: VM_OP_RESULT or VM_OP_EXIT */
+    gboolean ended;     /* the end frame, or an ERROR, was read */
+    GByteArray *parts;  /* a RESULT being received in parts; NULL when none */
     gboolean elsewhere; /* the reply was an ELSEWHERE: where says where to */
     VmElsewhere where;
 } VmStreamReader;

@@ -21,15 +21,15 @@ G_BEGIN_DECLS
 /* /vmctl/drained/<id>: the host is drained. Not under the host's lease, so that the owner's
  * renewals and rewrites of its record keep it; any host of the fleet sets or clears it. */
 #define VM_FLEET_DRAINED_PREFIX "/vmctl/drained/"
-#define VM_FLEET_RECORD_MAX    (16 * 1024) /* bytes of one record */
-#define VM_FLEET_HOST_ID_MAX   63
-#define VM_FLEET_ADDRESS_MAX   255
-#define VM_FLEET_STATES_MAX    16 /* distinct states in a host's agent counts */
-#define VM_FLEET_STATE_MAX     32 /* bytes of a state's name */
-#define VM_FLEET_COUNT_MAX     1000000
-#define VM_FLEET_HOSTS_MAX     4096   /* hosts a fleet view reads */
-#define VM_FLEET_AGENTS_MAX    100000 /* agents a fleet view reads */
-#define VM_FLEET_TEMPLATES_MAX 256    /* templates a host record names */
+#define VM_FLEET_RECORD_MAX     (16 * 1024) /* bytes of one record */
+#define VM_FLEET_HOST_ID_MAX    63
+#define VM_FLEET_ADDRESS_MAX    255
+#define VM_FLEET_STATES_MAX     16 /* distinct states in a host's agent counts */
+#define VM_FLEET_STATE_MAX      32 /* bytes of a state's name */
+#define VM_FLEET_COUNT_MAX      1000000
+#define VM_FLEET_HOSTS_MAX      4096   /* hosts a fleet view reads */
+#define VM_FLEET_AGENTS_MAX     100000 /* agents a fleet view reads */
+#define VM_FLEET_TEMPLATES_MAX  256    /* templates a host record names */
 
 typedef struct {
     char *state; /* "running", "stopped", ... */
@@ -45,7 +45,7 @@ typedef struct {
     GArray *agents; /* VmFleetStateCount, at most VM_FLEET_STATES_MAX, distinct states */
     guint64 free_memory_mib;
     guint64 free_disk_gib;
-    gboolean drained; /* as read: from VM_FLEET_DRAINED_PREFIX, never the record's own */
+    gboolean drained;     /* as read: from VM_FLEET_DRAINED_PREFIX, never the record's own */
     GPtrArray *templates; /* the templates it can make agents of (names), at most
                            * VM_FLEET_TEMPLATES_MAX; never NULL */
 } VmFleetHost;

@@ -27,7 +27,7 @@
 /* Starts of a new agent, each on another port when the last one found its forward's taken. */
 #define HOSTD_AGENT_START_ATTEMPTS 4
 
-#define HOSTD_STOP_TIMEOUT_S   60
+#define HOSTD_STOP_TIMEOUT_S 60
 
 /* ---------------------------------------------------------------------------------------------
  * The components' hooks, run in the order they were added */

@@ -699,8 +699,8 @@ hostd_cluster_set_drained(HostdCluster *cluster, const char *id, gboolean draine
         gboolean done = FALSE;
         vm_etcd_txn_if_version(txn, key, kv != NULL ? kv->version : 0);
         if (drained) {
-            g_autofree char *json = g_strdup_printf("{\"drained\":true,\"by\":\"%s\"}",
-                                                    cluster->host_id);
+            g_autofree char *json =
+                g_strdup_printf("{\"drained\":true,\"by\":\"%s\"}", cluster->host_id);
             vm_etcd_txn_put(txn, TRUE, key, json, 0);
         } else {
             vm_etcd_txn_delete(txn, TRUE, key);
@@ -778,8 +778,8 @@ hostd_cluster_place(HostdCluster *cluster, const char *on, const char *template_
 }
 
 gboolean
-hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host,
-                     char **ret_address, gboolean *ret_live, GError **error)
+hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host, char **ret_address,
+                     gboolean *ret_live, GError **error)
 {
     g_autofree char *key = vm_fleet_agent_key(name);
     g_autoptr(VmEtcdKv) kv = NULL;
@@ -805,8 +805,7 @@ hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host,
     if (host_kv != NULL) {
         gsize len;
         const char *data = g_bytes_get_data(host_kv->value, &len);
-        g_autoptr(VmFleetHost) host =
-            vm_fleet_host_from_json(data != NULL ? data : "", len, NULL);
+        g_autoptr(VmFleetHost) host = vm_fleet_host_from_json(data != NULL ? data : "", len, NULL);
         if (host != NULL && g_str_equal(host->id, owner->host)) {
             *ret_live = TRUE;
             *ret_address = g_strdup(host->address);

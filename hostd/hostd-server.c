@@ -1068,8 +1068,8 @@ hostd_route_new(HostdContext *ctx, const VmMessage *req, char **ret_host, char *
  * here). It is answered with ELSEWHERE, which the client follows once. An agent whose host is
  * down fails clearly; without etcd each host serves what it has. */
 static HostdRoute
-hostd_route(HostdContext *ctx, const VmMessage *req, HostdRequestFlags flags,
-            VmStreamWriter *reply, GError **error)
+hostd_route(HostdContext *ctx, const VmMessage *req, HostdRequestFlags flags, VmStreamWriter *reply,
+            GError **error)
 {
     g_autofree char *host = NULL;
     g_autofree char *address = NULL;
@@ -1081,8 +1081,8 @@ hostd_route(HostdContext *ctx, const VmMessage *req, HostdRequestFlags flags,
             return HOSTD_ROUTE_FAILED;
         if (host == NULL)
             return HOSTD_ROUTE_HERE;
-        message = g_strdup_printf("agent '%s' is to be made on host '%s' (%s)", name, host,
-                                  address);
+        message =
+            g_strdup_printf("agent '%s' is to be made on host '%s' (%s)", name, host, address);
     } else {
         const char *agent = hostd_route_agent(req, flags);
         gboolean live = FALSE;

@@ -464,8 +464,8 @@ vmctl_client_call(const VmctlEndpoint *endpoint, const VmMessage *request, Vmctl
 {
     g_autoptr(VmctlProgress) progress = vmctl_progress_new(mode, stderr);
 
-    return vmctl_client_request_follow(endpoint, request, NULL, show_progress, progress,
-                                       ret_result, ret_followed, error);
+    return vmctl_client_request_follow(endpoint, request, NULL, show_progress, progress, ret_result,
+                                       ret_followed, error);
 }
 
 gboolean
@@ -836,7 +836,8 @@ exec_handle_message(VmStreamReader *reader, ExecStream *stream, VmctlProgress *p
 
 /* An exec's ELSEWHERE (in *@error, with @reader's where): once, sends @request to the host named
  * on a new *@connection (the old one closed), moves @stream there and reads from it; the remote
- * is kept in *@remote, where it pointed in *@first. A second ELSEWHERE, or a failure, leaves *@error set and returns FALSE. */
+ * is kept in *@remote, where it pointed in *@first. A second ELSEWHERE, or a failure, leaves
+ * *@error set and returns FALSE. */
 static gboolean
 exec_follow(VmctlConnection **connection, VmctlRemote **remote, VmElsewhere *first,
             const VmMessage *request, ExecStream *stream, VmStreamReader *reader, GError **error)
@@ -904,8 +905,7 @@ vmctl_client_exec(const VmctlEndpoint *endpoint, const VmMessage *request, Vmctl
         if (fds[0].revents != 0)
             exec_handle_message(&reader, stream, progress, &status, &local_error);
         if (local_error != NULL && reader.elsewhere) {
-            if (!exec_follow(&connection, &remote, &first, request, stream, &reader,
-                             &local_error))
+            if (!exec_follow(&connection, &remote, &first, request, stream, &reader, &local_error))
                 break;
             fd = connection->fd;
         }

@@ -22,7 +22,9 @@ drain(VmctlContext *ctx, int argc, char **argv, gboolean drained, GError **error
     g_variant_lookup(result->fields, "changed", "b", &changed);
     g_autofree char *summary =
         g_strdup_printf("%s %s%s", drained ? "drained" : "undrained", args[0],
-                        changed ? "" : drained ? " (it was already)" : " (it was not drained)");
+                        changed   ? ""
+                        : drained ? " (it was already)"
+                                  : " (it was not drained)");
     vmctl_print_result(ctx, result, NULL, summary);
     return TRUE;
 }

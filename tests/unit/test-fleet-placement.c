@@ -181,12 +181,9 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_most_free_memory),
-        cmocka_unit_test(test_ties),
-        cmocka_unit_test(test_drained_down_template),
-        cmocka_unit_test(test_none_fits),
-        cmocka_unit_test(test_many_reasons_bounded),
-        cmocka_unit_test(test_templates_record),
+        cmocka_unit_test(test_most_free_memory),      cmocka_unit_test(test_ties),
+        cmocka_unit_test(test_drained_down_template), cmocka_unit_test(test_none_fits),
+        cmocka_unit_test(test_many_reasons_bounded),  cmocka_unit_test(test_templates_record),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

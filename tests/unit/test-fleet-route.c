@@ -121,8 +121,8 @@ fake_ssh(Lab *lab)
     g_autofree char *ssh = g_build_filename(bin, "ssh", NULL);
     g_autofree char *vmctl = g_build_filename(bin, "vmctl", NULL);
     const char *build_dir = g_getenv("VM_BUILD_DIR");
-    g_autofree char *real = g_build_filename(build_dir != NULL ? build_dir : ".", "vmctl",
-                                             "vmctl", NULL);
+    g_autofree char *real =
+        g_build_filename(build_dir != NULL ? build_dir : ".", "vmctl", "vmctl", NULL);
     const char *script = "#!/bin/sh\n"
                          "while [ $# -gt 0 ]; do\n"
                          "    case $1 in\n"
@@ -310,7 +310,7 @@ has_domain(Host *h, const char *name)
 }
 
 #define NEW_FIELDS(name, extra)                                                                    \
-    "{'name': <'" name "'>, 'cpus': <uint32 1>, 'memory_mib': <uint32 128>, "                     \
+    "{'name': <'" name "'>, 'cpus': <uint32 1>, 'memory_mib': <uint32 128>, "                      \
     "'wait': <false>" extra "}"
 
 /* new --on h2 asked of h1: h1 answers elsewhere, vmctl sends it to h2, the agent is made there
@@ -355,8 +355,8 @@ test_new_on_and_follow(void **state)
     assert_string_equal(name, "a1");
 
     /* An unknown name is still this host's to answer. */
-    g_autoptr(VmMessage) ghost = ask(&lab->h1, VM_OP_AGENT_INFO, "{'name': <'ghost'>}", NULL,
-                                     &error);
+    g_autoptr(VmMessage) ghost =
+        ask(&lab->h1, VM_OP_AGENT_INFO, "{'name': <'ghost'>}", NULL, &error);
     assert_null(ghost);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "ghost");
     g_clear_error(&error);
@@ -385,8 +385,8 @@ test_bad_on(void **state)
     assert_int_equal(vm_error_exit_status(vm_error_code(error)), 3);
     g_clear_error(&error);
 
-    g_autoptr(VmMessage) d = ask(&lab->h1, VM_OP_FLEET_DRAIN,
-                                 "{'host': <'h2'>, 'drained': <true>}", NULL, &error);
+    g_autoptr(VmMessage) d =
+        ask(&lab->h1, VM_OP_FLEET_DRAIN, "{'host': <'h2'>, 'drained': <true>}", NULL, &error);
     assert_non_null(d);
     g_autoptr(VmMessage) r2 =
         ask(&lab->h1, VM_OP_AGENT_NEW, NEW_FIELDS("b1", ", 'on': <'h2'>"), NULL, &error);
@@ -395,16 +395,16 @@ test_bad_on(void **state)
     assert_int_equal(vm_error_exit_status(vm_error_code(error)), 5);
     g_clear_error(&error);
 
-    g_autoptr(VmMessage) r3 = ask(&lab->h1, VM_OP_AGENT_NEW,
-                                  NEW_FIELDS("b1", ", 'on': <'h1'>, 'template': <'no-such'>"),
-                                  NULL, &error);
+    g_autoptr(VmMessage) r3 =
+        ask(&lab->h1, VM_OP_AGENT_NEW, NEW_FIELDS("b1", ", 'on': <'h1'>, 'template': <'no-such'>"),
+            NULL, &error);
     assert_null(r3);
     hostd_test_assert_error(error, VM_ERROR_NO_RESOURCES,
                             "host 'h1' does not have template 'no-such'");
     g_clear_error(&error);
 
-    g_autoptr(VmMessage) drain_unknown = ask(&lab->h1, VM_OP_FLEET_DRAIN,
-                                             "{'host': <'h9'>, 'drained': <true>}", NULL, &error);
+    g_autoptr(VmMessage) drain_unknown =
+        ask(&lab->h1, VM_OP_FLEET_DRAIN, "{'host': <'h9'>, 'drained': <true>}", NULL, &error);
     assert_null(drain_unknown);
     hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "no host 'h9' in the fleet");
     g_clear_error(&error);
@@ -444,8 +444,8 @@ test_drain_placement(void **state)
     Lab *lab = lab_of(state);
     g_autoptr(GError) error = NULL;
 
-    g_autoptr(VmMessage) d1 = ask(&lab->h2, VM_OP_FLEET_DRAIN,
-                                  "{'host': <'h1'>, 'drained': <true>}", NULL, &error);
+    g_autoptr(VmMessage) d1 =
+        ask(&lab->h2, VM_OP_FLEET_DRAIN, "{'host': <'h1'>, 'drained': <true>}", NULL, &error);
     assert_non_null(d1);
     gboolean changed = FALSE;
     assert_true(g_variant_lookup(d1->fields, "changed", "b", &changed));
@@ -468,14 +468,14 @@ test_drain_placement(void **state)
     assert_string_equal(owner, "h2");
 
     /* Twice is no change. */
-    g_autoptr(VmMessage) again = ask(&lab->h1, VM_OP_FLEET_DRAIN,
-                                     "{'host': <'h1'>, 'drained': <true>}", NULL, &error);
+    g_autoptr(VmMessage) again =
+        ask(&lab->h1, VM_OP_FLEET_DRAIN, "{'host': <'h1'>, 'drained': <true>}", NULL, &error);
     assert_true(g_variant_lookup(again->fields, "changed", "b", &changed));
     assert_false(changed);
 
     /* Both drained: none can take it, and the error says why of each. */
-    g_autoptr(VmMessage) d2 = ask(&lab->h1, VM_OP_FLEET_DRAIN,
-                                  "{'host': <'h2'>, 'drained': <true>}", NULL, &error);
+    g_autoptr(VmMessage) d2 =
+        ask(&lab->h1, VM_OP_FLEET_DRAIN, "{'host': <'h2'>, 'drained': <true>}", NULL, &error);
     assert_non_null(d2);
     g_autoptr(VmMessage) none = ask(&lab->h1, VM_OP_AGENT_NEW, NEW_FIELDS("p2", ""), NULL, &error);
     assert_null(none);
@@ -485,8 +485,8 @@ test_drain_placement(void **state)
     g_clear_error(&error);
 
     /* h1 undrained (and h2 still drained): placement asked of h2 makes it on h1. */
-    g_autoptr(VmMessage) u1 = ask(&lab->h2, VM_OP_FLEET_DRAIN,
-                                  "{'host': <'h1'>, 'drained': <false>}", NULL, &error);
+    g_autoptr(VmMessage) u1 =
+        ask(&lab->h2, VM_OP_FLEET_DRAIN, "{'host': <'h1'>, 'drained': <false>}", NULL, &error);
     assert_non_null(u1);
     assert_false(shown_drained(&lab->h2, "h1"));
     g_autoptr(VmMessage) p2 = ask(&lab->h2, VM_OP_AGENT_NEW, NEW_FIELDS("p2", ""), NULL, &error);
@@ -515,8 +515,8 @@ test_owner_down(void **state)
     hostd_test_assert_error(error, VM_ERROR_NOT_RUNNING, NULL);
     assert_string_equal(error->message, "agent 'c1' is on host 'h2', which is down");
     g_clear_error(&error);
-    g_autoptr(VmMessage) on = ask(&lab->h1, VM_OP_AGENT_NEW, NEW_FIELDS("c2", ", 'on': <'h2'>"),
-                                  NULL, &error);
+    g_autoptr(VmMessage) on =
+        ask(&lab->h1, VM_OP_AGENT_NEW, NEW_FIELDS("c2", ", 'on': <'h2'>"), NULL, &error);
     assert_null(on);
     hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "host 'h2' is down");
 }
