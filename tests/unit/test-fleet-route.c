@@ -344,8 +344,8 @@ test_new_on_and_follow(void **state)
     /* Asked of h1, answered by h2. */
     g_autoptr(VmMessage) info_frame = last_frame(&lab->h1, VM_OP_AGENT_INFO, "{'name': <'a1'>}");
     assert_int_equal(info_frame->op, VM_OP_ELSEWHERE);
-    assert_string_equal(vm_message_get_string(info_frame, "message", ""),
-                        g_strdup_printf("agent 'a1' is on host 'h2' (%s)", address));
+    g_autofree char *said = g_strdup_printf("agent 'a1' is on host 'h2' (%s)", address);
+    assert_string_equal(vm_message_get_string(info_frame, "message", ""), said);
     g_autoptr(VmMessage) info = ask(&lab->h1, VM_OP_AGENT_INFO, "{'name': <'a1'>}", NULL, &error);
     if (info == NULL)
         fail_msg("%s", error->message);
