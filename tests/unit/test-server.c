@@ -442,6 +442,15 @@ test_fleet_without_cluster(void **state)
         assert_error_reply(replies, VM_ERROR_NOT_RUNNING,
                            "this host is in no fleet: hostd's configuration has no [cluster]");
     }
+    g_autoptr(GPtrArray) drain =
+        converse(f, VM_OP_FLEET_DRAIN, "{'host': <'h2'>, 'drained': <true>}");
+    assert_error_reply(drain, VM_ERROR_NOT_RUNNING, "this host is in no fleet");
+    /* --on names a host of a fleet this host is not in: refused, nothing made. */
+    g_autoptr(GPtrArray) on =
+        converse(f, VM_OP_AGENT_NEW, "{'name': <'a1'>, 'on': <'h2'>, 'wait': <false>}");
+    assert_error_reply(on, VM_ERROR_INVALID_ARGUMENT,
+                       "cannot make the agent on host 'h2': this host is in no fleet");
+    assert_nothing_created(f);
 }
 
 /* hostd logs each failed request once, naming the operation and the agent. */
