@@ -41,6 +41,7 @@ typedef struct {
     struct _HostdGuestApi *guest_api;    /* hostd-guest-api.c's; NULL until an agent has one */
     struct _HostdConsole *console;       /* hostd-console.c's; NULL until an agent is followed */
     struct _HostdMetrics *metrics;       /* hostd's counters (hostd-metrics.h) */
+    struct _HostdKsm *ksm;               /* hostd-ksm.c's controller; NULL until started */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
     gboolean debug;                      /* --debug: also a trace of where each exec's time went */
     gboolean agent_ids;          /* each agent's QEMU runs as an id of its own (hostd-confine.h) */

@@ -11,6 +11,7 @@
 #include "hostd-guestfs.h"
 #include "hostd-forward.h"
 #include "hostd-guest-api.h"
+#include "hostd-ksm.h"
 #include "hostd-libvirt.h"
 #include "hostd-log.h"
 #include "hostd-metrics-server.h"
@@ -215,6 +216,9 @@ main(int argc, char **argv)
         return vm_error_exit_status(vm_error_code(error));
     }
 
+    /* After the agents whose QEMU was gone are booted again: `auto` counts them now. */
+    hostd_ksm_start(ctx, HOSTD_KSM_SYSFS);
+
     HostdServer *server =
         hostd_server_start(ctx, ctx->config->socket_path, ctx->config->socket_group, &error);
     if (server == NULL) {
@@ -261,5 +265,7 @@ main(int argc, char **argv)
         hostd_tell_manager("STOPPING=1", "stopping; agents keep running");
         g_message("stopping; agents keep running");
     }
+    /* Last: whatever runs now, KSM's run is put back as hostd found it. */
+    hostd_ksm_stop(ctx);
     return 0;
 }

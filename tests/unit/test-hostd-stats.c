@@ -314,7 +314,7 @@ test_metrics_text(void **state)
     hostd_metrics_request(m, "agent-list", 3000);
     hostd_metrics_request(m, "agent-list", 2 * G_USEC_PER_SEC);
     hostd_metrics_request(m, "agent-new", 40 * G_USEC_PER_SEC);
-    g_autofree char *text = hostd_metrics_text(m, agents);
+    g_autofree char *text = hostd_metrics_text(m, agents, NULL);
 
     assert_non_null(strstr(text, "# HELP hostd_uptime_seconds "));
     assert_non_null(strstr(text, "# TYPE hostd_request_duration_seconds histogram\n"));
