@@ -17,6 +17,7 @@
 #include "hostd-ksm.h"
 #include "hostd-memory.h"
 #include "test-common.h"
+#include "test-hostd-fixture.h"
 
 /* A fixture sysfs directory with run = @run and some figures. */
 static char *
@@ -300,6 +301,80 @@ test_mode_parse(void **state)
     assert_string_equal(hostd_ksm_mode_name(HOSTD_KSM_ON), "on");
 }
 
+/* ---- following the agents ---- */
+
+/* Runs the default main context until @dir's run reads @want, for at most 10 s. */
+static void
+wait_run(const char *dir, const char *want)
+{
+    gint64 deadline = g_get_monotonic_time() + 10 * G_USEC_PER_SEC;
+
+    for (;;) {
+        g_autofree char *run = run_of(dir);
+
+        if (g_str_equal(run, want))
+            return;
+        if (g_get_monotonic_time() > deadline)
+            fail_msg("run is %s, not %s, after 10 s", run, want);
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(10 * 1000);
+    }
+}
+
+/* hostd with ksm = auto over libvirt's test driver: on as soon as an agent's domain starts
+ * (libvirt's lifecycle event, handled on the main context), back off when the last one stops,
+ * on again for the next, and put back as found when hostd stops with one running. */
+static void
+test_auto_follows_agents(void **state)
+{
+    HostdTestFixture *f = *state;
+    VmTestTmpDir t = {.dir = f->dir};
+    g_autofree char *dir = ksm_dir(&t, "0\n");
+
+    f->ctx->config->ksm = HOSTD_KSM_AUTO;
+    hostd_ksm_start(f->ctx, dir);
+    assert_non_null(f->ctx->ksm);
+    assert_run(dir, "0");
+
+    g_autoptr(HostdAgentRecord) a = hostd_test_agent_new(f, "alpha", HOSTD_TEST_RUNNING);
+    wait_run(dir, "1");
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(f->ctx->lv, "alpha", NULL);
+    assert_non_null(dom);
+    assert_int_equal(virDomainDestroy(dom), 0);
+    wait_run(dir, "0");
+    assert_int_equal(virDomainCreate(dom), 0);
+    wait_run(dir, "1");
+
+    hostd_ksm_stop(f->ctx);
+    assert_null(f->ctx->ksm);
+    assert_run(dir, "0");
+    /* Stopped twice (main, then the context's detach): nothing more happens. */
+    hostd_ksm_stop(f->ctx);
+}
+
+/* ksm = on: on at start with no agent at all; off: hostd_ksm_start() writes nothing. */
+static void
+test_start_on_off(void **state)
+{
+    HostdTestFixture *f = *state;
+    VmTestTmpDir t = {.dir = f->dir};
+    g_autofree char *dir = ksm_dir(&t, "0\n");
+
+    f->ctx->config->ksm = HOSTD_KSM_ON;
+    hostd_ksm_start(f->ctx, dir);
+    assert_run(dir, "1");
+    hostd_ksm_stop(f->ctx);
+    assert_run(dir, "0");
+
+    f->ctx->config->ksm = HOSTD_KSM_OFF;
+    hostd_ksm_start(f->ctx, dir);
+    g_autoptr(HostdAgentRecord) a = hostd_test_agent_new(f, "alpha", HOSTD_TEST_RUNNING);
+    for (int i = 0; i < 20; i++)
+        g_main_context_iteration(NULL, FALSE);
+    assert_run(dir, "0");
+    /* Left to the context's detach, as at an early exit of main(). */
+}
+
 /* ---- /proc parsers ---- */
 
 static void
@@ -466,6 +541,9 @@ main(void)
         cmocka_unit_test_setup_teardown(test_figures, vm_test_tmpdir_setup,
                                         vm_test_tmpdir_teardown),
         cmocka_unit_test(test_mode_parse),
+        cmocka_unit_test_setup_teardown(test_auto_follows_agents, hostd_test_setup,
+                                        hostd_test_teardown),
+        cmocka_unit_test_setup_teardown(test_start_on_off, hostd_test_setup, hostd_test_teardown),
         cmocka_unit_test(test_parse_number),
         cmocka_unit_test(test_parse_status),
         cmocka_unit_test_setup_teardown(test_process_figures, vm_test_tmpdir_setup,
