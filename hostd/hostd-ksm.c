@@ -170,8 +170,8 @@ ksm_put_back(HostdKsm *ksm, const char *why)
     if (ksm_read(ksm, "run", KSM_RUN_MAX, &run, NULL) && run == ksm->prior)
         return NULL;
     if (!ksm_write_run(ksm, ksm->prior)) {
-        g_autofree char *what = g_strdup_printf("cannot put run back to %u (%s)",
-                                                (guint)ksm->prior, g_strerror(errno));
+        g_autofree char *what =
+            g_strdup_printf("cannot put run back to %u (%s)", (guint)ksm->prior, g_strerror(errno));
         return ksm_failed(ksm, what);
     }
     return g_strdup_printf("KSM run put back to %u: %s", (guint)ksm->prior, why);
@@ -218,8 +218,7 @@ hostd_ksm_figures(HostdKsm *ksm)
     guint64 run = 0, shared = 0, sharing = 0;
     gint64 profit = 0;
 
-    g_variant_builder_add(&b, "{sv}", "mode",
-                          g_variant_new_string(hostd_ksm_mode_name(ksm->mode)));
+    g_variant_builder_add(&b, "{sv}", "mode", g_variant_new_string(hostd_ksm_mode_name(ksm->mode)));
     if (ksm_read(ksm, "run", KSM_RUN_MAX, &run, NULL))
         g_variant_builder_add(&b, "{sv}", "run", g_variant_new_string(run_names[run]));
     if (ksm_read(ksm, "pages_shared", pages_max, &shared, NULL))
@@ -304,9 +303,9 @@ hostd_ksm_start(HostdContext *ctx, const char *root)
     ksm_log(ctx, hostd_ksm_begin(ksm));
     if (ksm->mode != HOSTD_KSM_AUTO)
         return;
-    ksm->lifecycle_id = virConnectDomainEventRegisterAny(
-        ctx->lv->conn, NULL, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-        VIR_DOMAIN_EVENT_CALLBACK(ksm_on_lifecycle), ctx, NULL);
+    ksm->lifecycle_id =
+        virConnectDomainEventRegisterAny(ctx->lv->conn, NULL, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                         VIR_DOMAIN_EVENT_CALLBACK(ksm_on_lifecycle), ctx, NULL);
     if (ksm->lifecycle_id < 0)
         virResetLastError();
     ksm->timeout_id = g_timeout_add_seconds(HOSTD_KSM_CHECK_S, ksm_check, ctx);

@@ -226,9 +226,12 @@ hostd_memory_add_balloon(GVariantBuilder *b, virDomainPtr dom, gboolean with_use
         return FALSE;
     if (with_used) {
         guint64 available = kib[VIR_DOMAIN_MEMORY_STAT_AVAILABLE];
-        guint64 free_kib = have[VIR_DOMAIN_MEMORY_STAT_USABLE]   ? kib[VIR_DOMAIN_MEMORY_STAT_USABLE]
-                           : have[VIR_DOMAIN_MEMORY_STAT_UNUSED] ? kib[VIR_DOMAIN_MEMORY_STAT_UNUSED]
-                                                                 : available;
+        guint64 free_kib = available;
+
+        if (have[VIR_DOMAIN_MEMORY_STAT_USABLE])
+            free_kib = kib[VIR_DOMAIN_MEMORY_STAT_USABLE];
+        else if (have[VIR_DOMAIN_MEMORY_STAT_UNUSED])
+            free_kib = kib[VIR_DOMAIN_MEMORY_STAT_UNUSED];
 
         g_variant_builder_add(b, "{sv}", "memory_available_bytes",
                               g_variant_new_uint64(available * 1024));

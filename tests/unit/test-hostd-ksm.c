@@ -385,19 +385,13 @@ test_parse_number(void **state)
         gboolean ok;
         guint64 value;
     } cases[] = {
-        {"0\n", TRUE, 0},
-        {"42", TRUE, 42},
-        {"  7 \n", TRUE, 7},
-        {"1000", TRUE, 1000},
+        {"0\n", TRUE, 0},    {"42", TRUE, 42},
+        {"  7 \n", TRUE, 7}, {"1000", TRUE, 1000},
         {"1001", FALSE, 0}, /* above the bound */
-        {"", FALSE, 0},
-        {"\n", FALSE, 0},
-        {"-1\n", FALSE, 0},
-        {"+1", FALSE, 0},
-        {"12abc", FALSE, 0},
-        {"1 2", FALSE, 0},
-        {"0x10", FALSE, 0},
-        {"99999999999999999999999", FALSE, 0},
+        {"", FALSE, 0},      {"\n", FALSE, 0},
+        {"-1\n", FALSE, 0},  {"+1", FALSE, 0},
+        {"12abc", FALSE, 0}, {"1 2", FALSE, 0},
+        {"0x10", FALSE, 0},  {"99999999999999999999999", FALSE, 0},
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -420,12 +414,12 @@ test_parse_number(void **state)
 }
 
 static const char status_text[] = "Name:\tqemu-system-x86\n"
-                                   "Umask:\t0077\n"
-                                   "VmPeak:\t 3215248 kB\n"
-                                   "VmRSSX:\t 1 kB\n"
-                                   "VmRSS:\t  466780 kB\n"
-                                   "RssAnon:\t  450000 kB\n"
-                                   "Threads:\t7\n";
+                                  "Umask:\t0077\n"
+                                  "VmPeak:\t 3215248 kB\n"
+                                  "VmRSSX:\t 1 kB\n"
+                                  "VmRSS:\t  466780 kB\n"
+                                  "RssAnon:\t  450000 kB\n"
+                                  "Threads:\t7\n";
 
 static void
 test_parse_status(void **state)
