@@ -10,6 +10,7 @@
 #include "hostd-confine.h"
 #include "hostd-guest.h"
 #include "hostd-keys.h"
+#include "hostd-memory.h"
 #include "hostd-relay.h"
 #include "hostd-resources.h"
 #include "hostd-serial.h"
@@ -1204,7 +1205,21 @@ hostd_agent_info(HostdContext *ctx, const char *name, GError **error)
     g_autoptr(HostdAgentRecord) r = hostd_agent_load(ctx, name, error);
     if (r == NULL)
         return NULL;
-    return hostd_agent_to_variant(ctx, r);
+    GVariant *floating = hostd_agent_to_variant(ctx, r);
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, name, NULL);
+    const char *state = dom != NULL ? hostd_libvirt_state_name(dom) : "missing";
+    if (!g_str_equal(state, "running") && !g_str_equal(state, "paused"))
+        return floating;
+    g_autoptr(GVariant) info = g_variant_ref_sink(floating);
+    /* What its QEMU costs the host now: read here, not in every answer that carries an agent. */
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    GVariantIter iter;
+    GVariant *entry;
+    g_variant_iter_init(&iter, info);
+    while ((entry = g_variant_iter_next_value(&iter)) != NULL)
+        g_variant_builder_add_value(&b, entry);
+    hostd_memory_add_agent(&b, ctx->lv, dom, name);
+    return g_variant_builder_end(&b);
 }
 
 gboolean

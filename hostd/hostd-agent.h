@@ -66,7 +66,8 @@ GVariant *hostd_agent_stop(HostdContext *ctx, const char *name, gboolean force, 
  * (VM_ERROR_NOT_RUNNING) and nothing is removed. */
 gboolean hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **error);
 
-/* The agent's info dictionary (see docs/PROTOCOL.md for the fields). */
+/* The agent's info dictionary (see docs/PROTOCOL.md for the fields), with what its memory costs
+ * the host while its QEMU runs (hostd_memory_add_agent()). */
 GVariant *hostd_agent_info(HostdContext *ctx, const char *name, GError **error);
 
 /* Every agent's info dictionary, sorted by name (aa{sv}). */

@@ -50,6 +50,7 @@ static const char *const hostd_config_keys[] = {
     "checkpoint-free-floor",
     "egress-presets-dir",
     "metrics-listen",
+    "ksm",
     NULL,
 };
 
@@ -471,6 +472,11 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
         if (!hostd_config_set_egress_upstream_ca_file(config, ca_file, &ca_error))
             return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "%s: %s", path, ca_error->message);
     }
+    static const char *const ksm_modes[] = {"auto", "on", "off", NULL};
+    guint ksm = config->ksm;
+    if (!hostd_config_get_choice(kf, path, "ksm", ksm_modes, &ksm, error))
+        return FALSE;
+    config->ksm = (HostdKsmMode)ksm;
     if (g_key_file_has_key(kf, "hostd", "accel", NULL)) {
         g_autofree char *text = g_key_file_get_string(kf, "hostd", "accel", NULL);
         if (text == NULL || !hostd_accel_mode_parse(text, &config->accel))

@@ -16,6 +16,13 @@ typedef enum {
     HOSTD_SHUTDOWN_SAVE, /* save each to disk (processes and all) before exiting */
 } HostdShutdownMode;
 
+/* What hostd does with the kernel's same-page merging (hostd-ksm.h). */
+typedef enum {
+    HOSTD_KSM_AUTO, /* on while at least one agent runs */
+    HOSTD_KSM_ON,   /* on from hostd's start */
+    HOSTD_KSM_OFF,  /* never touched */
+} HostdKsmMode;
+
 /* The default disk I/O limits of an agent (hostd.conf disk-read...). */
 #define HOSTD_DISK_READ_MIB_DEFAULT   200
 #define HOSTD_DISK_WRITE_MIB_DEFAULT  100
@@ -86,6 +93,7 @@ typedef struct {
     /* The Prometheus endpoint: "HOST:PORT", an absolute path (a Unix socket), or "off". */
     char *metrics_listen;
     HostdClusterConfig *cluster; /* [cluster]; NULL without one: this host is in no fleet */
+    HostdKsmMode ksm; /* default auto */
 } HostdConfig;
 
 /* Defaults of guest-checkpoint-max, guest-checkpoint-bytes and checkpoint-free-floor (5% of
@@ -118,7 +126,7 @@ gboolean hostd_config_metrics_listen_valid(const char *value);
  * shutdown-timeout, shutdown-resume, guest-api, guest-api-rate, guest-api-burst,
  * egress-upstream-ca-file, egress-worker, egress-user, disk-read, disk-write, disk-read-iops,
  * disk-write-iops, agent-ids, worker-ids, guest-checkpoint-max, guest-checkpoint-bytes,
- * checkpoint-free-floor, egress-presets-dir, metrics-listen) and an optional [cluster] group
+ * checkpoint-free-floor, egress-presets-dir, metrics-listen, ksm) and an optional [cluster] group
  * (endpoints, host-id, address, ca, cert, key, lease-ttl: endpoints, host-id and address
  * required there) when not NULL,
  * then applies the non-NULL overrides, then fills defaults (worker-ids: the ids right after

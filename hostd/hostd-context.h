@@ -44,6 +44,7 @@ typedef struct {
     struct _HostdCluster *cluster;       /* this host in a fleet (hostd-cluster.h); NULL without
                                           * [cluster]; set before the server starts, its owner
                                           * (main) frees it */
+    struct _HostdKsm *ksm;               /* hostd-ksm.c's controller; NULL until started */
     void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
     gboolean debug;                      /* --debug: also a trace of where each exec's time went */
     gboolean agent_ids;          /* each agent's QEMU runs as an id of its own (hostd-confine.h) */

@@ -1,5 +1,6 @@
 #include "hostd-metrics-server.h"
 
+#include "hostd-ksm.h"
 #include "hostd-metrics.h"
 #include "hostd-stats.h"
 
@@ -31,6 +32,7 @@ metrics_server_handle(SoupServer *soup, SoupServerMessage *msg, const char *path
     const char *method = soup_server_message_get_method(msg);
     g_autoptr(GError) error = NULL;
     g_autoptr(GVariant) agents = NULL;
+    g_autoptr(GVariant) ksm = NULL;
     char *text;
 
     if (method != SOUP_METHOD_GET && method != SOUP_METHOD_HEAD) {
@@ -39,7 +41,9 @@ metrics_server_handle(SoupServer *soup, SoupServerMessage *msg, const char *path
     }
     /* Without the agents' figures hostd's own are still worth a scrape. */
     agents = hostd_stats_collect(server->ctx, NULL, &error);
-    text = hostd_metrics_text(server->ctx->metrics, agents);
+    if (server->ctx->ksm != NULL)
+        ksm = g_variant_ref_sink(hostd_ksm_figures(server->ctx->ksm));
+    text = hostd_metrics_text(server->ctx->metrics, agents, ksm);
     soup_server_message_set_status(msg, SOUP_STATUS_OK, NULL);
     soup_server_message_set_response(msg, HOSTD_METRICS_CONTENT_TYPE, SOUP_MEMORY_TAKE, text,
                                      strlen(text));

@@ -247,6 +247,12 @@ static const MetricsAgentFigure metrics_agent_figures[] = {
      "Memory the guest sees, as its balloon driver reports it.", NULL, 1},
     {"qemu_rss_bytes", "hostd_agent_qemu_rss_bytes", "gauge",
      "Resident memory of the agent's QEMU process on the host.", NULL, 1},
+    {"ksm_merged_bytes", "hostd_agent_ksm_merged_bytes", "gauge",
+     "Memory of the agent's QEMU that KSM merges with identical pages.", NULL, 1},
+    {"ksm_profit_bytes", "hostd_agent_ksm_profit_bytes", "gauge",
+     "What KSM saves on the agent's QEMU, less its metadata (may be negative).", NULL, 1},
+    {"balloon_actual_bytes", "hostd_agent_balloon_bytes", "gauge",
+     "Memory the agent's guest has now, as its balloon says.", NULL, 1},
     {"disk_capacity_bytes", "hostd_agent_disk_capacity_bytes", "gauge",
      "Size of the agent's disk as its guest sees it.", NULL, 1},
     {"disk_allocated_bytes", "hostd_agent_disk_allocated_bytes", "gauge",
@@ -273,6 +279,8 @@ metrics_agent_value(GVariant *agent, const char *field, double *ret_value)
         return FALSE;
     if (g_variant_is_of_type(v, G_VARIANT_TYPE_UINT64))
         *ret_value = (double)g_variant_get_uint64(v);
+    else if (g_variant_is_of_type(v, G_VARIANT_TYPE_INT64))
+        *ret_value = (double)g_variant_get_int64(v);
     else if (g_variant_is_of_type(v, G_VARIANT_TYPE_UINT32))
         *ret_value = g_variant_get_uint32(v);
     else if (g_variant_is_of_type(v, G_VARIANT_TYPE_DOUBLE))
@@ -384,8 +392,46 @@ metrics_text_requests(HostdMetrics *metrics, GString *out)
     g_mutex_unlock(&metrics->lock);
 }
 
+/* The host's KSM figures (hostd-ksm.h): those it has, and its state as labels of one series. */
+static void
+metrics_text_ksm(GString *out, GVariant *ksm)
+{
+    static const struct {
+        const char *field;
+        const char *name;
+        const char *help;
+    } figures[] = {
+        {"pages_shared", "hostd_ksm_pages_shared", "Pages KSM keeps one copy of, host-wide."},
+        {"pages_sharing", "hostd_ksm_pages_sharing", "Pages merged into those, host-wide."},
+        {"saved_bytes", "hostd_ksm_saved_bytes", "Memory KSM saves, host-wide (pages_sharing)."},
+        {"general_profit_bytes", "hostd_ksm_general_profit_bytes",
+         "What KSM saves, host-wide, less its metadata (may be negative)."},
+    };
+    const char *mode = NULL, *run = NULL;
+
+    if (ksm == NULL)
+        return;
+    g_variant_lookup(ksm, "mode", "&s", &mode);
+    g_variant_lookup(ksm, "run", "&s", &run);
+    g_autofree char *mode_esc = hostd_metrics_label_escape(mode != NULL ? mode : "unknown");
+    g_autofree char *run_esc = hostd_metrics_label_escape(run != NULL ? run : "unknown");
+    metrics_family(out, "hostd_ksm_info", "gauge",
+                   "1, with hostd's ksm setting and the kernel's KSM state as labels.");
+    g_string_append_printf(out, "hostd_ksm_info{mode=\"%s\",run=\"%s\"} 1\n", mode_esc, run_esc);
+    for (gsize i = 0; i < G_N_ELEMENTS(figures); i++) {
+        double value;
+
+        if (!metrics_agent_value(ksm, figures[i].field, &value))
+            continue;
+        metrics_family(out, figures[i].name, "gauge", figures[i].help);
+        g_string_append_printf(out, "%s ", figures[i].name);
+        metrics_append_value(out, value);
+        g_string_append_c(out, '\n');
+    }
+}
+
 char *
-hostd_metrics_text(HostdMetrics *metrics, GVariant *agents)
+hostd_metrics_text(HostdMetrics *metrics, GVariant *agents, GVariant *ksm)
 {
     GString *out = g_string_new(NULL);
 
@@ -394,6 +440,7 @@ hostd_metrics_text(HostdMetrics *metrics, GVariant *agents)
     metrics_append_value(out, hostd_metrics_uptime(metrics));
     g_string_append_c(out, '\n');
     metrics_text_states(out, agents);
+    metrics_text_ksm(out, ksm);
     metrics_text_requests(metrics, out);
     metrics_text_agents(out, agents);
     return g_string_free(out, FALSE);

@@ -58,8 +58,9 @@ double hostd_metrics_uptime(HostdMetrics *metrics);
 char *hostd_metrics_label_escape(const char *value);
 
 /* The Prometheus text of @agents (the aa{sv} of hostd_stats_collect(): one series per figure an
- * agent has, labelled with its name) and of @metrics (agents by state, request times, uptime).
- * Newly allocated; can't fail. */
-char *hostd_metrics_text(HostdMetrics *metrics, GVariant *agents);
+ * agent has, labelled with its name), of @ksm (hostd_ksm_figures(), or NULL: the host's KSM
+ * figures it has) and of @metrics (agents by state, request times, uptime). Newly allocated;
+ * can't fail. */
+char *hostd_metrics_text(HostdMetrics *metrics, GVariant *agents, GVariant *ksm);
 
 G_END_DECLS

@@ -10,6 +10,7 @@
 #include "hostd-fork.h"
 #include "hostd-forward.h"
 #include "hostd-exec.h"
+#include "hostd-ksm.h"
 #include "hostd-logs.h"
 #include "hostd-metrics.h"
 #include "hostd-secrets.h"
@@ -887,6 +888,8 @@ hostd_handle_agent_stats(HostdContext *ctx, const VmMessage *req, VmStreamWriter
     g_variant_builder_add(&b, "{sv}", "agents", agents);
     g_variant_builder_add(&b, "{sv}", "uptime_s",
                           g_variant_new_double(hostd_metrics_uptime(ctx->metrics)));
+    if (ctx->ksm != NULL)
+        g_variant_builder_add(&b, "{sv}", "ksm", hostd_ksm_figures(ctx->ksm));
     return hostd_reply(reply, g_variant_builder_end(&b), error);
 }
 

@@ -1,18 +1,13 @@
 #include "hostd-stats.h"
 
 #include "hostd-egress.h"
+#include "hostd-memory.h"
 #include "hostd-metrics.h"
 #include "hostd-resources.h"
-
-#include <errno.h>
-#include <string.h>
 
 #include "vm-checkpoint.h"
 #include "vm-error.h"
 #include "vm-name.h"
-
-/* The longest /proc/PID/cmdline or status read: both are a few KiB. */
-#define STATS_PROC_MAX (64 * 1024)
 
 /* One agent while its figures are gathered. */
 typedef struct {
@@ -35,82 +30,6 @@ stats_agent_clear(gpointer data)
         virDomainFree(a->dom);
 }
 
-/* The whole small file @path, or NULL. */
-static char *
-stats_read_small(const char *path, gsize *ret_len)
-{
-    char *text = NULL;
-    gsize len = 0;
-
-    if (!g_file_get_contents(path, &text, &len, NULL))
-        return NULL;
-    if (len > STATS_PROC_MAX) {
-        g_free(text);
-        return NULL;
-    }
-    if (ret_len != NULL)
-        *ret_len = len;
-    return text;
-}
-
-GPid
-hostd_stats_qemu_pid(HostdLibvirt *lv, const char *name)
-{
-    g_autofree char *root = hostd_libvirt_embed_root(lv->uri);
-    g_autofree char *pid_path = NULL;
-    g_autofree char *pid_text = NULL;
-    g_autofree char *cmdline_path = NULL;
-    g_autofree char *cmdline = NULL;
-    g_autofree char *want = g_strdup_printf("guest=%s,", name);
-    gsize len = 0;
-    guint64 pid = 0;
-
-    if (root != NULL)
-        pid_path = g_strdup_printf("%s/run/qemu/%s.pid", root, name);
-    else
-        pid_path = g_strdup_printf("/run/libvirt/qemu/%s.pid", name);
-    pid_text = stats_read_small(pid_path, NULL);
-    if (pid_text == NULL ||
-        !g_ascii_string_to_unsigned(g_strstrip(pid_text), 10, 1, G_MAXINT32, &pid, NULL))
-        return 0;
-    /* A pid file left by a QEMU that is gone may name another process by now. */
-    cmdline_path = g_strdup_printf("/proc/%" G_GUINT64_FORMAT "/cmdline", pid);
-    cmdline = stats_read_small(cmdline_path, &len);
-    if (cmdline == NULL)
-        return 0;
-    for (gsize at = 0; at < len; at += strlen(cmdline + at) + 1) {
-        if (g_str_has_prefix(cmdline + at, want))
-            return (GPid)pid;
-    }
-    return 0;
-}
-
-gboolean
-hostd_stats_process_rss(GPid pid, guint64 *ret_bytes)
-{
-    g_autofree char *path = g_strdup_printf("/proc/%d/status", (int)pid);
-    g_autofree char *status = stats_read_small(path, NULL);
-    g_auto(GStrv) lines = NULL;
-
-    if (status == NULL)
-        return FALSE;
-    lines = g_strsplit(status, "\n", -1);
-    for (char **line = lines; *line != NULL; line++) {
-        guint64 kib;
-        char *end = NULL;
-
-        if (!g_str_has_prefix(*line, "VmRSS:"))
-            continue;
-        errno = 0;
-        kib = g_ascii_strtoull(*line + 6, &end, 10);
-        if (errno != 0 || end == *line + 6)
-            return FALSE;
-        *ret_bytes = kib * 1024;
-        return TRUE;
-    }
-    return FALSE;
-}
-
 /* The vCPUs' CPU time of a running or paused agent. */
 static void
 stats_read_cpu(StatsAgent *a)
@@ -129,45 +48,18 @@ stats_read_cpu(StatsAgent *a)
     a->vcpus = info.nrVirtCpu;
 }
 
-/* What the guest's balloon driver reports of its memory: used (available less usable, or less
- * unused on guests that report no usable figure) and available. Asks for reports from now on
- * when the guest gives none. */
+/* What the guest's balloon driver reports of its memory (hostd_memory_add_balloon()). Asks for
+ * reports from now on when the guest gives none. */
 static void
 stats_add_memory(GVariantBuilder *b, StatsAgent *a)
 {
-    virDomainMemoryStatStruct stats[VIR_DOMAIN_MEMORY_STAT_NR];
-    gboolean have[VIR_DOMAIN_MEMORY_STAT_NR] = {FALSE};
-    guint64 kib[VIR_DOMAIN_MEMORY_STAT_NR] = {0};
-    int n;
-
     if (a->dom == NULL || !g_str_equal(a->state, "running"))
         return;
-    n = virDomainMemoryStats(a->dom, stats, VIR_DOMAIN_MEMORY_STAT_NR, 0);
-    if (n < 0) {
+    /* The balloon reports only once asked to; the next figures have it. */
+    if (!hostd_memory_add_balloon(b, a->dom, TRUE) &&
+        virDomainSetMemoryStatsPeriod(a->dom, HOSTD_MEMORY_BALLOON_PERIOD_S,
+                                      VIR_DOMAIN_AFFECT_LIVE) < 0)
         virResetLastError();
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        if (stats[i].tag >= 0 && stats[i].tag < VIR_DOMAIN_MEMORY_STAT_NR) {
-            have[stats[i].tag] = TRUE;
-            kib[stats[i].tag] = stats[i].val;
-        }
-    }
-    if (!have[VIR_DOMAIN_MEMORY_STAT_AVAILABLE]) {
-        /* The balloon reports only once asked to; the next figures have it. */
-        if (virDomainSetMemoryStatsPeriod(a->dom, HOSTD_STATS_BALLOON_PERIOD_S,
-                                          VIR_DOMAIN_AFFECT_LIVE) < 0)
-            virResetLastError();
-        return;
-    }
-    guint64 available = kib[VIR_DOMAIN_MEMORY_STAT_AVAILABLE];
-    guint64 free_kib = have[VIR_DOMAIN_MEMORY_STAT_USABLE]   ? kib[VIR_DOMAIN_MEMORY_STAT_USABLE]
-                       : have[VIR_DOMAIN_MEMORY_STAT_UNUSED] ? kib[VIR_DOMAIN_MEMORY_STAT_UNUSED]
-                                                             : available;
-    g_variant_builder_add(b, "{sv}", "memory_available_bytes",
-                          g_variant_new_uint64(available * 1024));
-    g_variant_builder_add(b, "{sv}", "memory_used_bytes",
-                          g_variant_new_uint64((available - MIN(free_kib, available)) * 1024));
 }
 
 /* The bytes the agent's current overlay takes, and those its checkpoints take apart from it. */
@@ -207,7 +99,6 @@ stats_agent_variant(HostdContext *ctx, StatsAgent *a)
     guint connections = 0;
     guint64 up = 0, down = 0;
     GPid pid;
-    guint64 rss;
 
     g_variant_builder_add(&b, "{sv}", "name", g_variant_new_string(r->name));
     g_variant_builder_add(&b, "{sv}", "state", g_variant_new_string(a->state));
@@ -220,10 +111,10 @@ stats_agent_variant(HostdContext *ctx, StatsAgent *a)
     if (a->have_percent)
         g_variant_builder_add(&b, "{sv}", "cpu_percent", g_variant_new_double(a->percent));
     stats_add_memory(&b, a);
-    pid = a->have_cpu ? hostd_stats_qemu_pid(ctx->lv, r->name) : 0;
-    if (pid > 0 && hostd_stats_process_rss(pid, &rss)) {
+    pid = a->have_cpu ? hostd_memory_qemu_pid(ctx->lv, r->name) : 0;
+    if (pid > 0) {
         g_variant_builder_add(&b, "{sv}", "qemu_pid", g_variant_new_uint32((guint32)pid));
-        g_variant_builder_add(&b, "{sv}", "qemu_rss_bytes", g_variant_new_uint64(rss));
+        hostd_memory_add_process(&b, "/proc", pid);
     }
     stats_add_disk(&b, r);
     if (hostd_egress_traffic(ctx, r->name, &connections, &up, &down)) {

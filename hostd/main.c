@@ -14,6 +14,7 @@
 #include "hostd-guestfs.h"
 #include "hostd-forward.h"
 #include "hostd-guest-api.h"
+#include "hostd-ksm.h"
 #include "hostd-libvirt.h"
 #include "hostd-log.h"
 #include "hostd-metrics-server.h"
@@ -235,6 +236,8 @@ main(int argc, char **argv)
         g_message("fleet: host '%s' joins through etcd at %s", ctx->config->cluster->host_id,
                   ctx->config->cluster->endpoints[0]);
     }
+    /* After the agents whose QEMU was gone are booted again: `auto` counts them now. */
+    hostd_ksm_start(ctx, HOSTD_KSM_SYSFS);
 
     HostdServer *server =
         hostd_server_start(ctx, ctx->config->socket_path, ctx->config->socket_group, &error);
@@ -285,5 +288,7 @@ main(int argc, char **argv)
         hostd_tell_manager("STOPPING=1", "stopping; agents keep running");
         g_message("stopping; agents keep running");
     }
+    /* Last: whatever runs now, KSM's run is put back as hostd found it. */
+    hostd_ksm_stop(ctx);
     return 0;
 }

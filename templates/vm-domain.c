@@ -357,6 +357,9 @@ vm_domain_xml_build(const VmDomainSpec *spec, GError **error)
         append(xml, "  <genid>%s</genid>\n", spec->genid);
     if (spec->metadata_xml != NULL)
         g_string_append_printf(xml, "  <metadata>\n    %s\n  </metadata>\n", spec->metadata_xml);
+    /* No <memoryBacking><nosharepages/>: QEMU marks guest RAM mergeable by default (mem-merge),
+     * so the kernel's KSM can share the pages agents restored from one warm image hold alike
+     * (hostd.conf ksm, hostd/hostd-ksm.h). */
     append(xml,
            "  <memory unit='MiB'>%u</memory>\n"
            "  <vcpu>%u</vcpu>\n",

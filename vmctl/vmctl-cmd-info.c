@@ -2,6 +2,8 @@
 
 #include <stdio.h>
 
+#include "vm-util.h"
+
 static const VmctlField agent_details[] = {
     {"name", "name", VMCTL_FORMAT_TEXT},
     {"state", "state", VMCTL_FORMAT_TEXT},
@@ -24,6 +26,53 @@ static const VmctlField agent_details[] = {
     {"secrets", "secrets", VMCTL_FORMAT_TEXT},
     {"disk limits", "disk_limits", VMCTL_FORMAT_TEXT},
 };
+
+/* What the agent's memory costs the host, shown while its QEMU runs. "unknown" where hostd could
+ * not read a figure (no KSM in the kernel, a guest whose balloon does not report yet). */
+static const VmctlField memory_details[] = {
+    {"qemu pid", "qemu_pid", VMCTL_FORMAT_TEXT},
+    {"qemu rss", "qemu_rss_bytes", VMCTL_FORMAT_BYTES},
+    {"ksm merged", "ksm_merged_bytes", VMCTL_FORMAT_BYTES},
+    {"ksm profit", "ksm_profit_bytes", VMCTL_FORMAT_TEXT},
+    {"balloon", "balloon_actual_bytes", VMCTL_FORMAT_BYTES},
+    {"guest available", "balloon_available_bytes", VMCTL_FORMAT_BYTES},
+    {"guest usable", "balloon_usable_bytes", VMCTL_FORMAT_BYTES},
+    {"guest unused", "balloon_unused_bytes", VMCTL_FORMAT_BYTES},
+};
+
+/* Whether @dict's agent has a QEMU (running, paused, starting), or hostd sent a memory figure. */
+static gboolean
+has_qemu(GVariantDict *dict)
+{
+    const char *state = NULL;
+
+    for (gsize i = 0; i < G_N_ELEMENTS(memory_details); i++) {
+        if (g_variant_dict_contains(dict, memory_details[i].key))
+            return TRUE;
+    }
+    return g_variant_dict_lookup(dict, "state", "&s", &state) &&
+           (g_str_equal(state, "running") || g_str_equal(state, "paused") ||
+            g_str_equal(state, "starting"));
+}
+
+/* The memory figures of @dict for the text form: KSM's profit signed in human units, "unknown"
+ * for those hostd could not read. libvirt's RSS is QEMU's again: only in --json. */
+static void
+memory_words(GVariantDict *dict)
+{
+    gint64 profit = 0;
+
+    g_variant_dict_remove(dict, "balloon_rss_bytes");
+    if (g_variant_dict_lookup(dict, "ksm_profit_bytes", "x", &profit)) {
+        g_autofree char *bytes = vm_format_bytes((guint64)ABS(profit));
+        g_autofree char *words = g_strdup_printf("%s%s", profit < 0 ? "-" : "", bytes);
+        g_variant_dict_insert(dict, "ksm_profit_bytes", "s", words);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(memory_details); i++) {
+        if (!g_variant_dict_contains(dict, memory_details[i].key))
+            g_variant_dict_insert(dict, memory_details[i].key, "s", "unknown");
+    }
+}
 
 /* The agent's grants in words: "NAME (env VAR), ...", or "none". */
 static char *
@@ -79,9 +128,10 @@ format_disk_limits(GVariantDict *dict)
     return g_string_free(g_steal_pointer(&text), FALSE);
 }
 
-/* @agent with its "secrets" list and its disk limits in words, for the text form. */
+/* @agent with its "secrets" list, its disk limits and its memory figures in words, for the text
+ * form; *@ret_memory says whether these are shown. */
 static GVariant *
-with_words(GVariant *agent)
+with_words(GVariant *agent, gboolean *ret_memory)
 {
     g_autoptr(GVariantDict) dict = g_variant_dict_new(agent);
     g_autoptr(GVariant) grants =
@@ -98,6 +148,9 @@ with_words(GVariant *agent)
         for (guint i = 0; i < VM_DISK_LIMITS; i++)
             g_variant_dict_remove(dict, vm_disk_limit_field(i));
     }
+    *ret_memory = has_qemu(dict);
+    if (*ret_memory)
+        memory_words(dict);
     return g_variant_ref_sink(g_variant_dict_end(dict));
 }
 
@@ -116,9 +169,15 @@ vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error)
         vmctl_print_result(ctx, result, "agent", NULL);
         return TRUE;
     }
-    g_autoptr(GVariant) shown = with_words(agent);
-    g_autofree char *text = vmctl_format_details(shown, agent_details, G_N_ELEMENTS(agent_details),
-                                                 g_get_real_time() / G_USEC_PER_SEC);
+    gboolean memory = FALSE;
+    g_autoptr(GVariant) shown = with_words(agent, &memory);
+    g_autoptr(GArray) shown_fields = g_array_new(FALSE, FALSE, sizeof(VmctlField));
+    g_array_append_vals(shown_fields, agent_details, G_N_ELEMENTS(agent_details));
+    if (memory)
+        g_array_append_vals(shown_fields, memory_details, G_N_ELEMENTS(memory_details));
+    g_autofree char *text =
+        vmctl_format_details(shown, (const VmctlField *)shown_fields->data, shown_fields->len,
+                             g_get_real_time() / G_USEC_PER_SEC);
     fputs(text, stdout);
     return TRUE;
 }

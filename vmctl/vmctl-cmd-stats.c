@@ -29,5 +29,11 @@ vmctl_cmd_stats(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autoptr(GVariant) agents = vmctl_result_rows(result, "agents");
     g_autofree char *text = ctx->json ? vmctl_format_json(agents) : vmctl_format_stats(agents);
     fputs(text, stdout);
+    /* The host's line under the table; --json stays the agents' array it always was. */
+    g_autoptr(GVariant) ksm = vmctl_result_get(result, "ksm", G_VARIANT_TYPE_VARDICT);
+    if (!ctx->json && ksm != NULL) {
+        g_autofree char *line = vmctl_format_ksm(ksm);
+        fputs(line, stdout);
+    }
     return TRUE;
 }

@@ -27,6 +27,8 @@ top_frame(VmMessage *result)
 {
     g_autoptr(GVariant) agents = vmctl_result_rows(result, "agents");
     g_autoptr(GVariant) uptime = vmctl_result_get(result, "uptime_s", G_VARIANT_TYPE_DOUBLE);
+    g_autoptr(GVariant) ksm = vmctl_result_get(result, "ksm", G_VARIANT_TYPE_VARDICT);
+    g_autofree char *ksm_line = ksm != NULL ? vmctl_format_ksm(ksm) : g_strdup("");
     g_autoptr(GDateTime) now = g_date_time_new_now_local();
     g_autofree char *clock = g_date_time_format(now, "%H:%M:%S");
     g_autofree char *table = vmctl_format_stats(agents);
@@ -42,8 +44,8 @@ top_frame(VmMessage *result)
     }
     return g_strdup_printf(
         "vmctl top - %s, hostd up %" G_GUINT64_FORMAT ":%02u:%02u, %" G_GSIZE_FORMAT
-        " agents, %" G_GSIZE_FORMAT " running\n\n%s",
-        clock, up / 3600, (guint)(up / 60 % 60), (guint)(up % 60), n, running, table);
+        " agents, %" G_GSIZE_FORMAT " running\n%s\n%s",
+        clock, up / 3600, (guint)(up / 60 % 60), (guint)(up % 60), n, running, ksm_line, table);
 }
 
 /* Waits up to @ms for a key on the terminal: TRUE when it was q or Q (or stdin ended). */

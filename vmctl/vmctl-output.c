@@ -423,6 +423,8 @@ stats_row(GVariant *agent)
         g_variant_new_take_string(stats_pair(agent, "memory_used_bytes", "memory_bytes")));
     g_variant_builder_add(&b, "{sv}", "rss",
                           g_variant_new_take_string(stats_bytes(agent, "qemu_rss_bytes")));
+    g_variant_builder_add(&b, "{sv}", "ksm",
+                          g_variant_new_take_string(stats_bytes(agent, "ksm_merged_bytes")));
     g_variant_builder_add(&b, "{sv}", "disk",
                           g_variant_new_take_string(
                               stats_pair(agent, "disk_allocated_bytes", "disk_capacity_bytes")));
@@ -448,6 +450,7 @@ vmctl_format_stats(GVariant *agents)
         {"CPU", "cpu", VMCTL_FORMAT_TEXT},
         {"MEMORY USED/GIVEN", "memory", VMCTL_FORMAT_TEXT},
         {"QEMU RSS", "rss", VMCTL_FORMAT_TEXT},
+        {"KSM", "ksm", VMCTL_FORMAT_TEXT},
         {"DISK USED/SIZE", "disk", VMCTL_FORMAT_TEXT},
         {"CHECKPOINTS", "checkpoints", VMCTL_FORMAT_TEXT},
         {"EGRESS UP/DOWN", "egress", VMCTL_FORMAT_TEXT},
@@ -464,4 +467,29 @@ vmctl_format_stats(GVariant *agents)
     }
     g_autoptr(GVariant) table = g_variant_ref_sink(g_variant_builder_end(&rows));
     return vmctl_format_table(table, columns, G_N_ELEMENTS(columns), 0);
+}
+
+char *
+vmctl_format_ksm(GVariant *ksm)
+{
+    g_autoptr(GVariant) saved = vmctl_dict_lookup(ksm, "saved_bytes");
+    g_autoptr(GVariant) profit = vmctl_dict_lookup(ksm, "general_profit_bytes");
+    const char *mode = NULL, *run = NULL;
+    GString *line = g_string_new("KSM: ");
+    gint64 number = 0;
+
+    g_variant_lookup(ksm, "run", "&s", &run);
+    g_variant_lookup(ksm, "mode", "&s", &mode);
+    g_string_append_printf(line, "%s (hostd: ksm = %s)", run != NULL ? run : "unknown",
+                           mode != NULL ? mode : "unknown");
+    if (saved != NULL && variant_get_integer(saved, &number) && number >= 0) {
+        g_autofree char *bytes = vm_format_bytes((guint64)number);
+        g_string_append_printf(line, ", %s saved", bytes);
+    }
+    if (profit != NULL && variant_get_integer(profit, &number)) {
+        g_autofree char *bytes = vm_format_bytes((guint64)ABS(number));
+        g_string_append_printf(line, ", profit %s%s", number < 0 ? "-" : "", bytes);
+    }
+    g_string_append_c(line, '\n');
+    return g_string_free(line, FALSE);
 }

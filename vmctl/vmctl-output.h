@@ -71,10 +71,15 @@ char *vmctl_format_escaped(const char *text);
 char *vmctl_format_escaped_lines(const char *text);
 
 /* Formats agent-stats' aa{sv} @agents as a table: NAME, STATE, CPU (%), MEMORY USED/GIVEN (the
- * guest's figure, "-" where its balloon reports none), QEMU RSS, DISK USED/SIZE (the overlay's
+ * guest's figure, "-" where its balloon reports none), QEMU RSS, KSM (what of it KSM merged),
+ * DISK USED/SIZE (the overlay's
  * host bytes, the disk's size), CHECKPOINTS (their host bytes), EGRESS UP/DOWN, EXECS; "-" for
  * what an agent lacks. Newly allocated; can't fail. */
 char *vmctl_format_stats(GVariant *agents);
+
+/* Formats agent-stats' host-wide `ksm` a{sv} as one line: "KSM: running (hostd: ksm = auto),
+ * 1.2 GiB saved, profit 1.1 GiB", leaving out what it lacks. Newly allocated; can't fail. */
+char *vmctl_format_ksm(GVariant *ksm);
 
 /* Formats @value (any GVariant) as pretty-printed JSON ending in a newline. Newly allocated;
  * can't fail. */

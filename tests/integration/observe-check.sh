@@ -8,7 +8,8 @@
 #                         stats --json against /proc (QEMU's VmRSS, its CPU time) and libvirt
 #                         (virsh through the embedded URI, while hostd is stopped: the embedded
 #                         driver is one process's at a time; agents run on); a CPU burn in the
-#                         guest raises its CPU %; an exec counted; the metrics endpoint fetched
+#                         guest raises its CPU %; info's memory figures (QEMU's RSS, the
+#                         balloon); an exec counted; the metrics endpoint fetched
 #                         with curl and read by Debian's prometheus_client parser
 #
 # It leaves the agent as it found it (running, no process of its own left) and hostd running.
@@ -85,6 +86,21 @@ assert a["state"] == "running" and a["vcpus"] == 2 and a["memory_bytes"] == 1024
 assert a["disk_allocated_bytes"] > 0 and "execs" in a and "egress_bytes_up" in a, a
 ' "$out" "${rss:-0}" "${pid:-0}" "${cpu_before:-0}" "${cpu_after:-0}" ||
     diag "$out rss=$rss pid=$pid cpu=$cpu_before..$cpu_after"
+
+  # What its memory costs the host, in info: QEMU's RSS and the balloon's size (1 GiB given; the
+  # guest has it all unless something inflated the balloon), as text in human units too.
+  out=$(vmctl info --json "$a"); rc=$?
+  check "info --json $a: a positive QEMU RSS and the balloon's size" \
+    "$OBSERVE_PY" -c '
+import json, sys
+a = json.loads(sys.argv[1])
+assert a["qemu_rss_bytes"] > 0 and a["qemu_pid"] == int(sys.argv[2]), a
+assert 0 < a["balloon_actual_bytes"] <= 1024 << 20, a
+' "$out" "${pid:-0}" || diag "info rc=$rc: $out"
+  out=$(vmctl info "$a")
+  check "info $a: QEMU RSS and balloon in human units" \
+    bash -c 'grep -qE "^qemu rss: +[0-9.]+ (MiB|GiB)$" <<< "$1" && grep -qE "^balloon: +[0-9.]+ (MiB|GiB)$" <<< "$1"' \
+    _ "$out" || diag "$out"
 
   # A CPU burn on both vCPUs: its figure rises (by how much depends on the host's load).
   observe_figure "$a" cpu_percent >/dev/null

@@ -145,6 +145,39 @@ test_metrics_listen(void **state)
     }
 }
 
+/* ksm: auto by default; auto, on or off; nothing else. */
+static void
+test_ksm(void **state)
+{
+    Fixture *f = *state;
+    static const struct {
+        const char *text;
+        HostdKsmMode mode;
+    } good[] = {{"auto", HOSTD_KSM_AUTO}, {"on", HOSTD_KSM_ON}, {"off", HOSTD_KSM_OFF}};
+    static const char *const bad[] = {"yes", "1", "ON", ""};
+
+    g_autoptr(HostdConfig) c = load_ok(NULL, "/srv/hostd", NULL, NULL);
+    assert_int_equal(c->ksm, HOSTD_KSM_AUTO);
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autofree char *text = g_strdup_printf("[hostd]\nksm=%s\n", good[i].text);
+
+        write_config(f, text);
+        g_autoptr(HostdConfig) ok = load_ok(f->file, "/srv/hostd", NULL, NULL);
+        assert_int_equal(ok->ksm, good[i].mode);
+    }
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autofree char *text = g_strdup_printf("[hostd]\nksm=%s\n", bad[i]);
+        g_autoptr(GError) error = NULL;
+
+        write_config(f, text);
+        g_autoptr(HostdConfig) no = hostd_config_load(f->file, "/srv/hostd", NULL, NULL, &error);
+        if (no != NULL)
+            fail_msg("ksm=%s was taken", bad[i]);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        assert_non_null(strstr(error->message, "ksm must be one of auto, on, off"));
+    }
+}
+
 /* The checkpoint quota of a guest and the free-space floor: defaults, sizes, a share. */
 static void
 test_checkpoint_space_keys(void **state)
@@ -616,6 +649,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_limits_accepted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_guest_api_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metrics_listen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ksm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_limit_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_space_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_egress_upstream_ca_file, setup, teardown),

@@ -147,6 +147,24 @@ test_golden_egress(void **state)
     assert_schema_valid(*state, xml);
 }
 
+/* Guest RAM stays mergeable (QEMU's mem-merge default, which libvirt turns off only for
+ * <nosharepages/>), so that KSM can share what agents restored from one warm image hold alike;
+ * and the balloon keeps reporting free pages. */
+static void
+test_memory_mergeable(void **state)
+{
+    VmDomainSpec specs[] = {spec_tcg_kernel(), spec_kvm_disk(), spec_egress(), spec_guest_api()};
+
+    for (gsize i = 0; i < G_N_ELEMENTS(specs); i++) {
+        g_autofree char *xml = build_ok(&specs[i]);
+
+        assert_null(strstr(xml, "nosharepages"));
+        assert_null(strstr(xml, "mem-merge"));
+        assert_null(strstr(xml, "<memoryBacking"));
+        assert_non_null(strstr(xml, "<memballoon model='virtio' freePageReporting='on'/>"));
+    }
+}
+
 /* The guest forward is the only addition to the restricted network; QEMU's own sandbox, there
  * either way, allows spawning the helper but denies the rest of what libvirt's does. */
 static void
@@ -652,6 +670,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_golden_kvm_disk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_egress, setup, teardown),
         cmocka_unit_test(test_egress_forward),
+        cmocka_unit_test(test_memory_mergeable),
         cmocka_unit_test(test_egress_command_comma),
         cmocka_unit_test_setup_teardown(test_golden_guest_api, setup, teardown),
         cmocka_unit_test_setup_teardown(test_golden_confined, setup, teardown),

@@ -15,6 +15,7 @@
 
 #include <glib/gstdio.h>
 
+#include "hostd-ksm.h"
 #include "hostd-logs.h"
 #include "hostd-metrics-server.h"
 #include "hostd-metrics.h"
@@ -176,6 +177,82 @@ test_stats_request(void **state)
     assert_error(bad, VM_ERROR_INVALID_ARGUMENT, NULL);
 }
 
+/* A fixture KSM directory under the fixture's: run = @run, and what it merged. */
+static char *
+fake_ksm(Fixture *f, const char *run)
+{
+    g_autofree char *dir = g_build_filename(f->dir, "ksm", NULL);
+    const char *const files[][2] = {
+        {"run", run},
+        {"pages_shared", "1000\n"},
+        {"pages_sharing", "25600\n"},
+        {"general_profit", "98304000\n"},
+    };
+
+    assert_int_equal(g_mkdir(dir, 0755), 0);
+    for (gsize i = 0; i < G_N_ELEMENTS(files); i++) {
+        g_autofree char *path = g_build_filename(dir, files[i][0], NULL);
+
+        assert_true(g_file_set_contents(path, files[i][1], -1, NULL));
+    }
+    return g_steal_pointer(&dir);
+}
+
+/* agent-stats carries the host's KSM figures next to the agents' (hostd's setting, the kernel's
+ * state, pages, bytes saved); a hostd without a controller (KSM never started) none. agent-info
+ * of a running agent says what its QEMU costs as far as it can be had (the test driver has no
+ * QEMU process: no RSS; its balloon's size); of a stopped one nothing. */
+static void
+test_stats_ksm(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(HostdAgentRecord) a = hostd_test_agent_new(f, "alpha", HOSTD_TEST_RUNNING);
+    g_autoptr(HostdAgentRecord) b = hostd_test_agent_new(f, "bravo", HOSTD_TEST_STOPPED);
+
+    g_autoptr(VmMessage) without = converse(f, VM_OP_AGENT_STATS, NULL, NULL);
+    g_autoptr(GVariant) none = vm_message_lookup(without, "ksm");
+    assert_null(none);
+
+    g_autofree char *dir = fake_ksm(f, "0\n");
+    f->ctx->ksm = hostd_ksm_new(dir, HOSTD_KSM_ON);
+    g_free(hostd_ksm_begin(f->ctx->ksm));
+    g_autoptr(VmMessage) m = converse(f, VM_OP_AGENT_STATS, NULL, NULL);
+    g_autoptr(GVariant) ksm = vm_message_lookup(m, "ksm");
+    assert_non_null(ksm);
+    assert_true(g_variant_is_of_type(ksm, G_VARIANT_TYPE_VARDICT));
+    g_autofree char *mode = hostd_test_dict_string(ksm, "mode");
+    g_autofree char *run = hostd_test_dict_string(ksm, "run");
+    assert_string_equal(mode, "on");
+    assert_string_equal(run, "running");
+    assert_int_equal(field_u64(ksm, "pages_sharing"), 25600);
+    assert_int_equal(field_u64(ksm, "pages_shared"), 1000);
+    assert_int_equal(field_u64(ksm, "saved_bytes"), 25600ULL * (guint64)sysconf(_SC_PAGESIZE));
+    gint64 profit = 0;
+    assert_true(g_variant_lookup(ksm, "general_profit_bytes", "x", &profit));
+    assert_int_equal(profit, 98304000);
+
+    g_autoptr(VmMessage) info = converse(f, VM_OP_AGENT_INFO, "{'name': <'alpha'>}", NULL);
+    assert_int_equal(info->op, VM_OP_RESULT);
+    g_autoptr(GVariant) agent = vm_message_lookup(info, "agent");
+    assert_false(has_field(agent, "qemu_rss_bytes"));
+    assert_false(has_field(agent, "ksm_merged_bytes"));
+    assert_int_equal(field_u64(agent, "balloon_actual_bytes"), 128ULL << 20);
+    g_autofree char *name = hostd_test_dict_string(agent, "name");
+    assert_string_equal(name, "alpha");
+    g_autoptr(VmMessage) stopped = converse(f, VM_OP_AGENT_INFO, "{'name': <'bravo'>}", NULL);
+    g_autoptr(GVariant) stopped_agent = vm_message_lookup(stopped, "agent");
+    assert_false(has_field(stopped_agent, "balloon_actual_bytes"));
+    assert_false(has_field(stopped_agent, "qemu_pid"));
+
+    g_autofree char *restored = hostd_ksm_restore(f->ctx->ksm);
+    assert_non_null(restored);
+    g_autofree char *run_path = g_build_filename(dir, "run", NULL);
+    g_autofree char *run_text = NULL;
+    assert_true(g_file_get_contents(run_path, &run_text, NULL, NULL));
+    assert_string_equal(run_text, "0\n");
+    g_clear_pointer(&f->ctx->ksm, hostd_ksm_free);
+}
+
 /* The checkpoints' bytes are counted apart from the overlay's. */
 static void
 test_stats_checkpoints_apart(void **state)
@@ -248,6 +325,7 @@ one_agent(const char *name, const char *state)
     g_variant_builder_add(&a, "{sv}", "cpu_time_ns", g_variant_new_uint64(1500000000));
     g_variant_builder_add(&a, "{sv}", "cpu_percent", g_variant_new_double(12.5));
     g_variant_builder_add(&a, "{sv}", "qemu_rss_bytes", g_variant_new_uint64(123456789));
+    g_variant_builder_add(&a, "{sv}", "ksm_merged_bytes", g_variant_new_uint64(4096));
     g_variant_builder_add(&a, "{sv}", "egress_bytes_up", g_variant_new_uint64(10));
     g_variant_builder_add(&a, "{sv}", "egress_bytes_down", g_variant_new_uint64(20));
     g_variant_builder_add(&a, "{sv}", "execs", g_variant_new_uint64(3));
@@ -314,7 +392,13 @@ test_metrics_text(void **state)
     hostd_metrics_request(m, "agent-list", 3000);
     hostd_metrics_request(m, "agent-list", 2 * G_USEC_PER_SEC);
     hostd_metrics_request(m, "agent-new", 40 * G_USEC_PER_SEC);
-    g_autofree char *text = hostd_metrics_text(m, agents);
+    g_auto(GVariantBuilder) kb = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_variant_builder_add(&kb, "{sv}", "mode", g_variant_new_string("auto"));
+    g_variant_builder_add(&kb, "{sv}", "run", g_variant_new_string("running"));
+    g_variant_builder_add(&kb, "{sv}", "pages_sharing", g_variant_new_uint64(25600));
+    g_variant_builder_add(&kb, "{sv}", "general_profit_bytes", g_variant_new_int64(-8192));
+    g_autoptr(GVariant) ksm = g_variant_ref_sink(g_variant_builder_end(&kb));
+    g_autofree char *text = hostd_metrics_text(m, agents, ksm);
 
     assert_non_null(strstr(text, "# HELP hostd_uptime_seconds "));
     assert_non_null(strstr(text, "# TYPE hostd_request_duration_seconds histogram\n"));
@@ -328,6 +412,12 @@ test_metrics_text(void **state)
     assert_non_null(strstr(text, "hostd_request_duration_seconds_bucket{request=\"agent-list\","
                                  "le=\"+Inf\"} 2\n"));
     assert_null(strstr(text, "hostd_agent_guest_memory_used_bytes{"));
+    assert_non_null(strstr(text, "hostd_ksm_info{mode=\"auto\",run=\"running\"} 1\n"));
+    assert_non_null(strstr(text, "\nhostd_ksm_pages_sharing 25600\n"));
+    assert_non_null(strstr(text, "\nhostd_ksm_general_profit_bytes -8192\n"));
+    assert_null(strstr(text, "hostd_ksm_pages_shared"));
+    assert_non_null(
+        strstr(text, "hostd_agent_ksm_merged_bytes{agent=\"we\\\"ird\\\\na\\nme\"} 4096\n"));
 
     g_autofree char *parsed = python_parse(text);
     const char *name_label = "('agent', 'we\"ird\\\\na\\nme')";
@@ -464,6 +554,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stats_request, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stats_ksm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_checkpoints_apart, setup, teardown),
         cmocka_unit_test(test_cpu_percent),
         cmocka_unit_test(test_label_escape),

@@ -280,6 +280,7 @@ test_format_stats(void **state)
         "[{'name': <'a1'>, 'state': <'running'>, 'vcpus': <uint32 2>,"
         "  'cpu_percent': <12.345>, 'memory_bytes': <uint64 1073741824>,"
         "  'memory_used_bytes': <uint64 160432128>, 'qemu_rss_bytes': <uint64 515899392>,"
+        "  'ksm_merged_bytes': <uint64 314572800>,"
         "  'disk_capacity_bytes': <uint64 8589934592>, 'disk_allocated_bytes': <uint64 8192000>,"
         "  'checkpoints_allocated_bytes': <uint64 0>, 'egress_bytes_up': <uint64 1536>,"
         "  'egress_bytes_down': <uint64 3145728>, 'execs': <uint64 42>},"
@@ -288,13 +289,33 @@ test_format_stats(void **state)
         NULL, NULL, NULL));
     g_autofree char *table = vmctl_format_stats(agents);
 
-    assert_string_equal(table,
-                        "NAME  STATE    CPU    MEMORY USED/GIVEN  QEMU RSS  DISK USED/SIZE   "
-                        "CHECKPOINTS  EGRESS UP/DOWN   EXECS\n"
-                        "a1    running  12.3%  153 MiB / 1 GiB    492 MiB   7.8 MiB / 8 GiB  "
-                        "0 B          1.5 KiB / 3 MiB  42\n"
-                        "b2    stopped  -      - / 512 MiB        -         - / 8 GiB        "
-                        "-            - / -            0\n");
+    assert_string_equal(
+        table, "NAME  STATE    CPU    MEMORY USED/GIVEN  QEMU RSS  KSM      DISK USED/SIZE   "
+               "CHECKPOINTS  EGRESS UP/DOWN   EXECS\n"
+               "a1    running  12.3%  153 MiB / 1 GiB    492 MiB   300 MiB  7.8 MiB / 8 GiB  "
+               "0 B          1.5 KiB / 3 MiB  42\n"
+               "b2    stopped  -      - / 512 MiB        -         -        - / 8 GiB        "
+               "-            - / -            0\n");
+}
+
+/* The host's KSM line: its state and hostd's setting, what it saves and its profit (negative
+ * too); only what hostd sent. */
+static void
+test_format_ksm(void **state)
+{
+    g_autoptr(GVariant) full = g_variant_ref_sink(
+        g_variant_parse(G_VARIANT_TYPE_VARDICT,
+                        "{'mode': <'auto'>, 'run': <'running'>, 'pages_shared': <uint64 1000>,"
+                        " 'pages_sharing': <uint64 307200>, 'saved_bytes': <uint64 1258291200>,"
+                        " 'general_profit_bytes': <int64 -2048>}",
+                        NULL, NULL, NULL));
+    g_autoptr(GVariant) bare = g_variant_ref_sink(
+        g_variant_parse(G_VARIANT_TYPE_VARDICT, "{'mode': <'on'>}", NULL, NULL, NULL));
+    g_autofree char *line = vmctl_format_ksm(full);
+    g_autofree char *bare_line = vmctl_format_ksm(bare);
+
+    assert_string_equal(line, "KSM: running (hostd: ksm = auto), 1.2 GiB saved, profit -2 KiB\n");
+    assert_string_equal(bare_line, "KSM: unknown (hostd: ksm = on)\n");
 }
 
 int
@@ -307,7 +328,7 @@ main(void)
         cmocka_unit_test(test_format_json),        cmocka_unit_test(test_format_progress),
         cmocka_unit_test(test_progress_lines),     cmocka_unit_test(test_progress_bar),
         cmocka_unit_test(test_agent_summary),      cmocka_unit_test(test_format_escaped),
-        cmocka_unit_test(test_format_stats),
+        cmocka_unit_test(test_format_stats),       cmocka_unit_test(test_format_ksm),
     };
 
     /* Dates are shown in local time: pin it. */

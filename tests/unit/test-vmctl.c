@@ -637,6 +637,51 @@ json_squeezed(const char *json)
     return g_string_free(out, FALSE);
 }
 
+/* A running agent's info ends with what its memory costs the host, in human units, "unknown"
+ * for what hostd could not read; --json gives the bytes as hostd sent them. A stopped agent has
+ * no such lines (test_info). */
+static void
+test_info_memory(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    g_auto(Run) json = {0};
+    const char *agent =
+        "{'agent': <{'name': <'a1'>, 'state': <'running'>, 'qemu_pid': <uint32 4242>,"
+        " 'qemu_rss_bytes': <uint64 489684992>, 'ksm_merged_bytes': <uint64 314572800>,"
+        " 'ksm_profit_bytes': <int64 -8192>, 'balloon_actual_bytes': <uint64 1073741824>,"
+        " 'balloon_rss_bytes': <uint64 489684992>, 'balloon_available_bytes': <uint64 1004535808>,"
+        " 'balloon_usable_bytes': <uint64 734003200>}>}";
+
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, agent);
+    server_start(f);
+    run_vmctl(f, NULL, &run, "info", "a1");
+    assert_int_equal(run.status, 0);
+    const char *memory = strstr(run.out, "qemu pid:");
+    if (memory == NULL)
+        fail_msg("no memory lines in:\n%s", run.out);
+    assert_string_equal(memory, "qemu pid:        4242\n"
+                                "qemu rss:        467 MiB\n"
+                                "ksm merged:      300 MiB\n"
+                                "ksm profit:      -8 KiB\n"
+                                "balloon:         1 GiB\n"
+                                "guest available: 958 MiB\n"
+                                "guest usable:    700 MiB\n"
+                                "guest unused:    unknown\n");
+    g_ptr_array_set_size(f->hostd->replies, 0);
+    reply(f, VM_OP_RESULT, agent);
+    server_start(f);
+    run_vmctl(f, NULL, &json, "--json", "info", "a1");
+    assert_int_equal(json.status, 0);
+    g_autofree char *squeezed = json_squeezed(json.out);
+    assert_non_null(strstr(squeezed, "\"qemu_rss_bytes\":489684992"));
+    assert_non_null(strstr(squeezed, "\"ksm_merged_bytes\":314572800"));
+    assert_non_null(strstr(squeezed, "\"ksm_profit_bytes\":-8192"));
+    assert_non_null(strstr(squeezed, "\"balloon_actual_bytes\":1073741824"));
+    assert_null(strstr(squeezed, "unknown"));
+}
+
 /* info names the agent's grants and their env vars, in one line. */
 static void
 test_info_secrets(void **state)
@@ -2834,6 +2879,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_not_running, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info_secrets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_info_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info_disk_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_disk_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_usage_errors, setup, teardown),
