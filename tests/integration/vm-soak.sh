@@ -55,7 +55,7 @@ WORKER_RSS_KIB=${SOAK_WORKER_RSS_KIB:-4096}
 # and thinning at work (at most KEEP periodic checkpoints each, no hourly or daily ones).
 PAUSE_AFTER=${SOAK_PAUSE_AFTER:-30s}
 SAVE_AFTER=${SOAK_SAVE_AFTER:-75s}
-CHECKPOINT_EVERY=${SOAK_CHECKPOINT_EVERY:-30s}
+CHECKPOINT_EVERY=${SOAK_CHECKPOINT_EVERY:-45s}
 KEEP=2
 
 # shellcheck source=lib.sh
@@ -189,7 +189,7 @@ import json, sys
 d = json.load(sys.stdin)
 for c in (d["checkpoints"] if isinstance(d, dict) else d):
     if c.get("label") == "periodic":
-        print(sys.argv[1], c["id"])' "$a" >> "$S/periodic.seen"
+        print(sys.argv[1], c["id"])' "$a" >> "$S/periodic.seen" 2>/dev/null
   done
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$label" "$pid" "$rss" \
     "$thr" "$fd" "$ag" "$all" "$ev" "$run" "$pau" "$sav" "$(cut -d' ' -f1 /proc/loadavg)" \
