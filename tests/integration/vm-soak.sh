@@ -216,7 +216,9 @@ pick() {
 
 # exec_check AGENT: writes a random file of 4 KiB to 2 MiB from the host into the agent, reads
 # back its checksum, and appends a line to ~/soak/log, whose line count must be what the soak
-# wrote there (through saves, wakes, restarts, restores and forks).
+# wrote there (through saves, wakes, restarts, restores and forks). It syncs: a checkpoint of an
+# agent the idle policy paused is crash-consistent (its guest agent cannot freeze it), and must
+# still hold every line the soak counts.
 exec_check() {
   local a=$1 size want got n
   rnd 512
@@ -225,7 +227,7 @@ exec_check() {
   want=$(sha256sum < "$S/blob" | cut -d' ' -f1)
   OP_IN=$S/blob
   op exec exec "$a" -- sh -c 'mkdir -p ~/soak && cat > ~/soak/blob && echo line >> ~/soak/log &&
-    sha256sum < ~/soak/blob | cut -d" " -f1 && wc -l < ~/soak/log'
+    sha256sum < ~/soak/blob | cut -d" " -f1 && wc -l < ~/soak/log && sync'
   local rc=$?
   OP_IN=
   if [ "$rc" -ne 0 ]; then LOGN[$a]=-1; return 1; fi
@@ -244,8 +246,9 @@ exec_check() {
 }
 
 # checkpoint_op AGENT: a checkpoint of its own, one in three with memory (after an exec, as its
-# user would: a memory checkpoint needs the agent awake); past 3 of them the oldest is removed. A removal hostd refuses because a fork or a newer branch stands on it is
-# its documented answer (exit 5), counted, not a failure; that checkpoint stays.
+# user would: a memory checkpoint needs the agent awake); past 3 of them the oldest is removed.
+# A removal hostd refuses because a fork or a newer branch stands on it is its documented answer
+# (exit 5), counted, not a failure; that checkpoint stays.
 checkpoint_op() {
   local a=$1 mem=() id
   rnd 3
