@@ -46,7 +46,7 @@ done
 case $SOAK_SEED in '' | *[!0-9]*) echo "vm-soak.sh: SOAK_SEED must be a number" >&2; exit 2 ;; esac
 SAMPLE_EVERY=${SOAK_SAMPLE_EVERY:-30}
 FORK_EVERY=${SOAK_FORK_EVERY:-180}
-RESTORE_EVERY=${SOAK_RESTORE_EVERY:-150}
+RESTORE_EVERY=${SOAK_RESTORE_EVERY:-240}
 RSS_PCT=${SOAK_RSS_PCT:-10}
 FD_SLACK=${SOAK_FD_SLACK:-8}
 WORKER_RSS_PCT=${SOAK_WORKER_RSS_PCT:-25}
@@ -197,9 +197,10 @@ for c in (d["checkpoints"] if isinstance(d, dict) else d):
 }
 
 sampler() {
+  take_sample start
   while :; do
-    take_sample
     sleep "$SAMPLE_EVERY"
+    take_sample
   done
 }
 
