@@ -269,8 +269,11 @@ checkpoint_op() {
     t=$(ms)
     vmctl checkpoint rm "$a" "$oldest" > /dev/null 2> "$S/op.err"
     rc=$?
+    t=$(($(ms) - t))
     OPS[checkpoint-rm]=$((${OPS[checkpoint-rm]:-0} + 1))
-    echo "# $(clock) checkpoint-rm $a $oldest -> $rc ($(($(ms) - t)) ms)"
+    OPMS[checkpoint-rm]=$((${OPMS[checkpoint-rm]:-0} + t))
+    [ "$t" -le "${OPMAX[checkpoint-rm]:-0}" ] || OPMAX[checkpoint-rm]=$t
+    echo "# $(clock) checkpoint-rm $a $oldest -> $rc (${t} ms)"
     if [ "$rc" = 0 ]; then
       MANUAL[$a]=${MANUAL[$a]# "$oldest"}
       unset "CKN[$a:$oldest]"
