@@ -1,10 +1,11 @@
 #!/bin/bash
 # Runs the whole test suite on a Debian 12 machine, as root: installs what is missing, builds
 # with warnings as errors, runs the unit and style suites, the unit suite again under
-# AddressSanitizer + UBSan, then the VM suites (boot real guests under TCG). Set
-# VM_SKIP_VM_SUITE=1 to skip the VM suites. They share one image cache, $VM_TEST_IMAGE_CACHE
-# (default build/vm-images): the first suite builds the debian-12 image and its warm image, the
-# others take it, instead of each building its own (about 8 minutes a build under TCG).
+# AddressSanitizer + UBSan, then the VM suites (boot real guests under TCG), in two lanes side by
+# side. Set VM_SKIP_VM_SUITE=1 to skip the VM suites. They share one image cache,
+# $VM_TEST_IMAGE_CACHE (default build/vm-images): vm-image.sh builds the debian-12 image and its
+# warm image there first, the suites take it, instead of each building its own (about 8 minutes
+# a build under TCG). The soak runs its short form (SOAK_MINUTES, default 10).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -26,11 +27,37 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 
 if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
   export VM_TEST_IMAGE_CACHE=${VM_TEST_IMAGE_CACHE:-$PWD/build/vm-images}
+  export HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl
   mkdir -p "$VM_TEST_IMAGE_CACHE"
-  meson test -C build --suite vm --print-errorlogs --verbose
-  HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-egress.sh
-  HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-secrets.sh
-  HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-lifecycle.sh
-  HOSTD=build/hostd/hostd VMCTL=build/vmctl/vmctl tests/integration/vm-warm.sh
+  tests/integration/vm-image.sh
+  # Two lanes side by side, each a guest or two at a time on its own ports and state dir; every
+  # suite runs even when one before it failed, each line prefixed with its lane.
+  run_lane() {
+    local rc=0 t suite
+    for suite in "$@"; do
+      t=$(date +%s)
+      bash -c "$suite" || { rc=1; echo "FAILED: $suite"; }
+      echo "$suite: $(( $(date +%s) - t )) s"
+    done
+    return $rc
+  }
+  (set -o pipefail
+   run_lane "meson test -C build --suite vm --print-errorlogs --verbose" \
+     tests/integration/vm-warm.sh \
+     "SOAK_MINUTES=${SOAK_MINUTES:-10} SOAK_AGENTS=${SOAK_AGENTS:-8} tests/integration/vm-soak.sh" \
+     2>&1 | sed -u 's/^/[a] /') &
+  lane_a=$!
+  (set -o pipefail
+   run_lane tests/integration/vm-egress.sh tests/integration/vm-secrets.sh \
+     tests/integration/vm-lifecycle.sh 2>&1 | sed -u 's/^/[b] /') &
+  lane_b=$!
+  vm_rc=0
+  wait "$lane_a" || vm_rc=1
+  wait "$lane_b" || vm_rc=1
+  if [ "$vm_rc" != 0 ]; then
+    echo "run-tests: a VM suite failed (the FAILED lines above say which)"
+    echo "test suite took $(( $(date +%s) - start )) s"
+    exit 1
+  fi
 fi
 echo "test suite took $(( $(date +%s) - start )) s"
