@@ -21,6 +21,7 @@ static const VmctlField agent_details[] = {
     {"restart", "restart", VMCTL_FORMAT_TEXT},
     {"crashes", "crashes", VMCTL_FORMAT_TEXT},
     {"crash reason", "crash_reason", VMCTL_FORMAT_TEXT},
+    {"fenced", "fenced", VMCTL_FORMAT_TEXT},
     {"secrets", "secrets", VMCTL_FORMAT_TEXT},
     {"disk limits", "disk_limits", VMCTL_FORMAT_TEXT},
 };
