@@ -706,6 +706,7 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->uuid = g_uuid_string_random();
     r->template_name = g_strdup(tpl->name);
     r->phase = g_strdup(HOSTD_PHASE_CREATING);
+    r->fleet_epoch = claim.epoch;
     r->cpus = cpus;
     r->memory_mib = memory_mib;
     r->disk_gib = disk_gib;
@@ -1235,6 +1236,7 @@ hostd_agent_claim(HostdContext *ctx, const char *name, HostdAgentClaim *claim, G
     claim->ctx = ctx;
     claim->name = g_strdup(name);
     claim->held = created;
+    claim->epoch = created ? 1 : 0;
     return TRUE;
 }
 

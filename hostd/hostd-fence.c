@@ -74,16 +74,20 @@ hostd_fence_from_cluster(gpointer data, const char *name, const char *owner, gui
     hostd_fence_agent(data, name, owner, epoch);
 }
 
-/* Lifts @name's fence: its fleet record names this host again. */
+/* @name's fleet record names this host with @epoch: a copy that kept no epoch (made before
+ * epochs were kept) takes it, and a fence is lifted. */
 static void
-hostd_fence_lift(HostdContext *ctx, const char *name, GPtrArray *notes)
+hostd_fence_lift(HostdContext *ctx, const char *name, guint64 epoch, GPtrArray *notes)
 {
     g_autoptr(HostdNameLock) name_lock = NULL;
     g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &name_lock, NULL);
-    if (r == NULL || r->fenced == NULL)
+    if (r == NULL || (r->fenced == NULL && r->fleet_epoch != 0))
         return;
+    gboolean was_fenced = r->fenced != NULL;
     g_clear_pointer(&r->fenced, g_free);
-    if (hostd_agent_record_save(r, NULL))
+    if (r->fleet_epoch == 0)
+        r->fleet_epoch = epoch;
+    if (hostd_agent_record_save(r, NULL) && was_fenced)
         g_ptr_array_add(notes, g_strdup_printf("fleet: agent '%s' is this host's again: no "
                                                "longer fenced (stopped; `vmctl start` runs it)",
                                                name));
@@ -122,8 +126,10 @@ hostd_fence_startup(HostdContext *ctx, GPtrArray *notes)
         /* No record: nobody else holds the name; a fence stays until this host holds it. */
         if (owner == NULL)
             continue;
-        if (g_str_equal(owner, me)) {
-            hostd_fence_lift(ctx, r->name, notes);
+        /* This host's record, but with a higher epoch than this copy was made under: another
+         * copy was brought here, or recovered, since; this one is stale. */
+        if (g_str_equal(owner, me) && (r->fleet_epoch == 0 || epoch <= r->fleet_epoch)) {
+            hostd_fence_lift(ctx, r->name, epoch, notes);
             continue;
         }
         /* Logged there, once. */

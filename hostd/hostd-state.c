@@ -175,6 +175,11 @@ hostd_agent_record_load(const char *dir, GError **error)
     r->crash_count = (guint)crash_count;
     r->crashed = hostd_record_get_string(kf, "crashed", FALSE, path, NULL);
     r->fenced = hostd_record_get_string(kf, "fenced", FALSE, path, NULL);
+    gint64 fleet_epoch = 0;
+    if (g_key_file_has_key(kf, RECORD_GROUP, "fleet-epoch", NULL) &&
+        !hostd_record_get_number(kf, "fleet-epoch", 0, G_MAXINT64, &fleet_epoch, path, error))
+        return NULL;
+    r->fleet_epoch = (guint64)fleet_epoch;
     r->shutdown_saved = g_key_file_get_boolean(kf, RECORD_GROUP, "shutdown-saved", NULL);
     r->grow_fs = g_key_file_get_boolean(kf, RECORD_GROUP, "grow-fs", NULL);
     /* Records older than agent ids have none: the agent gets one when it next boots. Root's
@@ -232,6 +237,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
     g_key_file_set_int64(kf, RECORD_GROUP, "crash-window", r->crash_window);
     if (r->crashed != NULL)
         g_key_file_set_string(kf, RECORD_GROUP, "crashed", r->crashed);
+    if (r->fleet_epoch != 0)
+        g_key_file_set_uint64(kf, RECORD_GROUP, "fleet-epoch", r->fleet_epoch);
     if (r->fenced != NULL)
         g_key_file_set_string(kf, RECORD_GROUP, "fenced", r->fenced);
     if (r->shutdown_saved)

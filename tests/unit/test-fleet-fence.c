@@ -224,9 +224,17 @@ test_fenced_at_start(void **state)
     f->ctx->cluster = h1;
     make_agent(f, "taken");
     make_agent(f, "mine");
+    make_agent(f, "stale");
     assert_string_equal(hostd_test_domain_state(f, "taken"), "running");
-    /* Meanwhile h1 was away and another host recovered "taken" with a higher epoch. */
+    /* Each copy keeps the epoch it was claimed with. */
+    g_autofree char *ini_path = hostd_test_agent_file(f, "mine", "agent.ini");
+    g_autofree char *ini = NULL;
+    assert_true(g_file_get_contents(ini_path, &ini, NULL, NULL));
+    assert_non_null(strstr(ini, "fleet-epoch=1\n"));
+    /* Meanwhile h1 was away and another host recovered "taken" with a higher epoch; "stale" is
+     * h1's again, but a newer copy of it (epoch 3) than the one on this disk. */
     record_put("taken", "h2", 2);
+    record_put("stale", "h1", 3);
 
     g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
     hostd_fence_startup(f->ctx, notes);
@@ -256,6 +264,9 @@ test_fenced_at_start(void **state)
     /* A refused start leaves the record as it was: still fenced, still not wanted running. */
     g_autofree char *still = info_string(f, "taken", "state");
     assert_string_equal(still, "fenced");
+
+    g_autofree char *stale = info_string(f, "stale", "fenced");
+    assert_string_equal(stale, "host 'h1' owns it (epoch 3)");
 
     /* The agent this host owns is untouched and starts as ever. */
     g_autofree char *mine_state = info_string(f, "mine", "state");
