@@ -244,8 +244,8 @@ hostd_cluster_claim(HostdCluster *cluster, const char *name, gboolean *ret_creat
 }
 
 gboolean
-hostd_cluster_owner_of(HostdCluster *cluster, const char *name, char **ret_host,
-                       guint64 *ret_epoch, GError **error)
+hostd_cluster_owner_of(HostdCluster *cluster, const char *name, char **ret_host, guint64 *ret_epoch,
+                       GError **error)
 {
     g_autofree char *key = vm_fleet_agent_key(name);
     g_autoptr(VmEtcdKv) kv = NULL;

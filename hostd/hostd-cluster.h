@@ -52,8 +52,7 @@ typedef void (*HostdClusterFenceFunc)(gpointer data, const char *name, const cha
 
 /* Sets what the thread calls for an agent here that another host owns (before
  * hostd_cluster_start()); without, such an agent is only logged. */
-void hostd_cluster_set_fence_func(HostdCluster *cluster, HostdClusterFenceFunc func,
-                                  gpointer data);
+void hostd_cluster_set_fence_func(HostdCluster *cluster, HostdClusterFenceFunc func, gpointer data);
 
 /* Sets where the thread reports what it could not do (one line each; changes only, not every
  * retry). May be NULL. */

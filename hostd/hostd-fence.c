@@ -1,9 +1,21 @@
 #include "hostd-fence.h"
 
-#include "hostd-agent.h"
 #include "hostd-cluster.h"
 #include "hostd-libvirt.h"
 #include "vm-error.h"
+
+/* Takes @name's lock and loads its record; NULL (nothing held) when it has none. Not
+ * hostd_agent_lock_load(): the agent module asks this one, so this one does not ask it. */
+static HostdAgentRecord *
+hostd_fence_lock_load(HostdContext *ctx, const char *name, GMutex **ret_lock)
+{
+    g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, name);
+    g_autofree char *dir = g_build_filename(ctx->state->agents_dir, name, NULL);
+    HostdAgentRecord *r = hostd_agent_record_load(dir, NULL);
+    if (r != NULL)
+        *ret_lock = g_steal_pointer(&lock);
+    return r;
+}
 
 gboolean
 hostd_fence_refuse(const HostdAgentRecord *r, GError **error)
@@ -21,7 +33,7 @@ hostd_fence_agent(HostdContext *ctx, const char *name, const char *owner, guint6
 {
     g_autoptr(HostdNameLock) name_lock = NULL;
     g_autoptr(GError) error = NULL;
-    g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &name_lock, &error);
+    g_autoptr(HostdAgentRecord) r = hostd_fence_lock_load(ctx, name, &name_lock);
     if (r == NULL)
         return FALSE; /* removed meanwhile: nothing to fence */
     if (g_str_equal(r->phase, HOSTD_PHASE_CREATING))
@@ -38,7 +50,8 @@ hostd_fence_agent(HostdContext *ctx, const char *name, const char *owner, guint6
         g_free(r->wanted);
         r->wanted = g_strdup(HOSTD_WANTED_STOPPED);
         if (!hostd_agent_record_save(r, &error)) {
-            hostd_context_log(ctx, "fleet: agent '%s' is another host's (%s) but cannot be fenced: %s",
+            hostd_context_log(ctx,
+                              "fleet: agent '%s' is another host's (%s) but cannot be fenced: %s",
                               name, why, error->message);
             g_clear_error(&error);
         }
@@ -80,7 +93,7 @@ static void
 hostd_fence_lift(HostdContext *ctx, const char *name, guint64 epoch, GPtrArray *notes)
 {
     g_autoptr(HostdNameLock) name_lock = NULL;
-    g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &name_lock, NULL);
+    g_autoptr(HostdAgentRecord) r = hostd_fence_lock_load(ctx, name, &name_lock);
     if (r == NULL || (r->fenced == NULL && r->fleet_epoch != 0))
         return;
     gboolean was_fenced = r->fenced != NULL;
@@ -119,8 +132,8 @@ hostd_fence_startup(HostdContext *ctx, GPtrArray *notes)
                                                        error->message));
                 return;
             }
-            g_ptr_array_add(notes, g_strdup_printf("fleet: agent '%s': %s", r->name,
-                                                   error->message));
+            g_ptr_array_add(notes,
+                            g_strdup_printf("fleet: agent '%s': %s", r->name, error->message));
             continue;
         }
         /* No record: nobody else holds the name; a fence stays until this host holds it. */

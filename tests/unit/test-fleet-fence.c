@@ -74,11 +74,30 @@ suite_setup(void **state)
     g_autofree char *cluster = g_strdup_printf("m0=%s", peer_url);
     g_autoptr(GError) error = NULL;
     const char *argv[] = {
-        ETCD_BIN, "--name", "m0", "--data-dir", data_dir, "--listen-client-urls", client_url,
-        "--advertise-client-urls", client_url, "--listen-peer-urls", peer_url,
-        "--initial-advertise-peer-urls", peer_url, "--initial-cluster", cluster,
-        "--initial-cluster-state", "new", "--initial-cluster-token", "vmctl-fence-test",
-        "--heartbeat-interval", "50", "--election-timeout", "500", NULL,
+        ETCD_BIN,
+        "--name",
+        "m0",
+        "--data-dir",
+        data_dir,
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        cluster,
+        "--initial-cluster-state",
+        "new",
+        "--initial-cluster-token",
+        "vmctl-fence-test",
+        "--heartbeat-interval",
+        "50",
+        "--election-timeout",
+        "500",
+        NULL,
     };
     g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new(
         G_SUBPROCESS_FLAGS_STDOUT_SILENCE | G_SUBPROCESS_FLAGS_STDERR_SILENCE);
