@@ -14,6 +14,7 @@
 #include <sys/prctl.h>
 
 #include "hostd-agent.h"
+#include "hostd-checkpoint.h"
 #include "hostd-cluster.h"
 #include "hostd-fence.h"
 #include "hostd-power.h"
@@ -252,6 +253,8 @@ test_fenced_at_start(void **state)
     assert_non_null(strstr(ini, "fleet-epoch=1\n"));
     /* Meanwhile h1 was away and another host recovered "taken" with a higher epoch; "stale" is
      * h1's again, but a newer copy of it (epoch 3) than the one on this disk. */
+    hostd_test_checkpoint_n(f, "taken", 1);
+    g_autofree char *checkpoint = hostd_test_checkpoint_ids(f, "taken");
     record_put("taken", "h2", 2);
     record_put("stale", "h1", 3);
 
@@ -278,6 +281,13 @@ test_fenced_at_start(void **state)
     assert_false(hostd_power_wake(f->ctx, "taken", &error));
     assert_fenced_refusal(error, "taken");
     g_clear_error(&error);
+    /* Nor turned back to a checkpoint (which would run it): the checkpoint stays as it was. */
+    assert_null(
+        hostd_checkpoint_restore(f->ctx, "taken", checkpoint, FALSE, NULL, NULL, NULL, &error));
+    assert_fenced_refusal(error, "taken");
+    g_clear_error(&error);
+    g_autofree char *kept = hostd_test_checkpoint_ids(f, "taken");
+    assert_string_equal(kept, checkpoint);
     assert_string_equal(hostd_test_domain_state(f, "taken"), "stopped");
 
     /* A refused start leaves the record as it was: still fenced, still not wanted running. */
