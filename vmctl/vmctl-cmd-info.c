@@ -21,7 +21,6 @@ static const VmctlField agent_details[] = {
     {"restart", "restart", VMCTL_FORMAT_TEXT},
     {"crashes", "crashes", VMCTL_FORMAT_TEXT},
     {"crash reason", "crash_reason", VMCTL_FORMAT_TEXT},
-    {"fenced", "fenced", VMCTL_FORMAT_TEXT},
     {"secrets", "secrets", VMCTL_FORMAT_TEXT},
     {"disk limits", "disk_limits", VMCTL_FORMAT_TEXT},
 };
@@ -121,5 +120,9 @@ vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autofree char *text = vmctl_format_details(shown, agent_details, G_N_ELEMENTS(agent_details),
                                                  g_get_real_time() / G_USEC_PER_SEC);
     fputs(text, stdout);
+    /* Only in a fleet, and only for a copy another host owns: not a "-" row for every agent. */
+    const char *fenced = NULL;
+    if (g_variant_lookup(agent, "fenced", "&s", &fenced))
+        printf("fenced:          %s\n", fenced);
     return TRUE;
 }
