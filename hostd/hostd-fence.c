@@ -4,12 +4,16 @@
 #include "hostd-libvirt.h"
 #include "vm-error.h"
 
-/* Takes @name's lock and loads its record; NULL (nothing held) when it has none. Not
- * hostd_agent_lock_load(): the agent module asks this one, so this one does not ask it. */
+/* Takes @name's lock (with @wait, else only when it is free) and loads its record; NULL
+ * (nothing held) when it has none or the lock is busy. Not hostd_agent_lock_load(): the agent
+ * module asks this one, so this one does not ask it. */
 static HostdAgentRecord *
-hostd_fence_lock_load(HostdContext *ctx, const char *name, GMutex **ret_lock)
+hostd_fence_lock_load(HostdContext *ctx, const char *name, gboolean wait, GMutex **ret_lock)
 {
-    g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, name);
+    g_autoptr(HostdNameLock) lock =
+        wait ? hostd_name_lock(ctx, name) : hostd_name_trylock(ctx, name);
+    if (lock == NULL)
+        return NULL;
     g_autofree char *dir = g_build_filename(ctx->state->agents_dir, name, NULL);
     HostdAgentRecord *r = hostd_agent_record_load(dir, NULL);
     if (r != NULL)
@@ -28,14 +32,16 @@ hostd_fence_refuse(const HostdAgentRecord *r, GError **error)
                     r->name, r->fenced);
 }
 
-gboolean
-hostd_fence_agent(HostdContext *ctx, const char *name, const char *owner, guint64 epoch)
+/* hostd_fence_agent(), which with @wait FALSE gives up at once when the agent is busy. */
+static gboolean
+hostd_fence_agent_full(HostdContext *ctx, const char *name, const char *owner, guint64 epoch,
+                       gboolean wait)
 {
     g_autoptr(HostdNameLock) name_lock = NULL;
     g_autoptr(GError) error = NULL;
-    g_autoptr(HostdAgentRecord) r = hostd_fence_lock_load(ctx, name, &name_lock);
+    g_autoptr(HostdAgentRecord) r = hostd_fence_lock_load(ctx, name, wait, &name_lock);
     if (r == NULL)
-        return FALSE; /* removed meanwhile: nothing to fence */
+        return FALSE; /* removed meanwhile (nothing to fence), or busy (the next round) */
     if (g_str_equal(r->phase, HOSTD_PHASE_CREATING))
         return FALSE; /* a new that is still being made claimed its name first */
 
@@ -81,10 +87,18 @@ hostd_fence_agent(HostdContext *ctx, const char *name, const char *owner, guint6
     return now;
 }
 
+gboolean
+hostd_fence_agent(HostdContext *ctx, const char *name, const char *owner, guint64 epoch)
+{
+    return hostd_fence_agent_full(ctx, name, owner, epoch, TRUE);
+}
+
 void
 hostd_fence_from_cluster(gpointer data, const char *name, const char *owner, guint64 epoch)
 {
-    hostd_fence_agent(data, name, owner, epoch);
+    /* Never waits for an agent's lock: a boot or a checkpoint may hold it for minutes, and this
+     * thread renews the host's lease. A busy agent is fenced at the next refresh (5 s). */
+    hostd_fence_agent_full(data, name, owner, epoch, FALSE);
 }
 
 /* @name's fleet record names this host with @epoch: a copy that kept no epoch (made before
@@ -93,7 +107,7 @@ static void
 hostd_fence_lift(HostdContext *ctx, const char *name, guint64 epoch, GPtrArray *notes)
 {
     g_autoptr(HostdNameLock) name_lock = NULL;
-    g_autoptr(HostdAgentRecord) r = hostd_fence_lock_load(ctx, name, &name_lock);
+    g_autoptr(HostdAgentRecord) r = hostd_fence_lock_load(ctx, name, TRUE, &name_lock);
     if (r == NULL || (r->fenced == NULL && r->fleet_epoch != 0))
         return;
     gboolean was_fenced = r->fenced != NULL;

@@ -30,7 +30,9 @@ gboolean hostd_fence_agent(HostdContext *ctx, const char *name, const char *owne
  * through hostd_cluster_set_fence_func()). Appends one note per agent fenced. Can't fail. */
 void hostd_fence_startup(HostdContext *ctx, GPtrArray *notes);
 
-/* The HostdClusterFenceFunc hostd gives its cluster: @data is the context. */
+/* The HostdClusterFenceFunc hostd gives its cluster: @data is the context. As
+ * hostd_fence_agent(), but an agent whose lock is held (a boot, a checkpoint) is left for the
+ * next call: the cluster's thread, which renews the lease, never waits on an agent. */
 void hostd_fence_from_cluster(gpointer data, const char *name, const char *owner, guint64 epoch);
 
 G_END_DECLS
