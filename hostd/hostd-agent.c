@@ -7,6 +7,7 @@
 
 #include "hostd-booting.h"
 #include "hostd-cluster.h"
+#include "hostd-fence.h"
 #include "hostd-confine.h"
 #include "hostd-guest.h"
 #include "hostd-keys.h"
@@ -161,6 +162,9 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     /* Stopped because the supervisor gave up restarting it: say so until `vmctl start`. */
     if (r->crashed != NULL && g_str_equal(state, "stopped"))
         state = "crashed";
+    /* Another host of the fleet owns it: this copy is never started (hostd-fence.h). */
+    else if (r->fenced != NULL && (dom == NULL || !hostd_libvirt_is_active(dom)))
+        state = "fenced";
     /* Booted by hostd with nobody waiting (a crash restart): starting until its guest answers,
      * as a `new` or a `start` is until it returns; before and while QEMU starts (libvirt says
      * stopped, then paused) too. */
@@ -211,6 +215,8 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
     g_variant_builder_add(&b, "{sv}", "crashes", g_variant_new_uint32(r->crash_count));
     if (r->crashed != NULL)
         g_variant_builder_add(&b, "{sv}", "crash_reason", g_variant_new_string(r->crashed));
+    if (r->fenced != NULL)
+        g_variant_builder_add(&b, "{sv}", "fenced", g_variant_new_string(r->fenced));
     return g_variant_builder_end(&b);
 }
 
@@ -701,6 +707,7 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->uuid = g_uuid_string_random();
     r->template_name = g_strdup(tpl->name);
     r->phase = g_strdup(HOSTD_PHASE_CREATING);
+    r->fleet_epoch = claim.epoch;
     r->cpus = cpus;
     r->memory_mib = memory_mib;
     r->disk_gib = disk_gib;
@@ -1023,6 +1030,9 @@ gboolean
 hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                         GError **error)
 {
+    /* Every boot (start, a crash restart) of an agent another host owns is refused here. */
+    if (!hostd_fence_refuse(r, error))
+        return FALSE;
     /* The id first: the definition it makes is the one the agent_starting hooks see. */
     if (!hostd_agent_adopt_id(ctx, r, dom, error) ||
         !hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error) ||
@@ -1090,6 +1100,10 @@ hostd_agent_start(HostdContext *ctx, const char *name, gboolean wait, VmProgress
         agent_lock_want(ctx, name, HOSTD_WANTED_RUNNING, &name_lock, &r, &dom, error);
     if (old == NULL)
         return NULL;
+    if (!hostd_fence_refuse(r, error)) {
+        hostd_agent_save_back(old, NULL);
+        return NULL;
+    }
     if (virDomainIsActive(dom) == 1) {
         if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_starting), error)) {
             hostd_agent_save_back(old, error);
@@ -1176,14 +1190,16 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
     if (!hostd_agent_emit(ctx, r, G_STRUCT_OFFSET(HostdComponent, agent_removing), error))
         return FALSE;
     /* The fleet forgets the name before the agent goes: a name whose record stays would be
-     * nobody's to use again. */
-    if (ctx->cluster != NULL && !hostd_cluster_release(ctx->cluster, name, error))
+     * nobody's to use again. A fenced agent's name is another host's: only this copy goes. */
+    gboolean fenced = r->fenced != NULL;
+    if (ctx->cluster != NULL && !fenced && !hostd_cluster_release(ctx->cluster, name, error))
         return FALSE;
 
     hostd_ssh_pool_forget(ctx->ssh, name);
     hostd_agent_emit_removed(ctx, name);
     if (!hostd_libvirt_remove(ctx->lv, name, error)) {
-        hostd_agent_reclaim(ctx, name);
+        if (!fenced)
+            hostd_agent_reclaim(ctx, name);
         return FALSE;
     }
     /* Its QEMU is gone: the read access its id had to a source's images goes too, and the id
@@ -1193,7 +1209,8 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
     g_autofree char *record = hostd_agent_record_path(r, HOSTD_AGENT_RECORD);
     if (g_unlink(record) < 0 && errno != ENOENT) {
         vm_throw_errno(error, errno, "cannot remove %s", record);
-        hostd_agent_reclaim(ctx, name);
+        if (!fenced)
+            hostd_agent_reclaim(ctx, name);
         return FALSE;
     }
     return vm_remove_tree(r->dir, error);
@@ -1234,6 +1251,7 @@ hostd_agent_claim(HostdContext *ctx, const char *name, HostdAgentClaim *claim, G
     claim->ctx = ctx;
     claim->name = g_strdup(name);
     claim->held = created;
+    claim->epoch = created ? 1 : 0;
     return TRUE;
 }
 

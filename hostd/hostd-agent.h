@@ -86,6 +86,7 @@ typedef struct {
     HostdContext *ctx;
     char *name;
     gboolean held; /* this call made the fleet's record */
+    guint64 epoch; /* the record's epoch when this call made it (1); 0: unknown, or no fleet */
 } HostdAgentClaim;
 
 /* Claims @name in the fleet (nothing without [cluster]). Fails with VM_ERROR_EXISTS naming the

@@ -11,6 +11,7 @@
 
 #include "hostd-agent.h"
 #include "hostd-confine.h"
+#include "hostd-fence.h"
 #include "hostd-guest-agent.h"
 #include "hostd-guest.h"
 #include "hostd-resources.h"
@@ -811,6 +812,9 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     g_auto(HostdCheckpointOpen) o = {0};
 
     if (!hostd_checkpoint_open(ctx, name, id, &o, error))
+        return NULL;
+    /* A fenced agent's disk is not turned back either: it would run nowhere. */
+    if (!hostd_fence_refuse(o.record, error))
         return NULL;
     g_autofree char *target_id = g_strdup(o.checkpoint->id);
     g_autofree char *target_memory = g_strdup(o.checkpoint->memory);

@@ -28,6 +28,8 @@ struct _HostdCluster {
     HostdClusterTemplatesFunc templates_func;
     gpointer templates_data;
     void (*log)(const char *message);
+    HostdClusterFenceFunc fence_func;
+    gpointer fence_data;
 
     GMutex lock; /* guards what follows */
     GCond wake;
@@ -78,6 +80,13 @@ hostd_cluster_set_templates_func(HostdCluster *cluster, HostdClusterTemplatesFun
 {
     cluster->templates_func = func;
     cluster->templates_data = data;
+}
+
+void
+hostd_cluster_set_fence_func(HostdCluster *cluster, HostdClusterFenceFunc func, gpointer data)
+{
+    cluster->fence_func = func;
+    cluster->fence_data = data;
 }
 
 void
@@ -235,6 +244,29 @@ hostd_cluster_claim(HostdCluster *cluster, const char *name, gboolean *ret_creat
 }
 
 gboolean
+hostd_cluster_owner_of(HostdCluster *cluster, const char *name, char **ret_host, guint64 *ret_epoch,
+                       GError **error)
+{
+    g_autofree char *key = vm_fleet_agent_key(name);
+    g_autoptr(VmEtcdKv) kv = NULL;
+    g_autoptr(VmFleetAgent) owner = NULL;
+    g_autoptr(GError) local_error = NULL;
+    g_autofree char *doing = g_strdup_printf("read the fleet's record of '%s'", name);
+
+    *ret_host = NULL;
+    *ret_epoch = 0;
+    if (!vm_etcd_get(cluster->etcd, key, &kv, &local_error))
+        return hostd_cluster_fleet_error(cluster, doing, local_error, error);
+    if (kv == NULL)
+        return TRUE;
+    if (!hostd_cluster_owner(cluster, kv, &owner, error))
+        return FALSE;
+    *ret_host = g_strdup(owner->host);
+    *ret_epoch = owner->epoch;
+    return TRUE;
+}
+
+gboolean
 hostd_cluster_release(HostdCluster *cluster, const char *name, GError **error)
 {
     g_autofree char *key = vm_fleet_agent_key(name);
@@ -291,6 +323,19 @@ hostd_cluster_publish_state(HostdCluster *c, const char *name, const char *state
     return vm_etcd_txn_commit(c->etcd, txn, &done, NULL, error);
 }
 
+/* Hands agent @name, which another host owns, to the fence function with its owner's record. */
+static void
+hostd_cluster_fence(HostdCluster *c, const char *name)
+{
+    g_autofree char *owner = NULL;
+    guint64 epoch = 0;
+
+    if (c->fence_func == NULL || !hostd_cluster_owner_of(c, name, &owner, &epoch, NULL) ||
+        owner == NULL || g_str_equal(owner, c->host_id))
+        return;
+    c->fence_func(c->fence_data, name, owner, epoch);
+}
+
 /* Every agent of this host: claimed where it has no record (a host joining with agents), its
  * state written where it changed. */
 static gboolean
@@ -318,6 +363,7 @@ hostd_cluster_sync_agents(HostdCluster *c, GHashTable *agents, GError **error)
                                     (char *)name, local_error->message);
                 c->log(line);
             }
+            hostd_cluster_fence(c, name);
             continue;
         }
         if (!hostd_cluster_publish_state(c, name, state, error))

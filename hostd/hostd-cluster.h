@@ -44,6 +44,16 @@ void hostd_cluster_set_templates_func(HostdCluster *cluster, HostdClusterTemplat
 void hostd_cluster_set_agents_func(HostdCluster *cluster, HostdClusterAgentsFunc func,
                                    gpointer data);
 
+/* Told (on the cluster's thread) that agent @name, which this host has, is owned in the fleet
+ * by host @owner with @epoch: hostd fences it (hostd-fence.h). Called at each refresh while it
+ * lasts, so it must do nothing the second time. */
+typedef void (*HostdClusterFenceFunc)(gpointer data, const char *name, const char *owner,
+                                      guint64 epoch);
+
+/* Sets what the thread calls for an agent here that another host owns (before
+ * hostd_cluster_start()); without, such an agent is only logged. */
+void hostd_cluster_set_fence_func(HostdCluster *cluster, HostdClusterFenceFunc func, gpointer data);
+
 /* Sets where the thread reports what it could not do (one line each; changes only, not every
  * retry). May be NULL. */
 void hostd_cluster_set_log_func(HostdCluster *cluster, void (*log)(const char *message));
@@ -112,6 +122,12 @@ gboolean hostd_cluster_place(HostdCluster *cluster, const char *on, const char *
  * be reached, VM_ERROR_FAILED for a damaged record. */
 gboolean hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host,
                               char **ret_address, gboolean *ret_live, GError **error);
+
+/* Who holds @name's fleet record: *@ret_host its host (NULL when there is no record), *@ret_epoch
+ * its epoch. Fails with VM_ERROR_NOT_RUNNING when etcd cannot be reached or has no quorum,
+ * VM_ERROR_FAILED for a damaged record. */
+gboolean hostd_cluster_owner_of(HostdCluster *cluster, const char *name, char **ret_host,
+                                guint64 *ret_epoch, GError **error);
 
 /* Wakes the thread to register or refresh now (tests; a change hostd wants seen soon). */
 void hostd_cluster_kick(HostdCluster *cluster);

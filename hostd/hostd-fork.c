@@ -64,6 +64,9 @@ hostd_fork_record_new(HostdContext *ctx, const HostdForkRequest *req,
     r->agent_id = 0;
     r->created = g_get_real_time() / G_USEC_PER_SEC;
     r->state_since = r->created;
+    /* A name of its own in the fleet: never its source's fence or epoch. */
+    g_clear_pointer(&r->fenced, g_free);
+    r->fleet_epoch = 0;
     return g_steal_pointer(&r);
 }
 
@@ -212,6 +215,7 @@ hostd_fork(HostdContext *ctx, const HostdForkRequest *req, char **ret_checkpoint
     /* Once the record is on disk the checkpoint is pinned (hostd_checkpoint_fork_on()), so the
      * source may go on with other work while the fork boots. */
     g_autoptr(HostdAgentRecord) r = hostd_fork_record_new(ctx, req, source, set, c);
+    r->fleet_epoch = claim.epoch;
     r->cpus = cpus;
     r->memory_mib = memory_mib;
     if (memory != NULL) {

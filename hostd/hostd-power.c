@@ -4,6 +4,7 @@
 #include "hostd-booting.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
+#include "hostd-fence.h"
 #include "hostd-guest.h"
 #include "hostd-idle.h"
 #include "hostd-relay.h"
@@ -62,6 +63,9 @@ hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
     int state = 0, reason = 0;
 
     *ret_clock = NULL;
+    /* Resume, wake on connect, exec's wake, the idle loop's: never for a fenced agent. */
+    if (!hostd_fence_refuse(r, error))
+        return FALSE;
     if (virDomainGetState(dom, &state, &reason, 0) < 0)
         return hostd_libvirt_throw(error, "cannot read the agent's state");
     if (state == VIR_DOMAIN_RUNNING || state == VIR_DOMAIN_BLOCKED)

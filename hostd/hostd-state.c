@@ -174,6 +174,12 @@ hostd_agent_record_load(const char *dir, GError **error)
         return NULL;
     r->crash_count = (guint)crash_count;
     r->crashed = hostd_record_get_string(kf, "crashed", FALSE, path, NULL);
+    r->fenced = hostd_record_get_string(kf, "fenced", FALSE, path, NULL);
+    gint64 fleet_epoch = 0;
+    if (g_key_file_has_key(kf, RECORD_GROUP, "fleet-epoch", NULL) &&
+        !hostd_record_get_number(kf, "fleet-epoch", 0, G_MAXINT64, &fleet_epoch, path, error))
+        return NULL;
+    r->fleet_epoch = (guint64)fleet_epoch;
     r->shutdown_saved = g_key_file_get_boolean(kf, RECORD_GROUP, "shutdown-saved", NULL);
     r->grow_fs = g_key_file_get_boolean(kf, RECORD_GROUP, "grow-fs", NULL);
     /* Records older than agent ids have none: the agent gets one when it next boots. Root's
@@ -231,6 +237,10 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
     g_key_file_set_int64(kf, RECORD_GROUP, "crash-window", r->crash_window);
     if (r->crashed != NULL)
         g_key_file_set_string(kf, RECORD_GROUP, "crashed", r->crashed);
+    if (r->fleet_epoch != 0)
+        g_key_file_set_uint64(kf, RECORD_GROUP, "fleet-epoch", r->fleet_epoch);
+    if (r->fenced != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "fenced", r->fenced);
     if (r->shutdown_saved)
         g_key_file_set_boolean(kf, RECORD_GROUP, "shutdown-saved", TRUE);
     if (r->grow_fs)
@@ -262,6 +272,7 @@ hostd_agent_record_copy(const HostdAgentRecord *r)
     c->wanted = g_strdup(r->wanted);
     c->restart = g_strdup(r->restart);
     c->crashed = g_strdup(r->crashed);
+    c->fenced = g_strdup(r->fenced);
     return c;
 }
 
@@ -285,6 +296,7 @@ hostd_agent_record_free(HostdAgentRecord *r)
     g_free(r->wanted);
     g_free(r->restart);
     g_free(r->crashed);
+    g_free(r->fenced);
     g_free(r);
 }
 

@@ -75,6 +75,11 @@ typedef struct {
     guint crash_count;       /* crashes restarted within the window that began at crash_window */
     gint64 crash_window;     /* unix seconds */
     char *crashed;           /* NULL, or why the supervisor gave up restarting it */
+    guint64 fleet_epoch;     /* the epoch of the fleet record this copy was made under (1 for a
+                              * new or fork, raised by whatever brings a copy here with a new
+                              * one); 0: not in a fleet, or made before epochs were kept */
+    char *fenced;            /* NULL, or why this copy is never started: another host of the
+                              * fleet owns the agent (hostd-fence.h) */
     gboolean shutdown_saved; /* saved by hostd's shutdown (or stop-host-agents), not by the user */
     gboolean grow_fs;        /* its disk grew (vmctl set) and the guest's root filesystem is
                               * still to be grown to it, the next time the guest answers */

@@ -7,6 +7,7 @@
 #include "hostd-modules.h"
 #include "hostd-agent.h"
 #include "hostd-cluster.h"
+#include "hostd-fence.h"
 #include "hostd-template.h"
 #include "hostd-config.h"
 #include "hostd-confine.h"
@@ -207,6 +208,25 @@ main(int argc, char **argv)
     ctx->log = hostd_log_message;
     ctx->debug = debug;
     g_ptr_array_set_size(notes, 0);
+
+    /* In a fleet: registered, kept alive and refreshed from a thread of its own, which retries
+     * while etcd cannot be reached; requests only read ctx->cluster. Made before any agent is
+     * woken, restored or restarted: an agent another host owns now is fenced first. */
+    g_autoptr(HostdCluster) cluster = NULL;
+    if (ctx->config->cluster != NULL) {
+        cluster = hostd_cluster_new(ctx->config->cluster, ctx->config->state_dir, &error);
+        if (cluster == NULL) {
+            fprintf(stderr, "hostd: %s\n", error->message);
+            return vm_error_exit_status(vm_error_code(error));
+        }
+        hostd_cluster_set_agents_func(cluster, hostd_agent_states, ctx);
+        hostd_cluster_set_templates_func(cluster, hostd_template_names, ctx);
+        hostd_cluster_set_fence_func(cluster, hostd_fence_from_cluster, ctx);
+        hostd_cluster_set_log_func(cluster, hostd_log_message);
+        ctx->cluster = cluster;
+        hostd_tell_manager(NULL, "checking the fleet's owners of the agents");
+        hostd_fence_startup(ctx, notes);
+    }
     if (!hostd_power_start(ctx, notes, &error)) {
         fprintf(stderr, "hostd: %s\n", error->message);
         return vm_error_exit_status(vm_error_code(error));
@@ -219,19 +239,8 @@ main(int argc, char **argv)
         return vm_error_exit_status(vm_error_code(error));
     }
 
-    /* In a fleet: registered, kept alive and refreshed from a thread of its own, which retries
-     * while etcd cannot be reached; requests only read ctx->cluster. */
-    g_autoptr(HostdCluster) cluster = NULL;
-    if (ctx->config->cluster != NULL) {
-        cluster = hostd_cluster_new(ctx->config->cluster, ctx->config->state_dir, &error);
-        if (cluster == NULL) {
-            fprintf(stderr, "hostd: %s\n", error->message);
-            return vm_error_exit_status(vm_error_code(error));
-        }
-        hostd_cluster_set_agents_func(cluster, hostd_agent_states, ctx);
-        hostd_cluster_set_templates_func(cluster, hostd_template_names, ctx);
-        hostd_cluster_set_log_func(cluster, hostd_log_message);
-        ctx->cluster = cluster;
+    /* The thread starts only now: the agents it reports are those the start-up left. */
+    if (cluster != NULL) {
         hostd_cluster_start(cluster);
         g_message("fleet: host '%s' joins through etcd at %s", ctx->config->cluster->host_id,
                   ctx->config->cluster->endpoints[0]);

@@ -179,5 +179,9 @@ vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error)
         vmctl_format_details(shown, (const VmctlField *)shown_fields->data, shown_fields->len,
                              g_get_real_time() / G_USEC_PER_SEC);
     fputs(text, stdout);
+    /* Only in a fleet, and only for a copy another host owns: not a "-" row for every agent. */
+    const char *fenced = NULL;
+    if (g_variant_lookup(agent, "fenced", "&s", &fenced))
+        printf("fenced:          %s\n", fenced);
     return TRUE;
 }

@@ -69,7 +69,7 @@ struct VmctlMcpTool {
     "'uuid':{'type':'string'},'forked_from':{'type':'string'},"                                    \
     "'fork_checkpoint':{'type':'string'},'idle':{'type':'string'},"                                \
     "'checkpoints':{'type':'string'},'wanted':{'type':'string'},'restart':{'type':'string'},"      \
-    "'crashes':{'type':'integer'},'crash_reason':{'type':'string'}},"                              \
+    "'crashes':{'type':'integer'},'crash_reason':{'type':'string'},'fenced':{'type':'string'}},"   \
     "'required':['name','state']}"
 
 #define CHECKPOINT_SCHEMA                                                                          \

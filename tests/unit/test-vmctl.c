@@ -623,6 +623,23 @@ test_info(void **state)
     assert_int_equal(run.status, 0);
 }
 
+/* A fenced copy says whose the agent is, on a line of its own. */
+static void
+test_info_fenced(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+
+    reply(f, VM_OP_RESULT,
+          "{'agent': <{'name': <'a1'>, 'state': <'fenced'>,"
+          " 'fenced': <\"host 'h2' owns it (epoch 2)\">}>}");
+    server_start(f);
+    run_vmctl(f, NULL, &run, "info", "a1");
+    assert_non_null(strstr(run.out, "state:           fenced\n"));
+    assert_true(g_str_has_suffix(run.out, "fenced:          host 'h2' owns it (epoch 2)\n"));
+    assert_int_equal(run.status, 0);
+}
+
 /* @json without its layout (spaces and newlines outside strings that have none), newly
  * allocated: what a test compares. */
 static char *
@@ -2903,6 +2920,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_hosts_no_fleet, setup, teardown),
         cmocka_unit_test_setup_teardown(test_template_list, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_info_fenced, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hostd_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_escaped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_diff_escaped, setup, teardown),
