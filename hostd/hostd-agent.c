@@ -21,6 +21,7 @@
 #include "vm-name.h"
 #include "vm-qemu-img.h"
 #include "vm-seed.h"
+#include "vm-trace.h"
 #include "vm-util.h"
 
 /* Starts of a new agent, each on another port when the last one found its forward's taken. */
@@ -64,12 +65,18 @@ hostd_agent_emit_up(HostdContext *ctx, const HostdAgentRecord *r)
 {
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
     g_autofree char *identity = NULL, *known_hosts = NULL;
+    g_auto(VmTrace) trace = {0};
     HostdSshTarget target;
 
+    /* With --debug, each hook's time: what a new agent waits for after its guest answers. */
+    if (ctx->debug)
+        vm_trace_init(&trace);
     for (guint i = 0; i < ctx->components->len; i++) {
         const HostdComponent *c = ctx->components->pdata[i];
-        if (c->agent_up != NULL)
+        if (c->agent_up != NULL) {
             c->agent_up(ctx, r);
+            vm_trace_mark(&trace, c->name);
+        }
     }
     /* It answers SSH: its session over the virtio port can be made, before its first save. */
     hostd_guest_ssh_target(&target, r, &identity, &known_hosts);
@@ -77,6 +84,12 @@ hostd_agent_emit_up(HostdContext *ctx, const HostdAgentRecord *r)
         hostd_serial_ensure(ctx, &target, dom);
     else
         virResetLastError();
+    vm_trace_mark(&trace, "serial session");
+    if (ctx->debug) {
+        g_autofree char *what = g_strdup_printf("agent up %s", r->name);
+        g_autofree char *text = vm_trace_finish(&trace, what);
+        hostd_context_log(ctx, "trace: %s", text);
+    }
 }
 
 static void
