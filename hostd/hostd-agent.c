@@ -303,11 +303,14 @@ hostd_agent_ssh_stanza(const HostdAgentRecord *r)
 }
 
 /* What a warm agent's identity needs of the keys `new` made (hostd keeps the private host key
- * only in the seed otherwise): held in memory until the identity is applied. */
+ * only in the seed otherwise) and of its seed (its grants): held in memory until the identity is
+ * applied. */
 typedef struct {
     char *agent_key;
     char *host_private;
     char *host_public;
+    char *egress_ca_pem;     /* NULL: none */
+    char *environment_block; /* NULL: none */
 } HostdAgentKeys;
 
 static void
@@ -318,6 +321,8 @@ hostd_agent_keys_clear(HostdAgentKeys *keys)
         memset(keys->host_private, 0, strlen(keys->host_private));
     g_free(keys->host_private);
     g_free(keys->host_public);
+    g_free(keys->egress_ca_pem);
+    g_free(keys->environment_block);
 }
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(HostdAgentKeys, hostd_agent_keys_clear)
 
@@ -417,6 +422,12 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         ret_keys->agent_key = g_strdup(user_key->public_line);
         ret_keys->host_private = g_strdup(host_key->private_pem);
         ret_keys->host_public = g_strdup(host_key->public_line);
+        /* The CA only with a grant, as a running agent gets it (hostd-secrets-sync.c): every
+         * other new agent would pay for trusting it. */
+        if (seed_spec.environment_block != NULL) {
+            ret_keys->egress_ca_pem = g_strdup(seed_spec.egress_ca_pem);
+            ret_keys->environment_block = g_strdup(seed_spec.environment_block);
+        }
     }
 
     return hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
@@ -804,6 +815,8 @@ hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *im
         .agent_key = keys->agent_key,
         .host_key_private = keys->host_private,
         .host_key_public = keys->host_public,
+        .egress_ca_pem = keys->egress_ca_pem,
+        .environment_block = keys->environment_block,
     };
     g_autofree char *scratch = hostd_agent_record_path(r, "warm.save");
     g_autofree char *trace = NULL;
