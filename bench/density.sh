@@ -18,7 +18,8 @@
 # `meson setup build && ninja -C build`; the debian-12 image and its warm image from
 # $VM_TEST_IMAGE_CACHE are hard-linked into a private images dir, or built; each agent takes two
 # SSH ports, so N is at most half the range, $VM_TEST_PORT_MIN-$VM_TEST_PORT_MAX, default
-# 44800-44899; ~25 min for 50 under TCG)
+# 44800-44899, and a port of it that another program's connection holds (the range lies among
+# Linux's ephemeral ports) costs one agent; ~13 min for 50 under TCG)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=50
@@ -137,7 +138,7 @@ SAMPLER_PID=$!
 echo "making $N agents: base (idle never, the baseline) and d1..d$((N - 1)) (idle: $IDLE)"
 t0=$(now)
 AGENTS+=(base)
-"$VMCTL" new base >/dev/null
+"$VMCTL" -q new base >/dev/null
 "$VMCTL" idle base --never >/dev/null
 new_ms=() MADE=() new_failed=0
 for i in $(seq 1 $((N - 1))); do
@@ -150,7 +151,7 @@ for i in $(seq 1 $((N - 1))); do
   fi
   AGENTS+=("d$i")
   t1=$(now)
-  if "$VMCTL" new "d$i" >/dev/null; then
+  if "$VMCTL" -q new "d$i" >/dev/null; then
     new_ms+=("$(ms_since "$t1")")
     MADE+=("d$i")
   else
@@ -174,6 +175,7 @@ rss_settled=$(qemu_rss)
 list_settled=$(list_ms)
 listj_settled=$(list_ms --json)
 disk_settled=$(du -sm --exclude=images "$S" | cut -f1)
+hostd_settled=$(proc_figures "$HOSTD_PID")
 echo "  settled $settled_s s after the first new: $(state_counts)"
 
 # Execs in turn, each followed by the baseline's.
@@ -205,7 +207,7 @@ list_end=$(list_ms)
 listj_end=$(list_ms --json)
 kill "$SAMPLER_PID"; wait "$SAMPLER_PID" 2>/dev/null || true; SAMPLER_PID=
 peak=$(sort -n "$S/used.txt" | tail -n 1)
-echo "  at the end: $(state_counts)"
+echo "  at the end (after round 2): $(state_counts)"
 
 echo
 echo "== $NA agents of 1 GiB (idle: $IDLE), $(nproc) cores, $(awk '/^MemTotal:/ {print int($2 / 1048576 + 0.5)}' /proc/meminfo) GiB =="
@@ -230,6 +232,6 @@ echo "host used memory (MemTotal - MemAvailable): before $used0 MiB, peak $peak 
 echo "  per agent: settled $(( (used_settled - used0) / NA )) MiB, end $(( (used_end - used0) / NA )) MiB"
 echo "QEMU RSS: settled $rss_settled; end $rss_end"
 echo "state dir (agents' disks, saved images, checkpoints) once settled: $disk_settled MiB, $((disk_settled / NA)) MiB an agent"
-echo "hostd: before $hostd0; end $(proc_figures "$HOSTD_PID")"
+echo "hostd: before $hostd0; settled $hostd_settled; end $(proc_figures "$HOSTD_PID")"
 python3 bench/trace-summary.py "wake from saved" "trace: exec d[0-9]+: .*restore saved image" < "$S/hostd.log"
 python3 bench/trace-summary.py "wake from paused" "trace: exec d[0-9]+: .*, resume " < "$S/hostd.log"
