@@ -24,6 +24,7 @@
 #include "vm-name.h"
 #include "vm-qemu-img.h"
 #include "vm-seed.h"
+#include "vm-trace.h"
 #include "vm-util.h"
 
 /* Starts of a new agent, each on another port when the last one found its forward's taken. */
@@ -66,12 +67,18 @@ hostd_agent_emit_up(HostdContext *ctx, const HostdAgentRecord *r)
 {
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(ctx->lv, r->name, NULL);
     g_autofree char *identity = NULL, *known_hosts = NULL;
+    g_auto(VmTrace) trace = {0};
     HostdSshTarget target;
 
+    /* With --debug, each hook's time: what a new agent waits for after its guest answers. */
+    if (ctx->debug)
+        vm_trace_init(&trace);
     for (guint i = 0; i < ctx->components->len; i++) {
         const HostdComponent *c = ctx->components->pdata[i];
-        if (c->agent_up != NULL)
+        if (c->agent_up != NULL) {
             c->agent_up(ctx, r);
+            vm_trace_mark(&trace, c->name);
+        }
     }
     /* It answers SSH: its session over the virtio port can be made, before its first save. */
     hostd_guest_ssh_target(&target, r, &identity, &known_hosts);
@@ -79,6 +86,12 @@ hostd_agent_emit_up(HostdContext *ctx, const HostdAgentRecord *r)
         hostd_serial_ensure(ctx, &target, dom);
     else
         virResetLastError();
+    vm_trace_mark(&trace, "serial session");
+    if (ctx->debug) {
+        g_autofree char *what = g_strdup_printf("agent up %s", r->name);
+        g_autofree char *text = vm_trace_finish(&trace, what);
+        hostd_context_log(ctx, "trace: %s", text);
+    }
 }
 
 static void
@@ -297,11 +310,14 @@ hostd_agent_ssh_stanza(const HostdAgentRecord *r)
 }
 
 /* What a warm agent's identity needs of the keys `new` made (hostd keeps the private host key
- * only in the seed otherwise): held in memory until the identity is applied. */
+ * only in the seed otherwise) and of its seed (its grants): held in memory until the identity is
+ * applied. */
 typedef struct {
     char *agent_key;
     char *host_private;
     char *host_public;
+    char *egress_ca_pem;     /* NULL: none */
+    char *environment_block; /* NULL: none */
 } HostdAgentKeys;
 
 static void
@@ -312,6 +328,8 @@ hostd_agent_keys_clear(HostdAgentKeys *keys)
         memset(keys->host_private, 0, strlen(keys->host_private));
     g_free(keys->host_private);
     g_free(keys->host_public);
+    g_free(keys->egress_ca_pem);
+    g_free(keys->environment_block);
 }
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(HostdAgentKeys, hostd_agent_keys_clear)
 
@@ -411,6 +429,12 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         ret_keys->agent_key = g_strdup(user_key->public_line);
         ret_keys->host_private = g_strdup(host_key->private_pem);
         ret_keys->host_public = g_strdup(host_key->public_line);
+        /* The CA only with a grant, as a running agent gets it (hostd-secrets-sync.c): every
+         * other new agent would pay for trusting it. */
+        if (seed_spec.environment_block != NULL) {
+            ret_keys->egress_ca_pem = g_strdup(seed_spec.egress_ca_pem);
+            ret_keys->environment_block = g_strdup(seed_spec.environment_block);
+        }
     }
 
     return hostd_agent_domain_xml(ctx, r, image, HOSTD_AGENT_DISK, error);
@@ -804,6 +828,8 @@ hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *im
         .agent_key = keys->agent_key,
         .host_key_private = keys->host_private,
         .host_key_public = keys->host_public,
+        .egress_ca_pem = keys->egress_ca_pem,
+        .environment_block = keys->environment_block,
     };
     g_autofree char *scratch = hostd_agent_record_path(r, "warm.save");
     g_autofree char *trace = NULL;

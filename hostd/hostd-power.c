@@ -1,6 +1,8 @@
 #include "hostd-agent.h"
 #include "hostd-power.h"
 
+#include <string.h>
+
 #include "hostd-booting.h"
 #include "hostd-checkpoint.h"
 #include "hostd-egress.h"
@@ -88,6 +90,15 @@ hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
             /* The saved image may no longer load (QEMU changed underneath): the disk is intact,
              * so a cold boot loses only what was in RAM. */
             g_autofree char *why = hostd_libvirt_take_error("?", NULL);
+            /* Not when the port of its SSH forward was taken while it slept (the range lies
+             * among Linux's ephemeral ports: any outgoing connection may get it): the image is
+             * sound, and the boot would fail on the same port after throwing it away. */
+            if (strstr(why, "host forwarding rule") != NULL)
+                return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                                "agent '%s' cannot wake: port %u of its SSH forward is taken by "
+                                "another program (its saved state is kept; try again once it is "
+                                "free): %s",
+                                r->name, r->backend_port, why);
             hostd_context_log(ctx, "agent '%s': saved state did not restore (%s); booting instead",
                               r->name, why);
             hostd_ssh_pool_forget(ctx->ssh, r->name);

@@ -51,16 +51,17 @@ hostd_secrets_guest_environment(const char *environment, GHashTable *env_to_plac
     return g_string_free(g_steal_pointer(&out), FALSE);
 }
 
-/* The three commands hostd_secrets_guest_update() runs, each as `sudo -n sh -c SCRIPT sh ARGS`:
+/* The commands hostd_secrets_guest_update() runs, each as `sudo -n sh -c SCRIPT sh ARGS`:
  * the paths come as arguments, never spliced into the script. Each stops at its first failure
  * (set -e) with the file as it was. */
 
 /* $1: the file, $2: how many bytes at most. A missing file reads as empty. */
-static const char guest_read_script[] =
-    "set -eu\n"
-    "[ -e \"$1\" ] || exit 0\n"
-    "[ -f \"$1\" ] || { echo \"$1 is not a file\" >&2; exit 1; }\n"
-    "exec head -c \"$2\" -- \"$1\"\n";
+#define GUEST_READ_SCRIPT                                                                          \
+    "set -eu\n"                                                                                    \
+    "[ -e \"$1\" ] || exit 0\n"                                                                    \
+    "[ -f \"$1\" ] || { echo \"$1 is not a file\" >&2; exit 1; }\n"                                \
+    "exec head -c \"$2\" -- \"$1\"\n"
+static const char guest_read_script[] = GUEST_READ_SCRIPT;
 
 /* $1: the file; the new contents on stdin, renamed over it once whole. */
 static const char guest_write_script[] =
@@ -78,18 +79,25 @@ static const char guest_write_script[] =
  * when the guest has it already. The temporary names do not end in .crt, so an
  * update-ca-certificates running meanwhile never picks them up. Then the certificate is trusted
  * at once, the one it replaced no longer (VM_SEED_TRUST_CA_SCRIPT). */
-static const char guest_ca_script[] =
-    "set -eu\n"
-    "mkdir -p \"${1%/*}\"\n"
-    "tmp=$(mktemp \"$1.XXXXXX\")\n"
-    "trap 'rm -f \"$tmp\" \"$tmp.old\"' EXIT\n"
-    "cat >\"$tmp\"\n"
-    "if [ -f \"$1\" ] && cmp -s \"$tmp\" \"$1\"; then exit 0; fi\n"
-    "old=\n"
-    "if [ -f \"$1\" ]; then cp \"$1\" \"$tmp.old\"; old=$tmp.old; fi\n"
-    "chmod 644 \"$tmp\"\n"
-    "mv -f \"$tmp\" \"$1\"\n"
-    "(set -- \"$1\" \"$old\" \"$2\"\n" VM_SEED_TRUST_CA_SCRIPT ")\n";
+#define GUEST_CA_SCRIPT                                                                            \
+    "set -eu\n"                                                                                    \
+    "mkdir -p \"${1%/*}\"\n"                                                                       \
+    "tmp=$(mktemp \"$1.XXXXXX\")\n"                                                                \
+    "trap 'rm -f \"$tmp\" \"$tmp.old\"' EXIT\n"                                                    \
+    "cat >\"$tmp\"\n"                                                                              \
+    "if [ -f \"$1\" ] && cmp -s \"$tmp\" \"$1\"; then exit 0; fi\n"                                \
+    "old=\n"                                                                                       \
+    "if [ -f \"$1\" ]; then cp \"$1\" \"$tmp.old\"; old=$tmp.old; fi\n"                            \
+    "chmod 644 \"$tmp\"\n"                                                                         \
+    "mv -f \"$tmp\" \"$1\"\n"                                                                      \
+    "(set -- \"$1\" \"$old\" \"$2\"\n" VM_SEED_TRUST_CA_SCRIPT ")\n"
+
+/* Both in one command, one sudo and one round trip: $1, $2 as the certificate's, the certificate
+ * on stdin; $3, $4 as the read's. The certificate's part runs in a subshell, which its early exit
+ * (nothing to do) ends alone. */
+static const char guest_ca_read_script[] = "set -eu\n"
+                                           "(" GUEST_CA_SCRIPT ")\n"
+                                           "shift 2\n" GUEST_READ_SCRIPT;
 
 /* Runs @script as root in the guest with @args; a non-zero exit fails with @what and the
  * guest's stderr. */
@@ -126,8 +134,9 @@ hostd_secrets_guest_update(HostdSecretsGuestRunFunc run, gpointer user_data,
     g_autofree char *max_text = g_strdup_printf("%d", HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX + 1);
     const char *const read_args[] = {HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH, max_text, NULL};
     const char *const write_args[] = {HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH, NULL};
-    const char *const ca_args[] = {HOSTD_SECRETS_GUEST_CA_PATH, HOSTD_SECRETS_GUEST_BUNDLE_PATH,
-                                   NULL};
+    const char *const ca_read_args[] = {HOSTD_SECRETS_GUEST_CA_PATH,
+                                        HOSTD_SECRETS_GUEST_BUNDLE_PATH,
+                                        HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH, max_text, NULL};
     g_autoptr(GBytes) current = NULL;
     g_autoptr(GBytes) input = NULL;
     g_autofree char *current_text = NULL;
@@ -140,14 +149,17 @@ hostd_secrets_guest_update(HostdSecretsGuestRunFunc run, gpointer user_data,
     if (has_grants && ca_cert_pem != NULL) {
         g_autoptr(GBytes) cert = g_bytes_new(ca_cert_pem, strlen(ca_cert_pem));
 
-        if (!guest_run_script(run, user_data, guest_ca_script, ca_args, cert, 0, NULL,
-                              "install the egress CA certificate", error))
+        if (!guest_run_script(
+                run, user_data, guest_ca_read_script, ca_read_args, cert,
+                HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX + 1, &current,
+                "install the egress CA certificate and read " HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH,
+                error))
             return FALSE;
-    }
-    if (!guest_run_script(run, user_data, guest_read_script, read_args, NULL,
-                          HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX + 1, &current,
-                          "read " HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH, error))
+    } else if (!guest_run_script(run, user_data, guest_read_script, read_args, NULL,
+                                 HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX + 1, &current,
+                                 "read " HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH, error)) {
         return FALSE;
+    }
     data = current != NULL ? g_bytes_get_data(current, &len) : NULL;
     if (len > HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX)
         return vm_throw(error, VM_ERROR_IO,

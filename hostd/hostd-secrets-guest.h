@@ -19,6 +19,32 @@ G_BEGIN_DECLS
  * outside the block are kept as they were. Can't fail. */
 char *hostd_secrets_guest_environment(const char *environment, GHashTable *env_to_placeholder);
 
+/* A shell script, run as root in the guest, that makes the file $1 (/etc/environment) hold hostd's
+ * block $2 (whole lines from its marker line to its end marker line, as
+ * hostd_secrets_guest_environment() writes it) after the lines of $1 outside any earlier block:
+ * what hostd_secrets_guest_environment() makes of $1, written through a temporary file renamed
+ * over it, mode 0644. Shell builtins but one mv: a new agent from a warm image gets its grants
+ * this way with its identity, before sshd starts (hostd-warm.h). */
+#define HOSTD_SECRETS_GUEST_ENVIRONMENT_SET_SCRIPT                                                 \
+    "set -eu\n"                                                                                    \
+    "nl='\n'\n"                                                                                    \
+    "begin=${2%%\"$nl\"*}\n"                                                                       \
+    "last=${2%\"$nl\"}\n"                                                                          \
+    "end=${last##*\"$nl\"}\n"                                                                      \
+    "kept= inside=\n"                                                                              \
+    "if [ -f \"$1\" ]; then\n"                                                                     \
+    "  while IFS= read -r line || [ -n \"$line\" ]; do\n"                                          \
+    "    if [ -n \"$inside\" ]; then\n"                                                            \
+    "      if [ \"$line\" = \"$end\" ]; then inside=; fi\n"                                        \
+    "      continue\n"                                                                             \
+    "    fi\n"                                                                                     \
+    "    if [ \"$line\" = \"$begin\" ]; then inside=1; continue; fi\n"                             \
+    "    kept=\"$kept$line$nl\"\n"                                                                 \
+    "  done < \"$1\"\n"                                                                            \
+    "fi\n"                                                                                         \
+    "(umask 022; printf '%s%s' \"$kept\" \"$2\" > \"$1.vmctl-new\")\n"                             \
+    "mv -f \"$1.vmctl-new\" \"$1\"\n"
+
 /* Where hostd_secrets_guest_update() reads and writes the block, and the most of it it reads: the
  * guest is untrusted, a larger file is refused rather than read. */
 #define HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH "/etc/environment"
@@ -39,7 +65,8 @@ typedef gboolean (*HostdSecretsGuestRunFunc)(char **argv, GBytes *input, gsize m
  *   trusts it in HOSTD_SECRETS_GUEST_BUNDLE_PATH (VM_SEED_TRUST_CA_SCRIPT: well under a second,
  *   no whole update-ca-certificates run), the certificate it replaced no longer, only when it is
  *   missing or different (first, so that the variables naming it never point at a file that is
- *   not there yet);
+ *   not there yet), in the same command as the read below: a guest that has both already (a
+ *   new agent given them with its identity) costs one command;
  * - reads /etc/environment (at most HOSTD_SECRETS_GUEST_ENVIRONMENT_MAX bytes: a larger file, or
  *   one holding a NUL byte, fails with VM_ERROR_IO and is left alone) and, when
  *   hostd_secrets_guest_environment() changes it, writes the result back atomically (a

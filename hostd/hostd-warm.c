@@ -11,6 +11,7 @@
 #include "hostd-guest.h"
 #include "hostd-libvirt.h"
 #include "hostd-resources.h"
+#include "hostd-secrets-guest.h"
 #include "vm-domain.h"
 #include "vm-error.h"
 #include "vm-fs.h"
@@ -418,13 +419,15 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
 /* ---- Restore into an agent */
 
 /* Run as root in the restored guest through the guest agent: $1 hostname, $2 machine-id, $3 the
- * user, $4 hostd's agent key, $5 the host public key, $6 a key comment to drop or "". Standard
- * input: a line of fresh entropy (hex), then the host private key. sshd starts last, so nothing
- * answers before the identity is whole. */
+ * user, $4 hostd's agent key, $5 the host public key, $6 a key comment to drop or "", $7 the
+ * egress CA certificate to trust or "", $8 the block of grants for /etc/environment or "".
+ * Standard input: a line of fresh entropy (hex), then the host private key. sshd starts last, so
+ * nothing answers before the identity is whole. */
 static const char warm_identity_script[] =
     /* Shell builtins wherever they do: under emulation each program started costs tens of ms. */
     "set -e\n"
     "umask 022\n"
+    "ca_path=" VM_SEED_EGRESS_CA_PATH "\n"
     "printf '%s\\n' \"$1\" > /etc/hostname\n"
     "printf '%s' \"$1\" > /proc/sys/kernel/hostname\n"
     "hosts= found=\n"
@@ -461,6 +464,16 @@ static const char warm_identity_script[] =
     "umask 077\n"
     "printf '%s%s\\n' \"$keys\" \"$4\" > \"$f\"\n"
     "chown \"$uid:$gid\" \"$home/.ssh\" \"$f\"\n"
+    "umask 022\n"
+    "if [ -n \"$7\" ]; then\n"
+    "  mkdir -p \"${ca_path%/*}\"\n"
+    "  printf '%s' \"$7\" > \"$ca_path\"\n"
+    "  (set -- \"$ca_path\" \"\" " VM_SEED_CA_BUNDLE_PATH "\n" VM_SEED_TRUST_CA_SCRIPT ")\n"
+    "fi\n"
+    "if [ -n \"$8\" ]; then\n"
+    "  (set -- " HOSTD_SECRETS_GUEST_ENVIRONMENT_PATH
+    " \"$8\"\n" HOSTD_SECRETS_GUEST_ENVIRONMENT_SET_SCRIPT ")\n"
+    "fi\n"
     ": > " VM_SEED_WARM_IDENTITY_FLAG "\n"
     "systemctl restart ssh.service\n"
     /* The login message's dynamic part is written once a boot (the image's vmctl-motd.service),
@@ -494,6 +507,8 @@ warm_apply_identity(virDomainPtr dom, const HostdWarmIdentity *id, GError **erro
                           id->agent_key,
                           id->host_key_public,
                           id->drop_comment != NULL ? id->drop_comment : "",
+                          id->egress_ca_pem != NULL ? id->egress_ca_pem : "",
+                          id->environment_block != NULL ? id->environment_block : "",
                           NULL};
     int status = -1;
     g_autofree char *output = NULL;

@@ -59,6 +59,11 @@ typedef struct {
     const char *host_key_private; /* OpenSSH PEM */
     const char *host_key_public;
     const char *drop_comment; /* a key with this comment is removed first, or NULL */
+    /* The grants of a new agent (as its seed's, VmSeedSpec), put in place before sshd starts:
+     * its agent_up hook then finds them there and the first SSH session already has them, where
+     * writing them over SSH took seconds and a new connection under emulation. NULL: none. */
+    const char *egress_ca_pem;     /* trusted at once (VM_SEED_TRUST_CA_SCRIPT) */
+    const char *environment_block; /* hostd's block of /etc/environment */
 } HostdWarmIdentity;
 
 /* Restores the save image @memory_path into the defined, inactive domain @dom as @xml (its

@@ -193,6 +193,8 @@ test_guest_update(void **state)
     assert_true(hostd_secrets_guest_update(fake_guest_run, g, one, CA1, &changed, &error));
     vm_test_assert_no_error(error);
     assert_true(changed);
+    /* The certificate and the read in one command, then the write. */
+    assert_int_equal(g->commands, 2);
     assert_true(file_is(g->ca, CA1));
     assert_int_equal(vm_test_file_mode(g->ca), 0644);
     /* Trusted at once: in the bundle after what was there, linked beside it. */
@@ -207,10 +209,13 @@ test_guest_update(void **state)
     assert_non_null(strstr(expected, "NODE_EXTRA_CA_CERTS=" HOSTD_SECRETS_GUEST_CA_PATH "\n"));
     assert_true(g_str_has_prefix(expected, user));
 
-    /* Nothing to do: the file is not rewritten and the certificate not added again. */
+    /* Nothing to do: the file is not rewritten and the certificate not added again, in one
+     * command (a new agent given both with its identity pays no more at its agent_up). */
+    g->commands = 0;
     assert_true(hostd_secrets_guest_update(fake_guest_run, g, one, CA1, &changed, &error));
     assert_false(changed);
     assert_int_equal(fake_guest_trusts(g, CA1), 1);
+    assert_int_equal(g->commands, 1);
 
     /* Another CA (a fork's own): replaced and trusted. */
     assert_true(hostd_secrets_guest_update(fake_guest_run, g, one, CA2, &changed, &error));
