@@ -1065,7 +1065,9 @@ hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
         !hostd_confine_agent(ctx, r, error))
         return FALSE;
     hostd_ssh_pool_forget(ctx->ssh, r->name);
-    /* A saved machine restores with the definition it was saved with. */
+    /* A saved machine restores with the definition it was saved with; the port hostd held for
+     * it meanwhile is QEMU's to bind again. */
+    hostd_ports_release_backend(ctx, r->name);
     gboolean saved = virDomainHasManagedSaveImage(dom, 0) > 0;
     virResetLastError();
     if (!saved && r->backend_port != 0 && !hostd_port_is_free(r->backend_port) &&

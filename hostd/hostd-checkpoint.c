@@ -775,6 +775,8 @@ hostd_checkpoint_resume_or_boot(HostdContext *ctx, const HostdAgentRecord *r, vi
                                 const VmCheckpointSet *set, const char *memory,
                                 VmProgressFunc progress, gpointer progress_data, GError **error)
 {
+    /* The backend port hostd held while the agent was saved is QEMU's to bind now. */
+    hostd_ports_release_backend(ctx, r->name);
     if (!hostd_confine_agent(ctx, r, error))
         return FALSE;
     if (memory != NULL) {

@@ -93,7 +93,7 @@ typedef struct {
     /* The Prometheus endpoint: "HOST:PORT", an absolute path (a Unix socket), or "off". */
     char *metrics_listen;
     HostdClusterConfig *cluster; /* [cluster]; NULL without one: this host is in no fleet */
-    HostdKsmMode ksm; /* default auto */
+    HostdKsmMode ksm;            /* default auto */
 } HostdConfig;
 
 /* Defaults of guest-checkpoint-max, guest-checkpoint-bytes and checkpoint-free-floor (5% of

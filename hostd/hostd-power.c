@@ -86,6 +86,7 @@ hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
         vm_trace_mark(trace, "disk chain checked");
         /* Paused, so that the new QEMU's port of hostd's sshd is connected before the guest
          * runs: the guest then never sees hostd gone, and its session goes on. */
+        hostd_ports_release_backend(ctx, r->name);
         if (virDomainCreateWithFlags(dom, VIR_DOMAIN_START_PAUSED) < 0) {
             /* The saved image may no longer load (QEMU changed underneath): the disk is intact,
              * so a cold boot loses only what was in RAM. */
@@ -93,12 +94,14 @@ hostd_power_wake_traced(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
             /* Not when the port of its SSH forward was taken while it slept (the range lies
              * among Linux's ephemeral ports: any outgoing connection may get it): the image is
              * sound, and the boot would fail on the same port after throwing it away. */
-            if (strstr(why, "host forwarding rule") != NULL)
+            if (strstr(why, "host forwarding rule") != NULL) {
+                hostd_ports_hold_saved(ctx, r->name, r->backend_port);
                 return vm_throw(error, VM_ERROR_NO_RESOURCES,
                                 "agent '%s' cannot wake: port %u of its SSH forward is taken by "
                                 "another program (its saved state is kept; try again once it is "
                                 "free): %s",
                                 r->name, r->backend_port, why);
+            }
             hostd_context_log(ctx, "agent '%s': saved state did not restore (%s); booting instead",
                               r->name, why);
             hostd_ssh_pool_forget(ctx->ssh, r->name);
@@ -261,6 +264,7 @@ hostd_power_tick_agent(HostdContext *ctx, const char *name)
             hostd_context_log(ctx, "agent '%s': cannot save: %s", name, why);
             return;
         }
+        hostd_ports_hold_saved(ctx, name, r->backend_port);
         hostd_context_log(ctx, "agent '%s' saved to disk: %s", name, d.reason);
         hostd_agent_set_wanted(r, HOSTD_WANTED_SAVED);
     } else {
@@ -421,6 +425,7 @@ hostd_agent_suspend(HostdContext *ctx, const char *name, gboolean save, GError *
         hostd_ssh_pool_sleep(ctx->ssh, name);
         if (virDomainManagedSave(dom, VIR_DOMAIN_SAVE_RUNNING) < 0)
             return hostd_libvirt_throw(error, "cannot save the agent"), NULL;
+        hostd_ports_hold_saved(ctx, name, r->backend_port);
     } else if (virDomainSuspend(dom) < 0) {
         return hostd_libvirt_throw(error, "cannot pause the agent"), NULL;
     }

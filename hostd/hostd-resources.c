@@ -157,6 +157,15 @@ hostd_ports_release_backend(HostdContext *ctx, const char *name)
 }
 
 void
+hostd_ports_hold_saved(HostdContext *ctx, const char *name, guint port)
+{
+    int fd = port != 0 ? port_listen(port) : -1;
+
+    if (fd >= 0)
+        hostd_ports_hold_backend(ctx, name, fd);
+}
+
+void
 hostd_ports_release(HostdContext *ctx, const char *name)
 {
     g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);

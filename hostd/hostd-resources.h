@@ -30,6 +30,12 @@ int hostd_ports_take_public(HostdContext *ctx, const char *name);
  * Can't fail; nothing held: no-op. */
 void hostd_ports_release_backend(HostdContext *ctx, const char *name);
 
+/* Holds @name's backend port @port (its QEMU's SSH forward) while the agent is saved: its saved
+ * state names the port, and the range lies among Linux's ephemeral ports, so an outgoing
+ * connection could take it before the wake. Released by hostd_ports_release_backend() right
+ * before any QEMU of the agent starts. Can't fail; a port hostd cannot listen on is left. */
+void hostd_ports_hold_saved(HostdContext *ctx, const char *name, guint port);
+
 /* Closes whatever is still held for @name (its making ended, or was rolled back). Can't fail. */
 void hostd_ports_release(HostdContext *ctx, const char *name);
 

@@ -21,6 +21,7 @@
 #include "hostd-guest.h"
 #include "hostd-power.h"
 #include "hostd-relay.h"
+#include "hostd-resources.h"
 #include "hostd-ssh-worker.h"
 #include "hostd-state.h"
 #include "test-common.h"
@@ -119,6 +120,9 @@ test_suspend_resume(void **state)
     g_autofree char *saved_state = state_of(saved);
     assert_string_equal(saved_state, "saved");
     assert_state(f, "a1", "saved");
+    /* Its QEMU's SSH forward port is hostd's while it sleeps (no outgoing connection can take
+     * it before the wake), QEMU's again after. */
+    assert_false(hostd_port_is_free(r->backend_port));
     for (int save = 0; save < 2; save++) {
         g_autoptr(GVariant) v = hostd_test_sink(hostd_agent_suspend(f->ctx, "a1", save, &error));
         assert_null(v);
@@ -129,6 +133,7 @@ test_suspend_resume(void **state)
     g_autofree char *restored_state = state_of(restored);
     assert_string_equal(restored_state, "running");
     assert_int_equal(hostd_test_fake_clock_sets("a1"), 2);
+    assert_true(hostd_port_is_free(r->backend_port));
 
     /* A paused agent can be saved too. */
     g_autoptr(GVariant) p2 = hostd_test_sink(hostd_agent_suspend(f->ctx, "a1", FALSE, &error));
