@@ -4,6 +4,7 @@
 #include "hostd-booting.h"
 #include "hostd-guest.h"
 #include "hostd-power.h"
+#include "hostd-resources.h"
 #include "vm-error.h"
 
 #define SUPERVISE_TICK_US       (5 * G_USEC_PER_SEC)
@@ -569,6 +570,9 @@ supervise_recover(HostdContext *ctx, const char *name, GPtrArray *jobs)
         g_ptr_array_add(jobs, supervise_start_job_new(name, FALSE));
         return;
     }
+    /* A saved agent's forward port, kept from other programs until its wake. */
+    if (g_str_equal(state, "saved"))
+        hostd_ports_hold_saved(ctx, name, r->backend_port);
     if (g_str_equal(r->wanted, HOSTD_WANTED_STOPPED) &&
         (g_str_equal(state, "running") || g_str_equal(state, "paused"))) {
         g_ptr_array_add(jobs, supervise_start_job_new(name, TRUE));
