@@ -12,179 +12,56 @@
 #include <glib/gstdio.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 
 #include "hostd-agent.h"
 #include "hostd-cluster.h"
 #include "hostd-fork.h"
+#include "test-etcd-fixture.h"
 #include "test-hostd-fixture.h"
 #include "vm-error.h"
 #include "vm-etcd.h"
 #include "vm-fleet-records.h"
 #include "vm-fs.h"
 
-#define ETCD_BIN        "/usr/bin/etcd"
-#define SINGLE_CLIENT   45020
-#define SINGLE_PEER     45021
-#define DEAD_PORT       45029 /* nothing listens here */
-#define TRIO_CLIENT     45030 /* member i: client 45030 + 2i, peer 45031 + 2i */
-#define READY_TIMEOUT_S 20
-
-typedef struct {
-    char *name;
-    char *data_dir;
-    guint client_port;
-    guint peer_port;
-    GSubprocess *process;
-} Member;
+#define SINGLE_CLIENT 45020
+#define SINGLE_PEER   45021
+#define DEAD_PORT     45029 /* nothing listens here */
+#define TRIO_CLIENT   45030 /* member i: client 45030 + 2i, peer 45031 + 2i */
 
 typedef struct {
     char *dir;
-    Member single;
-    Member trio[3]; /* test_three_members' members, killed by the teardown if it fails */
+    VmTestEtcdMember single;
+    VmTestEtcdMember trio[3]; /* test_three_members' members, killed by the teardown if it fails */
 } Suite;
 
 static Suite *suite;
-
-static char *
-client_url(guint port)
-{
-    return g_strdup_printf("http://127.0.0.1:%u", port);
-}
-
-static void
-die_with_parent(gpointer data)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-}
-
-static void
-member_start(Member *m, const char *cluster)
-{
-    g_autofree char *client = client_url(m->client_port);
-    g_autofree char *peer = client_url(m->peer_port);
-    g_autoptr(GError) error = NULL;
-    const char *argv[] = {
-        ETCD_BIN,
-        "--name",
-        m->name,
-        "--data-dir",
-        m->data_dir,
-        "--listen-client-urls",
-        client,
-        "--advertise-client-urls",
-        client,
-        "--listen-peer-urls",
-        peer,
-        "--initial-advertise-peer-urls",
-        peer,
-        "--initial-cluster",
-        cluster,
-        "--initial-cluster-state",
-        "new",
-        "--initial-cluster-token",
-        "vmctl-test",
-        /* Elections in a fraction of a second: a member killed is replaced quickly. */
-        "--heartbeat-interval",
-        "50",
-        "--election-timeout",
-        "500",
-        NULL,
-    };
-    g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new(
-        G_SUBPROCESS_FLAGS_STDOUT_SILENCE | G_SUBPROCESS_FLAGS_STDERR_SILENCE);
-    /* Should this test die without its teardown, its etcd goes with it. */
-    g_subprocess_launcher_set_child_setup(launcher, die_with_parent, NULL, NULL);
-    m->process = g_subprocess_launcher_spawnv(launcher, argv, &error);
-    if (m->process == NULL)
-        fail_msg("cannot start etcd: %s", error->message);
-}
-
-/* Kills @m's process (by its own handle, never by name) and waits for it. */
-static void
-member_kill(Member *m)
-{
-    if (m->process == NULL)
-        return;
-    g_subprocess_force_exit(m->process);
-    g_subprocess_wait(m->process, NULL, NULL);
-    g_clear_object(&m->process);
-}
-
-static void
-member_init(Member *m, const char *dir, const char *name, guint client_port, guint peer_port)
-{
-    m->name = g_strdup(name);
-    m->data_dir = g_build_filename(dir, name, NULL);
-    m->client_port = client_port;
-    m->peer_port = peer_port;
-}
-
-static void
-member_clear(Member *m)
-{
-    member_kill(m);
-    g_free(m->name);
-    g_free(m->data_dir);
-}
-
-/* Waits until @etcd answers a linearizable read. */
-static void
-wait_ready(VmEtcd *etcd)
-{
-    gint64 end = g_get_monotonic_time() + READY_TIMEOUT_S * G_USEC_PER_SEC;
-    for (;;) {
-        g_autoptr(GError) error = NULL;
-        g_autoptr(VmEtcdKv) kv = NULL;
-        if (vm_etcd_get(etcd, "/ready", &kv, &error))
-            return;
-        if (g_get_monotonic_time() > end)
-            fail_msg("etcd does not answer: %s", error->message);
-        g_usleep(100 * 1000);
-    }
-}
-
-static VmEtcd *
-client_for(const guint *ports, guint n)
-{
-    g_autoptr(GPtrArray) urls = g_ptr_array_new_with_free_func(g_free);
-    for (guint i = 0; i < n; i++)
-        g_ptr_array_add(urls, client_url(ports[i]));
-    g_ptr_array_add(urls, NULL);
-    g_autoptr(GError) error = NULL;
-    VmEtcd *etcd = vm_etcd_new((const char *const *)urls->pdata, NULL, NULL, NULL, &error);
-    if (etcd == NULL)
-        fail_msg("%s", error->message);
-    vm_etcd_set_timeout(etcd, 1000);
-    return etcd;
-}
 
 static VmEtcd *
 single_client(void)
 {
     guint ports[] = {SINGLE_CLIENT};
-    return client_for(ports, 1);
+    return vm_test_etcd_client(ports, 1);
 }
 
 static void
 single_start(void)
 {
-    g_autofree char *peer = client_url(SINGLE_PEER);
+    g_autofree char *peer = vm_test_etcd_url(SINGLE_PEER);
     g_autofree char *cluster = g_strdup_printf("m0=%s", peer);
-    member_start(&suite->single, cluster);
+    vm_test_etcd_member_start(&suite->single, cluster);
     g_autoptr(VmEtcd) etcd = single_client();
-    wait_ready(etcd);
+    vm_test_etcd_wait_ready(etcd);
 }
 
 static int
 suite_setup(void **state)
 {
-    if (!g_file_test(ETCD_BIN, G_FILE_TEST_IS_EXECUTABLE))
+    if (!vm_test_etcd_installed())
         return 0;
     suite = g_new0(Suite, 1);
     suite->dir = g_dir_make_tmp("fleet-etcd-XXXXXX", NULL);
-    member_init(&suite->single, suite->dir, "m0", SINGLE_CLIENT, SINGLE_PEER);
+    vm_test_etcd_member_init(&suite->single, suite->dir, "m0", SINGLE_CLIENT, SINGLE_PEER);
     single_start();
     return 0;
 }
@@ -194,9 +71,9 @@ suite_teardown(void **state)
 {
     if (suite == NULL)
         return 0;
-    member_clear(&suite->single);
+    vm_test_etcd_member_clear(&suite->single);
     for (guint i = 0; i < G_N_ELEMENTS(suite->trio); i++)
-        member_clear(&suite->trio[i]);
+        vm_test_etcd_member_clear(&suite->trio[i]);
     vm_remove_tree(suite->dir, NULL);
     g_free(suite->dir);
     g_clear_pointer(&suite, g_free);
@@ -210,11 +87,7 @@ test_setup(void **state)
     if (suite == NULL)
         skip();
     g_autoptr(VmEtcd) etcd = single_client();
-    g_autoptr(GError) error = NULL;
-    g_autoptr(GPtrArray) kvs = vm_etcd_get_prefix(etcd, "/", 0, &error);
-    assert_non_null(kvs);
-    for (guint i = 0; i < kvs->len; i++)
-        assert_true(vm_etcd_delete(etcd, ((VmEtcdKv *)kvs->pdata[i])->key, NULL, &error));
+    vm_test_etcd_wipe(etcd);
     return 0;
 }
 
@@ -234,7 +107,7 @@ test_client_kv(void **state)
 {
     /* A dead member first: it is skipped. */
     guint ports[] = {DEAD_PORT, SINGLE_CLIENT};
-    g_autoptr(VmEtcd) etcd = client_for(ports, 2);
+    g_autoptr(VmEtcd) etcd = vm_test_etcd_client(ports, 2);
     g_autoptr(GError) error = NULL;
     g_autoptr(VmEtcdKv) kv = NULL;
 
@@ -474,7 +347,7 @@ test_client_hostile_answers(void **state)
     for (gsize i = 0; i < G_N_ELEMENTS(bodies); i++) {
         FakeMember *fake = fake_member_new(port, bodies[i], strlen(bodies[i]), 1, TRUE);
         guint ports[] = {port};
-        g_autoptr(VmEtcd) etcd = client_for(ports, 1);
+        g_autoptr(VmEtcd) etcd = vm_test_etcd_client(ports, 1);
         g_autoptr(GError) error = NULL;
         g_autoptr(VmEtcdKv) kv = NULL;
         if (vm_etcd_get(etcd, "/x", &kv, &error))
@@ -492,7 +365,7 @@ test_client_hostile_answers(void **state)
     for (guint with_length = 0; with_length < 2; with_length++) {
         FakeMember *fake = fake_member_new(port, big, big_len, 1, with_length);
         guint ports[] = {port};
-        g_autoptr(VmEtcd) etcd = client_for(ports, 1);
+        g_autoptr(VmEtcd) etcd = vm_test_etcd_client(ports, 1);
         g_autoptr(GError) error = NULL;
         g_autoptr(VmEtcdKv) kv = NULL;
         assert_false(vm_etcd_get(etcd, "/x", &kv, &error));
@@ -559,7 +432,7 @@ host_new(const char *id, const guint *ports, guint n, FakeAgents *agents)
 
     config->endpoints = g_new0(char *, n + 1);
     for (guint i = 0; i < n; i++)
-        config->endpoints[i] = client_url(ports[i]);
+        config->endpoints[i] = vm_test_etcd_url(ports[i]);
     config->host_id = g_strdup(id);
     config->address = g_strdup_printf("ssh://root@%s.lab", id);
     config->lease_ttl_s = 2;
@@ -805,7 +678,7 @@ test_etcd_down(void **state)
 
     hostd_cluster_start(h1);
     wait_registered(h1);
-    member_kill(&suite->single);
+    vm_test_etcd_member_kill(&suite->single);
 
     gint64 start = g_get_monotonic_time();
     assert_false(hostd_cluster_claim(h1, "during", &created, &error));
@@ -847,7 +720,7 @@ test_etcd_down(void **state)
 static void
 test_three_members(void **state)
 {
-    Member *trio = suite->trio;
+    VmTestEtcdMember *trio = suite->trio;
     guint ports[3];
     g_autoptr(GString) cluster = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
@@ -856,15 +729,15 @@ test_three_members(void **state)
     for (guint i = 0; i < 3; i++) {
         g_autofree char *name = g_strdup_printf("t%u", i);
         ports[i] = TRIO_CLIENT + 2 * i;
-        member_init(&trio[i], suite->dir, name, ports[i], ports[i] + 1);
+        vm_test_etcd_member_init(&trio[i], suite->dir, name, ports[i], ports[i] + 1);
         g_string_append_printf(cluster, "%st%u=http://127.0.0.1:%u", i > 0 ? "," : "", i,
                                ports[i] + 1);
     }
     for (guint i = 0; i < 3; i++)
-        member_start(&trio[i], cluster->str);
+        vm_test_etcd_member_start(&trio[i], cluster->str);
     {
-        g_autoptr(VmEtcd) etcd = client_for(ports, 3);
-        wait_ready(etcd);
+        g_autoptr(VmEtcd) etcd = vm_test_etcd_client(ports, 3);
+        vm_test_etcd_wait_ready(etcd);
     }
 
     g_autoptr(HostdCluster) h1 = host_new("h1", ports, 3, NULL);
@@ -873,7 +746,7 @@ test_three_members(void **state)
     wait_registered(h1);
     assert_true(hostd_cluster_claim(h1, "before", &created, &error));
 
-    member_kill(&trio[0]);
+    vm_test_etcd_member_kill(&trio[0]);
     /* A new leader within an election or two; elections take longer on a loaded machine (the
      * unit suite runs several tests at once on two cores). */
     gint64 end = g_get_monotonic_time() + 30 * G_USEC_PER_SEC;
@@ -892,7 +765,7 @@ test_three_members(void **state)
     assert_int_equal(g_variant_n_children(fleet), 2);
 
     /* Quorum lost: a clear error, bounded in time. */
-    member_kill(&trio[1]);
+    vm_test_etcd_member_kill(&trio[1]);
     gint64 start = g_get_monotonic_time();
     assert_false(hostd_cluster_claim(h2, "lost", &created, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING));
@@ -902,7 +775,7 @@ test_three_members(void **state)
     hostd_cluster_stop(h1, FALSE);
     hostd_cluster_stop(h2, FALSE);
     for (guint i = 0; i < 3; i++)
-        member_kill(&trio[i]);
+        vm_test_etcd_member_kill(&trio[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------

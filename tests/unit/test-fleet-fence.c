@@ -11,114 +11,49 @@
 #include <gio/gio.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/prctl.h>
 
 #include "hostd-agent.h"
 #include "hostd-checkpoint.h"
 #include "hostd-cluster.h"
 #include "hostd-fence.h"
 #include "hostd-power.h"
+#include "test-etcd-fixture.h"
 #include "test-hostd-fixture.h"
 #include "vm-error.h"
 #include "vm-etcd.h"
 #include "vm-fleet-records.h"
 #include "vm-fs.h"
 
-#define ETCD_BIN        "/usr/bin/etcd"
-#define CLIENT_PORT     45200
-#define PEER_PORT       45201
-#define DEAD_PORT       45209 /* nothing listens here */
-#define READY_TIMEOUT_S 20
+#define CLIENT_PORT 45200
+#define PEER_PORT   45201
+#define DEAD_PORT   45209 /* nothing listens here */
 
 typedef struct {
     char *dir;
-    GSubprocess *etcd;
+    VmTestEtcdMember etcd;
 } Suite;
 
 static Suite *suite;
 
-static char *
-url(guint port)
-{
-    return g_strdup_printf("http://127.0.0.1:%u", port);
-}
-
-static void
-die_with_parent(gpointer data)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-}
-
 static VmEtcd *
 client(void)
 {
-    g_autofree char *endpoint = url(CLIENT_PORT);
-    const char *endpoints[] = {endpoint, NULL};
-    g_autoptr(GError) error = NULL;
-    VmEtcd *etcd = vm_etcd_new(endpoints, NULL, NULL, NULL, &error);
-    if (etcd == NULL)
-        fail_msg("%s", error->message);
-    vm_etcd_set_timeout(etcd, 1000);
-    return etcd;
+    guint ports[] = {CLIENT_PORT};
+    return vm_test_etcd_client(ports, 1);
 }
 
 static int
 suite_setup(void **state)
 {
-    if (!g_file_test(ETCD_BIN, G_FILE_TEST_IS_EXECUTABLE))
+    if (!vm_test_etcd_installed())
         return 0;
     suite = g_new0(Suite, 1);
     suite->dir = g_dir_make_tmp("fleet-fence-XXXXXX", NULL);
-    g_autofree char *data_dir = g_build_filename(suite->dir, "m0", NULL);
-    g_autofree char *client_url = url(CLIENT_PORT);
-    g_autofree char *peer_url = url(PEER_PORT);
-    g_autofree char *cluster = g_strdup_printf("m0=%s", peer_url);
-    g_autoptr(GError) error = NULL;
-    const char *argv[] = {
-        ETCD_BIN,
-        "--name",
-        "m0",
-        "--data-dir",
-        data_dir,
-        "--listen-client-urls",
-        client_url,
-        "--advertise-client-urls",
-        client_url,
-        "--listen-peer-urls",
-        peer_url,
-        "--initial-advertise-peer-urls",
-        peer_url,
-        "--initial-cluster",
-        cluster,
-        "--initial-cluster-state",
-        "new",
-        "--initial-cluster-token",
-        "vmctl-fence-test",
-        "--heartbeat-interval",
-        "50",
-        "--election-timeout",
-        "500",
-        NULL,
-    };
-    g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new(
-        G_SUBPROCESS_FLAGS_STDOUT_SILENCE | G_SUBPROCESS_FLAGS_STDERR_SILENCE);
-    /* Should this test die without its teardown, its etcd goes with it. */
-    g_subprocess_launcher_set_child_setup(launcher, die_with_parent, NULL, NULL);
-    suite->etcd = g_subprocess_launcher_spawnv(launcher, argv, &error);
-    if (suite->etcd == NULL)
-        fail_msg("cannot start etcd: %s", error->message);
-
+    vm_test_etcd_member_init(&suite->etcd, suite->dir, "m0", CLIENT_PORT, PEER_PORT);
+    vm_test_etcd_member_start(&suite->etcd, NULL);
     g_autoptr(VmEtcd) etcd = client();
-    gint64 end = g_get_monotonic_time() + READY_TIMEOUT_S * G_USEC_PER_SEC;
-    for (;;) {
-        g_autoptr(VmEtcdKv) kv = NULL;
-        g_clear_error(&error);
-        if (vm_etcd_get(etcd, "/ready", &kv, &error))
-            return 0;
-        if (g_get_monotonic_time() > end)
-            fail_msg("etcd does not answer: %s", error->message);
-        g_usleep(100 * 1000);
-    }
+    vm_test_etcd_wait_ready(etcd);
+    return 0;
 }
 
 static int
@@ -126,11 +61,7 @@ suite_teardown(void **state)
 {
     if (suite == NULL)
         return 0;
-    if (suite->etcd != NULL) {
-        g_subprocess_force_exit(suite->etcd);
-        g_subprocess_wait(suite->etcd, NULL, NULL);
-        g_clear_object(&suite->etcd);
-    }
+    vm_test_etcd_member_clear(&suite->etcd);
     vm_remove_tree(suite->dir, NULL);
     g_free(suite->dir);
     g_clear_pointer(&suite, g_free);
@@ -144,11 +75,7 @@ test_setup(void **state)
     if (suite == NULL)
         skip();
     g_autoptr(VmEtcd) etcd = client();
-    g_autoptr(GError) error = NULL;
-    g_autoptr(GPtrArray) kvs = vm_etcd_get_prefix(etcd, "/", 0, &error);
-    assert_non_null(kvs);
-    for (guint i = 0; i < kvs->len; i++)
-        assert_true(vm_etcd_delete(etcd, ((VmEtcdKv *)kvs->pdata[i])->key, NULL, &error));
+    vm_test_etcd_wipe(etcd);
     return 0;
 }
 
@@ -159,7 +86,7 @@ host_new(const char *id, guint port)
     g_autoptr(GError) error = NULL;
 
     config->endpoints = g_new0(char *, 2);
-    config->endpoints[0] = url(port);
+    config->endpoints[0] = vm_test_etcd_url(port);
     config->host_id = g_strdup(id);
     config->address = g_strdup_printf("ssh://root@%s.lab", id);
     config->lease_ttl_s = 2;

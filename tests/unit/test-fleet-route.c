@@ -16,7 +16,6 @@
 #include <glib/gstdio.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "hostd-agent.h"
@@ -24,6 +23,7 @@
 #include "hostd-libvirt.h"
 #include "hostd-server.h"
 #include "hostd-template.h"
+#include "test-etcd-fixture.h"
 #include "test-hostd-fixture.h"
 #include "vm-error.h"
 #include "vm-etcd.h"
@@ -32,10 +32,8 @@
 #include "vm-stream.h"
 #include "vmctl-client.h"
 
-#define ETCD_BIN        "/usr/bin/etcd"
-#define ETCD_CLIENT     45100
-#define ETCD_PEER       45101
-#define READY_TIMEOUT_S 20
+#define ETCD_CLIENT 45100
+#define ETCD_PEER   45101
 
 typedef struct {
     HostdTestFixture *fixture;
@@ -46,70 +44,25 @@ typedef struct {
 
 typedef struct {
     char *dir;
-    GSubprocess *etcd;
+    VmTestEtcdMember etcd;
     Host h1, h2;
     char *saved_path;
 } Lab;
 
-static void
-die_with_parent(gpointer data)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-}
-
 static VmEtcd *
 etcd_client(void)
 {
-    const char *endpoints[] = {"http://127.0.0.1:45100", NULL};
-    g_autoptr(GError) error = NULL;
-    VmEtcd *etcd = vm_etcd_new(endpoints, NULL, NULL, NULL, &error);
-    if (etcd == NULL)
-        fail_msg("%s", error->message);
-    vm_etcd_set_timeout(etcd, 1000);
-    return etcd;
+    guint ports[] = {ETCD_CLIENT};
+    return vm_test_etcd_client(ports, 1);
 }
 
 static void
 etcd_start(Lab *lab)
 {
-    g_autofree char *data = g_build_filename(lab->dir, "etcd", NULL);
-    g_autoptr(GError) error = NULL;
-    const char *argv[] = {
-        ETCD_BIN,
-        "--name",
-        "m0",
-        "--data-dir",
-        data,
-        "--listen-client-urls",
-        "http://127.0.0.1:45100",
-        "--advertise-client-urls",
-        "http://127.0.0.1:45100",
-        "--listen-peer-urls",
-        "http://127.0.0.1:45101",
-        "--initial-advertise-peer-urls",
-        "http://127.0.0.1:45101",
-        "--initial-cluster",
-        "m0=http://127.0.0.1:45101",
-        NULL,
-    };
-    g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new(
-        G_SUBPROCESS_FLAGS_STDOUT_SILENCE | G_SUBPROCESS_FLAGS_STDERR_SILENCE);
-    g_subprocess_launcher_set_child_setup(launcher, die_with_parent, NULL, NULL);
-    lab->etcd = g_subprocess_launcher_spawnv(launcher, argv, &error);
-    if (lab->etcd == NULL)
-        fail_msg("cannot start etcd: %s", error->message);
-
+    vm_test_etcd_member_init(&lab->etcd, lab->dir, "m0", ETCD_CLIENT, ETCD_PEER);
+    vm_test_etcd_member_start(&lab->etcd, NULL);
     g_autoptr(VmEtcd) etcd = etcd_client();
-    gint64 end = g_get_monotonic_time() + READY_TIMEOUT_S * G_USEC_PER_SEC;
-    for (;;) {
-        g_autoptr(VmEtcdKv) kv = NULL;
-        g_clear_error(&error);
-        if (vm_etcd_get(etcd, "/ready", &kv, &error))
-            return;
-        if (g_get_monotonic_time() > end)
-            fail_msg("etcd does not answer: %s", error->message);
-        g_usleep(100 * 1000);
-    }
+    vm_test_etcd_wait_ready(etcd);
 }
 
 /* A stand-in ssh: drops its options and the destination, then runs the remote words (quoted
@@ -198,7 +151,7 @@ host_free(Host *h)
 static int
 setup(void **state)
 {
-    if (!g_file_test(ETCD_BIN, G_FILE_TEST_IS_EXECUTABLE)) {
+    if (!vm_test_etcd_installed()) {
         *state = NULL;
         return 0;
     }
@@ -224,11 +177,7 @@ teardown(void **state)
     /* In the reverse order of their making: each fixture restores the PATH it found. */
     host_free(&lab->h2);
     host_free(&lab->h1);
-    if (lab->etcd != NULL) {
-        g_subprocess_force_exit(lab->etcd);
-        g_subprocess_wait(lab->etcd, NULL, NULL);
-        g_clear_object(&lab->etcd);
-    }
+    vm_test_etcd_member_clear(&lab->etcd);
     vm_remove_tree(lab->dir, NULL);
     g_free(lab->dir);
     g_free(lab->saved_path);

@@ -1,0 +1,145 @@
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <sys/prctl.h>
+
+#include "test-etcd-fixture.h"
+
+#define READY_TIMEOUT_S 20
+
+gboolean
+vm_test_etcd_installed(void)
+{
+    return g_file_test(VM_TEST_ETCD_BIN, G_FILE_TEST_IS_EXECUTABLE);
+}
+
+char *
+vm_test_etcd_url(guint port)
+{
+    return g_strdup_printf("http://127.0.0.1:%u", port);
+}
+
+void
+vm_test_etcd_member_init(VmTestEtcdMember *m, const char *dir, const char *name, guint client_port,
+                         guint peer_port)
+{
+    m->name = g_strdup(name);
+    m->data_dir = g_build_filename(dir, name, NULL);
+    m->client_port = client_port;
+    m->peer_port = peer_port;
+    m->process = NULL;
+}
+
+static void
+die_with_parent(gpointer data)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+}
+
+void
+vm_test_etcd_member_start(VmTestEtcdMember *m, const char *cluster)
+{
+    g_autofree char *client = vm_test_etcd_url(m->client_port);
+    g_autofree char *peer = vm_test_etcd_url(m->peer_port);
+    g_autofree char *alone = g_strdup_printf("%s=%s", m->name, peer);
+    g_autoptr(GError) error = NULL;
+    const char *argv[] = {
+        VM_TEST_ETCD_BIN,
+        "--name",
+        m->name,
+        "--data-dir",
+        m->data_dir,
+        "--listen-client-urls",
+        client,
+        "--advertise-client-urls",
+        client,
+        "--listen-peer-urls",
+        peer,
+        "--initial-advertise-peer-urls",
+        peer,
+        "--initial-cluster",
+        cluster != NULL ? cluster : alone,
+        "--initial-cluster-state",
+        "new",
+        "--initial-cluster-token",
+        "vmctl-test",
+        /* Elections in a fraction of a second: a member killed is replaced quickly. */
+        "--heartbeat-interval",
+        "50",
+        "--election-timeout",
+        "500",
+        NULL,
+    };
+    g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new(
+        G_SUBPROCESS_FLAGS_STDOUT_SILENCE | G_SUBPROCESS_FLAGS_STDERR_SILENCE);
+    /* Should the test die without its teardown, its etcd goes with it. */
+    g_subprocess_launcher_set_child_setup(launcher, die_with_parent, NULL, NULL);
+    m->process = g_subprocess_launcher_spawnv(launcher, argv, &error);
+    if (m->process == NULL)
+        fail_msg("cannot start etcd: %s", error->message);
+}
+
+void
+vm_test_etcd_member_kill(VmTestEtcdMember *m)
+{
+    if (m->process == NULL)
+        return;
+    g_subprocess_force_exit(m->process);
+    g_subprocess_wait(m->process, NULL, NULL);
+    g_clear_object(&m->process);
+}
+
+void
+vm_test_etcd_member_clear(VmTestEtcdMember *m)
+{
+    vm_test_etcd_member_kill(m);
+    g_clear_pointer(&m->name, g_free);
+    g_clear_pointer(&m->data_dir, g_free);
+}
+
+VmEtcd *
+vm_test_etcd_client(const guint *ports, guint n)
+{
+    g_autoptr(GPtrArray) urls = g_ptr_array_new_with_free_func(g_free);
+    for (guint i = 0; i < n; i++)
+        g_ptr_array_add(urls, vm_test_etcd_url(ports[i]));
+    g_ptr_array_add(urls, NULL);
+    g_autoptr(GError) error = NULL;
+    VmEtcd *etcd = vm_etcd_new((const char *const *)urls->pdata, NULL, NULL, NULL, &error);
+    if (etcd == NULL)
+        fail_msg("%s", error->message);
+    vm_etcd_set_timeout(etcd, 1000);
+    return etcd;
+}
+
+void
+vm_test_etcd_wait_ready(VmEtcd *etcd)
+{
+    gint64 end = g_get_monotonic_time() + READY_TIMEOUT_S * G_USEC_PER_SEC;
+    for (;;) {
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmEtcdKv) kv = NULL;
+        if (vm_etcd_get(etcd, "/ready", &kv, &error))
+            return;
+        if (g_get_monotonic_time() > end)
+            fail_msg("etcd does not answer: %s", error->message);
+        g_usleep(100 * 1000);
+    }
+}
+
+void
+vm_test_etcd_wipe(VmEtcd *etcd)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GPtrArray) kvs = vm_etcd_get_prefix(etcd, "/", 0, &error);
+    if (kvs == NULL)
+        fail_msg("cannot list etcd's keys: %s", error->message);
+    for (guint i = 0; i < kvs->len; i++) {
+        if (!vm_etcd_delete(etcd, ((VmEtcdKv *)kvs->pdata[i])->key, NULL, &error))
+            fail_msg("cannot delete an etcd key: %s", error->message);
+    }
+}
