@@ -16,9 +16,11 @@
 # both agents, the second hostd and the listener.
 
 # _ports_hold CONF COUNT OUT: holds the COUNT lowest ports of CONF's range nothing listens on,
-# listening, writes them (one line) to OUT, then sleeps until killed. Run in the background.
+# listening, writes them (one line) to OUT, then sleeps until killed. Run in the background:
+# exec, so that $! is python's own PID and the kill ends it (a python left behind would keep
+# the suite's output open, and run-tests.sh's lane waiting).
 _ports_hold() {
-  python3 - "$@" <<'PY'
+  exec python3 - "$@" <<'PY'
 import socket, sys, time
 conf, count, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 kv = dict(l.strip().split("=", 1) for l in open(conf) if "=" in l)
