@@ -184,13 +184,29 @@ hostd_cluster_put_host(HostdCluster *c, gint64 lease, GHashTable *agents, GError
 /* ---------------------------------------------------------------------------------------------
  * Ownership */
 
-static gboolean
-hostd_cluster_owner(HostdCluster *c, const VmEtcdKv *kv, VmFleetAgent **ret_agent, GError **error)
+/* The host record @kv holds, parsed as untrusted; NULL when it is not one. */
+static VmFleetHost *
+kv_host(const VmEtcdKv *kv)
 {
     gsize len;
     const char *data = g_bytes_get_data(kv->value, &len);
+    return vm_fleet_host_from_json(data != NULL ? data : "", len, NULL);
+}
+
+/* The agent record @kv holds, the same. */
+static VmFleetAgent *
+kv_agent(const VmEtcdKv *kv, GError **error)
+{
+    gsize len;
+    const char *data = g_bytes_get_data(kv->value, &len);
+    return vm_fleet_agent_from_json(data != NULL ? data : "", len, error);
+}
+
+static gboolean
+hostd_cluster_owner(HostdCluster *c, const VmEtcdKv *kv, VmFleetAgent **ret_agent, GError **error)
+{
     g_autoptr(GError) local_error = NULL;
-    VmFleetAgent *agent = vm_fleet_agent_from_json(data != NULL ? data : "", len, &local_error);
+    VmFleetAgent *agent = kv_agent(kv, &local_error);
     if (agent == NULL)
         return vm_throw(error, VM_ERROR_FAILED, "the fleet's record of '%s' is damaged: %s",
                         kv->key, local_error->message);
@@ -571,9 +587,7 @@ hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agen
         g_hash_table_new_full(g_str_hash, g_str_equal, NULL, (GDestroyNotify)vm_fleet_host_free);
     for (guint i = 0; i < host_kvs->len; i++) {
         const VmEtcdKv *kv = host_kvs->pdata[i];
-        gsize len;
-        const char *data = g_bytes_get_data(kv->value, &len);
-        VmFleetHost *host = vm_fleet_host_from_json(data != NULL ? data : "", len, NULL);
+        VmFleetHost *host = kv_host(kv);
         /* Only a record at its own id's key counts. */
         if (host == NULL || !g_str_equal(kv->key + strlen(VM_FLEET_HOSTS_PREFIX), host->id)) {
             vm_fleet_host_free(host);
@@ -588,9 +602,7 @@ hostd_cluster_read(HostdCluster *c, GHashTable **ret_hosts, GPtrArray **ret_agen
     g_ptr_array_sort(agent_kvs, compare_kv_keys);
     for (guint i = 0; i < agent_kvs->len; i++) {
         const VmEtcdKv *kv = agent_kvs->pdata[i];
-        gsize len;
-        const char *data = g_bytes_get_data(kv->value, &len);
-        VmFleetAgent *agent = vm_fleet_agent_from_json(data != NULL ? data : "", len, NULL);
+        VmFleetAgent *agent = kv_agent(kv, NULL);
         if (agent == NULL || !g_str_equal(kv->key + strlen(VM_FLEET_AGENTS_PREFIX), agent->name)) {
             vm_fleet_agent_free(agent);
             continue;
@@ -849,9 +861,7 @@ hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host, c
     if (!vm_etcd_get(cluster->etcd, host_key, &host_kv, &local_error))
         return hostd_cluster_fleet_error(cluster, "find the agent's host", local_error, error);
     if (host_kv != NULL) {
-        gsize len;
-        const char *data = g_bytes_get_data(host_kv->value, &len);
-        g_autoptr(VmFleetHost) host = vm_fleet_host_from_json(data != NULL ? data : "", len, NULL);
+        g_autoptr(VmFleetHost) host = kv_host(host_kv);
         if (host != NULL && g_str_equal(host->id, owner->host)) {
             *ret_live = TRUE;
             *ret_address = g_strdup(host->address);
