@@ -32,11 +32,22 @@ if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
   tests/integration/vm-image.sh
   # Two lanes side by side, each a guest or two at a time on its own ports and state dir; every
   # suite runs even when one before it failed, each line prefixed with its lane.
+  # Each suite's output also goes to its own log under build/test-logs, and a summary closes the
+  # run: the lanes interleave, and a CI log often keeps only its tail.
+  logs=$PWD/build/test-logs
+  rm -rf "$logs"; mkdir -p "$logs"
   run_lane() {
-    local rc=0 t suite
+    local rc=0 t suite log
     for suite in "$@"; do
       t=$(date +%s)
-      bash -c "$suite" || { rc=1; echo "FAILED: $suite"; }
+      log=$logs/$(echo "$suite" | tr -c 'A-Za-z0-9.\n-' '_' | cut -c1-80).log
+      if (set -o pipefail; bash -c "$suite" 2>&1 | tee "$log"); then
+        echo "ok $(( $(date +%s) - t )) s: $suite" >> "$logs/summary"
+      else
+        rc=1
+        echo "FAILED: $suite"
+        echo "FAILED $(( $(date +%s) - t )) s: $suite (log: $log)" >> "$logs/summary"
+      fi
       echo "$suite: $(( $(date +%s) - t )) s"
     done
     return $rc
@@ -54,7 +65,11 @@ if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
   vm_rc=0
   wait "$lane_a" || vm_rc=1
   wait "$lane_b" || vm_rc=1
+  echo "run-tests: VM suites:"
+  sed 's/^/  /' "$logs/summary"
   if [ "$vm_rc" != 0 ]; then
+    # What failed, from each failed suite's log: TAP's "not ok" lines and meson's failures.
+    grep -h -E '^(not ok|.*[0-9]+/[0-9]+ .* (FAIL|TIMEOUT|ERROR) )' "$logs"/*.log | head -40 || true
     echo "run-tests: a VM suite failed (the FAILED lines above say which)"
     echo "test suite took $(( $(date +%s) - start )) s"
     exit 1
