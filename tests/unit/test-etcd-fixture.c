@@ -5,11 +5,16 @@
 #include <cmocka.h>
 
 #include <signal.h>
+#include <stdio.h>
 #include <sys/prctl.h>
 
 #include "test-etcd-fixture.h"
 
 #define READY_TIMEOUT_S 20
+
+/* The output files of the members this process started, newest last: what a test that finds
+ * etcd silent shows of why. */
+static GPtrArray *member_logs;
 
 gboolean
 vm_test_etcd_installed(void)
@@ -74,8 +79,13 @@ vm_test_etcd_member_start(VmTestEtcdMember *m, const char *cluster)
         "500",
         NULL,
     };
-    g_autoptr(GSubprocessLauncher) launcher = g_subprocess_launcher_new(
-        G_SUBPROCESS_FLAGS_STDOUT_SILENCE | G_SUBPROCESS_FLAGS_STDERR_SILENCE);
+    g_autoptr(GSubprocessLauncher) launcher =
+        g_subprocess_launcher_new(G_SUBPROCESS_FLAGS_STDERR_MERGE);
+    g_autofree char *log = g_strconcat(m->data_dir, ".log", NULL);
+    g_subprocess_launcher_set_stdout_file_path(launcher, log);
+    if (member_logs == NULL)
+        member_logs = g_ptr_array_new_with_free_func(g_free);
+    g_ptr_array_add(member_logs, g_steal_pointer(&log));
     /* Should the test die without its teardown, its etcd goes with it. */
     g_subprocess_launcher_set_child_setup(launcher, die_with_parent, NULL, NULL);
     m->process = g_subprocess_launcher_spawnv(launcher, argv, &error);
@@ -125,8 +135,18 @@ vm_test_etcd_wait_ready(VmEtcd *etcd)
         g_autoptr(VmEtcdKv) kv = NULL;
         if (vm_etcd_get(etcd, "/ready", &kv, &error))
             return;
-        if (g_get_monotonic_time() > end)
+        if (g_get_monotonic_time() > end) {
+            /* The last lines each member wrote: a port taken, a data dir refused... */
+            for (guint i = 0; member_logs != NULL && i < member_logs->len; i++) {
+                g_autofree char *text = NULL;
+                gsize len = 0;
+                if (!g_file_get_contents(member_logs->pdata[i], &text, &len, NULL))
+                    continue;
+                fprintf(stderr, "%s (last 2 KiB):\n%s\n", (char *)member_logs->pdata[i],
+                        text + (len > 2048 ? len - 2048 : 0));
+            }
             fail_msg("etcd does not answer: %s", error->message);
+        }
         g_usleep(100 * 1000);
     }
 }

@@ -1,6 +1,7 @@
 /* The fleet over a real etcd (3.4, Debian's etcd-server) on loopback: the client's calls, leases
  * that expire, hosts that join and leave, names unique across hosts, a fleet that loses etcd, and
- * a three-member cluster that loses one member. Ports 45020-45049; every etcd started here is
+ * a three-member cluster that loses one member. Ports 27020-27049 (below Linux's ephemeral range,
+ * where an outgoing connection's port could take one); every etcd started here is
  * killed here, by its process. Skipped where no etcd is installed. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,10 +25,10 @@
 #include "vm-fleet-records.h"
 #include "vm-fs.h"
 
-#define SINGLE_CLIENT 45020
-#define SINGLE_PEER   45021
-#define DEAD_PORT     45029 /* nothing listens here */
-#define TRIO_CLIENT   45030 /* member i: client 45030 + 2i, peer 45031 + 2i */
+#define SINGLE_CLIENT 27020
+#define SINGLE_PEER   27021
+#define DEAD_PORT     27029 /* nothing listens here */
+#define TRIO_CLIENT   27030 /* member i: client 27030 + 2i, peer 27031 + 2i */
 
 typedef struct {
     char *dir;
@@ -225,7 +226,7 @@ test_client_bad_input(void **state)
     const char *ftp[] = {"ftp://127.0.0.1:1", NULL};
     const char *spaced[] = {"http://127.0.0.1 :1", NULL};
     const char *empty_host[] = {"http://", NULL};
-    const char *ok[] = {"http://127.0.0.1:45029/", NULL};
+    const char *ok[] = {"http://127.0.0.1:27029/", NULL};
 
     assert_null(vm_etcd_new(none, NULL, NULL, NULL, &error));
     g_clear_error(&error);
@@ -246,7 +247,7 @@ test_client_bad_input(void **state)
     gint64 start = g_get_monotonic_time();
     assert_false(vm_etcd_get(etcd, "/x", &kv, &error));
     assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_NOT_RUNNING));
-    assert_non_null(strstr(error->message, "127.0.0.1:45029"));
+    assert_non_null(strstr(error->message, "127.0.0.1:27029"));
     assert_true(g_get_monotonic_time() - start < 2 * G_USEC_PER_SEC);
     g_clear_error(&error);
     /* Keys we never send: empty, over the bound. */
@@ -342,7 +343,7 @@ test_client_hostile_answers(void **state)
         /* "fo\0o": a key with a NUL is none of ours. */
         "{\"kvs\": [{\"key\": \"Zm8Abw==\", \"value\": \"YmFy\"}]}",
     };
-    guint port = 45028;
+    guint port = 27028;
 
     for (gsize i = 0; i < G_N_ELEMENTS(bodies); i++) {
         FakeMember *fake = fake_member_new(port, bodies[i], strlen(bodies[i]), 1, TRUE);

@@ -1,6 +1,6 @@
 /* Fencing over a real etcd (3.4, Debian's etcd-server) on loopback: a host that starts with a
  * local agent another host of the fleet now owns never starts it (docs/CLUSTER.md, "Fencing").
- * Ports 45200-45209; the etcd started here is killed here, by its process. Skipped where no
+ * Ports 27200-27209; the etcd started here is killed here, by its process. Skipped where no
  * etcd is installed. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,9 +24,9 @@
 #include "vm-fleet-records.h"
 #include "vm-fs.h"
 
-#define CLIENT_PORT 45200
-#define PEER_PORT   45201
-#define DEAD_PORT   45209 /* nothing listens here */
+#define CLIENT_PORT 27200
+#define PEER_PORT   27201
+#define DEAD_PORT   27209 /* nothing listens here */
 
 typedef struct {
     char *dir;

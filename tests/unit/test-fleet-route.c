@@ -4,7 +4,7 @@
  * Each hostd is the test fixture's (libvirt's test driver) serving a real Unix socket in this
  * process. A host's address is ssh://hN/<its socket>, and a stand-in `ssh` first on PATH runs the
  * real `vmctl bridge --socket <its socket>` as sshd would: everything but sshd itself is real.
- * Ports: etcd 45100-45101, the agents' SSH ports 45110-45149. Every etcd started here is killed
+ * Ports: etcd 27100-27101, the agents' SSH ports 27110-27149. Every etcd started here is killed
  * here, by its process. Skipped where no etcd is installed. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,8 +32,8 @@
 #include "vm-stream.h"
 #include "vmctl-client.h"
 
-#define ETCD_CLIENT 45100
-#define ETCD_PEER   45101
+#define ETCD_CLIENT 27100
+#define ETCD_PEER   27101
 
 typedef struct {
     HostdTestFixture *fixture;
@@ -107,7 +107,7 @@ host_start(Lab *lab, Host *h, const char *id, guint port_min)
     h->fixture->ctx->config->ssh_port_max = port_min + 19;
     h->socket_path = g_strdup_printf("%s/%s.sock", lab->dir, id);
     config->endpoints = g_new0(char *, 2);
-    config->endpoints[0] = g_strdup("http://127.0.0.1:45100");
+    config->endpoints[0] = g_strdup("http://127.0.0.1:27100");
     config->host_id = g_strdup(id);
     config->address = g_strdup_printf("ssh://%s%s", id, h->socket_path);
     config->lease_ttl_s = 2;
@@ -158,8 +158,8 @@ setup(void **state)
     Lab *lab = g_new0(Lab, 1);
     lab->dir = g_dir_make_tmp("fleet-route-XXXXXX", NULL);
     etcd_start(lab);
-    host_start(lab, &lab->h1, "h1", 45110);
-    host_start(lab, &lab->h2, "h2", 45130);
+    host_start(lab, &lab->h1, "h1", 27110);
+    host_start(lab, &lab->h2, "h2", 27130);
     /* After the fixtures, which put their own bin first on PATH: restored before they go. */
     fake_ssh(lab);
     *state = lab;
