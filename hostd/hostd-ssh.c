@@ -29,10 +29,14 @@
 #define READY_ATTEMPT_TIMEOUT_S 5  /* one readiness attempt: TCP connect, banner, kex, auth */
 #define EXEC_CONNECT_TIMEOUT_S  15 /* a fresh connection for an exec, guest already up */
 #define SESSION_TIMEOUT_S       30 /* blocking calls on an established session */
-#define READY_RETRY_USEC        G_USEC_PER_SEC
-#define RELAY_POLL_MS           50
-#define RELAY_BURST_CHUNKS      16 /* output chunks per stream before looking at the client */
-#define STDIN_PENDING_MAX       (4 * VM_STREAM_CHUNK_MAX)
+/* A guest's sshd that is not there yet is tried again after 100 ms, then twice as long each
+ * time up to a second: one that a restore or an identity step just started answers within a
+ * fraction of a second, and a booting one is not asked more than once a second. */
+#define READY_RETRY_FIRST_USEC (100 * 1000)
+#define READY_RETRY_USEC       G_USEC_PER_SEC
+#define RELAY_POLL_MS          50
+#define RELAY_BURST_CHUNKS     16 /* output chunks per stream before looking at the client */
+#define STDIN_PENDING_MAX      (4 * VM_STREAM_CHUNK_MAX)
 
 /* Spares: a shell the agent's sshd started on a pooled session before any exec asked for it,
  * waiting for its command on stdin. An exec that finds one skips the channel open, the exec
@@ -672,7 +676,7 @@ hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint tim
     g_return_val_if_fail(error == NULL || *error == NULL, FALSE);
 
     generation = pool_get_generation(pool, target->agent);
-    for (;;) {
+    for (gint64 retry = READY_RETRY_FIRST_USEC;; retry = MIN(retry * 2, READY_RETRY_USEC)) {
         ssh_session session = NULL;
         gint64 remaining = deadline - g_get_monotonic_time();
         long attempt_s;
@@ -698,7 +702,7 @@ hostd_ssh_wait_ready(HostdSshPool *pool, const HostdSshTarget *target, guint tim
         default:
             break;
         }
-        sleep_cancellable(cancellable, MIN(READY_RETRY_USEC, deadline - g_get_monotonic_time()));
+        sleep_cancellable(cancellable, MIN(retry, deadline - g_get_monotonic_time()));
     }
     return vm_throw(error, VM_ERROR_TIMEOUT, "agent '%s' did not answer on SSH within %u s%s%s",
                     target->agent, timeout_s, last_error != NULL ? ": " : "",
