@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  12
+#define VM_PROTOCOL_VERSION  13
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */

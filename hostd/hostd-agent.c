@@ -362,8 +362,8 @@ hostd_agent_genid(const HostdAgentRecord *r)
  * seed, domain XML. */
 static char *
 hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const VmTemplate *tpl,
-                          const VmImage *image, const char *user_data, HostdAgentKeys *ret_keys,
-                          GError **error)
+                          const VmImage *image, const char *user_data, gboolean disk_made,
+                          HostdAgentKeys *ret_keys, GError **error)
 {
     g_autofree char *key_path = hostd_agent_record_path(r, HOSTD_AGENT_KEY);
     g_autofree char *key_pub_path = hostd_agent_record_path(r, HOSTD_AGENT_KEY_PUB);
@@ -393,7 +393,7 @@ hostd_agent_prepare_files(HostdContext *ctx, const HostdAgentRecord *r, const Vm
         !vm_file_write_atomic(ssh_config_path, stanza, -1, 0644, error))
         return NULL;
 
-    if (!hostd_agent_make_disk(r, image, error))
+    if (!disk_made && !hostd_agent_make_disk(r, image, error))
         return NULL;
 
     VmSeedSpec seed_spec = {
@@ -483,7 +483,7 @@ hostd_agent_domain_xml_genid(HostdContext *ctx, const HostdAgentRecord *r, const
         cmdline = g_strdup_printf("%s systemd.machine_id=%s", image->cmdline, machine_id);
     }
     VmDomainSpec spec = {
-        .name = r->name,
+        .name = r->domain != NULL ? r->domain : r->name,
         .uuid = r->uuid,
         .genid = genid,
         .virt_type = ctx->lv->virt_type,
@@ -597,6 +597,9 @@ hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
     if (r != NULL)
         hostd_confine_release(ctx, r);
     hostd_libvirt_remove(ctx->lv, name, NULL);
+    hostd_libvirt_alias_set(ctx->lv, name, NULL);
+    if (r != NULL && !g_str_equal(r->dir, dir))
+        vm_remove_tree(r->dir, NULL);
     vm_remove_tree(dir, NULL);
 }
 
@@ -642,6 +645,16 @@ hostd_domain_define_and_start(HostdContext *ctx, const char *xml, GError **error
         return hostd_libvirt_throw(error, "cannot start the domain");
     return TRUE;
 }
+
+static gboolean hostd_agent_adopt(HostdContext *ctx, HostdAgentRecord *r, HostdAgentRecord *m,
+                                  const VmTemplate *tpl, const VmImage *image, GPtrArray *user_keys,
+                                  gboolean wait, VmProgressFunc progress, gpointer progress_data,
+                                  GError **error);
+static gboolean hostd_agent_create_as(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
+                                      const VmImage *image, const HostdWarmImage *warm,
+                                      gboolean pooled, const char *user_data, gboolean wait,
+                                      VmProgressFunc progress, gpointer progress_data,
+                                      GError **error);
 
 GVariant *
 hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc progress,
@@ -754,6 +767,31 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
     r->checkpoint_hourly = tpl->checkpoint_hourly;
     r->checkpoint_daily = tpl->checkpoint_daily;
 
+    /* A machine of the template's warm pool, when one waits: no restore. What fails there is
+     * logged, and the agent is made from the warm image as without a pool. */
+    g_autoptr(HostdAgentRecord) m =
+        warm != NULL && ctx->pool_take != NULL
+            ? ctx->pool_take(ctx, tpl->name, warm->disk_path, cpus, memory_mib, disk_gib)
+            : NULL;
+    if (m != NULL) {
+        g_autoptr(HostdAgentRecord) pooled = hostd_agent_record_copy(r);
+        g_autoptr(GError) pool_error = NULL;
+        g_autofree char *machine = g_strdup(m->name);
+        gboolean adopted =
+            hostd_agent_adopt(ctx, pooled, g_steal_pointer(&m), tpl, image, user_keys, req->wait,
+                              progress, progress_data, &pool_error);
+        ctx->pool_settled(ctx);
+        if (adopted) {
+            claim.held = FALSE;
+            return hostd_agent_to_variant(ctx, pooled);
+        }
+        g_autofree char *why = g_strdelimit(vm_utf8_cut(pool_error->message, 1024), "\r\n", ' ');
+        hostd_context_log(ctx,
+                          "agent '%s': the warm pool's machine %s did not take (%s); "
+                          "restoring the warm image",
+                          r->name, machine, why);
+    }
+
     if (!hostd_agent_reserve(ctx, r, error))
         return NULL;
     /* The seed takes the user's keys from the record, as it does for a fork. */
@@ -767,6 +805,61 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         return NULL;
     claim.held = FALSE;
     return hostd_agent_to_variant(ctx, r);
+}
+
+/* Makes new agent @r (its record as `new` filled it, not reserved) of the warm pool's machine
+ * @m, taken (and freed here): @r gets @m's dir (its name in agents/ a link to it), domain, UUID,
+ * ports and id, then its keys, seed and identity as a warm agent does, without a restore. On
+ * failure everything of both is gone (the caller makes the agent another way). */
+static gboolean
+hostd_agent_adopt(HostdContext *ctx, HostdAgentRecord *r, HostdAgentRecord *m,
+                  const VmTemplate *tpl, const VmImage *image, GPtrArray *user_keys, gboolean wait,
+                  VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    g_autoptr(HostdAgentRecord) machine = m;
+    g_autofree char *link = hostd_agent_dir(ctx, r->name);
+    guint machine_id = m->agent_id;
+
+    g_free(r->dir);
+    r->dir = g_strdup(m->dir);
+    r->domain = g_strdup(m->name);
+    g_free(r->uuid);
+    r->uuid = g_strdup(m->uuid);
+    g_free(r->mac);
+    r->mac = g_strdup(m->mac);
+    g_free(r->instance_id);
+    r->instance_id = g_strdup(m->instance_id);
+    g_free(r->warm_base);
+    r->warm_base = g_strdup(m->warm_base);
+    r->ssh_port = m->ssh_port;
+    r->backend_port = m->backend_port;
+    r->agent_id = m->agent_id;
+
+    /* From here the machine is the agent's: its record, reached through the link, says so, and
+     * a hostd killed now rolls it back as any agent in phase "creating". */
+    int public_fd = hostd_ports_take_public(ctx, m->name);
+    hostd_ports_release(ctx, m->name);
+    hostd_ports_hold(ctx, r->name, public_fd, -1);
+    hostd_libvirt_alias_set(ctx->lv, r->name, m->name);
+    gboolean ok = TRUE;
+    if (symlink(m->dir, link) < 0)
+        ok = vm_throw_errno(error, errno, "cannot link %s", link);
+    if (ok && !hostd_agent_record_save(r, error)) {
+        g_unlink(link);
+        ok = FALSE;
+    }
+    hostd_confine_unhold(ctx, machine_id);
+    if (!ok) {
+        hostd_agent_rollback(ctx, r->name, r->dir);
+        return FALSE;
+    }
+    g_autofree char *keys_path = hostd_agent_record_path(r, HOSTD_AGENT_USER_KEYS);
+    if (user_keys != NULL && !hostd_user_keys_save(keys_path, user_keys, error)) {
+        hostd_agent_rollback(ctx, r->name, link);
+        return FALSE;
+    }
+    return hostd_agent_create_as(ctx, r, tpl, image, NULL, TRUE, NULL, wait, progress,
+                                 progress_data, error);
 }
 
 gboolean
@@ -803,6 +896,26 @@ hostd_agent_port_was_taken(const GError *error)
     return error != NULL && strstr(error->message, "host forwarding rule") != NULL;
 }
 
+/* What a restored machine of agent @r is given through its guest agent: its name, @machine_id,
+ * its keys, its grants; a key with comment @drop_comment (a fork's source's) removed. The strings
+ * stay the caller's. */
+static HostdWarmIdentity
+hostd_agent_identity(const HostdAgentRecord *r, const HostdAgentKeys *keys, const char *machine_id,
+                     const char *drop_comment)
+{
+    return (HostdWarmIdentity){
+        .drop_comment = drop_comment,
+        .hostname = r->name,
+        .machine_id = machine_id,
+        .user = r->user,
+        .agent_key = keys->agent_key,
+        .host_key_private = keys->host_private,
+        .host_key_public = keys->host_public,
+        .egress_ca_pem = keys->egress_ca_pem,
+        .environment_block = keys->environment_block,
+    };
+}
+
 /* Restores @warm into the new agent @r defined as @xml and gives it its identity; when that
  * fails, logs why and boots the agent from a disk made again on the template's image. */
 static gboolean
@@ -820,17 +933,7 @@ hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *im
     g_autofree char *machine_id = hostd_agent_machine_id(r);
     g_autofree char *source_comment =
         r->forked_from != NULL ? g_strdup_printf("vmctl-%s", r->forked_from) : NULL;
-    HostdWarmIdentity id = {
-        .drop_comment = source_comment,
-        .hostname = r->name,
-        .machine_id = machine_id,
-        .user = r->user,
-        .agent_key = keys->agent_key,
-        .host_key_private = keys->host_private,
-        .host_key_public = keys->host_public,
-        .egress_ca_pem = keys->egress_ca_pem,
-        .environment_block = keys->environment_block,
-    };
+    HostdWarmIdentity id = hostd_agent_identity(r, keys, machine_id, source_comment);
     g_autofree char *scratch = hostd_agent_record_path(r, "warm.save");
     g_autofree char *trace = NULL;
     g_autoptr(GError) warm_error = NULL;
@@ -870,10 +973,53 @@ hostd_agent_start_warm(HostdContext *ctx, HostdAgentRecord *r, const VmImage *im
            hostd_domain_define_and_start(ctx, cold_xml, error);
 }
 
-gboolean
-hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
-                   const VmImage *image, const HostdWarmImage *warm, const char *user_data,
-                   gboolean wait, VmProgressFunc progress, gpointer progress_data, GError **error)
+static gboolean hostd_agent_finish(HostdContext *ctx, HostdAgentRecord *r, gboolean restored,
+                                   gboolean wait, VmProgressFunc progress, gpointer progress_data,
+                                   GError **error);
+
+/* Gives the warm pool's paused machine that agent @r was made of (hostd_agent_adopt()) the
+ * agent's definition @xml for its next boot, its seed, then resumes it and applies its
+ * identity. */
+static gboolean
+hostd_agent_start_pooled(HostdContext *ctx, HostdAgentRecord *r, const char *xml,
+                         const HostdAgentKeys *keys, VmProgressFunc progress,
+                         gpointer progress_data, GError **error)
+{
+    hostd_progress(progress, progress_data, "resuming a machine of the warm pool", -1);
+    gint64 start = g_get_monotonic_time();
+    g_autoptr(virDomain) dom = virDomainDefineXML(ctx->lv->conn, xml);
+    if (dom == NULL)
+        return hostd_libvirt_throw(error, "cannot define the domain");
+    /* The machine was restored with the warm seed in its drive: the agent's goes in, so that
+     * cloud-init finds the agent's name there at a reboot. The drive is emptied first: libvirt
+     * changes nothing for a medium of the same path. */
+    g_autofree char *seed = hostd_agent_record_path(r, HOSTD_AGENT_SEED);
+    g_autofree char *eject = vm_domain_seed_xml(NULL);
+    g_autofree char *insert = vm_domain_seed_xml(seed);
+    if (virDomainUpdateDeviceFlags(dom, eject,
+                                   VIR_DOMAIN_AFFECT_LIVE | VIR_DOMAIN_DEVICE_MODIFY_FORCE) < 0 ||
+        virDomainUpdateDeviceFlags(dom, insert, VIR_DOMAIN_AFFECT_LIVE) < 0)
+        return hostd_libvirt_throw(error, "cannot give the machine the agent's seed");
+    g_autoptr(GString) trace = g_string_new(NULL);
+    g_string_append_printf(trace, "seed %" G_GINT64_FORMAT " ms",
+                           (g_get_monotonic_time() - start) / 1000);
+    if (virDomainResume(dom) < 0)
+        return hostd_libvirt_throw(error, "cannot resume the machine");
+    g_autofree char *machine_id = hostd_agent_machine_id(r);
+    HostdWarmIdentity id = hostd_agent_identity(r, keys, machine_id, NULL);
+    if (!hostd_warm_identify(ctx, dom, &id, trace, error))
+        return FALSE;
+    hostd_context_log(
+        ctx, "agent '%s': made from the warm pool's machine %s in %" G_GINT64_FORMAT " ms (%s)",
+        r->name, r->domain, (g_get_monotonic_time() - start) / 1000, trace->str);
+    return TRUE;
+}
+
+static gboolean
+hostd_agent_create_as(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
+                      const VmImage *image, const HostdWarmImage *warm, gboolean pooled,
+                      const char *user_data, gboolean wait, VmProgressFunc progress,
+                      gpointer progress_data, GError **error)
 {
     /* What the VM needs from its first instant (its way out) comes before the VM. */
     if (!hostd_agent_emit_creating(ctx, r, tpl, error)) {
@@ -881,8 +1027,8 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
         return FALSE;
     }
     g_auto(HostdAgentKeys) keys = {0};
-    g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, user_data,
-                                                     warm != NULL ? &keys : NULL, error);
+    g_autofree char *xml = hostd_agent_prepare_files(ctx, r, tpl, image, user_data, pooled,
+                                                     warm != NULL || pooled ? &keys : NULL, error);
     g_autofree char *xml_path = hostd_agent_record_path(r, HOSTD_AGENT_DOMAIN_XML);
     if (xml == NULL || !vm_file_write_atomic(xml_path, xml, -1, 0600, error) ||
         !hostd_confine_agent(ctx, r, error)) {
@@ -891,8 +1037,15 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
     }
 
     gboolean started = FALSE;
-    gboolean restored = FALSE;
-    for (guint attempt = 1;; attempt++) {
+    gboolean restored = pooled;
+    if (pooled) {
+        started = hostd_agent_start_pooled(ctx, r, xml, &keys, progress, progress_data, error);
+        if (!started) {
+            hostd_agent_rollback(ctx, r->name, r->dir);
+            return FALSE;
+        }
+    }
+    for (guint attempt = 1; !started; attempt++) {
         g_autoptr(GError) start_error = NULL;
         /* QEMU binds its forward itself: hostd lets the port go right before. */
         hostd_ports_release_backend(ctx, r->name);
@@ -923,6 +1076,23 @@ hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl
         hostd_agent_rollback(ctx, r->name, r->dir);
         return FALSE;
     }
+    return hostd_agent_finish(ctx, r, restored, wait, progress, progress_data, error);
+}
+
+gboolean
+hostd_agent_create(HostdContext *ctx, HostdAgentRecord *r, const VmTemplate *tpl,
+                   const VmImage *image, const HostdWarmImage *warm, const char *user_data,
+                   gboolean wait, VmProgressFunc progress, gpointer progress_data, GError **error)
+{
+    return hostd_agent_create_as(ctx, r, tpl, image, warm, FALSE, user_data, wait, progress,
+                                 progress_data, error);
+}
+
+/* The VM of new agent @r runs: waits for it where asked, and marks the agent ready. */
+static gboolean
+hostd_agent_finish(HostdContext *ctx, HostdAgentRecord *r, gboolean restored, gboolean wait,
+                   VmProgressFunc progress, gpointer progress_data, GError **error)
+{
     /* A restored agent's cloud-init finished before its memory was saved. */
     if (wait &&
         (!hostd_agent_wait_ssh(ctx, r, progress, progress_data, error) ||
@@ -1241,7 +1411,11 @@ hostd_agent_rm(HostdContext *ctx, const char *name, gboolean force, GError **err
             hostd_agent_reclaim(ctx, name);
         return FALSE;
     }
-    return vm_remove_tree(r->dir, error);
+    hostd_libvirt_alias_set(ctx->lv, name, NULL);
+    /* A warm pool's machine: its dir, then the link in agents/ that named it. */
+    g_autofree char *link = hostd_agent_dir(ctx, name);
+    return vm_remove_tree(r->dir, error) &&
+           (g_str_equal(r->dir, link) || vm_remove_tree(link, error));
 }
 
 GVariant *

@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "hostd-memory.h"
 #include "vm-error.h"
 #include "vm-etcd.h"
 #include "vm-fleet-records.h"
@@ -130,19 +131,6 @@ hostd_cluster_report(HostdCluster *c, const char *fmt, ...)
 /* ---------------------------------------------------------------------------------------------
  * The host's record */
 
-static guint64
-hostd_cluster_meminfo_mib(const char *field)
-{
-    g_autofree char *text = NULL;
-    if (!g_file_get_contents("/proc/meminfo", &text, NULL, NULL))
-        return 0;
-    const char *at = strstr(text, field);
-    guint64 kib = 0;
-    if (at == NULL || sscanf(at + strlen(field), " %" G_GUINT64_FORMAT, &kib) != 1)
-        return 0;
-    return kib / 1024;
-}
-
 static VmFleetHost *
 hostd_cluster_host_record(HostdCluster *c, GHashTable *agents)
 {
@@ -150,8 +138,8 @@ hostd_cluster_host_record(HostdCluster *c, GHashTable *agents)
     struct statvfs vfs;
 
     host->cores = g_get_num_processors();
-    host->memory_mib = hostd_cluster_meminfo_mib("MemTotal:");
-    host->free_memory_mib = hostd_cluster_meminfo_mib("MemAvailable:");
+    host->memory_mib = hostd_memory_host_mib("MemTotal");
+    host->free_memory_mib = hostd_memory_host_mib("MemAvailable");
     if (statvfs(c->state_dir, &vfs) == 0) {
         host->disk_gib = ((guint64)vfs.f_blocks * vfs.f_frsize) >> 30;
         host->free_disk_gib = ((guint64)vfs.f_bavail * vfs.f_frsize) >> 30;

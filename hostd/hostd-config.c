@@ -11,6 +11,7 @@
 #include "vm-config.h"
 #include "vm-error.h"
 #include "vm-fleet-records.h"
+#include "vm-template.h"
 #include "vm-util.h"
 
 static const char *const hostd_config_keys[] = {
@@ -51,6 +52,7 @@ static const char *const hostd_config_keys[] = {
     "egress-presets-dir",
     "metrics-listen",
     "ksm",
+    "pool",
     NULL,
 };
 
@@ -414,6 +416,8 @@ hostd_config_load_file(HostdConfig *config, const char *path, GError **error)
                                      &config->disk_limits[i], error))
             return FALSE;
     }
+    if (!hostd_config_get_number(kf, path, "pool", 0, VM_TEMPLATE_POOL_MAX, &config->pool, error))
+        return FALSE;
     guint egress_worker = config->egress_in_process ? 0 : 1;
     if (!hostd_config_get_choice(kf, path, "egress-worker", on_off, &egress_worker, error))
         return FALSE;

@@ -94,6 +94,7 @@ typedef struct {
     char *metrics_listen;
     HostdClusterConfig *cluster; /* [cluster]; NULL without one: this host is in no fleet */
     HostdKsmMode ksm;            /* default auto */
+    guint pool;                  /* each template's warm pool where its `pool:` says nothing */
 } HostdConfig;
 
 /* Defaults of guest-checkpoint-max, guest-checkpoint-bytes and checkpoint-free-floor (5% of

@@ -223,8 +223,8 @@ console_agent_reconcile(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
     console_watch(ctx, r, FALSE);
 }
 
-static void
-console_agent_removed(HostdContext *ctx, const char *name)
+void
+hostd_console_unwatch(HostdContext *ctx, const char *name)
 {
     g_mutex_lock(&ctx->lock);
     HostdConsole *console = ctx->console;
@@ -235,6 +235,12 @@ console_agent_removed(HostdContext *ctx, const char *name)
     g_mutex_lock(&console->lock);
     g_hash_table_remove(console->agents, name);
     g_mutex_unlock(&console->lock);
+}
+
+static void
+console_agent_removed(HostdContext *ctx, const char *name)
+{
+    hostd_console_unwatch(ctx, name);
 }
 
 static void

@@ -29,4 +29,8 @@ HostdLogFile *hostd_console_log_new(const HostdAgentRecord *r);
 
 extern const HostdComponent hostd_console_component;
 
+/* Stops copying the console of @name (what `rm` does; a warm pool's paused machine, whose console
+ * becomes its agent's, under the agent's name, once taken). Can't fail. */
+void hostd_console_unwatch(HostdContext *ctx, const char *name);
+
 G_END_DECLS

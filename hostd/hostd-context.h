@@ -45,8 +45,18 @@ typedef struct {
                                           * [cluster]; set before the server starts, its owner
                                           * (main) frees it */
     struct _HostdKsm *ksm;               /* hostd-ksm.c's controller; NULL until started */
-    void (*log)(const char *message);    /* where hostd's background work reports; may be NULL */
-    gboolean debug;                      /* --debug: also a trace of where each exec's time went */
+    struct _HostdPool *pool;             /* hostd-pool.c's warm pools; NULL until started */
+    /* Set by hostd-pool.c while its pools run (NULL: no pool), for the layers below it: the
+     * paused machine of @template_name's warm image @warm_disk of that size that `new` takes
+     * (its record, the caller's; NULL when none waits), pool_settled() once the agent made of a
+     * machine taken is made or given up (the pool fills again only then), and how many machines
+     * wait. */
+    HostdAgentRecord *(*pool_take)(gpointer ctx, const char *template_name, const char *warm_disk,
+                                   guint cpus, guint memory_mib, guint disk_gib);
+    void (*pool_settled)(gpointer ctx);
+    guint (*pool_count)(gpointer ctx, const char *template_name);
+    void (*log)(const char *message); /* where hostd's background work reports; may be NULL */
+    gboolean debug;                   /* --debug: also a trace of where each exec's time went */
     gboolean agent_ids;          /* each agent's QEMU runs as an id of its own (hostd-confine.h) */
     GHashTable *ids_held;        /* ids held by machines without a record (a warm image's build), as
                                   * GUINT_TO_POINTER; guarded by lock */

@@ -166,6 +166,9 @@ hostd_libvirt_open(const char *uri, HostdAccelMode accel_mode, GError **error)
     lv->cpu_disable = g_steal_pointer(&accel->cpu_disable);
     lv->accel_summary = g_steal_pointer(&accel->summary);
     lv->event_thread = event_thread;
+    g_mutex_init(&lv->alias_lock);
+    lv->domain_of = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    lv->agent_of = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     return lv;
 }
 
@@ -180,13 +183,55 @@ hostd_libvirt_close(HostdLibvirt *lv)
     g_free(lv->virt_type);
     g_strfreev(lv->cpu_disable);
     g_free(lv->accel_summary);
+    g_clear_pointer(&lv->domain_of, g_hash_table_unref);
+    g_clear_pointer(&lv->agent_of, g_hash_table_unref);
+    g_mutex_clear(&lv->alias_lock);
     g_free(lv);
+}
+
+void
+hostd_libvirt_alias_set(HostdLibvirt *lv, const char *agent, const char *domain)
+{
+    g_mutex_lock(&lv->alias_lock);
+    const char *old = g_hash_table_lookup(lv->domain_of, agent);
+    if (old != NULL)
+        g_hash_table_remove(lv->agent_of, old);
+    g_hash_table_remove(lv->domain_of, agent);
+    if (domain != NULL && !g_str_equal(domain, agent)) {
+        g_hash_table_insert(lv->domain_of, g_strdup(agent), g_strdup(domain));
+        g_hash_table_insert(lv->agent_of, g_strdup(domain), g_strdup(agent));
+    }
+    g_mutex_unlock(&lv->alias_lock);
+}
+
+char *
+hostd_libvirt_domain_name(HostdLibvirt *lv, const char *agent)
+{
+    g_mutex_lock(&lv->alias_lock);
+    const char *domain = lv->domain_of != NULL ? g_hash_table_lookup(lv->domain_of, agent) : NULL;
+    char *name = g_strdup(domain != NULL ? domain : agent);
+    g_mutex_unlock(&lv->alias_lock);
+    return name;
+}
+
+char *
+hostd_libvirt_agent_name(HostdLibvirt *lv, virDomainPtr dom)
+{
+    const char *domain = virDomainGetName(dom);
+    if (domain == NULL)
+        return NULL;
+    g_mutex_lock(&lv->alias_lock);
+    const char *agent = lv->agent_of != NULL ? g_hash_table_lookup(lv->agent_of, domain) : NULL;
+    char *name = g_strdup(agent != NULL ? agent : domain);
+    g_mutex_unlock(&lv->alias_lock);
+    return name;
 }
 
 virDomainPtr
 hostd_libvirt_lookup(HostdLibvirt *lv, const char *name, GError **error)
 {
-    virDomainPtr dom = virDomainLookupByName(lv->conn, name);
+    g_autofree char *domain = hostd_libvirt_domain_name(lv, name);
+    virDomainPtr dom = virDomainLookupByName(lv->conn, domain);
     if (dom != NULL)
         return dom;
     const virError *err = virGetLastError();

@@ -18,6 +18,12 @@ typedef struct {
      * embedded driver's qemu.conf. FALSE for any other connection. */
     gboolean qemu_may_spawn;
     GThread *event_thread;
+    /* Agents whose domain has another name (an agent made from a warm pool's machine keeps the
+     * name its domain was restored under: libvirt renames no running domain). Agent name ->
+     * domain name, and back; under alias_lock. */
+    GMutex alias_lock;
+    GHashTable *domain_of;
+    GHashTable *agent_of;
 } HostdLibvirt;
 
 /* Builds the default URI for @state_dir: qemu:///embed?root=<state_dir>/libvirt. */
@@ -51,8 +57,20 @@ gboolean hostd_libvirt_throw(GError **error, const char *what);
  * Can't fail. */
 char *hostd_libvirt_take_error(const char *fallback, int *ret_code);
 
-/* Looks a domain up by name. Returns NULL without error when there is none; NULL with
- * VM_ERROR_LIBVIRT on any other failure (check *error). */
+/* Records that agent @agent's domain is named @domain (NULL or @agent itself: the same name, the
+ * alias dropped). Every lookup, removal and event by name goes through it. Can't fail. */
+void hostd_libvirt_alias_set(HostdLibvirt *lv, const char *agent, const char *domain);
+
+/* The name of agent @agent's domain, newly allocated: its alias, else @agent. Can't fail. */
+char *hostd_libvirt_domain_name(HostdLibvirt *lv, const char *agent);
+
+/* The agent whose domain is @dom, newly allocated: the alias's agent, else the domain's own
+ * name; NULL when libvirt gives no name. Can't fail. */
+char *hostd_libvirt_agent_name(HostdLibvirt *lv, virDomainPtr dom);
+
+/* Looks agent @name's domain up (through its alias, hostd_libvirt_alias_set()). Returns NULL
+ * without error when there is none; NULL with VM_ERROR_LIBVIRT on any other failure (check
+ * *error). */
 virDomainPtr hostd_libvirt_lookup(HostdLibvirt *lv, const char *name, GError **error);
 
 /* Returns the agent-level state name for @dom: "running", "paused", "saved" (has a managed
@@ -62,8 +80,9 @@ const char *hostd_libvirt_state_name(virDomainPtr dom);
 /* TRUE when @dom is active (a QEMU process exists). Can't fail. */
 gboolean hostd_libvirt_is_active(virDomainPtr dom);
 
-/* Destroys (if active) and undefines @name with its managed save image, snapshots metadata and
- * checkpoints metadata. Missing domain is success. Fails with VM_ERROR_LIBVIRT. */
+/* Destroys (if active) and undefines agent @name's domain (through its alias) with its managed save
+ * image, snapshots metadata and checkpoints metadata. Missing domain is success. Fails with
+ * VM_ERROR_LIBVIRT. */
 gboolean hostd_libvirt_remove(HostdLibvirt *lv, const char *name, GError **error);
 
 /* Asks the guest to shut down (ACPI), waits up to @timeout_s for it to stop, then destroys it.

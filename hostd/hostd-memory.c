@@ -39,8 +39,9 @@ hostd_memory_read_file(const char *path, gsize max, gsize *ret_len)
 }
 
 GPid
-hostd_memory_qemu_pid(HostdLibvirt *lv, const char *name)
+hostd_memory_qemu_pid(HostdLibvirt *lv, const char *agent)
 {
+    g_autofree char *name = hostd_libvirt_domain_name(lv, agent);
     g_autofree char *root = hostd_libvirt_embed_root(lv->uri);
     g_autofree char *pid_path = NULL;
     g_autofree char *pid_text = NULL;
@@ -255,4 +256,25 @@ hostd_memory_add_agent(GVariantBuilder *b, HostdLibvirt *lv, virDomainPtr dom, c
         virDomainSetMemoryStatsPeriod(dom, HOSTD_MEMORY_BALLOON_PERIOD_S, VIR_DOMAIN_AFFECT_LIVE) <
             0)
         virResetLastError();
+}
+
+guint64
+hostd_memory_host_mib(const char *field)
+{
+    g_autofree char *text = hostd_memory_read_file("/proc/meminfo", HOSTD_MEMORY_FILE_MAX, NULL);
+    g_autofree char *prefix = g_strconcat(field, ":", NULL);
+    guint64 kib = 0;
+
+    if (text == NULL)
+        return 0;
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    for (guint i = 0; lines[i] != NULL; i++) {
+        if (!g_str_has_prefix(lines[i], prefix))
+            continue;
+        g_autofree char *value = g_strstrip(g_strdup(lines[i] + strlen(prefix)));
+        if (g_str_has_suffix(value, " kB"))
+            value[strlen(value) - 3] = '\0';
+        return hostd_memory_parse_number(value, G_MAXUINT64 / 1024, &kib) ? kib / 1024 : 0;
+    }
+    return 0;
 }

@@ -40,8 +40,9 @@ gboolean hostd_memory_parse_keyed(const char *text, const char *key, guint64 max
                                   gint64 *ret_value);
 
 /* The pid of agent @name's QEMU as the pid file of @lv's driver says (the embedded driver's
- * <root>/run/qemu/NAME.pid, else /run/libvirt/qemu/NAME.pid), checked against
- * /proc/PID/cmdline (a QEMU with guest=NAME); 0 when there is none. Can't fail. */
+ * <root>/run/qemu/DOMAIN.pid, else /run/libvirt/qemu/DOMAIN.pid, DOMAIN the name of the agent's
+ * domain: hostd_libvirt_domain_name()), checked against /proc/PID/cmdline (a QEMU with
+ * guest=DOMAIN); 0 when there is none. Can't fail. */
 GPid hostd_memory_qemu_pid(HostdLibvirt *lv, const char *name);
 
 /* Adds what process @pid costs the host, as the files under @proc_root ("/proc" but in tests)
@@ -67,5 +68,9 @@ gboolean hostd_memory_add_balloon(GVariantBuilder *b, virDomainPtr dom, gboolean
  * figure). Asks the guest for balloon reports from now on when it gives none. Never fails. */
 void hostd_memory_add_agent(GVariantBuilder *b, HostdLibvirt *lv, virDomainPtr dom,
                             const char *name);
+
+/* The host's /proc/meminfo line @field ("MemTotal", "MemAvailable") in MiB; 0 when it cannot be
+ * read. Can't fail. */
+guint64 hostd_memory_host_mib(const char *field);
 
 G_END_DECLS

@@ -53,6 +53,7 @@ hostd_reconcile(HostdContext *ctx, GPtrArray *notes, GError **error)
             }
             continue;
         }
+        hostd_libvirt_alias_set(ctx->lv, name, r->domain);
         if (g_str_equal(r->phase, HOSTD_PHASE_CREATING)) {
             hostd_agent_rollback(ctx, name, dir);
             g_ptr_array_add(notes,

@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <gio/gio.h>
 #include <glib/gstdio.h>
+#include <stdlib.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 
 #include "vm-error.h"
+#include "vm-name.h"
 #include "vm-util.h"
 
 #define RECORD_GROUP "agent"
@@ -84,7 +86,12 @@ hostd_agent_record_load(const char *dir, GError **error)
     }
 
     g_autoptr(HostdAgentRecord) r = g_new0(HostdAgentRecord, 1);
-    r->dir = g_strdup(dir);
+    /* An agent made from a warm pool's machine lives in the dir that machine was made in, and
+     * its name in agents/ is a link to it: the record names the files where QEMU has them. */
+    struct stat st;
+    r->dir = lstat(dir, &st) == 0 && S_ISLNK(st.st_mode) ? realpath(dir, NULL) : NULL;
+    if (r->dir == NULL)
+        r->dir = g_strdup(dir);
     if ((r->name = hostd_record_get_string(kf, "name", TRUE, path, error)) == NULL ||
         (r->uuid = hostd_record_get_string(kf, "uuid", TRUE, path, error)) == NULL ||
         (r->template_name = hostd_record_get_string(kf, "template", TRUE, path, error)) == NULL ||
@@ -100,6 +107,12 @@ hostd_agent_record_load(const char *dir, GError **error)
          (r->fork_base = hostd_record_get_string(kf, "fork-base", TRUE, path, error)) == NULL))
         return NULL;
     r->warm_base = hostd_record_get_string(kf, "warm-base", FALSE, path, NULL);
+    r->domain = hostd_record_get_string(kf, "domain", FALSE, path, NULL);
+    /* A name libvirt and a path take as they are: what an agent's or a template's may be. */
+    if (r->domain != NULL && !vm_name_validate_template(r->domain, NULL)) {
+        vm_throw(error, VM_ERROR_FAILED, "corrupt agent record %s: bad 'domain'", path);
+        return NULL;
+    }
 
     gint64 cpus, memory_mib, disk_gib, ssh_port;
     if (!hostd_record_get_number(kf, "cpus", 1, G_MAXUINT, &cpus, path, error) ||
@@ -218,6 +231,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
     }
     if (r->warm_base != NULL)
         g_key_file_set_string(kf, RECORD_GROUP, "warm-base", r->warm_base);
+    if (r->domain != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "domain", r->domain);
     g_key_file_set_int64(kf, RECORD_GROUP, "created", r->created);
     g_key_file_set_int64(kf, RECORD_GROUP, "state-since", r->state_since);
     if (r->backend_port != 0)
@@ -269,6 +284,7 @@ hostd_agent_record_copy(const HostdAgentRecord *r)
     c->fork_checkpoint = g_strdup(r->fork_checkpoint);
     c->fork_base = g_strdup(r->fork_base);
     c->warm_base = g_strdup(r->warm_base);
+    c->domain = g_strdup(r->domain);
     c->wanted = g_strdup(r->wanted);
     c->restart = g_strdup(r->restart);
     c->crashed = g_strdup(r->crashed);
@@ -293,6 +309,7 @@ hostd_agent_record_free(HostdAgentRecord *r)
     g_free(r->fork_checkpoint);
     g_free(r->fork_base);
     g_free(r->warm_base);
+    g_free(r->domain);
     g_free(r->wanted);
     g_free(r->restart);
     g_free(r->crashed);

@@ -68,6 +68,8 @@ typedef struct {
     char *fork_base;         /* with forked_from: that checkpoint's image (absolute path) */
     char *warm_base;         /* made from a warm image: its disk layer, which the agent's first
                               * disk stands on instead of the template's image; or NULL */
+    char *domain;            /* its libvirt domain's name where it is not the agent's (a warm
+                              * pool's machine keeps the name it was restored under); or NULL */
     gint64 created;          /* unix seconds */
     gint64 state_since;      /* unix seconds of the last state change hostd made */
     char *wanted;            /* HOSTD_WANTED_*; NULL in records older than the supervisor */

@@ -45,6 +45,7 @@ struct _HostdSupervisor {
     GHashTable *down;     /* names the last periodic look found down (the thread's alone) */
     GHashTable *rebooted; /* name -> monotonic us of its last reboot (the thread's alone) */
     GThread *thread;
+    HostdLibvirt *lv; /* events name domains: their agents' names through its aliases */
     int lifecycle_id;
     int reboot_id;
     /* The watches of agents it booted (supervise_watch()): */
@@ -86,7 +87,7 @@ static int
 supervise_on_lifecycle(virConnectPtr conn, virDomainPtr dom, int event, int detail, void *opaque)
 {
     struct _HostdSupervisor *sv = opaque;
-    const char *name = virDomainGetName(dom);
+    g_autofree char *name = hostd_libvirt_agent_name(sv->lv, dom);
 
     if (name == NULL)
         return 0;
@@ -116,10 +117,11 @@ supervise_on_lifecycle(virConnectPtr conn, virDomainPtr dom, int event, int deta
 static void
 supervise_on_reboot(virConnectPtr conn, virDomainPtr dom, void *opaque)
 {
-    const char *name = virDomainGetName(dom);
+    struct _HostdSupervisor *sv = opaque;
+    g_autofree char *name = hostd_libvirt_agent_name(sv->lv, dom);
 
     if (name != NULL)
-        supervise_push(opaque, name, SUPERVISE_REBOOT);
+        supervise_push(sv, name, SUPERVISE_REBOOT);
 }
 
 static void
@@ -674,6 +676,7 @@ hostd_supervise_start(HostdContext *ctx, GError **error)
     g_mutex_init(&sv->watch_lock);
     g_cond_init(&sv->watch_ended);
     sv->cancel = g_cancellable_new();
+    sv->lv = ctx->lv;
     ctx->supervisor = sv;
 
     sv->lifecycle_id = virConnectDomainEventRegisterAny(

@@ -52,6 +52,14 @@ hostd_template_list(HostdContext *ctx, GError **error)
         g_variant_builder_add(&e, "{sv}", "ready", g_variant_new_boolean(image != NULL));
         g_autofree char *warm = hostd_warm_state(ctx, t, image);
         g_variant_builder_add(&e, "{sv}", "warm", g_variant_new_string(warm));
+        /* The warm pool: how many machines it keeps and how many wait now. */
+        guint pool = t->pool_set ? t->pool : ctx->config->pool;
+        guint waiting = ctx->pool_count != NULL ? ctx->pool_count(ctx, t->name) : 0;
+        g_autofree char *pool_state =
+            pool == 0 ? g_strdup("-") : g_strdup_printf("%u/%u", waiting, pool);
+        g_variant_builder_add(&e, "{sv}", "pool", g_variant_new_uint32(pool));
+        g_variant_builder_add(&e, "{sv}", "pool_ready", g_variant_new_uint32(waiting));
+        g_variant_builder_add(&e, "{sv}", "pool_state", g_variant_new_string(pool_state));
         g_variant_builder_add(&e, "{sv}", "cpus", g_variant_new_uint32(t->cpus));
         g_variant_builder_add(&e, "{sv}", "memory_mib", g_variant_new_uint32(t->memory_mib));
         g_variant_builder_add(&e, "{sv}", "disk_gib", g_variant_new_uint32(t->disk_gib));

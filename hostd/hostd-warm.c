@@ -202,6 +202,26 @@ hostd_warm_state(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image)
 
 /* ---- Build */
 
+gboolean
+hostd_warm_write_seed(const VmTemplate *tpl, const char *instance_id, const char *path,
+                      GError **error)
+{
+    VmSeedSpec seed_spec = {
+        .hostname = WARM_HOSTNAME,
+        .instance_id = instance_id,
+        .warm = TRUE,
+        .user = tpl->user,
+        .template_user_data = tpl->user_data,
+        /* What every agent's seed has (hostd-egress, hostd-guest-api): the proxy's address
+         * inside the guest is the same for all, and so is the in-guest API's. */
+        .egress_proxy = "http://" VM_EGRESS_GUEST_ADDRESS ":" G_STRINGIFY(VM_EGRESS_GUEST_PORT),
+        .egress_resolver = VM_EGRESS_GUEST_ADDRESS,
+        .guest_api_host = VM_GUEST_API_ADDRESS,
+        .guest_tool = TRUE,
+    };
+    return vm_seed_write_iso(&seed_spec, path, error);
+}
+
 /* Removes builds under @root that are not @keep and that no agent's disk stands on. */
 static void
 warm_remove_unused(HostdContext *ctx, const char *root, const char *keep)
@@ -339,19 +359,6 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
     g_autofree char *instance_id = g_strdup_printf("vmctl-warm-%s-%s", tpl->name, build);
     g_autofree char *mac = hostd_random_mac();
     g_autofree char *name = g_strdup_printf("vmctl.warm.%s", tpl->name);
-    VmSeedSpec seed_spec = {
-        .hostname = WARM_HOSTNAME,
-        .instance_id = instance_id,
-        .warm = TRUE,
-        .user = tpl->user,
-        .template_user_data = tpl->user_data,
-        /* What every agent's seed has (hostd-egress, hostd-guest-api): the proxy's address
-         * inside the guest is the same for all, and so is the in-guest API's. */
-        .egress_proxy = "http://" VM_EGRESS_GUEST_ADDRESS ":" G_STRINGIFY(VM_EGRESS_GUEST_PORT),
-        .egress_resolver = VM_EGRESS_GUEST_ADDRESS,
-        .guest_api_host = VM_GUEST_API_ADDRESS,
-        .guest_tool = TRUE,
-    };
     guint port = 0;
     g_mutex_lock(&ctx->lock);
     gboolean have_port = hostd_allocate_port(ctx, 0, &port, NULL, error);
@@ -363,7 +370,7 @@ hostd_warm_build(HostdContext *ctx, const VmTemplate *tpl, const VmImage *image,
     gboolean ok =
         have_port && hostd_confine_hold(ctx, &id, error) &&
         vm_qemu_img_overlay(image->disk_path, disk, tpl->disk_gib, error) &&
-        vm_seed_write_iso(&seed_spec, seed, error) &&
+        hostd_warm_write_seed(tpl, instance_id, seed, error) &&
         (id == 0 || (hostd_ids_own(disk, id, id, 0600, NULL, 0, 0, error) &&
                      hostd_ids_own(seed, id, id, 0400, NULL, 0, 0, error))) &&
         (xml = warm_domain_xml(ctx, tpl, image, tmp, name, mac, port, id, error)) != NULL &&
@@ -545,13 +552,25 @@ hostd_warm_restore(HostdContext *ctx, virDomainPtr dom, const char *memory_path,
     if (!vm_save_image_copy_with_xml(memory_path, scratch_path, xml, error))
         return FALSE;
     g_string_append_printf(trace, "copy %" G_GINT64_FORMAT " ms", warm_ms_since(&t));
-    int rc = virDomainRestoreFlags(ctx->lv->conn, scratch_path, NULL, VIR_DOMAIN_SAVE_RUNNING);
+    int rc = virDomainRestoreFlags(ctx->lv->conn, scratch_path, NULL,
+                                   id != NULL ? VIR_DOMAIN_SAVE_RUNNING : VIR_DOMAIN_SAVE_PAUSED);
     /* Restored or not, the copy is of no more use (QEMU has read it all). */
     g_unlink(scratch_path);
     if (rc < 0)
         return hostd_libvirt_throw(error, "cannot restore the warm image");
     g_string_append_printf(trace, ", restore %" G_GINT64_FORMAT " ms", warm_ms_since(&t));
+    if (id != NULL && !hostd_warm_identify(ctx, dom, id, trace, error))
+        return FALSE;
+    if (ret_trace != NULL)
+        *ret_trace = g_string_free(g_steal_pointer(&trace), FALSE);
+    return TRUE;
+}
 
+gboolean
+hostd_warm_identify(HostdContext *ctx, virDomainPtr dom, const HostdWarmIdentity *id,
+                    GString *trace, GError **error)
+{
+    gint64 t = g_get_monotonic_time();
     hostd_guest_agent_bound(dom);
     g_autoptr(HostdClockSync) clock = hostd_guest_sync_clock_begin(ctx, dom, id->hostname);
     if (!hostd_guest_agent_wait(dom, WARM_AGENT_TIMEOUT_MS, error))
@@ -560,7 +579,5 @@ hostd_warm_restore(HostdContext *ctx, virDomainPtr dom, const char *memory_path,
     if (!warm_apply_identity(dom, id, error))
         return FALSE;
     g_string_append_printf(trace, ", identity %" G_GINT64_FORMAT " ms", warm_ms_since(&t));
-    if (ret_trace != NULL)
-        *ret_trace = g_string_free(g_steal_pointer(&trace), FALSE);
     return TRUE;
 }

@@ -68,12 +68,24 @@ typedef struct {
 
 /* Restores the save image @memory_path into the defined, inactive domain @dom as @xml (its
  * definition): a copy with @xml in its header at @scratch_path, restored running, removed.
- * Then applies @id through the guest agent, sets the clock and starts sshd. VM_ERROR_LIBVIRT,
+ * Then applies @id with hostd_warm_identify(); with @id NULL it is restored paused and nothing
+ * applied (a warm pool's machine, identified once `new` takes it). VM_ERROR_LIBVIRT,
  * VM_ERROR_TIMEOUT, VM_ERROR_IO; the domain may be left running on failure (the caller destroys
  * it). *ret_trace gets the phases' times ("copy 210 ms, restore 900 ms, ..."), newly
  * allocated, when not NULL. */
 gboolean hostd_warm_restore(HostdContext *ctx, virDomainPtr dom, const char *memory_path,
                             const char *xml, const char *scratch_path, const HostdWarmIdentity *id,
                             char **ret_trace, GError **error);
+
+/* In the restored guest @dom, running: waits for its guest agent, applies @id through it, sets
+ * the clock and starts sshd; appends ", guest agent N ms, identity N ms" to @trace.
+ * VM_ERROR_TIMEOUT, VM_ERROR_LIBVIRT, VM_ERROR_FAILED (the identity script failed). */
+gboolean hostd_warm_identify(HostdContext *ctx, virDomainPtr dom, const HostdWarmIdentity *id,
+                             GString *trace, GError **error);
+
+/* Writes the generic seed of @tpl's warm machines to @path: no key of any kind, the warm
+ * hostname, @instance_id (the warm build's). VM_ERROR_IO, VM_ERROR_INVALID_ARGUMENT. */
+gboolean hostd_warm_write_seed(const VmTemplate *tpl, const char *instance_id, const char *path,
+                               GError **error);
 
 G_END_DECLS

@@ -20,6 +20,7 @@
 #include "hostd-log.h"
 #include "hostd-metrics-server.h"
 #include "hostd-notify.h"
+#include "hostd-pool.h"
 #include "hostd-power.h"
 #include "hostd-reconcile.h"
 #include "hostd-server.h"
@@ -247,6 +248,8 @@ main(int argc, char **argv)
     }
     /* After the agents whose QEMU was gone are booted again: `auto` counts them now. */
     hostd_ksm_start(ctx, HOSTD_KSM_SYSFS);
+    /* Last of the agents' machines: the warm pools fill behind everything else. */
+    hostd_pool_start(ctx);
 
     HostdServer *server =
         hostd_server_start(ctx, ctx->config->socket_path, ctx->config->socket_group, &error);
@@ -282,6 +285,8 @@ main(int argc, char **argv)
     hostd_supervise_stop(ctx);
     hostd_server_stop(server);
     hostd_metrics_server_stop(metrics);
+    /* No request takes a machine any more: the waiting ones go, before any save. */
+    hostd_pool_stop(ctx);
     /* A clean exit leaves the fleet at once rather than after the lease's TTL. */
     if (cluster != NULL)
         hostd_cluster_stop(cluster, TRUE);

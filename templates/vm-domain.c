@@ -33,6 +33,21 @@ is_set(const char *value)
     return value != NULL && value[0] != '\0';
 }
 
+char *
+vm_domain_seed_xml(const char *seed_path)
+{
+    GString *xml = g_string_new(NULL);
+
+    append(xml, "    <disk type='file' device='cdrom'>\n");
+    append(xml, "      <driver name='qemu' type='raw'/>\n");
+    if (is_set(seed_path))
+        append(xml, "      <source file='%s'/>\n", seed_path);
+    append(xml, "      <target dev='sda' bus='sata'/>\n"
+                "      <readonly/>\n"
+                "    </disk>\n");
+    return g_string_free(xml, FALSE);
+}
+
 static gboolean
 is_uuid(const char *uuid)
 {
@@ -247,15 +262,10 @@ append_devices(GString *xml, const VmDomainSpec *spec)
     g_string_append(xml, "      <target dev='vda' bus='virtio'/>\n");
     append_iotune(xml, spec->disk_limits);
     g_string_append(xml, "    </disk>\n");
-    if (is_set(spec->seed_path))
-        append(xml,
-               "    <disk type='file' device='cdrom'>\n"
-               "      <driver name='qemu' type='raw'/>\n"
-               "      <source file='%s'/>\n"
-               "      <target dev='sda' bus='sata'/>\n"
-               "      <readonly/>\n"
-               "    </disk>\n",
-               spec->seed_path);
+    if (is_set(spec->seed_path)) {
+        g_autofree char *seed = vm_domain_seed_xml(spec->seed_path);
+        g_string_append(xml, seed);
+    }
 
     /* Not a file: QEMU appends to a file without bound, so a guest could fill the host's disk.
      * On a socket QEMU listens on (libvirt makes it and hands QEMU the listening descriptor),

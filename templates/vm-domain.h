@@ -88,4 +88,9 @@ typedef struct {
  * limit is over VM_DISK_LIMIT_MAX. */
 char *vm_domain_xml_build(const VmDomainSpec *spec, GError **error);
 
+/* The seed's CD-ROM <disk> element as vm_domain_xml_build() writes it, with @seed_path as its
+ * medium (escaped), or none when @seed_path is NULL or empty (an empty drive): what a live
+ * change of the medium hands libvirt. Newly allocated; can't fail. */
+char *vm_domain_seed_xml(const char *seed_path);
+
 G_END_DECLS

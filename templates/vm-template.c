@@ -833,9 +833,9 @@ parse_user_data(const Node *node, VmTemplate *t, const char *display, GError **e
 static gboolean
 parse_root(const Node *root, TemplatePrivate *priv, const char *display, GError **error)
 {
-    static const char *const keys[] = {"name", "description", "image",     "resources",
-                                       "user", "packages",    "user-data", "checkpoints",
-                                       "idle", "egress",      "secrets",   NULL};
+    static const char *const keys[] = {
+        "name",        "description", "image",  "resources", "user", "packages", "user-data",
+        "checkpoints", "idle",        "egress", "secrets",   "pool", NULL};
     VmTemplate *t = &priv->pub;
     const Node *value;
 
@@ -890,6 +890,13 @@ parse_root(const Node *root, TemplatePrivate *priv, const char *display, GError 
         return FALSE;
     if ((value = map_get(root, "egress")) != NULL && !parse_egress(value, t, display, error))
         return FALSE;
+    if ((value = map_get(root, "pool")) != NULL) {
+        guint64 n;
+        if (!get_uint(value, "pool", 0, VM_TEMPLATE_POOL_MAX, "", &n, display, error))
+            return FALSE;
+        t->pool = (guint)n;
+        t->pool_set = TRUE;
+    }
     if ((value = map_get(root, "secrets")) != NULL &&
         !get_string_list(value, "secrets", is_secret_name, "a secret's name", &t->secrets, display,
                          error))

@@ -37,6 +37,9 @@ typedef enum {
     VM_IMAGE_SOURCE_URL,
 } VmImageSource;
 
+/* The most machines a template's warm pool keeps (`pool:`, hostd.conf's `pool`). */
+#define VM_TEMPLATE_POOL_MAX 64
+
 typedef struct {
     char *name;
     char *description;
@@ -66,6 +69,9 @@ typedef struct {
     gboolean idle_never;
     guint64 idle_pause_after_s;
     guint64 idle_save_after_s;
+
+    gboolean pool_set; /* `pool:` given; else hostd.conf's `pool` */
+    guint pool;        /* machines of its warm image kept restored and paused for `new` */
 
     char **egress_allow; /* NULL-terminated, never NULL; empty = no way out */
     char **egress_deny;  /* NULL-terminated, never NULL */

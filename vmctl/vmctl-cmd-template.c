@@ -8,6 +8,7 @@ static const VmctlField template_columns[] = {
     {"NAME", "name", VMCTL_FORMAT_TEXT},
     {"READY", "ready", VMCTL_FORMAT_YESNO},
     {"WARM", "warm", VMCTL_FORMAT_TEXT},
+    {"POOL", "pool_state", VMCTL_FORMAT_TEXT},
     {"CPUS", "cpus", VMCTL_FORMAT_TEXT},
     {"MEMORY", "memory_mib", VMCTL_FORMAT_MIB},
     {"DISK", "disk_gib", VMCTL_FORMAT_GIB},

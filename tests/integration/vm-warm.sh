@@ -166,6 +166,63 @@ check "hostd logged why and booted cold" grep -q "agent 'e': .* did not start (.
 check "that agent answers exec, on the template's image" \
   bash -c "[ \"\$(\"$VMCTL\" --socket '$SOCK' exec e -- hostname)\" = e ] && ! grep -q '^warm-base' '$S/agents/e/agent.ini'"
 mv "$S/memory.save.good" "$WARM/$NEWBUILD/memory.save"
+vmctl rm --force e >/dev/null 2>&1
+
+# ---- the warm pool (hostd.conf pool = 1): a machine restored and paused, taken by `new`
+echo "pool=1" >> "$CONF"
+stop_hostd
+start_hostd || { echo "Bail out! hostd did not start with pool=1"; exit 1; }
+wait_pool() {
+  local i
+  for i in $(seq 1 120); do
+    vmctl template list | grep -qE "^debian-12 +yes +yes +1/1 " && return 0
+    sleep 1
+  done
+  return 1
+}
+check "with pool = 1 a machine of the warm image waits (template list: 1/1)" wait_pool
+machine=$(ls "$S/pool" 2>/dev/null | head -n 1)
+check "hostd logged it waiting, paused" grep -q "pool debian-12: machine $machine waits, paused" "$LOG"
+t0=$(ms)
+out=$(vmctl new p 2>&1)
+rc=$?
+t1=$(ms)
+AGENTS+=(p)
+check "new from the pool" test "$rc" = 0 || diag "$out"
+diag "new from the pool in $((t1 - t0)) ms"
+check "hostd logged the agent as made from the pool's machine" \
+  grep -q "agent 'p': made from the warm pool's machine $machine in" "$LOG"
+check "the agent's name in agents/ is a link to the machine's dir" \
+  test "$(readlink "$S/agents/p")" = "$S/pool/$machine"
+idp=$(vmctl exec p -- sh -c 'hostname; cat /etc/machine-id')
+check "the pooled agent answers exec with its own hostname" test "$(sed -n 1p <<< "$idp")" = p
+check "its machine-id is its UUID" \
+  test "$(sed -n 2p <<< "$idp")" = "$(vmctl info p --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["uuid"].replace("-",""))')"
+check "OpenSSH with strict host key checking logs in to it with hostd's pinned key" \
+  ssh_as p "$S/agents/p/id_ed25519" true
+check "it reaches its own egress proxy (a denied host gets 403)" \
+  bash -c "\"$VMCTL\" --socket '$SOCK' exec p -- curl -s -o /dev/null -w '%{http_code}' http://example.invalid/ | grep -q 403"
+# shellcheck disable=SC2016 # expanded in the guest
+check "its seed drive holds the agent's seed (cloud-init finds its name at a reboot)" \
+  vmctl exec p -- sudo sh -c 'mount -o ro /dev/sr0 /mnt && grep -q "local-hostname: \"p\"" /mnt/meta-data; r=$?; umount /mnt; exit $r'
+check "the pool fills again" wait_pool
+check "with another machine" bash -c "ls '$S/pool' | grep -qv '^$machine\$'"
+check "a checkpoint of the pooled agent" vmctl checkpoint p --label pooled
+check "suspend --save of the pooled agent" vmctl suspend --save p
+bad=0
+for img in "$S/pool/$machine"/*.qcow2; do qemu-img check -q "$img" || bad=$((bad + 1)); done
+check "qemu-img check finds nothing in its images" test "$bad" = 0
+check "exec wakes it, with its name" test "$(vmctl exec p -- hostname)" = p
+# A killed hostd's waiting machine goes at the next start; the agent made of one stays.
+waiting=$(ls "$S/pool" | grep -v "^$machine\$" | head -n 1)
+kill -9 "$HOSTD_PID"
+wait "$HOSTD_PID" 2>/dev/null
+start_hostd || { echo "Bail out! hostd did not start again"; exit 1; }
+check "hostd removed the machine a killed hostd left waiting" \
+  grep -q "pool: removed machine $waiting left by an earlier run" "$LOG"
+check "the pooled agent is there after the restart" test "$(vmctl exec p -- hostname)" = p
+check "rm of the pooled agent" vmctl rm --force p
+check "rm removed its dir in pool/ and its link" test ! -e "$S/pool/$machine" -a ! -L "$S/agents/p"
 
 [ "$FAILED" = 0 ] || diag_err "hostd log: $(tail -30 "$LOG")"
 echo "1..$N"

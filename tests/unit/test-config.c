@@ -178,6 +178,31 @@ test_ksm(void **state)
     }
 }
 
+/* pool: 0 by default, 0-64. */
+static void
+test_pool(void **state)
+{
+    Fixture *f = *state;
+
+    g_autoptr(HostdConfig) d = load_ok(NULL, "/srv/hostd", NULL, NULL);
+    assert_int_equal(d->pool, 0);
+    write_config(f, "[hostd]\npool=2\n");
+    g_autoptr(HostdConfig) c = load_ok(f->file, "/srv/hostd", NULL, NULL);
+    assert_int_equal(c->pool, 2);
+    static const char *const bad[] = {"65", "-1", "two"};
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autofree char *text = g_strdup_printf("[hostd]\npool=%s\n", bad[i]);
+        g_autoptr(GError) error = NULL;
+
+        write_config(f, text);
+        g_autoptr(HostdConfig) no = hostd_config_load(f->file, "/srv/hostd", NULL, NULL, &error);
+        if (no != NULL)
+            fail_msg("pool=%s was taken", bad[i]);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_INVALID_ARGUMENT));
+        assert_non_null(strstr(error->message, "pool"));
+    }
+}
+
 /* The checkpoint quota of a guest and the free-space floor: defaults, sizes, a share. */
 static void
 test_checkpoint_space_keys(void **state)
@@ -650,6 +675,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_guest_api_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metrics_listen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ksm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pool, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_limit_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_space_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_egress_upstream_ca_file, setup, teardown),

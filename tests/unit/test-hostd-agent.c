@@ -7,7 +7,11 @@
 
 #include <cmocka.h>
 
+#include <glib/gstdio.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hostd-agent.h"
 #include "hostd-reconcile.h"
@@ -196,6 +200,67 @@ test_start_and_rm(void **state)
     assert_string_equal(hostd_test_domain_state(f, "a1"), "missing");
 }
 
+/* An agent made from a warm pool's machine keeps that machine's domain name and dir, its name in
+ * agents/ a link to the dir: after a restart (reconcile) every call by the agent's name reaches
+ * that domain, and rm takes the domain, the dir and the link. */
+static void
+test_agent_with_pool_machine(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) made = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+    const char *machine = "pool.00000000000000a1";
+
+    /* The machine's domain, as the pool named it; its dir in pool/, linked from agents/. */
+    g_autofree char *xml_path = hostd_test_agent_file(f, "a1", HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *xml = vm_test_read_file(xml_path);
+    g_autoptr(GString) renamed = g_string_new(xml);
+    assert_int_equal(
+        g_string_replace(renamed, "<name>a1</name>", "<name>pool.00000000000000a1</name>", 1), 1);
+    assert_true(hostd_libvirt_remove(f->ctx->lv, "a1", NULL));
+    g_autoptr(virDomain) defined = virDomainDefineXML(f->ctx->lv->conn, renamed->str);
+    assert_non_null(defined);
+    g_autofree char *pool = g_build_filename(f->ctx->config->state_dir, "pool", NULL);
+    g_autofree char *dir = g_build_filename(pool, machine, NULL);
+    g_autofree char *link = g_build_filename(f->agents_dir, "a1", NULL);
+    assert_int_equal(g_mkdir(pool, 0711), 0);
+    assert_int_equal(rename(link, dir), 0);
+    assert_int_equal(symlink(dir, link), 0);
+    g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(link, &error);
+    assert_non_null(r);
+    r->domain = g_strdup(machine);
+    assert_true(hostd_agent_record_save(r, &error));
+
+    /* Before the restart's reconcile: the agent's name reaches no domain. */
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "missing");
+    g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
+    assert_true(hostd_reconcile(f->ctx, notes, &error));
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "stopped");
+
+    g_autoptr(GVariant) started = hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error);
+    if (started == NULL)
+        fail_msg("start: %s", error->message);
+    g_autoptr(virDomain) dom = hostd_libvirt_lookup(f->ctx->lv, "a1", NULL);
+    assert_non_null(dom);
+    assert_string_equal(virDomainGetName(dom), machine);
+    assert_string_equal(hostd_libvirt_state_name(dom), "running");
+    g_autofree char *agent = hostd_libvirt_agent_name(f->ctx->lv, dom);
+    assert_string_equal(agent, "a1");
+    /* What hostd writes for the agent goes where the machine's files are. */
+    g_autoptr(HostdAgentRecord) loaded = hostd_agent_load(f->ctx, "a1", &error);
+    g_autofree char *real = realpath(dir, NULL);
+    assert_string_equal(loaded->dir, real);
+
+    assert_true(hostd_agent_rm(f->ctx, "a1", TRUE, &error));
+    assert_false(g_file_test(dir, G_FILE_TEST_EXISTS));
+    assert_false(g_file_test(link, G_FILE_TEST_IS_SYMLINK));
+    g_autoptr(virDomain) gone = virDomainLookupByName(f->ctx->lv->conn, machine);
+    assert_null(gone);
+    virResetLastError();
+    g_autofree char *domain = hostd_libvirt_domain_name(f->ctx->lv, "a1");
+    assert_string_equal(domain, "a1");
+}
+
 /* A failing `starting` hook keeps a stopped agent stopped. */
 static void
 test_failing_start_hook_keeps_it_stopped(void **state)
@@ -359,6 +424,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_new_runs_hooks_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_hook_rolls_new_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_start_and_rm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_with_pool_machine, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_egress_presets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_start_hook_keeps_it_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_reaches_components, setup, teardown),

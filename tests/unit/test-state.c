@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -84,6 +85,8 @@ assert_records_equal(const HostdAgentRecord *a, const HostdAgentRecord *b)
     assert_int_equal(a->grow_fs, b->grow_fs);
     assert_int_equal(a->created, b->created);
     assert_int_equal(a->state_since, b->state_since);
+    assert_string_equal(a->domain != NULL ? a->domain : "(none)",
+                        b->domain != NULL ? b->domain : "(none)");
 }
 
 /* ---- records ------------------------------------------------------------------------------- */
@@ -116,6 +119,33 @@ test_record_round_trip(void **state)
         assert_records_equal(r, copy);
         assert_ptr_not_equal(copy->name, loaded->name);
     }
+}
+
+/* An agent made from a warm pool's machine: its domain's own name comes back, and its record
+ * read through its link in agents/ names the dir the link points to, where its files are. */
+static void
+test_record_pool_machine(void **state)
+{
+    Fixture *f = *state;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *real = g_build_filename(f->dir, "pool.0123456789abcdef", NULL);
+    g_autofree char *link = g_build_filename(f->dir, "alice", NULL);
+    assert_int_equal(g_mkdir(real, 0711), 0);
+    assert_int_equal(symlink(real, link), 0);
+
+    g_autoptr(HostdAgentRecord) r = sample_record(real);
+    r->domain = g_strdup("pool.0123456789abcdef");
+    if (!hostd_agent_record_save(r, &error))
+        fail_msg("save failed: %s", error->message);
+    g_autoptr(HostdAgentRecord) loaded = hostd_agent_record_load(link, &error);
+    if (loaded == NULL)
+        fail_msg("load failed: %s", error->message);
+    g_autofree char *expected = realpath(real, NULL);
+    g_free(r->dir);
+    r->dir = g_strdup(expected);
+    assert_records_equal(r, loaded);
+    g_autoptr(HostdAgentRecord) copy = hostd_agent_record_copy(loaded);
+    assert_string_equal(copy->domain, "pool.0123456789abcdef");
 }
 
 /* Values at the edges of their types come back unchanged. */
@@ -339,6 +369,9 @@ test_record_bad_values(void **state)
         {"state-since", "state-since=1.5"},
         {"disk-read", "disk-read=1000001"},
         {"disk-write-iops", "disk-write-iops=-1"},
+        {"domain", "domain=../x"},
+        {"domain", "domain="},
+        {"domain", "domain=Pool"},
     };
 
     for (gsize i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -537,6 +570,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_record_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_round_trip_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_pool_machine, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_save_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_disk_full, setup, teardown),

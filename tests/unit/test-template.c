@@ -514,6 +514,41 @@ test_unknown_key_shown_escaped(void **state)
     assert_true(g_str_has_suffix(error->message, "...'"));
 }
 
+/* `pool:` keeps that many machines; absent, hostd.conf says (pool_set FALSE); 0-64 only. */
+static void
+test_pool(void **state)
+{
+    g_autoptr(VmTemplate) none = vm_template_load_data(minimal, strlen(minimal), "t.yaml", NULL);
+    assert_non_null(none);
+    assert_false(none->pool_set);
+    assert_int_equal(none->pool, 0);
+
+    static const guint good[] = {0, 3, VM_TEMPLATE_POOL_MAX};
+    for (gsize i = 0; i < G_N_ELEMENTS(good); i++) {
+        g_autofree char *data = g_strdup_printf("%spool: %u\n", minimal, good[i]);
+        g_autoptr(VmTemplate) t = vm_template_load_data(data, strlen(data), "t.yaml", NULL);
+        assert_non_null(t);
+        assert_true(t->pool_set);
+        assert_int_equal(t->pool, good[i]);
+    }
+    static const struct {
+        const char *value;
+        const char *message;
+    } bad[] = {
+        {"65", "t.yaml:3:7: pool: must be between 0 and 64, got 65"},
+        {"-1", "t.yaml:3:7: pool: expected an integer, got '-1'"},
+        {"two", "t.yaml:3:7: pool: expected an integer, got 'two'"},
+    };
+    for (gsize i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autofree char *data = g_strdup_printf("%spool: %s\n", minimal, bad[i].value);
+        g_autoptr(GError) error = NULL;
+        g_autoptr(VmTemplate) t = vm_template_load_data(data, strlen(data), "t.yaml", &error);
+        assert_null(t);
+        assert_true(g_error_matches(error, VM_ERROR, VM_ERROR_TEMPLATE));
+        assert_string_equal(error->message, bad[i].message);
+    }
+}
+
 /* ---- directories ---- */
 
 static void
@@ -613,6 +648,7 @@ main(void)
         cmocka_unit_test(test_data_len_respected),
         cmocka_unit_test(test_data_too_large),
         cmocka_unit_test(test_data_at_limit),
+        cmocka_unit_test(test_pool),
         cmocka_unit_test(test_unknown_key_shown_escaped),
         cmocka_unit_test_setup_teardown(test_file_too_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_file_missing, setup, teardown),

@@ -576,13 +576,17 @@ test_template_list(void **state)
     reply(f, VM_OP_RESULT,
           "{'templates': <[{'name': <'debian-12'>, 'description': <'Debian 12 with tools'>,"
           " 'source': <'mmdebstrap'>, 'ready': <false>, 'warm': <'no image'>, 'cpus': <uint32 2>,"
-          " 'memory_mib': <uint32 1024>, 'disk_gib': <uint32 8>}]>}");
+          " 'memory_mib': <uint32 1024>, 'disk_gib': <uint32 8>, 'pool_state': <'1/2'>},"
+          " {'name': <'old'>, 'description': <'from a hostd before pools'>, 'ready': <true>,"
+          " 'warm': <'yes'>, 'cpus': <uint32 1>, 'memory_mib': <uint32 512>,"
+          " 'disk_gib': <uint32 4>}]>}");
     server_start(f);
     run_vmctl(f, NULL, &run, "template", "list");
     assert_request(f, VM_OP_TEMPLATE_LIST);
-    assert_string_equal(run.out,
-                        "NAME       READY  WARM      CPUS  MEMORY  DISK   DESCRIPTION\n"
-                        "debian-12  no     no image  2     1 GiB   8 GiB  Debian 12 with tools\n");
+    assert_string_equal(
+        run.out, "NAME       READY  WARM      POOL  CPUS  MEMORY   DISK   DESCRIPTION\n"
+                 "debian-12  no     no image  1/2   2     1 GiB    8 GiB  Debian 12 with tools\n"
+                 "old        yes    yes       -     1     512 MiB  4 GiB  from a hostd before pools\n");
     assert_int_equal(run.status, 0);
 }
 
