@@ -601,6 +601,12 @@ hostd_agent_rollback(HostdContext *ctx, const char *name, const char *dir)
     if (r != NULL && !g_str_equal(r->dir, dir))
         vm_remove_tree(r->dir, NULL);
     vm_remove_tree(dir, NULL);
+    /* An agent made of a warm pool's machine: its name in agents/ links to that dir, whichever
+     * of the two the caller named. */
+    g_autofree char *link = hostd_agent_dir(ctx, name);
+    struct stat st;
+    if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode))
+        g_unlink(link);
 }
 
 /* Appends @rules (NULL: none) to @tpl's egress allow rules. */

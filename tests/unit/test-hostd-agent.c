@@ -261,6 +261,26 @@ test_agent_with_pool_machine(void **state)
     assert_string_equal(domain, "a1");
 }
 
+/* A `new` from the pool that fails after the link is made rolls back naming the machine's dir:
+ * the link goes too, so that the `new` made the other way finds the name free. */
+static void
+test_rollback_of_pool_machine_removes_link(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) made = hostd_test_agent_new(f, "a1", HOSTD_TEST_STOPPED);
+    g_autofree char *pool = g_build_filename(f->ctx->config->state_dir, "pool", NULL);
+    g_autofree char *dir = g_build_filename(pool, "pool.00000000000000b2", NULL);
+    g_autofree char *link = g_build_filename(f->agents_dir, "a1", NULL);
+    assert_int_equal(g_mkdir(pool, 0711), 0);
+    assert_int_equal(rename(link, dir), 0);
+    assert_int_equal(symlink(dir, link), 0);
+
+    hostd_agent_rollback(f->ctx, "a1", dir);
+    assert_false(g_file_test(dir, G_FILE_TEST_EXISTS));
+    assert_false(g_file_test(link, G_FILE_TEST_IS_SYMLINK));
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "missing");
+}
+
 /* A failing `starting` hook keeps a stopped agent stopped. */
 static void
 test_failing_start_hook_keeps_it_stopped(void **state)
@@ -425,6 +445,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_failing_hook_rolls_new_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_start_and_rm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_with_pool_machine, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rollback_of_pool_machine_removes_link, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_new_egress_presets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_start_hook_keeps_it_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile_reaches_components, setup, teardown),
