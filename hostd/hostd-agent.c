@@ -847,13 +847,11 @@ hostd_agent_adopt(HostdContext *ctx, HostdAgentRecord *r, HostdAgentRecord *m,
     hostd_ports_release(ctx, m->name);
     hostd_ports_hold(ctx, r->name, public_fd, -1);
     hostd_libvirt_alias_set(ctx->lv, r->name, m->name);
-    gboolean ok = TRUE;
-    if (symlink(m->dir, link) < 0)
+    /* The record first: a hostd killed before the link finds a machine no agent took (removed
+     * at its start), after it an agent in phase "creating" (rolled back). */
+    gboolean ok = hostd_agent_record_save(r, error);
+    if (ok && symlink(m->dir, link) < 0)
         ok = vm_throw_errno(error, errno, "cannot link %s", link);
-    if (ok && !hostd_agent_record_save(r, error)) {
-        g_unlink(link);
-        ok = FALSE;
-    }
     hostd_confine_unhold(ctx, machine_id);
     if (!ok) {
         hostd_agent_rollback(ctx, r->name, r->dir);
