@@ -6,7 +6,8 @@
 # waiting for its machine, for the pooled one; every agent is removed once measured, so no agent
 # runs beside a new one. Goals: pooled new <= 0.01x of a cold new; a new with no machine waiting
 # no slower than a warm new without a pool (the last row: the pool just emptied). Also hostd's
-# log line of each (its phases), and what a waiting machine holds (its QEMU's RSS).
+# log line of each (its phases), and what a waiting machine holds (its QEMU's RSS). KSM is off
+# (hostd.conf ksm): its scans would take CPU from both sides.
 #
 # Usage: bench/pool-new.sh [N]   (as root, after `meson setup build && ninja -C build`; the
 # debian-12 image and its warm image from $VM_TEST_IMAGE_CACHE are hard-linked into a private
@@ -33,6 +34,7 @@ metrics-listen=off
 agent-ids=1881008000-1881008999
 worker-ids=1881009000-1881011999
 pool=$1
+ksm=off
 CONF
 }
 export VMCTL_SOCKET=$S/hostd.sock
