@@ -652,6 +652,17 @@ hostd_domain_define_and_start(HostdContext *ctx, const char *xml, GError **error
     return TRUE;
 }
 
+/* A warm `new` that asked the pool for a machine: the pool hears that it is done (got one or
+ * not) when this goes out of scope. */
+typedef HostdContext HostdPoolAsked;
+static void
+hostd_pool_asked_done(HostdPoolAsked *ctx)
+{
+    if (ctx->pool_settled != NULL)
+        ctx->pool_settled(ctx);
+}
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdPoolAsked, hostd_pool_asked_done)
+
 static gboolean hostd_agent_adopt(HostdContext *ctx, HostdAgentRecord *r, HostdAgentRecord *m,
                                   const VmTemplate *tpl, const VmImage *image, GPtrArray *user_keys,
                                   gboolean wait, VmProgressFunc progress, gpointer progress_data,
@@ -775,10 +786,12 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
 
     /* A machine of the template's warm pool, when one waits: no restore. What fails there is
      * logged, and the agent is made from the warm image as without a pool. */
-    g_autoptr(HostdAgentRecord) m =
-        warm != NULL && ctx->pool_take != NULL
-            ? ctx->pool_take(ctx, tpl->name, warm->disk_path, cpus, memory_mib, disk_gib)
-            : NULL;
+    g_autoptr(HostdPoolAsked) asked = NULL;
+    g_autoptr(HostdAgentRecord) m = NULL;
+    if (warm != NULL && ctx->pool_take != NULL) {
+        m = ctx->pool_take(ctx, tpl->name, warm->disk_path, cpus, memory_mib, disk_gib);
+        asked = ctx;
+    }
     if (m != NULL) {
         g_autoptr(HostdAgentRecord) pooled = hostd_agent_record_copy(r);
         g_autoptr(GError) pool_error = NULL;
@@ -786,7 +799,6 @@ hostd_agent_new(HostdContext *ctx, const HostdNewRequest *req, VmProgressFunc pr
         gboolean adopted =
             hostd_agent_adopt(ctx, pooled, g_steal_pointer(&m), tpl, image, user_keys, req->wait,
                               progress, progress_data, &pool_error);
-        ctx->pool_settled(ctx);
         if (adopted) {
             claim.held = FALSE;
             return hostd_agent_to_variant(ctx, pooled);

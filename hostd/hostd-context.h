@@ -47,10 +47,10 @@ typedef struct {
     struct _HostdKsm *ksm;               /* hostd-ksm.c's controller; NULL until started */
     struct _HostdPool *pool;             /* hostd-pool.c's warm pools; NULL until started */
     /* Set by hostd-pool.c while its pools run (NULL: no pool), for the layers below it: the
-     * paused machine of @template_name's warm image @warm_disk of that size that `new` takes
-     * (its record, the caller's; NULL when none waits), pool_settled() once the agent made of a
-     * machine taken is made or given up (the pool fills again only then), and how many machines
-     * wait. */
+     * paused machine of @template_name's warm image @warm_disk of that size that a warm `new`
+     * takes (its record, the caller's; NULL when none waits), pool_settled() once that `new` is
+     * done, whether it got a machine or not (the pool fills only when no warm `new` has been
+     * under way for a moment), and how many machines wait. */
     HostdAgentRecord *(*pool_take)(gpointer ctx, const char *template_name, const char *warm_disk,
                                    guint cpus, guint memory_mib, guint disk_gib);
     void (*pool_settled)(gpointer ctx);

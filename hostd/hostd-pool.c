@@ -23,6 +23,10 @@
  * `pool:` changed, memory freed. */
 #define POOL_LOOK_EVERY_S 10
 
+/* How long after the last warm `new` the pool waits before it fills again: a burst of them
+ * restores without a machine being made beside. */
+#define POOL_QUIET_S 3
+
 /* The pool thread's nice value, and that of the QEMU of each machine it restores. */
 #define POOL_NICE 19
 
@@ -33,7 +37,8 @@ struct _HostdPool {
     GMutex lock;
     GCond wake;
     GPtrArray *machines; /* HostdAgentRecord*, paused and waiting; under lock */
-    guint taking;        /* machines taken whose agent is still being made; under lock */
+    guint asking;        /* warm `new`s under way that asked for a machine; under lock */
+    gint64 quiet_from;   /* monotonic us from which the pool may fill again; under lock */
     gboolean stopping;   /* under lock */
     GThread *thread;
 };
@@ -290,11 +295,16 @@ pool_thread(gpointer data)
     }
 
     for (;;) {
-        /* A machine being made takes the CPU a `new` from the pool needs for its identity
-         * step: the pool fills again once that agent is made. */
+        /* A machine being made takes CPU from a warm `new` (its identity step, or the restore
+         * of one that found the pool empty): the pool fills only once none has been under way
+         * for POOL_QUIET_S. */
         g_mutex_lock(&pool->lock);
-        while (pool->taking > 0 && !pool->stopping)
-            g_cond_wait(&pool->wake, &pool->lock);
+        while (!pool->stopping && (pool->asking > 0 || g_get_monotonic_time() < pool->quiet_from)) {
+            if (pool->asking > 0)
+                g_cond_wait(&pool->wake, &pool->lock);
+            else
+                g_cond_wait_until(&pool->wake, &pool->lock, pool->quiet_from);
+        }
         g_mutex_unlock(&pool->lock);
         gboolean again = pool_fill_once(ctx, pool);
         g_mutex_lock(&pool->lock);
@@ -323,10 +333,10 @@ pool_take(gpointer data, const char *template_name, const char *warm_disk, guint
             g_strcmp0(m->warm_base, warm_disk) == 0 && m->cpus == cpus &&
             m->memory_mib == memory_mib && m->disk_gib == disk_gib) {
             taken = g_ptr_array_steal_index(pool->machines, i);
-            pool->taking++;
             break;
         }
     }
+    pool->asking++;
     g_mutex_unlock(&pool->lock);
     if (taken != NULL) {
         errno = 0;
@@ -343,8 +353,8 @@ pool_settled(gpointer data)
     HostdPool *pool = ctx->pool;
 
     g_mutex_lock(&pool->lock);
-    pool->taking--;
-    /* The thread makes the next one now. */
+    pool->asking--;
+    pool->quiet_from = g_get_monotonic_time() + POOL_QUIET_S * G_USEC_PER_SEC;
     g_cond_signal(&pool->wake);
     g_mutex_unlock(&pool->lock);
 }

@@ -19,7 +19,7 @@ typedef struct _HostdPool HostdPool;
 /* Removes what an earlier run left in <state dir>/pool/ (its machines destroyed and their dirs
  * removed, the dirs an agent took kept), then starts the thread that fills the pools: one
  * machine at a time, at the lowest CPU priority (the machine's QEMU too, until `new` takes it),
- * never while an agent is being made of a machine taken, only while the host's available memory
+ * never while a warm `new` is under way nor just after one, only while the host's available memory
  * holds the machine and a margin (a tenth of the host's memory, at least 1 GiB) after it;
  * machines of a warm image that is no longer current, or beyond a smaller pool, are removed.
  * Sets ctx->pool_take, ctx->pool_settled and ctx->pool_count. Each machine made or removed is
