@@ -584,9 +584,10 @@ test_template_list(void **state)
     run_vmctl(f, NULL, &run, "template", "list");
     assert_request(f, VM_OP_TEMPLATE_LIST);
     assert_string_equal(
-        run.out, "NAME       READY  WARM      POOL  CPUS  MEMORY   DISK   DESCRIPTION\n"
-                 "debian-12  no     no image  1/2   2     1 GiB    8 GiB  Debian 12 with tools\n"
-                 "old        yes    yes       -     1     512 MiB  4 GiB  from a hostd before pools\n");
+        run.out,
+        "NAME       READY  WARM      POOL  CPUS  MEMORY   DISK   DESCRIPTION\n"
+        "debian-12  no     no image  1/2   2     1 GiB    8 GiB  Debian 12 with tools\n"
+        "old        yes    yes       -     1     512 MiB  4 GiB  from a hostd before pools\n");
     assert_int_equal(run.status, 0);
 }
 
