@@ -1,6 +1,5 @@
 #include "hostd-pool.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <glib/gstdio.h>
 #include <stdlib.h>
