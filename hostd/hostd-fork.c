@@ -64,6 +64,8 @@ hostd_fork_record_new(HostdContext *ctx, const HostdForkRequest *req,
     r->agent_id = 0;
     r->created = g_get_real_time() / G_USEC_PER_SEC;
     r->state_since = r->created;
+    /* Its domain has its own name: never a warm pool machine's its source was made of. */
+    g_clear_pointer(&r->domain, g_free);
     /* A name of its own in the fleet: never its source's fence or epoch. */
     g_clear_pointer(&r->fenced, g_free);
     r->fleet_epoch = 0;

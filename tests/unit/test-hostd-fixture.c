@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <glib/gstdio.h>
 
@@ -836,6 +837,36 @@ hostd_test_domain_state(HostdTestFixture *f, const char *name)
     g_autoptr(virDomain) dom = hostd_libvirt_lookup(f->ctx->lv, name, NULL);
 
     return dom != NULL ? hostd_libvirt_state_name(dom) : "missing";
+}
+
+char *
+hostd_test_agent_as_pool_machine(HostdTestFixture *f, const char *name, const char *machine)
+{
+    g_autoptr(HostdAgentRecord) made = hostd_test_agent_new(f, name, HOSTD_TEST_STOPPED);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *xml_path = hostd_test_agent_file(f, name, HOSTD_AGENT_DOMAIN_XML);
+    g_autofree char *xml = vm_test_read_file(xml_path);
+    g_autofree char *from = g_strdup_printf("<name>%s</name>", name);
+    g_autofree char *to = g_strdup_printf("<name>%s</name>", machine);
+    g_autoptr(GString) renamed = g_string_new(xml);
+    assert_int_equal(g_string_replace(renamed, from, to, 1), 1);
+    assert_true(hostd_libvirt_remove(f->ctx->lv, name, NULL));
+    g_autoptr(virDomain) defined = virDomainDefineXML(f->ctx->lv->conn, renamed->str);
+    assert_non_null(defined);
+
+    g_autofree char *pool = g_build_filename(f->ctx->config->state_dir, "pool", NULL);
+    char *dir = g_build_filename(pool, machine, NULL);
+    g_autofree char *link = g_build_filename(f->agents_dir, name, NULL);
+    assert_int_equal(g_mkdir_with_parents(pool, 0711), 0);
+    assert_int_equal(g_rename(link, dir), 0);
+    assert_int_equal(symlink(dir, link), 0);
+    g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(link, &error);
+    if (r == NULL)
+        fail_msg("record: %s", error->message);
+    r->domain = g_strdup(machine);
+    if (!hostd_agent_record_save(r, &error))
+        fail_msg("record: %s", error->message);
+    return dir;
 }
 
 char *

@@ -75,6 +75,12 @@ HostdAgentRecord *hostd_test_agent_record_new(HostdTestFixture *f, const char *n
  * hostd builds (saved as domain.xml too) and brought to @state. Returns the record. */
 HostdAgentRecord *hostd_test_agent_new(HostdTestFixture *f, const char *name, HostdTestState state);
 
+/* Makes stopped agent @name (hostd_test_agent_new()) what an agent made of a warm pool's machine
+ * is: its domain renamed @machine, its dir moved to <state dir>/pool/@machine and its name in
+ * agents/ a link to it, `domain = @machine` in its record. The alias is not set (a restart's
+ * reconcile sets it). Returns the machine's dir, newly allocated. */
+char *hostd_test_agent_as_pool_machine(HostdTestFixture *f, const char *name, const char *machine);
+
 /* <agents dir>/<name>/<file>, newly allocated. */
 char *hostd_test_agent_file(HostdTestFixture *f, const char *name, const char *file);
 

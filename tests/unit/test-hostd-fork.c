@@ -58,6 +58,28 @@ file_holds(const char *path, const char *needle)
 
 /* ---- a fork and its new identity ------------------------------------------------------------ */
 
+/* A fork of an agent made of a warm pool's machine gets a domain of its own name, not the
+ * machine's its source keeps. */
+static void
+test_fork_of_pool_machine(void **state)
+{
+    HostdTestFixture *f = *state;
+    const char *machine = "pool.00000000000000f1";
+    g_autofree char *dir = hostd_test_agent_as_pool_machine(f, "a1", machine);
+    hostd_libvirt_alias_set(f->ctx->lv, "a1", machine);
+
+    g_autoptr(GVariant) info = fork_ok(f, "a1", "b1", NULL, NULL);
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, "b1");
+    assert_null(r->domain);
+    g_autoptr(virDomain) dom = virDomainLookupByName(f->ctx->lv->conn, "b1");
+    assert_non_null(dom);
+    assert_string_equal(hostd_test_domain_state(f, "b1"), "running");
+    /* The source keeps its machine's domain. */
+    g_autoptr(virDomain) source = hostd_libvirt_lookup(f->ctx->lv, "a1", NULL);
+    assert_non_null(source);
+    assert_string_equal(virDomainGetName(source), machine);
+}
+
 static void
 test_fork_identity(void **state)
 {
@@ -594,6 +616,7 @@ main(void)
     const struct CMUnitTest tests[] = {
 #define T(name) cmocka_unit_test_setup_teardown(name, hostd_test_setup, hostd_test_teardown)
         T(test_fork_identity),
+        T(test_fork_of_pool_machine),
         T(test_fork_from_checkpoint),
         T(test_fork_pins_source),
         T(test_fork_refused),
