@@ -39,6 +39,8 @@ typedef struct {
 typedef struct {
     int fd;
     GMutex send_lock; /* one frame at a time on the channel */
+    GCond answered;   /* with send_lock: the answer to "start" ("ready" or "failed") is sent */
+    gboolean started; /* under send_lock */
     GMutex lock;      /* the fields below */
     GCond cond;
     guint32 serial;
@@ -58,9 +60,20 @@ static char *sandbox_note;      /* what its confinement lacks (no Landlock), or 
 static void
 worker_send(const char *kind, GVariant *payload)
 {
+    gboolean answer = g_str_equal(kind, "ready") || g_str_equal(kind, "failed");
+
     g_mutex_lock(&worker.send_lock);
+    /* hostd takes the first frame for the answer to its start: the proxy serves from its start,
+     * and a connection that waited in the socket's backlog (made while the run before was
+     * stopped) is logged at once, before "ready" went out. */
+    while (!answer && !worker.started)
+        g_cond_wait(&worker.answered, &worker.send_lock);
     /* A channel hostd closed is noticed by the reader, which then ends the process. */
     (void)vm_wire_send(worker.fd, kind, payload, NULL);
+    if (answer) {
+        worker.started = TRUE;
+        g_cond_broadcast(&worker.answered);
+    }
     g_mutex_unlock(&worker.send_lock);
 }
 
@@ -275,6 +288,7 @@ main(int argc, char **argv)
     vm_process_undumpable();
     worker.fd = VM_EGRESS_WORKER_CONTROL_FD;
     g_mutex_init(&worker.send_lock);
+    g_cond_init(&worker.answered);
     g_mutex_init(&worker.lock);
     g_cond_init(&worker.cond);
     worker.pending = g_hash_table_new(NULL, NULL);
