@@ -853,8 +853,7 @@ hostd_agent_adopt(HostdContext *ctx, HostdAgentRecord *r, HostdAgentRecord *m,
     r->backend_port = m->backend_port;
     r->agent_id = m->agent_id;
 
-    /* From here the machine is the agent's: its record, reached through the link, says so, and
-     * a hostd killed now rolls it back as any agent in phase "creating". */
+    /* From here the machine is the agent's: its ports and its domain go by the agent's name. */
     int public_fd = hostd_ports_take_public(ctx, m->name);
     hostd_ports_release(ctx, m->name);
     hostd_ports_hold(ctx, r->name, public_fd, -1);

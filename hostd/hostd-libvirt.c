@@ -208,7 +208,7 @@ char *
 hostd_libvirt_domain_name(HostdLibvirt *lv, const char *agent)
 {
     g_mutex_lock(&lv->alias_lock);
-    const char *domain = lv->domain_of != NULL ? g_hash_table_lookup(lv->domain_of, agent) : NULL;
+    const char *domain = g_hash_table_lookup(lv->domain_of, agent);
     char *name = g_strdup(domain != NULL ? domain : agent);
     g_mutex_unlock(&lv->alias_lock);
     return name;
@@ -221,7 +221,7 @@ hostd_libvirt_agent_name(HostdLibvirt *lv, virDomainPtr dom)
     if (domain == NULL)
         return NULL;
     g_mutex_lock(&lv->alias_lock);
-    const char *agent = lv->agent_of != NULL ? g_hash_table_lookup(lv->agent_of, domain) : NULL;
+    const char *agent = g_hash_table_lookup(lv->agent_of, domain);
     char *name = g_strdup(agent != NULL ? agent : domain);
     g_mutex_unlock(&lv->alias_lock);
     return name;
