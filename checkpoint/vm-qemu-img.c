@@ -262,6 +262,18 @@ vm_qemu_img_rebase(const char *base, const char *path, guint uid, GError **error
 }
 
 gboolean
+vm_qemu_img_rebase_header(const char *base, const char *path, guint uid, GError **error)
+{
+    const char *argv[] = {"qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-F",
+                          "qcow2",    "-b",     base, "--", path, NULL};
+    const VmSpawnOptions options = {.run_as = uid != 0, .uid = uid, .gid = uid};
+
+    g_return_val_if_fail(base != NULL && path != NULL, FALSE);
+
+    return vm_spawn_run(argv, &options, NULL, error);
+}
+
+gboolean
 vm_qemu_img_resize(const char *path, guint size_gib, guint uid, GError **error)
 {
     g_autofree char *size = g_strdup_printf("%uG", size_gib);

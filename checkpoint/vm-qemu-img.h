@@ -96,6 +96,13 @@ gboolean vm_qemu_img_overlay(const char *backing, const char *path, guint size_g
  * Blocks until qemu-img exits. */
 gboolean vm_qemu_img_rebase(const char *base, const char *path, guint uid, GError **error);
 
+/* Makes the header of the qcow2 image at @path name @base (format qcow2) as its backing file,
+ * and nothing else (`qemu-img rebase -u`): no data moves and @base is not opened; for an image
+ * whose backing file is now at another path with the same contents (a move between hosts). Run
+ * as @uid (0: this process), as vm_qemu_img_rebase(): the caller checks the header first. Fails
+ * with VM_ERROR_IO and qemu-img's message. Blocks until qemu-img exits. */
+gboolean vm_qemu_img_rebase_header(const char *base, const char *path, guint uid, GError **error);
+
 /* Grows the qcow2 image at @path to a virtual size of @size_gib GiB (`qemu-img resize -f qcow2`),
  * as @uid (0: this process), as vm_qemu_img_rebase() runs: qemu-img opens @path's chain as its
  * header names it, so the caller checks the headers first (vm_qemu_img_check()). Never shrinks:

@@ -236,6 +236,35 @@ static const VmOpSpec vm_op_specs[] = {
         {"host", "s", REQ, 1, VM_HOST_ID_MAX},
         {"drained", "b", REQ},
         {NULL}}},
+    {VM_OP_MOVE_OUT, "move-out", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"step", "s", REQ, 1, 16},
+        {"to", "s", 0, 1, VM_HOST_ID_MAX},
+        {NULL}}},
+    {VM_OP_MOVE_READ, "move-read", VM_OP_EXIT, FALSE, {
+        {"name", "s", REQ},
+        {"file", "s", REQ, 1, VM_MOVE_FILE_MAX},
+        {NULL}}},
+    {VM_OP_MOVE_IN, "move-in", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"step", "s", REQ, 1, 16},
+        {"from", "s", 0, 1, VM_HOST_ID_MAX},
+        {"epoch", "x"},
+        {"template", "s"},
+        {"cpus", "u"},
+        {"memory_mib", "u"},
+        {"disk_gib", "u"},
+        {"base_sha256", "s", 0, VM_SHA256_HEX, VM_SHA256_HEX},
+        {"source_dir", "s", 0, 1, VM_PATH_MAX},
+        {"base_path", "s", 0, 1, VM_PATH_MAX},
+        {"warm_path", "s", 0, 1, VM_PATH_MAX},
+        {"files", "as", 0, 1, VM_MOVE_FILES_MAX},
+        {NULL}}},
+    {VM_OP_MOVE_WRITE, "move-write", VM_OP_EXIT, FALSE, {
+        {"name", "s", REQ},
+        {"file", "s", REQ, 1, VM_MOVE_FILE_MAX},
+        {"size", "x", REQ},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},
@@ -263,6 +292,7 @@ static const VmOpSpec vm_op_specs[] = {
         {NULL}}},
     {VM_OP_EXIT, "exit", 0, FALSE, {
         {"status", "i", REQ},
+        {"sha256", "s", 0, VM_SHA256_HEX, VM_SHA256_HEX},
         {NULL}}},
     {VM_OP_RESULT_PART, "result-part", 0, FALSE, {
         {"data", "ay", REQ, 1, VM_RESULT_PART_MAX},

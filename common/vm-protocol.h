@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  13
+#define VM_PROTOCOL_VERSION  14
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
@@ -35,6 +35,10 @@ G_BEGIN_DECLS
 #define VM_NAMES_MAX         1024 /* agents named in one request */
 #define VM_HOST_ID_MAX       63   /* bytes of a fleet host's id */
 #define VM_ADDRESS_MAX       255  /* bytes of a fleet host's address */
+#define VM_MOVE_FILES_MAX    4096 /* files of one agent a move copies */
+#define VM_MOVE_FILE_MAX     255  /* bytes of one such file's name */
+#define VM_SHA256_HEX        64   /* bytes of a SHA-256 in hex */
+#define VM_PATH_MAX          4096 /* bytes of a host path in a request */
 /* The most an agent-set-resources request can ask for; hostd's own limits are lower. */
 #define VM_SET_CPUS_MAX       1024
 #define VM_SET_MEMORY_MIB_MAX (16 * 1024 * 1024) /* 16 TiB */
@@ -120,6 +124,13 @@ typedef enum {
     VM_OP_FLEET_HOSTS = 45, /* -> RESULT {hosts} */
     VM_OP_FLEET_LIST,       /* -> RESULT {agents} */
     VM_OP_FLEET_DRAIN,      /* -> RESULT {host, drained, changed} */
+
+    /* Moving an agent to another host of the fleet (docs/CLUSTER.md, "Moves"): vmctl asks the
+     * source and the target in turn and carries the files between them. */
+    VM_OP_MOVE_OUT = 48, /* source: -> PROGRESS* RESULT (per step: plan, save, done, abort) */
+    VM_OP_MOVE_READ,     /* source: -> STDOUT* EXIT {status, sha256} (one file's bytes) */
+    VM_OP_MOVE_IN = 53,  /* target: -> PROGRESS* RESULT (per step: begin, commit, abort) */
+    VM_OP_MOVE_WRITE,    /* target: STDIN* STDIN_EOF from the client -> EXIT {status, sha256} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

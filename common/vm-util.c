@@ -82,6 +82,14 @@ vm_file_write_all(int fd, const char *data, gsize len, int injected)
 }
 
 gboolean
+vm_write_all(int fd, const void *data, gsize len, GError **error)
+{
+    if (!vm_file_write_all(fd, data, len, 0))
+        return vm_throw_errno(error, errno, "cannot write");
+    return TRUE;
+}
+
+gboolean
 vm_file_write_atomic(const char *path, const char *contents, gssize len, int mode, GError **error)
 {
     g_return_val_if_fail(path != NULL, FALSE);

@@ -21,6 +21,10 @@ vm_close_fdp(int *fdp)
 }
 #define vm_autofd __attribute__((cleanup(vm_close_fdp))) int
 
+/* Writes all @len bytes of @data to @fd (a file), retrying short writes and EINTR. Fails with
+ * VM_ERROR_IO and the errno's text. */
+gboolean vm_write_all(int fd, const void *data, gsize len, GError **error);
+
 /* Writes @contents to @path atomically and durably: temp file in the same directory (removed
  * again on failure), fsync, rename, fsync of the directory. @mode applies to the new file. Fails
  * with VM_ERROR_IO; @path then holds what it held before, or, when only the directory's sync

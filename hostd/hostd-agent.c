@@ -1237,9 +1237,11 @@ hostd_agent_move_backend(HostdContext *ctx, const HostdAgentRecord *r, GError **
     return TRUE;
 }
 
-gboolean
-hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
-                        GError **error)
+/* What every start of @r's QEMU begins with: the fence, its id, the components' agent_starting
+ * hooks, its files' owners; the ports hostd held for it are QEMU's to bind again. */
+static gboolean
+hostd_agent_boot_prepare(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                         GError **error)
 {
     /* Every boot (start, a crash restart) of an agent another host owns is refused here. */
     if (!hostd_fence_refuse(r, error))
@@ -1253,6 +1255,35 @@ hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainP
     /* A saved machine restores with the definition it was saved with; the port hostd held for
      * it meanwhile is QEMU's to bind again. */
     hostd_ports_release_backend(ctx, r->name);
+    return TRUE;
+}
+
+gboolean
+hostd_agent_restore_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                           const char *memory_path, const char *xml, GError **error)
+{
+    if (!hostd_agent_boot_prepare(ctx, r, dom, error))
+        return FALSE;
+    if (virDomainRestoreFlags(ctx->lv->conn, memory_path, xml, VIR_DOMAIN_SAVE_RUNNING) < 0)
+        return hostd_libvirt_throw(error, "cannot restore the saved memory");
+    return TRUE;
+}
+
+gboolean
+hostd_agent_rehome(HostdContext *ctx, HostdAgentRecord *r, guint old_port, GError **error)
+{
+    g_autofree char *config_path = hostd_agent_record_path(r, HOSTD_AGENT_SSH_CONFIG);
+    g_autofree char *stanza = hostd_agent_ssh_stanza(r);
+    return hostd_agent_repin(r, old_port, r->ssh_port, error) &&
+           vm_file_write_atomic(config_path, stanza, -1, 0644, error);
+}
+
+gboolean
+hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
+                        GError **error)
+{
+    if (!hostd_agent_boot_prepare(ctx, r, dom, error))
+        return FALSE;
     gboolean saved = virDomainHasManagedSaveImage(dom, 0) > 0;
     virResetLastError();
     if (!saved && r->backend_port != 0 && !hostd_port_is_free(r->backend_port) &&

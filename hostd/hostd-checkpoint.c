@@ -405,9 +405,7 @@ hostd_checkpoint_domain_xml(HostdContext *ctx, const HostdAgentRecord *r,
                                         (const char *const *)below, error);
 }
 
-/* Makes libvirt's persistent definition and hostd's saved copy use the set's active overlay
- * and the chain under it. */
-static gboolean
+gboolean
 hostd_checkpoint_define(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpointSet *set,
                         GError **error)
 {
@@ -765,6 +763,65 @@ hostd_checkpoint_open(HostdContext *ctx, const char *name, const char *id,
     *ret_open = o;
     o = (HostdCheckpointOpen){0};
     return TRUE;
+}
+
+char *
+hostd_checkpoint_saved_xml(HostdContext *ctx, const HostdAgentRecord *r, const VmCheckpointSet *set,
+                           const char *memory_path, GError **error)
+{
+    /* The saved definition names the disk of that time and that host: ours names the set's
+     * active overlay (and no stale <backingStore>, which libvirt would otherwise trust). libvirt
+     * checks the generation ID too: the saved one (made new at each restore). */
+    g_autofree char *saved = vm_save_image_read_xml(memory_path, NULL);
+    g_autofree char *genid = saved != NULL ? vm_domain_read_genid(saved, NULL) : NULL;
+    g_autoptr(HostdAgentRecord) sized = hostd_checkpoint_saved_sizes(r, saved);
+    return hostd_checkpoint_domain_xml(ctx, sized, set, NULL, genid, error);
+}
+
+gboolean
+hostd_checkpoint_rehome(HostdContext *ctx, const HostdAgentRecord *r, GHashTable *moved,
+                        GError **error)
+{
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    g_autoptr(GPtrArray) images = g_ptr_array_new_with_free_func(g_free);
+    for (guint i = 0; i < set->checkpoints->len; i++)
+        g_ptr_array_add(images, vm_checkpoint_set_path(
+                                    set, ((VmCheckpoint *)set->checkpoints->pdata[i])->image));
+    g_ptr_array_add(images, vm_checkpoint_set_path(set, set->active));
+    if (r->warm_base != NULL)
+        g_ptr_array_add(images, g_strdup(r->warm_base));
+
+    if (!hostd_confine_merging(ctx, r, TRUE, error))
+        return FALSE;
+    gboolean ok = TRUE;
+    for (guint i = 0; ok && i < images->len; i++) {
+        const char *path = images->pdata[i];
+        guint uid = hostd_checkpoint_reader(ctx, r, path);
+        /* Read as the agent's id, the image alone: its header came from a guest's host. */
+        g_autoptr(GPtrArray) info = vm_qemu_img_info_as(path, VM_QEMU_IMG_INFO_QCOW2, uid, error);
+        ok = info != NULL;
+        if (!ok)
+            break;
+        const VmQemuImgInfo *top = info->pdata[0];
+        if (top->backing_filename == NULL)
+            continue;
+        const char *to = g_hash_table_lookup(moved, top->backing_filename);
+        /* Only what the move brought or this host has for it: a header naming anything else
+         * (a host file) is never written into a definition. */
+        if (to == NULL) {
+            ok = vm_throw(error, VM_ERROR_BAD_STATE,
+                          "image %s stands on %s, which is no image of the move", path,
+                          top->backing_filename);
+            break;
+        }
+        ok = vm_qemu_img_info_check(top, path, top->backing_filename, error) &&
+             vm_qemu_img_rebase_header(to, path, uid, error);
+    }
+    if (!hostd_confine_merging(ctx, r, FALSE, ok ? error : NULL))
+        return FALSE;
+    return ok;
 }
 
 /* Starts the restored agent: a memory checkpoint resumes its processes from the saved state on

@@ -136,4 +136,25 @@ GVariant *hostd_agent_set_checkpoints(HostdContext *ctx, const char *name, gbool
                                       guint every_s, guint keep, gint hourly, gint daily,
                                       GError **error);
 
+/* Makes libvirt's persistent definition and hostd's saved copy of @r's domain use the active
+ * overlay of @set and the chain under it. Fails as hostd_agent_define(). */
+gboolean hostd_checkpoint_define(HostdContext *ctx, const HostdAgentRecord *r,
+                                 const VmCheckpointSet *set, GError **error);
+
+/* The definition @r's saved state at @memory_path (a libvirt save image) restores with on this
+ * host: the set's active overlay and chain, the saved CPUs, memory and generation ID. Newly
+ * allocated; fails as the definition's build. */
+char *hostd_checkpoint_saved_xml(HostdContext *ctx, const HostdAgentRecord *r,
+                                 const VmCheckpointSet *set, const char *memory_path,
+                                 GError **error);
+
+/* For an agent whose images came from another host (a move): each of its images (checkpoints,
+ * active overlay, warm layer) whose header names a backing file names instead what @moved maps
+ * that name to (old path -> path here), header only (`qemu-img rebase -u`), as the agent's id.
+ * Each header is read first as that id and must be a plain qcow2 image; one naming a file
+ * @moved does not hold fails with VM_ERROR_BAD_STATE and is left as it was. Fails with VM_ERROR_IO
+ * for qemu-img's failures. */
+gboolean hostd_checkpoint_rehome(HostdContext *ctx, const HostdAgentRecord *r, GHashTable *moved,
+                                 GError **error);
+
 G_END_DECLS

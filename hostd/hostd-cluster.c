@@ -31,6 +31,8 @@ struct _HostdCluster {
     void (*log)(const char *message);
     HostdClusterFenceFunc fence_func;
     gpointer fence_data;
+    void (*tick_func)(gpointer data);
+    gpointer tick_data;
 
     GMutex lock; /* guards what follows */
     GCond wake;
@@ -88,6 +90,13 @@ hostd_cluster_set_fence_func(HostdCluster *cluster, HostdClusterFenceFunc func, 
 {
     cluster->fence_func = func;
     cluster->fence_data = data;
+}
+
+void
+hostd_cluster_set_tick_func(HostdCluster *cluster, void (*func)(gpointer data), gpointer data)
+{
+    cluster->tick_func = func;
+    cluster->tick_data = data;
 }
 
 void
@@ -457,8 +466,11 @@ hostd_cluster_thread(gpointer data)
     for (;;) {
         gint64 now = g_get_monotonic_time();
         gboolean refresh = now >= next_refresh;
-        if (hostd_cluster_round(c, refresh) && refresh)
+        if (hostd_cluster_round(c, refresh) && refresh) {
             next_refresh = now + HOSTD_CLUSTER_REFRESH_S * G_USEC_PER_SEC;
+            if (c->tick_func != NULL)
+                c->tick_func(c->tick_data);
+        }
 
         gint64 until = g_get_monotonic_time() + renew_us;
         g_mutex_lock(&c->lock);
@@ -766,6 +778,15 @@ gboolean
 hostd_cluster_place(HostdCluster *cluster, const char *on, const char *template_name,
                     guint64 memory_mib, char **ret_host, char **ret_address, GError **error)
 {
+    return hostd_cluster_place_except(cluster, on, NULL, template_name, memory_mib, ret_host,
+                                      ret_address, error);
+}
+
+gboolean
+hostd_cluster_place_except(HostdCluster *cluster, const char *on, const char *except,
+                           const char *template_name, guint64 memory_mib, char **ret_host,
+                           char **ret_address, GError **error)
+{
     g_autoptr(GHashTable) hosts = NULL;
     g_autoptr(GPtrArray) agents = NULL;
     g_autoptr(GHashTable) drained = NULL;
@@ -779,13 +800,16 @@ hostd_cluster_place(HostdCluster *cluster, const char *on, const char *template_
     GHashTableIter it;
     gpointer id;
     g_hash_table_iter_init(&it, hosts);
-    while (g_hash_table_iter_next(&it, &id, NULL))
-        g_ptr_array_add(ids, id);
+    while (g_hash_table_iter_next(&it, &id, NULL)) {
+        if (on != NULL || g_strcmp0(id, except) != 0)
+            g_ptr_array_add(ids, id);
+    }
     g_ptr_array_sort(ids, compare_strs);
     g_autoptr(GPtrArray) down = g_ptr_array_new_with_free_func((GDestroyNotify)vm_fleet_host_free);
     for (guint i = 0; i < agents->len; i++) {
         const char *owner = ((VmFleetAgent *)agents->pdata[i])->host;
-        gboolean seen = g_hash_table_contains(hosts, owner);
+        gboolean seen =
+            g_hash_table_contains(hosts, owner) || (on == NULL && g_strcmp0(owner, except) == 0);
         for (guint j = 0; j < down->len && !seen; j++)
             seen = g_str_equal(((VmFleetHost *)down->pdata[j])->id, owner);
         if (!seen) {
@@ -856,5 +880,46 @@ hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host, c
         }
     }
     *ret_host = g_strdup(owner->host);
+    return TRUE;
+}
+
+gboolean
+hostd_cluster_take(HostdCluster *cluster, const char *name, const char *from, guint64 epoch,
+                   const char *state, guint64 *ret_epoch, GError **error)
+{
+    g_autofree char *key = vm_fleet_agent_key(name);
+    g_autoptr(VmEtcdKv) kv = NULL;
+    g_autoptr(VmFleetAgent) owner = NULL;
+    g_autoptr(GError) local_error = NULL;
+    g_autofree char *doing = g_strdup_printf("take agent '%s' over in the fleet", name);
+
+    if (!vm_etcd_get(cluster->etcd, key, &kv, &local_error))
+        return hostd_cluster_fleet_error(cluster, doing, local_error, error);
+    if (kv == NULL)
+        return vm_throw(error, VM_ERROR_BAD_STATE, "cannot %s: the fleet has no record of it",
+                        doing);
+    if (!hostd_cluster_owner(cluster, kv, &owner, error))
+        return FALSE;
+    if (!g_str_equal(owner->host, from) || owner->epoch != epoch)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "cannot %s: host '%s' owns it with epoch %" G_GUINT64_FORMAT
+                        ", not host '%s' with epoch %" G_GUINT64_FORMAT,
+                        doing, owner->host, owner->epoch, from, epoch);
+    g_autoptr(VmFleetAgent) mine =
+        vm_fleet_agent_new(name, cluster->host_id, epoch + 1,
+                           state != NULL && vm_fleet_state_valid(state) ? state : owner->state);
+    g_autofree char *json = vm_fleet_agent_to_json(mine);
+    g_autoptr(VmEtcdTxn) txn = vm_etcd_txn_new();
+    gboolean done = FALSE;
+    /* Only the record read: a take-over by anyone else meanwhile wins, and this one fails. */
+    vm_etcd_txn_if_mod_revision(txn, key, kv->mod_revision);
+    vm_etcd_txn_put(txn, TRUE, key, json, 0);
+    if (!vm_etcd_txn_commit(cluster->etcd, txn, &done, NULL, &local_error))
+        return hostd_cluster_fleet_error(cluster, doing, local_error, error);
+    if (!done)
+        return vm_throw(error, VM_ERROR_BAD_STATE, "cannot %s: its record changed meanwhile",
+                        doing);
+    if (ret_epoch != NULL)
+        *ret_epoch = epoch + 1;
     return TRUE;
 }

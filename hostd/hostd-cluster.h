@@ -54,6 +54,11 @@ typedef void (*HostdClusterFenceFunc)(gpointer data, const char *name, const cha
  * hostd_cluster_start()); without, such an agent is only logged. */
 void hostd_cluster_set_fence_func(HostdCluster *cluster, HostdClusterFenceFunc func, gpointer data);
 
+/* Sets what the thread calls after each refresh that reached etcd (before
+ * hostd_cluster_start()): hostd settles what waits on the fleet's records there (hostd-move.h).
+ * It must never wait on an agent: the thread renews the lease. */
+void hostd_cluster_set_tick_func(HostdCluster *cluster, void (*func)(gpointer data),
+                                 gpointer data);
 /* Sets where the thread reports what it could not do (one line each; changes only, not every
  * retry). May be NULL. */
 void hostd_cluster_set_log_func(HostdCluster *cluster, void (*log)(const char *message));
@@ -116,6 +121,21 @@ gboolean hostd_cluster_place(HostdCluster *cluster, const char *on, const char *
                              guint64 memory_mib, char **ret_host, char **ret_address,
                              GError **error);
 
+/* hostd_cluster_place() that never picks host @except (NULL: any) unless it is @on: where an
+ * agent of @except goes when it moves away. */
+gboolean hostd_cluster_place_except(HostdCluster *cluster, const char *on, const char *except,
+                                    const char *template_name, guint64 memory_mib,
+                                    char **ret_host, char **ret_address, GError **error);
+/* Takes agent @name's fleet record over for this host: where it says host @from with @epoch,
+ * writes {this host, @epoch + 1, @state (NULL: as it was)} with one transaction on the record
+ * read, so that of two hosts taking it over from one state, one wins. A move's target calls it
+ * with the source as @from once the agent runs there; a source that takes back an agent whose
+ * move failed calls it with itself, so a target that is still about to take it over fails.
+ * *@ret_epoch (may be NULL): the new epoch. Fails with VM_ERROR_BAD_STATE, saying who owns it,
+ * when the record says anything else or changed meanwhile, VM_ERROR_NOT_RUNNING when etcd
+ * cannot be reached or has no quorum (nothing was written). */
+gboolean hostd_cluster_take(HostdCluster *cluster, const char *name, const char *from,
+                            guint64 epoch, const char *state, guint64 *ret_epoch, GError **error);
 /* Who owns agent @name in the fleet, when another host does: *@ret_host its id (NULL when no
  * record names another host: none, or this one), *@ret_address its address (NULL when it is
  * down), *@ret_live whether its lease is held. Fails with VM_ERROR_NOT_RUNNING when etcd cannot

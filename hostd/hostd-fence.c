@@ -24,6 +24,13 @@ hostd_fence_lock_load(HostdContext *ctx, const char *name, gboolean wait, GMutex
 gboolean
 hostd_fence_refuse(const HostdAgentRecord *r, GError **error)
 {
+    /* Saved for a move: the copy on the target may be running, and which of the two is the
+     * agent is the fleet record's to say (hostd-move.h), not this host's. */
+    if (r->moving_to != NULL && r->fenced == NULL)
+        return vm_throw(error, VM_ERROR_BUSY,
+                        "agent '%s' is being moved to host '%s'; it is not started here until "
+                        "the move ends",
+                        r->name, r->moving_to);
     if (r->fenced == NULL)
         return TRUE;
     return vm_throw(error, VM_ERROR_BAD_STATE,

@@ -13,6 +13,7 @@
 #include "hostd-ksm.h"
 #include "hostd-logs.h"
 #include "hostd-metrics.h"
+#include "hostd-move.h"
 #include "hostd-secrets.h"
 #include "hostd-power.h"
 #include "hostd-resize.h"
@@ -943,6 +944,80 @@ hostd_handle_fleet_drain(HostdContext *ctx, const VmMessage *req, VmStreamWriter
     return hostd_reply(reply, g_variant_builder_end(&b), error);
 }
 
+static gboolean
+hostd_handle_move_out(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                      GError **error)
+{
+    const char *name = hostd_req_name(req);
+    const char *step = vm_message_get_string(req, "step", "");
+    const char *to = vm_message_get_string(req, "to", NULL);
+    GVariant *result = NULL;
+
+    if (g_str_equal(step, "plan"))
+        result = hostd_move_plan(ctx, name, to, vm_stream_writer_progress_func, reply, error);
+    else if (g_str_equal(step, "abort"))
+        result = hostd_move_abort_out(ctx, name, error);
+    else if (to == NULL)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "move-out step '%s' needs 'to'", step);
+    else if (g_str_equal(step, "save"))
+        result = hostd_move_save(ctx, name, to, vm_stream_writer_progress_func, reply, error);
+    else if (g_str_equal(step, "done"))
+        result = hostd_move_done(ctx, name, to, error);
+    else
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "no move-out step '%s'", step);
+    return result != NULL && hostd_reply(reply, result, error);
+}
+
+static gboolean
+hostd_handle_move_read(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                       GError **error)
+{
+    return hostd_move_read(ctx, hostd_req_name(req), vm_message_get_string(req, "file", ""), reply,
+                           error);
+}
+
+static gboolean
+hostd_handle_move_in(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply, GError **error)
+{
+    const char *step = vm_message_get_string(req, "step", "");
+    g_autoptr(GVariant) epoch = vm_message_lookup(req, "epoch");
+    g_auto(GStrv) files = vm_message_dup_strv(req, "files");
+    HostdMoveIn in = {
+        .name = hostd_req_name(req),
+        .from = vm_message_get_string(req, "from", NULL),
+        .epoch = epoch != NULL ? (guint64)MAX(g_variant_get_int64(epoch), 0) : 0,
+        .template_name = vm_message_get_string(req, "template", NULL),
+        .cpus = vm_message_get_uint(req, "cpus", 0),
+        .memory_mib = vm_message_get_uint(req, "memory_mib", 0),
+        .disk_gib = vm_message_get_uint(req, "disk_gib", 0),
+        .base_sha256 = vm_message_get_string(req, "base_sha256", NULL),
+        .source_dir = vm_message_get_string(req, "source_dir", NULL),
+        .base_path = vm_message_get_string(req, "base_path", NULL),
+        .warm_path = vm_message_get_string(req, "warm_path", NULL),
+        .files = files,
+    };
+    GVariant *result = NULL;
+
+    if (g_str_equal(step, "begin"))
+        result = hostd_move_begin(ctx, &in, error);
+    else if (g_str_equal(step, "commit"))
+        result = hostd_move_commit(ctx, &in, vm_stream_writer_progress_func, reply, error);
+    else if (g_str_equal(step, "abort"))
+        result = hostd_move_abort_in(ctx, in.name, error);
+    else
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "no move-in step '%s'", step);
+    return result != NULL && hostd_reply(reply, result, error);
+}
+
+static gboolean
+hostd_handle_move_write(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                        GError **error)
+{
+    g_autoptr(GVariant) size = vm_message_lookup(req, "size");
+    return hostd_move_write(ctx, hostd_req_name(req), vm_message_get_string(req, "file", ""),
+                            g_variant_get_int64(size), reply, error);
+}
+
 /* Which function serves each request, and whether it changes something. The fields a request may
  * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
  * before a handler runs. */
@@ -999,6 +1074,10 @@ static const struct {
     {VM_OP_FLEET_HOSTS, hostd_handle_fleet_hosts, HOSTD_REQUEST_READS},
     {VM_OP_FLEET_LIST, hostd_handle_fleet_list, HOSTD_REQUEST_READS},
     {VM_OP_FLEET_DRAIN, hostd_handle_fleet_drain, HOSTD_REQUEST_CHANGES},
+    {VM_OP_MOVE_OUT, hostd_handle_move_out, HOSTD_REQUEST_CHANGES},
+    {VM_OP_MOVE_READ, hostd_handle_move_read, HOSTD_REQUEST_READS},
+    {VM_OP_MOVE_IN, hostd_handle_move_in, HOSTD_REQUEST_CHANGES},
+    {VM_OP_MOVE_WRITE, hostd_handle_move_write, HOSTD_REQUEST_READS},
 };
 
 /* The row of @op in hostd_handlers, or -1. */
@@ -1023,7 +1102,9 @@ typedef enum {
 static const char *
 hostd_route_agent(const VmMessage *req, HostdRequestFlags flags)
 {
-    if (req->op == VM_OP_AGENT_NEW || (flags & HOSTD_REQUEST_TEMPLATE))
+    /* A move's target is asked about an agent that is not its own yet, on purpose. */
+    if (req->op == VM_OP_AGENT_NEW || req->op == VM_OP_MOVE_IN || req->op == VM_OP_MOVE_WRITE ||
+        (flags & HOSTD_REQUEST_TEMPLATE))
         return NULL;
     return vm_message_get_string(req, req->op == VM_OP_AGENT_FORK ? "source" : "name", NULL);
 }

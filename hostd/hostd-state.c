@@ -188,6 +188,7 @@ hostd_agent_record_load(const char *dir, GError **error)
     r->crash_count = (guint)crash_count;
     r->crashed = hostd_record_get_string(kf, "crashed", FALSE, path, NULL);
     r->fenced = hostd_record_get_string(kf, "fenced", FALSE, path, NULL);
+    r->moving_to = hostd_record_get_string(kf, "moving-to", FALSE, path, NULL);
     gint64 fleet_epoch = 0;
     if (g_key_file_has_key(kf, RECORD_GROUP, "fleet-epoch", NULL) &&
         !hostd_record_get_number(kf, "fleet-epoch", 0, G_MAXINT64, &fleet_epoch, path, error))
@@ -256,6 +257,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
         g_key_file_set_uint64(kf, RECORD_GROUP, "fleet-epoch", r->fleet_epoch);
     if (r->fenced != NULL)
         g_key_file_set_string(kf, RECORD_GROUP, "fenced", r->fenced);
+    if (r->moving_to != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "moving-to", r->moving_to);
     if (r->shutdown_saved)
         g_key_file_set_boolean(kf, RECORD_GROUP, "shutdown-saved", TRUE);
     if (r->grow_fs)
@@ -289,6 +292,7 @@ hostd_agent_record_copy(const HostdAgentRecord *r)
     c->restart = g_strdup(r->restart);
     c->crashed = g_strdup(r->crashed);
     c->fenced = g_strdup(r->fenced);
+    c->moving_to = g_strdup(r->moving_to);
     return c;
 }
 
@@ -314,6 +318,7 @@ hostd_agent_record_free(HostdAgentRecord *r)
     g_free(r->restart);
     g_free(r->crashed);
     g_free(r->fenced);
+    g_free(r->moving_to);
     g_free(r);
 }
 

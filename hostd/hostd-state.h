@@ -82,6 +82,9 @@ typedef struct {
                               * one); 0: not in a fleet, or made before epochs were kept */
     char *fenced;            /* NULL, or why this copy is never started: another host of the
                               * fleet owns the agent (hostd-fence.h) */
+    char *moving_to;         /* NULL, or the host this copy is being moved to (hostd-move.h):
+                              * saved for the move, never started here until the move is
+                              * settled by the fleet's record */
     gboolean shutdown_saved; /* saved by hostd's shutdown (or stop-host-agents), not by the user */
     gboolean grow_fs;        /* its disk grew (vmctl set) and the guest's root filesystem is
                               * still to be grown to it, the next time the guest answers */

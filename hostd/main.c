@@ -8,6 +8,7 @@
 #include "hostd-agent.h"
 #include "hostd-cluster.h"
 #include "hostd-fence.h"
+#include "hostd-move.h"
 #include "hostd-template.h"
 #include "hostd-config.h"
 #include "hostd-confine.h"
@@ -223,6 +224,7 @@ main(int argc, char **argv)
         hostd_cluster_set_agents_func(cluster, hostd_agent_states, ctx);
         hostd_cluster_set_templates_func(cluster, hostd_template_names, ctx);
         hostd_cluster_set_fence_func(cluster, hostd_fence_from_cluster, ctx);
+        hostd_cluster_set_tick_func(cluster, hostd_move_tick, ctx);
         hostd_cluster_set_log_func(cluster, hostd_log_message);
         ctx->cluster = cluster;
         hostd_tell_manager(NULL, "checking the fleet's owners of the agents");

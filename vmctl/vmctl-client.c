@@ -1028,6 +1028,7 @@ struct VmctlExecPipe {
     VmMessage *chunk;    /* the STDOUT frame vmctl_exec_pipe_read() last returned */
     GString *err;        /* the end of the command's stderr */
     int status;          /* -1 until EXIT */
+    char *sha256;        /* the EXIT's, where it carried one */
 };
 
 VmctlExecPipe *
@@ -1148,6 +1149,8 @@ vmctl_exec_pipe_read(VmctlExecPipe *channel, const guint8 **ret_data, GError **e
                                (gssize)(channel->err->len - VMCTL_EXEC_PIPE_STDERR_MAX));
             break;
         case VM_OP_EXIT:
+            g_free(channel->sha256);
+            channel->sha256 = g_strdup(vm_message_get_string(message, "sha256", NULL));
             channel->status = vm_message_get_int(message, "status", 255);
             if (channel->status < 0 || channel->status > 255)
                 channel->status = 255;
@@ -1165,6 +1168,12 @@ int
 vmctl_exec_pipe_status(const VmctlExecPipe *channel)
 {
     return channel->status;
+}
+
+const char *
+vmctl_exec_pipe_sha256(const VmctlExecPipe *channel)
+{
+    return channel->sha256;
 }
 
 const char *
@@ -1193,6 +1202,7 @@ vmctl_exec_pipe_free(VmctlExecPipe *channel)
     vmctl_connection_free(channel->connection);
     g_clear_pointer(&channel->chunk, vm_message_free);
     g_string_free(channel->err, TRUE);
+    g_free(channel->sha256);
     g_mutex_clear(&channel->lock);
     g_free(channel);
 }

@@ -167,6 +167,9 @@ gssize vmctl_exec_pipe_read(VmctlExecPipe *channel, const guint8 **ret_data, GEr
  * before. */
 int vmctl_exec_pipe_status(const VmctlExecPipe *channel);
 
+/* The SHA-256 (hex) the EXIT carried once vmctl_exec_pipe_read() returned 0 (a move's file);
+ * NULL before, and when it carried none. */
+const char *vmctl_exec_pipe_sha256(const VmctlExecPipe *channel);
 /* The end of what the command wrote on its stderr so far, as it came (not escaped). */
 const char *vmctl_exec_pipe_stderr(const VmctlExecPipe *channel);
 

@@ -211,6 +211,7 @@ gboolean vmctl_cmd_new(VmctlContext *ctx, int argc, char **argv, GError **error)
 gboolean vmctl_cmd_list(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_hosts(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_drain(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_move(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_undrain(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_exec(VmctlContext *ctx, int argc, char **argv, GError **error);
