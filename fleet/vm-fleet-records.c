@@ -296,7 +296,7 @@ vm_fleet_host_from_json(const char *data, gsize len, GError **error)
         for (guint i = 0; i < json_array_get_length(names); i++) {
             JsonNode *n = json_array_get_element(names, i);
             if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING ||
-                !vm_name_validate(json_node_get_string(n), NULL))
+                !vm_name_validate_template(json_node_get_string(n), NULL))
                 return vm_throw(error, VM_ERROR_PROTOCOL,
                                 "host record's templates holds what is no template name"),
                        NULL;

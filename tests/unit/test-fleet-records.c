@@ -25,6 +25,9 @@ test_host_round_trip(void **state)
     vm_fleet_host_add_agents(host, "running", 2);
     vm_fleet_host_add_agents(host, "stopped", 1);
     assert_int_equal(vm_fleet_host_agents_total(host), 4);
+    /* Template names as the templates dir has them: with dots ("ubuntu-24.04"). */
+    g_ptr_array_add(host->templates, g_strdup("debian-12"));
+    g_ptr_array_add(host->templates, g_strdup("ubuntu-24.04"));
 
     g_autofree char *json = vm_fleet_host_to_json(host);
     g_autoptr(GError) error = NULL;
@@ -38,6 +41,8 @@ test_host_round_trip(void **state)
     assert_int_equal(back->free_memory_mib, 1234);
     assert_int_equal(back->free_disk_gib, 800);
     assert_true(back->drained);
+    assert_true(vm_fleet_host_has_template(back, "ubuntu-24.04"));
+    assert_true(vm_fleet_host_has_template(back, "debian-12"));
     assert_int_equal(back->agents->len, 2);
     assert_int_equal(vm_fleet_host_agents_total(back), 4);
 }
