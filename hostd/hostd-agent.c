@@ -1270,11 +1270,23 @@ hostd_agent_restore_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
 }
 
 gboolean
-hostd_agent_rehome(HostdContext *ctx, HostdAgentRecord *r, guint old_port, GError **error)
+hostd_agent_rehome(HostdContext *ctx, HostdAgentRecord *r, GError **error)
 {
+    g_autofree char *host_pub_path = hostd_agent_record_path(r, HOSTD_AGENT_HOST_KEY_PUB);
+    g_autofree char *known_hosts_path = hostd_agent_record_path(r, HOSTD_AGENT_KNOWN_HOSTS);
     g_autofree char *config_path = hostd_agent_record_path(r, HOSTD_AGENT_SSH_CONFIG);
+    g_autofree char *host_pub = NULL;
+    gsize len = 0;
+    /* hostd's own file (written at the agent's new), moved with the others. */
+    if (!g_file_get_contents(host_pub_path, &host_pub, &len, NULL) || len > 16 * 1024 ||
+        strchr(g_strstrip(host_pub), '\n') != NULL || host_pub[0] == '\0')
+        return vm_throw(error, VM_ERROR_IO, "agent '%s' has no host key in %s", r->name,
+                        host_pub_path);
+    g_autofree char *known_public = hostd_known_hosts_line(r->ssh_port, host_pub);
+    g_autofree char *known_backend = hostd_known_hosts_line(r->backend_port, host_pub);
+    g_autofree char *known_hosts = g_strconcat(known_public, known_backend, NULL);
     g_autofree char *stanza = hostd_agent_ssh_stanza(r);
-    return hostd_agent_repin(r, old_port, r->ssh_port, error) &&
+    return vm_file_write_atomic(known_hosts_path, known_hosts, -1, 0644, error) &&
            vm_file_write_atomic(config_path, stanza, -1, 0644, error);
 }
 

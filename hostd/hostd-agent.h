@@ -157,11 +157,9 @@ gboolean hostd_agent_boot_locked(HostdContext *ctx, const HostdAgentRecord *r, v
 gboolean hostd_agent_restore_locked(HostdContext *ctx, const HostdAgentRecord *r, virDomainPtr dom,
                                     const char *memory_path, const char *xml, GError **error);
 /* With @r's name lock held, for an agent whose files came from another host (a move) and that
- * hostd_agent_reserve() gave ports of this host: its host key pinned at its new SSH port
- * (it was pinned at @old_port there), its ssh_config written for this host. Fails with
- * VM_ERROR_IO. */
-gboolean hostd_agent_rehome(HostdContext *ctx, HostdAgentRecord *r, guint old_port,
-                            GError **error);
+ * hostd_agent_reserve() gave ports of this host: its host key (its .pub file) pinned at its
+ * ports here, its ssh_config written for this host. Fails with VM_ERROR_IO. */
+gboolean hostd_agent_rehome(HostdContext *ctx, HostdAgentRecord *r, GError **error);
 /* The base image of @r's template, as vm_image_lookup() finds it. */
 VmImage *hostd_agent_image(HostdContext *ctx, const HostdAgentRecord *r, GError **error);
 

@@ -798,7 +798,9 @@ hostd_checkpoint_rehome(HostdContext *ctx, const HostdAgentRecord *r, GHashTable
     gboolean ok = TRUE;
     for (guint i = 0; ok && i < images->len; i++) {
         const char *path = images->pdata[i];
-        guint uid = hostd_checkpoint_reader(ctx, r, path);
+        /* The warm layer is hostd's own (the template's build wrote it), read and written as
+         * hostd; the others as the agent's id. */
+        guint uid = g_strcmp0(path, r->warm_base) == 0 ? 0 : hostd_checkpoint_reader(ctx, r, path);
         /* Read as the agent's id, the image alone: its header came from a guest's host. */
         g_autoptr(GPtrArray) info = vm_qemu_img_info_as(path, VM_QEMU_IMG_INFO_QCOW2, uid, error);
         ok = info != NULL;

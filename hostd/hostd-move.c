@@ -21,6 +21,7 @@
 #include "vm-error.h"
 #include "vm-image.h"
 #include "vm-name.h"
+#include "vm-qemu-img.h"
 #include "vm-util.h"
 
 /* The names a move gives the files that are not in the agent's dir on the source. */
@@ -39,6 +40,7 @@ typedef struct {
     guint64 epoch;    /* the record's epoch when the move began */
     gint64 last_seen; /* monotonic: the client's last request or frame */
     GHashTable *sums; /* target: file -> SHA-256 of what was written */
+    char *template_name; /* target: the agent's template */
     char *source_dir;
     char *base_path;
     char *warm_path;
@@ -54,6 +56,7 @@ hostd_move_free(gpointer data)
     g_free(m->peer);
     if (m->sums != NULL)
         g_hash_table_unref(m->sums);
+    g_free(m->template_name);
     g_free(m->source_dir);
     g_free(m->base_path);
     g_free(m->warm_path);
@@ -362,6 +365,20 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     g_autoptr(GVariant) files = move_frozen_files(r, error);
     if (files == NULL)
         return NULL;
+    /* The name the image standing on the base gives it: a warm layer (hostd's own file) names
+     * the base image as it was when the warm image was built. */
+    g_autofree char *base_named = g_strdup(image->disk_path);
+    if (r->warm_base != NULL) {
+        g_autoptr(GPtrArray) warm =
+            vm_qemu_img_info(r->warm_base, VM_QEMU_IMG_INFO_QCOW2 | VM_QEMU_IMG_INFO_SHARED, error);
+        if (warm == NULL)
+            return NULL;
+        const VmQemuImgInfo *top = warm->pdata[0];
+        if (top->backing_filename != NULL) {
+            g_free(base_named);
+            base_named = g_strdup(top->backing_filename);
+        }
+    }
 
     HostdMove *m = g_new0(HostdMove, 1);
     m->peer = g_strdup(host);
@@ -379,7 +396,7 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     g_variant_builder_add(&b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
     g_variant_builder_add(&b, "{sv}", "base_sha256", g_variant_new_string(base_sha));
     g_variant_builder_add(&b, "{sv}", "source_dir", g_variant_new_string(r->dir));
-    g_variant_builder_add(&b, "{sv}", "base_path", g_variant_new_string(image->disk_path));
+    g_variant_builder_add(&b, "{sv}", "base_path", g_variant_new_string(base_named));
     if (r->warm_base != NULL)
         g_variant_builder_add(&b, "{sv}", "warm_path", g_variant_new_string(r->warm_base));
     g_variant_builder_add(&b, "{sv}", "files", g_steal_pointer(&files));
@@ -711,6 +728,7 @@ hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
     m->peer = g_strdup(in->from);
     m->epoch = in->epoch;
     m->sums = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    m->template_name = g_strdup(in->template_name);
     m->source_dir = g_strdup(in->source_dir);
     m->base_path = g_strdup(in->base_path);
     m->warm_path = g_strdup(in->warm_path);
@@ -815,6 +833,7 @@ move_snapshot(HostdMove *m, gpointer data)
     copy->peer = g_strdup(m->peer);
     copy->epoch = m->epoch;
     copy->sums = g_hash_table_ref(m->sums);
+    copy->template_name = g_strdup(m->template_name);
     copy->source_dir = g_strdup(m->source_dir);
     copy->base_path = g_strdup(m->base_path);
     copy->warm_path = g_strdup(m->warm_path);
@@ -852,25 +871,25 @@ move_check_sums(const HostdMove *m, char **files, GError **error)
 
 /* The record of the moved agent, as this host will have it, from the incoming one. */
 static HostdAgentRecord *
-move_in_record(HostdContext *ctx, const HostdMoveIn *in, const char *incoming, GHashTable *names,
-               guint *ret_old_port, GError **error)
+move_in_record(HostdContext *ctx, const HostdMove *m, const char *name, const char *incoming,
+               GHashTable *names, GError **error)
 {
     g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(incoming, error);
     if (r == NULL)
         return NULL;
-    if (!g_str_equal(r->name, in->name) || !g_str_equal(r->template_name, in->template_name))
+    if (!g_str_equal(r->name, name) || !g_str_equal(r->template_name, m->template_name))
         return vm_throw(error, VM_ERROR_BAD_STATE,
-                        "the moved record is of agent '%s' (template '%s'), not '%s'", r->name,
-                        r->template_name, in->name),
+                        "the moved record is of agent '%s' (template '%s'), not of '%s' "
+                        "(template '%s')",
+                        r->name, r->template_name, name, m->template_name),
                NULL;
     if ((r->warm_base != NULL) != g_hash_table_contains(names, MOVE_WARM_FILE) ||
         r->forked_from != NULL)
         return vm_throw(error, VM_ERROR_BAD_STATE,
                         "the moved record of '%s' does not match its files", r->name),
                NULL;
-    *ret_old_port = r->ssh_port;
     g_free(r->dir);
-    r->dir = hostd_agent_dir(ctx, in->name);
+    r->dir = hostd_agent_dir(ctx, name);
     g_free(r->phase);
     r->phase = g_strdup(HOSTD_PHASE_CREATING);
     r->ssh_port = 0;
@@ -882,7 +901,7 @@ move_in_record(HostdContext *ctx, const HostdMoveIn *in, const char *incoming, G
     g_clear_pointer(&r->crashed, g_free);
     r->crash_count = 0;
     r->shutdown_saved = FALSE;
-    r->fleet_epoch = in->epoch + 1;
+    r->fleet_epoch = m->epoch + 1;
     if (r->warm_base != NULL) {
         g_free(r->warm_base);
         r->warm_base = g_build_filename(r->dir, MOVE_WARM_FILE, NULL);
@@ -954,8 +973,7 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
     if (names == NULL)
         return NULL;
     g_autofree char *incoming = move_incoming_dir(ctx, in->name);
-    guint old_port = 0;
-    g_autoptr(HostdAgentRecord) r = move_in_record(ctx, in, incoming, names, &old_port, error);
+    g_autoptr(HostdAgentRecord) r = move_in_record(ctx, m, in->name, incoming, names, error);
     if (r == NULL)
         return NULL;
     g_autoptr(VmImage) image = hostd_agent_image(ctx, r, error);
@@ -973,7 +991,7 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
     g_autoptr(VmCheckpointSet) set = NULL;
     g_autofree char *memory = g_build_filename(r->dir, MOVE_MEMORY_FILE, NULL);
     gboolean ok = move_in_install(r, incoming, names, &local_error) &&
-                  hostd_agent_rehome(ctx, r, old_port, &local_error) &&
+                  hostd_agent_rehome(ctx, r, &local_error) &&
                   hostd_confine_agent(ctx, r, &local_error) &&
                   hostd_checkpoint_rehome(ctx, r, moved, &local_error);
     if (ok)
