@@ -43,16 +43,6 @@
 #define HOSTD_CHECKPOINT_MIN_FREE (256ULL * 1024 * 1024)
 #define HOSTD_BLOCK_JOB_TIMEOUT_S 600
 
-/* Fault injection for the crash-safety tests: HOSTD_TEST_CRASH_AT=STEP kills hostd with
- * SIGKILL when it reaches STEP, exactly as an outside kill would at that point. */
-static void
-hostd_checkpoint_step(const char *step)
-{
-    const char *crash_at = g_getenv("HOSTD_TEST_CRASH_AT");
-    if (crash_at != NULL && g_str_equal(crash_at, step))
-        raise(SIGKILL);
-}
-
 /* A step after the journal failed (@error is set, saying why): drops the journal, in memory and
  * on disk. Clearing it on disk is tried twice; should both fail (a full disk, an I/O error), the
  * stale journal would refuse every later operation on the agent until start-up repairs it, so
@@ -654,7 +644,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
         vm_checkpoint_set_abort(set);
         return NULL;
     }
-    hostd_checkpoint_step("checkpoint-journaled");
+    hostd_crash_point("checkpoint-journaled");
     vm_trace_mark(&trace, "journal");
 
     g_autofree char *new_path = vm_checkpoint_set_path(set, new_file);
@@ -678,7 +668,7 @@ hostd_checkpoint_create_locked(HostdContext *ctx, const HostdAgentRecord *r, vir
         hostd_checkpoint_abort_journal(ctx, r, set, error);
         return NULL;
     }
-    hostd_checkpoint_step("checkpoint-switched");
+    hostd_crash_point("checkpoint-switched");
 
     VmCheckpoint *c = vm_checkpoint_set_commit_create(set, quiesced);
     /* The record first: the switch has happened, and a journal left behind would block every
@@ -897,7 +887,7 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     if (!vm_checkpoint_set_begin_restore(o.set, target_id, &new_file, error) ||
         !vm_checkpoint_set_save(o.set, error))
         return NULL;
-    hostd_checkpoint_step("restore-journaled");
+    hostd_crash_point("restore-journaled");
 
     hostd_progress(progress, progress_data, "restoring the disk", -1);
     g_autofree char *new_path = vm_checkpoint_set_path(o.set, new_file);
@@ -914,14 +904,14 @@ hostd_checkpoint_restore(HostdContext *ctx, const char *name, const char *id, gb
     if (virDomainHasManagedSaveImage(o.dom, 0) > 0 && virDomainManagedSaveRemove(o.dom, 0) < 0)
         return hostd_libvirt_throw(error, "cannot drop the saved state"), NULL;
     virResetLastError();
-    hostd_checkpoint_step("restore-stopped");
+    hostd_crash_point("restore-stopped");
 
     /* Commit in memory, define, then make the record durable: a crash before the save is
      * repaired at start-up because the domain already names the new file. */
     g_autofree char *old_active = vm_checkpoint_set_commit_restore(o.set);
     if (!hostd_checkpoint_define(ctx, o.record, o.set, error))
         return NULL;
-    hostd_checkpoint_step("restore-defined");
+    hostd_crash_point("restore-defined");
     if (!vm_checkpoint_set_save(o.set, error))
         return NULL;
     g_autofree char *old_path = vm_checkpoint_set_path(o.set, old_active);
@@ -1085,7 +1075,7 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                     vm_checkpoint_set_abort(set);
                     return FALSE;
                 }
-                hostd_checkpoint_step("merge-journaled");
+                hostd_crash_point("merge-journaled");
                 /* QEMU writes @id's image and rewrites the header of the one above the child. */
                 if (!hostd_confine_merging(ctx, r, TRUE, error)) {
                     hostd_checkpoint_abort_journal(ctx, r, set, error);
@@ -1101,7 +1091,7 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                 gboolean waited = hostd_checkpoint_wait_job(dom, error);
                 if (!hostd_confine_merging(ctx, r, FALSE, waited ? error : NULL) || !waited)
                     return FALSE;
-                hostd_checkpoint_step("merge-committed");
+                hostd_crash_point("merge-committed");
                 return hostd_checkpoint_finish_merge(set, memory_path, error);
             }
             /* The rebase opens the child's chain and writes the child: its headers first. */

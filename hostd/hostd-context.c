@@ -1,5 +1,7 @@
 #include "hostd-context.h"
 
+#include <signal.h>
+
 #include "hostd-metrics.h"
 
 #include "vm-error.h"
@@ -181,4 +183,12 @@ hostd_context_agent_event(HostdContext *ctx, const char *agent, const char *even
     HostdEvent e = {.agent = agent, .event = event, .state = state, .uid = -1, .detail = detail};
 
     hostd_context_event(ctx, &e);
+}
+
+void
+hostd_crash_point(const char *step)
+{
+    const char *crash_at = g_getenv("HOSTD_TEST_CRASH_AT");
+    if (crash_at != NULL && g_str_equal(crash_at, step))
+        raise(SIGKILL);
 }

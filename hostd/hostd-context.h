@@ -160,4 +160,8 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdNameLock, hostd_name_unlock)
 /* Reports progress when @progress is set. Can't fail. */
 void hostd_progress(VmProgressFunc progress, gpointer data, const char *message, double fraction);
 
+/* A point where the crash tests kill hostd: with $HOSTD_TEST_CRASH_AT equal to @step, hostd
+ * ends at once by SIGKILL there, as a crash or a power cut would end it. Nothing otherwise. */
+void hostd_crash_point(const char *step);
+
 G_END_DECLS

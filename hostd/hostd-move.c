@@ -36,10 +36,10 @@
 /* A move under way on this host, as source or target. The tables are the process's: tests run
  * several hostds in one process, so each entry is keyed by its context too. */
 typedef struct {
-    char *peer;       /* the target (source side) or the source (target side) */
-    guint64 epoch;    /* the record's epoch when the move began */
-    gint64 last_seen; /* monotonic: the client's last request or frame */
-    GHashTable *sums; /* target: file -> SHA-256 of what was written */
+    char *peer;          /* the target (source side) or the source (target side) */
+    guint64 epoch;       /* the record's epoch when the move began */
+    gint64 last_seen;    /* monotonic: the client's last request or frame */
+    GHashTable *sums;    /* target: file -> SHA-256 of what was written */
     char *template_name; /* target: the agent's template */
     char *source_dir;
     char *base_path;
@@ -442,6 +442,7 @@ hostd_move_save(HostdContext *ctx, const char *name, const char *to, VmProgressF
         }
         hostd_agent_set_wanted(r, HOSTD_WANTED_SAVED);
     }
+    hostd_crash_point("move-saved");
 
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE("aa{sv}"));
     g_autoptr(GDir) dir = g_dir_open(r->dir, 0, error);
@@ -522,6 +523,8 @@ hostd_move_read(HostdContext *ctx, const char *name, const char *file, VmStreamW
             return FALSE;
         if (frames % 256 == 0)
             move_with(ctx, TRUE, name, NULL, NULL);
+        if (frames == 16 && g_str_equal(file, MOVE_MEMORY))
+            hostd_crash_point("move-reading");
     }
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
     g_variant_builder_add(&b, "{sv}", "status", g_variant_new_int32(0));
@@ -578,6 +581,7 @@ hostd_move_done(HostdContext *ctx, const char *name, const char *to, GError **er
                         "copy stays",
                         name, to, owner != NULL ? owner : "no host"),
                NULL;
+    hostd_crash_point("move-done");
     move_out_remove(ctx, r, owner);
     return g_variant_new_parsed("@a{sv} {}");
 }
@@ -998,14 +1002,26 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
         ok = (set = vm_checkpoint_set_load(r->dir, &local_error)) != NULL &&
              hostd_checkpoint_define(ctx, r, set, &local_error) &&
              (dom = hostd_libvirt_lookup(ctx->lv, r->name, &local_error)) != NULL;
+    if (ok)
+        hostd_crash_point("move-installed");
     if (ok && has_memory) {
         hostd_progress(progress, progress_data, "restoring the agent's memory", -1);
         g_autofree char *xml = hostd_checkpoint_saved_xml(ctx, r, set, memory, &local_error);
         ok = xml != NULL && hostd_agent_restore_locked(ctx, r, dom, memory, xml, &local_error);
     }
+    /* Ready on disk before the record moves: a hostd killed from here on finds a finished agent
+     * at start, fenced while the record names the source, this host's once it names this one
+     * (a record still "creating" would be rolled back at start, after the fleet gave it here). */
+    if (ok) {
+        g_free(r->phase);
+        r->phase = g_strdup(HOSTD_PHASE_READY);
+        hostd_agent_set_wanted(r, has_memory ? HOSTD_WANTED_RUNNING : wanted);
+        ok = hostd_agent_record_save(r, &local_error);
+    }
     /* The fleet's record moves only once the agent runs here: until then it is the source's. */
     guint64 epoch = 0;
     if (ok) {
+        hostd_crash_point("move-restored");
         hostd_progress(progress, progress_data, "taking the agent over in the fleet", -1);
         ok = hostd_cluster_take(ctx->cluster, in->name, m->peer, m->epoch,
                                 hostd_libvirt_state_name(dom), &epoch, &local_error);
@@ -1019,11 +1035,9 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
                                    "cannot take agent '%s' in: ", in->name);
         return NULL;
     }
+    hostd_crash_point("move-taken");
     g_unlink(memory);
-    g_free(r->phase);
-    r->phase = g_strdup(HOSTD_PHASE_READY);
     r->fleet_epoch = epoch;
-    hostd_agent_set_wanted(r, has_memory ? HOSTD_WANTED_RUNNING : wanted);
     if (!hostd_agent_record_save(r, &local_error))
         hostd_context_log(ctx, "agent '%s': moved here, but its record is not saved: %s", in->name,
                           local_error->message);

@@ -1,139 +1,56 @@
 #!/bin/bash
-# The fleet on one machine, as a lab of three hosts (docs/CLUSTER.md): three etcd members on
-# loopback ports, three hostds (each its own state dir, socket, port range and ids), each
-# reached through a real OpenSSH server on a loopback port as `ssh://root@127.0.0.1:PORT/<its
-# socket>`, its address in the fleet. Real guests under TCG: agents placed by the rule, the one
-# view from each host, a move of a running agent with a counting process (same boot, the count
-# goes on), a drain, a hostd killed mid-move, a host lost with its QEMUs (its agents host-down),
-# etcd losing a member and then its quorum. Output is TAP. Needs root, etcd, sshd, HOSTD and
-# VMCTL set.
+# The fleet on one machine, as a lab of three hosts (docs/CLUSTER.md; fleet-lab.sh): three etcd
+# members on loopback ports, three hostds, each reached through a real OpenSSH server as its
+# address in the fleet. Real guests under TCG: agents placed by the rule, the one view from each
+# host, a move of a running agent with a counting process (same boot, the count goes on), hostd
+# killed at each step of a move (one owner and one runnable copy after, images intact), a
+# drain, a host lost with its QEMUs (its agents host-down), etcd losing a member and then its
+# quorum. Output is TAP. Needs root, etcd, sshd, HOSTD and VMCTL set.
 set -uo pipefail
 
 : "${HOSTD:?}" "${VMCTL:?}"
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
-# shellcheck source=loopback-sshd.sh
-. "$HERE/loopback-sshd.sh"
 
 if [ "$(id -u)" != 0 ] || ! command -v etcd >/dev/null || ! [ -x /usr/sbin/sshd ]; then
   echo "1..0 # SKIP needs root, etcd and sshd"
   exit 0
 fi
 
-suite_init vmf "${VM_FLEET_PORT_MIN:-43900}" "${VM_FLEET_PORT_MAX:-43989}"
-PORT_MIN=${VM_TEST_PORT_MIN:-${VM_FLEET_PORT_MIN:-43900}}
-CACHE=$IMAGES
-IMAGES=$S/images
-mkdir -p "$IMAGES"
-if [ -f "$CACHE/debian-12/image.ini" ] && [ "$CACHE" != "$IMAGES" ]; then
-  cp -al "$CACHE/debian-12" "$IMAGES/"
-  rm -rf "$IMAGES/debian-12/warm" # each suite's warm image is its own (vm-warm.sh's note)
+suite_init vmf 43900 43989
+LAB=$S
+LAB_PORT_MIN=${VM_TEST_PORT_MIN:-43900}
+LAB_ETCD_BASE=${VM_FLEET_ETCD_BASE:-27300}
+LAB_TTL=3
+LAB_IMAGES=$S/images
+mkdir -p "$LAB_IMAGES"
+if [ -f "$IMAGES/debian-12/image.ini" ] && [ "$IMAGES" != "$LAB_IMAGES" ]; then
+  cp -al "$IMAGES/debian-12" "$LAB_IMAGES/"
+  rm -rf "$LAB_IMAGES/debian-12/warm" # the suite's warm image is its own (vm-warm.sh's note)
 fi
-# etcd's ports: below Linux's ephemeral range, apart from the unit tests' (27020-27209).
-ETCD_BASE=${VM_FLEET_ETCD_BASE:-27300}
-ENDPOINTS="http://127.0.0.1:$((ETCD_BASE + 1));http://127.0.0.1:$((ETCD_BASE + 3));http://127.0.0.1:$((ETCD_BASE + 5))"
-ETCD_PIDS=()
-HOST_PIDS=(0 0 0 0)
-AGENTS=()
-TTL=3
+# shellcheck source=fleet-lab.sh
+. "$HERE/fleet-lab.sh"
 
 cleanup() {
-  local h a
-  for h in 1 2 3; do
-    if [ "${HOST_PIDS[$h]}" != 0 ] && kill -0 "${HOST_PIDS[$h]}" 2>/dev/null; then
-      for a in $(hv "$h" list --json 2>/dev/null | python3 -c 'import json,sys; [print(a["name"]) for a in json.load(sys.stdin)]' 2>/dev/null); do
-        hv "$h" rm --force "$a" >/dev/null 2>&1
-      done
-      kill "${HOST_PIDS[$h]}" 2>/dev/null
-      wait "${HOST_PIDS[$h]}" 2>/dev/null
-    fi
-  done
-  for h in 1 2 3; do S=$S/h$h destroy_leftover_domains; done
-  for pid in "${ETCD_PIDS[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
-  [ -n "${SSHD_PID:-}" ] && kill "$SSHD_PID" 2>/dev/null
+  lab_cleanup
   rm -rf "$S"
 }
 trap cleanup EXIT
 
-# ---- etcd: three members
-etcd_member() { # N: starts member N (1-3) in the background
-  local n=$1 client=$((ETCD_BASE + 2 * $1 - 1)) peer=$((ETCD_BASE + 2 * $1))
-  etcd --name "e$n" --data-dir "$S/etcd$n" \
-    --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
-    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-    --initial-cluster "e1=http://127.0.0.1:$((ETCD_BASE + 2)),e2=http://127.0.0.1:$((ETCD_BASE + 4)),e3=http://127.0.0.1:$((ETCD_BASE + 6))" \
-    --initial-cluster-state new --initial-cluster-token vmf-lab \
-    --heartbeat-interval 100 --election-timeout 1000 >"$S/etcd$n.log" 2>&1 &
-  ETCD_PIDS[$n]=$!
-}
-for n in 1 2 3; do etcd_member "$n"; done
-etcd_ok() { ETCDCTL_API=3 etcdctl --endpoints="${ENDPOINTS//;/,}" --command-timeout=2s endpoint health >/dev/null 2>&1; }
-for _ in $(seq 1 60); do etcd_ok && break; sleep 0.5; done
-etcd_ok || { echo "Bail out! etcd did not come up"; tail -5 "$S"/etcd*.log; exit 1; }
-
-# ---- sshd: every host's address
-mkdir -p "$S/sshd"
-loopback_sshd_start "$S/sshd" "$VMCTL" || { echo "Bail out! sshd did not start"; cat "$S/sshd/sshd.log"; exit 1; }
-
-# ---- three hostds
-# hv N ARGS: vmctl asked of host N's hostd through its socket.
-hv() { local h=$1; shift; "$VMCTL" --socket "$S/h$h/hostd.sock" "$@"; }
-host_conf() {
-  local h=$1 d=$S/h$1
-  mkdir -p "$d"
-  chmod 711 "$d"
-  cat >"$d/hostd.conf" <<CONF
-[hostd]
-images-dir=$IMAGES
-ssh-port-min=$((PORT_MIN + 30 * (h - 1)))
-ssh-port-max=$((PORT_MIN + 30 * h - 1))
-boot-timeout=360
-metrics-listen=$d/metrics.sock
-agent-ids=$((1879048192 + 1000000 * (h + 3)))-$((1879048192 + 1000000 * (h + 3) + 999))
-
-[cluster]
-endpoints=$ENDPOINTS
-host-id=h$h
-address=ssh://root@127.0.0.1:$SSHD_PORT$d/hostd.sock
-lease-ttl=$TTL
-CONF
-}
-start_host() {
-  local h=$1 d=$S/h$1
-  "$HOSTD" --config "$d/hostd.conf" --state-dir "$d" --socket "$d/hostd.sock" >>"$d/hostd.log" 2>&1 &
-  HOST_PIDS[$h]=$!
-  for _ in $(seq 1 100); do
-    [ -S "$d/hostd.sock" ] && hv "$h" list >/dev/null 2>&1 && return 0
-    kill -0 "${HOST_PIDS[$h]}" 2>/dev/null || return 1
-    sleep 0.2
-  done
-  return 1
-}
+lab_init 3 || { echo "Bail out! the lab's etcd or sshd did not start"; exit 1; }
 for h in 1 2 3; do
-  host_conf "$h"
-  start_host "$h" || { echo "Bail out! hostd h$h did not start"; tail -20 "$S/h$h/hostd.log"; exit 1; }
+  lab_host_start "$h" || { echo "Bail out! hostd h$h did not start"; tail -20 "$S/h$h/hostd.log"; exit 1; }
 done
 
-# fleet_field AGENT FIELD [HOST]: the fleet's view of AGENT (asked of host HOST, default 1).
-fleet_field() {
-  hv "${3:-1}" list --fleet --json 2>/dev/null |
-    python3 -c 'import json,sys
-for a in json.load(sys.stdin):
-    if a["name"] == sys.argv[1]: print(a.get(sys.argv[2], ""))' "$1" "$2"
-}
-host_liveness() {
-  hv 1 hosts --json 2>/dev/null |
-    python3 -c 'import json,sys
-for h in json.load(sys.stdin):
-    if h["id"] == sys.argv[1]:
-        print("down" if not h.get("live") else "drained" if h.get("drained") else "live")' "$1"
-}
 # wait_for SECONDS CMD...: until CMD succeeds.
 wait_for() {
-  local deadline=$(( $(date +%s) + $1 ))
+  local deadline=$(($(date +%s) + $1))
   shift
-  while [ "$(date +%s)" -lt "$deadline" ]; do "$@" && return 0; sleep 1; done
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    "$@" && return 0
+    sleep 1
+  done
   return 1
 }
 boot_id() { hv "$1" exec "$2" -- cat /proc/sys/kernel/random/boot_id 2>/dev/null; }
@@ -141,49 +58,161 @@ count() { hv "$1" exec "$2" -- cat /tmp/count 2>/dev/null; }
 start_counter() {
   hv "$1" exec "$2" -- sh -c 'nohup sh -c "i=0; while :; do i=\$((i+1)); echo \$i > /tmp/count.new && mv /tmp/count.new /tmp/count; sleep 1; done" >/dev/null 2>&1 &'
 }
-
 all_live() {
-  local h n
+  local h x
   for h in 1 2 3; do
-    n=$(hv "$h" hosts --json 2>/dev/null | python3 -c 'import json,sys; print(sum(1 for h in json.load(sys.stdin) if h["live"]))' 2>/dev/null)
-    [ "$n" = 3 ] || return 1
+    for x in 1 2 3; do [ "$(lab_liveness "h$x" "$h")" = live ] || return 1; done
   done
 }
-check "three hosts are live in the fleet, seen from each" wait_for 20 all_live
+# on HOST: the agents the fleet's record puts on HOST.
+on() {
+  hv 1 list --fleet --json 2>/dev/null |
+    python3 -c 'import json,sys; [print(a["name"]) for a in json.load(sys.stdin) if a["host"] == sys.argv[1]]' "$1"
+}
+# local_state HOST AGENT: the agent's state on that host alone ("" when it has no copy).
+local_state() {
+  hv "$1" list --json 2>/dev/null |
+    python3 -c 'import json,sys
+for a in json.load(sys.stdin):
+    if a["name"] == sys.argv[1]: print("fenced" if a.get("fenced") else a.get("state", ""))' "$2"
+}
+# images_intact HOST AGENT: qemu-img check of every image of the agent's copy on HOST.
+images_intact() {
+  local f
+  for f in "$S/h$1/agents/$2"/*.qcow2; do
+    qemu-img check -q -U "$f" >/dev/null 2>&1 || { echo "# qemu-img check failed: $f"; return 1; }
+  done
+}
 
-# ---- the warm image (the three hosts share the images dir, so one build serves them all)
+check "three hosts are live in the fleet, as each sees it" wait_for 20 all_live
+
+# ---- the warm image (the three hosts share the images dir: one build serves them all)
 out=$(hv 1 template build debian-12 2>&1)
 check "the template's warm image is built" grep -q "(warm: yes)" <<<"$out" || diag "$out"
 
-# ---- placement: six agents asked of host 1 spread by the rule
+# ---- placement: six agents asked of one host, each placed by the rule
 for i in 1 2 3 4 5 6; do
   out=$(hv 1 new "a$i" 2>&1) || diag "new a$i: $out"
-  AGENTS+=("a$i")
 done
-spread=$(for i in 1 2 3 4 5 6; do fleet_field "a$i" host; done | sort | uniq -c | awk '{print $1}' | sort | tr '\n' ' ')
-check "six agents asked of one host are spread over the three (2 each)" test "$spread" = "2 2 2 "
+placed=$(for i in 1 2 3 4 5 6; do lab_fleet_field "a$i" host; done | grep -c '^h[123]$')
+check "six agents asked of h1 are placed, each on a live host" test "$placed" = 6
+diag "placed: $(for h in 1 2 3; do echo -n "h$h: $(on "h$h" | tr '\n' ' ') "; done)"
 for h in 1 2 3; do
   n=$(hv "$h" list --fleet --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
   check "the fleet's list asked of h$h shows the six" test "$n" = 6
 done
 
-# ---- a move: a running agent with a counting process
-A=$(for i in 1 2 3 4 5 6; do [ "$(fleet_field "a$i" host)" = h1 ] && echo "a$i"; done | head -1)
+# ---- a move: a running agent with a counting process, asked of a third host
+A=$(on h1 | head -1)
+if [ -z "$A" ]; then
+  hv 1 new am --on h1 >/dev/null 2>&1
+  A=am
+fi
 start_counter 1 "$A"
 BOOT=$(boot_id 1 "$A")
 sleep 3
 C0=$(count 1 "$A")
 out=$(hv 3 move "$A" --to h2 2>&1)
-rc=$?
-check "move of $A to h2, asked of h3, works" test "$rc" = 0 || diag "$out"
-diag "$out"
-check "the fleet's record says $A is h2's at epoch 2" test "$(fleet_field "$A" host)/$(fleet_field "$A" epoch)" = "h2/2"
-check "$A runs on h2 with the same boot (its processes moved)" test "$(boot_id 2 "$A")" = "$BOOT"
+check "move of $A from h1 to h2, asked of h3" test $? = 0 || diag "$out"
+diag "$(tail -1 <<<"$out")"
+check "the fleet's record says $A is h2's with epoch 2" test "$(lab_fleet_field "$A" host)/$(lab_fleet_field "$A" epoch)" = "h2/2"
+check "$A runs on h2 with the same boot id (its processes moved)" test "$(boot_id 2 "$A")" = "$BOOT"
 sleep 2
 C1=$(count 2 "$A")
 check "its counting process went on ($C0 -> $C1)" test -n "$C1" -a "${C1:-0}" -gt "${C0:-0}"
-check "h1 has no copy of $A left" bash -c "! test -e '$S/h1/agents/$A'"
-check "asked of h1, exec on $A is sent on to h2" test "$(boot_id 1 "$A")" = "$BOOT"
+check "h1 has no copy of $A left" test ! -e "$S/h1/agents/$A"
+check "$A's images on h2 pass qemu-img check" images_intact 2 "$A"
+check "asked of h1, exec on $A goes to h2" test "$(boot_id 1 "$A")" = "$BOOT"
+out=$(hv 2 move "$A" --to h2 2>&1)
+check "a move to the host it is on is refused" grep -q "is on host 'h2' already" <<<"$out" || diag "$out"
 
-echo "1..$N"
-[ "$FAILED" = 0 ]
+# ---- hostd killed at each step of a move: one owner, one runnable copy, images intact
+# crash_case STEP WHO: moves $A from its host to the other of h1/h2 with the source (WHO=src) or
+# the target (WHO=dst) killed at STEP, then restarts it and checks the outcome.
+crash_case() {
+  local step=$1 who=$2 src dst victim owner other st_owner st_other
+  src=$(lab_fleet_field "$A" host | tr -d h)
+  dst=$((3 - src))
+  victim=$([ "$who" = src ] && echo "$src" || echo "$dst")
+  hv "$victim" list >/dev/null 2>&1
+  kill "${LAB_HOST_PIDS[$victim]}" && wait "${LAB_HOST_PIDS[$victim]}" 2>/dev/null
+  LAB_HOST_PIDS[$victim]=0
+  HOSTD_TEST_CRASH_AT=$step lab_host_start "$victim" || diag "h$victim did not start"
+  hv 1 move "$A" --to "h$dst" >"$S/move-$step.out" 2>&1
+  wait "${LAB_HOST_PIDS[$victim]}" 2>/dev/null
+  LAB_HOST_PIDS[$victim]=0
+  lab_host_start "$victim" || diag "h$victim did not start again"
+  # Settled once exactly one of the two serves it: the record's owner runs it, the other has
+  # no copy or a fenced one.
+  settled() {
+    owner=$(lab_fleet_field "$A" host | tr -d h)
+    [ "$owner" = 1 ] || [ "$owner" = 2 ] || return 1
+    other=$((3 - owner))
+    st_owner=$(local_state "$owner" "$A")
+    st_other=$(local_state "$other" "$A")
+    [ -n "$st_owner" ] && [ "$st_owner" != fenced ] && { [ -z "$st_other" ] || [ "$st_other" = fenced ]; }
+  }
+  if ! wait_for 60 settled; then
+    not_ok "h$victim killed at $step: one owner and one runnable copy (owner h$owner: '$st_owner', h$other: '$st_other')"
+    diag "$(cat "$S/move-$step.out")"
+    return
+  fi
+  ok "h$victim killed at $step: one owner (h$owner, epoch $(lab_fleet_field "$A" epoch)), one runnable copy (h$other: ${st_other:-none})"
+  check "after $step, $A answers on its owner h$owner with the boot id it had" test "$(boot_id "$owner" "$A")" = "$BOOT"
+  check "after $step, $A's images on h$owner pass qemu-img check" images_intact "$owner" "$A"
+  [ "$st_other" = fenced ] && hv "$other" rm --force "$A" >/dev/null 2>&1
+}
+crash_case move-saved src
+crash_case move-reading src
+crash_case move-installed dst
+crash_case move-restored dst
+crash_case move-taken dst
+crash_case move-done src
+
+# ---- drain: a host's agents move away, new ones keep off
+out=$(hv 1 drain h3 2>&1)
+check "drain h3 moves its agents away" test $? = 0 || diag "$out"
+diag "$(tail -1 <<<"$out")"
+check "h3 holds no agent after its drain" test -z "$(on h3)"
+check "h3 shows drained" test "$(lab_liveness h3)" = drained
+out=$(hv 1 new ad --on h3 2>&1)
+check "no new agent goes on a drained host" test $? != 0 || diag "$out"
+out=$(hv 1 undrain h3 2>&1)
+check "undrain h3" test "$(lab_liveness h3)" = live
+
+# ---- a host lost: its hostd and its QEMUs killed
+LOST=$(on h2 | head -1)
+lab_host_kill 2
+lab_host_qemus_kill 2
+down() { [ "$(lab_liveness h2)" = down ]; }
+t0=$(date +%s)
+check "h2 is down within its lease's TTL ($LAB_TTL s) and a refresh" wait_for $((LAB_TTL + 10)) down
+diag "h2 down after $(($(date +%s) - t0)) s"
+check "h2's agent $LOST shows host-down" test "$(lab_fleet_field "$LOST" state)" = host-down
+out=$(hv 1 exec "$LOST" -- true 2>&1)
+check "exec on $LOST says its host is down" grep -q "which is down" <<<"$out" || diag "$out"
+lab_host_start 2 || diag "h2 did not start again"
+check "h2 is live again once its hostd is back" wait_for 20 all_live
+for a in $(on h2); do hv 2 rm --force "$a" >/dev/null 2>&1; done
+
+# ---- etcd: one member lost, then the quorum
+lab_etcd_stop 3
+out=$(hv 2 list --fleet 2>&1)
+check "with one of three etcd members gone the fleet's view answers" test $? = 0 || diag "$out"
+out=$(hv 1 hosts 2>&1)
+check "and hosts answers" test $? = 0 || diag "$out"
+lab_etcd_stop 1
+lab_etcd_stop 2
+out=$(hv 1 list --fleet 2>&1)
+rc=$?
+check "without quorum the fleet's view fails clearly (exit 12)" test "$rc" = 12 || diag "$rc: $out"
+for h in 1 3; do
+  a=$(hv "$h" list --json | python3 -c 'import json,sys; l = [a["name"] for a in json.load(sys.stdin)]; print(l[0] if l else "")')
+  if [ -n "$a" ]; then
+    check "without quorum h$h serves its own agent $a (exec)" hv "$h" exec "$a" -- true
+  fi
+done
+out=$(hv 1 move "$A" --to h3 2>&1)
+check "without quorum a move fails and says why" grep -q "etcd" <<<"$out" || diag "$out"
+
+tap_end

@@ -1,0 +1,471 @@
+/* Moves between hosts of a fleet (hostd-move.c; docs/CLUSTER.md, "Moves") over a real etcd (3.4)
+ * on loopback and the test driver: what a source refuses to move, the mark a saved source keeps
+ * (nothing starts it) and how it settles by the record, and what a target takes of the files a
+ * client sends (names, sizes, SHA-256s). The full move of a real guest is vm-fleet.sh's. Ports
+ * 27250-27251; the etcd started here is killed here, by its process. Skipped without etcd. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "hostd-agent.h"
+#include "hostd-cluster.h"
+#include "hostd-move.h"
+#include "hostd-secrets-grants.h"
+#include "hostd-secrets.h"
+#include "test-etcd-fixture.h"
+#include "test-hostd-fixture.h"
+#include "vm-error.h"
+#include "vm-etcd.h"
+#include "vm-fleet-records.h"
+#include "vm-fs.h"
+
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define CLIENT_PORT 27250
+#define PEER_PORT   27251
+
+typedef struct {
+    char *dir;
+    VmTestEtcdMember etcd;
+} Suite;
+
+static Suite *suite;
+
+static VmEtcd *
+client(void)
+{
+    guint ports[] = {CLIENT_PORT};
+    return vm_test_etcd_client(ports, 1);
+}
+
+static int
+suite_setup(void **state)
+{
+    if (!vm_test_etcd_installed())
+        return 0;
+    suite = g_new0(Suite, 1);
+    suite->dir = g_dir_make_tmp("fleet-move-XXXXXX", NULL);
+    vm_test_etcd_member_init(&suite->etcd, suite->dir, "m0", CLIENT_PORT, PEER_PORT);
+    vm_test_etcd_member_start(&suite->etcd, NULL);
+    g_autoptr(VmEtcd) etcd = client();
+    vm_test_etcd_wait_ready(etcd);
+    return 0;
+}
+
+static int
+suite_teardown(void **state)
+{
+    if (suite == NULL)
+        return 0;
+    vm_test_etcd_member_clear(&suite->etcd);
+    vm_remove_tree(suite->dir, NULL);
+    g_free(suite->dir);
+    g_clear_pointer(&suite, g_free);
+    return 0;
+}
+
+static int
+test_setup(void **state)
+{
+    if (suite == NULL)
+        skip();
+    g_autoptr(VmEtcd) etcd = client();
+    vm_test_etcd_wipe(etcd);
+    return 0;
+}
+
+static HostdCluster *
+host_new(const char *id)
+{
+    g_autoptr(HostdClusterConfig) config = g_new0(HostdClusterConfig, 1);
+    g_autoptr(GError) error = NULL;
+
+    config->endpoints = g_new0(char *, 2);
+    config->endpoints[0] = vm_test_etcd_url(CLIENT_PORT);
+    config->host_id = g_strdup(id);
+    config->address = g_strdup_printf("ssh://root@%s.lab", id);
+    config->lease_ttl_s = 2;
+    HostdCluster *cluster = hostd_cluster_new(config, suite->dir, &error);
+    if (cluster == NULL)
+        fail_msg("%s", error->message);
+    return cluster;
+}
+
+/* Host @id's record, as its hostd would keep it: live, with the template and memory to spare. */
+static void
+host_put(const char *id)
+{
+    g_autoptr(VmEtcd) etcd = client();
+    g_autoptr(VmFleetHost) host = vm_fleet_host_new(id, "ssh://root@lab");
+    host->cores = 4;
+    host->memory_mib = 8192;
+    host->free_memory_mib = 8000;
+    host->disk_gib = 100;
+    host->free_disk_gib = 90;
+    g_ptr_array_add(host->templates, g_strdup("debian-12"));
+    g_autofree char *key = vm_fleet_host_key(id);
+    g_autofree char *json = vm_fleet_host_to_json(host);
+    g_autoptr(GError) error = NULL;
+    if (!vm_etcd_put(etcd, key, json, -1, 0, &error))
+        fail_msg("%s", error->message);
+}
+
+static void
+record_put(const char *name, const char *host, guint64 epoch)
+{
+    g_autoptr(VmEtcd) etcd = client();
+    g_autoptr(VmFleetAgent) agent = vm_fleet_agent_new(name, host, epoch, "running");
+    g_autofree char *key = vm_fleet_agent_key(name);
+    g_autofree char *json = vm_fleet_agent_to_json(agent);
+    g_autoptr(GError) error = NULL;
+    if (!vm_etcd_put(etcd, key, json, -1, 0, &error))
+        fail_msg("%s", error->message);
+}
+
+/* "HOST/EPOCH" of @name's record. */
+static char *
+record_of(const char *name)
+{
+    g_autoptr(VmEtcd) etcd = client();
+    g_autofree char *key = vm_fleet_agent_key(name);
+    g_autoptr(VmEtcdKv) kv = NULL;
+    g_autoptr(GError) error = NULL;
+    if (!vm_etcd_get(etcd, key, &kv, &error))
+        fail_msg("%s", error->message);
+    if (kv == NULL)
+        return g_strdup("none");
+    gsize len;
+    const char *data = g_bytes_get_data(kv->value, &len);
+    g_autoptr(VmFleetAgent) agent = vm_fleet_agent_from_json(data, len, &error);
+    assert_non_null(agent);
+    return g_strdup_printf("%s/%" G_GUINT64_FORMAT, agent->host, agent->epoch);
+}
+
+static void
+make_agent(HostdTestFixture *f, const char *name)
+{
+    g_autoptr(GError) error = NULL;
+    HostdNewRequest req = {.name = name, .cpus = 1, .memory_mib = 128};
+    g_autoptr(GVariant) made = hostd_test_sink(hostd_agent_new(f->ctx, &req, NULL, NULL, &error));
+    if (made == NULL)
+        fail_msg("%s", error->message);
+}
+
+/* What a source refuses to move, each with its reason, nothing changed. */
+static void
+test_move_refused(void **state)
+{
+    HostdTestFixture *f = hostd_test_fixture_new();
+    g_autoptr(HostdCluster) h1 = host_new("h1");
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GVariant) plan = NULL;
+
+    /* No fleet, no move. */
+    plan = hostd_move_plan(f->ctx, "a1", "h2", NULL, NULL, &error);
+    assert_null(plan);
+    hostd_test_assert_error(error, VM_ERROR_NOT_RUNNING, "in no fleet");
+    g_clear_error(&error);
+
+    f->ctx->cluster = h1;
+    host_put("h1");
+    host_put("h2");
+    make_agent(f, "a1");
+    make_agent(f, "held");
+    make_agent(f, "secret");
+    g_autofree char *owner = record_of("a1");
+    assert_string_equal(owner, "h1/1");
+
+    plan = hostd_move_plan(f->ctx, "a1", "h1", NULL, NULL, &error);
+    assert_null(plan);
+    hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, "is on host 'h1' already");
+    g_clear_error(&error);
+
+    plan = hostd_move_plan(f->ctx, "a1", "h9", NULL, NULL, &error);
+    assert_null(plan);
+    hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "no host 'h9'");
+    g_clear_error(&error);
+
+    plan = hostd_move_plan(f->ctx, "nope", "h2", NULL, NULL, &error);
+    assert_null(plan);
+    hostd_test_assert_error(error, VM_ERROR_NOT_FOUND, "nope");
+    g_clear_error(&error);
+
+    /* Another host's by the record: not this one's to move. */
+    record_put("held", "h2", 4);
+    plan = hostd_move_plan(f->ctx, "held", "h2", NULL, NULL, &error);
+    assert_null(plan);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "not this host's in the fleet");
+    g_clear_error(&error);
+
+    /* A secret's value never leaves its host. */
+    g_autofree char *grants = hostd_secrets_grants_dir(f->ctx);
+    g_autofree char *placeholder = hostd_grants_add(grants, "secret", "token", &error);
+    assert_non_null(placeholder);
+    plan = hostd_move_plan(f->ctx, "secret", "h2", NULL, NULL, &error);
+    assert_null(plan);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "holds secrets");
+    g_clear_error(&error);
+
+    /* A target whose base image is another's refuses at begin. */
+    HostdMoveIn in = {
+        .name = "b1",
+        .from = "h2",
+        .epoch = 1,
+        .template_name = "debian-12",
+        .cpus = 1,
+        .memory_mib = 128,
+        .disk_gib = 1,
+        .base_sha256 = "0000000000000000000000000000000000000000000000000000000000000000",
+        .source_dir = "/elsewhere/agents/b1",
+        .base_path = "/elsewhere/images/debian-12/base.qcow2",
+    };
+    record_put("b1", "h2", 1);
+    g_autoptr(GVariant) begun = hostd_move_begin(f->ctx, &in, &error);
+    assert_null(begun);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "another base image");
+    g_clear_error(&error);
+    /* ...and one that has the name already. */
+    in.name = "a1";
+    begun = hostd_move_begin(f->ctx, &in, &error);
+    assert_null(begun);
+    hostd_test_assert_error(error, VM_ERROR_EXISTS, "already has a copy");
+    g_clear_error(&error);
+
+    f->ctx->cluster = NULL;
+    hostd_test_fixture_free(f);
+}
+
+/* A source saved for its move starts nothing of the agent until the move settles; given up, it
+ * takes the record back with a higher epoch (a target about to take it over fails). */
+static void
+test_move_saved_source_settles(void **state)
+{
+    HostdTestFixture *f = hostd_test_fixture_new();
+    g_autoptr(HostdCluster) h1 = host_new("h1");
+    g_autoptr(GError) error = NULL;
+
+    f->ctx->cluster = h1;
+    host_put("h1");
+    host_put("h2");
+    make_agent(f, "a1");
+    /* Stopped: the test driver keeps no saved memory in a file to list. */
+    g_autoptr(GVariant) stopped =
+        hostd_test_sink(hostd_agent_stop(f->ctx, "a1", TRUE, 0, NULL, NULL, &error));
+    assert_non_null(stopped);
+
+    g_autoptr(GVariant) plan =
+        hostd_test_sink(hostd_move_plan(f->ctx, "a1", NULL, NULL, NULL, &error));
+    if (plan == NULL)
+        fail_msg("%s", error->message);
+    /* Placement's choice: never the host it is on. */
+    g_autofree char *to = hostd_test_dict_string(plan, "to");
+    assert_string_equal(to, "h2");
+    g_autoptr(GVariant) saved =
+        hostd_test_sink(hostd_move_save(f->ctx, "a1", "h2", NULL, NULL, &error));
+    if (saved == NULL)
+        fail_msg("%s", error->message);
+    g_autofree char *ini_path = hostd_test_agent_file(f, "a1", "agent.ini");
+    g_autofree char *ini = NULL;
+    assert_true(g_file_get_contents(ini_path, &ini, NULL, NULL));
+    assert_non_null(strstr(ini, "moving-to=h2\n"));
+    /* The save lists the agent's files, its record among them. */
+    g_autofree char *listed = g_variant_print(saved, FALSE);
+    assert_non_null(strstr(listed, "'agent.ini'"));
+
+    assert_null(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
+    hostd_test_assert_error(error, VM_ERROR_BUSY, "is being moved to host 'h2'");
+    g_clear_error(&error);
+    /* A second move of it meanwhile is refused. */
+    g_autoptr(GVariant) again = hostd_move_plan(f->ctx, "a1", "h2", NULL, NULL, &error);
+    assert_null(again);
+    hostd_test_assert_error(error, VM_ERROR_BUSY, "being moved already");
+    g_clear_error(&error);
+
+    g_autoptr(GVariant) settled = hostd_test_sink(hostd_move_abort_out(f->ctx, "a1", &error));
+    if (settled == NULL)
+        fail_msg("%s", error->message);
+    g_autofree char *owner = record_of("a1");
+    assert_string_equal(owner, "h1/2");
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_record(f, "a1");
+    assert_null(r->moving_to);
+    assert_int_equal(r->fleet_epoch, 2);
+    /* A target that would take it over from the epoch the move began with fails. */
+    assert_false(hostd_cluster_take(h1, "a1", "h1", 1, NULL, NULL, &error));
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "epoch 2");
+    g_clear_error(&error);
+    g_autoptr(GVariant) started =
+        hostd_test_sink(hostd_agent_start(f->ctx, "a1", FALSE, NULL, NULL, &error));
+    assert_non_null(started);
+    g_autoptr(GVariant) stopped2 =
+        hostd_test_sink(hostd_agent_stop(f->ctx, "a1", TRUE, 0, NULL, NULL, &error));
+    assert_non_null(stopped2);
+
+    /* The record moved meanwhile (the target took it over): settling removes this copy. */
+    g_autoptr(GVariant) plan2 =
+        hostd_test_sink(hostd_move_plan(f->ctx, "a1", "h2", NULL, NULL, &error));
+    assert_non_null(plan2);
+    g_autoptr(GVariant) saved2 =
+        hostd_test_sink(hostd_move_save(f->ctx, "a1", "h2", NULL, NULL, &error));
+    assert_non_null(saved2);
+    record_put("a1", "h2", 3);
+    hostd_move_tick(f->ctx); /* a client still heard from: left alone */
+    assert_true(g_file_test(ini_path, G_FILE_TEST_EXISTS));
+    g_autoptr(GVariant) gone = hostd_test_sink(hostd_move_abort_out(f->ctx, "a1", &error));
+    assert_non_null(gone);
+    assert_false(g_file_test(ini_path, G_FILE_TEST_EXISTS));
+    hostd_test_assert_logged("agent 'a1' moved to host 'h2': this host's copy removed");
+
+    f->ctx->cluster = NULL;
+    hostd_test_fixture_free(f);
+}
+
+/* Sends @data (split in frames) then STDIN_EOF as a client of move-write would, runs
+ * hostd_move_write() on the other end and returns its EXIT's SHA-256 (NULL: @error). */
+static char *
+write_file(HostdTestFixture *f, const char *name, const char *file, gint64 size, const char *data,
+           GError **error)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    gsize len = strlen(data);
+    for (gsize off = 0; off < len; off += 5) {
+        g_autoptr(VmMessage) m = vm_message_new_data(VM_OP_STDIN, data + off, MIN(5, len - off));
+        assert_true(vm_message_write_fd(sv[0], m, NULL));
+    }
+    g_autoptr(VmMessage) eof = vm_message_new(VM_OP_STDIN_EOF, NULL, NULL);
+    assert_true(vm_message_write_fd(sv[0], eof, NULL));
+    VmStreamWriter reply = VM_STREAM_WRITER_INIT(sv[1]);
+    gboolean ok = hostd_move_write(f->ctx, name, file, size, &reply, error);
+    char *sha = NULL;
+    if (ok) {
+        g_autoptr(VmMessage) exit_msg = vm_message_read_fd(sv[0], NULL, NULL);
+        assert_non_null(exit_msg);
+        assert_int_equal(exit_msg->op, VM_OP_EXIT);
+        sha = g_strdup(vm_message_get_string(exit_msg, "sha256", NULL));
+    }
+    close(sv[0]);
+    close(sv[1]);
+    return sha;
+}
+
+/* A target takes only files of a move it began, by plain names, exactly the bytes announced,
+ * and commits only what came with the source's SHA-256. */
+static void
+test_move_target_files(void **state)
+{
+    HostdTestFixture *f = hostd_test_fixture_new();
+    g_autoptr(HostdCluster) h2 = host_new("h2");
+    g_autoptr(GError) error = NULL;
+
+    f->ctx->cluster = h2;
+    host_put("h1");
+    host_put("h2");
+    record_put("b1", "h1", 5);
+
+    g_autofree char *sha = write_file(f, "b1", "disk.qcow2", 5, "12345", &error);
+    assert_null(sha);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "no move of agent 'b1'");
+    g_clear_error(&error);
+
+    /* The base image's SHA-256, as a source with the same image would send it. */
+    g_autofree char *base = g_build_filename(f->images_dir, "debian-12", "base.qcow2", NULL);
+    g_autofree char *base_bytes = NULL;
+    gsize base_len = 0;
+    assert_true(g_file_get_contents(base, &base_bytes, &base_len, NULL));
+    g_autofree char *base_sha =
+        g_compute_checksum_for_data(G_CHECKSUM_SHA256, (const guchar *)base_bytes, base_len);
+    HostdMoveIn in = {
+        .name = "b1",
+        .from = "h1",
+        .epoch = 4,
+        .template_name = "debian-12",
+        .cpus = 1,
+        .memory_mib = 128,
+        .disk_gib = 1,
+        .base_sha256 = base_sha,
+        .source_dir = "/elsewhere/agents/b1",
+        .base_path = "/elsewhere/images/debian-12/base.qcow2",
+    };
+    g_autoptr(GVariant) begun = hostd_move_begin(f->ctx, &in, &error);
+    assert_null(begun);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "not host 'h1''s with epoch 4");
+    g_clear_error(&error);
+    in.epoch = 5;
+    begun = hostd_test_sink(hostd_move_begin(f->ctx, &in, &error));
+    if (begun == NULL)
+        fail_msg("%s", error->message);
+
+    const char *bad_names[] = {"../agent.ini", ".hidden", "a/b", "move.save", "domain.xml"};
+    for (gsize i = 0; i < G_N_ELEMENTS(bad_names); i++) {
+        g_autofree char *s = write_file(f, "b1", bad_names[i], 1, "x", &error);
+        assert_null(s);
+        hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, "is no file of a move");
+        g_clear_error(&error);
+    }
+    g_autofree char *more = write_file(f, "b1", "disk.qcow2", 4, "12345", &error);
+    assert_null(more);
+    hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, "more bytes than the 4 announced");
+    g_clear_error(&error);
+    g_autofree char *fewer = write_file(f, "b1", "disk.qcow2", 9, "12345", &error);
+    assert_null(fewer);
+    hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, "5 bytes came of the 9 announced");
+    g_clear_error(&error);
+
+    const char *text = "some disk bytes, in frames of five";
+    g_autofree char *got = write_file(f, "b1", "disk.qcow2", (gint64)strlen(text), text, &error);
+    if (got == NULL)
+        fail_msg("%s", error->message);
+    g_autofree char *expected =
+        g_compute_checksum_for_data(G_CHECKSUM_SHA256, (const guchar *)text, strlen(text));
+    assert_string_equal(got, expected);
+    g_autofree char *incoming =
+        g_build_filename(f->ctx->state->dir, HOSTD_MOVE_INCOMING_DIR, "b1", "disk.qcow2", NULL);
+    g_autofree char *kept = NULL;
+    assert_true(g_file_get_contents(incoming, &kept, NULL, NULL));
+    assert_string_equal(kept, text);
+
+    /* A commit naming a SHA-256 other than what came, or a file that never came, takes
+     * nothing in. */
+    g_autofree char *wrong = g_strdup_printf("%064d disk.qcow2", 0);
+    char *files_wrong[] = {wrong, NULL};
+    in.files = files_wrong;
+    g_autoptr(GVariant) taken = hostd_move_commit(f->ctx, &in, NULL, NULL, &error);
+    assert_null(taken);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "not the source's");
+    g_clear_error(&error);
+    g_autofree char *right = g_strdup_printf("%s disk.qcow2", expected);
+    g_autofree char *missing = g_strdup_printf("%s agent.ini", expected);
+    char *files_missing[] = {right, missing, NULL};
+    in.files = files_missing;
+    taken = hostd_move_commit(f->ctx, &in, NULL, NULL, &error);
+    assert_null(taken);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "file agent.ini of the move never came");
+    g_clear_error(&error);
+    g_autofree char *dir = hostd_agent_dir(f->ctx, "b1");
+    assert_false(g_file_test(dir, G_FILE_TEST_EXISTS));
+    g_autofree char *owner = record_of("b1");
+    assert_string_equal(owner, "h1/5");
+
+    /* Given up: its files go. */
+    g_autoptr(GVariant) aborted = hostd_test_sink(hostd_move_abort_in(f->ctx, "b1", &error));
+    assert_non_null(aborted);
+    assert_false(g_file_test(incoming, G_FILE_TEST_EXISTS));
+
+    f->ctx->cluster = NULL;
+    hostd_test_fixture_free(f);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_move_refused, test_setup),
+        cmocka_unit_test_setup(test_move_saved_source_settles, test_setup),
+        cmocka_unit_test_setup(test_move_target_files, test_setup),
+    };
+    return cmocka_run_group_tests(tests, suite_setup, suite_teardown);
+}
