@@ -178,7 +178,7 @@ function __vmctl_complete
                 set kind agent
             case --secret
                 set kind secret
-            case --on
+            case --on --to
                 set kind host
             case --user-data --socket --ssh-key --identity --from-file --copy-dir
                 set kind file

@@ -152,7 +152,9 @@ move_file_name_valid(const char *file)
 static gboolean
 move_file_skipped(const char *file)
 {
-    return g_str_equal(file, HOSTD_AGENT_DOMAIN_XML) || g_str_equal(file, MOVE_MEMORY_FILE);
+    /* A warm layer a move brought here goes as "@warm" on the next one, never by its name. */
+    return g_str_equal(file, HOSTD_AGENT_DOMAIN_XML) || g_str_equal(file, MOVE_MEMORY_FILE) ||
+           g_str_equal(file, MOVE_WARM_FILE);
 }
 
 /* The SHA-256 of the file at @path, in hex. Newly allocated. */
@@ -761,8 +763,7 @@ hostd_move_write(HostdContext *ctx, const char *name, const char *file, gint64 s
     if (!move_with(ctx, FALSE, name, NULL, NULL))
         return vm_throw(error, VM_ERROR_BAD_STATE, "no move of agent '%s' is under way here", name);
     if (!g_str_equal(file, MOVE_MEMORY) && !g_str_equal(file, MOVE_WARM) &&
-        (!move_file_name_valid(file) || move_file_skipped(file) ||
-         g_str_equal(file, MOVE_WARM_FILE)))
+        (!move_file_name_valid(file) || move_file_skipped(file)))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "'%s' is no file of a move", file);
     if (size < 0)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "a file's size is not negative");

@@ -10,6 +10,7 @@ static const struct {
 } arguments[] = {
     {"drain", "host"},
     {"undrain", "host"},
+    {"move", "agent"},
     {"info", "agent"},
     {"exec", "agent"},
     {"ssh", "agent"},

@@ -139,8 +139,18 @@ crash_case() {
   LAB_HOST_PIDS[$victim]=0
   HOSTD_TEST_CRASH_AT=$step lab_host_start "$victim" || diag "h$victim did not start"
   hv 1 move "$A" --to "h$dst" >"$S/move-$step.out" 2>&1
+  # The move ends when the victim dies there; one that failed before it, or went past it, ends
+  # without: that case has not tested its step.
+  local reached=yes
+  for _ in $(seq 1 50); do kill -0 "${LAB_HOST_PIDS[$victim]}" 2>/dev/null || break; sleep 0.2; done
+  if kill -0 "${LAB_HOST_PIDS[$victim]}" 2>/dev/null; then
+    reached=no
+    kill -9 "${LAB_HOST_PIDS[$victim]}"
+  fi
   wait "${LAB_HOST_PIDS[$victim]}" 2>/dev/null
   LAB_HOST_PIDS[$victim]=0
+  check "the move reached $step, where h$victim was killed" test "$reached" = yes ||
+    diag "$(cat "$S/move-$step.out")"
   lab_host_start "$victim" || diag "h$victim did not start again"
   # Settled once exactly one of the two serves it: the record's owner runs it, the other has
   # no copy or a fenced one.

@@ -70,6 +70,10 @@ static const struct {
     {VM_OP_FLEET_HOSTS, TRUE},
     {VM_OP_FLEET_LIST, TRUE},
     {VM_OP_FLEET_DRAIN, TRUE},
+    {VM_OP_MOVE_OUT, TRUE},
+    {VM_OP_MOVE_READ, TRUE},
+    {VM_OP_MOVE_IN, TRUE},
+    {VM_OP_MOVE_WRITE, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -144,6 +148,15 @@ static const struct {
     {VM_OP_FLEET_HOSTS, "@a{sv} {}"},
     {VM_OP_FLEET_LIST, "@a{sv} {}"},
     {VM_OP_FLEET_DRAIN, "{'host': <'h2'>, 'drained': <true>}"},
+    {VM_OP_MOVE_OUT, "{'name': <'alice'>, 'step': <'save'>, 'to': <'h2'>}"},
+    {VM_OP_MOVE_READ, "{'name': <'alice'>, 'file': <'@memory'>}"},
+    {VM_OP_MOVE_IN, "{'name': <'alice'>, 'step': <'begin'>, 'from': <'h1'>, 'epoch': <int64 3>, "
+                    "'template': <'debian-12'>, 'cpus': <uint32 2>, 'memory_mib': <uint32 1024>, "
+                    "'disk_gib': <uint32 8>, 'base_sha256': <'" "0123456789abcdef0123456789abcdef"
+                    "0123456789abcdef0123456789abcdef" "'>, 'source_dir': <'/s/agents/alice'>, "
+                    "'base_path': <'/s/images/debian-12/base.qcow2'>, 'warm_path': <'/s/w.qcow2'>, "
+                    "'files': <['0123 agent.ini']>}"},
+    {VM_OP_MOVE_WRITE, "{'name': <'alice'>, 'file': <'disk.qcow2'>, 'size': <int64 65536>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -305,6 +318,10 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_FLEET_HOSTS, 45);
     assert_int_equal(VM_OP_FLEET_LIST, 46);
     assert_int_equal(VM_OP_FLEET_DRAIN, 47);
+    assert_int_equal(VM_OP_MOVE_OUT, 48);
+    assert_int_equal(VM_OP_MOVE_READ, 49);
+    assert_int_equal(VM_OP_MOVE_IN, 53);
+    assert_int_equal(VM_OP_MOVE_WRITE, 54);
     assert_int_equal(VM_OP_ELSEWHERE, 107);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);

@@ -694,7 +694,7 @@ test_reply_end(void **state)
         if (!vm_op_is_request((VmOp)op))
             assert_int_equal(end, 0);
         else if (op == VM_OP_EXEC || op == VM_OP_EGRESS_LOG || op == VM_OP_EVENTS ||
-                 op == VM_OP_AGENT_LOGS)
+                 op == VM_OP_AGENT_LOGS || op == VM_OP_MOVE_READ || op == VM_OP_MOVE_WRITE)
             assert_int_equal(end, VM_OP_EXIT);
         else
             assert_int_equal(end, VM_OP_RESULT);
