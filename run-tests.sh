@@ -60,7 +60,7 @@ if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
   lane_a=$!
   (set -o pipefail
    run_lane tests/integration/vm-egress.sh tests/integration/vm-secrets.sh \
-     tests/integration/vm-lifecycle.sh 2>&1 | sed -u 's/^/[b] /') &
+     tests/integration/vm-lifecycle.sh tests/integration/vm-fleet.sh 2>&1 | sed -u 's/^/[b] /') &
   lane_b=$!
   vm_rc=0
   wait "$lane_a" || vm_rc=1

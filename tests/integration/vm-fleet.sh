@@ -216,13 +216,18 @@ lab_etcd_stop 2
 out=$(hv 1 list --fleet 2>&1)
 rc=$?
 check "without quorum the fleet's view fails clearly (exit 12)" test "$rc" = 12 || diag "$rc: $out"
+OWN=
 for h in 1 3; do
   a=$(hv "$h" list --json | python3 -c 'import json,sys; l = [a["name"] for a in json.load(sys.stdin)]; print(l[0] if l else "")')
   if [ -n "$a" ]; then
     check "without quorum h$h serves its own agent $a (exec)" hv "$h" exec "$a" -- true
+    OWN=${OWN:-$h:$a}
   fi
 done
-out=$(hv 1 move "$A" --to h3 2>&1)
-check "without quorum a move fails and says why" grep -q "etcd" <<<"$out" || diag "$out"
+if [ -n "$OWN" ]; then
+  out=$(hv "${OWN%%:*}" move "${OWN#*:}" --to h2 2>&1)
+  check "without quorum a move fails and says why" grep -q "etcd" <<<"$out" || diag "$out"
+  check "and the agent still answers where it was" hv "${OWN%%:*}" exec "${OWN#*:}" -- true
+fi
 
 tap_end
