@@ -588,6 +588,30 @@ print_lines(GString *pending, VmctlLineFormat format, GError **error)
     return TRUE;
 }
 
+/* One frame of a log's stream: its lines printed (the last one only once whole, or at the end),
+ * a PROGRESS passed over. */
+static gboolean
+print_stream_frame(const VmMessage *m, GString *pending, VmctlLineFormat format, GError **error)
+{
+    const guint8 *data;
+    gsize len = 0;
+
+    switch (m->op) {
+    case VM_OP_STDOUT:
+        data = vm_message_get_data(m, "data", &len);
+        g_string_append_len(pending, (const char *)data, (gssize)len);
+        return print_lines(pending, format, error);
+    case VM_OP_EXIT:
+        g_string_append_c(pending, '\n');
+        return pending->len == 1 || print_lines(pending, format, error);
+    case VM_OP_PROGRESS:
+        return TRUE;
+    default: /* a log has no stderr */
+        return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
+                        vm_op_name(m->op));
+    }
+}
+
 gboolean
 vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlLineFormat format,
                    GError **error)
@@ -595,6 +619,7 @@ vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlLineFormat
     g_autoptr(GString) pending = g_string_new(NULL);
     g_autoptr(VmMessage) request = vm_message_new(op, fields, error);
     g_autoptr(VmctlConnection) connection = NULL;
+    g_autoptr(VmctlRemote) followed = NULL;
     VmctlEndpoint endpoint;
     VmStreamReader reader;
 
@@ -602,35 +627,46 @@ vmctl_print_stream(VmctlContext *ctx, VmOp op, GVariant *fields, VmctlLineFormat
         return FALSE;
     if (ctx->json)
         format = NULL;
-    connection = vmctl_connection_open(&endpoint, error);
-    if (connection == NULL)
-        return FALSE;
-    if (!vm_message_write_fd(vmctl_connection_get_fd(connection), request, error))
-        return vmctl_connection_fail(connection, error);
-    vm_stream_reader_init(&reader, vmctl_connection_get_fd(connection), request->op);
+    for (;;) {
+        connection = vmctl_connection_open(&endpoint, error);
+        if (connection == NULL)
+            return FALSE;
+        if (!vm_message_write_fd(vmctl_connection_get_fd(connection), request, error))
+            return vmctl_connection_fail(connection, error);
+        vm_stream_reader_init(&reader, vmctl_connection_get_fd(connection), request->op);
+        g_autoptr(GError) local_error = NULL;
+        g_autoptr(VmMessage) first = vm_stream_reader_next(&reader, &local_error);
+        /* The agent is another host's in the fleet: the stream comes from there, once. */
+        if (first == NULL && reader.elsewhere && followed == NULL) {
+            g_autoptr(VmMessage) again = NULL;
+            g_clear_pointer(&connection, vmctl_connection_free);
+            if (!vmctl_follow_prepare(request, &reader.where, &followed, &again, error))
+                return FALSE;
+            g_clear_pointer(&request, vm_message_free);
+            request = g_steal_pointer(&again);
+            endpoint = (VmctlEndpoint){.remote = followed};
+            continue;
+        }
+        if (first == NULL) {
+            g_propagate_error(error, g_steal_pointer(&local_error));
+            return vmctl_connection_fail(connection, error);
+        }
+        /* The first frame is the stream's: it goes through the loop below like the others. */
+        if (!print_stream_frame(first, pending, format, error))
+            return FALSE;
+        if (first->op == VM_OP_EXIT)
+            return TRUE;
+        break;
+    }
     for (;;) {
         g_autoptr(VmMessage) m = vm_stream_reader_next(&reader, error);
-        const guint8 *data;
-        gsize len = 0;
 
         if (m == NULL)
             return vmctl_connection_fail(connection, error);
-        switch (m->op) {
-        case VM_OP_STDOUT:
-            data = vm_message_get_data(m, "data", &len);
-            g_string_append_len(pending, (const char *)data, (gssize)len);
-            if (!print_lines(pending, format, error))
-                return FALSE;
-            break;
-        case VM_OP_EXIT:
-            g_string_append_c(pending, '\n');
-            return pending->len == 1 || print_lines(pending, format, error);
-        case VM_OP_PROGRESS:
-            break;
-        default: /* a log has no stderr */
-            return vm_throw(error, VM_ERROR_PROTOCOL, "unexpected %s message from hostd",
-                            vm_op_name(m->op));
-        }
+        if (!print_stream_frame(m, pending, format, error))
+            return FALSE;
+        if (m->op == VM_OP_EXIT)
+            return TRUE;
     }
 }
 

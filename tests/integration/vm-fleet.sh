@@ -123,6 +123,8 @@ check "its counting process went on ($C0 -> $C1)" test -n "$C1" -a "${C1:-0}" -g
 check "h1 has no copy of $A left" test ! -e "$S/h1/agents/$A"
 check "$A's images on h2 pass qemu-img check" images_intact 2 "$A"
 check "asked of h1, exec on $A goes to h2" test "$(boot_id 1 "$A")" = "$BOOT"
+out=$(hv 1 logs "$A" --lines 3 2>&1)
+check "asked of h1, the console log of $A comes from h2" test $? = 0 || diag "$out"
 out=$(hv 2 move "$A" --to h2 2>&1)
 check "a move to the host it is on is refused" grep -q "is on host 'h2' already" <<<"$out" || diag "$out"
 

@@ -10,6 +10,9 @@
 
 #include "test-etcd-fixture.h"
 
+#include "vm-fleet-records.h"
+#include "vm-fs.h"
+
 #define READY_TIMEOUT_S 20
 
 /* The output files of the members this process started, newest last: what a test that finds
@@ -162,4 +165,76 @@ vm_test_etcd_wipe(VmEtcd *etcd)
         if (!vm_etcd_delete(etcd, ((VmEtcdKv *)kvs->pdata[i])->key, NULL, &error))
             fail_msg("cannot delete an etcd key: %s", error->message);
     }
+}
+
+VmTestEtcdSuite *
+vm_test_etcd_suite_new(const char *prefix, guint client_port, guint peer_port)
+{
+    if (!vm_test_etcd_installed())
+        return NULL;
+    VmTestEtcdSuite *suite = g_new0(VmTestEtcdSuite, 1);
+    g_autofree char *template = g_strdup_printf("%s-XXXXXX", prefix);
+    suite->dir = g_dir_make_tmp(template, NULL);
+    vm_test_etcd_member_init(&suite->member, suite->dir, "m0", client_port, peer_port);
+    vm_test_etcd_member_start(&suite->member, NULL);
+    g_autoptr(VmEtcd) etcd = vm_test_etcd_suite_client(suite);
+    vm_test_etcd_wait_ready(etcd);
+    return suite;
+}
+
+void
+vm_test_etcd_suite_free(VmTestEtcdSuite *suite)
+{
+    if (suite == NULL)
+        return;
+    vm_test_etcd_member_clear(&suite->member);
+    vm_remove_tree(suite->dir, NULL);
+    g_free(suite->dir);
+    g_free(suite);
+}
+
+int
+vm_test_etcd_suite_test_setup(VmTestEtcdSuite *suite)
+{
+    if (suite == NULL)
+        skip();
+    g_autoptr(VmEtcd) etcd = vm_test_etcd_suite_client(suite);
+    vm_test_etcd_wipe(etcd);
+    return 0;
+}
+
+VmEtcd *
+vm_test_etcd_suite_client(const VmTestEtcdSuite *suite)
+{
+    guint ports[] = {suite->member.client_port};
+    return vm_test_etcd_client(ports, 1);
+}
+
+void
+vm_test_etcd_agent_put(VmEtcd *etcd, const char *name, const char *host, guint64 epoch)
+{
+    g_autoptr(VmFleetAgent) agent = vm_fleet_agent_new(name, host, epoch, "running");
+    g_autofree char *key = vm_fleet_agent_key(name);
+    g_autofree char *json = vm_fleet_agent_to_json(agent);
+    g_autoptr(GError) error = NULL;
+    if (!vm_etcd_put(etcd, key, json, -1, 0, &error))
+        fail_msg("%s", error->message);
+}
+
+char *
+vm_test_etcd_agent_owner(VmEtcd *etcd, const char *name)
+{
+    g_autofree char *key = vm_fleet_agent_key(name);
+    g_autoptr(VmEtcdKv) kv = NULL;
+    g_autoptr(GError) error = NULL;
+    if (!vm_etcd_get(etcd, key, &kv, &error))
+        fail_msg("%s", error->message);
+    if (kv == NULL)
+        return g_strdup("none");
+    gsize len;
+    const char *data = g_bytes_get_data(kv->value, &len);
+    g_autoptr(VmFleetAgent) agent = vm_fleet_agent_from_json(data, len, &error);
+    if (agent == NULL)
+        fail_msg("%s", error->message);
+    return g_strdup_printf("%s/%" G_GUINT64_FORMAT, agent->host, agent->epoch);
 }

@@ -50,4 +50,24 @@ void vm_test_etcd_wait_ready(VmEtcd *etcd);
 /* Deletes every key: each test starts from an empty keyspace. */
 void vm_test_etcd_wipe(VmEtcd *etcd);
 
+/* One member for a whole test file, started by its group's setup in a temporary dir of its own
+ * (@prefix-XXXXXX) on @client_port and @peer_port, and answering. */
+typedef struct {
+    char *dir;
+    VmTestEtcdMember member;
+} VmTestEtcdSuite;
+
+/* The suite's member, or NULL where no etcd is installed (its tests then skip). */
+VmTestEtcdSuite *vm_test_etcd_suite_new(const char *prefix, guint client_port, guint peer_port);
+/* Kills the member and removes its dir. NULL is fine. */
+void vm_test_etcd_suite_free(VmTestEtcdSuite *suite);
+/* A test's setup: skip() where @suite is NULL (no etcd), else an empty keyspace. Returns 0. */
+int vm_test_etcd_suite_test_setup(VmTestEtcdSuite *suite);
+/* A client of the suite's member. */
+VmEtcd *vm_test_etcd_suite_client(const VmTestEtcdSuite *suite);
+/* Writes agent @name's fleet record as host @host would hold it, with @epoch. */
+void vm_test_etcd_agent_put(VmEtcd *etcd, const char *name, const char *host, guint64 epoch);
+/* "HOST/EPOCH" of agent @name's fleet record ("none" without one), newly allocated. */
+char *vm_test_etcd_agent_owner(VmEtcd *etcd, const char *name);
+
 G_END_DECLS

@@ -428,18 +428,7 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(FakeAgents, fake_agents_free)
 static HostdCluster *
 host_new(const char *id, const guint *ports, guint n, FakeAgents *agents)
 {
-    g_autoptr(HostdClusterConfig) config = g_new0(HostdClusterConfig, 1);
-    g_autoptr(GError) error = NULL;
-
-    config->endpoints = g_new0(char *, n + 1);
-    for (guint i = 0; i < n; i++)
-        config->endpoints[i] = vm_test_etcd_url(ports[i]);
-    config->host_id = g_strdup(id);
-    config->address = g_strdup_printf("ssh://root@%s.lab", id);
-    config->lease_ttl_s = 2;
-    HostdCluster *cluster = hostd_cluster_new(config, suite->dir, &error);
-    if (cluster == NULL)
-        fail_msg("%s", error->message);
+    HostdCluster *cluster = hostd_test_cluster_new(id, ports, n, suite->dir);
     if (agents != NULL)
         hostd_cluster_set_agents_func(cluster, fake_agents_func, agents);
     return cluster;

@@ -28,43 +28,25 @@
 #define PEER_PORT   27201
 #define DEAD_PORT   27209 /* nothing listens here */
 
-typedef struct {
-    char *dir;
-    VmTestEtcdMember etcd;
-} Suite;
-
-static Suite *suite;
+static VmTestEtcdSuite *suite;
 
 static VmEtcd *
 client(void)
 {
-    guint ports[] = {CLIENT_PORT};
-    return vm_test_etcd_client(ports, 1);
+    return vm_test_etcd_suite_client(suite);
 }
 
 static int
 suite_setup(void **state)
 {
-    if (!vm_test_etcd_installed())
-        return 0;
-    suite = g_new0(Suite, 1);
-    suite->dir = g_dir_make_tmp("fleet-fence-XXXXXX", NULL);
-    vm_test_etcd_member_init(&suite->etcd, suite->dir, "m0", CLIENT_PORT, PEER_PORT);
-    vm_test_etcd_member_start(&suite->etcd, NULL);
-    g_autoptr(VmEtcd) etcd = client();
-    vm_test_etcd_wait_ready(etcd);
+    suite = vm_test_etcd_suite_new("fleet-fence", CLIENT_PORT, PEER_PORT);
     return 0;
 }
 
 static int
 suite_teardown(void **state)
 {
-    if (suite == NULL)
-        return 0;
-    vm_test_etcd_member_clear(&suite->etcd);
-    vm_remove_tree(suite->dir, NULL);
-    g_free(suite->dir);
-    g_clear_pointer(&suite, g_free);
+    g_clear_pointer(&suite, vm_test_etcd_suite_free);
     return 0;
 }
 
@@ -72,28 +54,14 @@ suite_teardown(void **state)
 static int
 test_setup(void **state)
 {
-    if (suite == NULL)
-        skip();
-    g_autoptr(VmEtcd) etcd = client();
-    vm_test_etcd_wipe(etcd);
-    return 0;
+    return vm_test_etcd_suite_test_setup(suite);
 }
 
 static HostdCluster *
 host_new(const char *id, guint port)
 {
-    g_autoptr(HostdClusterConfig) config = g_new0(HostdClusterConfig, 1);
-    g_autoptr(GError) error = NULL;
-
-    config->endpoints = g_new0(char *, 2);
-    config->endpoints[0] = vm_test_etcd_url(port);
-    config->host_id = g_strdup(id);
-    config->address = g_strdup_printf("ssh://root@%s.lab", id);
-    config->lease_ttl_s = 2;
-    HostdCluster *cluster = hostd_cluster_new(config, suite->dir, &error);
-    if (cluster == NULL)
-        fail_msg("%s", error->message);
-    return cluster;
+    guint ports[] = {port};
+    return hostd_test_cluster_new(id, ports, 1, suite->dir);
 }
 
 /* Writes @name's fleet record as host @host would hold it. */
@@ -101,12 +69,7 @@ static void
 record_put(const char *name, const char *host, guint64 epoch)
 {
     g_autoptr(VmEtcd) etcd = client();
-    g_autoptr(VmFleetAgent) agent = vm_fleet_agent_new(name, host, epoch, "running");
-    g_autofree char *key = vm_fleet_agent_key(name);
-    g_autofree char *json = vm_fleet_agent_to_json(agent);
-    g_autoptr(GError) error = NULL;
-    if (!vm_etcd_put(etcd, key, json, -1, 0, &error))
-        fail_msg("%s", error->message);
+    vm_test_etcd_agent_put(etcd, name, host, epoch);
 }
 
 /* The host @name's fleet record names, or NULL when it has none. */
@@ -114,18 +77,10 @@ static char *
 record_host(const char *name)
 {
     g_autoptr(VmEtcd) etcd = client();
-    g_autofree char *key = vm_fleet_agent_key(name);
-    g_autoptr(VmEtcdKv) kv = NULL;
-    g_autoptr(GError) error = NULL;
-    if (!vm_etcd_get(etcd, key, &kv, &error))
-        fail_msg("%s", error->message);
-    if (kv == NULL)
+    g_autofree char *owner = vm_test_etcd_agent_owner(etcd, name);
+    if (g_str_equal(owner, "none"))
         return NULL;
-    gsize len;
-    const char *data = g_bytes_get_data(kv->value, &len);
-    g_autoptr(VmFleetAgent) agent = vm_fleet_agent_from_json(data, len, &error);
-    assert_non_null(agent);
-    return g_strdup(agent->host);
+    return g_strndup(owner, strcspn(owner, "/"));
 }
 
 static void

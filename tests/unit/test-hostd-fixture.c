@@ -20,6 +20,7 @@
 #include "vm-config.h"
 #include "test-common.h"
 #include "test-hostd-fixture.h"
+#include "hostd-cluster.h"
 #include "test-sink.h"
 
 #define FAKE_IMAGE_MAGIC "fake-qcow2"
@@ -1037,4 +1038,22 @@ hostd_test_request(VmOp op, const char *fields_text)
     if (m == NULL)
         fail_msg("cannot build %s %s: %s", vm_op_name(op), fields_text, error->message);
     return m;
+}
+
+struct _HostdCluster *
+hostd_test_cluster_new(const char *id, const guint *ports, guint n, const char *dir)
+{
+    g_autoptr(HostdClusterConfig) config = g_new0(HostdClusterConfig, 1);
+    g_autoptr(GError) error = NULL;
+
+    config->endpoints = g_new0(char *, n + 1);
+    for (guint i = 0; i < n; i++)
+        config->endpoints[i] = g_strdup_printf("http://127.0.0.1:%u", ports[i]);
+    config->host_id = g_strdup(id);
+    config->address = g_strdup_printf("ssh://root@%s.lab", id);
+    config->lease_ttl_s = 2;
+    HostdCluster *cluster = hostd_cluster_new(config, dir, &error);
+    if (cluster == NULL)
+        fail_msg("%s", error->message);
+    return cluster;
 }

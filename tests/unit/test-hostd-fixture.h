@@ -203,4 +203,9 @@ char *hostd_test_dict_string(GVariant *dict, const char *key);
 gboolean hostd_test_wait_state(HostdTestFixture *f, const char *name, const char *state,
                                guint timeout_ms);
 
+/* A fleet member for host @id whose etcd members listen on 127.0.0.1 at @ports (@n of them), its
+ * address "ssh://root@ID.lab", its lease 2 s, its disk figures those of @dir; nothing started. */
+struct _HostdCluster *hostd_test_cluster_new(const char *id, const guint *ports, guint n,
+                                             const char *dir);
+
 G_END_DECLS

@@ -152,8 +152,10 @@ static const struct {
     {VM_OP_MOVE_READ, "{'name': <'alice'>, 'file': <'@memory'>}"},
     {VM_OP_MOVE_IN, "{'name': <'alice'>, 'step': <'begin'>, 'from': <'h1'>, 'epoch': <int64 3>, "
                     "'template': <'debian-12'>, 'cpus': <uint32 2>, 'memory_mib': <uint32 1024>, "
-                    "'disk_gib': <uint32 8>, 'base_sha256': <'" "0123456789abcdef0123456789abcdef"
-                    "0123456789abcdef0123456789abcdef" "'>, 'source_dir': <'/s/agents/alice'>, "
+                    "'disk_gib': <uint32 8>, 'base_sha256': <'"
+                    "0123456789abcdef0123456789abcdef"
+                    "0123456789abcdef0123456789abcdef"
+                    "'>, 'source_dir': <'/s/agents/alice'>, "
                     "'base_path': <'/s/images/debian-12/base.qcow2'>, 'warm_path': <'/s/w.qcow2'>, "
                     "'files': <['0123 agent.ini']>}"},
     {VM_OP_MOVE_WRITE, "{'name': <'alice'>, 'file': <'disk.qcow2'>, 'size': <int64 65536>}"},
