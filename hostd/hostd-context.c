@@ -192,3 +192,13 @@ hostd_crash_point(const char *step)
     if (crash_at != NULL && g_str_equal(crash_at, step))
         raise(SIGKILL);
 }
+
+struct _HostdCluster *
+hostd_context_fleet(HostdContext *ctx, GError **error)
+{
+    if (ctx->cluster == NULL)
+        vm_throw(error, VM_ERROR_NOT_RUNNING,
+                 "this host is in no fleet: hostd's configuration has no [cluster] "
+                 "(docs/CLUSTER.md)");
+    return ctx->cluster;
+}

@@ -164,4 +164,8 @@ void hostd_progress(VmProgressFunc progress, gpointer data, const char *message,
  * ends at once by SIGKILL there, as a crash or a power cut would end it. Nothing otherwise. */
 void hostd_crash_point(const char *step);
 
+/* The fleet this host is in (ctx->cluster), for what needs one: NULL with VM_ERROR_NOT_RUNNING
+ * "this host is in no fleet" without [cluster]. */
+struct _HostdCluster *hostd_context_fleet(HostdContext *ctx, GError **error);
+
 G_END_DECLS

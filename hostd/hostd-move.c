@@ -124,16 +124,6 @@ move_active(HostdContext *ctx, gboolean out, const char *name)
     return active;
 }
 
-static HostdCluster *
-move_fleet(HostdContext *ctx, GError **error)
-{
-    if (ctx->cluster == NULL)
-        vm_throw(error, VM_ERROR_NOT_RUNNING,
-                 "this host is in no fleet: hostd's configuration has no [cluster] "
-                 "(docs/CLUSTER.md); an agent moves only between hosts of a fleet");
-    return ctx->cluster;
-}
-
 /* Whether @file may name a file of an agent's dir in a move: a plain name, no path. */
 static gboolean
 move_file_name_valid(const char *file)
@@ -222,9 +212,24 @@ move_managed_save_path(HostdContext *ctx, const char *dom_name)
 /* ---------------------------------------------------------------------------------------------
  * The source */
 
-/* Why @r cannot move (NULL: it can). */
+/* The record of @name says this host owns it: its epoch. */
 static gboolean
-move_out_check(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
+move_owned_here(HostdContext *ctx, const char *name, guint64 *ret_epoch, GError **error)
+{
+    g_autofree char *owner = NULL;
+    if (!hostd_cluster_owner_of(ctx->cluster, name, &owner, ret_epoch, error))
+        return FALSE;
+    if (g_strcmp0(owner, hostd_cluster_host_id(ctx->cluster)) != 0)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "agent '%s' is not this host's in the fleet (the record names %s)", name,
+                        owner != NULL ? owner : "no host");
+    return TRUE;
+}
+
+/* Whether @r may move: what it is allows it, and the fleet's record says it is this host's
+ * (*@ret_epoch: with which epoch). */
+static gboolean
+move_out_check(HostdContext *ctx, const HostdAgentRecord *r, guint64 *ret_epoch, GError **error)
 {
     if (g_str_equal(r->phase, HOSTD_PHASE_CREATING))
         return vm_throw(error, VM_ERROR_BAD_STATE, "agent '%s' is still being made", r->name);
@@ -251,21 +256,7 @@ move_out_check(HostdContext *ctx, const HostdAgentRecord *r, GError **error)
                         "values do not leave this host: revoke them before the move and grant "
                         "them on the target after",
                         r->name);
-    return TRUE;
-}
-
-/* The record of @name says this host owns it: its epoch. */
-static gboolean
-move_owned_here(HostdContext *ctx, const char *name, guint64 *ret_epoch, GError **error)
-{
-    g_autofree char *owner = NULL;
-    if (!hostd_cluster_owner_of(ctx->cluster, name, &owner, ret_epoch, error))
-        return FALSE;
-    if (g_strcmp0(owner, hostd_cluster_host_id(ctx->cluster)) != 0)
-        return vm_throw(error, VM_ERROR_BAD_STATE,
-                        "agent '%s' is not this host's in the fleet (the record names %s)", name,
-                        owner != NULL ? owner : "no host");
-    return TRUE;
+    return move_owned_here(ctx, r->name, ret_epoch, error);
 }
 
 static GVariant *
@@ -321,7 +312,7 @@ GVariant *
 hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressFunc progress,
                 gpointer progress_data, GError **error)
 {
-    if (move_fleet(ctx, error) == NULL)
+    if (hostd_context_fleet(ctx, error) == NULL)
         return NULL;
     const char *me = hostd_cluster_host_id(ctx->cluster);
     if (to != NULL && g_str_equal(to, me))
@@ -336,7 +327,7 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     if (r->moving_to != NULL || move_active(ctx, TRUE, name))
         return vm_throw(error, VM_ERROR_BUSY, "agent '%s' is being moved already", name), NULL;
     guint64 epoch = 0;
-    if (!move_out_check(ctx, r, error) || !move_owned_here(ctx, name, &epoch, error))
+    if (!move_out_check(ctx, r, &epoch, error))
         return NULL;
     g_autofree char *host = NULL;
     g_autofree char *address = NULL;
@@ -409,7 +400,7 @@ GVariant *
 hostd_move_save(HostdContext *ctx, const char *name, const char *to, VmProgressFunc progress,
                 gpointer progress_data, GError **error)
 {
-    if (move_fleet(ctx, error) == NULL)
+    if (hostd_context_fleet(ctx, error) == NULL)
         return NULL;
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = NULL;
@@ -421,7 +412,7 @@ hostd_move_save(HostdContext *ctx, const char *name, const char *to, VmProgressF
                         "agent '%s' has no move under way here (plan it first)", name),
                NULL;
     guint64 epoch = 0;
-    if (!move_out_check(ctx, r, error) || !move_owned_here(ctx, name, &epoch, error))
+    if (!move_out_check(ctx, r, &epoch, error))
         return NULL;
 
     /* Marked before the save: a hostd that dies from here on finds the mark at start and
@@ -567,7 +558,7 @@ move_out_remove(HostdContext *ctx, HostdAgentRecord *r, const char *owner)
 GVariant *
 hostd_move_done(HostdContext *ctx, const char *name, const char *to, GError **error)
 {
-    if (move_fleet(ctx, error) == NULL)
+    if (hostd_context_fleet(ctx, error) == NULL)
         return NULL;
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &lock, error);
@@ -628,7 +619,7 @@ move_out_settle(HostdContext *ctx, HostdAgentRecord *r, char **ret_owner, guint6
 GVariant *
 hostd_move_abort_out(HostdContext *ctx, const char *name, GError **error)
 {
-    if (move_fleet(ctx, error) == NULL)
+    if (hostd_context_fleet(ctx, error) == NULL)
         return NULL;
     g_autoptr(HostdNameLock) lock = NULL;
     g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &lock, error);
@@ -672,7 +663,7 @@ move_in_file(const char *file)
 GVariant *
 hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
 {
-    if (move_fleet(ctx, error) == NULL || !vm_name_validate(in->name, error))
+    if (hostd_context_fleet(ctx, error) == NULL || !vm_name_validate(in->name, error))
         return NULL;
     const char *me = hostd_cluster_host_id(ctx->cluster);
     if (in->from == NULL || in->template_name == NULL || in->base_sha256 == NULL ||
@@ -961,7 +952,7 @@ GVariant *
 hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progress,
                   gpointer progress_data, GError **error)
 {
-    if (move_fleet(ctx, error) == NULL || !vm_name_validate(in->name, error))
+    if (hostd_context_fleet(ctx, error) == NULL || !vm_name_validate(in->name, error))
         return NULL;
     g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, in->name);
     g_autoptr(HostdMove) m = g_new0(HostdMove, 1);

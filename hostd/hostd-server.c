@@ -894,22 +894,11 @@ hostd_handle_agent_stats(HostdContext *ctx, const VmMessage *req, VmStreamWriter
     return hostd_reply(reply, g_variant_builder_end(&b), error);
 }
 
-/* The fleet's view needs a fleet: without [cluster] there is none to show. */
-static HostdCluster *
-hostd_fleet(HostdContext *ctx, GError **error)
-{
-    if (ctx->cluster == NULL)
-        vm_throw(error, VM_ERROR_NOT_RUNNING,
-                 "this host is in no fleet: hostd's configuration has no [cluster] "
-                 "(docs/CLUSTER.md)");
-    return ctx->cluster;
-}
-
 static gboolean
 hostd_handle_fleet_hosts(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
                          GError **error)
 {
-    HostdCluster *cluster = hostd_fleet(ctx, error);
+    HostdCluster *cluster = hostd_context_fleet(ctx, error);
     if (cluster == NULL)
         return FALSE;
     return hostd_reply1(reply, "hosts", hostd_cluster_hosts(cluster, error), error);
@@ -919,7 +908,7 @@ static gboolean
 hostd_handle_fleet_list(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
                         GError **error)
 {
-    HostdCluster *cluster = hostd_fleet(ctx, error);
+    HostdCluster *cluster = hostd_context_fleet(ctx, error);
     if (cluster == NULL)
         return FALSE;
     return hostd_reply1(reply, "agents", hostd_cluster_agents(cluster, error), error);
@@ -929,7 +918,7 @@ static gboolean
 hostd_handle_fleet_drain(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
                          GError **error)
 {
-    HostdCluster *cluster = hostd_fleet(ctx, error);
+    HostdCluster *cluster = hostd_context_fleet(ctx, error);
     if (cluster == NULL)
         return FALSE;
     const char *host = vm_message_get_string(req, "host", "");
