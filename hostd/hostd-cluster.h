@@ -57,8 +57,7 @@ void hostd_cluster_set_fence_func(HostdCluster *cluster, HostdClusterFenceFunc f
 /* Sets what the thread calls after each refresh that reached etcd (before
  * hostd_cluster_start()): hostd settles what waits on the fleet's records there (hostd-move.h).
  * It must never wait on an agent: the thread renews the lease. */
-void hostd_cluster_set_tick_func(HostdCluster *cluster, void (*func)(gpointer data),
-                                 gpointer data);
+void hostd_cluster_set_tick_func(HostdCluster *cluster, void (*func)(gpointer data), gpointer data);
 /* Sets where the thread reports what it could not do (one line each; changes only, not every
  * retry). May be NULL. */
 void hostd_cluster_set_log_func(HostdCluster *cluster, void (*log)(const char *message));
@@ -124,8 +123,8 @@ gboolean hostd_cluster_place(HostdCluster *cluster, const char *on, const char *
 /* hostd_cluster_place() that never picks host @except (NULL: any) unless it is @on: where an
  * agent of @except goes when it moves away. */
 gboolean hostd_cluster_place_except(HostdCluster *cluster, const char *on, const char *except,
-                                    const char *template_name, guint64 memory_mib,
-                                    char **ret_host, char **ret_address, GError **error);
+                                    const char *template_name, guint64 memory_mib, char **ret_host,
+                                    char **ret_address, GError **error);
 /* Takes agent @name's fleet record over for this host: where it says host @from with @epoch,
  * writes {this host, @epoch + 1, @state (NULL: as it was)} with one transaction on the record
  * read, so that of two hosts taking it over from one state, one wins. A move's target calls it

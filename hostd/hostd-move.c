@@ -891,7 +891,11 @@ move_in_record(HostdContext *ctx, const HostdMove *m, const char *name, const ch
     r->ssh_port = 0;
     r->backend_port = 0;
     r->agent_id = 0;
+    /* What names files or this host's things is this host's to set, never the record's: it
+     * came through a client. */
     g_clear_pointer(&r->domain, g_free);
+    g_clear_pointer(&r->fork_base, g_free);
+    g_clear_pointer(&r->fork_checkpoint, g_free);
     g_clear_pointer(&r->fenced, g_free);
     g_clear_pointer(&r->moving_to, g_free);
     g_clear_pointer(&r->crashed, g_free);
@@ -971,6 +975,9 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
     g_autofree char *incoming = move_incoming_dir(ctx, in->name);
     g_autoptr(HostdAgentRecord) r = move_in_record(ctx, m, in->name, incoming, names, error);
     if (r == NULL)
+        return NULL;
+    /* The sizes the record says, which begin's check did not see. */
+    if (!hostd_check_resources(ctx, r->cpus, r->memory_mib, r->disk_gib, error))
         return NULL;
     g_autoptr(VmImage) image = hostd_agent_image(ctx, r, error);
     if (image == NULL)

@@ -13,7 +13,7 @@ static const VmctlVerb verbs[] = {
     {"list", vmctl_cmd_list, "", "List the agents (--fleet: every host's)"},
     {"hosts", vmctl_cmd_hosts, "", "List the fleet's hosts: capacity, load and liveness"},
     {"drain", vmctl_cmd_drain, "HOST", "Move a fleet host's agents away and keep new ones off it"},
-    {"move", vmctl_cmd_move, "NAME", "Move an agent to another host of the fleet, processes and all"},
+    {"move", vmctl_cmd_move, "NAME", "Move an agent, running, to another host of the fleet"},
     {"undrain", vmctl_cmd_undrain, "HOST", "Let a drained host of the fleet take new agents again"},
     {"info", vmctl_cmd_info, "NAME", "Show everything about one agent"},
     {"exec", vmctl_cmd_exec, "NAME [--] CMD [ARG...]", "Run a command in an agent's VM"},
