@@ -923,3 +923,32 @@ hostd_cluster_take(HostdCluster *cluster, const char *name, const char *from, gu
         *ret_epoch = epoch + 1;
     return TRUE;
 }
+
+GPtrArray *
+hostd_cluster_release_missing(HostdCluster *cluster, GHashTable *here, GError **error)
+{
+    g_autoptr(GError) local_error = NULL;
+    g_autoptr(GPtrArray) kvs = vm_etcd_get_prefix(cluster->etcd, VM_FLEET_AGENTS_PREFIX,
+                                                  VM_FLEET_AGENTS_MAX, &local_error);
+    if (kvs == NULL)
+        return hostd_cluster_fleet_error(cluster, "read the fleet's agents", local_error, error),
+               NULL;
+    g_autoptr(GPtrArray) released = g_ptr_array_new_with_free_func(g_free);
+    for (guint i = 0; i < kvs->len; i++) {
+        const VmEtcdKv *kv = kvs->pdata[i];
+        g_autoptr(VmFleetAgent) agent = kv_agent(kv, NULL);
+        if (agent == NULL || !g_str_equal(agent->host, cluster->host_id) ||
+            g_hash_table_contains(here, agent->name))
+            continue;
+        /* Only the record read: a host that takes the name meanwhile keeps it. */
+        g_autoptr(VmEtcdTxn) txn = vm_etcd_txn_new();
+        gboolean deleted = FALSE;
+        vm_etcd_txn_if_mod_revision(txn, kv->key, kv->mod_revision);
+        vm_etcd_txn_delete(txn, TRUE, kv->key);
+        if (!vm_etcd_txn_commit(cluster->etcd, txn, &deleted, NULL, &local_error))
+            return hostd_cluster_fleet_error(cluster, "release a name", local_error, error), NULL;
+        if (deleted)
+            g_ptr_array_add(released, g_strdup(agent->name));
+    }
+    return g_steal_pointer(&released);
+}

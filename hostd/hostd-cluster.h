@@ -87,6 +87,12 @@ gboolean hostd_cluster_registered(HostdCluster *cluster);
 gboolean hostd_cluster_claim(HostdCluster *cluster, const char *name, gboolean *ret_created,
                              GError **error);
 
+/* At hostd's start: deletes every agent record naming this host for an agent it does not have
+ * (@here: the names it has, a set): a `new` that died between its claim and its end, or a state
+ * directory that lost an agent, would otherwise hold the name for ever. Each with a transaction
+ * on the record read. Returns the names released (a GPtrArray of strings). Fails with
+ * VM_ERROR_NOT_RUNNING when etcd cannot be reached (nothing released). */
+GPtrArray *hostd_cluster_release_missing(HostdCluster *cluster, GHashTable *here, GError **error);
 /* Deletes @name's record where this host owns it (another host's record stays). Fails with
  * VM_ERROR_NOT_RUNNING when etcd cannot be reached. */
 gboolean hostd_cluster_release(HostdCluster *cluster, const char *name, GError **error);

@@ -134,6 +134,17 @@ hostd_fence_startup(HostdContext *ctx, GPtrArray *notes)
         return;
     g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, NULL);
     const char *me = hostd_cluster_host_id(ctx->cluster);
+    g_autoptr(GHashTable) here = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GPtrArray) names = hostd_state_list_agents(ctx->state, NULL);
+    for (guint i = 0; names != NULL && i < names->len; i++)
+        g_hash_table_add(here, names->pdata[i]);
+    g_autoptr(GError) release_error = NULL;
+    g_autoptr(GPtrArray) released =
+        names != NULL ? hostd_cluster_release_missing(ctx->cluster, here, &release_error) : NULL;
+    for (guint i = 0; released != NULL && i < released->len; i++)
+        g_ptr_array_add(notes, g_strdup_printf("fleet: the name '%s' was this host's, which has "
+                                               "no such agent: given back to the fleet",
+                                               (char *)released->pdata[i]));
 
     for (guint i = 0; records != NULL && i < records->len; i++) {
         const HostdAgentRecord *r = records->pdata[i];

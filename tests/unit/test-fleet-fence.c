@@ -139,9 +139,23 @@ test_fenced_at_start(void **state)
     g_autofree char *checkpoint = hostd_test_checkpoint_ids(f, "taken");
     record_put("taken", "h2", 2);
     record_put("stale", "h1", 3);
+    /* A name h1 claimed for a `new` that died before it made anything; another host's name
+     * that h1 does not have either. */
+    record_put("ghost", "h1", 1);
+    record_put("theirs", "h2", 1);
 
     g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
     hostd_fence_startup(f->ctx, notes);
+
+    /* The dead claim is given back, said in the notes; the other host's stays. */
+    g_autofree char *ghost = record_host("ghost");
+    assert_null(ghost);
+    g_autofree char *theirs = record_host("theirs");
+    assert_string_equal(theirs, "h2");
+    gboolean said = FALSE;
+    for (guint i = 0; i < notes->len; i++)
+        said = said || strstr(notes->pdata[i], "the name 'ghost' was this host's") != NULL;
+    assert_true(said);
 
     /* Its running copy (a host back with its QEMUs) is gone, its files stay. */
     assert_string_equal(hostd_test_domain_state(f, "taken"), "stopped");
