@@ -1069,8 +1069,6 @@ hostd_move_abort_in(HostdContext *ctx, const char *name, GError **error)
 void
 hostd_move_tick(gpointer data)
 {
-    /* On the cluster's thread, which renews the lease: nothing here waits on a busy agent, and
-     * what runs (a copy's removal, its components' hooks) is short beside a lease's TTL. */
     HostdContext *ctx = data;
     g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, NULL);
 

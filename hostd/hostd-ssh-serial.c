@@ -160,16 +160,6 @@ relay_thread(gpointer data)
         if (serial->adopted >= 0) {
             relay_close_chan(serial);
             serial->chan = g_steal_fd(&serial->adopted);
-            /* A new QEMU (a wake): a start the guest announced on the old one may never finish
-             * here (its sshd's banner went to the old connection), so the start line goes out
-             * again at once rather than after that start's wait. A session that was synced
-             * goes on as it was: that is the port's point. */
-            if (!serial->synced) {
-                serial->hello_at = 0;
-                serial->hello_interval_ms = HELLO_INTERVAL_MS;
-                g_byte_array_set_size(serial->scan, 0);
-                serial->mid_line = FALSE;
-            }
         }
         g_mutex_unlock(&serial->lock);
 

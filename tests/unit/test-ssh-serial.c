@@ -171,33 +171,6 @@ test_relay_start_line_repeats(void **state)
     close(guest);
 }
 
-/* A save while the guest starts its sshd (it said so, no banner yet), then a wake: the start it
- * announced was the old QEMU's connection's, whose banner never comes here, so the start line
- * goes to the new one at once, not after that start's 30 s wait. */
-static void
-test_relay_wake_during_start(void **state)
-{
-    g_autoptr(GError) error = NULL;
-    g_autoptr(HostdSshSerial) serial = NULL;
-    int host_a, guest_a, host_b, guest_b, session;
-
-    qemu_port_new(&host_a, &guest_a);
-    serial = hostd_ssh_serial_start(host_a, &session, &error);
-    vm_test_assert_no_error(error);
-    assert_reads(guest_a, HOSTD_SSH_SERIAL_START);
-    write_all(guest_a, "\n" HOSTD_SSH_SERIAL_STARTING);
-    assert_quiet(guest_a);
-    close(guest_a);
-
-    qemu_port_new(&host_b, &guest_b);
-    assert_true(hostd_ssh_serial_adopt(serial, host_b));
-    assert_reads(guest_b, HOSTD_SSH_SERIAL_START);
-    write_all(guest_b, "SSH-2.0-sshd\r\n");
-    assert_reads(session, "SSH-2.0-sshd\r\n");
-    close(session);
-    close(guest_b);
-}
-
 int
 main(void)
 {
@@ -205,7 +178,6 @@ main(void)
         cmocka_unit_test(test_find_banner),
         cmocka_unit_test(test_relay_carries_over_a_save),
         cmocka_unit_test(test_relay_start_line_repeats),
-        cmocka_unit_test(test_relay_wake_during_start),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
