@@ -240,6 +240,8 @@ static const VmOpSpec vm_op_specs[] = {
         {"name", "s", REQ},
         {"step", "s", REQ, 1, 16},
         {"to", "s", 0, 1, VM_HOST_ID_MAX},
+        {"checkpoint", "s", 0, 1, VM_MOVE_FILE_MAX},
+        {"hosts", "as", 0, 0, VM_REPLICAS_MAX},
         {NULL}}},
     {VM_OP_MOVE_READ, "move-read", VM_OP_EXIT, FALSE, {
         {"name", "s", REQ},
@@ -259,11 +261,16 @@ static const VmOpSpec vm_op_specs[] = {
         {"base_path", "s", 0, 1, VM_PATH_MAX},
         {"warm_path", "s", 0, 1, VM_PATH_MAX},
         {"files", "as", 0, 1, VM_MOVE_FILES_MAX},
+        {"checkpoint", "s", 0, 1, VM_MOVE_FILE_MAX},
         {NULL}}},
     {VM_OP_MOVE_WRITE, "move-write", VM_OP_EXIT, FALSE, {
         {"name", "s", REQ},
         {"file", "s", REQ, 1, VM_MOVE_FILE_MAX},
         {"size", "x", REQ},
+        {NULL}}},
+    {VM_OP_AGENT_RECOVER, "agent-recover", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"to", "s", 0, 1, VM_HOST_ID_MAX},
         {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {

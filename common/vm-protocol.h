@@ -21,7 +21,7 @@ G_BEGIN_DECLS
 #define VM_USER_DATA_MAX     (64 * 1024)   /* bytes of --user-data */
 #define VM_ARGV_MAX          4096          /* arguments, environment entries */
 #define VM_LABEL_MAX         256           /* bytes of a checkpoint label or id */
-#define VM_PROTOCOL_VERSION  14
+#define VM_PROTOCOL_VERSION  15
 #define VM_PATHS_MAX         64                  /* --path arguments of a restore */
 #define VM_RESULT_PART_MAX   (512 * 1024)        /* bytes of a RESULT in one RESULT_PART */
 #define VM_RESULT_MAX        (256 * 1024 * 1024) /* bytes of a RESULT sent in parts */
@@ -37,6 +37,7 @@ G_BEGIN_DECLS
 #define VM_ADDRESS_MAX       255  /* bytes of a fleet host's address */
 #define VM_MOVE_FILES_MAX    4096 /* files of one agent a move copies */
 #define VM_MOVE_FILE_MAX     255  /* bytes of one such file's name */
+#define VM_REPLICAS_MAX      8    /* hosts an agent's checkpoints are copied to */
 #define VM_SHA256_HEX        64   /* bytes of a SHA-256 in hex */
 #define VM_PATH_MAX          4096 /* bytes of a host path in a request */
 /* The most an agent-set-resources request can ask for; hostd's own limits are lower. */
@@ -131,6 +132,8 @@ typedef enum {
     VM_OP_MOVE_READ,     /* source: -> STDOUT* EXIT {status, sha256} (one file's bytes) */
     VM_OP_MOVE_IN = 53,  /* target: -> PROGRESS* RESULT (per step: begin, commit, abort) */
     VM_OP_MOVE_WRITE,    /* target: STDIN* STDIN_EOF from the client -> EXIT {status, sha256} */
+    /* An agent back from its replica here, its host lost (docs/CLUSTER.md, "Replicas"). */
+    VM_OP_AGENT_RECOVER = 55, /* -> PROGRESS* RESULT {agent, checkpoint, created, from} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

@@ -230,6 +230,11 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
         g_variant_builder_add(&b, "{sv}", "crash_reason", g_variant_new_string(r->crashed));
     if (r->fenced != NULL)
         g_variant_builder_add(&b, "{sv}", "fenced", g_variant_new_string(r->fenced));
+    /* In a fleet that replicates: where its newest replica is. */
+    if (r->replicas != NULL && r->replicated != NULL) {
+        g_autofree char *where = g_strdup_printf("%s on %s", r->replicated, r->replicas);
+        g_variant_builder_add(&b, "{sv}", "replica", g_variant_new_string(where));
+    }
     return g_variant_builder_end(&b);
 }
 

@@ -779,7 +779,10 @@ hostd_checkpoint_rehome(HostdContext *ctx, const HostdAgentRecord *r, GHashTable
     for (guint i = 0; i < set->checkpoints->len; i++)
         g_ptr_array_add(images, vm_checkpoint_set_path(
                                     set, ((VmCheckpoint *)set->checkpoints->pdata[i])->image));
-    g_ptr_array_add(images, vm_checkpoint_set_path(set, set->active));
+    /* A recovered agent's overlay is made after its chain is rehomed (it has none yet). */
+    g_autofree char *active = vm_checkpoint_set_path(set, set->active);
+    if (g_file_test(active, G_FILE_TEST_EXISTS))
+        g_ptr_array_add(images, g_steal_pointer(&active));
     if (r->warm_base != NULL)
         g_ptr_array_add(images, g_strdup(r->warm_base));
 
@@ -814,6 +817,53 @@ hostd_checkpoint_rehome(HostdContext *ctx, const HostdAgentRecord *r, GHashTable
     if (!hostd_confine_merging(ctx, r, FALSE, ok ? error : NULL))
         return FALSE;
     return ok;
+}
+
+gboolean
+hostd_checkpoint_recover(HostdContext *ctx, const HostdAgentRecord *r, GHashTable *moved,
+                         char **ret_checkpoint, gint64 *ret_created, GError **error)
+{
+    g_autoptr(VmCheckpointSet) set = vm_checkpoint_set_load(r->dir, error);
+    if (set == NULL)
+        return FALSE;
+    /* A journal of the source's is of files that did not come. */
+    vm_checkpoint_set_abort(set);
+    g_autoptr(GHashTable) kept = g_hash_table_new(g_str_hash, g_str_equal);
+    for (guint i = 0; i < set->checkpoints->len;) {
+        VmCheckpoint *c = set->checkpoints->pdata[i];
+        g_autofree char *image = vm_checkpoint_set_path(set, c->image);
+        if (g_file_test(image, G_FILE_TEST_IS_REGULAR) &&
+            (c->parent == NULL || g_hash_table_contains(kept, c->parent))) {
+            /* A replica holds disks only: the agent boots. */
+            g_clear_pointer(&c->memory, g_free);
+            g_hash_table_add(kept, c->id);
+            i++;
+        } else {
+            g_ptr_array_remove_index(set->checkpoints, i);
+        }
+    }
+    if (set->checkpoints->len == 0)
+        return vm_throw(error, VM_ERROR_BAD_STATE, "the replica of agent '%s' holds no checkpoint",
+                        r->name);
+    const VmCheckpoint *last = set->checkpoints->pdata[set->checkpoints->len - 1];
+    g_autofree char *last_id = g_strdup(last->id);
+    gint64 created = last->created;
+    g_autofree char *last_image = vm_checkpoint_set_path(set, last->image);
+    const char *new_file = NULL;
+    if (!vm_checkpoint_set_begin_restore(set, last_id, &new_file, error))
+        return FALSE;
+    g_autofree char *new_path = vm_checkpoint_set_path(set, new_file);
+    g_free(vm_checkpoint_set_commit_restore(set));
+    if (!vm_checkpoint_set_save(set, error) || !hostd_checkpoint_rehome(ctx, r, moved, error) ||
+        !hostd_checkpoint_chain_check(ctx, r, set, last_id, error))
+        return FALSE;
+    if (!vm_qemu_img_overlay(last_image, new_path, r->disk_gib, error)) {
+        g_unlink(new_path);
+        return FALSE;
+    }
+    *ret_checkpoint = g_steal_pointer(&last_id);
+    *ret_created = created;
+    return TRUE;
 }
 
 /* Starts the restored agent: a memory checkpoint resumes its processes from the saved state on

@@ -157,4 +157,13 @@ char *hostd_checkpoint_saved_xml(HostdContext *ctx, const HostdAgentRecord *r,
 gboolean hostd_checkpoint_rehome(HostdContext *ctx, const HostdAgentRecord *r, GHashTable *moved,
                                  GError **error);
 
+/* For an agent whose files came from a replica (hostd-replica.h): its checkpoint record cut to
+ * the checkpoints whose images came and that stand on ones that came, without memory (a replica
+ * holds disks only), its images' headers pointed at their paths here (hostd_checkpoint_rehome()
+ * with @moved), and a new empty overlay on the newest of them as its disk: the agent as of that
+ * checkpoint. *@ret_checkpoint: that checkpoint's id (newly allocated), *@ret_created its time
+ * (unix seconds). Fails with VM_ERROR_BAD_STATE when no checkpoint came, and as the rehome. */
+gboolean hostd_checkpoint_recover(HostdContext *ctx, const HostdAgentRecord *r, GHashTable *moved,
+                                  char **ret_checkpoint, gint64 *ret_created, GError **error);
+
 G_END_DECLS

@@ -848,6 +848,62 @@ hostd_cluster_place_except(HostdCluster *cluster, const char *on, const char *ex
 }
 
 gboolean
+hostd_cluster_replica_hosts(HostdCluster *cluster, const char *template_name, guint count,
+                            const char *keep, GPtrArray **ret_hosts, GPtrArray **ret_addresses,
+                            GError **error)
+{
+    g_autoptr(GHashTable) hosts = NULL;
+    g_autoptr(GPtrArray) agents = NULL;
+    g_autoptr(GHashTable) drained = NULL;
+
+    if (!hostd_cluster_read(cluster, &hosts, &agents, &drained, error))
+        return FALSE;
+    /* The live hosts but this one that can hold the agent, by id: the same order everywhere. */
+    g_autoptr(GPtrArray) ids = g_ptr_array_new();
+    GHashTableIter it;
+    gpointer id, record;
+    g_hash_table_iter_init(&it, hosts);
+    while (g_hash_table_iter_next(&it, &id, &record)) {
+        VmPlacementHost candidate = {record, TRUE};
+        g_autofree char *why = vm_placement_refusal(&candidate, template_name, 0);
+        if (why == NULL && !g_str_equal(id, cluster->host_id))
+            g_ptr_array_add(ids, id);
+    }
+    g_ptr_array_sort(ids, compare_strs);
+
+    g_autoptr(GPtrArray) chosen = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GPtrArray) addresses = g_ptr_array_new_with_free_func(g_free);
+    /* The hosts that hold a replica already stay (the next copy only adds what changed). */
+    g_auto(GStrv) kept = keep != NULL ? g_strsplit(keep, ",", 0) : g_new0(char *, 1);
+    for (char **k = kept; *k != NULL && chosen->len < count; k++) {
+        for (guint i = 0; i < ids->len; i++) {
+            if (g_str_equal(ids->pdata[i], *k)) {
+                const VmFleetHost *h = g_hash_table_lookup(hosts, ids->pdata[i]);
+                g_ptr_array_add(chosen, g_strdup(h->id));
+                g_ptr_array_add(addresses, g_strdup(h->address));
+                g_ptr_array_remove_index(ids, i);
+                break;
+            }
+        }
+    }
+    /* Then placement's choice, one at a time over what is left. */
+    while (chosen->len < count && ids->len > 0) {
+        g_autofree VmPlacementHost *candidates = g_new0(VmPlacementHost, ids->len);
+        for (guint i = 0; i < ids->len; i++)
+            candidates[i] = (VmPlacementHost){g_hash_table_lookup(hosts, ids->pdata[i]), TRUE};
+        gsize pick = 0;
+        if (!vm_placement_choose(candidates, ids->len, template_name, 0, &pick, NULL))
+            break;
+        g_ptr_array_add(chosen, g_strdup(candidates[pick].record->id));
+        g_ptr_array_add(addresses, g_strdup(candidates[pick].record->address));
+        g_ptr_array_remove_index(ids, (guint)pick);
+    }
+    *ret_hosts = g_steal_pointer(&chosen);
+    *ret_addresses = g_steal_pointer(&addresses);
+    return TRUE;
+}
+
+gboolean
 hostd_cluster_locate(HostdCluster *cluster, const char *name, char **ret_host, char **ret_address,
                      gboolean *ret_live, GError **error)
 {

@@ -131,6 +131,16 @@ gboolean hostd_cluster_place(HostdCluster *cluster, const char *on, const char *
 gboolean hostd_cluster_place_except(HostdCluster *cluster, const char *on, const char *except,
                                     const char *template_name, guint64 memory_mib, char **ret_host,
                                     char **ret_address, GError **error);
+/* Where the replicas of an agent of @template_name go: up to @count live hosts of the fleet
+ * other than this one, not drained, that have the template; first those of @keep ("h2,h3", may
+ * be NULL: the hosts holding its last replica) that still qualify, then placement's choice.
+ * *@ret_hosts and *@ret_addresses (GPtrArrays of strings, in step): fewer than @count when the
+ * fleet has fewer such hosts, none at all included. Fails with VM_ERROR_NOT_RUNNING when etcd
+ * cannot be reached. */
+gboolean hostd_cluster_replica_hosts(HostdCluster *cluster, const char *template_name, guint count,
+                                     const char *keep, GPtrArray **ret_hosts,
+                                     GPtrArray **ret_addresses, GError **error);
+
 /* Takes agent @name's fleet record over for this host: where it says host @from with @epoch,
  * writes {this host, @epoch + 1, @state (NULL: as it was)} with one transaction on the record
  * read, so that of two hosts taking it over from one state, one wins. A move's target calls it

@@ -57,7 +57,7 @@ static const char *const hostd_config_keys[] = {
 };
 
 static const char *const hostd_config_cluster_keys[] = {
-    "endpoints", "host-id", "address", "ca", "cert", "key", "lease-ttl", NULL,
+    "endpoints", "host-id", "address", "ca", "cert", "key", "lease-ttl", "replicate", NULL,
 };
 
 /* The config keys of VmDiskLimit, in its order. */
@@ -233,7 +233,7 @@ hostd_config_cluster_file(GKeyFile *kf, const char *path, const char *key, char 
 }
 
 /* [cluster]: endpoints, host-id and address required; ca, cert and key optional (cert and key
- * together); lease-ttl in seconds. */
+ * together); lease-ttl in seconds; replicate, the copies of each checkpoint. */
 static gboolean
 hostd_config_load_cluster(HostdConfig *config, GKeyFile *kf, const char *path, GError **error)
 {
@@ -292,6 +292,14 @@ hostd_config_load_cluster(HostdConfig *config, GKeyFile *kf, const char *path, G
                             "%s: [cluster] lease-ttl must be %d to %d seconds", path,
                             HOSTD_CLUSTER_LEASE_TTL_MIN, HOSTD_CLUSTER_LEASE_TTL_MAX);
         c->lease_ttl_s = (guint)v;
+    }
+    if (g_key_file_has_key(kf, "cluster", "replicate", NULL)) {
+        gint v = g_key_file_get_integer(kf, "cluster", "replicate", &local_error);
+        if (local_error != NULL || v < 0 || v > HOSTD_CLUSTER_REPLICATE_MAX)
+            return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
+                            "%s: [cluster] replicate must be 0 to %d other hosts", path,
+                            HOSTD_CLUSTER_REPLICATE_MAX);
+        c->replicate = (guint)v;
     }
     hostd_cluster_config_free(config->cluster);
     config->cluster = g_steal_pointer(&c);

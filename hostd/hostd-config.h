@@ -6,6 +6,7 @@
 #include "hostd-accel.h"
 #include "hostd-egress-presets.h"
 #include "vm-domain.h"
+#include "vm-protocol.h"
 
 G_BEGIN_DECLS
 
@@ -38,11 +39,13 @@ typedef struct {
     char *cert;       /* and this host's client certificate and key (both or neither) */
     char *key;
     guint lease_ttl_s; /* the host's record goes this long after its last keepalive */
+    guint replicate;   /* each checkpoint of an agent copied to this many other hosts */
 } HostdClusterConfig;
 
 #define HOSTD_CLUSTER_LEASE_TTL_DEFAULT 10
 #define HOSTD_CLUSTER_LEASE_TTL_MIN     2
 #define HOSTD_CLUSTER_LEASE_TTL_MAX     300
+#define HOSTD_CLUSTER_REPLICATE_MAX     VM_REPLICAS_MAX
 
 void hostd_cluster_config_free(HostdClusterConfig *cluster);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdClusterConfig, hostd_cluster_config_free)

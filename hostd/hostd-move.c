@@ -1,4 +1,5 @@
 #include "hostd-move.h"
+#include "hostd-move-private.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,32 +25,10 @@
 #include "vm-qemu-img.h"
 #include "vm-util.h"
 
-/* The names a move gives the files that are not in the agent's dir on the source. */
-#define MOVE_MEMORY      "@memory"
-#define MOVE_WARM        "@warm"
-#define MOVE_MEMORY_FILE "move.save"
-#define MOVE_WARM_FILE   "moved-warm.qcow2"
-#define MOVE_CHUNK       (64 * 1024)
-/* A client that sends nothing for this long in the middle of a file has gone. */
-#define MOVE_FRAME_TIMEOUT_S 60
-
-/* A move under way on this host, as source or target. The tables are the process's: tests run
- * several hostds in one process, so each entry is keyed by its context too. */
-typedef struct {
-    char *peer;          /* the target (source side) or the source (target side) */
-    guint64 epoch;       /* the record's epoch when the move began */
-    gint64 last_seen;    /* monotonic: the client's last request or frame */
-    GHashTable *sums;    /* target: file -> SHA-256 of what was written */
-    char *template_name; /* target: the agent's template */
-    char *source_dir;
-    char *base_path;
-    char *warm_path;
-} HostdMove;
-
 static GMutex moves_lock;
 static GHashTable *moves; /* "<ctx>/<out|in>/<name>" -> HostdMove */
 
-static void
+void
 hostd_move_free(gpointer data)
 {
     HostdMove *m = data;
@@ -60,10 +39,9 @@ hostd_move_free(gpointer data)
     g_free(m->source_dir);
     g_free(m->base_path);
     g_free(m->warm_path);
+    g_free(m->base_sha256);
     g_free(m);
 }
-
-G_DEFINE_AUTOPTR_CLEANUP_FUNC(HostdMove, hostd_move_free)
 
 static char *
 move_key(HostdContext *ctx, gboolean out, const char *name)
@@ -72,8 +50,8 @@ move_key(HostdContext *ctx, gboolean out, const char *name)
 }
 
 /* Records @m (consumed) as the move of @name. */
-static void
-move_put(HostdContext *ctx, gboolean out, const char *name, HostdMove *m)
+void
+hostd_move_put(HostdContext *ctx, gboolean out, const char *name, HostdMove *m)
 {
     m->last_seen = g_get_monotonic_time();
     g_mutex_lock(&moves_lock);
@@ -83,8 +61,8 @@ move_put(HostdContext *ctx, gboolean out, const char *name, HostdMove *m)
     g_mutex_unlock(&moves_lock);
 }
 
-static void
-move_forget(HostdContext *ctx, gboolean out, const char *name)
+void
+hostd_move_forget(HostdContext *ctx, gboolean out, const char *name)
 {
     g_autofree char *key = move_key(ctx, out, name);
     g_mutex_lock(&moves_lock);
@@ -95,9 +73,9 @@ move_forget(HostdContext *ctx, gboolean out, const char *name)
 
 /* Runs @func on the move of @name with the table locked (the client was just heard from);
  * FALSE when there is none. */
-static gboolean
-move_with(HostdContext *ctx, gboolean out, const char *name,
-          void (*func)(HostdMove *m, gpointer data), gpointer data)
+gboolean
+hostd_move_with(HostdContext *ctx, gboolean out, const char *name,
+                void (*func)(HostdMove *m, gpointer data), gpointer data)
 {
     g_autofree char *key = move_key(ctx, out, name);
     g_mutex_lock(&moves_lock);
@@ -112,8 +90,8 @@ move_with(HostdContext *ctx, gboolean out, const char *name,
 }
 
 /* Whether a client was heard from about the move of @name within HOSTD_MOVE_IDLE_S. */
-static gboolean
-move_active(HostdContext *ctx, gboolean out, const char *name)
+gboolean
+hostd_move_active(HostdContext *ctx, gboolean out, const char *name)
 {
     g_autofree char *key = move_key(ctx, out, name);
     g_mutex_lock(&moves_lock);
@@ -125,8 +103,8 @@ move_active(HostdContext *ctx, gboolean out, const char *name)
 }
 
 /* Whether @file may name a file of an agent's dir in a move: a plain name, no path. */
-static gboolean
-move_file_name_valid(const char *file)
+gboolean
+hostd_move_file_name_valid(const char *file)
 {
     if (file[0] == '\0' || file[0] == '.' || strlen(file) > 255)
         return FALSE;
@@ -139,8 +117,8 @@ move_file_name_valid(const char *file)
 
 /* Files of an agent's dir a move never copies: hostd writes them anew on the target, or they
  * are sockets of this host's processes. */
-static gboolean
-move_file_skipped(const char *file)
+gboolean
+hostd_move_file_skipped(const char *file)
 {
     /* A warm layer a move brought here goes as "@warm" on the next one, never by its name. */
     return g_str_equal(file, HOSTD_AGENT_DOMAIN_XML) || g_str_equal(file, MOVE_MEMORY_FILE) ||
@@ -148,8 +126,8 @@ move_file_skipped(const char *file)
 }
 
 /* The SHA-256 of the file at @path, in hex. Newly allocated. */
-static char *
-move_file_sha256(const char *path, GError **error)
+char *
+hostd_move_file_sha256(const char *path, GError **error)
 {
     vm_autofd fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
@@ -171,8 +149,8 @@ move_file_sha256(const char *path, GError **error)
 
 /* The SHA-256 of a template's base image, remembered by path, size and change time: the image
  * is hostd's and changes only when rebuilt. */
-static char *
-move_base_sha256(const char *path, GError **error)
+char *
+hostd_move_base_sha256(const char *path, GError **error)
 {
     static GMutex lock;
     static GHashTable *known; /* "path\nsize\nctime" -> sha */
@@ -189,7 +167,7 @@ move_base_sha256(const char *path, GError **error)
     g_mutex_unlock(&lock);
     if (sha != NULL)
         return sha;
-    sha = move_file_sha256(path, error);
+    sha = hostd_move_file_sha256(path, error);
     if (sha == NULL)
         return NULL;
     g_mutex_lock(&lock);
@@ -259,8 +237,8 @@ move_out_check(HostdContext *ctx, const HostdAgentRecord *r, guint64 *ret_epoch,
     return move_owned_here(ctx, r->name, ret_epoch, error);
 }
 
-static GVariant *
-move_file_entry(const char *file, const struct stat *st)
+GVariant *
+hostd_move_file_entry(const char *file, const struct stat *st)
 {
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
     g_variant_builder_add(&b, "{sv}", "file", g_variant_new_string(file));
@@ -272,14 +250,14 @@ move_file_entry(const char *file, const struct stat *st)
 }
 
 /* Adds @file at @path to @b when it is a regular file. */
-static gboolean
-move_list_add(GVariantBuilder *b, const char *file, const char *path, GError **error)
+gboolean
+hostd_move_list_add(GVariantBuilder *b, const char *file, const char *path, GError **error)
 {
     struct stat st;
     if (lstat(path, &st) < 0)
         return vm_throw_errno(error, errno, "cannot read %s", path);
     if (S_ISREG(st.st_mode))
-        g_variant_builder_add_value(b, move_file_entry(file, &st));
+        g_variant_builder_add_value(b, hostd_move_file_entry(file, &st));
     return TRUE;
 }
 
@@ -295,17 +273,32 @@ move_frozen_files(const HostdAgentRecord *r, GError **error)
     for (guint i = 0; i < set->checkpoints->len; i++) {
         const VmCheckpoint *c = set->checkpoints->pdata[i];
         g_autofree char *image = vm_checkpoint_set_path(set, c->image);
-        if (!move_list_add(&b, c->image, image, error))
+        if (!hostd_move_list_add(&b, c->image, image, error))
             return NULL;
         if (c->memory != NULL) {
             g_autofree char *memory = vm_checkpoint_set_path(set, c->memory);
-            if (!move_list_add(&b, c->memory, memory, error))
+            if (!hostd_move_list_add(&b, c->memory, memory, error))
                 return NULL;
         }
     }
-    if (r->warm_base != NULL && !move_list_add(&b, MOVE_WARM, r->warm_base, error))
+    if (r->warm_base != NULL && !hostd_move_list_add(&b, MOVE_WARM, r->warm_base, error))
         return NULL;
     return g_variant_builder_end(&b);
+}
+
+char *
+hostd_move_base_named(const HostdAgentRecord *r, const VmImage *image, GError **error)
+{
+    /* A warm layer (hostd's own file) names the base image as it was when the warm image was
+     * built. */
+    if (r->warm_base == NULL)
+        return g_strdup(image->disk_path);
+    g_autoptr(GPtrArray) warm =
+        vm_qemu_img_info(r->warm_base, VM_QEMU_IMG_INFO_QCOW2 | VM_QEMU_IMG_INFO_SHARED, error);
+    if (warm == NULL)
+        return NULL;
+    const VmQemuImgInfo *top = warm->pdata[0];
+    return g_strdup(top->backing_filename != NULL ? top->backing_filename : image->disk_path);
 }
 
 GVariant *
@@ -324,7 +317,7 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     g_autoptr(virDomain) dom = NULL;
     if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return NULL;
-    if (r->moving_to != NULL || move_active(ctx, TRUE, name))
+    if (r->moving_to != NULL || hostd_move_active(ctx, TRUE, name))
         return vm_throw(error, VM_ERROR_BUSY, "agent '%s' is being moved already", name), NULL;
     guint64 epoch = 0;
     if (!move_out_check(ctx, r, &epoch, error))
@@ -338,7 +331,7 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     if (image == NULL)
         return NULL;
     hostd_progress(progress, progress_data, "reading the template's base image", -1);
-    g_autofree char *base_sha = move_base_sha256(image->disk_path, error);
+    g_autofree char *base_sha = hostd_move_base_sha256(image->disk_path, error);
     if (base_sha == NULL)
         return NULL;
 
@@ -358,25 +351,14 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     g_autoptr(GVariant) files = move_frozen_files(r, error);
     if (files == NULL)
         return NULL;
-    /* The name the image standing on the base gives it: a warm layer (hostd's own file) names
-     * the base image as it was when the warm image was built. */
-    g_autofree char *base_named = g_strdup(image->disk_path);
-    if (r->warm_base != NULL) {
-        g_autoptr(GPtrArray) warm =
-            vm_qemu_img_info(r->warm_base, VM_QEMU_IMG_INFO_QCOW2 | VM_QEMU_IMG_INFO_SHARED, error);
-        if (warm == NULL)
-            return NULL;
-        const VmQemuImgInfo *top = warm->pdata[0];
-        if (top->backing_filename != NULL) {
-            g_free(base_named);
-            base_named = g_strdup(top->backing_filename);
-        }
-    }
+    g_autofree char *base_named = hostd_move_base_named(r, image, error);
+    if (base_named == NULL)
+        return NULL;
 
     HostdMove *m = g_new0(HostdMove, 1);
     m->peer = g_strdup(host);
     m->epoch = epoch;
-    move_put(ctx, TRUE, name, m);
+    hostd_move_put(ctx, TRUE, name, m);
 
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
     g_variant_builder_add(&b, "{sv}", "to", g_variant_new_string(host));
@@ -407,7 +389,7 @@ hostd_move_save(HostdContext *ctx, const char *name, const char *to, VmProgressF
     g_autoptr(virDomain) dom = NULL;
     if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return NULL;
-    if (!move_with(ctx, TRUE, name, NULL, NULL))
+    if (!hostd_move_with(ctx, TRUE, name, NULL, NULL))
         return vm_throw(error, VM_ERROR_BAD_STATE,
                         "agent '%s' has no move under way here (plan it first)", name),
                NULL;
@@ -442,17 +424,18 @@ hostd_move_save(HostdContext *ctx, const char *name, const char *to, VmProgressF
     if (dir == NULL)
         return NULL;
     for (const char *file; (file = g_dir_read_name(dir)) != NULL;) {
-        if (!move_file_name_valid(file) || move_file_skipped(file))
+        if (!hostd_move_file_name_valid(file) || hostd_move_file_skipped(file))
             continue;
         g_autofree char *path = g_build_filename(r->dir, file, NULL);
-        if (!move_list_add(&b, file, path, error))
+        if (!hostd_move_list_add(&b, file, path, error))
             return NULL;
     }
-    if (r->warm_base != NULL && !move_list_add(&b, MOVE_WARM, r->warm_base, error))
+    if (r->warm_base != NULL && !hostd_move_list_add(&b, MOVE_WARM, r->warm_base, error))
         return NULL;
     g_autofree char *dom_name = hostd_libvirt_domain_name(ctx->lv, name);
     g_autofree char *memory = move_managed_save_path(ctx, dom_name);
-    if (virDomainHasManagedSaveImage(dom, 0) > 0 && !move_list_add(&b, MOVE_MEMORY, memory, error))
+    if (virDomainHasManagedSaveImage(dom, 0) > 0 &&
+        !hostd_move_list_add(&b, MOVE_MEMORY, memory, error))
         return NULL;
     virResetLastError();
     hostd_context_log(ctx, "agent '%s': saved for its move to host '%s'", name, to);
@@ -476,7 +459,7 @@ move_out_path(HostdContext *ctx, const HostdAgentRecord *r, const char *file, GE
                    NULL;
         return g_strdup(r->warm_base);
     }
-    if (!move_file_name_valid(file) || move_file_skipped(file))
+    if (!hostd_move_file_name_valid(file) || hostd_move_file_skipped(file))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "'%s' is no file of a move", file), NULL;
     return g_build_filename(r->dir, file, NULL);
 }
@@ -487,7 +470,7 @@ hostd_move_read(HostdContext *ctx, const char *name, const char *file, VmStreamW
 {
     if (!vm_name_validate(name, error))
         return FALSE;
-    if (!move_with(ctx, TRUE, name, NULL, NULL))
+    if (!hostd_move_with(ctx, TRUE, name, NULL, NULL))
         return vm_throw(error, VM_ERROR_BAD_STATE, "agent '%s' has no move under way here", name);
     /* The record only: the files read are frozen (checkpoints) or of a saved agent, whose lock
      * a long copy must not hold. */
@@ -515,7 +498,7 @@ hostd_move_read(HostdContext *ctx, const char *name, const char *file, VmStreamW
         if (!vm_message_write_fd(reply->fd, chunk, error))
             return FALSE;
         if (frames % 256 == 0)
-            move_with(ctx, TRUE, name, NULL, NULL);
+            hostd_move_with(ctx, TRUE, name, NULL, NULL);
         if (frames == 16 && g_str_equal(file, MOVE_MEMORY))
             hostd_crash_point("move-reading");
     }
@@ -533,7 +516,7 @@ static void
 move_out_settled(HostdContext *ctx, HostdAgentRecord *r)
 {
     g_clear_pointer(&r->moving_to, g_free);
-    move_forget(ctx, TRUE, r->name);
+    hostd_move_forget(ctx, TRUE, r->name);
 }
 
 /* Removes this host's copy of @name, whose record another host now holds. With its lock. */
@@ -629,7 +612,7 @@ hostd_move_abort_out(HostdContext *ctx, const char *name, GError **error)
     guint64 epoch = r->fleet_epoch;
     if (r->moving_to == NULL) {
         /* Not saved yet: nothing to settle. */
-        move_forget(ctx, TRUE, name);
+        hostd_move_forget(ctx, TRUE, name);
         owner = g_strdup(hostd_cluster_host_id(ctx->cluster));
     } else if (!move_out_settle(ctx, r, &owner, &epoch, error)) {
         return NULL;
@@ -643,21 +626,51 @@ hostd_move_abort_out(HostdContext *ctx, const char *name, GError **error)
 /* ---------------------------------------------------------------------------------------------
  * The target */
 
+char *
+hostd_replica_stage_dir(HostdContext *ctx, const char *name)
+{
+    return g_build_filename(ctx->state->dir, HOSTD_REPLICA_STAGE_DIR, name, NULL);
+}
+
 static char *
-move_incoming_dir(HostdContext *ctx, const char *name)
+hostd_move_incoming_dir(HostdContext *ctx, const char *name)
 {
     return g_build_filename(ctx->state->dir, HOSTD_MOVE_INCOMING_DIR, name, NULL);
 }
 
 /* The name @file has in the incoming dir. */
-static const char *
-move_in_file(const char *file)
+const char *
+hostd_move_in_file(const char *file)
 {
     if (g_str_equal(file, MOVE_MEMORY))
         return MOVE_MEMORY_FILE;
     if (g_str_equal(file, MOVE_WARM))
         return MOVE_WARM_FILE;
     return file;
+}
+
+gboolean
+hostd_move_check_base(HostdContext *ctx, const char *template_name, const char *base_sha256,
+                      const char *from, GError **error)
+{
+    g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, template_name, error);
+    if (tpl == NULL)
+        return FALSE;
+    g_autoptr(VmImage) image = vm_image_lookup(ctx->config->images_dir, tpl, error);
+    if (image == NULL)
+        return FALSE;
+    g_autofree char *sha = hostd_move_base_sha256(image->disk_path, error);
+    if (sha == NULL)
+        return FALSE;
+    /* The agent's disk stands on its template's base image: the same bytes, or its disk would
+     * read another file system. */
+    if (!g_str_equal(sha, base_sha256))
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "host '%s' has another base image of template '%s' than host '%s' "
+                        "(SHA-256 %.12s..., there %.12s...): the hosts of a fleet build each "
+                        "template from the same image (docs/CLUSTER.md)",
+                        hostd_cluster_host_id(ctx->cluster), template_name, from, sha, base_sha256);
+    return TRUE;
 }
 
 GVariant *
@@ -681,6 +694,9 @@ hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
                         "with `vmctl rm` there)",
                         in->name, me),
                NULL;
+    if (hostd_move_active(ctx, FALSE, in->name))
+        return vm_throw(error, VM_ERROR_BUSY, "agent '%s' is being copied here already", in->name),
+               NULL;
     g_autofree char *owner = NULL;
     guint64 epoch = 0;
     if (!hostd_cluster_owner_of(ctx->cluster, in->name, &owner, &epoch, error))
@@ -698,26 +714,10 @@ hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
                              error) ||
         !hostd_check_resources(ctx, in->cpus, in->memory_mib, in->disk_gib, error))
         return NULL;
-    g_autoptr(VmTemplate) tpl = hostd_template_load(ctx, in->template_name, error);
-    if (tpl == NULL)
+    if (!hostd_move_check_base(ctx, in->template_name, in->base_sha256, in->from, error))
         return NULL;
-    g_autoptr(VmImage) image = vm_image_lookup(ctx->config->images_dir, tpl, error);
-    if (image == NULL)
-        return NULL;
-    g_autofree char *sha = move_base_sha256(image->disk_path, error);
-    if (sha == NULL)
-        return NULL;
-    /* The agent's disk stands on its template's base image: the same bytes, or its disk would
-     * read another file system. */
-    if (!g_str_equal(sha, in->base_sha256))
-        return vm_throw(error, VM_ERROR_BAD_STATE,
-                        "host '%s' has another base image of template '%s' than host '%s' "
-                        "(SHA-256 %.12s..., there %.12s...): the hosts of a fleet build each "
-                        "template from the same image (docs/CLUSTER.md)",
-                        me, in->template_name, in->from, sha, in->base_sha256),
-               NULL;
 
-    g_autofree char *incoming = move_incoming_dir(ctx, in->name);
+    g_autofree char *incoming = hostd_move_incoming_dir(ctx, in->name);
     vm_remove_tree(incoming, NULL);
     if (g_mkdir_with_parents(incoming, 0700) < 0)
         return vm_throw_errno(error, errno, "cannot create %s", incoming), NULL;
@@ -729,7 +729,7 @@ hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
     m->source_dir = g_strdup(in->source_dir);
     m->base_path = g_strdup(in->base_path);
     m->warm_path = g_strdup(in->warm_path);
-    move_put(ctx, FALSE, in->name, m);
+    hostd_move_put(ctx, FALSE, in->name, m);
     return g_variant_new_parsed("@a{sv} {}");
 }
 
@@ -751,15 +751,19 @@ hostd_move_write(HostdContext *ctx, const char *name, const char *file, gint64 s
 {
     if (!vm_name_validate(name, error))
         return FALSE;
-    if (!move_with(ctx, FALSE, name, NULL, NULL))
+    g_autoptr(HostdMove) m_seen = g_new0(HostdMove, 1);
+    if (!hostd_move_with(ctx, FALSE, name, hostd_move_snapshot, m_seen))
         return vm_throw(error, VM_ERROR_BAD_STATE, "no move of agent '%s' is under way here", name);
+    if (m_seen->replica && g_str_equal(file, MOVE_MEMORY))
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "a replica holds no memory");
     if (!g_str_equal(file, MOVE_MEMORY) && !g_str_equal(file, MOVE_WARM) &&
-        (!move_file_name_valid(file) || move_file_skipped(file)))
+        (!hostd_move_file_name_valid(file) || hostd_move_file_skipped(file)))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "'%s' is no file of a move", file);
     if (size < 0)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "a file's size is not negative");
-    g_autofree char *incoming = move_incoming_dir(ctx, name);
-    g_autofree char *path = g_build_filename(incoming, move_in_file(file), NULL);
+    g_autofree char *incoming =
+        m_seen->replica ? hostd_replica_stage_dir(ctx, name) : hostd_move_incoming_dir(ctx, name);
+    g_autofree char *path = g_build_filename(incoming, hostd_move_in_file(file), NULL);
     g_unlink(path);
     vm_autofd fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
@@ -797,7 +801,7 @@ hostd_move_write(HostdContext *ctx, const char *name, const char *file, gint64 s
         g_checksum_update(sum, data, len);
         written += (gint64)len;
         if (frames % 256 == 0)
-            move_with(ctx, FALSE, name, NULL, NULL);
+            hostd_move_with(ctx, FALSE, name, NULL, NULL);
     }
     if (written != size) {
         g_unlink(path);
@@ -810,7 +814,7 @@ hostd_move_write(HostdContext *ctx, const char *name, const char *file, gint64 s
         return vm_throw_errno(error, errno, "cannot write %s", path);
     }
     MoveSum s = {file, g_checksum_get_string(sum)};
-    if (!move_with(ctx, FALSE, name, move_record_sum, &s)) {
+    if (!hostd_move_with(ctx, FALSE, name, move_record_sum, &s)) {
         g_unlink(path);
         return vm_throw(error, VM_ERROR_BAD_STATE, "the move of agent '%s' was given up", name);
     }
@@ -822,12 +826,14 @@ hostd_move_write(HostdContext *ctx, const char *name, const char *file, gint64 s
     return exit_msg != NULL && vm_message_write_fd(reply->fd, exit_msg, error);
 }
 
-static void
-move_snapshot(HostdMove *m, gpointer data)
+void
+hostd_move_snapshot(HostdMove *m, gpointer data)
 {
     HostdMove *copy = data;
     copy->peer = g_strdup(m->peer);
     copy->epoch = m->epoch;
+    copy->replica = m->replica;
+    copy->base_sha256 = g_strdup(m->base_sha256);
     copy->sums = g_hash_table_ref(m->sums);
     copy->template_name = g_strdup(m->template_name);
     copy->source_dir = g_strdup(m->source_dir);
@@ -857,7 +863,7 @@ move_check_sums(const HostdMove *m, char **files, GError **error)
                             "%.12s...",
                             file, got, *f),
                    NULL;
-        g_hash_table_add(names, g_strdup(move_in_file(file)));
+        g_hash_table_add(names, g_strdup(hostd_move_in_file(file)));
     }
     if (!g_hash_table_contains(names, HOSTD_AGENT_RECORD))
         return vm_throw(error, VM_ERROR_BAD_STATE, "the move brought no %s", HOSTD_AGENT_RECORD),
@@ -866,9 +872,9 @@ move_check_sums(const HostdMove *m, char **files, GError **error)
 }
 
 /* The record of the moved agent, as this host will have it, from the incoming one. */
-static HostdAgentRecord *
-move_in_record(HostdContext *ctx, const HostdMove *m, const char *name, const char *incoming,
-               GHashTable *names, GError **error)
+HostdAgentRecord *
+hostd_move_in_record(HostdContext *ctx, const HostdMove *m, const char *name, const char *incoming,
+                     GHashTable *names, GError **error)
 {
     g_autoptr(HostdAgentRecord) r = hostd_agent_record_load(incoming, error);
     if (r == NULL)
@@ -910,8 +916,9 @@ move_in_record(HostdContext *ctx, const HostdMove *m, const char *name, const ch
 }
 
 /* Moves the incoming files @names into @r's dir (the record there is hostd_agent_reserve()'s). */
-static gboolean
-move_in_install(const HostdAgentRecord *r, const char *incoming, GHashTable *names, GError **error)
+gboolean
+hostd_move_in_install(const HostdAgentRecord *r, const char *incoming, GHashTable *names,
+                      gboolean link_only, GError **error)
 {
     GHashTableIter it;
     gpointer file;
@@ -921,7 +928,7 @@ move_in_install(const HostdAgentRecord *r, const char *incoming, GHashTable *nam
             continue;
         g_autofree char *from = g_build_filename(incoming, file, NULL);
         g_autofree char *to = g_build_filename(r->dir, file, NULL);
-        if (g_rename(from, to) < 0)
+        if (link_only ? link(from, to) < 0 : g_rename(from, to) < 0)
             return vm_throw_errno(error, errno, "cannot move %s to %s", from, to);
         /* hostd's own files as hostd writes them; the images are the agent's id's at boot. */
         if (g_str_equal(file, MOVE_WARM_FILE) || g_str_has_suffix(file, ".pub") ||
@@ -932,9 +939,9 @@ move_in_install(const HostdAgentRecord *r, const char *incoming, GHashTable *nam
 }
 
 /* Old path on the source -> path here, for every image a header may name. */
-static GHashTable *
-move_in_paths(const HostdMove *m, const HostdAgentRecord *r, const char *base_here,
-              GHashTable *names)
+GHashTable *
+hostd_move_in_paths(const HostdMove *m, const HostdAgentRecord *r, const char *base_here,
+                    GHashTable *names)
 {
     GHashTable *moved = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     GHashTableIter it;
@@ -960,7 +967,7 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
         return NULL;
     g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, in->name);
     g_autoptr(HostdMove) m = g_new0(HostdMove, 1);
-    if (!move_with(ctx, FALSE, in->name, move_snapshot, m))
+    if (!hostd_move_with(ctx, FALSE, in->name, hostd_move_snapshot, m))
         return vm_throw(error, VM_ERROR_BAD_STATE, "no move of agent '%s' is under way here",
                         in->name),
                NULL;
@@ -972,8 +979,8 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
     g_autoptr(GHashTable) names = move_check_sums(m, in->files, error);
     if (names == NULL)
         return NULL;
-    g_autofree char *incoming = move_incoming_dir(ctx, in->name);
-    g_autoptr(HostdAgentRecord) r = move_in_record(ctx, m, in->name, incoming, names, error);
+    g_autofree char *incoming = hostd_move_incoming_dir(ctx, in->name);
+    g_autoptr(HostdAgentRecord) r = hostd_move_in_record(ctx, m, in->name, incoming, names, error);
     if (r == NULL)
         return NULL;
     /* The sizes the record says, which begin's check did not see. */
@@ -989,11 +996,11 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
     if (!hostd_agent_reserve(ctx, r, error))
         return NULL;
     g_autoptr(GError) local_error = NULL;
-    g_autoptr(GHashTable) moved = move_in_paths(m, r, image->disk_path, names);
+    g_autoptr(GHashTable) moved = hostd_move_in_paths(m, r, image->disk_path, names);
     g_autoptr(virDomain) dom = NULL;
     g_autoptr(VmCheckpointSet) set = NULL;
     g_autofree char *memory = g_build_filename(r->dir, MOVE_MEMORY_FILE, NULL);
-    gboolean ok = move_in_install(r, incoming, names, &local_error) &&
+    gboolean ok = hostd_move_in_install(r, incoming, names, FALSE, &local_error) &&
                   hostd_agent_rehome(ctx, r, &local_error) &&
                   hostd_confine_agent(ctx, r, &local_error) &&
                   hostd_checkpoint_rehome(ctx, r, moved, &local_error);
@@ -1041,7 +1048,7 @@ hostd_move_commit(HostdContext *ctx, const HostdMoveIn *in, VmProgressFunc progr
         hostd_context_log(ctx, "agent '%s': moved here, but its record is not saved: %s", in->name,
                           local_error->message);
     vm_remove_tree(incoming, NULL);
-    move_forget(ctx, FALSE, in->name);
+    hostd_move_forget(ctx, FALSE, in->name);
     if (has_memory)
         hostd_guest_sync_clock(ctx, dom, r->name);
     hostd_cluster_kick(ctx->cluster);
@@ -1057,8 +1064,8 @@ hostd_move_abort_in(HostdContext *ctx, const char *name, GError **error)
     if (!vm_name_validate(name, error))
         return NULL;
     g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, name);
-    move_forget(ctx, FALSE, name);
-    g_autofree char *incoming = move_incoming_dir(ctx, name);
+    hostd_move_forget(ctx, FALSE, name);
+    g_autofree char *incoming = hostd_move_incoming_dir(ctx, name);
     vm_remove_tree(incoming, NULL);
     return g_variant_new_parsed("@a{sv} {}");
 }
@@ -1074,7 +1081,7 @@ hostd_move_tick(gpointer data)
 
     for (guint i = 0; records != NULL && i < records->len; i++) {
         const HostdAgentRecord *seen = records->pdata[i];
-        if (seen->moving_to == NULL || move_active(ctx, TRUE, seen->name))
+        if (seen->moving_to == NULL || hostd_move_active(ctx, TRUE, seen->name))
             continue;
         g_autoptr(HostdNameLock) lock = hostd_name_trylock(ctx, seen->name);
         if (lock == NULL)
@@ -1095,12 +1102,12 @@ hostd_move_tick(gpointer data)
     g_autofree char *incoming = g_build_filename(ctx->state->dir, HOSTD_MOVE_INCOMING_DIR, NULL);
     g_autoptr(GDir) dir = g_dir_open(incoming, 0, NULL);
     for (const char *name; dir != NULL && (name = g_dir_read_name(dir)) != NULL;) {
-        if (move_active(ctx, FALSE, name))
+        if (hostd_move_active(ctx, FALSE, name))
             continue;
         g_autoptr(HostdNameLock) lock = hostd_name_trylock(ctx, name);
         if (lock == NULL)
             continue;
-        move_forget(ctx, FALSE, name);
+        hostd_move_forget(ctx, FALSE, name);
         g_autofree char *path = g_build_filename(incoming, name, NULL);
         vm_remove_tree(path, NULL);
     }

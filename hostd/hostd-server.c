@@ -14,6 +14,7 @@
 #include "hostd-logs.h"
 #include "hostd-metrics.h"
 #include "hostd-move.h"
+#include "hostd-replica.h"
 #include "hostd-secrets.h"
 #include "hostd-power.h"
 #include "hostd-resize.h"
@@ -944,6 +945,14 @@ hostd_handle_move_out(HostdContext *ctx, const VmMessage *req, VmStreamWriter *r
 
     if (g_str_equal(step, "plan"))
         result = hostd_move_plan(ctx, name, to, vm_stream_writer_progress_func, reply, error);
+    else if (g_str_equal(step, "replica-plan"))
+        result = hostd_replica_plan(ctx, name, error);
+    else if (g_str_equal(step, "replica-done")) {
+        g_auto(GStrv) hosts = vm_message_dup_strv(req, "hosts");
+        result = hostd_replica_done(ctx, name, vm_message_get_string(req, "checkpoint", NULL),
+                                    hosts, error);
+    } else if (g_str_equal(step, "replica-abort"))
+        result = hostd_replica_abort_out(ctx, name, error);
     else if (g_str_equal(step, "abort"))
         result = hostd_move_abort_out(ctx, name, error);
     else if (to == NULL)
@@ -993,6 +1002,13 @@ hostd_handle_move_in(HostdContext *ctx, const VmMessage *req, VmStreamWriter *re
         result = hostd_move_commit(ctx, &in, vm_stream_writer_progress_func, reply, error);
     else if (g_str_equal(step, "abort"))
         result = hostd_move_abort_in(ctx, in.name, error);
+    else if (g_str_equal(step, "replica-begin"))
+        result = hostd_replica_begin(ctx, &in, error);
+    else if (g_str_equal(step, "replica-commit"))
+        result = hostd_replica_commit(ctx, in.name, vm_message_get_string(req, "checkpoint", NULL),
+                                      files, error);
+    else if (g_str_equal(step, "replica-abort"))
+        result = hostd_replica_abort_in(ctx, in.name, error);
     else
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "no move-in step '%s'", step);
     return result != NULL && hostd_reply(reply, result, error);
@@ -1005,6 +1021,15 @@ hostd_handle_move_write(HostdContext *ctx, const VmMessage *req, VmStreamWriter 
     g_autoptr(GVariant) size = vm_message_lookup(req, "size");
     return hostd_move_write(ctx, hostd_req_name(req), vm_message_get_string(req, "file", ""),
                             g_variant_get_int64(size), reply, error);
+}
+
+static gboolean
+hostd_handle_agent_recover(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                           GError **error)
+{
+    GVariant *result = hostd_replica_recover(ctx, hostd_req_name(req),
+                                             vm_stream_writer_progress_func, reply, error);
+    return result != NULL && hostd_reply(reply, result, error);
 }
 
 /* Which function serves each request, and whether it changes something. The fields a request may
@@ -1067,6 +1092,7 @@ static const struct {
     {VM_OP_MOVE_READ, hostd_handle_move_read, HOSTD_REQUEST_READS},
     {VM_OP_MOVE_IN, hostd_handle_move_in, HOSTD_REQUEST_CHANGES},
     {VM_OP_MOVE_WRITE, hostd_handle_move_write, HOSTD_REQUEST_READS},
+    {VM_OP_AGENT_RECOVER, hostd_handle_agent_recover, HOSTD_REQUEST_CHANGES},
 };
 
 /* The row of @op in hostd_handlers, or -1. */
@@ -1093,9 +1119,41 @@ hostd_route_agent(const VmMessage *req, HostdRequestFlags flags)
 {
     /* A move's target is asked about an agent that is not its own yet, on purpose. */
     if (req->op == VM_OP_AGENT_NEW || req->op == VM_OP_MOVE_IN || req->op == VM_OP_MOVE_WRITE ||
-        (flags & HOSTD_REQUEST_TEMPLATE))
+        req->op == VM_OP_AGENT_RECOVER || (flags & HOSTD_REQUEST_TEMPLATE))
         return NULL;
     return vm_message_get_string(req, req->op == VM_OP_AGENT_FORK ? "source" : "name", NULL);
+}
+
+/* Where a recovery goes: the host "to" names, when it is another live one (*@ret_host at
+ * *@ret_address), else this host (NULL). */
+static gboolean
+hostd_route_recover(HostdContext *ctx, const VmMessage *req, char **ret_host, char **ret_address,
+                    GError **error)
+{
+    const char *to = vm_message_get_string(req, "to", NULL);
+    if (to == NULL || ctx->cluster == NULL || g_str_equal(to, hostd_cluster_host_id(ctx->cluster)))
+        return TRUE;
+    g_autoptr(GVariant) hosts = hostd_cluster_hosts(ctx->cluster, error);
+    if (hosts == NULL)
+        return FALSE;
+    GVariantIter it;
+    GVariant *host;
+    g_variant_iter_init(&it, hosts);
+    while ((host = g_variant_iter_next_value(&it)) != NULL) {
+        g_autoptr(GVariant) owned = host;
+        const char *id = NULL, *address = NULL;
+        gboolean live = FALSE;
+        if (!g_variant_lookup(host, "id", "&s", &id) || !g_str_equal(id, to))
+            continue;
+        g_variant_lookup(host, "address", "&s", &address);
+        g_variant_lookup(host, "live", "b", &live);
+        if (!live || address == NULL || address[0] == '\0')
+            return vm_throw(error, VM_ERROR_BAD_STATE, "host '%s' is down", to);
+        *ret_host = g_strdup(to);
+        *ret_address = g_strdup(address);
+        return TRUE;
+    }
+    return vm_throw(error, VM_ERROR_NOT_FOUND, "no host '%s' in the fleet", to);
 }
 
 /* Where a new agent goes in a fleet (the host "on" names, else where placement puts it): to
@@ -1156,6 +1214,13 @@ hostd_route(HostdContext *ctx, const VmMessage *req, HostdRequestFlags flags, Vm
             return HOSTD_ROUTE_HERE;
         message =
             g_strdup_printf("agent '%s' is to be made on host '%s' (%s)", name, host, address);
+    } else if (req->op == VM_OP_AGENT_RECOVER) {
+        if (!hostd_route_recover(ctx, req, &host, &address, error))
+            return HOSTD_ROUTE_FAILED;
+        if (host == NULL)
+            return HOSTD_ROUTE_HERE;
+        message =
+            g_strdup_printf("agent '%s' is to be recovered on host '%s' (%s)", name, host, address);
     } else {
         const char *agent = hostd_route_agent(req, flags);
         gboolean live = FALSE;

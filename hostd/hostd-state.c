@@ -189,6 +189,8 @@ hostd_agent_record_load(const char *dir, GError **error)
     r->crashed = hostd_record_get_string(kf, "crashed", FALSE, path, NULL);
     r->fenced = hostd_record_get_string(kf, "fenced", FALSE, path, NULL);
     r->moving_to = hostd_record_get_string(kf, "moving-to", FALSE, path, NULL);
+    r->replicas = hostd_record_get_string(kf, "replicas", FALSE, path, NULL);
+    r->replicated = hostd_record_get_string(kf, "replicated", FALSE, path, NULL);
     gint64 fleet_epoch = 0;
     if (g_key_file_has_key(kf, RECORD_GROUP, "fleet-epoch", NULL) &&
         !hostd_record_get_number(kf, "fleet-epoch", 0, G_MAXINT64, &fleet_epoch, path, error))
@@ -259,6 +261,10 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
         g_key_file_set_string(kf, RECORD_GROUP, "fenced", r->fenced);
     if (r->moving_to != NULL)
         g_key_file_set_string(kf, RECORD_GROUP, "moving-to", r->moving_to);
+    if (r->replicas != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "replicas", r->replicas);
+    if (r->replicated != NULL)
+        g_key_file_set_string(kf, RECORD_GROUP, "replicated", r->replicated);
     if (r->shutdown_saved)
         g_key_file_set_boolean(kf, RECORD_GROUP, "shutdown-saved", TRUE);
     if (r->grow_fs)
@@ -293,6 +299,8 @@ hostd_agent_record_copy(const HostdAgentRecord *r)
     c->crashed = g_strdup(r->crashed);
     c->fenced = g_strdup(r->fenced);
     c->moving_to = g_strdup(r->moving_to);
+    c->replicas = g_strdup(r->replicas);
+    c->replicated = g_strdup(r->replicated);
     return c;
 }
 
@@ -319,6 +327,8 @@ hostd_agent_record_free(HostdAgentRecord *r)
     g_free(r->crashed);
     g_free(r->fenced);
     g_free(r->moving_to);
+    g_free(r->replicas);
+    g_free(r->replicated);
     g_free(r);
 }
 

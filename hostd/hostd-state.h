@@ -85,6 +85,9 @@ typedef struct {
     char *moving_to;         /* NULL, or the host this copy is being moved to (hostd-move.h):
                               * saved for the move, never started here until the move is
                               * settled by the fleet's record */
+    char *replicas;          /* NULL, or the hosts holding the last replica of its checkpoints
+                              * ("h2,h3"), as the last replication left them (hostd-replica.h) */
+    char *replicated;        /* NULL, or the checkpoint that replica holds last */
     gboolean shutdown_saved; /* saved by hostd's shutdown (or stop-host-agents), not by the user */
     gboolean grow_fs;        /* its disk grew (vmctl set) and the guest's root filesystem is
                               * still to be grown to it, the next time the guest answers */

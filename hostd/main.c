@@ -9,6 +9,7 @@
 #include "hostd-cluster.h"
 #include "hostd-fence.h"
 #include "hostd-move.h"
+#include "hostd-replica.h"
 #include "hostd-template.h"
 #include "hostd-config.h"
 #include "hostd-confine.h"
@@ -32,6 +33,14 @@
 #include "vm-error.h"
 #include "vm-image.h"
 #include "vm-util.h"
+
+/* The fleet's periodic work on the cluster's thread: moves left half done, then replicas. */
+static void
+hostd_fleet_tick(gpointer data)
+{
+    hostd_move_tick(data);
+    hostd_replica_tick(data);
+}
 
 static void
 hostd_log_message(const char *message)
@@ -224,7 +233,7 @@ main(int argc, char **argv)
         hostd_cluster_set_agents_func(cluster, hostd_agent_states, ctx);
         hostd_cluster_set_templates_func(cluster, hostd_template_names, ctx);
         hostd_cluster_set_fence_func(cluster, hostd_fence_from_cluster, ctx);
-        hostd_cluster_set_tick_func(cluster, hostd_move_tick, ctx);
+        hostd_cluster_set_tick_func(cluster, hostd_fleet_tick, ctx);
         hostd_cluster_set_log_func(cluster, hostd_log_message);
         ctx->cluster = cluster;
         hostd_tell_manager(NULL, "checking the fleet's owners of the agents");

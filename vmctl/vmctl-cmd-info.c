@@ -178,10 +178,7 @@ vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error)
     g_autofree char *text =
         vmctl_format_details(shown, (const VmctlField *)shown_fields->data, shown_fields->len,
                              g_get_real_time() / G_USEC_PER_SEC);
+    /* A fleet's "fenced" shows among the fields the table does not name, only where set. */
     fputs(text, stdout);
-    /* Only in a fleet, and only for a copy another host owns: not a "-" row for every agent. */
-    const char *fenced = NULL;
-    if (g_variant_lookup(agent, "fenced", "&s", &fenced))
-        printf("fenced:          %s\n", fenced);
     return TRUE;
 }

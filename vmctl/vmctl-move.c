@@ -2,17 +2,10 @@
 
 #include "vm-error.h"
 
-/* A file the target has, as the source listed it when it was copied. */
-typedef struct {
-    gint64 size;
-    gint64 mtime;
-    char *sha256;
-} MovedFile;
-
-static void
-moved_file_free(gpointer data)
+void
+vmctl_moved_file_free(gpointer data)
 {
-    MovedFile *f = data;
+    VmctlMovedFile *f = data;
     g_free(f->sha256);
     g_free(f);
 }
@@ -82,11 +75,10 @@ move_copy(const VmctlEndpoint *source, const VmctlEndpoint *target, const char *
     return g_strdup(got);
 }
 
-/* Copies each file of @files (aa{sv}: file, size, mtime?) that @copied does not hold with the
- * same size and time, and records it there. */
-static gboolean
-move_copy_all(VmctlContext *ctx, const VmctlEndpoint *source, const VmctlEndpoint *target,
-              const char *name, GVariant *files, GHashTable *copied, guint64 *bytes, GError **error)
+gboolean
+vmctl_move_copy_all(VmctlContext *ctx, const VmctlEndpoint *source, const VmctlEndpoint *target,
+                    const char *name, GVariant *files, GHashTable *copied, guint64 *bytes,
+                    GError **error)
 {
     GVariantIter it;
     GVariant *entry;
@@ -99,7 +91,7 @@ move_copy_all(VmctlContext *ctx, const VmctlEndpoint *source, const VmctlEndpoin
             !g_variant_lookup(entry, "size", "x", &size) || size < 0)
             return vm_throw(error, VM_ERROR_PROTOCOL, "hostd listed a file of the move badly");
         g_variant_lookup(entry, "mtime", "x", &mtime);
-        MovedFile *had = g_hash_table_lookup(copied, file);
+        VmctlMovedFile *had = g_hash_table_lookup(copied, file);
         if (had != NULL && had->size == size && (mtime == 0 || had->mtime == mtime))
             continue;
         if (!ctx->quiet && vmctl_progress_mode(ctx) != VMCTL_PROGRESS_NONE)
@@ -107,7 +99,7 @@ move_copy_all(VmctlContext *ctx, const VmctlEndpoint *source, const VmctlEndpoin
         g_autofree char *sha = move_copy(source, target, name, file, size, error);
         if (sha == NULL)
             return FALSE;
-        MovedFile *f = g_new0(MovedFile, 1);
+        VmctlMovedFile *f = g_new0(VmctlMovedFile, 1);
         f->size = size;
         f->mtime = mtime;
         f->sha256 = g_steal_pointer(&sha);
@@ -117,11 +109,9 @@ move_copy_all(VmctlContext *ctx, const VmctlEndpoint *source, const VmctlEndpoin
     return TRUE;
 }
 
-/* Sends @op with @fields to @endpoint (no ELSEWHERE followed: each host is asked what is its
- * own). */
-static gboolean
-move_call(VmctlContext *ctx, const VmctlEndpoint *endpoint, VmOp op, GVariant *fields,
-          VmMessage **ret_result, GError **error)
+gboolean
+vmctl_move_call(VmctlContext *ctx, const VmctlEndpoint *endpoint, VmOp op, GVariant *fields,
+                VmMessage **ret_result, GError **error)
 {
     g_autoptr(VmMessage) request = vm_message_new(op, fields, error);
     g_autoptr(VmMessage) result = NULL;
@@ -142,12 +132,13 @@ move_give_up(VmctlContext *ctx, const VmctlEndpoint *source, const VmctlEndpoint
     g_autoptr(VmMessage) settled = NULL;
     g_autoptr(GError) ignored = NULL;
     if (target != NULL)
-        move_call(ctx, target, VM_OP_MOVE_IN,
-                  g_variant_new_parsed("{'name': <%s>, 'step': <'abort'>}", name), NULL, &ignored);
+        vmctl_move_call(ctx, target, VM_OP_MOVE_IN,
+                        g_variant_new_parsed("{'name': <%s>, 'step': <'abort'>}", name), NULL,
+                        &ignored);
     g_clear_error(&ignored);
-    if (!move_call(ctx, source, VM_OP_MOVE_OUT,
-                   g_variant_new_parsed("{'name': <%s>, 'step': <'abort'>}", name), &settled,
-                   &ignored)) {
+    if (!vmctl_move_call(ctx, source, VM_OP_MOVE_OUT,
+                         g_variant_new_parsed("{'name': <%s>, 'step': <'abort'>}", name), &settled,
+                         &ignored)) {
         g_prefix_error(error,
                        "the move failed, and the source could not settle it yet (%s: it "
                        "does so by itself once the fleet answers): ",
@@ -158,6 +149,37 @@ move_give_up(VmctlContext *ctx, const VmctlEndpoint *source, const VmctlEndpoint
     g_variant_lookup(settled->fields, "owner", "&s", &owner);
     g_prefix_error(error, "the move failed; agent '%s' is on host '%s': ", name,
                    owner != NULL ? owner : "?");
+}
+
+gboolean
+vmctl_move_plan_valid(GVariant *plan)
+{
+    const char *s = NULL;
+    gint64 epoch = 0;
+    return g_variant_lookup(plan, "from", "&s", &s) &&
+           g_variant_lookup(plan, "template", "&s", &s) &&
+           g_variant_lookup(plan, "base_sha256", "&s", &s) &&
+           g_variant_lookup(plan, "source_dir", "&s", &s) &&
+           g_variant_lookup(plan, "base_path", "&s", &s) &&
+           g_variant_lookup(plan, "epoch", "x", &epoch);
+}
+
+GVariant *
+vmctl_move_in_fields(const char *name, const char *step, GVariant *plan)
+{
+    static const char *const copied[] = {"from",       "epoch",     "template",    "cpus",
+                                         "memory_mib", "disk_gib",  "base_sha256", "source_dir",
+                                         "base_path",  "warm_path", NULL};
+    g_auto(GVariantDict) d;
+    g_variant_dict_init(&d, NULL);
+    g_variant_dict_insert(&d, "name", "s", name);
+    g_variant_dict_insert(&d, "step", "s", step);
+    for (const char *const *k = copied; *k != NULL; k++) {
+        g_autoptr(GVariant) v = g_variant_lookup_value(plan, *k, NULL);
+        if (v != NULL)
+            g_variant_dict_insert_value(&d, *k, v);
+    }
+    return g_variant_dict_end(&d);
 }
 
 gboolean
@@ -178,25 +200,13 @@ vmctl_move_agent(VmctlContext *ctx, const char *name, const char *to, VmctlMoveR
     if (!vmctl_endpoint(ctx, &source, error))
         return FALSE;
 
-    const char *target_id = NULL, *address = NULL, *from = NULL, *template_name = NULL;
-    const char *base_sha = NULL, *source_dir = NULL, *base_path = NULL, *warm_path = NULL;
-    gint64 epoch = 0;
-    guint32 cpus = 0, memory_mib = 0, disk_gib = 0;
+    const char *target_id = NULL, *address = NULL, *from = NULL;
     g_autoptr(GVariant) early = vmctl_result_get(plan, "files", G_VARIANT_TYPE("aa{sv}"));
     GVariant *p = plan->fields;
     if (!g_variant_lookup(p, "to", "&s", &target_id) ||
         !g_variant_lookup(p, "address", "&s", &address) ||
-        !g_variant_lookup(p, "from", "&s", &from) ||
-        !g_variant_lookup(p, "template", "&s", &template_name) ||
-        !g_variant_lookup(p, "base_sha256", "&s", &base_sha) ||
-        !g_variant_lookup(p, "source_dir", "&s", &source_dir) ||
-        !g_variant_lookup(p, "base_path", "&s", &base_path) ||
-        !g_variant_lookup(p, "epoch", "x", &epoch) || early == NULL)
+        !g_variant_lookup(p, "from", "&s", &from) || !vmctl_move_plan_valid(p) || early == NULL)
         return vm_throw(error, VM_ERROR_PROTOCOL, "hostd's plan of the move lacks a field");
-    g_variant_lookup(p, "warm_path", "&s", &warm_path);
-    g_variant_lookup(p, "cpus", "u", &cpus);
-    g_variant_lookup(p, "memory_mib", "u", &memory_mib);
-    g_variant_lookup(p, "disk_gib", "u", &disk_gib);
     report->from = g_strdup(from);
     report->to = g_strdup(target_id);
 
@@ -208,36 +218,22 @@ vmctl_move_agent(VmctlContext *ctx, const char *name, const char *to, VmctlMoveR
     }
     VmctlEndpoint target = {.remote = target_remote};
 
-    g_auto(GVariantDict) begin;
-    g_variant_dict_init(&begin, NULL);
-    g_variant_dict_insert(&begin, "name", "s", name);
-    g_variant_dict_insert(&begin, "step", "s", "begin");
-    g_variant_dict_insert(&begin, "from", "s", from);
-    g_variant_dict_insert(&begin, "epoch", "x", epoch);
-    g_variant_dict_insert(&begin, "template", "s", template_name);
-    g_variant_dict_insert(&begin, "cpus", "u", cpus);
-    g_variant_dict_insert(&begin, "memory_mib", "u", memory_mib);
-    g_variant_dict_insert(&begin, "disk_gib", "u", disk_gib);
-    g_variant_dict_insert(&begin, "base_sha256", "s", base_sha);
-    g_variant_dict_insert(&begin, "source_dir", "s", source_dir);
-    g_variant_dict_insert(&begin, "base_path", "s", base_path);
-    if (warm_path != NULL)
-        g_variant_dict_insert(&begin, "warm_path", "s", warm_path);
-    if (!move_call(ctx, &target, VM_OP_MOVE_IN, g_variant_dict_end(&begin), NULL, error)) {
+    if (!vmctl_move_call(ctx, &target, VM_OP_MOVE_IN, vmctl_move_in_fields(name, "begin", p), NULL,
+                         error)) {
         move_give_up(ctx, &source, NULL, name, error);
         return FALSE;
     }
 
     g_autoptr(GHashTable) copied =
-        g_hash_table_new_full(g_str_hash, g_str_equal, g_free, moved_file_free);
+        g_hash_table_new_full(g_str_hash, g_str_equal, g_free, vmctl_moved_file_free);
     g_autoptr(VmMessage) saved = NULL;
     g_autoptr(VmMessage) taken = NULL;
     gint64 down = 0;
     /* The frozen files while the agent runs; then the save, and what changed. */
     gboolean ok =
-        move_copy_all(ctx, &source, &target, name, early, copied, &report->bytes, error) &&
+        vmctl_move_copy_all(ctx, &source, &target, name, early, copied, &report->bytes, error) &&
         (down = g_get_monotonic_time(),
-         move_call(
+         vmctl_move_call(
              ctx, &source, VM_OP_MOVE_OUT,
              g_variant_new_parsed("{'name': <%s>, 'step': <'save'>, 'to': <%s>}", name, target_id),
              &saved, error));
@@ -247,7 +243,7 @@ vmctl_move_agent(VmctlContext *ctx, const char *name, const char *to, VmctlMoveR
         ok = vm_throw(error, VM_ERROR_PROTOCOL, "hostd's save of the move lists no files");
     guint64 before = report->bytes;
     if (ok)
-        ok = move_copy_all(ctx, &source, &target, name, all, copied, &report->bytes, error);
+        ok = vmctl_move_copy_all(ctx, &source, &target, name, all, copied, &report->bytes, error);
     report->bytes_down = report->bytes - before;
     if (ok) {
         g_autoptr(GStrvBuilder) sums = g_strv_builder_new();
@@ -258,7 +254,7 @@ vmctl_move_agent(VmctlContext *ctx, const char *name, const char *to, VmctlMoveR
             g_autoptr(GVariant) owned = entry;
             const char *file = NULL;
             g_variant_lookup(entry, "file", "&s", &file);
-            const MovedFile *f = file != NULL ? g_hash_table_lookup(copied, file) : NULL;
+            const VmctlMovedFile *f = file != NULL ? g_hash_table_lookup(copied, file) : NULL;
             if (f != NULL) {
                 g_autofree char *line = g_strdup_printf("%s %s", f->sha256, file);
                 g_strv_builder_add(sums, line);
@@ -271,7 +267,8 @@ vmctl_move_agent(VmctlContext *ctx, const char *name, const char *to, VmctlMoveR
         g_variant_dict_insert(&commit, "step", "s", "commit");
         g_variant_dict_insert_value(&commit, "files",
                                     g_variant_new_strv((const char *const *)lines, -1));
-        ok = move_call(ctx, &target, VM_OP_MOVE_IN, g_variant_dict_end(&commit), &taken, error);
+        ok = vmctl_move_call(ctx, &target, VM_OP_MOVE_IN, g_variant_dict_end(&commit), &taken,
+                             error);
     }
     if (!ok) {
         move_give_up(ctx, &source, &target, name, error);
@@ -281,7 +278,7 @@ vmctl_move_agent(VmctlContext *ctx, const char *name, const char *to, VmctlMoveR
     /* The target owns it now: the source's copy goes. A source that cannot be told removes it
      * by itself when it settles the move by the fleet's record. */
     g_autoptr(GError) local_error = NULL;
-    if (!move_call(
+    if (!vmctl_move_call(
             ctx, &source, VM_OP_MOVE_OUT,
             g_variant_new_parsed("{'name': <%s>, 'step': <'done'>, 'to': <%s>}", name, target_id),
             NULL, &local_error))

@@ -212,6 +212,8 @@ gboolean vmctl_cmd_list(VmctlContext *ctx, int argc, char **argv, GError **error
 gboolean vmctl_cmd_hosts(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_drain(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_move(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_recover(VmctlContext *ctx, int argc, char **argv, GError **error);
+gboolean vmctl_cmd_replicate(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_undrain(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_info(VmctlContext *ctx, int argc, char **argv, GError **error);
 gboolean vmctl_cmd_exec(VmctlContext *ctx, int argc, char **argv, GError **error);

@@ -88,6 +88,7 @@ endpoints=$(lab_endpoints)
 host-id=h$h
 address=ssh://root@127.0.0.1:$SSHD_PORT$d/hostd.sock
 lease-ttl=$LAB_TTL
+replicate=${LAB_REPLICATE:-0}
 CONF
   "$HOSTD" --config "$d/hostd.conf" --state-dir "$d" --socket "$d/hostd.sock" >>"$d/hostd.log" 2>&1 &
   LAB_HOST_PIDS[$h]=$!
