@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "hostd-context.h"
+#include "hostd-move.h"
 #include "hostd-state.h"
 #include "vm-image.h"
 
@@ -47,6 +48,8 @@ void hostd_move_forget(HostdContext *ctx, gboolean out, const char *name);
  * heard from); FALSE when there is none. */
 gboolean hostd_move_with(HostdContext *ctx, gboolean out, const char *name,
                          void (*func)(HostdMove *m, gpointer data), gpointer data);
+/* Forgets the transfer of @name when it is a replica's copy (a move's stays): whether it was. */
+gboolean hostd_move_forget_replica(HostdContext *ctx, gboolean out, const char *name);
 /* Whether a client was heard from about the transfer of @name within HOSTD_MOVE_IDLE_S. */
 gboolean hostd_move_active(HostdContext *ctx, gboolean out, const char *name);
 /* Copies the fields of the transfer (for hostd_move_with(): @data a zeroed HostdMove). */
@@ -85,6 +88,10 @@ GHashTable *hostd_move_in_paths(const HostdMove *m, const HostdAgentRecord *r,
 /* The path the image standing on @r's base image names it by (its own disk's, or its warm
  * layer's: the base as it was when the warm image was built). Newly allocated. */
 char *hostd_move_base_named(const HostdAgentRecord *r, const VmImage *image, GError **error);
+/* Whether this host may receive agent @in->name now: no transfer of it into this host under
+ * way, and the fleet's record names @in->from with @in->epoch. Fails with VM_ERROR_BUSY,
+ * VM_ERROR_BAD_STATE, or VM_ERROR_NOT_RUNNING when etcd cannot say. */
+gboolean hostd_move_in_check(HostdContext *ctx, const HostdMoveIn *in, GError **error);
 /* Whether this host's base image of @template_name has SHA-256 @base_sha256, as host @from's
  * has: the agent's disk stands on it. Fails with VM_ERROR_BAD_STATE saying both when not. */
 gboolean hostd_move_check_base(HostdContext *ctx, const char *template_name,

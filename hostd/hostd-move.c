@@ -89,6 +89,19 @@ hostd_move_with(HostdContext *ctx, gboolean out, const char *name,
     return m != NULL;
 }
 
+gboolean
+hostd_move_forget_replica(HostdContext *ctx, gboolean out, const char *name)
+{
+    g_autofree char *key = move_key(ctx, out, name);
+    g_mutex_lock(&moves_lock);
+    HostdMove *m = moves != NULL ? g_hash_table_lookup(moves, key) : NULL;
+    gboolean replica = m != NULL && m->replica;
+    if (replica)
+        g_hash_table_remove(moves, key);
+    g_mutex_unlock(&moves_lock);
+    return replica;
+}
+
 /* Whether a client was heard from about the move of @name within HOSTD_MOVE_IDLE_S. */
 gboolean
 hostd_move_active(HostdContext *ctx, gboolean out, const char *name)
@@ -317,6 +330,9 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     g_autoptr(virDomain) dom = NULL;
     if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return NULL;
+    /* A move takes over from a copy of its replica under way: that copy then fails. */
+    if (hostd_move_forget_replica(ctx, TRUE, name))
+        hostd_context_log(ctx, "agent '%s': its move stops the copy of its replica", name);
     if (r->moving_to != NULL || hostd_move_active(ctx, TRUE, name))
         return vm_throw(error, VM_ERROR_BUSY, "agent '%s' is being moved already", name), NULL;
     guint64 epoch = 0;
@@ -673,6 +689,23 @@ hostd_move_check_base(HostdContext *ctx, const char *template_name, const char *
     return TRUE;
 }
 
+gboolean
+hostd_move_in_check(HostdContext *ctx, const HostdMoveIn *in, GError **error)
+{
+    if (hostd_move_active(ctx, FALSE, in->name))
+        return vm_throw(error, VM_ERROR_BUSY, "agent '%s' is being copied here already", in->name);
+    g_autofree char *owner = NULL;
+    guint64 epoch = 0;
+    if (!hostd_cluster_owner_of(ctx->cluster, in->name, &owner, &epoch, error))
+        return FALSE;
+    if (g_strcmp0(owner, in->from) != 0 || epoch != in->epoch)
+        return vm_throw(error, VM_ERROR_BAD_STATE,
+                        "agent '%s' is not host '%s''s with epoch %" G_GUINT64_FORMAT
+                        " in the fleet",
+                        in->name, in->from, in->epoch);
+    return TRUE;
+}
+
 GVariant *
 hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
 {
@@ -694,19 +727,12 @@ hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
                         "with `vmctl rm` there)",
                         in->name, me),
                NULL;
-    if (hostd_move_active(ctx, FALSE, in->name))
-        return vm_throw(error, VM_ERROR_BUSY, "agent '%s' is being copied here already", in->name),
-               NULL;
-    g_autofree char *owner = NULL;
-    guint64 epoch = 0;
-    if (!hostd_cluster_owner_of(ctx->cluster, in->name, &owner, &epoch, error))
+    if (hostd_move_forget_replica(ctx, FALSE, in->name)) {
+        g_autofree char *stage = hostd_replica_stage_dir(ctx, in->name);
+        vm_remove_tree(stage, NULL);
+    }
+    if (!hostd_move_in_check(ctx, in, error))
         return NULL;
-    if (g_strcmp0(owner, in->from) != 0 || epoch != in->epoch)
-        return vm_throw(error, VM_ERROR_BAD_STATE,
-                        "agent '%s' is not host '%s''s with epoch %" G_GUINT64_FORMAT
-                        " in the fleet",
-                        in->name, in->from, in->epoch),
-               NULL;
     /* This host as placement sees it: live, not drained, has the template and the memory. */
     g_autofree char *host = NULL;
     g_autofree char *address = NULL;
@@ -905,6 +931,9 @@ hostd_move_in_record(HostdContext *ctx, const HostdMove *m, const char *name, co
     g_clear_pointer(&r->fenced, g_free);
     g_clear_pointer(&r->moving_to, g_free);
     g_clear_pointer(&r->crashed, g_free);
+    /* Its replicas are of its life on the other host (they go with the epoch it had there). */
+    g_clear_pointer(&r->replicas, g_free);
+    g_clear_pointer(&r->replicated, g_free);
     r->crash_count = 0;
     r->shutdown_saved = FALSE;
     r->fleet_epoch = m->epoch + 1;

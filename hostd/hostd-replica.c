@@ -278,7 +278,7 @@ hostd_replica_done(HostdContext *ctx, const char *name, const char *checkpoint, 
     g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &lock, error);
     if (r == NULL)
         return NULL;
-    hostd_move_forget(ctx, TRUE, name);
+    hostd_move_forget_replica(ctx, TRUE, name);
     if (hosts == NULL || hosts[0] == NULL)
         return g_variant_new_parsed("@a{sv} {}");
     for (char **h = hosts; *h != NULL; h++) {
@@ -304,7 +304,7 @@ hostd_replica_abort_out(HostdContext *ctx, const char *name, GError **error)
 {
     if (!vm_name_validate(name, error))
         return NULL;
-    hostd_move_forget(ctx, TRUE, name);
+    hostd_move_forget_replica(ctx, TRUE, name);
     return g_variant_new_parsed("@a{sv} {}");
 }
 
@@ -328,20 +328,8 @@ hostd_replica_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
                         "host '%s' keeps no replica of its own agent '%s'", me, in->name),
                NULL;
     g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, in->name);
-    if (hostd_move_active(ctx, FALSE, in->name))
-        return vm_throw(error, VM_ERROR_BUSY, "agent '%s' is being copied here already", in->name),
-               NULL;
-    g_autofree char *owner = NULL;
-    guint64 epoch = 0;
-    if (!hostd_cluster_owner_of(ctx->cluster, in->name, &owner, &epoch, error))
-        return NULL;
-    if (g_strcmp0(owner, in->from) != 0 || epoch != in->epoch)
-        return vm_throw(error, VM_ERROR_BAD_STATE,
-                        "agent '%s' is not host '%s''s with epoch %" G_GUINT64_FORMAT
-                        " in the fleet",
-                        in->name, in->from, in->epoch),
-               NULL;
-    if (!hostd_move_check_base(ctx, in->template_name, in->base_sha256, in->from, error))
+    if (!hostd_move_in_check(ctx, in, error) ||
+        !hostd_move_check_base(ctx, in->template_name, in->base_sha256, in->from, error))
         return NULL;
 
     g_autofree char *stage = hostd_replica_stage_dir(ctx, in->name);
@@ -495,7 +483,7 @@ hostd_replica_commit(HostdContext *ctx, const char *name, const char *checkpoint
     } else if (g_rename(stage, kept_dir) < 0) {
         return vm_throw_errno(error, errno, "cannot create %s", kept_dir), NULL;
     }
-    hostd_move_forget(ctx, FALSE, name);
+    hostd_move_forget_replica(ctx, FALSE, name);
     hostd_context_log(ctx,
                       "agent '%s': replica of its checkpoint %s from host '%s' kept (epoch "
                       "%" G_GUINT64_FORMAT ")",
@@ -509,7 +497,7 @@ hostd_replica_abort_in(HostdContext *ctx, const char *name, GError **error)
     if (!vm_name_validate(name, error))
         return NULL;
     g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, name);
-    hostd_move_forget(ctx, FALSE, name);
+    hostd_move_forget_replica(ctx, FALSE, name);
     g_autofree char *stage = hostd_replica_stage_dir(ctx, name);
     vm_remove_tree(stage, NULL);
     return g_variant_new_parsed("@a{sv} {}");
@@ -593,9 +581,6 @@ hostd_replica_recover(HostdContext *ctx, const char *name, VmProgressFunc progre
     g_autoptr(HostdAgentRecord) r = hostd_move_in_record(ctx, &m, name, kept_dir, names, error);
     if (r == NULL)
         return NULL;
-    /* Its replicas are of its life on the lost host. */
-    g_clear_pointer(&r->replicas, g_free);
-    g_clear_pointer(&r->replicated, g_free);
     if (!hostd_check_resources(ctx, r->cpus, r->memory_mib, r->disk_gib, error))
         return NULL;
     g_autoptr(VmImage) image = hostd_agent_image(ctx, r, error);
@@ -658,7 +643,7 @@ hostd_replica_recover(HostdContext *ctx, const char *name, VmProgressFunc progre
                       "agent '%s' recovered here from its replica of host '%s' (checkpoint %s; "
                       "epoch %" G_GUINT64_FORMAT ")",
                       name, owner, checkpoint, new_epoch);
-    hostd_context_agent_event(ctx, name, "recovered", "stopped", owner);
+    hostd_context_agent_event(ctx, name, "recovered-in", "stopped", owner);
 
     hostd_progress(progress, progress_data, "booting", -1);
     g_autofree char *warning = NULL;
@@ -798,7 +783,7 @@ replica_sweep(HostdContext *ctx)
         g_autoptr(HostdNameLock) lock = hostd_name_trylock(ctx, name);
         if (lock == NULL)
             continue;
-        hostd_move_forget(ctx, FALSE, name);
+        hostd_move_forget_replica(ctx, FALSE, name);
         g_autofree char *path = g_build_filename(stages, name, NULL);
         vm_remove_tree(path, NULL);
     }

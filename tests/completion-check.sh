@@ -191,7 +191,7 @@ agents="a1 web-2"
 secrets="example-api gh"
 hosts="h1 h2"
 declare -A first=(
-    [new]="" [list]="" [hosts]="" [drain]=$hosts [undrain]=$hosts [move]=$agents [info]=$agents [exec]=$agents [ssh]=$agents [ssh-config]=$agents
+    [new]="" [list]="" [hosts]="" [drain]=$hosts [undrain]=$hosts [move]=$agents [replicate]=$agents [recover]=$agents [info]=$agents [exec]=$agents [ssh]=$agents [ssh-config]=$agents
     [start]=$agents [stop]=$agents [rm]=$agents [suspend]=$agents [resume]=$agents
     [keep-awake]=$agents [idle]=$agents ["checkpoint rm"]=$agents
     [checkpoint]="a1 rm web-2" [checkpoints]=$agents [autocheckpoint]=$agents [restore]=$agents
@@ -239,6 +239,7 @@ expect "gh" vmctl secret revoke web-2 g
 expect "h1 h2" vmctl drain ""
 expect "h2" vmctl new a9 --on h2
 expect "h1 h2" vmctl move a1 --to ""
+expect "h1 h2" vmctl recover a1 --to ""
 expect "" vmctl secret grant a1 gh ""
 expect "$secrets" vmctl new x --secret ""
 expect "$secrets" vmctl new x --secret a1 --secret ""

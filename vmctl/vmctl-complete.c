@@ -11,6 +11,8 @@ static const struct {
     {"drain", "host"},
     {"undrain", "host"},
     {"move", "agent"},
+    {"replicate", "agent"},
+    {"recover", "agent"},
     {"info", "agent"},
     {"exec", "agent"},
     {"ssh", "agent"},

@@ -4,8 +4,9 @@
 # address in the fleet. Real guests under TCG: agents placed by the rule, the one view from each
 # host, a move of a running agent with a counting process (same boot, the count goes on), hostd
 # killed at each step of a move (one owner and one runnable copy after, images intact), a
-# drain, a host lost with its QEMUs (its agents host-down), etcd losing a member and then its
-# quorum. Output is TAP. Needs root, etcd, sshd, HOSTD and VMCTL set.
+# drain, a host lost with its QEMUs (its agents host-down) and one of its agents recovered on
+# the host that keeps its replica (its files as of its last checkpoint; the lost host, back,
+# fences its copy), etcd losing a member and then its quorum. Output is TAP. Needs root, etcd, sshd, HOSTD and VMCTL set.
 set -uo pipefail
 
 : "${HOSTD:?}" "${VMCTL:?}"
@@ -23,6 +24,8 @@ LAB=$S
 LAB_PORT_MIN=${VM_TEST_PORT_MIN:-43900}
 LAB_ETCD_BASE=${VM_FLEET_ETCD_BASE:-27300}
 LAB_TTL=3
+# Each checkpoint of an agent is copied to one other host (docs/CLUSTER.md, "Replicas").
+LAB_REPLICATE=1
 LAB_IMAGES=$S/images
 mkdir -p "$LAB_IMAGES"
 if [ -f "$IMAGES/debian-12/image.ini" ] && [ "$IMAGES" != "$LAB_IMAGES" ]; then
@@ -192,8 +195,24 @@ check "no new agent goes on a drained host" test $? != 0 || diag "$out"
 out=$(hv 1 undrain h3 2>&1)
 check "undrain h3" test "$(lab_liveness h3)" = live
 
-# ---- a host lost: its hostd and its QEMUs killed
+# ---- replicas: a checkpoint of an agent of h2 is copied to another host by itself
 LOST=$(on h2 | head -1)
+hv 2 exec "$LOST" -- sh -c 'echo kept > /home/agent/kept; sync'
+out=$(hv 2 checkpoint "$LOST" --label before-loss 2>&1)
+check "checkpoint of h2's agent $LOST" test $? = 0 || diag "$out"
+replica_of() { hv 2 info "$LOST" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("replica", ""))'; }
+replicated() { [ -n "$(replica_of)" ]; }
+t0=$(date +%s)
+check "h2 copies the new checkpoint of $LOST to another host by itself" wait_for 90 replicated ||
+  diag "$(grep -i replica "$S/h2/hostd.log" | tail -5)"
+KEEPER=$(replica_of | sed -E 's/.* on (h[0-9]).*/\1/')
+diag "replica of $LOST: $(replica_of), $(($(date +%s) - t0)) s after the checkpoint"
+check "the keeper h${KEEPER#h} holds the replica whole (its manifest)" \
+  test -f "$S/$KEEPER/replicas/$LOST/replica.ini"
+hv 2 exec "$LOST" -- sh -c 'echo lost > /home/agent/after; sync'
+EPOCH=$(lab_fleet_field "$LOST" epoch)
+
+# ---- a host lost: its hostd and its QEMUs killed
 lab_host_kill 2
 lab_host_qemus_kill 2
 down() { [ "$(lab_liveness h2)" = down ]; }
@@ -203,8 +222,32 @@ diag "h2 down after $(($(date +%s) - t0)) s"
 check "h2's agent $LOST shows host-down" test "$(lab_fleet_field "$LOST" state)" = host-down
 out=$(hv 1 exec "$LOST" -- true 2>&1)
 check "exec on $LOST says its host is down" grep -q "which is down" <<<"$out" || diag "$out"
+
+# ---- recovered on the host that keeps its replica, asked of another
+t0=$(date +%s)
+out=$(hv 1 recover "$LOST" --to "$KEEPER" 2>&1)
+check "recover $LOST on $KEEPER" test $? = 0 || diag "$out"
+diag "$(tail -1 <<<"$out") ($(($(date +%s) - t0)) s)"
+check "recover says which checkpoint it is as of and that the rest is lost" \
+  grep -q "from checkpoint .*what it did after that is lost" <<<"$out"
+check "the fleet's record names $KEEPER with the epoch raised" \
+  test "$(lab_fleet_field "$LOST" host)/$(lab_fleet_field "$LOST" epoch)" = "$KEEPER/$((EPOCH + 1))"
+check "$LOST has its files as of the checkpoint on $KEEPER" \
+  test "$(hv "${KEEPER#h}" exec "$LOST" -- cat /home/agent/kept 2>&1)" = kept
+check "and not what it wrote after the checkpoint" \
+  hv "${KEEPER#h}" exec "$LOST" -- test ! -e /home/agent/after
+check "the replica is the agent now: no replica left on $KEEPER" \
+  test ! -e "$S/$KEEPER/replicas/$LOST"
+out=$(hv 1 recover "$LOST" --to "$KEEPER" 2>&1)
+check "a second recover is refused (live owner)" test $? = 5 || diag "$out"
+
+# ---- the lost host comes back: its copy of the recovered agent is fenced, never started
 lab_host_start 2 || diag "h2 did not start again"
 check "h2 is live again once its hostd is back" wait_for 20 all_live
+check "h2's old copy of $LOST is fenced" test "$(local_state 2 "$LOST")" = fenced
+check "and not running there (no QEMU)" test "$(hv 2 info "$LOST" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("qemu_pid", "none"))')" = none
+check "$LOST still answers on $KEEPER" hv "${KEEPER#h}" exec "$LOST" -- true
+hv 2 rm --force "$LOST" >/dev/null 2>&1
 for a in $(on h2); do hv 2 rm --force "$a" >/dev/null 2>&1; done
 
 # ---- etcd: one member lost, then the quorum

@@ -562,7 +562,8 @@ test_cluster(void **state)
     assert_true(g_file_set_contents(key, "x", -1, NULL));
     g_autofree char *full = g_strdup_printf(
         "[cluster]\nendpoints=https://10.0.0.1:2379; https://10.0.0.2:2379;https://10.0.0.3:2379\n"
-        "host-id=rack1.h2\naddress=ssh://root@10.0.0.2\nca=%s\ncert=%s\nkey=%s\nlease-ttl=15\n",
+        "host-id=rack1.h2\naddress=ssh://root@10.0.0.2\nca=%s\ncert=%s\nkey=%s\nlease-ttl=15\n"
+        "replicate=2\n",
         ca, cert, key);
     write_config(f, full);
     g_autoptr(HostdConfig) config = load_ok(f->file, NULL, NULL, NULL);
@@ -575,11 +576,13 @@ test_cluster(void **state)
     assert_string_equal(config->cluster->cert, cert);
     assert_string_equal(config->cluster->key, key);
     assert_int_equal(config->cluster->lease_ttl_s, 15);
+    assert_int_equal(config->cluster->replicate, 2);
 
     write_config(f, "[cluster]\nendpoints=http://127.0.0.1:2379\nhost-id=h1\naddress=h1\n");
     g_autoptr(HostdConfig) plain = load_ok(f->file, NULL, NULL, NULL);
     assert_int_equal(plain->cluster->lease_ttl_s, HOSTD_CLUSTER_LEASE_TTL_DEFAULT);
     assert_null(plain->cluster->ca);
+    assert_int_equal(plain->cluster->replicate, 0);
 
     static const struct {
         const char *text;
@@ -596,6 +599,8 @@ test_cluster(void **state)
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=1\n", "lease-ttl"},
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=301\n", "lease-ttl"},
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nlease-ttl=x\n", "lease-ttl"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nreplicate=9\n", "replicate"},
+        {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nreplicate=-1\n", "replicate"},
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nca=/no/such/ca.pem\n",
          "/no/such/ca.pem"},
         {"[cluster]\nendpoints=http://a:1\nhost-id=h1\naddress=h1\nttl=3\n", "'ttl'"},
