@@ -160,6 +160,24 @@ hostd_checkpoint_check_room(HostdContext *ctx, const HostdAgentRecord *r,
                     memory ? memory_shown : "", memory ? ")" : "", floor_shown);
 }
 
+gboolean
+hostd_checkpoint_room_for(HostdContext *ctx, const char *dir, guint64 bytes, GError **error)
+{
+    guint64 avail, size;
+    if (!hostd_checkpoint_space(dir, &avail, &size, error))
+        return FALSE;
+    guint64 floor = hostd_config_free_floor(ctx->config, size);
+    if (avail >= floor && avail - floor >= bytes)
+        return TRUE;
+    g_autofree char *shown = vm_format_bytes(avail);
+    g_autofree char *floor_shown = vm_format_bytes(floor);
+    g_autofree char *need = vm_format_bytes(bytes);
+    return vm_throw(error, VM_ERROR_NO_RESOURCES,
+                    "only %s free under %s: %s more would go below the host's free-space floor "
+                    "of %s (checkpoint-free-floor)",
+                    shown, dir, need, floor_shown);
+}
+
 /* The bytes @set's checkpoints take: their images and memory files, as allocated. */
 static guint64
 hostd_checkpoint_set_bytes(const VmCheckpointSet *set)
@@ -791,9 +809,9 @@ hostd_checkpoint_rehome(HostdContext *ctx, const HostdAgentRecord *r, GHashTable
     gboolean ok = TRUE;
     for (guint i = 0; ok && i < images->len; i++) {
         const char *path = images->pdata[i];
-        /* The warm layer is hostd's own (the template's build wrote it), read and written as
-         * hostd; the others as the agent's id. */
-        guint uid = g_strcmp0(path, r->warm_base) == 0 ? 0 : hostd_checkpoint_reader(ctx, r, path);
+        /* As the agent's id, the warm layer a move brought too: it came through a client, and
+         * hostd_confine_agent() made it the agent's group's as a checkpoint image is. */
+        guint uid = hostd_checkpoint_reader(ctx, r, path);
         /* Read as the agent's id, the image alone: its header came from a guest's host. */
         g_autoptr(GPtrArray) info = vm_qemu_img_info_as(path, VM_QEMU_IMG_INFO_QCOW2, uid, error);
         ok = info != NULL;

@@ -157,6 +157,12 @@ char *hostd_checkpoint_saved_xml(HostdContext *ctx, const HostdAgentRecord *r,
 gboolean hostd_checkpoint_rehome(HostdContext *ctx, const HostdAgentRecord *r, GHashTable *moved,
                                  GError **error);
 
+/* Whether @bytes more written under @dir leave its filesystem above checkpoint-free-floor (as
+ * checkpoints keep it): the check of a file another host sends. Fails with VM_ERROR_NO_RESOURCES
+ * saying how much is free, VM_ERROR_IO when the filesystem cannot be read. */
+gboolean hostd_checkpoint_room_for(HostdContext *ctx, const char *dir, guint64 bytes,
+                                   GError **error);
+
 /* For an agent whose files came from a replica (hostd-replica.h): its checkpoint record cut to
  * the checkpoints whose images came and that stand on ones that came, without memory (a replica
  * holds disks only), its images' headers pointed at their paths here (hostd_checkpoint_rehome()

@@ -375,6 +375,13 @@ hostd_confine_merging(HostdContext *ctx, const HostdAgentRecord *r, gboolean wri
         if (chmod(path, writable ? CONFINE_FROZEN_MODE | 0020 : CONFINE_FROZEN_MODE) < 0)
             return vm_throw_errno(error, errno, "cannot chmod %s", path);
     }
+    /* A warm layer a move or a recovery brought into the agent's dir is one of its frozen
+     * images: its header is rewritten as the agent's id too. */
+    g_autofree char *prefix = g_strconcat(r->dir, "/", NULL);
+    if (r->warm_base != NULL && g_str_has_prefix(r->warm_base, prefix) &&
+        chmod(r->warm_base, writable ? CONFINE_FROZEN_MODE | 0020 : CONFINE_FROZEN_MODE) < 0 &&
+        errno != ENOENT)
+        return vm_throw_errno(error, errno, "cannot chmod %s", r->warm_base);
     return TRUE;
 }
 

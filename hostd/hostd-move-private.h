@@ -87,7 +87,8 @@ GHashTable *hostd_move_in_paths(const HostdMove *m, const HostdAgentRecord *r,
 
 /* The path the image standing on @r's base image names it by (its own disk's, or its warm
  * layer's: the base as it was when the warm image was built). Newly allocated. */
-char *hostd_move_base_named(const HostdAgentRecord *r, const VmImage *image, GError **error);
+char *hostd_move_base_named(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
+                            GError **error);
 /* Whether this host may receive agent @in->name now: no transfer of it into this host under
  * way, and the fleet's record names @in->from with @in->epoch. Fails with VM_ERROR_BUSY,
  * VM_ERROR_BAD_STATE, or VM_ERROR_NOT_RUNNING when etcd cannot say. */

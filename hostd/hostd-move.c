@@ -300,14 +300,20 @@ move_frozen_files(const HostdAgentRecord *r, GError **error)
 }
 
 char *
-hostd_move_base_named(const HostdAgentRecord *r, const VmImage *image, GError **error)
+hostd_move_base_named(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
+                      GError **error)
 {
-    /* A warm layer (hostd's own file) names the base image as it was when the warm image was
-     * built. */
+    /* A warm layer names the base image as it was when the warm image was built. */
     if (r->warm_base == NULL)
         return g_strdup(image->disk_path);
-    g_autoptr(GPtrArray) warm =
-        vm_qemu_img_info(r->warm_base, VM_QEMU_IMG_INFO_QCOW2 | VM_QEMU_IMG_INFO_SHARED, error);
+    /* One a move brought into the agent's dir came through a client: read as the agent's id,
+     * whose group it is (hostd_confine_agent()); the template's own is hostd's. */
+    g_autofree char *prefix = g_strconcat(r->dir, "/", NULL);
+    guint uid = ctx->agent_ids && r->agent_id != 0 && g_str_has_prefix(r->warm_base, prefix)
+                    ? r->agent_id
+                    : 0;
+    g_autoptr(GPtrArray) warm = vm_qemu_img_info_as(
+        r->warm_base, VM_QEMU_IMG_INFO_QCOW2 | VM_QEMU_IMG_INFO_SHARED, uid, error);
     if (warm == NULL)
         return NULL;
     const VmQemuImgInfo *top = warm->pdata[0];
@@ -367,7 +373,7 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     g_autoptr(GVariant) files = move_frozen_files(r, error);
     if (files == NULL)
         return NULL;
-    g_autofree char *base_named = hostd_move_base_named(r, image, error);
+    g_autofree char *base_named = hostd_move_base_named(ctx, r, image, error);
     if (base_named == NULL)
         return NULL;
 
@@ -791,6 +797,10 @@ hostd_move_write(HostdContext *ctx, const char *name, const char *file, gint64 s
         m_seen->replica ? hostd_replica_stage_dir(ctx, name) : hostd_move_incoming_dir(ctx, name);
     g_autofree char *path = g_build_filename(incoming, hostd_move_in_file(file), NULL);
     g_unlink(path);
+    /* The size a client announces is checked before a byte is written: a file too big for this
+     * host fails at once, not once the disk is full. */
+    if (!hostd_checkpoint_room_for(ctx, incoming, (guint64)size, error))
+        return FALSE;
     vm_autofd fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
         return vm_throw_errno(error, errno, "cannot create %s", path);

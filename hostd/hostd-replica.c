@@ -219,7 +219,8 @@ hostd_replica_plan(HostdContext *ctx, const char *name, GError **error)
     if (image == NULL)
         return NULL;
     g_autofree char *base_sha = hostd_move_base_sha256(image->disk_path, error);
-    g_autofree char *base_named = base_sha != NULL ? hostd_move_base_named(r, image, error) : NULL;
+    g_autofree char *base_named =
+        base_sha != NULL ? hostd_move_base_named(ctx, r, image, error) : NULL;
     if (base_named == NULL)
         return NULL;
 

@@ -200,15 +200,19 @@ LOST=$(on h2 | head -1)
 hv 2 exec "$LOST" -- sh -c 'echo kept > /home/agent/kept; sync'
 out=$(hv 2 checkpoint "$LOST" --label before-loss 2>&1)
 check "checkpoint of h2's agent $LOST" test $? = 0 || diag "$out"
+CKPT=$(hv 2 checkpoints "$LOST" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["id"])')
 replica_of() { hv 2 info "$LOST" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("replica", ""))'; }
-replicated() { [ -n "$(replica_of)" ]; }
+replicated() { [ "$(replica_of | cut -d' ' -f1)" = "$CKPT" ]; }
 t0=$(date +%s)
-check "h2 copies the new checkpoint of $LOST to another host by itself" wait_for 90 replicated ||
+check "h2 copies the new checkpoint $CKPT of $LOST to another host by itself" wait_for 90 replicated ||
   diag "$(grep -i replica "$S/h2/hostd.log" | tail -5)"
 KEEPER=$(replica_of | sed -E 's/.* on (h[0-9]).*/\1/')
 diag "replica of $LOST: $(replica_of), $(($(date +%s) - t0)) s after the checkpoint"
 check "the keeper h${KEEPER#h} holds the replica whole (its manifest)" \
   test -f "$S/$KEEPER/replicas/$LOST/replica.ini"
+out=$(hv 1 recover "$LOST" --to "$KEEPER" 2>&1)
+rc=$?
+check "no recovery while its host is live (exit 5)" test "$rc" = 5 || diag "$rc: $out"
 hv 2 exec "$LOST" -- sh -c 'echo lost > /home/agent/after; sync'
 EPOCH=$(lab_fleet_field "$LOST" epoch)
 
@@ -228,18 +232,19 @@ t0=$(date +%s)
 out=$(hv 1 recover "$LOST" --to "$KEEPER" 2>&1)
 check "recover $LOST on $KEEPER" test $? = 0 || diag "$out"
 diag "$(tail -1 <<<"$out") ($(($(date +%s) - t0)) s)"
-check "recover says which checkpoint it is as of and that the rest is lost" \
-  grep -q "from checkpoint .*what it did after that is lost" <<<"$out"
+check "recover says it is as of checkpoint $CKPT and that the rest is lost" \
+  grep -q "from checkpoint $CKPT, .*what it did after that is lost" <<<"$out"
 check "the fleet's record names $KEEPER with the epoch raised" \
   test "$(lab_fleet_field "$LOST" host)/$(lab_fleet_field "$LOST" epoch)" = "$KEEPER/$((EPOCH + 1))"
-check "$LOST has its files as of the checkpoint on $KEEPER" \
-  test "$(hv "${KEEPER#h}" exec "$LOST" -- cat /home/agent/kept 2>&1)" = kept
+kept=$(hv "${KEEPER#h}" exec "$LOST" -- cat /home/agent/kept 2>&1)
+check "$LOST has its files as of the checkpoint on $KEEPER" test "$kept" = kept || diag "$kept"
 check "and not what it wrote after the checkpoint" \
   hv "${KEEPER#h}" exec "$LOST" -- test ! -e /home/agent/after
 check "the replica is the agent now: no replica left on $KEEPER" \
   test ! -e "$S/$KEEPER/replicas/$LOST"
 out=$(hv 1 recover "$LOST" --to "$KEEPER" 2>&1)
-check "a second recover is refused (live owner)" test $? = 5 || diag "$out"
+check "a second recover is refused: it is on $KEEPER already" grep -q "already" <<<"$out" ||
+  diag "$out"
 
 # ---- the lost host comes back: its copy of the recovered agent is fenced, never started
 lab_host_start 2 || diag "h2 did not start again"

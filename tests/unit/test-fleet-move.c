@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "hostd-agent.h"
+#include "hostd-checkpoint-private.h"
 #include "hostd-cluster.h"
 #include "hostd-move.h"
 #include "hostd-replica.h"
@@ -374,6 +375,14 @@ test_move_target_files(void **state)
     assert_null(fewer);
     hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, "5 bytes came of the 9 announced");
     g_clear_error(&error);
+
+    /* A size past the host's free-space floor is refused before a byte is written. */
+    hostd_checkpoint_test_space(1024 * 1024, 1024 * 1024 * 1024);
+    g_autofree char *huge = write_file(f, "b1", "disk.qcow2", 5, "12345", &error);
+    assert_null(huge);
+    hostd_test_assert_error(error, VM_ERROR_NO_RESOURCES, "free-space floor");
+    g_clear_error(&error);
+    hostd_checkpoint_test_space(0, 0);
 
     const char *text = "some disk bytes, in frames of five";
     g_autofree char *got = write_file(f, "b1", "disk.qcow2", (gint64)strlen(text), text, &error);
