@@ -3,6 +3,7 @@
 #include "vm-error.h"
 #include "vm-name.h"
 #include "vmctl-copy-archive.h"
+#include "vmctl-remote.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -161,11 +162,23 @@ copy_feed_thread(gpointer data)
     return NULL;
 }
 
-/* Opens an EXEC of `sh -c SCRIPT vmctl-cp ARG...` in @agent. */
+/* Opens an EXEC of `sh -c SCRIPT vmctl-cp ARG...` in @agent, on the host that has it: in a
+ * fleet, another host may (the exec's stream cannot be sent again once it began), so its host
+ * is asked first with a request that follows an `elsewhere` (*@ret_remote: the host it followed
+ * to, which the caller keeps until the pipe is closed). */
 static VmctlExecPipe *
 copy_open(const VmctlEndpoint *endpoint, const char *agent, const char *script,
-          const char *const *args, GError **error)
+          const char *const *args, VmctlRemote **ret_remote, GError **error)
 {
+    g_autoptr(VmMessage) where =
+        vm_message_new(VM_OP_AGENT_INFO, g_variant_new_parsed("{'name': <%s>}", agent), error);
+    g_autoptr(VmMessage) info = NULL;
+    if (where == NULL ||
+        !vmctl_client_request_follow(endpoint, where, NULL, NULL, NULL, &info, ret_remote, error))
+        return NULL;
+    VmctlEndpoint there = {.remote = *ret_remote};
+    if (*ret_remote != NULL)
+        endpoint = &there;
     g_autoptr(GStrvBuilder) argv = g_strv_builder_new();
 
     g_strv_builder_add_many(argv, "sh", "-c", script, "vmctl-cp", NULL);
@@ -309,8 +322,9 @@ copy_from_agent(const VmctlEndpoint *endpoint, const VmctlCopyLocation *from, co
 
     if (!copy_local_target(to, root, &dir, &name, error))
         return FALSE;
+    g_autoptr(VmctlRemote) followed = NULL;
     g_autoptr(VmctlExecPipe) source =
-        copy_open(endpoint, from->agent, copy_out_script, args, error);
+        copy_open(endpoint, from->agent, copy_out_script, args, &followed, error);
     if (source == NULL || !vmctl_exec_pipe_close_input(source, error))
         return FALSE;
     run->source = source;
@@ -367,6 +381,9 @@ vmctl_copy(const VmctlEndpoint *endpoint, const VmctlCopyLocation *from,
 
     g_autofree char *local = from->agent == NULL ? strip_slashes(from->path) : NULL;
     g_autofree char *name = NULL;
+    /* Before the pipes: they go first. */
+    g_autoptr(VmctlRemote) sink_host = NULL;
+    g_autoptr(VmctlRemote) source_host = NULL;
     g_autoptr(VmctlExecPipe) source = NULL;
     if (from->agent == NULL) {
         if (lstat(local, &st) != 0) {
@@ -402,12 +419,13 @@ vmctl_copy(const VmctlEndpoint *endpoint, const VmctlCopyLocation *from,
 
     const char *sink_args[] = {to->path, name, NULL};
     g_autoptr(VmctlExecPipe) sink =
-        copy_open(endpoint, to->agent, copy_in_script, sink_args, error);
+        copy_open(endpoint, to->agent, copy_in_script, sink_args, &sink_host, error);
     if (sink == NULL)
         return FALSE;
     if (from->agent != NULL) {
         const char *source_args[] = {from->path, NULL};
-        source = copy_open(endpoint, from->agent, copy_out_script, source_args, error);
+        source =
+            copy_open(endpoint, from->agent, copy_out_script, source_args, &source_host, error);
         if (source == NULL || !vmctl_exec_pipe_close_input(source, error))
             return FALSE;
     }

@@ -128,6 +128,9 @@ check "$A's images on h2 pass qemu-img check" images_intact 2 "$A"
 check "asked of h1, exec on $A goes to h2" test "$(boot_id 1 "$A")" = "$BOOT"
 out=$(hv 1 logs "$A" --lines 3 2>&1)
 check "asked of h1, the console log of $A comes from h2" test $? = 0 || diag "$out"
+echo "copied through the fleet" >"$S/cp-in"
+out=$(hv 1 cp "$S/cp-in" "$A:/tmp/" 2>&1 && hv 1 cp "$A:/tmp/cp-in" "$S/cp-out" 2>&1)
+check "asked of h1, cp into and out of $A goes to h2" cmp -s "$S/cp-in" "$S/cp-out" || diag "$out"
 out=$(hv 2 move "$A" --to h2 2>&1)
 check "a move to the host it is on is refused" grep -q "is on host 'h2' already" <<<"$out" || diag "$out"
 
