@@ -978,20 +978,21 @@ exec_capture_stream(VmStreamReader *reader, gsize max_output, gint64 deadline,
     }
 }
 
-gboolean
-vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *request, GBytes *input,
-                          gsize max_output, guint timeout_ms, GCancellable *cancellable,
-                          VmProgressFunc progress, gpointer progress_data,
-                          VmctlExecOutput **ret_output, GError **error)
+/* vmctl_client_exec_capture() to one hostd: *@ret_elsewhere and *@ret_where set (and @error)
+ * when it answered ELSEWHERE, which it does before any output. */
+static gboolean
+exec_capture_once(const VmctlEndpoint *endpoint, const VmMessage *request, GBytes *input,
+                  gsize max_output, gint64 deadline, GCancellable *cancellable,
+                  VmProgressFunc progress, gpointer progress_data, VmctlExecOutput **ret_output,
+                  gboolean *ret_elsewhere, VmElsewhere *ret_where, GError **error)
 {
     g_autoptr(VmctlExecOutput) output = g_new0(VmctlExecOutput, 1);
     g_autoptr(GError) local_error = NULL;
-    gint64 deadline =
-        timeout_ms > 0 ? g_get_monotonic_time() + (gint64)timeout_ms * G_TIME_SPAN_MILLISECOND : 0;
+    guint timeout_ms =
+        deadline > 0 ? (guint)((deadline - g_get_monotonic_time()) / G_TIME_SPAN_MILLISECOND) : 0;
     VmStreamReader reader;
 
-    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_EXIT, FALSE);
-
+    *ret_elsewhere = FALSE;
     output->out = g_byte_array_new();
     output->err = g_byte_array_new();
     g_autoptr(VmctlConnection) connection = vmctl_connection_open(endpoint, error);
@@ -1007,6 +1008,8 @@ vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *reques
                                       progress_data, output, &local_error);
     exec_stream_close(stream);
     if (!ok) {
+        *ret_elsewhere = reader.elsewhere;
+        *ret_where = reader.where;
         if (g_error_matches(local_error, VM_ERROR, VM_ERROR_TIMEOUT)) {
             g_clear_error(&local_error);
             vm_throw(&local_error, VM_ERROR_TIMEOUT, "the command still ran after %u s",
@@ -1017,6 +1020,45 @@ vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *reques
     }
     *ret_output = g_steal_pointer(&output);
     return TRUE;
+}
+
+gboolean
+vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *request, GBytes *input,
+                          gsize max_output, guint timeout_ms, GCancellable *cancellable,
+                          VmProgressFunc progress, gpointer progress_data,
+                          VmctlExecOutput **ret_output, GError **error)
+{
+    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_EXIT, FALSE);
+
+    gint64 deadline =
+        timeout_ms > 0 ? g_get_monotonic_time() + (gint64)timeout_ms * G_TIME_SPAN_MILLISECOND : 0;
+    g_autoptr(GError) local_error = NULL;
+    gboolean elsewhere = FALSE;
+    VmElsewhere where, twice;
+    if (exec_capture_once(endpoint, request, input, max_output, deadline, cancellable, progress,
+                          progress_data, ret_output, &elsewhere, &where, &local_error))
+        return TRUE;
+    if (!elsewhere) {
+        g_propagate_error(error, g_steal_pointer(&local_error));
+        return FALSE;
+    }
+    g_clear_error(&local_error);
+    /* The input is whole in memory: it goes again, once, to the host named. */
+    g_autoptr(VmctlRemote) remote = NULL;
+    g_autoptr(VmMessage) again = NULL;
+    if (!vmctl_follow_prepare(request, &where, &remote, &again, error))
+        return FALSE;
+    VmctlEndpoint there = {.remote = remote};
+    if (exec_capture_once(&there, again, input, max_output, deadline, cancellable, progress,
+                          progress_data, ret_output, &elsewhere, &twice, &local_error))
+        return TRUE;
+    if (elsewhere)
+        return vm_throw(error, VM_ERROR_FAILED,
+                        "the request was sent on to host '%s', which sent it on to host '%s': "
+                        "not following twice",
+                        where.host, twice.host);
+    g_propagate_error(error, g_steal_pointer(&local_error));
+    return FALSE;
 }
 
 struct VmctlExecPipe {

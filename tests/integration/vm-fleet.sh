@@ -131,6 +131,13 @@ check "asked of h1, the console log of $A comes from h2" test $? = 0 || diag "$o
 echo "copied through the fleet" >"$S/cp-in"
 out=$(hv 1 cp "$S/cp-in" "$A:/tmp/" 2>&1 && hv 1 cp "$A:/tmp/cp-in" "$S/cp-out" 2>&1)
 check "asked of h1, cp into and out of $A goes to h2" cmp -s "$S/cp-in" "$S/cp-out" || diag "$out"
+# An MCP client of h1: its exec tool on $A goes to h2 too.
+out=$(printf '%s\n' \
+  '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"lab","version":"1"}}}' \
+  '{"jsonrpc":"2.0","method":"notifications/initialized"}' \
+  "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"exec\",\"arguments\":{\"name\":\"$A\",\"command\":[\"cat\",\"/proc/sys/kernel/random/boot_id\"]}}}" |
+  timeout 120 "$VMCTL" --socket "$S/h1/hostd.sock" mcp 2>&1)
+check "asked of h1, vmctl mcp's exec on $A goes to h2" grep -q "$BOOT" <<<"$out" || diag "$out"
 out=$(hv 2 move "$A" --to h2 2>&1)
 check "a move to the host it is on is refused" grep -q "is on host 'h2' already" <<<"$out" || diag "$out"
 
