@@ -272,6 +272,10 @@ static const VmOpSpec vm_op_specs[] = {
         {"name", "s", REQ},
         {"to", "s", 0, 1, VM_HOST_ID_MAX},
         {NULL}}},
+    {VM_OP_AGENT_SET_REPLICATE, "agent-set-replicate", VM_OP_RESULT, FALSE, {
+        {"name", "s", REQ},
+        {"copies", "u", 0, 0, VM_REPLICAS_MAX},
+        {NULL}}},
 
     {VM_OP_STDIN, "stdin", 0, FALSE, {
         {"data", "ay", REQ, 0, VM_STREAM_CHUNK_MAX},

@@ -133,7 +133,8 @@ typedef enum {
     VM_OP_MOVE_IN = 53,  /* target: -> PROGRESS* RESULT (per step: begin, commit, abort) */
     VM_OP_MOVE_WRITE,    /* target: STDIN* STDIN_EOF from the client -> EXIT {status, sha256} */
     /* An agent back from its replica here, its host lost (docs/CLUSTER.md, "Replicas"). */
-    VM_OP_AGENT_RECOVER = 55, /* -> PROGRESS* RESULT {agent, checkpoint, created, from} */
+    VM_OP_AGENT_RECOVER = 55,  /* -> PROGRESS* RESULT {agent, checkpoint, created, from} */
+    VM_OP_AGENT_SET_REPLICATE, /* -> RESULT {agent} */
 
     /* Client -> hostd during an EXEC stream. */
     VM_OP_STDIN = 50,

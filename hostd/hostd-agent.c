@@ -230,6 +230,8 @@ hostd_agent_to_variant(HostdContext *ctx, const HostdAgentRecord *r)
         g_variant_builder_add(&b, "{sv}", "crash_reason", g_variant_new_string(r->crashed));
     if (r->fenced != NULL)
         g_variant_builder_add(&b, "{sv}", "fenced", g_variant_new_string(r->fenced));
+    if (r->replicate_own)
+        g_variant_builder_add(&b, "{sv}", "replicate", g_variant_new_uint32(r->replicate));
     /* In a fleet that replicates: where its newest replica is. */
     if (r->replicas != NULL && r->replicated != NULL) {
         g_autofree char *where = g_strdup_printf("%s on %s", r->replicated, r->replicas);

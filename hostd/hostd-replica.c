@@ -129,10 +129,12 @@ replica_listed_name(const char *file)
 /* ---------------------------------------------------------------------------------------------
  * The agent's host */
 
-/* How many other hosts keep a replica of this host's agents. */
+/* How many other hosts keep a replica of @r: its own count, else this host's. */
 static guint
-replica_count(HostdContext *ctx)
+replica_count(HostdContext *ctx, const HostdAgentRecord *r)
 {
+    if (r->replicate_own)
+        return r->replicate;
     return ctx->config->cluster != NULL ? ctx->config->cluster->replicate : 0;
 }
 
@@ -164,10 +166,13 @@ hostd_replica_plan(HostdContext *ctx, const char *name, GError **error)
     g_autoptr(virDomain) dom = NULL;
     if (!hostd_agent_lock_open(ctx, name, &lock, &r, &dom, error))
         return NULL;
-    guint count = replica_count(ctx);
+    guint count = replica_count(ctx, r);
     if (count == 0)
         return vm_throw(error, VM_ERROR_BAD_STATE,
-                        "this host replicates no agent ([cluster] replicate is 0)"),
+                        r->replicate_own ? "agent '%s' has no replicas (vmctl replicate --copies)"
+                                         : "agent '%s' has no replicas ([cluster] replicate is 0 "
+                                           "on this host)",
+                        name),
                NULL;
     if (r->moving_to != NULL || hostd_move_active(ctx, TRUE, name))
         return vm_throw(error, VM_ERROR_BUSY, "agent '%s' is being moved or copied already", name),
@@ -268,6 +273,28 @@ hostd_replica_plan(HostdContext *ctx, const char *name, GError **error)
     g_variant_builder_add(&b, "{sv}", "created", g_variant_new_int64(last->created));
     g_variant_builder_add(&b, "{sv}", "targets", g_variant_builder_end(&targets));
     g_variant_builder_add(&b, "{sv}", "files", g_variant_builder_end(&files));
+    return g_variant_builder_end(&b);
+}
+
+GVariant *
+hostd_replica_set(HostdContext *ctx, const char *name, gboolean own, guint copies, GError **error)
+{
+    if (hostd_context_fleet(ctx, error) == NULL)
+        return NULL;
+    if (own && copies > VM_REPLICAS_MAX)
+        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT, "at most %d copies", VM_REPLICAS_MAX),
+               NULL;
+    g_autoptr(HostdNameLock) lock = NULL;
+    g_autoptr(HostdAgentRecord) r = hostd_agent_lock_load(ctx, name, &lock, error);
+    if (r == NULL)
+        return NULL;
+    r->replicate_own = own;
+    r->replicate = own ? copies : 0;
+    if (!hostd_agent_record_save(r, error))
+        return NULL;
+    g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
+    g_variant_builder_add(&b, "{sv}", "agent", hostd_agent_to_variant(ctx, r));
+    g_variant_builder_add(&b, "{sv}", "copies", g_variant_new_uint32(replica_count(ctx, r)));
     return g_variant_builder_end(&b);
 }
 
@@ -818,14 +845,14 @@ hostd_replica_tick(gpointer data)
         run->swept = now;
         replica_sweep(ctx);
     }
-    guint count = replica_count(ctx);
-    if (count == 0 || replica_runner_busy(ctx, run))
+    if (replica_runner_busy(ctx, run))
         return;
     g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, NULL);
     for (guint i = 0; records != NULL && i < records->len; i++) {
         const HostdAgentRecord *r = records->pdata[i];
         g_autofree char *checkpoint = NULL;
-        if (!replica_needed(r, count, &checkpoint))
+        guint count = replica_count(ctx, r);
+        if (count == 0 || !replica_needed(r, count, &checkpoint))
             continue;
         /* Tried for this checkpoint already: again once in a while (a host may have come). */
         const char *tried = g_hash_table_lookup(run->tried, r->name);

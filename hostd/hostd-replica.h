@@ -33,6 +33,12 @@ G_BEGIN_DECLS
  * other host can hold it). */
 GVariant *hostd_replica_plan(HostdContext *ctx, const char *name, GError **error);
 
+/* Gives agent @name a count of replicas of its own, @copies (0-8), or with !@own the host's
+ * ([cluster] replicate) again. Returns {agent, copies (u: the count that holds now)}. Fails with
+ * VM_ERROR_NOT_RUNNING without a fleet, VM_ERROR_NOT_FOUND, VM_ERROR_INVALID_ARGUMENT. */
+GVariant *hostd_replica_set(HostdContext *ctx, const char *name, gboolean own, guint copies,
+                            GError **error);
+
 /* The agent's host, step "replica-done": the copy ended; @hosts hold @checkpoint now (none: it
  * reached no host). Returns {}. */
 GVariant *hostd_replica_done(HostdContext *ctx, const char *name, const char *checkpoint,

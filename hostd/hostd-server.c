@@ -1032,6 +1032,16 @@ hostd_handle_agent_recover(HostdContext *ctx, const VmMessage *req, VmStreamWrit
     return result != NULL && hostd_reply(reply, result, error);
 }
 
+static gboolean
+hostd_handle_agent_set_replicate(HostdContext *ctx, const VmMessage *req, VmStreamWriter *reply,
+                                 GError **error)
+{
+    g_autoptr(GVariant) copies = vm_message_lookup(req, "copies");
+    GVariant *result = hostd_replica_set(ctx, hostd_req_name(req), copies != NULL,
+                                         copies != NULL ? g_variant_get_uint32(copies) : 0, error);
+    return result != NULL && hostd_reply(reply, result, error);
+}
+
 /* Which function serves each request, and whether it changes something. The fields a request may
  * carry, and what ends its reply, are in the schema table in common/vm-protocol.c, checked
  * before a handler runs. */
@@ -1093,6 +1103,7 @@ static const struct {
     {VM_OP_MOVE_IN, hostd_handle_move_in, HOSTD_REQUEST_CHANGES},
     {VM_OP_MOVE_WRITE, hostd_handle_move_write, HOSTD_REQUEST_READS},
     {VM_OP_AGENT_RECOVER, hostd_handle_agent_recover, HOSTD_REQUEST_CHANGES},
+    {VM_OP_AGENT_SET_REPLICATE, hostd_handle_agent_set_replicate, HOSTD_REQUEST_CHANGES},
 };
 
 /* The row of @op in hostd_handlers, or -1. */

@@ -10,6 +10,7 @@
 
 #include "vm-error.h"
 #include "vm-name.h"
+#include "vm-protocol.h"
 #include "vm-util.h"
 
 #define RECORD_GROUP "agent"
@@ -191,6 +192,12 @@ hostd_agent_record_load(const char *dir, GError **error)
     r->moving_to = hostd_record_get_string(kf, "moving-to", FALSE, path, NULL);
     r->replicas = hostd_record_get_string(kf, "replicas", FALSE, path, NULL);
     r->replicated = hostd_record_get_string(kf, "replicated", FALSE, path, NULL);
+    gint64 replicate = 0;
+    r->replicate_own = g_key_file_has_key(kf, RECORD_GROUP, "replicate", NULL);
+    if (r->replicate_own &&
+        !hostd_record_get_number(kf, "replicate", 0, VM_REPLICAS_MAX, &replicate, path, error))
+        return NULL;
+    r->replicate = (guint)replicate;
     gint64 fleet_epoch = 0;
     if (g_key_file_has_key(kf, RECORD_GROUP, "fleet-epoch", NULL) &&
         !hostd_record_get_number(kf, "fleet-epoch", 0, G_MAXINT64, &fleet_epoch, path, error))
@@ -265,6 +272,8 @@ hostd_agent_record_save(const HostdAgentRecord *r, GError **error)
         g_key_file_set_string(kf, RECORD_GROUP, "replicas", r->replicas);
     if (r->replicated != NULL)
         g_key_file_set_string(kf, RECORD_GROUP, "replicated", r->replicated);
+    if (r->replicate_own)
+        g_key_file_set_uint64(kf, RECORD_GROUP, "replicate", r->replicate);
     if (r->shutdown_saved)
         g_key_file_set_boolean(kf, RECORD_GROUP, "shutdown-saved", TRUE);
     if (r->grow_fs)

@@ -88,6 +88,8 @@ typedef struct {
     char *replicas;          /* NULL, or the hosts holding the last replica of its checkpoints
                               * ("h2,h3"), as the last replication left them (hostd-replica.h) */
     char *replicated;        /* NULL, or the checkpoint that replica holds last */
+    gboolean replicate_own;  /* it has a count of replicas of its own (vmctl replicate --copies) */
+    guint replicate;         /* and that count (0-8); else the host's [cluster] one holds */
     gboolean shutdown_saved; /* saved by hostd's shutdown (or stop-host-agents), not by the user */
     gboolean grow_fs;        /* its disk grew (vmctl set) and the guest's root filesystem is
                               * still to be grown to it, the next time the guest answers */

@@ -1,6 +1,7 @@
 #include <stdio.h>
 
 #include "vm-error.h"
+#include "vm-protocol.h"
 #include "vm-name.h"
 #include "vmctl-move.h"
 #include "vmctl-remote.h"
@@ -73,13 +74,45 @@ replicate_to(VmctlContext *ctx, const VmctlEndpoint *source, const VmctlEndpoint
     return ok;
 }
 
+/* --copies: sets the agent's own count of replicas (or "host": its host's again). */
+static gboolean
+replicate_set(VmctlContext *ctx, const char *name, const char *copies, GError **error)
+{
+    g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(NULL);
+    g_variant_dict_insert(&fields, "name", "s", name);
+    if (!g_str_equal(copies, "host")) {
+        guint64 n = 0;
+        if (!g_ascii_string_to_unsigned(copies, 10, 0, VM_REPLICAS_MAX, &n, NULL))
+            return vmctl_usage_error(ctx, error, "--copies takes 0 to %d, or 'host'",
+                                     VM_REPLICAS_MAX);
+        g_variant_dict_insert(&fields, "copies", "u", (guint32)n);
+    }
+    g_autoptr(VmMessage) result = NULL;
+    if (!vmctl_request(ctx, VM_OP_AGENT_SET_REPLICATE, g_variant_dict_end(&fields), &result, error))
+        return FALSE;
+    guint32 now = 0;
+    g_variant_lookup(result->fields, "copies", "u", &now);
+    g_autofree char *text = g_strdup_printf(
+        "%s: each checkpoint copied to %u other host%s%s", name, now, now == 1 ? "" : "s",
+        g_str_equal(copies, "host") ? " (its host's setting)" : "");
+    vmctl_print_result(ctx, result, NULL, text);
+    return TRUE;
+}
+
 /* Copies an agent's newest checkpoint to the hosts that keep its replicas ([cluster] replicate
- * on its host, which runs this by itself after each checkpoint): what each host lacks of it,
- * every file checked by its SHA-256 on both sides. */
+ * on its host, or its own count, which --copies sets; its host runs this by itself after each
+ * checkpoint): what each host lacks of it, every file checked by its SHA-256 on both sides. */
 gboolean
 vmctl_cmd_replicate(VmctlContext *ctx, int argc, char **argv, GError **error)
 {
-    const GOptionEntry entries[] = {{NULL}};
+    const char *copies = NULL;
+    const GOptionEntry entries[] = {
+        {"copies", 0, 0, G_OPTION_ARG_STRING, &copies,
+         "Set how many other hosts keep its replicas (0-8), or 'host' for its host's setting; "
+         "copies nothing now",
+         "N"},
+        G_OPTION_ENTRY_NULL,
+    };
     g_auto(GStrv) args = NULL;
 
     if (!vmctl_parse(ctx, argc, argv, entries, 1, 1, &args, error))
@@ -87,6 +120,8 @@ vmctl_cmd_replicate(VmctlContext *ctx, int argc, char **argv, GError **error)
     const char *name = args[0];
     if (!vm_name_validate(name, error))
         return FALSE;
+    if (copies != NULL)
+        return replicate_set(ctx, name, copies, error);
     gint64 start = g_get_monotonic_time();
     g_autoptr(VmMessage) plan = NULL;
     if (!vmctl_request(ctx, VM_OP_MOVE_OUT,

@@ -458,12 +458,32 @@ test_replica_plan(void **state)
     host_put("h1");
     make_agent(f, "a1");
     make_agent(f, "held");
+    set_replicate(f, 0);
     plan = hostd_replica_plan(f->ctx, "a1", &error);
     assert_null(plan);
     hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "replicate is 0");
     g_clear_error(&error);
 
+    /* Its own count holds over the host's, kept in its record; "host" gives it back. */
+    g_autoptr(GVariant) own = hostd_test_sink(hostd_replica_set(f->ctx, "a1", TRUE, 0, &error));
+    assert_non_null(own);
     set_replicate(f, 2);
+    plan = hostd_replica_plan(f->ctx, "a1", &error);
+    assert_null(plan);
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "vmctl replicate --copies");
+    g_clear_error(&error);
+    g_autoptr(HostdAgentRecord) kept = hostd_test_agent_record(f, "a1");
+    assert_true(kept->replicate_own);
+    assert_int_equal(kept->replicate, 0);
+    g_autoptr(GVariant) back = hostd_test_sink(hostd_replica_set(f->ctx, "a1", FALSE, 0, &error));
+    assert_non_null(back);
+    g_autoptr(HostdAgentRecord) host_count = hostd_test_agent_record(f, "a1");
+    assert_false(host_count->replicate_own);
+    g_autoptr(GVariant) too_many = hostd_replica_set(f->ctx, "a1", TRUE, 9, &error);
+    assert_null(too_many);
+    hostd_test_assert_error(error, VM_ERROR_INVALID_ARGUMENT, "at most 8");
+    g_clear_error(&error);
+
     plan = hostd_replica_plan(f->ctx, "a1", &error);
     assert_null(plan);
     hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "no checkpoint yet");

@@ -75,6 +75,7 @@ static const struct {
     {VM_OP_MOVE_IN, TRUE},
     {VM_OP_MOVE_WRITE, TRUE},
     {VM_OP_AGENT_RECOVER, TRUE},
+    {VM_OP_AGENT_SET_REPLICATE, TRUE},
     {VM_OP_STDIN, FALSE},
     {VM_OP_STDIN_EOF, FALSE},
     {VM_OP_WINDOW_SIZE, FALSE},
@@ -161,6 +162,7 @@ static const struct {
                     "'files': <['0123 agent.ini']>}"},
     {VM_OP_MOVE_WRITE, "{'name': <'alice'>, 'file': <'disk.qcow2'>, 'size': <int64 65536>}"},
     {VM_OP_AGENT_RECOVER, "{'name': <'alice'>, 'to': <'h2'>}"},
+    {VM_OP_AGENT_SET_REPLICATE, "{'name': <'alice'>, 'copies': <uint32 2>}"},
     {VM_OP_STDIN, "{'data': <[byte 0x00, 0x68, 0xff]>}"},
     {VM_OP_STDIN_EOF, "@a{sv} {}"},
     {VM_OP_WINDOW_SIZE, "{'cols': <uint32 132>, 'rows': <uint32 43>}"},
@@ -327,6 +329,7 @@ test_op_numbers(void **state)
     assert_int_equal(VM_OP_MOVE_IN, 53);
     assert_int_equal(VM_OP_MOVE_WRITE, 54);
     assert_int_equal(VM_OP_AGENT_RECOVER, 55);
+    assert_int_equal(VM_OP_AGENT_SET_REPLICATE, 56);
     assert_int_equal(VM_OP_ELSEWHERE, 107);
     assert_int_equal(VM_OP_STDIN, 50);
     assert_int_equal(VM_OP_WINDOW_SIZE, 52);

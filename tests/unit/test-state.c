@@ -108,12 +108,20 @@ test_record_round_trip(void **state)
         }
         r->checkpoint_hourly = 24;
         r->checkpoint_daily = 7;
+        /* A fleet's replicas, one record with its own count (none) and one with the host's. */
+        r->replicas = g_strdup("h2,h3");
+        r->replicated = g_strdup("c9");
+        r->replicate_own = i == 0;
         if (!hostd_agent_record_save(r, &error))
             fail_msg("save failed: %s", error->message);
         g_autoptr(HostdAgentRecord) loaded = hostd_agent_record_load(f->dir, &error);
         if (loaded == NULL)
             fail_msg("load failed: %s", error->message);
         assert_records_equal(r, loaded);
+        assert_string_equal(loaded->replicas, "h2,h3");
+        assert_string_equal(loaded->replicated, "c9");
+        assert_int_equal(loaded->replicate_own, i == 0);
+        assert_int_equal(loaded->replicate, 0);
 
         g_autoptr(HostdAgentRecord) copy = hostd_agent_record_copy(loaded);
         assert_records_equal(r, copy);
