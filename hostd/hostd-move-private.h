@@ -89,6 +89,10 @@ GHashTable *hostd_move_in_paths(const HostdMove *m, const HostdAgentRecord *r,
  * layer's: the base as it was when the warm image was built). Newly allocated. */
 char *hostd_move_base_named(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
                             GError **error);
+/* Whether @in holds what a begin of @what ("a move", "a replica") needs, this host is in a
+ * fleet and the name is valid. Fails with VM_ERROR_INVALID_ARGUMENT, VM_ERROR_NOT_RUNNING. */
+gboolean hostd_move_in_valid(HostdContext *ctx, const HostdMoveIn *in, const char *what,
+                             GError **error);
 /* Whether this host may receive agent @in->name now: no transfer of it into this host under
  * way, and the fleet's record names @in->from with @in->epoch. Fails with VM_ERROR_BUSY,
  * VM_ERROR_BAD_STATE, or VM_ERROR_NOT_RUNNING when etcd cannot say. */

@@ -712,18 +712,26 @@ hostd_move_in_check(HostdContext *ctx, const HostdMoveIn *in, GError **error)
     return TRUE;
 }
 
-GVariant *
-hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
+gboolean
+hostd_move_in_valid(HostdContext *ctx, const HostdMoveIn *in, const char *what, GError **error)
 {
     if (hostd_context_fleet(ctx, error) == NULL || !vm_name_validate(in->name, error))
-        return NULL;
-    const char *me = hostd_cluster_host_id(ctx->cluster);
+        return FALSE;
     if (in->from == NULL || in->template_name == NULL || in->base_sha256 == NULL ||
         in->source_dir == NULL || in->base_path == NULL || in->epoch == 0)
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "a move's begin needs from, epoch, template, base_sha256, source_dir "
-                        "and base_path"),
-               NULL;
+                        "%s's begin needs from, epoch, template, base_sha256, source_dir and "
+                        "base_path",
+                        what);
+    return TRUE;
+}
+
+GVariant *
+hostd_move_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
+{
+    if (!hostd_move_in_valid(ctx, in, "a move", error))
+        return NULL;
+    const char *me = hostd_cluster_host_id(ctx->cluster);
     g_autoptr(HostdNameLock) lock = hostd_name_lock(ctx, in->name);
     g_autofree char *dir = hostd_agent_dir(ctx, in->name);
     g_autoptr(virDomain) existing = hostd_libvirt_lookup(ctx->lv, in->name, NULL);

@@ -342,15 +342,9 @@ hostd_replica_abort_out(HostdContext *ctx, const char *name, GError **error)
 GVariant *
 hostd_replica_begin(HostdContext *ctx, const HostdMoveIn *in, GError **error)
 {
-    if (hostd_context_fleet(ctx, error) == NULL || !vm_name_validate(in->name, error))
+    if (!hostd_move_in_valid(ctx, in, "a replica", error))
         return NULL;
     const char *me = hostd_cluster_host_id(ctx->cluster);
-    if (in->from == NULL || in->template_name == NULL || in->base_sha256 == NULL ||
-        in->source_dir == NULL || in->base_path == NULL || in->epoch == 0)
-        return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
-                        "a replica's begin needs from, epoch, template, base_sha256, source_dir "
-                        "and base_path"),
-               NULL;
     if (g_str_equal(in->from, me))
         return vm_throw(error, VM_ERROR_INVALID_ARGUMENT,
                         "host '%s' keeps no replica of its own agent '%s'", me, in->name),

@@ -402,19 +402,23 @@ vmctl_follow_prepare(const VmMessage *request, const VmElsewhere *where, VmctlRe
     return TRUE;
 }
 
-gboolean
-vmctl_client_request_follow(const VmctlEndpoint *endpoint, const VmMessage *request,
-                            GCancellable *cancellable, VmProgressFunc progress,
-                            gpointer progress_data, VmMessage **ret_result,
-                            VmctlRemote **ret_followed, GError **error)
-{
-    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_RESULT, FALSE);
+/* One try of a request at @endpoint (@request: its request), for client_follow(): sets
+ * *@ret_elsewhere and *@ret_where when the host answered ELSEWHERE. */
+typedef gboolean (*ClientTryFunc)(const VmctlEndpoint *endpoint, const VmMessage *request,
+                                  gpointer data, gboolean *ret_elsewhere, VmElsewhere *ret_where,
+                                  GError **error);
 
+/* Tries @request at @endpoint, and where it answers ELSEWHERE once more at the host named
+ * (*@ret_followed, may be NULL: that host). A second ELSEWHERE fails: hosts that keep sending a
+ * request on disagree about the fleet. */
+static gboolean
+client_follow(const VmctlEndpoint *endpoint, const VmMessage *request, ClientTryFunc try_once,
+              gpointer data, VmctlRemote **ret_followed, GError **error)
+{
     g_autoptr(GError) local_error = NULL;
     gboolean elsewhere = FALSE;
     VmElsewhere where, twice;
-    if (client_request_once(endpoint, request, cancellable, progress, progress_data, ret_result,
-                            &elsewhere, &where, &local_error))
+    if (try_once(endpoint, request, data, &elsewhere, &where, &local_error))
         return TRUE;
     if (!elsewhere) {
         g_propagate_error(error, g_steal_pointer(&local_error));
@@ -427,9 +431,7 @@ vmctl_client_request_follow(const VmctlEndpoint *endpoint, const VmMessage *requ
     if (!vmctl_follow_prepare(request, &where, &remote, &again, error))
         return FALSE;
     VmctlEndpoint there = {.remote = remote};
-    if (!client_request_once(&there, again, cancellable, progress, progress_data, ret_result,
-                             &elsewhere, &twice, &local_error)) {
-        /* Hosts that keep sending a request on disagree about the fleet: once is enough. */
+    if (!try_once(&there, again, data, &elsewhere, &twice, &local_error)) {
         if (elsewhere)
             return vm_throw(error, VM_ERROR_FAILED,
                             "the request was sent on to host '%s', which sent it on to host "
@@ -441,6 +443,34 @@ vmctl_client_request_follow(const VmctlEndpoint *endpoint, const VmMessage *requ
     if (ret_followed != NULL)
         *ret_followed = g_steal_pointer(&remote);
     return TRUE;
+}
+
+typedef struct {
+    GCancellable *cancellable;
+    VmProgressFunc progress;
+    gpointer progress_data;
+    VmMessage **ret_result;
+} RequestTry;
+
+static gboolean
+request_try(const VmctlEndpoint *endpoint, const VmMessage *request, gpointer data,
+            gboolean *ret_elsewhere, VmElsewhere *ret_where, GError **error)
+{
+    RequestTry *t = data;
+    return client_request_once(endpoint, request, t->cancellable, t->progress, t->progress_data,
+                               t->ret_result, ret_elsewhere, ret_where, error);
+}
+
+gboolean
+vmctl_client_request_follow(const VmctlEndpoint *endpoint, const VmMessage *request,
+                            GCancellable *cancellable, VmProgressFunc progress,
+                            gpointer progress_data, VmMessage **ret_result,
+                            VmctlRemote **ret_followed, GError **error)
+{
+    g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_RESULT, FALSE);
+
+    RequestTry t = {cancellable, progress, progress_data, ret_result};
+    return client_follow(endpoint, request, request_try, &t, ret_followed, error);
 }
 
 gboolean
@@ -1022,6 +1052,26 @@ exec_capture_once(const VmctlEndpoint *endpoint, const VmMessage *request, GByte
     return TRUE;
 }
 
+typedef struct {
+    GBytes *input;
+    gsize max_output;
+    gint64 deadline;
+    GCancellable *cancellable;
+    VmProgressFunc progress;
+    gpointer progress_data;
+    VmctlExecOutput **ret_output;
+} CaptureTry;
+
+static gboolean
+capture_try(const VmctlEndpoint *endpoint, const VmMessage *request, gpointer data,
+            gboolean *ret_elsewhere, VmElsewhere *ret_where, GError **error)
+{
+    CaptureTry *t = data;
+    return exec_capture_once(endpoint, request, t->input, t->max_output, t->deadline,
+                             t->cancellable, t->progress, t->progress_data, t->ret_output,
+                             ret_elsewhere, ret_where, error);
+}
+
 gboolean
 vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *request, GBytes *input,
                           gsize max_output, guint timeout_ms, GCancellable *cancellable,
@@ -1030,35 +1080,19 @@ vmctl_client_exec_capture(const VmctlEndpoint *endpoint, const VmMessage *reques
 {
     g_return_val_if_fail(vm_op_reply_end(request->op) == VM_OP_EXIT, FALSE);
 
-    gint64 deadline =
-        timeout_ms > 0 ? g_get_monotonic_time() + (gint64)timeout_ms * G_TIME_SPAN_MILLISECOND : 0;
-    g_autoptr(GError) local_error = NULL;
-    gboolean elsewhere = FALSE;
-    VmElsewhere where, twice;
-    if (exec_capture_once(endpoint, request, input, max_output, deadline, cancellable, progress,
-                          progress_data, ret_output, &elsewhere, &where, &local_error))
-        return TRUE;
-    if (!elsewhere) {
-        g_propagate_error(error, g_steal_pointer(&local_error));
-        return FALSE;
-    }
-    g_clear_error(&local_error);
-    /* The input is whole in memory: it goes again, once, to the host named. */
-    g_autoptr(VmctlRemote) remote = NULL;
-    g_autoptr(VmMessage) again = NULL;
-    if (!vmctl_follow_prepare(request, &where, &remote, &again, error))
-        return FALSE;
-    VmctlEndpoint there = {.remote = remote};
-    if (exec_capture_once(&there, again, input, max_output, deadline, cancellable, progress,
-                          progress_data, ret_output, &elsewhere, &twice, &local_error))
-        return TRUE;
-    if (elsewhere)
-        return vm_throw(error, VM_ERROR_FAILED,
-                        "the request was sent on to host '%s', which sent it on to host '%s': "
-                        "not following twice",
-                        where.host, twice.host);
-    g_propagate_error(error, g_steal_pointer(&local_error));
-    return FALSE;
+    /* The input is whole in memory: after an ELSEWHERE it goes again to the host named. */
+    CaptureTry t = {
+        .input = input,
+        .max_output = max_output,
+        .deadline = timeout_ms > 0
+                        ? g_get_monotonic_time() + (gint64)timeout_ms * G_TIME_SPAN_MILLISECOND
+                        : 0,
+        .cancellable = cancellable,
+        .progress = progress,
+        .progress_data = progress_data,
+        .ret_output = ret_output,
+    };
+    return client_follow(endpoint, request, capture_try, &t, NULL, error);
 }
 
 struct VmctlExecPipe {

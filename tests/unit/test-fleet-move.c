@@ -308,6 +308,17 @@ write_file(HostdTestFixture *f, const char *name, const char *file, gint64 size,
     return sha;
 }
 
+/* @f as host h2 of a fleet where h1 and h2 are live and agent b1 is h1's at epoch 5: a host
+ * about to receive b1. */
+static void
+receiving_host(HostdTestFixture *f, HostdCluster *h2)
+{
+    f->ctx->cluster = h2;
+    host_put("h1");
+    host_put("h2");
+    record_put("b1", "h1", 5);
+}
+
 /* The SHA-256 of the fixture's base image, as a source with the same image would send it. */
 static char *
 base_sha256(HostdTestFixture *f)
@@ -328,10 +339,7 @@ test_move_target_files(void **state)
     g_autoptr(HostdCluster) h2 = host_new("h2");
     g_autoptr(GError) error = NULL;
 
-    f->ctx->cluster = h2;
-    host_put("h1");
-    host_put("h2");
-    record_put("b1", "h1", 5);
+    receiving_host(f, h2);
 
     g_autofree char *sha = write_file(f, "b1", "disk.qcow2", 5, "12345", &error);
     assert_null(sha);
@@ -586,10 +594,7 @@ test_replica_keep(void **state)
     g_autoptr(HostdCluster) h2 = host_new("h2");
     g_autoptr(GError) error = NULL;
 
-    f->ctx->cluster = h2;
-    host_put("h1");
-    host_put("h2");
-    record_put("b1", "h1", 5);
+    receiving_host(f, h2);
     g_autofree char *base_sha = base_sha256(f);
     HostdMoveIn in = {
         .name = "b1",
