@@ -89,6 +89,12 @@ GHashTable *hostd_move_in_paths(const HostdMove *m, const HostdAgentRecord *r,
  * layer's: the base as it was when the warm image was built). Newly allocated. */
 char *hostd_move_base_named(HostdContext *ctx, const HostdAgentRecord *r, const VmImage *image,
                             GError **error);
+/* Adds to @b (a{sv}) what the receiving host's begin is told of agent @r, this host's (@me)
+ * with @epoch: from, epoch, template, cpus, memory_mib, disk_gib, base_sha256, source_dir,
+ * base_path, warm_path where it has one. */
+void hostd_move_describe(GVariantBuilder *b, const char *me, guint64 epoch,
+                         const HostdAgentRecord *r, const char *base_sha256,
+                         const char *base_named);
 /* Whether @in holds what a begin of @what ("a move", "a replica") needs, this host is in a
  * fleet and the name is valid. Fails with VM_ERROR_INVALID_ARGUMENT, VM_ERROR_NOT_RUNNING. */
 gboolean hostd_move_in_valid(HostdContext *ctx, const HostdMoveIn *in, const char *what,

@@ -320,6 +320,23 @@ hostd_move_base_named(HostdContext *ctx, const HostdAgentRecord *r, const VmImag
     return g_strdup(top->backing_filename != NULL ? top->backing_filename : image->disk_path);
 }
 
+void
+hostd_move_describe(GVariantBuilder *b, const char *me, guint64 epoch, const HostdAgentRecord *r,
+                    const char *base_sha256, const char *base_named)
+{
+    g_variant_builder_add(b, "{sv}", "from", g_variant_new_string(me));
+    g_variant_builder_add(b, "{sv}", "epoch", g_variant_new_int64((gint64)epoch));
+    g_variant_builder_add(b, "{sv}", "template", g_variant_new_string(r->template_name));
+    g_variant_builder_add(b, "{sv}", "cpus", g_variant_new_uint32(r->cpus));
+    g_variant_builder_add(b, "{sv}", "memory_mib", g_variant_new_uint32(r->memory_mib));
+    g_variant_builder_add(b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
+    g_variant_builder_add(b, "{sv}", "base_sha256", g_variant_new_string(base_sha256));
+    g_variant_builder_add(b, "{sv}", "source_dir", g_variant_new_string(r->dir));
+    g_variant_builder_add(b, "{sv}", "base_path", g_variant_new_string(base_named));
+    if (r->warm_base != NULL)
+        g_variant_builder_add(b, "{sv}", "warm_path", g_variant_new_string(r->warm_base));
+}
+
 GVariant *
 hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressFunc progress,
                 gpointer progress_data, GError **error)
@@ -385,17 +402,7 @@ hostd_move_plan(HostdContext *ctx, const char *name, const char *to, VmProgressF
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
     g_variant_builder_add(&b, "{sv}", "to", g_variant_new_string(host));
     g_variant_builder_add(&b, "{sv}", "address", g_variant_new_string(address));
-    g_variant_builder_add(&b, "{sv}", "from", g_variant_new_string(me));
-    g_variant_builder_add(&b, "{sv}", "epoch", g_variant_new_int64((gint64)epoch));
-    g_variant_builder_add(&b, "{sv}", "template", g_variant_new_string(r->template_name));
-    g_variant_builder_add(&b, "{sv}", "cpus", g_variant_new_uint32(r->cpus));
-    g_variant_builder_add(&b, "{sv}", "memory_mib", g_variant_new_uint32(r->memory_mib));
-    g_variant_builder_add(&b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
-    g_variant_builder_add(&b, "{sv}", "base_sha256", g_variant_new_string(base_sha));
-    g_variant_builder_add(&b, "{sv}", "source_dir", g_variant_new_string(r->dir));
-    g_variant_builder_add(&b, "{sv}", "base_path", g_variant_new_string(base_named));
-    if (r->warm_base != NULL)
-        g_variant_builder_add(&b, "{sv}", "warm_path", g_variant_new_string(r->warm_base));
+    hostd_move_describe(&b, me, epoch, r, base_sha, base_named);
     g_variant_builder_add(&b, "{sv}", "files", g_steal_pointer(&files));
     return g_variant_builder_end(&b);
 }

@@ -258,17 +258,7 @@ hostd_replica_plan(HostdContext *ctx, const char *name, GError **error)
     hostd_move_put(ctx, TRUE, name, m);
 
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
-    g_variant_builder_add(&b, "{sv}", "from", g_variant_new_string(me));
-    g_variant_builder_add(&b, "{sv}", "epoch", g_variant_new_int64((gint64)epoch));
-    g_variant_builder_add(&b, "{sv}", "template", g_variant_new_string(r->template_name));
-    g_variant_builder_add(&b, "{sv}", "cpus", g_variant_new_uint32(r->cpus));
-    g_variant_builder_add(&b, "{sv}", "memory_mib", g_variant_new_uint32(r->memory_mib));
-    g_variant_builder_add(&b, "{sv}", "disk_gib", g_variant_new_uint32(r->disk_gib));
-    g_variant_builder_add(&b, "{sv}", "base_sha256", g_variant_new_string(base_sha));
-    g_variant_builder_add(&b, "{sv}", "source_dir", g_variant_new_string(r->dir));
-    g_variant_builder_add(&b, "{sv}", "base_path", g_variant_new_string(base_named));
-    if (r->warm_base != NULL)
-        g_variant_builder_add(&b, "{sv}", "warm_path", g_variant_new_string(r->warm_base));
+    hostd_move_describe(&b, me, epoch, r, base_sha, base_named);
     g_variant_builder_add(&b, "{sv}", "checkpoint", g_variant_new_string(last->id));
     g_variant_builder_add(&b, "{sv}", "created", g_variant_new_int64(last->created));
     g_variant_builder_add(&b, "{sv}", "targets", g_variant_builder_end(&targets));
