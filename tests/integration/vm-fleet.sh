@@ -80,10 +80,14 @@ for a in json.load(sys.stdin):
     if a["name"] == sys.argv[1]: print("fenced" if a.get("fenced") else a.get("state", ""))' "$2"
 }
 # images_intact HOST AGENT: qemu-img check of every image of the agent's copy on HOST.
+# The agent runs meanwhile: its active overlay may show clusters its QEMU allocated and has not
+# counted yet (exit 3, leaks only: space, not data); anything else fails, said.
 images_intact() {
-  local f
+  local f out rc
   for f in "$S/h$1/agents/$2"/*.qcow2; do
-    qemu-img check -q -U "$f" >/dev/null 2>&1 || { echo "# qemu-img check failed: $f"; return 1; }
+    out=$(qemu-img check -U "$f" 2>&1)
+    rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 3 ] || { echo "# qemu-img check failed ($rc): $f: $out" | head -5; return 1; }
   done
 }
 
