@@ -1135,7 +1135,19 @@ hostd_checkpoint_rm_locked(HostdContext *ctx, const HostdAgentRecord *r, virDoma
                 /* QEMU reads the child's image: rewriting it is not safe, but committing it
                  * down into @id's image is (nothing else stands on that one). The child then
                  * lives in @id's file, and its own file goes. From the first write on, @id's
-                 * file no longer holds @id: the journal makes start-up finish the merge. */
+                 * file no longer holds @id: the journal makes start-up finish the merge.
+                 * QEMU rewrites the header of the one image above the child in its chain only:
+                 * another standing on the child (a branch a restore left) would go on naming
+                 * the file that goes, so such a merge waits until that branch is removed. */
+                gboolean child_active = FALSE;
+                g_auto(GStrv) above = vm_checkpoint_set_dependants(set, child->id, &child_active);
+                guint n_above = g_strv_length(above) + (child_active ? 1 : 0);
+                if (n_above > 1)
+                    return vm_throw(error, VM_ERROR_BAD_STATE,
+                                    "checkpoint %s is merged into %s while the agent runs, and "
+                                    "%u checkpoints or disks stand on %s; remove the other "
+                                    "branch first",
+                                    id, child->id, n_above, child->id);
                 g_autofree char *own_path = vm_checkpoint_set_path(set, c->image);
                 if (vm_checkpoint_set_begin_merge(set, id, error) == NULL)
                     return FALSE;
