@@ -1513,6 +1513,32 @@ test_restore_paths_refused(void **state)
     assert_ids(f, "s1", "c1");
 }
 
+/* A checkpoint merged away while the agent runs goes into its child's place only where the child
+ * has nothing else standing on it: a branch a restore left on the child would go on naming the
+ * child's old file, which the merge deletes. Refused, nothing changed. */
+static void
+test_rm_running_child_branched(void **state)
+{
+    HostdTestFixture *f = *state;
+    g_autoptr(HostdAgentRecord) r = hostd_test_agent_new(f, "a1", HOSTD_TEST_RUNNING);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *undo = NULL;
+
+    hostd_test_checkpoint_n(f, "a1", 3);
+    /* Back to c2: the old disk is kept as the undo checkpoint, a second branch on c2... */
+    g_autoptr(GVariant) restored = hostd_test_sink(
+        hostd_checkpoint_restore(f->ctx, "a1", "c2", FALSE, &undo, NULL, NULL, &error));
+    if (restored == NULL)
+        fail_msg("%s", error->message);
+    g_autofree char *before = hostd_test_checkpoint_ids(f, "a1");
+    /* ...so c1's child c2, which the running disk reads, has two images standing on it. */
+    assert_false(hostd_checkpoint_rm(f->ctx, "a1", "c1", &error));
+    hostd_test_assert_error(error, VM_ERROR_BAD_STATE, "remove the other branch first");
+    g_autofree char *after = hostd_test_checkpoint_ids(f, "a1");
+    assert_string_equal(after, before);
+    assert_string_equal(hostd_test_domain_state(f, "a1"), "running");
+}
+
 int
 main(void)
 {
@@ -1529,6 +1555,7 @@ main(void)
         T(test_rm_stopped),
         T(test_rm_leaf),
         T(test_rm_running),
+        T(test_rm_running_child_branched),
         T(test_restore),
         T(test_restore_memory_unloadable),
         T(test_reconcile_create_rolled_back),
