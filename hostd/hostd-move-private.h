@@ -55,6 +55,11 @@ gboolean hostd_move_active(HostdContext *ctx, gboolean out, const char *name);
 /* Copies the fields of the transfer (for hostd_move_with(): @data a zeroed HostdMove). */
 void hostd_move_snapshot(HostdMove *m, gpointer data);
 
+/* Removes the dirs under $STATE/@subdir of transfers into this host nobody sends any more (no
+ * client heard from within HOSTD_MOVE_IDLE_S), and forgets those transfers. Never waits on a
+ * busy name. */
+void hostd_move_sweep_received(HostdContext *ctx, const char *subdir);
+
 /* Whether @file may name a file of an agent's dir in a transfer: a plain name, no path. */
 gboolean hostd_move_file_name_valid(const char *file);
 /* Files of an agent's dir that never travel: hostd writes them anew, or they are this host's. */

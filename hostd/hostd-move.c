@@ -1152,9 +1152,14 @@ hostd_move_tick(gpointer data)
                               error->message);
     }
 
-    /* Incoming files of a move nobody sends any more. */
-    g_autofree char *incoming = g_build_filename(ctx->state->dir, HOSTD_MOVE_INCOMING_DIR, NULL);
-    g_autoptr(GDir) dir = g_dir_open(incoming, 0, NULL);
+    hostd_move_sweep_received(ctx, HOSTD_MOVE_INCOMING_DIR);
+}
+
+void
+hostd_move_sweep_received(HostdContext *ctx, const char *subdir)
+{
+    g_autofree char *top = g_build_filename(ctx->state->dir, subdir, NULL);
+    g_autoptr(GDir) dir = g_dir_open(top, 0, NULL);
     for (const char *name; dir != NULL && (name = g_dir_read_name(dir)) != NULL;) {
         if (hostd_move_active(ctx, FALSE, name))
             continue;
@@ -1162,7 +1167,7 @@ hostd_move_tick(gpointer data)
         if (lock == NULL)
             continue;
         hostd_move_forget(ctx, FALSE, name);
-        g_autofree char *path = g_build_filename(incoming, name, NULL);
+        g_autofree char *path = g_build_filename(top, name, NULL);
         vm_remove_tree(path, NULL);
     }
 }

@@ -787,18 +787,7 @@ replica_sweep(HostdContext *ctx)
         vm_remove_tree(path, NULL);
         hostd_context_log(ctx, "agent '%s': replica removed (%s)", name, why);
     }
-    g_autofree char *stages = g_build_filename(ctx->state->dir, HOSTD_REPLICA_STAGE_DIR, NULL);
-    g_autoptr(GDir) staged = g_dir_open(stages, 0, NULL);
-    for (const char *name; staged != NULL && (name = g_dir_read_name(staged)) != NULL;) {
-        if (hostd_move_active(ctx, FALSE, name))
-            continue;
-        g_autoptr(HostdNameLock) lock = hostd_name_trylock(ctx, name);
-        if (lock == NULL)
-            continue;
-        hostd_move_forget_replica(ctx, FALSE, name);
-        g_autofree char *path = g_build_filename(stages, name, NULL);
-        vm_remove_tree(path, NULL);
-    }
+    hostd_move_sweep_received(ctx, HOSTD_REPLICA_STAGE_DIR);
 }
 
 /* Whether @r's newest checkpoint (*@ret_checkpoint) lacks the replicas it should have. */
