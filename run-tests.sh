@@ -17,13 +17,18 @@ ninja -C build
 # The official MCP SDK from the npm registry, for the MCP test's real client (pinned by
 # package-lock.json; nothing when it is there already).
 tests/integration/mcp/install.sh || echo "run-tests: the MCP SDK could not be installed; its check will not run" >&2
-meson test -C build --suite unit --suite style --print-errorlogs
+# A TAP test's own words on a failure (which assertion, on which line) are in its stdout, which
+# meson keeps in its log and does not print.
+unit_failures() {
+  grep -a -A8 -e '^not ok' -e '^Bail out' "$1/meson-logs/testlog.txt" >&2 || true
+}
+meson test -C build --suite unit --suite style --print-errorlogs || { unit_failures build; exit 1; }
 
 meson setup build-asan --werror -Db_sanitize=address,undefined -Db_lundef=false \
   >/dev/null 2>&1 || true
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  meson test -C build-asan --suite unit --print-errorlogs
+  meson test -C build-asan --suite unit --print-errorlogs || { unit_failures build-asan; exit 1; }
 
 if [ "${VM_SKIP_VM_SUITE:-0}" != 1 ]; then
   export VM_TEST_IMAGE_CACHE=${VM_TEST_IMAGE_CACHE:-$PWD/build/vm-images}

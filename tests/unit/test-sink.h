@@ -25,7 +25,8 @@ void vm_test_sink_free(VmTestSink *sink);
 /* A listening TCP socket on an ephemeral port of 127.0.0.1 (fails the test when it cannot). */
 int vm_test_listen_loopback(guint16 *ret_port);
 
-/* A port on 127.0.0.1 that was free a moment ago: bound once with port 0, then released. */
+/* A port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range where it
+ * can (so no other process's connection takes it meanwhile), 32 or more ports under its start. */
 guint16 vm_test_free_port(void);
 
 /* A blocking TCP connection to 127.0.0.1:@port whose reads give up after @timeout_s seconds (0:
