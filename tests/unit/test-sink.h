@@ -25,8 +25,9 @@ void vm_test_sink_free(VmTestSink *sink);
 /* A listening TCP socket on an ephemeral port of 127.0.0.1 (fails the test when it cannot). */
 int vm_test_listen_loopback(guint16 *ret_port);
 
-/* A port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range where it
- * can (so no other process's connection takes it meanwhile), 32 or more ports under its start. */
+/* A port on 127.0.0.1 that was free a moment ago, in 16384-26967 where it can: below the
+ * kernel's ephemeral range (so no other process's connection takes it meanwhile) and the fixed
+ * ports (27000-27999) of the fleet tests, 32 or more ports under either. */
 guint16 vm_test_free_port(void);
 
 /* A blocking TCP connection to 127.0.0.1:@port whose reads give up after @timeout_s seconds (0:
