@@ -1128,11 +1128,8 @@ hostd_move_abort_in(HostdContext *ctx, const char *name, GError **error)
  * Settling what was left */
 
 void
-hostd_move_tick(gpointer data)
+hostd_move_tick(HostdContext *ctx, const GPtrArray *records)
 {
-    HostdContext *ctx = data;
-    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, NULL);
-
     for (guint i = 0; records != NULL && i < records->len; i++) {
         const HostdAgentRecord *seen = records->pdata[i];
         if (seen->moving_to == NULL || hostd_move_active(ctx, TRUE, seen->name))

@@ -103,7 +103,8 @@ GVariant *hostd_move_abort_in(HostdContext *ctx, const char *name, GError **erro
 
 /* Settles the moves this host's copies were left in (no client heard from for
  * HOSTD_MOVE_IDLE_S, or from before hostd started) and removes incoming files nobody sends.
- * Never waits on a busy agent. For the cluster's thread (@data: the context). */
-void hostd_move_tick(gpointer data);
+ * Never waits on a busy agent. For the cluster's thread; @records: this host's agent records as
+ * hostd_state_load_records() read them for this tick (NULL: none could be read). */
+void hostd_move_tick(HostdContext *ctx, const GPtrArray *records);
 
 G_END_DECLS

@@ -809,9 +809,8 @@ replica_needed(const HostdAgentRecord *r, guint count, char **ret_checkpoint)
 }
 
 void
-hostd_replica_tick(gpointer data)
+hostd_replica_tick(HostdContext *ctx, const GPtrArray *records)
 {
-    HostdContext *ctx = data;
     ReplicaRunner *run = replica_runner(ctx);
     gint64 now = g_get_monotonic_time() / G_USEC_PER_SEC;
     if (now - run->swept >= REPLICA_SWEEP_S) {
@@ -820,7 +819,6 @@ hostd_replica_tick(gpointer data)
     }
     if (replica_runner_busy(ctx, run))
         return;
-    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, NULL);
     for (guint i = 0; records != NULL && i < records->len; i++) {
         const HostdAgentRecord *r = records->pdata[i];
         g_autofree char *checkpoint = NULL;

@@ -73,7 +73,7 @@ GVariant *hostd_replica_recover(HostdContext *ctx, const char *name, VmProgressF
 /* The replicas here that no longer serve (the agent was removed, or moved or recovered here, or
  * its record moved past them), removed; copies under way that stopped, forgotten; and the
  * agents of this host whose newest checkpoint no host holds yet, copied (one `vmctl replicate`
- * at a time). For the cluster's thread (@data: the context). */
-void hostd_replica_tick(gpointer data);
+ * at a time). For the cluster's thread; @records: as for hostd_move_tick(). */
+void hostd_replica_tick(HostdContext *ctx, const GPtrArray *records);
 
 G_END_DECLS

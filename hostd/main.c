@@ -34,12 +34,16 @@
 #include "vm-image.h"
 #include "vm-util.h"
 
-/* The fleet's periodic work on the cluster's thread: moves left half done, then replicas. */
+/* The fleet's periodic work on the cluster's thread: moves left half done, then replicas, both
+ * from one read of the agents' records. */
 static void
 hostd_fleet_tick(gpointer data)
 {
-    hostd_move_tick(data);
-    hostd_replica_tick(data);
+    HostdContext *ctx = data;
+    g_autoptr(GPtrArray) records = hostd_state_load_records(ctx->state, NULL);
+
+    hostd_move_tick(ctx, records);
+    hostd_replica_tick(ctx, records);
 }
 
 static void

@@ -268,7 +268,10 @@ test_move_saved_source_settles(void **state)
         hostd_test_sink(hostd_move_save(f->ctx, "a1", "h2", NULL, NULL, &error));
     assert_non_null(saved2);
     record_put("a1", "h2", 3);
-    hostd_move_tick(f->ctx); /* a client still heard from: left alone */
+    {
+        g_autoptr(GPtrArray) records = hostd_state_load_records(f->ctx->state, NULL);
+        hostd_move_tick(f->ctx, records); /* a client still heard from: left alone */
+    }
     assert_true(g_file_test(ini_path, G_FILE_TEST_EXISTS));
     g_autoptr(GVariant) gone = hostd_test_sink(hostd_move_abort_out(f->ctx, "a1", &error));
     assert_non_null(gone);
@@ -718,7 +721,10 @@ test_replica_keep(void **state)
     g_clear_error(&error);
 
     /* The agent moved on: the replica serves no more and goes at the next sweep. */
-    hostd_replica_tick(f->ctx);
+    {
+        g_autoptr(GPtrArray) records = hostd_state_load_records(f->ctx->state, NULL);
+        hostd_replica_tick(f->ctx, records);
+    }
     assert_false(g_file_test(kept, G_FILE_TEST_EXISTS));
     hostd_test_assert_logged("agent 'b1': replica removed (the agent moved since)");
 
