@@ -1500,8 +1500,10 @@ hostd_agent_info(HostdContext *ctx, const char *name, GError **error)
     GVariantIter iter;
     GVariant *entry;
     g_variant_iter_init(&iter, info);
-    while ((entry = g_variant_iter_next_value(&iter)) != NULL)
+    while ((entry = g_variant_iter_next_value(&iter)) != NULL) {
         g_variant_builder_add_value(&b, entry);
+        g_variant_unref(entry);
+    }
     hostd_memory_add_agent(&b, ctx->lv, dom, name);
     return g_variant_builder_end(&b);
 }
