@@ -83,11 +83,15 @@ worker_start_message(HostdEgressWorker *worker)
 {
     g_auto(GVariantBuilder) b = G_VARIANT_BUILDER_INIT(G_VARIANT_TYPE_VARDICT);
     g_autoptr(GVariant) policy = NULL;
+    g_autoptr(GVariant) allow = NULL;
+    g_autoptr(GVariant) deny = NULL;
 
     g_mutex_lock(&worker->runs.lock);
     policy = g_variant_ref_sink(policy_variant(worker->policy));
-    g_variant_builder_add(&b, "{sv}", "allow", g_variant_get_child_value(policy, 0));
-    g_variant_builder_add(&b, "{sv}", "deny", g_variant_get_child_value(policy, 1));
+    allow = g_variant_get_child_value(policy, 0);
+    deny = g_variant_get_child_value(policy, 1);
+    g_variant_builder_add(&b, "{sv}", "allow", allow);
+    g_variant_builder_add(&b, "{sv}", "deny", deny);
     if (worker->credentials != NULL)
         g_variant_builder_add(&b, "{sv}", "credentials",
                               vm_egress_wire_credentials(worker->credentials));
