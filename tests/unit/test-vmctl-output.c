@@ -275,7 +275,7 @@ test_format_escaped(void **state)
 static void
 test_format_stats(void **state)
 {
-    g_autoptr(GVariant) agents = g_variant_ref_sink(g_variant_parse(
+    g_autoptr(GVariant) agents = g_variant_parse(
         G_VARIANT_TYPE("aa{sv}"),
         "[{'name': <'a1'>, 'state': <'running'>, 'vcpus': <uint32 2>,"
         "  'cpu_percent': <12.345>, 'memory_bytes': <uint64 1073741824>,"
@@ -286,7 +286,7 @@ test_format_stats(void **state)
         "  'egress_bytes_down': <uint64 3145728>, 'execs': <uint64 42>},"
         " {'name': <'b2'>, 'state': <'stopped'>, 'memory_bytes': <uint64 536870912>,"
         "  'disk_capacity_bytes': <uint64 8589934592>, 'execs': <uint64 0>}]",
-        NULL, NULL, NULL));
+        NULL, NULL, NULL);
     g_autofree char *table = vmctl_format_stats(agents);
 
     assert_string_equal(
@@ -303,14 +303,14 @@ test_format_stats(void **state)
 static void
 test_format_ksm(void **state)
 {
-    g_autoptr(GVariant) full = g_variant_ref_sink(
+    g_autoptr(GVariant) full =
         g_variant_parse(G_VARIANT_TYPE_VARDICT,
                         "{'mode': <'auto'>, 'run': <'running'>, 'pages_shared': <uint64 1000>,"
                         " 'pages_sharing': <uint64 307200>, 'saved_bytes': <uint64 1258291200>,"
                         " 'general_profit_bytes': <int64 -2048>}",
-                        NULL, NULL, NULL));
-    g_autoptr(GVariant) bare = g_variant_ref_sink(
-        g_variant_parse(G_VARIANT_TYPE_VARDICT, "{'mode': <'on'>}", NULL, NULL, NULL));
+                        NULL, NULL, NULL);
+    g_autoptr(GVariant) bare =
+        g_variant_parse(G_VARIANT_TYPE_VARDICT, "{'mode': <'on'>}", NULL, NULL, NULL);
     g_autofree char *line = vmctl_format_ksm(full);
     g_autofree char *bare_line = vmctl_format_ksm(bare);
 
