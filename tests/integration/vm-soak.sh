@@ -151,11 +151,13 @@ for a in (d["agents"] if isinstance(d, dict) else d):
 # (a child named vm-*) adds a line to workers.tsv; each periodic checkpoint seen one to
 # periodic.seen; each agent's directory one to disk.tsv.
 take_sample() {
-  local label=${1:--} pid rss thr fd f1 f2 ag all ev run pau sav t
+  local label=${1:--} pid rss anon file thr fd f1 f2 ag all ev run pau sav t
   t=$(($(now) - LOOP0))
   pid=$(cat "$S/hostd.pid" 2>/dev/null)
   if [ -n "$pid" ] && [ -r "/proc/$pid/status" ]; then
     rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status")
+    anon=$(awk '/^RssAnon:/ { print $2 }' "/proc/$pid/status")
+    file=$(awk '/^RssFile:/ { print $2 }' "/proc/$pid/status")
     thr=$(awk '/^Threads:/ { print $2 }' "/proc/$pid/status")
     fd=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l); sleep 0.2
     f1=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l); sleep 0.2
@@ -171,7 +173,7 @@ take_sample() {
       [ -z "$wr" ] || printf '%s\t%s\t%s\t%s\t%s\n' "$t" "$w" "$wc" "$wr" "$wf" >> "$S/workers.tsv"
     done
   else
-    pid=- rss=- thr=- fd=-
+    pid=- rss=- anon=- file=- thr=- fd=-
   fi
   ag=$(du -sk "$S/agents" 2>/dev/null | cut -f1)
   all=$(du -sk --exclude=images "$S" 2>/dev/null | cut -f1)
@@ -191,9 +193,9 @@ for c in (d["checkpoints"] if isinstance(d, dict) else d):
     if c.get("label") == "periodic":
         print(sys.argv[1], c["id"])' "$a" >> "$S/periodic.seen" 2>/dev/null
   done
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$label" "$pid" "$rss" \
-    "$thr" "$fd" "$ag" "$all" "$ev" "$run" "$pau" "$sav" "$(cut -d' ' -f1 /proc/loadavg)" \
-    >> "$S/samples.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$label" "$pid" \
+    "$rss" "$thr" "$fd" "$ag" "$all" "$ev" "$run" "$pau" "$sav" "$(cut -d' ' -f1 /proc/loadavg)" \
+    "$anon" "$file" >> "$S/samples.tsv"
 }
 
 sampler() {
@@ -545,9 +547,9 @@ check "thinning dropped periodic checkpoints ($seen seen in the samples, $presen
   test "$((seen - present))" -gt 0
 
 # ---- the table and the figures
-echo "# samples (t s, label, hostd pid, RSS KiB, threads, fds, agents KiB, state dir KiB, events, running/paused/saved, load):"
-while IFS=$'\t' read -r t l p r th f ag all ev ru pa sa lo; do
-  printf '# %5s %-6s %7s %8s %4s %4s %9s %9s %6s %2s/%2s/%2s %5s\n' "$t" "$l" "$p" "$r" "$th" "$f" "$ag" "$all" "$ev" "$ru" "$pa" "$sa" "$lo"
+echo "# samples (t s, label, hostd pid, RSS KiB (anon + file), threads, fds, agents KiB, state dir KiB, events, running/paused/saved, load):"
+while IFS=$'\t' read -r t l p r th f ag all ev ru pa sa lo an fi; do
+  printf '# %5s %-6s %7s %8s (%6s + %6s) %4s %4s %9s %9s %6s %2s/%2s/%2s %5s\n' "$t" "$l" "$p" "$r" "$an" "$fi" "$th" "$f" "$ag" "$all" "$ev" "$ru" "$pa" "$sa" "$lo"
 done < "$S/samples.tsv"
 echo "# disk per agent at the end (KiB):"
 last=$(tail -n 1 "$S/disk.tsv" | cut -f1)
