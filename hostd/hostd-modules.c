@@ -11,6 +11,7 @@
 #include "hostd-resize.h"
 #include "hostd-secrets-sync.h"
 #include "hostd-secrets.h"
+#include "hostd-serial.h"
 #include "hostd-supervise.h"
 
 void
@@ -29,4 +30,5 @@ hostd_modules_attach(HostdContext *ctx)
     hostd_context_add_component(ctx, &hostd_authorize_component);
     hostd_context_add_component(ctx, &hostd_resize_component);
     hostd_context_add_component(ctx, &hostd_console_component);
+    hostd_context_add_component(ctx, &hostd_serial_component);
 }

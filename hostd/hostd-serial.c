@@ -230,3 +230,16 @@ hostd_serial_resume(HostdContext *ctx, const HostdSshTarget *target, virDomainPt
     g_mutex_unlock(&ctx->lock);
     return TRUE;
 }
+
+static void
+serial_agent_removed(HostdContext *ctx, const char *name)
+{
+    g_autoptr(GMutexLocker) locker = g_mutex_locker_new(&ctx->lock);
+
+    g_hash_table_remove(ctx->serial_runs, name);
+}
+
+const HostdComponent hostd_serial_component = {
+    .name = "serial",
+    .agent_removed = serial_agent_removed,
+};

@@ -20,4 +20,8 @@ void hostd_serial_ensure(HostdContext *ctx, const HostdSshTarget *target, virDom
  * not be reached (then hostd_serial_ensure() makes one once the guest runs). */
 gboolean hostd_serial_resume(HostdContext *ctx, const HostdSshTarget *target, virDomainPtr dom);
 
+/* Forgets a removed agent's session marks (ctx->serial_runs), so that no name hostd ever served
+ * stays in the table. */
+extern const HostdComponent hostd_serial_component;
+
 G_END_DECLS
