@@ -524,8 +524,10 @@ typedef struct {
     gboolean closed;
     GBytes *input; /* what the stdin thread sends; NULL: what it reads on fd 0 */
     /* Until hostd's first output, the input sent is kept (up to VMCTL_EXEC_REPLAY_MAX bytes):
-     * an ELSEWHERE comes before hostd reads any, so it is sent again to the host named. */
-    gboolean recording;
+     * an ELSEWHERE comes before hostd reads any, so it is sent again to the host named. Atomic:
+     * the main loop clears it without the lock, which the stdin thread holds while a write waits
+     * for hostd to read (and hostd may be waiting for the main loop to read its output). */
+    gint recording;
     GByteArray *sent;
     gboolean sent_eof;
     gboolean overflow; /* more than can be kept was sent */
@@ -554,21 +556,22 @@ exec_stream_send(ExecStream *stream, VmMessage *message, GError **error)
     gboolean ok = TRUE;
 
     g_mutex_lock(&stream->lock);
-    if (stream->recording && message->op == VM_OP_STDIN) {
+    gboolean recording = g_atomic_int_get(&stream->recording);
+    if (recording && message->op == VM_OP_STDIN) {
         gsize len = 0;
         const guint8 *data = vm_message_get_data(message, "data", &len);
         if (!stream->overflow && stream->sent->len + len <= VMCTL_EXEC_REPLAY_MAX)
             g_byte_array_append(stream->sent, data, (guint)len);
         else
             stream->overflow = TRUE;
-    } else if (stream->recording && message->op == VM_OP_STDIN_EOF) {
+    } else if (recording && message->op == VM_OP_STDIN_EOF) {
         stream->sent_eof = TRUE;
     }
     if (!stream->closed)
         ok = vm_message_write_fd(stream->fd, message, error);
     /* Kept input is not lost when a hostd that answers ELSEWHERE has closed: it goes again to
      * the host named; and a conversation that really broke is the main loop's to report. */
-    if (!ok && stream->recording && !stream->overflow) {
+    if (!ok && recording && !stream->overflow) {
         g_clear_error(error);
         ok = TRUE;
     }
@@ -576,14 +579,12 @@ exec_stream_send(ExecStream *stream, VmMessage *message, GError **error)
     return ok;
 }
 
-/* hostd answered with output: the stream stays where it is, nothing more is kept. */
+/* hostd answered with output: the stream stays where it is, nothing more is kept (what was kept
+ * goes with the stream). Never waits for the lock: see recording. */
 static void
 exec_stream_commit(ExecStream *stream)
 {
-    g_mutex_lock(&stream->lock);
-    stream->recording = FALSE;
-    g_byte_array_set_size(stream->sent, 0);
-    g_mutex_unlock(&stream->lock);
+    g_atomic_int_set(&stream->recording, FALSE);
 }
 
 /* Moves the stream to @fd (a conversation with the host an ELSEWHERE named, its request sent)
@@ -616,7 +617,7 @@ exec_stream_move(ExecStream *stream, int fd, const char *host, GError **error)
             ok = vm_message_write_fd(fd, eof, error);
         }
     }
-    stream->recording = FALSE;
+    g_atomic_int_set(&stream->recording, FALSE);
     g_mutex_unlock(&stream->lock);
     return ok;
 }
@@ -692,7 +693,7 @@ exec_stream_start(int fd, GBytes *input)
     g_mutex_init(&stream->lock);
     stream->fd = fd;
     stream->input = input != NULL ? g_bytes_ref(input) : NULL;
-    stream->recording = TRUE;
+    g_atomic_int_set(&stream->recording, TRUE);
     stream->sent = g_byte_array_new();
     g_thread_unref(g_thread_new("vmctl-stdin", exec_stdin_thread, g_atomic_rc_box_acquire(stream)));
     return stream;

@@ -143,6 +143,10 @@ collect_stdin(VmTestHostd *hostd, int fd)
             const guint8 *data = vm_message_get_data(message, "data", &len);
             g_byte_array_append(hostd->stdin_data, data, (guint)len);
             hostd->max_chunk = MAX(hostd->max_chunk, len);
+            if (hostd->echo_as_read) {
+                g_autoptr(VmMessage) out = vm_message_new_data(VM_OP_STDOUT, data, len);
+                vm_message_write_fd(fd, out, NULL);
+            }
         }
     }
 }

@@ -32,6 +32,8 @@ struct VmTestHostd {
     GVariant *result;       /* when set, a RESULT sent last through a VmStreamWriter (any size) */
     gboolean collect_stdin; /* read STDIN frames up to STDIN_EOF before replying */
     gboolean echo_stdin;    /* send what was collected back as STDOUT frames first */
+    gboolean echo_as_read;  /* with collect_stdin: each STDIN frame back as STDOUT at once, as
+                             * `cat` does, the next read only after that write */
 
     /* What the scripted connection did, read by the test once it is joined. */
     gboolean connected;

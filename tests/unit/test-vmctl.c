@@ -1740,6 +1740,32 @@ test_exec_stdin(void **state)
     assert_int_equal(run.status, 0);
 }
 
+/* `cat` with much input: hostd answers each piece as it reads it, and reads the next only once
+ * vmctl has taken the answer. vmctl reads output while its input waits to be written (it once
+ * stopped at the first output, waiting for the input's lock, and both sides waited for ever). */
+static void
+test_exec_stdin_echoed_as_read(void **state)
+{
+    Fixture *f = *state;
+    g_auto(Run) run = {0};
+    gsize size = 8 * 1024 * 1024;
+    g_autofree char *input = g_malloc(size + 1);
+
+    for (gsize i = 0; i < size; i++)
+        input[i] = (char)('a' + i % 26);
+    input[size] = '\0';
+    f->hostd->collect_stdin = TRUE;
+    f->hostd->echo_as_read = TRUE;
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, input, &run, "exec", "a1", "--", "cat");
+    assert_true(f->hostd->got_eof);
+    assert_int_equal(f->hostd->stdin_data->len, size);
+    assert_int_equal(strlen(run.out), size);
+    assert_string_equal(run.out, input);
+    assert_int_equal(run.status, 0);
+}
+
 static void
 test_exec_empty_stdin(void **state)
 {
@@ -2944,6 +2970,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_without_separator, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_stdin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_stdin_echoed_as_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_empty_stdin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_closed_stdout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cp_hostd_error, setup, teardown),
