@@ -1716,17 +1716,25 @@ test_exec_without_separator(void **state)
     assert_int_equal(run.status, 0);
 }
 
+/* @size letters a-z over and over, and a NUL: input whose every byte can be told apart. */
+static char *
+letters(gsize size)
+{
+    char *text = g_malloc(size + 1);
+
+    for (gsize i = 0; i < size; i++)
+        text[i] = (char)('a' + i % 26);
+    text[size] = '\0';
+    return text;
+}
+
 static void
 test_exec_stdin(void **state)
 {
     Fixture *f = *state;
     g_auto(Run) run = {0};
     gsize size = 3 * VM_STREAM_CHUNK_MAX + 123;
-    g_autofree char *input = g_malloc(size + 1);
-
-    for (gsize i = 0; i < size; i++)
-        input[i] = (char)('a' + i % 26);
-    input[size] = '\0';
+    g_autofree char *input = letters(size);
     f->hostd->collect_stdin = TRUE;
     f->hostd->echo_stdin = TRUE;
     reply(f, VM_OP_EXIT, "{'status': <0>}");
@@ -1749,11 +1757,7 @@ test_exec_stdin_echoed_as_read(void **state)
     Fixture *f = *state;
     g_auto(Run) run = {0};
     gsize size = 8 * 1024 * 1024;
-    g_autofree char *input = g_malloc(size + 1);
-
-    for (gsize i = 0; i < size; i++)
-        input[i] = (char)('a' + i % 26);
-    input[size] = '\0';
+    g_autofree char *input = letters(size);
     f->hostd->collect_stdin = TRUE;
     f->hostd->echo_as_read = TRUE;
     reply(f, VM_OP_EXIT, "{'status': <0>}");
