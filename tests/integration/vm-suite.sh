@@ -326,14 +326,19 @@ vmctl exec a1 -- sh -c 'echo 2 > ~/dt/changed; rm ~/dt/deleted; rm -rf ~/dt/tree
 printf '%s\n' "A $H/dt/added" "M $H/dt/changed" "D $H/dt/deleted" "D $H/dt/tree" "D $H/dt/tree/sub" "D $H/dt/tree/sub/f" > "$S/diff.expected"
 t0=$(date +%s)
 # Who reads the images: the helper and its appliance's QEMU, sampled from /proc while the diff
-# runs (uid, no_new_privs, program).
+# runs (uid, no_new_privs, program). Only this hostd's: both name the appliance under $S, and
+# the suites beside this one run diffs of their own. A process that ended between the reads of
+# its cmdline and its status is skipped, not counted as one with no uid.
 (
   while :; do
     for p in /proc/[0-9]*; do
       c=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null) || continue
+      case $c in *"$S/"*) ;; *) continue ;; esac
       case $c in
         *vm-guestfs-helper\ diff*|*qemu-system*guestfs*)
-          echo "$(awk '$1 == "Uid:" { print $2 }' "$p/status") $(awk '$1 == "NoNewPrivs:" { print $2 }' "$p/status") ${c%% *}" ;;
+          id=$(awk '$1 == "Uid:" { u = $2 } $1 == "NoNewPrivs:" { n = $2 }
+                    END { if (u != "" && n != "") print u, n }' "$p/status" 2>/dev/null)
+          [ -z "$id" ] || echo "$id ${c%% *}" ;;
       esac
     done
     sleep 0.5
