@@ -531,6 +531,9 @@ typedef struct {
     GByteArray *sent;
     gboolean sent_eof;
     gboolean overflow; /* more than can be kept was sent */
+    /* A new terminal size to send (atomic): the main loop sends it when the lock is free and the
+     * socket has room, the stdin thread after a frame of its own, whichever comes first. */
+    gint resized;
 } ExecStream;
 
 /* Input kept to be sent again when the fleet sends an exec to another host. */
@@ -550,12 +553,11 @@ exec_stream_unref(ExecStream *stream)
     g_atomic_rc_box_release_full(stream, (GDestroyNotify)exec_stream_clear);
 }
 
+/* exec_stream_send() with the lock held. */
 static gboolean
-exec_stream_send(ExecStream *stream, VmMessage *message, GError **error)
+exec_stream_send_locked(ExecStream *stream, VmMessage *message, GError **error)
 {
     gboolean ok = TRUE;
-
-    g_mutex_lock(&stream->lock);
     gboolean recording = g_atomic_int_get(&stream->recording);
     if (recording && message->op == VM_OP_STDIN) {
         gsize len = 0;
@@ -575,8 +577,60 @@ exec_stream_send(ExecStream *stream, VmMessage *message, GError **error)
         g_clear_error(error);
         ok = TRUE;
     }
+    return ok;
+}
+
+/* The terminal's size as a WINDOW_SIZE frame, or NULL when no terminal is there to measure. */
+static VmMessage *
+window_size_message(void)
+{
+    guint32 cols, rows;
+    g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(NULL);
+
+    if (!vmctl_terminal_size(&cols, &rows))
+        return NULL;
+    g_variant_dict_insert(&fields, "cols", "u", cols);
+    g_variant_dict_insert(&fields, "rows", "u", rows);
+    return vm_message_new(VM_OP_WINDOW_SIZE, g_variant_dict_end(&fields), NULL);
+}
+
+/* Sends the new size, if one waits, with the lock held. A write that fails is hostd gone, which
+ * the main loop reads and reports (a resize after hostd's EXIT is no error). */
+static void
+exec_stream_send_resize_locked(ExecStream *stream)
+{
+    if (!g_atomic_int_compare_and_exchange(&stream->resized, TRUE, FALSE))
+        return;
+    g_autoptr(VmMessage) message = window_size_message();
+    if (message != NULL)
+        (void)exec_stream_send_locked(stream, message, NULL);
+}
+
+static gboolean
+exec_stream_send(ExecStream *stream, VmMessage *message, GError **error)
+{
+    g_mutex_lock(&stream->lock);
+    gboolean ok = exec_stream_send_locked(stream, message, error);
+    exec_stream_send_resize_locked(stream);
     g_mutex_unlock(&stream->lock);
     return ok;
+}
+
+/* The main loop's way to send a new size: only when that cannot wait, the lock free and room in
+ * the socket, because the stdin thread holds the lock while its write waits for hostd to read,
+ * and hostd may be waiting for the main loop to read its output. Otherwise the stdin thread
+ * sends it after its frame, or the main loop tries again. */
+static void
+exec_stream_try_resize(ExecStream *stream)
+{
+    if (!g_mutex_trylock(&stream->lock))
+        return;
+    struct pollfd pfd = {.fd = stream->fd, .events = POLLOUT};
+    /* A frame this small fits once poll says there is room: a Unix socket says so with at
+     * least a quarter of its buffer free. */
+    if (stream->closed || (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLOUT | POLLERR | POLLHUP))))
+        exec_stream_send_resize_locked(stream);
+    g_mutex_unlock(&stream->lock);
 }
 
 /* hostd answered with output: the stream stays where it is, nothing more is kept (what was kept
@@ -791,25 +845,11 @@ exec_terminal_restore(ExecTerminal *term)
             close(term->pipe[i]);
 }
 
+/* Takes what the signal pipe says. Returns TRUE and sets *ret_status when a signal ends the
+ * stream; a SIGWINCH marks a new size to send (sizes that come faster than they go out are sent
+ * once, the latest). */
 static gboolean
-exec_send_window_size(ExecStream *stream, GError **error)
-{
-    guint32 cols, rows;
-    g_auto(GVariantDict) fields = G_VARIANT_DICT_INIT(NULL);
-
-    if (!vmctl_terminal_size(&cols, &rows))
-        return TRUE;
-    g_variant_dict_insert(&fields, "cols", "u", cols);
-    g_variant_dict_insert(&fields, "rows", "u", rows);
-    g_autoptr(VmMessage) message =
-        vm_message_new(VM_OP_WINDOW_SIZE, g_variant_dict_end(&fields), error);
-    return message != NULL && exec_stream_send(stream, message, error);
-}
-
-/* Handles what the signal pipe says. Returns TRUE and sets *ret_status when a signal ends the
- * stream; SIGWINCH is forwarded. */
-static gboolean
-exec_handle_signals(ExecStream *stream, int signal_fd, int *ret_status, GError **error)
+exec_handle_signals(ExecStream *stream, int signal_fd, int *ret_status)
 {
     guint8 signo;
 
@@ -818,8 +858,7 @@ exec_handle_signals(ExecStream *stream, int signal_fd, int *ret_status, GError *
             *ret_status = 128 + signo;
             return TRUE;
         }
-        if (!exec_send_window_size(stream, error))
-            return TRUE;
+        g_atomic_int_set(&stream->resized, TRUE);
     }
     return FALSE;
 }
@@ -926,13 +965,17 @@ vmctl_client_exec(const VmctlEndpoint *endpoint, const VmMessage *request, Vmctl
     while (status < 0 && local_error == NULL) {
         struct pollfd fds[2] = {{.fd = fd, .events = POLLIN},
                                 {.fd = term.pipe[0], .events = POLLIN}};
-        if (poll(fds, term.pipe[0] >= 0 ? 2 : 1, -1) < 0) {
+        /* A size still to send is tried again every 20 ms. */
+        int wait_ms = g_atomic_int_get(&stream->resized) ? 20 : -1;
+        if (poll(fds, term.pipe[0] >= 0 ? 2 : 1, wait_ms) < 0) {
             if (errno != EINTR)
                 vm_throw_errno(&local_error, errno, "poll");
             continue;
         }
-        if (fds[1].revents != 0 && exec_handle_signals(stream, term.pipe[0], &status, &local_error))
+        if (fds[1].revents != 0 && exec_handle_signals(stream, term.pipe[0], &status))
             break;
+        if (g_atomic_int_get(&stream->resized))
+            exec_stream_try_resize(stream);
         if (fds[0].revents != 0)
             exec_handle_message(&reader, stream, progress, &status, &local_error);
         if (local_error != NULL && reader.elsewhere) {

@@ -139,6 +139,8 @@ collect_stdin(VmTestHostd *hostd, int fd)
             hostd->got_eof = TRUE;
             return;
         }
+        if (message->op == VM_OP_WINDOW_SIZE)
+            g_atomic_int_inc(&hostd->window_sizes);
         if (message->op == VM_OP_STDIN) {
             const guint8 *data = vm_message_get_data(message, "data", &len);
             g_byte_array_append(hostd->stdin_data, data, (guint)len);

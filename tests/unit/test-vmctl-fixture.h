@@ -41,6 +41,7 @@ struct VmTestHostd {
     GByteArray *stdin_data;
     gsize max_chunk;
     gboolean got_eof;
+    gint window_sizes; /* WINDOW_SIZE frames among the STDIN ones (atomic) */
 
     /* vm_test_hostd_serve(). */
     VmTestHostdHandler handler;

@@ -14,10 +14,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pty.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "vm-error.h"
@@ -1770,6 +1773,107 @@ test_exec_stdin_echoed_as_read(void **state)
     assert_int_equal(run.status, 0);
 }
 
+/* The terminal on vmctl's side (a pty) while a SIGWINCH comes every half millisecond. */
+typedef struct {
+    GSubprocess *process;
+    gint done;
+    int master;
+    GByteArray *seen; /* what came out on the terminal */
+} Resizes;
+
+static gpointer
+resize_thread(gpointer data)
+{
+    Resizes *r = data;
+    gint64 deadline = g_get_monotonic_time() + 60 * G_USEC_PER_SEC;
+
+    while (!g_atomic_int_get(&r->done)) {
+        /* Stuck that long is the deadlock this test is about: end it so the test fails. */
+        if (g_get_monotonic_time() > deadline) {
+            g_subprocess_force_exit(r->process);
+            break;
+        }
+        g_subprocess_send_signal(r->process, SIGWINCH);
+        g_usleep(500);
+    }
+    return NULL;
+}
+
+static gpointer
+terminal_reader_thread(gpointer data)
+{
+    Resizes *r = data;
+    guint8 buffer[65536];
+    ssize_t n;
+
+    /* EIO once vmctl, the last holder of the terminal's other side, is gone. */
+    while ((n = read(r->master, buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR))
+        if (n > 0)
+            g_byte_array_append(r->seen, buffer, (guint)n);
+    return NULL;
+}
+
+/* vmctl exec -t with a terminal on stdout, resized again and again while much input goes one
+ * way and its echo the other: every new size goes to hostd, and none stops vmctl reading the
+ * output (the stdin thread may be holding the stream while its write waits for hostd, which
+ * waits for vmctl to read). */
+static void
+test_exec_resized_during_input(void **state)
+{
+    Fixture *f = *state;
+    gsize size = 8 * 1024 * 1024;
+    g_autofree char *input = letters(size);
+    g_autofree char *stdin_path = g_build_filename(f->tmpdir, "stdin", NULL);
+    g_autoptr(GError) error = NULL;
+    struct winsize window = {.ws_row = 24, .ws_col = 80};
+    struct termios raw;
+    int master = -1, slave = -1;
+    Resizes r = {.seen = g_byte_array_new()};
+
+    f->hostd->collect_stdin = TRUE;
+    f->hostd->echo_as_read = TRUE;
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    vm_test_write_file(stdin_path, input);
+    assert_int_equal(openpty(&master, &slave, NULL, NULL, &window), 0);
+    /* Output bytes as they are: no \r added before each \n. */
+    assert_int_equal(tcgetattr(slave, &raw), 0);
+    cfmakeraw(&raw);
+    assert_int_equal(tcsetattr(slave, TCSANOW, &raw), 0);
+    {
+        g_autoptr(GSubprocessLauncher) launcher =
+            g_subprocess_launcher_new(G_SUBPROCESS_FLAGS_STDERR_PIPE);
+        g_subprocess_launcher_set_stdin_file_path(launcher, stdin_path);
+        g_subprocess_launcher_take_stdout_fd(launcher, slave);
+        r.process =
+            g_subprocess_launcher_spawn(launcher, &error, f->vmctl, "--socket", f->socket_path,
+                                        "exec", "-t", "a1", "--", "cat", NULL);
+        vm_test_assert_no_error(error);
+    }
+    r.master = master;
+    GThread *reader = g_thread_new("terminal", terminal_reader_thread, &r);
+    GThread *resizer = g_thread_new("resize", resize_thread, &r);
+    g_autoptr(GBytes) err = NULL;
+    assert_true(g_subprocess_communicate(r.process, NULL, NULL, NULL, &err, &error));
+    g_atomic_int_set(&r.done, TRUE);
+    g_thread_join(resizer);
+    g_thread_join(reader);
+    close(master);
+    vm_test_hostd_join(f->hostd);
+
+    assert_true(g_subprocess_get_if_exited(r.process));
+    g_autofree char *err_text = bytes_to_string(err);
+    assert_string_equal(err_text, "");
+    assert_int_equal(g_subprocess_get_exit_status(r.process), 0);
+    assert_true(f->hostd->got_eof);
+    assert_int_equal(f->hostd->stdin_data->len, size);
+    assert_int_equal(r.seen->len, size);
+    assert_memory_equal(r.seen->data, input, size);
+    assert_true(g_atomic_int_get(&f->hostd->window_sizes) > 0);
+    g_object_unref(r.process);
+    g_byte_array_unref(r.seen);
+}
+
 static void
 test_exec_empty_stdin(void **state)
 {
@@ -2975,6 +3079,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_exec_without_separator, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_stdin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_stdin_echoed_as_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exec_resized_during_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_empty_stdin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_closed_stdout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cp_hostd_error, setup, teardown),
