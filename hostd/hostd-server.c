@@ -61,7 +61,8 @@ typedef struct {
     int fd;
 } HostdClient;
 
-static gint hostd_active_clients = 0; /* under hostd_clients_lock */
+static gint hostd_active_clients = 0;   /* under hostd_clients_lock */
+static guint64 hostd_clients_ended = 0; /* under hostd_clients_lock */
 static GMutex hostd_clients_lock;
 static GCond hostd_clients_freed;
 
@@ -1364,6 +1365,17 @@ hostd_server_active_clients(void)
     return n;
 }
 
+gboolean
+hostd_server_quiet_after_work(guint64 *seen)
+{
+    g_mutex_lock(&hostd_clients_lock);
+    gboolean quiet = hostd_active_clients == 0 && hostd_clients_ended != *seen;
+    if (quiet)
+        *seen = hostd_clients_ended;
+    g_mutex_unlock(&hostd_clients_lock);
+    return quiet;
+}
+
 static gpointer
 hostd_client_thread(gpointer data)
 {
@@ -1371,6 +1383,7 @@ hostd_client_thread(gpointer data)
     hostd_server_serve_fd(client->ctx, client->fd);
     g_mutex_lock(&hostd_clients_lock);
     hostd_active_clients--;
+    hostd_clients_ended++;
     g_cond_signal(&hostd_clients_freed);
     g_mutex_unlock(&hostd_clients_lock);
     g_free(client);

@@ -18,6 +18,10 @@ HostdServer *hostd_server_start(HostdContext *ctx, const char *socket_path, cons
  * Accepts NULL. */
 void hostd_server_stop(HostdServer *server);
 
+/* TRUE when no client is being served and at least one ended since the call that set *@seen
+ * (0 at first), which this call updates: hostd has just gone quiet after some work. Can't fail. */
+gboolean hostd_server_quiet_after_work(guint64 *seen);
+
 /* Serves one already-accepted connection until its request is answered (used by the accept
  * thread and by tests through a socketpair), then, for a request that changes something, appends
  * its event to ctx->events with the caller's uid (SO_PEERCRED), which hostd's log line for a
