@@ -14,7 +14,8 @@
 #
 # Bounds (each hostd process, from its own mark; the marks and the end are taken with every
 # agent saved, so that a running QEMU's descriptors do not count):
-#   hostd RSS: every sample after the mark at most SOAK_RSS_PCT (10) % over the mark's;
+#   hostd RSS: at the end at most SOAK_RSS_PCT (10) % over the mark's, and every sample between
+#   at most SOAK_RSS_PEAK_PCT (20) % over it;
 #   hostd descriptors: at the end of its life at most SOAK_FD_SLACK (8) over the mark's;
 #   a worker's RSS: at most max(SOAK_WORKER_RSS_PCT (25) %, SOAK_WORKER_RSS_KIB (4096)) over its
 #   second sample (the first may catch its start-up).
@@ -48,6 +49,7 @@ SAMPLE_EVERY=${SOAK_SAMPLE_EVERY:-30}
 FORK_EVERY=${SOAK_FORK_EVERY:-180}
 RESTORE_EVERY=${SOAK_RESTORE_EVERY:-240}
 RSS_PCT=${SOAK_RSS_PCT:-10}
+RSS_PEAK_PCT=${SOAK_RSS_PEAK_PCT:-20}
 FD_SLACK=${SOAK_FD_SLACK:-8}
 WORKER_RSS_PCT=${SOAK_WORKER_RSS_PCT:-25}
 WORKER_RSS_KIB=${SOAK_WORKER_RSS_KIB:-4096}
@@ -429,6 +431,10 @@ while [ "$(now)" -lt "$END" ]; do
     for a in "${AGENTS[@]}"; do exec_check "$a"; done
     check "every agent answers after the restart, its files as they were" test "$FAILED" = "$fails_before"
     restarted=1
+    # The new hostd forks and restores before its mark, as the first did: the first use of a
+    # code path maps library pages and fills caches once, which is no growth.
+    NEXT_FORK=$(now)
+    NEXT_RESTORE=$(now)
     left=$((END - $(now)))
     MARK2=$(($(now) + (M < left / 2 ? M : left / 2)))
     continue
@@ -486,25 +492,33 @@ bg_fail=$(grep -E "periodic checkpoint failed|no checkpoint before saving|cannot
 check "the idle loop and the periodic checkpoints failed nowhere (hostd's log)" test -z "$bg_fail" \
   || diag "$bg_fail"
 
-# bound_rss SEGMENT MARK-LABEL END-LABEL: every sample of that hostd from its mark to its end
-# within RSS_PCT % of the mark's, its descriptors at the end within FD_SLACK of the mark's.
+# bound SEGMENT MARK-LABEL END-LABEL: that hostd's RSS at its end within RSS_PCT % of its
+# mark's, every sample between within RSS_PEAK_PCT %, its descriptors at the end within FD_SLACK
+# of the mark's. The mark and the end are alike: every agent saved and hostd quiet for 3 s, so
+# its heap was trimmed (hostd does that once requests stop); the samples between hold running
+# agents' state and what the heap has not given back yet, hence the wider bound.
 bound() {
-  local seg=$1 from=$2 to=$3 rss0 fd0 fd1 worst
+  local seg=$1 from=$2 to=$3 rss0 rss1 anon0 anon1 fd0 fd1 worst
   rss0=$(awk -F'\t' -v l="$from" '$2 == l { print $4 }' "$S/samples.tsv")
+  rss1=$(awk -F'\t' -v l="$to" '$2 == l { print $4 }' "$S/samples.tsv")
+  anon0=$(awk -F'\t' -v l="$from" '$2 == l { print $14 }' "$S/samples.tsv")
+  anon1=$(awk -F'\t' -v l="$to" '$2 == l { print $14 }' "$S/samples.tsv")
   fd0=$(awk -F'\t' -v l="$from" '$2 == l { print $6 }' "$S/samples.tsv")
   fd1=$(awk -F'\t' -v l="$to" '$2 == l { print $6 }' "$S/samples.tsv")
-  if [ -z "$rss0" ] || [ -z "$fd1" ]; then
+  if [ -z "$rss0" ] || [ -z "$rss1" ] || [ "$rss1" = - ] || [ -z "$fd1" ]; then
     not_ok "hostd $seg: samples at its mark and its end"
     return
   fi
   worst=$(awk -F'\t' -v a="$from" -v b="$to" '
     $2 == a { on = 1 } on && $4 != "-" && $4 > m { m = $4 } $2 == b { on = 0 } END { print m }' \
     "$S/samples.tsv")
-  check "hostd $seg: RSS after its mark within +$RSS_PCT% of the mark's ($((rss0 / 1024)) MiB, at most $((worst / 1024)) MiB)" \
-    test "$((worst * 100))" -le "$((rss0 * (100 + RSS_PCT)))"
+  check "hostd $seg: RSS at its end within +$RSS_PCT% of its mark's ($((rss0 / 1024)) -> $((rss1 / 1024)) MiB)" \
+    test "$((rss1 * 100))" -le "$((rss0 * (100 + RSS_PCT)))"
+  check "hostd $seg: RSS of every sample between within +$RSS_PEAK_PCT% of the mark's (at most $((worst / 1024)) MiB)" \
+    test "$((worst * 100))" -le "$((rss0 * (100 + RSS_PEAK_PCT)))"
   check "hostd $seg: descriptors at its end within +$FD_SLACK of its mark's ($fd0 -> $fd1)" \
     test "$fd1" -le "$((fd0 + FD_SLACK))"
-  FIG+=("hostd $seg: RSS mark $((rss0 / 1024)) MiB, max after $((worst / 1024)) MiB ($(((worst - rss0) * 100 / rss0))%); fds $fd0 -> $fd1")
+  FIG+=("hostd $seg: RSS mark $((rss0 / 1024)) MiB (heap $((anon0 / 1024))), end $((rss1 / 1024)) MiB (heap $((anon1 / 1024)); $(((rss1 - rss0) * 100 / rss0))%), max between $((worst / 1024)) MiB ($(((worst - rss0) * 100 / rss0))%); fds $fd0 -> $fd1")
 }
 FIG=()
 bound "before the restart" mark1 end1
