@@ -97,6 +97,13 @@ hostd_quit(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
+/* glibc gives each new thread an arena of its own, up to 8 a core, and hostd makes a thread for
+ * each request: its free pages scatter over all of them, and its RSS climbs with the arenas, not
+ * with what it holds (in the soak, with the default its heap went from 10 to 15 MiB in 15 busy
+ * minutes; with two it stayed within 7-9 MiB for 10). hostd's work is waiting on guests and
+ * libvirt, not allocating. */
+#define HOSTD_MALLOC_ARENAS 2
+
 /* How often hostd looks whether it went quiet after serving requests, and the longest it goes
  * without handing the heap's free pages back to the kernel. */
 #define HOSTD_HEAP_QUIET_CHECK_S 2
@@ -182,6 +189,10 @@ main(int argc, char **argv)
 
     /* First of all: hostd's memory holds every agent's keys and the secrets' values. */
     vm_process_undumpable();
+#ifdef __GLIBC__
+    /* Before any thread: see HOSTD_MALLOC_ARENAS. */
+    mallopt(M_ARENA_MAX, HOSTD_MALLOC_ARENAS);
+#endif
     setlocale(LC_ALL, "");
     g_log_set_default_handler(hostd_log_handler, GINT_TO_POINTER(STDERR_FILENO));
     g_option_context_add_main_entries(opts, entries, NULL);
