@@ -109,11 +109,10 @@ hostd_quit(gpointer data)
 #define HOSTD_HEAP_QUIET_CHECK_S 2
 #define HOSTD_HEAP_TRIM_MAX_S    60
 
-/* hostd makes a thread for each request and glibc gives threads arenas of their own, which keep
- * what was freed in them: without a trim, the RSS of a busy hostd climbs to the high-water mark
- * of every arena (in the soak, its heap grew by about 1 MiB a minute, 12 to 18 MiB). Trimmed when
- * the requests stop, and at least each minute for the work of its own timers, it stays near what
- * it uses. A trim of hostd's heap takes well under a millisecond. */
+/* An arena keeps the pages freed in it: untrimmed, a busy hostd's RSS stays at the high-water
+ * mark of each arena (in the soak, its heap grew by about 1 MiB a minute, 12 to 18 MiB). Trimmed
+ * when the requests stop, and at least each minute for the work of its own timers, it stays near
+ * what it uses. A trim of hostd's heap takes well under a millisecond. */
 static gboolean
 hostd_trim_heap(gpointer data)
 {

@@ -498,13 +498,10 @@ check "the idle loop and the periodic checkpoints failed nowhere (hostd's log)" 
 # its heap was trimmed (hostd does that once requests stop); the samples between hold running
 # agents' state and what the heap has not given back yet, hence the wider bound.
 bound() {
-  local seg=$1 from=$2 to=$3 rss0 rss1 anon0 anon1 fd0 fd1 worst
-  rss0=$(awk -F'\t' -v l="$from" '$2 == l { print $4 }' "$S/samples.tsv")
-  rss1=$(awk -F'\t' -v l="$to" '$2 == l { print $4 }' "$S/samples.tsv")
-  anon0=$(awk -F'\t' -v l="$from" '$2 == l { print $14 }' "$S/samples.tsv")
-  anon1=$(awk -F'\t' -v l="$to" '$2 == l { print $14 }' "$S/samples.tsv")
-  fd0=$(awk -F'\t' -v l="$from" '$2 == l { print $6 }' "$S/samples.tsv")
-  fd1=$(awk -F'\t' -v l="$to" '$2 == l { print $6 }' "$S/samples.tsv")
+  local seg=$1 from=$2 to=$3 rss0= rss1= anon0= anon1= fd0= fd1= worst
+  # The columns of samples.tsv, as take_sample writes them.
+  IFS=$'\t' read -r _ _ _ rss0 _ fd0 _ _ _ _ _ _ _ anon0 _ < <(awk -F'\t' -v l="$from" '$2 == l' "$S/samples.tsv")
+  IFS=$'\t' read -r _ _ _ rss1 _ fd1 _ _ _ _ _ _ _ anon1 _ < <(awk -F'\t' -v l="$to" '$2 == l' "$S/samples.tsv")
   if [ -z "$rss0" ] || [ -z "$rss1" ] || [ "$rss1" = - ] || [ -z "$fd1" ]; then
     not_ok "hostd $seg: samples at its mark and its end"
     return

@@ -1731,6 +1731,19 @@ letters(gsize size)
     return text;
 }
 
+/* `vmctl exec a1 -- cat` with @input (NULL: none) against a fake hostd that collects it and
+ * answers as the caller set it up: hostd got all of it, then the end of the input. */
+static void
+run_cat(Fixture *f, const char *input, Run *run)
+{
+    f->hostd->collect_stdin = TRUE;
+    reply(f, VM_OP_EXIT, "{'status': <0>}");
+    server_start(f);
+    run_vmctl(f, input, run, "exec", "a1", "--", "cat");
+    assert_true(f->hostd->got_eof);
+    assert_int_equal(f->hostd->stdin_data->len, input != NULL ? strlen(input) : 0);
+}
+
 static void
 test_exec_stdin(void **state)
 {
@@ -1738,14 +1751,9 @@ test_exec_stdin(void **state)
     g_auto(Run) run = {0};
     gsize size = 3 * VM_STREAM_CHUNK_MAX + 123;
     g_autofree char *input = letters(size);
-    f->hostd->collect_stdin = TRUE;
     f->hostd->echo_stdin = TRUE;
-    reply(f, VM_OP_EXIT, "{'status': <0>}");
-    server_start(f);
-    run_vmctl(f, input, &run, "exec", "a1", "--", "cat");
-    assert_true(f->hostd->got_eof);
+    run_cat(f, input, &run);
     assert_true(f->hostd->max_chunk <= VM_STREAM_CHUNK_MAX);
-    assert_int_equal(f->hostd->stdin_data->len, size);
     assert_memory_equal(f->hostd->stdin_data->data, input, size);
     assert_string_equal(run.out, input);
     assert_int_equal(run.status, 0);
@@ -1761,13 +1769,8 @@ test_exec_stdin_echoed_as_read(void **state)
     g_auto(Run) run = {0};
     gsize size = 8 * 1024 * 1024;
     g_autofree char *input = letters(size);
-    f->hostd->collect_stdin = TRUE;
     f->hostd->echo_as_read = TRUE;
-    reply(f, VM_OP_EXIT, "{'status': <0>}");
-    server_start(f);
-    run_vmctl(f, input, &run, "exec", "a1", "--", "cat");
-    assert_true(f->hostd->got_eof);
-    assert_int_equal(f->hostd->stdin_data->len, size);
+    run_cat(f, input, &run);
     assert_int_equal(strlen(run.out), size);
     assert_string_equal(run.out, input);
     assert_int_equal(run.status, 0);
@@ -1880,12 +1883,7 @@ test_exec_empty_stdin(void **state)
     Fixture *f = *state;
     g_auto(Run) run = {0};
 
-    f->hostd->collect_stdin = TRUE;
-    reply(f, VM_OP_EXIT, "{'status': <0>}");
-    server_start(f);
-    run_vmctl(f, NULL, &run, "exec", "a1", "--", "cat");
-    assert_true(f->hostd->got_eof);
-    assert_int_equal(f->hostd->stdin_data->len, 0);
+    run_cat(f, NULL, &run);
     assert_int_equal(run.status, 0);
 }
 
